@@ -1,0 +1,1 @@
+//! GPU backend placeholder (to be written).

@@ -1,0 +1,288 @@
+//! The Backend trait: device buffers and the primitive kernels every device must provide.
+//!
+//! This layer knows nothing about autograd. A backend owns flat, contiguous buffers (each buffer
+//! knows its [`DType`] and length) and runs a small set of primitives over them. Everything the
+//! `Tensor` API offers (softmax, cross-entropy, top-k, every backward rule) is composed from these
+//! primitives in `ops/`, once, for all devices: that is the tinygrad lesson, and it means a new
+//! backend implements this file's trait and nothing else.
+//!
+//! Shapes passed here are already checked by the `Tensor` layer; a backend may still return an
+//! error (unsupported dtype, GPU failure) but must never panic.
+//!
+//! Two implementations exist: [`cpu::CpuBackend`] (f32/f64, rayon, GEMM crate) and
+//! [`gpu::GpuBackend`] (wgpu + WGSL kernels in `shaders/`, f32). [`Storage`] is the enum a tensor
+//! holds; its methods dispatch to the right backend.
+
+pub mod cpu;
+pub mod gpu;
+
+use crate::{DType, Result};
+
+
+/// Elementwise functions of one input. Parameters are carried as f64 and rounded to the buffer's dtype.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum UnaryOp {
+    /// `-x`
+    Neg,
+    /// `e^x`
+    Exp,
+    /// natural logarithm
+    Log,
+    /// square root
+    Sqrt,
+    /// `|x|`
+    Abs,
+    /// `max(x, 0)`
+    Relu,
+    /// GELU, tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`
+    Gelu,
+    /// derivative of [`UnaryOp::Gelu`]
+    GeluGrad,
+    /// `x·σ(x)`
+    Silu,
+    /// `tanh(x)`
+    Tanh,
+    /// `1 / (1 + e^-x)`
+    Sigmoid,
+    /// `ln(1 + e^x)`, computed stably as `max(x,0) + ln(1 + e^-|x|)`
+    Softplus,
+    /// `1 / x`
+    Recip,
+    /// `1` where `x > 0`, else `0`
+    Step,
+    /// `-1`, `0` or `1`
+    Sign,
+    /// `x^p` for a constant `p`
+    Powf(f64),
+    /// `min(max(x, lo), hi)`
+    Clamp(f64, f64),
+    /// `x + c`
+    AddScalar(f64),
+    /// `x · c`
+    MulScalar(f64),
+}
+
+/// Elementwise functions of two inputs (with broadcasting through strides).
+/// Comparisons return 1 or 0 in the inputs' dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BinaryOp {
+    /// `a + b`
+    Add,
+    /// `a - b`
+    Sub,
+    /// `a · b`
+    Mul,
+    /// `a / b`
+    Div,
+    /// `max(a, b)`
+    Max,
+    /// `min(a, b)`
+    Min,
+    /// `a^b`
+    Pow,
+    /// `a > b`
+    Gt,
+    /// `a >= b`
+    Ge,
+    /// `a < b`
+    Lt,
+    /// `a <= b`
+    Le,
+    /// `a == b`
+    Eq,
+    /// `a != b`
+    Ne,
+}
+
+/// Reductions along one axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum ReduceOp {
+    /// sum
+    Sum,
+    /// maximum
+    Max,
+    /// minimum
+    Min,
+    /// index of the first maximum (output dtype I32)
+    ArgMax,
+}
+
+/// A tensor viewed as `[outer, len, inner]` around one axis: `len` is the axis' size, `outer` the
+/// product of the sizes before it and `inner` the product of those after it. Element
+/// `(o, j, i)` sits at `o·len·inner + j·inner + i`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AxisView {
+    /// product of the dimensions before the axis
+    pub outer: usize,
+    /// size of the axis
+    pub len: usize,
+    /// product of the dimensions after the axis
+    pub inner: usize,
+}
+
+/// How one operand of a (batched) matmul is laid out in its buffer: element `(b, r, c)` is at
+/// `offset + b·batch_stride + r·row_stride + c·col_stride`. A transposed operand just swaps the
+/// two strides; a broadcast batch has `batch_stride = 0`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatLayout {
+    /// element offset of `(0, 0, 0)`
+    pub offset: usize,
+    /// distance between consecutive matrices
+    pub batch_stride: usize,
+    /// distance between consecutive rows
+    pub row_stride: usize,
+    /// distance between consecutive columns
+    pub col_stride: usize,
+}
+
+/// Sizes of a batched matmul `C[b] = A[b] · B[b]`, `A[b]: m×k`, `B[b]: k×n`, `C` contiguous `[batch, m, n]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatmulDims {
+    /// number of matrices
+    pub batch: usize,
+    /// rows of A and C
+    pub m: usize,
+    /// columns of A, rows of B
+    pub k: usize,
+    /// columns of B and C
+    pub n: usize,
+}
+
+/// Host-side data, as uploaded to or read back from a device.
+#[derive(Clone, Debug, PartialEq)]
+pub enum HostData {
+    /// 32-bit floats
+    F32(Vec<f32>),
+    /// 64-bit floats
+    F64(Vec<f64>),
+    /// 32-bit signed integers (indices, labels)
+    I32(Vec<i32>),
+}
+
+impl HostData {
+    /// The dtype of the data.
+    pub fn dtype(&self) -> DType {
+        match self {
+            HostData::F32(_) => DType::F32,
+            HostData::F64(_) => DType::F64,
+            HostData::I32(_) => DType::I32,
+        }
+    }
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            HostData::F32(v) => v.len(),
+            HostData::F64(v) => v.len(),
+            HostData::I32(v) => v.len(),
+        }
+    }
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The values as f64 (lossless for every dtype moegrad has).
+    pub fn to_f64(&self) -> Vec<f64> {
+        match self {
+            HostData::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            HostData::F64(v) => v.clone(),
+            HostData::I32(v) => v.iter().map(|&x| x as f64).collect(),
+        }
+    }
+}
+
+/// The primitives a device provides. Buffers are flat and contiguous; each knows its dtype and length.
+///
+/// Index buffers (`idx` arguments, argsort and argmax outputs) are [`DType::I32`]. Index values are
+/// checked by the caller to lie in range before they reach a kernel, where that is cheap; kernels
+/// must still never read or write out of bounds (they clamp or skip).
+pub trait Backend {
+    /// A device buffer.
+    type Buffer: Clone;
+
+    /// Copies host data to the device.
+    fn upload(&self, data: &HostData) -> Result<Self::Buffer>;
+    /// Copies a buffer back to the host (on the GPU this waits for pending work).
+    fn download(&self, x: &Self::Buffer) -> Result<HostData>;
+    /// A new buffer of `len` elements all equal to `value`.
+    fn full(&self, len: usize, value: f64, dtype: DType) -> Result<Self::Buffer>;
+    /// Converts every element to `dtype` (floats to I32 truncate toward zero).
+    fn cast(&self, x: &Self::Buffer, dtype: DType) -> Result<Self::Buffer>;
+    /// `y[i] = op(x[i])` (float dtypes).
+    fn unary(&self, op: UnaryOp, x: &Self::Buffer) -> Result<Self::Buffer>;
+    /// `c[idx] = op(a[idx·a_strides], b[idx·b_strides])` for every multi-index of `out_shape`
+    /// (a broadcast dimension has stride 0). Output contiguous.
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: &Self::Buffer,
+        a_strides: &[usize],
+        b: &Self::Buffer,
+        b_strides: &[usize],
+        out_shape: &[usize],
+    ) -> Result<Self::Buffer>;
+    /// `out[idx] = if cond[idx] != 0 { a[idx] } else { b[idx] }`, each operand through its own
+    /// strides. `cond` has the dtype of `a` and `b`.
+    #[allow(clippy::too_many_arguments)]
+    fn where_cond(
+        &self,
+        cond: &Self::Buffer,
+        cond_strides: &[usize],
+        a: &Self::Buffer,
+        a_strides: &[usize],
+        b: &Self::Buffer,
+        b_strides: &[usize],
+        out_shape: &[usize],
+    ) -> Result<Self::Buffer>;
+    /// Reduces the middle axis of `x` viewed as `view`; output `[outer, inner]` (I32 for ArgMax).
+    fn reduce(&self, op: ReduceOp, x: &Self::Buffer, view: AxisView) -> Result<Self::Buffer>;
+    /// Batched matrix product, output contiguous `[batch, m, n]`.
+    fn matmul(
+        &self,
+        a: &Self::Buffer,
+        a_layout: MatLayout,
+        b: &Self::Buffer,
+        b_layout: MatLayout,
+        dims: MatmulDims,
+    ) -> Result<Self::Buffer>;
+    /// Makes a contiguous copy of the strided view `(shape, strides, offset)` of `x`
+    /// (transpose, permute, expand and slice all end here). Any dtype.
+    fn copy_strided(
+        &self,
+        x: &Self::Buffer,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Result<Self::Buffer>;
+    /// Joins buffers along the middle axis: part `p` is `[outer, lens[p], inner]`, the output
+    /// `[outer, Σ lens, inner]`. Any dtype (all parts the same).
+    fn concat(&self, parts: &[&Self::Buffer], lens: &[usize], outer: usize, inner: usize) -> Result<Self::Buffer>;
+    /// `out[o, j, i] = x[o, idx[o·s0 + j·s1 + i·s2], i]` for `j < m`, with `x` viewed as `view`.
+    /// `idx_strides = [s0, s1, s2]` lets one primitive serve `gather` (full index tensor) and
+    /// `index_select` (one index per row: strides `[0, 1, 0]`). Output `[outer, m, inner]`.
+    fn gather(
+        &self,
+        x: &Self::Buffer,
+        view: AxisView,
+        idx: &Self::Buffer,
+        idx_strides: [usize; 3],
+        m: usize,
+    ) -> Result<Self::Buffer>;
+    /// The adjoint of [`Backend::gather`]: starts from zeros `[outer, len, inner]` and adds
+    /// `src[o, j, i]` into `out[o, idx[o·s0 + j·s1 + i·s2], i]`; `src` is `[outer, m, inner]`.
+    fn scatter_add(
+        &self,
+        src: &Self::Buffer,
+        idx: &Self::Buffer,
+        idx_strides: [usize; 3],
+        outer: usize,
+        m: usize,
+        inner: usize,
+        len: usize,
+    ) -> Result<Self::Buffer>;
+    /// Inclusive prefix sum along the middle axis of `view` (from the end when `reverse`).
+    fn cumsum(&self, x: &Self::Buffer, view: AxisView, reverse: bool) -> Result<Self::Buffer>;
+    /// Per row of `x` viewed as `[rows, len]`, the indices that sort it, stable (equal values keep
+    /// index order). Output I32 `[rows, len]`.
+    fn argsort(&self, x: &Self::Buffer, rows: usize, len: usize, descending: bool) -> Result<Self::Buffer>;
+}
+
