@@ -25,6 +25,10 @@ pub enum Error {
     /// The autograd graph was misused (backward on a non-scalar without a gradient, twice on a released graph, ...).
     #[error("autograd error: {0}")]
     Autograd(String),
+    /// A gradient check found analytic and numeric gradients that disagree; the message names the
+    /// input, the worst element, both values and the tolerance.
+    #[error("gradcheck failed: {0}")]
+    Gradcheck(String),
     /// A GPU call failed (adapter request, buffer mapping, shader compilation, validation).
     #[error("gpu error: {0}")]
     Gpu(String),

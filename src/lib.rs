@@ -1,6 +1,41 @@
-//! moegrad (work in progress skeleton).
+//! # moegrad
+//!
+//! A from-scratch, tape-based autodiff engine whose kernels are WGSL compute shaders run through
+//! wgpu (Vulkan, Metal, DX12), with a multi-threaded CPU backend beside it, built for training
+//! Mixture-of-Experts models.
+//!
+//! The layers, bottom to top (see `docs/architecture.md`):
+//! - [`backend`]: the [`backend::Backend`] trait of primitive kernels; CPU and GPU implementations.
+//! - [`Tensor`]: shared storage + shape + device, and the autograd node that produced it.
+//! - [`autograd`]: the graph, the backward walk, [`no_grad`].
+//! - `ops`: differentiable ops, each forward beside its backward rule.
+//! - [`gradcheck`](mod@gradcheck): the finite-difference checker every op is tested with.
+//!
+//! # Example
+//! ```
+//! use moegrad::{Device, Tensor};
+//! # fn main() -> moegrad::Result<()> {
+//! let dev = Device::cpu();
+//! let w = Tensor::from_f32(vec![0.5, -1.0, 2.0, 0.0], &[2, 2], dev)?.with_grad()?;
+//! let x = Tensor::from_f32(vec![1.0, 2.0], &[1, 2], dev)?;
+//! let loss = x.matmul(&w)?.relu()?.sum_all()?;
+//! loss.backward()?;
+//! assert_eq!(w.grad().unwrap().shape(), &[2, 2]);
+//! # Ok(()) }
+//! ```
+
+pub mod autograd;
 pub mod backend;
+pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod gradcheck;
+mod ops;
+pub mod shape;
+pub mod tensor;
+
+pub use autograd::{NoGradGuard, is_grad_enabled, no_grad};
+pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use tensor::Tensor;

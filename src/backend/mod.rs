@@ -286,3 +286,5 @@ pub trait Backend {
     fn argsort(&self, x: &Self::Buffer, rows: usize, len: usize, descending: bool) -> Result<Self::Buffer>;
 }
 
+mod storage;
+pub use storage::Storage;

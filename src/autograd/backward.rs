@@ -1,0 +1,80 @@
+//! The backward walk: build the tape (reverse topological order), run each node's rule once,
+//! sum gradients per tensor, deposit them on leaves, release the graph.
+
+use super::no_grad::NoGradGuard;
+use crate::{Error, Result, Tensor};
+use std::collections::{HashMap, HashSet};
+
+/// Nodes reachable from `root`, inputs before the ops that consume them (iterative DFS, so deep
+/// graphs do not overflow the stack).
+fn topological_order(root: &Tensor) -> Result<Vec<Tensor>> {
+    let mut order = Vec::new();
+    let mut seen = HashSet::new();
+    let mut stack: Vec<(Tensor, bool)> = vec![(root.clone(), false)];
+    while let Some((t, children_done)) = stack.pop() {
+        if children_done {
+            order.push(t);
+            continue;
+        }
+        if !seen.insert(t.id()) {
+            continue;
+        }
+        stack.push((t.clone(), true));
+        if let Some(node) = &t.0.node {
+            let inputs = node.inputs.lock().map_err(|_| Error::Autograd("graph lock poisoned".into()))?;
+            for input in inputs.iter().filter(|i| i.requires_grad() && !seen.contains(&i.id())) {
+                stack.push((input.clone(), false));
+            }
+        }
+    }
+    Ok(order)
+}
+
+/// Propagates `grad` (the gradient of `root`) to every leaf that requires grad.
+pub fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
+    if !root.requires_grad() {
+        return Err(Error::Autograd(
+            "backward on a tensor that does not require grad (no input had requires_grad, or it was made under no_grad)".into(),
+        ));
+    }
+    let _no_grad = NoGradGuard::new();
+    let tape = topological_order(root)?;
+    let mut grads: HashMap<usize, Tensor> = HashMap::new();
+    grads.insert(root.id(), grad);
+    for t in tape.iter().rev() {
+        let Some(g) = grads.remove(&t.id()) else { continue };
+        let Some(node) = &t.0.node else {
+            t.accumulate_grad(g)?;
+            continue;
+        };
+        let rule = node.backward.lock().map_err(|_| Error::Autograd("graph lock poisoned".into()))?.take();
+        let rule = rule.ok_or_else(|| {
+            Error::Autograd(format!(
+                "the graph through '{}' was already released by an earlier backward(); run the forward pass again",
+                node.op
+            ))
+        })?;
+        let inputs = std::mem::take(&mut *node.inputs.lock().map_err(|_| Error::Autograd("graph lock poisoned".into()))?);
+        let input_grads = rule(&g)?;
+        for (input, ig) in inputs.iter().zip(input_grads) {
+            let Some(ig) = ig else { continue };
+            if !input.requires_grad() {
+                continue;
+            }
+            if ig.shape() != input.shape() {
+                return Err(Error::Autograd(format!(
+                    "backward of '{}' produced a gradient of shape {:?} for an input of shape {:?}",
+                    node.op,
+                    ig.shape(),
+                    input.shape()
+                )));
+            }
+            let total = match grads.remove(&input.id()) {
+                Some(prev) => prev.add(&ig)?,
+                None => ig,
+            };
+            grads.insert(input.id(), total);
+        }
+    }
+    Ok(())
+}

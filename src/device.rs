@@ -1,0 +1,104 @@
+//! Devices: where a tensor lives and whose kernels run on it.
+//!
+//! [`Device::cpu`] always works. [`Device::gpu`] opens the process-wide wgpu context (Vulkan, Metal
+//! or DX12) and fails with a message naming what was tried. [`Device::best`] picks the GPU when
+//! there is one and otherwise the CPU, and says which on stderr. The environment variable
+//! `MOEGRAD_DEVICE=cpu|gpu` overrides the choice.
+
+use crate::backend::gpu;
+use crate::{Error, Result};
+
+/// A compute device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Device {
+    /// the CPU backend (f32 and f64, multi-threaded)
+    Cpu,
+    /// the wgpu backend (f32)
+    Gpu,
+}
+
+impl Device {
+    /// The CPU.
+    pub fn cpu() -> Device {
+        Device::Cpu
+    }
+
+    /// The GPU, or an error naming the backends tried when no adapter is found.
+    ///
+    /// # Example
+    /// ```
+    /// match moegrad::Device::gpu() {
+    ///     Ok(d) => println!("using {d}"),
+    ///     Err(e) => println!("no GPU: {e}"),
+    /// }
+    /// ```
+    pub fn gpu() -> Result<Device> {
+        gpu::GpuBackend::get().map(|_| Device::Gpu)
+    }
+
+    /// Chooses a device and explains the choice in one line: `MOEGRAD_DEVICE` (`cpu`, `gpu` or
+    /// `auto`) if set, else the GPU when an adapter is found, else the CPU.
+    pub fn choose() -> Result<(Device, String)> {
+        match std::env::var("MOEGRAD_DEVICE").ok().as_deref().map(str::trim) {
+            Some("cpu") => Ok((Device::Cpu, "CPU (MOEGRAD_DEVICE=cpu)".into())),
+            Some("gpu") => {
+                let d = Device::gpu()?;
+                Ok((d, format!("GPU {} (MOEGRAD_DEVICE=gpu)", adapter_line())))
+            }
+            None | Some("") | Some("auto") => match Device::gpu() {
+                Ok(d) => Ok((d, format!("GPU {}", adapter_line()))),
+                Err(e) => Ok((Device::Cpu, format!("CPU (no GPU: {e}); falling back to the CPU backend"))),
+            },
+            Some(other) => Err(Error::Device(format!(
+                "MOEGRAD_DEVICE={other:?} is not one of cpu, gpu, auto"
+            ))),
+        }
+    }
+
+    /// The GPU if there is one, else the CPU; prints the choice to stderr once per call.
+    pub fn best() -> Result<Device> {
+        let (d, why) = Device::choose()?;
+        eprintln!("moegrad: using {why}");
+        Ok(d)
+    }
+
+    /// Parses `cpu`, `gpu` or `auto` (as on the command line).
+    pub fn from_name(name: &str) -> Result<Device> {
+        match name {
+            "cpu" => Ok(Device::Cpu),
+            "gpu" => Device::gpu(),
+            "auto" => Device::best(),
+            other => Err(Error::Device(format!("unknown device {other:?}; expected cpu, gpu or auto"))),
+        }
+    }
+
+    /// True for the GPU.
+    pub fn is_gpu(self) -> bool {
+        self == Device::Gpu
+    }
+
+    /// Waits until every kernel queued on this device has finished (a no-op on the CPU).
+    /// Benchmarks call it before reading the clock.
+    pub fn synchronize(self) -> Result<()> {
+        match self {
+            Device::Cpu => Ok(()),
+            Device::Gpu => gpu::GpuBackend::get()?.synchronize(),
+        }
+    }
+}
+
+fn adapter_line() -> String {
+    match gpu::info() {
+        Ok(i) => format!("\"{}\" ({}, {})", i.name, i.backend, i.device_type),
+        Err(_) => String::from("(adapter details unavailable)"),
+    }
+}
+
+impl std::fmt::Display for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Device::Cpu => "cpu",
+            Device::Gpu => "gpu",
+        })
+    }
+}

@@ -1,0 +1,103 @@
+//! Indexing along an axis with I32 indices: `gather` (one index per output element),
+//! `index_select` (whole slices picked by a 1-D index) and `scatter_add` (their adjoint).
+//! The backward of a gather is a scatter-add of the gradient, and vice versa.
+
+use crate::shape::{axis_view, contiguous_strides, normalize_axis};
+use crate::{DType, Error, Result, Tensor};
+
+impl Tensor {
+    fn check_index_tensor(&self, idx: &Tensor, op: &str) -> Result<()> {
+        if idx.dtype() != DType::I32 {
+            return Err(Error::DType(format!("{op}: indices must be i32, got {} of shape {:?}", idx.dtype(), idx.shape())));
+        }
+        if idx.device() != self.device() {
+            return Err(Error::Device(format!("{op}: indices on {}, tensor on {}", idx.device(), self.device())));
+        }
+        Ok(())
+    }
+
+    /// Strides that read a contiguous index tensor of `shape` as `[outer, m, inner]` around `axis`.
+    fn idx_strides(shape: &[usize], axis: usize) -> [usize; 3] {
+        let s = contiguous_strides(shape);
+        let inner: usize = shape[axis + 1..].iter().product();
+        let m = shape[axis];
+        [m * inner, s.get(axis).copied().unwrap_or(1), 1]
+    }
+
+    /// `out[.., j, ..] = self[.., idx[.., j, ..], ..]` along `axis`: `idx` has the rank of `self`
+    /// and the same sizes on every other axis (like `torch.gather`). Differentiable in `self`.
+    pub fn gather(&self, axis: isize, idx: &Tensor) -> Result<Tensor> {
+        self.check_index_tensor(idx, "gather")?;
+        let a = normalize_axis(axis, self.rank())?;
+        let ok = idx.rank() == self.rank() && (0..self.rank()).all(|d| d == a || idx.shape()[d] == self.shape()[d]);
+        if !ok {
+            return Err(Error::Shape(format!(
+                "gather along axis {a}: index shape {:?} must match tensor shape {:?} on every other axis",
+                idx.shape(),
+                self.shape()
+            )));
+        }
+        let view = axis_view(self.shape(), a);
+        let m = idx.shape()[a];
+        let strides = Tensor::idx_strides(idx.shape(), a);
+        let y = Tensor::from_storage(self.storage().gather(view, idx.storage(), strides, m)?, idx.shape().to_vec());
+        let (idx_saved, len) = (idx.clone(), view.len);
+        let in_shape = self.shape().to_vec();
+        Ok(Tensor::record(y, "gather", &[self], move |g| {
+            let out = g.storage().scatter_add(idx_saved.storage(), strides, view.outer, m, view.inner, len)?;
+            Ok(vec![Some(Tensor::from_storage(out, in_shape))])
+        }))
+    }
+
+    /// Picks whole slices along `axis` by a 1-D I32 index (rows of a matrix with `axis = 0`).
+    pub fn index_select(&self, axis: isize, idx: &Tensor) -> Result<Tensor> {
+        self.check_index_tensor(idx, "index_select")?;
+        let a = normalize_axis(axis, self.rank())?;
+        if idx.rank() != 1 {
+            return Err(Error::Shape(format!("index_select: index must be 1-D, got shape {:?}", idx.shape())));
+        }
+        let view = axis_view(self.shape(), a);
+        let m = idx.shape()[0];
+        let mut shape = self.shape().to_vec();
+        shape[a] = m;
+        let y = Tensor::from_storage(self.storage().gather(view, idx.storage(), [0, 1, 0], m)?, shape);
+        let (idx_saved, in_shape) = (idx.clone(), self.shape().to_vec());
+        Ok(Tensor::record(y, "index_select", &[self], move |g| {
+            let out = g.storage().scatter_add(idx_saved.storage(), [0, 1, 0], view.outer, m, view.inner, view.len)?;
+            Ok(vec![Some(Tensor::from_storage(out, in_shape))])
+        }))
+    }
+
+    /// `self` plus `src` added at `idx` along `axis` (like `torch.Tensor.scatter_add`): `idx` and
+    /// `src` share a shape that matches `self` on every other axis; repeated indices accumulate.
+    /// Differentiable in `self` (identity) and `src` (a gather of the gradient).
+    pub fn scatter_add(&self, axis: isize, idx: &Tensor, src: &Tensor) -> Result<Tensor> {
+        self.check_index_tensor(idx, "scatter_add")?;
+        self.check_compatible(src, "scatter_add")?;
+        self.check_float("scatter_add")?;
+        let a = normalize_axis(axis, self.rank())?;
+        let ok = idx.shape() == src.shape()
+            && idx.rank() == self.rank()
+            && (0..self.rank()).all(|d| d == a || idx.shape()[d] == self.shape()[d]);
+        if !ok {
+            return Err(Error::Shape(format!(
+                "scatter_add along axis {a}: index {:?} and source {:?} must be equal and match {:?} off that axis",
+                idx.shape(),
+                src.shape(),
+                self.shape()
+            )));
+        }
+        let view = axis_view(self.shape(), a);
+        let m = idx.shape()[a];
+        let strides = Tensor::idx_strides(idx.shape(), a);
+        let scattered = Tensor::from_storage(
+            src.storage().scatter_add(idx.storage(), strides, view.outer, m, view.inner, view.len)?,
+            self.shape().to_vec(),
+        );
+        let y = crate::no_grad(|| self.detach().add(&scattered))?;
+        let idx_saved = idx.clone();
+        Ok(Tensor::record(y, "scatter_add", &[self, src], move |g| {
+            Ok(vec![Some(g.clone()), Some(g.gather(a as isize, &idx_saved)?)])
+        }))
+    }
+}

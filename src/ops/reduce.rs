@@ -1,0 +1,127 @@
+//! Reductions over axes (sum, mean, max, min, argmax) and the prefix sum `cumsum`.
+//! A reduction's backward broadcasts the upstream gradient back over the reduced axes.
+
+use crate::backend::ReduceOp;
+use crate::shape::{axis_view, normalize_axis};
+use crate::{Error, Result, Tensor};
+
+impl Tensor {
+    /// One-axis reduction with keepdim, untracked.
+    fn reduce_axis_raw(&self, op: ReduceOp, axis: usize) -> Result<Tensor> {
+        let mut shape = self.shape().to_vec();
+        if shape[axis] == 0 && op != ReduceOp::Sum {
+            return Err(Error::Invalid(format!("{op:?} over an empty axis {axis} of shape {:?}", self.shape())));
+        }
+        let out = self.storage().reduce(op, axis_view(&shape, axis))?;
+        shape[axis] = 1;
+        Ok(Tensor::from_storage(out, shape))
+    }
+
+    fn normalize_axes(&self, axes: &[isize]) -> Result<Vec<usize>> {
+        let mut out = axes.iter().map(|&a| normalize_axis(a, self.rank())).collect::<Result<Vec<_>>>()?;
+        out.sort_unstable();
+        out.dedup();
+        Ok(out)
+    }
+
+    fn squeeze_axes(shape: &[usize], axes: &[usize]) -> Vec<usize> {
+        shape.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect()
+    }
+
+    /// Sum over `axes` (negative axes count from the end); `keepdim` keeps them as size 1.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::{Device, Tensor};
+    /// let t = Tensor::from_f32(vec![1.0, 2.0, 3.0, 4.0], &[2, 2], Device::cpu()).unwrap();
+    /// assert_eq!(t.sum(&[-1], false).unwrap().to_vec_f32().unwrap(), vec![3.0, 7.0]);
+    /// ```
+    pub fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        self.check_float("sum")?;
+        let axes = self.normalize_axes(axes)?;
+        let mut y = self.detach();
+        for &a in &axes {
+            y = y.reduce_axis_raw(ReduceOp::Sum, a)?;
+        }
+        let kept = y.shape().to_vec();
+        if !keepdim {
+            y = Tensor::from_storage(y.storage().clone(), Tensor::squeeze_axes(&kept, &axes));
+        }
+        let in_shape = self.shape().to_vec();
+        Ok(Tensor::record(y, "sum", &[self], move |g| Ok(vec![Some(g.reshape(&kept)?.expand(&in_shape)?)])))
+    }
+
+    /// Sum of every element (a 0-d tensor).
+    pub fn sum_all(&self) -> Result<Tensor> {
+        let axes: Vec<isize> = (0..self.rank() as isize).collect();
+        self.sum(&axes, false)
+    }
+
+    /// Mean over `axes`.
+    pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        let norm = self.normalize_axes(axes)?;
+        let count: usize = norm.iter().map(|&a| self.shape()[a]).product();
+        if count == 0 {
+            return Err(Error::Invalid(format!("mean over empty axes {axes:?} of shape {:?}", self.shape())));
+        }
+        self.sum(axes, keepdim)?.mul_scalar(1.0 / count as f64)
+    }
+
+    /// Mean of every element (a 0-d tensor).
+    pub fn mean_all(&self) -> Result<Tensor> {
+        let axes: Vec<isize> = (0..self.rank() as isize).collect();
+        self.mean(&axes, false)
+    }
+
+    fn extremum(&self, axis: isize, keepdim: bool, op: ReduceOp, name: &'static str) -> Result<Tensor> {
+        self.check_float(name)?;
+        let a = normalize_axis(axis, self.rank())?;
+        let kept = self.reduce_axis_raw(op, a)?;
+        let y = if keepdim {
+            kept.clone()
+        } else {
+            Tensor::from_storage(kept.storage().clone(), Tensor::squeeze_axes(kept.shape(), &[a]))
+        };
+        let (x, kshape) = (self.detach(), kept.shape().to_vec());
+        // The gradient is shared equally among tied extrema (as PyTorch's amax does).
+        Ok(Tensor::record(y, name, &[self], move |g| {
+            let mask = x.eq(&kept)?;
+            let count = mask.sum(&[a as isize], true)?;
+            Ok(vec![Some(mask.div(&count)?.mul(&g.reshape(&kshape)?)?)])
+        }))
+    }
+
+    /// Maximum along `axis`.
+    pub fn max(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.extremum(axis, keepdim, ReduceOp::Max, "max")
+    }
+
+    /// Minimum along `axis`.
+    pub fn min(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.extremum(axis, keepdim, ReduceOp::Min, "min")
+    }
+
+    /// Index (I32) of the first maximum along `axis` (no gradient).
+    pub fn argmax(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.check_float("argmax")?;
+        let a = normalize_axis(axis, self.rank())?;
+        let y = self.reduce_axis_raw(ReduceOp::ArgMax, a)?;
+        if keepdim {
+            Ok(y)
+        } else {
+            Ok(Tensor::from_storage(y.storage().clone(), Tensor::squeeze_axes(y.shape(), &[a])))
+        }
+    }
+
+    /// Inclusive prefix sum along `axis`; its backward is the reversed prefix sum.
+    pub fn cumsum(&self, axis: isize) -> Result<Tensor> {
+        self.check_float("cumsum")?;
+        let a = normalize_axis(axis, self.rank())?;
+        let view = axis_view(self.shape(), a);
+        let y = Tensor::from_storage(self.storage().cumsum(view, false)?, self.shape().to_vec());
+        let shape = self.shape().to_vec();
+        Ok(Tensor::record(y, "cumsum", &[self], move |g| {
+            Ok(vec![Some(Tensor::from_storage(g.storage().cumsum(view, true)?, shape))])
+        }))
+    }
+}

@@ -1,0 +1,73 @@
+//! softmax, log_softmax and logsumexp along an axis, computed stably (the row maximum is
+//! subtracted first) with hand-written backward rules:
+//!
+//! * softmax `y = e^(x−m) / Σ e^(x−m)`:  `∂x = y ⊙ (g − Σ g⊙y)`
+//! * log_softmax `y = x − m − ln Σ e^(x−m)`:  `∂x = g − softmax(x) · Σ g`
+//! * logsumexp `y = m + ln Σ e^(x−m)`:  `∂x = g · softmax(x)`
+
+use crate::shape::normalize_axis;
+use crate::{Result, Tensor};
+
+impl Tensor {
+    /// Untracked pieces shared by the three ops: `(x − m, ln Σ e^(x−m), m)` with `m` the
+    /// maximum along `axis` (keepdim).
+    fn shifted_and_lse(&self, axis: usize) -> Result<(Tensor, Tensor, Tensor)> {
+        let _guard = crate::autograd::NoGradGuard::new();
+        let x = self.detach();
+        let m = x.max(axis as isize, true)?;
+        let z = x.sub(&m)?;
+        let lse = z.exp()?.sum(&[axis as isize], true)?.log()?;
+        Ok((z, lse, m))
+    }
+
+    /// Softmax along `axis`.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::{Device, Tensor};
+    /// let x = Tensor::from_f32(vec![0.0, 0.0], &[1, 2], Device::cpu()).unwrap();
+    /// assert_eq!(x.softmax(-1).unwrap().to_vec_f32().unwrap(), vec![0.5, 0.5]);
+    /// ```
+    pub fn softmax(&self, axis: isize) -> Result<Tensor> {
+        self.check_float("softmax")?;
+        let a = normalize_axis(axis, self.rank())?;
+        let (z, lse, _) = self.shifted_and_lse(a)?;
+        let y = crate::no_grad(|| z.sub(&lse)?.exp())?;
+        let saved = y.clone();
+        Ok(Tensor::record(y, "softmax", &[self], move |g| {
+            let dot = g.mul(&saved)?.sum(&[a as isize], true)?;
+            Ok(vec![Some(saved.mul(&g.sub(&dot)?)?)])
+        }))
+    }
+
+    /// log(softmax) along `axis`, without forming the softmax (stable for very negative logits).
+    pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
+        self.check_float("log_softmax")?;
+        let a = normalize_axis(axis, self.rank())?;
+        let (z, lse, _) = self.shifted_and_lse(a)?;
+        let y = crate::no_grad(|| z.sub(&lse))?;
+        let saved = y.clone();
+        Ok(Tensor::record(y, "log_softmax", &[self], move |g| {
+            let total = g.sum(&[a as isize], true)?;
+            Ok(vec![Some(g.sub(&saved.exp()?.mul(&total)?)?)])
+        }))
+    }
+
+    /// `ln Σ e^x` along `axis`.
+    pub fn logsumexp(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        self.check_float("logsumexp")?;
+        let a = normalize_axis(axis, self.rank())?;
+        let (z, lse, m) = self.shifted_and_lse(a)?;
+        let kept = crate::no_grad(|| m.add(&lse))?; // keepdim
+        let kshape = kept.shape().to_vec();
+        let y = if keepdim {
+            kept
+        } else {
+            let mut s = self.shape().to_vec();
+            s.remove(a);
+            kept.reshape(&s)?
+        };
+        let probs = crate::no_grad(|| z.sub(&lse)?.exp())?;
+        Ok(Tensor::record(y, "logsumexp", &[self], move |g| Ok(vec![Some(probs.mul(&g.reshape(&kshape)?)?)])))
+    }
+}
