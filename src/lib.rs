@@ -24,12 +24,16 @@
 //! # Ok(()) }
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod autograd;
 pub mod backend;
+pub mod bench;
 pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod gradcheck;
+pub mod info;
 mod ops;
 pub mod shape;
 pub mod tensor;
