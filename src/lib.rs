@@ -29,11 +29,14 @@
 pub mod autograd;
 pub mod backend;
 pub mod bench;
+pub mod data;
 pub mod device;
 pub mod dtype;
 pub mod error;
 pub mod gradcheck;
 pub mod info;
+pub mod nn;
+pub mod optim;
 mod ops;
 pub mod shape;
 pub mod tensor;

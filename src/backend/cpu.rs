@@ -8,7 +8,7 @@
 //! Every kernel here is generic over the float type through [`Float`], so f32 and f64 share one
 //! body; the enum [`CpuBuffer`] says which one a buffer holds.
 
-use super::{AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims, ReduceOp, UnaryOp};
+use super::{AdamHyper, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims, ReduceOp, SgdHyper, UnaryOp, uniform_hash};
 use crate::{DType, Error, Result};
 use num_traits::Float;
 use rayon::prelude::*;
@@ -574,4 +574,102 @@ impl Backend for CpuBackend {
             CpuBuffer::I32(_) => Err(Error::DType("argsort needs a float tensor, got i32".into())),
         }
     }
+
+    fn random_uniform(&self, len: usize, seed: u64, dtype: DType) -> Result<CpuBuffer> {
+        let v: Vec<f32> = tabulate(len, |i| uniform_hash(seed, i as u32));
+        self.cast(&f32b(v), dtype)
+    }
+
+    fn adam_step(
+        &self,
+        param: &CpuBuffer,
+        grad: &CpuBuffer,
+        grad_scale: Option<&CpuBuffer>,
+        m: &CpuBuffer,
+        v: &CpuBuffer,
+        h: AdamHyper,
+    ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
+        let scale = scale_of(grad_scale)?;
+        macro_rules! run {
+            ($p:expr, $g:expr, $m:expr, $v:expr, $wrap:ident, $t:ty) => {{
+                let (p, g, m, v) = ($p, $g, $m, $v);
+                let n = p.len();
+                let out: Vec<($t, $t, $t)> = tabulate(n, |i| {
+                    let (pi, mut gi) = (p[i] as f64, g[i] as f64 * scale);
+                    if !h.decoupled {
+                        gi += h.weight_decay * pi;
+                    }
+                    let mi = h.beta1 * m[i] as f64 + (1.0 - h.beta1) * gi;
+                    let vi = h.beta2 * v[i] as f64 + (1.0 - h.beta2) * gi * gi;
+                    let update = (mi / h.bias_correction1) / ((vi / h.bias_correction2).sqrt() + h.eps);
+                    let mut np = pi - h.lr * update;
+                    if h.decoupled {
+                        np -= h.lr * h.weight_decay * pi;
+                    }
+                    (np as $t, mi as $t, vi as $t)
+                });
+                Ok((
+                    $wrap(out.iter().map(|o| o.0).collect()),
+                    $wrap(out.iter().map(|o| o.1).collect()),
+                    $wrap(out.iter().map(|o| o.2).collect()),
+                ))
+            }};
+        }
+        check_same_len(&[param, grad, m, v], "adam_step")?;
+        match (param, grad, m, v) {
+            (CpuBuffer::F32(p), CpuBuffer::F32(g), CpuBuffer::F32(m), CpuBuffer::F32(v)) => run!(p, g, m, v, f32b, f32),
+            (CpuBuffer::F64(p), CpuBuffer::F64(g), CpuBuffer::F64(m), CpuBuffer::F64(v)) => run!(p, g, m, v, f64b, f64),
+            _ => Err(Error::DType("adam_step: parameter, gradient and state must share one float dtype".into())),
+        }
+    }
+
+    fn sgd_step(
+        &self,
+        param: &CpuBuffer,
+        grad: &CpuBuffer,
+        grad_scale: Option<&CpuBuffer>,
+        buf: &CpuBuffer,
+        h: SgdHyper,
+    ) -> Result<(CpuBuffer, CpuBuffer)> {
+        let scale = scale_of(grad_scale)?;
+        macro_rules! run {
+            ($p:expr, $g:expr, $b:expr, $wrap:ident, $t:ty) => {{
+                let (p, g, b) = ($p, $g, $b);
+                let out: Vec<($t, $t)> = tabulate(p.len(), |i| {
+                    let pi = p[i] as f64;
+                    let gi = g[i] as f64 * scale + h.weight_decay * pi;
+                    let (bi, step) = if h.momentum != 0.0 {
+                        let bi = h.momentum * b[i] as f64 + gi;
+                        (bi, if h.nesterov { gi + h.momentum * bi } else { bi })
+                    } else {
+                        (0.0, gi)
+                    };
+                    ((pi - h.lr * step) as $t, bi as $t)
+                });
+                Ok(($wrap(out.iter().map(|o| o.0).collect()), $wrap(out.iter().map(|o| o.1).collect())))
+            }};
+        }
+        check_same_len(&[param, grad, buf], "sgd_step")?;
+        match (param, grad, buf) {
+            (CpuBuffer::F32(p), CpuBuffer::F32(g), CpuBuffer::F32(b)) => run!(p, g, b, f32b, f32),
+            (CpuBuffer::F64(p), CpuBuffer::F64(g), CpuBuffer::F64(b)) => run!(p, g, b, f64b, f64),
+            _ => Err(Error::DType("sgd_step: parameter, gradient and state must share one float dtype".into())),
+        }
+    }
+}
+
+fn scale_of(grad_scale: Option<&CpuBuffer>) -> Result<f64> {
+    match grad_scale {
+        None => Ok(1.0),
+        Some(s) if s.len() == 1 => Ok(CpuBackend.download(s)?.to_f64()[0]),
+        Some(s) => Err(Error::Shape(format!("gradient scale must hold one value, it holds {}", s.len()))),
+    }
+}
+
+fn check_same_len(bufs: &[&CpuBuffer], what: &str) -> Result<()> {
+    let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+    if lens.iter().any(|&l| l != lens[0]) {
+        return Err(Error::Shape(format!("{what}: buffers of lengths {lens:?} must be equal")));
+    }
+    Ok(())
 }

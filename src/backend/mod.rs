@@ -148,6 +148,40 @@ pub struct MatmulDims {
     pub n: usize,
 }
 
+/// Hyper-parameters of one fused Adam/AdamW update (see `optim::Adam` for the formulas).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamHyper {
+    /// learning rate at this step
+    pub lr: f64,
+    /// first-moment decay β₁
+    pub beta1: f64,
+    /// second-moment decay β₂
+    pub beta2: f64,
+    /// added to √v̂
+    pub eps: f64,
+    /// weight decay λ
+    pub weight_decay: f64,
+    /// AdamW (decoupled: `p −= lr·λ·p`) instead of Adam's L2 (`g += λ·p`)
+    pub decoupled: bool,
+    /// `1 − β₁ᵗ`
+    pub bias_correction1: f64,
+    /// `1 − β₂ᵗ`
+    pub bias_correction2: f64,
+}
+
+/// Hyper-parameters of one fused SGD update (see `optim::Sgd`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct SgdHyper {
+    /// learning rate at this step
+    pub lr: f64,
+    /// momentum μ (0 for plain SGD)
+    pub momentum: f64,
+    /// weight decay λ (L2: `g += λ·p`)
+    pub weight_decay: f64,
+    /// Nesterov momentum
+    pub nesterov: bool,
+}
+
 /// Host-side data, as uploaded to or read back from a device.
 #[derive(Clone, Debug, PartialEq)]
 pub enum HostData {
@@ -284,6 +318,49 @@ pub trait Backend {
     /// Per row of `x` viewed as `[rows, len]`, the indices that sort it, stable (equal values keep
     /// index order). Output I32 `[rows, len]`.
     fn argsort(&self, x: &Self::Buffer, rows: usize, len: usize, descending: bool) -> Result<Self::Buffer>;
+    /// `len` values uniform in [0, 1) from a counter-based hash of `(seed, index)`: the same seed
+    /// gives the same values on every backend (see [`uniform_hash`]).
+    fn random_uniform(&self, len: usize, seed: u64, dtype: DType) -> Result<Self::Buffer>;
+    /// One fused Adam/AdamW step over a parameter buffer. `grad_scale`, when given, is a
+    /// one-element buffer multiplying the gradient first (gradient clipping without a read-back).
+    /// Returns the new `(param, m, v)`.
+    #[allow(clippy::too_many_arguments)]
+    fn adam_step(
+        &self,
+        param: &Self::Buffer,
+        grad: &Self::Buffer,
+        grad_scale: Option<&Self::Buffer>,
+        m: &Self::Buffer,
+        v: &Self::Buffer,
+        h: AdamHyper,
+    ) -> Result<(Self::Buffer, Self::Buffer, Self::Buffer)>;
+    /// One fused SGD step (momentum buffer `buf`, ignored when momentum is 0). Returns the new
+    /// `(param, buf)`.
+    fn sgd_step(
+        &self,
+        param: &Self::Buffer,
+        grad: &Self::Buffer,
+        grad_scale: Option<&Self::Buffer>,
+        buf: &Self::Buffer,
+        h: SgdHyper,
+    ) -> Result<(Self::Buffer, Self::Buffer)>;
+}
+
+/// The counter-based generator behind [`Backend::random_uniform`], written once here and
+/// mirrored in `shaders/random.wgsl`: two rounds of the MurmurHash3 32-bit finaliser over the
+/// element index mixed with the two halves of the seed; the top 24 bits give a float in [0, 1).
+pub fn uniform_hash(seed: u64, index: u32) -> f32 {
+    fn fmix(mut x: u32) -> u32 {
+        x ^= x >> 16;
+        x = x.wrapping_mul(0x85eb_ca6b);
+        x ^= x >> 13;
+        x = x.wrapping_mul(0xc2b2_ae35);
+        x ^= x >> 16;
+        x
+    }
+    let (lo, hi) = (seed as u32, (seed >> 32) as u32);
+    let h = fmix(fmix(index ^ lo).wrapping_add(0x9e37_79b9) ^ hi);
+    (h >> 8) as f32 / 16_777_216.0
 }
 
 mod storage;

@@ -198,5 +198,48 @@ impl Storage {
     pub fn argsort(&self, rows: usize, len: usize, descending: bool) -> Result<Storage> {
         dispatch!(self, be, x => be.argsort(x, rows, len, descending))
     }
+    /// See [`Backend::random_uniform`].
+    pub fn random_uniform(len: usize, seed: u64, dtype: DType, gpu: bool) -> Result<Storage> {
+        if gpu {
+            Ok(Storage::Gpu(gpu::GpuBackend::get()?.random_uniform(len, seed, dtype)?))
+        } else {
+            Ok(Storage::Cpu(cpu::CpuBackend.random_uniform(len, seed, dtype)?))
+        }
+    }
+    /// See [`Backend::adam_step`]; `self` is the parameter.
+    pub fn adam_step(&self, grad: &Storage, scale: Option<&Storage>, m: &Storage, v: &Storage, h: AdamHyper) -> Result<(Storage, Storage, Storage)> {
+        let (g, mm, vv) = (same_dev!(self, grad, "adam_step"), same_dev!(self, m, "adam_step"), same_dev!(self, v, "adam_step"));
+        let sc = match scale {
+            Some(s) => Some(same_dev!(self, s, "adam_step")),
+            None => None,
+        };
+        match self {
+            Storage::Cpu(p) => {
+                let (a, b, c) = cpu::CpuBackend.adam_step(p, g.cpu(), sc.as_ref().map(|s| s.cpu()), mm.cpu(), vv.cpu(), h)?;
+                Ok((Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(c)))
+            }
+            Storage::Gpu(p) => {
+                let (a, b, c) = gpu::GpuBackend::get()?.adam_step(p, g.gpu(), sc.as_ref().map(|s| s.gpu()), mm.gpu(), vv.gpu(), h)?;
+                Ok((Storage::Gpu(a), Storage::Gpu(b), Storage::Gpu(c)))
+            }
+        }
+    }
+    /// See [`Backend::sgd_step`]; `self` is the parameter.
+    pub fn sgd_step(&self, grad: &Storage, scale: Option<&Storage>, buf: &Storage, h: SgdHyper) -> Result<(Storage, Storage)> {
+        let (g, b) = (same_dev!(self, grad, "sgd_step"), same_dev!(self, buf, "sgd_step"));
+        let sc = match scale {
+            Some(s) => Some(same_dev!(self, s, "sgd_step")),
+            None => None,
+        };
+        match self {
+            Storage::Cpu(p) => {
+                let (a, c) = cpu::CpuBackend.sgd_step(p, g.cpu(), sc.as_ref().map(|s| s.cpu()), b.cpu(), h)?;
+                Ok((Storage::Cpu(a), Storage::Cpu(c)))
+            }
+            Storage::Gpu(p) => {
+                let (a, c) = gpu::GpuBackend::get()?.sgd_step(p, g.gpu(), sc.as_ref().map(|s| s.gpu()), b.gpu(), h)?;
+                Ok((Storage::Gpu(a), Storage::Gpu(c)))
+            }
+        }
+    }
 }
-

@@ -5,6 +5,7 @@
 //! serves every device.
 
 mod arithmetic;
+mod conv;
 mod elementwise;
 mod index;
 mod layout;

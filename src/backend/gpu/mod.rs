@@ -14,6 +14,7 @@ impl GpuBuffer {
 #[derive(Clone)]
 pub struct GpuBackend;
 /// Adapter facts.
+#[allow(missing_docs)]
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct GpuInfo { pub name: String, pub backend: String, pub device_type: String, pub driver: String, pub limits: Vec<(String, u64)>, pub features: Vec<String> }
 /// Adapter facts.
@@ -44,4 +45,7 @@ impl Backend for GpuBackend {
     fn scatter_add(&self, _: &GpuBuffer, _: &GpuBuffer, _: [usize; 3], _: usize, _: usize, _: usize, _: usize) -> Result<GpuBuffer> { Err(no()) }
     fn cumsum(&self, _: &GpuBuffer, _: AxisView, _: bool) -> Result<GpuBuffer> { Err(no()) }
     fn argsort(&self, _: &GpuBuffer, _: usize, _: usize, _: bool) -> Result<GpuBuffer> { Err(no()) }
+    fn random_uniform(&self, _: usize, _: u64, _: DType) -> Result<GpuBuffer> { Err(no()) }
+    fn adam_step(&self, _: &GpuBuffer, _: &GpuBuffer, _: Option<&GpuBuffer>, _: &GpuBuffer, _: &GpuBuffer, _: AdamHyper) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> { Err(no()) }
+    fn sgd_step(&self, _: &GpuBuffer, _: &GpuBuffer, _: Option<&GpuBuffer>, _: &GpuBuffer, _: SgdHyper) -> Result<(GpuBuffer, GpuBuffer)> { Err(no()) }
 }

@@ -1,0 +1,66 @@
+//! Dropout: in training, each element is zeroed with probability `p` and the survivors scaled by
+//! `1/(1−p)`, so the expected output equals the input; in evaluation it is the identity.
+//!
+//! The mask comes from the backends' counter-based generator (`random_uniform`), so a given seed
+//! draws the same mask on the CPU and the GPU, on the device, without an upload.
+
+use super::Param;
+use super::module::Module;
+use crate::backend::Storage;
+use crate::{Error, Result, Tensor};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+impl Tensor {
+    /// Uniform [0, 1) values of `shape` from the counter-based generator (same on every device).
+    pub fn rand_uniform(shape: &[usize], seed: u64, dtype: crate::DType, device: crate::Device) -> Result<Tensor> {
+        let n = shape.iter().product();
+        Ok(Tensor::from_storage(Storage::random_uniform(n, seed, dtype, device.is_gpu())?, shape.to_vec()))
+    }
+
+    /// Applies a dropout mask drawn from `seed`: `x · 1[u ≥ p] / (1 − p)`.
+    pub fn dropout(&self, p: f64, seed: u64) -> Result<Tensor> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::Invalid(format!("dropout probability must be in [0, 1), got {p}")));
+        }
+        if p == 0.0 {
+            return Ok(self.clone());
+        }
+        let u = Tensor::rand_uniform(self.shape(), seed, self.dtype(), self.device())?;
+        let threshold = Tensor::scalar(p, self.dtype(), self.device())?;
+        let mask = u.ge(&threshold)?.mul_scalar(1.0 / (1.0 - p))?;
+        self.mul(&mask)
+    }
+}
+
+/// The dropout layer. Each forward call in training mode draws a fresh mask (seed + call count).
+pub struct Dropout {
+    /// probability of zeroing an element
+    pub p: f64,
+    seed: u64,
+    calls: AtomicU64,
+    training: AtomicBool,
+}
+
+impl Dropout {
+    /// Dropout with probability `p` (in [0, 1)) and a base seed.
+    pub fn new(p: f64, seed: u64) -> Result<Dropout> {
+        if !(0.0..1.0).contains(&p) {
+            return Err(Error::Invalid(format!("dropout probability must be in [0, 1), got {p}")));
+        }
+        Ok(Dropout { p, seed, calls: AtomicU64::new(0), training: AtomicBool::new(true) })
+    }
+}
+
+impl Module for Dropout {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if !self.training.load(Ordering::Relaxed) {
+            return Ok(x.clone());
+        }
+        let call = self.calls.fetch_add(1, Ordering::Relaxed);
+        x.dropout(self.p, self.seed.wrapping_add(call.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+    }
+    fn visit_params(&self, _: &str, _: &mut dyn FnMut(String, &Param)) {}
+    fn set_training(&self, training: bool) {
+        self.training.store(training, Ordering::Relaxed);
+    }
+}

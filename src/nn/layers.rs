@@ -1,0 +1,262 @@
+//! The standard layers: Linear, Conv2d, MaxPool2d, AvgPool2d, Flatten, Embedding, LayerNorm and
+//! the activation functions as modules. Each is a thin struct over the differentiable ops in
+//! `ops/`; the math lives there, the parameters here.
+
+use super::init::{Init, weight};
+use super::module::{Module, join};
+use super::Param;
+use crate::{DType, Device, Error, Result, Tensor};
+use rand_chacha::ChaCha8Rng;
+
+/// `y = x·W + b`, with `W: [in, out]` and `b: [out]`; `x` is `[..., in]`.
+pub struct Linear {
+    /// weight `[in, out]`
+    pub weight: Param,
+    /// bias `[out]`
+    pub bias: Param,
+}
+
+impl Linear {
+    /// A linear layer with Kaiming- or Xavier-uniform weight and zero bias.
+    pub fn new(inputs: usize, outputs: usize, init: Init, rng: &mut ChaCha8Rng, device: Device) -> Result<Linear> {
+        Ok(Linear {
+            weight: Param::new(weight(init, &[inputs, outputs], inputs, outputs, rng, device)?)?,
+            bias: Param::new(Tensor::zeros(&[outputs], DType::F32, device)?)?,
+        })
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let w = self.weight.get();
+        let (inputs, outputs) = (w.shape()[0], w.shape()[1]);
+        if x.rank() == 0 || x.shape()[x.rank() - 1] != inputs {
+            return Err(Error::Shape(format!("Linear({inputs} → {outputs}) got input of shape {:?}", x.shape())));
+        }
+        let lead = &x.shape()[..x.rank() - 1];
+        let rows: usize = lead.iter().product();
+        let y = x.reshape(&[rows, inputs])?.matmul(&w)?.add(&self.bias.get())?;
+        let mut shape = lead.to_vec();
+        shape.push(outputs);
+        y.reshape(&shape)
+    }
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        f(join(prefix, "weight"), &self.weight);
+        f(join(prefix, "bias"), &self.bias);
+    }
+}
+
+/// 2-D convolution with a `[out, in, k, k]` weight (PyTorch layout) and an `[out]` bias.
+pub struct Conv2d {
+    /// weight `[out_channels, in_channels, k, k]`
+    pub weight: Param,
+    /// bias `[out_channels]`
+    pub bias: Param,
+    /// step between windows
+    pub stride: usize,
+    /// zeros added on every side
+    pub padding: usize,
+}
+
+impl Conv2d {
+    /// A convolution with Kaiming-uniform weight (fan-in `in·k·k`) and zero bias.
+    pub fn new(
+        in_channels: usize,
+        out_channels: usize,
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+        rng: &mut ChaCha8Rng,
+        device: Device,
+    ) -> Result<Conv2d> {
+        if stride == 0 || kernel == 0 {
+            return Err(Error::Invalid(format!("Conv2d: kernel {kernel} and stride {stride} must be at least 1")));
+        }
+        let fan_in = in_channels * kernel * kernel;
+        let fan_out = out_channels * kernel * kernel;
+        let shape = [out_channels, in_channels, kernel, kernel];
+        Ok(Conv2d {
+            weight: Param::new(weight(Init::KaimingUniform, &shape, fan_in, fan_out, rng, device)?)?,
+            bias: Param::new(Tensor::zeros(&[out_channels], DType::F32, device)?)?,
+            stride,
+            padding,
+        })
+    }
+}
+
+impl Module for Conv2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.conv2d(&self.weight.get(), Some(&self.bias.get()), self.stride, self.padding)
+    }
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        f(join(prefix, "weight"), &self.weight);
+        f(join(prefix, "bias"), &self.bias);
+    }
+}
+
+/// Max over `kernel × kernel` windows moved by `stride`.
+pub struct MaxPool2d {
+    /// window side
+    pub kernel: usize,
+    /// step between windows
+    pub stride: usize,
+}
+
+impl Module for MaxPool2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.max_pool2d(self.kernel, self.stride)
+    }
+    fn visit_params(&self, _: &str, _: &mut dyn FnMut(String, &Param)) {}
+}
+
+/// Mean over `kernel × kernel` windows moved by `stride`.
+pub struct AvgPool2d {
+    /// window side
+    pub kernel: usize,
+    /// step between windows
+    pub stride: usize,
+}
+
+impl Module for AvgPool2d {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.avg_pool2d(self.kernel, self.stride)
+    }
+    fn visit_params(&self, _: &str, _: &mut dyn FnMut(String, &Param)) {}
+}
+
+/// `[B, d1, d2, ...] → [B, d1·d2·...]`.
+pub struct Flatten;
+
+impl Module for Flatten {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        if x.rank() == 0 {
+            return Err(Error::Shape("Flatten needs a batch axis, got a scalar".into()));
+        }
+        let b = x.shape()[0];
+        x.reshape(&[b, x.numel() / b.max(1)])
+    }
+    fn visit_params(&self, _: &str, _: &mut dyn FnMut(String, &Param)) {}
+}
+
+/// A lookup table: I32 indices `[...]` → rows of a `[num, dim]` weight, `[..., dim]`.
+pub struct Embedding {
+    /// table `[num_embeddings, dim]`, initialised `U(−1, 1)·√(3/dim)`-like (Xavier on the row)
+    pub weight: Param,
+}
+
+impl Embedding {
+    /// A table of `num` rows of `dim` values.
+    pub fn new(num: usize, dim: usize, rng: &mut ChaCha8Rng, device: Device) -> Result<Embedding> {
+        Ok(Embedding { weight: Param::new(weight(Init::XavierUniform, &[num, dim], 1, dim, rng, device)?)? })
+    }
+}
+
+impl Module for Embedding {
+    fn forward(&self, idx: &Tensor) -> Result<Tensor> {
+        let w = self.weight.get();
+        let n = idx.numel();
+        let rows = w.index_select(0, &idx.reshape(&[n])?)?;
+        let mut shape = idx.shape().to_vec();
+        shape.push(w.shape()[1]);
+        rows.reshape(&shape)
+    }
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        f(join(prefix, "weight"), &self.weight);
+    }
+}
+
+/// Layer normalisation over the last axis: `(x − mean) / √(var + eps) · γ + β` (biased variance).
+pub struct LayerNorm {
+    /// scale γ `[dim]`, initialised to 1
+    pub weight: Param,
+    /// shift β `[dim]`, initialised to 0
+    pub bias: Param,
+    /// added to the variance (default 1e-5)
+    pub eps: f64,
+}
+
+impl LayerNorm {
+    /// LayerNorm over a last axis of size `dim`.
+    pub fn new(dim: usize, device: Device) -> Result<LayerNorm> {
+        Ok(LayerNorm {
+            weight: Param::new(Tensor::ones(&[dim], DType::F32, device)?)?,
+            bias: Param::new(Tensor::zeros(&[dim], DType::F32, device)?)?,
+            eps: 1e-5,
+        })
+    }
+}
+
+impl Module for LayerNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        x.layer_norm(&self.weight.get(), &self.bias.get(), self.eps)
+    }
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        f(join(prefix, "weight"), &self.weight);
+        f(join(prefix, "bias"), &self.bias);
+    }
+}
+
+impl Tensor {
+    /// Layer normalisation of the last axis with scale `gamma` and shift `beta` (both `[dim]`).
+    pub fn layer_norm(&self, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<Tensor> {
+        let dim = self.shape().last().copied().unwrap_or(0);
+        if dim == 0 || gamma.shape() != [dim] || beta.shape() != [dim] {
+            return Err(Error::Shape(format!(
+                "layer_norm: input {:?} needs gamma and beta of shape [{dim}], got {:?} and {:?}",
+                self.shape(),
+                gamma.shape(),
+                beta.shape()
+            )));
+        }
+        let mean = self.mean(&[-1], true)?;
+        let centred = self.sub(&mean)?;
+        let var = centred.mul(&centred)?.mean(&[-1], true)?;
+        centred.div(&var.add_scalar(eps)?.sqrt()?)?.mul(gamma)?.add(beta)
+    }
+}
+
+/// Activation functions, as a value (for builders) and as a module.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    /// max(x, 0)
+    Relu,
+    /// GELU (tanh approximation)
+    Gelu,
+    /// x·σ(x)
+    Silu,
+    /// tanh
+    Tanh,
+    /// logistic σ
+    Sigmoid,
+}
+
+impl Activation {
+    /// Applies the function.
+    pub fn apply(self, x: &Tensor) -> Result<Tensor> {
+        match self {
+            Activation::Relu => x.relu(),
+            Activation::Gelu => x.gelu(),
+            Activation::Silu => x.silu(),
+            Activation::Tanh => x.tanh(),
+            Activation::Sigmoid => x.sigmoid(),
+        }
+    }
+    /// Parses `relu`, `gelu`, `silu`, `tanh` or `sigmoid`.
+    pub fn from_name(name: &str) -> Result<Activation> {
+        Ok(match name {
+            "relu" => Activation::Relu,
+            "gelu" => Activation::Gelu,
+            "silu" => Activation::Silu,
+            "tanh" => Activation::Tanh,
+            "sigmoid" => Activation::Sigmoid,
+            other => return Err(Error::Invalid(format!("unknown activation {other:?} (relu, gelu, silu, tanh, sigmoid)"))),
+        })
+    }
+}
+
+impl Module for Activation {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.apply(x)
+    }
+    fn visit_params(&self, _: &str, _: &mut dyn FnMut(String, &Param)) {}
+}

@@ -1,0 +1,56 @@
+//! [`Param`]: a named slot holding a trainable tensor. Layers read it in `forward`; an optimizer
+//! swaps in the updated tensor after each step (on the GPU the new buffer comes from the pool, so
+//! a steady-state step allocates nothing).
+
+use crate::{Error, Result, Tensor};
+use std::sync::{Arc, RwLock};
+
+/// A trainable tensor shared by a layer and the optimizer (cloning shares the slot).
+#[derive(Clone, Debug)]
+pub struct Param(Arc<RwLock<Tensor>>);
+
+impl Param {
+    /// Wraps `value` as a leaf that requires grad.
+    pub fn new(value: Tensor) -> Result<Param> {
+        let leaf = value.detach();
+        leaf.set_requires_grad(true)?;
+        Ok(Param(Arc::new(RwLock::new(leaf))))
+    }
+
+    /// The current value (a leaf that requires grad; its `grad()` is filled by `backward`).
+    pub fn get(&self) -> Tensor {
+        match self.0.read() {
+            Ok(t) => t.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    /// Replaces the value (same shape required); the new leaf starts with no gradient.
+    pub fn set(&self, value: Tensor) -> Result<()> {
+        let old = self.get();
+        if value.shape() != old.shape() {
+            return Err(Error::Shape(format!(
+                "parameter update of shape {:?} for a parameter of shape {:?}",
+                value.shape(),
+                old.shape()
+            )));
+        }
+        let leaf = value.detach();
+        leaf.set_requires_grad(true)?;
+        match self.0.write() {
+            Ok(mut t) => *t = leaf,
+            Err(poisoned) => *poisoned.into_inner() = leaf,
+        }
+        Ok(())
+    }
+
+    /// The gradient accumulated on the current value, if any.
+    pub fn grad(&self) -> Option<Tensor> {
+        self.get().grad()
+    }
+
+    /// Forgets the gradient.
+    pub fn zero_grad(&self) {
+        self.get().zero_grad()
+    }
+}

@@ -1,0 +1,30 @@
+//! Gradient-norm clipping on the device: the global norm `‖g‖ = √Σ‖g_i‖²` and the factor
+//! `min(1, max_norm / (‖g‖ + 1e-6))` are one-element tensors; the optimizer multiplies the
+//! gradients by the factor inside its update kernel.
+
+use crate::nn::Param;
+use crate::{Error, Result, Tensor};
+
+/// Returns `(norm, scale)` for the gradients of `params` (both one-element tensors on the
+/// parameters' device), or `None` when no parameter has a gradient.
+pub fn clip_grad_norm(params: &[(String, Param)], max_norm: f64) -> Result<Option<(Tensor, Tensor)>> {
+    if !(max_norm.is_finite() && max_norm > 0.0) {
+        return Err(Error::Invalid(format!("max gradient norm must be a finite positive number, got {max_norm}")));
+    }
+    let _guard = crate::NoGradGuard::new();
+    let mut total: Option<Tensor> = None;
+    for (_, p) in params {
+        if let Some(g) = p.grad() {
+            let sq = g.mul(&g)?.sum_all()?;
+            total = Some(match total {
+                Some(t) => t.add(&sq)?,
+                None => sq,
+            });
+        }
+    }
+    let Some(total) = total else { return Ok(None) };
+    let norm = total.sqrt()?.reshape(&[1])?;
+    // scale = min(1, max_norm / (norm + 1e-6))
+    let scale = norm.add_scalar(1e-6)?.recip()?.mul_scalar(max_norm)?.clamp(0.0, 1.0)?;
+    Ok(Some((norm, scale)))
+}
