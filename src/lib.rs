@@ -29,6 +29,7 @@
 pub mod autograd;
 pub mod backend;
 pub mod bench;
+pub mod checkpoint;
 pub mod data;
 pub mod device;
 pub mod dtype;
@@ -40,6 +41,7 @@ pub mod optim;
 mod ops;
 pub mod shape;
 pub mod tensor;
+pub mod train;
 
 pub use autograd::{NoGradGuard, is_grad_enabled, no_grad};
 pub use device::Device;

@@ -1,8 +1,11 @@
-//! The `moegrad` command line: `info` (device report) and `bench` (measured workloads).
+//! The `moegrad` command line: `info` (device report), `train` (a training run) and `bench`
+//! (measured workloads).
 //! Every error is printed as one line on stderr with a non-zero exit status.
 
 use clap::{Parser, Subcommand, ValueEnum};
+use moegrad::train::{DataKind, ModelKind, OptimizerKind, RunOptions, TrainConfig};
 use moegrad::{Device, Result};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
@@ -20,6 +23,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Train a model on MNIST or MultiMNIST, with a progress bar, metrics, plots and checkpoints.
+    Train(TrainArgs),
     /// Run a benchmark and print its figures.
     Bench {
         /// Which workload.
@@ -35,6 +40,121 @@ enum Command {
         #[arg(long, value_delimiter = ',', default_values_t = vec![256, 512, 1024])]
         sizes: Vec<usize>,
     },
+}
+
+/// `moegrad train` options (each maps onto a field of `TrainConfig`).
+#[derive(clap::Args)]
+struct TrainArgs {
+    /// Dataset: mnist or multimnist (two overlaid digits, two tasks).
+    #[arg(long, value_enum, default_value = "mnist")]
+    data: DataArg,
+    /// Directory with the MNIST IDX files (bundled subset in data/, or the full MNIST files).
+    #[arg(long, default_value = "data")]
+    data_dir: PathBuf,
+    /// Model: mlp or cnn.
+    #[arg(long, value_enum, default_value = "cnn")]
+    model: ModelArg,
+    /// Passes over the training set.
+    #[arg(long, default_value_t = 5)]
+    epochs: usize,
+    /// Examples per step.
+    #[arg(long, default_value_t = 64)]
+    batch: usize,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = 1e-3)]
+    lr: f64,
+    /// Optimizer: sgd (momentum 0.9), adam or adamw.
+    #[arg(long, value_enum, default_value = "adam")]
+    optimizer: OptimizerArg,
+    /// Weight decay (L2 for sgd/adam, decoupled for adamw; adamw defaults to 0.01).
+    #[arg(long, default_value_t = 0.0)]
+    weight_decay: f64,
+    /// Learning-rate schedule: constant or cosine.
+    #[arg(long, default_value = "constant")]
+    schedule: String,
+    /// Steps of linear learning-rate warm-up.
+    #[arg(long, default_value_t = 0)]
+    warmup_steps: u64,
+    /// Clip the global gradient norm to this value (0 turns clipping off).
+    #[arg(long, default_value_t = 0.0)]
+    clip_grad_norm: f64,
+    /// Seed of initialisation, shuffling and MultiMNIST composition.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// auto (GPU when there is one), cpu or gpu.
+    #[arg(long, default_value = "auto")]
+    device: String,
+    /// Output directory for metrics.jsonl, checkpoint.safetensors and curves.svg.
+    #[arg(long, default_value = "runs/latest")]
+    out: PathBuf,
+    /// Use only the first N training examples (0: all).
+    #[arg(long, default_value_t = 0)]
+    train_limit: usize,
+    /// Use only the first N test examples (0: all).
+    #[arg(long, default_value_t = 0)]
+    test_limit: usize,
+    /// Read the loss back every N steps (progress bar, NaN check).
+    #[arg(long, default_value_t = 20)]
+    log_every: usize,
+    /// Continue from OUT/checkpoint.safetensors.
+    #[arg(long)]
+    resume: bool,
+    /// Print the final metrics as one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum DataArg {
+    Mnist,
+    Multimnist,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ModelArg {
+    Mlp,
+    Cnn,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum OptimizerArg {
+    Sgd,
+    Adam,
+    Adamw,
+}
+
+impl TrainArgs {
+    fn config(&self) -> TrainConfig {
+        TrainConfig {
+            data: match self.data {
+                DataArg::Mnist => DataKind::Mnist,
+                DataArg::Multimnist => DataKind::Multimnist,
+            },
+            data_dir: self.data_dir.clone(),
+            model: match self.model {
+                ModelArg::Mlp => ModelKind::Mlp,
+                ModelArg::Cnn => ModelKind::Cnn,
+            },
+            epochs: self.epochs,
+            batch: self.batch,
+            lr: self.lr,
+            optimizer: match self.optimizer {
+                OptimizerArg::Sgd => OptimizerKind::Sgd,
+                OptimizerArg::Adam => OptimizerKind::Adam,
+                OptimizerArg::Adamw => OptimizerKind::Adamw,
+            },
+            weight_decay: self.weight_decay,
+            schedule: self.schedule.clone(),
+            warmup_steps: self.warmup_steps,
+            clip_grad_norm: self.clip_grad_norm,
+            seed: self.seed,
+            device: self.device.clone(),
+            out: self.out.clone(),
+            train_limit: self.train_limit,
+            test_limit: self.test_limit,
+            log_every: self.log_every,
+        }
+    }
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -80,6 +200,23 @@ fn run(cli: Cli) -> Result<()> {
                     (None, None) => println!("gpu adapter: none"),
                 }
                 println!("cpu:         {} threads, matmul by {}", r.cpu_threads, r.cpu_gemm);
+            }
+        }
+        Command::Train(args) => {
+            let cfg = args.config();
+            let summary = moegrad::train::run(&cfg, RunOptions { resume: args.resume, progress: true })?;
+            if args.json {
+                println!("{}", serde_json::to_string(&summary).map_err(|e| moegrad::Error::Invalid(e.to_string()))?);
+            } else {
+                println!(
+                    "trained {} epochs on {} in {:.1} s: test loss {:.4}, test accuracy {}; outputs in {}",
+                    summary.epochs,
+                    summary.device,
+                    summary.seconds,
+                    summary.test_loss,
+                    summary.test_accuracy,
+                    cfg.out.display()
+                );
             }
         }
         Command::Bench { workload: Workload::Matmul, json, device, sizes } => {

@@ -1,0 +1,99 @@
+//! Checkpoints in the safetensors format: parameters under their module names
+//! (`layers.0.weight`, ...), optimizer state under `adam.m.<name>` / `adam.v.<name>` /
+//! `sgd.momentum.<name>`, and string metadata (step, epoch, the run's config as JSON). PyTorch
+//! reads them with `safetensors.torch.load_file(path)`.
+//!
+//! Writing is atomic: the bytes go to a temporary file in the same directory, are flushed to disk,
+//! and the file is renamed over the target, so a crash never leaves a half-written checkpoint
+//! and the previous one survives until the new one is complete.
+
+use crate::backend::HostData;
+use crate::{Device, Error, Result, Tensor};
+use safetensors::{Dtype, SafeTensors, tensor::TensorView};
+use std::collections::{BTreeMap, HashMap};
+use std::io::Write;
+use std::path::Path;
+
+/// What a checkpoint holds.
+#[derive(Clone, Debug, Default)]
+pub struct Checkpoint {
+    /// named tensors (parameters and optimizer state)
+    pub tensors: BTreeMap<String, Tensor>,
+    /// string metadata
+    pub metadata: BTreeMap<String, String>,
+}
+
+fn io(path: &Path, what: impl std::fmt::Display) -> Error {
+    Error::Io(format!("{}: {what}", path.display()))
+}
+
+fn to_bytes(host: &HostData) -> (Dtype, Vec<u8>) {
+    match host {
+        HostData::F32(v) => (Dtype::F32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        HostData::F64(v) => (Dtype::F64, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+        HostData::I32(v) => (Dtype::I32, v.iter().flat_map(|x| x.to_le_bytes()).collect()),
+    }
+}
+
+fn from_bytes(dtype: Dtype, bytes: &[u8], name: &str, path: &Path) -> Result<HostData> {
+    Ok(match dtype {
+        Dtype::F32 => HostData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        Dtype::F64 => HostData::F64(
+            bytes.chunks_exact(8).map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect(),
+        ),
+        Dtype::I32 => HostData::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
+        other => return Err(io(path, format!("tensor {name} has dtype {other:?}; moegrad reads F32, F64 and I32"))),
+    })
+}
+
+/// Writes `path` atomically (temporary file in the same directory, fsync, rename).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+    let name = path.file_name().ok_or_else(|| io(path, "not a file name"))?.to_string_lossy();
+    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let result = (|| {
+        let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
+        f.write_all(bytes).map_err(|e| io(&tmp, e))?;
+        f.sync_all().map_err(|e| io(&tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| io(path, e))
+    })();
+    if result.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    result
+}
+
+impl Checkpoint {
+    /// Saves to `path` atomically.
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let mut owned = Vec::with_capacity(self.tensors.len());
+        for (name, t) in &self.tensors {
+            let (dtype, bytes) = to_bytes(&t.to_host()?);
+            owned.push((name.clone(), dtype, t.shape().to_vec(), bytes));
+        }
+        let views = owned
+            .iter()
+            .map(|(n, d, s, b)| TensorView::new(*d, s.clone(), b).map(|v| (n.clone(), v)))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(|e| io(path, e))?;
+        let meta: HashMap<String, String> = self.metadata.clone().into_iter().collect();
+        let bytes = safetensors::serialize(views, Some(meta)).map_err(|e| io(path, e))?;
+        write_atomic(path, &bytes)
+    }
+
+    /// Loads from `path`, placing tensors on `device` (f64 stays on the CPU).
+    pub fn load(path: &Path, device: Device) -> Result<Checkpoint> {
+        let bytes = std::fs::read(path).map_err(|e| io(path, e))?;
+        let st = SafeTensors::deserialize(&bytes).map_err(|e| io(path, format!("not a valid safetensors file: {e}")))?;
+        let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| io(path, e))?;
+        let metadata = header.metadata().clone().unwrap_or_default().into_iter().collect();
+        let mut tensors = BTreeMap::new();
+        for (name, view) in st.tensors() {
+            let host = from_bytes(view.dtype(), view.data(), &name, path)?;
+            let dev = if matches!(host, HostData::F64(_)) { Device::Cpu } else { device };
+            tensors.insert(name, Tensor::from_host(host, view.shape(), dev)?);
+        }
+        Ok(Checkpoint { tensors, metadata })
+    }
+}

@@ -1,0 +1,132 @@
+//! The settings of a training run (`moegrad train`), checked before anything runs.
+
+use crate::{Error, Result};
+use serde::{Deserialize, Serialize};
+use std::path::PathBuf;
+
+/// Which dataset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataKind {
+    /// MNIST digits, 10 classes
+    Mnist,
+    /// two overlaid digits, two 10-class tasks
+    Multimnist,
+}
+
+/// Which model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ModelKind {
+    /// a multi-layer perceptron on the flattened image
+    Mlp,
+    /// a LeNet-style convolutional network
+    Cnn,
+}
+
+/// Which optimizer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// SGD with momentum 0.9
+    Sgd,
+    /// Adam
+    Adam,
+    /// AdamW (weight decay 0.01 unless set)
+    Adamw,
+}
+
+/// Everything a run needs; serialised into the checkpoint's metadata and `metrics.jsonl`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TrainConfig {
+    /// dataset
+    pub data: DataKind,
+    /// directory holding the MNIST IDX files
+    pub data_dir: PathBuf,
+    /// model
+    pub model: ModelKind,
+    /// passes over the training set
+    pub epochs: usize,
+    /// examples per step
+    pub batch: usize,
+    /// peak learning rate
+    pub lr: f64,
+    /// optimizer
+    pub optimizer: OptimizerKind,
+    /// weight decay (L2 for SGD/Adam, decoupled for AdamW)
+    pub weight_decay: f64,
+    /// learning-rate schedule: constant or cosine
+    pub schedule: String,
+    /// linear warm-up steps
+    pub warmup_steps: u64,
+    /// clip the global gradient norm to this value (0: off)
+    pub clip_grad_norm: f64,
+    /// seed of initialisation, shuffling and data composition
+    pub seed: u64,
+    /// auto, cpu or gpu
+    pub device: String,
+    /// output directory (metrics.jsonl, checkpoint.safetensors, curves.svg)
+    pub out: PathBuf,
+    /// use only the first N training examples (0: all)
+    pub train_limit: usize,
+    /// use only the first N test examples (0: all)
+    pub test_limit: usize,
+    /// read the loss back every this many steps (progress bar and NaN check)
+    pub log_every: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            data: DataKind::Mnist,
+            data_dir: PathBuf::from("data"),
+            model: ModelKind::Cnn,
+            epochs: 5,
+            batch: 64,
+            lr: 1e-3,
+            optimizer: OptimizerKind::Adam,
+            weight_decay: 0.0,
+            schedule: "constant".into(),
+            warmup_steps: 0,
+            clip_grad_norm: 0.0,
+            seed: 0,
+            device: "auto".into(),
+            out: PathBuf::from("runs/latest"),
+            train_limit: 0,
+            test_limit: 0,
+            log_every: 20,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Checks every setting; the error names the one at fault.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |m: String| Err(Error::Invalid(m));
+        if self.epochs == 0 {
+            return bad("--epochs must be at least 1".into());
+        }
+        if self.batch == 0 {
+            return bad("--batch must be at least 1, got 0".into());
+        }
+        if !(self.lr.is_finite() && self.lr > 0.0) {
+            return bad(format!("--lr must be a finite positive number, got {}", self.lr));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return bad(format!("--weight-decay must be finite and non-negative, got {}", self.weight_decay));
+        }
+        if !(self.clip_grad_norm.is_finite() && self.clip_grad_norm >= 0.0) {
+            return bad(format!("--clip-grad-norm must be finite and non-negative, got {}", self.clip_grad_norm));
+        }
+        if !["constant", "cosine"].contains(&self.schedule.as_str()) {
+            return bad(format!("--schedule {:?}: expected constant or cosine", self.schedule));
+        }
+        if !["auto", "cpu", "gpu"].contains(&self.device.as_str()) {
+            return bad(format!("--device {:?}: expected auto, cpu or gpu", self.device));
+        }
+        if self.log_every == 0 {
+            return bad("--log-every must be at least 1".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,324 @@
+//! `moegrad train`: load the data, build the model, run the epochs with a progress bar, evaluate,
+//! and write `metrics.jsonl`, `checkpoint.safetensors` and `curves.svg` to the output directory.
+//!
+//! Inside an epoch nothing is read back from the device except the loss every `log_every` steps
+//! (for the progress bar and the NaN check). A checkpoint is written after each epoch whose loss
+//! is finite, so when a NaN stops the run the last good checkpoint is still there; `--resume`
+//! restores parameters, optimizer state and the epoch counter, and because the data order depends
+//! only on (seed, epoch) the resumed run ends exactly where an uninterrupted one would.
+
+pub mod config;
+pub mod models;
+pub mod plot;
+
+pub use config::{DataKind, ModelKind, OptimizerKind, TrainConfig};
+
+use crate::checkpoint::Checkpoint;
+use crate::data::{Dataset, Mnist, multimnist};
+use crate::optim::{Adam, Optimizer, Schedule, Sgd, clip_grad_norm};
+use crate::{DType, Device, Error, Result, Tensor};
+use models::MultiHead;
+use plot::EpochPoint;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::Path;
+use std::time::Instant;
+
+/// The final figures of a run (`--json` prints this object).
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainSummary {
+    /// "cpu" or "gpu"
+    pub device: String,
+    /// epochs completed
+    pub epochs: usize,
+    /// wall-clock seconds of this invocation (training and evaluation)
+    pub seconds: f64,
+    /// mean training loss of the last epoch (summed over tasks)
+    pub train_loss: f64,
+    /// mean test loss (summed over tasks)
+    pub test_loss: f64,
+    /// test accuracy in [0, 1]: a number for one task, a list for MultiMNIST
+    pub test_accuracy: serde_json::Value,
+    /// optimizer steps taken in total
+    pub steps: u64,
+    /// trainable parameters
+    pub params: usize,
+}
+
+/// Options of the invocation that are not part of the run's identity.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct RunOptions {
+    /// continue from `out/checkpoint.safetensors`
+    pub resume: bool,
+    /// draw a progress bar and per-epoch lines on stderr
+    pub progress: bool,
+}
+
+struct Splits {
+    train: Dataset,
+    test: Dataset,
+    side: usize,
+    tasks: usize,
+}
+
+fn load_data(cfg: &TrainConfig) -> Result<Splits> {
+    let mnist = Mnist::load(&cfg.data_dir)?;
+    let limit = |d: Dataset, n: usize| -> Result<Dataset> {
+        if n == 0 || n >= d.len() {
+            return Ok(d);
+        }
+        let per: usize = d.sample_shape.iter().product();
+        Dataset::new(d.features[..n * per].to_vec(), d.sample_shape, d.labels.iter().map(|l| l[..n].to_vec()).collect())
+    };
+    let (train, test, side, tasks) = match cfg.data {
+        DataKind::Mnist => {
+            let side = mnist.train.rows;
+            let mk = |s: &crate::data::ImageSet| Dataset::new(s.images.clone(), vec![1, s.rows, s.cols], vec![s.labels.clone()]);
+            (mk(&mnist.train)?, mk(&mnist.test)?, side, 1)
+        }
+        DataKind::Multimnist => {
+            let tr = multimnist::compose(&mnist.train, cfg.seed)?;
+            let te = multimnist::compose(&mnist.test, cfg.seed.wrapping_add(1))?;
+            let side = multimnist::CANVAS;
+            let mk = |s: multimnist::MultiImageSet| Dataset::new(s.images, vec![1, side, side], s.labels.to_vec());
+            (mk(tr)?, mk(te)?, side, 2)
+        }
+    };
+    Ok(Splits { train: limit(train, cfg.train_limit)?, test: limit(test, cfg.test_limit)?, side, tasks })
+}
+
+fn make_optimizer(cfg: &TrainConfig) -> Result<Box<dyn Optimizer>> {
+    Ok(match cfg.optimizer {
+        OptimizerKind::Sgd => {
+            let mut s = Sgd::with_momentum(cfg.lr, 0.9)?;
+            s.weight_decay = cfg.weight_decay;
+            Box::new(s)
+        }
+        OptimizerKind::Adam => {
+            let mut a = Adam::new(cfg.lr)?;
+            a.weight_decay = cfg.weight_decay;
+            Box::new(a)
+        }
+        OptimizerKind::Adamw => {
+            Box::new(Adam::adamw(cfg.lr, if cfg.weight_decay > 0.0 { cfg.weight_decay } else { 0.01 })?)
+        }
+    })
+}
+
+/// Summed cross-entropy over the tasks.
+fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
+    let mut total: Option<Tensor> = None;
+    for (l, y) in logits.iter().zip(targets) {
+        let ce = l.cross_entropy(y)?;
+        total = Some(match total {
+            Some(t) => t.add(&ce)?,
+            None => ce,
+        });
+    }
+    total.ok_or_else(|| Error::Invalid("a model with no task heads".into()))
+}
+
+/// Mean test loss and accuracy per task, with the values accumulated on the device.
+pub fn evaluate(model: &MultiHead, data: &Dataset, batch: usize, device: Device) -> Result<(f64, Vec<f64>)> {
+    let _guard = crate::NoGradGuard::new();
+    model.set_training(false);
+    let tasks = data.labels.len();
+    let mut loss_sum = Tensor::zeros(&[], DType::F32, device)?;
+    let mut correct: Vec<Tensor> = (0..tasks).map(|_| Tensor::zeros(&[], DType::F32, device)).collect::<Result<_>>()?;
+    let order = data.order(0, 0, false);
+    for ids in order.chunks(batch.max(1)) {
+        let b = data.batch(ids, device)?;
+        let logits = model.forward_tasks(&b.x)?;
+        loss_sum = loss_sum.add(&task_loss(&logits, &b.y)?.mul_scalar(ids.len() as f64)?)?;
+        for t in 0..tasks {
+            let pred = logits[t].argmax(-1, false)?.to_dtype(DType::F32)?;
+            let hits = pred.eq(&b.y[t].to_dtype(DType::F32)?)?.sum_all()?;
+            correct[t] = correct[t].add(&hits)?;
+        }
+    }
+    model.set_training(true);
+    let n = data.len().max(1) as f64;
+    let acc = correct.iter().map(|c| Ok(c.item()? / n)).collect::<Result<Vec<_>>>()?;
+    Ok((loss_sum.item()? / n, acc))
+}
+
+fn accuracy_json(acc: &[f64]) -> serde_json::Value {
+    if acc.len() == 1 { serde_json::json!(acc[0]) } else { serde_json::json!(acc) }
+}
+
+/// Keeps the first `epochs` lines of `metrics.jsonl` (a resumed run rewrites what follows).
+fn truncate_metrics(path: &Path, epochs: usize) -> Result<()> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
+    let kept: String = text.lines().take(epochs).map(|l| format!("{l}\n")).collect();
+    crate::checkpoint::write_atomic(path, kept.as_bytes())
+}
+
+fn read_points(path: &Path) -> Vec<EpochPoint> {
+    let Ok(text) = std::fs::read_to_string(path) else { return Vec::new() };
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .map(|v| EpochPoint {
+            epoch: v["epoch"].as_u64().unwrap_or(0) as usize,
+            train_loss: v["train_loss"].as_f64().unwrap_or(f64::NAN),
+            test_loss: v["test_loss"].as_f64().unwrap_or(f64::NAN),
+            test_accuracy: match &v["test_accuracy"] {
+                serde_json::Value::Array(a) => a.iter().filter_map(|x| x.as_f64()).collect(),
+                x => x.as_f64().into_iter().collect(),
+            },
+        })
+        .collect()
+}
+
+/// Runs a training job as configured.
+pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
+    cfg.validate()?;
+    let started = Instant::now();
+    let device = Device::from_name(&cfg.device)?;
+    let data = load_data(cfg)?;
+    if data.train.is_empty() || data.test.is_empty() {
+        return Err(Error::Invalid("the training or test split is empty".into()));
+    }
+    let model = models::build(cfg.model, data.side, data.tasks, cfg.seed, device)?;
+    let params = model.named_params();
+    let n_params: usize = params.iter().map(|(_, p)| p.get().numel()).sum();
+    let mut opt = make_optimizer(cfg)?;
+    let steps_per_epoch = data.train.batches_per_epoch(cfg.batch) as u64;
+    let schedule = Schedule::from_name(&cfg.schedule, cfg.lr, cfg.warmup_steps, steps_per_epoch * cfg.epochs as u64)?;
+
+    std::fs::create_dir_all(&cfg.out).map_err(|e| Error::Io(format!("{}: {e}", cfg.out.display())))?;
+    let ckpt_path = cfg.out.join("checkpoint.safetensors");
+    let metrics_path = cfg.out.join("metrics.jsonl");
+    let config_json = serde_json::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
+
+    let mut start_epoch = 0;
+    if opts.resume {
+        let ck = Checkpoint::load(&ckpt_path, device)?;
+        let saved: TrainConfig = ck
+            .metadata
+            .get("config")
+            .and_then(|c| serde_json::from_str(c).ok())
+            .ok_or_else(|| Error::Io(format!("{}: no run configuration in the metadata", ckpt_path.display())))?;
+        if saved.model != cfg.model || saved.data != cfg.data || saved.batch != cfg.batch || saved.seed != cfg.seed {
+            return Err(Error::Invalid(format!(
+                "--resume: {} was written by a run with model {:?}, data {:?}, batch {}, seed {}; this run has {:?}, {:?}, {}, {}",
+                ckpt_path.display(), saved.model, saved.data, saved.batch, saved.seed, cfg.model, cfg.data, cfg.batch, cfg.seed
+            )));
+        }
+        for (name, p) in &params {
+            let t = ck.tensors.get(name).ok_or_else(|| Error::Io(format!("{}: parameter {name} missing", ckpt_path.display())))?;
+            p.set(t.clone())?;
+        }
+        let steps = ck.metadata.get("steps").and_then(|s| s.parse().ok()).unwrap_or(0);
+        opt.load_state(&ck.tensors, steps)?;
+        start_epoch = ck.metadata.get("epoch").and_then(|s| s.parse().ok()).unwrap_or(0);
+        truncate_metrics(&metrics_path, start_epoch)?;
+    } else if metrics_path.exists() {
+        std::fs::remove_file(&metrics_path).map_err(|e| Error::Io(format!("{}: {e}", metrics_path.display())))?;
+    }
+
+    let mut last = (f64::NAN, f64::NAN, vec![f64::NAN; data.tasks]);
+    let mut step = opt.steps();
+    for epoch in start_epoch..cfg.epochs {
+        let epoch_start = Instant::now();
+        let bar = if opts.progress {
+            let b = indicatif::ProgressBar::new(steps_per_epoch);
+            b.set_style(
+                indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+            );
+            b.set_prefix(format!("epoch {}/{}", epoch + 1, cfg.epochs));
+            b
+        } else {
+            indicatif::ProgressBar::hidden()
+        };
+        let mut loss_sum = Tensor::zeros(&[], DType::F32, device)?;
+        let order = data.train.order(cfg.seed, epoch, true);
+        for (i, ids) in order.chunks(cfg.batch).enumerate() {
+            opt.set_lr(schedule.lr(step));
+            let b = data.train.batch(ids, device)?;
+            let loss = task_loss(&model.forward_tasks(&b.x)?, &b.y)?;
+            loss.backward()?;
+            let scale = if cfg.clip_grad_norm > 0.0 { clip_grad_norm(&params, cfg.clip_grad_norm)? } else { None };
+            opt.step(&params, scale.as_ref().map(|(_, s)| s))?;
+            step += 1;
+            loss_sum = crate::no_grad(|| loss_sum.add(&loss.detach().mul_scalar(ids.len() as f64)?))?;
+            if (i + 1) % cfg.log_every == 0 || i + 1 == steps_per_epoch as usize {
+                let l = loss.item()?;
+                if !l.is_finite() {
+                    bar.abandon();
+                    return Err(Error::Invalid(format!(
+                        "loss is {l} at step {step} (epoch {}, batch {}); stopping. The last good checkpoint{} is kept at {}",
+                        epoch + 1,
+                        i + 1,
+                        if epoch > 0 { format!(" (epoch {epoch})") } else { String::new() },
+                        ckpt_path.display()
+                    )));
+                }
+                let rate = ((i + 1) * cfg.batch) as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9);
+                bar.set_message(format!("loss {l:.4} · {rate:.0} img/s"));
+            }
+            bar.inc(1);
+        }
+        bar.finish_and_clear();
+        let train_loss = loss_sum.item()? / data.train.len() as f64;
+        if !train_loss.is_finite() {
+            return Err(Error::Invalid(format!(
+                "mean training loss of epoch {} is {train_loss}; stopping. The last good checkpoint is kept at {}",
+                epoch + 1,
+                ckpt_path.display()
+            )));
+        }
+        let (test_loss, acc) = evaluate(&model, &data.test, cfg.batch.max(256), device)?;
+        let line = serde_json::json!({
+            "epoch": epoch + 1, "step": step, "lr": opt.lr(), "train_loss": train_loss, "test_loss": test_loss,
+            "test_accuracy": accuracy_json(&acc), "epoch_seconds": epoch_start.elapsed().as_secs_f64(),
+        });
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&metrics_path)
+            .map_err(|e| Error::Io(format!("{}: {e}", metrics_path.display())))?;
+        writeln!(f, "{line}").map_err(|e| Error::Io(format!("{}: {e}", metrics_path.display())))?;
+
+        let mut ck = Checkpoint::default();
+        for (name, p) in &params {
+            ck.tensors.insert(name.clone(), p.get());
+        }
+        ck.tensors.extend(opt.state());
+        ck.metadata = BTreeMap::from([
+            ("epoch".into(), (epoch + 1).to_string()),
+            ("steps".into(), opt.steps().to_string()),
+            ("config".into(), config_json.clone()),
+            ("format".into(), "moegrad-checkpoint-1".into()),
+        ]);
+        ck.save(&ckpt_path)?;
+        plot::draw_curves(&cfg.out.join("curves.svg"), &read_points(&metrics_path), &format!("{:?} {:?}", cfg.model, cfg.data))?;
+        if opts.progress {
+            let accs: Vec<String> = acc.iter().map(|a| format!("{:.2}%", 100.0 * a)).collect();
+            eprintln!(
+                "epoch {}/{}: train loss {train_loss:.4}, test loss {test_loss:.4}, test accuracy {}, {:.1} s",
+                epoch + 1,
+                cfg.epochs,
+                accs.join(" / "),
+                epoch_start.elapsed().as_secs_f64()
+            );
+        }
+        last = (train_loss, test_loss, acc);
+    }
+    if start_epoch >= cfg.epochs {
+        let (test_loss, acc) = evaluate(&model, &data.test, cfg.batch.max(256), device)?;
+        last = (f64::NAN, test_loss, acc);
+    }
+    Ok(TrainSummary {
+        device: device.to_string(),
+        epochs: cfg.epochs,
+        seconds: started.elapsed().as_secs_f64(),
+        train_loss: last.0,
+        test_loss: last.1,
+        test_accuracy: accuracy_json(&last.2),
+        steps: opt.steps(),
+        params: n_params,
+    })
+}

@@ -1,0 +1,80 @@
+//! `curves.svg`: train and test loss (left) and test accuracy per task (right) against the epoch.
+
+use crate::{Error, Result};
+use plotters::prelude::*;
+use std::path::Path;
+
+/// One epoch's figures, as plotted.
+#[derive(Clone, Debug)]
+pub struct EpochPoint {
+    /// 1-based epoch
+    pub epoch: usize,
+    /// mean training loss
+    pub train_loss: f64,
+    /// mean test loss
+    pub test_loss: f64,
+    /// test accuracy per task, in [0, 1]
+    pub test_accuracy: Vec<f64>,
+}
+
+fn plot_err(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Io(format!("{}: could not draw the plot: {e}", path.display()))
+}
+
+/// Draws the curves to an SVG file.
+pub fn draw_curves(path: &Path, points: &[EpochPoint], title: &str) -> Result<()> {
+    if points.is_empty() {
+        return Ok(());
+    }
+    let root = SVGBackend::new(path, (960, 400)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let (left, right) = root.split_horizontally(480);
+    let last = points.last().map(|p| p.epoch).unwrap_or(1).max(2) as f64;
+    let first = points[0].epoch.min(1) as f64;
+
+    let max_loss = points.iter().flat_map(|p| [p.train_loss, p.test_loss]).filter(|x| x.is_finite()).fold(0.0, f64::max) * 1.1;
+    let mut chart = ChartBuilder::on(&left)
+        .caption(format!("{title}: loss"), ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(48)
+        .build_cartesian_2d(first..last, 0.0..max_loss.max(1e-3))
+        .map_err(|e| plot_err(path, e))?;
+    chart.configure_mesh().x_desc("epoch").y_desc("cross-entropy").draw().map_err(|e| plot_err(path, e))?;
+    for (name, color, pick) in [
+        ("train", BLUE, (|p: &EpochPoint| p.train_loss) as fn(&EpochPoint) -> f64),
+        ("test", RED, |p: &EpochPoint| p.test_loss),
+    ] {
+        chart
+            .draw_series(LineSeries::new(points.iter().map(|p| (p.epoch as f64, pick(p))), color.stroke_width(2)))
+            .map_err(|e| plot_err(path, e))?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    }
+    chart.configure_series_labels().border_style(BLACK).background_style(WHITE).draw().map_err(|e| plot_err(path, e))?;
+
+    let lo = points.iter().flat_map(|p| p.test_accuracy.iter().copied()).fold(1.0, f64::min);
+    let mut chart = ChartBuilder::on(&right)
+        .caption(format!("{title}: test accuracy"), ("sans-serif", 18))
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(48)
+        .build_cartesian_2d(first..last, (lo - 0.02).clamp(0.0, 0.99)..1.0)
+        .map_err(|e| plot_err(path, e))?;
+    chart.configure_mesh().x_desc("epoch").y_desc("accuracy").draw().map_err(|e| plot_err(path, e))?;
+    let tasks = points[0].test_accuracy.len();
+    for t in 0..tasks {
+        let color = Palette99::pick(t + 2).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                points.iter().map(|p| (p.epoch as f64, p.test_accuracy.get(t).copied().unwrap_or(0.0))),
+                color.stroke_width(2),
+            ))
+            .map_err(|e| plot_err(path, e))?
+            .label(if tasks == 1 { "test".to_string() } else { format!("task {}", t + 1) })
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    }
+    chart.configure_series_labels().border_style(BLACK).background_style(WHITE).draw().map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))?;
+    Ok(())
+}
