@@ -41,12 +41,21 @@ pub struct MatmulBench {
 pub fn random_f32(shape: &[usize], seed: u64, device: Device) -> Result<Tensor> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let n = shape.iter().product();
-    Tensor::from_f32((0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect(), shape, device)
+    Tensor::from_f32(
+        (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect(),
+        shape,
+        device,
+    )
 }
 
 /// Runs `step` until at least `min_time` has passed (and at least `min_reps` times) after one
 /// warm-up call; returns seconds per call.
-pub fn time_per_call(device: Device, min_reps: usize, min_time: Duration, mut step: impl FnMut() -> Result<()>) -> Result<f64> {
+pub fn time_per_call(
+    device: Device,
+    min_reps: usize,
+    min_time: Duration,
+    mut step: impl FnMut() -> Result<()>,
+) -> Result<f64> {
     step()?;
     device.synchronize()?;
     let start = Instant::now();
@@ -66,7 +75,9 @@ pub fn time_per_call(device: Device, min_reps: usize, min_time: Duration, mut st
 pub fn matmul_gflops(device: Device, n: usize) -> Result<f64> {
     let a = random_f32(&[n, n], 1, device)?;
     let b = random_f32(&[n, n], 2, device)?;
-    let secs = time_per_call(device, 3, Duration::from_millis(600), || a.matmul(&b).map(drop))?;
+    let secs = time_per_call(device, 3, Duration::from_millis(600), || {
+        a.matmul(&b).map(drop)
+    })?;
     Ok(2.0 * (n as f64).powi(3) / secs / 1e9)
 }
 
@@ -74,18 +85,30 @@ pub fn matmul_gflops(device: Device, n: usize) -> Result<f64> {
 pub fn op_overhead_us(device: Device) -> Result<f64> {
     let a = Tensor::full(&[64], 1.0, DType::F32, device)?;
     let b = Tensor::full(&[64], 2.0, DType::F32, device)?;
-    let secs = time_per_call(device, 200, Duration::from_millis(300), || a.add(&b).map(drop))?;
+    let secs = time_per_call(device, 200, Duration::from_millis(300), || {
+        a.add(&b).map(drop)
+    })?;
     Ok(secs * 1e6)
 }
 
 /// `moegrad bench matmul` on every given device and size.
 pub fn bench_matmul(devices: &[Device], sizes: &[usize]) -> Result<MatmulBench> {
-    let mut out = MatmulBench { matmul: Vec::new(), op_overhead_us: Vec::new() };
+    let mut out = MatmulBench {
+        matmul: Vec::new(),
+        op_overhead_us: Vec::new(),
+    };
     for &d in devices {
         for &n in sizes {
-            out.matmul.push(MatmulRecord { device: d.to_string(), size: n, gflops: matmul_gflops(d, n)? });
+            out.matmul.push(MatmulRecord {
+                device: d.to_string(),
+                size: n,
+                gflops: matmul_gflops(d, n)?,
+            });
         }
-        out.op_overhead_us.push(OverheadRecord { device: d.to_string(), us: op_overhead_us(d)? });
+        out.op_overhead_us.push(OverheadRecord {
+            device: d.to_string(),
+            us: op_overhead_us(d)?,
+        });
     }
     Ok(out)
 }

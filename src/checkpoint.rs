@@ -37,20 +37,44 @@ fn to_bytes(host: &HostData) -> (Dtype, Vec<u8>) {
 
 fn from_bytes(dtype: Dtype, bytes: &[u8], name: &str, path: &Path) -> Result<HostData> {
     Ok(match dtype {
-        Dtype::F32 => HostData::F32(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
-        Dtype::F64 => HostData::F64(
-            bytes.chunks_exact(8).map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]])).collect(),
+        Dtype::F32 => HostData::F32(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
         ),
-        Dtype::I32 => HostData::I32(bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
-        other => return Err(io(path, format!("tensor {name} has dtype {other:?}; moegrad reads F32, F64 and I32"))),
+        Dtype::F64 => HostData::F64(
+            bytes
+                .chunks_exact(8)
+                .map(|c| f64::from_le_bytes([c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7]]))
+                .collect(),
+        ),
+        Dtype::I32 => HostData::I32(
+            bytes
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        ),
+        other => {
+            return Err(io(
+                path,
+                format!("tensor {name} has dtype {other:?}; moegrad reads F32, F64 and I32"),
+            ));
+        }
     })
 }
 
 /// Writes `path` atomically (temporary file in the same directory, fsync, rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
     std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-    let name = path.file_name().ok_or_else(|| io(path, "not a file name"))?.to_string_lossy();
+    let name = path
+        .file_name()
+        .ok_or_else(|| io(path, "not a file name"))?
+        .to_string_lossy();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
@@ -85,13 +109,23 @@ impl Checkpoint {
     /// Loads from `path`, placing tensors on `device` (f64 stays on the CPU).
     pub fn load(path: &Path, device: Device) -> Result<Checkpoint> {
         let bytes = std::fs::read(path).map_err(|e| io(path, e))?;
-        let st = SafeTensors::deserialize(&bytes).map_err(|e| io(path, format!("not a valid safetensors file: {e}")))?;
+        let st = SafeTensors::deserialize(&bytes)
+            .map_err(|e| io(path, format!("not a valid safetensors file: {e}")))?;
         let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| io(path, e))?;
-        let metadata = header.metadata().clone().unwrap_or_default().into_iter().collect();
+        let metadata = header
+            .metadata()
+            .clone()
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
         let mut tensors = BTreeMap::new();
         for (name, view) in st.tensors() {
             let host = from_bytes(view.dtype(), view.data(), &name, path)?;
-            let dev = if matches!(host, HostData::F64(_)) { Device::Cpu } else { device };
+            let dev = if matches!(host, HostData::F64(_)) {
+                Device::Cpu
+            } else {
+                device
+            };
             tensors.insert(name, Tensor::from_host(host, view.shape(), dev)?);
         }
         Ok(Checkpoint { tensors, metadata })

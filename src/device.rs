@@ -39,7 +39,11 @@ impl Device {
     /// Chooses a device and explains the choice in one line: `MOEGRAD_DEVICE` (`cpu`, `gpu` or
     /// `auto`) if set, else the GPU when an adapter is found, else the CPU.
     pub fn choose() -> Result<(Device, String)> {
-        match std::env::var("MOEGRAD_DEVICE").ok().as_deref().map(str::trim) {
+        match std::env::var("MOEGRAD_DEVICE")
+            .ok()
+            .as_deref()
+            .map(str::trim)
+        {
             Some("cpu") => Ok((Device::Cpu, "CPU (MOEGRAD_DEVICE=cpu)".into())),
             Some("gpu") => {
                 let d = Device::gpu()?;
@@ -47,7 +51,10 @@ impl Device {
             }
             None | Some("") | Some("auto") => match Device::gpu() {
                 Ok(d) => Ok((d, format!("GPU {}", adapter_line()))),
-                Err(e) => Ok((Device::Cpu, format!("CPU (no GPU: {e}); falling back to the CPU backend"))),
+                Err(e) => Ok((
+                    Device::Cpu,
+                    format!("CPU (no GPU: {e}); falling back to the CPU backend"),
+                )),
             },
             Some(other) => Err(Error::Device(format!(
                 "MOEGRAD_DEVICE={other:?} is not one of cpu, gpu, auto"
@@ -68,7 +75,9 @@ impl Device {
             "cpu" => Ok(Device::Cpu),
             "gpu" => Device::gpu(),
             "auto" => Device::best(),
-            other => Err(Error::Device(format!("unknown device {other:?}; expected cpu, gpu or auto"))),
+            other => Err(Error::Device(format!(
+                "unknown device {other:?}; expected cpu, gpu or auto"
+            ))),
         }
     }
 

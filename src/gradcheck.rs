@@ -70,8 +70,16 @@ fn leaf(values: Vec<f64>, shape: &[usize], grad: bool) -> Result<Tensor> {
 }
 
 /// Evaluates `f` at the given input values and returns the flattened output.
-fn eval(f: &impl Fn(&[Tensor]) -> Result<Tensor>, values: &[Vec<f64>], shapes: &[Vec<usize>]) -> Result<Vec<f64>> {
-    let inputs = values.iter().zip(shapes).map(|(v, s)| leaf(v.clone(), s, false)).collect::<Result<Vec<_>>>()?;
+fn eval(
+    f: &impl Fn(&[Tensor]) -> Result<Tensor>,
+    values: &[Vec<f64>],
+    shapes: &[Vec<usize>],
+) -> Result<Vec<f64>> {
+    let inputs = values
+        .iter()
+        .zip(shapes)
+        .map(|(v, s)| leaf(v.clone(), s, false))
+        .collect::<Result<Vec<_>>>()?;
     crate::no_grad(|| f(&inputs))?.to_vec_f64()
 }
 
@@ -83,10 +91,17 @@ fn analytic(
     shapes: &[Vec<usize>],
     upstream: impl Fn(&[usize]) -> Vec<f64>,
 ) -> Result<Vec<Vec<f64>>> {
-    let inputs = values.iter().zip(shapes).map(|(v, s)| leaf(v.clone(), s, true)).collect::<Result<Vec<_>>>()?;
+    let inputs = values
+        .iter()
+        .zip(shapes)
+        .map(|(v, s)| leaf(v.clone(), s, true))
+        .collect::<Result<Vec<_>>>()?;
     let y = f(&inputs)?;
     if y.dtype() != DType::F64 {
-        return Err(Error::DType(format!("gradcheck: the function must return f64, got {}", y.dtype())));
+        return Err(Error::DType(format!(
+            "gradcheck: the function must return f64, got {}",
+            y.dtype()
+        )));
     }
     if y.requires_grad() {
         let g = Tensor::from_f64(upstream(y.shape()), y.shape(), Device::Cpu)?;
@@ -128,9 +143,15 @@ pub fn gradcheck(
         }
     }
     let shapes: Vec<Vec<usize>> = inputs.iter().map(|t| t.shape().to_vec()).collect();
-    let values: Vec<Vec<f64>> = inputs.iter().map(|t| t.to_vec_f64()).collect::<Result<_>>()?;
+    let values: Vec<Vec<f64>> = inputs
+        .iter()
+        .map(|t| t.to_vec_f64())
+        .collect::<Result<_>>()?;
     let y0 = eval(&f, &values, &shapes)?;
-    let mut report = GradcheckReport { compared: 0, max_abs_error: 0.0 };
+    let mut report = GradcheckReport {
+        compared: 0,
+        max_abs_error: 0.0,
+    };
     let tol = |n: f64| opts.atol + opts.rtol * n.abs();
 
     if opts.fast_mode {
@@ -138,7 +159,9 @@ pub fn gradcheck(
         let u: Vec<f64> = (0..y0.len()).map(|_| rng.random_range(-1.0..1.0)).collect();
         let grads = analytic(&f, &values, &shapes, |_| u.clone())?;
         for (i, shape) in shapes.iter().enumerate() {
-            let v: Vec<f64> = (0..values[i].len()).map(|_| rng.random_range(-1.0..1.0)).collect();
+            let v: Vec<f64> = (0..values[i].len())
+                .map(|_| rng.random_range(-1.0..1.0))
+                .collect();
             let shifted = |sign: f64| -> Result<Vec<f64>> {
                 let mut vals = values.clone();
                 for (x, d) in vals[i].iter_mut().zip(&v) {
@@ -147,7 +170,12 @@ pub fn gradcheck(
                 eval(&f, &vals, &shapes)
             };
             let (plus, minus) = (shifted(1.0)?, shifted(-1.0)?);
-            let numeric: f64 = plus.iter().zip(&minus).zip(&u).map(|((p, m), w)| w * (p - m) / (2.0 * opts.eps)).sum();
+            let numeric: f64 = plus
+                .iter()
+                .zip(&minus)
+                .zip(&u)
+                .map(|((p, m), w)| w * (p - m) / (2.0 * opts.eps))
+                .sum();
             let analytic_dot: f64 = grads[i].iter().zip(&v).map(|(g, d)| g * d).sum();
             let err = (analytic_dot - numeric).abs();
             report.compared += 1;

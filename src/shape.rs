@@ -22,14 +22,24 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
     let rank = a.len().max(b.len());
     let mut out = vec![0; rank];
     for i in 0..rank {
-        let da = if i < rank - a.len() { 1 } else { a[i - (rank - a.len())] };
-        let db = if i < rank - b.len() { 1 } else { b[i - (rank - b.len())] };
+        let da = if i < rank - a.len() {
+            1
+        } else {
+            a[i - (rank - a.len())]
+        };
+        let db = if i < rank - b.len() {
+            1
+        } else {
+            b[i - (rank - b.len())]
+        };
         out[i] = if da == db || db == 1 {
             da
         } else if da == 1 {
             db
         } else {
-            return Err(Error::Shape(format!("shapes {a:?} and {b:?} cannot be broadcast together")));
+            return Err(Error::Shape(format!(
+                "shapes {a:?} and {b:?} cannot be broadcast together"
+            )));
         };
     }
     Ok(out)
@@ -39,7 +49,9 @@ pub fn broadcast_shapes(a: &[usize], b: &[usize]) -> Result<Vec<usize>> {
 /// broadcast dimensions). `src` must broadcast to `out`.
 pub fn broadcast_strides(src: &[usize], out: &[usize]) -> Result<Vec<usize>> {
     if src.len() > out.len() {
-        return Err(Error::Shape(format!("cannot broadcast shape {src:?} to {out:?}")));
+        return Err(Error::Shape(format!(
+            "cannot broadcast shape {src:?} to {out:?}"
+        )));
     }
     let base = contiguous_strides(src);
     let lead = out.len() - src.len();
@@ -48,7 +60,9 @@ pub fn broadcast_strides(src: &[usize], out: &[usize]) -> Result<Vec<usize>> {
         if d == out[lead + i] {
             strides[lead + i] = if d == 1 { 0 } else { base[i] };
         } else if d != 1 {
-            return Err(Error::Shape(format!("cannot broadcast shape {src:?} to {out:?}")));
+            return Err(Error::Shape(format!(
+                "cannot broadcast shape {src:?} to {out:?}"
+            )));
         }
     }
     Ok(strides)
@@ -59,7 +73,9 @@ pub fn normalize_axis(axis: isize, rank: usize) -> Result<usize> {
     let r = rank as isize;
     let a = if axis < 0 { axis + r } else { axis };
     if a < 0 || a >= r {
-        Err(Error::Axis(format!("axis {axis} is out of range for a tensor of rank {rank}")))
+        Err(Error::Axis(format!(
+            "axis {axis} is out of range for a tensor of rank {rank}"
+        )))
     } else {
         Ok(a as usize)
     }

@@ -31,7 +31,13 @@ pub(crate) struct Inner {
 
 impl std::fmt::Debug for Tensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Tensor(shape={:?}, dtype={}, device={}", self.shape(), self.dtype(), self.device())?;
+        write!(
+            f,
+            "Tensor(shape={:?}, dtype={}, device={}",
+            self.shape(),
+            self.dtype(),
+            self.device()
+        )?;
         if let Some(n) = &self.0.node {
             write!(f, ", op={}", n.op)?;
         }
@@ -45,7 +51,9 @@ impl std::fmt::Debug for Tensor {
 fn check_len(shape: &[usize], len: usize) -> Result<()> {
     let n: usize = shape.iter().product();
     if n != len {
-        return Err(Error::Shape(format!("{len} values cannot fill a tensor of shape {shape:?} ({n} elements)")));
+        return Err(Error::Shape(format!(
+            "{len} values cannot fill a tensor of shape {shape:?} ({n} elements)"
+        )));
     }
     Ok(())
 }
@@ -67,9 +75,14 @@ impl Tensor {
     pub fn from_host(data: HostData, shape: &[usize], device: Device) -> Result<Tensor> {
         check_len(shape, data.len())?;
         if device.is_gpu() && data.dtype() == DType::F64 {
-            return Err(Error::DType("the GPU backend is f32-only; f64 tensors live on the CPU".into()));
+            return Err(Error::DType(
+                "the GPU backend is f32-only; f64 tensors live on the CPU".into(),
+            ));
         }
-        Ok(Tensor::from_storage(Storage::upload(&data, device.is_gpu())?, shape.to_vec()))
+        Ok(Tensor::from_storage(
+            Storage::upload(&data, device.is_gpu())?,
+            shape.to_vec(),
+        ))
     }
 
     /// An f32 tensor from values in row-major order.
@@ -97,10 +110,15 @@ impl Tensor {
     /// A tensor of `shape` filled with `value`.
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
         if device.is_gpu() && dtype == DType::F64 {
-            return Err(Error::DType("the GPU backend is f32-only; f64 tensors live on the CPU".into()));
+            return Err(Error::DType(
+                "the GPU backend is f32-only; f64 tensors live on the CPU".into(),
+            ));
         }
         let n = shape.iter().product();
-        Ok(Tensor::from_storage(Storage::full(n, value, dtype, device.is_gpu())?, shape.to_vec()))
+        Ok(Tensor::from_storage(
+            Storage::full(n, value, dtype, device.is_gpu())?,
+            shape.to_vec(),
+        ))
     }
 
     /// Zeros of `shape`.
@@ -146,7 +164,11 @@ impl Tensor {
     }
     /// The device holding the data.
     pub fn device(&self) -> Device {
-        if self.0.storage.is_gpu() { Device::Gpu } else { Device::Cpu }
+        if self.0.storage.is_gpu() {
+            Device::Gpu
+        } else {
+            Device::Cpu
+        }
     }
     /// The storage (for backends and ops).
     pub(crate) fn storage(&self) -> &Storage {
@@ -176,13 +198,19 @@ impl Tensor {
     pub fn to_vec_i32(&self) -> Result<Vec<i32>> {
         match self.to_host()? {
             HostData::I32(v) => Ok(v),
-            other => Err(Error::DType(format!("to_vec_i32 on a {} tensor", other.dtype()))),
+            other => Err(Error::DType(format!(
+                "to_vec_i32 on a {} tensor",
+                other.dtype()
+            ))),
         }
     }
     /// The single value of a one-element tensor, as f64.
     pub fn item(&self) -> Result<f64> {
         if self.numel() != 1 {
-            return Err(Error::Shape(format!("item() needs exactly one element, the tensor has shape {:?}", self.shape())));
+            return Err(Error::Shape(format!(
+                "item() needs exactly one element, the tensor has shape {:?}",
+                self.shape()
+            )));
         }
         Ok(self.to_vec_f64()?[0])
     }
@@ -212,10 +240,15 @@ impl Tensor {
     /// for chaining. Errors on an op output (its flag follows from its inputs) or on an I32 tensor.
     pub fn set_requires_grad(&self, on: bool) -> Result<&Tensor> {
         if self.0.node.is_some() {
-            return Err(Error::Autograd("requires_grad can only be set on a leaf tensor; call detach() first".into()));
+            return Err(Error::Autograd(
+                "requires_grad can only be set on a leaf tensor; call detach() first".into(),
+            ));
         }
         if on && !self.dtype().is_float() {
-            return Err(Error::Autograd(format!("only float tensors can require grad, this one is {}", self.dtype())));
+            return Err(Error::Autograd(format!(
+                "only float tensors can require grad, this one is {}",
+                self.dtype()
+            )));
         }
         self.0.requires_grad.store(on, Ordering::Relaxed);
         Ok(self)
@@ -264,7 +297,11 @@ impl Tensor {
     }
 
     pub(crate) fn accumulate_grad(&self, g: Tensor) -> Result<()> {
-        let mut slot = self.0.grad.lock().map_err(|_| Error::Autograd("gradient lock poisoned".into()))?;
+        let mut slot = self
+            .0
+            .grad
+            .lock()
+            .map_err(|_| Error::Autograd("gradient lock poisoned".into()))?;
         *slot = Some(match slot.take() {
             Some(old) => old.add(&g)?,
             None => g,
@@ -286,7 +323,10 @@ impl Tensor {
 
     /// Back-propagates with an explicit upstream gradient of this tensor's shape.
     pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
-        if grad.shape() != self.shape() || grad.dtype() != self.dtype() || grad.device() != self.device() {
+        if grad.shape() != self.shape()
+            || grad.dtype() != self.dtype()
+            || grad.device() != self.device()
+        {
             return Err(Error::Autograd(format!(
                 "upstream gradient {:?} {} on {} does not match the tensor {:?} {} on {}",
                 grad.shape(),

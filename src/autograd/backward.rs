@@ -21,8 +21,14 @@ fn topological_order(root: &Tensor) -> Result<Vec<Tensor>> {
         }
         stack.push((t.clone(), true));
         if let Some(node) = &t.0.node {
-            let inputs = node.inputs.lock().map_err(|_| Error::Autograd("graph lock poisoned".into()))?;
-            for input in inputs.iter().filter(|i| i.requires_grad() && !seen.contains(&i.id())) {
+            let inputs = node
+                .inputs
+                .lock()
+                .map_err(|_| Error::Autograd("graph lock poisoned".into()))?;
+            for input in inputs
+                .iter()
+                .filter(|i| i.requires_grad() && !seen.contains(&i.id()))
+            {
                 stack.push((input.clone(), false));
             }
         }
@@ -42,19 +48,30 @@ pub fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
     let mut grads: HashMap<usize, Tensor> = HashMap::new();
     grads.insert(root.id(), grad);
     for t in tape.iter().rev() {
-        let Some(g) = grads.remove(&t.id()) else { continue };
+        let Some(g) = grads.remove(&t.id()) else {
+            continue;
+        };
         let Some(node) = &t.0.node else {
             t.accumulate_grad(g)?;
             continue;
         };
-        let rule = node.backward.lock().map_err(|_| Error::Autograd("graph lock poisoned".into()))?.take();
+        let rule = node
+            .backward
+            .lock()
+            .map_err(|_| Error::Autograd("graph lock poisoned".into()))?
+            .take();
         let rule = rule.ok_or_else(|| {
             Error::Autograd(format!(
                 "the graph through '{}' was already released by an earlier backward(); run the forward pass again",
                 node.op
             ))
         })?;
-        let inputs = std::mem::take(&mut *node.inputs.lock().map_err(|_| Error::Autograd("graph lock poisoned".into()))?);
+        let inputs = std::mem::take(
+            &mut *node
+                .inputs
+                .lock()
+                .map_err(|_| Error::Autograd("graph lock poisoned".into()))?,
+        );
         let input_grads = rule(&g)?;
         for (input, ig) in inputs.iter().zip(input_grads) {
             let Some(ig) = ig else { continue };

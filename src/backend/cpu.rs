@@ -8,7 +8,10 @@
 //! Every kernel here is generic over the float type through [`Float`], so f32 and f64 share one
 //! body; the enum [`CpuBuffer`] says which one a buffer holds.
 
-use super::{AdamHyper, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims, ReduceOp, SgdHyper, UnaryOp, uniform_hash};
+use super::{
+    AdamHyper, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims, ReduceOp, SgdHyper,
+    UnaryOp, uniform_hash,
+};
 use crate::{DType, Error, Result};
 use num_traits::Float;
 use rayon::prelude::*;
@@ -52,7 +55,10 @@ impl CpuBuffer {
     fn indices(&self, what: &str) -> Result<&[i32]> {
         match self {
             CpuBuffer::I32(v) => Ok(v),
-            other => Err(Error::DType(format!("{what}: indices must be i32, got {}", other.dtype()))),
+            other => Err(Error::DType(format!(
+                "{what}: indices must be i32, got {}",
+                other.dtype()
+            ))),
         }
     }
 }
@@ -74,7 +80,10 @@ macro_rules! float_map {
         match $buf {
             CpuBuffer::F32($v) => Ok(f32b($body)),
             CpuBuffer::F64($v) => Ok(f64b($body)),
-            CpuBuffer::I32(_) => Err(Error::DType(format!("{} needs a float tensor, got i32", $what))),
+            CpuBuffer::I32(_) => Err(Error::DType(format!(
+                "{} needs a float tensor, got i32",
+                $what
+            ))),
         }
     };
 }
@@ -211,7 +220,11 @@ fn binary_kernel<T: Float + Send + Sync>(
             tabulate(n, |i| apply_binary(op, a[i], bv))
         }
         _ => tabulate(n, |i| {
-            apply_binary(op, a[strided_offset(i, shape, sa)], b[strided_offset(i, shape, sb)])
+            apply_binary(
+                op,
+                a[strided_offset(i, shape, sa)],
+                b[strided_offset(i, shape, sb)],
+            )
         }),
     }
 }
@@ -236,7 +249,10 @@ fn argmax_kernel<T: Float + Send + Sync>(x: &[T], v: AxisView) -> Vec<i32> {
         let (o, i) = (oi / inner, oi % inner);
         let mut best = 0usize;
         for j in 1..len {
-            let (cur, b) = (x[o * len * inner + j * inner + i], x[o * len * inner + best * inner + i]);
+            let (cur, b) = (
+                x[o * len * inner + j * inner + i],
+                x[o * len * inner + best * inner + i],
+            );
             if cur > b || (b.is_nan() && !cur.is_nan()) {
                 best = j;
             }
@@ -257,7 +273,11 @@ fn matmul_kernel<T: Float + Send + Sync + 'static>(
     if m == 0 || n == 0 {
         return c;
     }
-    let par = if m * n * k >= 64 * 64 * 64 { gemm::Parallelism::Rayon(0) } else { gemm::Parallelism::None };
+    let par = if m * n * k >= 64 * 64 * 64 {
+        gemm::Parallelism::Rayon(0)
+    } else {
+        gemm::Parallelism::None
+    };
     for (bi, cb) in c.chunks_mut(m * n).enumerate() {
         let a_off = la.offset + bi * la.batch_stride;
         let b_off = lb.offset + bi * lb.batch_stride;
@@ -295,13 +315,21 @@ fn matmul_kernel<T: Float + Send + Sync + 'static>(
 
 fn check_index(i: i32, len: usize, what: &str) -> Result<usize> {
     if i < 0 || i as usize >= len {
-        Err(Error::Invalid(format!("{what}: index {i} out of range for an axis of size {len}")))
+        Err(Error::Invalid(format!(
+            "{what}: index {i} out of range for an axis of size {len}"
+        )))
     } else {
         Ok(i as usize)
     }
 }
 
-fn gather_kernel<T: Copy + Send + Sync>(x: &[T], v: AxisView, idx: &[i32], s: [usize; 3], m: usize) -> Result<Vec<T>> {
+fn gather_kernel<T: Copy + Send + Sync>(
+    x: &[T],
+    v: AxisView,
+    idx: &[i32],
+    s: [usize; 3],
+    m: usize,
+) -> Result<Vec<T>> {
     let AxisView { outer, len, inner } = v;
     let n = outer * m * inner;
     let mut out = Vec::with_capacity(n);
@@ -356,15 +384,28 @@ fn cumsum_kernel<T: Float>(x: &[T], v: AxisView, reverse: bool) -> Vec<T> {
     out
 }
 
-fn argsort_kernel<T: Float + Send + Sync>(x: &[T], rows: usize, len: usize, descending: bool) -> Vec<i32> {
+fn argsort_kernel<T: Float + Send + Sync>(
+    x: &[T],
+    rows: usize,
+    len: usize,
+    descending: bool,
+) -> Vec<i32> {
     let mut out = vec![0i32; rows * len];
     let sort_row = |(r, row_out): (usize, &mut [i32])| {
         let row = &x[r * len..(r + 1) * len];
         let mut ids: Vec<usize> = (0..len).collect();
         // NaN sorts as the smallest value, in both directions of "smallest".
-        let key = |i: usize| if row[i].is_nan() { T::neg_infinity() } else { row[i] };
+        let key = |i: usize| {
+            if row[i].is_nan() {
+                T::neg_infinity()
+            } else {
+                row[i]
+            }
+        };
         ids.sort_by(|&i, &j| {
-            let o = key(i).partial_cmp(&key(j)).unwrap_or(std::cmp::Ordering::Equal);
+            let o = key(i)
+                .partial_cmp(&key(j))
+                .unwrap_or(std::cmp::Ordering::Equal);
             if descending { o.reverse() } else { o }
         });
         for (slot, &i) in row_out.iter_mut().zip(&ids) {
@@ -446,8 +487,12 @@ impl Backend for CpuBackend {
         shape: &[usize],
     ) -> Result<CpuBuffer> {
         match (a, b) {
-            (CpuBuffer::F32(a), CpuBuffer::F32(b)) => Ok(f32b(binary_kernel(op, a, sa, b, sb, shape))),
-            (CpuBuffer::F64(a), CpuBuffer::F64(b)) => Ok(f64b(binary_kernel(op, a, sa, b, sb, shape))),
+            (CpuBuffer::F32(a), CpuBuffer::F32(b)) => {
+                Ok(f32b(binary_kernel(op, a, sa, b, sb, shape)))
+            }
+            (CpuBuffer::F64(a), CpuBuffer::F64(b)) => {
+                Ok(f64b(binary_kernel(op, a, sa, b, sb, shape)))
+            }
             _ => Err(Error::DType(format!(
                 "{op:?} needs two float tensors of one dtype, got {} and {}",
                 a.dtype(),
@@ -471,10 +516,18 @@ impl Backend for CpuBackend {
         let pick = |i: usize| c[strided_offset(i, shape, sc)] != 0.0;
         match (a, b) {
             (CpuBuffer::F32(a), CpuBuffer::F32(b)) => Ok(f32b(tabulate(n, |i| {
-                if pick(i) { a[strided_offset(i, shape, sa)] } else { b[strided_offset(i, shape, sb)] }
+                if pick(i) {
+                    a[strided_offset(i, shape, sa)]
+                } else {
+                    b[strided_offset(i, shape, sb)]
+                }
             }))),
             (CpuBuffer::F64(a), CpuBuffer::F64(b)) => Ok(f64b(tabulate(n, |i| {
-                if pick(i) { a[strided_offset(i, shape, sa)] } else { b[strided_offset(i, shape, sb)] }
+                if pick(i) {
+                    a[strided_offset(i, shape, sa)]
+                } else {
+                    b[strided_offset(i, shape, sb)]
+                }
             }))),
             _ => Err(Error::DType(format!(
                 "where needs two float tensors of one dtype, got {} and {}",
@@ -489,13 +542,22 @@ impl Backend for CpuBackend {
             return match x {
                 CpuBuffer::F32(v) => Ok(i32b(argmax_kernel(v, view))),
                 CpuBuffer::F64(v) => Ok(i32b(argmax_kernel(v, view))),
-                CpuBuffer::I32(_) => Err(Error::DType("argmax needs a float tensor, got i32".into())),
+                CpuBuffer::I32(_) => {
+                    Err(Error::DType("argmax needs a float tensor, got i32".into()))
+                }
             };
         }
         float_map!(x, format!("{op:?}"), v => reduce_kernel(op, v, view))
     }
 
-    fn matmul(&self, a: &CpuBuffer, la: MatLayout, b: &CpuBuffer, lb: MatLayout, d: MatmulDims) -> Result<CpuBuffer> {
+    fn matmul(
+        &self,
+        a: &CpuBuffer,
+        la: MatLayout,
+        b: &CpuBuffer,
+        lb: MatLayout,
+        d: MatmulDims,
+    ) -> Result<CpuBuffer> {
         match (a, b) {
             (CpuBuffer::F32(a), CpuBuffer::F32(b)) => Ok(f32b(matmul_kernel(a, la, b, lb, d))),
             (CpuBuffer::F64(a), CpuBuffer::F64(b)) => Ok(f64b(matmul_kernel(a, la, b, lb, d))),
@@ -507,15 +569,29 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn copy_strided(&self, x: &CpuBuffer, shape: &[usize], strides: &[usize], offset: usize) -> Result<CpuBuffer> {
+    fn copy_strided(
+        &self,
+        x: &CpuBuffer,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Result<CpuBuffer> {
         let n: usize = shape.iter().product();
         Ok(any_map!(x, v => tabulate(n, |i| v[offset + strided_offset(i, shape, strides)])))
     }
 
-    fn concat(&self, parts: &[&CpuBuffer], lens: &[usize], outer: usize, inner: usize) -> Result<CpuBuffer> {
+    fn concat(
+        &self,
+        parts: &[&CpuBuffer],
+        lens: &[usize],
+        outer: usize,
+        inner: usize,
+    ) -> Result<CpuBuffer> {
         let dtype = parts.first().map(|p| p.dtype()).unwrap_or(DType::F32);
         if parts.iter().any(|p| p.dtype() != dtype) {
-            return Err(Error::DType("concat: all tensors must share one dtype".into()));
+            return Err(Error::DType(
+                "concat: all tensors must share one dtype".into(),
+            ));
         }
         macro_rules! join {
             ($variant:ident, $wrap:ident) => {{
@@ -536,7 +612,14 @@ impl Backend for CpuBackend {
         })
     }
 
-    fn gather(&self, x: &CpuBuffer, view: AxisView, idx: &CpuBuffer, s: [usize; 3], m: usize) -> Result<CpuBuffer> {
+    fn gather(
+        &self,
+        x: &CpuBuffer,
+        view: AxisView,
+        idx: &CpuBuffer,
+        s: [usize; 3],
+        m: usize,
+    ) -> Result<CpuBuffer> {
         let idx = idx.indices("gather")?;
         Ok(match x {
             CpuBuffer::F32(v) => f32b(gather_kernel(v, view, idx, s, m)?),
@@ -559,7 +642,9 @@ impl Backend for CpuBackend {
         match src {
             CpuBuffer::F32(v) => Ok(f32b(scatter_add_kernel(v, idx, s, outer, m, inner, len)?)),
             CpuBuffer::F64(v) => Ok(f64b(scatter_add_kernel(v, idx, s, outer, m, inner, len)?)),
-            CpuBuffer::I32(_) => Err(Error::DType("scatter_add needs a float source, got i32".into())),
+            CpuBuffer::I32(_) => Err(Error::DType(
+                "scatter_add needs a float source, got i32".into(),
+            )),
         }
     }
 
@@ -567,7 +652,13 @@ impl Backend for CpuBackend {
         float_map!(x, "cumsum", v => cumsum_kernel(v, view, reverse))
     }
 
-    fn argsort(&self, x: &CpuBuffer, rows: usize, len: usize, descending: bool) -> Result<CpuBuffer> {
+    fn argsort(
+        &self,
+        x: &CpuBuffer,
+        rows: usize,
+        len: usize,
+        descending: bool,
+    ) -> Result<CpuBuffer> {
         match x {
             CpuBuffer::F32(v) => Ok(i32b(argsort_kernel(v, rows, len, descending))),
             CpuBuffer::F64(v) => Ok(i32b(argsort_kernel(v, rows, len, descending))),
@@ -601,7 +692,8 @@ impl Backend for CpuBackend {
                     }
                     let mi = h.beta1 * m[i] as f64 + (1.0 - h.beta1) * gi;
                     let vi = h.beta2 * v[i] as f64 + (1.0 - h.beta2) * gi * gi;
-                    let update = (mi / h.bias_correction1) / ((vi / h.bias_correction2).sqrt() + h.eps);
+                    let update =
+                        (mi / h.bias_correction1) / ((vi / h.bias_correction2).sqrt() + h.eps);
                     let mut np = pi - h.lr * update;
                     if h.decoupled {
                         np -= h.lr * h.weight_decay * pi;
@@ -617,9 +709,15 @@ impl Backend for CpuBackend {
         }
         check_same_len(&[param, grad, m, v], "adam_step")?;
         match (param, grad, m, v) {
-            (CpuBuffer::F32(p), CpuBuffer::F32(g), CpuBuffer::F32(m), CpuBuffer::F32(v)) => run!(p, g, m, v, f32b, f32),
-            (CpuBuffer::F64(p), CpuBuffer::F64(g), CpuBuffer::F64(m), CpuBuffer::F64(v)) => run!(p, g, m, v, f64b, f64),
-            _ => Err(Error::DType("adam_step: parameter, gradient and state must share one float dtype".into())),
+            (CpuBuffer::F32(p), CpuBuffer::F32(g), CpuBuffer::F32(m), CpuBuffer::F32(v)) => {
+                run!(p, g, m, v, f32b, f32)
+            }
+            (CpuBuffer::F64(p), CpuBuffer::F64(g), CpuBuffer::F64(m), CpuBuffer::F64(v)) => {
+                run!(p, g, m, v, f64b, f64)
+            }
+            _ => Err(Error::DType(
+                "adam_step: parameter, gradient and state must share one float dtype".into(),
+            )),
         }
     }
 
@@ -646,14 +744,19 @@ impl Backend for CpuBackend {
                     };
                     ((pi - h.lr * step) as $t, bi as $t)
                 });
-                Ok(($wrap(out.iter().map(|o| o.0).collect()), $wrap(out.iter().map(|o| o.1).collect())))
+                Ok((
+                    $wrap(out.iter().map(|o| o.0).collect()),
+                    $wrap(out.iter().map(|o| o.1).collect()),
+                ))
             }};
         }
         check_same_len(&[param, grad, buf], "sgd_step")?;
         match (param, grad, buf) {
             (CpuBuffer::F32(p), CpuBuffer::F32(g), CpuBuffer::F32(b)) => run!(p, g, b, f32b, f32),
             (CpuBuffer::F64(p), CpuBuffer::F64(g), CpuBuffer::F64(b)) => run!(p, g, b, f64b, f64),
-            _ => Err(Error::DType("sgd_step: parameter, gradient and state must share one float dtype".into())),
+            _ => Err(Error::DType(
+                "sgd_step: parameter, gradient and state must share one float dtype".into(),
+            )),
         }
     }
 }
@@ -662,14 +765,19 @@ fn scale_of(grad_scale: Option<&CpuBuffer>) -> Result<f64> {
     match grad_scale {
         None => Ok(1.0),
         Some(s) if s.len() == 1 => Ok(CpuBackend.download(s)?.to_f64()[0]),
-        Some(s) => Err(Error::Shape(format!("gradient scale must hold one value, it holds {}", s.len()))),
+        Some(s) => Err(Error::Shape(format!(
+            "gradient scale must hold one value, it holds {}",
+            s.len()
+        ))),
     }
 }
 
 fn check_same_len(bufs: &[&CpuBuffer], what: &str) -> Result<()> {
     let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
     if lens.iter().any(|&l| l != lens[0]) {
-        return Err(Error::Shape(format!("{what}: buffers of lengths {lens:?} must be equal")));
+        return Err(Error::Shape(format!(
+            "{what}: buffers of lengths {lens:?} must be equal"
+        )));
     }
     Ok(())
 }

@@ -18,7 +18,6 @@ pub mod gpu;
 
 use crate::{DType, Result};
 
-
 /// Elementwise functions of one input. Parameters are carried as f64 and rounded to the buffer's dtype.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum UnaryOp {
@@ -289,7 +288,13 @@ pub trait Backend {
     ) -> Result<Self::Buffer>;
     /// Joins buffers along the middle axis: part `p` is `[outer, lens[p], inner]`, the output
     /// `[outer, Σ lens, inner]`. Any dtype (all parts the same).
-    fn concat(&self, parts: &[&Self::Buffer], lens: &[usize], outer: usize, inner: usize) -> Result<Self::Buffer>;
+    fn concat(
+        &self,
+        parts: &[&Self::Buffer],
+        lens: &[usize],
+        outer: usize,
+        inner: usize,
+    ) -> Result<Self::Buffer>;
     /// `out[o, j, i] = x[o, idx[o·s0 + j·s1 + i·s2], i]` for `j < m`, with `x` viewed as `view`.
     /// `idx_strides = [s0, s1, s2]` lets one primitive serve `gather` (full index tensor) and
     /// `index_select` (one index per row: strides `[0, 1, 0]`). Output `[outer, m, inner]`.
@@ -303,6 +308,7 @@ pub trait Backend {
     ) -> Result<Self::Buffer>;
     /// The adjoint of [`Backend::gather`]: starts from zeros `[outer, len, inner]` and adds
     /// `src[o, j, i]` into `out[o, idx[o·s0 + j·s1 + i·s2], i]`; `src` is `[outer, m, inner]`.
+    #[allow(clippy::too_many_arguments)]
     fn scatter_add(
         &self,
         src: &Self::Buffer,
@@ -317,7 +323,13 @@ pub trait Backend {
     fn cumsum(&self, x: &Self::Buffer, view: AxisView, reverse: bool) -> Result<Self::Buffer>;
     /// Per row of `x` viewed as `[rows, len]`, the indices that sort it, stable (equal values keep
     /// index order). Output I32 `[rows, len]`.
-    fn argsort(&self, x: &Self::Buffer, rows: usize, len: usize, descending: bool) -> Result<Self::Buffer>;
+    fn argsort(
+        &self,
+        x: &Self::Buffer,
+        rows: usize,
+        len: usize,
+        descending: bool,
+    ) -> Result<Self::Buffer>;
     /// `len` values uniform in [0, 1) from a counter-based hash of `(seed, index)`: the same seed
     /// gives the same values on every backend (see [`uniform_hash`]).
     fn random_uniform(&self, len: usize, seed: u64, dtype: DType) -> Result<Self::Buffer>;

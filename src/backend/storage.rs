@@ -32,13 +32,17 @@ macro_rules! dispatch {
 fn as_cpu<'a>(s: &'a Storage, what: &str) -> Result<&'a cpu::CpuBuffer> {
     match s {
         Storage::Cpu(b) => Ok(b),
-        Storage::Gpu(_) => Err(crate::Error::Device(format!("{what}: operand is on the GPU, expected CPU"))),
+        Storage::Gpu(_) => Err(crate::Error::Device(format!(
+            "{what}: operand is on the GPU, expected CPU"
+        ))),
     }
 }
 fn as_gpu<'a>(s: &'a Storage, what: &str) -> Result<&'a gpu::GpuBuffer> {
     match s {
         Storage::Gpu(b) => Ok(b),
-        Storage::Cpu(_) => Err(crate::Error::Device(format!("{what}: operand is on the CPU, expected GPU"))),
+        Storage::Cpu(_) => Err(crate::Error::Device(format!(
+            "{what}: operand is on the CPU, expected GPU"
+        ))),
     }
 }
 
@@ -105,7 +109,9 @@ impl Storage {
     /// A filled buffer on the CPU or GPU.
     pub fn full(len: usize, value: f64, dtype: DType, gpu: bool) -> Result<Storage> {
         if gpu {
-            Ok(Storage::Gpu(gpu::GpuBackend::get()?.full(len, value, dtype)?))
+            Ok(Storage::Gpu(
+                gpu::GpuBackend::get()?.full(len, value, dtype)?,
+            ))
         } else {
             Ok(Storage::Cpu(cpu::CpuBackend.full(len, value, dtype)?))
         }
@@ -126,21 +132,60 @@ impl Storage {
         dispatch!(self, be, x => be.unary(op, x))
     }
     /// See [`Backend::binary`].
-    pub fn binary(&self, op: BinaryOp, a_strides: &[usize], b: &Storage, b_strides: &[usize], out_shape: &[usize]) -> Result<Storage> {
+    pub fn binary(
+        &self,
+        op: BinaryOp,
+        a_strides: &[usize],
+        b: &Storage,
+        b_strides: &[usize],
+        out_shape: &[usize],
+    ) -> Result<Storage> {
         let o = same_dev!(self, b, "binary op");
         match self {
-            Storage::Cpu(a) => cpu::CpuBackend.binary(op, a, a_strides, o.cpu(), b_strides, out_shape).map(Storage::Cpu),
-            Storage::Gpu(a) => gpu::GpuBackend::get()?.binary(op, a, a_strides, o.gpu(), b_strides, out_shape).map(Storage::Gpu),
+            Storage::Cpu(a) => cpu::CpuBackend
+                .binary(op, a, a_strides, o.cpu(), b_strides, out_shape)
+                .map(Storage::Cpu),
+            Storage::Gpu(a) => gpu::GpuBackend::get()?
+                .binary(op, a, a_strides, o.gpu(), b_strides, out_shape)
+                .map(Storage::Gpu),
         }
     }
     /// See [`Backend::where_cond`]; `self` is the condition.
     #[allow(clippy::too_many_arguments)]
-    pub fn where_cond(&self, c_strides: &[usize], a: &Storage, a_strides: &[usize], b: &Storage, b_strides: &[usize], out_shape: &[usize]) -> Result<Storage> {
+    pub fn where_cond(
+        &self,
+        c_strides: &[usize],
+        a: &Storage,
+        a_strides: &[usize],
+        b: &Storage,
+        b_strides: &[usize],
+        out_shape: &[usize],
+    ) -> Result<Storage> {
         let oa = same_dev!(self, a, "where");
         let ob = same_dev!(self, b, "where");
         match self {
-            Storage::Cpu(c) => cpu::CpuBackend.where_cond(c, c_strides, oa.cpu(), a_strides, ob.cpu(), b_strides, out_shape).map(Storage::Cpu),
-            Storage::Gpu(c) => gpu::GpuBackend::get()?.where_cond(c, c_strides, oa.gpu(), a_strides, ob.gpu(), b_strides, out_shape).map(Storage::Gpu),
+            Storage::Cpu(c) => cpu::CpuBackend
+                .where_cond(
+                    c,
+                    c_strides,
+                    oa.cpu(),
+                    a_strides,
+                    ob.cpu(),
+                    b_strides,
+                    out_shape,
+                )
+                .map(Storage::Cpu),
+            Storage::Gpu(c) => gpu::GpuBackend::get()?
+                .where_cond(
+                    c,
+                    c_strides,
+                    oa.gpu(),
+                    a_strides,
+                    ob.gpu(),
+                    b_strides,
+                    out_shape,
+                )
+                .map(Storage::Gpu),
         }
     }
     /// See [`Backend::reduce`].
@@ -148,46 +193,100 @@ impl Storage {
         dispatch!(self, be, x => be.reduce(op, x, view))
     }
     /// See [`Backend::matmul`].
-    pub fn matmul(&self, a_layout: MatLayout, b: &Storage, b_layout: MatLayout, dims: MatmulDims) -> Result<Storage> {
+    pub fn matmul(
+        &self,
+        a_layout: MatLayout,
+        b: &Storage,
+        b_layout: MatLayout,
+        dims: MatmulDims,
+    ) -> Result<Storage> {
         let o = same_dev!(self, b, "matmul");
         match self {
-            Storage::Cpu(a) => cpu::CpuBackend.matmul(a, a_layout, o.cpu(), b_layout, dims).map(Storage::Cpu),
-            Storage::Gpu(a) => gpu::GpuBackend::get()?.matmul(a, a_layout, o.gpu(), b_layout, dims).map(Storage::Gpu),
+            Storage::Cpu(a) => cpu::CpuBackend
+                .matmul(a, a_layout, o.cpu(), b_layout, dims)
+                .map(Storage::Cpu),
+            Storage::Gpu(a) => gpu::GpuBackend::get()?
+                .matmul(a, a_layout, o.gpu(), b_layout, dims)
+                .map(Storage::Gpu),
         }
     }
     /// See [`Backend::copy_strided`].
-    pub fn copy_strided(&self, shape: &[usize], strides: &[usize], offset: usize) -> Result<Storage> {
+    pub fn copy_strided(
+        &self,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Result<Storage> {
         dispatch!(self, be, x => be.copy_strided(x, shape, strides, offset))
     }
     /// See [`Backend::concat`].
-    pub fn concat(parts: &[&Storage], lens: &[usize], outer: usize, inner: usize) -> Result<Storage> {
-        let first = parts.first().ok_or_else(|| crate::Error::Invalid("concat of no tensors".into()))?;
+    pub fn concat(
+        parts: &[&Storage],
+        lens: &[usize],
+        outer: usize,
+        inner: usize,
+    ) -> Result<Storage> {
+        let first = parts
+            .first()
+            .ok_or_else(|| crate::Error::Invalid("concat of no tensors".into()))?;
         match first {
             Storage::Cpu(_) => {
-                let v = parts.iter().map(|p| as_cpu(p, "concat")).collect::<Result<Vec<_>>>()?;
-                cpu::CpuBackend.concat(&v, lens, outer, inner).map(Storage::Cpu)
+                let v = parts
+                    .iter()
+                    .map(|p| as_cpu(p, "concat"))
+                    .collect::<Result<Vec<_>>>()?;
+                cpu::CpuBackend
+                    .concat(&v, lens, outer, inner)
+                    .map(Storage::Cpu)
             }
             Storage::Gpu(_) => {
-                let v = parts.iter().map(|p| as_gpu(p, "concat")).collect::<Result<Vec<_>>>()?;
-                gpu::GpuBackend::get()?.concat(&v, lens, outer, inner).map(Storage::Gpu)
+                let v = parts
+                    .iter()
+                    .map(|p| as_gpu(p, "concat"))
+                    .collect::<Result<Vec<_>>>()?;
+                gpu::GpuBackend::get()?
+                    .concat(&v, lens, outer, inner)
+                    .map(Storage::Gpu)
             }
         }
     }
     /// See [`Backend::gather`].
-    pub fn gather(&self, view: AxisView, idx: &Storage, idx_strides: [usize; 3], m: usize) -> Result<Storage> {
+    pub fn gather(
+        &self,
+        view: AxisView,
+        idx: &Storage,
+        idx_strides: [usize; 3],
+        m: usize,
+    ) -> Result<Storage> {
         let o = same_dev!(self, idx, "gather");
         match self {
-            Storage::Cpu(x) => cpu::CpuBackend.gather(x, view, o.cpu(), idx_strides, m).map(Storage::Cpu),
-            Storage::Gpu(x) => gpu::GpuBackend::get()?.gather(x, view, o.gpu(), idx_strides, m).map(Storage::Gpu),
+            Storage::Cpu(x) => cpu::CpuBackend
+                .gather(x, view, o.cpu(), idx_strides, m)
+                .map(Storage::Cpu),
+            Storage::Gpu(x) => gpu::GpuBackend::get()?
+                .gather(x, view, o.gpu(), idx_strides, m)
+                .map(Storage::Gpu),
         }
     }
     /// See [`Backend::scatter_add`]; `self` is the source.
     #[allow(clippy::too_many_arguments)]
-    pub fn scatter_add(&self, idx: &Storage, idx_strides: [usize; 3], outer: usize, m: usize, inner: usize, len: usize) -> Result<Storage> {
+    pub fn scatter_add(
+        &self,
+        idx: &Storage,
+        idx_strides: [usize; 3],
+        outer: usize,
+        m: usize,
+        inner: usize,
+        len: usize,
+    ) -> Result<Storage> {
         let o = same_dev!(self, idx, "scatter_add");
         match self {
-            Storage::Cpu(s) => cpu::CpuBackend.scatter_add(s, o.cpu(), idx_strides, outer, m, inner, len).map(Storage::Cpu),
-            Storage::Gpu(s) => gpu::GpuBackend::get()?.scatter_add(s, o.gpu(), idx_strides, outer, m, inner, len).map(Storage::Gpu),
+            Storage::Cpu(s) => cpu::CpuBackend
+                .scatter_add(s, o.cpu(), idx_strides, outer, m, inner, len)
+                .map(Storage::Cpu),
+            Storage::Gpu(s) => gpu::GpuBackend::get()?
+                .scatter_add(s, o.gpu(), idx_strides, outer, m, inner, len)
+                .map(Storage::Gpu),
         }
     }
     /// See [`Backend::cumsum`].
@@ -201,43 +300,93 @@ impl Storage {
     /// See [`Backend::random_uniform`].
     pub fn random_uniform(len: usize, seed: u64, dtype: DType, gpu: bool) -> Result<Storage> {
         if gpu {
-            Ok(Storage::Gpu(gpu::GpuBackend::get()?.random_uniform(len, seed, dtype)?))
+            Ok(Storage::Gpu(
+                gpu::GpuBackend::get()?.random_uniform(len, seed, dtype)?,
+            ))
         } else {
-            Ok(Storage::Cpu(cpu::CpuBackend.random_uniform(len, seed, dtype)?))
+            Ok(Storage::Cpu(
+                cpu::CpuBackend.random_uniform(len, seed, dtype)?,
+            ))
         }
     }
     /// See [`Backend::adam_step`]; `self` is the parameter.
-    pub fn adam_step(&self, grad: &Storage, scale: Option<&Storage>, m: &Storage, v: &Storage, h: AdamHyper) -> Result<(Storage, Storage, Storage)> {
-        let (g, mm, vv) = (same_dev!(self, grad, "adam_step"), same_dev!(self, m, "adam_step"), same_dev!(self, v, "adam_step"));
+    pub fn adam_step(
+        &self,
+        grad: &Storage,
+        scale: Option<&Storage>,
+        m: &Storage,
+        v: &Storage,
+        h: AdamHyper,
+    ) -> Result<(Storage, Storage, Storage)> {
+        let (g, mm, vv) = (
+            same_dev!(self, grad, "adam_step"),
+            same_dev!(self, m, "adam_step"),
+            same_dev!(self, v, "adam_step"),
+        );
         let sc = match scale {
             Some(s) => Some(same_dev!(self, s, "adam_step")),
             None => None,
         };
         match self {
             Storage::Cpu(p) => {
-                let (a, b, c) = cpu::CpuBackend.adam_step(p, g.cpu(), sc.as_ref().map(|s| s.cpu()), mm.cpu(), vv.cpu(), h)?;
+                let (a, b, c) = cpu::CpuBackend.adam_step(
+                    p,
+                    g.cpu(),
+                    sc.as_ref().map(|s| s.cpu()),
+                    mm.cpu(),
+                    vv.cpu(),
+                    h,
+                )?;
                 Ok((Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(c)))
             }
             Storage::Gpu(p) => {
-                let (a, b, c) = gpu::GpuBackend::get()?.adam_step(p, g.gpu(), sc.as_ref().map(|s| s.gpu()), mm.gpu(), vv.gpu(), h)?;
+                let (a, b, c) = gpu::GpuBackend::get()?.adam_step(
+                    p,
+                    g.gpu(),
+                    sc.as_ref().map(|s| s.gpu()),
+                    mm.gpu(),
+                    vv.gpu(),
+                    h,
+                )?;
                 Ok((Storage::Gpu(a), Storage::Gpu(b), Storage::Gpu(c)))
             }
         }
     }
     /// See [`Backend::sgd_step`]; `self` is the parameter.
-    pub fn sgd_step(&self, grad: &Storage, scale: Option<&Storage>, buf: &Storage, h: SgdHyper) -> Result<(Storage, Storage)> {
-        let (g, b) = (same_dev!(self, grad, "sgd_step"), same_dev!(self, buf, "sgd_step"));
+    pub fn sgd_step(
+        &self,
+        grad: &Storage,
+        scale: Option<&Storage>,
+        buf: &Storage,
+        h: SgdHyper,
+    ) -> Result<(Storage, Storage)> {
+        let (g, b) = (
+            same_dev!(self, grad, "sgd_step"),
+            same_dev!(self, buf, "sgd_step"),
+        );
         let sc = match scale {
             Some(s) => Some(same_dev!(self, s, "sgd_step")),
             None => None,
         };
         match self {
             Storage::Cpu(p) => {
-                let (a, c) = cpu::CpuBackend.sgd_step(p, g.cpu(), sc.as_ref().map(|s| s.cpu()), b.cpu(), h)?;
+                let (a, c) = cpu::CpuBackend.sgd_step(
+                    p,
+                    g.cpu(),
+                    sc.as_ref().map(|s| s.cpu()),
+                    b.cpu(),
+                    h,
+                )?;
                 Ok((Storage::Cpu(a), Storage::Cpu(c)))
             }
             Storage::Gpu(p) => {
-                let (a, c) = gpu::GpuBackend::get()?.sgd_step(p, g.gpu(), sc.as_ref().map(|s| s.gpu()), b.gpu(), h)?;
+                let (a, c) = gpu::GpuBackend::get()?.sgd_step(
+                    p,
+                    g.gpu(),
+                    sc.as_ref().map(|s| s.gpu()),
+                    b.gpu(),
+                    h,
+                )?;
                 Ok((Storage::Gpu(a), Storage::Gpu(c)))
             }
         }

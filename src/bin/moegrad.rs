@@ -9,7 +9,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 #[derive(Parser)]
-#[command(name = "moegrad", version, about = "Tape-based autodiff on wgpu for Mixture-of-Experts training")]
+#[command(
+    name = "moegrad",
+    version,
+    about = "Tape-based autodiff on wgpu for Mixture-of-Experts training"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -61,13 +65,13 @@ struct TrainArgs {
     #[arg(long, default_value_t = 64)]
     batch: usize,
     /// Peak learning rate.
-    #[arg(long, default_value_t = 1e-3)]
+    #[arg(long, default_value_t = 1e-3, allow_negative_numbers = true)]
     lr: f64,
     /// Optimizer: sgd (momentum 0.9), adam or adamw.
     #[arg(long, value_enum, default_value = "adam")]
     optimizer: OptimizerArg,
     /// Weight decay (L2 for sgd/adam, decoupled for adamw; adamw defaults to 0.01).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     weight_decay: f64,
     /// Learning-rate schedule: constant or cosine.
     #[arg(long, default_value = "constant")]
@@ -76,7 +80,7 @@ struct TrainArgs {
     #[arg(long, default_value_t = 0)]
     warmup_steps: u64,
     /// Clip the global gradient norm to this value (0 turns clipping off).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     clip_grad_norm: f64,
     /// Seed of initialisation, shuffling and MultiMNIST composition.
     #[arg(long, default_value_t = 0)]
@@ -175,7 +179,11 @@ fn bench_devices(name: &str) -> Result<Vec<Device>> {
             }
             v
         }
-        other => return Err(moegrad::Error::Invalid(format!("--device {other:?}: expected auto, cpu or gpu"))),
+        other => {
+            return Err(moegrad::Error::Invalid(format!(
+                "--device {other:?}: expected auto, cpu or gpu"
+            )));
+        }
     })
 }
 
@@ -184,29 +192,56 @@ fn run(cli: Cli) -> Result<()> {
         Command::Info { json } => {
             let r = moegrad::info::device_report()?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&r).map_err(|e| moegrad::Error::Invalid(e.to_string()))?);
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&r)
+                        .map_err(|e| moegrad::Error::Invalid(e.to_string()))?
+                );
             } else {
                 println!("device:      {}  ({})", r.device, r.reason);
                 match (&r.gpu, &r.gpu_error) {
                     (Some(g), _) => {
-                        println!("gpu adapter: {} ({}, {}, driver {})", g.name, g.backend, g.device_type, g.driver);
+                        println!(
+                            "gpu adapter: {} ({}, {}, driver {})",
+                            g.name, g.backend, g.device_type, g.driver
+                        );
                         println!("gpu limits:");
                         for (k, v) in &g.limits {
                             println!("  {k:<40} {v}");
                         }
-                        println!("gpu optional features: {}", if g.features.is_empty() { "none".into() } else { g.features.join(", ") });
+                        println!(
+                            "gpu optional features: {}",
+                            if g.features.is_empty() {
+                                "none".into()
+                            } else {
+                                g.features.join(", ")
+                            }
+                        );
                     }
                     (None, Some(e)) => println!("gpu adapter: none ({e})"),
                     (None, None) => println!("gpu adapter: none"),
                 }
-                println!("cpu:         {} threads, matmul by {}", r.cpu_threads, r.cpu_gemm);
+                println!(
+                    "cpu:         {} threads, matmul by {}",
+                    r.cpu_threads, r.cpu_gemm
+                );
             }
         }
         Command::Train(args) => {
             let cfg = args.config();
-            let summary = moegrad::train::run(&cfg, RunOptions { resume: args.resume, progress: true })?;
+            let summary = moegrad::train::run(
+                &cfg,
+                RunOptions {
+                    resume: args.resume,
+                    progress: true,
+                },
+            )?;
             if args.json {
-                println!("{}", serde_json::to_string(&summary).map_err(|e| moegrad::Error::Invalid(e.to_string()))?);
+                println!(
+                    "{}",
+                    serde_json::to_string(&summary)
+                        .map_err(|e| moegrad::Error::Invalid(e.to_string()))?
+                );
             } else {
                 println!(
                     "trained {} epochs on {} in {:.1} s: test loss {:.4}, test accuracy {}; outputs in {}",
@@ -219,13 +254,24 @@ fn run(cli: Cli) -> Result<()> {
                 );
             }
         }
-        Command::Bench { workload: Workload::Matmul, json, device, sizes } => {
+        Command::Bench {
+            workload: Workload::Matmul,
+            json,
+            device,
+            sizes,
+        } => {
             if sizes.is_empty() || sizes.contains(&0) {
-                return Err(moegrad::Error::Invalid(format!("--sizes {sizes:?}: every size must be at least 1")));
+                return Err(moegrad::Error::Invalid(format!(
+                    "--sizes {sizes:?}: every size must be at least 1"
+                )));
             }
             let r = moegrad::bench::bench_matmul(&bench_devices(&device)?, &sizes)?;
             if json {
-                println!("{}", serde_json::to_string(&r).map_err(|e| moegrad::Error::Invalid(e.to_string()))?);
+                println!(
+                    "{}",
+                    serde_json::to_string(&r)
+                        .map_err(|e| moegrad::Error::Invalid(e.to_string()))?
+                );
             } else {
                 println!("{:<8} {:>6} {:>10}", "device", "size", "GFLOP/s");
                 for m in &r.matmul {
@@ -241,7 +287,35 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e)
+            if matches!(
+                e.kind(),
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
+            ) =>
+        {
+            e.exit()
+        }
+        Err(e) if e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            e.exit()
+        }
+        Err(e) => {
+            // One line: clap's first line (what was wrong), plus the allowed values when it lists them.
+            let text = e.render().to_string();
+            let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+            let first = lines
+                .next()
+                .unwrap_or("invalid arguments")
+                .trim_start_matches("error: ");
+            let values = lines
+                .find(|l| l.contains("possible values"))
+                .map(|l| format!(" {}", l.trim()))
+                .unwrap_or_default();
+            eprintln!("moegrad: {first}{values}");
+            return ExitCode::from(2);
+        }
+    };
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

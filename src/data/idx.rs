@@ -42,21 +42,43 @@ pub fn read_maybe_gzip(path: &Path) -> Result<Vec<u8>> {
 fn parse(path: &Path, bytes: &[u8], magic: u32, rank: usize) -> Result<(Vec<usize>, Vec<u8>)> {
     let header = 4 + 4 * rank;
     if bytes.len() < header {
-        return Err(io_err(path, format!("too short for an IDX header ({} bytes, need {header})", bytes.len())));
+        return Err(io_err(
+            path,
+            format!(
+                "too short for an IDX header ({} bytes, need {header})",
+                bytes.len()
+            ),
+        ));
     }
-    let word = |i: usize| u32::from_be_bytes([bytes[4 * i], bytes[4 * i + 1], bytes[4 * i + 2], bytes[4 * i + 3]]);
+    let word = |i: usize| {
+        u32::from_be_bytes([
+            bytes[4 * i],
+            bytes[4 * i + 1],
+            bytes[4 * i + 2],
+            bytes[4 * i + 3],
+        ])
+    };
     let found = word(0);
     if found != magic {
         let kind = if magic == 2051 { "images" } else { "labels" };
-        return Err(io_err(path, format!("bad magic number {found} (IDX {kind} files start with {magic})")));
+        return Err(io_err(
+            path,
+            format!("bad magic number {found} (IDX {kind} files start with {magic})"),
+        ));
     }
     let dims: Vec<usize> = (1..=rank).map(|i| word(i) as usize).collect();
-    let expected = dims.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| io_err(path, "dimensions overflow"))?;
+    let expected = dims
+        .iter()
+        .try_fold(1usize, |a, &d| a.checked_mul(d))
+        .ok_or_else(|| io_err(path, "dimensions overflow"))?;
     let payload = &bytes[header..];
     if payload.len() != expected {
         return Err(io_err(
             path,
-            format!("header says {dims:?} = {expected} bytes of data, the file holds {}", payload.len()),
+            format!(
+                "header says {dims:?} = {expected} bytes of data, the file holds {}",
+                payload.len()
+            ),
         ));
     }
     Ok((dims, payload.to_vec()))
@@ -66,7 +88,12 @@ fn parse(path: &Path, bytes: &[u8], magic: u32, rank: usize) -> Result<(Vec<usiz
 pub fn read_images(path: &Path) -> Result<IdxImages> {
     let bytes = read_maybe_gzip(path)?;
     let (d, pixels) = parse(path, &bytes, 2051, 3)?;
-    Ok(IdxImages { count: d[0], rows: d[1], cols: d[2], pixels })
+    Ok(IdxImages {
+        count: d[0],
+        rows: d[1],
+        cols: d[2],
+        pixels,
+    })
 }
 
 /// Reads an IDX label file (magic 2049), gzip or raw; every label must be at most `max_label`.
@@ -74,7 +101,10 @@ pub fn read_labels(path: &Path, max_label: u8) -> Result<Vec<u8>> {
     let bytes = read_maybe_gzip(path)?;
     let (_, labels) = parse(path, &bytes, 2049, 1)?;
     if let Some((i, &l)) = labels.iter().enumerate().find(|(_, l)| **l > max_label) {
-        return Err(io_err(path, format!("label {l} at position {i} is above {max_label}")));
+        return Err(io_err(
+            path,
+            format!("label {l} at position {i} is above {max_label}"),
+        ));
     }
     Ok(labels)
 }

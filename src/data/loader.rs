@@ -29,9 +29,13 @@ pub struct Batch {
 
 impl Dataset {
     /// Checks sizes and builds the dataset.
-    pub fn new(features: Vec<f32>, sample_shape: Vec<usize>, labels: Vec<Vec<i32>>) -> Result<Dataset> {
+    pub fn new(
+        features: Vec<f32>,
+        sample_shape: Vec<usize>,
+        labels: Vec<Vec<i32>>,
+    ) -> Result<Dataset> {
         let per: usize = sample_shape.iter().product();
-        if per == 0 || features.len() % per != 0 {
+        if per == 0 || !features.len().is_multiple_of(per) {
             return Err(Error::Invalid(format!(
                 "{} feature values do not split into samples of shape {sample_shape:?}",
                 features.len()
@@ -39,9 +43,16 @@ impl Dataset {
         }
         let count = features.len() / per;
         if let Some(l) = labels.iter().find(|l| l.len() != count) {
-            return Err(Error::Invalid(format!("{count} samples but a label vector of length {}", l.len())));
+            return Err(Error::Invalid(format!(
+                "{count} samples but a label vector of length {}",
+                l.len()
+            )));
         }
-        Ok(Dataset { features, sample_shape, labels })
+        Ok(Dataset {
+            features,
+            sample_shape,
+            labels,
+        })
     }
 
     /// Number of samples.
@@ -86,6 +97,9 @@ impl Dataset {
             .iter()
             .map(|l| Tensor::from_i32(ids.iter().map(|&i| l[i]).collect(), &[ids.len()], device))
             .collect::<Result<Vec<_>>>()?;
-        Ok(Batch { x: Tensor::from_f32(x, &shape, device)?, y })
+        Ok(Batch {
+            x: Tensor::from_f32(x, &shape, device)?,
+            y,
+        })
     }
 }

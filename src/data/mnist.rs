@@ -22,7 +22,13 @@ pub struct ImageSet {
 
 impl ImageSet {
     /// Builds a set from raw bytes (checked: `labels.len() == count`).
-    pub fn from_bytes(pixels: &[u8], labels: &[u8], count: usize, rows: usize, cols: usize) -> Result<ImageSet> {
+    pub fn from_bytes(
+        pixels: &[u8],
+        labels: &[u8],
+        count: usize,
+        rows: usize,
+        cols: usize,
+    ) -> Result<ImageSet> {
         if labels.len() != count || pixels.len() != count * rows * cols {
             return Err(Error::Invalid(format!(
                 "{count} images of {rows}×{cols} need {} pixels and {count} labels, got {} and {}",
@@ -79,9 +85,17 @@ const NAMES: [[&str; 4]; 4] = [
 ];
 
 fn find(dir: &Path, names: &[&str]) -> Result<PathBuf> {
-    names.iter().map(|n| dir.join(n)).find(|p| p.is_file()).ok_or_else(|| {
-        Error::Io(format!("{}: none of {} found", dir.display(), names.join(", ")))
-    })
+    names
+        .iter()
+        .map(|n| dir.join(n))
+        .find(|p| p.is_file())
+        .ok_or_else(|| {
+            Error::Io(format!(
+                "{}: none of {} found",
+                dir.display(),
+                names.join(", ")
+            ))
+        })
 }
 
 fn load_split(dir: &Path, images: &[&str], labels: &[&str]) -> Result<ImageSet> {

@@ -29,7 +29,10 @@ pub struct MultiImageSet {
 /// drawn by a seeded permutation (never itself, when there are two or more digits).
 pub fn compose(src: &ImageSet, seed: u64) -> Result<MultiImageSet> {
     if src.rows != 28 || src.cols != 28 {
-        return Err(Error::Invalid(format!("MultiMNIST needs 28×28 digits, got {}×{}", src.rows, src.cols)));
+        return Err(Error::Invalid(format!(
+            "MultiMNIST needs 28×28 digits, got {}×{}",
+            src.rows, src.cols
+        )));
     }
     let n = src.count;
     let mut partner: Vec<usize> = (0..n).collect();
@@ -57,5 +60,9 @@ pub fn compose(src: &ImageSet, seed: u64) -> Result<MultiImageSet> {
         top.push(src.labels[i]);
         bottom.push(src.labels[j]);
     }
-    Ok(MultiImageSet { images, labels: [top, bottom], count: n })
+    Ok(MultiImageSet {
+        images,
+        labels: [top, bottom],
+        count: n,
+    })
 }

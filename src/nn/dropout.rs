@@ -12,15 +12,25 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 impl Tensor {
     /// Uniform [0, 1) values of `shape` from the counter-based generator (same on every device).
-    pub fn rand_uniform(shape: &[usize], seed: u64, dtype: crate::DType, device: crate::Device) -> Result<Tensor> {
+    pub fn rand_uniform(
+        shape: &[usize],
+        seed: u64,
+        dtype: crate::DType,
+        device: crate::Device,
+    ) -> Result<Tensor> {
         let n = shape.iter().product();
-        Ok(Tensor::from_storage(Storage::random_uniform(n, seed, dtype, device.is_gpu())?, shape.to_vec()))
+        Ok(Tensor::from_storage(
+            Storage::random_uniform(n, seed, dtype, device.is_gpu())?,
+            shape.to_vec(),
+        ))
     }
 
     /// Applies a dropout mask drawn from `seed`: `x · 1[u ≥ p] / (1 − p)`.
     pub fn dropout(&self, p: f64, seed: u64) -> Result<Tensor> {
         if !(0.0..1.0).contains(&p) {
-            return Err(Error::Invalid(format!("dropout probability must be in [0, 1), got {p}")));
+            return Err(Error::Invalid(format!(
+                "dropout probability must be in [0, 1), got {p}"
+            )));
         }
         if p == 0.0 {
             return Ok(self.clone());
@@ -45,9 +55,16 @@ impl Dropout {
     /// Dropout with probability `p` (in [0, 1)) and a base seed.
     pub fn new(p: f64, seed: u64) -> Result<Dropout> {
         if !(0.0..1.0).contains(&p) {
-            return Err(Error::Invalid(format!("dropout probability must be in [0, 1), got {p}")));
+            return Err(Error::Invalid(format!(
+                "dropout probability must be in [0, 1), got {p}"
+            )));
         }
-        Ok(Dropout { p, seed, calls: AtomicU64::new(0), training: AtomicBool::new(true) })
+        Ok(Dropout {
+            p,
+            seed,
+            calls: AtomicU64::new(0),
+            training: AtomicBool::new(true),
+        })
     }
 }
 
@@ -57,7 +74,11 @@ impl Module for Dropout {
             return Ok(x.clone());
         }
         let call = self.calls.fetch_add(1, Ordering::Relaxed);
-        x.dropout(self.p, self.seed.wrapping_add(call.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
+        x.dropout(
+            self.p,
+            self.seed
+                .wrapping_add(call.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
+        )
     }
     fn visit_params(&self, _: &str, _: &mut dyn FnMut(String, &Param)) {}
     fn set_training(&self, training: bool) {

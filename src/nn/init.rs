@@ -17,15 +17,35 @@ pub enum Init {
 }
 
 /// A tensor of `shape` drawn uniformly from `[-bound, bound)`.
-pub fn uniform(shape: &[usize], bound: f64, rng: &mut ChaCha8Rng, device: Device) -> Result<Tensor> {
+pub fn uniform(
+    shape: &[usize],
+    bound: f64,
+    rng: &mut ChaCha8Rng,
+    device: Device,
+) -> Result<Tensor> {
     let n = shape.iter().product();
     let b = bound as f32;
-    let values = (0..n).map(|_| if b > 0.0 { rng.random_range(-b..b) } else { 0.0 }).collect();
+    let values = (0..n)
+        .map(|_| {
+            if b > 0.0 {
+                rng.random_range(-b..b)
+            } else {
+                0.0
+            }
+        })
+        .collect();
     Tensor::from_f32(values, shape, device)
 }
 
 /// A weight of `shape` with the given fan-in and fan-out.
-pub fn weight(init: Init, shape: &[usize], fan_in: usize, fan_out: usize, rng: &mut ChaCha8Rng, device: Device) -> Result<Tensor> {
+pub fn weight(
+    init: Init,
+    shape: &[usize],
+    fan_in: usize,
+    fan_out: usize,
+    rng: &mut ChaCha8Rng,
+    device: Device,
+) -> Result<Tensor> {
     let bound = match init {
         Init::KaimingUniform => (6.0 / fan_in.max(1) as f64).sqrt(),
         Init::XavierUniform => (6.0 / (fan_in + fan_out).max(1) as f64).sqrt(),

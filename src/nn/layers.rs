@@ -2,9 +2,9 @@
 //! the activation functions as modules. Each is a thin struct over the differentiable ops in
 //! `ops/`; the math lives there, the parameters here.
 
+use super::Param;
 use super::init::{Init, weight};
 use super::module::{Module, join};
-use super::Param;
 use crate::{DType, Device, Error, Result, Tensor};
 use rand_chacha::ChaCha8Rng;
 
@@ -18,9 +18,22 @@ pub struct Linear {
 
 impl Linear {
     /// A linear layer with Kaiming- or Xavier-uniform weight and zero bias.
-    pub fn new(inputs: usize, outputs: usize, init: Init, rng: &mut ChaCha8Rng, device: Device) -> Result<Linear> {
+    pub fn new(
+        inputs: usize,
+        outputs: usize,
+        init: Init,
+        rng: &mut ChaCha8Rng,
+        device: Device,
+    ) -> Result<Linear> {
         Ok(Linear {
-            weight: Param::new(weight(init, &[inputs, outputs], inputs, outputs, rng, device)?)?,
+            weight: Param::new(weight(
+                init,
+                &[inputs, outputs],
+                inputs,
+                outputs,
+                rng,
+                device,
+            )?)?,
             bias: Param::new(Tensor::zeros(&[outputs], DType::F32, device)?)?,
         })
     }
@@ -31,11 +44,17 @@ impl Module for Linear {
         let w = self.weight.get();
         let (inputs, outputs) = (w.shape()[0], w.shape()[1]);
         if x.rank() == 0 || x.shape()[x.rank() - 1] != inputs {
-            return Err(Error::Shape(format!("Linear({inputs} → {outputs}) got input of shape {:?}", x.shape())));
+            return Err(Error::Shape(format!(
+                "Linear({inputs} → {outputs}) got input of shape {:?}",
+                x.shape()
+            )));
         }
         let lead = &x.shape()[..x.rank() - 1];
         let rows: usize = lead.iter().product();
-        let y = x.reshape(&[rows, inputs])?.matmul(&w)?.add(&self.bias.get())?;
+        let y = x
+            .reshape(&[rows, inputs])?
+            .matmul(&w)?
+            .add(&self.bias.get())?;
         let mut shape = lead.to_vec();
         shape.push(outputs);
         y.reshape(&shape)
@@ -70,13 +89,22 @@ impl Conv2d {
         device: Device,
     ) -> Result<Conv2d> {
         if stride == 0 || kernel == 0 {
-            return Err(Error::Invalid(format!("Conv2d: kernel {kernel} and stride {stride} must be at least 1")));
+            return Err(Error::Invalid(format!(
+                "Conv2d: kernel {kernel} and stride {stride} must be at least 1"
+            )));
         }
         let fan_in = in_channels * kernel * kernel;
         let fan_out = out_channels * kernel * kernel;
         let shape = [out_channels, in_channels, kernel, kernel];
         Ok(Conv2d {
-            weight: Param::new(weight(Init::KaimingUniform, &shape, fan_in, fan_out, rng, device)?)?,
+            weight: Param::new(weight(
+                Init::KaimingUniform,
+                &shape,
+                fan_in,
+                fan_out,
+                rng,
+                device,
+            )?)?,
             bias: Param::new(Tensor::zeros(&[out_channels], DType::F32, device)?)?,
             stride,
             padding,
@@ -86,7 +114,12 @@ impl Conv2d {
 
 impl Module for Conv2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        x.conv2d(&self.weight.get(), Some(&self.bias.get()), self.stride, self.padding)
+        x.conv2d(
+            &self.weight.get(),
+            Some(&self.bias.get()),
+            self.stride,
+            self.padding,
+        )
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         f(join(prefix, "weight"), &self.weight);
@@ -130,7 +163,9 @@ pub struct Flatten;
 impl Module for Flatten {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         if x.rank() == 0 {
-            return Err(Error::Shape("Flatten needs a batch axis, got a scalar".into()));
+            return Err(Error::Shape(
+                "Flatten needs a batch axis, got a scalar".into(),
+            ));
         }
         let b = x.shape()[0];
         x.reshape(&[b, x.numel() / b.max(1)])
@@ -147,7 +182,16 @@ pub struct Embedding {
 impl Embedding {
     /// A table of `num` rows of `dim` values.
     pub fn new(num: usize, dim: usize, rng: &mut ChaCha8Rng, device: Device) -> Result<Embedding> {
-        Ok(Embedding { weight: Param::new(weight(Init::XavierUniform, &[num, dim], 1, dim, rng, device)?)? })
+        Ok(Embedding {
+            weight: Param::new(weight(
+                Init::XavierUniform,
+                &[num, dim],
+                1,
+                dim,
+                rng,
+                device,
+            )?)?,
+        })
     }
 }
 
@@ -211,7 +255,10 @@ impl Tensor {
         let mean = self.mean(&[-1], true)?;
         let centred = self.sub(&mean)?;
         let var = centred.mul(&centred)?.mean(&[-1], true)?;
-        centred.div(&var.add_scalar(eps)?.sqrt()?)?.mul(gamma)?.add(beta)
+        centred
+            .div(&var.add_scalar(eps)?.sqrt()?)?
+            .mul(gamma)?
+            .add(beta)
     }
 }
 
@@ -249,7 +296,11 @@ impl Activation {
             "silu" => Activation::Silu,
             "tanh" => Activation::Tanh,
             "sigmoid" => Activation::Sigmoid,
-            other => return Err(Error::Invalid(format!("unknown activation {other:?} (relu, gelu, silu, tanh, sigmoid)"))),
+            other => {
+                return Err(Error::Invalid(format!(
+                    "unknown activation {other:?} (relu, gelu, silu, tanh, sigmoid)"
+                )));
+            }
         })
     }
 }

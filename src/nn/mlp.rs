@@ -17,9 +17,16 @@ use rand_chacha::ChaCha8Rng;
 /// let x = Tensor::zeros(&[2, 4], moegrad::DType::F32, Device::cpu()).unwrap();
 /// assert_eq!(net.forward(&x).unwrap().shape(), &[2, 3]);
 /// ```
-pub fn mlp(widths: &[usize], act: Activation, rng: &mut ChaCha8Rng, device: Device) -> Result<Sequential> {
+pub fn mlp(
+    widths: &[usize],
+    act: Activation,
+    rng: &mut ChaCha8Rng,
+    device: Device,
+) -> Result<Sequential> {
     if widths.len() < 2 || widths.contains(&0) {
-        return Err(Error::Invalid(format!("mlp needs at least two nonzero widths, got {widths:?}")));
+        return Err(Error::Invalid(format!(
+            "mlp needs at least two nonzero widths, got {widths:?}"
+        )));
     }
     let init = match act {
         Activation::Relu | Activation::Gelu | Activation::Silu => Init::KaimingUniform,

@@ -35,7 +35,11 @@ pub trait Module: Send + Sync {
 
 /// Joins a prefix and a name with a dot.
 pub fn join(prefix: &str, name: &str) -> String {
-    if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") }
+    if prefix.is_empty() {
+        name.to_string()
+    } else {
+        format!("{prefix}.{name}")
+    }
 }
 
 /// Layers applied one after another; parameters are named `<index>.<name>`.

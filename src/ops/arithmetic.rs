@@ -18,7 +18,10 @@ impl Tensor {
         let (a, b) = (self.detach(), other.detach());
         Ok(Tensor::record(y, name, &[self, other], move |g| {
             let (ga, gb) = rule(g, &a, &b)?;
-            Ok(vec![Some(ga.sum_to_shape(a.shape())?), Some(gb.sum_to_shape(b.shape())?)])
+            Ok(vec![
+                Some(ga.sum_to_shape(a.shape())?),
+                Some(gb.sum_to_shape(b.shape())?),
+            ])
         }))
     }
 
@@ -32,15 +35,21 @@ impl Tensor {
     /// assert_eq!(a.add(&b).unwrap().shape(), &[2, 3]);
     /// ```
     pub fn add(&self, other: &Tensor) -> Result<Tensor> {
-        self.binary_with_rule(other, BinaryOp::Add, "add", |g, _, _| Ok((g.clone(), g.clone())))
+        self.binary_with_rule(other, BinaryOp::Add, "add", |g, _, _| {
+            Ok((g.clone(), g.clone()))
+        })
     }
     /// `self - other` (broadcasting)
     pub fn sub(&self, other: &Tensor) -> Result<Tensor> {
-        self.binary_with_rule(other, BinaryOp::Sub, "sub", |g, _, _| Ok((g.clone(), g.map_unary(UnaryOp::Neg)?)))
+        self.binary_with_rule(other, BinaryOp::Sub, "sub", |g, _, _| {
+            Ok((g.clone(), g.map_unary(UnaryOp::Neg)?))
+        })
     }
     /// `self · other` elementwise (broadcasting)
     pub fn mul(&self, other: &Tensor) -> Result<Tensor> {
-        self.binary_with_rule(other, BinaryOp::Mul, "mul", |g, a, b| Ok((g.mul(b)?, g.mul(a)?)))
+        self.binary_with_rule(other, BinaryOp::Mul, "mul", |g, a, b| {
+            Ok((g.mul(b)?, g.mul(a)?))
+        })
     }
     /// `self / other` elementwise (broadcasting); d/db = −a/b²
     pub fn div(&self, other: &Tensor) -> Result<Tensor> {
@@ -100,13 +109,16 @@ impl Tensor {
             .and_then(|s| broadcast_shapes(&s, b.shape()))
             .map_err(|_| {
                 let (c, a, b) = (cond.shape(), a.shape(), b.shape());
-                Error::Shape(format!("where: condition {c:?}, a {a:?} and b {b:?} cannot be broadcast together"))
+                Error::Shape(format!(
+                    "where: condition {c:?}, a {a:?} and b {b:?} cannot be broadcast together"
+                ))
             })?;
         let sc = broadcast_strides(cond.shape(), &shape)?;
         let sa = broadcast_strides(a.shape(), &shape)?;
         let sb = broadcast_strides(b.shape(), &shape)?;
         let y = Tensor::from_storage(
-            cond.storage().where_cond(&sc, a.storage(), &sa, b.storage(), &sb, &shape)?,
+            cond.storage()
+                .where_cond(&sc, a.storage(), &sa, b.storage(), &sb, &shape)?,
             shape,
         );
         let (c, ash, bsh) = (cond.detach(), a.shape().to_vec(), b.shape().to_vec());

@@ -32,7 +32,10 @@ impl Window {
                 self.kh, self.kw, self.stride, self.pad, self.h, self.w
             )));
         }
-        Ok(((hp - self.kh) / self.stride + 1, (wp - self.kw) / self.stride + 1))
+        Ok((
+            (hp - self.kh) / self.stride + 1,
+            (wp - self.kw) / self.stride + 1,
+        ))
     }
 
     /// For every output position and kernel offset, the flat pixel index (or `h·w`, the appended
@@ -46,8 +49,13 @@ impl Window {
                     for j in 0..self.kw {
                         let r = (y * self.stride + i) as isize - self.pad as isize;
                         let c = (x * self.stride + j) as isize - self.pad as isize;
-                        let inside = r >= 0 && c >= 0 && (r as usize) < self.h && (c as usize) < self.w;
-                        idx.push(if inside { (r as usize * self.w + c as usize) as i32 } else { (self.h * self.w) as i32 });
+                        let inside =
+                            r >= 0 && c >= 0 && (r as usize) < self.h && (c as usize) < self.w;
+                        idx.push(if inside {
+                            (r as usize * self.w + c as usize) as i32
+                        } else {
+                            (self.h * self.w) as i32
+                        });
                     }
                 }
             }
@@ -62,7 +70,11 @@ type WindowCache = Mutex<HashMap<(Window, Device), Tensor>>;
 fn window_index(win: Window, device: Device) -> Result<Tensor> {
     static CACHE: OnceLock<WindowCache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(t) = cache.lock().ok().and_then(|c| c.get(&(win, device)).cloned()) {
+    if let Some(t) = cache
+        .lock()
+        .ok()
+        .and_then(|c| c.get(&(win, device)).cloned())
+    {
         return Ok(t);
     }
     let idx = win.indices()?;
@@ -76,24 +88,59 @@ fn window_index(win: Window, device: Device) -> Result<Tensor> {
 
 impl Tensor {
     /// Windows of a `[B, C, H, W]` tensor: `[B, C, OH·OW, KH·KW]`, plus `(OH, OW)`.
-    fn unfold(&self, kh: usize, kw: usize, stride: usize, pad: usize) -> Result<(Tensor, usize, usize)> {
+    fn unfold(
+        &self,
+        kh: usize,
+        kw: usize,
+        stride: usize,
+        pad: usize,
+    ) -> Result<(Tensor, usize, usize)> {
         if self.rank() != 4 {
-            return Err(Error::Shape(format!("expected an image batch [B, C, H, W], got shape {:?}", self.shape())));
+            return Err(Error::Shape(format!(
+                "expected an image batch [B, C, H, W], got shape {:?}",
+                self.shape()
+            )));
         }
-        let (b, c, h, w) = (self.shape()[0], self.shape()[1], self.shape()[2], self.shape()[3]);
-        let win = Window { h, w, kh, kw, stride, pad };
+        let (b, c, h, w) = (
+            self.shape()[0],
+            self.shape()[1],
+            self.shape()[2],
+            self.shape()[3],
+        );
+        let win = Window {
+            h,
+            w,
+            kh,
+            kw,
+            stride,
+            pad,
+        };
         let (oh, ow) = win.out()?;
         let idx = window_index(win, self.device())?;
         let flat = self.reshape(&[b, c, h * w])?;
-        let with_zero = Tensor::concat(&[flat, Tensor::zeros(&[b, c, 1], self.dtype(), self.device())?], 2)?;
-        let cols = with_zero.index_select(2, &idx)?.reshape(&[b, c, oh * ow, kh * kw])?;
+        let with_zero = Tensor::concat(
+            &[
+                flat,
+                Tensor::zeros(&[b, c, 1], self.dtype(), self.device())?,
+            ],
+            2,
+        )?;
+        let cols = with_zero
+            .index_select(2, &idx)?
+            .reshape(&[b, c, oh * ow, kh * kw])?;
         Ok((cols, oh, ow))
     }
 
     /// 2-D convolution (cross-correlation, as in PyTorch) of `self` `[B, C, H, W]` with `weight`
     /// `[OC, C, KH, KW]` and an optional `bias` `[OC]`; output `[B, OC, OH, OW]` with
     /// `OH = (H + 2·padding − KH) / stride + 1`.
-    pub fn conv2d(&self, weight: &Tensor, bias: Option<&Tensor>, stride: usize, padding: usize) -> Result<Tensor> {
+    pub fn conv2d(
+        &self,
+        weight: &Tensor,
+        bias: Option<&Tensor>,
+        stride: usize,
+        padding: usize,
+    ) -> Result<Tensor> {
         if weight.rank() != 4 || self.rank() != 4 || weight.shape()[1] != self.shape()[1] {
             return Err(Error::Shape(format!(
                 "conv2d: input [B, C, H, W] {:?} and weight [OC, C, KH, KW] {:?} do not match",
@@ -101,16 +148,26 @@ impl Tensor {
                 weight.shape()
             )));
         }
-        let (oc, c, kh, kw) = (weight.shape()[0], weight.shape()[1], weight.shape()[2], weight.shape()[3]);
+        let (oc, c, kh, kw) = (
+            weight.shape()[0],
+            weight.shape()[1],
+            weight.shape()[2],
+            weight.shape()[3],
+        );
         if let Some(b) = bias
             && b.shape() != [oc]
         {
-            return Err(Error::Shape(format!("conv2d: bias {:?} should be [{oc}]", b.shape())));
+            return Err(Error::Shape(format!(
+                "conv2d: bias {:?} should be [{oc}]",
+                b.shape()
+            )));
         }
         let batch = self.shape()[0];
         let (cols, oh, ow) = self.unfold(kh, kw, stride, padding)?;
         let l = oh * ow;
-        let rows = cols.permute(&[0, 2, 1, 3])?.reshape(&[batch * l, c * kh * kw])?;
+        let rows = cols
+            .permute(&[0, 2, 1, 3])?
+            .reshape(&[batch * l, c * kh * kw])?;
         let wmat = weight.reshape(&[oc, c * kh * kw])?.transpose(0, 1)?;
         let mut out = rows.matmul(&wmat)?;
         if let Some(b) = bias {
@@ -121,7 +178,11 @@ impl Tensor {
 
     fn pool2d(&self, kernel: usize, stride: usize, max: bool) -> Result<Tensor> {
         let (cols, oh, ow) = self.unfold(kernel, kernel, stride, 0)?;
-        let pooled = if max { cols.max(-1, false)? } else { cols.mean(&[-1], false)? };
+        let pooled = if max {
+            cols.max(-1, false)?
+        } else {
+            cols.mean(&[-1], false)?
+        };
         pooled.reshape(&[self.shape()[0], self.shape()[1], oh, ow])
     }
 
@@ -135,4 +196,3 @@ impl Tensor {
         self.pool2d(kernel, stride, false)
     }
 }
-

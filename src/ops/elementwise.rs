@@ -14,7 +14,9 @@ impl Tensor {
     ) -> Result<Tensor> {
         let y = self.map_unary(op)?;
         let (x, y_saved) = (self.detach(), y.clone());
-        Ok(Tensor::record(y, name, &[self], move |g| Ok(vec![Some(rule(g, &x, &y_saved)?)])))
+        Ok(Tensor::record(y, name, &[self], move |g| {
+            Ok(vec![Some(rule(g, &x, &y_saved)?)])
+        }))
     }
 
     /// `-x`
@@ -35,7 +37,9 @@ impl Tensor {
     }
     /// `|x|`; d/dx = sign(x)
     pub fn abs(&self) -> Result<Tensor> {
-        self.unary_with_rule(UnaryOp::Abs, "abs", |g, x, _| g.mul(&x.map_unary(UnaryOp::Sign)?))
+        self.unary_with_rule(UnaryOp::Abs, "abs", |g, x, _| {
+            g.mul(&x.map_unary(UnaryOp::Sign)?)
+        })
     }
     /// `x^p` for a constant `p`; d/dx = p·x^(p−1)
     pub fn powf(&self, p: f64) -> Result<Tensor> {
@@ -45,16 +49,25 @@ impl Tensor {
     }
     /// `1/x`; d/dx = −1/x²
     pub fn recip(&self) -> Result<Tensor> {
-        self.unary_with_rule(UnaryOp::Recip, "recip", |g, _, y| g.mul(&y.mul(y)?)?.map_unary(UnaryOp::Neg))
+        self.unary_with_rule(UnaryOp::Recip, "recip", |g, _, y| {
+            g.mul(&y.mul(y)?)?.map_unary(UnaryOp::Neg)
+        })
     }
     /// `min(max(x, lo), hi)`; the gradient passes where `lo < x < hi`.
     pub fn clamp(&self, lo: f64, hi: f64) -> Result<Tensor> {
         if lo.is_nan() || hi.is_nan() || lo > hi {
-            return Err(crate::Error::Invalid(format!("clamp: need lo <= hi, got lo={lo} hi={hi}")));
+            return Err(crate::Error::Invalid(format!(
+                "clamp: need lo <= hi, got lo={lo} hi={hi}"
+            )));
         }
         self.unary_with_rule(UnaryOp::Clamp(lo, hi), "clamp", move |g, x, _| {
-            let above = x.map_unary(UnaryOp::AddScalar(-lo))?.map_unary(UnaryOp::Step)?;
-            let below = x.map_unary(UnaryOp::Neg)?.map_unary(UnaryOp::AddScalar(hi))?.map_unary(UnaryOp::Step)?;
+            let above = x
+                .map_unary(UnaryOp::AddScalar(-lo))?
+                .map_unary(UnaryOp::Step)?;
+            let below = x
+                .map_unary(UnaryOp::Neg)?
+                .map_unary(UnaryOp::AddScalar(hi))?
+                .map_unary(UnaryOp::Step)?;
             g.mul(&above.mul(&below)?)
         })
     }
@@ -64,40 +77,62 @@ impl Tensor {
     }
     /// `x · c`
     pub fn mul_scalar(&self, c: f64) -> Result<Tensor> {
-        self.unary_with_rule(UnaryOp::MulScalar(c), "mul_scalar", move |g, _, _| g.map_unary(UnaryOp::MulScalar(c)))
+        self.unary_with_rule(UnaryOp::MulScalar(c), "mul_scalar", move |g, _, _| {
+            g.map_unary(UnaryOp::MulScalar(c))
+        })
     }
     /// `max(x, 0)`; d/dx = 1 where x > 0
     pub fn relu(&self) -> Result<Tensor> {
-        self.unary_with_rule(UnaryOp::Relu, "relu", |g, x, _| g.mul(&x.map_unary(UnaryOp::Step)?))
+        self.unary_with_rule(UnaryOp::Relu, "relu", |g, x, _| {
+            g.mul(&x.map_unary(UnaryOp::Step)?)
+        })
     }
     /// GELU, tanh approximation `0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))` (as in GPT-2/BERT code).
     pub fn gelu(&self) -> Result<Tensor> {
-        self.unary_with_rule(UnaryOp::Gelu, "gelu", |g, x, _| g.mul(&x.map_unary(UnaryOp::GeluGrad)?))
+        self.unary_with_rule(UnaryOp::Gelu, "gelu", |g, x, _| {
+            g.mul(&x.map_unary(UnaryOp::GeluGrad)?)
+        })
     }
     /// `x·σ(x)`; d/dx = σ(x)·(1 + x·(1 − σ(x)))
     pub fn silu(&self) -> Result<Tensor> {
         self.unary_with_rule(UnaryOp::Silu, "silu", |g, x, _| {
             let s = x.map_unary(UnaryOp::Sigmoid)?;
-            let one_minus_s = s.map_unary(UnaryOp::Neg)?.map_unary(UnaryOp::AddScalar(1.0))?;
-            let d = x.mul(&one_minus_s)?.map_unary(UnaryOp::AddScalar(1.0))?.mul(&s)?;
+            let one_minus_s = s
+                .map_unary(UnaryOp::Neg)?
+                .map_unary(UnaryOp::AddScalar(1.0))?;
+            let d = x
+                .mul(&one_minus_s)?
+                .map_unary(UnaryOp::AddScalar(1.0))?
+                .mul(&s)?;
             g.mul(&d)
         })
     }
     /// `tanh(x)`; d/dx = 1 − tanh²
     pub fn tanh(&self) -> Result<Tensor> {
         self.unary_with_rule(UnaryOp::Tanh, "tanh", |g, _, y| {
-            g.mul(&y.mul(y)?.map_unary(UnaryOp::Neg)?.map_unary(UnaryOp::AddScalar(1.0))?)
+            g.mul(
+                &y.mul(y)?
+                    .map_unary(UnaryOp::Neg)?
+                    .map_unary(UnaryOp::AddScalar(1.0))?,
+            )
         })
     }
     /// `σ(x) = 1/(1 + e^−x)`; d/dx = σ(1 − σ)
     pub fn sigmoid(&self) -> Result<Tensor> {
         self.unary_with_rule(UnaryOp::Sigmoid, "sigmoid", |g, _, y| {
-            g.mul(&y.mul(&y.map_unary(UnaryOp::Neg)?.map_unary(UnaryOp::AddScalar(1.0))?)?)
+            g.mul(
+                &y.mul(
+                    &y.map_unary(UnaryOp::Neg)?
+                        .map_unary(UnaryOp::AddScalar(1.0))?,
+                )?,
+            )
         })
     }
     /// `ln(1 + e^x)` (stable); d/dx = σ(x)
     pub fn softplus(&self) -> Result<Tensor> {
-        self.unary_with_rule(UnaryOp::Softplus, "softplus", |g, x, _| g.mul(&x.map_unary(UnaryOp::Sigmoid)?))
+        self.unary_with_rule(UnaryOp::Softplus, "softplus", |g, x, _| {
+            g.mul(&x.map_unary(UnaryOp::Sigmoid)?)
+        })
     }
     /// Converts to another dtype. Between floats the gradient is cast back; to I32 nothing flows.
     pub fn to_dtype(&self, dtype: crate::DType) -> Result<Tensor> {
@@ -105,13 +140,17 @@ impl Tensor {
             return Ok(self.clone());
         }
         if self.device().is_gpu() && dtype == crate::DType::F64 {
-            return Err(crate::Error::DType("the GPU backend is f32-only; f64 tensors live on the CPU".into()));
+            return Err(crate::Error::DType(
+                "the GPU backend is f32-only; f64 tensors live on the CPU".into(),
+            ));
         }
         let y = Tensor::from_storage(self.storage().cast(dtype)?, self.shape().to_vec());
         if !dtype.is_float() {
             return Ok(y);
         }
         let from = self.dtype();
-        Ok(Tensor::record(y, "to_dtype", &[self], move |g| Ok(vec![Some(g.to_dtype(from)?)])))
+        Ok(Tensor::record(y, "to_dtype", &[self], move |g| {
+            Ok(vec![Some(g.to_dtype(from)?)])
+        }))
     }
 }

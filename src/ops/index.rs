@@ -8,10 +8,18 @@ use crate::{DType, Error, Result, Tensor};
 impl Tensor {
     fn check_index_tensor(&self, idx: &Tensor, op: &str) -> Result<()> {
         if idx.dtype() != DType::I32 {
-            return Err(Error::DType(format!("{op}: indices must be i32, got {} of shape {:?}", idx.dtype(), idx.shape())));
+            return Err(Error::DType(format!(
+                "{op}: indices must be i32, got {} of shape {:?}",
+                idx.dtype(),
+                idx.shape()
+            )));
         }
         if idx.device() != self.device() {
-            return Err(Error::Device(format!("{op}: indices on {}, tensor on {}", idx.device(), self.device())));
+            return Err(Error::Device(format!(
+                "{op}: indices on {}, tensor on {}",
+                idx.device(),
+                self.device()
+            )));
         }
         Ok(())
     }
@@ -29,7 +37,8 @@ impl Tensor {
     pub fn gather(&self, axis: isize, idx: &Tensor) -> Result<Tensor> {
         self.check_index_tensor(idx, "gather")?;
         let a = normalize_axis(axis, self.rank())?;
-        let ok = idx.rank() == self.rank() && (0..self.rank()).all(|d| d == a || idx.shape()[d] == self.shape()[d]);
+        let ok = idx.rank() == self.rank()
+            && (0..self.rank()).all(|d| d == a || idx.shape()[d] == self.shape()[d]);
         if !ok {
             return Err(Error::Shape(format!(
                 "gather along axis {a}: index shape {:?} must match tensor shape {:?} on every other axis",
@@ -40,11 +49,21 @@ impl Tensor {
         let view = axis_view(self.shape(), a);
         let m = idx.shape()[a];
         let strides = Tensor::idx_strides(idx.shape(), a);
-        let y = Tensor::from_storage(self.storage().gather(view, idx.storage(), strides, m)?, idx.shape().to_vec());
+        let y = Tensor::from_storage(
+            self.storage().gather(view, idx.storage(), strides, m)?,
+            idx.shape().to_vec(),
+        );
         let (idx_saved, len) = (idx.clone(), view.len);
         let in_shape = self.shape().to_vec();
         Ok(Tensor::record(y, "gather", &[self], move |g| {
-            let out = g.storage().scatter_add(idx_saved.storage(), strides, view.outer, m, view.inner, len)?;
+            let out = g.storage().scatter_add(
+                idx_saved.storage(),
+                strides,
+                view.outer,
+                m,
+                view.inner,
+                len,
+            )?;
             Ok(vec![Some(Tensor::from_storage(out, in_shape))])
         }))
     }
@@ -54,16 +73,29 @@ impl Tensor {
         self.check_index_tensor(idx, "index_select")?;
         let a = normalize_axis(axis, self.rank())?;
         if idx.rank() != 1 {
-            return Err(Error::Shape(format!("index_select: index must be 1-D, got shape {:?}", idx.shape())));
+            return Err(Error::Shape(format!(
+                "index_select: index must be 1-D, got shape {:?}",
+                idx.shape()
+            )));
         }
         let view = axis_view(self.shape(), a);
         let m = idx.shape()[0];
         let mut shape = self.shape().to_vec();
         shape[a] = m;
-        let y = Tensor::from_storage(self.storage().gather(view, idx.storage(), [0, 1, 0], m)?, shape);
+        let y = Tensor::from_storage(
+            self.storage().gather(view, idx.storage(), [0, 1, 0], m)?,
+            shape,
+        );
         let (idx_saved, in_shape) = (idx.clone(), self.shape().to_vec());
         Ok(Tensor::record(y, "index_select", &[self], move |g| {
-            let out = g.storage().scatter_add(idx_saved.storage(), [0, 1, 0], view.outer, m, view.inner, view.len)?;
+            let out = g.storage().scatter_add(
+                idx_saved.storage(),
+                [0, 1, 0],
+                view.outer,
+                m,
+                view.inner,
+                view.len,
+            )?;
             Ok(vec![Some(Tensor::from_storage(out, in_shape))])
         }))
     }
@@ -91,13 +123,23 @@ impl Tensor {
         let m = idx.shape()[a];
         let strides = Tensor::idx_strides(idx.shape(), a);
         let scattered = Tensor::from_storage(
-            src.storage().scatter_add(idx.storage(), strides, view.outer, m, view.inner, view.len)?,
+            src.storage().scatter_add(
+                idx.storage(),
+                strides,
+                view.outer,
+                m,
+                view.inner,
+                view.len,
+            )?,
             self.shape().to_vec(),
         );
         let y = crate::no_grad(|| self.detach().add(&scattered))?;
         let idx_saved = idx.clone();
         Ok(Tensor::record(y, "scatter_add", &[self, src], move |g| {
-            Ok(vec![Some(g.clone()), Some(g.gather(a as isize, &idx_saved)?)])
+            Ok(vec![
+                Some(g.clone()),
+                Some(g.gather(a as isize, &idx_saved)?),
+            ])
         }))
     }
 }

@@ -18,15 +18,24 @@ impl Tensor {
         }
         let y = Tensor::from_storage(self.storage().clone(), shape.to_vec());
         let old = self.shape().to_vec();
-        Ok(Tensor::record(y, "reshape", &[self], move |g| Ok(vec![Some(g.reshape(&old)?)])))
+        Ok(Tensor::record(y, "reshape", &[self], move |g| {
+            Ok(vec![Some(g.reshape(&old)?)])
+        }))
     }
 
     /// Reorders dimensions: output dimension `i` is input dimension `dims[i]`.
     pub fn permute(&self, dims: &[usize]) -> Result<Tensor> {
         let rank = self.rank();
         let mut seen = vec![false; rank];
-        if dims.len() != rank || dims.iter().any(|&d| d >= rank || std::mem::replace(&mut seen[d], true)) {
-            return Err(Error::Axis(format!("permute: {dims:?} is not a permutation of the {rank} axes of shape {:?}", self.shape())));
+        if dims.len() != rank
+            || dims
+                .iter()
+                .any(|&d| d >= rank || std::mem::replace(&mut seen[d], true))
+        {
+            return Err(Error::Axis(format!(
+                "permute: {dims:?} is not a permutation of the {rank} axes of shape {:?}",
+                self.shape()
+            )));
         }
         let strides = contiguous_strides(self.shape());
         let shape: Vec<usize> = dims.iter().map(|&d| self.shape()[d]).collect();
@@ -36,12 +45,17 @@ impl Tensor {
         for (i, &d) in dims.iter().enumerate() {
             inverse[d] = i;
         }
-        Ok(Tensor::record(y, "permute", &[self], move |g| Ok(vec![Some(g.permute(&inverse)?)])))
+        Ok(Tensor::record(y, "permute", &[self], move |g| {
+            Ok(vec![Some(g.permute(&inverse)?)])
+        }))
     }
 
     /// Swaps two axes (negative axes count from the end).
     pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
-        let (a, b) = (normalize_axis(a, self.rank())?, normalize_axis(b, self.rank())?);
+        let (a, b) = (
+            normalize_axis(a, self.rank())?,
+            normalize_axis(b, self.rank())?,
+        );
         let mut dims: Vec<usize> = (0..self.rank()).collect();
         dims.swap(a, b);
         self.permute(&dims)
@@ -53,9 +67,14 @@ impl Tensor {
             return Ok(self.clone());
         }
         let strides = broadcast_strides(self.shape(), shape)?;
-        let y = Tensor::from_storage(self.storage().copy_strided(shape, &strides, 0)?, shape.to_vec());
+        let y = Tensor::from_storage(
+            self.storage().copy_strided(shape, &strides, 0)?,
+            shape.to_vec(),
+        );
         let old = self.shape().to_vec();
-        Ok(Tensor::record(y, "expand", &[self], move |g| Ok(vec![Some(g.sum_to_shape(&old)?)])))
+        Ok(Tensor::record(y, "expand", &[self], move |g| {
+            Ok(vec![Some(g.sum_to_shape(&old)?)])
+        }))
     }
 
     /// Elements `start..end` along `axis`.
@@ -71,7 +90,11 @@ impl Tensor {
         let strides = contiguous_strides(self.shape());
         let mut shape = self.shape().to_vec();
         shape[a] = end - start;
-        let y = Tensor::from_storage(self.storage().copy_strided(&shape, &strides, start * strides[a])?, shape);
+        let y = Tensor::from_storage(
+            self.storage()
+                .copy_strided(&shape, &strides, start * strides[a])?,
+            shape,
+        );
         let full = self.shape().to_vec();
         Ok(Tensor::record(y, "slice", &[self], move |g| {
             // Pad the gradient with zeros back to the full axis.
@@ -89,15 +112,23 @@ impl Tensor {
 
     /// Joins tensors along `axis`; all other dimensions must agree.
     pub fn concat(tensors: &[Tensor], axis: isize) -> Result<Tensor> {
-        let first = tensors.first().ok_or_else(|| Error::Invalid("concat of an empty list".into()))?;
+        let first = tensors
+            .first()
+            .ok_or_else(|| Error::Invalid("concat of an empty list".into()))?;
         let a = normalize_axis(axis, first.rank())?;
         for t in tensors {
             first.check_compatible(t, "concat")?;
             let same = t.rank() == first.rank()
-                && t.shape().iter().zip(first.shape()).enumerate().all(|(i, (x, y))| i == a || x == y);
+                && t.shape()
+                    .iter()
+                    .zip(first.shape())
+                    .enumerate()
+                    .all(|(i, (x, y))| i == a || x == y);
             if !same {
                 let shapes: Vec<_> = tensors.iter().map(|t| t.shape().to_vec()).collect();
-                return Err(Error::Shape(format!("concat along axis {a}: shapes {shapes:?} differ off that axis")));
+                return Err(Error::Shape(format!(
+                    "concat along axis {a}: shapes {shapes:?} differ off that axis"
+                )));
             }
         }
         let lens: Vec<usize> = tensors.iter().map(|t| t.shape()[a]).collect();

@@ -16,20 +16,29 @@ impl Tensor {
             )));
         }
         if targets.dtype() != DType::I32 {
-            return Err(Error::DType(format!("cross_entropy: targets must be i32 class indices, got {}", targets.dtype())));
+            return Err(Error::DType(format!(
+                "cross_entropy: targets must be i32 class indices, got {}",
+                targets.dtype()
+            )));
         }
         if self.shape()[0] == 0 {
             return Err(Error::Invalid("cross_entropy over an empty batch".into()));
         }
         let n = self.shape()[0];
-        let picked = self.log_softmax(-1)?.gather(1, &targets.reshape(&[n, 1])?)?;
+        let picked = self
+            .log_softmax(-1)?
+            .gather(1, &targets.reshape(&[n, 1])?)?;
         picked.mean_all()?.neg()
     }
 
     /// Mean squared error `mean((self − target)²)`; shapes must match exactly.
     pub fn mse(&self, target: &Tensor) -> Result<Tensor> {
         if self.shape() != target.shape() {
-            return Err(Error::Shape(format!("mse: prediction {:?} and target {:?} differ", self.shape(), target.shape())));
+            return Err(Error::Shape(format!(
+                "mse: prediction {:?} and target {:?} differ",
+                self.shape(),
+                target.shape()
+            )));
         }
         if self.numel() == 0 {
             return Err(Error::Invalid("mse of empty tensors".into()));

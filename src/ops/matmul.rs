@@ -8,7 +8,12 @@ use crate::{Error, Result, Tensor};
 /// Layout of a contiguous `[batch, rows, cols]` operand, optionally read transposed.
 fn layout(rows: usize, cols: usize, batched: bool, transposed: bool) -> MatLayout {
     let (row_stride, col_stride) = if transposed { (1, cols) } else { (cols, 1) };
-    MatLayout { offset: 0, batch_stride: if batched { rows * cols } else { 0 }, row_stride, col_stride }
+    MatLayout {
+        offset: 0,
+        batch_stride: if batched { rows * cols } else { 0 },
+        row_stride,
+        col_stride,
+    }
 }
 
 impl Tensor {
@@ -30,7 +35,12 @@ impl Tensor {
         let (m, k) = if ta { (ca, ra) } else { (ra, ca) };
         let n = if tb { rb } else { cb };
         let dims = MatmulDims { batch, m, k, n };
-        let out = a.storage().matmul(layout(ra, ca, a_batched, ta), b.storage(), layout(rb, cb, b_batched, tb), dims)?;
+        let out = a.storage().matmul(
+            layout(ra, ca, a_batched, ta),
+            b.storage(),
+            layout(rb, cb, b_batched, tb),
+            dims,
+        )?;
         Ok(Tensor::from_storage(out, out_shape))
     }
 
@@ -83,7 +93,8 @@ impl Tensor {
             let ga = if a_b || batch == 1 {
                 Tensor::matmul_raw(g, false, true, &bd, true, b_b, batch, ad.shape().to_vec())?
             } else {
-                let per = Tensor::matmul_raw(g, false, true, &bd, true, b_b, batch, vec![batch, m, k])?;
+                let per =
+                    Tensor::matmul_raw(g, false, true, &bd, true, b_b, batch, vec![batch, m, k])?;
                 per.sum(&[0], false)?
             };
             let gb = if b_b || batch == 1 {
@@ -94,7 +105,10 @@ impl Tensor {
                 let g2 = g.reshape(&[batch * m, n])?;
                 Tensor::matmul_raw(&a2, true, false, &g2, false, false, 1, vec![k, n])?
             };
-            Ok(vec![Some(ga.reshape(ad.shape())?), Some(gb.reshape(bd.shape())?)])
+            Ok(vec![
+                Some(ga.reshape(ad.shape())?),
+                Some(gb.reshape(bd.shape())?),
+            ])
         }))
     }
 }

@@ -48,14 +48,21 @@ impl Tensor {
         if self.dtype().is_float() {
             Ok(())
         } else {
-            Err(Error::DType(format!("{op} needs a float tensor, got {} of shape {:?}", self.dtype(), self.shape())))
+            Err(Error::DType(format!(
+                "{op} needs a float tensor, got {} of shape {:?}",
+                self.dtype(),
+                self.shape()
+            )))
         }
     }
 
     /// Untracked elementwise op.
     pub(crate) fn map_unary(&self, op: UnaryOp) -> Result<Tensor> {
         self.check_float(&format!("{op:?}"))?;
-        Ok(Tensor::from_storage(self.storage().unary(op)?, self.shape().to_vec()))
+        Ok(Tensor::from_storage(
+            self.storage().unary(op)?,
+            self.shape().to_vec(),
+        ))
     }
 
     /// Untracked broadcasting binary op.
@@ -64,11 +71,19 @@ impl Tensor {
         self.check_compatible(other, &name)?;
         self.check_float(&name)?;
         let shape = broadcast_shapes(self.shape(), other.shape()).map_err(|_| {
-            Error::Shape(format!("{name}: shapes {:?} and {:?} cannot be broadcast together", self.shape(), other.shape()))
+            Error::Shape(format!(
+                "{name}: shapes {:?} and {:?} cannot be broadcast together",
+                self.shape(),
+                other.shape()
+            ))
         })?;
         let sa = broadcast_strides(self.shape(), &shape)?;
         let sb = broadcast_strides(other.shape(), &shape)?;
-        Ok(Tensor::from_storage(self.storage().binary(op, &sa, other.storage(), &sb, &shape)?, shape))
+        Ok(Tensor::from_storage(
+            self.storage()
+                .binary(op, &sa, other.storage(), &sb, &shape)?,
+            shape,
+        ))
     }
 
     /// Sums a broadcast gradient back down to `shape` (the inverse of broadcasting).

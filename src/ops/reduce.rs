@@ -10,7 +10,10 @@ impl Tensor {
     fn reduce_axis_raw(&self, op: ReduceOp, axis: usize) -> Result<Tensor> {
         let mut shape = self.shape().to_vec();
         if shape[axis] == 0 && op != ReduceOp::Sum {
-            return Err(Error::Invalid(format!("{op:?} over an empty axis {axis} of shape {:?}", self.shape())));
+            return Err(Error::Invalid(format!(
+                "{op:?} over an empty axis {axis} of shape {:?}",
+                self.shape()
+            )));
         }
         let out = self.storage().reduce(op, axis_view(&shape, axis))?;
         shape[axis] = 1;
@@ -18,14 +21,22 @@ impl Tensor {
     }
 
     fn normalize_axes(&self, axes: &[isize]) -> Result<Vec<usize>> {
-        let mut out = axes.iter().map(|&a| normalize_axis(a, self.rank())).collect::<Result<Vec<_>>>()?;
+        let mut out = axes
+            .iter()
+            .map(|&a| normalize_axis(a, self.rank()))
+            .collect::<Result<Vec<_>>>()?;
         out.sort_unstable();
         out.dedup();
         Ok(out)
     }
 
     fn squeeze_axes(shape: &[usize], axes: &[usize]) -> Vec<usize> {
-        shape.iter().enumerate().filter(|(i, _)| !axes.contains(i)).map(|(_, &d)| d).collect()
+        shape
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !axes.contains(i))
+            .map(|(_, &d)| d)
+            .collect()
     }
 
     /// Sum over `axes` (negative axes count from the end); `keepdim` keeps them as size 1.
@@ -48,7 +59,9 @@ impl Tensor {
             y = Tensor::from_storage(y.storage().clone(), Tensor::squeeze_axes(&kept, &axes));
         }
         let in_shape = self.shape().to_vec();
-        Ok(Tensor::record(y, "sum", &[self], move |g| Ok(vec![Some(g.reshape(&kept)?.expand(&in_shape)?)])))
+        Ok(Tensor::record(y, "sum", &[self], move |g| {
+            Ok(vec![Some(g.reshape(&kept)?.expand(&in_shape)?)])
+        }))
     }
 
     /// Sum of every element (a 0-d tensor).
@@ -62,7 +75,10 @@ impl Tensor {
         let norm = self.normalize_axes(axes)?;
         let count: usize = norm.iter().map(|&a| self.shape()[a]).product();
         if count == 0 {
-            return Err(Error::Invalid(format!("mean over empty axes {axes:?} of shape {:?}", self.shape())));
+            return Err(Error::Invalid(format!(
+                "mean over empty axes {axes:?} of shape {:?}",
+                self.shape()
+            )));
         }
         self.sum(axes, keepdim)?.mul_scalar(1.0 / count as f64)
     }
@@ -73,14 +89,23 @@ impl Tensor {
         self.mean(&axes, false)
     }
 
-    fn extremum(&self, axis: isize, keepdim: bool, op: ReduceOp, name: &'static str) -> Result<Tensor> {
+    fn extremum(
+        &self,
+        axis: isize,
+        keepdim: bool,
+        op: ReduceOp,
+        name: &'static str,
+    ) -> Result<Tensor> {
         self.check_float(name)?;
         let a = normalize_axis(axis, self.rank())?;
         let kept = self.reduce_axis_raw(op, a)?;
         let y = if keepdim {
             kept.clone()
         } else {
-            Tensor::from_storage(kept.storage().clone(), Tensor::squeeze_axes(kept.shape(), &[a]))
+            Tensor::from_storage(
+                kept.storage().clone(),
+                Tensor::squeeze_axes(kept.shape(), &[a]),
+            )
         };
         let (x, kshape) = (self.detach(), kept.shape().to_vec());
         // The gradient is shared equally among tied extrema (as PyTorch's amax does).
@@ -109,7 +134,10 @@ impl Tensor {
         if keepdim {
             Ok(y)
         } else {
-            Ok(Tensor::from_storage(y.storage().clone(), Tensor::squeeze_axes(y.shape(), &[a])))
+            Ok(Tensor::from_storage(
+                y.storage().clone(),
+                Tensor::squeeze_axes(y.shape(), &[a]),
+            ))
         }
     }
 
@@ -121,7 +149,10 @@ impl Tensor {
         let y = Tensor::from_storage(self.storage().cumsum(view, false)?, self.shape().to_vec());
         let shape = self.shape().to_vec();
         Ok(Tensor::record(y, "cumsum", &[self], move |g| {
-            Ok(vec![Some(Tensor::from_storage(g.storage().cumsum(view, true)?, shape))])
+            Ok(vec![Some(Tensor::from_storage(
+                g.storage().cumsum(view, true)?,
+                shape,
+            ))])
         }))
     }
 }

@@ -68,6 +68,8 @@ impl Tensor {
             kept.reshape(&s)?
         };
         let probs = crate::no_grad(|| z.sub(&lse)?.exp())?;
-        Ok(Tensor::record(y, "logsumexp", &[self], move |g| Ok(vec![Some(probs.mul(&g.reshape(&kshape)?)?)])))
+        Ok(Tensor::record(y, "logsumexp", &[self], move |g| {
+            Ok(vec![Some(probs.mul(&g.reshape(&kshape)?)?)])
+        }))
     }
 }

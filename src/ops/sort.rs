@@ -8,7 +8,9 @@ impl Tensor {
     fn rows_and_len(&self, op: &str) -> Result<(usize, usize)> {
         self.check_float(op)?;
         if self.rank() == 0 {
-            return Err(Error::Shape(format!("{op} needs at least one axis, got a scalar")));
+            return Err(Error::Shape(format!(
+                "{op} needs at least one axis, got a scalar"
+            )));
         }
         let len = self.shape()[self.rank() - 1];
         Ok((self.numel() / len.max(1), len))
@@ -17,7 +19,10 @@ impl Tensor {
     /// Indices (I32) that sort each row of the last axis, stable; `descending` for largest first.
     pub fn argsort(&self, descending: bool) -> Result<Tensor> {
         let (rows, len) = self.rows_and_len("argsort")?;
-        Ok(Tensor::from_storage(self.storage().argsort(rows, len, descending)?, self.shape().to_vec()))
+        Ok(Tensor::from_storage(
+            self.storage().argsort(rows, len, descending)?,
+            self.shape().to_vec(),
+        ))
     }
 
     /// The `k` largest values of each row of the last axis, in descending order, and their I32
@@ -34,7 +39,10 @@ impl Tensor {
     pub fn topk(&self, k: usize) -> Result<(Tensor, Tensor)> {
         let (_, len) = self.rows_and_len("topk")?;
         if k > len {
-            return Err(Error::Invalid(format!("topk: k = {k} exceeds the last axis of shape {:?}", self.shape())));
+            return Err(Error::Invalid(format!(
+                "topk: k = {k} exceeds the last axis of shape {:?}",
+                self.shape()
+            )));
         }
         let order = self.argsort(true)?;
         let idx = order.slice(-1, 0, k)?;

@@ -60,7 +60,9 @@ pub(crate) fn check_lr(lr: f64) -> Result<()> {
     if lr.is_finite() && lr > 0.0 {
         Ok(())
     } else {
-        Err(Error::Invalid(format!("learning rate must be a finite positive number, got {lr}")))
+        Err(Error::Invalid(format!(
+            "learning rate must be a finite positive number, got {lr}"
+        )))
     }
 }
 
@@ -86,12 +88,17 @@ impl Optimizer for Adam {
                 None => (p.zeros_like()?, p.zeros_like()?),
             };
             let scale = grad_scale.map(|s| s.storage());
-            let (np, nm, nv) = p.storage().adam_step(g.storage(), scale, m.storage(), v.storage(), h)?;
+            let (np, nm, nv) =
+                p.storage()
+                    .adam_step(g.storage(), scale, m.storage(), v.storage(), h)?;
             let shape = p.shape().to_vec();
             param.set(Tensor::from_storage(np, shape.clone()))?;
             self.moments.insert(
                 name.clone(),
-                (Tensor::from_storage(nm, shape.clone()), Tensor::from_storage(nv, shape)),
+                (
+                    Tensor::from_storage(nm, shape.clone()),
+                    Tensor::from_storage(nv, shape),
+                ),
             );
         }
         Ok(())
@@ -117,10 +124,13 @@ impl Optimizer for Adam {
         self.moments.clear();
         for (key, m) in tensors {
             if let Some(name) = key.strip_prefix("adam.m.") {
-                let v = tensors
-                    .get(&format!("adam.v.{name}"))
-                    .ok_or_else(|| Error::Invalid(format!("optimizer state has adam.m.{name} but no adam.v.{name}")))?;
-                self.moments.insert(name.to_string(), (m.clone(), v.clone()));
+                let v = tensors.get(&format!("adam.v.{name}")).ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "optimizer state has adam.m.{name} but no adam.v.{name}"
+                    ))
+                })?;
+                self.moments
+                    .insert(name.to_string(), (m.clone(), v.clone()));
             }
         }
         self.steps = steps;

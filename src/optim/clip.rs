@@ -7,9 +7,14 @@ use crate::{Error, Result, Tensor};
 
 /// Returns `(norm, scale)` for the gradients of `params` (both one-element tensors on the
 /// parameters' device), or `None` when no parameter has a gradient.
-pub fn clip_grad_norm(params: &[(String, Param)], max_norm: f64) -> Result<Option<(Tensor, Tensor)>> {
+pub fn clip_grad_norm(
+    params: &[(String, Param)],
+    max_norm: f64,
+) -> Result<Option<(Tensor, Tensor)>> {
     if !(max_norm.is_finite() && max_norm > 0.0) {
-        return Err(Error::Invalid(format!("max gradient norm must be a finite positive number, got {max_norm}")));
+        return Err(Error::Invalid(format!(
+            "max gradient norm must be a finite positive number, got {max_norm}"
+        )));
     }
     let _guard = crate::NoGradGuard::new();
     let mut total: Option<Tensor> = None;
@@ -25,6 +30,10 @@ pub fn clip_grad_norm(params: &[(String, Param)], max_norm: f64) -> Result<Optio
     let Some(total) = total else { return Ok(None) };
     let norm = total.sqrt()?.reshape(&[1])?;
     // scale = min(1, max_norm / (norm + 1e-6))
-    let scale = norm.add_scalar(1e-6)?.recip()?.mul_scalar(max_norm)?.clamp(0.0, 1.0)?;
+    let scale = norm
+        .add_scalar(1e-6)?
+        .recip()?
+        .mul_scalar(max_norm)?
+        .clamp(0.0, 1.0)?;
     Ok(Some((norm, scale)))
 }

@@ -29,22 +29,43 @@ pub struct Schedule {
 
 impl Schedule {
     /// Checks the settings.
-    pub fn new(base_lr: f64, warmup_steps: u64, total_steps: u64, kind: ScheduleKind) -> Result<Schedule> {
+    pub fn new(
+        base_lr: f64,
+        warmup_steps: u64,
+        total_steps: u64,
+        kind: ScheduleKind,
+    ) -> Result<Schedule> {
         super::adam::check_lr(base_lr)?;
         if let ScheduleKind::Cosine { min_lr } = kind
             && !(min_lr.is_finite() && (0.0..=base_lr).contains(&min_lr))
         {
-            return Err(Error::Invalid(format!("cosine schedule: min_lr {min_lr} must lie in [0, {base_lr}]")));
+            return Err(Error::Invalid(format!(
+                "cosine schedule: min_lr {min_lr} must lie in [0, {base_lr}]"
+            )));
         }
-        Ok(Schedule { base_lr, warmup_steps, total_steps, kind })
+        Ok(Schedule {
+            base_lr,
+            warmup_steps,
+            total_steps,
+            kind,
+        })
     }
 
     /// Parses `constant`, `cosine` (decaying to 0) as on the command line.
-    pub fn from_name(name: &str, base_lr: f64, warmup_steps: u64, total_steps: u64) -> Result<Schedule> {
+    pub fn from_name(
+        name: &str,
+        base_lr: f64,
+        warmup_steps: u64,
+        total_steps: u64,
+    ) -> Result<Schedule> {
         let kind = match name {
             "constant" => ScheduleKind::Constant,
             "cosine" => ScheduleKind::Cosine { min_lr: 0.0 },
-            other => return Err(Error::Invalid(format!("unknown schedule {other:?} (constant, cosine)"))),
+            other => {
+                return Err(Error::Invalid(format!(
+                    "unknown schedule {other:?} (constant, cosine)"
+                )));
+            }
         };
         Schedule::new(base_lr, warmup_steps, total_steps, kind)
     }
@@ -59,7 +80,10 @@ impl Schedule {
             ScheduleKind::Cosine { min_lr } => {
                 let span = self.total_steps.saturating_sub(self.warmup_steps).max(1) as f64;
                 let progress = ((step - self.warmup_steps) as f64 / span).min(1.0);
-                min_lr + 0.5 * (self.base_lr - min_lr) * (1.0 + (std::f64::consts::PI * progress).cos())
+                min_lr
+                    + 0.5
+                        * (self.base_lr - min_lr)
+                        * (1.0 + (std::f64::consts::PI * progress).cos())
             }
         }
     }

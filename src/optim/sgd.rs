@@ -26,7 +26,14 @@ impl Sgd {
     /// Plain SGD with learning rate `lr`.
     pub fn new(lr: f64) -> Result<Sgd> {
         check_lr(lr)?;
-        Ok(Sgd { lr, momentum: 0.0, weight_decay: 0.0, nesterov: false, steps: 0, buffers: BTreeMap::new() })
+        Ok(Sgd {
+            lr,
+            momentum: 0.0,
+            weight_decay: 0.0,
+            nesterov: false,
+            steps: 0,
+            buffers: BTreeMap::new(),
+        })
     }
     /// SGD with momentum `momentum`.
     pub fn with_momentum(lr: f64, momentum: f64) -> Result<Sgd> {
@@ -39,7 +46,12 @@ impl Sgd {
 impl Optimizer for Sgd {
     fn step(&mut self, params: &[(String, Param)], grad_scale: Option<&Tensor>) -> Result<()> {
         self.steps += 1;
-        let h = SgdHyper { lr: self.lr, momentum: self.momentum, weight_decay: self.weight_decay, nesterov: self.nesterov };
+        let h = SgdHyper {
+            lr: self.lr,
+            momentum: self.momentum,
+            weight_decay: self.weight_decay,
+            nesterov: self.nesterov,
+        };
         for (name, param) in params {
             let p = param.get();
             let Some(g) = p.grad() else { continue };
@@ -47,11 +59,17 @@ impl Optimizer for Sgd {
                 Some(b) => b.clone(),
                 None => p.zeros_like()?,
             };
-            let (np, nb) = p.storage().sgd_step(g.storage(), grad_scale.map(|s| s.storage()), buf.storage(), h)?;
+            let (np, nb) = p.storage().sgd_step(
+                g.storage(),
+                grad_scale.map(|s| s.storage()),
+                buf.storage(),
+                h,
+            )?;
             let shape = p.shape().to_vec();
             param.set(Tensor::from_storage(np, shape.clone()))?;
             if self.momentum != 0.0 {
-                self.buffers.insert(name.clone(), Tensor::from_storage(nb, shape));
+                self.buffers
+                    .insert(name.clone(), Tensor::from_storage(nb, shape));
             }
         }
         Ok(())
@@ -66,12 +84,18 @@ impl Optimizer for Sgd {
         self.steps
     }
     fn state(&self) -> Vec<(String, Tensor)> {
-        self.buffers.iter().map(|(n, b)| (format!("sgd.momentum.{n}"), b.clone())).collect()
+        self.buffers
+            .iter()
+            .map(|(n, b)| (format!("sgd.momentum.{n}"), b.clone()))
+            .collect()
     }
     fn load_state(&mut self, tensors: &BTreeMap<String, Tensor>, steps: u64) -> Result<()> {
         self.buffers = tensors
             .iter()
-            .filter_map(|(k, t)| k.strip_prefix("sgd.momentum.").map(|n| (n.to_string(), t.clone())))
+            .filter_map(|(k, t)| {
+                k.strip_prefix("sgd.momentum.")
+                    .map(|n| (n.to_string(), t.clone()))
+            })
             .collect();
         self.steps = steps;
         Ok(())

@@ -110,19 +110,34 @@ impl TrainConfig {
             return bad("--batch must be at least 1, got 0".into());
         }
         if !(self.lr.is_finite() && self.lr > 0.0) {
-            return bad(format!("--lr must be a finite positive number, got {}", self.lr));
+            return bad(format!(
+                "--lr must be a finite positive number, got {}",
+                self.lr
+            ));
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
-            return bad(format!("--weight-decay must be finite and non-negative, got {}", self.weight_decay));
+            return bad(format!(
+                "--weight-decay must be finite and non-negative, got {}",
+                self.weight_decay
+            ));
         }
         if !(self.clip_grad_norm.is_finite() && self.clip_grad_norm >= 0.0) {
-            return bad(format!("--clip-grad-norm must be finite and non-negative, got {}", self.clip_grad_norm));
+            return bad(format!(
+                "--clip-grad-norm must be finite and non-negative, got {}",
+                self.clip_grad_norm
+            ));
         }
         if !["constant", "cosine"].contains(&self.schedule.as_str()) {
-            return bad(format!("--schedule {:?}: expected constant or cosine", self.schedule));
+            return bad(format!(
+                "--schedule {:?}: expected constant or cosine",
+                self.schedule
+            ));
         }
         if !["auto", "cpu", "gpu"].contains(&self.device.as_str()) {
-            return bad(format!("--device {:?}: expected auto, cpu or gpu", self.device));
+            return bad(format!(
+                "--device {:?}: expected auto, cpu or gpu",
+                self.device
+            ));
         }
         if self.log_every == 0 {
             return bad("--log-every must be at least 1".into());

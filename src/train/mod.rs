@@ -69,23 +69,40 @@ fn load_data(cfg: &TrainConfig) -> Result<Splits> {
             return Ok(d);
         }
         let per: usize = d.sample_shape.iter().product();
-        Dataset::new(d.features[..n * per].to_vec(), d.sample_shape, d.labels.iter().map(|l| l[..n].to_vec()).collect())
+        Dataset::new(
+            d.features[..n * per].to_vec(),
+            d.sample_shape,
+            d.labels.iter().map(|l| l[..n].to_vec()).collect(),
+        )
     };
     let (train, test, side, tasks) = match cfg.data {
         DataKind::Mnist => {
             let side = mnist.train.rows;
-            let mk = |s: &crate::data::ImageSet| Dataset::new(s.images.clone(), vec![1, s.rows, s.cols], vec![s.labels.clone()]);
+            let mk = |s: &crate::data::ImageSet| {
+                Dataset::new(
+                    s.images.clone(),
+                    vec![1, s.rows, s.cols],
+                    vec![s.labels.clone()],
+                )
+            };
             (mk(&mnist.train)?, mk(&mnist.test)?, side, 1)
         }
         DataKind::Multimnist => {
             let tr = multimnist::compose(&mnist.train, cfg.seed)?;
             let te = multimnist::compose(&mnist.test, cfg.seed.wrapping_add(1))?;
             let side = multimnist::CANVAS;
-            let mk = |s: multimnist::MultiImageSet| Dataset::new(s.images, vec![1, side, side], s.labels.to_vec());
+            let mk = |s: multimnist::MultiImageSet| {
+                Dataset::new(s.images, vec![1, side, side], s.labels.to_vec())
+            };
             (mk(tr)?, mk(te)?, side, 2)
         }
     };
-    Ok(Splits { train: limit(train, cfg.train_limit)?, test: limit(test, cfg.test_limit)?, side, tasks })
+    Ok(Splits {
+        train: limit(train, cfg.train_limit)?,
+        test: limit(test, cfg.test_limit)?,
+        side,
+        tasks,
+    })
 }
 
 fn make_optimizer(cfg: &TrainConfig) -> Result<Box<dyn Optimizer>> {
@@ -100,9 +117,14 @@ fn make_optimizer(cfg: &TrainConfig) -> Result<Box<dyn Optimizer>> {
             a.weight_decay = cfg.weight_decay;
             Box::new(a)
         }
-        OptimizerKind::Adamw => {
-            Box::new(Adam::adamw(cfg.lr, if cfg.weight_decay > 0.0 { cfg.weight_decay } else { 0.01 })?)
-        }
+        OptimizerKind::Adamw => Box::new(Adam::adamw(
+            cfg.lr,
+            if cfg.weight_decay > 0.0 {
+                cfg.weight_decay
+            } else {
+                0.01
+            },
+        )?),
     })
 }
 
@@ -120,12 +142,19 @@ fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
 }
 
 /// Mean test loss and accuracy per task, with the values accumulated on the device.
-pub fn evaluate(model: &MultiHead, data: &Dataset, batch: usize, device: Device) -> Result<(f64, Vec<f64>)> {
+pub fn evaluate(
+    model: &MultiHead,
+    data: &Dataset,
+    batch: usize,
+    device: Device,
+) -> Result<(f64, Vec<f64>)> {
     let _guard = crate::NoGradGuard::new();
     model.set_training(false);
     let tasks = data.labels.len();
     let mut loss_sum = Tensor::zeros(&[], DType::F32, device)?;
-    let mut correct: Vec<Tensor> = (0..tasks).map(|_| Tensor::zeros(&[], DType::F32, device)).collect::<Result<_>>()?;
+    let mut correct: Vec<Tensor> = (0..tasks)
+        .map(|_| Tensor::zeros(&[], DType::F32, device))
+        .collect::<Result<_>>()?;
     let order = data.order(0, 0, false);
     for ids in order.chunks(batch.max(1)) {
         let b = data.batch(ids, device)?;
@@ -139,23 +168,38 @@ pub fn evaluate(model: &MultiHead, data: &Dataset, batch: usize, device: Device)
     }
     model.set_training(true);
     let n = data.len().max(1) as f64;
-    let acc = correct.iter().map(|c| Ok(c.item()? / n)).collect::<Result<Vec<_>>>()?;
+    let acc = correct
+        .iter()
+        .map(|c| Ok(c.item()? / n))
+        .collect::<Result<Vec<_>>>()?;
     Ok((loss_sum.item()? / n, acc))
 }
 
 fn accuracy_json(acc: &[f64]) -> serde_json::Value {
-    if acc.len() == 1 { serde_json::json!(acc[0]) } else { serde_json::json!(acc) }
+    if acc.len() == 1 {
+        serde_json::json!(acc[0])
+    } else {
+        serde_json::json!(acc)
+    }
 }
 
 /// Keeps the first `epochs` lines of `metrics.jsonl` (a resumed run rewrites what follows).
 fn truncate_metrics(path: &Path, epochs: usize) -> Result<()> {
-    let Ok(text) = std::fs::read_to_string(path) else { return Ok(()) };
-    let kept: String = text.lines().take(epochs).map(|l| format!("{l}\n")).collect();
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let kept: String = text
+        .lines()
+        .take(epochs)
+        .map(|l| format!("{l}\n"))
+        .collect();
     crate::checkpoint::write_atomic(path, kept.as_bytes())
 }
 
 fn read_points(path: &Path) -> Vec<EpochPoint> {
-    let Ok(text) = std::fs::read_to_string(path) else { return Vec::new() };
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
     text.lines()
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .map(|v| EpochPoint {
@@ -184,9 +228,15 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
     let n_params: usize = params.iter().map(|(_, p)| p.get().numel()).sum();
     let mut opt = make_optimizer(cfg)?;
     let steps_per_epoch = data.train.batches_per_epoch(cfg.batch) as u64;
-    let schedule = Schedule::from_name(&cfg.schedule, cfg.lr, cfg.warmup_steps, steps_per_epoch * cfg.epochs as u64)?;
+    let schedule = Schedule::from_name(
+        &cfg.schedule,
+        cfg.lr,
+        cfg.warmup_steps,
+        steps_per_epoch * cfg.epochs as u64,
+    )?;
 
-    std::fs::create_dir_all(&cfg.out).map_err(|e| Error::Io(format!("{}: {e}", cfg.out.display())))?;
+    std::fs::create_dir_all(&cfg.out)
+        .map_err(|e| Error::Io(format!("{}: {e}", cfg.out.display())))?;
     let ckpt_path = cfg.out.join("checkpoint.safetensors");
     let metrics_path = cfg.out.join("metrics.jsonl");
     let config_json = serde_json::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
@@ -198,23 +248,51 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
             .metadata
             .get("config")
             .and_then(|c| serde_json::from_str(c).ok())
-            .ok_or_else(|| Error::Io(format!("{}: no run configuration in the metadata", ckpt_path.display())))?;
-        if saved.model != cfg.model || saved.data != cfg.data || saved.batch != cfg.batch || saved.seed != cfg.seed {
+            .ok_or_else(|| {
+                Error::Io(format!(
+                    "{}: no run configuration in the metadata",
+                    ckpt_path.display()
+                ))
+            })?;
+        if saved.model != cfg.model
+            || saved.data != cfg.data
+            || saved.batch != cfg.batch
+            || saved.seed != cfg.seed
+        {
             return Err(Error::Invalid(format!(
                 "--resume: {} was written by a run with model {:?}, data {:?}, batch {}, seed {}; this run has {:?}, {:?}, {}, {}",
-                ckpt_path.display(), saved.model, saved.data, saved.batch, saved.seed, cfg.model, cfg.data, cfg.batch, cfg.seed
+                ckpt_path.display(),
+                saved.model,
+                saved.data,
+                saved.batch,
+                saved.seed,
+                cfg.model,
+                cfg.data,
+                cfg.batch,
+                cfg.seed
             )));
         }
         for (name, p) in &params {
-            let t = ck.tensors.get(name).ok_or_else(|| Error::Io(format!("{}: parameter {name} missing", ckpt_path.display())))?;
+            let t = ck.tensors.get(name).ok_or_else(|| {
+                Error::Io(format!("{}: parameter {name} missing", ckpt_path.display()))
+            })?;
             p.set(t.clone())?;
         }
-        let steps = ck.metadata.get("steps").and_then(|s| s.parse().ok()).unwrap_or(0);
+        let steps = ck
+            .metadata
+            .get("steps")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
         opt.load_state(&ck.tensors, steps)?;
-        start_epoch = ck.metadata.get("epoch").and_then(|s| s.parse().ok()).unwrap_or(0);
+        start_epoch = ck
+            .metadata
+            .get("epoch")
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
         truncate_metrics(&metrics_path, start_epoch)?;
     } else if metrics_path.exists() {
-        std::fs::remove_file(&metrics_path).map_err(|e| Error::Io(format!("{}: {e}", metrics_path.display())))?;
+        std::fs::remove_file(&metrics_path)
+            .map_err(|e| Error::Io(format!("{}: {e}", metrics_path.display())))?;
     }
 
     let mut last = (f64::NAN, f64::NAN, vec![f64::NAN; data.tasks]);
@@ -224,9 +302,11 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         let bar = if opts.progress {
             let b = indicatif::ProgressBar::new(steps_per_epoch);
             b.set_style(
-                indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
-                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-                    .progress_chars("=> "),
+                indicatif::ProgressStyle::with_template(
+                    "{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+                .progress_chars("=> "),
             );
             b.set_prefix(format!("epoch {}/{}", epoch + 1, cfg.epochs));
             b
@@ -240,10 +320,15 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
             let b = data.train.batch(ids, device)?;
             let loss = task_loss(&model.forward_tasks(&b.x)?, &b.y)?;
             loss.backward()?;
-            let scale = if cfg.clip_grad_norm > 0.0 { clip_grad_norm(&params, cfg.clip_grad_norm)? } else { None };
+            let scale = if cfg.clip_grad_norm > 0.0 {
+                clip_grad_norm(&params, cfg.clip_grad_norm)?
+            } else {
+                None
+            };
             opt.step(&params, scale.as_ref().map(|(_, s)| s))?;
             step += 1;
-            loss_sum = crate::no_grad(|| loss_sum.add(&loss.detach().mul_scalar(ids.len() as f64)?))?;
+            loss_sum =
+                crate::no_grad(|| loss_sum.add(&loss.detach().mul_scalar(ids.len() as f64)?))?;
             if (i + 1) % cfg.log_every == 0 || i + 1 == steps_per_epoch as usize {
                 let l = loss.item()?;
                 if !l.is_finite() {
@@ -252,11 +337,16 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
                         "loss is {l} at step {step} (epoch {}, batch {}); stopping. The last good checkpoint{} is kept at {}",
                         epoch + 1,
                         i + 1,
-                        if epoch > 0 { format!(" (epoch {epoch})") } else { String::new() },
+                        if epoch > 0 {
+                            format!(" (epoch {epoch})")
+                        } else {
+                            String::new()
+                        },
                         ckpt_path.display()
                     )));
                 }
-                let rate = ((i + 1) * cfg.batch) as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9);
+                let rate =
+                    ((i + 1) * cfg.batch) as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9);
                 bar.set_message(format!("loss {l:.4} · {rate:.0} img/s"));
             }
             bar.inc(1);
@@ -294,7 +384,11 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
             ("format".into(), "moegrad-checkpoint-1".into()),
         ]);
         ck.save(&ckpt_path)?;
-        plot::draw_curves(&cfg.out.join("curves.svg"), &read_points(&metrics_path), &format!("{:?} {:?}", cfg.model, cfg.data))?;
+        plot::draw_curves(
+            &cfg.out.join("curves.svg"),
+            &read_points(&metrics_path),
+            &format!("{:?} {:?}", cfg.model, cfg.data),
+        )?;
         if opts.progress {
             let accs: Vec<String> = acc.iter().map(|a| format!("{:.2}%", 100.0 * a)).collect();
             eprintln!(

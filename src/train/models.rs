@@ -5,7 +5,9 @@
 //! max-pool 2; conv 5×5×20, ReLU, max-pool 2; dense 50, ReLU; then the heads.
 
 use super::config::ModelKind;
-use crate::nn::{Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Module, Param, Sequential, join};
+use crate::nn::{
+    Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Module, Param, Sequential, join,
+};
 use crate::{Device, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -28,9 +30,12 @@ impl MultiHead {
     /// Every parameter with its name (`trunk.*`, `heads.<t>.*`).
     pub fn named_params(&self) -> Vec<(String, Param)> {
         let mut out = Vec::new();
-        self.trunk.visit_params("trunk", &mut |n, p| out.push((n, p.clone())));
+        self.trunk
+            .visit_params("trunk", &mut |n, p| out.push((n, p.clone())));
         for (t, head) in self.heads.iter().enumerate() {
-            head.visit_params(&join("heads", &t.to_string()), &mut |n, p| out.push((n, p.clone())));
+            head.visit_params(&join("heads", &t.to_string()), &mut |n, p| {
+                out.push((n, p.clone()))
+            });
         }
         out
     }
@@ -42,15 +47,33 @@ impl MultiHead {
 }
 
 /// Builds the model for images of `side × side` pixels and `tasks` heads, from `seed`.
-pub fn build(kind: ModelKind, side: usize, tasks: usize, seed: u64, device: Device) -> Result<MultiHead> {
+pub fn build(
+    kind: ModelKind,
+    side: usize,
+    tasks: usize,
+    seed: u64,
+    device: Device,
+) -> Result<MultiHead> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
     let (trunk, width) = match kind {
         ModelKind::Mlp => {
             let t = Sequential::new()
                 .push(Flatten)
-                .push(Linear::new(side * side, 256, Init::KaimingUniform, &mut rng, device)?)
+                .push(Linear::new(
+                    side * side,
+                    256,
+                    Init::KaimingUniform,
+                    &mut rng,
+                    device,
+                )?)
                 .push(Activation::Relu)
-                .push(Linear::new(256, 128, Init::KaimingUniform, &mut rng, device)?)
+                .push(Linear::new(
+                    256,
+                    128,
+                    Init::KaimingUniform,
+                    &mut rng,
+                    device,
+                )?)
                 .push(Activation::Relu);
             (t, 128)
         }
@@ -59,12 +82,24 @@ pub fn build(kind: ModelKind, side: usize, tasks: usize, seed: u64, device: Devi
             let t = Sequential::new()
                 .push(Conv2d::new(1, 10, 5, 1, 0, &mut rng, device)?)
                 .push(Activation::Relu)
-                .push(MaxPool2d { kernel: 2, stride: 2 })
+                .push(MaxPool2d {
+                    kernel: 2,
+                    stride: 2,
+                })
                 .push(Conv2d::new(10, 20, 5, 1, 0, &mut rng, device)?)
                 .push(Activation::Relu)
-                .push(MaxPool2d { kernel: 2, stride: 2 })
+                .push(MaxPool2d {
+                    kernel: 2,
+                    stride: 2,
+                })
                 .push(Flatten)
-                .push(Linear::new(20 * after * after, 50, Init::KaimingUniform, &mut rng, device)?)
+                .push(Linear::new(
+                    20 * after * after,
+                    50,
+                    Init::KaimingUniform,
+                    &mut rng,
+                    device,
+                )?)
                 .push(Activation::Relu);
             (t, 50)
         }

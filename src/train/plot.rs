@@ -32,7 +32,12 @@ pub fn draw_curves(path: &Path, points: &[EpochPoint], title: &str) -> Result<()
     let last = points.last().map(|p| p.epoch).unwrap_or(1).max(2) as f64;
     let first = points[0].epoch.min(1) as f64;
 
-    let max_loss = points.iter().flat_map(|p| [p.train_loss, p.test_loss]).filter(|x| x.is_finite()).fold(0.0, f64::max) * 1.1;
+    let max_loss = points
+        .iter()
+        .flat_map(|p| [p.train_loss, p.test_loss])
+        .filter(|x| x.is_finite())
+        .fold(0.0, f64::max)
+        * 1.1;
     let mut chart = ChartBuilder::on(&left)
         .caption(format!("{title}: loss"), ("sans-serif", 18))
         .margin(12)
@@ -40,20 +45,40 @@ pub fn draw_curves(path: &Path, points: &[EpochPoint], title: &str) -> Result<()
         .y_label_area_size(48)
         .build_cartesian_2d(first..last, 0.0..max_loss.max(1e-3))
         .map_err(|e| plot_err(path, e))?;
-    chart.configure_mesh().x_desc("epoch").y_desc("cross-entropy").draw().map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc("epoch")
+        .y_desc("cross-entropy")
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
     for (name, color, pick) in [
-        ("train", BLUE, (|p: &EpochPoint| p.train_loss) as fn(&EpochPoint) -> f64),
+        (
+            "train",
+            BLUE,
+            (|p: &EpochPoint| p.train_loss) as fn(&EpochPoint) -> f64,
+        ),
         ("test", RED, |p: &EpochPoint| p.test_loss),
     ] {
         chart
-            .draw_series(LineSeries::new(points.iter().map(|p| (p.epoch as f64, pick(p))), color.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                points.iter().map(|p| (p.epoch as f64, pick(p))),
+                color.stroke_width(2),
+            ))
             .map_err(|e| plot_err(path, e))?
             .label(name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
     }
-    chart.configure_series_labels().border_style(BLACK).background_style(WHITE).draw().map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
 
-    let lo = points.iter().flat_map(|p| p.test_accuracy.iter().copied()).fold(1.0, f64::min);
+    let lo = points
+        .iter()
+        .flat_map(|p| p.test_accuracy.iter().copied())
+        .fold(1.0, f64::min);
     let mut chart = ChartBuilder::on(&right)
         .caption(format!("{title}: test accuracy"), ("sans-serif", 18))
         .margin(12)
@@ -61,20 +86,39 @@ pub fn draw_curves(path: &Path, points: &[EpochPoint], title: &str) -> Result<()
         .y_label_area_size(48)
         .build_cartesian_2d(first..last, (lo - 0.02).clamp(0.0, 0.99)..1.0)
         .map_err(|e| plot_err(path, e))?;
-    chart.configure_mesh().x_desc("epoch").y_desc("accuracy").draw().map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc("epoch")
+        .y_desc("accuracy")
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
     let tasks = points[0].test_accuracy.len();
     for t in 0..tasks {
         let color = Palette99::pick(t + 2).to_rgba();
         chart
             .draw_series(LineSeries::new(
-                points.iter().map(|p| (p.epoch as f64, p.test_accuracy.get(t).copied().unwrap_or(0.0))),
+                points.iter().map(|p| {
+                    (
+                        p.epoch as f64,
+                        p.test_accuracy.get(t).copied().unwrap_or(0.0),
+                    )
+                }),
                 color.stroke_width(2),
             ))
             .map_err(|e| plot_err(path, e))?
-            .label(if tasks == 1 { "test".to_string() } else { format!("task {}", t + 1) })
+            .label(if tasks == 1 {
+                "test".to_string()
+            } else {
+                format!("task {}", t + 1)
+            })
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
     }
-    chart.configure_series_labels().border_style(BLACK).background_style(WHITE).draw().map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
     root.present().map_err(|e| plot_err(path, e))?;
     Ok(())
 }
