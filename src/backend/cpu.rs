@@ -666,6 +666,47 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn grouped_matmul(
+        &self,
+        x: &CpuBuffer,
+        w: &CpuBuffer,
+        row_expert: &CpuBuffer,
+        rows: usize,
+        k: usize,
+        m: usize,
+        experts: usize,
+        transpose_w: bool,
+    ) -> Result<CpuBuffer> {
+        let re = row_expert.indices("grouped_matmul")?;
+        match (x, w) {
+            (CpuBuffer::F32(x), CpuBuffer::F32(w)) => Ok(f32b(grouped_matmul_kernel(x, w, re, rows, k, m, experts, transpose_w))),
+            (CpuBuffer::F64(x), CpuBuffer::F64(w)) => Ok(f64b(grouped_matmul_kernel(x, w, re, rows, k, m, experts, transpose_w))),
+            _ => Err(Error::DType("grouped_matmul needs two float buffers of one dtype".into())),
+        }
+    }
+
+    fn grouped_weight_grad(
+        &self,
+        x: &CpuBuffer,
+        dy: &CpuBuffer,
+        row_expert: &CpuBuffer,
+        offsets: &CpuBuffer,
+        k: usize,
+        m: usize,
+        experts: usize,
+    ) -> Result<CpuBuffer> {
+        let re = row_expert.indices("grouped_weight_grad")?;
+        let off = offsets.indices("grouped_weight_grad")?;
+        if off.len() != experts + 1 {
+            return Err(Error::Shape(format!("grouped_weight_grad: {} offsets for {experts} experts", off.len())));
+        }
+        match (x, dy) {
+            (CpuBuffer::F32(x), CpuBuffer::F32(d)) => Ok(f32b(grouped_weight_grad_kernel(x, d, re, off, k, m, experts))),
+            (CpuBuffer::F64(x), CpuBuffer::F64(d)) => Ok(f64b(grouped_weight_grad_kernel(x, d, re, off, k, m, experts))),
+            _ => Err(Error::DType("grouped_weight_grad needs two float buffers of one dtype".into())),
+        }
+    }
+
     fn random_uniform(&self, len: usize, seed: u64, dtype: DType) -> Result<CpuBuffer> {
         let v: Vec<f32> = tabulate(len, |i| uniform_hash(seed, i as u32));
         self.cast(&f32b(v), dtype)
@@ -759,6 +800,73 @@ impl Backend for CpuBackend {
             )),
         }
     }
+}
+
+/// Contiguous runs of rows with one expert: `(expert, first_row, end_row)`.
+fn expert_runs(row_expert: &[i32], experts: usize) -> Vec<(usize, usize, usize)> {
+    let mut runs = Vec::new();
+    let mut start = 0;
+    while start < row_expert.len() {
+        let e = row_expert[start];
+        let mut end = start + 1;
+        while end < row_expert.len() && row_expert[end] == e {
+            end += 1;
+        }
+        if e >= 0 && (e as usize) < experts {
+            runs.push((e as usize, start, end));
+        }
+        start = end;
+    }
+    runs
+}
+
+#[allow(clippy::too_many_arguments)]
+fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
+    x: &[T],
+    w: &[T],
+    row_expert: &[i32],
+    rows: usize,
+    k: usize,
+    m: usize,
+    experts: usize,
+    transpose_w: bool,
+) -> Vec<T> {
+    let mut out = vec![T::zero(); rows * m];
+    // One GEMM per run of rows that share an expert (rows arrive sorted by expert).
+    for (e, r0, r1) in expert_runs(row_expert, experts) {
+        let (rs, cs) = if transpose_w { (1, k) } else { (m, 1) };
+        let la = MatLayout { offset: r0 * k, batch_stride: 0, row_stride: k, col_stride: 1 };
+        let lb = MatLayout { offset: e * k * m, batch_stride: 0, row_stride: rs, col_stride: cs };
+        let part = matmul_kernel(x, la, w, lb, MatmulDims { batch: 1, m: r1 - r0, k, n: m });
+        out[r0 * m..r1 * m].copy_from_slice(&part);
+    }
+    out
+}
+
+fn grouped_weight_grad_kernel<T: Float + Send + Sync + 'static>(
+    x: &[T],
+    dy: &[T],
+    row_expert: &[i32],
+    offsets: &[i32],
+    k: usize,
+    m: usize,
+    experts: usize,
+) -> Vec<T> {
+    let mut out = vec![T::zero(); experts * k * m];
+    for e in 0..experts {
+        let (lo, hi) = (offsets[e].max(0) as usize, (offsets[e + 1].max(0) as usize).min(row_expert.len()));
+        for (_, r0, r1) in expert_runs(&row_expert[lo..hi.max(lo)], experts).into_iter().filter(|r| r.0 == e) {
+            let (r0, r1) = (lo + r0, lo + r1);
+            // xᵀ[k, rows] · dy[rows, m]
+            let la = MatLayout { offset: r0 * k, batch_stride: 0, row_stride: 1, col_stride: k };
+            let lb = MatLayout { offset: r0 * m, batch_stride: 0, row_stride: m, col_stride: 1 };
+            let part = matmul_kernel(x, la, dy, lb, MatmulDims { batch: 1, m: k, k: r1 - r0, n: m });
+            for (o, p) in out[e * k * m..(e + 1) * k * m].iter_mut().zip(part) {
+                *o = *o + p;
+            }
+        }
+    }
+    out
 }
 
 fn scale_of(grad_scale: Option<&CpuBuffer>) -> Result<f64> {

@@ -330,6 +330,39 @@ pub trait Backend {
         len: usize,
         descending: bool,
     ) -> Result<Self::Buffer>;
+    /// The grouped (per-expert) matmul of an MoE layer: `out[r] = x[r] · W[e_r]` (or `W[e_r]ᵀ`
+    /// with `transpose_w`), `x: [R, k]`, `w: [n, k, m]` (`[n, m, k]` when transposed),
+    /// `row_expert: [R]` I32. Rows whose expert is outside `0..n` produce zeros. Rows should be
+    /// sorted by expert (the dispatch plan does this) so a GPU tile mostly meets one expert; the
+    /// result does not depend on it. Output `[R, m]`. Each expert's weights are read only for its
+    /// own rows.
+    #[allow(clippy::too_many_arguments)]
+    fn grouped_matmul(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        row_expert: &Self::Buffer,
+        rows: usize,
+        k: usize,
+        m: usize,
+        experts: usize,
+        transpose_w: bool,
+    ) -> Result<Self::Buffer>;
+    /// The weight gradient of [`Backend::grouped_matmul`]: `dW[e] = Σ_{r in e's segment,
+    /// row_expert[r] = e} x[r]ᵀ · dy[r]`, `x: [R, k]`, `dy: [R, m]`, output `[n, k, m]`. Rows are
+    /// sorted by expert and `offsets` (I32, `n + 1` entries) gives each expert's segment; an expert
+    /// with no rows gets exactly zero.
+    #[allow(clippy::too_many_arguments)]
+    fn grouped_weight_grad(
+        &self,
+        x: &Self::Buffer,
+        dy: &Self::Buffer,
+        row_expert: &Self::Buffer,
+        offsets: &Self::Buffer,
+        k: usize,
+        m: usize,
+        experts: usize,
+    ) -> Result<Self::Buffer>;
     /// `len` values uniform in [0, 1) from a counter-based hash of `(seed, index)`: the same seed
     /// gives the same values on every backend (see [`uniform_hash`]).
     fn random_uniform(&self, len: usize, seed: u64, dtype: DType) -> Result<Self::Buffer>;

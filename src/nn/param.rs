@@ -25,7 +25,9 @@ impl Param {
         }
     }
 
-    /// Replaces the value (same shape required); the new leaf starts with no gradient.
+    /// Replaces the value (same shape required). A leaf that already requires grad is stored
+    /// as it is (so a caller such as `gradcheck` can own the leaf); anything else is detached
+    /// into a fresh leaf with no gradient.
     pub fn set(&self, value: Tensor) -> Result<()> {
         let old = self.get();
         if value.shape() != old.shape() {
@@ -35,8 +37,13 @@ impl Param {
                 old.shape()
             )));
         }
-        let leaf = value.detach();
-        leaf.set_requires_grad(true)?;
+        let leaf = if value.is_leaf() && value.requires_grad() {
+            value
+        } else {
+            let leaf = value.detach();
+            leaf.set_requires_grad(true)?;
+            leaf
+        };
         match self.0.write() {
             Ok(mut t) => *t = leaf,
             Err(poisoned) => *poisoned.into_inner() = leaf,

@@ -7,6 +7,7 @@
 mod arithmetic;
 mod conv;
 mod elementwise;
+mod grouped;
 mod index;
 mod layout;
 mod loss;

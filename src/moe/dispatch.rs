@@ -1,0 +1,119 @@
+//! The dispatch plan: the assignments of a [`Routing`] sorted by expert, each expert's slice of
+//! rows, capacity, priority and dropping — all computed on the device from static sizes (`A`
+//! assignments, `n` experts, capacity `C`), with no value read back to the host.
+//!
+//! 1. Order: a stable sort by weight (descending), then by slot, then by expert. Within an
+//!    expert, all first choices come before any second choice, and within a slot the larger
+//!    weight first (the priority of Switch/GShard and of XMoE's `p − rank`); invalid slots go to
+//!    a trash expert `n` at the end.
+//! 2. Counting: `counts[e]` by a scatter-add of ones; `offsets` is their exclusive prefix sum.
+//! 3. Position within the expert `pos = i − offsets[e_i]`; an assignment is kept when
+//!    `pos < C` (always, in dropless mode). Dropped rows get expert `−1`: the grouped matmul
+//!    skips them and they contribute zero.
+
+use super::Routing;
+use super::routing::arange_f;
+use crate::{DType, Result, Tensor};
+
+/// How many rows an expert may take.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Capacity {
+    /// no limit, nothing dropped (MegaBlocks style)
+    Dropless,
+    /// `C = max(min_capacity, ceil(factor · A / n))` for `A` assignments over `n` experts
+    Factor {
+        /// the capacity factor γ
+        factor: f64,
+        /// a floor on C
+        min_capacity: usize,
+    },
+}
+
+impl Capacity {
+    /// The capacity for `assignments` over `experts` (`None` when dropless).
+    pub fn slots(&self, assignments: usize, experts: usize) -> Option<usize> {
+        match *self {
+            Capacity::Dropless => None,
+            Capacity::Factor { factor, min_capacity } => {
+                Some(((factor * assignments as f64 / experts.max(1) as f64).ceil() as usize).max(min_capacity))
+            }
+        }
+    }
+}
+
+/// The plan: rows sorted by expert and what each row is.
+#[derive(Clone, Debug)]
+pub struct DispatchPlan {
+    /// `[A]` I32: sorted position → assignment
+    pub order: Tensor,
+    /// `[A]` I32: the token of each sorted row
+    pub row_token: Tensor,
+    /// `[A]` I32: the expert of each sorted row, `−1` when dropped or invalid
+    pub row_expert: Tensor,
+    /// `[A]` I32: the expert of each sorted row clamped to `0..n` (for gathering per-expert biases)
+    pub row_expert_clamped: Tensor,
+    /// `[A]` float 0/1: whether the sorted row is kept
+    pub row_kept: Tensor,
+    /// `[n + 1]` I32: where each expert's rows start (sorted order)
+    pub offsets: Tensor,
+    /// `[n]` float: kept assignments per expert
+    pub kept_per_expert: Tensor,
+    /// `[n]` float: assignments per expert before capacity (valid ones)
+    pub routed_per_expert: Tensor,
+    /// the capacity used, if any
+    pub capacity: Option<usize>,
+}
+
+fn sort_by(values: &Tensor, perm: &Tensor, descending: bool) -> Result<Tensor> {
+    // Stable sort of `perm` by `values[perm]`.
+    let a = perm.numel();
+    let v = values.gather(0, perm)?.reshape(&[1, a])?;
+    let order = v.argsort(descending)?.reshape(&[a])?;
+    perm.gather(0, &order)
+}
+
+impl DispatchPlan {
+    /// Builds the plan for `routing` under `capacity`.
+    pub fn build(routing: &Routing, capacity: Capacity) -> Result<DispatchPlan> {
+        let _guard = crate::NoGradGuard::new();
+        let n = routing.experts;
+        let a = routing.len();
+        let dev = routing.token.device();
+        let ft = DType::F32;
+        let valid = routing.valid.to_dtype(ft)?;
+        let expert_f = routing.expert.to_dtype(ft)?;
+        // Invalid slots go to the trash expert n.
+        let trash = Tensor::scalar(n as f64, ft, dev)?;
+        let key = Tensor::where_cond(&valid, &expert_f, &trash)?;
+        let identity = arange_f(a, ft, dev)?.to_dtype(DType::I32)?;
+        let by_weight = sort_by(&routing.weight.detach().to_dtype(ft)?, &identity, true)?;
+        let by_rank = sort_by(&routing.rank.to_dtype(ft)?, &by_weight, false)?;
+        let order = sort_by(&key, &by_rank, false)?;
+        let sorted_key = key.gather(0, &order)?;
+        let sorted_idx = sorted_key.to_dtype(DType::I32)?;
+        let counts = Tensor::zeros(&[n + 1], ft, dev)?.scatter_add(0, &sorted_idx, &Tensor::ones(&[a], ft, dev)?)?;
+        let offsets_f = counts.cumsum(0)?.sub(&counts)?; // exclusive prefix sum, n + 1 entries
+        let pos = arange_f(a, ft, dev)?.sub(&offsets_f.gather(0, &sorted_idx)?)?;
+        let real = sorted_key.lt(&trash)?;
+        let cap = capacity.slots(a, n);
+        let row_kept = match cap {
+            Some(c) => pos.lt(&Tensor::scalar(c as f64, ft, dev)?)?.mul(&real)?,
+            None => real,
+        };
+        // expert where kept, −1 elsewhere
+        let row_expert = sorted_key.add_scalar(1.0)?.mul(&row_kept)?.add_scalar(-1.0)?.to_dtype(DType::I32)?;
+        let row_expert_clamped = sorted_key.clamp(0.0, (n.max(1) - 1) as f64)?.to_dtype(DType::I32)?;
+        let kept_all = Tensor::zeros(&[n + 1], ft, dev)?.scatter_add(0, &sorted_idx, &row_kept)?;
+        Ok(DispatchPlan {
+            row_token: routing.token.gather(0, &order)?,
+            order,
+            row_expert,
+            row_expert_clamped,
+            row_kept,
+            offsets: offsets_f.to_dtype(DType::I32)?,
+            kept_per_expert: kept_all.slice(0, 0, n)?,
+            routed_per_expert: counts.slice(0, 0, n)?,
+            capacity: cap,
+        })
+    }
+}

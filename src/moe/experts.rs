@@ -1,0 +1,98 @@
+//! The expert bank: `n` two-layer MLP experts stored stacked (`W1: [n, d, h]`, `b1: [n, h]`,
+//! `W2: [n, h, d_out]`, `b2: [n, d_out]`) and run with the grouped matmul, each expert only on
+//! the rows the dispatch plan gave it.
+//!
+//! Rows that were dropped or invalid are replaced by exact zeros with `where` (never multiplied
+//! by a zero weight), so whatever an unselected expert's parameters hold — even NaN — cannot
+//! reach the output or any gradient.
+
+use super::DispatchPlan;
+use crate::nn::{Activation, Module, Param, join, uniform};
+use crate::{DType, Device, Error, Result, Tensor};
+use rand_chacha::ChaCha8Rng;
+
+/// `n` MLP experts `x → act(x·W1 + b1)·W2 + b2`.
+pub struct ExpertBank {
+    /// `[n, d, h]`
+    pub w1: Param,
+    /// `[n, h]`
+    pub b1: Param,
+    /// `[n, h, d_out]`
+    pub w2: Param,
+    /// `[n, d_out]`
+    pub b2: Param,
+    /// ReLU or GELU
+    pub activation: Activation,
+}
+
+impl ExpertBank {
+    /// `experts` MLPs `d → hidden → d_out` with Kaiming-uniform weights and zero biases.
+    pub fn new(
+        experts: usize,
+        d: usize,
+        hidden: usize,
+        d_out: usize,
+        activation: Activation,
+        rng: &mut ChaCha8Rng,
+        device: Device,
+    ) -> Result<ExpertBank> {
+        if experts == 0 || d == 0 || hidden == 0 || d_out == 0 {
+            return Err(Error::Invalid(format!(
+                "expert bank needs positive sizes, got {experts} experts of {d} → {hidden} → {d_out}"
+            )));
+        }
+        Ok(ExpertBank {
+            w1: Param::new(uniform(&[experts, d, hidden], (6.0 / d as f64).sqrt(), rng, device)?)?,
+            b1: Param::new(Tensor::zeros(&[experts, hidden], DType::F32, device)?)?,
+            w2: Param::new(uniform(&[experts, hidden, d_out], (6.0 / hidden as f64).sqrt(), rng, device)?)?,
+            b2: Param::new(Tensor::zeros(&[experts, d_out], DType::F32, device)?)?,
+            activation,
+        })
+    }
+
+    /// Number of experts.
+    pub fn experts(&self) -> usize {
+        self.w1.get().shape()[0]
+    }
+
+    /// Output width.
+    pub fn d_out(&self) -> usize {
+        self.w2.get().shape()[2]
+    }
+
+    /// Runs every kept row through its expert: `rows: [A, d]` in the plan's sorted order →
+    /// `[A, d_out]`, zeros on dropped rows.
+    pub fn forward_rows(&self, rows: &Tensor, plan: &DispatchPlan) -> Result<Tensor> {
+        let h = rows
+            .grouped_matmul(&self.w1.get(), &plan.row_expert, &plan.offsets)?
+            .add(&self.b1.get().index_select(0, &plan.row_expert_clamped)?)?;
+        let h = self.activation.apply(&h)?;
+        let out = h
+            .grouped_matmul(&self.w2.get(), &plan.row_expert, &plan.offsets)?
+            .add(&self.b2.get().index_select(0, &plan.row_expert_clamped)?)?;
+        let kept = plan.row_kept.to_dtype(out.dtype())?.reshape(&[out.shape()[0], 1])?;
+        Tensor::where_cond(&kept, &out, &Tensor::scalar(0.0, out.dtype(), out.device())?)
+    }
+
+    /// Names the parameters `<prefix>.w1`, ...
+    pub fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        f(join(prefix, "w1"), &self.w1);
+        f(join(prefix, "b1"), &self.b1);
+        f(join(prefix, "w2"), &self.w2);
+        f(join(prefix, "b2"), &self.b2);
+    }
+}
+
+impl Module for ExpertBank {
+    /// Runs every expert on every row of `x` (`[T, d]` → `[n, T, d_out]`): the dense reference
+    /// used by tests.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let n = self.experts();
+        let h = x.matmul(&self.w1.get())?.add(&self.b1.get().reshape(&[n, 1, self.b1.get().shape()[1]])?)?;
+        let h = self.activation.apply(&h)?;
+        h.matmul(&self.w2.get())?.add(&self.b2.get().reshape(&[n, 1, self.d_out()])?)
+    }
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        ExpertBank::visit_params(self, prefix, f)
+    }
+}

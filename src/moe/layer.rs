@@ -1,0 +1,208 @@
+//! The sparse MoE layer, read in order: route → plan → gather rows → experts → combine.
+//!
+//! ```text
+//! x [T, d] ──router──▶ Routing (token, expert, weight) ──DispatchPlan──▶ rows sorted by expert
+//!   rows = x[row_token]                  (index_select; its backward scatter-adds into ∂x)
+//!   out  = ExpertBank(rows)              (grouped matmuls; each expert only on its own rows)
+//!   y[t] = Σ_{rows of t} weight · out    (scatter_add by token)
+//! ```
+//!
+//! The sparse backward falls out of the pieces: `∂L/∂weight` of a row is `⟨∂L/∂y_t, out_row⟩`
+//! for kept rows and 0 for dropped ones; expert parameters get gradient only from their rows;
+//! experts that received no rows are never run and get exactly zero.
+
+use super::dispatch::{Capacity, DispatchPlan};
+use super::experts::ExpertBank;
+use super::router::{Router, RouterConfig, build_router};
+use super::stats::RoutingStats;
+use super::{Routing, aux_loss};
+use crate::nn::{Activation, Param, join};
+use crate::{Device, Error, Result, Tensor};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+/// Settings of an MoE layer.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MoeConfig {
+    /// input width
+    pub d: usize,
+    /// expert hidden width
+    pub hidden: usize,
+    /// output width
+    pub d_out: usize,
+    /// number of experts n
+    pub experts: usize,
+    /// experts per token k
+    pub k: usize,
+    /// router name (see `ROUTER_NAMES`)
+    pub router: String,
+    /// capacity in training
+    pub capacity: Capacity,
+    /// capacity in evaluation
+    pub eval_capacity: Capacity,
+    /// expert activation (ReLU or GELU)
+    pub activation: Activation,
+    /// Switch balance-loss coefficient α (0: off)
+    pub balance_loss: f64,
+    /// router z-loss coefficient β (0: off)
+    pub z_loss: f64,
+    /// Switch jitter r
+    pub jitter: f64,
+    /// seed of the initialisation and the router noise
+    pub seed: u64,
+}
+
+impl MoeConfig {
+    /// A dropless top-`k` layer `d → hidden → d` with `experts` ReLU experts.
+    pub fn new(d: usize, hidden: usize, experts: usize, k: usize) -> MoeConfig {
+        MoeConfig {
+            d,
+            hidden,
+            d_out: d,
+            experts,
+            k,
+            router: "topk".into(),
+            capacity: Capacity::Dropless,
+            eval_capacity: Capacity::Dropless,
+            activation: Activation::Relu,
+            balance_loss: 0.0,
+            z_loss: 0.0,
+            jitter: 0.1,
+            seed: 0,
+        }
+    }
+}
+
+/// What a forward pass returns.
+#[derive(Clone, Debug)]
+pub struct MoeOutput {
+    /// `[T, d_out]`
+    pub y: Tensor,
+    /// balance loss + z-loss (a scalar; zero when both are off)
+    pub aux_loss: Tensor,
+    /// routing statistics (device tensors)
+    pub stats: RoutingStats,
+}
+
+/// One MoE layer: a router over a bank of experts.
+pub struct MoeLayer {
+    /// the router
+    pub router: Box<dyn Router>,
+    /// the experts
+    pub experts: ExpertBank,
+    /// the settings
+    pub config: MoeConfig,
+    training: AtomicBool,
+}
+
+impl MoeLayer {
+    /// Builds the router and the experts from the config.
+    pub fn new(cfg: &MoeConfig, device: Device) -> Result<MoeLayer> {
+        let rcfg = RouterConfig { d: cfg.d, experts: cfg.experts, k: cfg.k, jitter: cfg.jitter, seed: cfg.seed };
+        let router = build_router(&cfg.router, &rcfg, device)?;
+        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+        let experts = ExpertBank::new(cfg.experts, cfg.d, cfg.hidden, cfg.d_out, cfg.activation, &mut rng, device)?;
+        Ok(MoeLayer { router, experts, config: cfg.clone(), training: AtomicBool::new(true) })
+    }
+
+    /// Switches router noise and capacity between training and evaluation.
+    pub fn set_training(&self, on: bool) {
+        self.training.store(on, Ordering::Relaxed);
+        self.router.set_training(on);
+    }
+
+    /// Every parameter, named `router.*` and `experts.*`.
+    pub fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.router.visit_params(&join(prefix, "router"), f);
+        self.experts.visit_params(&join(prefix, "experts"), f);
+    }
+
+    fn capacity(&self) -> Capacity {
+        if self.training.load(Ordering::Relaxed) { self.config.capacity } else { self.config.eval_capacity }
+    }
+
+    /// Routes `x: [T, d]` and runs the experts.
+    pub fn forward(&self, x: &Tensor) -> Result<MoeOutput> {
+        if x.rank() != 2 || x.shape()[1] != self.config.d {
+            return Err(Error::Shape(format!("MoE layer expects tokens [T, {}], got {:?}", self.config.d, x.shape())));
+        }
+        let routing = self.router.route(x)?;
+        self.forward_routed(x, &[routing])
+    }
+
+    /// Runs the experts for one or more routings of the same tokens (several routings: one
+    /// per task of a multi-gate MoE, dispatched together so each expert runs once on all its
+    /// rows). Output rows are `task·T + t`.
+    pub fn forward_routed(&self, x: &Tensor, routings: &[Routing]) -> Result<MoeOutput> {
+        let t = x.shape()[0];
+        let routing = Routing::concat(routings)?;
+        let plan = DispatchPlan::build(&routing, self.capacity())?;
+        let source = if routings.len() == 1 { x.clone() } else { Tensor::concat(&vec![x.clone(); routings.len()], 0)? };
+        let rows = source.index_select(0, &plan.row_token)?;
+        let out = self.experts.forward_rows(&rows, &plan)?;
+        let a = out.shape()[0];
+        let d_out = out.shape()[1];
+        let w = routing.weight.gather(0, &plan.order)?.to_dtype(out.dtype())?.reshape(&[a, 1])?;
+        let contrib = out.mul(&w)?;
+        let dest = plan.row_token.reshape(&[a, 1])?.expand(&[a, d_out])?;
+        let y = Tensor::zeros(&[t * routings.len(), d_out], out.dtype(), out.device())?.scatter_add(0, &dest, &contrib)?;
+
+        let mut aux = Tensor::zeros(&[], out.dtype(), out.device())?;
+        for r in routings {
+            if self.config.balance_loss > 0.0 {
+                let routed = crate::no_grad(|| count_per_expert(r))?;
+                aux = aux.add(&aux_loss::balance_loss(r, &routed, self.config.balance_loss)?)?;
+            }
+            if self.config.z_loss > 0.0 {
+                aux = aux.add(&aux_loss::z_loss(r, self.config.z_loss)?)?;
+            }
+        }
+        let entropy = crate::no_grad(|| {
+            let p = routing.probs.detach();
+            let plogp = p.mul(&p.add_scalar(1e-12)?.log()?)?;
+            plogp.sum(&[-1], false)?.mean_all()?.neg()
+        })?;
+        let stats = RoutingStats {
+            kept_per_expert: plan.kept_per_expert.clone(),
+            routed_per_expert: plan.routed_per_expert.clone(),
+            entropy,
+            tokens: t * routings.len(),
+        };
+        Ok(MoeOutput { y, aux_loss: aux, stats })
+    }
+}
+
+/// Valid assignments per expert of one routing (`[n]`, float).
+fn count_per_expert(r: &Routing) -> Result<Tensor> {
+    let valid = r.valid.to_dtype(crate::DType::F32)?;
+    Tensor::zeros(&[r.experts], crate::DType::F32, r.token.device())?.scatter_add(0, &r.expert, &valid)
+}
+
+impl Routing {
+    /// Joins routings of the same `T` tokens (one per task): task `i`'s tokens become `i·T + t`.
+    pub fn concat(parts: &[Routing]) -> Result<Routing> {
+        let first = parts.first().ok_or_else(|| Error::Invalid("no routing to dispatch".into()))?;
+        if parts.len() == 1 {
+            return Ok(first.clone());
+        }
+        let t = first.tokens;
+        let cat = |f: &dyn Fn(&Routing) -> Tensor| Tensor::concat(&parts.iter().map(f).collect::<Vec<_>>(), 0);
+        let shifted: Vec<Tensor> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, r)| r.token.to_dtype(crate::DType::F32)?.add_scalar((i * t) as f64)?.to_dtype(crate::DType::I32))
+            .collect::<Result<_>>()?;
+        Ok(Routing {
+            token: Tensor::concat(&shifted, 0)?,
+            expert: cat(&|r| r.expert.clone())?,
+            weight: cat(&|r| r.weight.clone())?,
+            valid: cat(&|r| r.valid.clone())?,
+            rank: cat(&|r| r.rank.clone())?,
+            probs: cat(&|r| r.probs.clone())?,
+            logits: cat(&|r| r.logits.clone())?,
+            tokens: t * parts.len(),
+            experts: first.experts,
+        })
+    }
+}

@@ -1,0 +1,19 @@
+//! Mixture-of-Experts: routers, the dispatch plan, the expert bank, the layer that combines them,
+//! auxiliary losses and routing statistics. Read in the order of the data path: `router.rs` and
+//! `routers/` → `routing.rs` → `dispatch.rs` → `experts.rs` → `layer.rs`.
+
+pub mod aux_loss;
+pub mod dispatch;
+pub mod experts;
+pub mod layer;
+pub mod router;
+pub mod routers;
+pub mod routing;
+pub mod stats;
+
+pub use dispatch::{Capacity, DispatchPlan};
+pub use experts::ExpertBank;
+pub use layer::{MoeConfig, MoeLayer, MoeOutput};
+pub use router::{ROUTER_NAMES, Router, RouterConfig, build_router};
+pub use routing::Routing;
+pub use stats::{RoutingStats, RoutingSummary};

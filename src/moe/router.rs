@@ -1,0 +1,160 @@
+//! The [`Router`] trait every router implements, the settings they share, and the factory that
+//! builds one by its command-line name. Adding a router means adding one file with a struct that
+//! implements `Router`, and one line in [`build_router`].
+
+use super::Routing;
+use crate::nn::Param;
+use crate::{DType, Device, Error, Result, Tensor};
+use rand::SeedableRng;
+use rand_chacha::ChaCha8Rng;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+/// Settings shared by the routers (each router reads what applies to it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouterConfig {
+    /// input width d
+    pub d: usize,
+    /// number of experts n
+    pub experts: usize,
+    /// experts per token k (Expert Choice: average experts per token, k' = round(T·k/n))
+    pub k: usize,
+    /// Switch's multiplicative jitter r on the logits (default 0.1, training only)
+    pub jitter: f64,
+    /// seed of the router's initialisation and of its noise
+    pub seed: u64,
+}
+
+impl RouterConfig {
+    /// Defaults for `experts` experts of width `d`, top-`k`.
+    pub fn new(d: usize, experts: usize, k: usize) -> RouterConfig {
+        RouterConfig { d, experts, k, jitter: 0.1, seed: 0 }
+    }
+}
+
+/// A router: maps token representations `[T, d]` to a [`Routing`].
+pub trait Router: Send + Sync {
+    /// The name used on the command line.
+    fn name(&self) -> &'static str;
+    /// Routes a batch. Noise, if any, is drawn only in training mode.
+    fn route(&self, x: &Tensor) -> Result<Routing>;
+    /// Calls `f` for every trainable parameter.
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param));
+    /// Switches between training (noise on) and evaluation.
+    fn set_training(&self, training: bool);
+    /// True for routers whose weights need every expert's output (dense estimators, softmax).
+    fn runs_all_experts(&self) -> bool {
+        false
+    }
+}
+
+/// What most routers share: a linear map to logits, a training flag and a noise counter.
+pub struct LinearGate {
+    /// `[d, n]`
+    pub weight: Param,
+    /// `[n]`
+    pub bias: Param,
+    training: AtomicBool,
+    calls: AtomicU64,
+    seed: u64,
+}
+
+impl LinearGate {
+    /// A gate `d → n` initialised `U(−1/√d, 1/√d)` (PyTorch's Linear default) with zero bias.
+    pub fn new(cfg: &RouterConfig, device: Device) -> Result<LinearGate> {
+        if cfg.experts == 0 || cfg.d == 0 {
+            return Err(Error::Invalid(format!("router needs d ≥ 1 and n ≥ 1, got d = {}, n = {}", cfg.d, cfg.experts)));
+        }
+        let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x726f_7574);
+        Ok(LinearGate {
+            weight: Param::new(crate::nn::uniform(&[cfg.d, cfg.experts], 1.0 / (cfg.d as f64).sqrt(), &mut rng, device)?)?,
+            bias: Param::new(Tensor::zeros(&[cfg.experts], DType::F32, device)?)?,
+            training: AtomicBool::new(true),
+            calls: AtomicU64::new(0),
+            seed: cfg.seed,
+        })
+    }
+    /// `x·W + b`, `[T, n]`.
+    pub fn logits(&self, x: &Tensor) -> Result<Tensor> {
+        let w = self.weight.get();
+        if x.rank() != 2 || x.shape()[1] != w.shape()[0] {
+            return Err(Error::Shape(format!("router expects tokens [T, {}], got {:?}", w.shape()[0], x.shape())));
+        }
+        x.matmul(&w)?.add(&self.bias.get())
+    }
+    /// Whether the router is in training mode.
+    pub fn training(&self) -> bool {
+        self.training.load(Ordering::Relaxed)
+    }
+    /// Sets the mode.
+    pub fn set_training(&self, on: bool) {
+        self.training.store(on, Ordering::Relaxed)
+    }
+    /// A fresh seed for this call's noise (seed and call count; reproducible run to run).
+    pub fn noise_seed(&self) -> u64 {
+        let c = self.calls.fetch_add(1, Ordering::Relaxed);
+        self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(c.wrapping_mul(0xD1B5_4A32_D192_ED03))
+    }
+    /// Names `<prefix>.weight`, `<prefix>.bias`.
+    pub fn visit(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        f(crate::nn::join(prefix, "weight"), &self.weight);
+        f(crate::nn::join(prefix, "bias"), &self.bias);
+    }
+}
+
+/// Uniform noise in `[lo, hi)` of `shape`, drawn on the device from `seed`.
+pub fn uniform_noise(shape: &[usize], lo: f64, hi: f64, seed: u64, device: Device) -> Result<Tensor> {
+    Tensor::rand_uniform(shape, seed, DType::F32, device)?.mul_scalar(hi - lo)?.add_scalar(lo)
+}
+
+/// Standard normal noise of `shape` (Box–Muller on two uniform draws, on the device).
+pub fn normal_noise(shape: &[usize], seed: u64, device: Device) -> Result<Tensor> {
+    let u1 = uniform_noise(shape, 1e-7, 1.0, seed, device)?;
+    let u2 = uniform_noise(shape, 0.0, 1.0, seed ^ 0x5555_5555_5555_5555, device)?;
+    // Box–Muller: √(−2 ln u1) · cos(2π u2); cos is built from elementary ops (see cos_2pi).
+    let r = u1.log()?.mul_scalar(-2.0)?.sqrt()?;
+    r.mul(&cos_2pi(&u2)?)
+}
+
+/// `cos(2πu)` for `u ∈ [0, 1)` from elementary ops (range-reduced Taylor series).
+fn cos_2pi(u: &Tensor) -> Result<Tensor> {
+    // Map to t = 2πu − π ∈ [−π, π): cos(2πu) = −cos(t); then cos(t) = 1 − 2 sin²(t/2) with
+    // s = t/2 ∈ [−π/2, π/2) and sin s by its Taylor series to s¹³ (error < 6e-9).
+    let s = u.mul_scalar(std::f64::consts::PI)?.add_scalar(-std::f64::consts::FRAC_PI_2)?;
+    let s2 = s.mul(&s)?;
+    let mut term = s.clone();
+    let mut sin = s.clone();
+    for n in 1..7 {
+        let denom = ((2 * n) * (2 * n + 1)) as f64;
+        term = term.mul(&s2)?.mul_scalar(-1.0 / denom)?;
+        sin = sin.add(&term)?;
+    }
+    // −cos(t) = −(1 − 2 sin²(s)) = 2 sin² − 1
+    sin.mul(&sin)?.mul_scalar(2.0)?.add_scalar(-1.0)
+}
+
+/// Every router name [`build_router`] accepts.
+pub const ROUTER_NAMES: &[&str] =
+    &["softmax", "topk", "topk-noisy", "topk-unnorm", "switch", "vmoe", "smoe", "expert-choice", "xmoe-cosine", "hash"];
+
+/// Builds a router by its command-line name.
+pub fn build_router(name: &str, cfg: &RouterConfig, device: Device) -> Result<Box<dyn Router>> {
+    use super::routers::*;
+    if cfg.k == 0 || cfg.k > cfg.experts {
+        return Err(Error::Invalid(format!("--k {} must be between 1 and the number of experts {}", cfg.k, cfg.experts)));
+    }
+    Ok(match name {
+        "softmax" => Box::new(SoftmaxRouter::new(cfg, device)?),
+        "topk" => Box::new(TopKRouter::new(cfg, TopKKind::Shazeer, device)?),
+        "topk-noisy" => Box::new(TopKRouter::new(cfg, TopKKind::Noisy, device)?),
+        "topk-unnorm" => Box::new(TopKRouter::new(cfg, TopKKind::Unnormalised, device)?),
+        "switch" => Box::new(SwitchRouter::new(cfg, device)?),
+        "vmoe" => Box::new(VMoeRouter::new(cfg, device)?),
+        "smoe" => Box::new(SMoeRouter::new(cfg, device)?),
+        "expert-choice" => Box::new(ExpertChoiceRouter::new(cfg, device)?),
+        "xmoe-cosine" => Box::new(XMoeCosineRouter::new(cfg, device)?),
+        "hash" => Box::new(HashRouter::new(cfg, device)?),
+        other => {
+            return Err(Error::Invalid(format!("unknown router {other:?}; expected one of {}", ROUTER_NAMES.join(", "))));
+        }
+    })
+}

@@ -1,0 +1,45 @@
+//! `smoe` — SMoE with Switch-style multiplicative jitter on the router **input** (MOESART §3):
+//! `g = TopK(σ(A(x ⊙ ε) + b), k)`, zero-filled, not renormalised, `ε ~ U(0.98, 1.02)`
+//! elementwise, training only. Backward as V-MoE (nonzero for unselected experts).
+
+use crate::moe::router::{LinearGate, Router, RouterConfig, uniform_noise};
+use crate::moe::Routing;
+use crate::nn::Param;
+use crate::{Device, Result, Tensor};
+
+/// Top-k over a softmax of jittered inputs.
+pub struct SMoeRouter {
+    gate: LinearGate,
+    k: usize,
+}
+
+impl SMoeRouter {
+    /// An SMoE router.
+    pub fn new(cfg: &RouterConfig, device: Device) -> Result<SMoeRouter> {
+        Ok(SMoeRouter { gate: LinearGate::new(cfg, device)?, k: cfg.k })
+    }
+}
+
+impl Router for SMoeRouter {
+    fn name(&self) -> &'static str {
+        "smoe"
+    }
+    fn route(&self, x: &Tensor) -> Result<Routing> {
+        let xin = if self.gate.training() {
+            x.mul(&uniform_noise(x.shape(), 0.98, 1.02, self.gate.noise_seed(), x.device())?)?
+        } else {
+            x.clone()
+        };
+        let logits = self.gate.logits(&xin)?;
+        let p = logits.softmax(-1)?;
+        let (_, idx) = p.topk(self.k)?;
+        let g = p.gather(1, &idx)?;
+        Routing::token_choice(&idx, &g, None, p, logits)
+    }
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.gate.visit(prefix, f)
+    }
+    fn set_training(&self, training: bool) {
+        self.gate.set_training(training)
+    }
+}

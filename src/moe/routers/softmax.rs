@@ -1,0 +1,45 @@
+//! `softmax`: the dense baseline (MOESART §3, DSelect-k §2). Every token goes to all n experts
+//! with weights `g = σ(o)`, `o = x·W + b`. Backward: `∂L/∂o_j = g_j (a_j − Σ_i g_i a_i)` with
+//! `a_i = ⟨∂L/∂y, f_i(x)⟩` — autograd of the softmax gives exactly this.
+
+use crate::moe::router::{LinearGate, Router, RouterConfig};
+use crate::moe::Routing;
+use crate::nn::Param;
+use crate::{Device, Result, Tensor};
+
+/// Dense softmax gate over all experts.
+pub struct SoftmaxRouter {
+    gate: LinearGate,
+    experts: usize,
+    table: Tensor,
+}
+
+impl SoftmaxRouter {
+    /// A dense router (k is ignored: every expert runs).
+    pub fn new(cfg: &RouterConfig, device: Device) -> Result<SoftmaxRouter> {
+        let table = Tensor::from_i32((0..cfg.experts as i32).collect(), &[1, cfg.experts], device)?;
+        Ok(SoftmaxRouter { gate: LinearGate::new(cfg, device)?, experts: cfg.experts, table })
+    }
+}
+
+impl Router for SoftmaxRouter {
+    fn name(&self) -> &'static str {
+        "softmax"
+    }
+    fn route(&self, x: &Tensor) -> Result<Routing> {
+        let logits = self.gate.logits(x)?;
+        let g = logits.softmax(-1)?;
+        let t = x.shape()[0];
+        let idx = self.table.expand(&[t, self.experts])?;
+        Routing::token_choice(&idx, &g, None, g.clone(), logits)
+    }
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.gate.visit(prefix, f)
+    }
+    fn set_training(&self, training: bool) {
+        self.gate.set_training(training)
+    }
+    fn runs_all_experts(&self) -> bool {
+        true
+    }
+}

@@ -1,0 +1,51 @@
+//! `switch` — Switch Transformer top-1 (Fedus et al. 2021; SparseMixer Eq. 8 for the jitter):
+//! in training the logits are jittered multiplicatively, `θ̃ = θ ⊙ u`, `u_i ~ U(1−r, 1+r)`,
+//! r = 0.1; `p = σ(θ̃)`, `D = argmax θ̃`, `y = p_D · f_D(x)`. Backward:
+//! `∂L/∂θ̃_k = ⟨G_y, f_D⟩ p_D (δ_kD − p_k)`, `∂L/∂θ = u ⊙ ∂L/∂θ̃` (only the ∇₁ term).
+//! Expert i is never chosen when `θ* − θ_i > r(|θ*| + |θ_i|)`.
+
+use crate::moe::router::{LinearGate, Router, RouterConfig, uniform_noise};
+use crate::moe::Routing;
+use crate::nn::Param;
+use crate::{Device, Result, Tensor};
+
+/// Top-1 with multiplicative logit jitter.
+pub struct SwitchRouter {
+    gate: LinearGate,
+    jitter: f64,
+}
+
+impl SwitchRouter {
+    /// A Switch router with the configured jitter r.
+    pub fn new(cfg: &RouterConfig, device: Device) -> Result<SwitchRouter> {
+        if !(0.0..1.0).contains(&cfg.jitter) {
+            return Err(crate::Error::Invalid(format!("switch jitter r must be in [0, 1), got {}", cfg.jitter)));
+        }
+        Ok(SwitchRouter { gate: LinearGate::new(cfg, device)?, jitter: cfg.jitter })
+    }
+}
+
+impl Router for SwitchRouter {
+    fn name(&self) -> &'static str {
+        "switch"
+    }
+    fn route(&self, x: &Tensor) -> Result<Routing> {
+        let logits = self.gate.logits(x)?;
+        let jittered = if self.gate.training() && self.jitter > 0.0 {
+            let u = uniform_noise(logits.shape(), 1.0 - self.jitter, 1.0 + self.jitter, self.gate.noise_seed(), x.device())?;
+            logits.mul(&u)?
+        } else {
+            logits.clone()
+        };
+        let p = jittered.softmax(-1)?;
+        let (_, idx) = jittered.topk(1)?;
+        let g = p.gather(1, &idx)?;
+        Routing::token_choice(&idx, &g, None, p, logits)
+    }
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.gate.visit(prefix, f)
+    }
+    fn set_training(&self, training: bool) {
+        self.gate.set_training(training)
+    }
+}

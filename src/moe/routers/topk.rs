@@ -1,0 +1,92 @@
+//! The Top-k family.
+//!
+//! * `topk` — Shazeer et al. 2017 (MOESART §3, DSelect-k §2): `g = σ(TopK(o, k))`, the softmax
+//!   over the k selected logits (renormalised). Backward: for `j ∈ T`,
+//!   `∂L/∂o_j = g_j (a_j − Σ_{i∈T} g_i a_i)`, and 0 for `j ∉ T`; with k = 1 the weight is
+//!   exactly 1 and the router gets no gradient.
+//! * `topk-noisy` — Shazeer's noisy gating: `H = o + ξ ⊙ softplus(x·W_noise)`, `ξ ~ N(0, 1)`
+//!   in training only; `g = σ(KeepTopK(H, k))`.
+//! * `topk-unnorm` — XMoE Eq. 1–2 and the lecture: `p = σ(o)` over all n, keep the top k,
+//!   **not** renormalised (`Σg < 1`); `∂L/∂o_k = Σ_{i∈T} a_i p_i (δ_ik − p_k)`, nonzero for
+//!   unselected k.
+//!
+//! Ties are broken by the lowest index (stable sort).
+
+use crate::moe::router::{LinearGate, Router, RouterConfig, normal_noise};
+use crate::moe::Routing;
+use crate::nn::{Param, join};
+use crate::{Device, Result, Tensor};
+
+/// Which Top-k variant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TopKKind {
+    /// softmax over the selected k (Shazeer)
+    Shazeer,
+    /// Shazeer with learned Gaussian noise on the logits
+    Noisy,
+    /// softmax over all n, keep k, no renormalisation (XMoE, lecture)
+    Unnormalised,
+}
+
+/// A Top-k router.
+pub struct TopKRouter {
+    gate: LinearGate,
+    kind: TopKKind,
+    k: usize,
+    noise: Option<Param>,
+}
+
+impl TopKRouter {
+    /// A Top-k router of the given kind.
+    pub fn new(cfg: &RouterConfig, kind: TopKKind, device: Device) -> Result<TopKRouter> {
+        let noise = if kind == TopKKind::Noisy {
+            Some(Param::new(Tensor::zeros(&[cfg.d, cfg.experts], crate::DType::F32, device)?)?)
+        } else {
+            None
+        };
+        Ok(TopKRouter { gate: LinearGate::new(cfg, device)?, kind, k: cfg.k, noise })
+    }
+}
+
+impl Router for TopKRouter {
+    fn name(&self) -> &'static str {
+        match self.kind {
+            TopKKind::Shazeer => "topk",
+            TopKKind::Noisy => "topk-noisy",
+            TopKKind::Unnormalised => "topk-unnorm",
+        }
+    }
+    fn route(&self, x: &Tensor) -> Result<Routing> {
+        let logits = self.gate.logits(x)?;
+        let probs = logits.softmax(-1)?;
+        match self.kind {
+            TopKKind::Shazeer | TopKKind::Noisy => {
+                let h = match (&self.noise, self.gate.training()) {
+                    (Some(w_noise), true) => {
+                        let scale = x.matmul(&w_noise.get())?.softplus()?;
+                        let xi = normal_noise(logits.shape(), self.gate.noise_seed(), x.device())?;
+                        logits.add(&xi.mul(&scale)?)?
+                    }
+                    _ => logits.clone(),
+                };
+                let (vals, idx) = h.topk(self.k)?;
+                let g = vals.softmax(-1)?;
+                Routing::token_choice(&idx, &g, None, probs, logits)
+            }
+            TopKKind::Unnormalised => {
+                let (_, idx) = probs.topk(self.k)?;
+                let g = probs.gather(1, &idx)?;
+                Routing::token_choice(&idx, &g, None, probs, logits)
+            }
+        }
+    }
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.gate.visit(prefix, f);
+        if let Some(w) = &self.noise {
+            f(join(prefix, "noise_weight"), w);
+        }
+    }
+    fn set_training(&self, training: bool) {
+        self.gate.set_training(training)
+    }
+}

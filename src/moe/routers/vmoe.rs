@@ -1,0 +1,47 @@
+//! `vmoe` — V-MoE (Riquelme et al. 2021; MOESART §3): `g = TopK(σ(o + ε), k)`, zero-filled and
+//! **not** renormalised, `ε_i ~ N(0, 1/n²)` per logit per token in training only. Backward with
+//! `p = σ(o + ε)`: `∂L/∂o_j = p_j (a_j·1[j∈T] − Σ_{i∈T} p_i a_i)` — nonzero for unselected j, and
+//! a router gradient even at k = 1.
+
+use crate::moe::router::{LinearGate, Router, RouterConfig, normal_noise};
+use crate::moe::Routing;
+use crate::nn::Param;
+use crate::{Device, Result, Tensor};
+
+/// V-MoE's noisy, unnormalised top-k.
+pub struct VMoeRouter {
+    gate: LinearGate,
+    k: usize,
+    noise_std: f64,
+}
+
+impl VMoeRouter {
+    /// Noise std 1/n.
+    pub fn new(cfg: &RouterConfig, device: Device) -> Result<VMoeRouter> {
+        Ok(VMoeRouter { gate: LinearGate::new(cfg, device)?, k: cfg.k, noise_std: 1.0 / cfg.experts as f64 })
+    }
+}
+
+impl Router for VMoeRouter {
+    fn name(&self) -> &'static str {
+        "vmoe"
+    }
+    fn route(&self, x: &Tensor) -> Result<Routing> {
+        let logits = self.gate.logits(x)?;
+        let noisy = if self.gate.training() {
+            logits.add(&normal_noise(logits.shape(), self.gate.noise_seed(), x.device())?.mul_scalar(self.noise_std)?)?
+        } else {
+            logits.clone()
+        };
+        let p = noisy.softmax(-1)?;
+        let (_, idx) = p.topk(self.k)?;
+        let g = p.gather(1, &idx)?;
+        Routing::token_choice(&idx, &g, None, p, logits)
+    }
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.gate.visit(prefix, f)
+    }
+    fn set_training(&self, training: bool) {
+        self.gate.set_training(training)
+    }
+}

@@ -1,0 +1,99 @@
+//! [`Routing`]: what a router hands to the MoE layer — a flat list of (token, expert, weight)
+//! assignments plus what the auxiliary losses and metrics need.
+//!
+//! Token-choice routers produce `K` slots per token, flattened so that assignment `a` belongs to
+//! token `a / K` and slot `a % K`; Expert Choice produces `k'` tokens per expert. Either way the
+//! dispatch plan sees the same list. Only `weight` carries gradient (through the router's own
+//! backward rule); indices never do.
+
+use crate::{DType, Device, Result, Tensor};
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// The routing decision for one batch of `tokens` tokens over `experts` experts.
+#[derive(Clone, Debug)]
+pub struct Routing {
+    /// `[A]` I32: the token of each assignment
+    pub token: Tensor,
+    /// `[A]` I32: the expert of each assignment
+    pub expert: Tensor,
+    /// `[A]` float, tracked: the combine weight (its backward is the router's rule)
+    pub weight: Tensor,
+    /// `[A]` float 0/1: whether the assignment exists (threshold routing leaves slots empty)
+    pub valid: Tensor,
+    /// `[A]` float: the slot (choice rank) of the assignment: 0 for first choices, 1 for second...
+    pub rank: Tensor,
+    /// `[T, n]` the router's probabilities over all experts (balance loss `P_i`, entropy)
+    pub probs: Tensor,
+    /// `[T, n]` the router's logits (z-loss)
+    pub logits: Tensor,
+    /// number of tokens
+    pub tokens: usize,
+    /// number of experts
+    pub experts: usize,
+}
+
+impl Routing {
+    /// Number of assignments `A`.
+    pub fn len(&self) -> usize {
+        self.token.numel()
+    }
+    /// True when there are no assignments.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Builds the routing of a token-choice router from `[T, K]` expert indices and weights
+    /// (all slots valid unless `valid` is given).
+    pub fn token_choice(
+        idx: &Tensor,
+        weights: &Tensor,
+        valid: Option<&Tensor>,
+        probs: Tensor,
+        logits: Tensor,
+    ) -> Result<Routing> {
+        let (t, k) = (idx.shape()[0], idx.shape()[1]);
+        let dev = idx.device();
+        let (token, rank) = slot_tables(t, k, dev)?;
+        let a = t * k;
+        let valid = match valid {
+            Some(v) => v.reshape(&[a])?,
+            None => Tensor::ones(&[a], weights.dtype(), dev)?,
+        };
+        Ok(Routing {
+            token,
+            expert: idx.reshape(&[a])?,
+            weight: weights.reshape(&[a])?,
+            valid,
+            rank: rank.to_dtype(weights.dtype())?,
+            experts: probs.shape()[1],
+            probs,
+            logits,
+            tokens: t,
+        })
+    }
+}
+
+type SlotCache = Mutex<HashMap<(usize, usize, Device), (Tensor, Tensor)>>;
+
+/// `(token, slot)` of every assignment for `T` tokens with `K` slots, I32, made once per shape
+/// and device (no upload inside a steady-state step).
+pub fn slot_tables(t: usize, k: usize, device: Device) -> Result<(Tensor, Tensor)> {
+    static CACHE: OnceLock<SlotCache> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(hit) = cache.lock().ok().and_then(|c| c.get(&(t, k, device)).cloned()) {
+        return Ok(hit);
+    }
+    let a = t * k;
+    let token = Tensor::from_i32((0..a).map(|i| (i / k.max(1)) as i32).collect(), &[a], device)?;
+    let slot = Tensor::from_i32((0..a).map(|i| (i % k.max(1)) as i32).collect(), &[a], device)?;
+    if let Ok(mut c) = cache.lock() {
+        c.insert((t, k, device), (token.clone(), slot.clone()));
+    }
+    Ok((token, slot))
+}
+
+/// `0, 1, ..., n−1` as a float tensor, computed on the device (a prefix sum of ones).
+pub fn arange_f(n: usize, dtype: DType, device: Device) -> Result<Tensor> {
+    Tensor::ones(&[n], dtype, device)?.cumsum(0)?.add_scalar(-1.0)
+}

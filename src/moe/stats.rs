@@ -1,0 +1,45 @@
+//! Routing metrics of one forward pass, kept on the device until someone reads them: tokens
+//! per expert, drop rate, router entropy and experts per token.
+
+use crate::{Result, Tensor};
+
+/// Per-layer routing statistics (device tensors; read them with [`RoutingStats::read`]).
+#[derive(Clone, Debug)]
+pub struct RoutingStats {
+    /// `[n]` kept assignments per expert
+    pub kept_per_expert: Tensor,
+    /// `[n]` routed (valid) assignments per expert, before capacity
+    pub routed_per_expert: Tensor,
+    /// mean entropy of the router's distribution over experts, in nats (scalar)
+    pub entropy: Tensor,
+    /// tokens in the batch
+    pub tokens: usize,
+}
+
+/// The statistics as host numbers.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct RoutingSummary {
+    /// fraction of kept assignments per expert (sums to 1)
+    pub expert_load: Vec<f64>,
+    /// fraction of routed assignments dropped by capacity
+    pub drop_rate: f64,
+    /// mean router entropy (nats)
+    pub entropy: f64,
+    /// kept assignments per token
+    pub experts_per_token: f64,
+}
+
+impl RoutingStats {
+    /// Reads the statistics back (one small transfer; call it outside the hot loop).
+    pub fn read(&self) -> Result<RoutingSummary> {
+        let kept = self.kept_per_expert.to_vec_f64()?;
+        let routed: f64 = self.routed_per_expert.to_vec_f64()?.iter().sum();
+        let total: f64 = kept.iter().sum();
+        Ok(RoutingSummary {
+            expert_load: kept.iter().map(|k| if total > 0.0 { k / total } else { 0.0 }).collect(),
+            drop_rate: if routed > 0.0 { 1.0 - total / routed } else { 0.0 },
+            entropy: self.entropy.item()?,
+            experts_per_token: total / self.tokens.max(1) as f64,
+        })
+    }
+}

@@ -1,0 +1,48 @@
+//! The grouped (per-expert) matmul at the heart of an MoE layer: rows of `x` sorted by expert,
+//! each multiplied by its own expert's weight. Forward and both backward products read each
+//! expert's weights only for that expert's rows, so an expert that received no tokens costs
+//! nothing and gets exactly zero gradient.
+//!
+//! * forward   `y[r] = x[r] · W[e_r]`
+//! * backward  `∂x[r] = ∂y[r] · W[e_r]ᵀ`  (the same kernel with the weight transposed)
+//! * backward  `∂W[e] = Σ_{r: e_r = e} x[r]ᵀ · ∂y[r]`  (one segment of rows per expert)
+
+use crate::{DType, Error, Result, Tensor};
+
+impl Tensor {
+    /// `y[r] = self[r] · w[row_expert[r]]` with `self: [R, k]`, `w: [n, k, m]`, `row_expert: [R]`
+    /// (I32, rows sorted by expert; a row whose expert is outside `0..n` gives zeros) and
+    /// `offsets: [n + 1]` (I32, where each expert's rows start; used by the weight gradient).
+    pub fn grouped_matmul(&self, w: &Tensor, row_expert: &Tensor, offsets: &Tensor) -> Result<Tensor> {
+        self.check_compatible(w, "grouped_matmul")?;
+        self.check_float("grouped_matmul")?;
+        if self.rank() != 2 || w.rank() != 3 || self.shape()[1] != w.shape()[1] {
+            return Err(Error::Shape(format!(
+                "grouped_matmul: rows [R, k] {:?} and expert weights [n, k, m] {:?} do not align",
+                self.shape(),
+                w.shape()
+            )));
+        }
+        let (rows, k) = (self.shape()[0], self.shape()[1]);
+        let (n, m) = (w.shape()[0], w.shape()[2]);
+        if row_expert.shape() != [rows] || offsets.shape() != [n + 1] {
+            return Err(Error::Shape(format!(
+                "grouped_matmul: row_expert {:?} must be [{rows}] and offsets {:?} must be [{}]",
+                row_expert.shape(),
+                offsets.shape(),
+                n + 1
+            )));
+        }
+        if row_expert.dtype() != DType::I32 || offsets.dtype() != DType::I32 {
+            return Err(Error::DType("grouped_matmul: row_expert and offsets must be i32".into()));
+        }
+        let out = self.storage().grouped_matmul(w.storage(), row_expert.storage(), rows, k, m, n, false)?;
+        let y = Tensor::from_storage(out, vec![rows, m]);
+        let (x, wd, re, off) = (self.detach(), w.detach(), row_expert.clone(), offsets.clone());
+        Ok(Tensor::record(y, "grouped_matmul", &[self, w], move |g| {
+            let dx = g.storage().grouped_matmul(wd.storage(), re.storage(), rows, m, k, n, true)?;
+            let dw = x.storage().grouped_weight_grad(g.storage(), re.storage(), off.storage(), k, m, n)?;
+            Ok(vec![Some(Tensor::from_storage(dx, vec![rows, k])), Some(Tensor::from_storage(dw, vec![n, k, m]))])
+        }))
+    }
+}
