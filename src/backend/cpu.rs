@@ -679,9 +679,29 @@ impl Backend for CpuBackend {
     ) -> Result<CpuBuffer> {
         let re = row_expert.indices("grouped_matmul")?;
         match (x, w) {
-            (CpuBuffer::F32(x), CpuBuffer::F32(w)) => Ok(f32b(grouped_matmul_kernel(x, w, re, rows, k, m, experts, transpose_w))),
-            (CpuBuffer::F64(x), CpuBuffer::F64(w)) => Ok(f64b(grouped_matmul_kernel(x, w, re, rows, k, m, experts, transpose_w))),
-            _ => Err(Error::DType("grouped_matmul needs two float buffers of one dtype".into())),
+            (CpuBuffer::F32(x), CpuBuffer::F32(w)) => Ok(f32b(grouped_matmul_kernel(
+                x,
+                w,
+                re,
+                rows,
+                k,
+                m,
+                experts,
+                transpose_w,
+            ))),
+            (CpuBuffer::F64(x), CpuBuffer::F64(w)) => Ok(f64b(grouped_matmul_kernel(
+                x,
+                w,
+                re,
+                rows,
+                k,
+                m,
+                experts,
+                transpose_w,
+            ))),
+            _ => Err(Error::DType(
+                "grouped_matmul needs two float buffers of one dtype".into(),
+            )),
         }
     }
 
@@ -698,12 +718,21 @@ impl Backend for CpuBackend {
         let re = row_expert.indices("grouped_weight_grad")?;
         let off = offsets.indices("grouped_weight_grad")?;
         if off.len() != experts + 1 {
-            return Err(Error::Shape(format!("grouped_weight_grad: {} offsets for {experts} experts", off.len())));
+            return Err(Error::Shape(format!(
+                "grouped_weight_grad: {} offsets for {experts} experts",
+                off.len()
+            )));
         }
         match (x, dy) {
-            (CpuBuffer::F32(x), CpuBuffer::F32(d)) => Ok(f32b(grouped_weight_grad_kernel(x, d, re, off, k, m, experts))),
-            (CpuBuffer::F64(x), CpuBuffer::F64(d)) => Ok(f64b(grouped_weight_grad_kernel(x, d, re, off, k, m, experts))),
-            _ => Err(Error::DType("grouped_weight_grad needs two float buffers of one dtype".into())),
+            (CpuBuffer::F32(x), CpuBuffer::F32(d)) => Ok(f32b(grouped_weight_grad_kernel(
+                x, d, re, off, k, m, experts,
+            ))),
+            (CpuBuffer::F64(x), CpuBuffer::F64(d)) => Ok(f64b(grouped_weight_grad_kernel(
+                x, d, re, off, k, m, experts,
+            ))),
+            _ => Err(Error::DType(
+                "grouped_weight_grad needs two float buffers of one dtype".into(),
+            )),
         }
     }
 
@@ -835,9 +864,30 @@ fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
     // One GEMM per run of rows that share an expert (rows arrive sorted by expert).
     for (e, r0, r1) in expert_runs(row_expert, experts) {
         let (rs, cs) = if transpose_w { (1, k) } else { (m, 1) };
-        let la = MatLayout { offset: r0 * k, batch_stride: 0, row_stride: k, col_stride: 1 };
-        let lb = MatLayout { offset: e * k * m, batch_stride: 0, row_stride: rs, col_stride: cs };
-        let part = matmul_kernel(x, la, w, lb, MatmulDims { batch: 1, m: r1 - r0, k, n: m });
+        let la = MatLayout {
+            offset: r0 * k,
+            batch_stride: 0,
+            row_stride: k,
+            col_stride: 1,
+        };
+        let lb = MatLayout {
+            offset: e * k * m,
+            batch_stride: 0,
+            row_stride: rs,
+            col_stride: cs,
+        };
+        let part = matmul_kernel(
+            x,
+            la,
+            w,
+            lb,
+            MatmulDims {
+                batch: 1,
+                m: r1 - r0,
+                k,
+                n: m,
+            },
+        );
         out[r0 * m..r1 * m].copy_from_slice(&part);
     }
     out
@@ -854,13 +904,40 @@ fn grouped_weight_grad_kernel<T: Float + Send + Sync + 'static>(
 ) -> Vec<T> {
     let mut out = vec![T::zero(); experts * k * m];
     for e in 0..experts {
-        let (lo, hi) = (offsets[e].max(0) as usize, (offsets[e + 1].max(0) as usize).min(row_expert.len()));
-        for (_, r0, r1) in expert_runs(&row_expert[lo..hi.max(lo)], experts).into_iter().filter(|r| r.0 == e) {
+        let (lo, hi) = (
+            offsets[e].max(0) as usize,
+            (offsets[e + 1].max(0) as usize).min(row_expert.len()),
+        );
+        for (_, r0, r1) in expert_runs(&row_expert[lo..hi.max(lo)], experts)
+            .into_iter()
+            .filter(|r| r.0 == e)
+        {
             let (r0, r1) = (lo + r0, lo + r1);
             // xᵀ[k, rows] · dy[rows, m]
-            let la = MatLayout { offset: r0 * k, batch_stride: 0, row_stride: 1, col_stride: k };
-            let lb = MatLayout { offset: r0 * m, batch_stride: 0, row_stride: m, col_stride: 1 };
-            let part = matmul_kernel(x, la, dy, lb, MatmulDims { batch: 1, m: k, k: r1 - r0, n: m });
+            let la = MatLayout {
+                offset: r0 * k,
+                batch_stride: 0,
+                row_stride: 1,
+                col_stride: k,
+            };
+            let lb = MatLayout {
+                offset: r0 * m,
+                batch_stride: 0,
+                row_stride: m,
+                col_stride: 1,
+            };
+            let part = matmul_kernel(
+                x,
+                la,
+                dy,
+                lb,
+                MatmulDims {
+                    batch: 1,
+                    m: k,
+                    k: r1 - r0,
+                    n: m,
+                },
+            );
             for (o, p) in out[e * k * m..(e + 1) * k * m].iter_mut().zip(part) {
                 *o = *o + p;
             }

@@ -393,24 +393,52 @@ impl Storage {
     }
     /// See [`Backend::grouped_matmul`]; `self` is `x`.
     #[allow(clippy::too_many_arguments)]
-    pub fn grouped_matmul(&self, w: &Storage, row_expert: &Storage, rows: usize, k: usize, m: usize, experts: usize, transpose_w: bool) -> Result<Storage> {
-        let (ow, oe) = (same_dev!(self, w, "grouped_matmul"), same_dev!(self, row_expert, "grouped_matmul"));
+    pub fn grouped_matmul(
+        &self,
+        w: &Storage,
+        row_expert: &Storage,
+        rows: usize,
+        k: usize,
+        m: usize,
+        experts: usize,
+        transpose_w: bool,
+    ) -> Result<Storage> {
+        let (ow, oe) = (
+            same_dev!(self, w, "grouped_matmul"),
+            same_dev!(self, row_expert, "grouped_matmul"),
+        );
         match self {
-            Storage::Cpu(x) => cpu::CpuBackend.grouped_matmul(x, ow.cpu(), oe.cpu(), rows, k, m, experts, transpose_w).map(Storage::Cpu),
-            Storage::Gpu(x) => gpu::GpuBackend::get()?.grouped_matmul(x, ow.gpu(), oe.gpu(), rows, k, m, experts, transpose_w).map(Storage::Gpu),
+            Storage::Cpu(x) => cpu::CpuBackend
+                .grouped_matmul(x, ow.cpu(), oe.cpu(), rows, k, m, experts, transpose_w)
+                .map(Storage::Cpu),
+            Storage::Gpu(x) => gpu::GpuBackend::get()?
+                .grouped_matmul(x, ow.gpu(), oe.gpu(), rows, k, m, experts, transpose_w)
+                .map(Storage::Gpu),
         }
     }
     /// See [`Backend::grouped_weight_grad`]; `self` is `x`.
     #[allow(clippy::too_many_arguments)]
-    pub fn grouped_weight_grad(&self, dy: &Storage, row_expert: &Storage, offsets: &Storage, k: usize, m: usize, experts: usize) -> Result<Storage> {
+    pub fn grouped_weight_grad(
+        &self,
+        dy: &Storage,
+        row_expert: &Storage,
+        offsets: &Storage,
+        k: usize,
+        m: usize,
+        experts: usize,
+    ) -> Result<Storage> {
         let (od, oe, oo) = (
             same_dev!(self, dy, "grouped_weight_grad"),
             same_dev!(self, row_expert, "grouped_weight_grad"),
             same_dev!(self, offsets, "grouped_weight_grad"),
         );
         match self {
-            Storage::Cpu(x) => cpu::CpuBackend.grouped_weight_grad(x, od.cpu(), oe.cpu(), oo.cpu(), k, m, experts).map(Storage::Cpu),
-            Storage::Gpu(x) => gpu::GpuBackend::get()?.grouped_weight_grad(x, od.gpu(), oe.gpu(), oo.gpu(), k, m, experts).map(Storage::Gpu),
+            Storage::Cpu(x) => cpu::CpuBackend
+                .grouped_weight_grad(x, od.cpu(), oe.cpu(), oo.cpu(), k, m, experts)
+                .map(Storage::Cpu),
+            Storage::Gpu(x) => gpu::GpuBackend::get()?
+                .grouped_weight_grad(x, od.gpu(), oe.gpu(), oo.gpu(), k, m, experts)
+                .map(Storage::Gpu),
         }
     }
 }

@@ -14,7 +14,7 @@ use crate::{Result, Tensor};
 pub fn balance_loss(routing: &Routing, routed_per_expert: &Tensor, alpha: f64) -> Result<Tensor> {
     let n = routing.experts as f64;
     let f = crate::no_grad(|| {
-        let total = routed_per_expert.sum_all()?.add_scalar(1e-9)?;
+        let total = routed_per_expert.sum_all()?.clamp(1.0, f64::INFINITY)?;
         routed_per_expert.div(&total)
     })?;
     let p_mean = routing.probs.mean(&[0], false)?;

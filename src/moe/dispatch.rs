@@ -34,9 +34,13 @@ impl Capacity {
     pub fn slots(&self, assignments: usize, experts: usize) -> Option<usize> {
         match *self {
             Capacity::Dropless => None,
-            Capacity::Factor { factor, min_capacity } => {
-                Some(((factor * assignments as f64 / experts.max(1) as f64).ceil() as usize).max(min_capacity))
-            }
+            Capacity::Factor {
+                factor,
+                min_capacity,
+            } => Some(
+                ((factor * assignments as f64 / experts.max(1) as f64).ceil() as usize)
+                    .max(min_capacity),
+            ),
         }
     }
 }
@@ -91,7 +95,11 @@ impl DispatchPlan {
         let order = sort_by(&key, &by_rank, false)?;
         let sorted_key = key.gather(0, &order)?;
         let sorted_idx = sorted_key.to_dtype(DType::I32)?;
-        let counts = Tensor::zeros(&[n + 1], ft, dev)?.scatter_add(0, &sorted_idx, &Tensor::ones(&[a], ft, dev)?)?;
+        let counts = Tensor::zeros(&[n + 1], ft, dev)?.scatter_add(
+            0,
+            &sorted_idx,
+            &Tensor::ones(&[a], ft, dev)?,
+        )?;
         let offsets_f = counts.cumsum(0)?.sub(&counts)?; // exclusive prefix sum, n + 1 entries
         let pos = arange_f(a, ft, dev)?.sub(&offsets_f.gather(0, &sorted_idx)?)?;
         let real = sorted_key.lt(&trash)?;
@@ -101,8 +109,14 @@ impl DispatchPlan {
             None => real,
         };
         // expert where kept, −1 elsewhere
-        let row_expert = sorted_key.add_scalar(1.0)?.mul(&row_kept)?.add_scalar(-1.0)?.to_dtype(DType::I32)?;
-        let row_expert_clamped = sorted_key.clamp(0.0, (n.max(1) - 1) as f64)?.to_dtype(DType::I32)?;
+        let row_expert = sorted_key
+            .add_scalar(1.0)?
+            .mul(&row_kept)?
+            .add_scalar(-1.0)?
+            .to_dtype(DType::I32)?;
+        let row_expert_clamped = sorted_key
+            .clamp(0.0, (n.max(1) - 1) as f64)?
+            .to_dtype(DType::I32)?;
         let kept_all = Tensor::zeros(&[n + 1], ft, dev)?.scatter_add(0, &sorted_idx, &row_kept)?;
         Ok(DispatchPlan {
             row_token: routing.token.gather(0, &order)?,

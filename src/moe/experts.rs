@@ -42,9 +42,19 @@ impl ExpertBank {
             )));
         }
         Ok(ExpertBank {
-            w1: Param::new(uniform(&[experts, d, hidden], (6.0 / d as f64).sqrt(), rng, device)?)?,
+            w1: Param::new(uniform(
+                &[experts, d, hidden],
+                (6.0 / d as f64).sqrt(),
+                rng,
+                device,
+            )?)?,
             b1: Param::new(Tensor::zeros(&[experts, hidden], DType::F32, device)?)?,
-            w2: Param::new(uniform(&[experts, hidden, d_out], (6.0 / hidden as f64).sqrt(), rng, device)?)?,
+            w2: Param::new(uniform(
+                &[experts, hidden, d_out],
+                (6.0 / hidden as f64).sqrt(),
+                rng,
+                device,
+            )?)?,
             b2: Param::new(Tensor::zeros(&[experts, d_out], DType::F32, device)?)?,
             activation,
         })
@@ -70,8 +80,15 @@ impl ExpertBank {
         let out = h
             .grouped_matmul(&self.w2.get(), &plan.row_expert, &plan.offsets)?
             .add(&self.b2.get().index_select(0, &plan.row_expert_clamped)?)?;
-        let kept = plan.row_kept.to_dtype(out.dtype())?.reshape(&[out.shape()[0], 1])?;
-        Tensor::where_cond(&kept, &out, &Tensor::scalar(0.0, out.dtype(), out.device())?)
+        let kept = plan
+            .row_kept
+            .to_dtype(out.dtype())?
+            .reshape(&[out.shape()[0], 1])?;
+        Tensor::where_cond(
+            &kept,
+            &out,
+            &Tensor::scalar(0.0, out.dtype(), out.device())?,
+        )
     }
 
     /// Names the parameters `<prefix>.w1`, ...
@@ -88,9 +105,14 @@ impl Module for ExpertBank {
     /// used by tests.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let n = self.experts();
-        let h = x.matmul(&self.w1.get())?.add(&self.b1.get().reshape(&[n, 1, self.b1.get().shape()[1]])?)?;
+        let h = x.matmul(&self.w1.get())?.add(&self.b1.get().reshape(&[
+            n,
+            1,
+            self.b1.get().shape()[1],
+        ])?)?;
         let h = self.activation.apply(&h)?;
-        h.matmul(&self.w2.get())?.add(&self.b2.get().reshape(&[n, 1, self.d_out()])?)
+        h.matmul(&self.w2.get())?
+            .add(&self.b2.get().reshape(&[n, 1, self.d_out()])?)
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         ExpertBank::visit_params(self, prefix, f)

@@ -99,11 +99,30 @@ pub struct MoeLayer {
 impl MoeLayer {
     /// Builds the router and the experts from the config.
     pub fn new(cfg: &MoeConfig, device: Device) -> Result<MoeLayer> {
-        let rcfg = RouterConfig { d: cfg.d, experts: cfg.experts, k: cfg.k, jitter: cfg.jitter, seed: cfg.seed };
+        let rcfg = RouterConfig {
+            d: cfg.d,
+            experts: cfg.experts,
+            k: cfg.k,
+            jitter: cfg.jitter,
+            seed: cfg.seed,
+        };
         let router = build_router(&cfg.router, &rcfg, device)?;
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-        let experts = ExpertBank::new(cfg.experts, cfg.d, cfg.hidden, cfg.d_out, cfg.activation, &mut rng, device)?;
-        Ok(MoeLayer { router, experts, config: cfg.clone(), training: AtomicBool::new(true) })
+        let experts = ExpertBank::new(
+            cfg.experts,
+            cfg.d,
+            cfg.hidden,
+            cfg.d_out,
+            cfg.activation,
+            &mut rng,
+            device,
+        )?;
+        Ok(MoeLayer {
+            router,
+            experts,
+            config: cfg.clone(),
+            training: AtomicBool::new(true),
+        })
     }
 
     /// Switches router noise and capacity between training and evaluation.
@@ -119,13 +138,21 @@ impl MoeLayer {
     }
 
     fn capacity(&self) -> Capacity {
-        if self.training.load(Ordering::Relaxed) { self.config.capacity } else { self.config.eval_capacity }
+        if self.training.load(Ordering::Relaxed) {
+            self.config.capacity
+        } else {
+            self.config.eval_capacity
+        }
     }
 
     /// Routes `x: [T, d]` and runs the experts.
     pub fn forward(&self, x: &Tensor) -> Result<MoeOutput> {
         if x.rank() != 2 || x.shape()[1] != self.config.d {
-            return Err(Error::Shape(format!("MoE layer expects tokens [T, {}], got {:?}", self.config.d, x.shape())));
+            return Err(Error::Shape(format!(
+                "MoE layer expects tokens [T, {}], got {:?}",
+                self.config.d,
+                x.shape()
+            )));
         }
         let routing = self.router.route(x)?;
         self.forward_routed(x, &[routing])
@@ -138,21 +165,34 @@ impl MoeLayer {
         let t = x.shape()[0];
         let routing = Routing::concat(routings)?;
         let plan = DispatchPlan::build(&routing, self.capacity())?;
-        let source = if routings.len() == 1 { x.clone() } else { Tensor::concat(&vec![x.clone(); routings.len()], 0)? };
+        let source = if routings.len() == 1 {
+            x.clone()
+        } else {
+            Tensor::concat(&vec![x.clone(); routings.len()], 0)?
+        };
         let rows = source.index_select(0, &plan.row_token)?;
         let out = self.experts.forward_rows(&rows, &plan)?;
         let a = out.shape()[0];
         let d_out = out.shape()[1];
-        let w = routing.weight.gather(0, &plan.order)?.to_dtype(out.dtype())?.reshape(&[a, 1])?;
+        let w = routing
+            .weight
+            .gather(0, &plan.order)?
+            .to_dtype(out.dtype())?
+            .reshape(&[a, 1])?;
         let contrib = out.mul(&w)?;
         let dest = plan.row_token.reshape(&[a, 1])?.expand(&[a, d_out])?;
-        let y = Tensor::zeros(&[t * routings.len(), d_out], out.dtype(), out.device())?.scatter_add(0, &dest, &contrib)?;
+        let y = Tensor::zeros(&[t * routings.len(), d_out], out.dtype(), out.device())?
+            .scatter_add(0, &dest, &contrib)?;
 
         let mut aux = Tensor::zeros(&[], out.dtype(), out.device())?;
         for r in routings {
             if self.config.balance_loss > 0.0 {
                 let routed = crate::no_grad(|| count_per_expert(r))?;
-                aux = aux.add(&aux_loss::balance_loss(r, &routed, self.config.balance_loss)?)?;
+                aux = aux.add(&aux_loss::balance_loss(
+                    r,
+                    &routed,
+                    self.config.balance_loss,
+                )?)?;
             }
             if self.config.z_loss > 0.0 {
                 aux = aux.add(&aux_loss::z_loss(r, self.config.z_loss)?)?;
@@ -169,29 +209,43 @@ impl MoeLayer {
             entropy,
             tokens: t * routings.len(),
         };
-        Ok(MoeOutput { y, aux_loss: aux, stats })
+        Ok(MoeOutput {
+            y,
+            aux_loss: aux,
+            stats,
+        })
     }
 }
 
 /// Valid assignments per expert of one routing (`[n]`, float).
 fn count_per_expert(r: &Routing) -> Result<Tensor> {
     let valid = r.valid.to_dtype(crate::DType::F32)?;
-    Tensor::zeros(&[r.experts], crate::DType::F32, r.token.device())?.scatter_add(0, &r.expert, &valid)
+    Tensor::zeros(&[r.experts], crate::DType::F32, r.token.device())?
+        .scatter_add(0, &r.expert, &valid)
 }
 
 impl Routing {
     /// Joins routings of the same `T` tokens (one per task): task `i`'s tokens become `i·T + t`.
     pub fn concat(parts: &[Routing]) -> Result<Routing> {
-        let first = parts.first().ok_or_else(|| Error::Invalid("no routing to dispatch".into()))?;
+        let first = parts
+            .first()
+            .ok_or_else(|| Error::Invalid("no routing to dispatch".into()))?;
         if parts.len() == 1 {
             return Ok(first.clone());
         }
         let t = first.tokens;
-        let cat = |f: &dyn Fn(&Routing) -> Tensor| Tensor::concat(&parts.iter().map(f).collect::<Vec<_>>(), 0);
+        let cat = |f: &dyn Fn(&Routing) -> Tensor| {
+            Tensor::concat(&parts.iter().map(f).collect::<Vec<_>>(), 0)
+        };
         let shifted: Vec<Tensor> = parts
             .iter()
             .enumerate()
-            .map(|(i, r)| r.token.to_dtype(crate::DType::F32)?.add_scalar((i * t) as f64)?.to_dtype(crate::DType::I32))
+            .map(|(i, r)| {
+                r.token
+                    .to_dtype(crate::DType::F32)?
+                    .add_scalar((i * t) as f64)?
+                    .to_dtype(crate::DType::I32)
+            })
             .collect::<Result<_>>()?;
         Ok(Routing {
             token: Tensor::concat(&shifted, 0)?,

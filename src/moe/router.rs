@@ -27,7 +27,13 @@ pub struct RouterConfig {
 impl RouterConfig {
     /// Defaults for `experts` experts of width `d`, top-`k`.
     pub fn new(d: usize, experts: usize, k: usize) -> RouterConfig {
-        RouterConfig { d, experts, k, jitter: 0.1, seed: 0 }
+        RouterConfig {
+            d,
+            experts,
+            k,
+            jitter: 0.1,
+            seed: 0,
+        }
     }
 }
 
@@ -62,11 +68,19 @@ impl LinearGate {
     /// A gate `d → n` initialised `U(−1/√d, 1/√d)` (PyTorch's Linear default) with zero bias.
     pub fn new(cfg: &RouterConfig, device: Device) -> Result<LinearGate> {
         if cfg.experts == 0 || cfg.d == 0 {
-            return Err(Error::Invalid(format!("router needs d ≥ 1 and n ≥ 1, got d = {}, n = {}", cfg.d, cfg.experts)));
+            return Err(Error::Invalid(format!(
+                "router needs d ≥ 1 and n ≥ 1, got d = {}, n = {}",
+                cfg.d, cfg.experts
+            )));
         }
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x726f_7574);
         Ok(LinearGate {
-            weight: Param::new(crate::nn::uniform(&[cfg.d, cfg.experts], 1.0 / (cfg.d as f64).sqrt(), &mut rng, device)?)?,
+            weight: Param::new(crate::nn::uniform(
+                &[cfg.d, cfg.experts],
+                1.0 / (cfg.d as f64).sqrt(),
+                &mut rng,
+                device,
+            )?)?,
             bias: Param::new(Tensor::zeros(&[cfg.experts], DType::F32, device)?)?,
             training: AtomicBool::new(true),
             calls: AtomicU64::new(0),
@@ -77,7 +91,11 @@ impl LinearGate {
     pub fn logits(&self, x: &Tensor) -> Result<Tensor> {
         let w = self.weight.get();
         if x.rank() != 2 || x.shape()[1] != w.shape()[0] {
-            return Err(Error::Shape(format!("router expects tokens [T, {}], got {:?}", w.shape()[0], x.shape())));
+            return Err(Error::Shape(format!(
+                "router expects tokens [T, {}], got {:?}",
+                w.shape()[0],
+                x.shape()
+            )));
         }
         x.matmul(&w)?.add(&self.bias.get())
     }
@@ -92,7 +110,9 @@ impl LinearGate {
     /// A fresh seed for this call's noise (seed and call count; reproducible run to run).
     pub fn noise_seed(&self) -> u64 {
         let c = self.calls.fetch_add(1, Ordering::Relaxed);
-        self.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15).wrapping_add(c.wrapping_mul(0xD1B5_4A32_D192_ED03))
+        self.seed
+            .wrapping_mul(0x9E37_79B9_7F4A_7C15)
+            .wrapping_add(c.wrapping_mul(0xD1B5_4A32_D192_ED03))
     }
     /// Names `<prefix>.weight`, `<prefix>.bias`.
     pub fn visit(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
@@ -101,15 +121,18 @@ impl LinearGate {
     }
 }
 
-/// Uniform noise in `[lo, hi)` of `shape`, drawn on the device from `seed`.
-pub fn uniform_noise(shape: &[usize], lo: f64, hi: f64, seed: u64, device: Device) -> Result<Tensor> {
-    Tensor::rand_uniform(shape, seed, DType::F32, device)?.mul_scalar(hi - lo)?.add_scalar(lo)
+/// Uniform noise in `[lo, hi)` with the shape, dtype and device of `like`, drawn on the device
+/// from `seed`.
+pub fn uniform_noise(like: &Tensor, lo: f64, hi: f64, seed: u64) -> Result<Tensor> {
+    Tensor::rand_uniform(like.shape(), seed, like.dtype(), like.device())?
+        .mul_scalar(hi - lo)?
+        .add_scalar(lo)
 }
 
-/// Standard normal noise of `shape` (Box–Muller on two uniform draws, on the device).
-pub fn normal_noise(shape: &[usize], seed: u64, device: Device) -> Result<Tensor> {
-    let u1 = uniform_noise(shape, 1e-7, 1.0, seed, device)?;
-    let u2 = uniform_noise(shape, 0.0, 1.0, seed ^ 0x5555_5555_5555_5555, device)?;
+/// Standard normal noise shaped like `like` (Box–Muller on two uniform draws, on the device).
+pub fn normal_noise(like: &Tensor, seed: u64) -> Result<Tensor> {
+    let u1 = uniform_noise(like, 1e-7, 1.0, seed)?;
+    let u2 = uniform_noise(like, 0.0, 1.0, seed ^ 0x5555_5555_5555_5555)?;
     // Box–Muller: √(−2 ln u1) · cos(2π u2); cos is built from elementary ops (see cos_2pi).
     let r = u1.log()?.mul_scalar(-2.0)?.sqrt()?;
     r.mul(&cos_2pi(&u2)?)
@@ -119,7 +142,9 @@ pub fn normal_noise(shape: &[usize], seed: u64, device: Device) -> Result<Tensor
 fn cos_2pi(u: &Tensor) -> Result<Tensor> {
     // Map to t = 2πu − π ∈ [−π, π): cos(2πu) = −cos(t); then cos(t) = 1 − 2 sin²(t/2) with
     // s = t/2 ∈ [−π/2, π/2) and sin s by its Taylor series to s¹³ (error < 6e-9).
-    let s = u.mul_scalar(std::f64::consts::PI)?.add_scalar(-std::f64::consts::FRAC_PI_2)?;
+    let s = u
+        .mul_scalar(std::f64::consts::PI)?
+        .add_scalar(-std::f64::consts::FRAC_PI_2)?;
     let s2 = s.mul(&s)?;
     let mut term = s.clone();
     let mut sin = s.clone();
@@ -133,14 +158,27 @@ fn cos_2pi(u: &Tensor) -> Result<Tensor> {
 }
 
 /// Every router name [`build_router`] accepts.
-pub const ROUTER_NAMES: &[&str] =
-    &["softmax", "topk", "topk-noisy", "topk-unnorm", "switch", "vmoe", "smoe", "expert-choice", "xmoe-cosine", "hash"];
+pub const ROUTER_NAMES: &[&str] = &[
+    "softmax",
+    "topk",
+    "topk-noisy",
+    "topk-unnorm",
+    "switch",
+    "vmoe",
+    "smoe",
+    "expert-choice",
+    "xmoe-cosine",
+    "hash",
+];
 
 /// Builds a router by its command-line name.
 pub fn build_router(name: &str, cfg: &RouterConfig, device: Device) -> Result<Box<dyn Router>> {
     use super::routers::*;
     if cfg.k == 0 || cfg.k > cfg.experts {
-        return Err(Error::Invalid(format!("--k {} must be between 1 and the number of experts {}", cfg.k, cfg.experts)));
+        return Err(Error::Invalid(format!(
+            "--k {} must be between 1 and the number of experts {}",
+            cfg.k, cfg.experts
+        )));
     }
     Ok(match name {
         "softmax" => Box::new(SoftmaxRouter::new(cfg, device)?),
@@ -154,7 +192,10 @@ pub fn build_router(name: &str, cfg: &RouterConfig, device: Device) -> Result<Bo
         "xmoe-cosine" => Box::new(XMoeCosineRouter::new(cfg, device)?),
         "hash" => Box::new(HashRouter::new(cfg, device)?),
         other => {
-            return Err(Error::Invalid(format!("unknown router {other:?}; expected one of {}", ROUTER_NAMES.join(", "))));
+            return Err(Error::Invalid(format!(
+                "unknown router {other:?}; expected one of {}",
+                ROUTER_NAMES.join(", ")
+            )));
         }
     })
 }

@@ -81,12 +81,24 @@ type SlotCache = Mutex<HashMap<(usize, usize, Device), (Tensor, Tensor)>>;
 pub fn slot_tables(t: usize, k: usize, device: Device) -> Result<(Tensor, Tensor)> {
     static CACHE: OnceLock<SlotCache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(hit) = cache.lock().ok().and_then(|c| c.get(&(t, k, device)).cloned()) {
+    if let Some(hit) = cache
+        .lock()
+        .ok()
+        .and_then(|c| c.get(&(t, k, device)).cloned())
+    {
         return Ok(hit);
     }
     let a = t * k;
-    let token = Tensor::from_i32((0..a).map(|i| (i / k.max(1)) as i32).collect(), &[a], device)?;
-    let slot = Tensor::from_i32((0..a).map(|i| (i % k.max(1)) as i32).collect(), &[a], device)?;
+    let token = Tensor::from_i32(
+        (0..a).map(|i| (i / k.max(1)) as i32).collect(),
+        &[a],
+        device,
+    )?;
+    let slot = Tensor::from_i32(
+        (0..a).map(|i| (i % k.max(1)) as i32).collect(),
+        &[a],
+        device,
+    )?;
     if let Ok(mut c) = cache.lock() {
         c.insert((t, k, device), (token.clone(), slot.clone()));
     }
@@ -95,5 +107,7 @@ pub fn slot_tables(t: usize, k: usize, device: Device) -> Result<(Tensor, Tensor
 
 /// `0, 1, ..., n−1` as a float tensor, computed on the device (a prefix sum of ones).
 pub fn arange_f(n: usize, dtype: DType, device: Device) -> Result<Tensor> {
-    Tensor::ones(&[n], dtype, device)?.cumsum(0)?.add_scalar(-1.0)
+    Tensor::ones(&[n], dtype, device)?
+        .cumsum(0)?
+        .add_scalar(-1.0)
 }

@@ -36,8 +36,15 @@ impl RoutingStats {
         let routed: f64 = self.routed_per_expert.to_vec_f64()?.iter().sum();
         let total: f64 = kept.iter().sum();
         Ok(RoutingSummary {
-            expert_load: kept.iter().map(|k| if total > 0.0 { k / total } else { 0.0 }).collect(),
-            drop_rate: if routed > 0.0 { 1.0 - total / routed } else { 0.0 },
+            expert_load: kept
+                .iter()
+                .map(|k| if total > 0.0 { k / total } else { 0.0 })
+                .collect(),
+            drop_rate: if routed > 0.0 {
+                1.0 - total / routed
+            } else {
+                0.0
+            },
             entropy: self.entropy.item()?,
             experts_per_token: total / self.tokens.max(1) as f64,
         })

@@ -13,7 +13,12 @@ impl Tensor {
     /// `y[r] = self[r] · w[row_expert[r]]` with `self: [R, k]`, `w: [n, k, m]`, `row_expert: [R]`
     /// (I32, rows sorted by expert; a row whose expert is outside `0..n` gives zeros) and
     /// `offsets: [n + 1]` (I32, where each expert's rows start; used by the weight gradient).
-    pub fn grouped_matmul(&self, w: &Tensor, row_expert: &Tensor, offsets: &Tensor) -> Result<Tensor> {
+    pub fn grouped_matmul(
+        &self,
+        w: &Tensor,
+        row_expert: &Tensor,
+        offsets: &Tensor,
+    ) -> Result<Tensor> {
         self.check_compatible(w, "grouped_matmul")?;
         self.check_float("grouped_matmul")?;
         if self.rank() != 2 || w.rank() != 3 || self.shape()[1] != w.shape()[1] {
@@ -34,15 +39,42 @@ impl Tensor {
             )));
         }
         if row_expert.dtype() != DType::I32 || offsets.dtype() != DType::I32 {
-            return Err(Error::DType("grouped_matmul: row_expert and offsets must be i32".into()));
+            return Err(Error::DType(
+                "grouped_matmul: row_expert and offsets must be i32".into(),
+            ));
         }
-        let out = self.storage().grouped_matmul(w.storage(), row_expert.storage(), rows, k, m, n, false)?;
+        let out = self.storage().grouped_matmul(
+            w.storage(),
+            row_expert.storage(),
+            rows,
+            k,
+            m,
+            n,
+            false,
+        )?;
         let y = Tensor::from_storage(out, vec![rows, m]);
-        let (x, wd, re, off) = (self.detach(), w.detach(), row_expert.clone(), offsets.clone());
+        let (x, wd, re, off) = (
+            self.detach(),
+            w.detach(),
+            row_expert.clone(),
+            offsets.clone(),
+        );
         Ok(Tensor::record(y, "grouped_matmul", &[self, w], move |g| {
-            let dx = g.storage().grouped_matmul(wd.storage(), re.storage(), rows, m, k, n, true)?;
-            let dw = x.storage().grouped_weight_grad(g.storage(), re.storage(), off.storage(), k, m, n)?;
-            Ok(vec![Some(Tensor::from_storage(dx, vec![rows, k])), Some(Tensor::from_storage(dw, vec![n, k, m]))])
+            let dx = g
+                .storage()
+                .grouped_matmul(wd.storage(), re.storage(), rows, m, k, n, true)?;
+            let dw = x.storage().grouped_weight_grad(
+                g.storage(),
+                re.storage(),
+                off.storage(),
+                k,
+                m,
+                n,
+            )?;
+            Ok(vec![
+                Some(Tensor::from_storage(dx, vec![rows, k])),
+                Some(Tensor::from_storage(dw, vec![n, k, m])),
+            ])
         }))
     }
 }

@@ -143,8 +143,31 @@ impl Backend for GpuBackend {
     fn argsort(&self, _: &GpuBuffer, _: usize, _: usize, _: bool) -> Result<GpuBuffer> {
         Err(no())
     }
-    fn grouped_matmul(&self, _: &GpuBuffer, _: &GpuBuffer, _: &GpuBuffer, _: usize, _: usize, _: usize, _: usize, _: bool) -> Result<GpuBuffer> { Err(no()) }
-    fn grouped_weight_grad(&self, _: &GpuBuffer, _: &GpuBuffer, _: &GpuBuffer, _: &GpuBuffer, _: usize, _: usize, _: usize) -> Result<GpuBuffer> { Err(no()) }
+    fn grouped_matmul(
+        &self,
+        _: &GpuBuffer,
+        _: &GpuBuffer,
+        _: &GpuBuffer,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: bool,
+    ) -> Result<GpuBuffer> {
+        Err(no())
+    }
+    fn grouped_weight_grad(
+        &self,
+        _: &GpuBuffer,
+        _: &GpuBuffer,
+        _: &GpuBuffer,
+        _: &GpuBuffer,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> Result<GpuBuffer> {
+        Err(no())
+    }
     fn random_uniform(&self, _: usize, _: u64, _: DType) -> Result<GpuBuffer> {
         Err(no())
     }

@@ -4,8 +4,8 @@
 //! `y_b = Σ_e G[e, b] f_e(x_b)`. Every expert processes exactly k' tokens; a token may get
 //! 0..n experts; the choice depends on the batch, also at inference.
 
-use crate::moe::router::{LinearGate, Router, RouterConfig};
 use crate::moe::Routing;
+use crate::moe::router::{LinearGate, Router, RouterConfig};
 use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -19,7 +19,11 @@ pub struct ExpertChoiceRouter {
 impl ExpertChoiceRouter {
     /// k is the average number of experts per token.
     pub fn new(cfg: &RouterConfig, device: Device) -> Result<ExpertChoiceRouter> {
-        Ok(ExpertChoiceRouter { gate: LinearGate::new(cfg, device)?, k: cfg.k, experts: cfg.experts })
+        Ok(ExpertChoiceRouter {
+            gate: LinearGate::new(cfg, device)?,
+            k: cfg.k,
+            experts: cfg.experts,
+        })
     }
 }
 
@@ -32,7 +36,9 @@ impl Router for ExpertChoiceRouter {
         let n = self.experts;
         let per_expert = ((t * self.k) as f64 / n as f64).round().max(1.0) as usize;
         if per_expert > t {
-            return Err(Error::Invalid(format!("expert-choice: k' = {per_expert} exceeds the {t} tokens of the batch")));
+            return Err(Error::Invalid(format!(
+                "expert-choice: k' = {per_expert} exceeds the {t} tokens of the batch"
+            )));
         }
         let logits = self.gate.logits(x)?;
         let s = logits.softmax(-1)?;

@@ -4,8 +4,8 @@
 //! the hash is the argmax of a fixed random projection (a locality-sensitive hash): the same
 //! input always lands on the same expert.
 
-use crate::moe::router::{Router, RouterConfig};
 use crate::moe::Routing;
+use crate::moe::router::{Router, RouterConfig};
 use crate::nn::{Param, uniform};
 use crate::{Device, Result, Tensor};
 use rand::SeedableRng;
@@ -20,7 +20,9 @@ impl HashRouter {
     /// A hash router with a projection drawn from the seed (not a parameter).
     pub fn new(cfg: &RouterConfig, device: Device) -> Result<HashRouter> {
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x6861_7368);
-        Ok(HashRouter { projection: uniform(&[cfg.d, cfg.experts], 1.0, &mut rng, device)? })
+        Ok(HashRouter {
+            projection: uniform(&[cfg.d, cfg.experts], 1.0, &mut rng, device)?,
+        })
     }
 }
 
@@ -30,7 +32,7 @@ impl Router for HashRouter {
     }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let xd = x.detach();
-        let scores = xd.matmul(&self.projection)?;
+        let scores = xd.matmul(&self.projection.to_dtype(x.dtype())?)?;
         let (_, idx) = scores.topk(1)?;
         let t = x.shape()[0];
         let ones = Tensor::ones(&[t, 1], x.dtype(), x.device())?;

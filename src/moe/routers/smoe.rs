@@ -2,8 +2,8 @@
 //! `g = TopK(σ(A(x ⊙ ε) + b), k)`, zero-filled, not renormalised, `ε ~ U(0.98, 1.02)`
 //! elementwise, training only. Backward as V-MoE (nonzero for unselected experts).
 
-use crate::moe::router::{LinearGate, Router, RouterConfig, uniform_noise};
 use crate::moe::Routing;
+use crate::moe::router::{LinearGate, Router, RouterConfig, uniform_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
@@ -16,7 +16,10 @@ pub struct SMoeRouter {
 impl SMoeRouter {
     /// An SMoE router.
     pub fn new(cfg: &RouterConfig, device: Device) -> Result<SMoeRouter> {
-        Ok(SMoeRouter { gate: LinearGate::new(cfg, device)?, k: cfg.k })
+        Ok(SMoeRouter {
+            gate: LinearGate::new(cfg, device)?,
+            k: cfg.k,
+        })
     }
 }
 
@@ -26,7 +29,7 @@ impl Router for SMoeRouter {
     }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let xin = if self.gate.training() {
-            x.mul(&uniform_noise(x.shape(), 0.98, 1.02, self.gate.noise_seed(), x.device())?)?
+            x.mul(&uniform_noise(x, 0.98, 1.02, self.gate.noise_seed())?)?
         } else {
             x.clone()
         };

@@ -2,8 +2,8 @@
 //! with weights `g = σ(o)`, `o = x·W + b`. Backward: `∂L/∂o_j = g_j (a_j − Σ_i g_i a_i)` with
 //! `a_i = ⟨∂L/∂y, f_i(x)⟩` — autograd of the softmax gives exactly this.
 
-use crate::moe::router::{LinearGate, Router, RouterConfig};
 use crate::moe::Routing;
+use crate::moe::router::{LinearGate, Router, RouterConfig};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
@@ -18,7 +18,11 @@ impl SoftmaxRouter {
     /// A dense router (k is ignored: every expert runs).
     pub fn new(cfg: &RouterConfig, device: Device) -> Result<SoftmaxRouter> {
         let table = Tensor::from_i32((0..cfg.experts as i32).collect(), &[1, cfg.experts], device)?;
-        Ok(SoftmaxRouter { gate: LinearGate::new(cfg, device)?, experts: cfg.experts, table })
+        Ok(SoftmaxRouter {
+            gate: LinearGate::new(cfg, device)?,
+            experts: cfg.experts,
+            table,
+        })
     }
 }
 

@@ -4,8 +4,8 @@
 //! `∂L/∂θ̃_k = ⟨G_y, f_D⟩ p_D (δ_kD − p_k)`, `∂L/∂θ = u ⊙ ∂L/∂θ̃` (only the ∇₁ term).
 //! Expert i is never chosen when `θ* − θ_i > r(|θ*| + |θ_i|)`.
 
-use crate::moe::router::{LinearGate, Router, RouterConfig, uniform_noise};
 use crate::moe::Routing;
+use crate::moe::router::{LinearGate, Router, RouterConfig, uniform_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
@@ -19,9 +19,15 @@ impl SwitchRouter {
     /// A Switch router with the configured jitter r.
     pub fn new(cfg: &RouterConfig, device: Device) -> Result<SwitchRouter> {
         if !(0.0..1.0).contains(&cfg.jitter) {
-            return Err(crate::Error::Invalid(format!("switch jitter r must be in [0, 1), got {}", cfg.jitter)));
+            return Err(crate::Error::Invalid(format!(
+                "switch jitter r must be in [0, 1), got {}",
+                cfg.jitter
+            )));
         }
-        Ok(SwitchRouter { gate: LinearGate::new(cfg, device)?, jitter: cfg.jitter })
+        Ok(SwitchRouter {
+            gate: LinearGate::new(cfg, device)?,
+            jitter: cfg.jitter,
+        })
     }
 }
 
@@ -32,7 +38,12 @@ impl Router for SwitchRouter {
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
         let jittered = if self.gate.training() && self.jitter > 0.0 {
-            let u = uniform_noise(logits.shape(), 1.0 - self.jitter, 1.0 + self.jitter, self.gate.noise_seed(), x.device())?;
+            let u = uniform_noise(
+                &logits,
+                1.0 - self.jitter,
+                1.0 + self.jitter,
+                self.gate.noise_seed(),
+            )?;
             logits.mul(&u)?
         } else {
             logits.clone()

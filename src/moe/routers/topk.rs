@@ -12,8 +12,8 @@
 //!
 //! Ties are broken by the lowest index (stable sort).
 
-use crate::moe::router::{LinearGate, Router, RouterConfig, normal_noise};
 use crate::moe::Routing;
+use crate::moe::router::{LinearGate, Router, RouterConfig, normal_noise};
 use crate::nn::{Param, join};
 use crate::{Device, Result, Tensor};
 
@@ -40,11 +40,20 @@ impl TopKRouter {
     /// A Top-k router of the given kind.
     pub fn new(cfg: &RouterConfig, kind: TopKKind, device: Device) -> Result<TopKRouter> {
         let noise = if kind == TopKKind::Noisy {
-            Some(Param::new(Tensor::zeros(&[cfg.d, cfg.experts], crate::DType::F32, device)?)?)
+            Some(Param::new(Tensor::zeros(
+                &[cfg.d, cfg.experts],
+                crate::DType::F32,
+                device,
+            )?)?)
         } else {
             None
         };
-        Ok(TopKRouter { gate: LinearGate::new(cfg, device)?, kind, k: cfg.k, noise })
+        Ok(TopKRouter {
+            gate: LinearGate::new(cfg, device)?,
+            kind,
+            k: cfg.k,
+            noise,
+        })
     }
 }
 
@@ -64,7 +73,7 @@ impl Router for TopKRouter {
                 let h = match (&self.noise, self.gate.training()) {
                     (Some(w_noise), true) => {
                         let scale = x.matmul(&w_noise.get())?.softplus()?;
-                        let xi = normal_noise(logits.shape(), self.gate.noise_seed(), x.device())?;
+                        let xi = normal_noise(&logits, self.gate.noise_seed())?;
                         logits.add(&xi.mul(&scale)?)?
                     }
                     _ => logits.clone(),

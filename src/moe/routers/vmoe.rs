@@ -3,8 +3,8 @@
 //! `p = σ(o + ε)`: `∂L/∂o_j = p_j (a_j·1[j∈T] − Σ_{i∈T} p_i a_i)` — nonzero for unselected j, and
 //! a router gradient even at k = 1.
 
-use crate::moe::router::{LinearGate, Router, RouterConfig, normal_noise};
 use crate::moe::Routing;
+use crate::moe::router::{LinearGate, Router, RouterConfig, normal_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
@@ -18,7 +18,11 @@ pub struct VMoeRouter {
 impl VMoeRouter {
     /// Noise std 1/n.
     pub fn new(cfg: &RouterConfig, device: Device) -> Result<VMoeRouter> {
-        Ok(VMoeRouter { gate: LinearGate::new(cfg, device)?, k: cfg.k, noise_std: 1.0 / cfg.experts as f64 })
+        Ok(VMoeRouter {
+            gate: LinearGate::new(cfg, device)?,
+            k: cfg.k,
+            noise_std: 1.0 / cfg.experts as f64,
+        })
     }
 }
 
@@ -29,7 +33,8 @@ impl Router for VMoeRouter {
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
         let noisy = if self.gate.training() {
-            logits.add(&normal_noise(logits.shape(), self.gate.noise_seed(), x.device())?.mul_scalar(self.noise_std)?)?
+            logits
+                .add(&normal_noise(&logits, self.gate.noise_seed())?.mul_scalar(self.noise_std)?)?
         } else {
             logits.clone()
         };

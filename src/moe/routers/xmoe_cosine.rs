@@ -5,8 +5,8 @@
 //! `g = TopK(σ(s), k)`, zero-filled, not renormalised. Gradients reach P, A and τ through the
 //! cosine scores.
 
-use crate::moe::router::{Router, RouterConfig};
 use crate::moe::Routing;
+use crate::moe::router::{Router, RouterConfig};
 use crate::nn::{Param, join, uniform};
 use crate::{DType, Device, Result, Tensor};
 use rand::SeedableRng;
@@ -31,8 +31,18 @@ impl XMoeCosineRouter {
         let dh = (cfg.experts / 2).max(1);
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x786d_6f65);
         Ok(XMoeCosineRouter {
-            proj: Param::new(uniform(&[cfg.d, dh], 1.0 / (cfg.d as f64).sqrt(), &mut rng, device)?)?,
-            experts_emb: Param::new(uniform(&[dh, cfg.experts], 1.0 / (dh as f64).sqrt(), &mut rng, device)?)?,
+            proj: Param::new(uniform(
+                &[cfg.d, dh],
+                1.0 / (cfg.d as f64).sqrt(),
+                &mut rng,
+                device,
+            )?)?,
+            experts_emb: Param::new(uniform(
+                &[dh, cfg.experts],
+                1.0 / (dh as f64).sqrt(),
+                &mut rng,
+                device,
+            )?)?,
             log_temp: Param::new(Tensor::full(&[1], 0.07f64.ln(), DType::F32, device)?)?,
             k: cfg.k,
             training: AtomicBool::new(true),
