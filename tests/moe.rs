@@ -704,3 +704,44 @@ fn gpu_parity_of_the_moe_layer() {
         }
     }
 }
+
+#[test]
+fn cnn_experts_match_their_dense_reference_and_pass_a_directional_gradcheck() {
+    let mut cfg = MoeConfig::new(256, 8, 3, 2);
+    cfg.expert_kind = moegrad::moe::ExpertKind::Cnn { side: 16 };
+    cfg.d_out = 50;
+    cfg.seed = 5;
+    let l = MoeLayer::new(&cfg, Device::cpu()).unwrap();
+    to_f64(&l);
+    l.set_training(false);
+    let x = randn(&[4, 256], 14, DType::F64);
+    let r = l.router.route(&x).unwrap();
+    let y = l
+        .forward_routed(&x, std::slice::from_ref(&r))
+        .unwrap()
+        .y
+        .to_vec_f64()
+        .unwrap();
+    common::assert_close(
+        "cnn experts",
+        &y,
+        &dense_reference(&l, &x, &r),
+        1e-10,
+        1e-10,
+    );
+    let mut inputs = vec![x];
+    inputs.extend(params(&l).into_iter().map(|(_, p)| p.get().detach()));
+    let f = |t: &[Tensor]| -> Result<Tensor> {
+        let l = MoeLayer::new(&cfg, Device::cpu())?;
+        l.set_training(false);
+        for (p, v) in params(&l).into_iter().zip(&t[1..]) {
+            p.1.set(v.clone())?;
+        }
+        Ok(loss_of(&l.forward(&t[0])?.y))
+    };
+    let opts = GradcheckOptions {
+        fast_mode: true,
+        ..GradcheckOptions::default()
+    };
+    gradcheck(f, &inputs, &opts).unwrap();
+}

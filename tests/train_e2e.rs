@@ -245,3 +245,56 @@ fn command_line_bad_input_is_one_line_and_nonzero() {
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn moe_runs_report_expert_load_and_drop_rate() {
+    for (model, data) in [
+        (ModelKind::MoeMlp, DataKind::Mnist),
+        (ModelKind::MmoeCnn, DataKind::Multimnist),
+    ] {
+        let cfg = TrainConfig {
+            model,
+            data,
+            router: "topk".into(),
+            experts: 4,
+            k: 2,
+            capacity_factor: 1.0,
+            epochs: 1,
+            train_limit: 128,
+            test_limit: 64,
+            ..small("moe")
+        };
+        let s = run(&cfg, RunOptions::default()).unwrap();
+        let load = s.expert_load.clone().unwrap();
+        assert_eq!(load.len(), 4);
+        assert!((load.iter().sum::<f64>() - 1.0).abs() < 1e-9);
+        let drop = s.drop_rate.unwrap();
+        assert!((0.0..1.0).contains(&drop));
+        let json = serde_json::to_value(&s).unwrap();
+        assert!(json["expert_load"].is_array() && json["drop_rate"].is_number());
+        assert!(cfg.out.join("expert_load.svg").is_file());
+    }
+    let bad = TrainConfig {
+        model: ModelKind::MoeMlp,
+        router: "nope".into(),
+        ..small("moe-bad")
+    };
+    assert!(
+        run(&bad, RunOptions::default())
+            .unwrap_err()
+            .to_string()
+            .contains("--router")
+    );
+    let bad = TrainConfig {
+        model: ModelKind::MoeMlp,
+        k: 9,
+        experts: 4,
+        ..small("moe-bad2")
+    };
+    assert!(
+        run(&bad, RunOptions::default())
+            .unwrap_err()
+            .to_string()
+            .contains("--k 9")
+    );
+}

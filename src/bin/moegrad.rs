@@ -55,7 +55,7 @@ struct TrainArgs {
     /// Directory with the MNIST IDX files (bundled subset in data/, or the full MNIST files).
     #[arg(long, default_value = "data")]
     data_dir: PathBuf,
-    /// Model: mlp or cnn.
+    /// Model: mlp, cnn, moe-mlp, moe-cnn or mmoe-cnn (multi-gate, MultiMNIST).
     #[arg(long, value_enum, default_value = "cnn")]
     model: ModelArg,
     /// Passes over the training set.
@@ -100,6 +100,27 @@ struct TrainArgs {
     /// Read the loss back every N steps (progress bar, NaN check).
     #[arg(long, default_value_t = 20)]
     log_every: usize,
+    /// MoE router: softmax, topk, topk-noisy, topk-unnorm, switch, vmoe, smoe, expert-choice, xmoe-cosine, hash.
+    #[arg(long, default_value = "topk")]
+    router: String,
+    /// MoE: number of experts.
+    #[arg(long, default_value_t = 8)]
+    experts: usize,
+    /// MoE: experts per token.
+    #[arg(long, default_value_t = 2)]
+    k: usize,
+    /// MoE: capacity factor γ in training (0: dropless).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    capacity_factor: f64,
+    /// MoE: capacity factor in evaluation (0: dropless).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    eval_capacity_factor: f64,
+    /// MoE: Switch load-balancing loss coefficient α.
+    #[arg(long, default_value_t = 0.01, allow_negative_numbers = true)]
+    balance_loss: f64,
+    /// MoE: router z-loss coefficient.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    z_loss: f64,
     /// Continue from OUT/checkpoint.safetensors.
     #[arg(long)]
     resume: bool,
@@ -118,6 +139,9 @@ enum DataArg {
 enum ModelArg {
     Mlp,
     Cnn,
+    MoeMlp,
+    MoeCnn,
+    MmoeCnn,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -138,6 +162,9 @@ impl TrainArgs {
             model: match self.model {
                 ModelArg::Mlp => ModelKind::Mlp,
                 ModelArg::Cnn => ModelKind::Cnn,
+                ModelArg::MoeMlp => ModelKind::MoeMlp,
+                ModelArg::MoeCnn => ModelKind::MoeCnn,
+                ModelArg::MmoeCnn => ModelKind::MmoeCnn,
             },
             epochs: self.epochs,
             batch: self.batch,
@@ -157,6 +184,13 @@ impl TrainArgs {
             train_limit: self.train_limit,
             test_limit: self.test_limit,
             log_every: self.log_every,
+            router: self.router.clone(),
+            experts: self.experts,
+            k: self.k,
+            capacity_factor: self.capacity_factor,
+            eval_capacity_factor: self.eval_capacity_factor,
+            balance_loss: self.balance_loss,
+            z_loss: self.z_loss,
         }
     }
 }

@@ -130,4 +130,23 @@ impl DispatchPlan {
             capacity: cap,
         })
     }
+
+    /// A plan whose rows are already in order (`row_expert` sorted, all kept), for running an
+    /// expert bank directly on a batch (dense references, tests).
+    pub fn identity(row_expert: &Tensor, offsets: Tensor, dtype: DType) -> Result<DispatchPlan> {
+        let a = row_expert.numel();
+        let dev = row_expert.device();
+        let n = offsets.numel() - 1;
+        Ok(DispatchPlan {
+            order: arange_f(a, DType::F32, dev)?.to_dtype(DType::I32)?,
+            row_token: arange_f(a, DType::F32, dev)?.to_dtype(DType::I32)?,
+            row_expert: row_expert.clone(),
+            row_expert_clamped: row_expert.clone(),
+            row_kept: Tensor::ones(&[a], dtype, dev)?,
+            offsets,
+            kept_per_expert: Tensor::zeros(&[n], DType::F32, dev)?,
+            routed_per_expert: Tensor::zeros(&[n], DType::F32, dev)?,
+            capacity: None,
+        })
+    }
 }

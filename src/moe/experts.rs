@@ -11,6 +11,16 @@ use crate::nn::{Activation, Module, Param, join, uniform};
 use crate::{DType, Device, Error, Result, Tensor};
 use rand_chacha::ChaCha8Rng;
 
+/// A bank of experts the MoE layer can dispatch to: runs each kept row through its expert.
+pub trait ExpertNet: Module {
+    /// `rows: [A, d]` in the plan's sorted order → `[A, d_out]`, exact zeros on dropped rows.
+    fn forward_rows(&self, rows: &Tensor, plan: &DispatchPlan) -> Result<Tensor>;
+    /// Number of experts.
+    fn experts(&self) -> usize;
+    /// Output width.
+    fn d_out(&self) -> usize;
+}
+
 /// `n` MLP experts `x → act(x·W1 + b1)·W2 + b2`.
 pub struct ExpertBank {
     /// `[n, d, h]`
@@ -59,20 +69,18 @@ impl ExpertBank {
             activation,
         })
     }
+}
 
-    /// Number of experts.
-    pub fn experts(&self) -> usize {
+impl ExpertNet for ExpertBank {
+    fn experts(&self) -> usize {
         self.w1.get().shape()[0]
     }
 
-    /// Output width.
-    pub fn d_out(&self) -> usize {
+    fn d_out(&self) -> usize {
         self.w2.get().shape()[2]
     }
 
-    /// Runs every kept row through its expert: `rows: [A, d]` in the plan's sorted order →
-    /// `[A, d_out]`, zeros on dropped rows.
-    pub fn forward_rows(&self, rows: &Tensor, plan: &DispatchPlan) -> Result<Tensor> {
+    fn forward_rows(&self, rows: &Tensor, plan: &DispatchPlan) -> Result<Tensor> {
         let h = rows
             .grouped_matmul(&self.w1.get(), &plan.row_expert, &plan.offsets)?
             .add(&self.b1.get().index_select(0, &plan.row_expert_clamped)?)?;
@@ -89,14 +97,6 @@ impl ExpertBank {
             &out,
             &Tensor::scalar(0.0, out.dtype(), out.device())?,
         )
-    }
-
-    /// Names the parameters `<prefix>.w1`, ...
-    pub fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
-        f(join(prefix, "w1"), &self.w1);
-        f(join(prefix, "b1"), &self.b1);
-        f(join(prefix, "w2"), &self.w2);
-        f(join(prefix, "b2"), &self.b2);
     }
 }
 
@@ -115,6 +115,9 @@ impl Module for ExpertBank {
             .add(&self.b2.get().reshape(&[n, 1, self.d_out()])?)
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
-        ExpertBank::visit_params(self, prefix, f)
+        f(join(prefix, "w1"), &self.w1);
+        f(join(prefix, "b1"), &self.b1);
+        f(join(prefix, "w2"), &self.w2);
+        f(join(prefix, "b2"), &self.b2);
     }
 }

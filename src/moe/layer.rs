@@ -11,8 +11,9 @@
 //! for kept rows and 0 for dropped ones; expert parameters get gradient only from their rows;
 //! experts that received no rows are never run and get exactly zero.
 
+use super::cnn_experts::CnnExpertBank;
 use super::dispatch::{Capacity, DispatchPlan};
-use super::experts::ExpertBank;
+use super::experts::{ExpertBank, ExpertNet};
 use super::router::{Router, RouterConfig, build_router};
 use super::stats::RoutingStats;
 use super::{Routing, aux_loss};
@@ -51,6 +52,20 @@ pub struct MoeConfig {
     pub jitter: f64,
     /// seed of the initialisation and the router noise
     pub seed: u64,
+    /// what the experts are
+    pub expert_kind: ExpertKind,
+}
+
+/// The expert architecture.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertKind {
+    /// two-layer MLPs `d → hidden → d_out`
+    Mlp,
+    /// the MOESART CNN on `side × side` images (`d = side²`, `d_out = 50`)
+    Cnn {
+        /// image side
+        side: usize,
+    },
 }
 
 impl MoeConfig {
@@ -70,6 +85,7 @@ impl MoeConfig {
             z_loss: 0.0,
             jitter: 0.1,
             seed: 0,
+            expert_kind: ExpertKind::Mlp,
         }
     }
 }
@@ -90,7 +106,7 @@ pub struct MoeLayer {
     /// the router
     pub router: Box<dyn Router>,
     /// the experts
-    pub experts: ExpertBank,
+    pub experts: Box<dyn ExpertNet>,
     /// the settings
     pub config: MoeConfig,
     training: AtomicBool,
@@ -108,15 +124,27 @@ impl MoeLayer {
         };
         let router = build_router(&cfg.router, &rcfg, device)?;
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
-        let experts = ExpertBank::new(
-            cfg.experts,
-            cfg.d,
-            cfg.hidden,
-            cfg.d_out,
-            cfg.activation,
-            &mut rng,
-            device,
-        )?;
+        let experts: Box<dyn ExpertNet> = match cfg.expert_kind {
+            ExpertKind::Mlp => Box::new(ExpertBank::new(
+                cfg.experts,
+                cfg.d,
+                cfg.hidden,
+                cfg.d_out,
+                cfg.activation,
+                &mut rng,
+                device,
+            )?),
+            ExpertKind::Cnn { side } => {
+                if side * side != cfg.d {
+                    return Err(Error::Invalid(format!(
+                        "CNN experts on {side}×{side} images need d = {}, got {}",
+                        side * side,
+                        cfg.d
+                    )));
+                }
+                Box::new(CnnExpertBank::new(cfg.experts, side, &mut rng, device)?)
+            }
+        };
         Ok(MoeLayer {
             router,
             experts,

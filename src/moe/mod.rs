@@ -3,6 +3,7 @@
 //! `routers/` → `routing.rs` → `dispatch.rs` → `experts.rs` → `layer.rs`.
 
 pub mod aux_loss;
+pub mod cnn_experts;
 pub mod dispatch;
 pub mod experts;
 pub mod layer;
@@ -11,9 +12,10 @@ pub mod routers;
 pub mod routing;
 pub mod stats;
 
+pub use cnn_experts::CnnExpertBank;
 pub use dispatch::{Capacity, DispatchPlan};
-pub use experts::ExpertBank;
-pub use layer::{MoeConfig, MoeLayer, MoeOutput};
+pub use experts::{ExpertBank, ExpertNet};
+pub use layer::{ExpertKind, MoeConfig, MoeLayer, MoeOutput};
 pub use router::{ROUTER_NAMES, Router, RouterConfig, build_router};
 pub use routing::Routing;
 pub use stats::{RoutingStats, RoutingSummary};

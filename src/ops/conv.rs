@@ -87,7 +87,19 @@ fn window_index(win: Window, device: Device) -> Result<Tensor> {
 }
 
 impl Tensor {
-    /// Windows of a `[B, C, H, W]` tensor: `[B, C, OH·OW, KH·KW]`, plus `(OH, OW)`.
+    /// Windows of a `[B, C, H, W]` tensor (im2col): `[B, C, OH·OW, KH·KW]`, window order
+    /// `(oh, ow)`, offsets `(kh, kw)`, zeros where a window hangs over the padding.
+    pub fn unfold_windows(
+        &self,
+        kh: usize,
+        kw: usize,
+        stride: usize,
+        pad: usize,
+    ) -> Result<Tensor> {
+        Ok(self.unfold(kh, kw, stride, pad)?.0)
+    }
+
+    /// [`Tensor::unfold_windows`] plus `(OH, OW)`.
     fn unfold(
         &self,
         kh: usize,

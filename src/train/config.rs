@@ -22,6 +22,25 @@ pub enum ModelKind {
     Mlp,
     /// a LeNet-style convolutional network
     Cnn,
+    /// an MoE layer of MLP experts on the flattened image
+    #[serde(rename = "moe-mlp")]
+    MoeMlp,
+    /// an MoE layer of the MOESART CNN experts
+    #[serde(rename = "moe-cnn")]
+    MoeCnn,
+    /// multi-gate MoE: one router per task over shared CNN experts, a tower per task
+    #[serde(rename = "mmoe-cnn")]
+    MmoeCnn,
+}
+
+impl ModelKind {
+    /// True for the MoE models.
+    pub fn is_moe(self) -> bool {
+        matches!(
+            self,
+            ModelKind::MoeMlp | ModelKind::MoeCnn | ModelKind::MmoeCnn
+        )
+    }
 }
 
 /// Which optimizer.
@@ -73,6 +92,20 @@ pub struct TrainConfig {
     pub test_limit: usize,
     /// read the loss back every this many steps (progress bar and NaN check)
     pub log_every: usize,
+    /// MoE router name
+    pub router: String,
+    /// MoE: number of experts
+    pub experts: usize,
+    /// MoE: experts per token
+    pub k: usize,
+    /// MoE: capacity factor γ in training (0: dropless)
+    pub capacity_factor: f64,
+    /// MoE: capacity factor in evaluation (0: dropless)
+    pub eval_capacity_factor: f64,
+    /// MoE: Switch balance-loss coefficient α
+    pub balance_loss: f64,
+    /// MoE: router z-loss coefficient
+    pub z_loss: f64,
 }
 
 impl Default for TrainConfig {
@@ -95,6 +128,13 @@ impl Default for TrainConfig {
             train_limit: 0,
             test_limit: 0,
             log_every: 20,
+            router: "topk".into(),
+            experts: 8,
+            k: 2,
+            capacity_factor: 0.0,
+            eval_capacity_factor: 0.0,
+            balance_loss: 0.01,
+            z_loss: 0.0,
         }
     }
 }
@@ -138,6 +178,34 @@ impl TrainConfig {
                 "--device {:?}: expected auto, cpu or gpu",
                 self.device
             ));
+        }
+        if self.model.is_moe() {
+            if !crate::moe::ROUTER_NAMES.contains(&self.router.as_str()) {
+                return bad(format!(
+                    "--router {:?}: expected one of {}",
+                    self.router,
+                    crate::moe::ROUTER_NAMES.join(", ")
+                ));
+            }
+            if self.experts == 0 || self.k == 0 || self.k > self.experts {
+                return bad(format!(
+                    "--k {} must be between 1 and --experts {}",
+                    self.k, self.experts
+                ));
+            }
+            for (name, v) in [
+                ("--capacity-factor", self.capacity_factor),
+                ("--eval-capacity-factor", self.eval_capacity_factor),
+                ("--balance-loss", self.balance_loss),
+                ("--z-loss", self.z_loss),
+            ] {
+                if !(v.is_finite() && v >= 0.0) {
+                    return bad(format!("{name} must be finite and non-negative, got {v}"));
+                }
+            }
+        }
+        if self.model == ModelKind::MmoeCnn && self.data != DataKind::Multimnist {
+            return bad("--model mmoe-cnn is multi-task: use it with --data multimnist".into());
         }
         if self.log_every == 0 {
             return bad("--log-every must be at least 1".into());

@@ -17,7 +17,7 @@ use crate::checkpoint::Checkpoint;
 use crate::data::{Dataset, Mnist, multimnist};
 use crate::optim::{Adam, Optimizer, Schedule, Sgd, clip_grad_norm};
 use crate::{DType, Device, Error, Result, Tensor};
-use models::MultiHead;
+use models::TaskModel;
 use plot::EpochPoint;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -44,6 +44,12 @@ pub struct TrainSummary {
     pub steps: u64,
     /// trainable parameters
     pub params: usize,
+    /// MoE: fraction of kept assignments per expert over the last epoch
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_load: Option<Vec<f64>>,
+    /// MoE: fraction of routed assignments dropped by capacity over the last epoch
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub drop_rate: Option<f64>,
 }
 
 /// Options of the invocation that are not part of the run's identity.
@@ -128,7 +134,7 @@ fn make_optimizer(cfg: &TrainConfig) -> Result<Box<dyn Optimizer>> {
     })
 }
 
-/// Summed cross-entropy over the tasks.
+/// Summed cross-entropy over the tasks, plus the model's auxiliary loss.
 fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
     let mut total: Option<Tensor> = None;
     for (l, y) in logits.iter().zip(targets) {
@@ -143,7 +149,7 @@ fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
 
 /// Mean test loss and accuracy per task, with the values accumulated on the device.
 pub fn evaluate(
-    model: &MultiHead,
+    model: &dyn TaskModel,
     data: &Dataset,
     batch: usize,
     device: Device,
@@ -158,7 +164,7 @@ pub fn evaluate(
     let order = data.order(0, 0, false);
     for ids in order.chunks(batch.max(1)) {
         let b = data.batch(ids, device)?;
-        let logits = model.forward_tasks(&b.x)?;
+        let logits = model.forward(&b.x)?.logits;
         loss_sum = loss_sum.add(&task_loss(&logits, &b.y)?.mul_scalar(ids.len() as f64)?)?;
         for t in 0..tasks {
             let pred = logits[t].argmax(-1, false)?.to_dtype(DType::F32)?;
@@ -223,7 +229,8 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
     if data.train.is_empty() || data.test.is_empty() {
         return Err(Error::Invalid("the training or test split is empty".into()));
     }
-    let model = models::build(cfg.model, data.side, data.tasks, cfg.seed, device)?;
+    let model = models::build(cfg, data.side, data.tasks, device)?;
+    let model = model.as_ref();
     let params = model.named_params();
     let n_params: usize = params.iter().map(|(_, p)| p.get().numel()).sum();
     let mut opt = make_optimizer(cfg)?;
@@ -296,6 +303,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
     }
 
     let mut last = (f64::NAN, f64::NAN, vec![f64::NAN; data.tasks]);
+    let mut last_routing: Option<(Vec<f64>, f64)> = None;
     let mut step = opt.steps();
     for epoch in start_epoch..cfg.epochs {
         let epoch_start = Instant::now();
@@ -314,11 +322,29 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
             indicatif::ProgressBar::hidden()
         };
         let mut loss_sum = Tensor::zeros(&[], DType::F32, device)?;
+        let mut kept_sum: Option<(Tensor, Tensor)> = None;
         let order = data.train.order(cfg.seed, epoch, true);
         for (i, ids) in order.chunks(cfg.batch).enumerate() {
             opt.set_lr(schedule.lr(step));
             let b = data.train.batch(ids, device)?;
-            let loss = task_loss(&model.forward_tasks(&b.x)?, &b.y)?;
+            let out = model.forward(&b.x)?;
+            let task = task_loss(&out.logits, &b.y)?;
+            let loss = match &out.aux_loss {
+                Some(aux) => task.add(aux)?,
+                None => task.clone(),
+            };
+            if let Some(stats) = &out.routing {
+                kept_sum = Some(match kept_sum {
+                    Some((k, r)) => (
+                        stats.kept_per_expert.add(&k)?,
+                        stats.routed_per_expert.add(&r)?,
+                    ),
+                    None => (
+                        stats.kept_per_expert.clone(),
+                        stats.routed_per_expert.clone(),
+                    ),
+                });
+            }
             loss.backward()?;
             let scale = if cfg.clip_grad_norm > 0.0 {
                 clip_grad_norm(&params, cfg.clip_grad_norm)?
@@ -328,7 +354,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
             opt.step(&params, scale.as_ref().map(|(_, s)| s))?;
             step += 1;
             loss_sum =
-                crate::no_grad(|| loss_sum.add(&loss.detach().mul_scalar(ids.len() as f64)?))?;
+                crate::no_grad(|| loss_sum.add(&task.detach().mul_scalar(ids.len() as f64)?))?;
             if (i + 1) % cfg.log_every == 0 || i + 1 == steps_per_epoch as usize {
                 let l = loss.item()?;
                 if !l.is_finite() {
@@ -360,11 +386,19 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
                 ckpt_path.display()
             )));
         }
-        let (test_loss, acc) = evaluate(&model, &data.test, cfg.batch.max(256), device)?;
-        let line = serde_json::json!({
+        let (test_loss, acc) = evaluate(model, &data.test, cfg.batch.max(256), device)?;
+        let routing = match &kept_sum {
+            Some((k, r)) => Some(load_and_drop(k, r)?),
+            None => None,
+        };
+        let mut line = serde_json::json!({
             "epoch": epoch + 1, "step": step, "lr": opt.lr(), "train_loss": train_loss, "test_loss": test_loss,
             "test_accuracy": accuracy_json(&acc), "epoch_seconds": epoch_start.elapsed().as_secs_f64(),
         });
+        if let Some((load, drop)) = &routing {
+            line["expert_load"] = serde_json::json!(load);
+            line["drop_rate"] = serde_json::json!(drop);
+        }
         let mut f = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -389,10 +423,24 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
             &read_points(&metrics_path),
             &format!("{:?} {:?}", cfg.model, cfg.data),
         )?;
+        if routing.is_some() {
+            plot::draw_expert_load(&cfg.out.join("expert_load.svg"), &read_loads(&metrics_path))?;
+        }
         if opts.progress {
             let accs: Vec<String> = acc.iter().map(|a| format!("{:.2}%", 100.0 * a)).collect();
+            let moe = match &routing {
+                Some((load, drop)) => {
+                    let l: Vec<String> = load.iter().map(|v| format!("{:.0}", 100.0 * v)).collect();
+                    format!(
+                        ", expert load % [{}], drop rate {:.2}%",
+                        l.join(" "),
+                        100.0 * drop
+                    )
+                }
+                None => String::new(),
+            };
             eprintln!(
-                "epoch {}/{}: train loss {train_loss:.4}, test loss {test_loss:.4}, test accuracy {}, {:.1} s",
+                "epoch {}/{}: train loss {train_loss:.4}, test loss {test_loss:.4}, test accuracy {}{moe}, {:.1} s",
                 epoch + 1,
                 cfg.epochs,
                 accs.join(" / "),
@@ -400,9 +448,10 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
             );
         }
         last = (train_loss, test_loss, acc);
+        last_routing = routing;
     }
     if start_epoch >= cfg.epochs {
-        let (test_loss, acc) = evaluate(&model, &data.test, cfg.batch.max(256), device)?;
+        let (test_loss, acc) = evaluate(model, &data.test, cfg.batch.max(256), device)?;
         last = (f64::NAN, test_loss, acc);
     }
     Ok(TrainSummary {
@@ -414,5 +463,43 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         test_accuracy: accuracy_json(&last.2),
         steps: opt.steps(),
         params: n_params,
+        expert_load: last_routing.as_ref().map(|r| r.0.clone()),
+        drop_rate: last_routing.map(|r| r.1),
     })
+}
+
+/// Fractions of kept assignments per expert and the fraction dropped, from summed counts.
+fn load_and_drop(kept: &Tensor, routed: &Tensor) -> Result<(Vec<f64>, f64)> {
+    let k = kept.to_vec_f64()?;
+    let total: f64 = k.iter().sum();
+    let routed: f64 = routed.to_vec_f64()?.iter().sum();
+    let load = k
+        .iter()
+        .map(|v| if total > 0.0 { v / total } else { 0.0 })
+        .collect();
+    Ok((
+        load,
+        if routed > 0.0 {
+            1.0 - total / routed
+        } else {
+            0.0
+        },
+    ))
+}
+
+fn read_loads(path: &Path) -> Vec<(usize, Vec<f64>)> {
+    let Ok(text) = std::fs::read_to_string(path) else {
+        return Vec::new();
+    };
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| {
+            let load = v["expert_load"]
+                .as_array()?
+                .iter()
+                .filter_map(|x| x.as_f64())
+                .collect();
+            Some((v["epoch"].as_u64()? as usize, load))
+        })
+        .collect()
 }

@@ -1,16 +1,44 @@
-//! The models `moegrad train` builds: an MLP and a LeNet-style CNN, each with one 10-way head per
-//! task (one for MNIST, two for MultiMNIST) over a shared trunk.
+//! The models `moegrad train` builds, each with one 10-way output per task (one for MNIST, two
+//! for MultiMNIST):
 //!
-//! The CNN is the expert network of the MOESART paper's MultiMNIST setup: conv 5×5×10, ReLU,
-//! max-pool 2; conv 5×5×20, ReLU, max-pool 2; dense 50, ReLU; then the heads.
+//! * `mlp`, `cnn`: a shared trunk and a linear head per task. The CNN is the expert network of
+//!   the MOESART MultiMNIST setup (conv 5×5×10, ReLU, pool; conv 5×5×20, ReLU, pool; dense 50).
+//! * `moe-mlp`: one MoE layer of MLP experts (hidden 128, output 64) on the flattened image,
+//!   ReLU, a linear head per task.
+//! * `moe-cnn`: one MoE layer of the MOESART CNN experts (output 50), a head per task.
+//! * `mmoe-cnn`: multi-gate MoE (MOESART/DSelect-k multi-task setup): one router per task over
+//!   the shared CNN experts, and a tower per task (dense 50 → 50, ReLU → 10).
 
-use super::config::ModelKind;
+use super::config::{ModelKind, TrainConfig};
+use crate::moe::{
+    Capacity, ExpertKind, MoeConfig, MoeLayer, Router, RouterConfig, RoutingStats, build_router,
+};
 use crate::nn::{
     Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Module, Param, Sequential, join,
 };
 use crate::{Device, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+
+/// What a model returns for a batch.
+pub struct ModelOutput {
+    /// logits `[B, 10]` per task
+    pub logits: Vec<Tensor>,
+    /// auxiliary loss to add to the task loss (MoE balance/z-loss)
+    pub aux_loss: Option<Tensor>,
+    /// routing statistics of the MoE layer
+    pub routing: Option<RoutingStats>,
+}
+
+/// A model trained by `moegrad train`.
+pub trait TaskModel {
+    /// Runs a batch of images `[B, 1, side, side]`.
+    fn forward(&self, x: &Tensor) -> Result<ModelOutput>;
+    /// Every parameter with its name.
+    fn named_params(&self) -> Vec<(String, Param)>;
+    /// Training or evaluation mode.
+    fn set_training(&self, on: bool);
+}
 
 /// A shared trunk and one classification head per task.
 pub struct MultiHead {
@@ -20,15 +48,21 @@ pub struct MultiHead {
     pub heads: Vec<Linear>,
 }
 
-impl MultiHead {
-    /// Logits `[B, 10]` per task.
-    pub fn forward_tasks(&self, x: &Tensor) -> Result<Vec<Tensor>> {
+impl TaskModel for MultiHead {
+    fn forward(&self, x: &Tensor) -> Result<ModelOutput> {
         let h = self.trunk.forward(x)?;
-        self.heads.iter().map(|head| head.forward(&h)).collect()
+        let logits = self
+            .heads
+            .iter()
+            .map(|head| head.forward(&h))
+            .collect::<Result<_>>()?;
+        Ok(ModelOutput {
+            logits,
+            aux_loss: None,
+            routing: None,
+        })
     }
-
-    /// Every parameter with its name (`trunk.*`, `heads.<t>.*`).
-    pub fn named_params(&self) -> Vec<(String, Param)> {
+    fn named_params(&self) -> Vec<(String, Param)> {
         let mut out = Vec::new();
         self.trunk
             .visit_params("trunk", &mut |n, p| out.push((n, p.clone())));
@@ -39,25 +73,108 @@ impl MultiHead {
         }
         out
     }
-
-    /// Switches dropout and noise between training and evaluation.
-    pub fn set_training(&self, on: bool) {
+    fn set_training(&self, on: bool) {
         self.trunk.set_training(on);
     }
 }
 
-/// Builds the model for images of `side × side` pixels and `tasks` heads, from `seed`.
+/// An MoE layer (with extra routers for a multi-gate MoE) and a tower per task.
+pub struct MoeModel {
+    /// the MoE layer (its router is task 0's)
+    pub moe: MoeLayer,
+    /// routers of tasks 1.. (multi-gate only)
+    pub extra_gates: Vec<Box<dyn Router>>,
+    /// one tower per task
+    pub towers: Vec<Sequential>,
+    /// ReLU after the MoE layer (MLP experts)
+    pub activate: bool,
+}
+
+impl TaskModel for MoeModel {
+    fn forward(&self, x: &Tensor) -> Result<ModelOutput> {
+        let b = x.shape()[0];
+        let flat = x.reshape(&[b, x.numel() / b.max(1)])?;
+        let mut routings = vec![self.moe.router.route(&flat)?];
+        for g in &self.extra_gates {
+            routings.push(g.route(&flat)?);
+        }
+        let out = self.moe.forward_routed(&flat, &routings)?;
+        let mut h = out.y;
+        if self.activate {
+            h = h.relu()?;
+        }
+        let tasks = self.towers.len();
+        let logits = (0..tasks)
+            .map(|t| {
+                // multi-gate: task t reads its own rows t·B..(t+1)·B; single gate: all tasks share them
+                let rows = if routings.len() > 1 {
+                    h.slice(0, t * b, (t + 1) * b)?
+                } else {
+                    h.clone()
+                };
+                self.towers[t].forward(&rows)
+            })
+            .collect::<Result<_>>()?;
+        Ok(ModelOutput {
+            logits,
+            aux_loss: Some(out.aux_loss),
+            routing: Some(out.stats),
+        })
+    }
+    fn named_params(&self) -> Vec<(String, Param)> {
+        let mut out = Vec::new();
+        self.moe
+            .visit_params("moe", &mut |n, p| out.push((n, p.clone())));
+        for (t, g) in self.extra_gates.iter().enumerate() {
+            g.visit_params(&join("moe", &format!("router{}", t + 1)), &mut |n, p| {
+                out.push((n, p.clone()))
+            });
+        }
+        for (t, tower) in self.towers.iter().enumerate() {
+            tower.visit_params(&join("towers", &t.to_string()), &mut |n, p| {
+                out.push((n, p.clone()))
+            });
+        }
+        out
+    }
+    fn set_training(&self, on: bool) {
+        self.moe.set_training(on);
+        for g in &self.extra_gates {
+            g.set_training(on);
+        }
+        for t in &self.towers {
+            t.set_training(on);
+        }
+    }
+}
+
+fn capacity(factor: f64) -> Capacity {
+    if factor > 0.0 {
+        Capacity::Factor {
+            factor,
+            min_capacity: 4,
+        }
+    } else {
+        Capacity::Dropless
+    }
+}
+
+/// Builds the model for images of `side × side` pixels and `tasks` tasks.
 pub fn build(
-    kind: ModelKind,
+    cfg: &TrainConfig,
     side: usize,
     tasks: usize,
-    seed: u64,
     device: Device,
-) -> Result<MultiHead> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let (trunk, width) = match kind {
+) -> Result<Box<dyn TaskModel>> {
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
+    let heads = |width: usize, rng: &mut ChaCha8Rng| -> Result<Vec<Linear>> {
+        (0..tasks)
+            .map(|_| Linear::new(width, 10, Init::XavierUniform, rng, device))
+            .collect()
+    };
+    Ok(match cfg.model {
         ModelKind::Mlp => {
-            let t = Sequential::new()
+            let trunk = Sequential::new()
                 .push(Flatten)
                 .push(Linear::new(
                     side * side,
@@ -75,11 +192,14 @@ pub fn build(
                     device,
                 )?)
                 .push(Activation::Relu);
-            (t, 128)
+            Box::new(MultiHead {
+                trunk,
+                heads: heads(128, &mut rng)?,
+            })
         }
         ModelKind::Cnn => {
             let after = ((side - 4) / 2 - 4) / 2;
-            let t = Sequential::new()
+            let trunk = Sequential::new()
                 .push(Conv2d::new(1, 10, 5, 1, 0, &mut rng, device)?)
                 .push(Activation::Relu)
                 .push(MaxPool2d {
@@ -101,11 +221,74 @@ pub fn build(
                     device,
                 )?)
                 .push(Activation::Relu);
-            (t, 50)
+            Box::new(MultiHead {
+                trunk,
+                heads: heads(50, &mut rng)?,
+            })
         }
-    };
-    let heads = (0..tasks)
-        .map(|_| Linear::new(width, 10, Init::XavierUniform, &mut rng, device))
-        .collect::<Result<Vec<_>>>()?;
-    Ok(MultiHead { trunk, heads })
+        ModelKind::MoeMlp | ModelKind::MoeCnn | ModelKind::MmoeCnn => {
+            let cnn = cfg.model != ModelKind::MoeMlp;
+            let mut mc = MoeConfig::new(side * side, 128, cfg.experts, cfg.k);
+            mc.router = cfg.router.clone();
+            mc.capacity = capacity(cfg.capacity_factor);
+            mc.eval_capacity = capacity(cfg.eval_capacity_factor);
+            mc.balance_loss = cfg.balance_loss;
+            mc.z_loss = cfg.z_loss;
+            mc.seed = cfg.seed;
+            if cnn {
+                mc.expert_kind = ExpertKind::Cnn { side };
+                mc.d_out = crate::moe::cnn_experts::CNN_EXPERT_OUT;
+            } else {
+                mc.d_out = 64;
+            }
+            let moe = MoeLayer::new(&mc, device)?;
+            let multi_gate = cfg.model == ModelKind::MmoeCnn;
+            let extra_gates = if multi_gate {
+                (1..tasks)
+                    .map(|t| {
+                        let rc = RouterConfig {
+                            d: mc.d,
+                            experts: mc.experts,
+                            k: mc.k,
+                            jitter: mc.jitter,
+                            seed: cfg.seed + t as u64,
+                        };
+                        build_router(&cfg.router, &rc, device)
+                    })
+                    .collect::<Result<Vec<_>>>()?
+            } else {
+                Vec::new()
+            };
+            let towers = (0..tasks)
+                .map(|_| -> Result<Sequential> {
+                    Ok(if multi_gate {
+                        Sequential::new()
+                            .push(Linear::new(
+                                mc.d_out,
+                                50,
+                                Init::KaimingUniform,
+                                &mut rng,
+                                device,
+                            )?)
+                            .push(Activation::Relu)
+                            .push(Linear::new(50, 10, Init::XavierUniform, &mut rng, device)?)
+                    } else {
+                        Sequential::new().push(Linear::new(
+                            mc.d_out,
+                            10,
+                            Init::XavierUniform,
+                            &mut rng,
+                            device,
+                        )?)
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            Box::new(MoeModel {
+                moe,
+                extra_gates,
+                towers,
+                activate: !cnn,
+            })
+        }
+    })
 }

@@ -122,3 +122,66 @@ pub fn draw_curves(path: &Path, points: &[EpochPoint], title: &str) -> Result<()
     root.present().map_err(|e| plot_err(path, e))?;
     Ok(())
 }
+
+/// Draws each expert's share of the kept assignments against the epoch (`expert_load.svg`).
+pub fn draw_expert_load(path: &Path, loads: &[(usize, Vec<f64>)]) -> Result<()> {
+    let Some((_, first)) = loads.first() else {
+        return Ok(());
+    };
+    let experts = first.len();
+    let root = SVGBackend::new(path, (640, 400)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    let last = loads.last().map(|l| l.0).unwrap_or(1).max(2) as f64;
+    let top = loads
+        .iter()
+        .flat_map(|l| l.1.iter().copied())
+        .fold(0.0, f64::max)
+        .max(1.0 / experts.max(1) as f64)
+        * 1.15;
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "expert load (share of kept assignments)",
+            ("sans-serif", 18),
+        )
+        .margin(12)
+        .x_label_area_size(32)
+        .y_label_area_size(48)
+        .build_cartesian_2d(loads[0].0.min(1) as f64..last, 0.0..top)
+        .map_err(|e| plot_err(path, e))?;
+    chart
+        .configure_mesh()
+        .x_desc("epoch")
+        .y_desc("share")
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    for e in 0..experts {
+        let color = Palette99::pick(e).to_rgba();
+        chart
+            .draw_series(LineSeries::new(
+                loads
+                    .iter()
+                    .map(|(ep, l)| (*ep as f64, l.get(e).copied().unwrap_or(0.0))),
+                color.stroke_width(2),
+            ))
+            .map_err(|e| plot_err(path, e))?
+            .label(format!("expert {e}"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
+    }
+    let uniform = 1.0 / experts.max(1) as f64;
+    chart
+        .draw_series(LineSeries::new(
+            [(loads[0].0.min(1) as f64, uniform), (last, uniform)],
+            BLACK.stroke_width(1),
+        ))
+        .map_err(|e| plot_err(path, e))?
+        .label("uniform")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
+    chart
+        .configure_series_labels()
+        .border_style(BLACK)
+        .background_style(WHITE)
+        .draw()
+        .map_err(|e| plot_err(path, e))?;
+    root.present().map_err(|e| plot_err(path, e))?;
+    Ok(())
+}

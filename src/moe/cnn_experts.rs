@@ -1,0 +1,171 @@
+//! The CNN experts of the MOESART paper's MultiMNIST setup, `n` of them stored stacked and run
+//! with the same grouped matmul as the MLP experts:
+//!
+//! ```text
+//! image → conv 5×5×10, ReLU, max-pool 2 → conv 5×5×20, ReLU, max-pool 2 → dense 50, ReLU → dense 50, ReLU
+//! ```
+//!
+//! A grouped convolution is an unfold (shared by all experts) followed by a grouped matmul whose
+//! rows are the windows of each image: every window row inherits its image's expert, so the
+//! rows stay sorted by expert and each expert's filters touch only its own images.
+
+use super::DispatchPlan;
+use super::experts::ExpertNet;
+use crate::nn::{Module, Param, join, uniform};
+use crate::{DType, Device, Error, Result, Tensor};
+use rand_chacha::ChaCha8Rng;
+
+/// `n` LeNet-style experts on `side × side` single-channel images, output width 50.
+pub struct CnnExpertBank {
+    /// `[n, 1·5·5, 10]`
+    pub conv1: Param,
+    /// `[n, 10]`
+    pub conv1_bias: Param,
+    /// `[n, 10·5·5, 20]`
+    pub conv2: Param,
+    /// `[n, 20]`
+    pub conv2_bias: Param,
+    /// `[n, 20·s·s, 50]`
+    pub dense1: Param,
+    /// `[n, 50]`
+    pub dense1_bias: Param,
+    /// `[n, 50, 50]`
+    pub dense2: Param,
+    /// `[n, 50]`
+    pub dense2_bias: Param,
+    side: usize,
+}
+
+/// Output width of a CNN expert.
+pub const CNN_EXPERT_OUT: usize = 50;
+
+impl CnnExpertBank {
+    /// `experts` CNN experts for `side × side` images (side ≥ 16).
+    pub fn new(
+        experts: usize,
+        side: usize,
+        rng: &mut ChaCha8Rng,
+        device: Device,
+    ) -> Result<CnnExpertBank> {
+        if side < 16 || experts == 0 {
+            return Err(Error::Invalid(format!(
+                "CNN experts need images of side ≥ 16 and n ≥ 1, got side {side}, n {experts}"
+            )));
+        }
+        let after = ((side - 4) / 2 - 4) / 2;
+        let w = |shape: &[usize], fan_in: usize, rng: &mut ChaCha8Rng| {
+            Param::new(uniform(shape, (6.0 / fan_in as f64).sqrt(), rng, device)?)
+        };
+        let z = |shape: &[usize]| Param::new(Tensor::zeros(shape, DType::F32, device)?);
+        Ok(CnnExpertBank {
+            conv1: w(&[experts, 25, 10], 25, rng)?,
+            conv1_bias: z(&[experts, 10])?,
+            conv2: w(&[experts, 250, 20], 250, rng)?,
+            conv2_bias: z(&[experts, 20])?,
+            dense1: w(&[experts, 20 * after * after, 50], 20 * after * after, rng)?,
+            dense1_bias: z(&[experts, 50])?,
+            dense2: w(&[experts, 50, 50], 50, rng)?,
+            dense2_bias: z(&[experts, 50])?,
+            side,
+        })
+    }
+
+    /// One grouped convolution + ReLU + 2×2 max-pool on `[A, C, H, W]` images.
+    fn conv_block(
+        x: &Tensor,
+        w: &Tensor,
+        b: &Tensor,
+        row_expert: &Tensor,
+        clamped: &Tensor,
+        offsets: &Tensor,
+    ) -> Result<Tensor> {
+        let (a, c, h, wd) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
+        let oc = w.shape()[2];
+        let (oh, ow) = (h - 4, wd - 4);
+        let l = oh * ow;
+        let cols = x.unfold_windows(5, 5, 1, 0)?; // [A, C, L, 25]
+        let rows = cols.permute(&[0, 2, 1, 3])?.reshape(&[a * l, c * 25])?;
+        let repeat = |t: &Tensor| -> Result<Tensor> {
+            t.reshape(&[a, 1])?.expand(&[a, l])?.reshape(&[a * l])
+        };
+        let offs = offsets
+            .to_dtype(DType::F32)?
+            .mul_scalar(l as f64)?
+            .to_dtype(DType::I32)?;
+        let out = rows
+            .grouped_matmul(w, &repeat(row_expert)?, &offs)?
+            .add(&b.index_select(0, &repeat(clamped)?)?)?;
+        let img = out.reshape(&[a, oh, ow, oc])?.permute(&[0, 3, 1, 2])?;
+        img.relu()?.max_pool2d(2, 2)
+    }
+}
+
+impl ExpertNet for CnnExpertBank {
+    fn forward_rows(&self, rows: &Tensor, plan: &DispatchPlan) -> Result<Tensor> {
+        let a = rows.shape()[0];
+        let x = rows.reshape(&[a, 1, self.side, self.side])?;
+        let (re, cl, off) = (&plan.row_expert, &plan.row_expert_clamped, &plan.offsets);
+        let h = Self::conv_block(&x, &self.conv1.get(), &self.conv1_bias.get(), re, cl, off)?;
+        let h = Self::conv_block(&h, &self.conv2.get(), &self.conv2_bias.get(), re, cl, off)?;
+        let h = h.reshape(&[a, h.numel() / a.max(1)])?;
+        let h = h
+            .grouped_matmul(&self.dense1.get(), re, off)?
+            .add(&self.dense1_bias.get().index_select(0, cl)?)?
+            .relu()?;
+        let out = h
+            .grouped_matmul(&self.dense2.get(), re, off)?
+            .add(&self.dense2_bias.get().index_select(0, cl)?)?
+            .relu()?;
+        let kept = plan.row_kept.to_dtype(out.dtype())?.reshape(&[a, 1])?;
+        Tensor::where_cond(
+            &kept,
+            &out,
+            &Tensor::scalar(0.0, out.dtype(), out.device())?,
+        )
+    }
+    fn experts(&self) -> usize {
+        self.conv1.get().shape()[0]
+    }
+    fn d_out(&self) -> usize {
+        CNN_EXPERT_OUT
+    }
+}
+
+impl Module for CnnExpertBank {
+    /// Every expert on every image (`[T, side²]` → `[n, T, 50]`): the dense reference for tests.
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let (t, n) = (x.shape()[0], self.experts());
+        let mut outs = Vec::new();
+        for e in 0..n {
+            let row_expert = Tensor::full(&[t], e as f64, DType::I32, x.device())?;
+            let mut offs = vec![0i32; n + 1];
+            for (i, o) in offs.iter_mut().enumerate() {
+                *o = if i <= e { 0 } else { t as i32 };
+            }
+            let plan = DispatchPlan::identity(
+                &row_expert,
+                Tensor::from_i32(offs, &[n + 1], x.device())?,
+                x.dtype(),
+            )?;
+            outs.push(
+                self.forward_rows(x, &plan)?
+                    .reshape(&[1, t, CNN_EXPERT_OUT])?,
+            );
+        }
+        Tensor::concat(&outs, 0)
+    }
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        for (name, p) in [
+            ("conv1", &self.conv1),
+            ("conv1_bias", &self.conv1_bias),
+            ("conv2", &self.conv2),
+            ("conv2_bias", &self.conv2_bias),
+            ("dense1", &self.dense1),
+            ("dense1_bias", &self.dense1_bias),
+            ("dense2", &self.dense2),
+            ("dense2_bias", &self.dense2_bias),
+        ] {
+            f(join(prefix, name), p);
+        }
+    }
+}
