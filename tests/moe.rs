@@ -10,7 +10,7 @@ mod common;
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
 use moegrad::moe::router::{normal_noise, uniform_noise};
 use moegrad::moe::{Capacity, DispatchPlan, MoeConfig, MoeLayer, ROUTER_NAMES, Routing, aux_loss};
-use moegrad::nn::{Module, Param};
+use moegrad::nn::Param;
 use moegrad::{DType, Device, Result, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -19,6 +19,8 @@ struct Cli {
     command: Command,
 }
 
+/// The subcommands (parsed once, so the size difference between variants does not matter).
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Print the device moegrad would use, the GPU adapter, its limits and optional features.
