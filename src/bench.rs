@@ -112,3 +112,153 @@ pub fn bench_matmul(devices: &[Device], sizes: &[usize]) -> Result<MatmulBench> 
     }
     Ok(out)
 }
+
+/// One MoE training-step measurement.
+#[derive(Clone, Debug, Serialize)]
+pub struct MoeRecord {
+    /// "cpu" or "gpu"
+    pub device: String,
+    /// "topk" or "softmax"
+    pub router: String,
+    /// experts
+    pub n: usize,
+    /// experts per token (n for the dense router)
+    pub k: usize,
+    /// median milliseconds per step (forward, backward, Adam)
+    pub step_ms: f64,
+    /// tokens per second
+    pub tokens_per_s: f64,
+    /// peak bytes during the step above the bytes held before it (CPU heap; GPU pool)
+    pub peak_bytes: usize,
+    /// `peak_bytes` minus the parameter-sized buffers the step creates (gradients and the
+    /// optimizer's new parameter and moment buffers): the activation memory
+    pub activation_bytes: usize,
+}
+
+/// The result of `moegrad bench moe`.
+#[derive(Clone, Debug, Serialize)]
+pub struct MoeBench {
+    /// workload: tokens, width, expert hidden width
+    pub workload: String,
+    /// one record per device, router and n
+    pub moe: Vec<MoeRecord>,
+}
+
+/// Heap bytes held now (CPU) or bytes checked out of the GPU pool.
+fn bytes_in_use(device: Device) -> usize {
+    match device {
+        Device::Cpu => crate::memory::live_bytes(),
+        Device::Gpu => crate::backend::gpu::GpuBackend::get()
+            .map(|g| g.pool_stats().in_use_bytes as usize)
+            .unwrap_or(0),
+    }
+}
+
+fn peak_in_use(device: Device) -> usize {
+    match device {
+        Device::Cpu => crate::memory::peak_bytes(),
+        Device::Gpu => crate::backend::gpu::GpuBackend::get()
+            .map(|g| g.pool_stats().peak_bytes as usize)
+            .unwrap_or(0),
+    }
+}
+
+fn reset_peak(device: Device) {
+    match device {
+        Device::Cpu => crate::memory::reset_peak(),
+        Device::Gpu => {
+            if let Ok(g) = crate::backend::gpu::GpuBackend::get() {
+                g.reset_peak();
+            }
+        }
+    }
+}
+
+/// Times one MoE layer's training step: `tokens` tokens of width `d`, experts `d → hidden → d`,
+/// MSE against a fixed target, backward, Adam. Returns (median ms, peak bytes, activation bytes).
+pub fn moe_step(
+    device: Device,
+    router: &str,
+    n: usize,
+    k: usize,
+    tokens: usize,
+    d: usize,
+    hidden: usize,
+    reps: usize,
+) -> Result<(f64, usize, usize)> {
+    use crate::moe::{MoeConfig, MoeLayer};
+    use crate::optim::{Adam, Optimizer};
+    let mut cfg = MoeConfig::new(d, hidden, n, k);
+    cfg.router = router.into();
+    let layer = MoeLayer::new(&cfg, device)?;
+    let mut params = Vec::new();
+    layer.visit_params("", &mut |name, p| params.push((name, p.clone())));
+    let param_bytes: usize = params.iter().map(|(_, p)| p.get().numel() * 4).sum();
+    let mut opt = Adam::new(1e-3)?;
+    let x = random_f32(&[tokens, d], 7, device)?;
+    let target = random_f32(&[tokens, d], 8, device)?;
+    let mut step = || -> Result<()> {
+        let out = layer.forward(&x)?;
+        let loss = out.y.mse(&target)?;
+        loss.backward()?;
+        opt.step(&params, None)?;
+        Ok(())
+    };
+    step()?; // warm-up: pipelines, pool, optimizer state
+    step()?;
+    device.synchronize()?;
+    let mut times = Vec::new();
+    let mut peak = 0;
+    for _ in 0..reps.max(1) {
+        let before = bytes_in_use(device);
+        reset_peak(device);
+        let t = Instant::now();
+        step()?;
+        device.synchronize()?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+        peak = peak.max(peak_in_use(device).saturating_sub(before));
+    }
+    times.sort_by(|a, b| a.total_cmp(b));
+    // gradients (1×) + the optimizer's new parameter, m and v (3×) are parameter-sized.
+    Ok((
+        times[times.len() / 2],
+        peak,
+        peak.saturating_sub(4 * param_bytes),
+    ))
+}
+
+/// `moegrad bench moe` on every device: top-k over `ns` and the dense softmax router over `dense_ns`.
+pub fn bench_moe(
+    devices: &[Device],
+    ns: &[usize],
+    dense_ns: &[usize],
+    k: usize,
+    tokens: usize,
+    d: usize,
+    hidden: usize,
+) -> Result<MoeBench> {
+    let mut out = MoeBench {
+        workload: format!("T = {tokens}, d = {d}, expert hidden {hidden}, k = {k}"),
+        moe: Vec::new(),
+    };
+    for &dev in devices {
+        for (router, list) in [("topk", ns), ("softmax", dense_ns)] {
+            for &n in list {
+                let kk = if router == "softmax" { n } else { k.min(n) };
+                let reps = if router == "softmax" && n > 8 { 2 } else { 5 };
+                let (ms, peak, act) = moe_step(dev, router, n, kk.min(n), tokens, d, hidden, reps)?;
+                out.moe.push(MoeRecord {
+                    device: dev.to_string(),
+                    router: router.into(),
+                    n,
+                    k: kk,
+                    step_ms: ms,
+                    tokens_per_s: tokens as f64 / (ms / 1e3),
+                    peak_bytes: peak,
+                    activation_bytes: act,
+                });
+            }
+        }
+    }
+    Ok(out)
+}

@@ -36,6 +36,7 @@ pub mod dtype;
 pub mod error;
 pub mod gradcheck;
 pub mod info;
+pub mod memory;
 pub mod moe;
 pub mod nn;
 mod ops;

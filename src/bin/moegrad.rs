@@ -8,6 +8,10 @@ use moegrad::{Device, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+/// Counts heap bytes so `bench moe` can report peak memory.
+#[global_allocator]
+static ALLOC: moegrad::memory::CountingAllocator = moegrad::memory::CountingAllocator;
+
 #[derive(Parser)]
 #[command(
     name = "moegrad",
@@ -45,6 +49,9 @@ enum Command {
         /// Square matrix sizes for the matmul workload.
         #[arg(long, value_delimiter = ',', default_values_t = vec![256, 512, 1024])]
         sizes: Vec<usize>,
+        /// Tokens per step for the moe workload.
+        #[arg(long, default_value_t = 4096)]
+        tokens: usize,
     },
 }
 
@@ -201,6 +208,8 @@ impl TrainArgs {
 enum Workload {
     /// f32 matmul GFLOP/s and per-op overhead, per device
     Matmul,
+    /// one MoE layer's training step (T = 4096, d = 256, hidden 512, k = 2) for n = 2..64, and the dense softmax router
+    Moe,
 }
 
 fn bench_devices(name: &str) -> Result<Vec<Device>> {
@@ -291,10 +300,59 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Bench {
+            workload: Workload::Moe,
+            json,
+            device,
+            tokens,
+            ..
+        } => {
+            if tokens == 0 {
+                return Err(moegrad::Error::Invalid(
+                    "--tokens must be at least 1".into(),
+                ));
+            }
+            let r = moegrad::bench::bench_moe(
+                &bench_devices(&device)?,
+                &[2, 4, 8, 16, 32, 64],
+                &[2, 8, 64],
+                2,
+                tokens,
+                256,
+                512,
+            )?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&r)
+                        .map_err(|e| moegrad::Error::Invalid(e.to_string()))?
+                );
+            } else {
+                println!("{}", r.workload);
+                println!(
+                    "{:<6} {:<8} {:>4} {:>4} {:>10} {:>12} {:>12} {:>14}",
+                    "device", "router", "n", "k", "step ms", "tokens/s", "peak MB", "activation MB"
+                );
+                for m in &r.moe {
+                    println!(
+                        "{:<6} {:<8} {:>4} {:>4} {:>10.1} {:>12.0} {:>12.1} {:>14.1}",
+                        m.device,
+                        m.router,
+                        m.n,
+                        m.k,
+                        m.step_ms,
+                        m.tokens_per_s,
+                        m.peak_bytes as f64 / 1e6,
+                        m.activation_bytes as f64 / 1e6
+                    );
+                }
+            }
+        }
+        Command::Bench {
             workload: Workload::Matmul,
             json,
             device,
             sizes,
+            ..
         } => {
             if sizes.is_empty() || sizes.contains(&0) {
                 return Err(moegrad::Error::Invalid(format!(

@@ -39,7 +39,20 @@ pub struct GpuInfo {
 pub fn info() -> Result<GpuInfo> {
     Err(Error::Device("no GPU backend built".into()))
 }
+/// Pool counters (stand-in).
+#[allow(missing_docs)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PoolStats {
+    pub in_use_bytes: u64,
+    pub peak_bytes: u64,
+}
 impl GpuBackend {
+    /// stats
+    pub fn pool_stats(&self) -> PoolStats {
+        PoolStats::default()
+    }
+    /// reset
+    pub fn reset_peak(&self) {}
     /// get
     pub fn get() -> Result<GpuBackend> {
         Err(Error::Device("no GPU backend built (stand-in)".into()))
