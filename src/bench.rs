@@ -174,18 +174,30 @@ fn reset_peak(device: Device) {
     }
 }
 
-/// Times one MoE layer's training step: `tokens` tokens of width `d`, experts `d → hidden → d`,
-/// MSE against a fixed target, backward, Adam. Returns (median ms, peak bytes, activation bytes).
+/// The MoE workload: `tokens` tokens of width `d`, experts `d → hidden → d`, top-`k`.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeWorkload {
+    /// tokens per step (T)
+    pub tokens: usize,
+    /// model width (d)
+    pub d: usize,
+    /// expert hidden width
+    pub hidden: usize,
+    /// experts per token for the sparse router
+    pub k: usize,
+}
+
+/// Times one MoE layer's training step (MSE against a fixed target, backward, Adam) with
+/// `router` over `n` experts, `k` per token. Returns (median ms, peak bytes, activation bytes).
 pub fn moe_step(
     device: Device,
     router: &str,
     n: usize,
     k: usize,
-    tokens: usize,
-    d: usize,
-    hidden: usize,
+    w: MoeWorkload,
     reps: usize,
 ) -> Result<(f64, usize, usize)> {
+    let (tokens, d, hidden) = (w.tokens, w.d, w.hidden);
     use crate::moe::{MoeConfig, MoeLayer};
     use crate::optim::{Adam, Optimizer};
     let mut cfg = MoeConfig::new(d, hidden, n, k);
@@ -232,28 +244,28 @@ pub fn bench_moe(
     devices: &[Device],
     ns: &[usize],
     dense_ns: &[usize],
-    k: usize,
-    tokens: usize,
-    d: usize,
-    hidden: usize,
+    w: MoeWorkload,
 ) -> Result<MoeBench> {
     let mut out = MoeBench {
-        workload: format!("T = {tokens}, d = {d}, expert hidden {hidden}, k = {k}"),
+        workload: format!(
+            "T = {}, d = {}, expert hidden {}, k = {}",
+            w.tokens, w.d, w.hidden, w.k
+        ),
         moe: Vec::new(),
     };
     for &dev in devices {
         for (router, list) in [("topk", ns), ("softmax", dense_ns)] {
             for &n in list {
-                let kk = if router == "softmax" { n } else { k.min(n) };
+                let kk = if router == "softmax" { n } else { w.k.min(n) };
                 let reps = if router == "softmax" && n > 8 { 2 } else { 5 };
-                let (ms, peak, act) = moe_step(dev, router, n, kk.min(n), tokens, d, hidden, reps)?;
+                let (ms, peak, act) = moe_step(dev, router, n, kk, w, reps)?;
                 out.moe.push(MoeRecord {
                     device: dev.to_string(),
                     router: router.into(),
                     n,
                     k: kk,
                     step_ms: ms,
-                    tokens_per_s: tokens as f64 / (ms / 1e3),
+                    tokens_per_s: w.tokens as f64 / (ms / 1e3),
                     peak_bytes: peak,
                     activation_bytes: act,
                 });
