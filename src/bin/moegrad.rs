@@ -315,10 +315,12 @@ fn run(cli: Cli) -> Result<()> {
                 &bench_devices(&device)?,
                 &[2, 4, 8, 16, 32, 64],
                 &[2, 8, 64],
-                2,
-                tokens,
-                256,
-                512,
+                moegrad::bench::MoeWorkload {
+                    tokens,
+                    d: 256,
+                    hidden: 512,
+                    k: 2,
+                },
             )?;
             if json {
                 println!(
