@@ -307,7 +307,8 @@ proptest! {
 #[test]
 fn smooth_unaries_at_large_magnitudes() {
     let x = common::f64t(&[-30.0, -8.5, -3.1, 2.9, 7.7, 25.0], &[2, 3]);
-    let ops: [(&str, fn(&Tensor) -> Result<Tensor>); 5] = [
+    type Un = fn(&Tensor) -> Result<Tensor>;
+    let ops: [(&str, Un); 5] = [
         ("softplus", Tensor::softplus),
         ("sigmoid", Tensor::sigmoid),
         ("silu", Tensor::silu),
@@ -889,5 +890,51 @@ fn gradcheck_rejects_a_missing_gradient() {
     assert!(
         matches!(r, Err(Error::Gradcheck(_))),
         "expected Err(Error::Gradcheck), got {r:?}"
+    );
+}
+
+// ---- documented conventions at the kinks (where finite differences cannot decide) -----------
+
+fn grad_after(x: &Tensor, f: impl Fn(&Tensor) -> Result<Tensor>) -> Vec<f64> {
+    let x = x.detach().with_grad().unwrap();
+    f(&x).unwrap().sum_all().unwrap().backward().unwrap();
+    x.grad().unwrap().to_vec_f64().unwrap()
+}
+
+#[test]
+fn kink_conventions() {
+    // max/min share the gradient equally among tied extrema.
+    let x = common::f64t(&[1.0, 3.0, 3.0, -2.0, -2.0, 0.0], &[2, 3]);
+    assert_eq!(
+        grad_after(&x, |t| t.max(1, false)),
+        vec![0.0, 0.5, 0.5, 0.0, 0.0, 1.0]
+    );
+    assert_eq!(
+        grad_after(&x, |t| t.min(1, false)),
+        vec![1.0, 0.0, 0.0, 0.5, 0.5, 0.0]
+    );
+    // relu and abs pass nothing at exactly 0; clamp passes nothing at its bounds.
+    let z = common::f64t(&[-1.0, 0.0, 2.0], &[3]);
+    assert_eq!(grad_after(&z, |t| t.relu()), vec![0.0, 0.0, 1.0]);
+    assert_eq!(grad_after(&z, |t| t.abs()), vec![-1.0, 0.0, 1.0]);
+    assert_eq!(grad_after(&z, |t| t.clamp(0.0, 2.0)), vec![0.0, 0.0, 0.0]);
+    // maximum/minimum send a tie's gradient to the first operand.
+    let a = common::f64t(&[1.0, 2.0], &[2]).with_grad().unwrap();
+    let b = common::f64t(&[1.0, 3.0], &[2]).with_grad().unwrap();
+    a.maximum(&b)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert_eq!(a.grad().unwrap().to_vec_f64().unwrap(), vec![1.0, 0.0]);
+    assert_eq!(b.grad().unwrap().to_vec_f64().unwrap(), vec![0.0, 1.0]);
+    // topk: ties keep index order, and only the chosen entries get gradient.
+    let t = common::f64t(&[0.5, 0.9, 0.5, 0.1], &[1, 4]);
+    let (_, idx) = t.topk(2).unwrap();
+    assert_eq!(idx.to_vec_i32().unwrap(), vec![1, 0]);
+    assert_eq!(
+        grad_after(&t, |t| Ok(t.topk(2)?.0)),
+        vec![1.0, 1.0, 0.0, 0.0]
     );
 }

@@ -27,6 +27,37 @@ pub struct Node {
     pub(crate) backward: Mutex<Option<BackwardFn>>,
 }
 
+/// Frees a long recorded chain without recursing once per node: a graph that was built but never
+/// back-propagated (a loss computed only for logging, say) can be hundreds of thousands of nodes
+/// deep, and the default recursive drop would overflow the stack.
+impl Drop for Node {
+    fn drop(&mut self) {
+        // The rule first: any tensor it captured is still held by `inputs`, so this frees nothing
+        // deep.
+        drop(self.backward.get_mut().map(Option::take));
+        let mut stack: Vec<Tensor> = match self.inputs.get_mut() {
+            Ok(v) => std::mem::take(v),
+            Err(_) => return,
+        };
+        while let Some(t) = stack.pop() {
+            // Only the last reference to a tensor frees its node; unwrap it by hand and move the
+            // node's inputs onto the stack instead of letting its drop recurse.
+            let Ok(mut inner) = Arc::try_unwrap(t.0) else {
+                continue;
+            };
+            let Some(node) = inner.node.take() else {
+                continue;
+            };
+            if let Ok(mut node) = Arc::try_unwrap(node) {
+                drop(node.backward.get_mut().map(Option::take));
+                if let Ok(v) = node.inputs.get_mut() {
+                    stack.append(v);
+                }
+            }
+        }
+    }
+}
+
 impl Tensor {
     /// Records `out` (an untracked result) as produced by `op` from `inputs`, with `backward` as
     /// its rule, when gradients are enabled and some input requires grad; otherwise returns `out`

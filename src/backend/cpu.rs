@@ -131,6 +131,46 @@ fn is_contiguous(shape: &[usize], strides: &[usize]) -> bool {
     true
 }
 
+/// `out[idx] = f(operand_0[idx·s_0], ..., operand_{N−1}[idx·s_{N−1}])` over a contiguous output
+/// of `shape`, row by row: the offset of each row's first element is computed once and the last
+/// axis is walked with each operand's stride, so broadcasting costs no per-element index math.
+fn strided_apply<T: Copy + Send + Sync + Default, const N: usize>(
+    shape: &[usize],
+    operands: [(&[T], &[usize]); N],
+    f: impl Fn([T; N]) -> T + Sync + Send,
+) -> Vec<T> {
+    let n: usize = shape.iter().product();
+    let mut out = vec![T::default(); n];
+    if n == 0 {
+        return out;
+    }
+    let rank = shape.len();
+    let lead = rank.saturating_sub(1);
+    let last = if rank == 0 { 1 } else { shape[rank - 1] };
+    let last_strides: [usize; N] = std::array::from_fn(|k| {
+        if rank == 0 {
+            0
+        } else {
+            operands[k].1[rank - 1]
+        }
+    });
+    let row = |(r, chunk): (usize, &mut [T])| {
+        let bases: [usize; N] =
+            std::array::from_fn(|k| strided_offset(r, &shape[..lead], &operands[k].1[..lead]));
+        for (j, o) in chunk.iter_mut().enumerate() {
+            *o = f(std::array::from_fn(|k| {
+                operands[k].0[bases[k] + j * last_strides[k]]
+            }));
+        }
+    };
+    if n >= PAR_MIN {
+        out.par_chunks_mut(last).enumerate().for_each(row);
+    } else {
+        out.chunks_mut(last).enumerate().for_each(row);
+    }
+    out
+}
+
 fn apply_unary<T: Float>(op: UnaryOp, x: T) -> T {
     let c = |v: f64| T::from(v).unwrap_or_else(T::zero);
     let zero = T::zero();
@@ -201,7 +241,7 @@ fn apply_binary<T: Float>(op: BinaryOp, a: T, b: T) -> T {
     }
 }
 
-fn binary_kernel<T: Float + Send + Sync>(
+fn binary_kernel<T: Float + Send + Sync + Default>(
     op: BinaryOp,
     a: &[T],
     sa: &[usize],
@@ -219,13 +259,7 @@ fn binary_kernel<T: Float + Send + Sync>(
             let bv = b[0];
             tabulate(n, |i| apply_binary(op, a[i], bv))
         }
-        _ => tabulate(n, |i| {
-            apply_binary(
-                op,
-                a[strided_offset(i, shape, sa)],
-                b[strided_offset(i, shape, sb)],
-            )
-        }),
+        _ => strided_apply(shape, [(a, sa), (b, sb)], |[x, y]| apply_binary(op, x, y)),
     }
 }
 
@@ -313,17 +347,17 @@ fn matmul_kernel<T: Float + Send + Sync + 'static>(
     c
 }
 
-fn check_index(i: i32, len: usize, what: &str) -> Result<usize> {
-    if i < 0 || i as usize >= len {
-        Err(Error::Invalid(format!(
-            "{what}: index {i} out of range for an axis of size {len}"
-        )))
-    } else {
-        Ok(i as usize)
+/// Checks every index of `idx` against an axis of size `len` (before any parallel loop).
+fn check_indices(idx: &[i32], len: usize, what: &str) -> Result<()> {
+    match idx.iter().find(|&&i| i < 0 || i as usize >= len) {
+        Some(&bad) => Err(Error::Invalid(format!(
+            "{what}: index {bad} out of range for an axis of size {len}"
+        ))),
+        None => Ok(()),
     }
 }
 
-fn gather_kernel<T: Copy + Send + Sync>(
+fn gather_kernel<T: Copy + Send + Sync + Default>(
     x: &[T],
     v: AxisView,
     idx: &[i32],
@@ -331,21 +365,34 @@ fn gather_kernel<T: Copy + Send + Sync>(
     m: usize,
 ) -> Result<Vec<T>> {
     let AxisView { outer, len, inner } = v;
-    let n = outer * m * inner;
-    let mut out = Vec::with_capacity(n);
-    for o in 0..outer {
-        for j in 0..m {
-            for i in 0..inner {
-                let k = check_index(idx[o * s[0] + j * s[1] + i * s[2]], len, "gather")?;
-                out.push(x[o * len * inner + k * inner + i]);
+    check_indices(idx, len, "gather")?;
+    let mut out = vec![T::default(); outer * m * inner];
+    if inner == 0 {
+        return Ok(out);
+    }
+    // One output row (o, j) of `inner` elements at a time; a shared index per row is a memcpy.
+    let row = |(r, dst): (usize, &mut [T])| {
+        let (o, j) = (r / m.max(1), r % m.max(1));
+        if s[2] == 0 {
+            let k = idx[o * s[0] + j * s[1]] as usize;
+            dst.copy_from_slice(&x[(o * len + k) * inner..(o * len + k + 1) * inner]);
+        } else {
+            for (i, d) in dst.iter_mut().enumerate() {
+                let k = idx[o * s[0] + j * s[1] + i * s[2]] as usize;
+                *d = x[(o * len + k) * inner + i];
             }
         }
+    };
+    if out.len() >= PAR_MIN {
+        out.par_chunks_mut(inner).enumerate().for_each(row);
+    } else {
+        out.chunks_mut(inner).enumerate().for_each(row);
     }
     Ok(out)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn scatter_add_kernel<T: Float>(
+fn scatter_add_kernel<T: Float + Send + Sync>(
     src: &[T],
     idx: &[i32],
     s: [usize; 3],
@@ -354,14 +401,44 @@ fn scatter_add_kernel<T: Float>(
     inner: usize,
     len: usize,
 ) -> Result<Vec<T>> {
+    check_indices(idx, len, "scatter_add")?;
     let mut out = vec![T::zero(); outer * len * inner];
-    for o in 0..outer {
-        for j in 0..m {
-            for i in 0..inner {
-                let k = check_index(idx[o * s[0] + j * s[1] + i * s[2]], len, "scatter_add")?;
-                let dst = &mut out[o * len * inner + k * inner + i];
-                *dst = *dst + src[o * m * inner + j * inner + i];
+    if inner == 0 {
+        return Ok(out);
+    }
+    // Each thread owns a band of columns of every output row, so no two threads add into the same
+    // element; within a band the additions happen in source order (deterministic).
+    let band = if outer * m * inner >= PAR_MIN {
+        inner.div_ceil(rayon::current_num_threads().max(1)).max(64)
+    } else {
+        inner
+    };
+    let bands: Vec<(usize, usize)> = (0..inner)
+        .step_by(band)
+        .map(|c| (c, (c + band).min(inner)))
+        .collect();
+    let columns: Vec<Vec<T>> = bands
+        .par_iter()
+        .map(|&(c0, c1)| {
+            let w = c1 - c0;
+            let mut acc = vec![T::zero(); outer * len * w];
+            for o in 0..outer {
+                for j in 0..m {
+                    let src_row = &src[(o * m + j) * inner..(o * m + j + 1) * inner];
+                    for i in c0..c1 {
+                        let k = idx[o * s[0] + j * s[1] + i * s[2]] as usize;
+                        let d = &mut acc[(o * len + k) * w + (i - c0)];
+                        *d = *d + src_row[i];
+                    }
+                }
             }
+            acc
+        })
+        .collect();
+    for (&(c0, c1), acc) in bands.iter().zip(&columns) {
+        let w = c1 - c0;
+        for r in 0..outer * len {
+            out[r * inner + c0..r * inner + c1].copy_from_slice(&acc[r * w..(r + 1) * w]);
         }
     }
     Ok(out)
@@ -511,26 +588,20 @@ impl Backend for CpuBackend {
         sb: &[usize],
         shape: &[usize],
     ) -> Result<CpuBuffer> {
-        let n: usize = shape.iter().product();
-        let c = self.download(cond)?.to_f64();
-        let pick = |i: usize| c[strided_offset(i, shape, sc)] != 0.0;
-        match (a, b) {
-            (CpuBuffer::F32(a), CpuBuffer::F32(b)) => Ok(f32b(tabulate(n, |i| {
-                if pick(i) {
-                    a[strided_offset(i, shape, sa)]
-                } else {
-                    b[strided_offset(i, shape, sb)]
-                }
-            }))),
-            (CpuBuffer::F64(a), CpuBuffer::F64(b)) => Ok(f64b(tabulate(n, |i| {
-                if pick(i) {
-                    a[strided_offset(i, shape, sa)]
-                } else {
-                    b[strided_offset(i, shape, sb)]
-                }
-            }))),
+        match (cond, a, b) {
+            (CpuBuffer::F32(c), CpuBuffer::F32(a), CpuBuffer::F32(b)) => Ok(f32b(strided_apply(
+                shape,
+                [(c, sc), (a, sa), (b, sb)],
+                |[c, x, y]| if c != 0.0 { x } else { y },
+            ))),
+            (CpuBuffer::F64(c), CpuBuffer::F64(a), CpuBuffer::F64(b)) => Ok(f64b(strided_apply(
+                shape,
+                [(c, sc), (a, sa), (b, sb)],
+                |[c, x, y]| if c != 0.0 { x } else { y },
+            ))),
             _ => Err(Error::DType(format!(
-                "where needs two float tensors of one dtype, got {} and {}",
+                "where needs a condition and two values of one float dtype, got {}, {} and {}",
+                cond.dtype(),
                 a.dtype(),
                 b.dtype()
             ))),
@@ -576,8 +647,10 @@ impl Backend for CpuBackend {
         strides: &[usize],
         offset: usize,
     ) -> Result<CpuBuffer> {
-        let n: usize = shape.iter().product();
-        Ok(any_map!(x, v => tabulate(n, |i| v[offset + strided_offset(i, shape, strides)])))
+        if shape.iter().product::<usize>() == 0 {
+            return Ok(any_map!(x, _v => Vec::new()));
+        }
+        Ok(any_map!(x, v => strided_apply(shape, [(&v[offset.min(v.len())..], strides)], |[e]| e)))
     }
 
     fn concat(
