@@ -174,7 +174,8 @@ fn reset_peak(device: Device) {
     }
 }
 
-/// The MoE workload: `tokens` tokens of width `d`, experts `d → hidden → d`, top-`k`.
+/// The MoE workload: `tokens` tokens of width `d`, bias-free experts `d → hidden → d`
+/// (`x → relu(x·W1)·W2`, as in the PyTorch peer), top-`k`.
 #[derive(Clone, Copy, Debug)]
 pub struct MoeWorkload {
     /// tokens per step (T)
@@ -202,6 +203,8 @@ pub fn moe_step(
     use crate::optim::{Adam, Optimizer};
     let mut cfg = MoeConfig::new(d, hidden, n, k);
     cfg.router = router.into();
+    // bias-free experts, like the PyTorch peer's
+    cfg.expert_bias = false;
     let layer = MoeLayer::new(&cfg, device)?;
     let mut params = Vec::new();
     layer.visit_params("", &mut |name, p| params.push((name, p.clone())));

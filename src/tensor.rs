@@ -170,6 +170,19 @@ impl Tensor {
             Device::Cpu
         }
     }
+    /// Mutable access to the storage, for in-place updates of untracked state (optimizer
+    /// moments). A shared handle is first replaced by one of its own to the same storage; the
+    /// backend copies the storage itself only if it is still shared when written.
+    pub(crate) fn storage_mut(&mut self) -> &mut Storage {
+        if Arc::get_mut(&mut self.0).is_none() {
+            *self = Tensor::from_storage(self.0.storage.clone(), self.0.shape.clone());
+        }
+        match Arc::get_mut(&mut self.0) {
+            Some(inner) => &mut inner.storage,
+            None => unreachable!("a freshly made tensor handle is unique"),
+        }
+    }
+
     /// The storage (for backends and ops).
     pub(crate) fn storage(&self) -> &Storage {
         &self.0.storage

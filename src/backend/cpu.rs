@@ -241,6 +241,77 @@ fn apply_binary<T: Float>(op: BinaryOp, a: T, b: T) -> T {
     }
 }
 
+/// Elements per rayon task in the contiguous elementwise loops.
+const MAP_CHUNK: usize = 1 << 14;
+
+/// `out[i] = f(x[i])`. `f` is a concrete closure, so the inner loop is monomorphic and vectorises;
+/// big buffers are split over threads.
+fn map1<T: Copy + Send + Sync + Default>(x: &[T], f: impl Fn(T) -> T + Sync) -> Vec<T> {
+    let mut out = vec![T::default(); x.len()];
+    let body = |(o, x): (&mut [T], &[T])| {
+        for (o, &x) in o.iter_mut().zip(x) {
+            *o = f(x);
+        }
+    };
+    if x.len() >= PAR_MIN {
+        out.par_chunks_mut(MAP_CHUNK)
+            .zip(x.par_chunks(MAP_CHUNK))
+            .for_each(body);
+    } else {
+        body((&mut out, x));
+    }
+    out
+}
+
+/// `out[i] = f(a[i], b[i])` over two equal-length buffers (see [`map1`]).
+fn map2<T: Copy + Send + Sync + Default>(a: &[T], b: &[T], f: impl Fn(T, T) -> T + Sync) -> Vec<T> {
+    let n = a.len().min(b.len());
+    let mut out = vec![T::default(); n];
+    let body = |((o, a), b): ((&mut [T], &[T]), &[T])| {
+        for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
+            *o = f(x, y);
+        }
+    };
+    if n >= PAR_MIN {
+        out.par_chunks_mut(MAP_CHUNK)
+            .zip(a.par_chunks(MAP_CHUNK))
+            .zip(b.par_chunks(MAP_CHUNK))
+            .for_each(body);
+    } else {
+        body(((&mut out, &a[..n]), &b[..n]));
+    }
+    out
+}
+
+/// Binds `$f` to a concrete closure for `$op` (the arithmetic ops get their own, so loops over
+/// them vectorise; the rest go through [`apply_binary`]) and evaluates `$body`.
+macro_rules! with_binary_fn {
+    ($t:ty, $op:expr, |$f:ident| $body:expr) => {
+        match $op {
+            BinaryOp::Add => {
+                let $f = |x: $t, y: $t| x + y;
+                $body
+            }
+            BinaryOp::Sub => {
+                let $f = |x: $t, y: $t| x - y;
+                $body
+            }
+            BinaryOp::Mul => {
+                let $f = |x: $t, y: $t| x * y;
+                $body
+            }
+            BinaryOp::Div => {
+                let $f = |x: $t, y: $t| x / y;
+                $body
+            }
+            other => {
+                let $f = move |x: $t, y: $t| apply_binary(other, x, y);
+                $body
+            }
+        }
+    };
+}
+
 fn binary_kernel<T: Float + Send + Sync + Default>(
     op: BinaryOp,
     a: &[T],
@@ -252,14 +323,91 @@ fn binary_kernel<T: Float + Send + Sync + Default>(
     let n: usize = shape.iter().product();
     let a_contig = is_contiguous(shape, sa) && a.len() == n;
     let b_contig = is_contiguous(shape, sb) && b.len() == n;
-    let b_scalar = sb.iter().zip(shape).all(|(&s, &d)| s == 0 || d == 1);
-    match (a_contig, b_contig, b_scalar) {
-        (true, true, _) => tabulate(n, |i| apply_binary(op, a[i], b[i])),
-        (true, _, true) => {
+    let scalar = |s: &[usize]| s.iter().zip(shape).all(|(&s, &d)| s == 0 || d == 1);
+    let (a_scalar, b_scalar) = (scalar(sa) && !a.is_empty(), scalar(sb) && !b.is_empty());
+    with_binary_fn!(T, op, |f| match (a_contig, b_contig) {
+        (true, true) => map2(a, b, f),
+        (true, _) if b_scalar => {
             let bv = b[0];
-            tabulate(n, |i| apply_binary(op, a[i], bv))
+            map1(a, move |x| f(x, bv))
         }
-        _ => strided_apply(shape, [(a, sa), (b, sb)], |[x, y]| apply_binary(op, x, y)),
+        (_, true) if a_scalar => {
+            let av = a[0];
+            map1(b, move |y| f(av, y))
+        }
+        _ => rows_apply(shape, a, sa, b, sb, f),
+    })
+}
+
+/// The broadcasting case of [`binary_kernel`], row by row over the last axis: when each operand
+/// walks that axis with stride 1 or 0 (a row of values or one value per row, e.g. expert outputs
+/// times their routing weight), the row loop is a plain slice loop that vectorises; otherwise it
+/// falls back to [`strided_apply`].
+fn rows_apply<T: Float + Send + Sync + Default>(
+    shape: &[usize],
+    a: &[T],
+    sa: &[usize],
+    b: &[T],
+    sb: &[usize],
+    f: impl Fn(T, T) -> T + Sync + Send + Copy,
+) -> Vec<T> {
+    let rank = shape.len();
+    let n: usize = shape.iter().product();
+    if rank == 0 || n == 0 || sa[rank - 1] > 1 || sb[rank - 1] > 1 {
+        return strided_apply(shape, [(a, sa), (b, sb)], move |[x, y]| f(x, y));
+    }
+    let (last, lead) = (shape[rank - 1], rank - 1);
+    let (la, lb) = (sa[rank - 1], sb[rank - 1]);
+    let mut out = vec![T::default(); n];
+    let row = |(r, o): (usize, &mut [T])| {
+        let ba = strided_offset(r, &shape[..lead], &sa[..lead]);
+        let bb = strided_offset(r, &shape[..lead], &sb[..lead]);
+        match (la, lb) {
+            (1, 1) => {
+                for ((o, &x), &y) in o.iter_mut().zip(&a[ba..ba + last]).zip(&b[bb..bb + last]) {
+                    *o = f(x, y);
+                }
+            }
+            (1, _) => {
+                let y = b[bb];
+                for (o, &x) in o.iter_mut().zip(&a[ba..ba + last]) {
+                    *o = f(x, y);
+                }
+            }
+            (_, 1) => {
+                let x = a[ba];
+                for (o, &y) in o.iter_mut().zip(&b[bb..bb + last]) {
+                    *o = f(x, y);
+                }
+            }
+            _ => o.fill(f(a[ba], b[bb])),
+        }
+    };
+    if n >= PAR_MIN {
+        out.par_chunks_mut(last).enumerate().for_each(row);
+    } else {
+        out.chunks_mut(last).enumerate().for_each(row);
+    }
+    out
+}
+
+fn unary_kernel<T: Float + Send + Sync + Default>(op: UnaryOp, x: &[T]) -> Vec<T> {
+    let c = |v: f64| T::from(v).unwrap_or_else(T::nan);
+    let zero = T::zero();
+    match op {
+        UnaryOp::Neg => map1(x, |v| -v),
+        UnaryOp::Relu => map1(x, |v| v.max(zero)),
+        UnaryOp::Abs => map1(x, |v| v.abs()),
+        UnaryOp::Step => map1(x, |v| if v > zero { T::one() } else { zero }),
+        UnaryOp::AddScalar(k) => {
+            let k = c(k);
+            map1(x, move |v| v + k)
+        }
+        UnaryOp::MulScalar(k) => {
+            let k = c(k);
+            map1(x, move |v| v * k)
+        }
+        other => map1(x, move |v| apply_unary(other, v)),
     }
 }
 
@@ -425,6 +573,16 @@ fn scatter_add_kernel<T: Float + Send + Sync>(
             for o in 0..outer {
                 for j in 0..m {
                     let src_row = &src[(o * m + j) * inner..(o * m + j + 1) * inner];
+                    if s[2] == 0 {
+                        // one index for the whole row (index_select's adjoint, the MoE combine):
+                        // add the row slice at once, a loop that vectorises
+                        let k = idx[o * s[0] + j * s[1]] as usize;
+                        let dst = &mut acc[(o * len + k) * w..(o * len + k + 1) * w];
+                        for (d, &x) in dst.iter_mut().zip(&src_row[c0..c1]) {
+                            *d = *d + x;
+                        }
+                        continue;
+                    }
                     for i in c0..c1 {
                         let k = idx[o * s[0] + j * s[1] + i * s[2]] as usize;
                         let d = &mut acc[(o * len + k) * w + (i - c0)];
@@ -551,7 +709,7 @@ impl Backend for CpuBackend {
     }
 
     fn unary(&self, op: UnaryOp, x: &CpuBuffer) -> Result<CpuBuffer> {
-        float_map!(x, format!("{op:?}"), v => tabulate(v.len(), |i| apply_unary(op, v[i])))
+        float_map!(x, format!("{op:?}"), v => unary_kernel(op, v))
     }
 
     fn binary(
@@ -823,45 +981,9 @@ impl Backend for CpuBackend {
         v: &CpuBuffer,
         h: AdamHyper,
     ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
-        let scale = scale_of(grad_scale)?;
-        macro_rules! run {
-            ($p:expr, $g:expr, $m:expr, $v:expr, $wrap:ident, $t:ty) => {{
-                let (p, g, m, v) = ($p, $g, $m, $v);
-                let n = p.len();
-                let out: Vec<($t, $t, $t)> = tabulate(n, |i| {
-                    let (pi, mut gi) = (p[i] as f64, g[i] as f64 * scale);
-                    if !h.decoupled {
-                        gi += h.weight_decay * pi;
-                    }
-                    let mi = h.beta1 * m[i] as f64 + (1.0 - h.beta1) * gi;
-                    let vi = h.beta2 * v[i] as f64 + (1.0 - h.beta2) * gi * gi;
-                    let update =
-                        (mi / h.bias_correction1) / ((vi / h.bias_correction2).sqrt() + h.eps);
-                    let mut np = pi - h.lr * update;
-                    if h.decoupled {
-                        np -= h.lr * h.weight_decay * pi;
-                    }
-                    (np as $t, mi as $t, vi as $t)
-                });
-                Ok((
-                    $wrap(out.iter().map(|o| o.0).collect()),
-                    $wrap(out.iter().map(|o| o.1).collect()),
-                    $wrap(out.iter().map(|o| o.2).collect()),
-                ))
-            }};
-        }
-        check_same_len(&[param, grad, m, v], "adam_step")?;
-        match (param, grad, m, v) {
-            (CpuBuffer::F32(p), CpuBuffer::F32(g), CpuBuffer::F32(m), CpuBuffer::F32(v)) => {
-                run!(p, g, m, v, f32b, f32)
-            }
-            (CpuBuffer::F64(p), CpuBuffer::F64(g), CpuBuffer::F64(m), CpuBuffer::F64(v)) => {
-                run!(p, g, m, v, f64b, f64)
-            }
-            _ => Err(Error::DType(
-                "adam_step: parameter, gradient and state must share one float dtype".into(),
-            )),
-        }
+        let (mut p, mut m, mut v) = (param.clone(), m.clone(), v.clone());
+        self.adam_step_mut(&mut p, grad, grad_scale, &mut m, &mut v, h)?;
+        Ok((p, m, v))
     }
 
     fn sgd_step(
@@ -872,35 +994,137 @@ impl Backend for CpuBackend {
         buf: &CpuBuffer,
         h: SgdHyper,
     ) -> Result<(CpuBuffer, CpuBuffer)> {
+        let (mut p, mut b) = (param.clone(), buf.clone());
+        self.sgd_step_mut(&mut p, grad, grad_scale, &mut b, h)?;
+        Ok((p, b))
+    }
+}
+
+/// Elements per rayon task in the fused optimizer loops.
+const OPT_CHUNK: usize = 1 << 14;
+
+impl CpuBackend {
+    /// [`Backend::adam_step`] in place: the parameter and moment buffers are updated where they
+    /// are when nothing else shares them (copied first otherwise), so a steady-state optimizer
+    /// step allocates nothing and touches each element once.
+    pub fn adam_step_mut(
+        &self,
+        param: &mut CpuBuffer,
+        grad: &CpuBuffer,
+        grad_scale: Option<&CpuBuffer>,
+        m: &mut CpuBuffer,
+        v: &mut CpuBuffer,
+        h: AdamHyper,
+    ) -> Result<()> {
         let scale = scale_of(grad_scale)?;
-        macro_rules! run {
-            ($p:expr, $g:expr, $b:expr, $wrap:ident, $t:ty) => {{
-                let (p, g, b) = ($p, $g, $b);
-                let out: Vec<($t, $t)> = tabulate(p.len(), |i| {
-                    let pi = p[i] as f64;
-                    let gi = g[i] as f64 * scale + h.weight_decay * pi;
-                    let (bi, step) = if h.momentum != 0.0 {
-                        let bi = h.momentum * b[i] as f64 + gi;
-                        (bi, if h.nesterov { gi + h.momentum * bi } else { bi })
-                    } else {
-                        (0.0, gi)
-                    };
-                    ((pi - h.lr * step) as $t, bi as $t)
-                });
-                Ok((
-                    $wrap(out.iter().map(|o| o.0).collect()),
-                    $wrap(out.iter().map(|o| o.1).collect()),
-                ))
-            }};
+        check_same_len(&[param, grad, m, v], "adam_step")?;
+        fn run<T: Float + Send + Sync + Clone>(
+            p: &mut Arc<Vec<T>>,
+            g: &[T],
+            m: &mut Arc<Vec<T>>,
+            v: &mut Arc<Vec<T>>,
+            scale: f64,
+            h: AdamHyper,
+        ) {
+            let (p, m, v) = (Arc::make_mut(p), Arc::make_mut(m), Arc::make_mut(v));
+            // In the buffer's own precision, so the f32 loop vectorises 16 wide.
+            let c = |x: f64| T::from(x).unwrap_or_else(T::nan);
+            let (b1, b2, one) = (c(h.beta1), c(h.beta2), T::one());
+            let (lr, wd, eps, sc) = (c(h.lr), c(h.weight_decay), c(h.eps), c(scale));
+            let (inv_bc1, inv_bc2) = (c(1.0 / h.bias_correction1), c(1.0 / h.bias_correction2));
+            let f = |p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]| {
+                for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
+                    let mut gi = g * sc;
+                    if !h.decoupled {
+                        gi = gi + wd * *p;
+                    }
+                    *m = b1 * *m + (one - b1) * gi;
+                    *v = b2 * *v + (one - b2) * gi * gi;
+                    let update = (*m * inv_bc1) / ((*v * inv_bc2).sqrt() + eps);
+                    let decay = if h.decoupled { lr * wd * *p } else { T::zero() };
+                    *p = *p - lr * update - decay;
+                }
+            };
+            p.par_chunks_mut(OPT_CHUNK)
+                .zip(g.par_chunks(OPT_CHUNK))
+                .zip(m.par_chunks_mut(OPT_CHUNK))
+                .zip(v.par_chunks_mut(OPT_CHUNK))
+                .for_each(|(((p, g), m), v)| f(p, g, m, v));
         }
+        match (param, grad, m, v) {
+            (CpuBuffer::F32(p), CpuBuffer::F32(g), CpuBuffer::F32(m), CpuBuffer::F32(v)) => {
+                run(p, g, m, v, scale, h)
+            }
+            (CpuBuffer::F64(p), CpuBuffer::F64(g), CpuBuffer::F64(m), CpuBuffer::F64(v)) => {
+                run(p, g, m, v, scale, h)
+            }
+            _ => {
+                return Err(Error::DType(
+                    "adam_step: parameter, gradient and state must share one float dtype".into(),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Backend::sgd_step`] in place (see [`CpuBackend::adam_step_mut`]).
+    pub fn sgd_step_mut(
+        &self,
+        param: &mut CpuBuffer,
+        grad: &CpuBuffer,
+        grad_scale: Option<&CpuBuffer>,
+        buf: &mut CpuBuffer,
+        h: SgdHyper,
+    ) -> Result<()> {
+        let scale = scale_of(grad_scale)?;
         check_same_len(&[param, grad, buf], "sgd_step")?;
-        match (param, grad, buf) {
-            (CpuBuffer::F32(p), CpuBuffer::F32(g), CpuBuffer::F32(b)) => run!(p, g, b, f32b, f32),
-            (CpuBuffer::F64(p), CpuBuffer::F64(g), CpuBuffer::F64(b)) => run!(p, g, b, f64b, f64),
-            _ => Err(Error::DType(
-                "sgd_step: parameter, gradient and state must share one float dtype".into(),
-            )),
+        fn run<T: Float + Send + Sync + Clone>(
+            p: &mut Arc<Vec<T>>,
+            g: &[T],
+            b: &mut Arc<Vec<T>>,
+            scale: f64,
+            h: SgdHyper,
+        ) {
+            let p = Arc::make_mut(p);
+            if h.momentum == 0.0 {
+                // plain SGD: the momentum buffer is neither read nor written
+                p.par_chunks_mut(OPT_CHUNK)
+                    .zip(g.par_chunks(OPT_CHUNK))
+                    .for_each(|(p, g)| {
+                        for (p, g) in p.iter_mut().zip(g) {
+                            let pi = p.to_f64().unwrap_or(0.0);
+                            let gi = g.to_f64().unwrap_or(0.0) * scale + h.weight_decay * pi;
+                            *p = T::from(pi - h.lr * gi).unwrap_or(T::nan());
+                        }
+                    });
+                return;
+            }
+            let b = Arc::make_mut(b);
+            let f = |p: &mut [T], g: &[T], b: &mut [T]| {
+                for i in 0..p.len() {
+                    let pi = p[i].to_f64().unwrap_or(0.0);
+                    let gi = g[i].to_f64().unwrap_or(0.0) * scale + h.weight_decay * pi;
+                    let bi = h.momentum * b[i].to_f64().unwrap_or(0.0) + gi;
+                    let step = if h.nesterov { gi + h.momentum * bi } else { bi };
+                    p[i] = T::from(pi - h.lr * step).unwrap_or(T::nan());
+                    b[i] = T::from(bi).unwrap_or(T::nan());
+                }
+            };
+            p.par_chunks_mut(OPT_CHUNK)
+                .zip(g.par_chunks(OPT_CHUNK))
+                .zip(b.par_chunks_mut(OPT_CHUNK))
+                .for_each(|((p, g), b)| f(p, g, b));
         }
+        match (param, grad, buf) {
+            (CpuBuffer::F32(p), CpuBuffer::F32(g), CpuBuffer::F32(b)) => run(p, g, b, scale, h),
+            (CpuBuffer::F64(p), CpuBuffer::F64(g), CpuBuffer::F64(b)) => run(p, g, b, scale, h),
+            _ => {
+                return Err(Error::DType(
+                    "sgd_step: parameter, gradient and state must share one float dtype".into(),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -922,6 +1146,55 @@ fn expert_runs(row_expert: &[i32], experts: usize) -> Vec<(usize, usize, usize)>
     runs
 }
 
+/// `c = a·b` (or `c += a·b` with `accumulate`) for one `m×k` by `k×n` product with arbitrary
+/// operand strides, written straight into `c` (contiguous, row stride `n`).
+#[allow(clippy::too_many_arguments)]
+fn gemm_into<T: Float + 'static>(
+    c: &mut [T],
+    a: &[T],
+    la: MatLayout,
+    b: &[T],
+    lb: MatLayout,
+    (m, k, n): (usize, usize, usize),
+    accumulate: bool,
+    par: gemm::Parallelism,
+) {
+    if m == 0 || n == 0 || k == 0 || c.len() < m * n {
+        return;
+    }
+    // SAFETY: the callers derive every layout from buffers whose sizes the Tensor layer checked
+    // (each (row, col) of both operands lies inside its slice), and `c` holds m·n elements.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            1,
+            n as isize,
+            accumulate,
+            a.as_ptr().add(la.offset),
+            la.col_stride as isize,
+            la.row_stride as isize,
+            b.as_ptr().add(lb.offset),
+            lb.col_stride as isize,
+            lb.row_stride as isize,
+            T::one(),
+            T::one(),
+            false,
+            false,
+            false,
+            par,
+        );
+    }
+}
+
+/// With many small per-expert products, threads take whole experts (each GEMM single-threaded);
+/// with few large ones, each GEMM uses every thread.
+fn per_expert_parallel(runs: usize) -> bool {
+    runs >= 2 * rayon::current_num_threads()
+}
+
 #[allow(clippy::too_many_arguments)]
 fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
     x: &[T],
@@ -934,9 +1207,22 @@ fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
     transpose_w: bool,
 ) -> Vec<T> {
     let mut out = vec![T::zero(); rows * m];
-    // One GEMM per run of rows that share an expert (rows arrive sorted by expert).
-    for (e, r0, r1) in expert_runs(row_expert, experts) {
-        let (rs, cs) = if transpose_w { (1, k) } else { (m, 1) };
+    // One GEMM per run of rows that share an expert (rows arrive sorted by expert), written into
+    // that run's own slice of the output.
+    let runs = expert_runs(&row_expert[..rows.min(row_expert.len())], experts);
+    let mut parts: Vec<(usize, usize, &mut [T])> = Vec::with_capacity(runs.len());
+    let mut rest: &mut [T] = &mut out;
+    let mut at = 0;
+    for &(e, r0, r1) in &runs {
+        let tail = std::mem::take(&mut rest);
+        let (_, tail) = tail.split_at_mut((r0 - at) * m);
+        let (part, tail) = tail.split_at_mut((r1 - r0) * m);
+        parts.push((e, r0, part));
+        rest = tail;
+        at = r1;
+    }
+    let (rs, cs) = if transpose_w { (1, k) } else { (m, 1) };
+    let one = |(e, r0, part): (usize, usize, &mut [T]), par| {
         let la = MatLayout {
             offset: r0 * k,
             batch_stride: 0,
@@ -949,19 +1235,17 @@ fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
             row_stride: rs,
             col_stride: cs,
         };
-        let part = matmul_kernel(
-            x,
-            la,
-            w,
-            lb,
-            MatmulDims {
-                batch: 1,
-                m: r1 - r0,
-                k,
-                n: m,
-            },
-        );
-        out[r0 * m..r1 * m].copy_from_slice(&part);
+        let r = part.len() / m.max(1);
+        gemm_into(part, x, la, w, lb, (r, k, m), false, par);
+    };
+    if per_expert_parallel(parts.len()) {
+        parts
+            .into_par_iter()
+            .for_each(|p| one(p, gemm::Parallelism::None));
+    } else {
+        for p in parts {
+            one(p, gemm::Parallelism::Rayon(0));
+        }
     }
     out
 }
@@ -976,17 +1260,21 @@ fn grouped_weight_grad_kernel<T: Float + Send + Sync + 'static>(
     experts: usize,
 ) -> Vec<T> {
     let mut out = vec![T::zero(); experts * k * m];
-    for e in 0..experts {
+    if k * m == 0 {
+        return out;
+    }
+    // dW[e] = Σ over e's runs of xᵀ[k, rows] · dy[rows, m], accumulated in place.
+    let one = |e: usize, dw: &mut [T], par: gemm::Parallelism| {
         let (lo, hi) = (
             offsets[e].max(0) as usize,
             (offsets[e + 1].max(0) as usize).min(row_expert.len()),
         );
+        let mut first = true;
         for (_, r0, r1) in expert_runs(&row_expert[lo..hi.max(lo)], experts)
             .into_iter()
             .filter(|r| r.0 == e)
         {
             let (r0, r1) = (lo + r0, lo + r1);
-            // xᵀ[k, rows] · dy[rows, m]
             let la = MatLayout {
                 offset: r0 * k,
                 batch_stride: 0,
@@ -999,21 +1287,17 @@ fn grouped_weight_grad_kernel<T: Float + Send + Sync + 'static>(
                 row_stride: m,
                 col_stride: 1,
             };
-            let part = matmul_kernel(
-                x,
-                la,
-                dy,
-                lb,
-                MatmulDims {
-                    batch: 1,
-                    m: k,
-                    k: r1 - r0,
-                    n: m,
-                },
-            );
-            for (o, p) in out[e * k * m..(e + 1) * k * m].iter_mut().zip(part) {
-                *o = *o + p;
-            }
+            gemm_into(dw, x, la, dy, lb, (k, r1 - r0, m), !first, par);
+            first = false;
+        }
+    };
+    if per_expert_parallel(experts) {
+        out.par_chunks_mut(k * m)
+            .enumerate()
+            .for_each(|(e, dw)| one(e, dw, gemm::Parallelism::None));
+    } else {
+        for (e, dw) in out.chunks_mut(k * m).enumerate() {
+            one(e, dw, gemm::Parallelism::Rayon(0));
         }
     }
     out

@@ -391,6 +391,50 @@ impl Storage {
             }
         }
     }
+    /// [`Storage::adam_step`] updating `self` (the parameter), `m` and `v` where they are: in
+    /// place on the CPU when nothing else shares the buffers; on the GPU the kernel writes
+    /// fresh pooled buffers that replace the old ones (which go back to the pool).
+    pub fn adam_step_mut(
+        &mut self,
+        grad: &Storage,
+        scale: Option<&Storage>,
+        m: &mut Storage,
+        v: &mut Storage,
+        h: AdamHyper,
+    ) -> Result<()> {
+        if let (Storage::Cpu(p), Storage::Cpu(g), Storage::Cpu(mm), Storage::Cpu(vv)) =
+            (&mut *self, grad, &mut *m, &mut *v)
+        {
+            let sc = match scale {
+                Some(s) => Some(as_cpu(s, "adam_step")?),
+                None => None,
+            };
+            return cpu::CpuBackend.adam_step_mut(p, g, sc, mm, vv, h);
+        }
+        let (np, nm, nv) = self.adam_step(grad, scale, m, v, h)?;
+        (*self, *m, *v) = (np, nm, nv);
+        Ok(())
+    }
+    /// [`Storage::sgd_step`] updating `self` and `buf` where they are (see
+    /// [`Storage::adam_step_mut`]).
+    pub fn sgd_step_mut(
+        &mut self,
+        grad: &Storage,
+        scale: Option<&Storage>,
+        buf: &mut Storage,
+        h: SgdHyper,
+    ) -> Result<()> {
+        if let (Storage::Cpu(p), Storage::Cpu(g), Storage::Cpu(b)) = (&mut *self, grad, &mut *buf) {
+            let sc = match scale {
+                Some(s) => Some(as_cpu(s, "sgd_step")?),
+                None => None,
+            };
+            return cpu::CpuBackend.sgd_step_mut(p, g, sc, b, h);
+        }
+        let (np, nb) = self.sgd_step(grad, scale, buf, h)?;
+        (*self, *buf) = (np, nb);
+        Ok(())
+    }
     /// See [`Backend::grouped_matmul`]; `self` is `x`.
     #[allow(clippy::too_many_arguments)]
     pub fn grouped_matmul(

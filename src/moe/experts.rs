@@ -25,24 +25,27 @@ pub trait ExpertNet: Module {
 pub struct ExpertBank {
     /// `[n, d, h]`
     pub w1: Param,
-    /// `[n, h]`
-    pub b1: Param,
+    /// `[n, h]` (None: no hidden bias)
+    pub b1: Option<Param>,
     /// `[n, h, d_out]`
     pub w2: Param,
-    /// `[n, d_out]`
-    pub b2: Param,
+    /// `[n, d_out]` (None: no output bias)
+    pub b2: Option<Param>,
     /// ReLU or GELU
     pub activation: Activation,
 }
 
 impl ExpertBank {
-    /// `experts` MLPs `d → hidden → d_out` with Kaiming-uniform weights and zero biases.
+    /// `experts` MLPs `d → hidden → d_out` with Kaiming-uniform weights and, with `bias`, zero
+    /// biases (without, `x → act(x·W1)·W2`, as in Mixtral-style experts).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         experts: usize,
         d: usize,
         hidden: usize,
         d_out: usize,
         activation: Activation,
+        bias: bool,
         rng: &mut ChaCha8Rng,
         device: Device,
     ) -> Result<ExpertBank> {
@@ -58,14 +61,18 @@ impl ExpertBank {
                 rng,
                 device,
             )?)?,
-            b1: Param::new(Tensor::zeros(&[experts, hidden], DType::F32, device)?)?,
+            b1: bias
+                .then(|| Param::new(Tensor::zeros(&[experts, hidden], DType::F32, device)?))
+                .transpose()?,
             w2: Param::new(uniform(
                 &[experts, hidden, d_out],
                 (6.0 / hidden as f64).sqrt(),
                 rng,
                 device,
             )?)?,
-            b2: Param::new(Tensor::zeros(&[experts, d_out], DType::F32, device)?)?,
+            b2: bias
+                .then(|| Param::new(Tensor::zeros(&[experts, d_out], DType::F32, device)?))
+                .transpose()?,
             activation,
         })
     }
@@ -81,13 +88,19 @@ impl ExpertNet for ExpertBank {
     }
 
     fn forward_rows(&self, rows: &Tensor, plan: &DispatchPlan) -> Result<Tensor> {
-        let h = rows
-            .grouped_matmul(&self.w1.get(), &plan.row_expert, &plan.offsets)?
-            .add(&self.b1.get().index_select(0, &plan.row_expert_clamped)?)?;
+        let add_bias = |y: Tensor, b: &Option<Param>| match b {
+            Some(b) => y.add(&b.get().index_select(0, &plan.row_expert_clamped)?),
+            None => Ok(y),
+        };
+        let h = add_bias(
+            rows.grouped_matmul(&self.w1.get(), &plan.row_expert, &plan.offsets)?,
+            &self.b1,
+        )?;
         let h = self.activation.apply(&h)?;
-        let out = h
-            .grouped_matmul(&self.w2.get(), &plan.row_expert, &plan.offsets)?
-            .add(&self.b2.get().index_select(0, &plan.row_expert_clamped)?)?;
+        let out = add_bias(
+            h.grouped_matmul(&self.w2.get(), &plan.row_expert, &plan.offsets)?,
+            &self.b2,
+        )?;
         let kept = plan
             .row_kept
             .to_dtype(out.dtype())?
@@ -105,19 +118,26 @@ impl Module for ExpertBank {
     /// used by tests.
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         let n = self.experts();
-        let h = x.matmul(&self.w1.get())?.add(&self.b1.get().reshape(&[
-            n,
-            1,
-            self.b1.get().shape()[1],
-        ])?)?;
+        let add_bias = |y: Tensor, b: &Option<Param>| match b {
+            Some(b) => {
+                let b = b.get();
+                let width = b.shape()[1];
+                y.add(&b.reshape(&[n, 1, width])?)
+            }
+            None => Ok(y),
+        };
+        let h = add_bias(x.matmul(&self.w1.get())?, &self.b1)?;
         let h = self.activation.apply(&h)?;
-        h.matmul(&self.w2.get())?
-            .add(&self.b2.get().reshape(&[n, 1, self.d_out()])?)
+        add_bias(h.matmul(&self.w2.get())?, &self.b2)
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         f(join(prefix, "w1"), &self.w1);
-        f(join(prefix, "b1"), &self.b1);
+        if let Some(b1) = &self.b1 {
+            f(join(prefix, "b1"), b1);
+        }
         f(join(prefix, "w2"), &self.w2);
-        f(join(prefix, "b2"), &self.b2);
+        if let Some(b2) = &self.b2 {
+            f(join(prefix, "b2"), b2);
+        }
     }
 }

@@ -54,6 +54,8 @@ pub struct MoeConfig {
     pub seed: u64,
     /// what the experts are
     pub expert_kind: ExpertKind,
+    /// whether MLP experts have biases (default true)
+    pub expert_bias: bool,
 }
 
 /// The expert architecture.
@@ -86,6 +88,7 @@ impl MoeConfig {
             jitter: 0.1,
             seed: 0,
             expert_kind: ExpertKind::Mlp,
+            expert_bias: true,
         }
     }
 }
@@ -131,6 +134,7 @@ impl MoeLayer {
                 cfg.hidden,
                 cfg.d_out,
                 cfg.activation,
+                cfg.expert_bias,
                 &mut rng,
                 device,
             )?),
@@ -201,16 +205,13 @@ impl MoeLayer {
         let rows = source.index_select(0, &plan.row_token)?;
         let out = self.experts.forward_rows(&rows, &plan)?;
         let a = out.shape()[0];
-        let d_out = out.shape()[1];
         let w = routing
             .weight
             .gather(0, &plan.order)?
             .to_dtype(out.dtype())?
             .reshape(&[a, 1])?;
         let contrib = out.mul(&w)?;
-        let dest = plan.row_token.reshape(&[a, 1])?.expand(&[a, d_out])?;
-        let y = Tensor::zeros(&[t * routings.len(), d_out], out.dtype(), out.device())?
-            .scatter_add(0, &dest, &contrib)?;
+        let y = contrib.index_scatter(0, &plan.row_token, t * routings.len())?;
 
         let mut aux = Tensor::zeros(&[], out.dtype(), out.device())?;
         for r in routings {

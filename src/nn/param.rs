@@ -51,6 +51,36 @@ impl Param {
         Ok(())
     }
 
+    /// An optimizer's update: takes the parameter's gradient (so the next backward starts from
+    /// none, as after PyTorch's `zero_grad(set_to_none=True)`) and runs `f(param, grad)` on the
+    /// parameter's storage in place. Nothing is copied when no one else holds the parameter's
+    /// tensor; otherwise `f` runs on a copy that replaces it. Returns false (doing nothing) when
+    /// the parameter has no gradient.
+    pub(crate) fn update(
+        &self,
+        f: impl FnOnce(&mut crate::backend::Storage, &Tensor) -> Result<()>,
+    ) -> Result<bool> {
+        let mut guard = match self.0.write() {
+            Ok(t) => t,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        let grad = match guard.0.grad.lock() {
+            Ok(mut g) => g.take(),
+            Err(_) => None,
+        };
+        let Some(grad) = grad else { return Ok(false) };
+        if let Some(inner) = Arc::get_mut(&mut guard.0) {
+            f(&mut inner.storage, &grad)?;
+            return Ok(true);
+        }
+        let mut storage = guard.storage().clone();
+        f(&mut storage, &grad)?;
+        let fresh = Tensor::from_storage(storage, guard.shape().to_vec());
+        fresh.set_requires_grad(true)?;
+        *guard = fresh;
+        Ok(true)
+    }
+
     /// The gradient accumulated on the current value, if any.
     pub fn grad(&self) -> Option<Tensor> {
         self.get().grad()

@@ -59,22 +59,32 @@ impl Tensor {
             row_expert.clone(),
             offsets.clone(),
         );
+        // Only the gradients someone needs are computed: the rows are often a gather of the
+        // layer's input, which needs no gradient when the MoE layer is the first layer.
+        let (need_x, need_w) = (self.requires_grad(), w.requires_grad());
         Ok(Tensor::record(y, "grouped_matmul", &[self, w], move |g| {
-            let dx = g
-                .storage()
-                .grouped_matmul(wd.storage(), re.storage(), rows, m, k, n, true)?;
-            let dw = x.storage().grouped_weight_grad(
-                g.storage(),
-                re.storage(),
-                off.storage(),
-                k,
-                m,
-                n,
-            )?;
-            Ok(vec![
-                Some(Tensor::from_storage(dx, vec![rows, k])),
-                Some(Tensor::from_storage(dw, vec![n, k, m])),
-            ])
+            let dx = if need_x {
+                let dx =
+                    g.storage()
+                        .grouped_matmul(wd.storage(), re.storage(), rows, m, k, n, true)?;
+                Some(Tensor::from_storage(dx, vec![rows, k]))
+            } else {
+                None
+            };
+            let dw = if need_w {
+                let dw = x.storage().grouped_weight_grad(
+                    g.storage(),
+                    re.storage(),
+                    off.storage(),
+                    k,
+                    m,
+                    n,
+                )?;
+                Some(Tensor::from_storage(dw, vec![n, k, m]))
+            } else {
+                None
+            };
+            Ok(vec![dx, dw])
         }))
     }
 }

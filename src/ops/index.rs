@@ -100,6 +100,47 @@ impl Tensor {
         }))
     }
 
+    /// The adjoint of [`Tensor::index_select`]: a tensor of `len` entries along `axis` in which
+    /// entry `r` is the sum of the entries `j` of `self` with `idx[j] = r` (zero where none
+    /// points). `idx` is 1-D with one index per entry of `self` along `axis`. This is how an MoE
+    /// layer combines expert outputs into tokens (`y[t] = Σ rows routed from t`) without
+    /// materialising a full index tensor. Differentiable in `self` (an index_select of the
+    /// gradient).
+    ///
+    /// ```
+    /// # use moegrad::{Device, Tensor};
+    /// let rows = Tensor::from_f32(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2], Device::cpu())?;
+    /// let idx = Tensor::from_i32(vec![1, 0, 1], &[3], Device::cpu())?;
+    /// let y = rows.index_scatter(0, &idx, 2)?;
+    /// assert_eq!(y.to_vec_f64()?, vec![3.0, 4.0, 6.0, 8.0]);
+    /// # Ok::<(), moegrad::Error>(())
+    /// ```
+    pub fn index_scatter(&self, axis: isize, idx: &Tensor, len: usize) -> Result<Tensor> {
+        self.check_index_tensor(idx, "index_scatter")?;
+        self.check_float("index_scatter")?;
+        let a = normalize_axis(axis, self.rank())?;
+        if idx.rank() != 1 || idx.shape()[0] != self.shape()[a] {
+            return Err(Error::Shape(format!(
+                "index_scatter along axis {a}: index of shape {:?} must be 1-D with one entry per \
+                 row of {:?}",
+                idx.shape(),
+                self.shape()
+            )));
+        }
+        let view = axis_view(self.shape(), a);
+        let m = view.len;
+        let mut shape = self.shape().to_vec();
+        shape[a] = len;
+        let out =
+            self.storage()
+                .scatter_add(idx.storage(), [0, 1, 0], view.outer, m, view.inner, len)?;
+        let y = Tensor::from_storage(out, shape);
+        let idx_saved = idx.clone();
+        Ok(Tensor::record(y, "index_scatter", &[self], move |g| {
+            Ok(vec![Some(g.index_select(a as isize, &idx_saved)?)])
+        }))
+    }
+
     /// `self` plus `src` added at `idx` along `axis` (like `torch.Tensor.scatter_add`): `idx` and
     /// `src` share a shape that matches `self` on every other axis; repeated indices accumulate.
     /// Differentiable in `self` (identity) and `src` (a gather of the gradient).

@@ -88,27 +88,35 @@ impl Tensor {
         out_shape.extend([m, n]);
         let y = Tensor::matmul_raw(a, false, a_b, b, false, b_b, batch, out_shape)?;
         let (ad, bd) = (a.detach(), b.detach());
+        let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
         Ok(Tensor::record(y, "matmul", &[a, b], move |g| {
             // dA = g·Bᵀ, dB = Aᵀ·g; a shared (2-D) operand sums its gradient over the batch.
-            let ga = if a_b || batch == 1 {
-                Tensor::matmul_raw(g, false, true, &bd, true, b_b, batch, ad.shape().to_vec())?
+            // Only the gradients someone needs are computed.
+            let ga = if !need_a {
+                None
+            } else if a_b || batch == 1 {
+                let ga =
+                    Tensor::matmul_raw(g, false, true, &bd, true, b_b, batch, ad.shape().to_vec())?;
+                Some(ga.reshape(ad.shape())?)
             } else {
                 let per =
                     Tensor::matmul_raw(g, false, true, &bd, true, b_b, batch, vec![batch, m, k])?;
-                per.sum(&[0], false)?
+                Some(per.sum(&[0], false)?.reshape(ad.shape())?)
             };
-            let gb = if b_b || batch == 1 {
-                Tensor::matmul_raw(&ad, true, a_b, g, false, true, batch, bd.shape().to_vec())?
+            let gb = if !need_b {
+                None
+            } else if b_b || batch == 1 {
+                let gb =
+                    Tensor::matmul_raw(&ad, true, a_b, g, false, true, batch, bd.shape().to_vec())?;
+                Some(gb.reshape(bd.shape())?)
             } else {
                 // B shared and A batched: stack the batch into rows, one GEMM of k×(batch·m)·(batch·m)×n.
                 let a2 = ad.reshape(&[batch * m, k])?;
                 let g2 = g.reshape(&[batch * m, n])?;
-                Tensor::matmul_raw(&a2, true, false, &g2, false, false, 1, vec![k, n])?
+                let gb = Tensor::matmul_raw(&a2, true, false, &g2, false, false, 1, vec![k, n])?;
+                Some(gb.reshape(bd.shape())?)
             };
-            Ok(vec![
-                Some(ga.reshape(ad.shape())?),
-                Some(gb.reshape(bd.shape())?),
-            ])
+            Ok(vec![ga, gb])
         }))
     }
 }

@@ -80,26 +80,22 @@ impl Optimizer for Adam {
             bias_correction1: 1.0 - self.beta1.powi(t),
             bias_correction2: 1.0 - self.beta2.powi(t),
         };
+        let scale = grad_scale.map(|s| s.storage());
         for (name, param) in params {
-            let p = param.get();
-            let Some(g) = p.grad() else { continue };
-            let (m, v) = match self.moments.get(name) {
-                Some(mv) => mv.clone(),
-                None => (p.zeros_like()?, p.zeros_like()?),
-            };
-            let scale = grad_scale.map(|s| s.storage());
-            let (np, nm, nv) =
-                p.storage()
-                    .adam_step(g.storage(), scale, m.storage(), v.storage(), h)?;
-            let shape = p.shape().to_vec();
-            param.set(Tensor::from_storage(np, shape.clone()))?;
-            self.moments.insert(
-                name.clone(),
-                (
-                    Tensor::from_storage(nm, shape.clone()),
-                    Tensor::from_storage(nv, shape),
-                ),
-            );
+            let moments = &mut self.moments;
+            param.update(|p, g| {
+                let (m, v) = match moments.get_mut(name) {
+                    Some(mv) => mv,
+                    None => {
+                        let zeros = || Tensor::zeros_like(g);
+                        moments.insert(name.clone(), (zeros()?, zeros()?));
+                        moments
+                            .get_mut(name)
+                            .ok_or_else(|| Error::Invalid(format!("adam: no moments for {name}")))?
+                    }
+                };
+                p.adam_step_mut(g.storage(), scale, m.storage_mut(), v.storage_mut(), h)
+            })?;
         }
         Ok(())
     }

@@ -5,7 +5,7 @@ use super::Optimizer;
 use super::adam::check_lr;
 use crate::backend::SgdHyper;
 use crate::nn::Param;
-use crate::{Result, Tensor};
+use crate::{Error, Result, Tensor};
 use std::collections::BTreeMap;
 
 /// SGD.
@@ -52,25 +52,26 @@ impl Optimizer for Sgd {
             weight_decay: self.weight_decay,
             nesterov: self.nesterov,
         };
+        let scale = grad_scale.map(|s| s.storage());
         for (name, param) in params {
-            let p = param.get();
-            let Some(g) = p.grad() else { continue };
-            let buf = match self.buffers.get(name) {
-                Some(b) => b.clone(),
-                None => p.zeros_like()?,
-            };
-            let (np, nb) = p.storage().sgd_step(
-                g.storage(),
-                grad_scale.map(|s| s.storage()),
-                buf.storage(),
-                h,
-            )?;
-            let shape = p.shape().to_vec();
-            param.set(Tensor::from_storage(np, shape.clone()))?;
-            if self.momentum != 0.0 {
-                self.buffers
-                    .insert(name.clone(), Tensor::from_storage(nb, shape));
-            }
+            let buffers = &mut self.buffers;
+            let momentum = self.momentum != 0.0;
+            param.update(|p, g| {
+                if !momentum {
+                    // plain SGD: the kernel ignores the buffer; pass the gradient's own storage
+                    let mut unused = g.storage().clone();
+                    return p.sgd_step_mut(g.storage(), scale, &mut unused, h);
+                }
+                if !buffers.contains_key(name) {
+                    buffers.insert(name.clone(), Tensor::zeros_like(g)?);
+                }
+                match buffers.get_mut(name) {
+                    Some(b) => p.sgd_step_mut(g.storage(), scale, b.storage_mut(), h),
+                    None => Err(Error::Invalid(format!(
+                        "sgd: no momentum buffer for {name}"
+                    ))),
+                }
+            })?;
         }
         Ok(())
     }
