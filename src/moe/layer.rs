@@ -226,6 +226,9 @@ impl MoeLayer {
             if self.config.z_loss > 0.0 {
                 aux = aux.add(&aux_loss::z_loss(r, self.config.z_loss)?)?;
             }
+            if let Some(own) = &r.aux_loss {
+                aux = aux.add(&own.to_dtype(aux.dtype())?)?;
+            }
         }
         let entropy = crate::no_grad(|| {
             let p = routing.probs.detach();
@@ -237,6 +240,7 @@ impl MoeLayer {
             routed_per_expert: plan.routed_per_expert.clone(),
             entropy,
             tokens: t * routings.len(),
+            metrics: routings.iter().flat_map(|r| r.metrics.clone()).collect(),
         };
         Ok(MoeOutput {
             y,
@@ -286,6 +290,14 @@ impl Routing {
             logits: cat(&|r| r.logits.clone())?,
             tokens: t * parts.len(),
             experts: first.experts,
+            aux_loss: parts.iter().filter_map(|r| r.aux_loss.clone()).try_fold(
+                None::<Tensor>,
+                |acc, a| match acc {
+                    None => Ok::<_, Error>(Some(a)),
+                    Some(s) => Ok(Some(s.add(&a)?)),
+                },
+            )?,
+            metrics: parts.iter().flat_map(|r| r.metrics.clone()).collect(),
         })
     }
 }

@@ -31,6 +31,12 @@ pub struct Routing {
     pub tokens: usize,
     /// number of experts
     pub experts: usize,
+    /// the router's own regulariser, a tracked scalar added to the layer's auxiliary loss
+    /// (MOESART's trimmed lasso, DSelect-k's entropy term); None for most routers
+    pub aux_loss: Option<Tensor>,
+    /// router-specific scalar metrics, `(name, scalar tensor)`, read back once per epoch (e.g.
+    /// DSelect-k's fraction of saturated selectors); reported beside the layer's statistics
+    pub metrics: Vec<(&'static str, Tensor)>,
 }
 
 impl Routing {
@@ -70,6 +76,8 @@ impl Routing {
             probs,
             logits,
             tokens: t,
+            aux_loss: None,
+            metrics: Vec::new(),
         })
     }
 }

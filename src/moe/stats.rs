@@ -14,6 +14,8 @@ pub struct RoutingStats {
     pub entropy: Tensor,
     /// tokens in the batch
     pub tokens: usize,
+    /// the router's own scalar metrics (see `Routing::metrics`)
+    pub metrics: Vec<(&'static str, Tensor)>,
 }
 
 /// The statistics as host numbers.
@@ -27,6 +29,8 @@ pub struct RoutingSummary {
     pub entropy: f64,
     /// kept assignments per token
     pub experts_per_token: f64,
+    /// the router's own metrics by name (averaged when several routers report one)
+    pub router_metrics: std::collections::BTreeMap<String, f64>,
 }
 
 impl RoutingStats {
@@ -47,6 +51,15 @@ impl RoutingStats {
             },
             entropy: self.entropy.item()?,
             experts_per_token: total / self.tokens.max(1) as f64,
+            router_metrics: {
+                let mut sums = std::collections::BTreeMap::<String, (f64, f64)>::new();
+                for (name, v) in &self.metrics {
+                    let e = sums.entry(name.to_string()).or_default();
+                    e.0 += v.item()?;
+                    e.1 += 1.0;
+                }
+                sums.into_iter().map(|(k, (s, c))| (k, s / c)).collect()
+            },
         })
     }
 }

@@ -56,6 +56,8 @@ impl Router for ExpertChoiceRouter {
             logits,
             tokens: t,
             experts: n,
+            aux_loss: None,
+            metrics: Vec::new(),
         })
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
