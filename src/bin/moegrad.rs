@@ -130,6 +130,10 @@ struct TrainArgs {
     /// MoE: router z-loss coefficient.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     z_loss: f64,
+    /// MoE: a router-specific setting as key=value (repeatable), e.g. `--router-opt tau=0.5`;
+    /// docs/routers.md lists each router's options.
+    #[arg(long = "router-opt", value_name = "KEY=VALUE")]
+    router_opt: Vec<String>,
     /// Continue from OUT/checkpoint.safetensors.
     #[arg(long)]
     resume: bool,
@@ -161,8 +165,8 @@ enum OptimizerArg {
 }
 
 impl TrainArgs {
-    fn config(&self) -> TrainConfig {
-        TrainConfig {
+    fn config(&self) -> moegrad::Result<TrainConfig> {
+        Ok(TrainConfig {
             data: match self.data {
                 DataArg::Mnist => DataKind::Mnist,
                 DataArg::Multimnist => DataKind::Multimnist,
@@ -200,7 +204,8 @@ impl TrainArgs {
             eval_capacity_factor: self.eval_capacity_factor,
             balance_loss: self.balance_loss,
             z_loss: self.z_loss,
-        }
+            router_options: moegrad::moe::parse_router_options(&self.router_opt)?,
+        })
     }
 }
 
@@ -273,7 +278,7 @@ fn run(cli: Cli) -> Result<()> {
             }
         }
         Command::Train(args) => {
-            let cfg = args.config();
+            let cfg = args.config()?;
             let summary = moegrad::train::run(
                 &cfg,
                 RunOptions {

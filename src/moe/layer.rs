@@ -54,6 +54,8 @@ pub struct MoeConfig {
     pub seed: u64,
     /// what the experts are
     pub expert_kind: ExpertKind,
+    /// router-specific options (see `RouterConfig::options`)
+    pub router_options: std::collections::BTreeMap<String, String>,
     /// whether MLP experts have biases (default true)
     pub expert_bias: bool,
 }
@@ -88,6 +90,7 @@ impl MoeConfig {
             jitter: 0.1,
             seed: 0,
             expert_kind: ExpertKind::Mlp,
+            router_options: Default::default(),
             expert_bias: true,
         }
     }
@@ -124,6 +127,7 @@ impl MoeLayer {
             k: cfg.k,
             jitter: cfg.jitter,
             seed: cfg.seed,
+            options: cfg.router_options.clone(),
         };
         let router = build_router(&cfg.router, &rcfg, device)?;
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);

@@ -16,6 +16,6 @@ pub use cnn_experts::CnnExpertBank;
 pub use dispatch::{Capacity, DispatchPlan};
 pub use experts::{ExpertBank, ExpertNet};
 pub use layer::{ExpertKind, MoeConfig, MoeLayer, MoeOutput};
-pub use router::{ROUTER_NAMES, Router, RouterConfig, build_router};
+pub use router::{ROUTER_NAMES, Router, RouterConfig, build_router, parse_router_options};
 pub use routing::Routing;
 pub use stats::{RoutingStats, RoutingSummary};

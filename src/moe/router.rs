@@ -22,6 +22,10 @@ pub struct RouterConfig {
     pub jitter: f64,
     /// seed of the router's initialisation and of its noise
     pub seed: u64,
+    /// router-specific settings by name (`--router-opt key=value` on the command line), read
+    /// with [`RouterConfig::opt_f64`] and friends; a router rejects keys it does not know with
+    /// [`RouterConfig::check_options`]
+    pub options: std::collections::BTreeMap<String, String>,
 }
 
 impl RouterConfig {
@@ -33,8 +37,79 @@ impl RouterConfig {
             k,
             jitter: 0.1,
             seed: 0,
+            options: Default::default(),
         }
     }
+
+    /// Fails unless every option is one of `known` (naming the router, the bad key and the
+    /// keys it accepts).
+    pub fn check_options(&self, router: &str, known: &[&str]) -> Result<()> {
+        match self.options.keys().find(|k| !known.contains(&k.as_str())) {
+            None => Ok(()),
+            Some(bad) => Err(Error::Invalid(format!(
+                "router {router} has no option {bad:?}; it accepts {}",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            ))),
+        }
+    }
+    /// A numeric option, or `default` when not given; a value that is not a finite number is an
+    /// error naming the key.
+    pub fn opt_f64(&self, key: &str, default: f64) -> Result<f64> {
+        match self.options.get(key) {
+            None => Ok(default),
+            Some(v) => match v.trim().parse::<f64>() {
+                Ok(x) if x.is_finite() => Ok(x),
+                _ => Err(Error::Invalid(format!(
+                    "router option {key}={v:?} is not a finite number"
+                ))),
+            },
+        }
+    }
+    /// A whole-number option, or `default`.
+    pub fn opt_usize(&self, key: &str, default: usize) -> Result<usize> {
+        match self.options.get(key) {
+            None => Ok(default),
+            Some(v) => v.trim().parse::<usize>().map_err(|_| {
+                Error::Invalid(format!(
+                    "router option {key}={v:?} is not a non-negative integer"
+                ))
+            }),
+        }
+    }
+    /// A true/false option (`true`, `false`, `1`, `0`), or `default`.
+    pub fn opt_bool(&self, key: &str, default: bool) -> Result<bool> {
+        match self.options.get(key).map(|v| v.trim()) {
+            None => Ok(default),
+            Some("true" | "1" | "yes") => Ok(true),
+            Some("false" | "0" | "no") => Ok(false),
+            Some(v) => Err(Error::Invalid(format!(
+                "router option {key}={v:?} is not true or false"
+            ))),
+        }
+    }
+    /// A text option, or `default`.
+    pub fn opt_str<'a>(&'a self, key: &str, default: &'a str) -> &'a str {
+        self.options.get(key).map(|v| v.trim()).unwrap_or(default)
+    }
+}
+
+/// Parses `key=value` pairs (the `--router-opt` arguments) into router options.
+pub fn parse_router_options(
+    pairs: &[String],
+) -> Result<std::collections::BTreeMap<String, String>> {
+    pairs
+        .iter()
+        .map(|p| match p.split_once('=') {
+            Some((k, v)) if !k.trim().is_empty() => Ok((k.trim().to_string(), v.to_string())),
+            _ => Err(Error::Invalid(format!(
+                "--router-opt {p:?} is not of the form key=value"
+            ))),
+        })
+        .collect()
 }
 
 /// A router: maps token representations `[T, d]` to a [`Routing`].
@@ -179,6 +254,10 @@ pub fn build_router(name: &str, cfg: &RouterConfig, device: Device) -> Result<Bo
             "--k {} must be between 1 and the number of experts {}",
             cfg.k, cfg.experts
         )));
+    }
+    // The routers of the Top-k family take no options; the others check their own.
+    if ROUTER_NAMES[..10].contains(&name) {
+        cfg.check_options(name, &[])?;
     }
     Ok(match name {
         "softmax" => Box::new(SoftmaxRouter::new(cfg, device)?),

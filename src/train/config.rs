@@ -106,6 +106,8 @@ pub struct TrainConfig {
     pub balance_loss: f64,
     /// MoE: router z-loss coefficient
     pub z_loss: f64,
+    /// MoE: router-specific options (`--router-opt key=value`)
+    pub router_options: std::collections::BTreeMap<String, String>,
 }
 
 impl Default for TrainConfig {
@@ -135,6 +137,7 @@ impl Default for TrainConfig {
             eval_capacity_factor: 0.0,
             balance_loss: 0.01,
             z_loss: 0.0,
+            router_options: Default::default(),
         }
     }
 }

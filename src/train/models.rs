@@ -234,6 +234,7 @@ pub fn build(
             mc.eval_capacity = capacity(cfg.eval_capacity_factor);
             mc.balance_loss = cfg.balance_loss;
             mc.z_loss = cfg.z_loss;
+            mc.router_options = cfg.router_options.clone();
             mc.seed = cfg.seed;
             if cnn {
                 mc.expert_kind = ExpertKind::Cnn { side };
@@ -252,6 +253,7 @@ pub fn build(
                             k: mc.k,
                             jitter: mc.jitter,
                             seed: cfg.seed + t as u64,
+                            options: mc.router_options.clone(),
                         };
                         build_router(&cfg.router, &rc, device)
                     })
