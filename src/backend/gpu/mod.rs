@@ -1,208 +1,500 @@
-//! TEMPORARY stand-in for the GPU backend while it is written in a separate branch.
-use super::*;
+//! The wgpu backend: f32 (and i32 index) buffers on the GPU and the WGSL kernels in `shaders/`.
+//!
+//! How the pieces fit, bottom to top:
+//!
+//! * `context.rs` opens the adapter, device and queue once per process;
+//! * `pool.rs` recycles device buffers by power-of-two size class ([`PoolStats`]);
+//! * `encoder.rs` records every kernel into one pending command encoder and submits in batches
+//!   (nothing is read back to the host except by [`Backend::download`]);
+//! * `kernels.rs` compiles and caches pipelines and holds the one launch helper,
+//!   `GpuBackend::launch(shader, entry, buffers, params, groups)`, that every op uses;
+//! * one launcher file per kernel family, named after its shader: `elementwise.rs`,
+//!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs` and `matmul.rs` launch the
+//!   entry points of `shaders/<same name>.wgsl`, one function per [`Backend`] primitive.
+//!
+//! [`GpuBackend`] is a cheap handle (an `Arc`) to the process-wide context; [`GpuBuffer`] a cheap
+//! handle to one pooled buffer with its dtype and length. The GPU computes in f32: an f64 buffer
+//! is a [`Error::DType`]. Work is asynchronous: errors that wgpu reports late (out of memory, a
+//! lost device) surface as [`Error::Gpu`] at the next [`GpuBackend::flush`],
+//! [`GpuBackend::synchronize`] or download.
+
+mod context;
+mod elementwise;
+mod encoder;
+mod kernels;
+mod layout;
+mod matmul;
+mod optim;
+mod pool;
+mod random;
+mod reduce;
+mod sort;
+
+use super::{
+    AdamHyper, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims, ReduceOp, SgdHyper,
+    UnaryOp,
+};
 use crate::{DType, Error, Result};
-/// GPU buffer (stand-in).
-#[derive(Clone, Debug)]
+use std::sync::{Arc, OnceLock};
+
+/// The process-wide GPU context and its caches.
+pub(crate) struct Inner {
+    ctx: context::Context,
+    pool: Arc<pool::Pool>,
+    batcher: encoder::Batcher,
+    kernels: kernels::KernelCache,
+}
+
+/// A handle to the process-wide GPU context (device, queue, buffer pool, pipeline cache,
+/// pending batch). Cloning is cheap; every clone drives the same device.
+#[derive(Clone)]
+pub struct GpuBackend {
+    inner: Arc<Inner>,
+}
+
+/// The context, opened on first use; a failure is remembered (the adapter is not probed again).
+static GPU: OnceLock<std::result::Result<GpuBackend, String>> = OnceLock::new();
+
+/// A buffer on the GPU: a shared handle to one pooled wgpu buffer, with its dtype (F32 or I32)
+/// and length in elements. The pooled buffer goes back to the pool when the last clone drops.
+#[derive(Clone)]
 pub struct GpuBuffer {
+    buf: Arc<pool::PooledBuffer>,
     dtype: DType,
     len: usize,
 }
+
 impl GpuBuffer {
-    /// dtype
+    /// The dtype of the elements (F32 or I32).
     pub fn dtype(&self) -> DType {
         self.dtype
     }
-    /// len
+    /// Number of elements.
     pub fn len(&self) -> usize {
         self.len
     }
-    /// empty
+    /// True when the buffer holds no elements.
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
 }
-/// GPU backend (stand-in).
-#[derive(Clone)]
-pub struct GpuBackend;
-/// Adapter facts.
-#[allow(missing_docs)]
+
+impl std::fmt::Debug for GpuBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "GpuBuffer({} × {})", self.len, self.dtype)
+    }
+}
+
+/// What the adapter is and what the device was opened with (see `moegrad info`).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct GpuInfo {
+    /// adapter name, e.g. "NVIDIA GeForce RTX 3060" or "llvmpipe (LLVM 15.0.6, 256 bits)"
     pub name: String,
+    /// wgpu backend: "Vulkan", "Metal", "Dx12", "Gl"
     pub backend: String,
+    /// "DiscreteGpu", "IntegratedGpu", "Cpu" (a software rasterizer), ...
     pub device_type: String,
+    /// driver name and version
     pub driver: String,
+    /// the device limits the kernels use, as requested from the adapter
     pub limits: Vec<(String, u64)>,
+    /// optional features the adapter reports and the device enabled (subgroups, f16, timestamps)
     pub features: Vec<String>,
 }
-/// Adapter facts.
+
+/// Facts about the GPU adapter, opening the context if needed.
+///
+/// # Errors
+/// [`Error::Device`] when no adapter is available (the message names the backends tried).
 pub fn info() -> Result<GpuInfo> {
-    Err(Error::Device("no GPU backend built".into()))
+    let be = GpuBackend::get()?;
+    let c = &be.inner.ctx;
+    let l = &c.limits;
+    let limits = vec![
+        (
+            "max_storage_buffer_binding_size".to_string(),
+            l.max_storage_buffer_binding_size,
+        ),
+        ("max_buffer_size".into(), l.max_buffer_size),
+        (
+            "max_storage_buffers_per_shader_stage".into(),
+            l.max_storage_buffers_per_shader_stage as u64,
+        ),
+        (
+            "max_compute_workgroup_storage_size".into(),
+            l.max_compute_workgroup_storage_size as u64,
+        ),
+        (
+            "max_compute_invocations_per_workgroup".into(),
+            l.max_compute_invocations_per_workgroup as u64,
+        ),
+        (
+            "max_compute_workgroups_per_dimension".into(),
+            l.max_compute_workgroups_per_dimension as u64,
+        ),
+        (
+            "min_uniform_buffer_offset_alignment".into(),
+            l.min_uniform_buffer_offset_alignment as u64,
+        ),
+    ];
+    let driver = match (
+        c.adapter_info.driver.is_empty(),
+        c.adapter_info.driver_info.is_empty(),
+    ) {
+        (true, true) => "unknown".to_string(),
+        (false, true) => c.adapter_info.driver.clone(),
+        (true, false) => c.adapter_info.driver_info.clone(),
+        (false, false) => format!("{} {}", c.adapter_info.driver, c.adapter_info.driver_info),
+    };
+    Ok(GpuInfo {
+        name: c.adapter_info.name.clone(),
+        backend: format!("{:?}", c.adapter_info.backend),
+        device_type: format!("{:?}", c.adapter_info.device_type),
+        driver,
+        limits,
+        features: c.feature_names.clone(),
+    })
 }
-/// Pool counters (stand-in).
-#[allow(missing_docs)]
-#[derive(Clone, Copy, Debug, Default)]
+
+/// Byte counters of the GPU buffer pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
+    /// bytes of storage buffers checked out now (by size class)
     pub in_use_bytes: u64,
+    /// the most checked out at once since the context opened or [`GpuBackend::reset_peak`]
     pub peak_bytes: u64,
 }
+
 impl GpuBackend {
-    /// stats
-    pub fn pool_stats(&self) -> PoolStats {
-        PoolStats::default()
-    }
-    /// reset
-    pub fn reset_peak(&self) {}
-    /// get
+    /// The process-wide GPU context, opened on the first call.
+    ///
+    /// # Errors
+    /// [`Error::Device`] when no adapter can be opened; the message names the backends tried.
+    /// The failure is remembered, so later calls answer at once.
     pub fn get() -> Result<GpuBackend> {
-        Err(Error::Device("no GPU backend built (stand-in)".into()))
+        GPU.get_or_init(|| {
+            let ctx = context::open().map_err(|e| e.to_string())?;
+            let pool = pool::Pool::new(ctx.device.clone(), ctx.limits.max_buffer_size);
+            let batcher = encoder::Batcher::new(&ctx);
+            Ok(GpuBackend {
+                inner: Arc::new(Inner {
+                    ctx,
+                    pool,
+                    batcher,
+                    kernels: kernels::KernelCache::default(),
+                }),
+            })
+        })
+        .clone()
+        .map_err(Error::Device)
     }
-    /// flush
+
+    /// Submits the pending batch of kernels (without waiting for it).
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] when wgpu reported an error since the last check.
     pub fn flush(&self) -> Result<()> {
-        Ok(())
+        self.inner.batcher.flush(&self.inner.ctx);
+        self.inner.ctx.take_error()
     }
-    /// synchronize
+
+    /// Submits the pending batch and waits until the device has finished all work (benchmarks
+    /// call it before reading the clock).
+    ///
+    /// # Errors
+    /// [`Error::Gpu`] when wgpu reported an error or the wait failed.
     pub fn synchronize(&self) -> Result<()> {
-        Ok(())
+        self.inner.batcher.flush(&self.inner.ctx);
+        self.inner
+            .ctx
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Gpu(format!("waiting for the GPU: {e}")))?;
+        self.inner.ctx.take_error()
+    }
+
+    /// Bytes of pooled storage buffers in use now and at the peak.
+    pub fn pool_stats(&self) -> PoolStats {
+        let (in_use_bytes, peak_bytes) = self.inner.pool.stats();
+        PoolStats {
+            in_use_bytes,
+            peak_bytes,
+        }
+    }
+
+    /// Restarts the peak counter of [`GpuBackend::pool_stats`] at the bytes in use now.
+    pub fn reset_peak(&self) {
+        self.inner.pool.reset_peak();
+    }
+
+    /// Bytes held on the pool's free lists, ready for reuse.
+    pub fn pool_free_bytes(&self) -> u64 {
+        self.inner.pool.free_bytes()
+    }
+
+    /// Gives the pool's free buffers back to the driver (buffers in use are kept).
+    pub fn trim_pool(&self) {
+        self.inner.pool.trim();
+    }
+
+    /// The optional wgpu features the device was opened with.
+    #[allow(dead_code)]
+    pub(crate) fn features(&self) -> wgpu::Features {
+        self.inner.ctx.features
+    }
+
+    /// The limits the device was opened with.
+    #[allow(dead_code)]
+    pub(crate) fn limits(&self) -> &wgpu::Limits {
+        &self.inner.ctx.limits
+    }
+
+    /// Copies `x` into a pooled staging buffer, waits for it and reads it back.
+    fn read_back(&self, x: &GpuBuffer) -> Result<Vec<u8>> {
+        let bytes = x.len as u64 * 4;
+        if bytes == 0 {
+            self.flush()?;
+            return Ok(Vec::new());
+        }
+        let inner = &self.inner;
+        let staging = inner.pool.take(pool::Kind::Staging, bytes)?;
+        let index = inner
+            .batcher
+            .copy_and_submit(&inner.ctx, &x.buf, &staging, bytes);
+        let (tx, rx) = std::sync::mpsc::channel();
+        staging
+            .raw()
+            .map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
+                let _ = tx.send(r);
+            });
+        inner
+            .ctx
+            .device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(index),
+                timeout: None,
+            })
+            .map_err(|e| Error::Gpu(format!("waiting for a download: {e}")))?;
+        inner.ctx.take_error()?;
+        match rx.recv() {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(Error::Gpu(format!("mapping a download buffer: {e}"))),
+            Err(_) => return Err(Error::Gpu("a download buffer was never mapped".into())),
+        }
+        let data = {
+            let view = staging
+                .raw()
+                .get_mapped_range(0..bytes)
+                .map_err(|e| Error::Gpu(format!("reading a download buffer: {e}")))?;
+            view.to_vec()
+        };
+        staging.raw().unmap();
+        Ok(data)
     }
 }
-fn no() -> Error {
-    Error::Device("stand-in".into())
+
+/// An `Error::DType` for an f64 request on the GPU.
+fn f64_error(what: &str) -> Error {
+    Error::DType(format!(
+        "{what}: the GPU computes in f32; keep f64 tensors on the CPU (or cast to f32 first)"
+    ))
 }
+
 impl Backend for GpuBackend {
     type Buffer = GpuBuffer;
-    fn upload(&self, _: &HostData) -> Result<GpuBuffer> {
-        Err(no())
+
+    fn upload(&self, data: &HostData) -> Result<GpuBuffer> {
+        let (bytes, dtype): (&[u8], DType) = match data {
+            HostData::F32(v) => (bytemuck::cast_slice(v), DType::F32),
+            HostData::I32(v) => (bytemuck::cast_slice(v), DType::I32),
+            HostData::F64(_) => return Err(f64_error("upload")),
+        };
+        let out = self.alloc(data.len(), dtype)?;
+        if !bytes.is_empty() {
+            self.inner.ctx.queue.write_buffer(out.buf.raw(), 0, bytes);
+        }
+        Ok(out)
     }
-    fn download(&self, _: &GpuBuffer) -> Result<HostData> {
-        Err(no())
+
+    fn download(&self, x: &GpuBuffer) -> Result<HostData> {
+        let bytes = self.read_back(x)?;
+        Ok(match x.dtype {
+            DType::F32 => HostData::F32(bytemuck::pod_collect_to_vec(&bytes)),
+            DType::I32 => HostData::I32(bytemuck::pod_collect_to_vec(&bytes)),
+            DType::F64 => return Err(f64_error("download")),
+        })
     }
-    fn full(&self, _: usize, _: f64, _: DType) -> Result<GpuBuffer> {
-        Err(no())
+
+    fn full(&self, len: usize, value: f64, dtype: DType) -> Result<GpuBuffer> {
+        elementwise::full(self, len, value, dtype)
     }
-    fn cast(&self, _: &GpuBuffer, _: DType) -> Result<GpuBuffer> {
-        Err(no())
+
+    fn cast(&self, x: &GpuBuffer, dtype: DType) -> Result<GpuBuffer> {
+        elementwise::cast(self, x, dtype)
     }
-    fn unary(&self, _: UnaryOp, _: &GpuBuffer) -> Result<GpuBuffer> {
-        Err(no())
+
+    fn unary(&self, op: UnaryOp, x: &GpuBuffer) -> Result<GpuBuffer> {
+        elementwise::unary(self, op, x)
     }
+
     fn binary(
         &self,
-        _: BinaryOp,
-        _: &GpuBuffer,
-        _: &[usize],
-        _: &GpuBuffer,
-        _: &[usize],
-        _: &[usize],
+        op: BinaryOp,
+        a: &GpuBuffer,
+        a_strides: &[usize],
+        b: &GpuBuffer,
+        b_strides: &[usize],
+        out_shape: &[usize],
     ) -> Result<GpuBuffer> {
-        Err(no())
+        elementwise::binary(self, op, a, a_strides, b, b_strides, out_shape)
     }
+
     fn where_cond(
         &self,
-        _: &GpuBuffer,
-        _: &[usize],
-        _: &GpuBuffer,
-        _: &[usize],
-        _: &GpuBuffer,
-        _: &[usize],
-        _: &[usize],
+        cond: &GpuBuffer,
+        cond_strides: &[usize],
+        a: &GpuBuffer,
+        a_strides: &[usize],
+        b: &GpuBuffer,
+        b_strides: &[usize],
+        out_shape: &[usize],
     ) -> Result<GpuBuffer> {
-        Err(no())
+        elementwise::where_cond(
+            self,
+            cond,
+            cond_strides,
+            a,
+            a_strides,
+            b,
+            b_strides,
+            out_shape,
+        )
     }
-    fn reduce(&self, _: ReduceOp, _: &GpuBuffer, _: AxisView) -> Result<GpuBuffer> {
-        Err(no())
+
+    fn reduce(&self, op: ReduceOp, x: &GpuBuffer, view: AxisView) -> Result<GpuBuffer> {
+        reduce::reduce(self, op, x, view)
     }
+
     fn matmul(
         &self,
-        _: &GpuBuffer,
-        _: MatLayout,
-        _: &GpuBuffer,
-        _: MatLayout,
-        _: MatmulDims,
+        a: &GpuBuffer,
+        a_layout: MatLayout,
+        b: &GpuBuffer,
+        b_layout: MatLayout,
+        dims: MatmulDims,
     ) -> Result<GpuBuffer> {
-        Err(no())
+        matmul::matmul(self, a, a_layout, b, b_layout, dims)
     }
-    fn copy_strided(&self, _: &GpuBuffer, _: &[usize], _: &[usize], _: usize) -> Result<GpuBuffer> {
-        Err(no())
+
+    fn copy_strided(
+        &self,
+        x: &GpuBuffer,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Result<GpuBuffer> {
+        layout::copy_strided(self, x, shape, strides, offset)
     }
-    fn concat(&self, _: &[&GpuBuffer], _: &[usize], _: usize, _: usize) -> Result<GpuBuffer> {
-        Err(no())
+
+    fn concat(
+        &self,
+        parts: &[&GpuBuffer],
+        lens: &[usize],
+        outer: usize,
+        inner: usize,
+    ) -> Result<GpuBuffer> {
+        layout::concat(self, parts, lens, outer, inner)
     }
+
     fn gather(
         &self,
-        _: &GpuBuffer,
-        _: AxisView,
-        _: &GpuBuffer,
-        _: [usize; 3],
-        _: usize,
+        x: &GpuBuffer,
+        view: AxisView,
+        idx: &GpuBuffer,
+        idx_strides: [usize; 3],
+        m: usize,
     ) -> Result<GpuBuffer> {
-        Err(no())
+        layout::gather(self, x, view, idx, idx_strides, m)
     }
+
     fn scatter_add(
         &self,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: [usize; 3],
-        _: usize,
-        _: usize,
-        _: usize,
-        _: usize,
+        src: &GpuBuffer,
+        idx: &GpuBuffer,
+        idx_strides: [usize; 3],
+        outer: usize,
+        m: usize,
+        inner: usize,
+        len: usize,
     ) -> Result<GpuBuffer> {
-        Err(no())
+        layout::scatter_add(self, src, idx, idx_strides, outer, m, inner, len)
     }
-    fn cumsum(&self, _: &GpuBuffer, _: AxisView, _: bool) -> Result<GpuBuffer> {
-        Err(no())
+
+    fn cumsum(&self, x: &GpuBuffer, view: AxisView, reverse: bool) -> Result<GpuBuffer> {
+        reduce::cumsum(self, x, view, reverse)
     }
-    fn argsort(&self, _: &GpuBuffer, _: usize, _: usize, _: bool) -> Result<GpuBuffer> {
-        Err(no())
+
+    fn argsort(
+        &self,
+        x: &GpuBuffer,
+        rows: usize,
+        len: usize,
+        descending: bool,
+    ) -> Result<GpuBuffer> {
+        sort::argsort(self, x, rows, len, descending)
     }
+
     fn grouped_matmul(
         &self,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: usize,
-        _: usize,
-        _: usize,
-        _: usize,
-        _: bool,
+        x: &GpuBuffer,
+        w: &GpuBuffer,
+        row_expert: &GpuBuffer,
+        rows: usize,
+        k: usize,
+        m: usize,
+        experts: usize,
+        transpose_w: bool,
     ) -> Result<GpuBuffer> {
-        Err(no())
+        matmul::grouped_matmul(self, x, w, row_expert, rows, k, m, experts, transpose_w)
     }
+
     fn grouped_weight_grad(
         &self,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: usize,
-        _: usize,
-        _: usize,
+        x: &GpuBuffer,
+        dy: &GpuBuffer,
+        row_expert: &GpuBuffer,
+        offsets: &GpuBuffer,
+        k: usize,
+        m: usize,
+        experts: usize,
     ) -> Result<GpuBuffer> {
-        Err(no())
+        matmul::grouped_weight_grad(self, x, dy, row_expert, offsets, k, m, experts)
     }
-    fn random_uniform(&self, _: usize, _: u64, _: DType) -> Result<GpuBuffer> {
-        Err(no())
+
+    fn random_uniform(&self, len: usize, seed: u64, dtype: DType) -> Result<GpuBuffer> {
+        random::random_uniform(self, len, seed, dtype)
     }
+
     fn adam_step(
         &self,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: Option<&GpuBuffer>,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: AdamHyper,
+        param: &GpuBuffer,
+        grad: &GpuBuffer,
+        grad_scale: Option<&GpuBuffer>,
+        m: &GpuBuffer,
+        v: &GpuBuffer,
+        h: AdamHyper,
     ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
-        Err(no())
+        optim::adam_step(self, param, grad, grad_scale, m, v, h)
     }
+
     fn sgd_step(
         &self,
-        _: &GpuBuffer,
-        _: &GpuBuffer,
-        _: Option<&GpuBuffer>,
-        _: &GpuBuffer,
-        _: SgdHyper,
+        param: &GpuBuffer,
+        grad: &GpuBuffer,
+        grad_scale: Option<&GpuBuffer>,
+        buf: &GpuBuffer,
+        h: SgdHyper,
     ) -> Result<(GpuBuffer, GpuBuffer)> {
-        Err(no())
+        optim::sgd_step(self, param, grad, grad_scale, buf, h)
     }
 }

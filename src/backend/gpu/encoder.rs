@@ -1,0 +1,203 @@
+//! Batched submission: every kernel launch is recorded into one pending command encoder, and the
+//! batch goes to the queue in one `submit` when it holds [`MAX_BATCH`] dispatches, on
+//! `flush`/`synchronize`, and on `download` (which appends its copy to the batch first).
+//!
+//! * **Parameters.** Each dispatch's small parameter block (`params: &[u32]`) is copied into the
+//!   next 256-byte slot of a host-side arena; the whole arena is written into one uniform buffer
+//!   with `queue.write_buffer` just before the batch is submitted, and each dispatch binds its slot
+//!   with a dynamic offset. The arena has one slot per dispatch of a batch, so it never overflows:
+//!   a full arena and a full batch are the same event. Reusing the one uniform buffer across
+//!   batches is safe: a `write_buffer` takes effect at the next submit, after the previous batch.
+//! * **Lifetimes.** The batch holds an `Arc` of every pooled buffer it references until it has
+//!   been submitted, so the pool cannot hand such a buffer out again while queued work still
+//!   reads or writes it. After submission wgpu orders later work after earlier work.
+//! * **Uploads.** `upload` writes into a freshly taken buffer with `queue.write_buffer`. Such a
+//!   buffer is not referenced by the pending batch (the batch would hold it, so it could not have
+//!   been free), so applying the write before the whole pending batch at submit is correct.
+//! * **Order.** Launches run in the order they were recorded (one compute pass per batch; wgpu puts
+//!   the needed barriers between dependent dispatches).
+
+use super::context::Context;
+use super::pool::PooledBuffer;
+use crate::{Error, Result};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Dispatches per batch (and parameter slots in the uniform arena).
+pub(crate) const MAX_BATCH: usize = 64;
+
+/// Bytes per parameter slot (at least the device's uniform offset alignment).
+pub(crate) const PARAM_SLOT: u64 = 256;
+
+/// One storage binding of a dispatch: binding number, buffer, bytes bound.
+pub(crate) struct StorageBinding<'a> {
+    /// `@binding(n)` in the shader (1..)
+    pub binding: u32,
+    /// the pooled buffer (held by the batch until submitted)
+    pub buffer: &'a Arc<PooledBuffer>,
+    /// bytes bound from offset 0 (a multiple of 4, at least 4)
+    pub size: u64,
+}
+
+/// The work recorded since the last submit.
+#[derive(Default)]
+struct Batch {
+    encoder: Option<wgpu::CommandEncoder>,
+    pass: Option<wgpu::ComputePass<'static>>,
+    dispatches: usize,
+    params: Vec<u8>,
+    hold: Vec<Arc<PooledBuffer>>,
+}
+
+/// The pending batch, the uniform arena it binds, and the submission logic.
+pub(crate) struct Batcher {
+    batch: Mutex<Batch>,
+    arena: wgpu::Buffer,
+    slot: u64,
+}
+
+impl Batcher {
+    /// A batcher with an empty batch and a uniform arena of [`MAX_BATCH`] slots.
+    pub fn new(ctx: &Context) -> Batcher {
+        let slot = PARAM_SLOT.max(ctx.limits.min_uniform_buffer_offset_alignment as u64);
+        let arena = ctx.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("moegrad params arena"),
+            size: slot * MAX_BATCH as u64,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Batcher {
+            batch: Mutex::new(Batch::default()),
+            arena,
+            slot,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Batch> {
+        self.batch.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records one dispatch of `pipeline` with bind group 0 = params slot (binding 0, dynamic
+    /// offset) plus `storage`, submitting first if the batch is full.
+    pub fn record(
+        &self,
+        ctx: &Context,
+        pipeline: &wgpu::ComputePipeline,
+        layout: &wgpu::BindGroupLayout,
+        storage: &[StorageBinding<'_>],
+        params: &[u32],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        let param_bytes: &[u8] = bytemuck::cast_slice(params);
+        if param_bytes.len() as u64 > self.slot {
+            return Err(Error::Invalid(format!(
+                "kernel parameters of {} bytes exceed the {}-byte slot",
+                param_bytes.len(),
+                self.slot
+            )));
+        }
+        let mut b = self.lock();
+        if b.dispatches >= MAX_BATCH {
+            self.submit_locked(ctx, &mut b);
+        }
+        let offset = b.dispatches as u64 * self.slot;
+        b.params.resize(offset as usize, 0);
+        b.params.extend_from_slice(param_bytes);
+        b.params.resize((offset + self.slot) as usize, 0);
+
+        let mut entries = Vec::with_capacity(storage.len() + 1);
+        entries.push(wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.arena,
+                offset: 0,
+                size: wgpu::BufferSize::new(self.slot),
+            }),
+        });
+        for s in storage {
+            entries.push(wgpu::BindGroupEntry {
+                binding: s.binding,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: s.buffer.raw(),
+                    offset: 0,
+                    size: wgpu::BufferSize::new(s.size),
+                }),
+            });
+        }
+        let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout,
+            entries: &entries,
+        });
+        if b.encoder.is_none() {
+            b.encoder = Some(
+                ctx.device
+                    .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None }),
+            );
+        }
+        if b.pass.is_none() {
+            let enc = b.encoder.as_mut().expect("encoder created above");
+            let pass = enc
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: None,
+                    timestamp_writes: None,
+                })
+                .forget_lifetime();
+            b.pass = Some(pass);
+        }
+        let pass = b.pass.as_mut().expect("pass begun above");
+        pass.set_pipeline(pipeline);
+        pass.set_bind_group(0, &bind_group, &[offset as u32]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        for s in storage {
+            b.hold.push(s.buffer.clone());
+        }
+        b.dispatches += 1;
+        if b.dispatches >= MAX_BATCH {
+            self.submit_locked(ctx, &mut b);
+        }
+        Ok(())
+    }
+
+    /// Ends the pass, writes the parameter arena and submits the batch (if there is one).
+    fn submit_locked(&self, ctx: &Context, b: &mut Batch) -> Option<wgpu::SubmissionIndex> {
+        b.pass = None;
+        let enc = b.encoder.take()?;
+        if !b.params.is_empty() {
+            ctx.queue.write_buffer(&self.arena, 0, &b.params);
+        }
+        let index = ctx.queue.submit([enc.finish()]);
+        b.params.clear();
+        b.dispatches = 0;
+        b.hold.clear();
+        Some(index)
+    }
+
+    /// Submits whatever is pending.
+    pub fn flush(&self, ctx: &Context) {
+        let mut b = self.lock();
+        self.submit_locked(ctx, &mut b);
+    }
+
+    /// Appends a copy of the first `bytes` bytes of `src` into `dst` to the batch and submits
+    /// it; returns the submission to wait for.
+    pub fn copy_and_submit(
+        &self,
+        ctx: &Context,
+        src: &Arc<PooledBuffer>,
+        dst: &Arc<PooledBuffer>,
+        bytes: u64,
+    ) -> wgpu::SubmissionIndex {
+        let mut b = self.lock();
+        b.pass = None;
+        let mut enc = b.encoder.take().unwrap_or_else(|| {
+            ctx.device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+        });
+        enc.copy_buffer_to_buffer(src.raw(), 0, dst.raw(), 0, bytes);
+        b.encoder = Some(enc);
+        b.hold.push(src.clone());
+        b.hold.push(dst.clone());
+        self.submit_locked(ctx, &mut b)
+            .expect("the batch holds the copy just recorded")
+    }
+}

@@ -1,0 +1,380 @@
+//! The pipeline cache and the one launch helper every GPU op goes through.
+//!
+//! A kernel is a WGSL entry point in one of the files under `shaders/`, named by a [`Shader`]
+//! (`name` + `source` from `include_str!`). [`GpuBackend::launch`] compiles it on first use (the
+//! pipeline is cached under shader name + entry point + specialisation constants), binds its
+//! buffers and records one dispatch into the pending batch (see `encoder.rs`).
+//!
+//! **Binding convention**, the same for every kernel: `@group(0) @binding(0)` is the parameter
+//! block, a `var<uniform>` struct of `u32`/`i32`/`f32` fields (or `array<vec4<u32>, N>`) of at
+//! most 256 bytes, filled from `params: &[u32]` word by word (floats passed as `f32::to_bits`);
+//! bindings `1..` are `buffers[0..]` in order, each a storage buffer declared `read` or
+//! `read_write` in the shader. The bind group layout of each entry point is derived from the
+//! shader itself (with naga): a binding the entry point does not use is simply not bound, and
+//! `buffers.len()` must equal the highest binding number the entry uses. A `read_write` buffer
+//! may not also appear in another binding of the same launch (that is an error, not a wgpu
+//! validation failure).
+//!
+//! Every kernel reports its grid size; [`grid_1d`] folds a 1-D launch of more than 65535
+//! workgroups into x and y, and kernels recover the flat index as
+//! `(wg.y · num_workgroups.x + wg.x) · WG + local_index`.
+
+use super::encoder::StorageBinding;
+use super::{GpuBackend, GpuBuffer, Inner};
+use crate::{DType, Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use wgpu::naga;
+
+/// A WGSL source file: its name (the cache key) and text (`include_str!("../../../shaders/x.wgsl")`).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Shader {
+    /// file name without extension, e.g. `"elementwise"`
+    pub name: &'static str,
+    /// the WGSL text
+    pub source: &'static str,
+}
+
+/// A parsed and compiled shader file.
+struct Module {
+    wgpu: wgpu::ShaderModule,
+    naga: naga::Module,
+    info: naga::valid::ModuleInfo,
+}
+
+/// A compiled entry point with the layout of its bind group.
+pub(crate) struct Kernel {
+    pipeline: wgpu::ComputePipeline,
+    layout: wgpu::BindGroupLayout,
+    /// for binding `b + 1`: `Some(read_only)` when the entry point uses it
+    bindings: Vec<Option<bool>>,
+}
+
+/// Compiled modules by shader name and pipelines by (shader, entry, specialisation).
+#[derive(Default)]
+pub(crate) struct KernelCache {
+    modules: Mutex<HashMap<&'static str, Arc<Module>>>,
+    kernels: Mutex<HashMap<String, Arc<Kernel>>>,
+}
+
+/// Workgroups for a 1-D launch of `n` invocations with `wg` per workgroup, folded into x and y
+/// when more than 65535 workgroups are needed (the kernel then skips invocations `>= n`).
+pub(crate) fn grid_1d(n: usize, wg: u32) -> Result<[u32; 3]> {
+    const MAX: u64 = 65535;
+    let groups = (n as u64).div_ceil(wg as u64);
+    if groups <= MAX {
+        return Ok([groups as u32, 1, 1]);
+    }
+    let y = groups.div_ceil(MAX);
+    if y > MAX {
+        return Err(Error::Invalid(format!(
+            "a 1-D launch of {n} invocations needs more than 65535² workgroups"
+        )));
+    }
+    Ok([groups.div_ceil(y) as u32, y as u32, 1])
+}
+
+/// The index of `n` as a kernel parameter, or an error when it does not fit in a u32.
+pub(crate) fn u32_param(n: usize, what: &str) -> Result<u32> {
+    u32::try_from(n).map_err(|_| {
+        Error::Invalid(format!(
+            "{what} = {n} is too large for the GPU kernels (at most {})",
+            u32::MAX
+        ))
+    })
+}
+
+fn validation_error<E: std::fmt::Display>(shader: &Shader, e: E) -> Error {
+    Error::Gpu(format!("shader {}.wgsl: {e}", shader.name))
+}
+
+impl KernelCache {
+    fn module(&self, device: &wgpu::Device, shader: &Shader) -> Result<Arc<Module>> {
+        if let Some(m) = self
+            .modules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(shader.name)
+        {
+            return Ok(m.clone());
+        }
+        let parsed = naga::front::wgsl::parse_str(shader.source).map_err(|e| {
+            Error::Gpu(format!(
+                "shader {}.wgsl does not parse:\n{}",
+                shader.name,
+                e.emit_to_string(shader.source)
+            ))
+        })?;
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&parsed)
+        .map_err(|e| {
+            Error::Gpu(format!(
+                "shader {}.wgsl does not validate:\n{}",
+                shader.name,
+                e.emit_to_string(shader.source)
+            ))
+        })?;
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(shader.name),
+            source: wgpu::ShaderSource::Wgsl(shader.source.into()),
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(validation_error(shader, e));
+        }
+        let m = Arc::new(Module {
+            wgpu: module,
+            naga: parsed,
+            info,
+        });
+        self.modules
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(shader.name, m.clone());
+        Ok(m)
+    }
+
+    /// The compiled pipeline of `entry` in `shader` with the given override constants.
+    pub(crate) fn kernel(
+        &self,
+        device: &wgpu::Device,
+        shader: &Shader,
+        entry: &str,
+        constants: &[(&str, f64)],
+    ) -> Result<Arc<Kernel>> {
+        let mut key = format!("{}:{entry}", shader.name);
+        for (k, v) in constants {
+            key.push_str(&format!(":{k}={v}"));
+        }
+        if let Some(k) = self
+            .kernels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+        {
+            return Ok(k.clone());
+        }
+        let module = self.module(device, shader)?;
+        let bindings = reflect_bindings(&module, shader, entry)?;
+
+        let mut entries = vec![wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: true,
+                min_binding_size: None,
+            },
+            count: None,
+        }];
+        for (i, b) in bindings.iter().enumerate() {
+            if let Some(read_only) = *b {
+                entries.push(wgpu::BindGroupLayoutEntry {
+                    binding: i as u32 + 1,
+                    visibility: wgpu::ShaderStages::COMPUTE,
+                    ty: wgpu::BindingType::Buffer {
+                        ty: wgpu::BufferBindingType::Storage { read_only },
+                        has_dynamic_offset: false,
+                        min_binding_size: None,
+                    },
+                    count: None,
+                });
+            }
+        }
+        let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(entry),
+            entries: &entries,
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(entry),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(entry),
+            layout: Some(&pipeline_layout),
+            module: &module.wgpu,
+            entry_point: Some(entry),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants,
+                zero_initialize_workgroup_memory: true,
+            },
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(scope.pop()) {
+            return Err(validation_error(shader, format!("entry {entry}: {e}")));
+        }
+        let k = Arc::new(Kernel {
+            pipeline,
+            layout,
+            bindings,
+        });
+        self.kernels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key, k.clone());
+        Ok(k)
+    }
+}
+
+/// For each binding `1..=max` of group 0 used by `entry`: `Some(read_only)`; `None` if unused.
+fn reflect_bindings(module: &Module, shader: &Shader, entry: &str) -> Result<Vec<Option<bool>>> {
+    let (index, _) = module
+        .naga
+        .entry_points
+        .iter()
+        .enumerate()
+        .find(|(_, ep)| ep.name == entry && ep.stage == naga::ShaderStage::Compute)
+        .ok_or_else(|| {
+            Error::Gpu(format!(
+                "shader {}.wgsl has no compute entry point {entry}",
+                shader.name
+            ))
+        })?;
+    let uses = module.info.get_entry_point(index);
+    let mut out: Vec<Option<bool>> = Vec::new();
+    for (handle, var) in module.naga.global_variables.iter() {
+        let Some(rb) = &var.binding else { continue };
+        if uses[handle].is_empty() {
+            continue;
+        }
+        if rb.group != 0 {
+            return Err(Error::Gpu(format!(
+                "shader {}.wgsl, entry {entry}: only @group(0) is used by moegrad kernels",
+                shader.name
+            )));
+        }
+        match (rb.binding, var.space) {
+            (0, naga::AddressSpace::Uniform) => {}
+            (0, _) => {
+                return Err(Error::Gpu(format!(
+                    "shader {}.wgsl: @binding(0) must be the var<uniform> parameter block",
+                    shader.name
+                )));
+            }
+            (b, naga::AddressSpace::Storage { access }) => {
+                let i = b as usize - 1;
+                if out.len() <= i {
+                    out.resize(i + 1, None);
+                }
+                out[i] = Some(!access.contains(naga::StorageAccess::STORE));
+            }
+            (b, _) => {
+                return Err(Error::Gpu(format!(
+                    "shader {}.wgsl: @binding({b}) must be a storage buffer",
+                    shader.name
+                )));
+            }
+        }
+    }
+    Ok(out)
+}
+
+impl GpuBackend {
+    fn inner(&self) -> &Inner {
+        &self.inner
+    }
+
+    /// Records one dispatch of `entry` in `shader` over `groups` workgroups: binding 0 gets
+    /// `params` (copied into the batch's uniform arena), binding `i + 1` gets `buffers[i]`.
+    /// Nothing runs until the batch is submitted; launches run in the order they were made.
+    /// A launch with a zero-sized grid does nothing.
+    pub(crate) fn launch(
+        &self,
+        shader: &Shader,
+        entry: &str,
+        buffers: &[&GpuBuffer],
+        params: &[u32],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        self.launch_specialised(shader, entry, &[], buffers, params, groups)
+    }
+
+    /// [`GpuBackend::launch`] with WGSL `override` constants set (each distinct set of values is
+    /// its own cached pipeline).
+    pub(crate) fn launch_specialised(
+        &self,
+        shader: &Shader,
+        entry: &str,
+        constants: &[(&str, f64)],
+        buffers: &[&GpuBuffer],
+        params: &[u32],
+        groups: [u32; 3],
+    ) -> Result<()> {
+        let inner = self.inner();
+        let max = inner.ctx.limits.max_compute_workgroups_per_dimension;
+        if let Some(&g) = groups.iter().find(|&&g| g > max) {
+            return Err(Error::Invalid(format!(
+                "{}.{entry}: {g} workgroups in one dimension exceed the device limit {max}",
+                shader.name
+            )));
+        }
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let kernel = inner
+            .kernels
+            .kernel(&inner.ctx.device, shader, entry, constants)?;
+        if buffers.len() != kernel.bindings.len() {
+            return Err(Error::Invalid(format!(
+                "{}.{entry} binds {} buffers, {} given",
+                shader.name,
+                kernel.bindings.len(),
+                buffers.len()
+            )));
+        }
+        let mut storage = Vec::with_capacity(buffers.len());
+        for (i, (buf, b)) in buffers.iter().zip(&kernel.bindings).enumerate() {
+            let Some(read_only) = *b else { continue };
+            if !read_only {
+                let aliased = buffers.iter().enumerate().any(|(j, o)| {
+                    j != i && kernel.bindings[j].is_some() && Arc::ptr_eq(&o.buf, &buf.buf)
+                });
+                if aliased {
+                    return Err(Error::Invalid(format!(
+                        "{}.{entry}: the buffer written at binding {} is also bound elsewhere",
+                        shader.name,
+                        i + 1
+                    )));
+                }
+            }
+            storage.push(StorageBinding {
+                binding: i as u32 + 1,
+                buffer: &buf.buf,
+                size: (buf.len as u64 * 4).max(4),
+            });
+        }
+        inner.batcher.record(
+            &inner.ctx,
+            &kernel.pipeline,
+            &kernel.layout,
+            &storage,
+            params,
+            groups,
+        )
+    }
+
+    /// A pooled device buffer of `len` elements of `dtype` (F32 or I32), contents undefined.
+    pub(crate) fn alloc(&self, len: usize, dtype: DType) -> Result<GpuBuffer> {
+        if dtype == DType::F64 {
+            return Err(Error::DType(
+                "the GPU computes in f32; f64 tensors stay on the CPU".into(),
+            ));
+        }
+        let inner = self.inner();
+        let bytes = (len as u64).checked_mul(4).unwrap_or(u64::MAX);
+        let max = inner.ctx.limits.max_storage_buffer_binding_size;
+        if bytes > max || len > u32::MAX as usize {
+            return Err(Error::Invalid(format!(
+                "a GPU buffer of {len} elements ({bytes} bytes) exceeds the device's \
+                 max_storage_buffer_binding_size ({max} bytes)"
+            )));
+        }
+        let buf = inner.pool.take(super::pool::Kind::Storage, bytes.max(4))?;
+        Ok(GpuBuffer { buf, dtype, len })
+    }
+}

@@ -1,0 +1,190 @@
+//! The buffer pool: wgpu buffers recycled by size class, so a steady-state training step
+//! allocates nothing on the device.
+//!
+//! A request for `n` bytes is served from the class `max(256, n.next_power_of_two())` (capped at
+//! the device's `max_buffer_size`). Buffers are handed out wrapped in a [`PooledBuffer`]; when the
+//! last `Arc` of it drops (the last `GpuBuffer` clone, and the pending batch that referenced it,
+//! see `encoder.rs`) the wgpu buffer goes back on its class's free list, never to the driver.
+//! Two kinds are pooled separately: storage buffers (what kernels read and write) and staging
+//! buffers (mappable, used by `download`). [`Pool::stats`] counts storage bytes checked out now
+//! and the peak since [`Pool::reset_peak`]; [`Pool::trim`] releases the free lists.
+
+use crate::{Error, Result};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+/// The smallest size class, in bytes.
+pub(crate) const MIN_CLASS: u64 = 256;
+
+/// What a pooled buffer is for (each kind has its own free lists and usage flags).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) enum Kind {
+    /// read/written by kernels, copied to and from
+    Storage,
+    /// mapped for reading by `download`
+    Staging,
+}
+
+impl Kind {
+    fn usage(self) -> wgpu::BufferUsages {
+        match self {
+            Kind::Storage => {
+                wgpu::BufferUsages::STORAGE
+                    | wgpu::BufferUsages::COPY_SRC
+                    | wgpu::BufferUsages::COPY_DST
+            }
+            Kind::Staging => wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        }
+    }
+}
+
+/// Byte counters of the storage pool.
+#[derive(Default)]
+struct Counters {
+    in_use: u64,
+    peak: u64,
+}
+
+/// Free lists by (kind, size class) and the counters.
+pub(crate) struct Pool {
+    device: wgpu::Device,
+    max_buffer_size: u64,
+    free: Mutex<(HashMap<(Kind, u64), Vec<wgpu::Buffer>>, Counters)>,
+}
+
+/// A buffer checked out of the pool; it returns itself to its free list on drop.
+pub(crate) struct PooledBuffer {
+    buffer: Option<wgpu::Buffer>,
+    kind: Kind,
+    class: u64,
+    pool: Arc<Pool>,
+}
+
+impl PooledBuffer {
+    /// The wgpu buffer (its size is the class size, at least the bytes asked for).
+    pub fn raw(&self) -> &wgpu::Buffer {
+        self.buffer
+            .as_ref()
+            .expect("a pooled buffer holds its wgpu buffer until dropped")
+    }
+}
+
+impl Drop for PooledBuffer {
+    fn drop(&mut self) {
+        if let Some(b) = self.buffer.take() {
+            self.pool.give_back(self.kind, self.class, b);
+        }
+    }
+}
+
+impl Pool {
+    /// An empty pool for `device`.
+    pub fn new(device: wgpu::Device, max_buffer_size: u64) -> Arc<Pool> {
+        Arc::new(Pool {
+            device,
+            max_buffer_size,
+            free: Mutex::new((HashMap::new(), Counters::default())),
+        })
+    }
+
+    /// The size class serving a request of `bytes`.
+    pub fn class_of(&self, bytes: u64) -> u64 {
+        let c = bytes
+            .max(MIN_CLASS)
+            .checked_next_power_of_two()
+            .unwrap_or(u64::MAX);
+        c.min(self.max_buffer_size.max(bytes))
+    }
+
+    /// A buffer of at least `bytes` bytes, from the free list or newly created. Its contents are
+    /// whatever the last user left (uninitialised).
+    pub fn take(self: &Arc<Pool>, kind: Kind, bytes: u64) -> Result<Arc<PooledBuffer>> {
+        if bytes > self.max_buffer_size {
+            return Err(Error::Invalid(format!(
+                "a GPU buffer of {bytes} bytes exceeds the device's max_buffer_size ({})",
+                self.max_buffer_size
+            )));
+        }
+        let class = self.class_of(bytes);
+        let reused = {
+            let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
+            let b = g.0.get_mut(&(kind, class)).and_then(|v| v.pop());
+            if kind == Kind::Storage {
+                g.1.in_use += class;
+                g.1.peak = g.1.peak.max(g.1.in_use);
+            }
+            b
+        };
+        let buffer = match reused {
+            Some(b) => b,
+            None => match self.create(kind, class) {
+                Ok(b) => b,
+                Err(e) => {
+                    if kind == Kind::Storage {
+                        let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
+                        g.1.in_use -= class;
+                    }
+                    return Err(e);
+                }
+            },
+        };
+        Ok(Arc::new(PooledBuffer {
+            buffer: Some(buffer),
+            kind,
+            class,
+            pool: self.clone(),
+        }))
+    }
+
+    /// Creates a new wgpu buffer, catching out-of-memory and validation errors in a scope.
+    fn create(&self, kind: Kind, class: u64) -> Result<wgpu::Buffer> {
+        let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("moegrad pool"),
+            size: class,
+            usage: kind.usage(),
+            mapped_at_creation: false,
+        });
+        let v = pollster::block_on(val.pop());
+        let o = pollster::block_on(oom.pop());
+        match v.or(o) {
+            Some(e) => Err(Error::Gpu(format!(
+                "creating a {class}-byte GPU buffer failed: {e}"
+            ))),
+            None => Ok(buffer),
+        }
+    }
+
+    fn give_back(&self, kind: Kind, class: u64, buffer: wgpu::Buffer) {
+        let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        if kind == Kind::Storage {
+            g.1.in_use = g.1.in_use.saturating_sub(class);
+        }
+        g.0.entry((kind, class)).or_default().push(buffer);
+    }
+
+    /// `(in_use_bytes, peak_bytes)` of the storage pool.
+    pub fn stats(&self) -> (u64, u64) {
+        let g = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        (g.1.in_use, g.1.peak)
+    }
+
+    /// Restarts the peak counter at the bytes in use now.
+    pub fn reset_peak(&self) {
+        let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        g.1.peak = g.1.in_use;
+    }
+
+    /// Bytes sitting on the free lists (storage and staging).
+    pub fn free_bytes(&self) -> u64 {
+        let g = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        g.0.iter().map(|(&(_, c), v)| c * v.len() as u64).sum()
+    }
+
+    /// Releases every free buffer to the driver (buffers in use are untouched).
+    pub fn trim(&self) {
+        let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        g.0.clear();
+    }
+}
