@@ -234,11 +234,12 @@ pub fn moe_step(
         peak = peak.max(peak_in_use(device).saturating_sub(before));
     }
     times.sort_by(|a, b| a.total_cmp(b));
-    // gradients (1×) + the optimizer's new parameter, m and v (3×) are parameter-sized.
+    // The step's parameter-sized allocations are the gradients (1×): Adam updates the
+    // parameters and its moments in place. The rest of the peak is activations and temporaries.
     Ok((
         times[times.len() / 2],
         peak,
-        peak.saturating_sub(4 * param_bytes),
+        peak.saturating_sub(param_bytes),
     ))
 }
 
