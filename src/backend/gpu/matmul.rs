@@ -1,53 +1,421 @@
-//! Placeholder for the matrix-product launchers (`matmul`, `grouped_matmul`,
-//! `grouped_weight_grad`); the real kernels are written separately and replace this file.
+//! Launchers of the matrix-product kernels in `shaders/matmul.wgsl`, one function per entry point:
+//!
+//! - [`matmul`]: batched `C[b] = A[b]·B[b]` through arbitrary [`MatLayout`]s (transposes and
+//!   broadcast batches are strides), the end of `Tensor::matmul` and of its backward;
+//! - [`grouped_matmul`]: the MoE expert bank, `out[r] = x[r]·W[e_r]` (or `W[e_r]ᵀ`), rows sorted by
+//!   expert, each expert's weights read only for its own rows;
+//! - [`grouped_weight_grad`]: the expert bank's weight gradient, `dW[e] = Σ x[r]ᵀ·dy[r]` over the
+//!   rows of expert `e`'s segment, exactly zero for an expert without rows.
+//!
+//! Each launcher checks dtypes and buffer lengths against the sizes (an [`Error`] naming them, never
+//! a panic or a wgpu validation error), answers empty problems without a launch (an empty buffer,
+//! or zeros when only the reduction is empty), splits the grid where a dimension would exceed
+//! 65535 workgroups, and encodes the kernel; nothing is read back. The kernels compute one 64×64
+//! output tile per 256-invocation workgroup; the shader's header describes the tiling.
 
+use super::kernels::Shader;
 use super::{GpuBackend, GpuBuffer};
-use crate::backend::{MatLayout, MatmulDims};
-use crate::{Error, Result};
+use crate::backend::{Backend, MatLayout, MatmulDims};
+use crate::{DType, Error, Result};
 
-fn not_yet() -> Error {
-    Error::Device("matmul kernels not written yet".into())
+/// The kernels of `shaders/matmul.wgsl`.
+pub(crate) static MATMUL_SHADER: Shader = Shader {
+    name: "matmul",
+    source: include_str!("../../../shaders/matmul.wgsl"),
+};
+
+/// Output tile edge of every kernel in the shader (rows and columns per workgroup).
+const TILE: usize = 64;
+
+/// Workgroups a dispatch may have in one dimension (WebGPU's guaranteed minimum).
+const MAX_GROUPS: usize = 65_535;
+
+/// Checks that a buffer holds f32 data.
+fn check_f32(what: &str, name: &str, b: &GpuBuffer) -> Result<()> {
+    match b.dtype() {
+        DType::F32 => Ok(()),
+        d => Err(Error::DType(format!(
+            "{what}: {name} must be f32 on the GPU, got {d}"
+        ))),
+    }
 }
 
-/// Batched matrix product (placeholder).
+/// Checks that a buffer holds i32 indices.
+fn check_i32(what: &str, name: &str, b: &GpuBuffer) -> Result<()> {
+    match b.dtype() {
+        DType::I32 => Ok(()),
+        d => Err(Error::DType(format!("{what}: {name} must be i32, got {d}"))),
+    }
+}
+
+/// Checks that a buffer holds at least `len` elements, the ones its sizes address (`len` is `None`
+/// when the product of the sizes overflowed). Like the CPU backend, elements past them are ignored.
+fn check_len(what: &str, name: &str, b: &GpuBuffer, len: Option<usize>, shape: &str) -> Result<()> {
+    match len {
+        Some(len) if len <= b.len() => Ok(()),
+        _ => Err(Error::Shape(format!(
+            "{what}: {name} {shape} needs {} elements, its buffer holds {}",
+            len.map_or("more than usize::MAX".to_string(), |l| l.to_string()),
+            b.len()
+        ))),
+    }
+}
+
+/// A size or index as the u32 the kernels compute with, or an error naming it.
+fn to_u32(what: &str, name: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| {
+        Error::Shape(format!(
+            "{what}: {name} = {v} exceeds the GPU kernels' 32-bit indexing"
+        ))
+    })
+}
+
+/// The product of sizes, `None` on overflow.
+fn product(sizes: &[usize]) -> Option<usize> {
+    sizes.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s))
+}
+
+/// `⌈n / TILE⌉`.
+fn tiles(n: usize) -> usize {
+    n.div_ceil(TILE)
+}
+
+/// Splits `0..n` workgroups into dispatchable chunks `(first, count)`.
+fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..n)
+        .step_by(MAX_GROUPS)
+        .map(move |start| (start, MAX_GROUPS.min(n - start)))
+}
+
+/// Dispatches a grid of `groups` workgroups in chunks of at most [`MAX_GROUPS`] per dimension;
+/// `params(base)` builds the params of the chunk whose first workgroup is `base`.
+fn launch_grid(
+    be: &GpuBackend,
+    entry: &str,
+    buffers: &[&GpuBuffer],
+    groups: [usize; 3],
+    params: impl Fn([u32; 3]) -> Vec<u32>,
+) -> Result<()> {
+    for (z0, nz) in chunks(groups[2]) {
+        for (y0, ny) in chunks(groups[1]) {
+            for (x0, nx) in chunks(groups[0]) {
+                // every count is ≤ MAX_GROUPS and every start < a size already checked to fit u32
+                let base = [x0 as u32, y0 as u32, z0 as u32];
+                let counts = [nx as u32, ny as u32, nz as u32];
+                be.launch(&MATMUL_SHADER, entry, buffers, &params(base), counts)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One operand's layout, validated: the strides of size-1 dimensions are zeroed (they are never
+/// used) and every addressed element must lie inside the buffer.
+struct Operand {
+    offset: u32,
+    batch_stride: u32,
+    row_stride: u32,
+    col_stride: u32,
+}
+
+/// Validates `layout` for a `[batch, rows, cols]` operand held in `buf` (all sizes ≥ 1).
+fn operand(
+    name: &str,
+    buf: &GpuBuffer,
+    l: MatLayout,
+    [batch, rows, cols]: [usize; 3],
+) -> Result<Operand> {
+    const WHAT: &str = "matmul";
+    let stride = |size: usize, s: usize| if size == 1 { 0 } else { s };
+    let (bs, rs, cs) = (
+        stride(batch, l.batch_stride),
+        stride(rows, l.row_stride),
+        stride(cols, l.col_stride),
+    );
+    let last = (batch - 1)
+        .checked_mul(bs)
+        .and_then(|v| v.checked_add((rows - 1).checked_mul(rs)?))
+        .and_then(|v| v.checked_add((cols - 1).checked_mul(cs)?))
+        .and_then(|v| v.checked_add(l.offset));
+    match last {
+        Some(last) if last < buf.len() => {}
+        _ => {
+            return Err(Error::Shape(format!(
+                "{WHAT}: operand {name} [{batch}, {rows}, {cols}] with offset {} and strides \
+                 ({}, {}, {}) reaches element {}, its buffer holds {}",
+                l.offset,
+                l.batch_stride,
+                l.row_stride,
+                l.col_stride,
+                last.map_or("beyond usize::MAX".to_string(), |v| v.to_string()),
+                buf.len()
+            )));
+        }
+    }
+    // Every value below is ≤ `last` < the buffer's length; still, say so if that is not a u32.
+    Ok(Operand {
+        offset: to_u32(WHAT, &format!("{name}'s offset"), l.offset)?,
+        batch_stride: to_u32(WHAT, &format!("{name}'s batch stride"), bs)?,
+        row_stride: to_u32(WHAT, &format!("{name}'s row stride"), rs)?,
+        col_stride: to_u32(WHAT, &format!("{name}'s column stride"), cs)?,
+    })
+}
+
+/// Batched matrix product `C[b] = A[b]·B[b]` (entry point `matmul`), `A[b]: m×k` and `B[b]: k×n`
+/// read through their layouts, output contiguous `[batch, m, n]`.
+///
+/// # Errors
+/// [`Error::DType`] unless both operands are f32; [`Error::Shape`] when a layout addresses an
+/// element outside its buffer or a size exceeds 32-bit indexing; a GPU error from the launch.
 pub(crate) fn matmul(
-    _be: &GpuBackend,
-    _a: &GpuBuffer,
-    _a_layout: MatLayout,
-    _b: &GpuBuffer,
-    _b_layout: MatLayout,
-    _dims: MatmulDims,
+    be: &GpuBackend,
+    a: &GpuBuffer,
+    a_layout: MatLayout,
+    b: &GpuBuffer,
+    b_layout: MatLayout,
+    dims: MatmulDims,
 ) -> Result<GpuBuffer> {
-    Err(not_yet())
+    const WHAT: &str = "matmul";
+    check_f32(WHAT, "A", a)?;
+    check_f32(WHAT, "B", b)?;
+    let MatmulDims { batch, m, k, n } = dims;
+    let out_len = product(&[batch, m, n]).ok_or_else(|| {
+        Error::Shape(format!(
+            "{WHAT}: output [{batch}, {m}, {n}] has more than usize::MAX elements"
+        ))
+    })?;
+    to_u32(WHAT, "batch·m·n", out_len)?;
+    if out_len == 0 {
+        return be.alloc(0, DType::F32);
+    }
+    if k == 0 {
+        return be.full(out_len, 0.0, DType::F32);
+    }
+    let la = operand("A", a, a_layout, [batch, m, k])?;
+    let lb = operand("B", b, b_layout, [batch, k, n])?;
+    // Which index walks memory fastest (a size-1 dimension never does).
+    let a_k_fast = m == 1 || (k > 1 && a_layout.col_stride <= a_layout.row_stride);
+    let b_n_fast = k == 1 || (n > 1 && b_layout.col_stride <= b_layout.row_stride);
+    let (m32, k32, n32, batch32) = (m as u32, k as u32, n as u32, batch as u32);
+
+    let c = be.alloc(out_len, DType::F32)?;
+    launch_grid(
+        be,
+        "matmul",
+        &[a, b, &c],
+        [tiles(n), tiles(m), batch],
+        |[x0, y0, z0]| {
+            vec![
+                m32,
+                k32,
+                n32,
+                batch32,
+                la.offset,
+                la.batch_stride,
+                la.row_stride,
+                la.col_stride,
+                lb.offset,
+                lb.batch_stride,
+                lb.row_stride,
+                lb.col_stride,
+                a_k_fast as u32,
+                b_n_fast as u32,
+                x0,
+                y0,
+                z0,
+                0,
+                0,
+                0,
+            ]
+        },
+    )?;
+    Ok(c)
 }
 
-/// Grouped (per-expert) matmul (placeholder).
+/// The MoE expert bank's grouped matmul (entry point `grouped_matmul`): `out[r] = x[r]·W[e_r]`,
+/// or `x[r]·W[e_r]ᵀ` with `transpose_w`. `x: [rows, k]`, `w: [experts, k, m]` (`[experts, m, k]`
+/// when transposed), `row_expert: [rows]` i32; output `[rows, m]`, zeros for rows whose expert is
+/// outside `0..experts`. Rows should be sorted by expert; the result does not depend on it.
+///
+/// # Errors
+/// [`Error::DType`] for non-f32 data or non-i32 experts; [`Error::Shape`] when a buffer's length
+/// does not match the sizes or a size exceeds 32-bit indexing; a GPU error from the launch.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn grouped_matmul(
-    _be: &GpuBackend,
-    _x: &GpuBuffer,
-    _w: &GpuBuffer,
-    _row_expert: &GpuBuffer,
-    _rows: usize,
-    _k: usize,
-    _m: usize,
-    _experts: usize,
-    _transpose_w: bool,
+    be: &GpuBackend,
+    x: &GpuBuffer,
+    w: &GpuBuffer,
+    row_expert: &GpuBuffer,
+    rows: usize,
+    k: usize,
+    m: usize,
+    experts: usize,
+    transpose_w: bool,
 ) -> Result<GpuBuffer> {
-    Err(not_yet())
+    const WHAT: &str = "grouped_matmul";
+    check_f32(WHAT, "x", x)?;
+    check_f32(WHAT, "w", w)?;
+    check_i32(WHAT, "row_expert", row_expert)?;
+    check_len(WHAT, "x", x, product(&[rows, k]), &format!("[{rows}, {k}]"))?;
+    let w_shape = if transpose_w {
+        format!("[{experts}, {m}, {k}]")
+    } else {
+        format!("[{experts}, {k}, {m}]")
+    };
+    check_len(WHAT, "w", w, product(&[experts, k, m]), &w_shape)?;
+    check_len(
+        WHAT,
+        "row_expert",
+        row_expert,
+        Some(rows),
+        &format!("[{rows}]"),
+    )?;
+    let out_len = product(&[rows, m]).ok_or_else(|| {
+        Error::Shape(format!(
+            "{WHAT}: output [{rows}, {m}] has more than usize::MAX elements"
+        ))
+    })?;
+    to_u32(WHAT, "rows·m", out_len)?;
+    if out_len == 0 {
+        return be.alloc(0, DType::F32);
+    }
+    if k == 0 || experts == 0 {
+        return be.full(out_len, 0.0, DType::F32);
+    }
+    // both products were checked not to overflow above
+    to_u32(WHAT, "rows·k", rows * k)?;
+    to_u32(WHAT, "experts·k·m", experts * k * m)?;
+    // k, m ≥ 1 here, so experts ≤ experts·k·m fits a u32 too
+    let (rows32, k32, m32, experts32) = (rows as u32, k as u32, m as u32, experts as u32);
+
+    let out = be.alloc(out_len, DType::F32)?;
+    launch_grid(
+        be,
+        "grouped_matmul",
+        &[x, w, row_expert, &out],
+        [tiles(m), tiles(rows), 1],
+        |[x0, y0, _]| vec![rows32, k32, m32, experts32, transpose_w as u32, x0, y0, 0],
+    )?;
+    Ok(out)
 }
 
-/// Grouped weight gradient (placeholder).
+/// The weight gradient of [`grouped_matmul`] (entry point `grouped_weight_grad`):
+/// `dW[e] = Σ x[r]ᵀ·dy[r]` over the rows `r` in `offsets[e]..offsets[e+1]` (clamped to
+/// `0..rows`) with `row_expert[r] = e`. `x: [rows, k]`, `dy: [rows, m]`, `row_expert: [rows]` and
+/// `offsets: [experts + 1]` i32, `rows` being `row_expert`'s length; output `[experts, k, m]`, an
+/// expert without rows getting exactly zero.
+///
+/// # Errors
+/// [`Error::DType`] for non-f32 data or non-i32 indices; [`Error::Shape`] when a buffer's length
+/// does not match the sizes or a size exceeds 32-bit indexing; a GPU error from the launch.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn grouped_weight_grad(
-    _be: &GpuBackend,
-    _x: &GpuBuffer,
-    _dy: &GpuBuffer,
-    _row_expert: &GpuBuffer,
-    _offsets: &GpuBuffer,
-    _k: usize,
-    _m: usize,
-    _experts: usize,
+    be: &GpuBackend,
+    x: &GpuBuffer,
+    dy: &GpuBuffer,
+    row_expert: &GpuBuffer,
+    offsets: &GpuBuffer,
+    k: usize,
+    m: usize,
+    experts: usize,
 ) -> Result<GpuBuffer> {
-    Err(not_yet())
+    const WHAT: &str = "grouped_weight_grad";
+    check_f32(WHAT, "x", x)?;
+    check_f32(WHAT, "dy", dy)?;
+    check_i32(WHAT, "row_expert", row_expert)?;
+    check_i32(WHAT, "offsets", offsets)?;
+    let rows = row_expert.len();
+    check_len(WHAT, "x", x, product(&[rows, k]), &format!("[{rows}, {k}]"))?;
+    check_len(
+        WHAT,
+        "dy",
+        dy,
+        product(&[rows, m]),
+        &format!("[{rows}, {m}]"),
+    )?;
+    if experts.checked_add(1) != Some(offsets.len()) {
+        return Err(Error::Shape(format!(
+            "{WHAT}: {} offsets for {experts} experts (needs {experts} + 1)",
+            offsets.len()
+        )));
+    }
+    let out_len = product(&[experts, k, m]).ok_or_else(|| {
+        Error::Shape(format!(
+            "{WHAT}: output [{experts}, {k}, {m}] has more than usize::MAX elements"
+        ))
+    })?;
+    to_u32(WHAT, "experts·k·m", out_len)?;
+    if out_len == 0 {
+        return be.alloc(0, DType::F32);
+    }
+    if rows == 0 {
+        return be.full(out_len, 0.0, DType::F32);
+    }
+    // both products were checked not to overflow above
+    to_u32(WHAT, "rows·k", rows * k)?;
+    to_u32(WHAT, "rows·m", rows * m)?;
+    if rows > i32::MAX as usize {
+        return Err(Error::Shape(format!(
+            "{WHAT}: {rows} rows exceed the i32 row indices"
+        )));
+    }
+    let (rows32, k32, m32, experts32) = (rows as u32, k as u32, m as u32, experts as u32);
+
+    let dw = be.alloc(out_len, DType::F32)?;
+    launch_grid(
+        be,
+        "grouped_weight_grad",
+        &[x, dy, row_expert, offsets, &dw],
+        [tiles(m), tiles(k), experts],
+        |[x0, y0, z0]| vec![rows32, k32, m32, experts32, x0, y0, z0, 0],
+    )?;
+    Ok(dw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wgpu::naga;
+
+    /// The shader parses and validates, and has the three entry points the launchers name.
+    #[test]
+    fn shader_parses_and_validates() {
+        let src = MATMUL_SHADER.source;
+        let module = naga::front::wgsl::parse_str(src)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::empty(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
+        let names: Vec<&str> = module
+            .entry_points
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        for entry in ["matmul", "grouped_matmul", "grouped_weight_grad"] {
+            assert!(
+                names.contains(&entry),
+                "missing entry point {entry}: {names:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn grid_chunks_cover_the_range() {
+        let v: Vec<_> = chunks(2 * MAX_GROUPS + 3).collect();
+        assert_eq!(
+            v,
+            vec![
+                (0, MAX_GROUPS),
+                (MAX_GROUPS, MAX_GROUPS),
+                (2 * MAX_GROUPS, 3)
+            ]
+        );
+        assert_eq!(chunks(0).count(), 0);
+        assert_eq!(tiles(1), 1);
+        assert_eq!(tiles(64), 1);
+        assert_eq!(tiles(65), 2);
+    }
 }

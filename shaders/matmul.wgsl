@@ -1,0 +1,459 @@
+// Matrix products: the kernels behind `Tensor::matmul` (and its backward), the MoE expert bank's
+// grouped matmul and its weight gradient. Rust launchers: src/backend/gpu/matmul.rs, one function
+// per entry point, same names.
+//
+// All three entry points share one tiling scheme:
+//   * a workgroup of 16×16 = 256 invocations computes one 64×64 tile of the output;
+//   * invocation (tx, ty) = (lid % 16, lid / 16) owns a 4×4 micro-tile: output rows 4·ty..4·ty+3
+//     and columns 4·tx..4·tx+3 of the tile, accumulated in four vec4 registers;
+//   * the reduction runs in slabs of 16: each invocation loads 4 elements of the 64×16 A slab and
+//     4 of the 16×64 B slab into registers (the next slab is fetched while the current one is being
+//     multiplied), stores them into workgroup memory, and every invocation then does 16 steps of
+//     "one vec4 of A, one vec4 of B, 16 FMAs";
+//   * workgroup memory holds each slab k-major as rows of 17 vec4 (64 floats + 4 of padding, which
+//     spreads the stores of a column over the memory banks); 2 × 16 × 17 × 16 B = 8.5 KiB;
+//   * elements outside the matrices are loaded as 0 and never stored, so any size works (m, n or
+//     k = 1, sizes that are not multiples of 64 or 16);
+//   * the grid is split on the host when a dimension would exceed 65535 workgroups: the
+//     `*_base` params give the index of this launch's first workgroup in each dimension.
+// Every param is a u32. Indices are element indices (not bytes) and fit in u32 because the
+// launchers check every addressed element against its buffer's length first.
+//
+// ---- entry point `matmul` ---------------------------------------------------------------------
+// Batched C[b] = A[b]·B[b], A[b]: m×k, B[b]: k×n, f32.
+//   binding 0  uniform MatmulParams
+//   binding 1  a: array<f32>, read: A(b, r, c) = a[a_offset + b·a_batch_stride + r·a_row_stride + c·a_col_stride]
+//   binding 2  b: array<f32>, read: B(b, r, c) likewise with the b_* params
+//   binding 3  c: array<f32>, written: contiguous [batch, m, n]
+// A transposed operand just swaps its two strides; a broadcast batch has batch stride 0.
+// `a_k_fast` (1 when a_col_stride ≤ a_row_stride) and `b_n_fast` (1 when b_col_stride ≤
+// b_row_stride) say which index walks memory fastest, so that neighbouring invocations read
+// neighbouring addresses whether or not the operand is transposed.
+// Grid: (⌈n/64⌉, ⌈m/64⌉, batch) workgroups, x over column tiles, y over row tiles, z over batch.
+//
+// ---- entry point `grouped_matmul` -------------------------------------------------------------
+// The MoE expert bank: out[r] = x[r]·W[e_r] (or x[r]·W[e_r]ᵀ when transpose_w = 1), f32.
+//   binding 0  uniform GroupedParams (rows = R, k, m, experts = n, transpose_w, bases)
+//   binding 1  x: array<f32>, read, [R, k] row-major
+//   binding 2  w: array<f32>, read, [n, k, m] (transpose_w = 0) or [n, m, k] (transpose_w = 1)
+//   binding 3  row_expert: array<i32>, read, [R]
+//   binding 4  out: array<f32>, written, [R, m]
+// Grid: (⌈m/64⌉, ⌈R/64⌉, 1). A tile's 64 rows are cut into runs of equal expert (rows arrive
+// sorted by expert, so a tile usually holds one run, two at a boundary); each run is multiplied
+// by its own expert's weights and written, rows of other runs being masked to 0 in A and not
+// stored. Rows whose expert is outside 0..n form runs that skip the product and store zeros.
+// Unsorted rows are correct too, only slower (up to 64 runs a tile).
+//
+// ---- entry point `grouped_weight_grad` --------------------------------------------------------
+// The expert bank's weight gradient: dW[e] = Σ_{r in offsets[e]..offsets[e+1], row_expert[r] = e}
+// x[r]ᵀ·dy[r], f32.
+//   binding 0  uniform WeightGradParams (rows = R, k, m, experts = n, bases)
+//   binding 1  x: array<f32>, read, [R, k]
+//   binding 2  dy: array<f32>, read, [R, m]
+//   binding 3  row_expert: array<i32>, read, [R]
+//   binding 4  offsets: array<i32>, read, [n + 1] (clamped to 0..R on the device)
+//   binding 5  dw: array<f32>, written, [n, k, m]
+// Grid: (⌈m/64⌉, ⌈k/64⌉, n): one workgroup per (m tile, k tile, expert), reducing over that
+// expert's rows 16 at a time. Every element of dw is written: an expert with no rows gets 0.
+
+const TILE: u32 = 64u;
+const SLAB: u32 = 16u;
+// vec4s per staged row: 64 floats and one vec4 of padding
+const ROW4: u32 = 17u;
+
+// Staged slabs: a_tile[kk·ROW4 + r/4][r%4] = A(r, kk), b_tile[kk·ROW4 + c/4][c%4] = B(kk, c).
+var<workgroup> a_tile: array<vec4<f32>, 272>;
+var<workgroup> b_tile: array<vec4<f32>, 272>;
+
+// One invocation's 4×4 micro-tile: row i of it is `ri`, its four columns the vec4's lanes.
+struct Acc {
+    r0: vec4<f32>,
+    r1: vec4<f32>,
+    r2: vec4<f32>,
+    r3: vec4<f32>,
+}
+
+fn acc_zero() -> Acc {
+    let z = vec4<f32>(0.0);
+    return Acc(z, z, z, z);
+}
+
+// Element l (0..3) of invocation lid's share of a 64×16 A slab, as (row, kk). With k_fast,
+// 16 neighbouring invocations walk along k; otherwise 64 walk down the rows.
+fn a_slot(lid: u32, l: u32, k_fast: bool) -> vec2<u32> {
+    let i = lid + l * 256u;
+    if k_fast {
+        return vec2<u32>(i >> 4u, i & 15u);
+    }
+    return vec2<u32>(i & 63u, i >> 6u);
+}
+
+// Element l (0..3) of invocation lid's share of a 16×64 B slab, as (kk, col). With n_fast,
+// 64 neighbouring invocations walk along the columns; otherwise 16 walk along k.
+fn b_slot(lid: u32, l: u32, n_fast: bool) -> vec2<u32> {
+    let i = lid + l * 256u;
+    if n_fast {
+        return vec2<u32>(i >> 6u, i & 63u);
+    }
+    return vec2<u32>(i & 15u, i >> 4u);
+}
+
+// Stores the registers loaded through a_slot / b_slot into the staged slabs.
+fn stage(lid: u32, a_k_fast: bool, a: vec4<f32>, b_n_fast: bool, b: vec4<f32>) {
+    for (var l = 0u; l < 4u; l++) {
+        let p = a_slot(lid, l, a_k_fast);
+        a_tile[p.y * ROW4 + (p.x >> 2u)][p.x & 3u] = a[l];
+        let q = b_slot(lid, l, b_n_fast);
+        b_tile[q.x * ROW4 + (q.y >> 2u)][q.y & 3u] = b[l];
+    }
+}
+
+// acc += (staged A rows 4·ty..4·ty+3) · (staged B columns 4·tx..4·tx+3) over one slab.
+fn multiply_slab(tx: u32, ty: u32, acc: ptr<function, Acc>) {
+    var c = *acc;
+    for (var kk = 0u; kk < SLAB; kk++) {
+        let a = a_tile[kk * ROW4 + ty];
+        let b = b_tile[kk * ROW4 + tx];
+        c.r0 = fma(vec4<f32>(a.x), b, c.r0);
+        c.r1 = fma(vec4<f32>(a.y), b, c.r1);
+        c.r2 = fma(vec4<f32>(a.z), b, c.r2);
+        c.r3 = fma(vec4<f32>(a.w), b, c.r3);
+    }
+    *acc = c;
+}
+
+fn acc_row(acc: Acc, i: u32) -> vec4<f32> {
+    switch i {
+        case 0u: {
+            return acc.r0;
+        }
+        case 1u: {
+            return acc.r1;
+        }
+        case 2u: {
+            return acc.r2;
+        }
+        default: {
+            return acc.r3;
+        }
+    }
+}
+
+// ================================================================================================
+// matmul
+
+struct MatmulParams {
+    m: u32,
+    k: u32,
+    n: u32,
+    batch: u32,
+    a_offset: u32,
+    a_batch_stride: u32,
+    a_row_stride: u32,
+    a_col_stride: u32,
+    b_offset: u32,
+    b_batch_stride: u32,
+    b_row_stride: u32,
+    b_col_stride: u32,
+    a_k_fast: u32,
+    b_n_fast: u32,
+    // first column tile, row tile and batch entry of this launch
+    tile_n_base: u32,
+    tile_m_base: u32,
+    batch_base: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> mp: MatmulParams;
+@group(0) @binding(1) var<storage, read> mm_a: array<f32>;
+@group(0) @binding(2) var<storage, read> mm_b: array<f32>;
+@group(0) @binding(3) var<storage, read_write> mm_c: array<f32>;
+
+fn mm_load_a(lid: u32, m0: u32, k0: u32, base: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var l = 0u; l < 4u; l++) {
+        let p = a_slot(lid, l, mp.a_k_fast != 0u);
+        let row = m0 + p.x;
+        let kc = k0 + p.y;
+        if row < mp.m && kc < mp.k {
+            v[l] = mm_a[base + row * mp.a_row_stride + kc * mp.a_col_stride];
+        }
+    }
+    return v;
+}
+
+fn mm_load_b(lid: u32, k0: u32, n0: u32, base: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var l = 0u; l < 4u; l++) {
+        let q = b_slot(lid, l, mp.b_n_fast != 0u);
+        let kc = k0 + q.x;
+        let col = n0 + q.y;
+        if kc < mp.k && col < mp.n {
+            v[l] = mm_b[base + kc * mp.b_row_stride + col * mp.b_col_stride];
+        }
+    }
+    return v;
+}
+
+@compute @workgroup_size(16, 16, 1)
+fn matmul(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let bi = mp.batch_base + wid.z;
+    if bi >= mp.batch {
+        return;
+    }
+    let tx = lid & 15u;
+    let ty = lid >> 4u;
+    let n0 = (mp.tile_n_base + wid.x) * TILE;
+    let m0 = (mp.tile_m_base + wid.y) * TILE;
+    let a_base = mp.a_offset + bi * mp.a_batch_stride;
+    let b_base = mp.b_offset + bi * mp.b_batch_stride;
+    let a_fast = mp.a_k_fast != 0u;
+    let b_fast = mp.b_n_fast != 0u;
+
+    var acc = acc_zero();
+    var ra = mm_load_a(lid, m0, 0u, a_base);
+    var rb = mm_load_b(lid, 0u, n0, b_base);
+    let slabs = (mp.k + SLAB - 1u) / SLAB;
+    for (var s = 0u; s < slabs; s++) {
+        stage(lid, a_fast, ra, b_fast, rb);
+        workgroupBarrier();
+        if s + 1u < slabs {
+            ra = mm_load_a(lid, m0, (s + 1u) * SLAB, a_base);
+            rb = mm_load_b(lid, (s + 1u) * SLAB, n0, b_base);
+        }
+        multiply_slab(tx, ty, &acc);
+        workgroupBarrier();
+    }
+
+    let c_base = bi * mp.m * mp.n;
+    for (var i = 0u; i < 4u; i++) {
+        let row = m0 + ty * 4u + i;
+        if row < mp.m {
+            let v = acc_row(acc, i);
+            for (var j = 0u; j < 4u; j++) {
+                let col = n0 + tx * 4u + j;
+                if col < mp.n {
+                    mm_c[c_base + row * mp.n + col] = v[j];
+                }
+            }
+        }
+    }
+}
+
+// ================================================================================================
+// grouped_matmul
+
+struct GroupedParams {
+    rows: u32,
+    k: u32,
+    m: u32,
+    experts: u32,
+    transpose_w: u32,
+    // first column tile and row tile of this launch
+    tile_c_base: u32,
+    tile_r_base: u32,
+    _pad0: u32,
+}
+
+@group(0) @binding(0) var<uniform> gp: GroupedParams;
+@group(0) @binding(1) var<storage, read> gm_x: array<f32>;
+@group(0) @binding(2) var<storage, read> gm_w: array<f32>;
+@group(0) @binding(3) var<storage, read> gm_expert: array<i32>;
+@group(0) @binding(4) var<storage, read_write> gm_out: array<f32>;
+
+// Expert of each of the tile's rows (-1 for an expert outside 0..n), and for each row the end of
+// the run of equal experts it starts.
+var<workgroup> run_expert: array<i32, 64>;
+var<workgroup> run_end: array<u32, 64>;
+
+// A slab of x: tile rows [lo, hi) only, the others read as 0.
+fn gm_load_x(lid: u32, r0: u32, lo: u32, hi: u32, k0: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var l = 0u; l < 4u; l++) {
+        let p = a_slot(lid, l, true);
+        let kc = k0 + p.y;
+        if p.x >= lo && p.x < hi && kc < gp.k {
+            v[l] = gm_x[(r0 + p.x) * gp.k + kc];
+        }
+    }
+    return v;
+}
+
+// A slab of W[e] (or W[e]ᵀ), as the k×m right operand.
+fn gm_load_w(lid: u32, k0: u32, c0: u32, base: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    let n_fast = gp.transpose_w == 0u;
+    for (var l = 0u; l < 4u; l++) {
+        let q = b_slot(lid, l, n_fast);
+        let kc = k0 + q.x;
+        let col = c0 + q.y;
+        if kc < gp.k && col < gp.m {
+            if n_fast {
+                v[l] = gm_w[base + kc * gp.m + col];
+            } else {
+                v[l] = gm_w[base + col * gp.k + kc];
+            }
+        }
+    }
+    return v;
+}
+
+@compute @workgroup_size(16, 16, 1)
+fn grouped_matmul(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let r0 = (gp.tile_r_base + wid.y) * TILE;
+    if r0 >= gp.rows {
+        return;
+    }
+    let tx = lid & 15u;
+    let ty = lid >> 4u;
+    let c0 = (gp.tile_c_base + wid.x) * TILE;
+    let tile_rows = min(TILE, gp.rows - r0);
+    let n_fast = gp.transpose_w == 0u;
+
+    if lid < tile_rows {
+        var e = gm_expert[r0 + lid];
+        if e < 0 || u32(e) >= gp.experts {
+            e = -1;
+        }
+        run_expert[lid] = e;
+    }
+    workgroupBarrier();
+    if lid < tile_rows {
+        let e = run_expert[lid];
+        var end = lid + 1u;
+        while end < tile_rows && run_expert[end] == e {
+            end++;
+        }
+        run_end[lid] = end;
+    }
+
+    // One pass per run of equal experts; workgroupUniformLoad (a barrier, then a load every
+    // invocation agrees on) makes the run bounds uniform so the slab loop may use barriers.
+    var lo = 0u;
+    loop {
+        if lo >= tile_rows {
+            break;
+        }
+        let e = workgroupUniformLoad(&run_expert[lo]);
+        let hi = workgroupUniformLoad(&run_end[lo]);
+        var acc = acc_zero();
+        if e >= 0 {
+            let w_base = u32(e) * gp.k * gp.m;
+            var ra = gm_load_x(lid, r0, lo, hi, 0u);
+            var rb = gm_load_w(lid, 0u, c0, w_base);
+            let slabs = (gp.k + SLAB - 1u) / SLAB;
+            for (var s = 0u; s < slabs; s++) {
+                stage(lid, true, ra, n_fast, rb);
+                workgroupBarrier();
+                if s + 1u < slabs {
+                    ra = gm_load_x(lid, r0, lo, hi, (s + 1u) * SLAB);
+                    rb = gm_load_w(lid, (s + 1u) * SLAB, c0, w_base);
+                }
+                multiply_slab(tx, ty, &acc);
+                workgroupBarrier();
+            }
+        }
+        // rows of this run only (zeros for an out-of-range expert)
+        for (var i = 0u; i < 4u; i++) {
+            let tr = ty * 4u + i;
+            if tr >= lo && tr < hi {
+                let v = acc_row(acc, i);
+                for (var j = 0u; j < 4u; j++) {
+                    let col = c0 + tx * 4u + j;
+                    if col < gp.m {
+                        gm_out[(r0 + tr) * gp.m + col] = v[j];
+                    }
+                }
+            }
+        }
+        lo = hi;
+    }
+}
+
+// ================================================================================================
+// grouped_weight_grad
+
+struct WeightGradParams {
+    rows: u32,
+    k: u32,
+    m: u32,
+    experts: u32,
+    // first m tile, k tile and expert of this launch
+    tile_c_base: u32,
+    tile_k_base: u32,
+    expert_base: u32,
+    _pad0: u32,
+}
+
+@group(0) @binding(0) var<uniform> wp: WeightGradParams;
+@group(0) @binding(1) var<storage, read> wg_x: array<f32>;
+@group(0) @binding(2) var<storage, read> wg_dy: array<f32>;
+@group(0) @binding(3) var<storage, read> wg_expert: array<i32>;
+@group(0) @binding(4) var<storage, read> wg_offsets: array<i32>;
+@group(0) @binding(5) var<storage, read_write> wg_dw: array<f32>;
+
+// Loads one slab: A(i, rr) = x[row, k0 + i] and B(rr, c) = dy[row, c0 + c] for the 16 rows
+// row = first + rr, both 0 unless row < hi and row_expert[row] = e. The A slot (rows fast) and
+// the B slot (columns fast) of element l name the same rr, so row_expert is read once.
+fn wg_load(lid: u32, first: u32, hi: u32, e: i32, k0: u32, c0: u32) -> array<vec4<f32>, 2> {
+    var a = vec4<f32>(0.0);
+    var b = vec4<f32>(0.0);
+    for (var l = 0u; l < 4u; l++) {
+        let p = a_slot(lid, l, false);
+        let q = b_slot(lid, l, true);
+        let row = first + p.y;
+        if row < hi && wg_expert[row] == e {
+            if k0 + p.x < wp.k {
+                a[l] = wg_x[row * wp.k + k0 + p.x];
+            }
+            if c0 + q.y < wp.m {
+                b[l] = wg_dy[row * wp.m + c0 + q.y];
+            }
+        }
+    }
+    return array<vec4<f32>, 2>(a, b);
+}
+
+@compute @workgroup_size(16, 16, 1)
+fn grouped_weight_grad(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let e = wp.expert_base + wid.z;
+    if e >= wp.experts {
+        return;
+    }
+    let tx = lid & 15u;
+    let ty = lid >> 4u;
+    let c0 = (wp.tile_c_base + wid.x) * TILE;
+    let k0 = (wp.tile_k_base + wid.y) * TILE;
+    let rows = i32(wp.rows);
+    let lo = u32(clamp(wg_offsets[e], 0, rows));
+    let hi = max(lo, u32(clamp(wg_offsets[e + 1u], 0, rows)));
+
+    var acc = acc_zero();
+    let slabs = (hi - lo + SLAB - 1u) / SLAB;
+    var r = wg_load(lid, lo, hi, i32(e), k0, c0);
+    for (var s = 0u; s < slabs; s++) {
+        stage(lid, false, r[0], true, r[1]);
+        workgroupBarrier();
+        if s + 1u < slabs {
+            r = wg_load(lid, lo + (s + 1u) * SLAB, hi, i32(e), k0, c0);
+        }
+        multiply_slab(tx, ty, &acc);
+        workgroupBarrier();
+    }
+
+    let base = e * wp.k * wp.m;
+    for (var i = 0u; i < 4u; i++) {
+        let row = k0 + ty * 4u + i;
+        if row < wp.k {
+            let v = acc_row(acc, i);
+            for (var j = 0u; j < 4u; j++) {
+                let col = c0 + tx * 4u + j;
+                if col < wp.m {
+                    wg_dw[base + row * wp.m + col] = v[j];
+                }
+            }
+        }
+    }
+}
