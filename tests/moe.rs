@@ -511,6 +511,8 @@ fn manual_routing(
         logits: Tensor::zeros(&[t, n], DType::F64, dev).unwrap(),
         tokens: t,
         experts: n,
+        aux_loss: None,
+        metrics: Vec::new(),
     }
 }
 

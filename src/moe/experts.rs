@@ -101,6 +101,13 @@ impl ExpertNet for ExpertBank {
             h.grouped_matmul(&self.w2.get(), &plan.row_expert, &plan.offsets)?,
             &self.b2,
         )?;
+        // A dropped or invalid row has expert −1, so the grouped matmuls give it exact zeros;
+        // with no biases and an activation that maps 0 to 0 its output is already 0 and masking
+        // would only cost a pass over every row (forward and backward).
+        let zero_preserving = !matches!(self.activation, Activation::Sigmoid);
+        if self.b1.is_none() && self.b2.is_none() && zero_preserving {
+            return Ok(out);
+        }
         let kept = plan
             .row_kept
             .to_dtype(out.dtype())?
