@@ -1,7 +1,11 @@
-//! Launchers of `shaders/elementwise.wgsl`: fill, cast, unary and broadcasting binary ops, where.
+//! Launchers of `shaders/elementwise.wgsl`, one per entry point: [`full`] (`fill`), [`cast`]
+//! (`cast_dtype`), [`unary`], [`binary`] and [`where_cond`]. Each checks dtypes and sizes, plans
+//! strided operands with [`super::strided::plan`], and records one launch of 256-invocation
+//! workgroups over the output.
 
 use super::kernels::{Shader, grid_1d, u32_param};
-use super::{GpuBackend, GpuBuffer};
+use super::strided::plan;
+use super::{GpuBackend, GpuBuffer, f64_error};
 use crate::backend::{BinaryOp, UnaryOp};
 use crate::{DType, Error, Result};
 
@@ -11,15 +15,25 @@ pub(crate) static ELEMENTWISE: Shader = Shader {
     source: include_str!("../../../shaders/elementwise.wgsl"),
 };
 
-/// Invocations per workgroup of every 1-D kernel in the file.
+/// Invocations per workgroup of every kernel in the file.
 const WG: u32 = 256;
 
-/// `full`: a new buffer of `len` copies of `value` (rounded to `dtype`), entry `fill`.
+/// An error unless `b` holds f32 (the GPU's float dtype).
+pub(crate) fn expect_f32(what: &str, b: &GpuBuffer) -> Result<()> {
+    match b.dtype() {
+        DType::F32 => Ok(()),
+        d => Err(Error::DType(format!(
+            "{what} needs a float tensor, got {d}"
+        ))),
+    }
+}
+
+/// `Backend::full`: `len` copies of `value` rounded to `dtype` (entry `fill`).
 pub(crate) fn full(be: &GpuBackend, len: usize, value: f64, dtype: DType) -> Result<GpuBuffer> {
     let bits = match dtype {
         DType::F32 => (value as f32).to_bits(),
         DType::I32 => (value as i32) as u32,
-        DType::F64 => return Err(super::f64_error("full")),
+        DType::F64 => return Err(f64_error("full")),
     };
     let out = be.alloc(len, dtype)?;
     let n = u32_param(len, "full: length")?;
@@ -27,37 +41,149 @@ pub(crate) fn full(be: &GpuBackend, len: usize, value: f64, dtype: DType) -> Res
     Ok(out)
 }
 
-fn todo(what: &str) -> Error {
-    Error::Device(format!("{what}: GPU kernel not written yet"))
+/// `Backend::cast` (entry `cast_dtype`). A cast to the buffer's own dtype shares the buffer (GPU
+/// buffers are never written after the kernel that made them).
+pub(crate) fn cast(be: &GpuBackend, x: &GpuBuffer, dtype: DType) -> Result<GpuBuffer> {
+    let mode = match (x.dtype(), dtype) {
+        (_, DType::F64) | (DType::F64, _) => return Err(f64_error("cast")),
+        (a, b) if a == b => return Ok(x.clone()),
+        (DType::F32, DType::I32) => 0,
+        _ => 1,
+    };
+    let out = be.alloc(x.len(), dtype)?;
+    let n = u32_param(x.len(), "cast: length")?;
+    be.launch(
+        &ELEMENTWISE,
+        "cast_dtype",
+        &[x, &out],
+        &[n, mode],
+        grid_1d(x.len(), WG)?,
+    )?;
+    Ok(out)
 }
 
-pub(crate) fn cast(_be: &GpuBackend, _x: &GpuBuffer, _dtype: DType) -> Result<GpuBuffer> {
-    Err(todo("cast"))
+/// The kernel's code and parameters of a unary op.
+fn unary_code(op: UnaryOp) -> (u32, f32, f32) {
+    match op {
+        UnaryOp::Neg => (0, 0.0, 0.0),
+        UnaryOp::Exp => (1, 0.0, 0.0),
+        UnaryOp::Log => (2, 0.0, 0.0),
+        UnaryOp::Sqrt => (3, 0.0, 0.0),
+        UnaryOp::Abs => (4, 0.0, 0.0),
+        UnaryOp::Relu => (5, 0.0, 0.0),
+        UnaryOp::Gelu => (6, 0.0, 0.0),
+        UnaryOp::GeluGrad => (7, 0.0, 0.0),
+        UnaryOp::Silu => (8, 0.0, 0.0),
+        UnaryOp::Tanh => (9, 0.0, 0.0),
+        UnaryOp::Sigmoid => (10, 0.0, 0.0),
+        UnaryOp::Softplus => (11, 0.0, 0.0),
+        UnaryOp::Recip => (12, 0.0, 0.0),
+        UnaryOp::Step => (13, 0.0, 0.0),
+        UnaryOp::Sign => (14, 0.0, 0.0),
+        UnaryOp::Powf(p) => (15, p as f32, 0.0),
+        UnaryOp::Clamp(lo, hi) => (16, lo as f32, hi as f32),
+        UnaryOp::AddScalar(c) => (17, c as f32, 0.0),
+        UnaryOp::MulScalar(c) => (18, c as f32, 0.0),
+    }
 }
-pub(crate) fn unary(_be: &GpuBackend, _op: UnaryOp, _x: &GpuBuffer) -> Result<GpuBuffer> {
-    Err(todo("unary"))
+
+/// `Backend::unary` (entry `unary`).
+pub(crate) fn unary(be: &GpuBackend, op: UnaryOp, x: &GpuBuffer) -> Result<GpuBuffer> {
+    expect_f32(&format!("{op:?}"), x)?;
+    let (code, p0, p1) = unary_code(op);
+    let out = be.alloc(x.len(), DType::F32)?;
+    let n = u32_param(x.len(), "unary: length")?;
+    be.launch(
+        &ELEMENTWISE,
+        "unary",
+        &[x, &out],
+        &[n, code, p0.to_bits(), p1.to_bits()],
+        grid_1d(x.len(), WG)?,
+    )?;
+    Ok(out)
 }
+
+/// The kernel's code of a binary op (its index in declaration order).
+fn binary_code(op: BinaryOp) -> u32 {
+    match op {
+        BinaryOp::Add => 0,
+        BinaryOp::Sub => 1,
+        BinaryOp::Mul => 2,
+        BinaryOp::Div => 3,
+        BinaryOp::Max => 4,
+        BinaryOp::Min => 5,
+        BinaryOp::Pow => 6,
+        BinaryOp::Gt => 7,
+        BinaryOp::Ge => 8,
+        BinaryOp::Lt => 9,
+        BinaryOp::Le => 10,
+        BinaryOp::Eq => 11,
+        BinaryOp::Ne => 12,
+    }
+}
+
+/// `Backend::binary` with broadcasting strides (entry `binary`).
 pub(crate) fn binary(
-    _be: &GpuBackend,
-    _op: BinaryOp,
-    _a: &GpuBuffer,
-    _sa: &[usize],
-    _b: &GpuBuffer,
-    _sb: &[usize],
-    _shape: &[usize],
+    be: &GpuBackend,
+    op: BinaryOp,
+    a: &GpuBuffer,
+    sa: &[usize],
+    b: &GpuBuffer,
+    sb: &[usize],
+    shape: &[usize],
 ) -> Result<GpuBuffer> {
-    Err(todo("binary"))
+    if a.dtype() != DType::F32 || b.dtype() != DType::F32 {
+        return Err(Error::DType(format!(
+            "{op:?} needs two float tensors of one dtype, got {} and {}",
+            a.dtype(),
+            b.dtype()
+        )));
+    }
+    let what = format!("{op:?}");
+    let p = plan(&what, shape, &[(sa, 0, a.len()), (sb, 0, b.len())])?;
+    let out = be.alloc(p.n, DType::F32)?;
+    be.launch(
+        &ELEMENTWISE,
+        "binary",
+        &[a, b, &out],
+        &p.words(binary_code(op)),
+        grid_1d(p.n, WG)?,
+    )?;
+    Ok(out)
 }
+
+/// `Backend::where_cond` (entry `where_cond`).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn where_cond(
-    _be: &GpuBackend,
-    _c: &GpuBuffer,
-    _sc: &[usize],
-    _a: &GpuBuffer,
-    _sa: &[usize],
-    _b: &GpuBuffer,
-    _sb: &[usize],
-    _shape: &[usize],
+    be: &GpuBackend,
+    cond: &GpuBuffer,
+    sc: &[usize],
+    a: &GpuBuffer,
+    sa: &[usize],
+    b: &GpuBuffer,
+    sb: &[usize],
+    shape: &[usize],
 ) -> Result<GpuBuffer> {
-    Err(todo("where"))
+    if [cond, a, b].iter().any(|t| t.dtype() != DType::F32) {
+        return Err(Error::DType(format!(
+            "where needs a condition and two values of one float dtype, got {}, {} and {}",
+            cond.dtype(),
+            a.dtype(),
+            b.dtype()
+        )));
+    }
+    let p = plan(
+        "where",
+        shape,
+        &[(sc, 0, cond.len()), (sa, 0, a.len()), (sb, 0, b.len())],
+    )?;
+    let out = be.alloc(p.n, DType::F32)?;
+    be.launch(
+        &ELEMENTWISE,
+        "where_cond",
+        &[cond, a, b, &out],
+        &p.words(0),
+        grid_1d(p.n, WG)?,
+    )?;
+    Ok(out)
 }

@@ -1,48 +1,266 @@
-//! stub
+//! Launchers of `shaders/layout.wgsl`: [`copy_strided`], [`concat`] (entry `concat_part`, one
+//! launch per part), [`gather`] and [`scatter_add`] (entries `scatter_add_loop` and
+//! `scatter_add_sorted`).
+//!
+//! **scatter_add without atomics.** WGSL has no f32 atomics, and a compare-and-swap loop would
+//! make the order of additions (and so the rounding) depend on scheduling. Both kernels are
+//! gather-style instead: each output element is owned by one invocation, which adds the source
+//! rows that hit it in increasing source order, exactly the CPU's order, so GPU and CPU agree bit
+//! for bit and repeated runs are identical. `scatter_add_loop` scans all `m` source rows per output
+//! (used when `m` is small or the index varies along the inner axis); `scatter_add_sorted`, for one
+//! index per source row (`index_select`'s adjoint, the MoE combine), first sorts each row of
+//! indices with the stable argsort of `sort.rs` and then binary-searches each output's run.
+//!
+//! Index values outside `0..len` are not checked on the GPU (that would need a read-back): gather
+//! yields 0 for them and scatter_add ignores them, where the CPU returns an error.
+
+use super::kernels::{Shader, grid_1d, u32_param};
+use super::sort::sort_rows;
+use super::strided::plan;
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::AxisView;
-use crate::{Error, Result};
-fn todo() -> Error {
-    Error::Device("layout: GPU kernel not written yet".into())
-}
+use crate::{DType, Error, Result};
+
+/// The kernels of `shaders/layout.wgsl`.
+pub(crate) static LAYOUT: Shader = Shader {
+    name: "layout",
+    source: include_str!("../../../shaders/layout.wgsl"),
+};
+
+/// Invocations per workgroup of every kernel in the file.
+const WG: u32 = 256;
+
+/// Below this many source rows per output, `scatter_add_loop` is cheaper than sorting.
+const SCATTER_LOOP_MAX_M: usize = 32;
+
+/// `Backend::copy_strided` (entry `copy_strided`): a contiguous copy of a strided view, any dtype.
 pub(crate) fn copy_strided(
-    _: &GpuBackend,
-    _: &GpuBuffer,
-    _: &[usize],
-    _: &[usize],
-    _: usize,
+    be: &GpuBackend,
+    x: &GpuBuffer,
+    shape: &[usize],
+    strides: &[usize],
+    offset: usize,
 ) -> Result<GpuBuffer> {
-    Err(todo())
+    let p = plan("copy_strided", shape, &[(strides, offset, x.len())])?;
+    let out = be.alloc(p.n, x.dtype())?;
+    if p.n == 0 {
+        return Ok(out);
+    }
+    let off = u32_param(offset, "copy_strided: offset")?;
+    be.launch(
+        &LAYOUT,
+        "copy_strided",
+        &[x, &out],
+        &p.words(off),
+        grid_1d(p.n, WG)?,
+    )?;
+    Ok(out)
 }
+
+/// `Backend::concat` (entry `concat_part`, one launch per non-empty part).
 pub(crate) fn concat(
-    _: &GpuBackend,
-    _: &[&GpuBuffer],
-    _: &[usize],
-    _: usize,
-    _: usize,
+    be: &GpuBackend,
+    parts: &[&GpuBuffer],
+    lens: &[usize],
+    outer: usize,
+    inner: usize,
 ) -> Result<GpuBuffer> {
-    Err(todo())
+    let dtype = parts.first().map(|p| p.dtype()).unwrap_or(DType::F32);
+    if parts.iter().any(|p| p.dtype() != dtype) {
+        return Err(Error::DType(
+            "concat: all tensors must share one dtype".into(),
+        ));
+    }
+    if parts.len() != lens.len() {
+        return Err(Error::Shape(format!(
+            "concat: {} parts but {} lengths",
+            parts.len(),
+            lens.len()
+        )));
+    }
+    for (k, (p, &l)) in parts.iter().zip(lens).enumerate() {
+        if outer.checked_mul(l).and_then(|v| v.checked_mul(inner)) != Some(p.len()) {
+            return Err(Error::Shape(format!(
+                "concat: part {k} should be [{outer}, {l}, {inner}], its buffer holds {}",
+                p.len()
+            )));
+        }
+    }
+    let total: usize = lens.iter().sum();
+    let n = outer
+        .checked_mul(total)
+        .and_then(|v| v.checked_mul(inner))
+        .ok_or_else(|| Error::Invalid("concat: output too large".into()))?;
+    let out = be.alloc(n, dtype)?;
+    let mut start = 0usize;
+    for (p, &l) in parts.iter().zip(lens) {
+        if !p.is_empty() {
+            be.launch(
+                &LAYOUT,
+                "concat_part",
+                &[p, &out],
+                &[
+                    u32_param(outer, "concat: outer")?,
+                    u32_param(l, "concat: part length")?,
+                    u32_param(inner, "concat: inner")?,
+                    u32_param(total, "concat: total length")?,
+                    u32_param(start, "concat: start")?,
+                ],
+                grid_1d(p.len(), WG)?,
+            )?;
+        }
+        start += l;
+    }
+    Ok(out)
 }
+
+/// Checks an index buffer read at `o·s0 + j·s1 + i·s2` for `o < outer, j < m, i < inner`.
+fn check_index(
+    what: &str,
+    idx: &GpuBuffer,
+    s: [usize; 3],
+    outer: usize,
+    m: usize,
+    inner: usize,
+) -> Result<()> {
+    if idx.dtype() != DType::I32 {
+        return Err(Error::DType(format!(
+            "{what}: indices must be i32, got {}",
+            idx.dtype()
+        )));
+    }
+    if outer == 0 || m == 0 || inner == 0 {
+        return Ok(());
+    }
+    let last = (outer as u128 - 1) * s[0] as u128
+        + (m as u128 - 1) * s[1] as u128
+        + (inner as u128 - 1) * s[2] as u128;
+    if last >= idx.len() as u128 {
+        return Err(Error::Shape(format!(
+            "{what}: index strides {s:?} over [{outer}, {m}, {inner}] reach element {last}, the \
+             index buffer holds {}",
+            idx.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Kernel words of a stride, zero when its dimension has size 1 (it is never used then).
+fn stride_word(size: usize, s: usize, what: &str) -> Result<u32> {
+    if size <= 1 { Ok(0) } else { u32_param(s, what) }
+}
+
+/// `Backend::gather` (entry `gather`): any dtype for `x`, I32 indices.
 pub(crate) fn gather(
-    _: &GpuBackend,
-    _: &GpuBuffer,
-    _: AxisView,
-    _: &GpuBuffer,
-    _: [usize; 3],
-    _: usize,
+    be: &GpuBackend,
+    x: &GpuBuffer,
+    view: AxisView,
+    idx: &GpuBuffer,
+    s: [usize; 3],
+    m: usize,
 ) -> Result<GpuBuffer> {
-    Err(todo())
+    let AxisView { outer, len, inner } = view;
+    if outer.checked_mul(len).and_then(|v| v.checked_mul(inner)) != Some(x.len()) {
+        return Err(Error::Shape(format!(
+            "gather: view [{outer}, {len}, {inner}] does not match a buffer of {} elements",
+            x.len()
+        )));
+    }
+    check_index("gather", idx, s, outer, m, inner)?;
+    let n = outer
+        .checked_mul(m)
+        .and_then(|v| v.checked_mul(inner))
+        .ok_or_else(|| Error::Invalid("gather: output too large".into()))?;
+    let out = be.alloc(n, x.dtype())?;
+    if n == 0 {
+        return Ok(out);
+    }
+    u32_param(n, "gather: output size")?;
+    let params = [
+        u32_param(outer, "gather: outer")?,
+        u32_param(len, "gather: axis length")?,
+        u32_param(inner, "gather: inner")?,
+        u32_param(m, "gather: index length")?,
+        stride_word(outer, s[0], "gather: index stride")?,
+        stride_word(m, s[1], "gather: index stride")?,
+        stride_word(inner, s[2], "gather: index stride")?,
+    ];
+    be.launch(&LAYOUT, "gather", &[x, idx, &out], &params, grid_1d(n, WG)?)?;
+    Ok(out)
 }
+
+/// `Backend::scatter_add` (entries `scatter_add_loop` / `scatter_add_sorted`): the adjoint of
+/// gather, deterministic, in the CPU's order of additions.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn scatter_add(
-    _: &GpuBackend,
-    _: &GpuBuffer,
-    _: &GpuBuffer,
-    _: [usize; 3],
-    _: usize,
-    _: usize,
-    _: usize,
-    _: usize,
+    be: &GpuBackend,
+    src: &GpuBuffer,
+    idx: &GpuBuffer,
+    s: [usize; 3],
+    outer: usize,
+    m: usize,
+    inner: usize,
+    len: usize,
 ) -> Result<GpuBuffer> {
-    Err(todo())
+    if src.dtype() != DType::F32 {
+        return Err(Error::DType(format!(
+            "scatter_add needs a float source, got {}",
+            src.dtype()
+        )));
+    }
+    if outer.checked_mul(m).and_then(|v| v.checked_mul(inner)) != Some(src.len()) {
+        return Err(Error::Shape(format!(
+            "scatter_add: source [{outer}, {m}, {inner}] does not match a buffer of {} elements",
+            src.len()
+        )));
+    }
+    check_index("scatter_add", idx, s, outer, m, inner)?;
+    let n = outer
+        .checked_mul(len)
+        .and_then(|v| v.checked_mul(inner))
+        .ok_or_else(|| Error::Invalid("scatter_add: output too large".into()))?;
+    let out = be.alloc(n, DType::F32)?;
+    if n == 0 {
+        return Ok(out);
+    }
+    u32_param(n, "scatter_add: output size")?;
+    let (s0, s1, s2) = (
+        stride_word(outer, s[0], "scatter_add: index stride")?,
+        stride_word(m, s[1], "scatter_add: index stride")?,
+        stride_word(inner, s[2], "scatter_add: index stride")?,
+    );
+    let mut params = [
+        u32_param(outer, "scatter_add: outer")?,
+        u32_param(len, "scatter_add: axis length")?,
+        u32_param(inner, "scatter_add: inner")?,
+        u32_param(m, "scatter_add: source rows")?,
+        s0,
+        s1,
+        s2,
+        0,
+    ];
+    if s2 != 0 || m <= SCATTER_LOOP_MAX_M {
+        be.launch(
+            &LAYOUT,
+            "scatter_add_loop",
+            &[src, idx, &out],
+            &params,
+            grid_1d(n, WG)?,
+        )?;
+        return Ok(out);
+    }
+    // One key row per o (or a single shared row when s0 = 0): copy the indices contiguously,
+    // sort each row stably, then let every output binary-search its run.
+    let key_rows = if s0 == 0 { 1 } else { outer };
+    let keys = copy_strided(be, idx, &[key_rows, m], &[s[0], s[1]], 0)?;
+    let perm = sort_rows(be, &keys, key_rows, m, false)?;
+    params[7] = if s0 == 0 { 0 } else { params[3] };
+    be.launch(
+        &LAYOUT,
+        "scatter_add_sorted",
+        &[src, idx, &out, &keys, &perm],
+        &params,
+        grid_1d(n, WG)?,
+    )?;
+    Ok(out)
 }

@@ -29,6 +29,7 @@ mod pool;
 mod random;
 mod reduce;
 mod sort;
+mod strided;
 
 use super::{
     AdamHyper, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims, ReduceOp, SgdHyper,

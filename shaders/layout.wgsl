@@ -1,0 +1,171 @@
+// layout.wgsl: kernels that move elements. Launchers: src/backend/gpu/layout.rs.
+//
+// Every entry runs 256 invocations per workgroup, one output element per invocation, over a 1-D
+// grid the host folds into x/y: i = (workgroup_id.y * num_workgroups.x + workgroup_id.x) * 256
+// + local index; invocations with i >= n do nothing. copy_strided, concat and gather move raw 32-bit
+// words, so they serve f32 and i32 alike. Gathered/scattered tensors are viewed as
+// [outer, len, inner] (backend::AxisView); an index tensor is read at o*s0 + j*s1 + i*s2.
+//
+// copy_strided         Tensor::contiguous (transpose, permute, expand, slice). params
+//                      CopyParams { w: array<vec4<u32>, 5> }: w[0] = n, w[1] = rank (<= 8),
+//                      w[2] = element offset, w[4..12] = shape, w[12..20] = strides of x.
+//                      x (binding 1, read, array<u32>) -> out (binding 2, read_write, [n]):
+//                      out[i] = x[offset + sum_d coord_d(i) * stride_d].
+// concat_part          Tensor::cat, one launch per part p: out[o, start + j, i] = part[o, j, i].
+//                      params ConcatParams { outer, part_len, inner, total_len, start };
+//                      part (binding 1, read, array<u32>) [outer, part_len, inner] ->
+//                      out (binding 2, read_write) [outer, total_len, inner].
+// gather               Tensor::gather / index_select: out[o, j, i] = x[o, idx[o*s0+j*s1+i*s2], i]
+//                      for j < m; an index outside 0..len gives 0 (the CPU rejects it up front).
+//                      params GatherParams { outer, len, inner, m, s0, s1, s2 }; x (binding 1,
+//                      read, array<u32>) [outer, len, inner], idx (binding 2, read, array<i32>)
+//                      -> out (binding 3, read_write) [outer, m, inner].
+// scatter_add_loop     the adjoint of gather, deterministic and free of races without atomics: one
+//                      invocation per OUTPUT element (o, k, i) loops over the source rows
+//                      j = 0..m in order and adds src[o, j, i] where idx[o*s0+j*s1+i*s2] == k.
+//                      The additions happen in the CPU's order, so results match it bit for bit.
+//                      Cost m per output: used when m is small or the index varies along i.
+//                      params ScatterParams { outer, len, inner, m, s0, s1, s2, key_row };
+//                      src (binding 1, read, f32) [outer, m, inner], idx (binding 2, read, i32)
+//                      -> out (binding 3, read_write, f32) [outer, len, inner].
+// scatter_add_sorted   the same result when the index is one per source row (s2 = 0), in
+//                      O(log m + hits) per output: keys (binding 4, read, i32) holds row o's
+//                      indices contiguously at o*key_row (key_row = 0 when every o shares one
+//                      row), perm (binding 5, read, i32) the stable ascending argsort of each key
+//                      row. Output (o, k, i) binary-searches the run of k in keys[perm[..]] and
+//                      adds src[o, perm[p], i] over it: the rows that hit k in increasing j, again
+//                      the CPU's order. Bindings: src 1, out 3, keys 4, perm 5 (idx 2 unused).
+
+const WG: u32 = 256u;
+
+fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
+    return (wid.y * nwg.x + wid.x) * WG + lid;
+}
+
+// ---- copy_strided ---------------------------------------------------------------------------
+
+struct CopyParams { w: array<vec4<u32>, 5> }
+
+@group(0) @binding(0) var<uniform> cp: CopyParams;
+@group(0) @binding(1) var<storage, read> copy_x: array<u32>;
+@group(0) @binding(2) var<storage, read_write> copy_out: array<u32>;
+
+fn cp_w(i: u32) -> u32 { return cp.w[i >> 2u][i & 3u]; }
+
+@compute @workgroup_size(256)
+fn copy_strided(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    if (i >= cp_w(0u)) { return; }
+    var rem = i;
+    var off = cp_w(2u);
+    for (var d = cp_w(1u); d > 0u; d = d - 1u) {
+        let s = cp_w(3u + d);
+        off = off + (rem % s) * cp_w(11u + d);
+        rem = rem / s;
+    }
+    copy_out[i] = copy_x[off];
+}
+
+// ---- concat_part ----------------------------------------------------------------------------
+
+struct ConcatParams { outer: u32, part_len: u32, inner: u32, total_len: u32, start: u32 }
+
+@group(0) @binding(0) var<uniform> ccp: ConcatParams;
+@group(0) @binding(1) var<storage, read> cat_part: array<u32>;
+@group(0) @binding(2) var<storage, read_write> cat_out: array<u32>;
+
+@compute @workgroup_size(256)
+fn concat_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid);
+    let seg = ccp.part_len * ccp.inner;
+    if (i >= ccp.outer * seg) { return; }
+    let o = i / seg;
+    let rem = i % seg;
+    cat_out[o * ccp.total_len * ccp.inner + ccp.start * ccp.inner + rem] = cat_part[i];
+}
+
+// ---- gather ---------------------------------------------------------------------------------
+
+struct GatherParams { outer: u32, len: u32, inner: u32, m: u32, s0: u32, s1: u32, s2: u32 }
+
+@group(0) @binding(0) var<uniform> gp: GatherParams;
+@group(0) @binding(1) var<storage, read> gather_x: array<u32>;
+@group(0) @binding(2) var<storage, read> gather_idx: array<i32>;
+@group(0) @binding(3) var<storage, read_write> gather_out: array<u32>;
+
+@compute @workgroup_size(256)
+fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) lid: u32) {
+    let t = flat_index(wid, nwg, lid);
+    if (t >= gp.outer * gp.m * gp.inner) { return; }
+    let i = t % gp.inner;
+    let j = (t / gp.inner) % gp.m;
+    let o = t / (gp.inner * gp.m);
+    let k = gather_idx[o * gp.s0 + j * gp.s1 + i * gp.s2];
+    var v = 0u;
+    if (k >= 0 && u32(k) < gp.len) { v = gather_x[(o * gp.len + u32(k)) * gp.inner + i]; }
+    gather_out[t] = v;
+}
+
+// ---- scatter_add ----------------------------------------------------------------------------
+
+struct ScatterParams {
+    outer: u32, len: u32, inner: u32, m: u32,
+    s0: u32, s1: u32, s2: u32, key_row: u32,
+}
+
+@group(0) @binding(0) var<uniform> sp: ScatterParams;
+@group(0) @binding(1) var<storage, read> sc_src: array<f32>;
+@group(0) @binding(2) var<storage, read> sc_idx: array<i32>;
+@group(0) @binding(3) var<storage, read_write> sc_out: array<f32>;
+@group(0) @binding(4) var<storage, read> sc_keys: array<i32>;
+@group(0) @binding(5) var<storage, read> sc_perm: array<i32>;
+
+@compute @workgroup_size(256)
+fn scatter_add_loop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) lid: u32) {
+    let t = flat_index(wid, nwg, lid);
+    if (t >= sp.outer * sp.len * sp.inner) { return; }
+    let i = t % sp.inner;
+    let k = i32((t / sp.inner) % sp.len);
+    let o = t / (sp.inner * sp.len);
+    var acc = 0.0;
+    for (var j = 0u; j < sp.m; j = j + 1u) {
+        if (sc_idx[o * sp.s0 + j * sp.s1 + i * sp.s2] == k) {
+            acc = acc + sc_src[(o * sp.m + j) * sp.inner + i];
+        }
+    }
+    sc_out[t] = acc;
+}
+
+// The key at sorted position p of key row `row`.
+fn sorted_key(row: u32, p: u32) -> i32 {
+    return sc_keys[row + u32(sc_perm[row + p])];
+}
+
+@compute @workgroup_size(256)
+fn scatter_add_sorted(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+    let t = flat_index(wid, nwg, lid);
+    if (t >= sp.outer * sp.len * sp.inner) { return; }
+    let i = t % sp.inner;
+    let k = i32((t / sp.inner) % sp.len);
+    let o = t / (sp.inner * sp.len);
+    let row = o * sp.key_row;
+    // first sorted position whose key is >= k
+    var lo = 0u;
+    var hi = sp.m;
+    while (lo < hi) {
+        let mid = (lo + hi) / 2u;
+        if (sorted_key(row, mid) < k) { lo = mid + 1u; } else { hi = mid; }
+    }
+    var acc = 0.0;
+    for (var p = lo; p < sp.m; p = p + 1u) {
+        let j = sc_perm[row + p];
+        if (sc_keys[row + u32(j)] != k) { break; }
+        acc = acc + sc_src[(o * sp.m + u32(j)) * sp.inner + i];
+    }
+    sc_out[t] = acc;
+}

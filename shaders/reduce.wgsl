@@ -1,0 +1,196 @@
+// reduce.wgsl: reductions and prefix sums along one axis. Launchers: src/backend/gpu/reduce.rs.
+//
+// The input x is viewed as [outer, len, inner] around the axis (backend::AxisView): element
+// (o, j, i) sits at o*len*inner + j*inner + i. Outputs are indexed by r = o*inner + i.
+// Max and min ignore NaN like Rust's f32::max/min (an all-NaN or empty line gives -inf / +inf);
+// argmax is the first index of the largest non-NaN value (0 when there is none), as on the CPU.
+//
+// reduce_serial  Tensor::sum/max/min/argmax, short axes. One invocation per output r walks
+//                j = 0..len in order (sums match the CPU's order exactly).
+//                params ReduceParams { outer, len, inner, op } with op 0 sum, 1 max, 2 min,
+//                3 argmax; x (binding 1, read, array<f32>) -> out (binding 2, read_write,
+//                array<u32>: f32 bits, or i32 for argmax) [outer*inner].
+//                Workgroup 256; grid folded into x/y over outer*inner invocations.
+// reduce_rows    The same for long axes: one workgroup of 256 per output; invocation t folds
+//                j = t, t+256, ... and the workgroup combines the 256 partial results in a tree
+//                in workgroup memory. Grid: outer*inner workgroups, folded into x/y.
+// cumsum_serial  Tensor::cumsum. One invocation per line (o, i), inclusive running sum along j
+//                (from the end when reverse = 1); same order as the CPU.
+//                params ScanParams { outer, len, inner, reverse }; x (binding 1, read, f32) ->
+//                out (binding 2, read_write, f32), both [outer, len, inner].
+// cumsum_rows    The same for long axes: one workgroup per line scans chunks of 256 elements
+//                (Hillis-Steele in workgroup memory) and carries the running total between chunks.
+
+const WG: u32 = 256u;
+
+var<private> INF_BITS: u32 = 0x7f800000u;
+
+fn inf_f32() -> f32 { return bitcast<f32>(INF_BITS); }
+fn is_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u; }
+fn rmax(a: f32, b: f32) -> f32 { return select(b, a, a > b || is_nan(b)); }
+fn rmin(a: f32, b: f32) -> f32 { return select(b, a, a < b || is_nan(b)); }
+
+struct ReduceParams { outer: u32, len: u32, inner: u32, op: u32 }
+
+// A partial result: a value and, for argmax, its index (0xffffffff when empty).
+struct Acc { v: f32, idx: u32 }
+
+const NO_INDEX: u32 = 0xffffffffu;
+
+fn identity(op: u32) -> Acc {
+    switch op {
+        case 0u: { return Acc(0.0, NO_INDEX); }
+        case 2u: { return Acc(inf_f32(), NO_INDEX); }
+        default: { return Acc(-inf_f32(), NO_INDEX); }
+    }
+}
+
+// Argmax order: a non-NaN value beats NaN, a larger value beats a smaller one, and between equal
+// values the smaller index wins. This is associative and commutative, so any combination order
+// gives the CPU's "first maximum".
+fn argmax_better(a: Acc, b: Acc) -> bool {
+    if (b.idx == NO_INDEX) { return true; }
+    if (a.idx == NO_INDEX) { return false; }
+    let an = is_nan(a.v);
+    let bn = is_nan(b.v);
+    if (an != bn) { return bn; }
+    if (!an && a.v != b.v) { return a.v > b.v; }
+    return a.idx < b.idx;
+}
+
+fn combine(op: u32, a: Acc, b: Acc) -> Acc {
+    switch op {
+        case 0u: { return Acc(a.v + b.v, NO_INDEX); }
+        case 1u: { return Acc(rmax(a.v, b.v), NO_INDEX); }
+        case 2u: { return Acc(rmin(a.v, b.v), NO_INDEX); }
+        default: {
+            if (argmax_better(a, b)) { return a; }
+            return b;
+        }
+    }
+}
+
+fn finish(op: u32, a: Acc) -> u32 {
+    if (op == 3u) { return select(a.idx, 0u, a.idx == NO_INDEX); }
+    return bitcast<u32>(a.v);
+}
+
+// ---- reduce_serial --------------------------------------------------------------------------
+
+@group(0) @binding(0) var<uniform> rs_p: ReduceParams;
+@group(0) @binding(1) var<storage, read> rs_x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> rs_out: array<u32>;
+
+@compute @workgroup_size(256)
+fn reduce_serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let r = (wid.y * nwg.x + wid.x) * WG + lid;
+    if (r >= rs_p.outer * rs_p.inner) { return; }
+    let o = r / rs_p.inner;
+    let i = r % rs_p.inner;
+    let base = o * rs_p.len * rs_p.inner + i;
+    var acc = identity(rs_p.op);
+    for (var j = 0u; j < rs_p.len; j = j + 1u) {
+        acc = combine(rs_p.op, acc, Acc(rs_x[base + j * rs_p.inner], j));
+    }
+    rs_out[r] = finish(rs_p.op, acc);
+}
+
+// ---- reduce_rows ----------------------------------------------------------------------------
+
+@group(0) @binding(0) var<uniform> rr_p: ReduceParams;
+@group(0) @binding(1) var<storage, read> rr_x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> rr_out: array<u32>;
+
+var<workgroup> rr_v: array<f32, 256>;
+var<workgroup> rr_i: array<u32, 256>;
+
+@compute @workgroup_size(256)
+fn reduce_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let r = wid.y * nwg.x + wid.x;
+    if (r >= rr_p.outer * rr_p.inner) { return; }
+    let o = r / rr_p.inner;
+    let i = r % rr_p.inner;
+    let base = o * rr_p.len * rr_p.inner + i;
+    let op = rr_p.op;
+    var acc = identity(op);
+    for (var j = lid; j < rr_p.len; j = j + WG) {
+        acc = combine(op, acc, Acc(rr_x[base + j * rr_p.inner], j));
+    }
+    rr_v[lid] = acc.v;
+    rr_i[lid] = acc.idx;
+    workgroupBarrier();
+    for (var half = WG / 2u; half > 0u; half = half / 2u) {
+        if (lid < half) {
+            let c = combine(op, Acc(rr_v[lid], rr_i[lid]), Acc(rr_v[lid + half], rr_i[lid + half]));
+            rr_v[lid] = c.v;
+            rr_i[lid] = c.idx;
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) { rr_out[r] = finish(op, Acc(rr_v[0], rr_i[0])); }
+}
+
+// ---- cumsum_serial --------------------------------------------------------------------------
+
+struct ScanParams { outer: u32, len: u32, inner: u32, reverse: u32 }
+
+@group(0) @binding(0) var<uniform> cs_p: ScanParams;
+@group(0) @binding(1) var<storage, read> cs_x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> cs_out: array<f32>;
+
+@compute @workgroup_size(256)
+fn cumsum_serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let r = (wid.y * nwg.x + wid.x) * WG + lid;
+    if (r >= cs_p.outer * cs_p.inner) { return; }
+    let o = r / cs_p.inner;
+    let i = r % cs_p.inner;
+    let base = o * cs_p.len * cs_p.inner + i;
+    var acc = 0.0;
+    for (var step = 0u; step < cs_p.len; step = step + 1u) {
+        let j = select(step, cs_p.len - 1u - step, cs_p.reverse != 0u);
+        let at = base + j * cs_p.inner;
+        acc = acc + cs_x[at];
+        cs_out[at] = acc;
+    }
+}
+
+// ---- cumsum_rows ----------------------------------------------------------------------------
+
+@group(0) @binding(0) var<uniform> cr_p: ScanParams;
+@group(0) @binding(1) var<storage, read> cr_x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> cr_out: array<f32>;
+
+var<workgroup> cr_s: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn cumsum_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let r = wid.y * nwg.x + wid.x;
+    if (r >= cr_p.outer * cr_p.inner) { return; }
+    let len = cr_p.len;
+    let o = r / cr_p.inner;
+    let i = r % cr_p.inner;
+    let base = o * len * cr_p.inner + i;
+    var carry = 0.0;
+    for (var start = 0u; start < len; start = start + WG) {
+        let step = start + lid;
+        let j = select(step, len - 1u - step, cr_p.reverse != 0u);
+        var v = 0.0;
+        if (step < len) { v = cr_x[base + j * cr_p.inner]; }
+        cr_s[lid] = v;
+        workgroupBarrier();
+        for (var off = 1u; off < WG; off = off * 2u) {
+            var t = cr_s[lid];
+            if (lid >= off) { t = t + cr_s[lid - off]; }
+            workgroupBarrier();
+            cr_s[lid] = t;
+            workgroupBarrier();
+        }
+        if (step < len) { cr_out[base + j * cr_p.inner] = carry + cr_s[lid]; }
+        carry = carry + cr_s[WG - 1u];
+        workgroupBarrier();
+    }
+}
