@@ -247,7 +247,7 @@ fn matmul_grid_split() {
     check_contiguous(
         &be,
         &mut rng,
-        [66_000, 1, 2, 1],
+        [65_537, 1, 2, 1],
         (false, false),
         (false, false),
     );
@@ -704,4 +704,63 @@ fn grouped_weight_grad_empty_sizes_and_bad_input() {
         be.grouped_weight_grad(&x, &dy, &re, &x, 2, 3, 2),
         Err(Error::DType(_))
     ));
+}
+
+// ---- through the Tensor API -------------------------------------------------------------------
+
+/// `Tensor::matmul` (2-D, batched, a 2-D operand shared by a batch) and `Tensor::grouped_matmul`
+/// on the GPU against the CPU in f64: the path a model's forward pass takes.
+#[test]
+fn tensor_api_forward() {
+    use moegrad::{DType, Device, Tensor};
+    let Some(dev) = common::gpu_or_skip("tensor_api_forward") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(30);
+    let mut pair = |shape: &[usize]| {
+        let v = values(&mut rng, shape.iter().product());
+        let cpu = Tensor::from_f32(v.clone(), shape, Device::cpu())
+            .and_then(|t| t.to_dtype(DType::F64))
+            .unwrap();
+        (cpu, Tensor::from_f32(v, shape, dev).unwrap())
+    };
+    let cases: [(&[usize], &[usize]); 3] = [
+        (&[70, 33], &[33, 65]),
+        (&[3, 20, 17], &[3, 17, 9]),
+        (&[2, 4, 66, 5], &[5, 70]),
+    ];
+    for (sa, sb) in cases {
+        let ((ac, ag), (bc, bg)) = (pair(sa), pair(sb));
+        let expected = ac.matmul(&bc).unwrap();
+        let got = ag.matmul(&bg).unwrap();
+        assert_eq!(got.shape(), expected.shape());
+        let (atol, rtol) = tol(sa[sa.len() - 1]);
+        let name = format!("Tensor::matmul {sa:?}·{sb:?}");
+        common::assert_close(
+            &name,
+            &got.to_vec_f64().unwrap(),
+            &expected.to_vec_f64().unwrap(),
+            atol,
+            rtol,
+        );
+    }
+    let counts = [30, 0, 45, 20];
+    let re = sorted_experts(&counts);
+    let off = offsets_of(&counts);
+    let ((xc, xg), (wc, wg)) = (pair(&[re.len(), 24]), pair(&[4, 24, 40]));
+    let index = |v: &[i32], d: Device| Tensor::from_i32(v.to_vec(), &[v.len()], d).unwrap();
+    let expected = xc
+        .grouped_matmul(&wc, &index(&re, Device::cpu()), &index(&off, Device::cpu()))
+        .unwrap();
+    let got = xg
+        .grouped_matmul(&wg, &index(&re, dev), &index(&off, dev))
+        .unwrap();
+    let (atol, rtol) = tol(24);
+    common::assert_close(
+        "Tensor::grouped_matmul",
+        &got.to_vec_f64().unwrap(),
+        &expected.to_vec_f64().unwrap(),
+        atol,
+        rtol,
+    );
 }
