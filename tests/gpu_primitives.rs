@@ -309,7 +309,8 @@ fn binary_ops_broadcast_like_cpu() {
         BinaryOp::Ne,
     ];
     // (shape, a strides, a len, b strides, b len)
-    let cases: Vec<(Vec<usize>, Vec<usize>, usize, Vec<usize>, usize)> = vec![
+    type Case = (Vec<usize>, Vec<usize>, usize, Vec<usize>, usize);
+    let cases: Vec<Case> = vec![
         (vec![0], vec![1], 0, vec![1], 0),
         (vec![1], vec![1], 1, vec![1], 1),
         (vec![777], vec![1], 777, vec![1], 777),

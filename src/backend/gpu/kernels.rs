@@ -366,7 +366,7 @@ impl GpuBackend {
             ));
         }
         let inner = self.inner();
-        let bytes = (len as u64).checked_mul(4).unwrap_or(u64::MAX);
+        let bytes = (len as u64).saturating_mul(4);
         let max = inner.ctx.limits.max_storage_buffer_binding_size;
         if bytes > max || len > u32::MAX as usize {
             return Err(Error::Invalid(format!(

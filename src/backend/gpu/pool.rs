@@ -45,11 +45,14 @@ struct Counters {
     peak: u64,
 }
 
+/// Free buffers by (kind, size class).
+type FreeLists = HashMap<(Kind, u64), Vec<wgpu::Buffer>>;
+
 /// Free lists by (kind, size class) and the counters.
 pub(crate) struct Pool {
     device: wgpu::Device,
     max_buffer_size: u64,
-    free: Mutex<(HashMap<(Kind, u64), Vec<wgpu::Buffer>>, Counters)>,
+    free: Mutex<(FreeLists, Counters)>,
 }
 
 /// A buffer checked out of the pool; it returns itself to its free list on drop.

@@ -58,7 +58,7 @@ pub(crate) fn sort_rows(
         return Ok(out);
     }
     let p = len.next_power_of_two();
-    let padded = rows.checked_mul(p).unwrap_or(usize::MAX);
+    let padded = rows.saturating_mul(p);
     let block = p.min(BLOCK_MAX);
     let (rows32, len32, p32, block32) = (
         u32_param(rows, "argsort: rows")?,

@@ -93,12 +93,12 @@ pub(crate) fn plan(
             continue;
         }
         let st: Vec<usize> = operands.iter().map(|(s, _, _)| s[d]).collect();
-        if let Some((size, prev)) = dims.last_mut() {
-            if prev.iter().zip(&st).all(|(&p, &c)| p == c * shape[d]) {
-                *size *= shape[d];
-                *prev = st;
-                continue;
-            }
+        if let Some((size, prev)) = dims.last_mut()
+            && prev.iter().zip(&st).all(|(&p, &c)| p == c * shape[d])
+        {
+            *size *= shape[d];
+            *prev = st;
+            continue;
         }
         dims.push((shape[d], st));
     }
