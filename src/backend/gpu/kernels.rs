@@ -158,7 +158,7 @@ impl KernelCache {
             return Ok(k.clone());
         }
         let module = self.module(device, shader)?;
-        let bindings = reflect_bindings(&module, shader, entry)?;
+        let bindings = reflect_bindings(&module.naga, &module.info, shader, entry)?;
 
         let mut entries = vec![wgpu::BindGroupLayoutEntry {
             binding: 0,
@@ -222,9 +222,13 @@ impl KernelCache {
 }
 
 /// For each binding `1..=max` of group 0 used by `entry`: `Some(read_only)`; `None` if unused.
-fn reflect_bindings(module: &Module, shader: &Shader, entry: &str) -> Result<Vec<Option<bool>>> {
+fn reflect_bindings(
+    module: &naga::Module,
+    info: &naga::valid::ModuleInfo,
+    shader: &Shader,
+    entry: &str,
+) -> Result<Vec<Option<bool>>> {
     let (index, _) = module
-        .naga
         .entry_points
         .iter()
         .enumerate()
@@ -235,9 +239,9 @@ fn reflect_bindings(module: &Module, shader: &Shader, entry: &str) -> Result<Vec
                 shader.name
             ))
         })?;
-    let uses = module.info.get_entry_point(index);
+    let uses = info.get_entry_point(index);
     let mut out: Vec<Option<bool>> = Vec::new();
-    for (handle, var) in module.naga.global_variables.iter() {
+    for (handle, var) in module.global_variables.iter() {
         let Some(rb) = &var.binding else { continue };
         if uses[handle].is_empty() {
             continue;
@@ -376,5 +380,56 @@ impl GpuBackend {
         }
         let buf = inner.pool.take(super::pool::Kind::Storage, bytes.max(4))?;
         Ok(GpuBuffer { buf, dtype, len })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grid_folds_beyond_65535_workgroups() {
+        assert_eq!(grid_1d(0, 256).unwrap(), [0, 1, 1]);
+        assert_eq!(grid_1d(1, 256).unwrap(), [1, 1, 1]);
+        assert_eq!(grid_1d(65535 * 256, 256).unwrap(), [65535, 1, 1]);
+        let [x, y, z] = grid_1d(65535 * 256 + 1, 256).unwrap();
+        assert_eq!((y, z), (2, 1));
+        assert!(x as u64 * y as u64 * 256 > 65535 * 256 && x <= 65535);
+        assert!(grid_1d(usize::MAX / 2, 256).is_err());
+    }
+
+    /// Every shader file parses and validates, and each entry point's bindings follow the
+    /// convention (uniform params at 0, storage buffers after).
+    #[test]
+    fn shaders_validate_and_follow_the_binding_convention() {
+        use super::super::{elementwise, layout, optim, random, reduce, sort};
+        let files = [
+            (&elementwise::ELEMENTWISE, 5usize),
+            (&reduce::REDUCE, 4),
+            (&layout::LAYOUT, 5),
+            (&sort::SORT, 4),
+            (&random::RANDOM, 1),
+            (&optim::OPTIM, 3),
+        ];
+        for (shader, entries) in files {
+            let module = naga::front::wgsl::parse_str(shader.source)
+                .unwrap_or_else(|e| panic!("{}", e.emit_to_string(shader.source)));
+            let info = naga::valid::Validator::new(
+                naga::valid::ValidationFlags::all(),
+                naga::valid::Capabilities::empty(),
+            )
+            .validate(&module)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(shader.source)));
+            assert_eq!(module.entry_points.len(), entries, "{}", shader.name);
+            assert!(
+                shader.source.starts_with("//"),
+                "{} starts with its header comment",
+                shader.name
+            );
+            for ep in &module.entry_points {
+                reflect_bindings(&module, &info, shader, &ep.name)
+                    .unwrap_or_else(|e| panic!("{}.{}: {e}", shader.name, ep.name));
+            }
+        }
     }
 }

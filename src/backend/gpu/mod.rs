@@ -174,7 +174,10 @@ impl GpuBackend {
     /// The failure is remembered, so later calls answer at once.
     pub fn get() -> Result<GpuBackend> {
         GPU.get_or_init(|| {
-            let ctx = context::open().map_err(|e| e.to_string())?;
+            let ctx = context::open().map_err(|e| match e {
+                Error::Device(msg) => msg,
+                other => other.to_string(),
+            })?;
             let pool = pool::Pool::new(ctx.device.clone(), ctx.limits.max_buffer_size);
             let batcher = encoder::Batcher::new(&ctx);
             Ok(GpuBackend {
