@@ -271,29 +271,47 @@ impl GpuBackend {
             .map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
                 let _ = tx.send(r);
             });
-        inner
-            .ctx
-            .device
+        let data = self.wait_and_read(&staging, index, bytes, rx);
+        // Unmapping also cancels a pending map, so the staging buffer goes back to the pool
+        // unmapped on every path.
+        staging.raw().unmap();
+        data
+    }
+
+    /// Waits for the submission that fills `staging`, then copies its first `bytes` bytes out.
+    fn wait_and_read(
+        &self,
+        staging: &pool::PooledBuffer,
+        index: wgpu::SubmissionIndex,
+        bytes: u64,
+        mapped: std::sync::mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+    ) -> Result<Vec<u8>> {
+        let device = &self.inner.ctx.device;
+        device
             .poll(wgpu::PollType::Wait {
                 submission_index: Some(index),
                 timeout: None,
             })
             .map_err(|e| Error::Gpu(format!("waiting for a download: {e}")))?;
-        inner.ctx.take_error()?;
-        match rx.recv() {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(Error::Gpu(format!("mapping a download buffer: {e}"))),
-            Err(_) => return Err(Error::Gpu("a download buffer was never mapped".into())),
-        }
-        let data = {
-            let view = staging
-                .raw()
-                .get_mapped_range(0..bytes)
-                .map_err(|e| Error::Gpu(format!("reading a download buffer: {e}")))?;
-            view.to_vec()
+        self.inner.ctx.take_error()?;
+        // The wait runs the map callback; poll once more in case a driver reports it late.
+        let status = match mapped.try_recv() {
+            Ok(r) => Some(r),
+            Err(_) => {
+                let _ = device.poll(wgpu::PollType::wait_indefinitely());
+                mapped.recv_timeout(std::time::Duration::from_secs(10)).ok()
+            }
         };
-        staging.raw().unmap();
-        Ok(data)
+        match status {
+            Some(Ok(())) => {}
+            Some(Err(e)) => return Err(Error::Gpu(format!("mapping a download buffer: {e}"))),
+            None => return Err(Error::Gpu("a download buffer was never mapped".into())),
+        }
+        let view = staging
+            .raw()
+            .get_mapped_range(0..bytes)
+            .map_err(|e| Error::Gpu(format!("reading a download buffer: {e}")))?;
+        Ok(view.to_vec())
     }
 }
 
