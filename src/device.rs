@@ -37,7 +37,8 @@ impl Device {
     }
 
     /// Chooses a device and explains the choice in one line: `MOEGRAD_DEVICE` (`cpu`, `gpu` or
-    /// `auto`) if set, else the GPU when an adapter is found, else the CPU.
+    /// `auto`) if set, else the GPU when a hardware adapter is found, else the CPU (a software
+    /// adapter such as Mesa's lavapipe counts as none: it is used only when asked for).
     pub fn choose() -> Result<(Device, String)> {
         match std::env::var("MOEGRAD_DEVICE")
             .ok()
@@ -50,6 +51,16 @@ impl Device {
                 Ok((d, format!("GPU {} (MOEGRAD_DEVICE=gpu)", adapter_line())))
             }
             None | Some("") | Some("auto") => match Device::gpu() {
+                // A software rasteriser (Mesa's llvmpipe, WARP) is an adapter but not a GPU: the
+                // CPU backend is far faster, so `auto` takes it only when asked for by name.
+                Ok(_) if is_software_adapter() => Ok((
+                    Device::Cpu,
+                    format!(
+                        "CPU (the only adapter, {}, is a software renderer; set \
+                         MOEGRAD_DEVICE=gpu to use it anyway)",
+                        adapter_line()
+                    ),
+                )),
                 Ok(d) => Ok((d, format!("GPU {}", adapter_line()))),
                 Err(e) => Ok((
                     Device::Cpu,
@@ -94,6 +105,10 @@ impl Device {
             Device::Gpu => gpu::GpuBackend::get()?.synchronize(),
         }
     }
+}
+
+fn is_software_adapter() -> bool {
+    gpu::info().is_ok_and(|i| i.device_type == "Cpu")
 }
 
 fn adapter_line() -> String {

@@ -223,8 +223,10 @@ fn bench_devices(name: &str) -> Result<Vec<Device>> {
         "gpu" => vec![Device::gpu()?],
         "auto" => {
             let mut v = vec![Device::cpu()];
-            match Device::gpu() {
-                Ok(g) => v.push(g),
+            // the GPU when `auto` would train on it (a software adapter is not timed)
+            match Device::choose() {
+                Ok((Device::Gpu, _)) => v.push(Device::Gpu),
+                Ok((_, why)) => eprintln!("moegrad: GPU not measured: {why}"),
                 Err(e) => eprintln!("moegrad: GPU not measured: {e}"),
             }
             v
