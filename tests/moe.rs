@@ -182,6 +182,11 @@ fn whole_layer_gradcheck_at_generic_points() {
                 continue;
             }
             let proto = layer(name, 4, 2, 21);
+            // Gradient estimators (SparseMixer, ST, ReinMax, ...) differ from the exact gradient
+            // of their sampled forward on purpose: only their evaluation path is checked here.
+            if training && proto.router.estimates_gradient() {
+                continue;
+            }
             let names: Vec<String> = params(&proto).into_iter().map(|(n, _)| n).collect();
             let mut inputs = vec![randn(&[6, 5], 8, DType::F64)];
             inputs.extend(

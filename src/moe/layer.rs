@@ -115,6 +115,9 @@ pub struct MoeLayer {
     pub experts: Box<dyn ExpertNet>,
     /// the settings
     pub config: MoeConfig,
+    /// the trainable per-channel output scale ω `[d_out]` of routers that ask for one
+    /// ([`Router::output_scale`], SparseMixer), named `router.omega`; None for the others
+    pub omega: Option<Param>,
     training: AtomicBool,
 }
 
@@ -153,9 +156,19 @@ impl MoeLayer {
                 Box::new(CnnExpertBank::new(cfg.experts, side, &mut rng, device)?)
             }
         };
+        let omega = match router.output_scale() {
+            Some(init) => Some(Param::new(Tensor::full(
+                &[cfg.d_out],
+                init,
+                crate::DType::F32,
+                device,
+            )?)?),
+            None => None,
+        };
         Ok(MoeLayer {
             router,
             experts,
+            omega,
             config: cfg.clone(),
             training: AtomicBool::new(true),
         })
@@ -170,6 +183,9 @@ impl MoeLayer {
     /// Every parameter, named `router.*` and `experts.*`.
     pub fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.router.visit_params(&join(prefix, "router"), f);
+        if let Some(omega) = &self.omega {
+            f(join(&join(prefix, "router"), "omega"), omega);
+        }
         self.experts.visit_params(&join(prefix, "experts"), f);
     }
 
@@ -215,7 +231,11 @@ impl MoeLayer {
             .to_dtype(out.dtype())?
             .reshape(&[a, 1])?;
         let contrib = out.mul(&w)?;
-        let y = contrib.index_scatter(0, &plan.row_token, t * routings.len())?;
+        let mut y = contrib.index_scatter(0, &plan.row_token, t * routings.len())?;
+        if let Some(omega) = &self.omega {
+            // y = ω ⊙ Σ w·f: the same as scaling every expert output by ω before the combine
+            y = y.mul(&omega.get().to_dtype(y.dtype())?)?;
+        }
 
         let mut aux = Tensor::zeros(&[], out.dtype(), out.device())?;
         for r in routings {

@@ -126,6 +126,20 @@ pub trait Router: Send + Sync {
     fn runs_all_experts(&self) -> bool {
         false
     }
+    /// `Some(ω₀)` for routers whose layer multiplies its output by a trainable per-channel scale
+    /// `ω ∈ R^{d_out}` initialised to ω₀ (SparseMixer's ω, one per layer, shared by all
+    /// experts): the layer owns it as the parameter `router.omega`. None (the default) for the
+    /// others.
+    fn output_scale(&self) -> Option<f64> {
+        None
+    }
+    /// True for routers whose training-mode backward is a gradient *estimator* that differs on
+    /// purpose from the exact gradient of the sampled forward (SparseMixer's 2× rule,
+    /// straight-through, ReinMax, ...): a finite-difference check applies to them only in
+    /// evaluation mode. False (the default) for the others.
+    fn estimates_gradient(&self) -> bool {
+        false
+    }
 }
 
 /// What most routers share: a linear map to logits, a training flag and a noise counter.
@@ -244,6 +258,14 @@ pub const ROUTER_NAMES: &[&str] = &[
     "expert-choice",
     "xmoe-cosine",
     "hash",
+    "sparsemixer",
+    "sparsemixer-1st",
+    "sparsemixer-2rd",
+    "sparsemixer-v2",
+    "st",
+    "gumbel-st",
+    "reinforce",
+    "reinmax",
 ];
 
 /// Builds a router by its command-line name.
@@ -270,6 +292,25 @@ pub fn build_router(name: &str, cfg: &RouterConfig, device: Device) -> Result<Bo
         "expert-choice" => Box::new(ExpertChoiceRouter::new(cfg, device)?),
         "xmoe-cosine" => Box::new(XMoeCosineRouter::new(cfg, device)?),
         "hash" => Box::new(HashRouter::new(cfg, device)?),
+        "sparsemixer" => Box::new(SparseMixerRouter::new(
+            cfg,
+            SparseMixerVariant::Hybrid,
+            device,
+        )?),
+        "sparsemixer-1st" => Box::new(SparseMixerRouter::new(
+            cfg,
+            SparseMixerVariant::FirstOrder,
+            device,
+        )?),
+        "sparsemixer-2rd" => Box::new(SparseMixerRouter::new(
+            cfg,
+            SparseMixerVariant::SecondOrder,
+            device,
+        )?),
+        "sparsemixer-v2" => Box::new(SparseMixerRouter::new(cfg, SparseMixerVariant::V2, device)?),
+        "st" | "gumbel-st" | "reinforce" | "reinmax" => {
+            Box::new(EstimatorRouter::new(name, cfg, device)?)
+        }
         other => {
             return Err(Error::Invalid(format!(
                 "unknown router {other:?}; expected one of {}",

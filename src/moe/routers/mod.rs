@@ -1,19 +1,27 @@
 //! One file per router, each implementing [`super::Router`]. The math of each is in its doc
 //! comment, with the paper it comes from; `docs/routers.md` collects them.
 
+mod estimators;
 mod expert_choice;
 mod hash;
+pub mod probe;
 mod smoe;
 mod softmax;
+mod sparsemixer;
 mod switch;
 mod topk;
 mod vmoe;
 mod xmoe_cosine;
 
+pub use estimators::{Estimator, EstimatorRouter, gumbel_softmax, jvp_softmax};
 pub use expert_choice::ExpertChoiceRouter;
 pub use hash::HashRouter;
 pub use smoe::SMoeRouter;
 pub use softmax::SoftmaxRouter;
+pub use sparsemixer::{
+    MASKED_LOGIT, MaskRule, SparseMixerConfig, SparseMixerRouter, SparseMixerVariant,
+    gumbel_argmax, gumbel_noise, masked_softmax, one_hot, scale_through, sparsemixer_mask,
+};
 pub use switch::SwitchRouter;
 pub use topk::{TopKKind, TopKRouter};
 pub use vmoe::VMoeRouter;

@@ -1,0 +1,261 @@
+//! The gradient-estimator baselines SparseMixer is compared with (SparseMixer §3, spec part 2
+//! §1.8): `st` (straight-through), `gumbel-st` (straight-through Gumbel-softmax), `reinforce`
+//! (the score function) and `reinmax` (Liu et al. 2023, "Bridging Discrete and
+//! Backpropagation: Straight-Through and Beyond").
+//!
+//! All four sample one expert per token, `D ~ π = softmax(θ)` by Gumbel-max
+//! (`D = argmax_j θ_j + G_j`, G iid Gumbel(0, 1)), and output `y = π_D f_D(x)`. They differ in the
+//! router gradient. With `a_i = ⟨G_y, f_i(x)⟩` (what the combine hands back to expert i's weight)
+//! and `u_i = π_i a_i = ⟨G_y, π_i f_i⟩`, and `J(q, v) = q ⊙ v − q⟨q, v⟩` (the softmax Jacobian
+//! at q applied to v):
+//!
+//! * `st`: `∂θ = J(π, u)`, i.e. `∂θ_k = π_k(u_k − Σ_j π_j u_j)` — the backward of the softmax
+//!   applied to the gradient of the one-hot sample. A first-order estimate of ∇₀ (exact for a
+//!   linear loss); it does not include ∇₁.
+//! * `gumbel-st` (option `tau`, default 1): `S = softmax((θ + G)/τ)` with the same G that
+//!   picked D; `∂θ = (1/τ)·J(S, u)`.
+//! * `reinmax` (option `tau` ≥ 1, default 1): `π̃ = (softmax(θ/τ) + e_D)/2`;
+//!   `∂θ = J(π̃, 2u) + J(π, −½u + e_D ⊙ a)` (the last term is plain backprop through the
+//!   scale π_D, ReinMax's `G_π`).
+//! * `reinforce`: `∂θ = R·(e_D − π)`. The score function needs the loss value `g(y)` as reward,
+//!   which a backward rule inside a layer does not see; the layer therefore uses the first-order
+//!   reward `R = ⟨G_y, y⟩ = u_D` (≈ g(y) − g(0); a baseline does not change the expectation).
+//!   With that reward it equals SparseMixer-1st's ∇̂ (without the ×2). The exact REINFORCE,
+//!   with the loss as reward (`E = ∇₀`), is what [`super::probe::GradientProbe`] computes.
+//!
+//! **Cost.** `st`, `gumbel-st` and `reinmax` need `a_i` for every expert: in training they
+//! route every token to all n experts (the weight is `π_D` for D and exactly 0 for the others,
+//! so only expert D's parameters get gradient, but all n run) and report
+//! `experts_evaluated_per_token = n`; [`Router::runs_all_experts`] is true. `reinforce` runs the
+//! sampled expert only (1 per token). In evaluation all four route to `a = argmax θ` with weight
+//! `π_a` and plain autograd (one expert per token).
+
+use super::sparsemixer::{gumbel_noise, one_hot};
+use crate::moe::Routing;
+use crate::moe::router::{LinearGate, Router, RouterConfig};
+use crate::nn::Param;
+use crate::{Device, Error, Result, Tensor};
+
+/// Which estimator.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Estimator {
+    /// straight-through
+    StraightThrough,
+    /// straight-through Gumbel-softmax with temperature τ
+    GumbelSt {
+        /// temperature τ > 0
+        tau: f64,
+    },
+    /// the score function with the first-order reward
+    Reinforce,
+    /// ReinMax with temperature τ ≥ 1
+    ReinMax {
+        /// temperature τ ≥ 1
+        tau: f64,
+    },
+}
+
+impl Estimator {
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Estimator::StraightThrough => "st",
+            Estimator::GumbelSt { .. } => "gumbel-st",
+            Estimator::Reinforce => "reinforce",
+            Estimator::ReinMax { .. } => "reinmax",
+        }
+    }
+    /// Whether the estimator needs every expert's output (all but `reinforce`).
+    pub fn is_dense(self) -> bool {
+        !matches!(self, Estimator::Reinforce)
+    }
+    /// The estimator called `name`, with its options read from `cfg` (`tau` for `gumbel-st`
+    /// and `reinmax`; the others take none).
+    pub fn from_config(name: &str, cfg: &RouterConfig) -> Result<Estimator> {
+        match name {
+            "st" => {
+                cfg.check_options(name, &[])?;
+                Ok(Estimator::StraightThrough)
+            }
+            "reinforce" => {
+                cfg.check_options(name, &[])?;
+                Ok(Estimator::Reinforce)
+            }
+            "gumbel-st" => {
+                cfg.check_options(name, &["tau"])?;
+                let tau = cfg.opt_f64("tau", 1.0)?;
+                if tau <= 0.0 {
+                    return Err(Error::Invalid(format!(
+                        "gumbel-st: tau must be positive, got {tau}"
+                    )));
+                }
+                Ok(Estimator::GumbelSt { tau })
+            }
+            "reinmax" => {
+                cfg.check_options(name, &["tau"])?;
+                let tau = cfg.opt_f64("tau", 1.0)?;
+                if tau < 1.0 {
+                    return Err(Error::Invalid(format!(
+                        "reinmax: tau must be at least 1, got {tau}"
+                    )));
+                }
+                Ok(Estimator::ReinMax { tau })
+            }
+            other => Err(Error::Invalid(format!(
+                "unknown estimator {other:?}; expected st, gumbel-st, reinforce or reinmax"
+            ))),
+        }
+    }
+}
+
+/// A router whose training-mode backward is one of the estimators (see the module docs).
+pub struct EstimatorRouter {
+    gate: LinearGate,
+    estimator: Estimator,
+    experts: usize,
+    table: Tensor,
+}
+
+impl EstimatorRouter {
+    /// The router `name` (`st`, `gumbel-st`, `reinforce`, `reinmax`); k is ignored (one sampled
+    /// expert per token).
+    pub fn new(name: &str, cfg: &RouterConfig, device: Device) -> Result<EstimatorRouter> {
+        let estimator = Estimator::from_config(name, cfg)?;
+        let table = Tensor::from_i32((0..cfg.experts as i32).collect(), &[1, cfg.experts], device)?;
+        Ok(EstimatorRouter {
+            gate: LinearGate::new(cfg, device)?,
+            estimator,
+            experts: cfg.experts,
+            table,
+        })
+    }
+
+    /// The estimator.
+    pub fn estimator(&self) -> Estimator {
+        self.estimator
+    }
+
+    /// Routes `[T, n]` logits with the noise of `seed` (training) or through the argmax
+    /// (evaluation). [`Router::route`] is the gate followed by this with a fresh seed.
+    pub fn route_logits_seeded(&self, logits: &Tensor, seed: u64) -> Result<Routing> {
+        let (dt, dev) = (logits.dtype(), logits.device());
+        let t = logits.shape()[0];
+        let n = self.experts;
+        if !self.gate.training() {
+            let probs = logits.softmax(-1)?;
+            let a = logits.detach().argmax(-1, true)?;
+            let w = probs.gather(1, &a)?;
+            let mut r = Routing::token_choice(&a, &w, None, probs.detach(), logits.clone())?;
+            r.metrics
+                .push(("experts_evaluated_per_token", Tensor::scalar(1.0, dt, dev)?));
+            return Ok(r);
+        }
+        let theta = logits.detach();
+        let (pi, g, d, e_d) = crate::no_grad(|| -> Result<_> {
+            let pi = theta.softmax(-1)?;
+            let g = gumbel_noise(&theta, seed)?;
+            let d = theta.add(&g)?.argmax(-1, true)?;
+            let e_d = one_hot(&d, n, dt, dev)?;
+            Ok((pi, g, d, e_d))
+        })?;
+        if self.estimator == Estimator::Reinforce {
+            let pi_d = crate::no_grad(|| pi.gather(1, &d))?;
+            let (pi_s, e_s, pd) = (pi.clone(), e_d.clone(), pi_d.clone());
+            // dL/dw_D = a_D; reward R = a_D·π_D = ⟨G_y, y⟩; ∂θ = R (e_D − π)
+            let w = Tensor::record(pi_d, "reinforce", &[logits], move |grad| {
+                let reward = grad.mul(&pd)?;
+                Ok(vec![Some(e_s.sub(&pi_s)?.mul(&reward)?)])
+            });
+            let mut r = Routing::token_choice(&d, &w, None, pi, logits.clone())?;
+            r.metrics
+                .push(("experts_evaluated_per_token", Tensor::scalar(1.0, dt, dev)?));
+            return Ok(r);
+        }
+        let value = crate::no_grad(|| e_d.mul(&pi))?;
+        let extra = crate::no_grad(|| -> Result<Option<Tensor>> {
+            Ok(match self.estimator {
+                Estimator::GumbelSt { tau } => {
+                    Some(theta.add(&g)?.mul_scalar(1.0 / tau)?.softmax(-1)?)
+                }
+                Estimator::ReinMax { tau } => Some(
+                    theta
+                        .mul_scalar(1.0 / tau)?
+                        .softmax(-1)?
+                        .add(&e_d)?
+                        .mul_scalar(0.5)?,
+                ),
+                _ => None,
+            })
+        })?;
+        let estimator = self.estimator;
+        let (pi_s, e_s) = (pi.clone(), e_d.clone());
+        let w = Tensor::record(value, estimator.name(), &[logits], move |a| {
+            let u = pi_s.mul(a)?;
+            let grad = match (estimator, &extra) {
+                (Estimator::GumbelSt { tau }, Some(s)) => {
+                    jvp_softmax(s, &u)?.mul_scalar(1.0 / tau)?
+                }
+                (Estimator::ReinMax { .. }, Some(tilde)) => {
+                    let first = jvp_softmax(tilde, &u.mul_scalar(2.0)?)?;
+                    let v = e_s.mul(a)?.sub(&u.mul_scalar(0.5)?)?;
+                    first.add(&jvp_softmax(&pi_s, &v)?)?
+                }
+                _ => jvp_softmax(&pi_s, &u)?,
+            };
+            Ok(vec![Some(grad)])
+        });
+        let idx = self.table.expand(&[t, n])?;
+        let mut r = Routing::token_choice(&idx, &w, None, pi, logits.clone())?;
+        r.metrics.push((
+            "experts_evaluated_per_token",
+            Tensor::scalar(n as f64, dt, dev)?,
+        ));
+        Ok(r)
+    }
+}
+
+/// `J(q, v) = q ⊙ v − q·⟨q, v⟩` row by row (`[T, n]`): the softmax's Jacobian at q applied to v.
+pub fn jvp_softmax(q: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let qv = q.mul(v)?;
+    qv.sub(&q.mul(&qv.sum(&[-1], true)?)?)
+}
+
+/// The straight-through Gumbel-softmax relaxation `S_τ = softmax((θ + G)/τ)` with G drawn
+/// from `seed` as [`gumbel_noise`] draws it (untracked). As τ → 0 each row tends to the
+/// one-hot of the Gumbel-max sample.
+pub fn gumbel_softmax(theta: &Tensor, tau: f64, seed: u64) -> Result<Tensor> {
+    crate::no_grad(|| {
+        let theta = theta.detach();
+        theta
+            .add(&gumbel_noise(&theta, seed)?)?
+            .mul_scalar(1.0 / tau)?
+            .softmax(-1)
+    })
+}
+
+impl Router for EstimatorRouter {
+    fn name(&self) -> &'static str {
+        self.estimator.name()
+    }
+    fn route(&self, x: &Tensor) -> Result<Routing> {
+        let logits = self.gate.logits(x)?;
+        let seed = if self.gate.training() {
+            self.gate.noise_seed()
+        } else {
+            0
+        };
+        self.route_logits_seeded(&logits, seed)
+    }
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.gate.visit(prefix, f)
+    }
+    fn set_training(&self, training: bool) {
+        self.gate.set_training(training)
+    }
+    fn runs_all_experts(&self) -> bool {
+        self.estimator.is_dense()
+    }
+    fn estimates_gradient(&self) -> bool {
+        true
+    }
+}
