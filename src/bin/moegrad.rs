@@ -109,7 +109,7 @@ struct TrainArgs {
     /// Read the loss back every N steps (progress bar, NaN check).
     #[arg(long, default_value_t = 20)]
     log_every: usize,
-    /// MoE router: softmax, topk, topk-noisy, topk-unnorm, switch, vmoe, smoe, expert-choice, xmoe-cosine, hash.
+    /// MoE router: softmax, topk, topk-noisy, topk-unnorm, switch, vmoe, smoe, expert-choice, xmoe-cosine, hash, sparsemixer, sparsemixer-1st, sparsemixer-2rd, sparsemixer-v2, st, gumbel-st, reinforce, reinmax.
     #[arg(long, default_value = "topk")]
     router: String,
     /// MoE: number of experts.

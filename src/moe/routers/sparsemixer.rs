@@ -307,7 +307,7 @@ impl SparseMixerRouter {
             let d2 = gumbel_argmax(&rest, Some(&keep2), seed ^ 0x7365_636f_6e64)?;
             let a2 = rest.argmax(-1, true)?;
             let is_a = d2.to_dtype(dt)?.eq(&a2.to_dtype(dt)?)?;
-            let coin = uniform_noise(&is_a, 0.0, 1.0, seed ^ 0x636f_696e_32)?;
+            let coin = uniform_noise(&is_a, 0.0, 1.0, seed ^ 0x636f_696e_0032)?;
             Ok((keep2, d2, forward_scale(cfg, &is_a, &coin)?))
         })?;
         let pi2 = masked_softmax(logits, &keep2)?;
