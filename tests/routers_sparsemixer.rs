@@ -1179,3 +1179,57 @@ fn bad_options_are_errors_naming_the_setting() {
         .to_string();
     assert!(e.contains("[2, 3, 2]"), "{e}");
 }
+
+#[test]
+fn the_probe_gives_switch_its_nabla1_only_gradient() {
+    // Without jitter Switch picks the argmax and its router gradient is plain backprop of
+    // g(p_a f_a) with the unmasked softmax p.
+    let k = coeffs();
+    let (logits, out) = problem(3, 1.0);
+    let mut cfg = cfg_with(N, &[]);
+    cfg.jitter = 0.0;
+    let est = estimate_router_gradient("switch", &cfg, &logits, &out, &|y| {
+        Loss::Generic.tensor(&k, y)
+    })
+    .unwrap();
+    assert_eq!(est.experts_per_token, 1.0);
+    let leaf = logits.detach().with_grad().unwrap();
+    let a = Tensor::from_i32(vec![0; 3], &[3, 1], Device::cpu()).unwrap();
+    let w = leaf.softmax(-1).unwrap().gather(1, &a).unwrap();
+    let f0 = out.slice(1, 0, 1).unwrap().reshape(&[3, D]).unwrap();
+    Loss::Generic
+        .tensor(&k, &f0.mul(&w).unwrap())
+        .unwrap()
+        .backward()
+        .unwrap();
+    common::assert_close(
+        "switch through the probe",
+        &est.grad.to_vec_f64().unwrap(),
+        &leaf.grad().unwrap().to_vec_f64().unwrap(),
+        1e-12,
+        1e-12,
+    );
+}
+
+#[test]
+fn balance_probs_option_selects_the_masked_or_the_plain_softmax() {
+    let (logits, out) = problem(2, 1.0);
+    let probs = |opt: &str| {
+        estimate_router_gradient(
+            "sparsemixer",
+            &cfg_with(N, &[("balance_probs", opt)]),
+            &logits,
+            &out,
+            &|y| y.sum_all(),
+        )
+        .unwrap()
+        .routing
+        .probs
+        .to_vec_f64()
+        .unwrap()
+    };
+    common::assert_close("masked", &probs("masked")[..N], &pi0(), 1e-12, 1e-12);
+    let plain = probs("softmax");
+    assert!(plain[3] > 0.0, "the plain softmax keeps the masked expert");
+    assert!((plain[..N].iter().sum::<f64>() - 1.0).abs() < 1e-12);
+}
