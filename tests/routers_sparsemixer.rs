@@ -1142,9 +1142,12 @@ fn gpu_parity_of_the_routers() {
     }
 }
 
+/// Router options as `(key, value)` pairs.
+type Opts<'a> = &'a [(&'a str, &'a str)];
+
 #[test]
 fn bad_options_are_errors_naming_the_setting() {
-    let cases: [(&str, &[(&str, &str)], &str); 10] = [
+    let cases: [(&str, Opts, &str); 10] = [
         ("sparsemixer", &[("nope", "1")], "nope"),
         ("sparsemixer", &[("midpoint_prob", "1.5")], "midpoint_prob"),
         ("sparsemixer", &[("mask_rule", "fancy")], "mask_rule"),
