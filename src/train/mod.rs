@@ -323,6 +323,9 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         };
         let mut loss_sum = Tensor::zeros(&[], DType::F32, device)?;
         let mut kept_sum: Option<(Tensor, Tensor)> = None;
+        // the router's own metrics (e.g. DSelect-k's saturated fraction): summed over the
+        // epoch on the device with a count of values, read back once at its end
+        let mut router_metric_sums: Vec<(&'static str, Tensor, usize)> = Vec::new();
         let order = data.train.order(cfg.seed, epoch, true);
         for (i, ids) in order.chunks(cfg.batch).enumerate() {
             opt.set_lr(schedule.lr(step));
@@ -334,6 +337,16 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
                 None => task.clone(),
             };
             if let Some(stats) = &out.routing {
+                for (name, v) in &stats.metrics {
+                    let v = v.detach().to_dtype(DType::F32)?;
+                    match router_metric_sums.iter_mut().find(|(n, _, _)| n == name) {
+                        Some((_, sum, count)) => {
+                            *sum = sum.add(&v)?;
+                            *count += 1;
+                        }
+                        None => router_metric_sums.push((name, v, 1)),
+                    }
+                }
                 kept_sum = Some(match kept_sum {
                     Some((k, r)) => (
                         stats.kept_per_expert.add(&k)?,
@@ -398,6 +411,14 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         if let Some((load, drop)) = &routing {
             line["expert_load"] = serde_json::json!(load);
             line["drop_rate"] = serde_json::json!(drop);
+        }
+        if !router_metric_sums.is_empty() {
+            let mut metrics = serde_json::Map::new();
+            for (name, sum, count) in &router_metric_sums {
+                let mean = sum.item()? / *count as f64;
+                metrics.insert(name.to_string(), serde_json::json!(mean));
+            }
+            line["router_metrics"] = serde_json::Value::Object(metrics);
         }
         let mut f = std::fs::OpenOptions::new()
             .create(true)
