@@ -266,6 +266,7 @@ pub const ROUTER_NAMES: &[&str] = &[
     "gumbel-st",
     "reinforce",
     "reinmax",
+    "moesart",
 ];
 
 /// Builds a router by its command-line name.
@@ -311,6 +312,7 @@ pub fn build_router(name: &str, cfg: &RouterConfig, device: Device) -> Result<Bo
         "st" | "gumbel-st" | "reinforce" | "reinmax" => {
             Box::new(EstimatorRouter::new(name, cfg, device)?)
         }
+        "moesart" => Box::new(MoesartRouter::new(cfg, device)?),
         other => {
             return Err(Error::Invalid(format!(
                 "unknown router {other:?}; expected one of {}",

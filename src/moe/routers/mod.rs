@@ -4,6 +4,7 @@
 mod estimators;
 mod expert_choice;
 mod hash;
+mod moesart;
 pub mod probe;
 mod smoe;
 mod softmax;
@@ -16,6 +17,7 @@ mod xmoe_cosine;
 pub use estimators::{Estimator, EstimatorRouter, gumbel_softmax, jvp_softmax};
 pub use expert_choice::ExpertChoiceRouter;
 pub use hash::HashRouter;
+pub use moesart::{MOESART_OPTIONS, MoesartDraw, MoesartOptions, MoesartRouter, MoesartStrategy};
 pub use smoe::SMoeRouter;
 pub use softmax::SoftmaxRouter;
 pub use sparsemixer::{
