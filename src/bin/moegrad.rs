@@ -109,8 +109,9 @@ struct TrainArgs {
     /// Read the loss back every N steps (progress bar, NaN check).
     #[arg(long, default_value_t = 20)]
     log_every: usize,
-    /// MoE router: softmax, topk, topk-noisy, topk-unnorm, switch, vmoe, smoe, expert-choice, xmoe-cosine, hash, sparsemixer, sparsemixer-1st, sparsemixer-2rd, sparsemixer-v2, st, gumbel-st, reinforce, reinmax.
-    #[arg(long, default_value = "topk")]
+    /// MoE router (every name in `moegrad::moe::ROUTER_NAMES`; see docs/routers.md).
+    #[arg(long, default_value = "topk",
+          value_parser = clap::builder::PossibleValuesParser::new(moegrad::moe::ROUTER_NAMES))]
     router: String,
     /// MoE: number of experts.
     #[arg(long, default_value_t = 8)]
