@@ -267,6 +267,8 @@ pub const ROUTER_NAMES: &[&str] = &[
     "reinforce",
     "reinmax",
     "moesart",
+    "dselect-k",
+    "dselect-k-static",
 ];
 
 /// Builds a router by its command-line name.
@@ -313,6 +315,8 @@ pub fn build_router(name: &str, cfg: &RouterConfig, device: Device) -> Result<Bo
             Box::new(EstimatorRouter::new(name, cfg, device)?)
         }
         "moesart" => Box::new(MoesartRouter::new(cfg, device)?),
+        "dselect-k" => Box::new(DSelectKRouter::new(cfg, DSelectKKind::PerExample, device)?),
+        "dselect-k-static" => Box::new(DSelectKRouter::new(cfg, DSelectKKind::Static, device)?),
         other => {
             return Err(Error::Invalid(format!(
                 "unknown router {other:?}; expected one of {}",

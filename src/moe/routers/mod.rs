@@ -1,6 +1,7 @@
 //! One file per router, each implementing [`super::Router`]. The math of each is in its doc
 //! comment, with the paper it comes from; `docs/routers.md` collects them.
 
+mod dselect_k;
 mod estimators;
 mod expert_choice;
 mod hash;
@@ -14,6 +15,10 @@ mod topk;
 mod vmoe;
 mod xmoe_cosine;
 
+pub use dselect_k::{
+    DSELECT_K_OPTIONS, DSelectKKind, DSelectKOptions, DSelectKRouter, UnusedCodes, selector_bits,
+    selector_probs, smooth_step,
+};
 pub use estimators::{Estimator, EstimatorRouter, gumbel_softmax, jvp_softmax};
 pub use expert_choice::ExpertChoiceRouter;
 pub use hash::HashRouter;
