@@ -58,15 +58,17 @@ enum Command {
 /// `moegrad train` options (each maps onto a field of `TrainConfig`).
 #[derive(clap::Args)]
 struct TrainArgs {
-    /// Dataset: mnist or multimnist (two overlaid digits, two tasks).
+    /// Dataset: mnist, multimnist (two overlaid digits, two tasks) or synthetic-b (DSelect-k's
+    /// generator B: 4 true experts hidden among 16 frozen ones; reports which ones the gate selects).
     #[arg(long, value_enum, default_value = "mnist")]
     data: DataArg,
     /// Directory with the MNIST IDX files (bundled subset in data/, or the full MNIST files).
     #[arg(long, default_value = "data")]
     data_dir: PathBuf,
-    /// Model: mlp, cnn, moe-mlp, moe-cnn or mmoe-cnn (multi-gate, MultiMNIST).
-    #[arg(long, value_enum, default_value = "cnn")]
-    model: ModelArg,
+    /// Model: mlp, cnn, moe-mlp, moe-cnn or mmoe-cnn (multi-gate, MultiMNIST) [default: cnn;
+    /// moe-mlp, the gate over the frozen bank, for synthetic-b].
+    #[arg(long, value_enum)]
+    model: Option<ModelArg>,
     /// Passes over the training set.
     #[arg(long, default_value_t = 5)]
     epochs: usize,
@@ -113,12 +115,12 @@ struct TrainArgs {
     #[arg(long, default_value = "topk",
           value_parser = clap::builder::PossibleValuesParser::new(moegrad::moe::ROUTER_NAMES))]
     router: String,
-    /// MoE: number of experts.
-    #[arg(long, default_value_t = 8)]
-    experts: usize,
-    /// MoE: experts per token.
-    #[arg(long, default_value_t = 2)]
-    k: usize,
+    /// MoE: number of experts [default: 8; 16 for synthetic-b].
+    #[arg(long)]
+    experts: Option<usize>,
+    /// MoE: experts per token [default: 2; 4 for synthetic-b].
+    #[arg(long)]
+    k: Option<usize>,
     /// MoE: capacity factor γ in training (0: dropless).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     capacity_factor: f64,
@@ -147,6 +149,8 @@ struct TrainArgs {
 enum DataArg {
     Mnist,
     Multimnist,
+    #[value(name = "synthetic-b")]
+    SyntheticB,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -167,13 +171,18 @@ enum OptimizerArg {
 
 impl TrainArgs {
     fn config(&self) -> moegrad::Result<TrainConfig> {
+        let synthetic = matches!(self.data, DataArg::SyntheticB);
         Ok(TrainConfig {
             data: match self.data {
                 DataArg::Mnist => DataKind::Mnist,
                 DataArg::Multimnist => DataKind::Multimnist,
+                DataArg::SyntheticB => DataKind::SyntheticB,
             },
             data_dir: self.data_dir.clone(),
-            model: match self.model {
+            model: match self.model.unwrap_or(match self.data {
+                DataArg::SyntheticB => ModelArg::MoeMlp,
+                _ => ModelArg::Cnn,
+            }) {
                 ModelArg::Mlp => ModelKind::Mlp,
                 ModelArg::Cnn => ModelKind::Cnn,
                 ModelArg::MoeMlp => ModelKind::MoeMlp,
@@ -199,8 +208,8 @@ impl TrainArgs {
             test_limit: self.test_limit,
             log_every: self.log_every,
             router: self.router.clone(),
-            experts: self.experts,
-            k: self.k,
+            experts: self.experts.unwrap_or(if synthetic { 16 } else { 8 }),
+            k: self.k.unwrap_or(if synthetic { 4 } else { 2 }),
             capacity_factor: self.capacity_factor,
             eval_capacity_factor: self.eval_capacity_factor,
             balance_loss: self.balance_loss,

@@ -86,6 +86,12 @@ impl Param {
         self.get().grad()
     }
 
+    /// Freezes the parameter: its current value stops requiring grad, so backward computes no
+    /// gradient for it (a later [`Param::set`] makes it trainable again).
+    pub fn freeze(&self) -> Result<()> {
+        self.get().set_requires_grad(false).map(|_| ())
+    }
+
     /// Forgets the gradient.
     pub fn zero_grad(&self) {
         self.get().zero_grad()

@@ -12,6 +12,10 @@ pub enum DataKind {
     Mnist,
     /// two overlaid digits, two 10-class tasks
     Multimnist,
+    /// DSelect-k's generator B: a known mixture of 4 experts among 16 frozen ones, one binary
+    /// task (see `data::synthetic`)
+    #[serde(rename = "synthetic-b")]
+    SyntheticB,
 }
 
 /// Which model.
@@ -205,6 +209,21 @@ impl TrainConfig {
                 if !(v.is_finite() && v >= 0.0) {
                     return bad(format!("{name} must be finite and non-negative, got {v}"));
                 }
+            }
+        }
+        if self.data == DataKind::SyntheticB {
+            if self.model != ModelKind::MoeMlp {
+                return bad(format!(
+                    "--data synthetic-b trains a gate over frozen experts and a logistic unit (the DSelect-k experiment): use --model moe-mlp (the default for this data), not {:?}",
+                    self.model
+                ));
+            }
+            if self.experts < crate::data::synthetic::SYNTHETIC_B_TRUE {
+                return bad(format!(
+                    "--data synthetic-b needs --experts ≥ {} (the true experts are in the bank), got {}",
+                    crate::data::synthetic::SYNTHETIC_B_TRUE,
+                    self.experts
+                ));
             }
         }
         if self.model == ModelKind::MmoeCnn && self.data != DataKind::Multimnist {

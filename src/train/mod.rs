@@ -14,7 +14,7 @@ pub mod plot;
 pub use config::{DataKind, ModelKind, OptimizerKind, TrainConfig};
 
 use crate::checkpoint::Checkpoint;
-use crate::data::{Dataset, Mnist, multimnist};
+use crate::data::{Dataset, Mnist, SyntheticB, multimnist};
 use crate::optim::{Adam, Optimizer, Schedule, Sgd, clip_grad_norm};
 use crate::{DType, Device, Error, Result, Tensor};
 use models::TaskModel;
@@ -50,6 +50,16 @@ pub struct TrainSummary {
     /// MoE: fraction of routed assignments dropped by capacity over the last epoch
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drop_rate: Option<f64>,
+    /// synthetic-b: per expert, the fraction of test examples whose gate gives it a nonzero
+    /// weight (after training)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_selection_rate: Option<Vec<f64>>,
+    /// synthetic-b: the experts the gate selects for at least half of the test examples
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub selected_experts: Option<Vec<usize>>,
+    /// synthetic-b: where the true experts sit in the bank
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub true_experts: Option<Vec<usize>>,
 }
 
 /// Options of the invocation that are not part of the run's identity.
@@ -66,10 +76,13 @@ struct Splits {
     test: Dataset,
     side: usize,
     tasks: usize,
+    /// generator B's frozen expert bank (synthetic-b only)
+    bank: Option<SyntheticB>,
 }
 
 fn load_data(cfg: &TrainConfig) -> Result<Splits> {
-    let mnist = Mnist::load(&cfg.data_dir)?;
+    let mnist = || Mnist::load(&cfg.data_dir);
+    let mut bank = None;
     let limit = |d: Dataset, n: usize| -> Result<Dataset> {
         if n == 0 || n >= d.len() {
             return Ok(d);
@@ -83,6 +96,7 @@ fn load_data(cfg: &TrainConfig) -> Result<Splits> {
     };
     let (train, test, side, tasks) = match cfg.data {
         DataKind::Mnist => {
+            let mnist = mnist()?;
             let side = mnist.train.rows;
             let mk = |s: &crate::data::ImageSet| {
                 Dataset::new(
@@ -94,6 +108,7 @@ fn load_data(cfg: &TrainConfig) -> Result<Splits> {
             (mk(&mnist.train)?, mk(&mnist.test)?, side, 1)
         }
         DataKind::Multimnist => {
+            let mnist = mnist()?;
             let tr = multimnist::compose(&mnist.train, cfg.seed)?;
             let te = multimnist::compose(&mnist.test, cfg.seed.wrapping_add(1))?;
             let side = multimnist::CANVAS;
@@ -102,12 +117,19 @@ fn load_data(cfg: &TrainConfig) -> Result<Splits> {
             };
             (mk(tr)?, mk(te)?, side, 2)
         }
+        DataKind::SyntheticB => {
+            let g = SyntheticB::generate(cfg.seed, cfg.experts, 10_000, 10_000)?;
+            let (train, test) = (g.train.clone(), g.test.clone());
+            bank = Some(g);
+            (train, test, 0, 1)
+        }
     };
     Ok(Splits {
         train: limit(train, cfg.train_limit)?,
         test: limit(test, cfg.test_limit)?,
         side,
         tasks,
+        bank,
     })
 }
 
@@ -229,7 +251,10 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
     if data.train.is_empty() || data.test.is_empty() {
         return Err(Error::Invalid("the training or test split is empty".into()));
     }
-    let model = models::build(cfg, data.side, data.tasks, device)?;
+    let model = match &data.bank {
+        Some(bank) => models::build_synthetic_b(cfg, bank, device)?,
+        None => models::build(cfg, data.side, data.tasks, device)?,
+    };
     let model = model.as_ref();
     let params = model.named_params();
     let n_params: usize = params.iter().map(|(_, p)| p.get().numel()).sum();
@@ -475,6 +500,20 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         let (test_loss, acc) = evaluate(model, &data.test, cfg.batch.max(256), device)?;
         last = (f64::NAN, test_loss, acc);
     }
+    let (expert_selection_rate, selected_experts, true_experts) = match &data.bank {
+        Some(bank) => {
+            let rate = selection_rate(model, &data.test, cfg.batch.max(256), device)?;
+            let selected = (0..rate.len()).filter(|&e| rate[e] >= 0.5).collect();
+            if opts.progress {
+                eprintln!(
+                    "synthetic-b: the gate selects experts {selected:?} (for ≥ half the test examples); the true experts are {:?}",
+                    bank.true_experts
+                );
+            }
+            (Some(rate), Some(selected), Some(bank.true_experts.clone()))
+        }
+        None => (None, None, None),
+    };
     Ok(TrainSummary {
         device: device.to_string(),
         epochs: cfg.epochs,
@@ -486,6 +525,38 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         params: n_params,
         expert_load: last_routing.as_ref().map(|r| r.0.clone()),
         drop_rate: last_routing.map(|r| r.1),
+        expert_selection_rate,
+        selected_experts,
+        true_experts,
+    })
+}
+
+/// Per expert, the fraction of `data`'s examples routed to it with a nonzero weight, in
+/// evaluation mode (summed on the device, read back once).
+pub fn selection_rate(
+    model: &dyn TaskModel,
+    data: &Dataset,
+    batch: usize,
+    device: Device,
+) -> Result<Vec<f64>> {
+    let _guard = crate::NoGradGuard::new();
+    model.set_training(false);
+    let mut kept: Option<Tensor> = None;
+    for ids in data.order(0, 0, false).chunks(batch.max(1)) {
+        let b = data.batch(ids, device)?;
+        let stats = model.forward(&b.x)?.routing.ok_or_else(|| {
+            Error::Invalid("expert selection needs a model with an MoE layer".into())
+        })?;
+        kept = Some(match kept {
+            None => stats.kept_per_expert.clone(),
+            Some(k) => k.add(&stats.kept_per_expert)?,
+        });
+    }
+    model.set_training(true);
+    let n = data.len().max(1) as f64;
+    Ok(match kept {
+        Some(k) => k.to_vec_f64()?.iter().map(|v| v / n).collect(),
+        None => Vec::new(),
     })
 }
 

@@ -88,6 +88,8 @@ pub struct MoeModel {
     pub towers: Vec<Sequential>,
     /// ReLU after the MoE layer (MLP experts)
     pub activate: bool,
+    /// the experts are fixed (synthetic-b): their parameters are not trained or saved
+    pub frozen_experts: bool,
 }
 
 impl TaskModel for MoeModel {
@@ -123,8 +125,12 @@ impl TaskModel for MoeModel {
     }
     fn named_params(&self) -> Vec<(String, Param)> {
         let mut out = Vec::new();
-        self.moe
-            .visit_params("moe", &mut |n, p| out.push((n, p.clone())));
+        let frozen = self.frozen_experts;
+        self.moe.visit_params("moe", &mut |n, p| {
+            if !(frozen && n.starts_with("moe.experts")) {
+                out.push((n, p.clone()))
+            }
+        });
         for (t, g) in self.extra_gates.iter().enumerate() {
             g.visit_params(&join("moe", &format!("router{}", t + 1)), &mut |n, p| {
                 out.push((n, p.clone()))
@@ -290,7 +296,67 @@ pub fn build(
                 extra_gates,
                 towers,
                 activate: !cnn,
+                frozen_experts: false,
             })
         }
     })
+}
+
+/// The DSelect-k paper's synthetic model for generator B (see `data::synthetic`): the frozen
+/// bank `f_e(x) = ReLU(x·W_e)` (an MLP expert `10 → 4 → 4` whose second layer is the identity
+/// and which has no biases computes exactly that), the configured router choosing `--k` of
+/// them, and a trainable logistic unit on the mixture. The logistic unit is written as a
+/// 2-way linear softmax head (`p(1) = σ(l₁ − l₀)`, the same family as `σ(vᵀy + c)`), so the
+/// classification loop and its accuracy apply unchanged.
+pub fn build_synthetic_b(
+    cfg: &TrainConfig,
+    bank: &crate::data::SyntheticB,
+    device: Device,
+) -> Result<Box<dyn TaskModel>> {
+    use crate::data::synthetic::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
+    let n = bank.experts;
+    let mut mc = MoeConfig::new(IN, OUT, n, cfg.k);
+    mc.d_out = OUT;
+    mc.expert_bias = false;
+    mc.router = cfg.router.clone();
+    mc.capacity = capacity(cfg.capacity_factor);
+    mc.eval_capacity = capacity(cfg.eval_capacity_factor);
+    mc.balance_loss = cfg.balance_loss;
+    mc.z_loss = cfg.z_loss;
+    mc.router_options = cfg.router_options.clone();
+    mc.seed = cfg.seed;
+    let moe = MoeLayer::new(&mc, device)?;
+    let mut w1 = None;
+    let mut w2 = None;
+    moe.experts
+        .visit_params("", &mut |name, p| match name.as_str() {
+            "w1" => w1 = Some(p.clone()),
+            "w2" => w2 = Some(p.clone()),
+            _ => {}
+        });
+    let (Some(w1), Some(w2)) = (w1, w2) else {
+        return Err(crate::Error::Invalid(
+            "synthetic-b: the expert bank has no w1/w2".into(),
+        ));
+    };
+    w1.set(Tensor::from_f32(
+        bank.expert_weights.clone(),
+        &[n, IN, OUT],
+        device,
+    )?)?;
+    let eye: Vec<f32> = (0..n * OUT * OUT)
+        .map(|i| f32::from(i % (OUT * OUT) / OUT == i % OUT))
+        .collect();
+    w2.set(Tensor::from_f32(eye, &[n, OUT, OUT], device)?)?;
+    w1.freeze()?;
+    w2.freeze()?;
+    let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed ^ 0x6865_6164);
+    let head = Sequential::new().push(Linear::new(OUT, 2, Init::XavierUniform, &mut rng, device)?);
+    Ok(Box::new(MoeModel {
+        moe,
+        extra_gates: Vec::new(),
+        towers: vec![head],
+        activate: false,
+        frozen_experts: true,
+    }))
 }
