@@ -29,6 +29,12 @@ const WIDTH: usize = 64;
 const EXPERTS: usize = 8;
 const BATCH: usize = 64;
 
+/// A model: a batch of images → logits and an optional auxiliary loss.
+type Model<'a> = dyn Fn(&Tensor) -> Result<(Tensor, Option<Tensor>)> + 'a;
+
+/// Something that calls a visitor for every named parameter.
+type Visit<'a> = &'a dyn Fn(&mut dyn FnMut(String, &Param));
+
 /// A batch of images `[B, 784]` and labels `[B]` starting at example `start`.
 fn batch(
     set: &moegrad::data::ImageSet,
@@ -50,7 +56,7 @@ fn train_epoch(
     mnist: &Mnist,
     params: &[(String, Param)],
     opt: &mut Adam,
-    logits: &dyn Fn(&Tensor) -> Result<(Tensor, Option<Tensor>)>,
+    logits: &Model,
     dev: Device,
 ) -> Result<f64> {
     let steps = mnist.train.count / BATCH;
@@ -109,7 +115,7 @@ fn moe_layer(eval_t: f64, dev: Device) -> Result<MoeLayer> {
     MoeLayer::new(&cfg, dev)
 }
 
-fn named(visit: &dyn Fn(&mut dyn FnMut(String, &Param))) -> Vec<(String, Param)> {
+fn named(visit: Visit) -> Vec<(String, Param)> {
     let mut v = Vec::new();
     visit(&mut |n, p| v.push((n, p.clone())));
     v

@@ -35,7 +35,10 @@ fn options(opts: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> 
         .collect()
 }
 
-fn params_of(visit: &dyn Fn(&mut dyn FnMut(String, &Param))) -> Vec<(String, Param)> {
+/// Something that calls a visitor for every named parameter (`|f| layer.visit_params("", f)`).
+type Visit<'a> = &'a dyn Fn(&mut dyn FnMut(String, &Param));
+
+fn params_of(visit: Visit) -> Vec<(String, Param)> {
     let mut v = Vec::new();
     visit(&mut |n, p| v.push((n, p.clone())));
     v
@@ -270,7 +273,7 @@ fn unkept_slots_are_invalid_with_zero_weight_and_eval_t_applies_in_evaluation() 
         train.weight.to_vec_f64().unwrap(),
         train.valid.to_vec_f64().unwrap(),
     );
-    assert!(v.iter().any(|&x| x == 0.0));
+    assert!(v.contains(&0.0));
     for (w, v) in w.iter().zip(&v) {
         assert!(*v == 1.0 || *w == 0.0);
     }
