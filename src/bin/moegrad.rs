@@ -121,6 +121,9 @@ struct TrainArgs {
     /// MoE: experts per token [default: 2; 4 for synthetic-b].
     #[arg(long)]
     k: Option<usize>,
+    /// MoE: hidden width of each MLP expert (`--model moe-mlp`); small experts as in XMoE.
+    #[arg(long, default_value_t = 128)]
+    expert_hidden: usize,
     /// MoE: capacity factor γ in training (0: dropless).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     capacity_factor: f64,
@@ -210,6 +213,7 @@ impl TrainArgs {
             router: self.router.clone(),
             experts: self.experts.unwrap_or(if synthetic { 16 } else { 8 }),
             k: self.k.unwrap_or(if synthetic { 4 } else { 2 }),
+            expert_hidden: self.expert_hidden,
             capacity_factor: self.capacity_factor,
             eval_capacity_factor: self.eval_capacity_factor,
             balance_loss: self.balance_loss,

@@ -18,7 +18,10 @@ pub fn balance_loss(routing: &Routing, routed_per_expert: &Tensor, alpha: f64) -
         routed_per_expert.div(&total)
     })?;
     let p_mean = routing.probs.mean(&[0], false)?;
-    p_mean.mul(&f)?.sum_all()?.mul_scalar(alpha * n)
+    p_mean
+        .mul(&f.to_dtype(p_mean.dtype())?)?
+        .sum_all()?
+        .mul_scalar(alpha * n)
 }
 
 /// `β · mean_x (logsumexp θ(x))²`.

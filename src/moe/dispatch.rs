@@ -8,7 +8,8 @@
 //!    a trash expert `n` at the end.
 //! 2. Counting: `counts[e]` by a scatter-add of ones; `offsets` is their exclusive prefix sum.
 //! 3. Position within the expert `pos = i − offsets[e_i]`; an assignment is kept when
-//!    `pos < C` (always, in dropless mode). Dropped rows get expert `−1`: the grouped matmul
+//!    `pos < C` (always, in dropless mode). `C = ⌈γ·A/n⌉`, or `⌈γ·T/n⌉` for routers with a
+//!    variable number of experts per token (see `DispatchPlan::build_sized`). Dropped rows get expert `−1`: the grouped matmul
 //!    skips them and they contribute zero.
 
 use super::Routing;
@@ -77,8 +78,20 @@ fn sort_by(values: &Tensor, perm: &Tensor, descending: bool) -> Result<Tensor> {
 }
 
 impl DispatchPlan {
-    /// Builds the plan for `routing` under `capacity`.
+    /// Builds the plan for `routing` under `capacity`, sized by its `A` assignments
+    /// (`C = ⌈γ·A/n⌉`).
     pub fn build(routing: &Routing, capacity: Capacity) -> Result<DispatchPlan> {
+        DispatchPlan::build_sized(routing, capacity, routing.len())
+    }
+
+    /// Builds the plan with the capacity computed from `counted` instead of the number of
+    /// assignments, `C = ⌈γ·counted/n⌉`: the layer passes the number of tokens `T` for routers
+    /// whose experts per token vary (XMoE's threshold routing sizes capacity by tokens).
+    pub fn build_sized(
+        routing: &Routing,
+        capacity: Capacity,
+        counted: usize,
+    ) -> Result<DispatchPlan> {
         let _guard = crate::NoGradGuard::new();
         let n = routing.experts;
         let a = routing.len();
@@ -103,7 +116,7 @@ impl DispatchPlan {
         let offsets_f = counts.cumsum(0)?.sub(&counts)?; // exclusive prefix sum, n + 1 entries
         let pos = arange_f(a, ft, dev)?.sub(&offsets_f.gather(0, &sorted_idx)?)?;
         let real = sorted_key.lt(&trash)?;
-        let cap = capacity.slots(a, n);
+        let cap = capacity.slots(counted, n);
         let row_kept = match cap {
             Some(c) => pos.lt(&Tensor::scalar(c as f64, ft, dev)?)?.mul(&real)?,
             None => real,

@@ -216,7 +216,14 @@ impl MoeLayer {
     pub fn forward_routed(&self, x: &Tensor, routings: &[Routing]) -> Result<MoeOutput> {
         let t = x.shape()[0];
         let routing = Routing::concat(routings)?;
-        let plan = DispatchPlan::build(&routing, self.capacity())?;
+        // Capacity counts slots, or tokens for routers whose experts per token vary (XMoE).
+        let variable = self.router.variable_experts_per_token();
+        let counted = if variable {
+            routing.tokens
+        } else {
+            routing.len()
+        };
+        let plan = DispatchPlan::build_sized(&routing, self.capacity(), counted)?;
         let source = if routings.len() == 1 {
             x.clone()
         } else {
@@ -240,7 +247,7 @@ impl MoeLayer {
         let mut aux = Tensor::zeros(&[], out.dtype(), out.device())?;
         for r in routings {
             if self.config.balance_loss > 0.0 {
-                let routed = crate::no_grad(|| count_per_expert(r))?;
+                let routed = crate::no_grad(|| count_per_expert(r, variable))?;
                 aux = aux.add(&aux_loss::balance_loss(
                     r,
                     &routed,
@@ -274,9 +281,15 @@ impl MoeLayer {
     }
 }
 
-/// Valid assignments per expert of one routing (`[n]`, float).
-fn count_per_expert(r: &Routing) -> Result<Tensor> {
-    let valid = r.valid.to_dtype(crate::DType::F32)?;
+/// Valid assignments per expert of one routing (`[n]`, float); with `first_only`, only the first
+/// choices (rank 0) are counted (XMoE's balance loss on the top-1 assignment).
+fn count_per_expert(r: &Routing, first_only: bool) -> Result<Tensor> {
+    let mut valid = r.valid.to_dtype(crate::DType::F32)?;
+    if first_only {
+        let rank = r.rank.to_dtype(crate::DType::F32)?;
+        let first = rank.lt(&Tensor::scalar(0.5, crate::DType::F32, r.token.device())?)?;
+        valid = valid.mul(&first)?;
+    }
     Tensor::zeros(&[r.experts], crate::DType::F32, r.token.device())?
         .scatter_add(0, &r.expert, &valid)
 }

@@ -1,9 +1,11 @@
 //! Mixture-of-Experts: routers, the dispatch plan, the expert bank, the layer that combines them,
 //! auxiliary losses and routing statistics. Read in the order of the data path: `router.rs` and
 //! `routers/` → `routing.rs` → `dispatch.rs` → `experts.rs` → `layer.rs`.
+//! `dense_to_sparse.rs` splits a dense FFN into experts (XMoE §3.6).
 
 pub mod aux_loss;
 pub mod cnn_experts;
+pub mod dense_to_sparse;
 pub mod dispatch;
 pub mod experts;
 pub mod layer;

@@ -140,6 +140,13 @@ pub trait Router: Send + Sync {
     fn estimates_gradient(&self) -> bool {
         false
     }
+    /// True for routers whose number of experts per token varies (XMoE's threshold routing):
+    /// the layer then sizes capacity by tokens, `C = ⌈γ·T/n⌉` as XMoE does (spec part 2 §1.3),
+    /// instead of by the `T·K` slots, and its balance loss counts first choices only (the
+    /// top-1 assignment). False (the default) for the others.
+    fn variable_experts_per_token(&self) -> bool {
+        false
+    }
 }
 
 /// What most routers share: a linear map to logits, a training flag and a noise counter.
@@ -269,6 +276,7 @@ pub const ROUTER_NAMES: &[&str] = &[
     "moesart",
     "dselect-k",
     "dselect-k-static",
+    "threshold",
 ];
 
 /// Builds a router by its command-line name.
@@ -317,6 +325,7 @@ pub fn build_router(name: &str, cfg: &RouterConfig, device: Device) -> Result<Bo
         "moesart" => Box::new(MoesartRouter::new(cfg, device)?),
         "dselect-k" => Box::new(DSelectKRouter::new(cfg, DSelectKKind::PerExample, device)?),
         "dselect-k-static" => Box::new(DSelectKRouter::new(cfg, DSelectKKind::Static, device)?),
+        "threshold" => Box::new(ThresholdRouter::new(cfg, device)?),
         other => {
             return Err(Error::Invalid(format!(
                 "unknown router {other:?}; expected one of {}",

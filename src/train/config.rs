@@ -102,6 +102,10 @@ pub struct TrainConfig {
     pub experts: usize,
     /// MoE: experts per token
     pub k: usize,
+    /// MoE: hidden width of each MLP expert of `moe-mlp` (default 128; XMoE's small experts
+    /// use a fraction of it)
+    #[serde(default = "default_expert_hidden")]
+    pub expert_hidden: usize,
     /// MoE: capacity factor γ in training (0: dropless)
     pub capacity_factor: f64,
     /// MoE: capacity factor in evaluation (0: dropless)
@@ -112,6 +116,12 @@ pub struct TrainConfig {
     pub z_loss: f64,
     /// MoE: router-specific options (`--router-opt key=value`)
     pub router_options: std::collections::BTreeMap<String, String>,
+}
+
+/// The hidden width of `moe-mlp`'s experts when none is given (also for metadata written
+/// before the setting existed).
+fn default_expert_hidden() -> usize {
+    128
 }
 
 impl Default for TrainConfig {
@@ -137,6 +147,7 @@ impl Default for TrainConfig {
             router: "topk".into(),
             experts: 8,
             k: 2,
+            expert_hidden: default_expert_hidden(),
             capacity_factor: 0.0,
             eval_capacity_factor: 0.0,
             balance_loss: 0.01,
@@ -199,6 +210,9 @@ impl TrainConfig {
                     "--k {} must be between 1 and --experts {}",
                     self.k, self.experts
                 ));
+            }
+            if self.expert_hidden == 0 {
+                return bad("--expert-hidden must be at least 1, got 0".into());
             }
             for (name, v) in [
                 ("--capacity-factor", self.capacity_factor),

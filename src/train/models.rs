@@ -3,7 +3,7 @@
 //!
 //! * `mlp`, `cnn`: a shared trunk and a linear head per task. The CNN is the expert network of
 //!   the MOESART MultiMNIST setup (conv 5×5×10, ReLU, pool; conv 5×5×20, ReLU, pool; dense 50).
-//! * `moe-mlp`: one MoE layer of MLP experts (hidden 128, output 64) on the flattened image,
+//! * `moe-mlp`: one MoE layer of MLP experts (hidden `--expert-hidden`, default 128; output 64) on the flattened image,
 //!   ReLU, a linear head per task.
 //! * `moe-cnn`: one MoE layer of the MOESART CNN experts (output 50), a head per task.
 //! * `mmoe-cnn`: multi-gate MoE (MOESART/DSelect-k multi-task setup): one router per task over
@@ -234,7 +234,7 @@ pub fn build(
         }
         ModelKind::MoeMlp | ModelKind::MoeCnn | ModelKind::MmoeCnn => {
             let cnn = cfg.model != ModelKind::MoeMlp;
-            let mut mc = MoeConfig::new(side * side, 128, cfg.experts, cfg.k);
+            let mut mc = MoeConfig::new(side * side, cfg.expert_hidden, cfg.experts, cfg.k);
             mc.router = cfg.router.clone();
             mc.capacity = capacity(cfg.capacity_factor);
             mc.eval_capacity = capacity(cfg.eval_capacity_factor);

@@ -11,6 +11,7 @@ mod smoe;
 mod softmax;
 mod sparsemixer;
 mod switch;
+mod threshold;
 mod topk;
 mod vmoe;
 mod xmoe_cosine;
@@ -30,6 +31,7 @@ pub use sparsemixer::{
     gumbel_argmax, gumbel_noise, masked_softmax, one_hot, scale_through, sparsemixer_mask,
 };
 pub use switch::SwitchRouter;
+pub use threshold::{THRESHOLD_OPTIONS, ThresholdOptions, ThresholdRouter};
 pub use topk::{TopKKind, TopKRouter};
 pub use vmoe::VMoeRouter;
 pub use xmoe_cosine::XMoeCosineRouter;
