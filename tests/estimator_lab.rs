@@ -305,8 +305,10 @@ fn sparsemixer_v2_follows_nabla0_once_the_mask_is_off() {
 
 #[test]
 fn experts_per_token_is_one_for_sparse_and_n_for_dense_estimators() {
-    let r = lab(LossKind::Logistic, ESTIMATOR_NAMES, 20, |_| {});
-    assert_eq!(r.estimators.len(), ESTIMATOR_NAMES.len());
+    let mut names = ESTIMATOR_NAMES.to_vec();
+    names.push("switch-jitter");
+    let r = lab(LossKind::Logistic, &names, 20, |_| {});
+    assert_eq!(r.estimators.len(), names.len());
     for e in &r.estimators {
         let want = if ["st", "gumbel-st", "reinmax"].contains(&e.name.as_str()) {
             5.0

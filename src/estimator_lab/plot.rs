@@ -92,15 +92,35 @@ pub fn draw_estimators(path: &Path, report: &LabReport) -> Result<()> {
             .draw_series(
                 pts.iter()
                     .filter(|q| q.3 == is_dense)
-                    .map(|&(x, y, name, _)| {
-                        EmptyElement::at((x, y))
-                            + Circle::new((0, 0), 6, color.filled())
-                            + Text::new(name.to_string(), (9, -14), ("sans-serif", 14))
-                    }),
+                    .map(|&(x, y, _, _)| Circle::new((x, y), 6, color.filled())),
             )
             .map_err(|e| plot_err(path, e))?
             .label(label)
             .legend(move |(x, y)| Circle::new((x + 8, y), 5, color.filled()));
+    }
+    // names beside the points, moved down or up until they overlap no name placed before
+    let mut placed: Vec<(i32, i32, i32)> = Vec::new(); // (left, top, width) in pixels
+    let line_h = 14;
+    for &(x, y, name, _) in &pts {
+        let (px, py) = chart.backend_coord(&(x, y));
+        let width = 8 * name.chars().count() as i32;
+        let left = px + 10;
+        let clash = |top: i32| {
+            placed.iter().any(|&(l, t, w)| {
+                left < l + w && l < left + width && top < t + line_h && t < top + line_h
+            })
+        };
+        let top = (0..12)
+            .map(|i| py - 16 + if i % 2 == 0 { i / 2 } else { -(i + 1) / 2 } * line_h)
+            .find(|&t| !clash(t))
+            .unwrap_or(py - 16);
+        placed.push((left, top, width));
+        root.draw(&Text::new(
+            name.to_string(),
+            (left, top),
+            ("sans-serif", 14),
+        ))
+        .map_err(|e| plot_err(path, e))?;
     }
     chart
         .configure_series_labels()
