@@ -34,6 +34,7 @@ pub mod data;
 pub mod device;
 pub mod dtype;
 pub mod error;
+pub mod estimator_lab;
 pub mod gradcheck;
 pub mod info;
 pub mod memory;

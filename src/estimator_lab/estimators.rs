@@ -1,0 +1,172 @@
+//! The estimators the lab compares, and how each one's draws are made with
+//! [`GradientProbe`]: which router runs, on which logits, and what the router's gradient is
+//! an estimate of.
+//!
+//! | name | router run by the probe | expectation approximates | experts per token |
+//! |---|---|---|---|
+//! | `sparsemixer` (hybrid), `sparsemixer-1st`, `sparsemixer-2rd` | itself, jitter r | ∇₀ + ∇₁ (the tape's `2∇̂`), under the *masked* π | 1 |
+//! | `sparsemixer-v2` | itself, `top=1` | ∇₀ (no ×2, third-order rule), masked π | 1 |
+//! | `st` | itself | ∇₀ (first order) | n |
+//! | `gumbel-st` | itself, τ = 1 | ∇₀ (a relaxation, biased) | n |
+//! | `reinforce` | itself; the probe uses the loss value as reward | ∇₀ (unbiased) | 1 |
+//! | `reinmax` | itself, τ = 1 | ∇₀ + ∇₁ (second order; exact for linear g) | n |
+//! | `switch` | `sparsemixer-1st`, mask off, gradient halved | ∇₁ (unbiased) | 1 |
+//! | `switch-jitter` (not in the default list) | `switch`, jitter r | — (D = argmax θ⊙u, not D ∼ π) | 1 |
+//!
+//! **`switch`.** The Switch router's gradient is plain backprop through the one expert that
+//! ran, i.e. the ∇₁ term only. In the lab that rule is applied under the lab's own sampling
+//! `D ∼ π`, so its expectation is exactly ∇₁ and it can be compared with the others on one
+//! objective. The probe gets it from `sparsemixer-1st`, whose router gradient with c ≡ 1 is
+//! exactly twice plain autograd of `y = π_D f_D` (spec part 2, property 9): halved, and with the
+//! mask switched off by feeding the logits shifted by `b = 3·max|θ| + 1` with r = ½ (the softmax,
+//! the Gumbel-max sample and the gradient are shift-invariant; every shifted logit then passes
+//! `θ* − θ_j ≤ r(|θ*| + |θ_j|)`). The shipped `switch` router picks `D = argmax θ ⊙ u`, u ∼
+//! U(1−r, 1+r) (SparseMixer Eq. 8), which is not a draw from π; its numbers are available as
+//! `switch-jitter` and answer a different question (how far the deployed rule is from ∇).
+//!
+//! **`sparsemixer-v2`** fits the same objective: it samples one expert from the same masked π,
+//! and its forward scale c ∈ {⅓, 1} is a quadrature of `g(π_D f_D) − g(0)`, the summand of ∇₀;
+//! without SparseMixer's ×2 its expectation approximates ∇₀ alone, so against ∇ = ∇₀ + ∇₁ it
+//! carries a ∇₁-sized bias, like ST and REINFORCE. `bias_nabla0` in the report shows how well it
+//! does what it sets out to do.
+
+use crate::moe::router::RouterConfig;
+use crate::moe::routers::probe::GradientProbe;
+use crate::{Device, Error, Result, Tensor};
+
+/// The estimators `moegrad estimators` runs by default, in table order.
+pub const ESTIMATOR_NAMES: &[&str] = &[
+    "sparsemixer",
+    "sparsemixer-1st",
+    "sparsemixer-2rd",
+    "sparsemixer-v2",
+    "st",
+    "gumbel-st",
+    "reinforce",
+    "reinmax",
+    "switch",
+];
+
+/// Estimators the lab also accepts, outside the default list.
+pub const EXTRA_ESTIMATOR_NAMES: &[&str] = &["switch-jitter"];
+
+/// The quantity an estimator's expectation approximates (by design, before any bias).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Target {
+    /// the full gradient ∇₀ + ∇₁
+    Total,
+    /// ∇₀ only
+    Nabla0,
+    /// ∇₁ only
+    Nabla1,
+    /// none of them (`switch-jitter` samples from another distribution)
+    Other,
+}
+
+impl Target {
+    /// How the table prints it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Target::Total => "∇₀+∇₁",
+            Target::Nabla0 => "∇₀",
+            Target::Nabla1 => "∇₁",
+            Target::Other => "-",
+        }
+    }
+}
+
+/// One estimator set up for drawing: the probe and how its output maps to an estimate.
+pub struct LabEstimator {
+    name: String,
+    target: Target,
+    probe: GradientProbe,
+    /// added to every logit before the probe sees them
+    shift: f64,
+    /// multiplies the probe's gradient
+    factor: f64,
+}
+
+impl LabEstimator {
+    /// The estimator `name` for a problem with `experts` experts and logits `logits`
+    /// (`[T·n]`, to size `switch`'s shift), SparseMixer jitter `jitter`, noise seed `seed`.
+    ///
+    /// # Errors
+    /// An unknown name (the message lists the accepted ones), or an error of the router.
+    pub fn new(
+        name: &str,
+        experts: usize,
+        logits: &[f64],
+        jitter: f64,
+        seed: u64,
+    ) -> Result<LabEstimator> {
+        let mut cfg = RouterConfig::new(experts, experts, 1);
+        cfg.seed = seed;
+        cfg.jitter = jitter;
+        let (router, target, shift, factor) = match name {
+            "sparsemixer" | "sparsemixer-1st" | "sparsemixer-2rd" | "reinmax" => {
+                (name, Target::Total, 0.0, 1.0)
+            }
+            "sparsemixer-v2" | "st" | "gumbel-st" | "reinforce" => (name, Target::Nabla0, 0.0, 1.0),
+            "switch" => {
+                cfg.jitter = 0.5;
+                let m = logits.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+                ("sparsemixer-1st", Target::Nabla1, 3.0 * m + 1.0, 0.5)
+            }
+            "switch-jitter" => ("switch", Target::Other, 0.0, 1.0),
+            other => {
+                return Err(Error::Invalid(format!(
+                    "unknown estimator {other:?}; expected one of {}",
+                    ESTIMATOR_NAMES
+                        .iter()
+                        .chain(EXTRA_ESTIMATOR_NAMES)
+                        .copied()
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )));
+            }
+        };
+        Ok(LabEstimator {
+            name: name.to_string(),
+            target,
+            probe: GradientProbe::new(router, &cfg, Device::cpu())?,
+            shift,
+            factor,
+        })
+    }
+
+    /// The lab's name of the estimator.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// What its expectation approximates.
+    pub fn target(&self) -> Target {
+        self.target
+    }
+
+    /// One draw: the estimate of `∂L/∂θ` (`[T·n]`) and the experts evaluated per token.
+    /// `logits` `[T, n]` and `outputs` `[T, n, d]` are the problem's tensors, `loss` its
+    /// tensor loss; each call uses fresh noise (reproducibly, from the seed).
+    ///
+    /// # Errors
+    /// Any error of the probe or the loss.
+    pub fn draw(
+        &self,
+        logits: &Tensor,
+        outputs: &Tensor,
+        loss: &dyn Fn(&Tensor) -> Result<Tensor>,
+    ) -> Result<(Vec<f64>, f64)> {
+        let est = if self.shift != 0.0 {
+            self.probe
+                .estimate(&logits.add_scalar(self.shift)?, outputs, loss)?
+        } else {
+            self.probe.estimate(logits, outputs, loss)?
+        };
+        let mut g = est.grad.to_vec_f64()?;
+        if self.factor != 1.0 {
+            g.iter_mut().for_each(|v| *v *= self.factor);
+        }
+        Ok((g, est.experts_per_token))
+    }
+}
