@@ -88,6 +88,12 @@ fn training_keeps_the_bank_frozen_and_reports_the_selected_experts() {
     assert_eq!(rate.len(), 16);
     // top-4 selects exactly 4 experts per example
     assert!((rate.iter().sum::<f64>() - 4.0).abs() < 1e-9, "{rate:?}");
+    let weight = s.expert_mean_weight.clone().unwrap();
+    // Shazeer top-k weights sum to 1 per example
+    assert!(
+        (weight.iter().sum::<f64>() - 1.0).abs() < 1e-5,
+        "{weight:?}"
+    );
     let selected = s.selected_experts.clone().unwrap();
     assert!(selected.iter().all(|&e| rate[e] >= 0.5));
     assert_eq!(s.true_experts.clone().unwrap().len(), 4);
@@ -151,6 +157,7 @@ fn command_line_reports_selected_and_true_experts() {
     assert!(v["selected_experts"].is_array(), "{v}");
     assert_eq!(v["true_experts"].as_array().unwrap().len(), 4);
     assert_eq!(v["expert_selection_rate"].as_array().unwrap().len(), 16);
+    assert_eq!(v["expert_mean_weight"].as_array().unwrap().len(), 16);
     let out = Command::new(env!("CARGO_BIN_EXE_moegrad"))
         .args([
             "train",

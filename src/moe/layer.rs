@@ -266,8 +266,19 @@ impl MoeLayer {
             let plogp = p.mul(&p.add_scalar(1e-12)?.log()?)?;
             plogp.sum(&[-1], false)?.mean_all()?.neg()
         })?;
+        // the combine weight each expert received, summed over its kept rows (no gradient)
+        let weight_per_expert = crate::no_grad(|| {
+            let kept_w = w.detach().reshape(&[a])?.to_dtype(crate::DType::F32)?;
+            let kept_w = kept_w.mul(&plan.row_kept.to_dtype(crate::DType::F32)?)?;
+            Tensor::zeros(&[self.config.experts], crate::DType::F32, out.device())?.scatter_add(
+                0,
+                &plan.row_expert_clamped,
+                &kept_w,
+            )
+        })?;
         let stats = RoutingStats {
             kept_per_expert: plan.kept_per_expert.clone(),
+            weight_per_expert,
             routed_per_expert: plan.routed_per_expert.clone(),
             entropy,
             tokens: t * routings.len(),

@@ -8,6 +8,8 @@ use crate::{Result, Tensor};
 pub struct RoutingStats {
     /// `[n]` kept assignments per expert
     pub kept_per_expert: Tensor,
+    /// `[n]` the combine weight each expert received, summed over its kept assignments
+    pub weight_per_expert: Tensor,
     /// `[n]` routed (valid) assignments per expert, before capacity
     pub routed_per_expert: Tensor,
     /// mean entropy of the router's distribution over experts, in nats (scalar)

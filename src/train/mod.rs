@@ -54,6 +54,10 @@ pub struct TrainSummary {
     /// weight (after training)
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expert_selection_rate: Option<Vec<f64>>,
+    /// synthetic-b: per expert, its mean gate weight over the test examples (sums to the mean
+    /// total weight, 1 for gates on the simplex)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expert_mean_weight: Option<Vec<f64>>,
     /// synthetic-b: the experts the gate selects for at least half of the test examples
     #[serde(skip_serializing_if = "Option::is_none")]
     pub selected_experts: Option<Vec<usize>>,
@@ -500,9 +504,11 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         let (test_loss, acc) = evaluate(model, &data.test, cfg.batch.max(256), device)?;
         last = (f64::NAN, test_loss, acc);
     }
-    let (expert_selection_rate, selected_experts, true_experts) = match &data.bank {
+    let (expert_selection_rate, expert_mean_weight, selected_experts, true_experts) = match &data
+        .bank
+    {
         Some(bank) => {
-            let rate = selection_rate(model, &data.test, cfg.batch.max(256), device)?;
+            let (rate, weight) = expert_usage(model, &data.test, cfg.batch.max(256), device)?;
             let selected = (0..rate.len()).filter(|&e| rate[e] >= 0.5).collect();
             if opts.progress {
                 eprintln!(
@@ -510,9 +516,14 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
                     bank.true_experts
                 );
             }
-            (Some(rate), Some(selected), Some(bank.true_experts.clone()))
+            (
+                Some(rate),
+                Some(weight),
+                Some(selected),
+                Some(bank.true_experts.clone()),
+            )
         }
-        None => (None, None, None),
+        None => (None, None, None, None),
     };
     Ok(TrainSummary {
         device: device.to_string(),
@@ -526,38 +537,45 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         expert_load: last_routing.as_ref().map(|r| r.0.clone()),
         drop_rate: last_routing.map(|r| r.1),
         expert_selection_rate,
+        expert_mean_weight,
         selected_experts,
         true_experts,
     })
 }
 
-/// Per expert, the fraction of `data`'s examples routed to it with a nonzero weight, in
-/// evaluation mode (summed on the device, read back once).
-pub fn selection_rate(
+/// Per expert, the fraction of `data`'s examples routed to it with a nonzero weight, and its
+/// mean gate weight over the examples, in evaluation mode (summed on the device, read back once).
+pub fn expert_usage(
     model: &dyn TaskModel,
     data: &Dataset,
     batch: usize,
     device: Device,
-) -> Result<Vec<f64>> {
+) -> Result<(Vec<f64>, Vec<f64>)> {
     let _guard = crate::NoGradGuard::new();
     model.set_training(false);
-    let mut kept: Option<Tensor> = None;
+    let mut sums: Option<(Tensor, Tensor)> = None;
     for ids in data.order(0, 0, false).chunks(batch.max(1)) {
         let b = data.batch(ids, device)?;
-        let stats = model.forward(&b.x)?.routing.ok_or_else(|| {
-            Error::Invalid("expert selection needs a model with an MoE layer".into())
-        })?;
-        kept = Some(match kept {
-            None => stats.kept_per_expert.clone(),
-            Some(k) => k.add(&stats.kept_per_expert)?,
+        let stats = model
+            .forward(&b.x)?
+            .routing
+            .ok_or_else(|| Error::Invalid("expert usage needs a model with an MoE layer".into()))?;
+        sums = Some(match sums {
+            None => (stats.kept_per_expert, stats.weight_per_expert),
+            Some((k, w)) => (
+                k.add(&stats.kept_per_expert)?,
+                w.add(&stats.weight_per_expert)?,
+            ),
         });
     }
     model.set_training(true);
     let n = data.len().max(1) as f64;
-    Ok(match kept {
-        Some(k) => k.to_vec_f64()?.iter().map(|v| v / n).collect(),
-        None => Vec::new(),
-    })
+    let per_example =
+        |t: &Tensor| -> Result<Vec<f64>> { Ok(t.to_vec_f64()?.iter().map(|v| v / n).collect()) };
+    match sums {
+        Some((k, w)) => Ok((per_example(&k)?, per_example(&w)?)),
+        None => Ok((Vec::new(), Vec::new())),
+    }
 }
 
 /// Fractions of kept assignments per expert and the fraction dropped, from summed counts.
