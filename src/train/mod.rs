@@ -58,7 +58,8 @@ pub struct TrainSummary {
     /// total weight, 1 for gates on the simplex)
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expert_mean_weight: Option<Vec<f64>>,
-    /// synthetic-b: the experts the gate selects for at least half of the test examples
+    /// synthetic-b: the experts the gate selects: those whose mean weight is at least half an
+    /// equal share of the k choices, `1/(2k)`
     #[serde(skip_serializing_if = "Option::is_none")]
     pub selected_experts: Option<Vec<usize>>,
     /// synthetic-b: where the true experts sit in the bank
@@ -509,10 +510,14 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
     {
         Some(bank) => {
             let (rate, weight) = expert_usage(model, &data.test, cfg.batch.max(256), device)?;
-            let selected = (0..rate.len()).filter(|&e| rate[e] >= 0.5).collect();
+            // an expert is selected when it holds at least half of an equal share of the k
+            // choices: a gate can put all its mass on the true experts while the others keep
+            // tiny nonzero weights (DSelect-k before its selectors saturate)
+            let share = 0.5 / cfg.k.max(1) as f64;
+            let selected = (0..weight.len()).filter(|&e| weight[e] >= share).collect();
             if opts.progress {
                 eprintln!(
-                    "synthetic-b: the gate selects experts {selected:?} (for ≥ half the test examples); the true experts are {:?}",
+                    "synthetic-b: the gate selects experts {selected:?} (mean weight ≥ 1/(2k)); the true experts are {:?}",
                     bank.true_experts
                 );
             }
