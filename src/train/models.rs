@@ -165,6 +165,20 @@ fn capacity(factor: f64) -> Capacity {
     }
 }
 
+/// The MoE layer settings of a run: `experts` experts `d → hidden → d` with the run's router,
+/// k, capacities, auxiliary-loss coefficients, router options and seed.
+fn moe_config(cfg: &TrainConfig, d: usize, hidden: usize, experts: usize) -> MoeConfig {
+    let mut mc = MoeConfig::new(d, hidden, experts, cfg.k);
+    mc.router = cfg.router.clone();
+    mc.capacity = capacity(cfg.capacity_factor);
+    mc.eval_capacity = capacity(cfg.eval_capacity_factor);
+    mc.balance_loss = cfg.balance_loss;
+    mc.z_loss = cfg.z_loss;
+    mc.router_options = cfg.router_options.clone();
+    mc.seed = cfg.seed;
+    mc
+}
+
 /// Builds the model for images of `side × side` pixels and `tasks` tasks.
 pub fn build(
     cfg: &TrainConfig,
@@ -234,14 +248,7 @@ pub fn build(
         }
         ModelKind::MoeMlp | ModelKind::MoeCnn | ModelKind::MmoeCnn => {
             let cnn = cfg.model != ModelKind::MoeMlp;
-            let mut mc = MoeConfig::new(side * side, cfg.expert_hidden, cfg.experts, cfg.k);
-            mc.router = cfg.router.clone();
-            mc.capacity = capacity(cfg.capacity_factor);
-            mc.eval_capacity = capacity(cfg.eval_capacity_factor);
-            mc.balance_loss = cfg.balance_loss;
-            mc.z_loss = cfg.z_loss;
-            mc.router_options = cfg.router_options.clone();
-            mc.seed = cfg.seed;
+            let mut mc = moe_config(cfg, side * side, cfg.expert_hidden, cfg.experts);
             if cnn {
                 mc.expert_kind = ExpertKind::Cnn { side };
                 mc.d_out = crate::moe::cnn_experts::CNN_EXPERT_OUT;
@@ -315,16 +322,9 @@ pub fn build_synthetic_b(
 ) -> Result<Box<dyn TaskModel>> {
     use crate::data::synthetic::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
     let n = bank.experts;
-    let mut mc = MoeConfig::new(IN, OUT, n, cfg.k);
+    let mut mc = moe_config(cfg, IN, OUT, n);
     mc.d_out = OUT;
     mc.expert_bias = false;
-    mc.router = cfg.router.clone();
-    mc.capacity = capacity(cfg.capacity_factor);
-    mc.eval_capacity = capacity(cfg.eval_capacity_factor);
-    mc.balance_loss = cfg.balance_loss;
-    mc.z_loss = cfg.z_loss;
-    mc.router_options = cfg.router_options.clone();
-    mc.seed = cfg.seed;
     let moe = MoeLayer::new(&mc, device)?;
     let mut w1 = None;
     let mut w2 = None;
