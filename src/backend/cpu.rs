@@ -1003,6 +1003,73 @@ impl Backend for CpuBackend {
 /// Elements per rayon task in the fused optimizer loops.
 const OPT_CHUNK: usize = 1 << 14;
 
+/// Adam's per-step constants in the buffer's own precision (so the f32 loop runs in f32 lanes).
+#[derive(Clone, Copy)]
+struct AdamConsts<T> {
+    b1: T,
+    b2: T,
+    one_minus_b1: T,
+    one_minus_b2: T,
+    lr: T,
+    wd: T,
+    eps: T,
+    scale: T,
+    inv_bc1: T,
+    inv_bc2: T,
+}
+
+impl<T: Float> AdamConsts<T> {
+    fn new(h: AdamHyper, scale: f64) -> AdamConsts<T> {
+        let c = |x: f64| T::from(x).unwrap_or_else(T::nan);
+        let (b1, b2) = (c(h.beta1), c(h.beta2));
+        AdamConsts {
+            b1,
+            b2,
+            one_minus_b1: T::one() - b1,
+            one_minus_b2: T::one() - b2,
+            lr: c(h.lr),
+            wd: c(h.weight_decay),
+            eps: c(h.eps),
+            scale: c(scale),
+            inv_bc1: c(1.0 / h.bias_correction1),
+            inv_bc2: c(1.0 / h.bias_correction2),
+        }
+    }
+}
+
+/// One Adam (`DECOUPLED = false`, L2 decay folded into the gradient) or AdamW
+/// (`DECOUPLED = true`) update over one chunk, in place. The constants arrive by value and the
+/// slices are cut to one length, so the loop has no branch or reload and vectorises.
+#[inline(always)]
+fn adam_chunk<T: Float, const DECOUPLED: bool>(
+    p: &mut [T],
+    g: &[T],
+    m: &mut [T],
+    v: &mut [T],
+    c: AdamConsts<T>,
+) {
+    let n = p.len().min(g.len()).min(m.len()).min(v.len());
+    let (p, g, m, v) = (&mut p[..n], &g[..n], &mut m[..n], &mut v[..n]);
+    for i in 0..n {
+        let pi = p[i];
+        let mut gi = g[i] * c.scale;
+        if !DECOUPLED {
+            gi = gi + c.wd * pi;
+        }
+        let mi = c.b1 * m[i] + c.one_minus_b1 * gi;
+        let vi = c.b2 * v[i] + c.one_minus_b2 * gi * gi;
+        m[i] = mi;
+        v[i] = vi;
+        let update = (mi * c.inv_bc1) / ((vi * c.inv_bc2).sqrt() + c.eps);
+        let decay = if DECOUPLED {
+            c.lr * c.wd * pi
+        } else {
+            T::zero()
+        };
+        p[i] = pi - c.lr * update - decay;
+    }
+}
+
 impl CpuBackend {
     /// [`Backend::adam_step`] in place: the parameter and moment buffers are updated where they
     /// are when nothing else shares them (copied first otherwise), so a steady-state optimizer
@@ -1027,29 +1094,18 @@ impl CpuBackend {
             h: AdamHyper,
         ) {
             let (p, m, v) = (Arc::make_mut(p), Arc::make_mut(m), Arc::make_mut(v));
-            // In the buffer's own precision, so the f32 loop vectorises 16 wide.
-            let c = |x: f64| T::from(x).unwrap_or_else(T::nan);
-            let (b1, b2, one) = (c(h.beta1), c(h.beta2), T::one());
-            let (lr, wd, eps, sc) = (c(h.lr), c(h.weight_decay), c(h.eps), c(scale));
-            let (inv_bc1, inv_bc2) = (c(1.0 / h.bias_correction1), c(1.0 / h.bias_correction2));
-            let f = |p: &mut [T], g: &[T], m: &mut [T], v: &mut [T]| {
-                for (((p, &g), m), v) in p.iter_mut().zip(g).zip(m.iter_mut()).zip(v.iter_mut()) {
-                    let mut gi = g * sc;
-                    if !h.decoupled {
-                        gi = gi + wd * *p;
-                    }
-                    *m = b1 * *m + (one - b1) * gi;
-                    *v = b2 * *v + (one - b2) * gi * gi;
-                    let update = (*m * inv_bc1) / ((*v * inv_bc2).sqrt() + eps);
-                    let decay = if h.decoupled { lr * wd * *p } else { T::zero() };
-                    *p = *p - lr * update - decay;
-                }
-            };
-            p.par_chunks_mut(OPT_CHUNK)
+            let c = AdamConsts::new(h, scale);
+            let chunks = p
+                .par_chunks_mut(OPT_CHUNK)
                 .zip(g.par_chunks(OPT_CHUNK))
                 .zip(m.par_chunks_mut(OPT_CHUNK))
-                .zip(v.par_chunks_mut(OPT_CHUNK))
-                .for_each(|(((p, g), m), v)| f(p, g, m, v));
+                .zip(v.par_chunks_mut(OPT_CHUNK));
+            // the Adam/AdamW choice is made once here, not per element, so the loop vectorises
+            if h.decoupled {
+                chunks.for_each(|(((p, g), m), v)| adam_chunk::<T, true>(p, g, m, v, c));
+            } else {
+                chunks.for_each(|(((p, g), m), v)| adam_chunk::<T, false>(p, g, m, v, c));
+            }
         }
         match (param, grad, m, v) {
             (CpuBuffer::F32(p), CpuBuffer::F32(g), CpuBuffer::F32(m), CpuBuffer::F32(v)) => {
