@@ -1263,22 +1263,30 @@ fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
     transpose_w: bool,
 ) -> Vec<T> {
     let mut out = vec![T::zero(); rows * m];
-    // One GEMM per run of rows that share an expert (rows arrive sorted by expert), written into
-    // that run's own slice of the output.
+    // One GEMM per block of rows that share an expert (rows arrive sorted by expert), written
+    // into that block's own slice of the output. Long runs are cut into blocks so that the
+    // threads take whole single-threaded GEMMs: measured on 2 cores, that is faster than one
+    // GEMM split by `gemm`'s own threading, and it serves many small experts alike.
     let runs = expert_runs(&row_expert[..rows.min(row_expert.len())], experts);
+    let block = row_block(rows);
     let mut parts: Vec<(usize, usize, &mut [T])> = Vec::with_capacity(runs.len());
     let mut rest: &mut [T] = &mut out;
     let mut at = 0;
     for &(e, r0, r1) in &runs {
-        let tail = std::mem::take(&mut rest);
-        let (_, tail) = tail.split_at_mut((r0 - at) * m);
-        let (part, tail) = tail.split_at_mut((r1 - r0) * m);
-        parts.push((e, r0, part));
-        rest = tail;
-        at = r1;
+        let mut b0 = r0;
+        while b0 < r1 {
+            let b1 = (b0 + block).min(r1);
+            let tail = std::mem::take(&mut rest);
+            let (_, tail) = tail.split_at_mut((b0 - at) * m);
+            let (part, tail) = tail.split_at_mut((b1 - b0) * m);
+            parts.push((e, b0, part));
+            rest = tail;
+            at = b1;
+            b0 = b1;
+        }
     }
     let (rs, cs) = if transpose_w { (1, k) } else { (m, 1) };
-    let one = |(e, r0, part): (usize, usize, &mut [T]), par| {
+    let one = |(e, r0, part): (usize, usize, &mut [T])| {
         let la = MatLayout {
             offset: r0 * k,
             batch_stride: 0,
@@ -1292,18 +1300,26 @@ fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
             col_stride: cs,
         };
         let r = part.len() / m.max(1);
-        gemm_into(part, x, la, w, lb, (r, k, m), false, par);
+        gemm_into(
+            part,
+            x,
+            la,
+            w,
+            lb,
+            (r, k, m),
+            false,
+            gemm::Parallelism::None,
+        );
     };
-    if per_expert_parallel(parts.len()) {
-        parts
-            .into_par_iter()
-            .for_each(|p| one(p, gemm::Parallelism::None));
-    } else {
-        for p in parts {
-            one(p, gemm::Parallelism::Rayon(0));
-        }
-    }
+    parts.into_par_iter().for_each(one);
     out
+}
+
+/// Rows per task of the grouped matmul: about four tasks per thread over `rows`, at least 64
+/// rows (below that a GEMM is mostly packing).
+fn row_block(rows: usize) -> usize {
+    rows.div_ceil(4 * rayon::current_num_threads().max(1))
+        .max(64)
 }
 
 fn grouped_weight_grad_kernel<T: Float + Send + Sync + 'static>(
