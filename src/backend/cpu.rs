@@ -619,6 +619,46 @@ fn cumsum_kernel<T: Float>(x: &[T], v: AxisView, reverse: bool) -> Vec<T> {
     out
 }
 
+/// A key whose unsigned order is the order of `x` as the sort sees it: NaN as −∞, −0 as +0
+/// (each compares equal to its partner, so both must get one key), then the IEEE bits with the
+/// sign flipped for positive values and all bits flipped for negative ones.
+fn sort_key(x: f64) -> u64 {
+    let x = if x.is_nan() {
+        f64::NEG_INFINITY
+    } else if x == 0.0 {
+        0.0
+    } else {
+        x
+    };
+    let bits = x.to_bits();
+    if bits >> 63 == 1 {
+        !bits
+    } else {
+        bits | (1 << 63)
+    }
+}
+
+/// [`sort_key`] for an f32, in 32 bits.
+fn sort_key_f32(x: f32) -> u32 {
+    let x = if x.is_nan() {
+        f32::NEG_INFINITY
+    } else if x == 0.0 {
+        0.0
+    } else {
+        x
+    };
+    let bits = x.to_bits();
+    if bits >> 31 == 1 {
+        !bits
+    } else {
+        bits | (1 << 31)
+    }
+}
+
+/// Stable argsort of each row. Each element becomes one integer, its key (from [`sort_key`],
+/// inverted for a descending sort) above its index, so one unstable sort of plain integers gives
+/// the stable order: equal keys fall back to the index. f32 rows pack into u64, f64 rows into
+/// u128. One scratch vector per rayon task, none per row.
 fn argsort_kernel<T: Float + Send + Sync>(
     x: &[T],
     rows: usize,
@@ -626,32 +666,44 @@ fn argsort_kernel<T: Float + Send + Sync>(
     descending: bool,
 ) -> Vec<i32> {
     let mut out = vec![0i32; rows * len];
-    let sort_row = |(r, row_out): (usize, &mut [i32])| {
+    let narrow = std::mem::size_of::<T>() == 4;
+    let flip = |k: u64| if descending { !k } else { k };
+    let sort_row = |(narrow_keys, wide_keys): &mut (Vec<u64>, Vec<u128>),
+                    (r, row_out): (usize, &mut [i32])| {
         let row = &x[r * len..(r + 1) * len];
-        let mut ids: Vec<usize> = (0..len).collect();
-        // NaN sorts as the smallest value, in both directions of "smallest".
-        let key = |i: usize| {
-            if row[i].is_nan() {
-                T::neg_infinity()
-            } else {
-                row[i]
+        if narrow {
+            narrow_keys.clear();
+            narrow_keys.extend(row.iter().enumerate().map(|(i, v)| {
+                let k = sort_key_f32(v.to_f32().unwrap_or(f32::NAN)) as u64;
+                (flip(k << 32) & !0xFFFF_FFFF) | i as u64
+            }));
+            narrow_keys.sort_unstable();
+            for (slot, &k) in row_out.iter_mut().zip(narrow_keys.iter()) {
+                *slot = k as u32 as i32;
             }
-        };
-        ids.sort_by(|&i, &j| {
-            let o = key(i)
-                .partial_cmp(&key(j))
-                .unwrap_or(std::cmp::Ordering::Equal);
-            if descending { o.reverse() } else { o }
-        });
-        for (slot, &i) in row_out.iter_mut().zip(&ids) {
-            *slot = i as i32;
+        } else {
+            wide_keys.clear();
+            wide_keys.extend(row.iter().enumerate().map(|(i, v)| {
+                let k = flip(sort_key(v.to_f64().unwrap_or(f64::NAN)));
+                ((k as u128) << 64) | i as u128
+            }));
+            wide_keys.sort_unstable();
+            for (slot, &k) in row_out.iter_mut().zip(wide_keys.iter()) {
+                *slot = k as u64 as i32;
+            }
         }
     };
+    let scratch = || (Vec::with_capacity(len), Vec::new());
     if len > 0 {
-        if rows * len >= PAR_MIN {
-            out.par_chunks_mut(len).enumerate().for_each(sort_row);
+        if rows * len >= PAR_MIN && rows > 1 {
+            out.par_chunks_mut(len)
+                .enumerate()
+                .for_each_init(scratch, sort_row);
         } else {
-            out.chunks_mut(len).enumerate().for_each(sort_row);
+            let mut keys = scratch();
+            out.chunks_mut(len)
+                .enumerate()
+                .for_each(|row| sort_row(&mut keys, row));
         }
     }
     out
