@@ -1,11 +1,11 @@
 //! The CPU backend's fast kernels against plain reference loops, through the `Backend` trait.
 //!
 //! The CPU kernels are the reference the GPU is checked against (tests/gpu_primitives.rs,
-//! tests/gpu_matmul.rs), so their own fast paths — the integer-key argsort, the grouped matmul
-//! cut into row blocks, the weight gradient written without a zeroing pass — are checked here
-//! against the obvious loops: exactly for sorting, to rounding for the products. Sizes cover
-//! the serial and the parallel paths, ties, NaN, ±0 and ±∞, rows dropped from every expert, and
-//! experts that receive no rows.
+//! tests/gpu_matmul.rs), so their own fast paths — the integer-key argsort and its top-k
+//! selection, the grouped matmul cut into row blocks, the weight gradient written without a
+//! zeroing pass — are checked here against the obvious loops: exactly for sorting, to rounding
+//! for the products. Sizes cover the serial and the parallel paths, ties, NaN, ±0 and ±∞, rows
+//! dropped from every expert, and experts that receive no rows.
 
 use moegrad::backend::cpu::{CpuBackend, CpuBuffer};
 use moegrad::backend::{Backend, HostData};
@@ -52,6 +52,15 @@ fn reference_argsort(x: &[f64], rows: usize, len: usize, descending: bool) -> Ve
 }
 
 #[test]
+fn argsort_top_rejects_k_beyond_the_row() {
+    let x = up(HostData::F32(vec![1.0, 2.0, 3.0]));
+    assert!(matches!(
+        CPU.argsort_top(&x, 1, 3, 4, true),
+        Err(moegrad::Error::Shape(_))
+    ));
+}
+
+#[test]
 fn argsort_is_the_stable_sort_with_nan_lowest_in_f32_and_f64() {
     let mut rng = ChaCha8Rng::seed_from_u64(11);
     for (rows, len) in [
@@ -90,14 +99,43 @@ fn argsort_is_the_stable_sort_with_nan_lowest_in_f32_and_f64() {
                 reference_argsort(&x, rows, len, descending),
                 "f64 argsort [{rows}, {len}] descending {descending}"
             );
+            let want32 = reference_argsort(&x32_back, rows, len, descending);
             let got = CPU
                 .argsort(&up(HostData::F32(x32.clone())), rows, len, descending)
                 .unwrap();
             assert_eq!(
                 down_i32(&got),
-                reference_argsort(&x32_back, rows, len, descending),
+                want32,
                 "f32 argsort [{rows}, {len}] descending {descending}"
             );
+            // argsort_top (top-k routing): the first k columns, selected rather than sorted
+            let want64 = reference_argsort(&x, rows, len, descending);
+            for k in [0, 1, 2, len / 2, len.saturating_sub(1), len] {
+                if k > len {
+                    continue;
+                }
+                let first = |all: &[i32]| -> Vec<i32> {
+                    all.chunks(len.max(1))
+                        .flat_map(|row| row[..k.min(row.len())].to_vec())
+                        .collect()
+                };
+                let got = CPU
+                    .argsort_top(&up(HostData::F32(x32.clone())), rows, len, k, descending)
+                    .unwrap();
+                assert_eq!(
+                    down_i32(&got),
+                    first(&want32),
+                    "f32 argsort_top [{rows}, {len}] k {k} descending {descending}"
+                );
+                let got = CPU
+                    .argsort_top(&up(HostData::F64(x.clone())), rows, len, k, descending)
+                    .unwrap();
+                assert_eq!(
+                    down_i32(&got),
+                    first(&want64),
+                    "f64 argsort_top [{rows}, {len}] k {k} descending {descending}"
+                );
+            }
         }
     }
 }

@@ -656,17 +656,21 @@ fn sort_key_f32(x: f32) -> u32 {
     }
 }
 
-/// Stable argsort of each row. Each element becomes one integer, its key (from [`sort_key`],
-/// inverted for a descending sort) above its index, so one unstable sort of plain integers gives
-/// the stable order: equal keys fall back to the index. f32 rows pack into u64, f64 rows into
-/// u128. One scratch vector per rayon task, none per row.
+/// Stable argsort of each row, keeping the first `keep` columns (`keep = len` for a full
+/// argsort). Each element becomes one integer, its key (from [`sort_key`], inverted for a
+/// descending sort) above its index, so one unstable sort of plain integers gives the stable
+/// order: equal keys fall back to the index. With `keep < len` the `keep` first keys are
+/// selected (`select_nth_unstable`) and only they are sorted. f32 rows pack into u64, f64 rows
+/// into u128. One scratch vector per rayon task, none per row.
 fn argsort_kernel<T: Float + Send + Sync>(
     x: &[T],
     rows: usize,
     len: usize,
+    keep: usize,
     descending: bool,
 ) -> Vec<i32> {
-    let mut out = vec![0i32; rows * len];
+    let keep = keep.min(len);
+    let mut out = vec![0i32; rows * keep];
     let narrow = std::mem::size_of::<T>() == 4;
     let flip = |k: u64| if descending { !k } else { k };
     let sort_row = |(narrow_keys, wide_keys): &mut (Vec<u64>, Vec<u128>),
@@ -678,7 +682,7 @@ fn argsort_kernel<T: Float + Send + Sync>(
                 let k = sort_key_f32(v.to_f32().unwrap_or(f32::NAN)) as u64;
                 (flip(k << 32) & !0xFFFF_FFFF) | i as u64
             }));
-            narrow_keys.sort_unstable();
+            sort_first(narrow_keys, keep);
             for (slot, &k) in row_out.iter_mut().zip(narrow_keys.iter()) {
                 *slot = k as u32 as i32;
             }
@@ -688,26 +692,39 @@ fn argsort_kernel<T: Float + Send + Sync>(
                 let k = flip(sort_key(v.to_f64().unwrap_or(f64::NAN)));
                 ((k as u128) << 64) | i as u128
             }));
-            wide_keys.sort_unstable();
+            sort_first(wide_keys, keep);
             for (slot, &k) in row_out.iter_mut().zip(wide_keys.iter()) {
                 *slot = k as u64 as i32;
             }
         }
     };
     let scratch = || (Vec::with_capacity(len), Vec::new());
-    if len > 0 {
+    if keep > 0 {
         if rows * len >= PAR_MIN && rows > 1 {
-            out.par_chunks_mut(len)
+            out.par_chunks_mut(keep)
                 .enumerate()
                 .for_each_init(scratch, sort_row);
         } else {
             let mut keys = scratch();
-            out.chunks_mut(len)
+            out.chunks_mut(keep)
                 .enumerate()
                 .for_each(|row| sort_row(&mut keys, row));
         }
     }
     out
+}
+
+/// Sorts the `keep` smallest elements of `v` into its front (all of `v` when `keep ≥ len`).
+fn sort_first<K: Ord>(v: &mut [K], keep: usize) {
+    if keep < v.len() {
+        if keep == 0 {
+            return;
+        }
+        v.select_nth_unstable(keep - 1);
+        v[..keep].sort_unstable();
+    } else {
+        v.sort_unstable();
+    }
 }
 
 fn concat_kernel<T: Copy>(parts: &[&[T]], lens: &[usize], outer: usize, inner: usize) -> Vec<T> {
@@ -944,8 +961,28 @@ impl Backend for CpuBackend {
         descending: bool,
     ) -> Result<CpuBuffer> {
         match x {
-            CpuBuffer::F32(v) => Ok(i32b(argsort_kernel(v, rows, len, descending))),
-            CpuBuffer::F64(v) => Ok(i32b(argsort_kernel(v, rows, len, descending))),
+            CpuBuffer::F32(v) => Ok(i32b(argsort_kernel(v, rows, len, len, descending))),
+            CpuBuffer::F64(v) => Ok(i32b(argsort_kernel(v, rows, len, len, descending))),
+            CpuBuffer::I32(_) => Err(Error::DType("argsort needs a float tensor, got i32".into())),
+        }
+    }
+
+    fn argsort_top(
+        &self,
+        x: &CpuBuffer,
+        rows: usize,
+        len: usize,
+        k: usize,
+        descending: bool,
+    ) -> Result<CpuBuffer> {
+        if k > len {
+            return Err(Error::Shape(format!(
+                "argsort_top: k = {k} exceeds the row length {len}"
+            )));
+        }
+        match x {
+            CpuBuffer::F32(v) => Ok(i32b(argsort_kernel(v, rows, len, k, descending))),
+            CpuBuffer::F64(v) => Ok(i32b(argsort_kernel(v, rows, len, k, descending))),
             CpuBuffer::I32(_) => Err(Error::DType("argsort needs a float tensor, got i32".into())),
         }
     }
