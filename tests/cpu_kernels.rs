@@ -3,9 +3,10 @@
 //! The CPU kernels are the reference the GPU is checked against (tests/gpu_primitives.rs,
 //! tests/gpu_matmul.rs), so their own fast paths — the integer-key argsort and its top-k
 //! selection, the grouped matmul cut into row blocks, the weight gradient written without a
-//! zeroing pass — are checked here against the obvious loops: exactly for sorting, to rounding
-//! for the products. Sizes cover the serial and the parallel paths, ties, NaN, ±0 and ±∞, rows
-//! dropped from every expert, and experts that receive no rows.
+//! zeroing pass, the sum along rows in lanes and blocks — are checked here against the obvious
+//! loops: exactly for sorting, to rounding for products and sums. Sizes cover the serial and
+//! the parallel paths, ties, NaN, ±0 and ±∞, rows dropped from every expert, and experts that
+//! receive no rows.
 
 use moegrad::backend::cpu::{CpuBackend, CpuBuffer};
 use moegrad::backend::{Backend, HostData};
@@ -305,6 +306,61 @@ fn grouped_weight_grad_matches_the_loop_and_is_exactly_zero_for_unused_experts()
                     .iter()
                     .all(|v| v.to_bits() == 0),
                 "expert {e} received no rows but its gradient is not exactly zero"
+            );
+        }
+    }
+}
+
+#[test]
+fn sums_along_contiguous_rows_match_the_loop_in_blocks_and_lanes() {
+    use moegrad::backend::{AxisView, ReduceOp};
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    // one long row (summed in blocks), many rows (in parallel), short rows, empty shapes
+    for (outer, len) in [
+        (1usize, 200_003usize),
+        (3, 70_000),
+        (3000, 257),
+        (5, 9),
+        (0, 5),
+        (4, 0),
+    ] {
+        let x: Vec<f64> = (0..outer * len)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let view = AxisView {
+            outer,
+            len,
+            inner: 1,
+        };
+        let want: Vec<f64> = (0..outer)
+            .map(|o| x[o * len..(o + 1) * len].iter().sum())
+            .collect();
+        let got = down_f64(
+            &CPU.reduce(ReduceOp::Sum, &up(HostData::F64(x.clone())), view)
+                .unwrap(),
+        );
+        let got32 = down_f64(
+            &CPU.reduce(
+                ReduceOp::Sum,
+                &up(HostData::F32(x.iter().map(|&v| v as f32).collect())),
+                view,
+            )
+            .unwrap(),
+        );
+        assert_eq!(got.len(), outer);
+        for o in 0..outer {
+            let scale = (len as f64).sqrt().max(1.0);
+            assert!(
+                (got[o] - want[o]).abs() <= 1e-12 * scale,
+                "f64 sum of row {o} of [{outer}, {len}]: {} vs {}",
+                got[o],
+                want[o]
+            );
+            assert!(
+                (got32[o] - want[o]).abs() <= 1e-5 * scale,
+                "f32 sum of row {o} of [{outer}, {len}]: {} vs {}",
+                got32[o],
+                want[o]
             );
         }
     }

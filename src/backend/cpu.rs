@@ -412,8 +412,65 @@ fn unary_kernel<T: Float + Send + Sync + Default>(op: UnaryOp, x: &[T]) -> Vec<T
     }
 }
 
+/// Elements per task when a sum runs along long contiguous rows (fixed, so the result does not
+/// depend on the number of threads).
+const SUM_BLOCK: usize = 1 << 16;
+
+/// The sum of a contiguous slice in eight interleaved partial sums (so the loop vectorises and
+/// no add waits on the one before), combined pairwise at the end.
+fn sum_lanes<T: Float>(x: &[T]) -> T {
+    let mut acc = [T::zero(); 8];
+    let chunks = x.chunks_exact(8);
+    let rest = chunks.remainder();
+    for c in chunks {
+        for (a, &v) in acc.iter_mut().zip(c) {
+            *a = *a + v;
+        }
+    }
+    let mut s = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for &v in rest {
+        s = s + v;
+    }
+    s
+}
+
+/// A sum along contiguous rows (`inner = 1`: a softmax's denominator, a loss's mean, a
+/// broadcast gradient summed back): each row in [`sum_lanes`], rows in parallel; a row longer
+/// than [`SUM_BLOCK`] is summed in blocks in parallel and the block sums are added in order.
+fn sum_rows<T: Float + Send + Sync>(x: &[T], outer: usize, len: usize) -> Vec<T> {
+    let blocks = len.div_ceil(SUM_BLOCK).max(1);
+    if blocks == 1 {
+        let mut out = vec![T::zero(); outer];
+        let row = |(o, s): (usize, &mut T)| *s = sum_lanes(&x[o * len..(o + 1) * len]);
+        if outer * len >= PAR_MIN {
+            out.par_iter_mut()
+                .enumerate()
+                .with_min_len(64)
+                .for_each(row);
+        } else {
+            out.iter_mut().enumerate().for_each(row);
+        }
+        return out;
+    }
+    let partial: Vec<T> = (0..outer * blocks)
+        .into_par_iter()
+        .map(|b| {
+            let (o, j) = (b / blocks, b % blocks);
+            let (lo, hi) = (j * SUM_BLOCK, ((j + 1) * SUM_BLOCK).min(len));
+            sum_lanes(&x[o * len + lo..o * len + hi])
+        })
+        .collect();
+    partial
+        .chunks(blocks)
+        .map(|c| c.iter().fold(T::zero(), |s, &v| s + v))
+        .collect()
+}
+
 fn reduce_kernel<T: Float + Send + Sync>(op: ReduceOp, x: &[T], v: AxisView) -> Vec<T> {
     let AxisView { outer, len, inner } = v;
+    if op == ReduceOp::Sum && inner == 1 {
+        return sum_rows(x, outer, len);
+    }
     tabulate(outer * inner, |oi| {
         let (o, i) = (oi / inner, oi % inner);
         let at = |j: usize| x[o * len * inner + j * inner + i];
