@@ -3,10 +3,10 @@
 //! The CPU kernels are the reference the GPU is checked against (tests/gpu_primitives.rs,
 //! tests/gpu_matmul.rs), so their own fast paths — the integer-key argsort and its top-k
 //! selection, the grouped matmul cut into row blocks, the weight gradient written without a
-//! zeroing pass, the sum along rows in lanes and blocks — are checked here against the obvious
-//! loops: exactly for sorting, to rounding for products and sums. Sizes cover the serial and
-//! the parallel paths, ties, NaN, ±0 and ±∞, rows dropped from every expert, and experts that
-//! receive no rows.
+//! zeroing pass, the sum along rows in lanes and blocks, the flat `where` — are checked here
+//! against the obvious loops: exactly for sorting and selection, to rounding for products and
+//! sums. Sizes cover the serial and the parallel paths, ties, NaN, ±0 and ±∞, rows dropped
+//! from every expert, and experts that receive no rows.
 
 use moegrad::backend::cpu::{CpuBackend, CpuBuffer};
 use moegrad::backend::{Backend, HostData};
@@ -364,4 +364,72 @@ fn sums_along_contiguous_rows_match_the_loop_in_blocks_and_lanes() {
             );
         }
     }
+}
+
+#[test]
+fn where_matches_the_loop_for_contiguous_scalar_and_broadcast_operands() {
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    let (rows, cols) = (300usize, 257usize);
+    let n = rows * cols;
+    let shape = [rows, cols];
+    let full = [cols, 1];
+    let cond: Vec<f64> = (0..n)
+        .map(|i| match i % 5 {
+            0 => 0.0,
+            1 => -0.0,
+            2 => f64::NAN,
+            _ => rng.random_range(-1.0..1.0),
+        })
+        .collect();
+    let a: Vec<f64> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let b: Vec<f64> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let row_b: Vec<f64> = (0..rows).map(|_| rng.random_range(-1.0..1.0)).collect();
+    // (b, its strides, b at flat index i): contiguous, one value, one value per row
+    let cases: [(Vec<f64>, [usize; 2], Box<dyn Fn(usize) -> f64>); 3] = [
+        (b.clone(), full, Box::new(|i| b[i])),
+        (vec![7.5], [0, 0], Box::new(|_| 7.5)),
+        (row_b.clone(), [1, 0], Box::new(|i| row_b[i / cols])),
+    ];
+    for (bv, sb, b_at) in cases {
+        let got = down_f64(
+            &CPU.where_cond(
+                &up(HostData::F64(cond.clone())),
+                &full,
+                &up(HostData::F64(a.clone())),
+                &full,
+                &up(HostData::F64(bv)),
+                &sb,
+                &shape,
+            )
+            .unwrap(),
+        );
+        for i in 0..n {
+            let want = if cond[i] != 0.0 { a[i] } else { b_at(i) };
+            assert_eq!(
+                got[i].to_bits(),
+                want.to_bits(),
+                "where, b strides {sb:?}, element {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn relu_passes_no_gradient_to_inactive_units_even_a_nan_one() {
+    use moegrad::{Device, Tensor};
+    let x = Tensor::from_f64(vec![-1.0, 0.0, -0.0, 2.0, 3.0], &[5], Device::cpu()).unwrap();
+    x.set_requires_grad(true).unwrap();
+    let g = Tensor::from_f64(
+        vec![f64::NAN, f64::INFINITY, 1.0, 4.0, f64::NAN],
+        &[5],
+        Device::cpu(),
+    )
+    .unwrap();
+    x.relu().unwrap().backward_with(&g).unwrap();
+    let dx = x.grad().unwrap().to_vec_f64().unwrap();
+    assert_eq!(&dx[..4], &[0.0, 0.0, 0.0, 4.0]);
+    assert!(
+        dx[4].is_nan(),
+        "an active unit passes its gradient as it is"
+    );
 }

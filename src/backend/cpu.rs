@@ -340,6 +340,56 @@ fn binary_kernel<T: Float + Send + Sync + Default>(
     })
 }
 
+/// `out = if cond != 0 { a } else { b }` elementwise. When the condition and `a` are
+/// contiguous and `b` is contiguous or one value (a ReLU's gradient, a masked output), it is a
+/// flat loop over chunks; otherwise it goes through [`strided_apply`].
+fn where_kernel<T: Float + Send + Sync + Default>(
+    c: &[T],
+    sc: &[usize],
+    a: &[T],
+    sa: &[usize],
+    b: &[T],
+    sb: &[usize],
+    shape: &[usize],
+) -> Vec<T> {
+    let n: usize = shape.iter().product();
+    let contig = |x: &[T], s: &[usize]| is_contiguous(shape, s) && x.len() == n;
+    let scalar = |x: &[T], s: &[usize]| {
+        !x.is_empty() && s.iter().zip(shape).all(|(&s, &d)| s == 0 || d == 1)
+    };
+    let pick = |c: T, x: T, y: T| if c != T::zero() { x } else { y };
+    if !(contig(c, sc) && contig(a, sa)) {
+        return strided_apply(shape, [(c, sc), (a, sa), (b, sb)], move |[c, x, y]| {
+            pick(c, x, y)
+        });
+    }
+    if contig(b, sb) {
+        let mut out = vec![T::default(); n];
+        let body = |(((o, c), a), b): (((&mut [T], &[T]), &[T]), &[T])| {
+            for (((o, &c), &x), &y) in o.iter_mut().zip(c).zip(a).zip(b) {
+                *o = pick(c, x, y);
+            }
+        };
+        if n >= PAR_MIN {
+            out.par_chunks_mut(MAP_CHUNK)
+                .zip(c.par_chunks(MAP_CHUNK))
+                .zip(a.par_chunks(MAP_CHUNK))
+                .zip(b.par_chunks(MAP_CHUNK))
+                .for_each(body);
+        } else {
+            body((((&mut out, c), a), b));
+        }
+        return out;
+    }
+    if scalar(b, sb) {
+        let y = b[0];
+        return map2(c, a, move |c, x| pick(c, x, y));
+    }
+    strided_apply(shape, [(c, sc), (a, sa), (b, sb)], move |[c, x, y]| {
+        pick(c, x, y)
+    })
+}
+
 /// The broadcasting case of [`binary_kernel`], row by row over the last axis: when each operand
 /// walks that axis with stride 1 or 0 (a row of values or one value per row, e.g. expert outputs
 /// times their routing weight), the row loop is a plain slice loop that vectorises; otherwise it
@@ -874,16 +924,12 @@ impl Backend for CpuBackend {
         shape: &[usize],
     ) -> Result<CpuBuffer> {
         match (cond, a, b) {
-            (CpuBuffer::F32(c), CpuBuffer::F32(a), CpuBuffer::F32(b)) => Ok(f32b(strided_apply(
-                shape,
-                [(c, sc), (a, sa), (b, sb)],
-                |[c, x, y]| if c != 0.0 { x } else { y },
-            ))),
-            (CpuBuffer::F64(c), CpuBuffer::F64(a), CpuBuffer::F64(b)) => Ok(f64b(strided_apply(
-                shape,
-                [(c, sc), (a, sa), (b, sb)],
-                |[c, x, y]| if c != 0.0 { x } else { y },
-            ))),
+            (CpuBuffer::F32(c), CpuBuffer::F32(a), CpuBuffer::F32(b)) => {
+                Ok(f32b(where_kernel(c, sc, a, sa, b, sb, shape)))
+            }
+            (CpuBuffer::F64(c), CpuBuffer::F64(a), CpuBuffer::F64(b)) => {
+                Ok(f64b(where_kernel(c, sc, a, sa, b, sb, shape)))
+            }
             _ => Err(Error::DType(format!(
                 "where needs a condition and two values of one float dtype, got {}, {} and {}",
                 cond.dtype(),
