@@ -384,13 +384,17 @@ fn where_matches_the_loop_for_contiguous_scalar_and_broadcast_operands() {
     let a: Vec<f64> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
     let b: Vec<f64> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
     let row_b: Vec<f64> = (0..rows).map(|_| rng.random_range(-1.0..1.0)).collect();
-    // (b, its strides, b at flat index i): contiguous, one value, one value per row
-    let cases: [(Vec<f64>, [usize; 2], Box<dyn Fn(usize) -> f64>); 3] = [
-        (b.clone(), full, Box::new(|i| b[i])),
-        (vec![7.5], [0, 0], Box::new(|_| 7.5)),
-        (row_b.clone(), [1, 0], Box::new(|i| row_b[i / cols])),
+    // (b, its strides, b expanded to every element): contiguous, one value, one value per row
+    let cases = [
+        (b.clone(), full, b.clone()),
+        (vec![7.5], [0, 0], vec![7.5; n]),
+        (
+            row_b.clone(),
+            [1, 0],
+            (0..n).map(|i| row_b[i / cols]).collect::<Vec<f64>>(),
+        ),
     ];
-    for (bv, sb, b_at) in cases {
+    for (bv, sb, b_full) in cases {
         let got = down_f64(
             &CPU.where_cond(
                 &up(HostData::F64(cond.clone())),
@@ -404,7 +408,7 @@ fn where_matches_the_loop_for_contiguous_scalar_and_broadcast_operands() {
             .unwrap(),
         );
         for i in 0..n {
-            let want = if cond[i] != 0.0 { a[i] } else { b_at(i) };
+            let want = if cond[i] != 0.0 { a[i] } else { b_full[i] };
             assert_eq!(
                 got[i].to_bits(),
                 want.to_bits(),

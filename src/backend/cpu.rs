@@ -365,19 +365,18 @@ fn where_kernel<T: Float + Send + Sync + Default>(
     }
     if contig(b, sb) {
         let mut out = vec![T::default(); n];
-        let body = |(((o, c), a), b): (((&mut [T], &[T]), &[T]), &[T])| {
-            for (((o, &c), &x), &y) in o.iter_mut().zip(c).zip(a).zip(b) {
+        // chunk k of the output against the same range of each operand
+        let body = |(k, o): (usize, &mut [T])| {
+            let r = k * MAP_CHUNK..k * MAP_CHUNK + o.len();
+            let (c, x, y) = (&c[r.clone()], &a[r.clone()], &b[r]);
+            for (((o, &c), &x), &y) in o.iter_mut().zip(c).zip(x).zip(y) {
                 *o = pick(c, x, y);
             }
         };
         if n >= PAR_MIN {
-            out.par_chunks_mut(MAP_CHUNK)
-                .zip(c.par_chunks(MAP_CHUNK))
-                .zip(a.par_chunks(MAP_CHUNK))
-                .zip(b.par_chunks(MAP_CHUNK))
-                .for_each(body);
+            out.par_chunks_mut(MAP_CHUNK).enumerate().for_each(body);
         } else {
-            body((((&mut out, c), a), b));
+            out.chunks_mut(MAP_CHUNK).enumerate().for_each(body);
         }
         return out;
     }
