@@ -330,6 +330,24 @@ pub trait Backend {
         len: usize,
         descending: bool,
     ) -> Result<Self::Buffer>;
+    /// The first `k` columns of [`Backend::argsort`]: per row of `x` viewed as `[rows, len]`, the
+    /// indices of its `k` largest (`descending`) or smallest values, in sorted order, ties by
+    /// index. Output I32 `[rows, k]` (`k ≤ len`). This provided body sorts whole rows and keeps
+    /// `k` columns; a backend may select the `k` first instead (top-k routing over many experts).
+    fn argsort_top(
+        &self,
+        x: &Self::Buffer,
+        rows: usize,
+        len: usize,
+        k: usize,
+        descending: bool,
+    ) -> Result<Self::Buffer> {
+        let order = self.argsort(x, rows, len, descending)?;
+        if k == len {
+            return Ok(order);
+        }
+        self.copy_strided(&order, &[rows, k], &[len, 1], 0)
+    }
     /// The grouped (per-expert) matmul of an MoE layer: `out[r] = x[r] · W[e_r]` (or `W[e_r]ᵀ`
     /// with `transpose_w`), `x: [R, k]`, `w: [n, k, m]` (`[n, m, k]` when transposed),
     /// `row_expert: [R]` I32. Rows whose expert is outside `0..n` produce zeros. Rows should be

@@ -297,6 +297,16 @@ impl Storage {
     pub fn argsort(&self, rows: usize, len: usize, descending: bool) -> Result<Storage> {
         dispatch!(self, be, x => be.argsort(x, rows, len, descending))
     }
+    /// See [`Backend::argsort_top`].
+    pub fn argsort_top(
+        &self,
+        rows: usize,
+        len: usize,
+        k: usize,
+        descending: bool,
+    ) -> Result<Storage> {
+        dispatch!(self, be, x => be.argsort_top(x, rows, len, k, descending))
+    }
     /// See [`Backend::random_uniform`].
     pub fn random_uniform(len: usize, seed: u64, dtype: DType, gpu: bool) -> Result<Storage> {
         if gpu {

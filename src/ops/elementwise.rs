@@ -83,8 +83,10 @@ impl Tensor {
     }
     /// `max(x, 0)`; d/dx = 1 where x > 0
     pub fn relu(&self) -> Result<Tensor> {
-        self.unary_with_rule(UnaryOp::Relu, "relu", |g, x, _| {
-            g.mul(&x.map_unary(UnaryOp::Step)?)
+        // The gradient passes where the output is nonzero (x > 0) and is exactly 0 elsewhere:
+        // one `where` pass over the saved output, with no step mask built first.
+        self.unary_with_rule(UnaryOp::Relu, "relu", |g, _, y| {
+            Tensor::where_cond(y, g, &Tensor::scalar(0.0, g.dtype(), g.device())?)
         })
     }
     /// GELU, tanh approximation `0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))` (as in GPT-2/BERT code).

@@ -51,7 +51,9 @@ impl Tensor {
         self.check_float("sum")?;
         let axes = self.normalize_axes(axes)?;
         let mut y = self.detach();
-        for &a in &axes {
+        // innermost axis first: a sum along contiguous rows is the fast one (dims are kept
+        // until the end, so the other axes keep their numbers)
+        for &a in axes.iter().rev() {
             y = y.reduce_axis_raw(ReduceOp::Sum, a)?;
         }
         let kept = y.shape().to_vec();

@@ -37,15 +37,18 @@ impl Tensor {
     /// assert_eq!(v.to_vec_f32().unwrap(), vec![0.7, 0.2]);
     /// ```
     pub fn topk(&self, k: usize) -> Result<(Tensor, Tensor)> {
-        let (_, len) = self.rows_and_len("topk")?;
+        let (rows, len) = self.rows_and_len("topk")?;
         if k > len {
             return Err(Error::Invalid(format!(
                 "topk: k = {k} exceeds the last axis of shape {:?}",
                 self.shape()
             )));
         }
-        let order = self.argsort(true)?;
-        let idx = order.slice(-1, 0, k)?;
+        let mut shape = self.shape().to_vec();
+        if let Some(last) = shape.last_mut() {
+            *last = k;
+        }
+        let idx = Tensor::from_storage(self.storage().argsort_top(rows, len, k, true)?, shape);
         let values = self.gather(-1, &idx)?;
         Ok((values, idx))
     }

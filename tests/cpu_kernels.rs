@@ -1,0 +1,439 @@
+//! The CPU backend's fast kernels against plain reference loops, through the `Backend` trait.
+//!
+//! The CPU kernels are the reference the GPU is checked against (tests/gpu_primitives.rs,
+//! tests/gpu_matmul.rs), so their own fast paths — the integer-key argsort and its top-k
+//! selection, the grouped matmul cut into row blocks, the weight gradient written without a
+//! zeroing pass, the sum along rows in lanes and blocks, the flat `where` — are checked here
+//! against the obvious loops: exactly for sorting and selection, to rounding for products and
+//! sums. Sizes cover the serial and the parallel paths, ties, NaN, ±0 and ±∞, rows dropped
+//! from every expert, and experts that receive no rows.
+
+use moegrad::backend::cpu::{CpuBackend, CpuBuffer};
+use moegrad::backend::{Backend, HostData};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+const CPU: CpuBackend = CpuBackend;
+
+fn up(h: HostData) -> CpuBuffer {
+    CPU.upload(&h).unwrap()
+}
+
+fn down_i32(b: &CpuBuffer) -> Vec<i32> {
+    match CPU.download(b).unwrap() {
+        HostData::I32(v) => v,
+        other => panic!("expected i32 data, got {:?}", other.dtype()),
+    }
+}
+
+fn down_f64(b: &CpuBuffer) -> Vec<f64> {
+    CPU.download(b).unwrap().to_f64()
+}
+
+/// The documented argsort: a stable sort of each row, NaN as the smallest value.
+fn reference_argsort(x: &[f64], rows: usize, len: usize, descending: bool) -> Vec<i32> {
+    let mut out = Vec::with_capacity(rows * len);
+    for r in 0..rows {
+        let row = &x[r * len..(r + 1) * len];
+        let key = |i: usize| {
+            if row[i].is_nan() {
+                f64::NEG_INFINITY
+            } else {
+                row[i]
+            }
+        };
+        let mut ids: Vec<usize> = (0..len).collect();
+        ids.sort_by(|&i, &j| {
+            let o = key(i).partial_cmp(&key(j)).unwrap();
+            if descending { o.reverse() } else { o }
+        });
+        out.extend(ids.into_iter().map(|i| i as i32));
+    }
+    out
+}
+
+#[test]
+fn argsort_top_rejects_k_beyond_the_row() {
+    let x = up(HostData::F32(vec![1.0, 2.0, 3.0]));
+    assert!(matches!(
+        CPU.argsort_top(&x, 1, 3, 4, true),
+        Err(moegrad::Error::Shape(_))
+    ));
+}
+
+#[test]
+fn argsort_is_the_stable_sort_with_nan_lowest_in_f32_and_f64() {
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for (rows, len) in [
+        (0usize, 4usize),
+        (3, 0),
+        (1, 1),
+        (3, 5),
+        (4096, 64),
+        (300, 7),
+        (1, 5000),
+        (2, 1025),
+    ] {
+        // few distinct values (many ties, which must keep index order), and the special values
+        let mut x: Vec<f64> = (0..rows * len)
+            .map(|_| rng.random_range(0..8) as f64 * 0.5 - 2.0)
+            .collect();
+        for (i, v) in x.iter_mut().enumerate() {
+            match i % 13 {
+                1 => *v = f64::NAN,
+                4 => *v = -0.0,
+                5 => *v = 0.0,
+                7 => *v = f64::NEG_INFINITY,
+                9 => *v = f64::INFINITY,
+                11 => *v = rng.random_range(-1e-30..1e-30),
+                _ => {}
+            }
+        }
+        let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+        let x32_back: Vec<f64> = x32.iter().map(|&v| v as f64).collect();
+        for descending in [false, true] {
+            let got = CPU
+                .argsort(&up(HostData::F64(x.clone())), rows, len, descending)
+                .unwrap();
+            assert_eq!(
+                down_i32(&got),
+                reference_argsort(&x, rows, len, descending),
+                "f64 argsort [{rows}, {len}] descending {descending}"
+            );
+            let want32 = reference_argsort(&x32_back, rows, len, descending);
+            let got = CPU
+                .argsort(&up(HostData::F32(x32.clone())), rows, len, descending)
+                .unwrap();
+            assert_eq!(
+                down_i32(&got),
+                want32,
+                "f32 argsort [{rows}, {len}] descending {descending}"
+            );
+            // argsort_top (top-k routing): the first k columns, selected rather than sorted
+            let want64 = reference_argsort(&x, rows, len, descending);
+            for k in [0, 1, 2, len / 2, len.saturating_sub(1), len] {
+                if k > len {
+                    continue;
+                }
+                let first = |all: &[i32]| -> Vec<i32> {
+                    all.chunks(len.max(1))
+                        .flat_map(|row| row[..k.min(row.len())].to_vec())
+                        .collect()
+                };
+                let got = CPU
+                    .argsort_top(&up(HostData::F32(x32.clone())), rows, len, k, descending)
+                    .unwrap();
+                assert_eq!(
+                    down_i32(&got),
+                    first(&want32),
+                    "f32 argsort_top [{rows}, {len}] k {k} descending {descending}"
+                );
+                let got = CPU
+                    .argsort_top(&up(HostData::F64(x.clone())), rows, len, k, descending)
+                    .unwrap();
+                assert_eq!(
+                    down_i32(&got),
+                    first(&want64),
+                    "f64 argsort_top [{rows}, {len}] k {k} descending {descending}"
+                );
+            }
+        }
+    }
+}
+
+/// `out[r] = x[r] · W[e_r]` (or `W[e_r]ᵀ`) with zeros for rows whose expert is out of range.
+#[allow(clippy::too_many_arguments)]
+fn reference_grouped(
+    x: &[f64],
+    w: &[f64],
+    re: &[i32],
+    rows: usize,
+    k: usize,
+    m: usize,
+    n: usize,
+    transpose_w: bool,
+) -> Vec<f64> {
+    let mut out = vec![0.0; rows * m];
+    for r in 0..rows {
+        let e = re[r];
+        if e < 0 || e as usize >= n {
+            continue;
+        }
+        let e = e as usize;
+        for j in 0..m {
+            let mut s = 0.0;
+            for i in 0..k {
+                let wij = if transpose_w {
+                    w[e * k * m + j * k + i]
+                } else {
+                    w[e * k * m + i * m + j]
+                };
+                s += x[r * k + i] * wij;
+            }
+            out[r * m + j] = s;
+        }
+    }
+    out
+}
+
+/// Expert of each row, sorted by expert, with some rows dropped (−1) and expert `empty`
+/// receiving none; `offsets[e]` is where expert e's rows start.
+fn routed_rows(rng: &mut ChaCha8Rng, rows: usize, n: usize, empty: usize) -> (Vec<i32>, Vec<i32>) {
+    let mut re: Vec<i32> = (0..rows)
+        .map(|_| {
+            loop {
+                let e = rng.random_range(0..n);
+                if e != empty {
+                    break e as i32;
+                }
+            }
+        })
+        .collect();
+    re.sort();
+    let mut offsets = vec![0i32; n + 1];
+    for e in 0..n {
+        offsets[e + 1] = offsets[e] + re.iter().filter(|&&x| x == e as i32).count() as i32;
+    }
+    // drop every 17th row (as a capacity limit would): expert −1 in place
+    for (i, v) in re.iter_mut().enumerate() {
+        if i % 17 == 3 {
+            *v = -1;
+        }
+    }
+    (re, offsets)
+}
+
+#[test]
+fn grouped_matmul_matches_the_loop_in_row_blocks_and_small_runs() {
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    // (rows, k, m, experts): long runs cut into several blocks, many short runs, tiny, empty
+    for (rows, k, m, n) in [
+        (3000usize, 24usize, 40usize, 2usize),
+        (700, 16, 33, 24),
+        (5, 3, 4, 3),
+        (0, 8, 8, 2),
+    ] {
+        let (re, _) = routed_rows(&mut rng, rows, n, 1);
+        let x: Vec<f64> = (0..rows * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let w: Vec<f64> = (0..n * k * m)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        for transpose_w in [false, true] {
+            let want = reference_grouped(&x, &w, &re, rows, k, m, n, transpose_w);
+            let got = CPU
+                .grouped_matmul(
+                    &up(HostData::F64(x.clone())),
+                    &up(HostData::F64(w.clone())),
+                    &up(HostData::I32(re.clone())),
+                    rows,
+                    k,
+                    m,
+                    n,
+                    transpose_w,
+                )
+                .unwrap();
+            let got = down_f64(&got);
+            assert_eq!(got.len(), want.len());
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    (g - w).abs() <= 1e-12 * (1.0 + w.abs()),
+                    "grouped_matmul [{rows}, {k}]·[{n}, {k}, {m}] transpose {transpose_w}: \
+                     element {i} is {g}, want {w}"
+                );
+                if re[i / m] < 0 {
+                    assert_eq!(
+                        g.to_bits(),
+                        0.0f64.to_bits(),
+                        "dropped row {} not zero",
+                        i / m
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn grouped_weight_grad_matches_the_loop_and_is_exactly_zero_for_unused_experts() {
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    for (rows, k, m, n) in [
+        (3000usize, 12usize, 20usize, 3usize),
+        (600, 8, 9, 40),
+        (0, 4, 4, 2),
+    ] {
+        let empty = 1;
+        let (re, offsets) = routed_rows(&mut rng, rows, n, empty);
+        let x: Vec<f64> = (0..rows * k).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let dy: Vec<f64> = (0..rows * m).map(|_| rng.random_range(-1.0..1.0)).collect();
+        let mut want = vec![0.0; n * k * m];
+        for r in 0..rows {
+            if re[r] < 0 {
+                continue;
+            }
+            let e = re[r] as usize;
+            for i in 0..k {
+                for j in 0..m {
+                    want[e * k * m + i * m + j] += x[r * k + i] * dy[r * m + j];
+                }
+            }
+        }
+        // free a NaN block of the output's size first, which the allocator may hand back
+        drop(up(HostData::F64(vec![f64::NAN; n * k * m])));
+        let got = CPU
+            .grouped_weight_grad(
+                &up(HostData::F64(x)),
+                &up(HostData::F64(dy)),
+                &up(HostData::I32(re.clone())),
+                &up(HostData::I32(offsets)),
+                k,
+                m,
+                n,
+            )
+            .unwrap();
+        let got = down_f64(&got);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-12 * (1.0 + w.abs()),
+                "grouped_weight_grad [{rows}, {k}]ᵀ·[{rows}, {m}] over {n} experts: element {i} \
+                 is {g}, want {w}"
+            );
+        }
+        let e = empty.min(n - 1);
+        let used = re.contains(&(e as i32));
+        if !used {
+            assert!(
+                got[e * k * m..(e + 1) * k * m]
+                    .iter()
+                    .all(|v| v.to_bits() == 0),
+                "expert {e} received no rows but its gradient is not exactly zero"
+            );
+        }
+    }
+}
+
+#[test]
+fn sums_along_contiguous_rows_match_the_loop_in_blocks_and_lanes() {
+    use moegrad::backend::{AxisView, ReduceOp};
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    // one long row (summed in blocks), many rows (in parallel), short rows, empty shapes
+    for (outer, len) in [
+        (1usize, 200_003usize),
+        (3, 70_000),
+        (3000, 257),
+        (5, 9),
+        (0, 5),
+        (4, 0),
+    ] {
+        let x: Vec<f64> = (0..outer * len)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let view = AxisView {
+            outer,
+            len,
+            inner: 1,
+        };
+        let want: Vec<f64> = (0..outer)
+            .map(|o| x[o * len..(o + 1) * len].iter().sum())
+            .collect();
+        let got = down_f64(
+            &CPU.reduce(ReduceOp::Sum, &up(HostData::F64(x.clone())), view)
+                .unwrap(),
+        );
+        let got32 = down_f64(
+            &CPU.reduce(
+                ReduceOp::Sum,
+                &up(HostData::F32(x.iter().map(|&v| v as f32).collect())),
+                view,
+            )
+            .unwrap(),
+        );
+        assert_eq!(got.len(), outer);
+        for o in 0..outer {
+            let scale = (len as f64).sqrt().max(1.0);
+            assert!(
+                (got[o] - want[o]).abs() <= 1e-12 * scale,
+                "f64 sum of row {o} of [{outer}, {len}]: {} vs {}",
+                got[o],
+                want[o]
+            );
+            assert!(
+                (got32[o] - want[o]).abs() <= 1e-5 * scale,
+                "f32 sum of row {o} of [{outer}, {len}]: {} vs {}",
+                got32[o],
+                want[o]
+            );
+        }
+    }
+}
+
+#[test]
+fn where_matches_the_loop_for_contiguous_scalar_and_broadcast_operands() {
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    let (rows, cols) = (300usize, 257usize);
+    let n = rows * cols;
+    let shape = [rows, cols];
+    let full = [cols, 1];
+    let cond: Vec<f64> = (0..n)
+        .map(|i| match i % 5 {
+            0 => 0.0,
+            1 => -0.0,
+            2 => f64::NAN,
+            _ => rng.random_range(-1.0..1.0),
+        })
+        .collect();
+    let a: Vec<f64> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let b: Vec<f64> = (0..n).map(|_| rng.random_range(-1.0..1.0)).collect();
+    let row_b: Vec<f64> = (0..rows).map(|_| rng.random_range(-1.0..1.0)).collect();
+    // (b, its strides, b expanded to every element): contiguous, one value, one value per row
+    let cases = [
+        (b.clone(), full, b.clone()),
+        (vec![7.5], [0, 0], vec![7.5; n]),
+        (
+            row_b.clone(),
+            [1, 0],
+            (0..n).map(|i| row_b[i / cols]).collect::<Vec<f64>>(),
+        ),
+    ];
+    for (bv, sb, b_full) in cases {
+        let got = down_f64(
+            &CPU.where_cond(
+                &up(HostData::F64(cond.clone())),
+                &full,
+                &up(HostData::F64(a.clone())),
+                &full,
+                &up(HostData::F64(bv)),
+                &sb,
+                &shape,
+            )
+            .unwrap(),
+        );
+        for i in 0..n {
+            let want = if cond[i] != 0.0 { a[i] } else { b_full[i] };
+            assert_eq!(
+                got[i].to_bits(),
+                want.to_bits(),
+                "where, b strides {sb:?}, element {i}"
+            );
+        }
+    }
+}
+
+#[test]
+fn relu_passes_no_gradient_to_inactive_units_even_a_nan_one() {
+    use moegrad::{Device, Tensor};
+    let x = Tensor::from_f64(vec![-1.0, 0.0, -0.0, 2.0, 3.0], &[5], Device::cpu()).unwrap();
+    x.set_requires_grad(true).unwrap();
+    let g = Tensor::from_f64(
+        vec![f64::NAN, f64::INFINITY, 1.0, 4.0, f64::NAN],
+        &[5],
+        Device::cpu(),
+    )
+    .unwrap();
+    x.relu().unwrap().backward_with(&g).unwrap();
+    let dx = x.grad().unwrap().to_vec_f64().unwrap();
+    assert_eq!(&dx[..4], &[0.0, 0.0, 0.0, 4.0]);
+    assert!(
+        dx[4].is_nan(),
+        "an active unit passes its gradient as it is"
+    );
+}
