@@ -50,6 +50,16 @@ pub const ESTIMATOR_NAMES: &[&str] = &[
 /// Estimators the lab also accepts, outside the default list.
 pub const EXTRA_ESTIMATOR_NAMES: &[&str] = &["switch-jitter"];
 
+/// Every estimator name the lab accepts, comma-separated (for error messages).
+pub fn known_estimators() -> String {
+    ESTIMATOR_NAMES
+        .iter()
+        .chain(EXTRA_ESTIMATOR_NAMES)
+        .copied()
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// The quantity an estimator's expectation approximates (by design, before any bias).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -117,12 +127,7 @@ impl LabEstimator {
             other => {
                 return Err(Error::Invalid(format!(
                     "unknown estimator {other:?}; expected one of {}",
-                    ESTIMATOR_NAMES
-                        .iter()
-                        .chain(EXTRA_ESTIMATOR_NAMES)
-                        .copied()
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    known_estimators()
                 )));
             }
         };

@@ -115,12 +115,7 @@ impl LabConfig {
             {
                 return bad(format!(
                     "--estimators: unknown estimator {e:?}; expected one of {}",
-                    ESTIMATOR_NAMES
-                        .iter()
-                        .chain(EXTRA_ESTIMATOR_NAMES)
-                        .copied()
-                        .collect::<Vec<_>>()
-                        .join(", ")
+                    estimators::known_estimators()
                 ));
             }
         }
