@@ -109,6 +109,37 @@ fn tabulate<T: Send, F: Fn(usize) -> T + Sync + Send>(n: usize, f: F) -> Vec<T> 
     }
 }
 
+/// A new buffer of `n` elements written chunk by chunk (`chunk` elements each, the last one
+/// shorter) by `fill(chunk_index, chunk)`, in parallel when `n ≥ PAR_MIN`. The buffer is not
+/// zeroed first: a kernel that writes every element anyway would otherwise pay a
+/// single-threaded memset of its whole output before its own pass (16 MB for one expert
+/// activation of the MoE benchmark).
+///
+/// # Safety
+/// `fill` must write every element of each chunk it is handed.
+unsafe fn write_chunks<T: Send>(
+    n: usize,
+    chunk: usize,
+    fill: impl Fn(usize, &mut [MaybeUninit<T>]) + Sync + Send,
+) -> Vec<T> {
+    let mut out = Vec::with_capacity(n);
+    let spare = &mut out.spare_capacity_mut()[..n];
+    if n >= PAR_MIN {
+        spare
+            .par_chunks_mut(chunk.max(1))
+            .enumerate()
+            .for_each(|(k, c)| fill(k, c));
+    } else {
+        spare
+            .chunks_mut(chunk.max(1))
+            .enumerate()
+            .for_each(|(k, c)| fill(k, c));
+    }
+    // SAFETY: the chunks cover all n elements and the caller's `fill` wrote each of them.
+    unsafe { out.set_len(n) };
+    out
+}
+
 /// Element offset of flat output index `i` in an operand with the given strides over `shape`.
 #[inline]
 fn strided_offset(mut i: usize, shape: &[usize], strides: &[usize]) -> usize {
@@ -141,9 +172,8 @@ fn strided_apply<T: Copy + Send + Sync + Default, const N: usize>(
     f: impl Fn([T; N]) -> T + Sync + Send,
 ) -> Vec<T> {
     let n: usize = shape.iter().product();
-    let mut out = vec![T::default(); n];
     if n == 0 {
-        return out;
+        return Vec::new();
     }
     let rank = shape.len();
     let lead = rank.saturating_sub(1);
@@ -155,21 +185,17 @@ fn strided_apply<T: Copy + Send + Sync + Default, const N: usize>(
             operands[k].1[rank - 1]
         }
     });
-    let row = |(r, chunk): (usize, &mut [T])| {
+    let row = |r: usize, chunk: &mut [MaybeUninit<T>]| {
         let bases: [usize; N] =
             std::array::from_fn(|k| strided_offset(r, &shape[..lead], &operands[k].1[..lead]));
         for (j, o) in chunk.iter_mut().enumerate() {
-            *o = f(std::array::from_fn(|k| {
+            o.write(f(std::array::from_fn(|k| {
                 operands[k].0[bases[k] + j * last_strides[k]]
-            }));
+            })));
         }
     };
-    if n >= PAR_MIN {
-        out.par_chunks_mut(last).enumerate().for_each(row);
-    } else {
-        out.chunks_mut(last).enumerate().for_each(row);
-    }
-    out
+    // SAFETY: `row` writes every element of its row.
+    unsafe { write_chunks(n, last, row) }
 }
 
 fn apply_unary<T: Float>(op: UnaryOp, x: T) -> T {
@@ -247,41 +273,32 @@ const MAP_CHUNK: usize = 1 << 14;
 
 /// `out[i] = f(x[i])`. `f` is a concrete closure, so the inner loop is monomorphic and vectorises;
 /// big buffers are split over threads.
-fn map1<T: Copy + Send + Sync + Default>(x: &[T], f: impl Fn(T) -> T + Sync) -> Vec<T> {
-    let mut out = vec![T::default(); x.len()];
-    let body = |(o, x): (&mut [T], &[T])| {
+fn map1<T: Copy + Send + Sync + Default>(x: &[T], f: impl Fn(T) -> T + Sync + Send) -> Vec<T> {
+    let body = |k: usize, o: &mut [MaybeUninit<T>]| {
+        let x = &x[k * MAP_CHUNK..k * MAP_CHUNK + o.len()];
         for (o, &x) in o.iter_mut().zip(x) {
-            *o = f(x);
+            o.write(f(x));
         }
     };
-    if x.len() >= PAR_MIN {
-        out.par_chunks_mut(MAP_CHUNK)
-            .zip(x.par_chunks(MAP_CHUNK))
-            .for_each(body);
-    } else {
-        body((&mut out, x));
-    }
-    out
+    // SAFETY: chunk k of the output is zipped with the same-length chunk k of `x`.
+    unsafe { write_chunks(x.len(), MAP_CHUNK, body) }
 }
 
 /// `out[i] = f(a[i], b[i])` over two equal-length buffers (see [`map1`]).
-fn map2<T: Copy + Send + Sync + Default>(a: &[T], b: &[T], f: impl Fn(T, T) -> T + Sync) -> Vec<T> {
+fn map2<T: Copy + Send + Sync + Default>(
+    a: &[T],
+    b: &[T],
+    f: impl Fn(T, T) -> T + Sync + Send,
+) -> Vec<T> {
     let n = a.len().min(b.len());
-    let mut out = vec![T::default(); n];
-    let body = |((o, a), b): ((&mut [T], &[T]), &[T])| {
-        for ((o, &x), &y) in o.iter_mut().zip(a).zip(b) {
-            *o = f(x, y);
+    let body = |k: usize, o: &mut [MaybeUninit<T>]| {
+        let r = k * MAP_CHUNK..k * MAP_CHUNK + o.len();
+        for ((o, &x), &y) in o.iter_mut().zip(&a[r.clone()]).zip(&b[r]) {
+            o.write(f(x, y));
         }
     };
-    if n >= PAR_MIN {
-        out.par_chunks_mut(MAP_CHUNK)
-            .zip(a.par_chunks(MAP_CHUNK))
-            .zip(b.par_chunks(MAP_CHUNK))
-            .for_each(body);
-    } else {
-        body(((&mut out, &a[..n]), &b[..n]));
-    }
-    out
+    // SAFETY: chunk k of the output is zipped with the same-length chunks of `a` and `b`.
+    unsafe { write_chunks(n, MAP_CHUNK, body) }
 }
 
 /// Binds `$f` to a concrete closure for `$op` (the arithmetic ops get their own, so loops over
@@ -364,21 +381,16 @@ fn where_kernel<T: Float + Send + Sync + Default>(
         });
     }
     if contig(b, sb) {
-        let mut out = vec![T::default(); n];
         // chunk k of the output against the same range of each operand
-        let body = |(k, o): (usize, &mut [T])| {
+        let body = |k: usize, o: &mut [MaybeUninit<T>]| {
             let r = k * MAP_CHUNK..k * MAP_CHUNK + o.len();
             let (c, x, y) = (&c[r.clone()], &a[r.clone()], &b[r]);
             for (((o, &c), &x), &y) in o.iter_mut().zip(c).zip(x).zip(y) {
-                *o = pick(c, x, y);
+                o.write(pick(c, x, y));
             }
         };
-        if n >= PAR_MIN {
-            out.par_chunks_mut(MAP_CHUNK).enumerate().for_each(body);
-        } else {
-            out.chunks_mut(MAP_CHUNK).enumerate().for_each(body);
-        }
-        return out;
+        // SAFETY: all three operands are contiguous with n elements, so every zip is full.
+        return unsafe { write_chunks(n, MAP_CHUNK, body) };
     }
     if scalar(b, sb) {
         let y = b[0];
@@ -408,37 +420,33 @@ fn rows_apply<T: Float + Send + Sync + Default>(
     }
     let (last, lead) = (shape[rank - 1], rank - 1);
     let (la, lb) = (sa[rank - 1], sb[rank - 1]);
-    let mut out = vec![T::default(); n];
-    let row = |(r, o): (usize, &mut [T])| {
+    let row = |r: usize, o: &mut [MaybeUninit<T>]| {
         let ba = strided_offset(r, &shape[..lead], &sa[..lead]);
         let bb = strided_offset(r, &shape[..lead], &sb[..lead]);
         match (la, lb) {
             (1, 1) => {
                 for ((o, &x), &y) in o.iter_mut().zip(&a[ba..ba + last]).zip(&b[bb..bb + last]) {
-                    *o = f(x, y);
+                    o.write(f(x, y));
                 }
             }
             (1, _) => {
                 let y = b[bb];
                 for (o, &x) in o.iter_mut().zip(&a[ba..ba + last]) {
-                    *o = f(x, y);
+                    o.write(f(x, y));
                 }
             }
             (_, 1) => {
                 let x = a[ba];
                 for (o, &y) in o.iter_mut().zip(&b[bb..bb + last]) {
-                    *o = f(x, y);
+                    o.write(f(x, y));
                 }
             }
-            _ => o.fill(f(a[ba], b[bb])),
+            _ => o.fill(MaybeUninit::new(f(a[ba], b[bb]))),
         }
     };
-    if n >= PAR_MIN {
-        out.par_chunks_mut(last).enumerate().for_each(row);
-    } else {
-        out.chunks_mut(last).enumerate().for_each(row);
-    }
-    out
+    // SAFETY: each row is `last` long and every arm writes all of it (the operand rows the
+    // arms zip with hold `last` elements).
+    unsafe { write_chunks(n, last, row) }
 }
 
 fn unary_kernel<T: Float + Send + Sync + Default>(op: UnaryOp, x: &[T]) -> Vec<T> {
@@ -621,29 +629,27 @@ fn gather_kernel<T: Copy + Send + Sync + Default>(
 ) -> Result<Vec<T>> {
     let AxisView { outer, len, inner } = v;
     check_indices(idx, len, "gather")?;
-    let mut out = vec![T::default(); outer * m * inner];
     if inner == 0 {
-        return Ok(out);
+        return Ok(Vec::new());
     }
     // One output row (o, j) of `inner` elements at a time; a shared index per row is a memcpy.
-    let row = |(r, dst): (usize, &mut [T])| {
+    let row = |r: usize, dst: &mut [MaybeUninit<T>]| {
         let (o, j) = (r / m.max(1), r % m.max(1));
         if s[2] == 0 {
             let k = idx[o * s[0] + j * s[1]] as usize;
-            dst.copy_from_slice(&x[(o * len + k) * inner..(o * len + k + 1) * inner]);
+            let src = &x[(o * len + k) * inner..(o * len + k + 1) * inner];
+            for (d, &v) in dst.iter_mut().zip(src) {
+                d.write(v);
+            }
         } else {
             for (i, d) in dst.iter_mut().enumerate() {
                 let k = idx[o * s[0] + j * s[1] + i * s[2]] as usize;
-                *d = x[(o * len + k) * inner + i];
+                d.write(x[(o * len + k) * inner + i]);
             }
         }
     };
-    if out.len() >= PAR_MIN {
-        out.par_chunks_mut(inner).enumerate().for_each(row);
-    } else {
-        out.chunks_mut(inner).enumerate().for_each(row);
-    }
-    Ok(out)
+    // SAFETY: every row is `inner` long and both branches write all of it.
+    Ok(unsafe { write_chunks(outer * m * inner, inner, row) })
 }
 
 #[allow(clippy::too_many_arguments)]
