@@ -1,7 +1,8 @@
 //! Opening the GPU: the wgpu instance, the adapter, the logical device and its queue.
 //!
 //! [`open`] runs once per process (the [`super::GpuBackend`] keeps the result in a `OnceLock`).
-//! It honours `WGPU_BACKEND` (e.g. `vulkan`), asks for the limits the kernels need, each raised
+//! It tries Vulkan, Metal and DX12, or the backends `WGPU_BACKEND` names (e.g. `vulkan`, or
+//! `gl` to opt into wgpu's GL backend), asks for the limits the kernels need, each raised
 //! only as far as the adapter offers, enables the optional features the adapter reports
 //! (subgroups, f16) and installs an error handler that records wgpu errors instead of panicking;
 //! [`Context::take_error`] hands the first recorded error back as an [`Error::Gpu`] at the next
@@ -106,7 +107,14 @@ pub(crate) fn open() -> Result<Context> {
 }
 
 fn open_inner() -> Result<Context> {
-    let desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    let mut desc = wgpu::InstanceDescriptor::new_without_display_handle_from_env();
+    if std::env::var_os("WGPU_BACKEND").is_none() {
+        // Vulkan, Metal and DX12 only, unless WGPU_BACKEND names another: wgpu's GL backend
+        // serialises every call through one context lock that panics when threads contend for
+        // it (seen with Mesa's llvmpipe under the parallel test runner), and GL compute is a
+        // compatibility path moegrad does not target.
+        desc.backends = wgpu::Backends::PRIMARY;
+    }
     let tried = desc.backends & wgpu::Instance::enabled_backend_features();
     if tried.is_empty() {
         return Err(Error::Device(format!(
