@@ -3,9 +3,10 @@
 //! The CPU kernels are the reference the GPU is checked against (tests/gpu_primitives.rs,
 //! tests/gpu_matmul.rs), so their own fast paths — the integer-key argsort and its top-k
 //! selection, the grouped matmul cut into row blocks, the weight gradient written without a
-//! zeroing pass, the sum along rows in lanes and blocks, the flat `where` — are checked here
-//! against the obvious loops: exactly for sorting and selection, to rounding for products and
-//! sums. Sizes cover the serial and the parallel paths, ties, NaN, ±0 and ±∞, rows dropped
+//! zeroing pass, the sum, max and min along rows in lanes and blocks, the flat `where`, the
+//! scatter of whole rows by destination, the vectorised f32 `exp` — are checked here against the
+//! obvious loops: exactly for sorting, selection, max, min and the row scatter, to rounding for
+//! products and sums, to 4 ulp for `exp`. Sizes cover the serial and the parallel paths, ties, NaN, ±0 and ±∞, rows dropped
 //! from every expert, and experts that receive no rows.
 
 use moegrad::backend::cpu::{CpuBackend, CpuBuffer};
@@ -111,7 +112,7 @@ fn argsort_is_the_stable_sort_with_nan_lowest_in_f32_and_f64() {
             );
             // argsort_top (top-k routing): the first k columns, selected rather than sorted
             let want64 = reference_argsort(&x, rows, len, descending);
-            for k in [0, 1, 2, len / 2, len.saturating_sub(1), len] {
+            for k in [0, 1, 2, 3, 8, 9, len / 2, len.saturating_sub(1), len] {
                 if k > len {
                     continue;
                 }
@@ -436,4 +437,190 @@ fn relu_passes_no_gradient_to_inactive_units_even_a_nan_one() {
         dx[4].is_nan(),
         "an active unit passes its gradient as it is"
     );
+}
+
+/// Distance in units in the last place between two finite f32 of one sign (or both zero).
+fn ulps(a: f32, b: f32) -> u32 {
+    (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32
+}
+
+#[test]
+fn vectorised_exp_is_within_4_ulp_of_the_rounded_exp_over_the_whole_range() {
+    use moegrad::backend::cpu::exp_f32;
+    // every 997th f32 bit pattern between the underflow and overflow thresholds, both signs
+    let mut worst = (0u32, 0.0f32);
+    for bits in (0u32..=u32::MAX).step_by(997) {
+        let x = f32::from_bits(bits);
+        if !x.is_finite() || !(-103.0..=88.7).contains(&x) {
+            continue;
+        }
+        let want = (x as f64).exp() as f32;
+        let got = exp_f32(x);
+        let d = if want < f32::MIN_POSITIVE {
+            // subnormal results: compare absolutely, at the subnormal spacing
+            ((got - want).abs() / f32::from_bits(1)) as u32
+        } else {
+            ulps(got, want)
+        };
+        if d > worst.0 {
+            worst = (d, x);
+        }
+    }
+    assert!(
+        worst.0 <= 4,
+        "exp_f32 is {} ulp off at x = {}",
+        worst.0,
+        worst.1
+    );
+    assert_eq!(exp_f32(0.0), 1.0);
+    assert_eq!(exp_f32(-0.0), 1.0);
+    assert_eq!(exp_f32(1.0), std::f32::consts::E);
+    assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
+    assert_eq!(exp_f32(89.0), f32::INFINITY);
+    assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+    assert_eq!(exp_f32(-200.0), 0.0);
+    assert!(exp_f32(f32::NAN).is_nan());
+    assert!(exp_f32(88.72).is_finite() && exp_f32(88.72) > 3.3e38);
+    // and through the backend, on a buffer long enough for the parallel path
+    let xs: Vec<f32> = (0..70_000)
+        .map(|i| (i as f32 - 35_000.0) * 0.0025)
+        .collect();
+    let y = down_f64(
+        &CPU.unary(
+            moegrad::backend::UnaryOp::Exp,
+            &up(HostData::F32(xs.clone())),
+        )
+        .unwrap(),
+    );
+    for (&x, &y) in xs.iter().zip(&y) {
+        assert!(
+            ulps(y as f32, (x as f64).exp() as f32) <= 4,
+            "exp({x}) = {y}"
+        );
+    }
+}
+
+#[test]
+fn max_and_min_along_contiguous_rows_match_the_serial_fold_including_nan_and_infinities() {
+    use moegrad::backend::{AxisView, ReduceOp};
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    for (outer, len) in [
+        (4096usize, 64usize),
+        (3, 70_000),
+        (7, 13),
+        (5, 3),
+        (0, 5),
+        (2, 1),
+    ] {
+        let mut x: Vec<f64> = (0..outer * len)
+            .map(|_| rng.random_range(-100.0..100.0))
+            .collect();
+        for (i, v) in x.iter_mut().enumerate() {
+            match i % 17 {
+                3 => *v = f64::NAN,
+                8 if i % 3 == 0 => *v = f64::INFINITY,
+                12 if i % 5 == 0 => *v = f64::NEG_INFINITY,
+                _ => {}
+            }
+        }
+        if outer * len > 0 {
+            // one row of NaN only: the fold's identity (−∞ for max, +∞ for min)
+            x[..len].fill(f64::NAN);
+        }
+        let view = AxisView {
+            outer,
+            len,
+            inner: 1,
+        };
+        for op in [ReduceOp::Max, ReduceOp::Min] {
+            let want: Vec<f64> = (0..outer)
+                .map(|o| {
+                    let row = &x[o * len..(o + 1) * len];
+                    match op {
+                        ReduceOp::Max => row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b)),
+                        _ => row.iter().fold(f64::INFINITY, |a, &b| a.min(b)),
+                    }
+                })
+                .collect();
+            let got = down_f64(&CPU.reduce(op, &up(HostData::F64(x.clone())), view).unwrap());
+            assert_eq!(got, want, "{op:?} of [{outer}, {len}] in f64");
+            let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+            let got32 = down_f64(&CPU.reduce(op, &up(HostData::F32(x32)), view).unwrap());
+            let want32: Vec<f64> = want.iter().map(|&v| v as f32 as f64).collect();
+            assert_eq!(got32, want32, "{op:?} of [{outer}, {len}] in f32");
+        }
+    }
+}
+
+#[test]
+fn scatter_of_whole_rows_is_the_in_order_sum_of_each_rows_sources() {
+    let mut rng = ChaCha8Rng::seed_from_u64(16);
+    // (outer, source rows, row width, destination rows): the MoE combine (two sources per token,
+    // in a shuffled order), destinations that receive nothing, many sources per destination
+    for (outer, m, inner, len) in [
+        (1usize, 8192usize, 256usize, 4096usize),
+        (1, 50, 3, 400),
+        (3, 40, 5, 4),
+        (2, 0, 4, 3),
+        (1, 7, 1, 7),
+    ] {
+        let src: Vec<f64> = (0..outer * m * inner)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        let idx: Vec<i32> = (0..outer * m)
+            .map(|_| rng.random_range(0..len as i32))
+            .collect();
+        let mut want = vec![0.0f64; outer * len * inner];
+        for o in 0..outer {
+            for j in 0..m {
+                let k = idx[o * m + j] as usize;
+                for i in 0..inner {
+                    want[(o * len + k) * inner + i] += src[(o * m + j) * inner + i];
+                }
+            }
+        }
+        let s = [m, 1, 0];
+        let got = CPU
+            .scatter_add(
+                &up(HostData::F64(src.clone())),
+                &up(HostData::I32(idx.clone())),
+                s,
+                outer,
+                m,
+                inner,
+                len,
+            )
+            .unwrap();
+        assert_eq!(
+            down_f64(&got),
+            want,
+            "rows scatter [{outer}, {m}, {inner}] → {len}"
+        );
+        let src32: Vec<f32> = src.iter().map(|&v| v as f32).collect();
+        let got = CPU
+            .scatter_add(
+                &up(HostData::F32(src32)),
+                &up(HostData::I32(idx)),
+                s,
+                outer,
+                m,
+                inner,
+                len,
+            )
+            .unwrap();
+        for (g, w) in down_f64(&got).iter().zip(&want) {
+            assert!((g - w).abs() <= 1e-5, "f32 rows scatter: {g} vs {w}");
+        }
+    }
+    // an index out of range is an error, not a panic
+    let bad = CPU.scatter_add(
+        &up(HostData::F32(vec![1.0; 4])),
+        &up(HostData::I32(vec![0, 5])),
+        [2, 1, 0],
+        1,
+        2,
+        2,
+        3,
+    );
+    assert!(bad.is_err());
 }
