@@ -4,9 +4,9 @@
 //! tests/gpu_matmul.rs), so their own fast paths — the integer-key argsort and its top-k
 //! selection, the grouped matmul cut into row blocks, the weight gradient written without a
 //! zeroing pass, the sum, max and min along rows in lanes and blocks, the flat `where`, the
-//! scatter of whole rows by destination, the vectorised f32 `exp` — are checked here against the
+//! scatter of whole rows by destination, the vectorised f32 `exp` and `ln` — are checked here against the
 //! obvious loops: exactly for sorting, selection, max, min and the row scatter, to rounding for
-//! products and sums, to 4 ulp for `exp`. Sizes cover the serial and the parallel paths, ties, NaN, ±0 and ±∞, rows dropped
+//! products and sums, to 4 ulp for `exp` and `ln`. Sizes cover the serial and the parallel paths, ties, NaN, ±0 and ±∞, rows dropped
 //! from every expert, and experts that receive no rows.
 
 use moegrad::backend::cpu::{CpuBackend, CpuBuffer};
@@ -561,6 +561,7 @@ fn scatter_of_whole_rows_is_the_in_order_sum_of_each_rows_sources() {
         (1usize, 8192usize, 256usize, 4096usize),
         (1, 50, 3, 400),
         (3, 40, 5, 4),
+        (3, 40, 20, 4),
         (2, 0, 4, 3),
         (1, 7, 1, 7),
     ] {
@@ -623,4 +624,45 @@ fn scatter_of_whole_rows_is_the_in_order_sum_of_each_rows_sources() {
         3,
     );
     assert!(bad.is_err());
+}
+
+#[test]
+fn vectorised_ln_is_within_4_ulp_of_the_rounded_ln_over_every_positive_float() {
+    use moegrad::backend::cpu::ln_f32;
+    let mut worst = (0u32, 0.0f32);
+    // every 331st positive bit pattern: subnormals, around 1, up to f32::MAX
+    for bits in (1u32..0x7f80_0000).step_by(331) {
+        let x = f32::from_bits(bits);
+        let want = (x as f64).ln() as f32;
+        let d = ulps(ln_f32(x), want);
+        if d > worst.0 {
+            worst = (d, x);
+        }
+    }
+    assert!(
+        worst.0 <= 4,
+        "ln_f32 is {} ulp off at x = {}",
+        worst.0,
+        worst.1
+    );
+    assert_eq!(ln_f32(1.0), 0.0);
+    assert_eq!(ln_f32(std::f32::consts::E), 1.0);
+    assert_eq!(ln_f32(2.0), std::f32::consts::LN_2);
+    assert_eq!(ln_f32(0.0), f32::NEG_INFINITY);
+    assert_eq!(ln_f32(-0.0), f32::NEG_INFINITY);
+    assert_eq!(ln_f32(f32::INFINITY), f32::INFINITY);
+    assert!(ln_f32(-1.0).is_nan() && ln_f32(f32::NAN).is_nan());
+    assert!(ln_f32(f32::NEG_INFINITY).is_nan());
+    // and through the backend (the AVX2 loop where the processor has it, else SSE2)
+    let xs: Vec<f32> = (1..70_000).map(|i| i as f32 * 0.37e-3).collect();
+    let y = down_f64(
+        &CPU.unary(
+            moegrad::backend::UnaryOp::Log,
+            &up(HostData::F32(xs.clone())),
+        )
+        .unwrap(),
+    );
+    for (&x, &y) in xs.iter().zip(&y) {
+        assert!(ulps(y as f32, (x as f64).ln() as f32) <= 4, "ln({x}) = {y}");
+    }
 }

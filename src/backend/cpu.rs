@@ -110,9 +110,10 @@ fn tabulate<T: Send, F: Fn(usize) -> T + Sync + Send>(n: usize, f: F) -> Vec<T> 
 }
 
 /// A new buffer of `n` elements written chunk by chunk (`chunk` elements each, the last one
-/// shorter) by `fill(chunk_index, chunk)`, in parallel when `n ≥ PAR_MIN`. The buffer is not
-/// zeroed first: a kernel that writes every element anyway would otherwise pay a
-/// single-threaded memset of its whole output before its own pass (16 MB for one expert
+/// shorter) by `fill(chunk_index, chunk)`, in parallel when `n ≥ PAR_MIN`; short chunks (rows
+/// of one element, say) are handed out to threads in groups of about [`MAP_CHUNK`] elements.
+/// The buffer is not zeroed first: a kernel that writes every element anyway would otherwise
+/// pay a single-threaded memset of its whole output before its own pass (16 MB for one expert
 /// activation of the MoE benchmark).
 ///
 /// # Safety
@@ -124,14 +125,20 @@ unsafe fn write_chunks<T: Send>(
 ) -> Vec<T> {
     let mut out = Vec::with_capacity(n);
     let spare = &mut out.spare_capacity_mut()[..n];
+    let chunk = chunk.max(1);
     if n >= PAR_MIN {
+        let group = (MAP_CHUNK / chunk).max(1);
         spare
-            .par_chunks_mut(chunk.max(1))
+            .par_chunks_mut(chunk * group)
             .enumerate()
-            .for_each(|(k, c)| fill(k, c));
+            .for_each(|(g, block)| {
+                for (q, c) in block.chunks_mut(chunk).enumerate() {
+                    fill(g * group + q, c);
+                }
+            });
     } else {
         spare
-            .chunks_mut(chunk.max(1))
+            .chunks_mut(chunk)
             .enumerate()
             .for_each(|(k, c)| fill(k, c));
     }
@@ -459,6 +466,7 @@ fn rows_apply<T: Float + Send + Sync + Default>(
 /// two halves so that each stays a normal number down to the subnormal results. Within a few
 /// ulp of the correctly rounded value (`tests/cpu_kernels.rs` checks 4 ulp over the whole
 /// range); `+inf` above ln(f32::MAX), `0` below ln of the smallest subnormal, NaN stays NaN.
+#[inline(always)]
 pub fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4; // 355/512: 9 significant bits, so n·LN2_HI is exact
@@ -489,6 +497,88 @@ pub fn exp_f32(x: f32) -> f32 {
     } else {
         y
     }
+}
+
+/// `ln x` in f32 by straight-line arithmetic the compiler vectorises (see [`exp_f32`]).
+///
+/// `x = 2^e · f` with `f` in `[√½, √2)` (read from the exponent bits; subnormal inputs are
+/// first scaled by 2²³), then `ln f = 2·atanh(s) = 2(s + s³/3 + s⁵/5 + s⁷/7 + s⁹/9)` with
+/// `s = (f − 1)/(f + 1)`, `|s| ≤ 0.172` (the next term is below 10⁻⁹ relative), and
+/// `ln x = e·ln 2 + ln f` with ln 2 split as in [`exp_f32`]. Within a few ulp of the correctly
+/// rounded value (`tests/cpu_kernels.rs` checks 4 ulp over every positive f32); `ln 0 = −∞`,
+/// `ln x = NaN` for `x < 0` and NaN, `ln ∞ = ∞`.
+#[inline(always)]
+pub fn ln_f32(x: f32) -> f32 {
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const SQRT_HALF_BITS: i32 = 0x3f35_04f3;
+    let subnormal = x < f32::MIN_POSITIVE;
+    let xs = if subnormal { x * 8_388_608.0 } else { x }; // 2²³
+    let bits = xs.to_bits() as i32;
+    // e = ⌊log₂(x / √½)⌋, so that f = x / 2^e lands in [√½, √2)
+    let e = (bits - SQRT_HALF_BITS) >> 23;
+    let f = f32::from_bits((bits - (e << 23)) as u32);
+    let e = (e - if subnormal { 23 } else { 0 }) as f32;
+    let s = (f - 1.0) / (f + 1.0);
+    let s2 = s * s;
+    let tail = s2 * (1.0 / 3.0 + s2 * (1.0 / 5.0 + s2 * (1.0 / 7.0 + s2 * (1.0 / 9.0))));
+    let y = e * LN2_HI + ((2.0 * s + 2.0 * s * tail) + e * LN2_LO);
+    if x == 0.0 {
+        f32::NEG_INFINITY
+    } else if x.is_nan() || x < 0.0 {
+        f32::NAN
+    } else if x == f32::INFINITY {
+        x
+    } else {
+        y
+    }
+}
+
+/// The f32 functions with a vectorisable implementation here.
+#[derive(Clone, Copy)]
+enum WideF32 {
+    /// [`exp_f32`]
+    Exp,
+    /// [`ln_f32`]
+    Ln,
+}
+
+/// `out[i] = f(x[i])` for one of the vectorisable f32 functions: [`map1`], with each chunk's
+/// loop compiled for AVX2 when the processor has it (eight lanes instead of the four of SSE2,
+/// which the baseline x86-64 build targets).
+fn map1_f32_wide(x: &[f32], f: WideF32) -> Vec<f32> {
+    #[inline(always)]
+    fn chunk_loop(f: WideF32, x: &[f32], o: &mut [MaybeUninit<f32>]) {
+        match f {
+            WideF32::Exp => o.iter_mut().zip(x).for_each(|(o, &x)| {
+                o.write(exp_f32(x));
+            }),
+            WideF32::Ln => o.iter_mut().zip(x).for_each(|(o, &x)| {
+                o.write(ln_f32(x));
+            }),
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn chunk_loop_avx2(f: WideF32, x: &[f32], o: &mut [MaybeUninit<f32>]) {
+        chunk_loop(f, x, o)
+    }
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx2 = false;
+    let body = |k: usize, o: &mut [MaybeUninit<f32>]| {
+        let x = &x[k * MAP_CHUNK..k * MAP_CHUNK + o.len()];
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: AVX2 was detected on this processor.
+            return unsafe { chunk_loop_avx2(f, x, o) };
+        }
+        let _ = avx2;
+        chunk_loop(f, x, o)
+    };
+    // SAFETY: chunk k of the output is zipped with the same-length chunk k of `x`.
+    unsafe { write_chunks(x.len(), MAP_CHUNK, body) }
 }
 
 fn unary_kernel<T: Float + Send + Sync + Default>(op: UnaryOp, x: &[T]) -> Vec<T> {
@@ -785,11 +875,26 @@ fn scatter_add_kernel<T: Float + Send + Sync>(
     len: usize,
 ) -> Result<Vec<T>> {
     check_indices(idx, len, "scatter_add")?;
-    if s[2] == 0 && inner > 0 {
+    if s[2] == 0 && inner >= 16 {
         return Ok(scatter_rows(src, idx, s, outer, m, inner, len));
     }
     let mut out = vec![T::zero(); outer * len * inner];
     if inner == 0 {
+        return Ok(out);
+    }
+    if inner < 16 {
+        // scattering single elements (a top-k's chosen values back into [T, n] logits): one
+        // serial pass in source order; splitting a few thousand additions over threads, or
+        // grouping them by destination, costs more than the additions
+        for o in 0..outer {
+            for j in 0..m {
+                for i in 0..inner {
+                    let k = idx[o * s[0] + j * s[1] + i * s[2]] as usize;
+                    let d = &mut out[(o * len + k) * inner + i];
+                    *d = *d + src[(o * m + j) * inner + i];
+                }
+            }
+        }
         return Ok(out);
     }
     // Each thread owns a band of columns of every output row, so no two threads add into the same
@@ -1034,8 +1139,10 @@ impl Backend for CpuBackend {
     }
 
     fn unary(&self, op: UnaryOp, x: &CpuBuffer) -> Result<CpuBuffer> {
-        if let (UnaryOp::Exp, CpuBuffer::F32(v)) = (op, x) {
-            return Ok(f32b(map1(v, exp_f32)));
+        match (op, x) {
+            (UnaryOp::Exp, CpuBuffer::F32(v)) => return Ok(f32b(map1_f32_wide(v, WideF32::Exp))),
+            (UnaryOp::Log, CpuBuffer::F32(v)) => return Ok(f32b(map1_f32_wide(v, WideF32::Ln))),
+            _ => {}
         }
         float_map!(x, format!("{op:?}"), v => unary_kernel(op, v))
     }

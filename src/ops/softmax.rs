@@ -8,16 +8,29 @@
 use crate::shape::normalize_axis;
 use crate::{Result, Tensor};
 
+/// The untracked pieces of a softmax along one axis (all keepdim where reduced).
+struct Shifted {
+    /// `x − m`
+    z: Tensor,
+    /// `e^(x − m)`
+    e: Tensor,
+    /// `Σ e^(x − m)`
+    total: Tensor,
+    /// `m`, the maximum along the axis
+    m: Tensor,
+}
+
 impl Tensor {
-    /// Untracked pieces shared by the three ops: `(x − m, ln Σ e^(x−m), m)` with `m` the
-    /// maximum along `axis` (keepdim).
-    fn shifted_and_lse(&self, axis: usize) -> Result<(Tensor, Tensor, Tensor)> {
+    /// Untracked pieces shared by the three ops: `(x − m, e^(x−m), Σ e^(x−m))` with `m` the
+    /// maximum along `axis` (keepdim), and `m`.
+    fn shifted_exp(&self, axis: usize) -> Result<Shifted> {
         let _guard = crate::autograd::NoGradGuard::new();
         let x = self.detach();
         let m = x.max(axis as isize, true)?;
         let z = x.sub(&m)?;
-        let lse = z.exp()?.sum(&[axis as isize], true)?.log()?;
-        Ok((z, lse, m))
+        let e = z.exp()?;
+        let total = e.sum(&[axis as isize], true)?;
+        Ok(Shifted { z, e, total, m })
     }
 
     /// Softmax along `axis`.
@@ -31,8 +44,10 @@ impl Tensor {
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
         self.check_float("softmax")?;
         let a = normalize_axis(axis, self.rank())?;
-        let (z, lse, _) = self.shifted_and_lse(a)?;
-        let y = crate::no_grad(|| z.sub(&lse)?.exp())?;
+        // e^(x−m) / Σ e^(x−m): every exponent is ≤ 0 and the sum is ≥ 1, so this is as stable
+        // as e^(x − m − lse) and needs one exponential pass, not two
+        let sh = self.shifted_exp(a)?;
+        let y = crate::no_grad(|| sh.e.div(&sh.total))?;
         let saved = y.clone();
         Ok(Tensor::record(y, "softmax", &[self], move |g| {
             let dot = g.mul(&saved)?.sum(&[a as isize], true)?;
@@ -44,8 +59,8 @@ impl Tensor {
     pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
         self.check_float("log_softmax")?;
         let a = normalize_axis(axis, self.rank())?;
-        let (z, lse, _) = self.shifted_and_lse(a)?;
-        let y = crate::no_grad(|| z.sub(&lse))?;
+        let sh = self.shifted_exp(a)?;
+        let y = crate::no_grad(|| sh.z.sub(&sh.total.log()?))?;
         let saved = y.clone();
         Ok(Tensor::record(y, "log_softmax", &[self], move |g| {
             let total = g.sum(&[a as isize], true)?;
@@ -57,8 +72,8 @@ impl Tensor {
     pub fn logsumexp(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
         self.check_float("logsumexp")?;
         let a = normalize_axis(axis, self.rank())?;
-        let (z, lse, m) = self.shifted_and_lse(a)?;
-        let kept = crate::no_grad(|| m.add(&lse))?; // keepdim
+        let sh = self.shifted_exp(a)?;
+        let kept = crate::no_grad(|| sh.m.add(&sh.total.log()?))?; // keepdim
         let kshape = kept.shape().to_vec();
         let y = if keepdim {
             kept
@@ -67,7 +82,7 @@ impl Tensor {
             s.remove(a);
             kept.reshape(&s)?
         };
-        let probs = crate::no_grad(|| z.sub(&lse)?.exp())?;
+        let probs = crate::no_grad(|| sh.e.div(&sh.total))?;
         Ok(Tensor::record(y, "logsumexp", &[self], move |g| {
             Ok(vec![Some(probs.mul(&g.reshape(&kshape)?)?)])
         }))
