@@ -126,6 +126,15 @@ pub struct MoeRecord {
     pub k: usize,
     /// median milliseconds per step (forward, backward, Adam)
     pub step_ms: f64,
+    /// median milliseconds of the forward pass (routing, dispatch, experts, combine, MSE),
+    /// timed in separate steps with the device synchronised after each phase
+    pub forward_ms: f64,
+    /// median milliseconds of `backward()`, timed like `forward_ms`
+    pub backward_ms: f64,
+    /// median milliseconds of the Adam step over every parameter, timed like `forward_ms`: the
+    /// one phase whose work grows with n whatever the routing, since every expert that received
+    /// a token has parameters to update
+    pub optimizer_ms: f64,
     /// tokens per second
     pub tokens_per_s: f64,
     /// peak bytes during the step above the bytes held before it (CPU heap; GPU pool)
@@ -188,8 +197,28 @@ pub struct MoeWorkload {
     pub k: usize,
 }
 
+/// What [`moe_step`] measured.
+#[derive(Clone, Copy, Debug)]
+pub struct MoeStepTimes {
+    /// median ms per whole step
+    pub step_ms: f64,
+    /// median ms of the forward pass, backward pass and optimizer step, each timed with the
+    /// device synchronised around it (so on a GPU their sum can exceed `step_ms`)
+    pub phases_ms: [f64; 3],
+    /// peak bytes above those held before a step
+    pub peak_bytes: usize,
+    /// `peak_bytes` less the gradients (parameter-sized)
+    pub activation_bytes: usize,
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
 /// Times one MoE layer's training step (MSE against a fixed target, backward, Adam) with
-/// `router` over `n` experts, `k` per token. Returns (median ms, peak bytes, activation bytes).
+/// `router` over `n` experts, `k` per token: `reps` whole steps, then `reps` steps timed phase
+/// by phase.
 pub fn moe_step(
     device: Device,
     router: &str,
@@ -197,7 +226,7 @@ pub fn moe_step(
     k: usize,
     w: MoeWorkload,
     reps: usize,
-) -> Result<(f64, usize, usize)> {
+) -> Result<MoeStepTimes> {
     let (tokens, d, hidden) = (w.tokens, w.d, w.hidden);
     use crate::moe::{MoeConfig, MoeLayer};
     use crate::optim::{Adam, Optimizer};
@@ -212,15 +241,31 @@ pub fn moe_step(
     let mut opt = Adam::new(1e-3)?;
     let x = random_f32(&[tokens, d], 7, device)?;
     let target = random_f32(&[tokens, d], 8, device)?;
-    let mut step = || -> Result<()> {
+    // one step, with the clock read (after a device sync) between its phases when `clock`
+    let mut step = |clock: Option<&mut Vec<[f64; 3]>>| -> Result<()> {
+        let sync_now = |on: bool| -> Result<Instant> {
+            if on {
+                device.synchronize()?;
+            }
+            Ok(Instant::now())
+        };
+        let timed = clock.is_some();
+        let t0 = sync_now(timed)?;
         let out = layer.forward(&x)?;
         let loss = out.y.mse(&target)?;
+        let t1 = sync_now(timed)?;
         loss.backward()?;
+        let t2 = sync_now(timed)?;
         opt.step(&params, None)?;
+        let t3 = sync_now(timed)?;
+        if let Some(clock) = clock {
+            let ms = |a: Instant, b: Instant| (b - a).as_secs_f64() * 1e3;
+            clock.push([ms(t0, t1), ms(t1, t2), ms(t2, t3)]);
+        }
         Ok(())
     };
-    step()?; // warm-up: pipelines, pool, optimizer state
-    step()?;
+    step(None)?; // warm-up: pipelines, pool, optimizer state
+    step(None)?;
     device.synchronize()?;
     let mut times = Vec::new();
     let mut peak = 0;
@@ -228,19 +273,24 @@ pub fn moe_step(
         let before = bytes_in_use(device);
         reset_peak(device);
         let t = Instant::now();
-        step()?;
+        step(None)?;
         device.synchronize()?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
         peak = peak.max(peak_in_use(device).saturating_sub(before));
     }
-    times.sort_by(|a, b| a.total_cmp(b));
+    let mut phases = Vec::new();
+    for _ in 0..reps.max(1) {
+        step(Some(&mut phases))?;
+    }
+    let phase = |i: usize| median(phases.iter().map(|p| p[i]).collect());
     // The step's parameter-sized allocations are the gradients (1×): Adam updates the
     // parameters and its moments in place. The rest of the peak is activations and temporaries.
-    Ok((
-        times[times.len() / 2],
-        peak,
-        peak.saturating_sub(param_bytes),
-    ))
+    Ok(MoeStepTimes {
+        step_ms: median(times),
+        phases_ms: [phase(0), phase(1), phase(2)],
+        peak_bytes: peak,
+        activation_bytes: peak.saturating_sub(param_bytes),
+    })
 }
 
 /// `moegrad bench moe` on every device: top-k over `ns` and the dense softmax router over `dense_ns`.
@@ -262,16 +312,19 @@ pub fn bench_moe(
             for &n in list {
                 let kk = if router == "softmax" { n } else { w.k.min(n) };
                 let reps = if router == "softmax" && n > 8 { 2 } else { 5 };
-                let (ms, peak, act) = moe_step(dev, router, n, kk, w, reps)?;
+                let t = moe_step(dev, router, n, kk, w, reps)?;
                 out.moe.push(MoeRecord {
                     device: dev.to_string(),
                     router: router.into(),
                     n,
                     k: kk,
-                    step_ms: ms,
-                    tokens_per_s: w.tokens as f64 / (ms / 1e3),
-                    peak_bytes: peak,
-                    activation_bytes: act,
+                    step_ms: t.step_ms,
+                    forward_ms: t.phases_ms[0],
+                    backward_ms: t.phases_ms[1],
+                    optimizer_ms: t.phases_ms[2],
+                    tokens_per_s: w.tokens as f64 / (t.step_ms / 1e3),
+                    peak_bytes: t.peak_bytes,
+                    activation_bytes: t.activation_bytes,
                 });
             }
         }

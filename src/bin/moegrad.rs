@@ -502,17 +502,30 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 println!("{}", r.workload);
                 println!(
-                    "{:<6} {:<8} {:>4} {:>4} {:>10} {:>12} {:>12} {:>14}",
-                    "device", "router", "n", "k", "step ms", "tokens/s", "peak MB", "activation MB"
+                    "{:<6} {:<8} {:>4} {:>4} {:>10} {:>8} {:>8} {:>8} {:>12} {:>12} {:>14}",
+                    "device",
+                    "router",
+                    "n",
+                    "k",
+                    "step ms",
+                    "fwd ms",
+                    "bwd ms",
+                    "adam ms",
+                    "tokens/s",
+                    "peak MB",
+                    "activation MB"
                 );
                 for m in &r.moe {
                     println!(
-                        "{:<6} {:<8} {:>4} {:>4} {:>10.1} {:>12.0} {:>12.1} {:>14.1}",
+                        "{:<6} {:<8} {:>4} {:>4} {:>10.1} {:>8.1} {:>8.1} {:>8.1} {:>12.0} {:>12.1} {:>14.1}",
                         m.device,
                         m.router,
                         m.n,
                         m.k,
                         m.step_ms,
+                        m.forward_ms,
+                        m.backward_ms,
+                        m.optimizer_ms,
                         m.tokens_per_s,
                         m.peak_bytes as f64 / 1e6,
                         m.activation_bytes as f64 / 1e6

@@ -1,0 +1,67 @@
+//! `moegrad bench moe --json`: the record layout issue 4 asks for (`{"moe": [{"device",
+//! "router", "n", "k", "step_ms", "peak_bytes", ...}]}`), on a workload small enough for a test
+//! (`--tokens 32`). Nothing here is timed against a bound: the figures live in
+//! docs/benchmarks.md; this only checks that every row is there and holds sane values.
+
+use std::process::Command;
+
+#[test]
+fn bench_moe_json_has_every_router_and_n_with_step_phase_and_memory_figures() {
+    let out = Command::new(env!("CARGO_BIN_EXE_moegrad"))
+        .args([
+            "bench", "moe", "--json", "--device", "cpu", "--tokens", "32",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "bench moe failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let rows = v["moe"].as_array().expect("a \"moe\" array");
+    let key = |r: &serde_json::Value| {
+        (
+            r["router"].as_str().unwrap().to_string(),
+            r["n"].as_u64().unwrap(),
+        )
+    };
+    let got: Vec<(String, u64)> = rows.iter().map(key).collect();
+    let mut want: Vec<(String, u64)> = [2, 4, 8, 16, 32, 64]
+        .iter()
+        .map(|&n| ("topk".to_string(), n))
+        .collect();
+    want.extend([2, 8, 64].iter().map(|&n| ("softmax".to_string(), n)));
+    assert_eq!(got, want);
+    for r in rows {
+        assert_eq!(r["device"], "cpu");
+        let n = r["n"].as_u64().unwrap();
+        let k = r["k"].as_u64().unwrap();
+        // top-2, or every expert for the dense router
+        assert_eq!(k, if r["router"] == "softmax" { n } else { 2 });
+        for field in [
+            "step_ms",
+            "forward_ms",
+            "backward_ms",
+            "optimizer_ms",
+            "tokens_per_s",
+        ] {
+            let x = r[field].as_f64().unwrap_or(f64::NAN);
+            assert!(x.is_finite() && x > 0.0, "{field} = {x} in {r}");
+        }
+        // the step's gradients alone are parameter-sized: n experts of 2·256·512 weights
+        let peak = r["peak_bytes"].as_u64().unwrap();
+        assert!(peak >= n * 2 * 256 * 512 * 4, "peak_bytes {peak} in {r}");
+        assert!(r["activation_bytes"].as_u64().unwrap() <= peak);
+    }
+}
+
+#[test]
+fn bench_moe_rejects_zero_tokens() {
+    let out = Command::new(env!("CARGO_BIN_EXE_moegrad"))
+        .args(["bench", "moe", "--device", "cpu", "--tokens", "0"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--tokens"));
+}
