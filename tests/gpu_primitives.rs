@@ -874,6 +874,110 @@ fn adam_and_sgd_steps_match_cpu() {
     ));
 }
 
+/// The optimizers' `_mut` updates write the parameter and its state where they are when nothing
+/// else shares them: the values match the CPU, a kernel queued earlier that reads the parameter
+/// still sees the old values, no buffer is taken from the pool, and a tensor kept from before
+/// the step (sharing the buffer) keeps its old values while the parameter moves on.
+#[test]
+fn optimizer_steps_update_in_place_unless_shared() {
+    let Some((g, _l)) = gpu("optimizer_steps_update_in_place_unless_shared") else {
+        return;
+    };
+    let mut r = rng(12);
+    let n = 1 << 16;
+    let (p, grad) = (
+        rand_vec(&mut r, n, -1.0, 1.0),
+        rand_vec(&mut r, n, -1.0, 1.0),
+    );
+    let (m, v) = (
+        rand_vec(&mut r, n, -0.1, 0.1),
+        rand_vec(&mut r, n, 0.0, 0.01),
+    );
+    let h = AdamHyper {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.01,
+        decoupled: true,
+        bias_correction1: 1.0 - 0.9f64.powi(2),
+        bias_correction2: 1.0 - 0.999f64.powi(2),
+    };
+    let (cp, cm, cv) = CPU
+        .adam_step(&cpu(&p), &cpu(&grad), None, &cpu(&m), &cpu(&v), h)
+        .unwrap();
+    let (cp, cm, cv) = (f32s(c_down(&cp)), f32s(c_down(&cm)), f32s(c_down(&cv)));
+    let tanh_p: Vec<f32> = p.iter().map(|x| x.tanh()).collect();
+    for shared in [false, true] {
+        let (mut gp, gg, mut gm, mut gv) = (up(&g, &p), up(&g, &grad), up(&g, &m), up(&g, &v));
+        let kept = shared.then(|| gp.clone());
+        // queued before the update and not yet submitted: must read the old parameter
+        let read_before = g.unary(UnaryOp::Tanh, &gp).unwrap();
+        let before = g.pool_stats().in_use_bytes;
+        g.reset_peak();
+        g.adam_step_mut(&mut gp, &gg, None, &mut gm, &mut gv, h)
+            .unwrap();
+        g.synchronize().unwrap();
+        let grew = g.pool_stats().peak_bytes - before;
+        let what = format!("adam_step_mut shared={shared}");
+        assert_close(&what, &f32s(g_down(&g, &gp)), &cp, 1e-6, 0.0);
+        assert_close(&what, &f32s(g_down(&g, &gm)), &cm, 1e-6, 0.0);
+        assert_close(&what, &f32s(g_down(&g, &gv)), &cv, 1e-6, 0.0);
+        assert_close(&what, &f32s(g_down(&g, &read_before)), &tanh_p, 1e-6, 1e-6);
+        let bytes = (n * 4) as u64;
+        if let Some(kept) = kept {
+            assert_eq!(
+                f32s(g_down(&g, &kept)),
+                p,
+                "{what}: the kept tensor changed"
+            );
+            assert!(
+                grew >= 3 * bytes,
+                "{what}: fresh buffers expected, grew {grew}"
+            );
+        } else {
+            assert!(
+                grew < bytes,
+                "{what}: updated in place, yet {grew} more bytes in use"
+            );
+        }
+    }
+    for (momentum, nesterov) in [(0.0, false), (0.9, true)] {
+        let h = SgdHyper {
+            lr: 0.05,
+            momentum,
+            weight_decay: 1e-3,
+            nesterov,
+        };
+        let (cp, cb) = CPU
+            .sgd_step(&cpu(&p), &cpu(&grad), None, &cpu(&m), h)
+            .unwrap();
+        for shared in [false, true] {
+            let (mut gp, gg, mut gb) = (up(&g, &p), up(&g, &grad), up(&g, &m));
+            let kept = shared.then(|| (gp.clone(), gb.clone()));
+            g.synchronize().unwrap();
+            let before = g.pool_stats().in_use_bytes;
+            g.reset_peak();
+            g.sgd_step_mut(&mut gp, &gg, None, &mut gb, h).unwrap();
+            g.synchronize().unwrap();
+            let grew = g.pool_stats().peak_bytes - before;
+            let what = format!("sgd_step_mut momentum={momentum} shared={shared}");
+            assert_close(&what, &f32s(g_down(&g, &gp)), &f32s(c_down(&cp)), 1e-6, 0.0);
+            assert_close(&what, &f32s(g_down(&g, &gb)), &f32s(c_down(&cb)), 1e-6, 0.0);
+            if let Some((kp, kb)) = kept {
+                assert_eq!(
+                    f32s(g_down(&g, &kp)),
+                    p,
+                    "{what}: the kept parameter changed"
+                );
+                assert_eq!(f32s(g_down(&g, &kb)), m, "{what}: the kept buffer changed");
+            } else {
+                assert!(grew < (n * 4) as u64, "{what}: {grew} more bytes in use");
+            }
+        }
+    }
+}
+
 // ---- batching, ordering and the pool ----------------------------------------------------------
 
 /// A long dependent chain (many batches of 64 dispatches) with uploads, downloads and dropped

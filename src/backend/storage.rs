@@ -402,8 +402,8 @@ impl Storage {
         }
     }
     /// [`Storage::adam_step`] updating `self` (the parameter), `m` and `v` where they are: in
-    /// place on the CPU when nothing else shares the buffers; on the GPU the kernel writes
-    /// fresh pooled buffers that replace the old ones (which go back to the pool).
+    /// place, on either device, when nothing else shares the buffers; otherwise fresh buffers
+    /// replace them (the shared ones keep their old values).
     pub fn adam_step_mut(
         &mut self,
         grad: &Storage,
@@ -420,6 +420,15 @@ impl Storage {
                 None => None,
             };
             return cpu::CpuBackend.adam_step_mut(p, g, sc, mm, vv, h);
+        }
+        if let (Storage::Gpu(p), Storage::Gpu(g), Storage::Gpu(mm), Storage::Gpu(vv)) =
+            (&mut *self, grad, &mut *m, &mut *v)
+        {
+            let sc = match scale {
+                Some(s) => Some(as_gpu(s, "adam_step")?),
+                None => None,
+            };
+            return gpu::GpuBackend::get()?.adam_step_mut(p, g, sc, mm, vv, h);
         }
         let (np, nm, nv) = self.adam_step(grad, scale, m, v, h)?;
         (*self, *m, *v) = (np, nm, nv);
@@ -440,6 +449,13 @@ impl Storage {
                 None => None,
             };
             return cpu::CpuBackend.sgd_step_mut(p, g, sc, b, h);
+        }
+        if let (Storage::Gpu(p), Storage::Gpu(g), Storage::Gpu(b)) = (&mut *self, grad, &mut *buf) {
+            let sc = match scale {
+                Some(s) => Some(as_gpu(s, "sgd_step")?),
+                None => None,
+            };
+            return gpu::GpuBackend::get()?.sgd_step_mut(p, g, sc, b, h);
         }
         let (np, nb) = self.sgd_step(grad, scale, buf, h)?;
         (*self, *buf) = (np, nb);

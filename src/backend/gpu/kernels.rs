@@ -409,7 +409,7 @@ mod tests {
             (&layout::LAYOUT, 5),
             (&sort::SORT, 4),
             (&random::RANDOM, 1),
-            (&optim::OPTIM, 3),
+            (&optim::OPTIM, 6),
         ];
         for (shader, entries) in files {
             let module = naga::front::wgsl::parse_str(shader.source)

@@ -236,6 +236,40 @@ impl GpuBackend {
         self.inner.pool.free_bytes()
     }
 
+    /// The optimizers' Adam update, written into `param`, `m` and `v` where they are when no other
+    /// tensor shares them (fresh buffers replace them otherwise).
+    ///
+    /// # Errors
+    /// As [`crate::backend::Backend::adam_step`]: dtypes other than f32, unequal lengths, or a
+    /// gradient scale that is not one f32.
+    pub fn adam_step_mut(
+        &self,
+        param: &mut GpuBuffer,
+        grad: &GpuBuffer,
+        grad_scale: Option<&GpuBuffer>,
+        m: &mut GpuBuffer,
+        v: &mut GpuBuffer,
+        h: crate::backend::AdamHyper,
+    ) -> Result<()> {
+        optim::adam_step_mut(self, param, grad, grad_scale, m, v, h)
+    }
+
+    /// The optimizers' SGD update, written into `param` and `buf` where they are when no other
+    /// tensor shares them (fresh buffers replace them otherwise).
+    ///
+    /// # Errors
+    /// As [`crate::backend::Backend::sgd_step`].
+    pub fn sgd_step_mut(
+        &self,
+        param: &mut GpuBuffer,
+        grad: &GpuBuffer,
+        grad_scale: Option<&GpuBuffer>,
+        buf: &mut GpuBuffer,
+        h: crate::backend::SgdHyper,
+    ) -> Result<()> {
+        optim::sgd_step_mut(self, param, grad, grad_scale, buf, h)
+    }
+
     /// Gives the pool's free buffers back to the driver (buffers in use are kept).
     pub fn trim_pool(&self) {
         self.inner.pool.trim();
