@@ -727,7 +727,7 @@ fn wide_adam_matches_the_scalar_update_bit_for_bit() {
         for i in 0..n {
             let mut gi = g[i] * scale;
             if !decoupled {
-                gi = gi + wd * p[i];
+                gi += wd * p[i];
             }
             let mi = b1 * m[i] + (1.0 - b1) * gi;
             let vi = b2 * v[i] + (1.0 - b2) * gi * gi;
