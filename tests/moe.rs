@@ -753,3 +753,33 @@ fn cnn_experts_match_their_dense_reference_and_pass_a_directional_gradcheck() {
     };
     gradcheck(f, &inputs, &opts).unwrap();
 }
+
+/// The router-entropy metric: ln n for a uniform router, and −Σ p ln p of the router's softmax
+/// for given logits (every token gets the same logits here, so the mean is that one value).
+#[test]
+fn router_entropy_metric_is_the_mean_entropy_of_the_routing_distribution() {
+    let n = 4;
+    let l = layer("topk", n, 2, 3);
+    let x = randn(&[6, 5], 4, DType::F32);
+    set_logits(&l, &[0.0; 4]);
+    let s = l.forward(&x).unwrap().stats.read().unwrap();
+    assert!(
+        (s.entropy - (n as f64).ln()).abs() < 1e-5,
+        "uniform router: entropy {} vs ln {n}",
+        s.entropy
+    );
+    let logits = [1.5, -0.5, 0.25, 2.0];
+    set_logits(&l, &logits);
+    let z: f64 = logits.iter().map(|v: &f64| v.exp()).sum();
+    let want: f64 = logits
+        .iter()
+        .map(|v| {
+            let p = v.exp() / z;
+            -p * p.ln()
+        })
+        .sum();
+    let out = l.forward(&x).unwrap();
+    assert_eq!(out.stats.probs.shape(), &[6, n]);
+    let got = out.stats.read().unwrap().entropy;
+    assert!((got - want).abs() < 1e-5, "entropy {got} vs {want}");
+}

@@ -261,11 +261,6 @@ impl MoeLayer {
                 aux = aux.add(&own.to_dtype(aux.dtype())?)?;
             }
         }
-        let entropy = crate::no_grad(|| {
-            let p = routing.probs.detach();
-            let plogp = p.mul(&p.add_scalar(1e-12)?.log()?)?;
-            plogp.sum(&[-1], false)?.mean_all()?.neg()
-        })?;
         // the combine weight each expert received, summed over its kept rows (no gradient)
         let weight_per_expert = crate::no_grad(|| {
             let kept_w = w.detach().reshape(&[a])?.to_dtype(crate::DType::F32)?;
@@ -280,7 +275,7 @@ impl MoeLayer {
             kept_per_expert: plan.kept_per_expert.clone(),
             weight_per_expert,
             routed_per_expert: plan.routed_per_expert.clone(),
-            entropy,
+            probs: routing.probs.detach(),
             tokens: t * routings.len(),
             metrics: routings.iter().flat_map(|r| r.metrics.clone()).collect(),
         };

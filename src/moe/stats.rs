@@ -12,8 +12,9 @@ pub struct RoutingStats {
     pub weight_per_expert: Tensor,
     /// `[n]` routed (valid) assignments per expert, before capacity
     pub routed_per_expert: Tensor,
-    /// mean entropy of the router's distribution over experts, in nats (scalar)
-    pub entropy: Tensor,
+    /// `[T, n]` the router's distribution over experts for each token (detached); the mean
+    /// entropy is computed from it only when asked for ([`RoutingStats::entropy`])
+    pub probs: Tensor,
     /// tokens in the batch
     pub tokens: usize,
     /// the router's own scalar metrics (see `Routing::metrics`)
@@ -36,6 +37,17 @@ pub struct RoutingSummary {
 }
 
 impl RoutingStats {
+    /// The mean entropy of the router's distribution over experts, `−(1/T) Σ_t Σ_i p log p`, in
+    /// nats (a scalar on the device). Computed on demand: a training step that never reads it
+    /// does not pay its passes over `[T, n]`.
+    pub fn entropy(&self) -> Result<Tensor> {
+        crate::no_grad(|| {
+            let p = &self.probs;
+            let plogp = p.mul(&p.add_scalar(1e-12)?.log()?)?;
+            plogp.sum(&[-1], false)?.mean_all()?.neg()
+        })
+    }
+
     /// Reads the statistics back (one small transfer; call it outside the hot loop).
     pub fn read(&self) -> Result<RoutingSummary> {
         let kept = self.kept_per_expert.to_vec_f64()?;
@@ -51,7 +63,7 @@ impl RoutingStats {
             } else {
                 0.0
             },
-            entropy: self.entropy.item()?,
+            entropy: self.entropy()?.item()?,
             experts_per_token: total / self.tokens.max(1) as f64,
             router_metrics: {
                 let mut sums = std::collections::BTreeMap::<String, (f64, f64)>::new();
