@@ -415,19 +415,13 @@ impl Storage {
         if let (Storage::Cpu(p), Storage::Cpu(g), Storage::Cpu(mm), Storage::Cpu(vv)) =
             (&mut *self, grad, &mut *m, &mut *v)
         {
-            let sc = match scale {
-                Some(s) => Some(as_cpu(s, "adam_step")?),
-                None => None,
-            };
+            let sc = scale.map(|s| as_cpu(s, "adam_step")).transpose()?;
             return cpu::CpuBackend.adam_step_mut(p, g, sc, mm, vv, h);
         }
         if let (Storage::Gpu(p), Storage::Gpu(g), Storage::Gpu(mm), Storage::Gpu(vv)) =
             (&mut *self, grad, &mut *m, &mut *v)
         {
-            let sc = match scale {
-                Some(s) => Some(as_gpu(s, "adam_step")?),
-                None => None,
-            };
+            let sc = scale.map(|s| as_gpu(s, "adam_step")).transpose()?;
             return gpu::GpuBackend::get()?.adam_step_mut(p, g, sc, mm, vv, h);
         }
         let (np, nm, nv) = self.adam_step(grad, scale, m, v, h)?;
@@ -444,17 +438,11 @@ impl Storage {
         h: SgdHyper,
     ) -> Result<()> {
         if let (Storage::Cpu(p), Storage::Cpu(g), Storage::Cpu(b)) = (&mut *self, grad, &mut *buf) {
-            let sc = match scale {
-                Some(s) => Some(as_cpu(s, "sgd_step")?),
-                None => None,
-            };
+            let sc = scale.map(|s| as_cpu(s, "sgd_step")).transpose()?;
             return cpu::CpuBackend.sgd_step_mut(p, g, sc, b, h);
         }
         if let (Storage::Gpu(p), Storage::Gpu(g), Storage::Gpu(b)) = (&mut *self, grad, &mut *buf) {
-            let sc = match scale {
-                Some(s) => Some(as_gpu(s, "sgd_step")?),
-                None => None,
-            };
+            let sc = scale.map(|s| as_gpu(s, "sgd_step")).transpose()?;
             return gpu::GpuBackend::get()?.sgd_step_mut(p, g, sc, b, h);
         }
         let (np, nb) = self.sgd_step(grad, scale, buf, h)?;
