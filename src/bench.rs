@@ -139,8 +139,12 @@ pub struct MoeRecord {
     pub tokens_per_s: f64,
     /// peak bytes during the step above the bytes held before it (CPU heap; GPU pool)
     pub peak_bytes: usize,
-    /// `peak_bytes` minus the parameter-sized buffers the step creates (gradients and the
-    /// optimizer's new parameter and moment buffers): the activation memory
+    /// the gradients the step stored: parameter-sized, except that an expert bank whose
+    /// gradient is deferred (computed inside Adam, see `autograd/deferred.rs`) stores none
+    pub gradient_bytes: usize,
+    /// `peak_bytes` minus `gradient_bytes` (Adam updates the parameters and its moments in
+    /// place): the activation memory and temporaries, including the rows a deferred gradient
+    /// keeps until the optimizer step
     pub activation_bytes: usize,
 }
 
@@ -207,7 +211,9 @@ pub struct MoeStepTimes {
     pub phases_ms: [f64; 3],
     /// peak bytes above those held before a step
     pub peak_bytes: usize,
-    /// `peak_bytes` less the gradients (parameter-sized)
+    /// bytes of the gradients stored by backward (deferred ones store none)
+    pub gradient_bytes: usize,
+    /// `peak_bytes` less `gradient_bytes`
     pub activation_bytes: usize,
 }
 
@@ -237,7 +243,8 @@ pub fn moe_step(
     let layer = MoeLayer::new(&cfg, device)?;
     let mut params = Vec::new();
     layer.visit_params("", &mut |name, p| params.push((name, p.clone())));
-    let param_bytes: usize = params.iter().map(|(_, p)| p.get().numel() * 4).sum();
+    // bytes of the gradients backward stored in the last step (a deferred one stores none)
+    let mut gradient_bytes = 0;
     let mut opt = Adam::new(1e-3)?;
     let x = random_f32(&[tokens, d], 7, device)?;
     let target = random_f32(&[tokens, d], 8, device)?;
@@ -256,6 +263,12 @@ pub fn moe_step(
         let t1 = sync_now(timed)?;
         loss.backward()?;
         let t2 = sync_now(timed)?;
+        gradient_bytes = params
+            .iter()
+            .map(|(_, p)| p.get())
+            .filter(|p| !p.grad_is_deferred())
+            .map(|p| p.numel() * 4)
+            .sum();
         opt.step(&params, None)?;
         let t3 = sync_now(timed)?;
         if let Some(clock) = clock {
@@ -283,13 +296,14 @@ pub fn moe_step(
         step(Some(&mut phases))?;
     }
     let phase = |i: usize| median(phases.iter().map(|p| p[i]).collect());
-    // The step's parameter-sized allocations are the gradients (1×): Adam updates the
+    // The step's parameter-sized allocations are the stored gradients: Adam updates the
     // parameters and its moments in place. The rest of the peak is activations and temporaries.
     Ok(MoeStepTimes {
         step_ms: median(times),
         phases_ms: [phase(0), phase(1), phase(2)],
         peak_bytes: peak,
-        activation_bytes: peak.saturating_sub(param_bytes),
+        gradient_bytes,
+        activation_bytes: peak.saturating_sub(gradient_bytes),
     })
 }
 
@@ -324,6 +338,7 @@ pub fn bench_moe(
                     optimizer_ms: t.phases_ms[2],
                     tokens_per_s: w.tokens as f64 / (t.step_ms / 1e3),
                     peak_bytes: t.peak_bytes,
+                    gradient_bytes: t.gradient_bytes,
                     activation_bytes: t.activation_bytes,
                 });
             }

@@ -5,7 +5,7 @@
 //! file holds construction, inspection and the autograd bookkeeping (`requires_grad`, `grad`,
 //! `backward`, `detach`).
 
-use crate::autograd::{self, Node};
+use crate::autograd::{self, GroupedWeightGrad, LeafGrad, Node};
 use crate::backend::{HostData, Storage};
 use crate::{DType, Device, Error, Result};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -26,7 +26,7 @@ pub(crate) struct Inner {
     /// The op that produced this tensor (None for leaves and untracked results).
     pub(crate) node: Option<Arc<Node>>,
     /// Accumulated gradient (leaves only).
-    pub(crate) grad: Mutex<Option<Tensor>>,
+    pub(crate) grad: Mutex<Option<LeafGrad>>,
 }
 
 impl std::fmt::Debug for Tensor {
@@ -297,9 +297,39 @@ impl Tensor {
         self.0.node.as_ref().map(|n| n.op)
     }
 
-    /// The gradient accumulated by `backward` (leaves that require grad).
+    /// The gradient accumulated by `backward` (leaves that require grad). An expert bank's
+    /// gradient may have been kept as the recipe that computes it (see
+    /// `autograd/deferred.rs`); it is computed here on first read (None if that fails; use
+    /// [`Tensor::try_grad`] to see the error).
     pub fn grad(&self) -> Option<Tensor> {
-        self.0.grad.lock().ok().and_then(|g| g.clone())
+        self.try_grad().ok().flatten()
+    }
+
+    /// [`Tensor::grad`], with the error of computing a deferred gradient.
+    pub fn try_grad(&self) -> Result<Option<Tensor>> {
+        let mut slot = self
+            .0
+            .grad
+            .lock()
+            .map_err(|_| Error::Autograd("gradient lock poisoned".into()))?;
+        match slot.as_ref() {
+            None => Ok(None),
+            Some(LeafGrad::Dense(g)) => Ok(Some(g.clone())),
+            Some(deferred) => {
+                let g = deferred.to_dense()?;
+                *slot = Some(LeafGrad::Dense(g.clone()));
+                Ok(Some(g))
+            }
+        }
+    }
+
+    /// Whether the accumulated gradient is an expert bank's deferred gradient, not yet computed
+    /// (see `autograd/deferred.rs`; reading it with [`Tensor::grad`] computes it).
+    pub fn grad_is_deferred(&self) -> bool {
+        self.0
+            .grad
+            .lock()
+            .is_ok_and(|g| matches!(*g, Some(LeafGrad::Grouped(_))))
     }
 
     /// Forgets the accumulated gradient.
@@ -310,16 +340,30 @@ impl Tensor {
     }
 
     pub(crate) fn accumulate_grad(&self, g: Tensor) -> Result<()> {
+        self.accumulate(LeafGrad::Dense(g))
+    }
+
+    /// Deposits an expert bank's weight gradient as its recipe (computed when used).
+    pub(crate) fn accumulate_deferred(&self, g: GroupedWeightGrad) -> Result<()> {
+        self.accumulate(LeafGrad::Grouped(g))
+    }
+
+    fn accumulate(&self, g: LeafGrad) -> Result<()> {
         let mut slot = self
             .0
             .grad
             .lock()
             .map_err(|_| Error::Autograd("gradient lock poisoned".into()))?;
         *slot = Some(match slot.take() {
-            Some(old) => old.add(&g)?,
+            Some(old) => old.add(g)?,
             None => g,
         });
         Ok(())
+    }
+
+    /// Takes the accumulated gradient out (an optimizer's step), leaving none.
+    pub(crate) fn take_grad(&self) -> Option<LeafGrad> {
+        self.0.grad.lock().ok().and_then(|mut g| g.take())
     }
 
     /// Back-propagates from this scalar (one-element) tensor with upstream gradient 1.

@@ -745,3 +745,139 @@ fn wide_adam_matches_the_scalar_update_bit_for_bit() {
         }
     }
 }
+
+/// The fused expert-bank step (weight gradient computed expert by expert inside Adam) against
+/// the two kernels it replaces, bit for bit: many experts (one thread per expert) and few
+/// (threads inside each product), with dropped rows, an expert with no rows, a gradient scale,
+/// Adam and AdamW, f32 and f64.
+#[test]
+fn fused_bank_adam_equals_weight_grad_then_adam_bit_for_bit() {
+    use moegrad::backend::AdamHyper;
+    let mut rng = ChaCha8Rng::seed_from_u64(43);
+    for (rows, k, m, n) in [(900usize, 8usize, 12usize, 40usize), (2000, 24, 20, 2)] {
+        let (re, offsets) = routed_rows(&mut rng, rows, n, 1);
+        let mut draw = |len: usize, lo: f64, hi: f64| -> Vec<f64> {
+            (0..len).map(|_| rng.random_range(lo..hi)).collect()
+        };
+        let (x, dy) = (draw(rows * k, -1.0, 1.0), draw(rows * m, -1.0, 1.0));
+        let (p, mo, ve) = (
+            draw(n * k * m, -1.0, 1.0),
+            draw(n * k * m, -0.1, 0.1),
+            draw(n * k * m, 0.0, 0.01),
+        );
+        for (decoupled, f64_data) in [(false, false), (true, false), (false, true)] {
+            let h = AdamHyper {
+                lr: 1e-2,
+                beta1: 0.9,
+                beta2: 0.999,
+                eps: 1e-8,
+                weight_decay: 0.05,
+                decoupled,
+                bias_correction1: 1.0 - 0.9f64.powi(3),
+                bias_correction2: 1.0 - 0.999f64.powi(3),
+            };
+            let buf = |v: &[f64]| {
+                if f64_data {
+                    up(HostData::F64(v.to_vec()))
+                } else {
+                    up(HostData::F32(v.iter().map(|&a| a as f32).collect()))
+                }
+            };
+            let (xb, dyb) = (buf(&x), buf(&dy));
+            let (reb, offb) = (
+                up(HostData::I32(re.clone())),
+                up(HostData::I32(offsets.clone())),
+            );
+            let scale = buf(&[0.5]);
+            // the two kernels
+            let g = CPU
+                .grouped_weight_grad(&xb, &dyb, &reb, &offb, k, m, n)
+                .unwrap();
+            let (mut p1, mut m1, mut v1) = (buf(&p), buf(&mo), buf(&ve));
+            CpuBackend
+                .adam_step_mut(&mut p1, &g, Some(&scale), &mut m1, &mut v1, h)
+                .unwrap();
+            // fused
+            let (mut p2, mut m2, mut v2) = (buf(&p), buf(&mo), buf(&ve));
+            CpuBackend
+                .grouped_weight_grad_adam_mut(
+                    &xb,
+                    &dyb,
+                    &reb,
+                    &offb,
+                    (k, m, n),
+                    &mut p2,
+                    Some(&scale),
+                    &mut m2,
+                    &mut v2,
+                    h,
+                )
+                .unwrap();
+            for (what, a, b) in [("param", &p1, &p2), ("m", &m1, &m2), ("v", &v1, &v2)] {
+                let (a, b) = (down_f64(a), down_f64(b));
+                assert_eq!(a.len(), n * k * m);
+                for (i, (x, y)) in a.iter().zip(&b).enumerate() {
+                    assert_eq!(
+                        x.to_bits(),
+                        y.to_bits(),
+                        "{what}[{i}] of {n} experts of {k}×{m} (decoupled {decoupled}, f64 \
+                         {f64_data}): two kernels give {x}, fused gives {y}"
+                    );
+                }
+            }
+            // the update did happen: the parameter moved
+            assert!(
+                down_f64(&p2)
+                    .iter()
+                    .zip(&p)
+                    .any(|(a, b)| (a - b).abs() > 1e-6)
+            );
+        }
+    }
+}
+
+#[test]
+fn fused_bank_adam_names_the_mismatched_sizes() {
+    use moegrad::backend::AdamHyper;
+    let h = AdamHyper {
+        lr: 1e-3,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        weight_decay: 0.0,
+        decoupled: false,
+        bias_correction1: 0.1,
+        bias_correction2: 0.001,
+    };
+    let f = |n: usize| up(HostData::F32(vec![0.5; n]));
+    let (x, dy) = (f(4 * 3), f(4 * 5));
+    let re = up(HostData::I32(vec![0, 0, 1, 1]));
+    let off = up(HostData::I32(vec![0, 2, 4]));
+    let fused = |x: &CpuBuffer, experts: usize, bank: usize| {
+        let (mut p, mut m, mut v) = (f(bank), f(bank), f(bank));
+        CpuBackend
+            .grouped_weight_grad_adam_mut(
+                x,
+                &dy,
+                &re,
+                &off,
+                (3, 5, experts),
+                &mut p,
+                None,
+                &mut m,
+                &mut v,
+                h,
+            )
+            .unwrap_err()
+            .to_string()
+    };
+    // a bank of the wrong size
+    let err = fused(&x, 2, 2 * 3 * 5 - 1);
+    assert!(err.contains("2×3×5") && err.contains("29"), "{err}");
+    // rows shorter than the routing says
+    let err = fused(&f(5), 2, 30);
+    assert!(err.contains("4 rows"), "{err}");
+    // offsets for another number of experts
+    let err = fused(&x, 3, 45);
+    assert!(err.contains("3 offsets for 3 experts"), "{err}");
+}

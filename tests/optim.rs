@@ -189,3 +189,243 @@ fn parameters_without_gradient_are_left_alone() {
     opt.step(&[("w".into(), p.clone())], None).unwrap();
     assert_eq!(p.get().to_vec_f32().unwrap(), vec![1.0, 2.0]);
 }
+
+// ---- an expert bank's deferred gradient ------------------------------------------------------
+
+/// Rows routed to a bank of 16 experts of 5×7 (12 rows, so the bank's gradient, 560 values, is
+/// larger than the rows and upstream gradient it comes from, 144: backward defers it). Experts
+/// 2, 4, 6, 7, 9–11, 13 and 14 get no rows and row 4 is dropped (expert −1).
+struct Bank {
+    x: Tensor,
+    row_expert: Tensor,
+    offsets: Tensor,
+    /// the loss is Σ c ⊙ (x · W[e])
+    c: Tensor,
+    xs: Vec<f64>,
+    cs: Vec<f64>,
+    re: Vec<i32>,
+}
+
+const BANK: (usize, usize, usize, usize) = (12, 5, 7, 16); // rows, k, m, experts
+
+fn bank(dev: Device) -> Bank {
+    let (rows, k, m, n) = BANK;
+    let re = vec![0, 0, 1, 3, -1, 3, 5, 8, 8, 12, 15, 15];
+    let mut offsets = vec![0i32; n + 1];
+    let sorted = [0, 0, 1, 3, 3, 3, 5, 8, 8, 12, 15, 15];
+    for e in 0..n {
+        offsets[e + 1] = offsets[e] + sorted.iter().filter(|&&x| x == e as i32).count() as i32;
+    }
+    let wave = |i: usize, a: f64| ((i as f64 * a).sin() * 0.8) as f32 as f64;
+    let xs: Vec<f64> = (0..rows * k).map(|i| wave(i, 0.7)).collect();
+    let cs: Vec<f64> = (0..rows * m).map(|i| wave(i, 1.3)).collect();
+    let t = |v: &[f64], shape: &[usize]| {
+        Tensor::from_f32(v.iter().map(|&a| a as f32).collect(), shape, dev).unwrap()
+    };
+    Bank {
+        x: t(&xs, &[rows, k]),
+        row_expert: Tensor::from_i32(re.clone(), &[rows], dev).unwrap(),
+        offsets: Tensor::from_i32(offsets, &[n + 1], dev).unwrap(),
+        c: t(&cs, &[rows, m]),
+        xs,
+        cs,
+        re,
+    }
+}
+
+impl Bank {
+    fn backward(&self, w: &Tensor) {
+        self.x
+            .grouped_matmul(w, &self.row_expert, &self.offsets)
+            .unwrap()
+            .mul(&self.c)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+    }
+    /// `dW[e] = Σ_{rows r of e} x[r]ᵀ·c[r]`, in f64.
+    fn exact_grad(&self) -> Vec<f64> {
+        let (rows, k, m, n) = BANK;
+        let mut g = vec![0.0; n * k * m];
+        for r in 0..rows {
+            let Ok(e) = usize::try_from(self.re[r]) else {
+                continue;
+            };
+            for i in 0..k {
+                for j in 0..m {
+                    g[(e * k + i) * m + j] += self.xs[r * k + i] * self.cs[r * m + j];
+                }
+            }
+        }
+        g
+    }
+}
+
+fn bank_param(dev: Device) -> Param {
+    let (_, k, m, n) = BANK;
+    let w: Vec<f32> = (0..n * k * m).map(|i| ((i as f32) * 0.37).cos()).collect();
+    Param::new(Tensor::from_f32(w, &[n, k, m], dev).unwrap()).unwrap()
+}
+
+#[test]
+fn an_expert_bank_gradient_is_deferred_and_reads_as_the_exact_gradient() {
+    for dev in
+        common::devices("an_expert_bank_gradient_is_deferred_and_reads_as_the_exact_gradient")
+    {
+        let b = bank(dev);
+        let w = bank_param(dev);
+        b.backward(&w.get());
+        assert!(
+            w.get().grad_is_deferred(),
+            "{dev}: the bank's gradient was not deferred"
+        );
+        let g = w.grad().expect("a gradient").to_vec_f64().unwrap();
+        common::assert_close(
+            &format!("deferred gradient on {dev}"),
+            &g,
+            &b.exact_grad(),
+            1e-5,
+            1e-5,
+        );
+        assert!(
+            !w.get().grad_is_deferred(),
+            "{dev}: reading did not keep the computed gradient"
+        );
+        // Two backward passes before a step add up, deferred or not.
+        w.zero_grad();
+        b.backward(&w.get());
+        b.backward(&w.get());
+        let twice: Vec<f64> = b.exact_grad().iter().map(|g| 2.0 * g).collect();
+        common::assert_close(
+            &format!("accumulated on {dev}"),
+            &w.grad().unwrap().to_vec_f64().unwrap(),
+            &twice,
+            1e-5,
+            1e-5,
+        );
+        // A computed weight passes its gradient on at once; the leaf behind it gets a tensor.
+        w.zero_grad();
+        b.backward(&w.get().mul_scalar(1.0).unwrap());
+        assert!(
+            !w.get().grad_is_deferred(),
+            "{dev}: a computed weight's gradient was deferred"
+        );
+        common::assert_close(
+            &format!("through a computed weight on {dev}"),
+            &w.grad().unwrap().to_vec_f64().unwrap(),
+            &b.exact_grad(),
+            1e-5,
+            1e-5,
+        );
+        // Gradient clipping reads a deferred gradient like any other.
+        w.zero_grad();
+        b.backward(&w.get());
+        let named = vec![("bank".to_string(), w.clone())];
+        let (norm, _) = clip_grad_norm(&named, 1e-3).unwrap().unwrap();
+        let exact: f64 = b.exact_grad().iter().map(|g| g * g).sum::<f64>().sqrt();
+        assert!(
+            (norm.item().unwrap() - exact).abs() < 1e-4 * exact,
+            "{dev}: norm"
+        );
+    }
+}
+
+#[test]
+fn a_small_bank_gradient_is_computed_in_backward() {
+    let dev = Device::cpu();
+    let b = bank(dev);
+    // one expert of 5×7 (35 values) is smaller than the 12 rows' 144: nothing to save
+    let w = Param::new(Tensor::from_f32(vec![0.5; 35], &[1, 5, 7], dev).unwrap()).unwrap();
+    let one = Tensor::from_i32(vec![0, 12], &[2], dev).unwrap();
+    let re = Tensor::from_i32(vec![0; 12], &[12], dev).unwrap();
+    b.x.grouped_matmul(&w.get(), &re, &one)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert!(!w.get().grad_is_deferred());
+    assert!(w.grad().is_some());
+}
+
+/// Adam and AdamW on a bank whose gradient stays deferred (computed inside the update) give
+/// exactly what they give when the gradient is read first (computed, stored, then applied), on
+/// every device; and the devices agree.
+#[test]
+fn adam_on_a_deferred_bank_gradient_matches_adam_on_the_read_gradient() {
+    let mut finals: Vec<Vec<Vec<f64>>> = Vec::new();
+    for dev in common::devices("adam_on_a_deferred_bank_gradient_matches_adam_on_the_read_gradient")
+    {
+        let b = bank(dev);
+        let mut per_opt = Vec::new();
+        for kind in ["adam", "adam+l2", "adamw"] {
+            let make = || match kind {
+                "adam" => Adam::new(0.05).unwrap(),
+                "adam+l2" => {
+                    let mut a = Adam::new(0.05).unwrap();
+                    a.weight_decay = 0.1;
+                    a
+                }
+                _ => Adam::adamw(0.05, 0.1).unwrap(),
+            };
+            let (mut fused_opt, mut read_opt) = (make(), make());
+            let (fused, read) = (bank_param(dev), bank_param(dev));
+            let start = fused.get().to_vec_f64().unwrap();
+            for step in 0..3 {
+                b.backward(&fused.get());
+                b.backward(&read.get());
+                assert!(fused.get().grad_is_deferred());
+                let _ = read.grad(); // computed and stored: the ordinary path
+                assert!(!read.get().grad_is_deferred());
+                fused_opt
+                    .step(&[("bank".into(), fused.clone())], None)
+                    .unwrap();
+                read_opt
+                    .step(&[("bank".into(), read.clone())], None)
+                    .unwrap();
+                assert!(
+                    fused.grad().is_none(),
+                    "the step did not consume the gradient"
+                );
+                let (f, r) = (
+                    fused.get().to_vec_f64().unwrap(),
+                    read.get().to_vec_f64().unwrap(),
+                );
+                for (i, (x, y)) in f.iter().zip(&r).enumerate() {
+                    assert_eq!(
+                        x.to_bits(),
+                        y.to_bits(),
+                        "{kind} on {dev}, step {step}: element {i} is {x} fused, {y} read first"
+                    );
+                }
+                for ((name, s1), (_, s2)) in fused_opt.state().iter().zip(read_opt.state().iter()) {
+                    assert_eq!(
+                        s1.to_vec_f64().unwrap(),
+                        s2.to_vec_f64().unwrap(),
+                        "{kind} on {dev}: state {name}"
+                    );
+                }
+            }
+            let end = fused.get().to_vec_f64().unwrap();
+            // the experts with rows moved; with plain Adam, those without stayed put
+            let (_, k, m, _) = BANK;
+            let moved = |e: usize| (0..k * m).any(|i| start[e * k * m + i] != end[e * k * m + i]);
+            assert!(
+                moved(0) && moved(15),
+                "{kind} on {dev}: used experts did not move"
+            );
+            if kind == "adam" {
+                assert!(!moved(2), "{kind} on {dev}: an expert without rows moved");
+            }
+            per_opt.push(end);
+        }
+        finals.push(per_opt);
+    }
+    if let [cpu, gpu] = &finals[..] {
+        for (c, g) in cpu.iter().zip(gpu) {
+            common::assert_close("GPU against CPU", g, c, 1e-5, 1e-5);
+        }
+    }
+}

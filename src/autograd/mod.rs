@@ -8,9 +8,11 @@
 //! graph, so memory does not grow from step to step.
 
 mod backward;
+mod deferred;
 mod no_grad;
 
 pub use backward::backward;
+pub(crate) use deferred::{GroupedWeightGrad, LeafGrad};
 pub use no_grad::{NoGradGuard, is_grad_enabled, no_grad};
 
 use crate::{Result, Tensor};

@@ -1397,21 +1397,14 @@ impl Backend for CpuBackend {
         m: usize,
         experts: usize,
     ) -> Result<CpuBuffer> {
-        let re = row_expert.indices("grouped_weight_grad")?;
-        let off = offsets.indices("grouped_weight_grad")?;
-        if off.len() != experts + 1 {
-            return Err(Error::Shape(format!(
-                "grouped_weight_grad: {} offsets for {experts} experts",
-                off.len()
-            )));
-        }
+        let routing = expert_routing(row_expert, offsets, experts, "grouped_weight_grad")?;
         match (x, dy) {
-            (CpuBuffer::F32(x), CpuBuffer::F32(d)) => Ok(f32b(grouped_weight_grad_kernel(
-                x, d, re, off, k, m, experts,
-            ))),
-            (CpuBuffer::F64(x), CpuBuffer::F64(d)) => Ok(f64b(grouped_weight_grad_kernel(
-                x, d, re, off, k, m, experts,
-            ))),
+            (CpuBuffer::F32(x), CpuBuffer::F32(dy)) => Ok(f32b(
+                WeightGradProblem::new(x, dy, routing, (k, m, experts)).all(),
+            )),
+            (CpuBuffer::F64(x), CpuBuffer::F64(dy)) => Ok(f64b(
+                WeightGradProblem::new(x, dy, routing, (k, m, experts)).all(),
+            )),
             _ => Err(Error::DType(
                 "grouped_weight_grad needs two float buffers of one dtype".into(),
             )),
@@ -1644,6 +1637,99 @@ impl CpuBackend {
                 return Err(Error::DType(
                     "adam_step: parameter, gradient and state must share one float dtype".into(),
                 ));
+            }
+        }
+        Ok(())
+    }
+
+    /// One Adam step on an expert bank `param` (`[experts, k, m]`, with moments `m_state`,
+    /// `v_state`) whose gradient is the grouped weight gradient of `x` and `dy` (see
+    /// [`Backend::grouped_weight_grad`]), in place and without storing that gradient: each
+    /// expert's block is applied while still in cache. The result equals
+    /// `grouped_weight_grad` followed by [`CpuBackend::adam_step_mut`], element for element.
+    #[allow(clippy::too_many_arguments)]
+    pub fn grouped_weight_grad_adam_mut(
+        &self,
+        x: &CpuBuffer,
+        dy: &CpuBuffer,
+        row_expert: &CpuBuffer,
+        offsets: &CpuBuffer,
+        (k, m, experts): (usize, usize, usize),
+        param: &mut CpuBuffer,
+        grad_scale: Option<&CpuBuffer>,
+        m_state: &mut CpuBuffer,
+        v_state: &mut CpuBuffer,
+        h: AdamHyper,
+    ) -> Result<()> {
+        let what = "grouped_weight_grad_adam";
+        let routing = expert_routing(row_expert, offsets, experts, what)?;
+        let rows = routing.0.len();
+        if x.len() < rows * k || dy.len() < rows * m {
+            return Err(Error::Shape(format!(
+                "{what}: {rows} rows need x of {rows}×{k} and dy of {rows}×{m} elements, got {} and {}",
+                x.len(),
+                dy.len()
+            )));
+        }
+        if param.len() != experts * k * m {
+            return Err(Error::Shape(format!(
+                "{what}: a bank of {experts}×{k}×{m} has {} elements, the parameter has {}",
+                experts * k * m,
+                param.len()
+            )));
+        }
+        check_same_len(&[param, m_state, v_state], what)?;
+        let scale = scale_of(grad_scale)?;
+        fn run<T: Float + Send + Sync + Clone + 'static>(
+            prob: WeightGradProblem<'_, T>,
+            p: &mut Arc<Vec<T>>,
+            mo: &mut Arc<Vec<T>>,
+            ve: &mut Arc<Vec<T>>,
+            scale: f64,
+            h: AdamHyper,
+        ) {
+            let (p, mo, ve) = (Arc::make_mut(p), Arc::make_mut(mo), Arc::make_mut(ve));
+            let c = AdamConsts::new(h, scale);
+            if h.decoupled {
+                prob.adam_step::<true>(p, mo, ve, c)
+            } else {
+                prob.adam_step::<false>(p, mo, ve, c)
+            }
+        }
+        let dims = (k, m, experts);
+        match (x, dy, param, m_state, v_state) {
+            (
+                CpuBuffer::F32(x),
+                CpuBuffer::F32(dy),
+                CpuBuffer::F32(p),
+                CpuBuffer::F32(mo),
+                CpuBuffer::F32(ve),
+            ) => run(
+                WeightGradProblem::new(x, dy, routing, dims),
+                p,
+                mo,
+                ve,
+                scale,
+                h,
+            ),
+            (
+                CpuBuffer::F64(x),
+                CpuBuffer::F64(dy),
+                CpuBuffer::F64(p),
+                CpuBuffer::F64(mo),
+                CpuBuffer::F64(ve),
+            ) => run(
+                WeightGradProblem::new(x, dy, routing, dims),
+                p,
+                mo,
+                ve,
+                scale,
+                h,
+            ),
+            _ => {
+                return Err(Error::DType(format!(
+                    "{what}: rows, gradient, parameter and state must share one float dtype"
+                )));
             }
         }
         Ok(())
@@ -1887,30 +1973,67 @@ fn row_block(rows: usize) -> usize {
         .max(64)
 }
 
-fn grouped_weight_grad_kernel<T: Float + Send + Sync + 'static>(
-    x: &[T],
-    dy: &[T],
-    row_expert: &[i32],
-    offsets: &[i32],
+/// The operands of a grouped weight gradient `dW[e] = Σ_{rows r of e} x[r]ᵀ·dy[r]`: `x` is
+/// `[rows, k]`, `dy` is `[rows, m]`, rows sorted by expert (`row_expert`, with `offsets[e]..
+/// offsets[e+1]` bounding expert e's rows), and `dW` is `[experts, k, m]`.
+struct WeightGradProblem<'a, T> {
+    x: &'a [T],
+    dy: &'a [T],
+    row_expert: &'a [i32],
+    offsets: &'a [i32],
     k: usize,
     m: usize,
     experts: usize,
-) -> Vec<T> {
-    let len = experts * k * m;
-    if k * m == 0 {
-        return vec![T::zero(); len];
+}
+
+/// A grouped weight gradient's routing (`row_expert`, `offsets`) as i32 slices, checked to
+/// describe `experts` experts.
+fn expert_routing<'a>(
+    row_expert: &'a CpuBuffer,
+    offsets: &'a CpuBuffer,
+    experts: usize,
+    what: &str,
+) -> Result<(&'a [i32], &'a [i32])> {
+    let re = row_expert.indices(what)?;
+    let off = offsets.indices(what)?;
+    if off.len() != experts + 1 {
+        return Err(Error::Shape(format!(
+            "{what}: {} offsets for {experts} experts",
+            off.len()
+        )));
     }
-    let mut out: Vec<T> = Vec::with_capacity(len);
-    // dW[e] = Σ over e's runs of xᵀ[k, rows] · dy[rows, m]: the first run writes the block, the
-    // others add to it; an expert with no rows gets zeros. So the output needs no zeroing pass
-    // (at 64 experts of 256×512 that pass alone wrote 67 MB a step).
-    let one = |e: usize, dw: &mut [MaybeUninit<T>], par: gemm::Parallelism| {
+    Ok((re, off))
+}
+
+impl<'a, T: Float + Send + Sync + 'static> WeightGradProblem<'a, T> {
+    fn new(
+        x: &'a [T],
+        dy: &'a [T],
+        (row_expert, offsets): (&'a [i32], &'a [i32]),
+        (k, m, experts): (usize, usize, usize),
+    ) -> Self {
+        WeightGradProblem {
+            x,
+            dy,
+            row_expert,
+            offsets,
+            k,
+            m,
+            experts,
+        }
+    }
+
+    /// Writes expert `e`'s block `dW[e]` (k·m elements) into `dw`: the first run of e's rows
+    /// writes it, the others add to it, and an expert with no rows gets zeros, so `dw` may be
+    /// uninitialised and needs no zeroing pass.
+    fn expert(&self, e: usize, dw: &mut [MaybeUninit<T>], par: gemm::Parallelism) {
+        let (k, m) = (self.k, self.m);
         let (lo, hi) = (
-            offsets[e].max(0) as usize,
-            (offsets[e + 1].max(0) as usize).min(row_expert.len()),
+            self.offsets[e].max(0) as usize,
+            (self.offsets[e + 1].max(0) as usize).min(self.row_expert.len()),
         );
         let mut first = true;
-        for (_, r0, r1) in expert_runs(&row_expert[lo..hi.max(lo)], experts)
+        for (_, r0, r1) in expert_runs(&self.row_expert[lo..hi.max(lo)], self.experts)
             .into_iter()
             .filter(|r| r.0 == e)
         {
@@ -1929,28 +2052,100 @@ fn grouped_weight_grad_kernel<T: Float + Send + Sync + 'static>(
             };
             // SAFETY: the first product writes all of `dw` (no accumulation); later ones add
             // to what it wrote.
-            unsafe { gemm_into(dw, x, la, dy, lb, (k, r1 - r0, m), !first, par) };
+            unsafe { gemm_into(dw, self.x, la, self.dy, lb, (k, r1 - r0, m), !first, par) };
             first = false;
         }
         if first {
             dw.fill(MaybeUninit::new(T::zero()));
         }
-    };
-    let blocks = &mut out.spare_capacity_mut()[..len];
-    if per_expert_parallel(experts) {
-        blocks
-            .par_chunks_mut(k * m)
-            .enumerate()
-            .for_each(|(e, dw)| one(e, dw, gemm::Parallelism::None));
-    } else {
-        for (e, dw) in blocks.chunks_mut(k * m).enumerate() {
-            one(e, dw, gemm::Parallelism::Rayon(0));
+    }
+
+    /// Expert `e`'s block written into `scratch` (reused across calls, so a thread's blocks
+    /// stay in its cache) and returned.
+    fn expert_into<'s>(
+        &self,
+        e: usize,
+        scratch: &'s mut Vec<T>,
+        par: gemm::Parallelism,
+    ) -> &'s [T] {
+        let block = self.k * self.m;
+        scratch.clear();
+        scratch.reserve(block);
+        self.expert(e, &mut scratch.spare_capacity_mut()[..block], par);
+        // SAFETY: `expert` wrote all `block` elements.
+        unsafe { scratch.set_len(block) };
+        scratch
+    }
+
+    /// All of `dW`, `[experts, k, m]`.
+    fn all(&self) -> Vec<T> {
+        let block = self.k * self.m;
+        let len = self.experts * block;
+        if block == 0 {
+            return vec![T::zero(); len];
+        }
+        let mut out: Vec<T> = Vec::with_capacity(len);
+        let blocks = &mut out.spare_capacity_mut()[..len];
+        if per_expert_parallel(self.experts) {
+            blocks
+                .par_chunks_mut(block)
+                .enumerate()
+                .for_each(|(e, dw)| self.expert(e, dw, gemm::Parallelism::None));
+        } else {
+            for (e, dw) in blocks.chunks_mut(block).enumerate() {
+                self.expert(e, dw, gemm::Parallelism::Rayon(0));
+            }
+        }
+        // SAFETY: each of the `experts` blocks of k·m elements was written by `expert`.
+        unsafe { out.set_len(len) };
+        out
+    }
+
+    /// One Adam step on the expert bank `p` (with moments `mo`, `ve`, all `[experts, k, m]`)
+    /// whose gradient is `dW`, without ever storing `dW`: each expert's block is computed into
+    /// a per-thread scratch and applied while it is still in cache. Element for element this is
+    /// `all()` followed by the Adam step (same products, same update), but the 4·k·m-byte
+    /// gradient of every expert is neither written to memory nor read back.
+    fn adam_step<const DECOUPLED: bool>(
+        &self,
+        p: &mut [T],
+        mo: &mut [T],
+        ve: &mut [T],
+        c: AdamConsts<T>,
+    ) {
+        let block = self.k * self.m;
+        if block == 0 {
+            return;
+        }
+        let wide = Wide::detect();
+        if per_expert_parallel(self.experts) {
+            p.par_chunks_mut(block)
+                .zip(mo.par_chunks_mut(block))
+                .zip(ve.par_chunks_mut(block))
+                .enumerate()
+                .for_each_init(Vec::new, |scratch, (e, ((p, m), v))| {
+                    let g = self.expert_into(e, scratch, gemm::Parallelism::None);
+                    adam_chunk_wide::<T, DECOUPLED>(wide, p, g, m, v, c);
+                });
+        } else {
+            let mut scratch = Vec::new();
+            let banks = p
+                .chunks_mut(block)
+                .zip(mo.chunks_mut(block))
+                .zip(ve.chunks_mut(block))
+                .enumerate();
+            for (e, ((p, m), v)) in banks {
+                let g = self.expert_into(e, &mut scratch, gemm::Parallelism::Rayon(0));
+                p.par_chunks_mut(OPT_CHUNK)
+                    .zip(g.par_chunks(OPT_CHUNK))
+                    .zip(m.par_chunks_mut(OPT_CHUNK))
+                    .zip(v.par_chunks_mut(OPT_CHUNK))
+                    .for_each(|(((p, g), m), v)| {
+                        adam_chunk_wide::<T, DECOUPLED>(wide, p, g, m, v, c)
+                    });
+            }
         }
     }
-    // SAFETY: each of the `experts` blocks of k·m elements was written by its first product
-    // or filled with zeros.
-    unsafe { out.set_len(len) };
-    out
 }
 
 fn scale_of(grad_scale: Option<&CpuBuffer>) -> Result<f64> {

@@ -502,7 +502,7 @@ fn run(cli: Cli) -> Result<()> {
             } else {
                 println!("{}", r.workload);
                 println!(
-                    "{:<6} {:<8} {:>4} {:>4} {:>10} {:>8} {:>8} {:>8} {:>12} {:>12} {:>14}",
+                    "{:<6} {:<8} {:>4} {:>4} {:>10} {:>8} {:>8} {:>8} {:>12} {:>12} {:>8} {:>14}",
                     "device",
                     "router",
                     "n",
@@ -513,11 +513,12 @@ fn run(cli: Cli) -> Result<()> {
                     "adam ms",
                     "tokens/s",
                     "peak MB",
+                    "grad MB",
                     "activation MB"
                 );
                 for m in &r.moe {
                     println!(
-                        "{:<6} {:<8} {:>4} {:>4} {:>10.1} {:>8.1} {:>8.1} {:>8.1} {:>12.0} {:>12.1} {:>14.1}",
+                        "{:<6} {:<8} {:>4} {:>4} {:>10.1} {:>8.1} {:>8.1} {:>8.1} {:>12.0} {:>12.1} {:>8.1} {:>14.1}",
                         m.device,
                         m.router,
                         m.n,
@@ -528,6 +529,7 @@ fn run(cli: Cli) -> Result<()> {
                         m.optimizer_ms,
                         m.tokens_per_s,
                         m.peak_bytes as f64 / 1e6,
+                        m.gradient_bytes as f64 / 1e6,
                         m.activation_bytes as f64 / 1e6
                     );
                 }

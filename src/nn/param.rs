@@ -2,6 +2,7 @@
 //! swaps in the updated tensor after each step (on the GPU the new buffer comes from the pool, so
 //! a steady-state step allocates nothing).
 
+use crate::autograd::LeafGrad;
 use crate::{Error, Result, Tensor};
 use std::sync::{Arc, RwLock};
 
@@ -52,23 +53,22 @@ impl Param {
     }
 
     /// An optimizer's update: takes the parameter's gradient (so the next backward starts from
-    /// none, as after PyTorch's `zero_grad(set_to_none=True)`) and runs `f(param, grad)` on the
+    /// none, as after PyTorch's `zero_grad(set_to_none=True)`; it may be an expert bank's
+    /// deferred gradient, see `autograd/deferred.rs`) and runs `f(param, grad)` on the
     /// parameter's storage in place. Nothing is copied when no one else holds the parameter's
     /// tensor; otherwise `f` runs on a copy that replaces it. Returns false (doing nothing) when
     /// the parameter has no gradient.
     pub(crate) fn update(
         &self,
-        f: impl FnOnce(&mut crate::backend::Storage, &Tensor) -> Result<()>,
+        f: impl FnOnce(&mut crate::backend::Storage, &LeafGrad) -> Result<()>,
     ) -> Result<bool> {
         let mut guard = match self.0.write() {
             Ok(t) => t,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let grad = match guard.0.grad.lock() {
-            Ok(mut g) => g.take(),
-            Err(_) => None,
+        let Some(grad) = guard.take_grad() else {
+            return Ok(false);
         };
-        let Some(grad) = grad else { return Ok(false) };
         if let Some(inner) = Arc::get_mut(&mut guard.0) {
             f(&mut inner.storage, &grad)?;
             return Ok(true);

@@ -7,6 +7,7 @@
 //! * backward  `∂x[r] = ∂y[r] · W[e_r]ᵀ`  (the same kernel with the weight transposed)
 //! * backward  `∂W[e] = Σ_{r: e_r = e} x[r]ᵀ · ∂y[r]`  (one segment of rows per expert)
 
+use crate::autograd::GroupedWeightGrad;
 use crate::{DType, Error, Result, Tensor};
 
 impl Tensor {
@@ -62,6 +63,12 @@ impl Tensor {
         // Only the gradients someone needs are computed: the rows are often a gather of the
         // layer's input, which needs no gradient when the MoE layer is the first layer.
         let (need_x, need_w) = (self.requires_grad(), w.requires_grad());
+        // A bank of many experts whose gradient is larger than the rows it comes from gets it
+        // deferred (autograd/deferred.rs): the leaf keeps x and dy, and Adam computes dW
+        // expert by expert inside its update. Only a leaf can: a computed weight must pass its
+        // gradient on now.
+        let defer = need_w && w.is_leaf() && GroupedWeightGrad::worth_deferring(rows, k, m, n);
+        let leaf = if defer { Some(w.clone()) } else { None };
         Ok(Tensor::record(y, "grouped_matmul", &[self, w], move |g| {
             let dx = if need_x {
                 let dx =
@@ -72,15 +79,22 @@ impl Tensor {
                 None
             };
             let dw = if need_w {
-                let dw = x.storage().grouped_weight_grad(
-                    g.storage(),
-                    re.storage(),
-                    off.storage(),
+                let recipe = GroupedWeightGrad {
+                    x,
+                    dy: g.clone(),
+                    row_expert: re,
+                    offsets: off,
+                    experts: n,
                     k,
                     m,
-                    n,
-                )?;
-                Some(Tensor::from_storage(dw, vec![n, k, m]))
+                };
+                match &leaf {
+                    Some(leaf) => {
+                        leaf.accumulate_deferred(recipe)?;
+                        None
+                    }
+                    None => Some(recipe.materialize()?),
+                }
             } else {
                 None
             };

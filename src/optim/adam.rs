@@ -7,6 +7,7 @@
 //! ```
 
 use super::Optimizer;
+use crate::autograd::LeafGrad;
 use crate::backend::AdamHyper;
 use crate::nn::Param;
 use crate::{Error, Result, Tensor};
@@ -87,14 +88,20 @@ impl Optimizer for Adam {
                 let (m, v) = match moments.get_mut(name) {
                     Some(mv) => mv,
                     None => {
-                        let zeros = || Tensor::zeros_like(g);
+                        let zeros = || g.zeros_like();
                         moments.insert(name.clone(), (zeros()?, zeros()?));
                         moments
                             .get_mut(name)
                             .ok_or_else(|| Error::Invalid(format!("adam: no moments for {name}")))?
                     }
                 };
-                p.adam_step_mut(g.storage(), scale, m.storage_mut(), v.storage_mut(), h)
+                let (m, v) = (m.storage_mut(), v.storage_mut());
+                match g {
+                    LeafGrad::Dense(g) => p.adam_step_mut(g.storage(), scale, m, v, h),
+                    // an expert bank's deferred gradient is computed inside the update, one
+                    // expert at a time (see autograd/deferred.rs)
+                    LeafGrad::Grouped(d) => d.adam_step_mut(p, scale, m, v, h),
+                }
             })?;
         }
         Ok(())

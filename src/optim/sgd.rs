@@ -57,6 +57,8 @@ impl Optimizer for Sgd {
             let buffers = &mut self.buffers;
             let momentum = self.momentum != 0.0;
             param.update(|p, g| {
+                // SGD reads the gradient once: a deferred expert-bank gradient is computed here
+                let g = &g.to_dense()?;
                 if !momentum {
                     // plain SGD: the kernel ignores the buffer; pass the gradient's own storage
                     let mut unused = g.storage().clone();

@@ -1,0 +1,118 @@
+//! Deferred gradients: a leaf's gradient kept as the recipe that computes it, for the one case
+//! where computing it later is cheaper than storing it, an expert bank's weight gradient.
+//!
+//! The weight gradient of a grouped matmul, `dW[e] = Σ_{rows r of e} x[r]ᵀ·dy[r]`, has the
+//! bank's shape `[n, k, m]`. With many experts it is larger than the two operands it comes from
+//! (`n·k·m ≥ R·(k + m)` for `R` rows), so backward keeps `x` and `dy` instead of the gradient
+//! and the gradient is computed when it is used:
+//!
+//! * [`Tensor::grad`](crate::Tensor::grad) (and gradient clipping, and `gradcheck`) computes it
+//!   on first read, so a deferred gradient looks like any other;
+//! * Adam computes it expert by expert inside its own update
+//!   ([`Storage::grouped_weight_grad_adam_mut`]), so on the CPU the gradient of a 64-expert
+//!   bank is never written to memory and read back.
+//!
+//! This is the optimizer-in-backward idea (PyTorch's post-accumulate-grad hooks), done lazily so
+//! that the training loop stays `loss.backward(); opt.step(..)`.
+
+use crate::backend::{AdamHyper, Storage};
+use crate::{Result, Tensor};
+
+/// A leaf's accumulated gradient: a tensor, or the recipe of an expert bank's gradient.
+pub(crate) enum LeafGrad {
+    /// the gradient itself
+    Dense(Tensor),
+    /// an expert bank's weight gradient, computed when used
+    Grouped(GroupedWeightGrad),
+}
+
+impl LeafGrad {
+    /// The gradient as a tensor (a deferred one is computed).
+    pub(crate) fn to_dense(&self) -> Result<Tensor> {
+        match self {
+            LeafGrad::Dense(g) => Ok(g.clone()),
+            LeafGrad::Grouped(d) => d.materialize(),
+        }
+    }
+
+    /// The gradient's shape (that of the leaf).
+    pub(crate) fn shape(&self) -> Vec<usize> {
+        match self {
+            LeafGrad::Dense(g) => g.shape().to_vec(),
+            LeafGrad::Grouped(d) => vec![d.experts, d.k, d.m],
+        }
+    }
+
+    /// Zeros of the gradient's shape, dtype and device (an optimizer's fresh state).
+    pub(crate) fn zeros_like(&self) -> Result<Tensor> {
+        match self {
+            LeafGrad::Dense(g) => Tensor::zeros_like(g),
+            LeafGrad::Grouped(d) => Tensor::zeros(&self.shape(), d.x.dtype(), d.x.device()),
+        }
+    }
+
+    /// This gradient plus `other`, as a tensor.
+    pub(crate) fn add(self, other: LeafGrad) -> Result<LeafGrad> {
+        Ok(LeafGrad::Dense(self.to_dense()?.add(&other.to_dense()?)?))
+    }
+}
+
+/// The weight gradient of `x.grouped_matmul(w, row_expert, offsets)` for the upstream gradient
+/// `dy`, not yet computed.
+pub(crate) struct GroupedWeightGrad {
+    /// the rows `[R, k]` (detached)
+    pub(crate) x: Tensor,
+    /// the upstream gradient `[R, m]`
+    pub(crate) dy: Tensor,
+    /// `[R]` i32: each row's expert
+    pub(crate) row_expert: Tensor,
+    /// `[n + 1]` i32: where each expert's rows start
+    pub(crate) offsets: Tensor,
+    pub(crate) experts: usize,
+    pub(crate) k: usize,
+    pub(crate) m: usize,
+}
+
+impl GroupedWeightGrad {
+    /// Whether keeping `x` and `dy` costs no more memory than the gradient: `n·k·m ≥ R·(k + m)`
+    /// (at T = 4096, k = 2, d = 256, hidden 512, from 64 experts on).
+    pub(crate) fn worth_deferring(rows: usize, k: usize, m: usize, experts: usize) -> bool {
+        experts.saturating_mul(k).saturating_mul(m) >= rows.saturating_mul(k + m)
+    }
+
+    /// The gradient `[n, k, m]`.
+    pub(crate) fn materialize(&self) -> Result<Tensor> {
+        let dw = self.x.storage().grouped_weight_grad(
+            self.dy.storage(),
+            self.row_expert.storage(),
+            self.offsets.storage(),
+            self.k,
+            self.m,
+            self.experts,
+        )?;
+        Ok(Tensor::from_storage(dw, vec![self.experts, self.k, self.m]))
+    }
+
+    /// One Adam step on the bank `param` with this gradient (times `scale`), computing the
+    /// gradient inside the update.
+    pub(crate) fn adam_step_mut(
+        &self,
+        param: &mut Storage,
+        scale: Option<&Storage>,
+        m: &mut Storage,
+        v: &mut Storage,
+        h: AdamHyper,
+    ) -> Result<()> {
+        self.x.storage().grouped_weight_grad_adam_mut(
+            self.dy.storage(),
+            self.row_expert.storage(),
+            self.offsets.storage(),
+            (self.k, self.m, self.experts),
+            param,
+            scale,
+            m,
+            v,
+            h,
+        )
+    }
+}
