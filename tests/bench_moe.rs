@@ -73,3 +73,28 @@ fn bench_moe_rejects_zero_tokens() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("--tokens"));
 }
+
+/// `--sizes` takes the form its help shows (`256 512 1024`) as well as commas.
+#[test]
+fn bench_matmul_takes_sizes_separated_by_spaces_or_commas() {
+    for args in [&["16", "32"][..], &["16,32"][..]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_moegrad"))
+            .args(["bench", "matmul", "--json", "--device", "cpu", "--sizes"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "--sizes {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let sizes: Vec<u64> = v["matmul"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["size"].as_u64().unwrap())
+            .collect();
+        assert_eq!(sizes, [16, 32], "--sizes {args:?}");
+    }
+}

@@ -51,8 +51,9 @@ enum Command {
         /// Devices to measure: auto (CPU, plus the GPU when there is one), cpu or gpu.
         #[arg(long, default_value = "auto")]
         device: String,
-        /// Square matrix sizes for the matmul workload.
-        #[arg(long, value_delimiter = ',', default_values_t = vec![256, 512, 1024])]
+        /// Square matrix sizes for the matmul workload, separated by spaces or commas
+        /// (`--sizes 512 1024` or `--sizes 512,1024`).
+        #[arg(long, num_args = 1.., value_delimiter = ',', default_values_t = vec![256, 512, 1024])]
         sizes: Vec<usize>,
         /// Tokens per step for the moe workload.
         #[arg(long, default_value_t = 4096)]
