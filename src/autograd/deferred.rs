@@ -9,14 +9,17 @@
 //! * [`Tensor::grad`](crate::Tensor::grad) (and gradient clipping, and `gradcheck`) computes it
 //!   on first read, so a deferred gradient looks like any other;
 //! * Adam computes it expert by expert inside its own update
-//!   ([`Storage::grouped_weight_grad_adam_mut`]), so on the CPU the gradient of a 64-expert
-//!   bank is never written to memory and read back.
+//!   ([`Storage::grouped_weight_grad_adam_mut`]), so the gradient of a 64-expert bank is never
+//!   written to memory and read back.
+//!
+//! Only CPU banks are deferred: that is where the fused kernel is (a GPU version would be the
+//! weight-gradient kernel with Adam as its epilogue, worth writing once a GPU can time it).
 //!
 //! This is the optimizer-in-backward idea (PyTorch's post-accumulate-grad hooks), done lazily so
 //! that the training loop stays `loss.backward(); opt.step(..)`.
 
 use crate::backend::{AdamHyper, Storage};
-use crate::{Result, Tensor};
+use crate::{Device, Result, Tensor};
 
 /// A leaf's accumulated gradient: a tensor, or the recipe of an expert bank's gradient.
 pub(crate) enum LeafGrad {
@@ -74,10 +77,18 @@ pub(crate) struct GroupedWeightGrad {
 }
 
 impl GroupedWeightGrad {
-    /// Whether keeping `x` and `dy` costs no more memory than the gradient: `n·k·m ≥ R·(k + m)`
-    /// (at T = 4096, k = 2, d = 256, hidden 512, from 64 experts on).
-    pub(crate) fn worth_deferring(rows: usize, k: usize, m: usize, experts: usize) -> bool {
-        experts.saturating_mul(k).saturating_mul(m) >= rows.saturating_mul(k + m)
+    /// Whether to defer the gradient of a bank on `device`: where the device has the fused
+    /// kernel (the CPU) and keeping `x` and `dy` costs no more memory than the gradient,
+    /// `n·k·m ≥ R·(k + m)` (at T = 4096, k = 2, d = 256, hidden 512: from 64 experts on). On the
+    /// GPU, Adam on a deferred gradient would only run the two kernels one after the other,
+    /// moving the gradient's buffer from backward into the optimizer step for no saving.
+    pub(crate) fn worth_deferring(
+        device: Device,
+        rows: usize,
+        (k, m, experts): (usize, usize, usize),
+    ) -> bool {
+        !device.is_gpu()
+            && experts.saturating_mul(k).saturating_mul(m) >= rows.saturating_mul(k + m)
     }
 
     /// The gradient `[n, k, m]`.

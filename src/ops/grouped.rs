@@ -63,11 +63,13 @@ impl Tensor {
         // Only the gradients someone needs are computed: the rows are often a gather of the
         // layer's input, which needs no gradient when the MoE layer is the first layer.
         let (need_x, need_w) = (self.requires_grad(), w.requires_grad());
-        // A bank of many experts whose gradient is larger than the rows it comes from gets it
-        // deferred (autograd/deferred.rs): the leaf keeps x and dy, and Adam computes dW
+        // A CPU bank of many experts whose gradient is larger than the rows it comes from gets
+        // it deferred (autograd/deferred.rs): the leaf keeps x and dy, and Adam computes dW
         // expert by expert inside its update. Only a leaf can: a computed weight must pass its
         // gradient on now.
-        let defer = need_w && w.is_leaf() && GroupedWeightGrad::worth_deferring(rows, k, m, n);
+        let defer = need_w
+            && w.is_leaf()
+            && GroupedWeightGrad::worth_deferring(w.device(), rows, (k, m, n));
         let leaf = if defer { Some(w.clone()) } else { None };
         Ok(Tensor::record(y, "grouped_matmul", &[self, w], move |g| {
             let dx = if need_x {
