@@ -246,6 +246,34 @@ fn grouped_matmul_gradcheck_and_zero_gradient_for_idle_experts() {
     assert!(e.contains("[7, 3]") && e.contains("[4, 2, 2]"), "{e}");
 }
 
+/// A bank larger than its rows (8 experts of 3×2 = 48 values, 4 rows: 4·(3+2) = 20) keeps its
+/// gradient deferred (computed when read, or inside Adam); read, it passes the same check.
+#[test]
+fn grouped_matmul_gradcheck_with_a_deferred_bank_gradient() {
+    let x = randn(&[4, 3], 4, DType::F64);
+    let w = randn(&[8, 3, 2], 5, DType::F64);
+    let row_expert = Tensor::from_i32(vec![1, 1, 4, 7], &[4], Device::cpu()).unwrap();
+    let offsets = Tensor::from_i32(vec![0, 0, 2, 2, 2, 3, 3, 3, 4], &[9], Device::cpu()).unwrap();
+    let f = |t: &[Tensor]| t[0].grouped_matmul(&t[1], &row_expert, &offsets);
+    gradcheck(f, &[x.clone(), w.clone()], &GradcheckOptions::default()).unwrap();
+    let wg = w.with_grad().unwrap();
+    x.grouped_matmul(&wg, &row_expert, &offsets)
+        .unwrap()
+        .sum_all()
+        .unwrap()
+        .backward()
+        .unwrap();
+    assert!(
+        wg.grad_is_deferred(),
+        "the bank's gradient was not deferred"
+    );
+    let gw = wg.grad().unwrap().to_vec_f64().unwrap();
+    assert!(
+        gw[..6].iter().chain(&gw[12..24]).all(|&v| v == 0.0),
+        "idle experts must get exactly zero gradient"
+    );
+}
+
 #[test]
 fn sparse_evaluation_invariance_with_nan_in_unselected_experts() {
     for name in ["topk", "switch", "topk-unnorm", "vmoe", "hash"] {
