@@ -546,6 +546,7 @@ fn manual_routing(
         experts: n,
         aux_loss: None,
         metrics: Vec::new(),
+        score: None,
     }
 }
 

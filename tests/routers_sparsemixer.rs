@@ -501,7 +501,13 @@ fn straight_through_reinmax_and_reinforce_facts() {
     for loss in [Loss::Quadratic, Loss::Generic] {
         let (g0, _) = exact_parts(loss, &k, &pi, &f);
         let (l1, o1) = problem(1, 1.0);
-        let probe = GradientProbe::new("reinforce", &cfg_with(N, &[]), Device::cpu()).unwrap();
+        // without the running baseline, one draw is a function of D alone
+        let probe = GradientProbe::new(
+            "reinforce",
+            &cfg_with(N, &[("baseline", "0")]),
+            Device::cpu(),
+        )
+        .unwrap();
         let mut per_d: BTreeMap<usize, Vec<f64>> = BTreeMap::new();
         let mut draws = Vec::new();
         for _ in 0..3000 {
@@ -852,7 +858,13 @@ fn experts_evaluated_per_token_and_sparse_evaluation_invariance_in_training() {
             assert_eq!(l.router.runs_all_experts(), dense, "{name}");
             let x = randn(&[3, 5], 6).with_grad().unwrap();
             let out = l.forward(&x).unwrap();
-            loss_of(&out.y).backward().unwrap();
+            let mut objective = loss_of(&out.y);
+            // reinforce's gradient comes from its score term, with a per-token reward
+            for term in &out.score_terms {
+                let reward = out.y.mul(&out.y).unwrap().sum(&[-1], false).unwrap();
+                objective = objective.add(&term.surrogate(&reward).unwrap()).unwrap();
+            }
+            objective.backward().unwrap();
             let s = out.stats.read().unwrap();
             let grads: Vec<Vec<f64>> = params(&l)
                 .iter()
@@ -1126,7 +1138,11 @@ fn gpu_parity_of_the_routers() {
                 .unwrap()
                 .to_device(dev)
                 .unwrap();
-                routing.weight.backward_with(&up).unwrap();
+                match &routing.score {
+                    // reinforce in training: its gradient is the score term's, `up` the rewards
+                    Some(score) => score.surrogate(&up).unwrap().backward().unwrap(),
+                    None => routing.weight.backward_with(&up).unwrap(),
+                }
                 (
                     routing.expert.to_vec_i32().unwrap(),
                     routing.weight.to_vec_f64().unwrap(),

@@ -8,7 +8,7 @@
 //! | `sparsemixer-v2` | itself, `top=1` | ∇₀ (no ×2, third-order rule), masked π | 1 |
 //! | `st` | itself | ∇₀ (first order) | n |
 //! | `gumbel-st` | itself, τ = 1 | ∇₀ (a relaxation, biased) | n |
-//! | `reinforce` | itself; the probe uses the loss value as reward | ∇₀ (unbiased) | 1 |
+//! | `reinforce` | itself, with its running baseline; each token's own loss is its reward | ∇₀ (unbiased) | 1 |
 //! | `reinmax` | itself, τ = 1 | ∇₀ + ∇₁ (second order; exact for linear g) | n |
 //! | `switch` | `sparsemixer-1st`, mask off, gradient halved | ∇₁ (unbiased) | 1 |
 //! | `switch-jitter` (not in the default list) | `switch`, jitter r | — (D = argmax θ⊙u, not D ∼ π) | 1 |

@@ -139,6 +139,15 @@ impl Loss {
     /// # Errors
     /// `y` not of shape `[T, d]`, or an error of the ops.
     pub fn tensor(&self, y: &Tensor) -> Result<Tensor> {
+        self.per_token(y)?.sum_all()
+    }
+
+    /// `g(y_t)` for every row of `y` `[T, d]`: `[T]`, tracked (what a score-function router
+    /// takes as each token's reward; [`Loss::tensor`] is its sum).
+    ///
+    /// # Errors
+    /// `y` not of shape `[T, d]`, or an error of the ops.
+    pub fn per_token(&self, y: &Tensor) -> Result<Tensor> {
         let d = self.dim;
         let s = y.shape();
         if s.len() != 2 || s[1] != d {
@@ -147,7 +156,7 @@ impl Loss {
             )));
         }
         let (dev, dt) = (y.device(), y.dtype());
-        let t = s[0] as f64;
+        let t = s[0];
         let host = |v: Vec<f64>, shape: &[usize]| -> Result<Tensor> {
             Tensor::from_f64(v, shape, Device::cpu())?
                 .to_dtype(dt)?
@@ -156,8 +165,8 @@ impl Loss {
         match self.kind {
             LossKind::Linear => y
                 .matmul(&host(self.b.clone(), &[d, 1])?)?
-                .sum_all()?
-                .add_scalar(OFFSET * t),
+                .reshape(&[t])?
+                .add_scalar(OFFSET),
             LossKind::Quadratic => {
                 // r = y·Aᵀ − b, row by row
                 let at: Vec<f64> = (0..d * d)
@@ -166,13 +175,13 @@ impl Loss {
                 let r = y
                     .matmul(&host(at, &[d, d])?)?
                     .sub(&host(self.b.clone(), &[1, d])?)?;
-                r.mul(&r)?.sum_all()?.mul_scalar(0.5)
+                r.mul(&r)?.sum(&[-1], false)?.mul_scalar(0.5)
             }
             LossKind::Logistic => y
                 .matmul(&host(self.a.clone(), &[d, 1])?)?
                 .add_scalar(OFFSET)?
                 .softplus()?
-                .sum_all(),
+                .reshape(&[t]),
         }
     }
 

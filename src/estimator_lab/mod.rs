@@ -193,7 +193,8 @@ pub fn run_lab(cfg: &LabConfig) -> Result<LabReport> {
     }
     let logits = problem.logits_tensor()?;
     let outputs = problem.outputs_tensor()?;
-    let loss = |y: &Tensor| problem.loss.tensor(y);
+    // per token: the score-function router takes each token's loss as its reward
+    let loss = |y: &Tensor| problem.loss.per_token(y);
     let mut estimators = Vec::with_capacity(cfg.estimators.len());
     for name in &cfg.estimators {
         let est = LabEstimator::new(

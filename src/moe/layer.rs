@@ -15,6 +15,7 @@ use super::cnn_experts::CnnExpertBank;
 use super::dispatch::{Capacity, DispatchPlan};
 use super::experts::{ExpertBank, ExpertNet};
 use super::router::{Router, RouterConfig, build_router};
+use super::score_function::ScoreTerm;
 use super::stats::RoutingStats;
 use super::{Routing, aux_loss};
 use crate::nn::{Activation, Param, join};
@@ -105,6 +106,9 @@ pub struct MoeOutput {
     pub aux_loss: Tensor,
     /// routing statistics (device tensors)
     pub stats: RoutingStats,
+    /// the score-function terms of routers that sample with REINFORCE, one per routing that has
+    /// one: add [`ScoreTerm::surrogate`] of each to the objective (see `moe/score_function.rs`)
+    pub score_terms: Vec<ScoreTerm>,
 }
 
 /// One MoE layer: a router over a bank of experts.
@@ -283,6 +287,7 @@ impl MoeLayer {
             y,
             aux_loss: aux,
             stats,
+            score_terms: routings.iter().filter_map(|r| r.score.clone()).collect(),
         })
     }
 }
@@ -341,6 +346,9 @@ impl Routing {
                 },
             )?,
             metrics: parts.iter().flat_map(|r| r.metrics.clone()).collect(),
+            // each task's router has its own score term and baseline: the layer reads them from
+            // the parts (`MoeOutput::score_terms`), not from the joined routing
+            score: None,
         })
     }
 }

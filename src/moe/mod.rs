@@ -12,6 +12,7 @@ pub mod layer;
 pub mod router;
 pub mod routers;
 pub mod routing;
+pub mod score_function;
 pub mod stats;
 
 pub use cnn_experts::CnnExpertBank;
@@ -20,4 +21,5 @@ pub use experts::{ExpertBank, ExpertNet};
 pub use layer::{ExpertKind, MoeConfig, MoeLayer, MoeOutput};
 pub use router::{ROUTER_NAMES, Router, RouterConfig, build_router, parse_router_options};
 pub use routing::Routing;
+pub use score_function::{RunningBaseline, ScoreTerm};
 pub use stats::{RoutingStats, RoutingSummary};

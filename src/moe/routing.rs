@@ -6,6 +6,7 @@
 //! dispatch plan sees the same list. Only `weight` carries gradient (through the router's own
 //! backward rule); indices never do.
 
+use super::score_function::ScoreTerm;
 use crate::{DType, Device, Result, Tensor};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -37,6 +38,10 @@ pub struct Routing {
     /// router-specific scalar metrics, `(name, scalar tensor)`, read back once per epoch (e.g.
     /// DSelect-k's fraction of saturated selectors); reported beside the layer's statistics
     pub metrics: Vec<(&'static str, Tensor)>,
+    /// for routers whose gradient is the score function (`reinforce`): the log-probability of
+    /// each token's sampled expert, which the loss turns into the REINFORCE estimate
+    /// ([`ScoreTerm::surrogate`]); None for the others
+    pub score: Option<ScoreTerm>,
 }
 
 impl Routing {
@@ -78,6 +83,7 @@ impl Routing {
             tokens: t,
             aux_loss: None,
             metrics: Vec::new(),
+            score: None,
         })
     }
 }

@@ -8,6 +8,18 @@ impl Tensor {
     /// `−(1/N) Σ_n log_softmax(x_n)[t_n]`. On the CPU a target outside `0..C` is an error; on the
     /// GPU it contributes 0 (checking would need a read-back).
     pub fn cross_entropy(&self, targets: &Tensor) -> Result<Tensor> {
+        self.picked_log_probs(targets)?.mean_all()?.neg()
+    }
+
+    /// Cross-entropy of every row, `[N]`: `−log_softmax(x_n)[t_n]` (the mean of these is
+    /// [`Tensor::cross_entropy`]); what a score-function router takes as each example's reward.
+    pub fn cross_entropy_per_row(&self, targets: &Tensor) -> Result<Tensor> {
+        let n = targets.numel();
+        self.picked_log_probs(targets)?.reshape(&[n])?.neg()
+    }
+
+    /// `log_softmax(x_n)[t_n]` as `[N, 1]`, after checking shapes and dtypes.
+    fn picked_log_probs(&self, targets: &Tensor) -> Result<Tensor> {
         if self.rank() != 2 || targets.rank() != 1 || targets.shape()[0] != self.shape()[0] {
             return Err(Error::Shape(format!(
                 "cross_entropy: logits must be [N, C] and targets [N], got {:?} and {:?}",
@@ -25,10 +37,7 @@ impl Tensor {
             return Err(Error::Invalid("cross_entropy over an empty batch".into()));
         }
         let n = self.shape()[0];
-        let picked = self
-            .log_softmax(-1)?
-            .gather(1, &targets.reshape(&[n, 1])?)?;
-        picked.mean_all()?.neg()
+        self.log_softmax(-1)?.gather(1, &targets.reshape(&[n, 1])?)
     }
 
     /// Mean squared error `mean((self − target)²)`; shapes must match exactly.

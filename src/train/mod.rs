@@ -174,6 +174,36 @@ fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
     total.ok_or_else(|| Error::Invalid("a model with no task heads".into()))
 }
 
+/// `loss` plus the surrogate of every score-function term (REINFORCE routers, see
+/// `moe/score_function.rs`): the value is unchanged, and the gradient gains each router's
+/// score-function estimate, with each example's own task loss (summed over tasks, divided by the
+/// batch size as the mean loss divides it) as its reward.
+fn with_score_terms(
+    loss: &Tensor,
+    terms: &[crate::moe::ScoreTerm],
+    logits: &[Tensor],
+    targets: &[Tensor],
+) -> Result<Tensor> {
+    let per_example = crate::no_grad(|| -> Result<Tensor> {
+        let mut total: Option<Tensor> = None;
+        for (l, y) in logits.iter().zip(targets) {
+            let ce = l.cross_entropy_per_row(y)?;
+            total = Some(match total {
+                Some(t) => t.add(&ce)?,
+                None => ce,
+            });
+        }
+        let total = total.ok_or_else(|| Error::Invalid("a model with no task heads".into()))?;
+        let batch = total.numel().max(1) as f64;
+        total.mul_scalar(1.0 / batch)
+    })?;
+    let mut objective = loss.clone();
+    for term in terms {
+        objective = objective.add(&term.surrogate(&per_example)?.to_dtype(loss.dtype())?)?;
+    }
+    Ok(objective)
+}
+
 /// Mean test loss and accuracy per task, with the values accumulated on the device.
 pub fn evaluate(
     model: &dyn TaskModel,
@@ -388,7 +418,11 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
                     ),
                 });
             }
-            loss.backward()?;
+            if out.score_terms.is_empty() {
+                loss.backward()?;
+            } else {
+                with_score_terms(&loss, &out.score_terms, &out.logits, &b.y)?.backward()?;
+            }
             let scale = if cfg.clip_grad_norm > 0.0 {
                 clip_grad_norm(&params, cfg.clip_grad_norm)?
             } else {

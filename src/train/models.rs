@@ -11,7 +11,8 @@
 
 use super::config::{ModelKind, TrainConfig};
 use crate::moe::{
-    Capacity, ExpertKind, MoeConfig, MoeLayer, Router, RouterConfig, RoutingStats, build_router,
+    Capacity, ExpertKind, MoeConfig, MoeLayer, Router, RouterConfig, RoutingStats, ScoreTerm,
+    build_router,
 };
 use crate::nn::{
     Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Module, Param, Sequential, join,
@@ -28,6 +29,9 @@ pub struct ModelOutput {
     pub aux_loss: Option<Tensor>,
     /// routing statistics of the MoE layer
     pub routing: Option<RoutingStats>,
+    /// the score-function terms of routers trained with REINFORCE (see
+    /// `moe/score_function.rs`): the training loop adds each one's surrogate to the objective
+    pub score_terms: Vec<ScoreTerm>,
 }
 
 /// A model trained by `moegrad train`.
@@ -60,6 +64,7 @@ impl TaskModel for MultiHead {
             logits,
             aux_loss: None,
             routing: None,
+            score_terms: Vec::new(),
         })
     }
     fn named_params(&self) -> Vec<(String, Param)> {
@@ -121,6 +126,7 @@ impl TaskModel for MoeModel {
             logits,
             aux_loss: Some(out.aux_loss),
             routing: Some(out.stats),
+            score_terms: out.score_terms,
         })
     }
     fn named_params(&self) -> Vec<(String, Param)> {

@@ -1,6 +1,6 @@
 //! The gradient-estimator baselines SparseMixer is compared with (SparseMixer §3, spec part 2
 //! §1.8): `st` (straight-through), `gumbel-st` (straight-through Gumbel-softmax), `reinforce`
-//! (the score function) and `reinmax` (Liu et al. 2023, "Bridging Discrete and
+//! (the score function; Williams 1992) and `reinmax` (Liu et al. 2023, "Bridging Discrete and
 //! Backpropagation: Straight-Through and Beyond").
 //!
 //! All four sample one expert per token, `D ~ π = softmax(θ)` by Gumbel-max
@@ -17,11 +17,13 @@
 //! * `reinmax` (option `tau` ≥ 1, default 1): `π̃ = (softmax(θ/τ) + e_D)/2`;
 //!   `∂θ = J(π̃, 2u) + J(π, −½u + e_D ⊙ a)` (the last term is plain backprop through the
 //!   scale π_D, ReinMax's `G_π`).
-//! * `reinforce`: `∂θ = R·(e_D − π)`. The score function needs the loss value `g(y)` as reward,
-//!   which a backward rule inside a layer does not see; the layer therefore uses the first-order
-//!   reward `R = ⟨G_y, y⟩ = u_D` (≈ g(y) − g(0); a baseline does not change the expectation).
-//!   With that reward it equals SparseMixer-1st's ∇̂ (without the ×2). The exact REINFORCE,
-//!   with the loss as reward (`E = ∇₀`), is what [`super::probe::GradientProbe`] computes.
+//! * `reinforce` (option `baseline`, default 1): the score function,
+//!   `∂θ_t = (ℓ_t − b)(e_{D_t} − π_t)` with `ℓ_t` token t's own loss term and `b` a running-mean
+//!   baseline (none with `baseline=0`); unbiased for ∇₀. The forward weight `π_D` is a constant
+//!   (no ∇₁ path). The loss value is not visible to a backward rule inside the layer, so the
+//!   router hands `log π_{t,D_t}` to the loss as a [`ScoreTerm`] and the training loop adds its
+//!   surrogate (see `moe/score_function.rs`); without that term the router gets no gradient from
+//!   the task loss at all (its balance and z-losses still reach it).
 //!
 //! **Cost.** `st`, `gumbel-st` and `reinmax` need `a_i` for every expert: in training they
 //! route every token to all n experts (the weight is `π_D` for D and exactly 0 for the others,
@@ -33,8 +35,10 @@
 use super::sparsemixer::{gumbel_noise, one_hot};
 use crate::moe::Routing;
 use crate::moe::router::{LinearGate, Router, RouterConfig};
+use crate::moe::score_function::{RunningBaseline, ScoreTerm};
 use crate::nn::Param;
 use crate::{Device, Error, Result, Tensor};
+use std::sync::Arc;
 
 /// Which estimator.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -46,8 +50,11 @@ pub enum Estimator {
         /// temperature τ > 0
         tau: f64,
     },
-    /// the score function with the first-order reward
-    Reinforce,
+    /// the score function `(ℓ_t − b)(e_D − π)`, through a [`ScoreTerm`]
+    Reinforce {
+        /// subtract a running-mean baseline from the reward
+        baseline: bool,
+    },
     /// ReinMax with temperature τ ≥ 1
     ReinMax {
         /// temperature τ ≥ 1
@@ -61,16 +68,16 @@ impl Estimator {
         match self {
             Estimator::StraightThrough => "st",
             Estimator::GumbelSt { .. } => "gumbel-st",
-            Estimator::Reinforce => "reinforce",
+            Estimator::Reinforce { .. } => "reinforce",
             Estimator::ReinMax { .. } => "reinmax",
         }
     }
     /// Whether the estimator needs every expert's output (all but `reinforce`).
     pub fn is_dense(self) -> bool {
-        !matches!(self, Estimator::Reinforce)
+        !matches!(self, Estimator::Reinforce { .. })
     }
     /// The estimator called `name`, with its options read from `cfg` (`tau` for `gumbel-st`
-    /// and `reinmax`; the others take none).
+    /// and `reinmax`, `baseline` for `reinforce`; `st` takes none).
     pub fn from_config(name: &str, cfg: &RouterConfig) -> Result<Estimator> {
         match name {
             "st" => {
@@ -78,8 +85,10 @@ impl Estimator {
                 Ok(Estimator::StraightThrough)
             }
             "reinforce" => {
-                cfg.check_options(name, &[])?;
-                Ok(Estimator::Reinforce)
+                cfg.check_options(name, &["baseline"])?;
+                Ok(Estimator::Reinforce {
+                    baseline: cfg.opt_bool("baseline", true)?,
+                })
             }
             "gumbel-st" => {
                 cfg.check_options(name, &["tau"])?;
@@ -114,6 +123,8 @@ pub struct EstimatorRouter {
     estimator: Estimator,
     experts: usize,
     table: Tensor,
+    /// `reinforce`'s running-mean baseline (None for the others and with `baseline=0`)
+    baseline: Option<Arc<RunningBaseline>>,
 }
 
 impl EstimatorRouter {
@@ -127,6 +138,10 @@ impl EstimatorRouter {
             estimator,
             experts: cfg.experts,
             table,
+            baseline: match estimator {
+                Estimator::Reinforce { baseline: true } => Some(Arc::new(RunningBaseline::new())),
+                _ => None,
+            },
         })
     }
 
@@ -158,15 +173,17 @@ impl EstimatorRouter {
             let e_d = one_hot(&d, n, dt, dev)?;
             Ok((pi, g, d, e_d))
         })?;
-        if self.estimator == Estimator::Reinforce {
+        if let Estimator::Reinforce { .. } = self.estimator {
+            // forward weight π_D as a constant; the router's gradient is the score term's
             let pi_d = crate::no_grad(|| pi.gather(1, &d))?;
-            let (pi_s, e_s, pd) = (pi.clone(), e_d.clone(), pi_d.clone());
-            // dL/dw_D = a_D; reward R = a_D·π_D = ⟨G_y, y⟩; ∂θ = R (e_D − π)
-            let w = Tensor::record(pi_d, "reinforce", &[logits], move |grad| {
-                let reward = grad.mul(&pd)?;
-                Ok(vec![Some(e_s.sub(&pi_s)?.mul(&reward)?)])
+            let log_prob = logits.log_softmax(-1)?.gather(1, &d)?.reshape(&[t])?;
+            // tracked probabilities, so the balance loss reaches the router
+            let probs = logits.softmax(-1)?;
+            let mut r = Routing::token_choice(&d, &pi_d, None, probs, logits.clone())?;
+            r.score = Some(ScoreTerm {
+                log_prob,
+                baseline: self.baseline.clone(),
             });
-            let mut r = Routing::token_choice(&d, &w, None, pi, logits.clone())?;
             r.metrics
                 .push(("experts_evaluated_per_token", Tensor::scalar(1.0, dt, dev)?));
             return Ok(r);

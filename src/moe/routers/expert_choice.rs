@@ -58,6 +58,7 @@ impl Router for ExpertChoiceRouter {
             experts: n,
             aux_loss: None,
             metrics: Vec::new(),
+            score: None,
         })
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {

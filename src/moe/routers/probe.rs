@@ -14,9 +14,11 @@
 //! `W = I` and `b = 0`, and feeds the logits in as x, so `∂L/∂x = ∂L/∂o`. Other parameters are
 //! left as initialised. Layer-level extras are not applied (SparseMixer's ω is 1).
 //!
-//! `reinforce` is the exception: its in-layer rule uses a first-order reward (see
-//! `estimators.rs`); the probe computes the true score-function estimate
-//! `∂L/∂o_t = L(y)·(e_{D_t} − π_t)` with the loss value as reward (spec 1.8), unbiased for ∇₀.
+//! The loss may be given per token (`[T]`, the loss being their sum). Routers whose gradient is
+//! the score function (`reinforce`) need that: the probe adds the router's own surrogate
+//! ([`crate::moe::ScoreTerm::surrogate`]) with each token's loss as its reward, exactly as the
+//! training loop does, so what it returns is the router's own estimate
+//! `∂L/∂o_t = (ℓ_t − b)(e_{D_t} − π_t)`, running baseline b included.
 
 use crate::moe::Routing;
 use crate::moe::router::{Router, RouterConfig, build_router};
@@ -98,12 +100,14 @@ impl GradientProbe {
     }
 
     /// One draw: routes `logits` `[T, n]` (training mode, fresh noise), forms
-    /// `y_t = Σ_a w_a f[t, e_a]` from `expert_out` `[T, n, d]`, evaluates `loss(y)` (a scalar
-    /// tensor built from tracked ops on y) and returns the router's `∂L/∂logits`.
+    /// `y_t = Σ_a w_a f[t, e_a]` from `expert_out` `[T, n, d]`, evaluates `loss(y)` (tracked ops
+    /// on y: a scalar, or per-token losses `[T]` whose sum is the loss) and returns the router's
+    /// `∂L/∂logits`.
     ///
     /// # Errors
     /// Shapes that do not fit (`logits` not `[T, n]`, `expert_out` not `[T, n, d]`), a loss that
-    /// is not a scalar, or any error of the router or the loss.
+    /// is neither a scalar nor `[T]`, a scalar loss for a score-function router (it needs each
+    /// token's loss), or any error of the router or the loss.
     pub fn estimate(
         &self,
         logits: &Tensor,
@@ -156,19 +160,36 @@ impl GradientProbe {
             .reshape(&[a, 1])?;
         let y = f.mul(&w)?.index_scatter(0, &routing.token, t)?;
         let l = loss(&y)?;
-        if l.numel() != 1 {
-            return Err(Error::Shape(format!(
-                "gradient probe: the loss must be a scalar, got shape {:?}",
-                l.shape()
-            )));
-        }
-        let value = l.item()?;
-        let grad = if self.name == "reinforce" {
-            let e_d = super::one_hot(&routing.expert.reshape(&[t, 1])?, n, dtype, x.device())?;
-            crate::no_grad(|| e_d.sub(&routing.probs.detach())?.mul_scalar(value))?
-        } else if l.requires_grad() {
-            l.reshape(&[])?.backward()?;
-            match x.grad() {
+        let per_token = match l.shape() {
+            [n] if *n == t && t != 1 => Some(l.clone()),
+            _ if l.numel() == 1 => None,
+            other => {
+                return Err(Error::Shape(format!(
+                    "gradient probe: the loss must be a scalar or per-token losses [{t}], got shape {other:?}"
+                )));
+            }
+        };
+        let total = l.sum_all()?;
+        let value = total.item()?;
+        let objective = match &routing.score {
+            None => total,
+            Some(score) => {
+                let token_loss = match &per_token {
+                    Some(p) => p.clone(),
+                    None if t == 1 => l.reshape(&[1])?,
+                    None => {
+                        return Err(Error::Invalid(format!(
+                            "gradient probe: {} takes the score function, which needs each token's loss: give the loss as per-token values [T] rather than a scalar",
+                            self.name
+                        )));
+                    }
+                };
+                total.add(&score.surrogate(&token_loss)?)?
+            }
+        };
+        let grad = if objective.requires_grad() {
+            objective.backward()?;
+            match x.try_grad()? {
                 Some(g) => g,
                 None => x.zeros_like()?,
             }
