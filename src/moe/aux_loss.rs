@@ -1,9 +1,11 @@
 //! Auxiliary losses of the router.
 //!
-//! * Switch load balancing (Fedus et al. 2021; spec part 2 §1.4): `α · n · Σ_i f_i · P_i`, with
-//!   `f_i` the fraction of (valid) assignments routed to expert i — a constant, no gradient — and
-//!   `P_i = (1/T) Σ_x p_i(x)` the mean router probability. Uniform routing gives exactly α, full
-//!   collapse αn; the loss can go below α, so nothing asserts it cannot.
+//! * Switch load balancing (Fedus et al. 2021, Eq. 4): `α · n · Σ_i f_i · P_i`, with
+//!   `f_i` the fraction of all (valid) assignments routed to expert i — a constant, no gradient,
+//!   `Σ f_i = 1` for every k — and `P_i = (1/T) Σ_x p_i(x)` the mean router probability. Uniform
+//!   routing gives exactly α at every k, full collapse αn; the loss can go below α, so nothing
+//!   asserts it cannot. (Mixtral's and the Switch library's top-k code count the tokens whose
+//!   top-k includes expert i, `Σ f_i = k`, so their loss is k times this one; docs/routers.md.)
 //!   `∂/∂θ_k(x) = (αn/T) · p_k(x) · (f_k − Σ_i f_i p_i(x))`.
 //! * Router z-loss (ST-MoE, Zoph et al. 2022): `β · (1/T) Σ_x (log Σ_j e^{θ_j(x)})²`.
 

@@ -1,0 +1,102 @@
+//! The load-balancing loss `α·n·Σ_i f_i·P_i` with `f_i` the fraction of all routed assignments
+//! (`Σ f_i = 1` at every k; docs/routers.md, "Auxiliary losses"): uniform routing gives exactly α
+//! for every k, collapse gives αn, and the MoE layer adds exactly that.
+
+use moegrad::moe::aux_loss::balance_loss;
+use moegrad::moe::{MoeConfig, MoeLayer, Routing};
+use moegrad::{DType, Device, Tensor};
+
+/// A top-k routing of `t` tokens over `n` experts where token `t` takes experts `t, t+1, …,
+/// t+k−1 (mod n)`, with probabilities `probs` `[t, n]`; and its assignments per expert.
+fn round_robin(t: usize, n: usize, k: usize, probs: Vec<f64>) -> (Routing, Tensor) {
+    let dev = Device::cpu();
+    let idx: Vec<i32> = (0..t)
+        .flat_map(|tok| (0..k).map(move |j| ((tok + j) % n) as i32))
+        .collect();
+    let mut counts = vec![0.0; n];
+    for &e in &idx {
+        counts[e as usize] += 1.0;
+    }
+    let routing = Routing::token_choice(
+        &Tensor::from_i32(idx, &[t, k], dev).unwrap(),
+        &Tensor::full(&[t, k], 1.0 / k as f64, DType::F64, dev).unwrap(),
+        None,
+        Tensor::from_f64(probs, &[t, n], dev).unwrap(),
+        Tensor::zeros(&[t, n], DType::F64, dev).unwrap(),
+    )
+    .unwrap();
+    (routing, Tensor::from_f64(counts, &[n], dev).unwrap())
+}
+
+#[test]
+fn uniform_routing_gives_exactly_alpha_at_every_k() {
+    let alpha = 0.01;
+    for n in [4usize, 8] {
+        for k in [1, 2, n / 2, n] {
+            let t = 4 * n;
+            let (r, counts) = round_robin(t, n, k, vec![1.0 / n as f64; t * n]);
+            let loss = balance_loss(&r, &counts, alpha).unwrap().item().unwrap();
+            assert_eq!(loss, alpha, "n = {n}, k = {k}");
+        }
+    }
+    // n not a power of two: equal up to rounding
+    let (r, counts) = round_robin(12, 6, 2, vec![1.0 / 6.0; 72]);
+    let loss = balance_loss(&r, &counts, 0.5).unwrap().item().unwrap();
+    assert!((loss - 0.5).abs() < 1e-15, "{loss}");
+}
+
+#[test]
+fn collapse_gives_alpha_n_and_the_gradient_pushes_towards_balance() {
+    // every token on expert 0 with probability 1 − ε there
+    let (n, t) = (4, 8);
+    let eps = 1e-3;
+    let row = [1.0 - 3.0 * eps, eps, eps, eps];
+    let probs: Vec<f64> = (0..t).flat_map(|_| row).collect();
+    let dev = Device::cpu();
+    let routing = Routing::token_choice(
+        &Tensor::from_i32(vec![0; t], &[t, 1], dev).unwrap(),
+        &Tensor::ones(&[t, 1], DType::F64, dev).unwrap(),
+        None,
+        Tensor::from_f64(probs, &[t, n], dev)
+            .unwrap()
+            .with_grad()
+            .unwrap(),
+        Tensor::zeros(&[t, n], DType::F64, dev).unwrap(),
+    )
+    .unwrap();
+    let counts = Tensor::from_f64(vec![t as f64, 0.0, 0.0, 0.0], &[n], dev).unwrap();
+    let alpha = 0.1;
+    let loss = balance_loss(&routing, &counts, alpha).unwrap();
+    let v = loss.item().unwrap();
+    let want = alpha * n as f64 * (1.0 - 3.0 * eps);
+    assert!((v - want).abs() < 1e-12, "{v} vs {want}");
+    loss.backward().unwrap();
+    let g = routing.probs.grad().unwrap().to_vec_f64().unwrap();
+    // ∂/∂p_{t,i} = α·n·f_i/T: only the overloaded expert's probability is pushed down
+    for tok in 0..t {
+        assert!((g[tok * n] - alpha * n as f64 / t as f64).abs() < 1e-12);
+        assert!(g[tok * n + 1..(tok + 1) * n].iter().all(|&x| x == 0.0));
+    }
+}
+
+#[test]
+fn the_layer_adds_exactly_alpha_for_a_uniform_router_at_every_k() {
+    for k in [1, 2, 4] {
+        let mut cfg = MoeConfig::new(6, 8, 8, k);
+        cfg.balance_loss = 0.25;
+        let layer = MoeLayer::new(&cfg, Device::cpu()).unwrap();
+        // a zero gate: every token's probabilities are uniform
+        layer.router.visit_params("", &mut |_, p| {
+            p.set(Tensor::zeros(p.get().shape(), DType::F32, Device::cpu()).unwrap())
+                .unwrap()
+        });
+        let x = Tensor::from_f32(
+            (0..60).map(|i| (i % 7) as f32 - 3.0).collect(),
+            &[10, 6],
+            Device::cpu(),
+        )
+        .unwrap();
+        let aux = layer.forward(&x).unwrap().aux_loss.item().unwrap();
+        assert!((aux - 0.25).abs() < 1e-7, "k = {k}: aux loss {aux}");
+    }
+}
