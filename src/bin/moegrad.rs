@@ -159,8 +159,8 @@ struct TrainArgs {
     router_opt: Vec<String>,
     /// Continue the run in OUT from its checkpoint.safetensors, up to --epochs in total. The
     /// settings must be the checkpoint's (the error lists those that differ), except --out,
-    /// --device, --data-dir, --log-every and --epochs (the latter only without a cosine
-    /// schedule that follows it).
+    /// --device, --data-dir, --log-every, and --epochs unless a cosine schedule spans it (see
+    /// --schedule-epochs).
     #[arg(long)]
     resume: bool,
     /// With --resume, accept deliberate changes of these settings (comma-separated, as

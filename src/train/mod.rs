@@ -433,10 +433,14 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
                         )
                     };
                     return Err(Error::Invalid(format!(
-                        "loss is {l} at step {step} (epoch {}, batch {}); the loss is read every {} steps (--log-every) and at the end of each epoch: {when}. Stopping; {}",
+                        "loss is {l} at step {step} (epoch {}, batch {}); the loss is read every {} (--log-every) and at the end of each epoch: {when}. Stopping; {}",
                         epoch + 1,
                         i + 1,
-                        cfg.log_every,
+                        if cfg.log_every == 1 {
+                            "step".to_string()
+                        } else {
+                            format!("{} steps", cfg.log_every)
+                        },
                         last_checkpoint(saved_epoch)
                     )));
                 }
