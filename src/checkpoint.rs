@@ -5,7 +5,10 @@
 //!
 //! Writing is atomic: the bytes go to a temporary file in the same directory, are flushed to disk,
 //! and the file is renamed over the target, so a crash never leaves a half-written checkpoint
-//! and the previous one survives until the new one is complete.
+//! and the previous one survives until the new one is complete. A process killed mid-write
+//! leaves its temporary (`.<name>.tmp-<PID>`) behind; [`remove_stale_temporaries`] deletes
+//! those whose process is gone. [`Checkpoint::first_non_finite`] finds a NaN or infinity
+//! before it is saved or resumed from.
 
 use crate::backend::HostData;
 use crate::{Device, Error, Result, Tensor};
@@ -64,6 +67,92 @@ fn from_bytes(dtype: Dtype, bytes: &[u8], name: &str, path: &Path) -> Result<Hos
     })
 }
 
+/// What separates a temporary's target name from the writer's PID: `.<name>.tmp-<PID>`.
+const TMP_MARK: &str = ".tmp-";
+
+/// Whether process `pid` is running on this machine. Where that cannot be told (no `/proc`,
+/// not Unix), the answer is true, so nothing that might be in use is taken or deleted.
+pub fn process_is_running(pid: u32) -> bool {
+    if pid == std::process::id() {
+        return true;
+    }
+    if Path::new("/proc/self").exists() {
+        return Path::new(&format!("/proc/{pid}")).exists();
+    }
+    #[cfg(unix)]
+    {
+        // `kill -0` sends nothing; it succeeds when the process exists
+        std::process::Command::new("kill")
+            .args(["-0", &pid.to_string()])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .map(|s| s.success())
+            .unwrap_or(true)
+    }
+    #[cfg(not(unix))]
+    {
+        true
+    }
+}
+
+/// Deletes the temporaries [`write_atomic`] left in `dir` for the files named in `targets`
+/// when its process was killed mid-write (`.<target>.tmp-<PID>` of a PID that is no longer
+/// running), and returns their paths. Those of running processes (a write in progress) and
+/// every other file are kept.
+pub fn remove_stale_temporaries(dir: &Path, targets: &[&str]) -> Result<Vec<std::path::PathBuf>> {
+    let mut removed = Vec::new();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(removed),
+        Err(e) => return Err(io(dir, e)),
+    };
+    for entry in entries {
+        let entry = entry.map_err(|e| io(dir, e))?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix('.')
+            .and_then(|rest| rest.rsplit_once(TMP_MARK))
+            .filter(|(target, _)| targets.contains(target))
+            .and_then(|(_, pid)| pid.parse::<u32>().ok());
+        let is_file = entry.file_type().map(|t| t.is_file()).unwrap_or(false);
+        if let Some(pid) = pid
+            && is_file
+            && !process_is_running(pid)
+        {
+            let path = entry.path();
+            std::fs::remove_file(&path).map_err(|e| io(&path, e))?;
+            removed.push(path);
+        }
+    }
+    Ok(removed)
+}
+
+/// A tensor holding NaN or ±∞ (see [`Checkpoint::first_non_finite`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NonFinite {
+    /// the tensor's name
+    pub name: String,
+    /// how many of its values are not finite
+    pub count: usize,
+    /// how many values it has
+    pub total: usize,
+    /// the first value that is not finite
+    pub first: f64,
+}
+
+impl std::fmt::Display for NonFinite {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} holds {} (and {} other non-finite values of {})",
+            self.name,
+            self.first,
+            self.count - 1,
+            self.total
+        )
+    }
+}
+
 /// Writes `path` atomically (temporary file in the same directory, fsync, rename).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let dir = path
@@ -75,7 +164,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .file_name()
         .ok_or_else(|| io(path, "not a file name"))?
         .to_string_lossy();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let tmp = dir.join(format!(".{name}{TMP_MARK}{}", std::process::id()));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
         f.write_all(bytes).map_err(|e| io(&tmp, e))?;
@@ -89,6 +178,28 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 }
 
 impl Checkpoint {
+    /// The first tensor, in name order, holding a NaN or an infinity (read back to the host;
+    /// integer tensors are always finite), or None when every value is finite.
+    pub fn first_non_finite(&self) -> Result<Option<NonFinite>> {
+        for (name, t) in &self.tensors {
+            let values = match t.to_host()? {
+                HostData::F32(v) => v.into_iter().map(f64::from).collect(),
+                HostData::F64(v) => v,
+                HostData::I32(_) => continue,
+            };
+            let mut bad = values.iter().filter(|v| !v.is_finite());
+            if let Some(&first) = bad.next() {
+                return Ok(Some(NonFinite {
+                    name: name.clone(),
+                    count: 1 + bad.count(),
+                    total: values.len(),
+                    first,
+                }));
+            }
+        }
+        Ok(None)
+    }
+
     /// Saves to `path` atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
         let mut owned = Vec::with_capacity(self.tensors.len());

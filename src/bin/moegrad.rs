@@ -75,7 +75,8 @@ struct TrainArgs {
     /// moe-mlp, the gate over the frozen bank, for synthetic-b].
     #[arg(long, value_enum)]
     model: Option<ModelArg>,
-    /// Passes over the training set.
+    /// Passes over the training set (with --resume: the total, counting the epochs already
+    /// trained).
     #[arg(long, default_value_t = 5)]
     epochs: usize,
     /// Examples per step.
@@ -90,9 +91,17 @@ struct TrainArgs {
     /// Weight decay (L2 for sgd/adam, decoupled for adamw; adamw defaults to 0.01).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     weight_decay: f64,
-    /// Learning-rate schedule: constant or cosine.
+    /// Learning-rate schedule: constant or cosine. The cosine decays to 0 over --epochs, or
+    /// over --schedule-epochs when given.
     #[arg(long, default_value = "constant")]
     schedule: String,
+    /// Length of the cosine schedule in epochs, fixed up front for a run trained in parts:
+    /// `--epochs 1 --schedule-epochs 2`, then `--resume --epochs 2 --schedule-epochs 2`, ends
+    /// exactly where `--epochs 2` does. Without it the cosine spans --epochs, and --resume
+    /// refuses a changed --epochs (it would change the rates of the steps already taken)
+    /// unless given --allow-config-change epochs [default: --epochs].
+    #[arg(long, default_value_t = 0, hide_default_value = true)]
+    schedule_epochs: usize,
     /// Steps of linear learning-rate warm-up.
     #[arg(long, default_value_t = 0)]
     warmup_steps: u64,
@@ -105,7 +114,9 @@ struct TrainArgs {
     /// auto (GPU when there is one), cpu or gpu.
     #[arg(long, default_value = "auto")]
     device: String,
-    /// Output directory for metrics.jsonl, checkpoint.safetensors and curves.svg.
+    /// Output directory for metrics.jsonl, checkpoint.safetensors and curves.svg. It is locked
+    /// while the run writes it; one that holds an earlier run's files needs --resume or
+    /// --overwrite.
     #[arg(long, default_value = "runs/latest")]
     out: PathBuf,
     /// Use only the first N training examples (0: all).
@@ -146,9 +157,23 @@ struct TrainArgs {
     /// docs/routers.md lists each router's options.
     #[arg(long = "router-opt", value_name = "KEY=VALUE")]
     router_opt: Vec<String>,
-    /// Continue from OUT/checkpoint.safetensors.
+    /// Continue the run in OUT from its checkpoint.safetensors, up to --epochs in total. The
+    /// settings must be the checkpoint's (the error lists those that differ), except --out,
+    /// --device, --data-dir, --log-every, and --epochs unless a cosine schedule spans it (see
+    /// --schedule-epochs).
     #[arg(long)]
     resume: bool,
+    /// With --resume, accept deliberate changes of these settings (comma-separated, as
+    /// flag names without --): epochs, lr, weight-decay, schedule, schedule-epochs,
+    /// warmup-steps, clip-grad-norm, batch, train-limit, test-limit, balance-loss, z-loss,
+    /// capacity-factor, eval-capacity-factor.
+    #[arg(long, value_name = "SETTING[,SETTING]", value_delimiter = ',')]
+    allow_config_change: Vec<String>,
+    /// Start a new run in an --out that holds an earlier run's files (metrics.jsonl,
+    /// checkpoint.safetensors, plots), deleting them once the new run is set up; other files
+    /// there are kept.
+    #[arg(long)]
+    overwrite: bool,
     /// Print the final metrics as one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -334,6 +359,7 @@ impl TrainArgs {
             },
             weight_decay: self.weight_decay,
             schedule: self.schedule.clone(),
+            schedule_epochs: self.schedule_epochs,
             warmup_steps: self.warmup_steps,
             clip_grad_norm: self.clip_grad_norm,
             seed: self.seed,
@@ -432,6 +458,8 @@ fn run(cli: Cli) -> Result<()> {
                 RunOptions {
                     resume: args.resume,
                     progress: true,
+                    overwrite: args.overwrite,
+                    allow_config_change: args.allow_config_change.clone(),
                 },
             )?;
             if args.json {

@@ -193,6 +193,28 @@ impl MoeLayer {
         self.experts.visit_params(&join(prefix, "experts"), f);
     }
 
+    /// The router's step-to-step state (see [`Router::state`]), named `<prefix>.router.<name>`.
+    pub fn named_state(&self, prefix: &str) -> Result<Vec<(String, Tensor)>> {
+        let scope = join(prefix, "router");
+        Ok(self
+            .router
+            .state()?
+            .into_iter()
+            .map(|(name, t)| (join(&scope, &name), t))
+            .collect())
+    }
+
+    /// Restores one entry of [`MoeLayer::named_state`] by its full name; a name this layer does
+    /// not hold is an error naming it.
+    pub fn load_state(&self, prefix: &str, name: &str, value: &Tensor) -> Result<()> {
+        match crate::nn::within(&join(prefix, "router"), name) {
+            Some(rest) => self.router.load_state(rest, value),
+            None => Err(Error::Invalid(format!(
+                "the MoE layer {prefix:?} has no state named {name:?}"
+            ))),
+        }
+    }
+
     fn capacity(&self) -> Capacity {
         if self.training.load(Ordering::Relaxed) {
             self.config.capacity

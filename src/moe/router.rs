@@ -147,6 +147,19 @@ pub trait Router: Send + Sync {
     fn variable_experts_per_token(&self) -> bool {
         false
     }
+    /// Non-trainable state carried from step to step (a noise counter, a running baseline), by
+    /// name relative to the router; checkpoints save it so a resumed run continues exactly.
+    /// Empty (the default) for routers without any.
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(Vec::new())
+    }
+    /// Restores one entry of [`Router::state`]; an unknown name is an error naming it.
+    fn load_state(&self, name: &str, _value: &Tensor) -> Result<()> {
+        Err(Error::Invalid(format!(
+            "router {} has no state named {name:?}",
+            self.name()
+        )))
+    }
 }
 
 /// What most routers share: a linear map to logits, a training flag and a noise counter.
@@ -161,6 +174,9 @@ pub struct LinearGate {
 }
 
 impl LinearGate {
+    /// The name of the noise counter in [`LinearGate::state`].
+    pub const NOISE_CALLS: &'static str = "noise_calls";
+
     /// A gate `d → n` initialised `U(−1/√d, 1/√d)` (PyTorch's Linear default) with zero bias.
     pub fn new(cfg: &RouterConfig, device: Device) -> Result<LinearGate> {
         if cfg.experts == 0 || cfg.d == 0 {
@@ -214,6 +230,43 @@ impl LinearGate {
     pub fn visit(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         f(crate::nn::join(prefix, "weight"), &self.weight);
         f(crate::nn::join(prefix, "bias"), &self.bias);
+    }
+    /// The gate's step-to-step state for [`Router::state`]: the number of noise draws so far
+    /// ([`LinearGate::noise_seed`] calls), as a scalar f64 CPU tensor named
+    /// [`LinearGate::NOISE_CALLS`] (f64 holds every count below 2⁵³ exactly).
+    pub fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        let calls = self.calls.load(Ordering::Relaxed) as f64;
+        Ok(vec![(
+            Self::NOISE_CALLS.to_string(),
+            Tensor::from_f64(vec![calls], &[], Device::Cpu)?,
+        )])
+    }
+    /// Restores an entry of [`LinearGate::state`]. Errors name what is wrong: a name other
+    /// than [`LinearGate::NOISE_CALLS`], or a value that is not one whole number in `0..2⁵³`.
+    pub fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
+        if name != Self::NOISE_CALLS {
+            return Err(Error::Invalid(format!(
+                "a router gate has no state named {name:?} (it has {})",
+                Self::NOISE_CALLS
+            )));
+        }
+        let v = match value.to_vec_f64() {
+            Ok(v) if v.len() == 1 => v[0],
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "router state {name}: expected one number, got a {:?} tensor of shape {:?}",
+                    value.dtype(),
+                    value.shape()
+                )));
+            }
+        };
+        if !(v.is_finite() && v >= 0.0 && v.fract() == 0.0 && v < 9_007_199_254_740_992.0) {
+            return Err(Error::Invalid(format!(
+                "router state {name} = {v} is not a count of noise draws (a whole number ≥ 0)"
+            )));
+        }
+        self.calls.store(v as u64, Ordering::Relaxed);
+        Ok(())
     }
 }
 

@@ -84,4 +84,30 @@ impl Module for Dropout {
     fn set_training(&self, training: bool) {
         self.training.store(training, Ordering::Relaxed);
     }
+    /// The number of masks drawn so far, named `dropout_calls` (a scalar f64 CPU tensor).
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        let calls = self.calls.load(Ordering::Relaxed) as f64;
+        Ok(vec![(
+            "dropout_calls".into(),
+            Tensor::from_f64(vec![calls], &[], crate::Device::Cpu)?,
+        )])
+    }
+    fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
+        let count = match value.to_vec_f64() {
+            Ok(v) if name == "dropout_calls" && v.len() == 1 => v[0],
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "dropout has one state entry, dropout_calls (one number); got {name:?} of shape {:?}",
+                    value.shape()
+                )));
+            }
+        };
+        if !(count.is_finite() && count >= 0.0 && count.fract() == 0.0) {
+            return Err(Error::Invalid(format!(
+                "dropout_calls = {count} is not a count of masks (a whole number ≥ 0)"
+            )));
+        }
+        self.calls.store(count as u64, Ordering::Relaxed);
+        Ok(())
+    }
 }

@@ -12,5 +12,5 @@ pub use dropout::Dropout;
 pub use init::{Init, uniform, weight};
 pub use layers::{Activation, AvgPool2d, Conv2d, Embedding, Flatten, LayerNorm, Linear, MaxPool2d};
 pub use mlp::mlp;
-pub use module::{Module, Sequential, join};
+pub use module::{Module, Sequential, join, within};
 pub use param::Param;

@@ -15,6 +15,20 @@ pub trait Module: Send + Sync {
     /// Switches between training (dropout active, noise on) and evaluation. Default: nothing to do.
     fn set_training(&self, _training: bool) {}
 
+    /// Non-trainable state carried from step to step (a dropout layer's mask counter), by name
+    /// relative to the layer (`3.dropout_calls` in a [`Sequential`]); checkpoints save it so a
+    /// resumed run draws the masks an uninterrupted one would. Default: none.
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(Vec::new())
+    }
+
+    /// Restores one entry of [`Module::state`]; an unknown name is an error naming it.
+    fn load_state(&self, name: &str, _value: &Tensor) -> Result<()> {
+        Err(crate::Error::Invalid(format!(
+            "this layer has no state named {name:?}"
+        )))
+    }
+
     /// Every parameter with its name.
     fn named_params(&self) -> Vec<(String, Param)> {
         let mut out = Vec::new();
@@ -40,6 +54,16 @@ pub fn join(prefix: &str, name: &str) -> String {
     } else {
         format!("{prefix}.{name}")
     }
+}
+
+/// The rest of `name` below `scope` (`within("moe.router", "moe.router.noise_calls")` is
+/// `Some("noise_calls")`), or None when `name` is not under it; every name is under the empty
+/// scope. The inverse of [`join`], for routing a state entry to the part that owns it.
+pub fn within<'a>(scope: &str, name: &'a str) -> Option<&'a str> {
+    if scope.is_empty() {
+        return Some(name);
+    }
+    name.strip_prefix(scope)?.strip_prefix('.')
 }
 
 /// Layers applied one after another; parameters are named `<index>.<name>`.
@@ -84,6 +108,27 @@ impl Module for Sequential {
     fn set_training(&self, training: bool) {
         for l in &self.layers {
             l.set_training(training);
+        }
+    }
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        for (i, l) in self.layers.iter().enumerate() {
+            for (name, t) in l.state()? {
+                out.push((join(&i.to_string(), &name), t));
+            }
+        }
+        Ok(out)
+    }
+    fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
+        let layer = name
+            .split_once('.')
+            .and_then(|(i, rest)| Some((self.layers.get(i.parse::<usize>().ok()?)?, rest)));
+        match layer {
+            Some((l, rest)) => l.load_state(rest, value),
+            None => Err(crate::Error::Invalid(format!(
+                "no state named {name:?} in a chain of {} layers",
+                self.layers.len()
+            ))),
         }
     }
 }

@@ -123,8 +123,10 @@ impl Optimizer for Adam {
         }
         out
     }
+    /// Restores the moments; every `adam.m.<name>` needs its `adam.v.<name>` of the same shape
+    /// and the other way round (an error names the one missing or misshapen).
     fn load_state(&mut self, tensors: &BTreeMap<String, Tensor>, steps: u64) -> Result<()> {
-        self.moments.clear();
+        let mut moments = BTreeMap::new();
         for (key, m) in tensors {
             if let Some(name) = key.strip_prefix("adam.m.") {
                 let v = tensors.get(&format!("adam.v.{name}")).ok_or_else(|| {
@@ -132,10 +134,23 @@ impl Optimizer for Adam {
                         "optimizer state has adam.m.{name} but no adam.v.{name}"
                     ))
                 })?;
-                self.moments
-                    .insert(name.to_string(), (m.clone(), v.clone()));
+                if m.shape() != v.shape() {
+                    return Err(Error::Invalid(format!(
+                        "optimizer state adam.m.{name} has shape {:?} but adam.v.{name} {:?}",
+                        m.shape(),
+                        v.shape()
+                    )));
+                }
+                moments.insert(name.to_string(), (m.clone(), v.clone()));
+            } else if let Some(name) = key.strip_prefix("adam.v.")
+                && !tensors.contains_key(&format!("adam.m.{name}"))
+            {
+                return Err(Error::Invalid(format!(
+                    "optimizer state has adam.v.{name} but no adam.m.{name}"
+                )));
             }
         }
+        self.moments = moments;
         self.steps = steps;
         Ok(())
     }

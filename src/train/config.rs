@@ -80,6 +80,11 @@ pub struct TrainConfig {
     pub weight_decay: f64,
     /// learning-rate schedule: constant or cosine
     pub schedule: String,
+    /// the cosine schedule's length in epochs, fixed up front so that a run trained in parts
+    /// (`--epochs 1`, then `--resume --epochs 2`) follows the same rates as one run of this
+    /// length; 0 (the default): the length of this invocation, `epochs`
+    #[serde(default)]
+    pub schedule_epochs: usize,
     /// linear warm-up steps
     pub warmup_steps: u64,
     /// clip the global gradient norm to this value (0: off)
@@ -136,6 +141,7 @@ impl Default for TrainConfig {
             optimizer: OptimizerKind::Adam,
             weight_decay: 0.0,
             schedule: "constant".into(),
+            schedule_epochs: 0,
             warmup_steps: 0,
             clip_grad_norm: 0.0,
             seed: 0,
@@ -158,6 +164,16 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
+    /// The number of epochs the learning-rate schedule spans: `schedule_epochs` when set,
+    /// otherwise `epochs`.
+    pub fn schedule_length_epochs(&self) -> usize {
+        if self.schedule_epochs > 0 {
+            self.schedule_epochs
+        } else {
+            self.epochs
+        }
+    }
+
     /// Checks every setting; the error names the one at fault.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Invalid(m));
@@ -190,6 +206,20 @@ impl TrainConfig {
                 "--schedule {:?}: expected constant or cosine",
                 self.schedule
             ));
+        }
+        if self.schedule_epochs > 0 {
+            if self.schedule != "cosine" {
+                return bad(format!(
+                    "--schedule-epochs {} sets the length of --schedule cosine; it has no effect with --schedule {}",
+                    self.schedule_epochs, self.schedule
+                ));
+            }
+            if self.schedule_epochs < self.epochs {
+                return bad(format!(
+                    "--schedule-epochs {} is below --epochs {}: the cosine would reach its final rate 0 after epoch {} and the later epochs would not train",
+                    self.schedule_epochs, self.epochs, self.schedule_epochs
+                ));
+            }
         }
         if !["auto", "cpu", "gpu"].contains(&self.device.as_str()) {
             return bad(format!(

@@ -2,25 +2,30 @@
 //! and write `metrics.jsonl`, `checkpoint.safetensors` and `curves.svg` to the output directory.
 //!
 //! Inside an epoch nothing is read back from the device except the loss every `log_every` steps
-//! (for the progress bar and the NaN check). A checkpoint is written after each epoch whose loss
-//! is finite, so when a NaN stops the run the last good checkpoint is still there; `--resume`
-//! restores parameters, optimizer state and the epoch counter, and because the data order depends
-//! only on (seed, epoch) the resumed run ends exactly where an uninterrupted one would.
+//! (for the progress bar and the NaN check). A checkpoint is written after each epoch whose loss,
+//! parameters and optimizer state are all finite, so when a NaN stops the run the last good
+//! checkpoint is still there. `--resume` restores parameters, optimizer state, the routers' noise
+//! counters and the epoch counter after checking that the checkpoint belongs to this run
+//! ([`resume`]); because the data order depends only on (seed, epoch), and a cosine schedule's
+//! length is fixed by `--schedule-epochs`, the resumed run ends exactly where an uninterrupted
+//! one would. The output directory is locked for the run and a fresh run does not overwrite an
+//! earlier run's record unless asked to ([`out_dir`]).
 
 pub mod config;
 pub mod models;
+pub mod out_dir;
 pub mod plot;
+pub mod resume;
 
 pub use config::{DataKind, ModelKind, OptimizerKind, TrainConfig};
 
-use crate::checkpoint::Checkpoint;
 use crate::data::{Dataset, Mnist, SyntheticB, multimnist};
 use crate::optim::{Adam, Optimizer, Schedule, Sgd, clip_grad_norm};
 use crate::{DType, Device, Error, Result, Tensor};
 use models::TaskModel;
+use out_dir::OutDir;
 use plot::EpochPoint;
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
@@ -68,12 +73,37 @@ pub struct TrainSummary {
 }
 
 /// Options of the invocation that are not part of the run's identity.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub struct RunOptions {
-    /// continue from `out/checkpoint.safetensors`
+    /// continue from `out/checkpoint.safetensors` (which must belong to this run)
     pub resume: bool,
     /// draw a progress bar and per-epoch lines on stderr
     pub progress: bool,
+    /// start afresh in an `out` that holds an earlier run's files; they are deleted once the
+    /// new run is set up (without it such an `out` is refused)
+    pub overwrite: bool,
+    /// settings a resumed run may change from the checkpoint's (`lr`, `epochs`, ...; see
+    /// [`resume::CHANGEABLE_SETTINGS`])
+    pub allow_config_change: Vec<String>,
+}
+
+impl RunOptions {
+    /// Checks the options against each other; returns the allowed changes as field names.
+    fn check(&self) -> Result<Vec<String>> {
+        if self.resume && self.overwrite {
+            return Err(Error::Invalid(
+                "--resume continues the run in --out and --overwrite replaces it: pass one of them"
+                    .into(),
+            ));
+        }
+        if !self.resume && !self.allow_config_change.is_empty() {
+            return Err(Error::Invalid(format!(
+                "--allow-config-change {} applies to --resume only",
+                self.allow_config_change.join(",")
+            )));
+        }
+        resume::parse_allowed_changes(&self.allow_config_change)
+    }
 }
 
 struct Splits {
@@ -278,8 +308,14 @@ fn read_points(path: &Path) -> Vec<EpochPoint> {
 }
 
 /// Runs a training job as configured.
+///
+/// The output directory is claimed first (see [`out_dir`]): locked against a concurrent run,
+/// cleared of temporaries left by killed runs, and refused when it holds an earlier run's
+/// record unless `opts.resume` or `opts.overwrite` is set. With `opts.resume` the checkpoint
+/// there must belong to this run (see [`resume::restore`]).
 pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
     cfg.validate()?;
+    let allowed = opts.check()?;
     let started = Instant::now();
     let device = Device::from_name(&cfg.device)?;
     let data = load_data(cfg)?;
@@ -299,72 +335,53 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         &cfg.schedule,
         cfg.lr,
         cfg.warmup_steps,
-        steps_per_epoch * cfg.epochs as u64,
+        steps_per_epoch * cfg.schedule_length_epochs() as u64,
     )?;
 
-    std::fs::create_dir_all(&cfg.out)
-        .map_err(|e| Error::Io(format!("{}: {e}", cfg.out.display())))?;
-    let ckpt_path = cfg.out.join("checkpoint.safetensors");
-    let metrics_path = cfg.out.join("metrics.jsonl");
+    // claimed once the data and the model are known to be good, so bad input leaves --out as
+    // it was
+    let out = OutDir::claim(&cfg.out, opts.resume, opts.overwrite)?;
+    if opts.progress {
+        for note in &out.notes {
+            eprintln!("moegrad: note: {note}");
+        }
+    }
+    let ckpt_path = out.path().join("checkpoint.safetensors");
+    let metrics_path = out.path().join("metrics.jsonl");
     let config_json = serde_json::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
 
+    // the epoch after which this run's last checkpoint was written (a resumed run continues
+    // the checkpoint's run), or None while this run has written none
+    let mut saved_epoch: Option<usize> = None;
     let mut start_epoch = 0;
     if opts.resume {
-        let ck = Checkpoint::load(&ckpt_path, device)?;
-        let saved: TrainConfig = ck
-            .metadata
-            .get("config")
-            .and_then(|c| serde_json::from_str(c).ok())
-            .ok_or_else(|| {
-                Error::Io(format!(
-                    "{}: no run configuration in the metadata",
-                    ckpt_path.display()
-                ))
-            })?;
-        if saved.model != cfg.model
-            || saved.data != cfg.data
-            || saved.batch != cfg.batch
-            || saved.seed != cfg.seed
-        {
-            return Err(Error::Invalid(format!(
-                "--resume: {} was written by a run with model {:?}, data {:?}, batch {}, seed {}; this run has {:?}, {:?}, {}, {}",
-                ckpt_path.display(),
-                saved.model,
-                saved.data,
-                saved.batch,
-                saved.seed,
-                cfg.model,
-                cfg.data,
-                cfg.batch,
-                cfg.seed
-            )));
-        }
-        for (name, p) in &params {
-            let t = ck.tensors.get(name).ok_or_else(|| {
-                Error::Io(format!("{}: parameter {name} missing", ckpt_path.display()))
-            })?;
-            p.set(t.clone())?;
-        }
-        let steps = ck
-            .metadata
-            .get("steps")
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        opt.load_state(&ck.tensors, steps)?;
-        start_epoch = ck
-            .metadata
-            .get("epoch")
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
+        let target = resume::ResumeTarget {
+            cfg,
+            allowed: &allowed,
+            device,
+            model,
+            params: &params,
+            steps_per_epoch,
+        };
+        start_epoch = resume::restore(&ckpt_path, &target, opt.as_mut())?;
+        saved_epoch = Some(start_epoch);
         truncate_metrics(&metrics_path, start_epoch)?;
-    } else if metrics_path.exists() {
-        std::fs::remove_file(&metrics_path)
-            .map_err(|e| Error::Io(format!("{}: {e}", metrics_path.display())))?;
+    } else if opts.overwrite {
+        out.clear_previous_run()?;
     }
+    let last_checkpoint = |saved: Option<usize>| match saved {
+        Some(e) => format!(
+            "the last good checkpoint, written after epoch {e}, is kept at {}",
+            ckpt_path.display()
+        ),
+        None => "no checkpoint has been written by this run yet".to_string(),
+    };
 
     let mut last = (f64::NAN, f64::NAN, vec![f64::NAN; data.tasks]);
     let mut last_routing: Option<(Vec<f64>, f64)> = None;
     let mut step = opt.steps();
+    // the last step at which the loss was read back and finite (for the NaN message)
+    let mut last_finite_read = step;
     for epoch in start_epoch..cfg.epochs {
         let epoch_start = Instant::now();
         let bar = if opts.progress {
@@ -436,18 +453,32 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
                 let l = loss.item()?;
                 if !l.is_finite() {
                     bar.abandon();
+                    let when = if last_finite_read + 1 == step {
+                        format!("it first became non-finite at step {step}")
+                    } else {
+                        format!(
+                            "it was last read finite {}, so it first became non-finite at one of steps {}..={step}",
+                            if last_finite_read == 0 {
+                                "before any step".to_string()
+                            } else {
+                                format!("at step {last_finite_read}")
+                            },
+                            last_finite_read + 1
+                        )
+                    };
                     return Err(Error::Invalid(format!(
-                        "loss is {l} at step {step} (epoch {}, batch {}); stopping. The last good checkpoint{} is kept at {}",
+                        "loss is {l} at step {step} (epoch {}, batch {}); the loss is read every {} (--log-every) and at the end of each epoch: {when}. Stopping; {}",
                         epoch + 1,
                         i + 1,
-                        if epoch > 0 {
-                            format!(" (epoch {epoch})")
+                        if cfg.log_every == 1 {
+                            "step".to_string()
                         } else {
-                            String::new()
+                            format!("{} steps", cfg.log_every)
                         },
-                        ckpt_path.display()
+                        last_checkpoint(saved_epoch)
                     )));
                 }
+                last_finite_read = step;
                 let rate =
                     ((i + 1) * cfg.batch) as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9);
                 bar.set_message(format!("loss {l:.4} · {rate:.0} img/s"));
@@ -458,12 +489,23 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         let train_loss = loss_sum.item()? / data.train.len() as f64;
         if !train_loss.is_finite() {
             return Err(Error::Invalid(format!(
-                "mean training loss of epoch {} is {train_loss}; stopping. The last good checkpoint is kept at {}",
+                "mean training loss of epoch {} is {train_loss}; stopping; {}",
                 epoch + 1,
-                ckpt_path.display()
+                last_checkpoint(saved_epoch)
             )));
         }
         let (test_loss, acc) = evaluate(model, &data.test, cfg.batch.max(256), device)?;
+        // the loss can stay finite while a parameter or the optimizer state is not (an
+        // infinite Adam second moment, say): nothing non-finite is ever written, neither to
+        // the checkpoint nor to the metrics
+        let ck = resume::snapshot(epoch + 1, &params, opt.as_ref(), model, &config_json)?;
+        if let Some(bad) = ck.first_non_finite()? {
+            return Err(Error::Invalid(format!(
+                "after epoch {} (step {step}) {bad}: the run has diverged (a smaller --lr, --clip-grad-norm or smaller loss coefficients may help); stopping without writing a checkpoint; {}",
+                epoch + 1,
+                last_checkpoint(saved_epoch)
+            )));
+        }
         let routing = match &kept_sum {
             Some((k, r)) => Some(load_and_drop(k, r)?),
             None => None,
@@ -491,25 +533,18 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
             .map_err(|e| Error::Io(format!("{}: {e}", metrics_path.display())))?;
         writeln!(f, "{line}").map_err(|e| Error::Io(format!("{}: {e}", metrics_path.display())))?;
 
-        let mut ck = Checkpoint::default();
-        for (name, p) in &params {
-            ck.tensors.insert(name.clone(), p.get());
-        }
-        ck.tensors.extend(opt.state());
-        ck.metadata = BTreeMap::from([
-            ("epoch".into(), (epoch + 1).to_string()),
-            ("steps".into(), opt.steps().to_string()),
-            ("config".into(), config_json.clone()),
-            ("format".into(), "moegrad-checkpoint-1".into()),
-        ]);
         ck.save(&ckpt_path)?;
+        saved_epoch = Some(epoch + 1);
         plot::draw_curves(
-            &cfg.out.join("curves.svg"),
+            &out.path().join("curves.svg"),
             &read_points(&metrics_path),
             &format!("{:?} {:?}", cfg.model, cfg.data),
         )?;
         if routing.is_some() {
-            plot::draw_expert_load(&cfg.out.join("expert_load.svg"), &read_loads(&metrics_path))?;
+            plot::draw_expert_load(
+                &out.path().join("expert_load.svg"),
+                &read_loads(&metrics_path),
+            )?;
         }
         if opts.progress {
             let accs: Vec<String> = acc.iter().map(|a| format!("{:.2}%", 100.0 * a)).collect();
@@ -534,10 +569,6 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         }
         last = (train_loss, test_loss, acc);
         last_routing = routing;
-    }
-    if start_epoch >= cfg.epochs {
-        let (test_loss, acc) = evaluate(model, &data.test, cfg.batch.max(256), device)?;
-        last = (f64::NAN, test_loss, acc);
     }
     let (expert_selection_rate, expert_mean_weight, selected_experts, true_experts) = match &data
         .bank

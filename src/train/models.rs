@@ -15,7 +15,7 @@ use crate::moe::{
     build_router,
 };
 use crate::nn::{
-    Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Module, Param, Sequential, join,
+    Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Module, Param, Sequential, join, within,
 };
 use crate::{Device, Result, Tensor};
 use rand::SeedableRng;
@@ -42,6 +42,23 @@ pub trait TaskModel {
     fn named_params(&self) -> Vec<(String, Param)>;
     /// Training or evaluation mode.
     fn set_training(&self, on: bool);
+    /// Non-trainable state carried from step to step (router noise counters, dropout mask
+    /// counters) with its name, e.g. `moe.router.noise_calls`; checkpoints save it under
+    /// `state.<name>` so a resumed run continues exactly.
+    fn named_state(&self) -> Result<Vec<(String, Tensor)>>;
+    /// Restores one entry of [`TaskModel::named_state`] by its full name; a name the model does
+    /// not hold is an error naming it.
+    fn load_state(&self, name: &str, value: &Tensor) -> Result<()>;
+}
+
+/// Prefixes the names of `state` with `scope` and appends them to `out`.
+fn push_scoped(out: &mut Vec<(String, Tensor)>, scope: &str, state: Vec<(String, Tensor)>) {
+    out.extend(state.into_iter().map(|(n, t)| (join(scope, &n), t)));
+}
+
+/// The error for a state name no part of a model holds.
+fn no_such_state(name: &str) -> crate::Error {
+    crate::Error::Invalid(format!("the model has no state named {name:?}"))
 }
 
 /// A shared trunk and one classification head per task.
@@ -80,6 +97,25 @@ impl TaskModel for MultiHead {
     }
     fn set_training(&self, on: bool) {
         self.trunk.set_training(on);
+    }
+    fn named_state(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        push_scoped(&mut out, "trunk", self.trunk.state()?);
+        for (t, head) in self.heads.iter().enumerate() {
+            push_scoped(&mut out, &join("heads", &t.to_string()), head.state()?);
+        }
+        Ok(out)
+    }
+    fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
+        if let Some(rest) = within("trunk", name) {
+            return self.trunk.load_state(rest, value);
+        }
+        for (t, head) in self.heads.iter().enumerate() {
+            if let Some(rest) = within(&join("heads", &t.to_string()), name) {
+                return head.load_state(rest, value);
+            }
+        }
+        Err(no_such_state(name))
     }
 }
 
@@ -138,9 +174,7 @@ impl TaskModel for MoeModel {
             }
         });
         for (t, g) in self.extra_gates.iter().enumerate() {
-            g.visit_params(&join("moe", &format!("router{}", t + 1)), &mut |n, p| {
-                out.push((n, p.clone()))
-            });
+            g.visit_params(&extra_gate_scope(t), &mut |n, p| out.push((n, p.clone())));
         }
         for (t, tower) in self.towers.iter().enumerate() {
             tower.visit_params(&join("towers", &t.to_string()), &mut |n, p| {
@@ -158,6 +192,37 @@ impl TaskModel for MoeModel {
             t.set_training(on);
         }
     }
+    fn named_state(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = self.moe.named_state("moe")?;
+        for (t, g) in self.extra_gates.iter().enumerate() {
+            push_scoped(&mut out, &extra_gate_scope(t), g.state()?);
+        }
+        for (t, tower) in self.towers.iter().enumerate() {
+            push_scoped(&mut out, &join("towers", &t.to_string()), tower.state()?);
+        }
+        Ok(out)
+    }
+    fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
+        if within("moe.router", name).is_some() {
+            return self.moe.load_state("moe", name, value);
+        }
+        for (t, g) in self.extra_gates.iter().enumerate() {
+            if let Some(rest) = within(&extra_gate_scope(t), name) {
+                return g.load_state(rest, value);
+            }
+        }
+        for (t, tower) in self.towers.iter().enumerate() {
+            if let Some(rest) = within(&join("towers", &t.to_string()), name) {
+                return tower.load_state(rest, value);
+            }
+        }
+        Err(no_such_state(name))
+    }
+}
+
+/// The name scope of the router of task `t + 1` of a multi-gate MoE (`moe.router1`, ...).
+fn extra_gate_scope(t: usize) -> String {
+    join("moe", &format!("router{}", t + 1))
 }
 
 fn capacity(factor: f64) -> Capacity {

@@ -495,4 +495,10 @@ impl Router for MoesartRouter {
     fn set_training(&self, training: bool) {
         self.gate.set_training(training)
     }
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        self.gate.state()
+    }
+    fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
+        self.gate.load_state(name, value)
+    }
 }

@@ -43,6 +43,12 @@ impl Router for SoftmaxRouter {
     fn set_training(&self, training: bool) {
         self.gate.set_training(training)
     }
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        self.gate.state()
+    }
+    fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
+        self.gate.load_state(name, value)
+    }
     fn runs_all_experts(&self) -> bool {
         true
     }

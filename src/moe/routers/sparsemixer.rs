@@ -431,6 +431,12 @@ impl Router for SparseMixerRouter {
     fn set_training(&self, training: bool) {
         self.gate.set_training(training)
     }
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        self.gate.state()
+    }
+    fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
+        self.gate.load_state(name, value)
+    }
     fn output_scale(&self) -> Option<f64> {
         (self.config.variant != SparseMixerVariant::V2).then_some(self.config.omega_init)
     }
