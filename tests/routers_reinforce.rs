@@ -173,7 +173,12 @@ fn baseline_is_a_bias_corrected_running_mean_of_earlier_steps() {
         b.value(DType::F64, dev).unwrap().is_none(),
         "no baseline before any step"
     );
-    assert!(b.state().unwrap().is_empty());
+    let names: Vec<String> = b.state().unwrap().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names,
+        ["average", "updates"],
+        "state is reported from the start"
+    );
     let means = [2.0, 4.0, 1.0];
     let mut avg = 0.0;
     for (s, m) in means.iter().enumerate() {

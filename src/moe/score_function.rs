@@ -80,12 +80,12 @@ impl RunningBaseline {
     pub fn value(&self, dtype: DType, device: Device) -> Result<Option<Tensor>> {
         let st = self.lock()?;
         match &st.average {
-            None => Ok(None),
-            Some(avg) => {
+            Some(avg) if st.updates > 0 => {
                 let correction = 1.0 - self.decay.powi(st.updates.min(i32::MAX as u64) as i32);
                 let b = avg.mul_scalar(1.0 / correction)?;
                 Ok(Some(b.to_dtype(dtype)?.to_device(device)?))
             }
+            _ => Ok(None),
         }
     }
 
@@ -111,19 +111,20 @@ impl RunningBaseline {
     }
 
     /// The state a checkpoint keeps, by name: `average` (the un-corrected moving average, a
-    /// scalar) and `updates` (a scalar f64 count); empty before the first update.
+    /// scalar; 0 before the first update) and `updates` (a scalar f64 count).
     pub fn state(&self) -> Result<Vec<(String, Tensor)>> {
         let st = self.lock()?;
-        Ok(match &st.average {
-            None => Vec::new(),
-            Some(avg) => vec![
-                ("average".to_string(), avg.clone()),
-                (
-                    "updates".to_string(),
-                    Tensor::scalar(st.updates as f64, DType::F64, Device::Cpu)?,
-                ),
-            ],
-        })
+        let average = match &st.average {
+            Some(avg) => avg.clone(),
+            None => Tensor::scalar(0.0, DType::F64, Device::Cpu)?,
+        };
+        Ok(vec![
+            ("average".to_string(), average),
+            (
+                "updates".to_string(),
+                Tensor::scalar(st.updates as f64, DType::F64, Device::Cpu)?,
+            ),
+        ])
     }
 
     /// Restores one entry of [`RunningBaseline::state`].

@@ -275,4 +275,24 @@ impl Router for EstimatorRouter {
     fn estimates_gradient(&self) -> bool {
         true
     }
+    /// The gate's noise counter, and for `reinforce` with a baseline its running mean as
+    /// `baseline.average` and `baseline.updates`.
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut state = self.gate.state()?;
+        if let Some(b) = &self.baseline {
+            for (name, t) in b.state()? {
+                state.push((format!("{BASELINE_PREFIX}{name}"), t));
+            }
+        }
+        Ok(state)
+    }
+    fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
+        match (name.strip_prefix(BASELINE_PREFIX), &self.baseline) {
+            (Some(entry), Some(b)) => b.load_state(entry, value),
+            _ => self.gate.load_state(name, value),
+        }
+    }
 }
+
+/// Where `reinforce`'s baseline state sits among the router's state names.
+const BASELINE_PREFIX: &str = "baseline.";
