@@ -2,7 +2,7 @@
 //! Timing is wall-clock around a loop, after a warm-up, with the device synchronised before the
 //! clock is read; figures are recorded in `docs/benchmarks.md` with the command that made them.
 
-use crate::{DType, Device, Result, Tensor};
+use crate::{DType, Device, Error, Result, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -40,12 +40,13 @@ pub struct MatmulBench {
 /// A random f32 tensor with values in [-1, 1) (seeded).
 pub fn random_f32(shape: &[usize], seed: u64, device: Device) -> Result<Tensor> {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let n = shape.iter().product();
-    Tensor::from_f32(
-        (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect(),
-        shape,
-        device,
-    )
+    let n = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| Error::Invalid(format!("shape {shape:?}: too many elements to count")))?;
+    let mut values = crate::memory::try_vec(n)?;
+    values.extend((0..n).map(|_| rng.random_range(-1.0f32..1.0)));
+    Tensor::from_f32(values, shape, device)
 }
 
 /// Runs `step` until at least `min_time` has passed (and at least `min_reps` times) after one
@@ -91,8 +92,24 @@ pub fn op_overhead_us(device: Device) -> Result<f64> {
     Ok(secs * 1e6)
 }
 
+/// Bytes an n×n·n×n f32 matmul holds: its two operands and the product, `3·n²·4` (`None` past
+/// 64 bits).
+pub fn matmul_bytes(n: usize) -> Option<u64> {
+    (n as u64).checked_mul(n as u64)?.checked_mul(3 * 4)
+}
+
 /// `moegrad bench matmul` on every given device and size.
+///
+/// # Errors
+/// A size whose matrices do not fit in memory ([`crate::memory::check_fits`], checked for every
+/// size before anything is measured), or an error of a device.
 pub fn bench_matmul(devices: &[Device], sizes: &[usize]) -> Result<MatmulBench> {
+    for &n in sizes {
+        crate::memory::check_fits(
+            &format!("bench matmul --sizes {n} (three {n}×{n} f32 matrices)"),
+            matmul_bytes(n),
+        )?;
+    }
     let mut out = MatmulBench {
         matmul: Vec::new(),
         op_overhead_us: Vec::new(),
@@ -199,6 +216,25 @@ pub struct MoeWorkload {
     pub hidden: usize,
     /// experts per token for the sparse router
     pub k: usize,
+}
+
+impl MoeWorkload {
+    /// About the bytes one training step with `n` experts, `k` per token, holds: the bank's
+    /// weights with their gradients and two Adam moments (`16·n·2·d·hidden`), the input and
+    /// target (`2·T·d` floats), and per routed token its dispatched row, hidden activation and
+    /// output with their gradients (`2·T·k·(2d + 2·hidden)` floats). `None` past 64 bits.
+    pub fn step_bytes(&self, n: usize, k: usize) -> Option<u64> {
+        let (t, d, h) = (self.tokens as u64, self.d as u64, self.hidden as u64);
+        let bank = (n as u64).checked_mul(2)?.checked_mul(d)?.checked_mul(h)?;
+        let io = t.checked_mul(2)?.checked_mul(d)?;
+        let rows = t.checked_mul(k as u64)?;
+        let per_row = d.checked_add(h)?.checked_mul(4)?;
+        let acts = rows.checked_mul(per_row)?;
+        bank.checked_mul(4)?
+            .checked_add(io)?
+            .checked_add(acts)?
+            .checked_mul(4)
+    }
 }
 
 /// What [`moe_step`] measured.
@@ -321,6 +357,19 @@ pub fn bench_moe(
         ),
         moe: Vec::new(),
     };
+    // every configuration is checked before the first is measured
+    for (dense, list) in [(false, ns), (true, dense_ns)] {
+        for &n in list {
+            let k = if dense { n } else { w.k.min(n) };
+            crate::memory::check_fits(
+                &format!(
+                    "bench moe --tokens {} (n = {n} experts, k = {k}, d = {}, hidden {})",
+                    w.tokens, w.d, w.hidden
+                ),
+                w.step_bytes(n, k),
+            )?;
+        }
+    }
     for &dev in devices {
         for (router, list) in [("topk", ns), ("softmax", dense_ns)] {
             for &n in list {

@@ -16,8 +16,20 @@
 //! ```
 //!
 //! Without it installed the counters stay at zero and [`installed`] says so.
+//!
+//! # The memory limit
+//! A setting that asks for more memory than the machine has (`--experts 100000`, `bench matmul
+//! --sizes 100000`) must end in an error that names it, not in the allocator's abort. The checks
+//! behind that compare what a job needs against [`memory_limit`]: the `MOEGRAD_MEMORY_LIMIT`
+//! environment variable when set (bytes, or a number with a K/M/G/T suffix in powers of 1024),
+//! else the smaller of the machine's total memory (`MemTotal` in `/proc/meminfo`) and the
+//! cgroup's limit (a container's), else [`FALLBACK_LIMIT_BYTES`]. [`check_fits`] is the up-front
+//! check a model or benchmark makes before it allocates; [`try_vec`] is the fallible allocation
+//! the CPU backend's constructors use, so a single buffer too large for the machine is an error too.
 
+use crate::{Error, Result};
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use std::sync::atomic::AtomicPtr;
@@ -237,4 +249,208 @@ pub fn peak_bytes() -> usize {
 /// Starts a new peak measurement from the current live bytes.
 pub fn reset_peak() {
     PEAK.store(LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
+}
+
+/// The environment variable that sets the memory limit (bytes, or with a K/M/G/T suffix).
+pub const LIMIT_ENV: &str = "MOEGRAD_MEMORY_LIMIT";
+
+/// The limit when neither the environment nor the operating system gives one: 64 GiB.
+pub const FALLBACK_LIMIT_BYTES: u64 = 64 << 30;
+
+/// The most host memory one job may ask for, and where that figure came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemoryLimit {
+    /// bytes
+    pub bytes: u64,
+    /// where the figure came from, e.g. "MemTotal in /proc/meminfo"
+    pub source: String,
+}
+
+impl std::fmt::Display for MemoryLimit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} ({})", format_bytes(self.bytes), self.source)
+    }
+}
+
+/// The memory limit of this process (read once; see the module docs for its sources).
+///
+/// # Errors
+/// `MOEGRAD_MEMORY_LIMIT` is set but is not a size.
+pub fn memory_limit() -> Result<&'static MemoryLimit> {
+    static LIMIT: OnceLock<std::result::Result<MemoryLimit, String>> = OnceLock::new();
+    LIMIT
+        .get_or_init(read_limit)
+        .as_ref()
+        .map_err(|e| Error::Invalid(e.clone()))
+}
+
+fn read_limit() -> std::result::Result<MemoryLimit, String> {
+    if let Ok(text) = std::env::var(LIMIT_ENV) {
+        return match parse_size(&text) {
+            Some(bytes) if bytes > 0 => Ok(MemoryLimit {
+                bytes,
+                source: format!("{LIMIT_ENV}={text}"),
+            }),
+            _ => Err(format!(
+                "{LIMIT_ENV}={text:?}: expected a positive size in bytes, e.g. 8589934592 or 8G"
+            )),
+        };
+    }
+    let total = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| meminfo_total(&t));
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .find_map(|p| std::fs::read_to_string(p).ok().and_then(|t| parse_size(&t)));
+    Ok(match (total, cgroup) {
+        (_, Some(c)) if total.is_none_or(|t| c < t) => MemoryLimit {
+            bytes: c,
+            source: "the cgroup's memory limit".into(),
+        },
+        (Some(t), _) => MemoryLimit {
+            bytes: t,
+            source: "MemTotal in /proc/meminfo".into(),
+        },
+        _ => MemoryLimit {
+            bytes: FALLBACK_LIMIT_BYTES,
+            source: "moegrad's default limit; set MOEGRAD_MEMORY_LIMIT to change it".into(),
+        },
+    })
+}
+
+/// `MemTotal` of a `/proc/meminfo` text, in bytes.
+fn meminfo_total(text: &str) -> Option<u64> {
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Parses a size: a whole number of bytes, optionally followed by K, M, G or T (with or without
+/// `iB`/`B`; powers of 1024). `None` for anything else, including cgroup's `max`.
+///
+/// # Example
+/// ```
+/// use moegrad::memory::parse_size;
+/// assert_eq!(parse_size("8G"), Some(8 << 30));
+/// assert_eq!(parse_size("512 MiB"), Some(512 << 20));
+/// assert_eq!(parse_size("1000"), Some(1000));
+/// assert_eq!(parse_size("max"), None);
+/// ```
+pub fn parse_size(text: &str) -> Option<u64> {
+    let text = text.trim();
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let number: u64 = text[..digits].parse().ok()?;
+    let unit = text[digits..].trim().to_ascii_uppercase();
+    let unit = unit
+        .strip_suffix("IB")
+        .or_else(|| unit.strip_suffix('B'))
+        .unwrap_or(&unit);
+    let shift = match unit {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return None,
+    };
+    number.checked_mul(1u64 << shift)
+}
+
+/// A byte count for people: `"1.5 GiB"`, `"40.0 TiB"`, `"512 bytes"`.
+pub fn format_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    if bytes < 1024 {
+        return format!("{bytes} bytes");
+    }
+    let mut value = bytes as f64 / 1024.0;
+    let mut unit = 0;
+    while value >= 1024.0 && unit + 1 < UNITS.len() {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{value:.1} {}", UNITS[unit])
+}
+
+/// Checks, before allocating, that a job needing `bytes` fits in [`memory_limit`]; `None`
+/// stands for a size too large to count in 64 bits.
+///
+/// The error reads `"{what} needs {size}, more than the {limit} this process may use"`, so
+/// `what` should name the settings at fault (e.g. `"--experts 100000 (model moe-mlp)"`).
+///
+/// # Example
+/// ```
+/// use moegrad::memory::check_fits;
+/// assert!(check_fits("a small job", Some(1 << 20)).is_ok());
+/// let e = check_fits("--sizes 1000000000", None).unwrap_err().to_string();
+/// assert!(e.contains("--sizes 1000000000"));
+/// ```
+pub fn check_fits(what: &str, bytes: Option<u64>) -> Result<()> {
+    let limit = memory_limit()?;
+    match bytes {
+        Some(b) if b <= limit.bytes => Ok(()),
+        Some(b) => Err(Error::Invalid(format!(
+            "{what} needs about {}, more than the {limit} this process may use",
+            format_bytes(b)
+        ))),
+        None => Err(Error::Invalid(format!(
+            "{what} needs more bytes than a 64-bit count can hold, far more than the {limit} this process may use"
+        ))),
+    }
+}
+
+/// An empty vector with room for `len` values, or an error (not an abort) when that memory is
+/// more than [`memory_limit`] or the allocator refuses it. The CPU backend's constructors
+/// allocate through it, so one absurd tensor is an `Err`.
+pub fn try_vec<T>(len: usize) -> Result<Vec<T>> {
+    let bytes = (len as u64).checked_mul(std::mem::size_of::<T>() as u64);
+    check_fits(&format!("a buffer of {len} values"), bytes)?;
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|e| {
+        Error::Invalid(format!(
+            "a buffer of {len} values ({}) could not be allocated: {e}",
+            format_bytes(bytes.unwrap_or(u64::MAX))
+        ))
+    })?;
+    Ok(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_meminfo_and_sizes() {
+        let text = "MemTotal:       24684096 kB\nMemFree:        20759696 kB\n";
+        assert_eq!(meminfo_total(text), Some(24684096 * 1024));
+        assert_eq!(meminfo_total("MemFree: 1 kB"), None);
+        assert_eq!(parse_size("9223372036854775807\n"), Some(i64::MAX as u64));
+        assert_eq!(parse_size("16GiB"), Some(16 << 30));
+        assert_eq!(parse_size("3 kb"), Some(3 << 10));
+        assert_eq!(parse_size("99999999999T"), None);
+        assert_eq!(parse_size("-1"), None);
+        assert_eq!(parse_size("1.5G"), None);
+        assert_eq!(format_bytes(1536 << 20), "1.5 GiB");
+        assert_eq!(format_bytes(100), "100 bytes");
+    }
+
+    #[test]
+    fn the_limit_is_positive_and_try_vec_refuses_more() {
+        let limit = memory_limit().unwrap();
+        assert!(limit.bytes > 0, "{limit}");
+        assert!(try_vec::<f32>(1000).unwrap().capacity() >= 1000);
+        // more than the limit: refused before the allocator is asked
+        let too_many = (limit.bytes / 4 + 1) as usize;
+        let e = try_vec::<f32>(too_many).unwrap_err().to_string();
+        assert!(
+            e.contains(&too_many.to_string()) && e.contains("more than"),
+            "{e}"
+        );
+        let e = try_vec::<f64>(usize::MAX).unwrap_err().to_string();
+        assert!(e.contains("64-bit"), "{e}");
+    }
 }

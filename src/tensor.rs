@@ -49,8 +49,9 @@ impl std::fmt::Debug for Tensor {
 }
 
 fn check_len(shape: &[usize], len: usize) -> Result<()> {
-    let n: usize = shape.iter().product();
-    if n != len {
+    let n = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d));
+    if n != Some(len) {
+        let n = n.map_or("more than can be counted".to_string(), |n| n.to_string());
         return Err(Error::Shape(format!(
             "{len} values cannot fill a tensor of shape {shape:?} ({n} elements)"
         )));
@@ -80,7 +81,7 @@ impl Tensor {
             ));
         }
         Ok(Tensor::from_storage(
-            Storage::upload(&data, device.is_gpu())?,
+            Storage::from_host(data, device.is_gpu())?,
             shape.to_vec(),
         ))
     }
@@ -114,7 +115,14 @@ impl Tensor {
                 "the GPU backend is f32-only; f64 tensors live on the CPU".into(),
             ));
         }
-        let n = shape.iter().product();
+        let n = shape
+            .iter()
+            .try_fold(1usize, |n, &d| n.checked_mul(d))
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "a tensor of shape {shape:?} has more elements than can be counted"
+                ))
+            })?;
         Ok(Tensor::from_storage(
             Storage::full(n, value, dtype, device.is_gpu())?,
             shape.to_vec(),

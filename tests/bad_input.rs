@@ -2,6 +2,10 @@
 //! every binary op (the message names both shapes), axes out of range (`Error::Axis`), wrong
 //! sizes, out-of-range slices/indices/k, wrong dtypes (`Error::DType`), devices that differ,
 //! misuse of autograd, empty reductions, inverted clamp bounds and gradcheck on f32 inputs.
+//! Sizes beyond memory (tensors, models, benchmarks; in the library and on the command line)
+//! are errors that name the setting, raised before anything is allocated; and settings that
+//! would do nothing (MoE flags on a dense model, a tiny learning rate, an endless warm-up) are
+//! warned about.
 
 mod common;
 
@@ -560,4 +564,306 @@ fn gradcheck_needs_f64_cpu_inputs() {
         &GradcheckOptions::default(),
     );
     assert_dtype_err("gradcheck of an f32 result", r);
+}
+
+#[test]
+fn absurd_tensor_sizes_are_errors_not_aborts() {
+    let cpu = Device::cpu();
+    // an element count that overflows
+    let r = no_panic("zeros [2^40, 2^40]", || {
+        Tensor::zeros(&[1 << 40, 1 << 40], DType::F32, cpu)
+    });
+    assert!(
+        matches!(&r, Err(Error::Invalid(m)) if m.contains("[1099511627776, 1099511627776]")),
+        "{r:?}"
+    );
+    // one that wraps around to 0 must not pass for an empty tensor
+    let r = no_panic("from_f32 [2^63, 2]", || {
+        Tensor::from_f32(vec![], &[1 << 63, 2], cpu)
+    });
+    assert_shape_err("from_f32 [2^63, 2]", r, &[&[1 << 63, 2]]);
+    // counts that fit but need petabytes: refused before the allocator is asked (which aborts)
+    let r = no_panic("zeros [2^50]", || {
+        Tensor::zeros(&[1 << 50], DType::F32, cpu)
+    });
+    assert!(
+        matches!(&r, Err(Error::Invalid(m)) if m.contains("more than")),
+        "{r:?}"
+    );
+    let r = no_panic("full f64 [2^40, 2^10]", || {
+        Tensor::full(&[1 << 40, 1 << 10], 1.0, DType::F64, cpu)
+    });
+    assert!(matches!(&r, Err(Error::Invalid(_))), "{r:?}");
+    let mut rng = <rand_chacha::ChaCha8Rng as rand::SeedableRng>::seed_from_u64(0);
+    let r = no_panic("uniform [2^30, 2^20]", || {
+        moegrad::nn::uniform(&[1 << 30, 1 << 20], 0.1, &mut rng, cpu)
+    });
+    assert!(matches!(&r, Err(Error::Invalid(_))), "{r:?}");
+    // ordinary sizes are unaffected
+    assert_eq!(
+        Tensor::full(&[3, 2], 1.5, DType::F64, cpu)
+            .unwrap()
+            .to_vec_f64()
+            .unwrap(),
+        vec![1.5; 6]
+    );
+}
+
+#[test]
+fn the_memory_estimate_counts_the_parameters_the_models_allocate() {
+    use moegrad::train::{DataKind, ModelKind, TrainConfig, models};
+    let cpu = Device::cpu();
+    let cases = [
+        (DataKind::Mnist, ModelKind::Mlp, 28, 1),
+        (DataKind::Multimnist, ModelKind::Mlp, 36, 2),
+        (DataKind::Mnist, ModelKind::Cnn, 28, 1),
+        (DataKind::Multimnist, ModelKind::Cnn, 36, 2),
+        (DataKind::Mnist, ModelKind::MoeMlp, 28, 1),
+        (DataKind::Multimnist, ModelKind::MoeMlp, 36, 2),
+        (DataKind::Mnist, ModelKind::MoeCnn, 28, 1),
+        (DataKind::Multimnist, ModelKind::MmoeCnn, 36, 2),
+    ];
+    for (data, model, side, tasks) in cases {
+        let cfg = TrainConfig {
+            data,
+            model,
+            experts: 3,
+            k: 2,
+            expert_hidden: 5,
+            ..TrainConfig::default()
+        };
+        let built = models::build(&cfg, side, tasks, cpu).unwrap();
+        let counted: usize = built
+            .named_params()
+            .iter()
+            .map(|(_, p)| p.get().numel())
+            .sum();
+        let e = models::memory_estimate(&cfg, side, tasks, 64).unwrap();
+        assert_eq!(e.parameters, counted as u64, "{model:?} on {data:?}");
+        assert_eq!(e.trainable, e.parameters, "{model:?} on {data:?}");
+        // weights, gradients and two Adam moments, plus some activations
+        assert!(e.activation_bytes > 0 && e.total_bytes > 16 * e.parameters);
+    }
+    // synthetic-b: the frozen bank is allocated but not trained
+    let bank = moegrad::data::SyntheticB::generate(0, 16, 10, 10).unwrap();
+    let cfg = TrainConfig {
+        data: DataKind::SyntheticB,
+        model: ModelKind::MoeMlp,
+        experts: 16,
+        k: 4,
+        ..TrainConfig::default()
+    };
+    let built = models::build_synthetic_b(&cfg, &bank, cpu).unwrap();
+    let counted: usize = built
+        .named_params()
+        .iter()
+        .map(|(_, p)| p.get().numel())
+        .sum();
+    let e = models::memory_estimate(&cfg, 0, 1, 64).unwrap();
+    assert_eq!(e.trainable, counted as u64);
+    assert_eq!(e.parameters, counted as u64 + 16 * (10 * 4 + 4 * 4));
+}
+
+#[test]
+fn models_too_large_for_memory_are_refused_before_allocating() {
+    use moegrad::train::{DataKind, ModelKind, TrainConfig, models};
+    let cpu = Device::cpu();
+    let moe = |experts: usize, expert_hidden: usize| TrainConfig {
+        model: ModelKind::MoeMlp,
+        experts,
+        expert_hidden,
+        ..TrainConfig::default()
+    };
+    // about 1.6 TiB: more than any machine this runs on
+    let cfg = moe(1_000_000, 128);
+    let e = models::check_memory(&cfg, 28, 1, 64)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("--experts 1000000") && e.contains("more than"),
+        "{e}"
+    );
+    let r = no_panic("build --experts 1000000", || {
+        models::build(&cfg, 28, 1, cpu)
+    });
+    assert!(r.is_err_and(|e| e.to_string().contains("--experts 1000000")));
+    let e = models::check_memory(&moe(8, 4_000_000_000), 28, 1, 64)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--expert-hidden 4000000000"), "{e}");
+    // sizes whose products overflow 64 bits
+    assert!(models::memory_estimate(&moe(usize::MAX, usize::MAX), 28, 1, 64).is_none());
+    let e = models::check_memory(&moe(usize::MAX, 128), 28, 1, 64)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("64-bit"), "{e}");
+    // synthetic-b's bank is counted before it is generated
+    let r = no_panic("synthetic-b 10^14 experts", || {
+        moegrad::data::SyntheticB::generate(0, 100_000_000_000_000, 10, 10)
+    });
+    assert!(r.is_err_and(|e| e.to_string().contains("--experts 100000000000000")));
+    // images too small for the convolutions
+    let cnn = TrainConfig {
+        data: DataKind::Mnist,
+        model: ModelKind::Cnn,
+        ..TrainConfig::default()
+    };
+    let r = no_panic("cnn on 12×12", || models::build(&cnn, 12, 1, cpu));
+    assert!(r.is_err_and(|e| e.to_string().contains("16×16")));
+}
+
+/// Runs the `moegrad` binary with a fixed memory limit of 16 GiB, so what is refused does not
+/// depend on the machine.
+fn moegrad_limited(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_moegrad"))
+        .args(args)
+        .env(moegrad::memory::LIMIT_ENV, "16G")
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn fresh_dir(name: &str) -> String {
+    let d = std::env::temp_dir().join(format!("moegrad-bad-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d.to_string_lossy().into_owned()
+}
+
+#[test]
+fn the_command_line_refuses_sizes_beyond_memory_naming_the_setting() {
+    let out = fresh_dir("sizes");
+    let train = |extra: &[&str]| {
+        let mut a = vec!["train", "--device", "cpu", "--out", &out, "--epochs", "1"];
+        a.extend_from_slice(extra);
+        moegrad_limited(&a)
+    };
+    let cases = [
+        (
+            train(&["--model", "moe-mlp", "--experts", "100000"]),
+            "--experts 100000",
+        ),
+        (
+            train(&["--model", "moe-mlp", "--expert-hidden", "4000000000"]),
+            "--expert-hidden 4000000000",
+        ),
+        (
+            moegrad_limited(&["bench", "matmul", "--device", "cpu", "--sizes", "100000"]),
+            "--sizes 100000",
+        ),
+        (
+            moegrad_limited(&["bench", "moe", "--device", "cpu", "--tokens", "100000000"]),
+            "--tokens 100000000",
+        ),
+    ];
+    for ((code, stdout, stderr), setting) in cases {
+        assert_eq!(code, Some(1), "{setting}: {stderr}");
+        assert!(stdout.is_empty(), "{setting}: {stdout}");
+        assert!(
+            stderr.contains(setting) && stderr.contains("more than the 16.0 GiB"),
+            "{setting}: {stderr}"
+        );
+    }
+    assert!(
+        !std::path::Path::new(&out).exists(),
+        "the refused runs created {out}"
+    );
+}
+
+#[test]
+fn settings_that_would_do_nothing_are_warned_about() {
+    use moegrad::train::{DataKind, ModelKind, TrainConfig};
+    let cnn = TrainConfig {
+        model: ModelKind::Cnn,
+        ..TrainConfig::default()
+    };
+    let w = cnn.warnings(&["--router", "--seed", "--experts", "--router-opt"]);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].contains("--router, --experts, --router-opt ignored") && w[0].contains("--model cnn"),
+        "{w:?}"
+    );
+    assert!(cnn.warnings(&["--seed", "--lr"]).is_empty());
+    let moe = |model| TrainConfig {
+        model,
+        ..TrainConfig::default()
+    };
+    assert!(
+        moe(ModelKind::MoeMlp)
+            .warnings(&["--router", "--expert-hidden"])
+            .is_empty()
+    );
+    let w = moe(ModelKind::MoeCnn).warnings(&["--router", "--expert-hidden"]);
+    assert!(
+        w.len() == 1 && w[0].contains("--expert-hidden ignored"),
+        "{w:?}"
+    );
+    let synthetic = TrainConfig {
+        data: DataKind::SyntheticB,
+        model: ModelKind::MoeMlp,
+        ..TrainConfig::default()
+    };
+    assert_eq!(
+        synthetic
+            .warnings(&["--expert-hidden", "--data-dir", "--experts"])
+            .len(),
+        2
+    );
+    // the thresholds: lr below 1e-8, warm-up not shorter than the run
+    let lr = |lr| TrainConfig {
+        lr,
+        ..TrainConfig::default()
+    };
+    let w = lr(1e-50).warnings(&[]);
+    assert!(w.len() == 1 && w[0].contains("--lr 1e-50"), "{w:?}");
+    assert!(lr(1e-8).warnings(&[]).is_empty());
+    let warm = |warmup_steps| TrainConfig {
+        warmup_steps,
+        ..TrainConfig::default()
+    };
+    assert!(warm(100).warmup_warning(100).is_some());
+    assert!(warm(99).warmup_warning(100).is_none());
+    assert!(warm(0).warmup_warning(0).is_none());
+
+    // the command line: flags given, not defaults, are what is warned about
+    let run = |name: &str, extra: &[&str]| {
+        let out = fresh_dir(name);
+        let mut a = vec![
+            "train",
+            "--device",
+            "cpu",
+            "--out",
+            &out,
+            "--epochs",
+            "1",
+            "--train-limit",
+            "64",
+            "--test-limit",
+            "64",
+            "--model",
+            "cnn",
+        ];
+        a.extend_from_slice(extra);
+        let r = moegrad_limited(&a);
+        let _ = std::fs::remove_dir_all(&out);
+        r
+    };
+    let (code, _, stderr) = run(
+        "warn",
+        &["--router", "switch", "--lr", "1e-50", "--warmup-steps", "5"],
+    );
+    assert_eq!(code, Some(0), "{stderr}");
+    for part in [
+        "warning: --router ignored: --model cnn has no MoE layer",
+        "warning: --lr 1e-50",
+        "warning: --warmup-steps 5 is not shorter than the run's 1 steps",
+    ] {
+        assert!(stderr.contains(part), "{part} missing from: {stderr}");
+    }
+    let (code, _, stderr) = run("quiet", &[]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
 }

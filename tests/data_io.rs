@@ -1,12 +1,33 @@
 //! The data layer: the IDX reader on hand-built files (raw and gzip, good and bad: magic, sizes,
-//! truncation, labels out of range, missing files), the bundled MNIST subset, MultiMNIST's
-//! construction and determinism, and the loader's seeded shuffling.
+//! truncation, labels out of range, missing files, gzip files of several members, a gzip bomb,
+//! a header declaring more than memory, training and test images of different sizes), the
+//! capped generic gzip reader, the bundled MNIST subset, MultiMNIST's construction and
+//! determinism, and the loader's seeded shuffling.
 
 use moegrad::Device;
-use moegrad::data::idx::{read_images, read_labels};
+use moegrad::data::idx::{read_images, read_labels, read_maybe_gzip};
 use moegrad::data::{Dataset, Mnist, multimnist};
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+/// Counts heap bytes, so the gzip-bomb test can measure what reading a file cost.
+#[global_allocator]
+static ALLOC: moegrad::memory::CountingAllocator = moegrad::memory::CountingAllocator;
+
+/// Held by the tests that allocate tens of megabytes (loading MNIST) and by the one that measures
+/// the peak heap, so the measurement sees only its own allocations.
+static HEAP_MEASURED: Mutex<()> = Mutex::new(());
+
+fn heap_lock() -> MutexGuard<'static, ()> {
+    HEAP_MEASURED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
+    enc.write_all(bytes).unwrap();
+    enc.finish().unwrap()
+}
 
 fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("moegrad-test-{name}-{}", std::process::id()));
@@ -26,9 +47,7 @@ fn idx_bytes(magic: u32, dims: &[u32], payload: &[u8]) -> Vec<u8> {
 fn write(path: &Path, bytes: &[u8], gzip: bool) {
     let mut f = std::fs::File::create(path).unwrap();
     if gzip {
-        let mut enc = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::default());
-        enc.write_all(bytes).unwrap();
-        f.write_all(&enc.finish().unwrap()).unwrap();
+        f.write_all(&self::gzip(bytes)).unwrap();
     } else {
         f.write_all(bytes).unwrap();
     }
@@ -70,7 +89,7 @@ fn rejects_bad_idx_files_naming_the_file_and_problem() {
             "long-payload",
             idx_bytes(2051, &[1, 2, 2], &[0; 9]),
             true,
-            "the file holds 9",
+            "= 4 bytes of data, the file holds more once unpacked",
         ),
         (
             "truncated-header",
@@ -104,7 +123,131 @@ fn rejects_bad_idx_files_naming_the_file_and_problem() {
 }
 
 #[test]
+fn gzip_files_of_several_members_read_as_one() {
+    // `cat a.gz b.gz`: a valid gzip file whose members unpack to the concatenation
+    let dir = tmpdir("idx-members");
+    let pixels: Vec<u8> = (0..3 * 2 * 2).map(|i| i as u8).collect();
+    let whole = idx_bytes(2051, &[3, 2, 2], &pixels);
+    let (a, b) = whole.split_at(10); // the split falls inside the header
+    let p = dir.join("images-two-members.gz");
+    std::fs::write(&p, [gzip(a), gzip(b)].concat()).unwrap();
+    let im = read_images(&p).unwrap();
+    assert_eq!((im.count, im.rows, im.cols), (3, 2, 2));
+    assert_eq!(im.pixels, pixels);
+    let labels = idx_bytes(2049, &[3], &[4, 5, 6]);
+    let p = dir.join("labels-three-members.gz");
+    let members: Vec<Vec<u8>> = labels.chunks(4).map(gzip).collect();
+    std::fs::write(&p, members.concat()).unwrap();
+    assert_eq!(read_labels(&p, 9).unwrap(), vec![4, 5, 6]);
+    assert_eq!(read_maybe_gzip(&p, 100).unwrap(), labels);
+}
+
+#[test]
+fn a_gzip_bomb_is_refused_after_its_declared_size_without_unpacking_it() {
+    // header [1, 2, 2] (4 bytes of pixels), then 1 GiB of zeros in 256 identical members of
+    // 4 MiB each (about 1 MB on disk)
+    let dir = tmpdir("idx-bomb");
+    let p = dir.join("bomb-images.gz");
+    let zeros = gzip(&vec![0u8; 4 << 20]);
+    let mut file = gzip(&idx_bytes(2051, &[1, 2, 2], &[0; 4]));
+    for _ in 0..256 {
+        file.extend_from_slice(&zeros);
+    }
+    std::fs::write(&p, &file).unwrap();
+    let _only_me = heap_lock();
+    let before = moegrad::memory::live_bytes();
+    moegrad::memory::reset_peak();
+    let e = read_images(&p).unwrap_err().to_string();
+    let peak = moegrad::memory::peak_bytes().saturating_sub(before);
+    assert!(
+        e.contains("bomb-images.gz") && e.contains("holds more once unpacked"),
+        "{e}"
+    );
+    // reading it whole would take the full GiB; the capped reader keeps a few buffers
+    assert!(
+        peak < 16 << 20,
+        "reading the bomb took {peak} bytes of heap at its peak"
+    );
+}
+
+#[test]
+fn a_header_declaring_more_than_memory_is_refused_before_reading() {
+    let dir = tmpdir("idx-huge");
+    let p = dir.join("huge-images");
+    write(
+        &p,
+        &idx_bytes(2051, &[65_535, 65_535, 65_535], &[0; 16]),
+        false,
+    );
+    let e = read_images(&p).unwrap_err().to_string();
+    assert!(
+        e.contains("huge-images") && e.contains("[65535, 65535, 65535]") && e.contains("more than"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_generic_gzip_reader_is_capped_and_reads_the_bundled_text() {
+    let text = Path::new(env!("CARGO_MANIFEST_DIR")).join("data/shakespeare-10-plays.txt.gz");
+    let bytes = read_maybe_gzip(&text, 2 << 20).unwrap();
+    assert_eq!(bytes.len(), 1_271_402, "data/README.md gives its length");
+    let e = read_maybe_gzip(&text, 1000).unwrap_err().to_string();
+    assert!(
+        e.contains("shakespeare-10-plays.txt.gz")
+            && e.contains("more than 1000 bytes once unpacked"),
+        "{e}"
+    );
+    let dir = tmpdir("gz-cap");
+    let p = dir.join("raw.txt");
+    std::fs::write(&p, b"0123456789").unwrap();
+    assert_eq!(read_maybe_gzip(&p, 10).unwrap(), b"0123456789");
+    assert!(read_maybe_gzip(&p, 9).is_err());
+}
+
+#[test]
+fn training_and_test_images_of_different_sizes_are_refused_when_loaded() {
+    let dir = tmpdir("mnist-sizes");
+    write(
+        &dir.join("train-images-idx3-ubyte"),
+        &idx_bytes(2051, &[2, 28, 28], &[0; 2 * 28 * 28]),
+        false,
+    );
+    write(
+        &dir.join("train-labels-idx1-ubyte"),
+        &idx_bytes(2049, &[2], &[1, 2]),
+        false,
+    );
+    write(
+        &dir.join("t10k-images-idx3-ubyte.gz"),
+        &idx_bytes(2051, &[1, 20, 20], &[0; 400]),
+        true,
+    );
+    write(
+        &dir.join("t10k-labels-idx1-ubyte"),
+        &idx_bytes(2049, &[1], &[3]),
+        false,
+    );
+    let e = Mnist::load(&dir).unwrap_err().to_string();
+    for part in [
+        "train-images-idx3-ubyte",
+        "28×28",
+        "t10k-images-idx3-ubyte.gz",
+        "20×20",
+    ] {
+        assert!(e.contains(part), "{part} missing from: {e}");
+    }
+    // the same sizes load
+    write(
+        &dir.join("t10k-images-idx3-ubyte.gz"),
+        &idx_bytes(2051, &[1, 28, 28], &[0; 784]),
+        true,
+    );
+    assert_eq!(Mnist::load(&dir).unwrap().test.rows, 28);
+}
+
+#[test]
 fn bundled_mnist_has_the_documented_counts() {
+    let _heavy = heap_lock();
     let m = Mnist::load(Path::new(env!("CARGO_MANIFEST_DIR")).join("data").as_path()).unwrap();
     assert_eq!(
         (m.train.count, m.test.count, m.train.rows, m.train.cols),
@@ -120,6 +263,7 @@ fn bundled_mnist_has_the_documented_counts() {
 
 #[test]
 fn multimnist_places_two_digits_and_is_deterministic() {
+    let _heavy = heap_lock();
     let m = Mnist::load(Path::new(env!("CARGO_MANIFEST_DIR")).join("data").as_path()).unwrap();
     let small = moegrad::data::ImageSet::from_bytes(
         &m.train.images[..50 * 784]

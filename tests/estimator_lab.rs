@@ -3,7 +3,8 @@
 //! problems); its host and tensor losses agree (and on the GPU); known facts about the
 //! estimators come out of it with fixed seeds and bounds of several standard errors (spec part 2
 //! §3 properties 7–8); the command line prints parseable JSON and turns bad input into a
-//! one-line error.
+//! one-line error, refuses a figure path it cannot write before the work starts, still prints
+//! its results when the figure fails after it, and its progress bar counts every draw.
 
 mod common;
 
@@ -440,4 +441,85 @@ fn bad_input_is_a_one_line_error() {
         assert!(err.contains(needle), "{args:?}: {err}");
         assert!(!err.contains("panicked"), "{args:?}: {err}");
     }
+}
+
+#[test]
+fn a_figure_path_that_cannot_be_written_is_refused_before_any_draw() {
+    let missing = "/nonexistent-moegrad-dir/lab.svg";
+    let out = moegrad(&["estimators", "--samples", "200", "--plot", missing]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr.contains(missing) && stderr.contains("cannot be written there"),
+        "{stderr}"
+    );
+    let dir = std::env::temp_dir();
+    let out = moegrad(&[
+        "estimators",
+        "--samples",
+        "200",
+        "--plot",
+        dir.to_str().unwrap(),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && stderr.contains("it is a directory"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn the_results_are_printed_when_the_figure_fails_after_the_run() {
+    // /dev/full opens for writing and then refuses every byte: the check before the run
+    // passes, drawing after it fails
+    if !std::path::Path::new("/dev/full").exists() {
+        eprintln!("skipped: no /dev/full on this system");
+        return;
+    }
+    for json in [false, true] {
+        let mut args = vec!["estimators", "--samples", "50", "--plot", "/dev/full"];
+        if json {
+            args.push("--json");
+        }
+        let out = moegrad(&args);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains("/dev/full") && stderr.contains("could not draw"),
+            "{stderr}"
+        );
+        if json {
+            let v: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+            assert_eq!(
+                v["estimators"].as_array().unwrap().len(),
+                ESTIMATOR_NAMES.len()
+            );
+        } else {
+            assert!(stdout.starts_with("estimator lab:"), "{stdout}");
+            for name in ESTIMATOR_NAMES {
+                assert!(stdout.contains(name), "{name} missing from: {stdout}");
+            }
+            assert!(!stdout.contains("figure:"), "{stdout}");
+        }
+    }
+}
+
+#[test]
+fn the_progress_bar_counts_every_draw_of_every_estimator() {
+    let cfg = LabConfig {
+        samples: 7,
+        estimators: ESTIMATOR_NAMES[..2].iter().map(|s| s.to_string()).collect(),
+        ..LabConfig::default()
+    };
+    let bar = indicatif::ProgressBar::hidden();
+    moegrad::estimator_lab::run_lab_with_progress(&cfg, &bar).unwrap();
+    assert_eq!((bar.position(), bar.length()), (14, Some(14)));
 }

@@ -147,6 +147,21 @@ unsafe fn write_chunks<T: Send>(
     out
 }
 
+/// `len` copies of `value`, allocated fallibly ([`crate::memory::try_vec`]): a buffer larger than
+/// the machine's memory is an error, not an abort.
+fn filled<T: Copy>(len: usize, value: T) -> Result<Vec<T>> {
+    let mut v = crate::memory::try_vec(len)?;
+    v.resize(len, value);
+    Ok(v)
+}
+
+/// A copy of `values`, allocated fallibly like [`filled`].
+fn copied<T: Copy>(values: &[T]) -> Result<Vec<T>> {
+    let mut v = crate::memory::try_vec(values.len())?;
+    v.extend_from_slice(values);
+    Ok(v)
+}
+
 /// Element offset of flat output index `i` in an operand with the given strides over `shape`.
 #[inline]
 fn strided_offset(mut i: usize, shape: &[usize], strides: &[usize]) -> usize {
@@ -1107,9 +1122,9 @@ impl Backend for CpuBackend {
 
     fn upload(&self, data: &HostData) -> Result<CpuBuffer> {
         Ok(match data {
-            HostData::F32(v) => f32b(v.clone()),
-            HostData::F64(v) => f64b(v.clone()),
-            HostData::I32(v) => i32b(v.clone()),
+            HostData::F32(v) => f32b(copied(v)?),
+            HostData::F64(v) => f64b(copied(v)?),
+            HostData::I32(v) => i32b(copied(v)?),
         })
     }
 
@@ -1123,9 +1138,9 @@ impl Backend for CpuBackend {
 
     fn full(&self, len: usize, value: f64, dtype: DType) -> Result<CpuBuffer> {
         Ok(match dtype {
-            DType::F32 => f32b(vec![value as f32; len]),
-            DType::F64 => f64b(vec![value; len]),
-            DType::I32 => i32b(vec![value as i32; len]),
+            DType::F32 => f32b(filled(len, value as f32)?),
+            DType::F64 => f64b(filled(len, value)?),
+            DType::I32 => i32b(filled(len, value as i32)?),
         })
     }
 

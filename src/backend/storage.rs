@@ -106,6 +106,17 @@ impl Storage {
             Ok(Storage::Cpu(cpu::CpuBackend.upload(data)?))
         }
     }
+    /// Takes host data to the CPU (keeping its vector, no copy) or uploads it to the GPU.
+    pub fn from_host(data: HostData, gpu: bool) -> Result<Storage> {
+        if gpu {
+            return Storage::upload(&data, true);
+        }
+        Ok(Storage::Cpu(match data {
+            HostData::F32(v) => cpu::CpuBuffer::F32(std::sync::Arc::new(v)),
+            HostData::F64(v) => cpu::CpuBuffer::F64(std::sync::Arc::new(v)),
+            HostData::I32(v) => cpu::CpuBuffer::I32(std::sync::Arc::new(v)),
+        }))
+    }
     /// A filled buffer on the CPU or GPU.
     pub fn full(len: usize, value: f64, dtype: DType, gpu: bool) -> Result<Storage> {
         if gpu {

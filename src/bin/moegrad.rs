@@ -3,7 +3,8 @@
 //! the exact gradient of a small problem).
 //! Every error is printed as one line on stderr with a non-zero exit status.
 
-use clap::{Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use moegrad::train::{DataKind, ModelKind, OptimizerKind, RunOptions, TrainConfig};
 use moegrad::{Device, Result};
 use std::path::PathBuf;
@@ -411,7 +412,62 @@ fn bench_devices(name: &str) -> Result<Vec<Device>> {
     })
 }
 
-fn run(cli: Cli) -> Result<()> {
+/// The flags of a subcommand's matches that were set on the command line (not left at their
+/// defaults), spelled as there: `--expert-hidden` for the field `expert_hidden`.
+fn flags_given(matches: Option<&ArgMatches>) -> Vec<String> {
+    let Some(m) = matches else {
+        return Vec::new();
+    };
+    m.ids()
+        .filter(|id| m.value_source(id.as_str()) == Some(ValueSource::CommandLine))
+        .map(|id| format!("--{}", id.as_str().replace('_', "-")))
+        .collect()
+}
+
+/// Runs the estimator lab: checks the figure's path first, shows a progress bar on stderr
+/// (hidden with `--json`, and by indicatif when stderr is not a terminal), prints the report,
+/// and only then draws the figure, so a figure that cannot be written loses no results.
+fn run_estimators(args: &EstimatorArgs) -> Result<()> {
+    use moegrad::estimator_lab::{plot, run_lab_with_progress};
+    let cfg = args.config()?;
+    cfg.validate()?;
+    if !args.no_plot {
+        plot::check_writable(&args.plot)?;
+    }
+    let bar = if args.json {
+        indicatif::ProgressBar::hidden()
+    } else {
+        let b = indicatif::ProgressBar::new(0);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg:16} [{bar:30}] {pos}/{len} draws ({elapsed}, ETA {eta})",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+        );
+        b
+    };
+    let report = run_lab_with_progress(&cfg, &bar);
+    bar.finish_and_clear();
+    let report = report?;
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string(&report).map_err(|e| moegrad::Error::Invalid(e.to_string()))?
+        );
+    } else {
+        print_lab(&report);
+    }
+    if !args.no_plot {
+        plot::draw_estimators(&args.plot, &report)?;
+        if !args.json {
+            println!("figure: {}", args.plot.display());
+        }
+    }
+    Ok(())
+}
+
+fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
     match cli.command {
         Command::Info { json } => {
             let r = moegrad::info::device_report()?;
@@ -453,6 +509,12 @@ fn run(cli: Cli) -> Result<()> {
         }
         Command::Train(args) => {
             let cfg = args.config()?;
+            cfg.validate()?;
+            let given = flags_given(matches.subcommand_matches("train"));
+            let given: Vec<&str> = given.iter().map(String::as_str).collect();
+            for w in cfg.warnings(&given) {
+                eprintln!("moegrad: warning: {w}");
+            }
             let summary = moegrad::train::run(
                 &cfg,
                 RunOptions {
@@ -480,25 +542,7 @@ fn run(cli: Cli) -> Result<()> {
                 );
             }
         }
-        Command::Estimators(args) => {
-            let cfg = args.config()?;
-            let report = moegrad::estimator_lab::run_lab(&cfg)?;
-            if !args.no_plot {
-                moegrad::estimator_lab::plot::draw_estimators(&args.plot, &report)?;
-            }
-            if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&report)
-                        .map_err(|e| moegrad::Error::Invalid(e.to_string()))?
-                );
-            } else {
-                print_lab(&report);
-                if !args.no_plot {
-                    println!("figure: {}", args.plot.display());
-                }
-            }
-        }
+        Command::Estimators(args) => run_estimators(&args)?,
         Command::Bench {
             workload: Workload::Moe,
             json,
@@ -598,7 +642,11 @@ fn run(cli: Cli) -> Result<()> {
 }
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    // parsed through `ArgMatches` so that `train` can tell flags given from defaults
+    let parsed = Cli::command()
+        .try_get_matches()
+        .and_then(|m| Cli::from_arg_matches(&m).map(|c| (c, m)));
+    let (cli, matches) = match parsed {
         Ok(c) => c,
         Err(e)
             if matches!(
@@ -627,7 +675,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(cli) {
+    match run(cli, &matches) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("moegrad: {e}");

@@ -29,10 +29,11 @@ impl ImageSet {
         rows: usize,
         cols: usize,
     ) -> Result<ImageSet> {
-        if labels.len() != count || pixels.len() != count * rows * cols {
+        let need = count.checked_mul(rows).and_then(|n| n.checked_mul(cols));
+        if labels.len() != count || need != Some(pixels.len()) {
             return Err(Error::Invalid(format!(
                 "{count} images of {rows}×{cols} need {} pixels and {count} labels, got {} and {}",
-                count * rows * cols,
+                need.map_or("more than can be counted".into(), |n| n.to_string()),
                 pixels.len(),
                 labels.len()
             )));
@@ -98,7 +99,8 @@ fn find(dir: &Path, names: &[&str]) -> Result<PathBuf> {
         })
 }
 
-fn load_split(dir: &Path, images: &[&str], labels: &[&str]) -> Result<ImageSet> {
+/// Reads one split; returns it with the path of its image file (for messages).
+fn load_split(dir: &Path, images: &[&str], labels: &[&str]) -> Result<(ImageSet, PathBuf)> {
     let (ip, lp) = (find(dir, images)?, find(dir, labels)?);
     let im = read_images(&ip)?;
     let lab = read_labels(&lp, 9)?;
@@ -111,16 +113,33 @@ fn load_split(dir: &Path, images: &[&str], labels: &[&str]) -> Result<ImageSet> 
             lab.len()
         )));
     }
-    ImageSet::from_bytes(&im.pixels, &lab, im.count, im.rows, im.cols)
+    Ok((
+        ImageSet::from_bytes(&im.pixels, &lab, im.count, im.rows, im.cols)?,
+        ip,
+    ))
 }
 
 impl Mnist {
     /// Loads MNIST from `dir`: the bundled `mnist10k-*` files or the standard file names
     /// (`train-images-idx3-ubyte[.gz]`, `t10k-labels-idx1-ubyte[.gz]`, ...).
+    ///
+    /// # Errors
+    /// A file is missing or malformed, labels and images disagree in number, or the training
+    /// and test images differ in size (the error names both files and both sizes).
     pub fn load(dir: &Path) -> Result<Mnist> {
-        Ok(Mnist {
-            train: load_split(dir, &NAMES[0], &NAMES[1])?,
-            test: load_split(dir, &NAMES[2], &NAMES[3])?,
-        })
+        let (train, train_path) = load_split(dir, &NAMES[0], &NAMES[1])?;
+        let (test, test_path) = load_split(dir, &NAMES[2], &NAMES[3])?;
+        if (train.rows, train.cols) != (test.rows, test.cols) {
+            return Err(Error::Io(format!(
+                "the training images in {} are {}×{} but the test images in {} are {}×{}; a model takes one size",
+                train_path.display(),
+                train.rows,
+                train.cols,
+                test_path.display(),
+                test.rows,
+                test.cols
+            )));
+        }
+        Ok(Mnist { train, test })
     }
 }

@@ -85,6 +85,20 @@ impl SyntheticB {
                 "synthetic-b: the training and test sets must not be empty".into(),
             ));
         }
+        // the bank (f32 weights and a slot index per expert) and the examples (f64 while drawn,
+        // then f32), counted before anything is allocated
+        let per_expert = (SYNTHETIC_B_INPUT * SYNTHETIC_B_EXPERT_OUT * 4 + 8) as u64;
+        let per_example = (SYNTHETIC_B_INPUT * (8 + 4 + 4) + 8 + 8 + 4) as u64;
+        let bytes = (experts as u64)
+            .checked_mul(per_expert)
+            .zip((train as u64).checked_add(test as u64))
+            .and_then(|(bank, n)| bank.checked_add(n.checked_mul(per_example)?));
+        crate::memory::check_fits(
+            &format!(
+                "synthetic-b with --experts {experts}, {train} training and {test} test examples"
+            ),
+            bytes,
+        )?;
         let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7379_6e42);
         let per = SYNTHETIC_B_INPUT * SYNTHETIC_B_EXPERT_OUT;
         let truth: Vec<Vec<f64>> = (0..SYNTHETIC_B_TRUE)

@@ -9,8 +9,8 @@
 //!    Backpropagation for MoE Training", 2023).
 //! 3. [`estimators`]: each estimator's draws, made by
 //!    [`crate::moe::routers::probe::GradientProbe`] (f64 on the CPU, fixed seed).
-//! 4. [`run_lab`]: M draws per estimator, reduced to the statistics of [`EstimatorStats`]; and
-//!    [`plot`] draws them.
+//! 4. [`run_lab`]: M draws per estimator, reduced to the statistics of [`EstimatorStats`]
+//!    ([`run_lab_with_progress`] reports each draw to a progress bar); and [`plot`] draws them.
 //!
 //! # The statistics
 //! With `ĝ_m` the m-th draw (`[T·n]`), `ḡ = (1/M) Σ_m ĝ_m` their mean and `∇` the exact gradient,
@@ -182,7 +182,22 @@ pub struct LabReport {
 /// Invalid settings (see [`LabConfig::validate`]), an exact gradient of zero (nothing to compare
 /// with), or an error of a router.
 pub fn run_lab(cfg: &LabConfig) -> Result<LabReport> {
+    run_lab_with_progress(cfg, &indicatif::ProgressBar::hidden())
+}
+
+/// [`run_lab`], advancing `progress` by one per draw: its length is set to estimators × draws
+/// and its message to the estimator being measured (`moegrad estimators` passes a bar drawn on
+/// stderr, whose elapsed time and ETA say how long a run of hours has left).
+///
+/// # Errors
+/// As [`run_lab`].
+pub fn run_lab_with_progress(
+    cfg: &LabConfig,
+    progress: &indicatif::ProgressBar,
+) -> Result<LabReport> {
     cfg.validate()?;
+    progress.set_length((cfg.estimators.len() as u64).saturating_mul(cfg.samples as u64));
+    progress.set_position(0);
     let problem = Problem::new(&cfg.problem);
     let exact = exact_gradient(&problem);
     let exact_norm = norm(&exact.total);
@@ -197,6 +212,7 @@ pub fn run_lab(cfg: &LabConfig) -> Result<LabReport> {
     let loss = |y: &Tensor| problem.loss.per_token(y);
     let mut estimators = Vec::with_capacity(cfg.estimators.len());
     for name in &cfg.estimators {
+        progress.set_message(name.clone());
         let est = LabEstimator::new(
             name,
             cfg.problem.experts,
@@ -211,6 +227,7 @@ pub fn run_lab(cfg: &LabConfig) -> Result<LabReport> {
             &logits,
             &outputs,
             &loss,
+            progress,
         )?);
     }
     let keep = crate::no_grad(|| sparsemixer_mask(&logits, cfg.jitter, MaskRule::Paper))?;
@@ -235,6 +252,7 @@ fn measure(
     logits: &Tensor,
     outputs: &Tensor,
     loss: &dyn Fn(&Tensor) -> Result<Tensor>,
+    progress: &indicatif::ProgressBar,
 ) -> Result<EstimatorStats> {
     let p = exact.total.len();
     let exact_norm = norm(&exact.total);
@@ -253,6 +271,7 @@ fn measure(
             *mu += delta / k;
             sq_dev += delta * (x - *mu);
         }
+        progress.inc(1);
     }
     let ms_per_draw = start.elapsed().as_secs_f64() * 1e3 / samples as f64;
     let m = samples as f64;

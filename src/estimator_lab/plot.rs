@@ -15,6 +15,37 @@ fn plot_err(path: &Path, e: impl std::fmt::Display) -> Error {
     Error::Io(format!("{}: could not draw the plot: {e}", path.display()))
 }
 
+/// Checks, before a long run, that the figure can be written at `path`, changing nothing the
+/// user has: an existing file is opened for appending (not truncated) and must not be a
+/// directory; a new one is created and removed again.
+///
+/// # Errors
+/// The directory does not exist or is not writable, or `path` is a directory or read-only.
+pub fn check_writable(path: &Path) -> Result<()> {
+    let err = |e: &dyn std::fmt::Display| {
+        Error::Io(format!(
+            "{}: the figure cannot be written there ({e}); choose another --plot or pass --no-plot",
+            path.display()
+        ))
+    };
+    if path.is_dir() {
+        return Err(err(&"it is a directory"));
+    }
+    if path.exists() {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(path)
+            .map_err(|e| err(&e))?;
+        return Ok(());
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|e| err(&e))?;
+    std::fs::remove_file(path).map_err(|e| err(&e))
+}
+
 /// Draws `report` as an SVG file at `path`.
 ///
 /// # Errors

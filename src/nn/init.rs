@@ -23,17 +23,24 @@ pub fn uniform(
     rng: &mut ChaCha8Rng,
     device: Device,
 ) -> Result<Tensor> {
-    let n = shape.iter().product();
+    let n = shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| {
+            crate::Error::Invalid(format!(
+                "a weight of shape {shape:?} has more elements than can be counted"
+            ))
+        })?;
     let b = bound as f32;
-    let values = (0..n)
-        .map(|_| {
-            if b > 0.0 {
-                rng.random_range(-b..b)
-            } else {
-                0.0
-            }
-        })
-        .collect();
+    // allocated fallibly: a weight larger than the machine's memory is an error, not an abort
+    let mut values = crate::memory::try_vec(n)?;
+    values.extend((0..n).map(|_| {
+        if b > 0.0 {
+            rng.random_range(-b..b)
+        } else {
+            0.0
+        }
+    }));
     Tensor::from_f32(values, shape, device)
 }
 

@@ -123,6 +123,23 @@ pub struct TrainConfig {
     pub router_options: std::collections::BTreeMap<String, String>,
 }
 
+/// Below this learning rate [`TrainConfig::warnings`] warns that training will barely move the
+/// weights (a step of `1e-8` in an f32 weight of size 0.1 is below its rounding error).
+pub const TINY_LR: f64 = 1e-8;
+
+/// The flags that only a model with an MoE layer reads, as the command line spells them.
+pub const MOE_FLAGS: [&str; 9] = [
+    "--router",
+    "--experts",
+    "--k",
+    "--expert-hidden",
+    "--capacity-factor",
+    "--eval-capacity-factor",
+    "--balance-loss",
+    "--z-loss",
+    "--router-opt",
+];
+
 /// The hidden width of `moe-mlp`'s experts when none is given (also for metadata written
 /// before the setting existed).
 fn default_expert_hidden() -> usize {
@@ -172,6 +189,89 @@ impl TrainConfig {
         } else {
             self.epochs
         }
+    }
+
+    /// Settings that are valid but would do nothing or nearly nothing, one message each (the
+    /// caller prints them; `moegrad train` on stderr before it starts). `given` lists the flags
+    /// set on the command line, spelled as there (`"--router"`), so that a setting left at its
+    /// default is never warned about. Warns when
+    ///
+    /// * a flag of [`MOE_FLAGS`] is given to a model without an MoE layer (`mlp`, `cnn`);
+    /// * `--expert-hidden` is given where no MLP expert reads it (`moe-cnn`, `mmoe-cnn`, and
+    ///   synthetic-b, whose bank is fixed), or `--data-dir` with synthetic-b (generated data);
+    /// * `--lr` is below [`TINY_LR`] (1e-8).
+    ///
+    /// A warm-up as long as the run needs the number of steps: see [`TrainConfig::warmup_warning`].
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::train::{ModelKind, TrainConfig};
+    /// let cfg = TrainConfig { model: ModelKind::Cnn, ..TrainConfig::default() };
+    /// let w = cfg.warnings(&["--router", "--lr"]);
+    /// assert_eq!(w.len(), 1);
+    /// assert!(w[0].contains("--router") && w[0].contains("no MoE layer"));
+    /// ```
+    pub fn warnings(&self, given: &[&str]) -> Vec<String> {
+        let mut out = Vec::new();
+        let model = serde_json::to_value(self.model)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default();
+        if !self.model.is_moe() {
+            let ignored: Vec<&str> = MOE_FLAGS
+                .iter()
+                .copied()
+                .filter(|f| given.contains(f))
+                .collect();
+            if !ignored.is_empty() {
+                out.push(format!(
+                    "{} ignored: --model {model} has no MoE layer (the MoE models are moe-mlp, moe-cnn and mmoe-cnn)",
+                    ignored.join(", ")
+                ));
+            }
+        } else if given.contains(&"--expert-hidden") {
+            if self.data == DataKind::SyntheticB {
+                out.push(
+                    "--expert-hidden ignored: synthetic-b's expert bank is fixed (10 → 4)".into(),
+                );
+            } else if self.model != ModelKind::MoeMlp {
+                out.push(format!(
+                    "--expert-hidden ignored: --model {model} has CNN experts of a fixed shape (it sets the MLP experts of moe-mlp)"
+                ));
+            }
+        }
+        if self.data == DataKind::SyntheticB && given.contains(&"--data-dir") {
+            out.push("--data-dir ignored: synthetic-b generates its data from --seed".into());
+        }
+        if self.lr < TINY_LR {
+            out.push(format!(
+                "--lr {:e} is below {TINY_LR:e}: the weights will barely change",
+                self.lr
+            ));
+        }
+        out
+    }
+
+    /// A warning when the linear warm-up lasts the whole run (`--warmup-steps` ≥ the run's
+    /// `total_steps`): the learning rate then never reaches `--lr`, and ends at
+    /// `lr · total_steps / warmup_steps`.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::train::TrainConfig;
+    /// let cfg = TrainConfig { warmup_steps: 1_000_000, ..TrainConfig::default() };
+    /// assert!(cfg.warmup_warning(500).unwrap().contains("--warmup-steps 1000000"));
+    /// assert!(cfg.warmup_warning(2_000_000).is_none());
+    /// ```
+    pub fn warmup_warning(&self, total_steps: u64) -> Option<String> {
+        (self.warmup_steps > 0 && self.warmup_steps >= total_steps).then(|| {
+            format!(
+                "--warmup-steps {} is not shorter than the run's {total_steps} steps: the learning rate never reaches --lr {:e} (it ends at {:e})",
+                self.warmup_steps,
+                self.lr,
+                self.lr * total_steps as f64 / self.warmup_steps as f64
+            )
+        })
     }
 
     /// Checks every setting; the error names the one at fault.

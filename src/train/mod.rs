@@ -133,6 +133,13 @@ fn load_data(cfg: &TrainConfig) -> Result<Splits> {
         DataKind::Mnist => {
             let mnist = mnist()?;
             let side = mnist.train.rows;
+            if mnist.train.cols != side {
+                return Err(Error::Invalid(format!(
+                    "{}: the images are {side}×{}; the models take square images",
+                    cfg.data_dir.display(),
+                    mnist.train.cols
+                )));
+            }
             let mk = |s: &crate::data::ImageSet| {
                 Dataset::new(
                     s.images.clone(),
@@ -322,6 +329,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
     if data.train.is_empty() || data.test.is_empty() {
         return Err(Error::Invalid("the training or test split is empty".into()));
     }
+    models::check_memory(cfg, data.side, data.tasks, cfg.batch.min(data.train.len()))?;
     let model = match &data.bank {
         Some(bank) => models::build_synthetic_b(cfg, bank, device)?,
         None => models::build(cfg, data.side, data.tasks, device)?,
@@ -337,6 +345,11 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         cfg.warmup_steps,
         steps_per_epoch * cfg.schedule_length_epochs() as u64,
     )?;
+    if let Some(w) = cfg.warmup_warning(steps_per_epoch.saturating_mul(cfg.epochs as u64))
+        && opts.progress
+    {
+        eprintln!("moegrad: warning: {w}");
+    }
 
     // claimed once the data and the model are known to be good, so bad input leaves --out as
     // it was

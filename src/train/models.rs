@@ -9,7 +9,7 @@
 //! * `mmoe-cnn`: multi-gate MoE (MOESART/DSelect-k multi-task setup): one router per task over
 //!   the shared CNN experts, and a tower per task (dense 50 → 50, ReLU → 10).
 
-use super::config::{ModelKind, TrainConfig};
+use super::config::{DataKind, ModelKind, OptimizerKind, TrainConfig};
 use crate::moe::{
     Capacity, ExpertKind, MoeConfig, MoeLayer, Router, RouterConfig, RoutingStats, ScoreTerm,
     build_router,
@@ -250,13 +250,209 @@ fn moe_config(cfg: &TrainConfig, d: usize, hidden: usize, experts: usize) -> Moe
     mc
 }
 
+/// What training a model costs, counted from the shapes [`build`] and [`build_synthetic_b`]
+/// allocate (see [`memory_estimate`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryEstimate {
+    /// parameters the model allocates, trained or frozen (the router counted as one linear map
+    /// `d → n`; routers with more parameters, such as DSelect-k's selectors, are a little larger)
+    pub parameters: u64,
+    /// the trained ones (all but synthetic-b's frozen bank)
+    pub trainable: u64,
+    /// about the bytes of one batch's activations and their gradients
+    pub activation_bytes: u64,
+    /// about the bytes training holds: 4 per parameter, 4 more per trainable parameter for its
+    /// gradient and 4 per optimizer slot (Adam 2, SGD 1), and the activations
+    pub total_bytes: u64,
+}
+
+/// A checked sum of checked products: `Σ_terms Π factors`, `None` past 64 bits.
+fn sum_of_products(terms: &[&[usize]]) -> Option<u64> {
+    terms.iter().try_fold(0u64, |acc, factors| {
+        let p = factors
+            .iter()
+            .try_fold(1u64, |p, &f| p.checked_mul(f as u64))?;
+        acc.checked_add(p)
+    })
+}
+
+/// Side of the feature map after the LeNet trunk (two 5×5 convolutions, each followed by a 2×2
+/// pool) on `side × side` images; `None` below 16 pixels, where it vanishes.
+fn lenet_after(side: usize) -> Option<usize> {
+    Some(((side.checked_sub(4)? / 2).checked_sub(4)?) / 2).filter(|&a| a > 0)
+}
+
+/// Parameters and one batch's activations (in floats) of a LeNet trunk on `side × side`
+/// images with a dense layer of 50: the two convolutions' unfolded windows, outputs and pooled
+/// maps, each with its gradient.
+fn lenet_sizes(side: usize) -> Option<(u64, u64)> {
+    let after = lenet_after(side)?;
+    let (c1, p1) = (side - 4, (side - 4) / 2);
+    let c2 = p1 - 4;
+    let params = sum_of_products(&[
+        &[10, 25],
+        &[10],
+        &[20, 250],
+        &[20],
+        &[20 * after * after, 50],
+        &[50],
+        &[50, 50],
+        &[50],
+    ])?;
+    let acts = sum_of_products(&[
+        &[c1, c1, 25 + 10],
+        &[p1, p1, 10],
+        &[c2, c2, 250 + 20],
+        &[after, after, 20],
+        &[100],
+    ])?;
+    Some((params, acts.checked_mul(2)?))
+}
+
+/// Counts what training `cfg`'s model on `side × side` images (`tasks` heads) would hold, with
+/// batches of `batch_rows` examples, before anything is allocated. Every product is checked,
+/// so absurd sizes give `None` instead of wrapping around.
+pub fn memory_estimate(
+    cfg: &TrainConfig,
+    side: usize,
+    tasks: usize,
+    batch_rows: usize,
+) -> Option<MemoryEstimate> {
+    let (n, k, h) = (cfg.experts, cfg.k, cfg.expert_hidden);
+    let d = side.checked_mul(side)?;
+    let linear = |i: usize, o: usize| sum_of_products(&[&[i, o], &[o]]);
+    // (parameters, trainable, activation floats per example)
+    let (params, trainable, acts): (u64, u64, u64) = match (cfg.data, cfg.model) {
+        (DataKind::SyntheticB, _) => {
+            use crate::data::synthetic::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
+            let bank = sum_of_products(&[&[n, IN, OUT], &[n, OUT, OUT]])?;
+            let trained = linear(IN, n)?.checked_add(linear(OUT, 2)?)?;
+            let acts = sum_of_products(&[&[k, IN + 2 * OUT], &[n]])?;
+            (bank.checked_add(trained)?, trained, acts)
+        }
+        (_, ModelKind::Mlp) => {
+            let p = sum_of_products(&[&[d, 256], &[256], &[256, 128], &[128], &[tasks, 129, 10]])?;
+            (p, p, d.checked_add(2 * (256 + 128))? as u64)
+        }
+        (_, ModelKind::Cnn) => {
+            let (trunk, acts) = lenet_sizes(side)?;
+            // the dense 50 → 50 of the expert version is not in the trunk
+            let p = trunk - 2550 + sum_of_products(&[&[tasks, 51, 10]])?;
+            (p, p, acts.checked_add(d as u64)?)
+        }
+        (_, ModelKind::MoeMlp | ModelKind::MoeCnn | ModelKind::MmoeCnn) => {
+            let cnn = cfg.model != ModelKind::MoeMlp;
+            let multi = cfg.model == ModelKind::MmoeCnn;
+            let gates = if multi { tasks.max(1) } else { 1 };
+            let (expert, expert_acts, d_out) = if cnn {
+                let (p, a) = lenet_sizes(side)?;
+                (p, a, crate::moe::cnn_experts::CNN_EXPERT_OUT)
+            } else {
+                let p = sum_of_products(&[&[d, h], &[h], &[h, 64], &[64]])?;
+                let a = sum_of_products(&[&[2, d], &[4, h], &[2, 64]])?;
+                (p, a, 64)
+            };
+            let towers = if multi {
+                sum_of_products(&[&[tasks, d_out + 1, 50], &[tasks, 51, 10]])?
+            } else {
+                sum_of_products(&[&[tasks, d_out + 1, 10]])?
+            };
+            let p = expert
+                .checked_mul(n as u64)?
+                .checked_add(linear(d, n)?.checked_mul(gates as u64)?)?
+                .checked_add(towers)?;
+            let acts = expert_acts
+                .checked_mul(k as u64)?
+                .checked_mul(gates as u64)?
+                .checked_add(d as u64)?;
+            (p, p, acts)
+        }
+    };
+    let slots = match cfg.optimizer {
+        OptimizerKind::Sgd => 1,
+        OptimizerKind::Adam | OptimizerKind::Adamw => 2,
+    };
+    let activation_bytes = acts.checked_mul(batch_rows as u64)?.checked_mul(4)?;
+    let total_bytes = params
+        .checked_mul(4)?
+        .checked_add(trainable.checked_mul(4 * (1 + slots))?)?
+        .checked_add(activation_bytes)?;
+    Some(MemoryEstimate {
+        parameters: params,
+        trainable,
+        activation_bytes,
+        total_bytes,
+    })
+}
+
+/// Checks, before anything is allocated, that training `cfg`'s model fits in memory
+/// ([`crate::memory::check_fits`]); the error names the settings that set its size. Also
+/// refuses images too small for the convolutional models (they need a side of at least 16).
+///
+/// # Errors
+/// The images are too small for a CNN, or the estimate exceeds the memory limit.
+pub fn check_memory(cfg: &TrainConfig, side: usize, tasks: usize, batch_rows: usize) -> Result<()> {
+    let cnn = matches!(
+        cfg.model,
+        ModelKind::Cnn | ModelKind::MoeCnn | ModelKind::MmoeCnn
+    );
+    if cnn && cfg.data != DataKind::SyntheticB && lenet_after(side).is_none() {
+        return Err(crate::Error::Invalid(format!(
+            "--model {}: the convolutions need images of at least 16×16 pixels, the data has {side}×{side}",
+            model_name(cfg.model)
+        )));
+    }
+    let moe = match cfg.model {
+        ModelKind::MoeMlp if cfg.data != DataKind::SyntheticB => format!(
+            ", --experts {} × --expert-hidden {}, --k {}",
+            cfg.experts, cfg.expert_hidden, cfg.k
+        ),
+        m if m.is_moe() => format!(", --experts {}, --k {}", cfg.experts, cfg.k),
+        _ => String::new(),
+    };
+    let data = if cfg.data == DataKind::SyntheticB {
+        "synthetic-b".to_string()
+    } else {
+        format!("{side}×{side} images")
+    };
+    let estimate = memory_estimate(cfg, side, tasks, batch_rows);
+    let params = match estimate {
+        Some(e) => format!("{} parameters", e.parameters),
+        None => "too many parameters to count".into(),
+    };
+    crate::memory::check_fits(
+        &format!(
+            "training --model {} on {data} ({params}{moe}, --batch {})",
+            model_name(cfg.model),
+            cfg.batch
+        ),
+        estimate.map(|e| e.total_bytes),
+    )
+}
+
+/// The model's name as the command line spells it.
+fn model_name(model: ModelKind) -> &'static str {
+    match model {
+        ModelKind::Mlp => "mlp",
+        ModelKind::Cnn => "cnn",
+        ModelKind::MoeMlp => "moe-mlp",
+        ModelKind::MoeCnn => "moe-cnn",
+        ModelKind::MmoeCnn => "mmoe-cnn",
+    }
+}
+
 /// Builds the model for images of `side × side` pixels and `tasks` tasks.
+///
+/// # Errors
+/// The model does not fit in memory (checked first, see [`check_memory`], for one example per
+/// batch; `moegrad train` checks a whole batch before), or a layer refuses its sizes.
 pub fn build(
     cfg: &TrainConfig,
     side: usize,
     tasks: usize,
     device: Device,
 ) -> Result<Box<dyn TaskModel>> {
+    check_memory(cfg, side, tasks, 1)?;
     let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
     let heads = |width: usize, rng: &mut ChaCha8Rng| -> Result<Vec<Linear>> {
         (0..tasks)
@@ -393,6 +589,7 @@ pub fn build_synthetic_b(
 ) -> Result<Box<dyn TaskModel>> {
     use crate::data::synthetic::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
     let n = bank.experts;
+    check_memory(cfg, 0, 1, 1)?;
     let mut mc = moe_config(cfg, IN, OUT, n);
     mc.d_out = OUT;
     mc.expert_bias = false;
