@@ -38,6 +38,17 @@ pub enum ModelKind {
 }
 
 impl ModelKind {
+    /// The name as the command line spells it (`moe-mlp`).
+    pub fn name(self) -> &'static str {
+        match self {
+            ModelKind::Mlp => "mlp",
+            ModelKind::Cnn => "cnn",
+            ModelKind::MoeMlp => "moe-mlp",
+            ModelKind::MoeCnn => "moe-cnn",
+            ModelKind::MmoeCnn => "mmoe-cnn",
+        }
+    }
+
     /// True for the MoE models.
     pub fn is_moe(self) -> bool {
         matches!(
@@ -213,10 +224,7 @@ impl TrainConfig {
     /// ```
     pub fn warnings(&self, given: &[&str]) -> Vec<String> {
         let mut out = Vec::new();
-        let model = serde_json::to_value(self.model)
-            .ok()
-            .and_then(|v| v.as_str().map(str::to_string))
-            .unwrap_or_default();
+        let model = self.model.name();
         if !self.model.is_moe() {
             let ignored: Vec<&str> = MOE_FLAGS
                 .iter()

@@ -399,7 +399,7 @@ pub fn check_memory(cfg: &TrainConfig, side: usize, tasks: usize, batch_rows: us
     if cnn && cfg.data != DataKind::SyntheticB && lenet_after(side).is_none() {
         return Err(crate::Error::Invalid(format!(
             "--model {}: the convolutions need images of at least 16×16 pixels, the data has {side}×{side}",
-            model_name(cfg.model)
+            cfg.model.name()
         )));
     }
     let moe = match cfg.model {
@@ -423,22 +423,11 @@ pub fn check_memory(cfg: &TrainConfig, side: usize, tasks: usize, batch_rows: us
     crate::memory::check_fits(
         &format!(
             "training --model {} on {data} ({params}{moe}, --batch {})",
-            model_name(cfg.model),
+            cfg.model.name(),
             cfg.batch
         ),
         estimate.map(|e| e.total_bytes),
     )
-}
-
-/// The model's name as the command line spells it.
-fn model_name(model: ModelKind) -> &'static str {
-    match model {
-        ModelKind::Mlp => "mlp",
-        ModelKind::Cnn => "cnn",
-        ModelKind::MoeMlp => "moe-mlp",
-        ModelKind::MoeCnn => "moe-cnn",
-        ModelKind::MmoeCnn => "mmoe-cnn",
-    }
 }
 
 /// Builds the model for images of `side × side` pixels and `tasks` tasks.
