@@ -370,8 +370,13 @@ impl Tensor {
     }
 
     /// Takes the accumulated gradient out (an optimizer's step), leaving none.
-    pub(crate) fn take_grad(&self) -> Option<LeafGrad> {
-        self.0.grad.lock().ok().and_then(|mut g| g.take())
+    pub(crate) fn take_grad(&self) -> Result<Option<LeafGrad>> {
+        let mut slot = self
+            .0
+            .grad
+            .lock()
+            .map_err(|_| Error::Autograd("gradient lock poisoned".into()))?;
+        Ok(slot.take())
     }
 
     /// Back-propagates from this scalar (one-element) tensor with upstream gradient 1.

@@ -211,10 +211,71 @@ fn whole_layer_gradcheck_at_generic_points() {
                         .unwrap();
                 }
             }
+            let masked = name.starts_with("sparsemixer");
+            if masked {
+                sparsemixer_logits_keeping_three_experts(&names, &mut inputs[1..]);
+            }
             if let Err(e) = gradcheck(f, &inputs, &opts) {
                 panic!("{name} (training {training}): {e}");
             }
+            if masked {
+                assert_sparsemixer_router_gradient_is_nonzero(name, &names, &inputs, &f);
+            }
         }
+    }
+}
+
+/// SparseMixer's r = 0.1 mask keeps only the argmax at small logits (π_a = 1, so the router
+/// gradient is exactly zero on both sides of a gradcheck). Sets the gate bias to logits 2, 1.85,
+/// 1.7, 1 (experts 0–2 kept with margins ≥ 0.07, expert 3 masked) and scales the gate weight by
+/// 0.01 so that x·W (|x| ≤ 1, d = 5) moves no logit by more than 0.045.
+fn sparsemixer_logits_keeping_three_experts(names: &[String], params: &mut [Tensor]) {
+    for (n, p) in names.iter().zip(params) {
+        if n == "router.bias" {
+            *p = Tensor::from_f64(vec![2.0, 1.85, 1.7, 1.0], &[4], Device::cpu()).unwrap();
+        } else if n == "router.weight" {
+            *p = p.mul_scalar(0.01).unwrap();
+        }
+    }
+}
+
+/// Asserts that the gradcheck of `f` at `inputs` (tokens, then the layer's parameters) compared
+/// something: the gate (router.weight, router.bias) gets a gradient that is not ~0 and the mask
+/// kept three experts for every token.
+fn assert_sparsemixer_router_gradient_is_nonzero(
+    name: &str,
+    names: &[String],
+    inputs: &[Tensor],
+    f: &dyn Fn(&[Tensor]) -> Result<Tensor>,
+) {
+    let leaves: Vec<Tensor> = inputs
+        .iter()
+        .map(|t| t.detach().with_grad().unwrap())
+        .collect();
+    f(&leaves).unwrap().backward().unwrap();
+    for (n, leaf) in names.iter().zip(&leaves[1..]) {
+        if n == "router.weight" || n == "router.bias" {
+            let g = leaf.grad().unwrap().to_vec_f64().unwrap();
+            let largest = g.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+            assert!(largest > 1e-3, "{name}: {n} gradient is ~0: {g:?}");
+        }
+    }
+    let l = layer(name, 4, 2, 21);
+    to_f64(&l);
+    l.set_training(false);
+    for (p, v) in params(&l).into_iter().zip(&inputs[1..]) {
+        p.1.set(v.clone()).unwrap();
+    }
+    let probs = l
+        .router
+        .route(&inputs[0])
+        .unwrap()
+        .probs
+        .to_vec_f64()
+        .unwrap();
+    for (tok, row) in probs.chunks(4).enumerate() {
+        let kept = row.iter().filter(|&&p| p > 0.0).count();
+        assert_eq!(kept, 3, "{name}: token {tok} keeps {kept} experts: {row:?}");
     }
 }
 

@@ -1,7 +1,8 @@
 //! Finite-difference gradient checks (`moegrad::gradcheck`, f64 on the CPU) of every
 //! differentiable op, over random shapes and values drawn by proptest: elementwise and
 //! broadcasting binary ops, matmul (2-D and batched), layout ops, reductions, softmax family,
-//! losses, indexing, `where`/`masked_fill`, `topk` and dtype casts. Inputs stay away from kinks
+//! losses, indexing (including `index_scatter`, the MoE combine), im2col windows
+//! (`unfold_windows`), `where`/`masked_fill`, `topk` and dtype casts. Inputs stay away from kinks
 //! (distinct values with gaps, positive arguments for log/sqrt/powf, denominators away from 0).
 //! Also checks gradient accumulation through reused tensors, the fast (projection) mode, and
 //! that gradcheck itself reports a wrong gradient.
@@ -708,6 +709,138 @@ proptest! {
         let src = common::f64t(&src, &ishape);
         // Differentiable in both the destination and the source.
         gc("scatter_add", |t| t[0].scatter_add(a as isize, &it, &t[1]), &[x.t(), src])?;
+    }
+}
+
+/// A tensor, an axis, a destination length on that axis (the tensor's extent plus up to 3, so
+/// some destination rows may get nothing) and one destination index per entry along the axis
+/// (repeats allowed).
+fn index_scatter_inputs() -> impl Strategy<Value = (In, usize, usize, Vec<i32>)> {
+    (input(V::Smooth), any::<Index>(), 0usize..=3).prop_flat_map(|(x, ai, extra)| {
+        let a = ai.index(x.rank());
+        let len = x.shape[a] + extra;
+        let m = x.shape[a];
+        (Just(x), Just(a), Just(len), vec(0..len as i32, m))
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// The MoE combine: squared, so each destination's gradient is twice its accumulated sum
+    /// and a wrong accumulation of repeated indices shows.
+    #[test]
+    fn index_scatter((x, a, len, idx) in index_scatter_inputs()) {
+        let it = i32t(&idx, &[idx.len()]);
+        gc(
+            "index_scatter",
+            |t| {
+                let y = t[0].index_scatter(a as isize, &it, len)?;
+                y.mul(&y)
+            },
+            &[x.t()],
+        )?;
+    }
+}
+
+/// The MoE combine with repeated destinations (row 2 gets three rows) and destinations nobody
+/// writes (rows 1, 3 and 5): those stay exactly zero, and the gradient is checked through a
+/// square so that the sums matter.
+#[test]
+fn index_scatter_with_repeated_and_unwritten_destinations() {
+    let rows = common::f64t(
+        &[
+            0.3, -1.1, 0.7, 1.9, -0.4, 0.2, 0.8, 0.5, -1.6, 1.2, 0.9, -0.7, -0.2, 1.4, 0.6,
+        ],
+        &[5, 3],
+    );
+    let idx = i32t(&[2, 0, 2, 2, 4], &[5]);
+    let y = rows
+        .index_scatter(0, &idx, 6)
+        .unwrap()
+        .to_vec_f64()
+        .unwrap();
+    for unwritten in [1, 3, 5] {
+        assert_eq!(
+            &y[unwritten * 3..unwritten * 3 + 3],
+            &[0.0; 3],
+            "row {unwritten}"
+        );
+    }
+    let r = rows.to_vec_f64().unwrap();
+    for j in 0..3 {
+        let sum = r[j] + r[6 + j] + r[9 + j];
+        assert!((y[6 + j] - sum).abs() < 1e-15, "row 2, column {j}");
+    }
+    let f = |t: &[Tensor]| {
+        let y = t[0].index_scatter(0, &idx, 6)?;
+        y.mul(&y)?.mul(&common::f64t(&[1.5; 18], &[6, 3]))
+    };
+    gradcheck(f, std::slice::from_ref(&rows), &opts()).unwrap();
+    gradcheck(f, &[rows], &fast(5)).unwrap();
+}
+
+/// im2col over several window geometries (kernel, stride, padding, including windows that
+/// hang over the padding and strides that skip pixels). Checked two ways: gradcheck through a
+/// square (so overlapping windows must accumulate), and the gradient of the plain sum, which
+/// must count for each pixel the windows that cover it.
+#[test]
+fn unfold_windows_over_several_geometries() {
+    let (b, c, h, w) = (2, 2, 5, 4);
+    let vals: Vec<f64> = (0..b * c * h * w)
+        .map(|i| ((i * 37 % 23) as f64 - 11.0) * 0.13)
+        .collect();
+    let x = common::f64t(&vals, &[b, c, h, w]);
+    for (kh, kw, stride, pad) in [
+        (1, 1, 1, 0),
+        (2, 2, 2, 0),
+        (3, 3, 1, 1),
+        (3, 2, 2, 1),
+        (2, 3, 1, 2),
+        (4, 4, 3, 0),
+        (5, 4, 1, 0),
+    ] {
+        let what = format!("unfold_windows kernel {kh}×{kw} stride {stride} padding {pad}");
+        let f = |t: &[Tensor]| {
+            let u = t[0].unfold_windows(kh, kw, stride, pad)?;
+            u.mul(&u)
+        };
+        gradcheck(f, std::slice::from_ref(&x), &opts()).unwrap_or_else(|e| panic!("{what}: {e}"));
+        // The gradient of Σ unfold(x) counts the windows covering each pixel.
+        let xg = x.detach().with_grad().unwrap();
+        xg.unfold_windows(kh, kw, stride, pad)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        let got = xg.grad().unwrap().to_vec_f64().unwrap();
+        let (oh, ow) = (
+            (h + 2 * pad - kh) / stride + 1,
+            (w + 2 * pad - kw) / stride + 1,
+        );
+        let covering = |r: usize, s: usize| {
+            let mut n = 0.0;
+            for y in 0..oh {
+                for z in 0..ow {
+                    let (r0, s0) = (y * stride, z * stride); // window corner, padded coordinates
+                    let (rp, sp) = (r + pad, s + pad);
+                    if (r0..r0 + kh).contains(&rp) && (s0..s0 + kw).contains(&sp) {
+                        n += 1.0;
+                    }
+                }
+            }
+            n
+        };
+        for (i, g) in got.iter().enumerate() {
+            let (r, s) = ((i / w) % h, i % w);
+            assert_eq!(
+                *g,
+                covering(r, s),
+                "{what}: pixel ({r}, {s}) of image-channel {}",
+                i / (h * w)
+            );
+        }
     }
 }
 

@@ -1042,7 +1042,11 @@ fn gradcheck_of_the_deterministic_parts() {
         &opts,
     )
     .unwrap();
-    // the whole layer in evaluation mode (argmax routing, ω included)
+    // The whole layer in evaluation mode (argmax routing, ω included), at gate logits where the
+    // r = 0.1 mask keeps several experts: bias THETA (experts 0, 1, 2 kept, 3 masked) and a gate
+    // weight scaled down so that x·W moves no logit by more than 0.045 (within every margin).
+    // With small logits only the argmax survives the mask, π_a = 1 and the router gradient is
+    // exactly zero on both sides, so the check below asserts it is not.
     for name in SPARSE.iter().chain(&DENSE) {
         let opts_for = |n: &str| -> Vec<(&'static str, &'static str)> {
             if n.starts_with("sparsemixer") && n != "sparsemixer-v2" {
@@ -1053,25 +1057,59 @@ fn gradcheck_of_the_deterministic_parts() {
         };
         let proto = layer(name, 4, 21, &opts_for(name));
         let mut inputs = vec![randn(&[6, 5], 8)];
+        let names: Vec<String> = params(&proto).into_iter().map(|(n, _)| n).collect();
         for (pname, p) in params(&proto) {
-            inputs.push(
-                if pname.ends_with("b1") || pname.ends_with("b2") || pname.ends_with("bias") {
-                    randn(p.get().shape(), 30).mul_scalar(0.3).unwrap()
-                } else {
-                    p.get().detach()
-                },
-            );
+            inputs.push(if pname == "router.bias" {
+                Tensor::from_f64(THETA.to_vec(), &[N], Device::cpu()).unwrap()
+            } else if pname == "router.weight" {
+                p.get().mul_scalar(0.01).unwrap()
+            } else if pname.ends_with("b1") || pname.ends_with("b2") || pname.ends_with("bias") {
+                randn(p.get().shape(), 30).mul_scalar(0.3).unwrap()
+            } else {
+                p.get().detach()
+            });
         }
-        let f = |t: &[Tensor]| -> Result<Tensor> {
+        let build = |t: &[Tensor]| -> Result<MoeLayer> {
             let l = layer(name, 4, 21, &opts_for(name));
             l.set_training(false);
             for (p, v) in params(&l).into_iter().zip(&t[1..]) {
                 p.1.set(v.clone())?;
             }
-            Ok(loss_of(&l.forward(&t[0])?.y))
+            Ok(l)
         };
+        let f = |t: &[Tensor]| -> Result<Tensor> { Ok(loss_of(&build(t)?.forward(&t[0])?.y)) };
         if let Err(e) = gradcheck(f, &inputs, &opts) {
             panic!("{name} (evaluation): {e}");
+        }
+        // What the check compared: a routing where the mask kept several experts, and a router
+        // gradient that is not zero.
+        let leaves: Vec<Tensor> = inputs
+            .iter()
+            .map(|t| t.detach().with_grad().unwrap())
+            .collect();
+        let l = build(&leaves).unwrap();
+        if name.starts_with("sparsemixer") {
+            let probs = l
+                .router
+                .route(&leaves[0])
+                .unwrap()
+                .probs
+                .to_vec_f64()
+                .unwrap();
+            for (tok, row) in probs.chunks(N).enumerate() {
+                let kept = row.iter().filter(|&&p| p > 0.0).count();
+                assert_eq!(kept, 3, "{name}: token {tok} keeps {kept} experts: {row:?}");
+            }
+        }
+        loss_of(&l.forward(&leaves[0]).unwrap().y)
+            .backward()
+            .unwrap();
+        for (pname, leaf) in names.iter().zip(&leaves[1..]) {
+            if pname == "router.weight" || pname == "router.bias" {
+                let g = leaf.grad().unwrap().to_vec_f64().unwrap();
+                let largest = g.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+                assert!(largest > 1e-3, "{name}: {pname} gradient is ~0: {g:?}");
+            }
         }
     }
 }

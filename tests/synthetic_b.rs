@@ -1,7 +1,10 @@
 //! DSelect-k's generator B (`--data synthetic-b`): the data is a deterministic function of the
 //! seed, its labels come from the true experts hidden in the frozen bank, training leaves the
-//! bank untouched, the command line reports which experts the gate selects, and every router
-//! trains on it (and on MNIST and MultiMNIST) from the command line.
+//! bank untouched, the command line reports which experts the gate selects, static DSelect-k
+//! with γ = 10 recovers the true experts, and every router learns on it (and on MNIST and
+//! MultiMNIST): its test loss falls below that of the model it starts from.
+
+mod common;
 
 use moegrad::data::SyntheticB;
 use moegrad::moe::ROUTER_NAMES;
@@ -177,44 +180,158 @@ fn command_line_reports_selected_and_true_experts() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("moe-mlp"));
 }
 
+/// One dataset of [`every_router_learns_on_mnist_multimnist_and_synthetic_b`]: the model, its
+/// size, a short run, and what that run must reach.
+struct LearningCase {
+    data: DataKind,
+    model: ModelKind,
+    experts: usize,
+    k: usize,
+    train_limit: usize,
+    test_limit: usize,
+    lr: f64,
+    /// the test loss after the run must be below this fraction of the loss before it
+    max_loss_ratio: f64,
+    /// each task's test accuracy must be above this (chance is 0.1 on the digits)
+    min_accuracy: f64,
+}
+
+/// Every router, on each dataset, lowers the test loss of the model it starts from within a few
+/// steps (8 on MNIST and synthetic-b, 4 of the costlier CNN on MultiMNIST), and on MNIST reaches
+/// an accuracy well above chance. Measured ratios (seed 0): MNIST 0.57–0.81 with accuracy
+/// 0.38–0.66, MultiMNIST 0.81–0.985, synthetic-b 0.33–0.93.
 #[test]
-fn every_router_trains_on_mnist_multimnist_and_synthetic_b() {
+fn every_router_learns_on_mnist_multimnist_and_synthetic_b() {
     let data_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("data");
-    for &router in ROUTER_NAMES {
-        for (data, model, experts, k) in [
-            (DataKind::Mnist, ModelKind::MoeMlp, 4, 2),
-            (DataKind::Multimnist, ModelKind::MmoeCnn, 4, 2),
-            (DataKind::SyntheticB, ModelKind::MoeMlp, 16, 4),
-        ] {
+    let cases = [
+        LearningCase {
+            data: DataKind::Mnist,
+            model: ModelKind::MoeMlp,
+            experts: 4,
+            k: 2,
+            train_limit: 256,
+            test_limit: 200,
+            lr: 3e-3,
+            max_loss_ratio: 0.9,
+            min_accuracy: 0.3,
+        },
+        LearningCase {
+            data: DataKind::Multimnist,
+            model: ModelKind::MmoeCnn,
+            experts: 4,
+            k: 2,
+            train_limit: 128,
+            test_limit: 64,
+            lr: 3e-3,
+            max_loss_ratio: 1.0,
+            min_accuracy: 0.0,
+        },
+        LearningCase {
+            data: DataKind::SyntheticB,
+            model: ModelKind::MoeMlp,
+            experts: 16,
+            k: 4,
+            train_limit: 256,
+            test_limit: 200,
+            lr: 3e-2,
+            max_loss_ratio: 0.95,
+            min_accuracy: 0.0,
+        },
+    ];
+    for case in &cases {
+        let base = TrainConfig {
+            data: case.data,
+            model: case.model,
+            experts: case.experts,
+            k: case.k,
+            epochs: 1,
+            batch: 32,
+            lr: case.lr,
+            train_limit: case.train_limit,
+            test_limit: case.test_limit,
+            device: "cpu".into(),
+            data_dir: data_dir.clone(),
+            ..TrainConfig::default()
+        };
+        let split = common::test_split(&base);
+        for &router in ROUTER_NAMES {
+            let what = format!("{router} on {:?}", case.data);
             // sparsemixer-v2 is top-1 or top-2 only (it says so in an error for k = 4)
             let k = if router == "sparsemixer-v2" {
-                k.min(2)
+                case.k.min(2)
             } else {
-                k
+                case.k
             };
             let cfg = TrainConfig {
-                data,
-                model,
                 router: router.into(),
-                experts,
                 k,
-                epochs: 1,
-                batch: 32,
-                train_limit: 64,
-                test_limit: 32,
-                device: "cpu".into(),
-                data_dir: data_dir.clone(),
-                out: outdir(&format!("all-{router}")),
-                ..TrainConfig::default()
+                out: outdir(&format!("all-{router}-{:?}", case.data)),
+                ..base.clone()
             };
-            let s = run(&cfg, RunOptions::default())
-                .unwrap_or_else(|e| panic!("{router} on {data:?}: {e}"));
-            assert!(s.train_loss.is_finite(), "{router} on {data:?}");
-            assert_eq!(
-                s.expert_load.unwrap().len(),
-                experts,
-                "{router} on {data:?}"
+            let (start, _) = common::initial_test_metrics(&cfg, &split);
+            let s = run(&cfg, RunOptions::default()).unwrap_or_else(|e| panic!("{what}: {e}"));
+            assert!(s.train_loss.is_finite(), "{what}");
+            assert_eq!(s.expert_load.unwrap().len(), case.experts, "{what}");
+            assert!(
+                s.test_loss < case.max_loss_ratio * start,
+                "{what}: test loss {} after training, {start} before (must fall below {} of it)",
+                s.test_loss,
+                case.max_loss_ratio
+            );
+            let accuracies: Vec<f64> = match &s.test_accuracy {
+                serde_json::Value::Array(a) => a.iter().map(|v| v.as_f64().unwrap()).collect(),
+                v => vec![v.as_f64().unwrap()],
+            };
+            assert!(
+                accuracies.iter().all(|&a| a > case.min_accuracy),
+                "{what}: test accuracy {accuracies:?}, must exceed {}",
+                case.min_accuracy
             );
         }
     }
+}
+
+/// DSelect-k's synthetic claim, which moegrad reproduces (docs/benchmarks.md, 150 epochs): the
+/// static gate with γ = 10 recovers the 4 true experts of generator B. The smallest setting
+/// found to recover them on seeds 0–5 alike (each with ≥ 0.99 of the weight on the true experts
+/// and each true expert ≥ 0.23) is 40 epochs at lr 0.02; seed 3 is the slowest (at 30 epochs it
+/// has found only 3 of them), seed 0 is pinned. About 4 s on two cores.
+#[test]
+fn static_dselect_k_with_gamma_10_recovers_the_true_experts() {
+    let cfg = TrainConfig {
+        data: DataKind::SyntheticB,
+        model: ModelKind::MoeMlp,
+        router: "dselect-k-static".into(),
+        router_options: [("gamma".to_string(), "10".to_string())].into(),
+        experts: 16,
+        k: 4,
+        epochs: 40,
+        batch: 128,
+        lr: 0.02,
+        balance_loss: 0.0,
+        test_limit: 2000,
+        seed: 0,
+        device: "cpu".into(),
+        out: outdir("dselect-recovery"),
+        ..TrainConfig::default()
+    };
+    let s = run(&cfg, RunOptions::default()).unwrap();
+    let truth = s.true_experts.clone().unwrap();
+    let weight = s.expert_mean_weight.clone().unwrap();
+    assert_eq!(
+        s.selected_experts.clone().unwrap(),
+        truth,
+        "the gate must select exactly the true experts; mean weights {weight:?}"
+    );
+    let on_true: f64 = truth.iter().map(|&e| weight[e]).sum();
+    assert!(
+        on_true > 0.95,
+        "weight on the true experts {on_true}: {weight:?}"
+    );
+    assert!(
+        truth.iter().all(|&e| weight[e] > 0.2),
+        "each true expert must hold about a quarter: {weight:?}"
+    );
+    let acc = s.test_accuracy.as_f64().unwrap();
+    assert!(acc > 0.95, "test accuracy {acc}");
 }

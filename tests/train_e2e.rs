@@ -1,7 +1,9 @@
 //! End to end: checkpoints round-trip through safetensors and are written atomically; a resumed
-//! run ends exactly where an uninterrupted one ends; a short run on the bundled digits learns;
-//! a NaN stops the run and keeps the last good checkpoint; the command line turns bad input into
-//! a one-line error and a non-zero exit.
+//! run ends exactly where an uninterrupted one ends; short runs on the bundled digits (MNIST and
+//! both MultiMNIST tasks) learn; a NaN stops the run and keeps the last good checkpoint; the
+//! command line turns bad input into a one-line error and a non-zero exit.
+
+mod common;
 
 use moegrad::checkpoint::Checkpoint;
 use moegrad::train::{DataKind, ModelKind, OptimizerKind, RunOptions, TrainConfig, run};
@@ -156,21 +158,36 @@ fn a_short_cnn_run_learns_and_writes_its_outputs() {
     assert!(svg.contains("<svg") && svg.contains("polyline"));
 }
 
+/// Both MultiMNIST tasks are reported, and both are learned: one short epoch (32 steps of the
+/// MLP, measured accuracies 0.74 and 0.61) takes each task well above chance (0.1) and the test
+/// loss far below that of the model it starts from (2.0 against about 4.7).
 #[test]
-fn multimnist_reports_both_tasks() {
+fn multimnist_reports_and_learns_both_tasks() {
     let cfg = TrainConfig {
         data: DataKind::Multimnist,
         epochs: 1,
-        train_limit: 256,
+        train_limit: 1024,
         test_limit: 128,
         ..small("multi")
     };
+    let (start, start_acc) = common::initial_test_metrics(&cfg, &common::test_split(&cfg));
     let s = run(&cfg, RunOptions::default()).unwrap();
-    let acc = s.test_accuracy.as_array().unwrap();
+    let acc: Vec<f64> = s
+        .test_accuracy
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_f64().unwrap())
+        .collect();
     assert_eq!(acc.len(), 2);
     assert!(
-        acc.iter()
-            .all(|a| (0.0..=1.0).contains(&a.as_f64().unwrap()))
+        acc.iter().all(|&a| a > 0.4),
+        "test accuracies {acc:?} (before training {start_acc:?}): both tasks must be learned"
+    );
+    assert!(
+        s.test_loss < 0.7 * start,
+        "test loss {} after training, {start} before",
+        s.test_loss
     );
 }
 

@@ -127,3 +127,22 @@ impl GroupedWeightGrad {
         )
     }
 }
+
+#[cfg(test)]
+impl GroupedWeightGrad {
+    /// A deferred `[1, 1, 1]` bank gradient whose computation fails (f64 rows, f32 upstream),
+    /// for the unit tests that check readers of gradients report that error.
+    pub(crate) fn uncomputable() -> GroupedWeightGrad {
+        let cpu = Device::Cpu;
+        let t = |r: Result<Tensor>| r.expect("valid test tensor");
+        GroupedWeightGrad {
+            x: t(Tensor::from_f64(vec![1.0], &[1, 1], cpu)),
+            dy: t(Tensor::from_f32(vec![1.0], &[1, 1], cpu)),
+            row_expert: t(Tensor::from_i32(vec![0], &[1], cpu)),
+            offsets: t(Tensor::from_i32(vec![0, 1], &[2], cpu)),
+            experts: 1,
+            k: 1,
+            m: 1,
+        }
+    }
+}

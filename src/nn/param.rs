@@ -66,7 +66,7 @@ impl Param {
             Ok(t) => t,
             Err(poisoned) => poisoned.into_inner(),
         };
-        let Some(grad) = guard.take_grad() else {
+        let Some(grad) = guard.take_grad()? else {
             return Ok(false);
         };
         if let Some(inner) = Arc::get_mut(&mut guard.0) {
@@ -81,9 +81,16 @@ impl Param {
         Ok(true)
     }
 
-    /// The gradient accumulated on the current value, if any.
+    /// The gradient accumulated on the current value, if any (`None` also when computing a
+    /// deferred gradient fails; [`Param::try_grad`] returns that error).
     pub fn grad(&self) -> Option<Tensor> {
         self.get().grad()
+    }
+
+    /// The gradient accumulated on the current value, if any, or the error of computing an
+    /// expert bank's deferred gradient (see [`Tensor::try_grad`]).
+    pub fn try_grad(&self) -> Result<Option<Tensor>> {
+        self.get().try_grad()
     }
 
     /// Freezes the parameter: its current value stops requiring grad, so backward computes no

@@ -6,7 +6,8 @@ use crate::nn::Param;
 use crate::{Error, Result, Tensor};
 
 /// Returns `(norm, scale)` for the gradients of `params` (both one-element tensors on the
-/// parameters' device), or `None` when no parameter has a gradient.
+/// parameters' device), or `None` when no parameter has a gradient. An error while computing a
+/// gradient (an expert bank's deferred gradient) is returned, not read as a missing gradient.
 pub fn clip_grad_norm(
     params: &[(String, Param)],
     max_norm: f64,
@@ -19,7 +20,7 @@ pub fn clip_grad_norm(
     let _guard = crate::NoGradGuard::new();
     let mut total: Option<Tensor> = None;
     for (_, p) in params {
-        if let Some(g) = p.grad() {
+        if let Some(g) = p.try_grad()? {
             let sq = g.mul(&g)?.sum_all()?;
             total = Some(match total {
                 Some(t) => t.add(&sq)?,
@@ -36,4 +37,25 @@ pub fn clip_grad_norm(
         .mul_scalar(max_norm)?
         .clamp(0.0, 1.0)?;
     Ok(Some((norm, scale)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Device;
+    use crate::autograd::GroupedWeightGrad;
+
+    #[test]
+    fn an_error_while_computing_a_gradient_is_returned() {
+        let bank =
+            Param::new(Tensor::from_f64(vec![0.0], &[1, 1, 1], Device::Cpu).unwrap()).unwrap();
+        bank.get()
+            .accumulate_deferred(GroupedWeightGrad::uncomputable())
+            .unwrap();
+        let err = clip_grad_norm(&[("bank".into(), bank)], 1.0).unwrap_err();
+        assert!(
+            err.to_string().contains("grouped_weight_grad"),
+            "expected the deferred gradient's error, got: {err}"
+        );
+    }
 }

@@ -1,8 +1,11 @@
 //! Helpers shared by the integration tests: device selection with the CI rule (GPU tests skip
 //! with a printed reason, unless `MOEGRAD_REQUIRE_GPU=1`, which turns a missing adapter into a
-//! failure) and small tensor builders.
+//! failure), small tensor builders, and the test loss of a training run's model before its first
+//! step (so that end-to-end tests can assert that learning happened).
 #![allow(dead_code)]
 
+use moegrad::data::{Dataset, Mnist, SyntheticB, multimnist};
+use moegrad::train::{DataKind, TrainConfig, models};
 use moegrad::{Device, Tensor};
 
 /// The GPU, or `None` (after printing why) when there is no adapter and the GPU is not required.
@@ -40,4 +43,68 @@ pub fn assert_close(what: &str, got: &[f64], expected: &[f64], atol: f64, rtol: 
             "{what}: element {i}: got {g}, expected {e} (atol {atol}, rtol {rtol})"
         );
     }
+}
+
+/// The test split a training run with `cfg` evaluates on, built as `moegrad::train::run` builds
+/// it (the first `cfg.test_limit` examples), with what is needed to build its model.
+pub struct TestSplit {
+    /// the test examples
+    pub data: Dataset,
+    /// image side (0 for synthetic-b)
+    pub side: usize,
+    /// number of tasks
+    pub tasks: usize,
+    /// generator B's frozen bank (synthetic-b only)
+    pub bank: Option<SyntheticB>,
+}
+
+/// Loads the test split of `cfg`'s data (see [`TestSplit`]).
+pub fn test_split(cfg: &TrainConfig) -> TestSplit {
+    let (data, side, tasks, bank) = match cfg.data {
+        DataKind::Mnist => {
+            let t = Mnist::load(&cfg.data_dir).expect("MNIST loads").test;
+            let d = Dataset::new(t.images, vec![1, t.rows, t.cols], vec![t.labels]);
+            (d.expect("valid MNIST split"), t.rows, 1, None)
+        }
+        DataKind::Multimnist => {
+            let t = Mnist::load(&cfg.data_dir).expect("MNIST loads").test;
+            let m = multimnist::compose(&t, cfg.seed.wrapping_add(1)).expect("MultiMNIST composes");
+            let side = multimnist::CANVAS;
+            let d = Dataset::new(m.images, vec![1, side, side], m.labels.to_vec());
+            (d.expect("valid MultiMNIST split"), side, 2, None)
+        }
+        DataKind::SyntheticB => {
+            let g = SyntheticB::generate(cfg.seed, cfg.experts, 10_000, 10_000)
+                .expect("generator B runs");
+            (g.test.clone(), 0, 1, Some(g))
+        }
+    };
+    let n = cfg.test_limit;
+    let data = if n == 0 || n >= data.len() {
+        data
+    } else {
+        let per: usize = data.sample_shape.iter().product();
+        let labels = data.labels.iter().map(|l| l[..n].to_vec()).collect();
+        Dataset::new(data.features[..n * per].to_vec(), data.sample_shape, labels)
+            .expect("valid limited split")
+    };
+    TestSplit {
+        data,
+        side,
+        tasks,
+        bank,
+    }
+}
+
+/// The mean test loss and accuracies of the model a training run with `cfg` starts from (built
+/// from `cfg.seed` as `run` builds it), on `split`: the loss that training must lower.
+pub fn initial_test_metrics(cfg: &TrainConfig, split: &TestSplit) -> (f64, Vec<f64>) {
+    let device = Device::from_name(&cfg.device).expect("a known device");
+    let model = match &split.bank {
+        Some(bank) => models::build_synthetic_b(cfg, bank, device),
+        None => models::build(cfg, split.side, split.tasks, device),
+    }
+    .expect("the model builds");
+    moegrad::train::evaluate(model.as_ref(), &split.data, cfg.batch.max(256), device)
+        .expect("the initial model evaluates")
 }
