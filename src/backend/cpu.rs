@@ -8,9 +8,12 @@
 //! Every kernel here is generic over the float type through [`Float`], so f32 and f64 share one
 //! body; the enum [`CpuBuffer`] says which one a buffer holds.
 
+mod attention;
+pub use attention::ATTENTION_BLOCK;
+
 use super::{
-    AdamHyper, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims, ReduceOp, SgdHyper,
-    UnaryOp, uniform_hash,
+    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims,
+    ReduceOp, SgdHyper, UnaryOp, uniform_hash,
 };
 use crate::{DType, Error, Result};
 use num_traits::Float;
@@ -1457,6 +1460,125 @@ impl Backend for CpuBackend {
         self.sgd_step_mut(&mut p, grad, grad_scale, &mut b, h)?;
         Ok((p, b))
     }
+
+    fn attention_forward(
+        &self,
+        q: &CpuBuffer,
+        k: &CpuBuffer,
+        v: &CpuBuffer,
+        dims: AttentionDims,
+    ) -> Result<(CpuBuffer, CpuBuffer)> {
+        check_attention_lengths("attention_forward", &[("q", q), ("k", k), ("v", v)], dims)?;
+        match (q, k, v) {
+            (CpuBuffer::F32(q), CpuBuffer::F32(k), CpuBuffer::F32(v)) => {
+                let (o, lse) = attention::forward(q, k, v, dims);
+                Ok((f32b(o), f32b(lse)))
+            }
+            (CpuBuffer::F64(q), CpuBuffer::F64(k), CpuBuffer::F64(v)) => {
+                let (o, lse) = attention::forward(q, k, v, dims);
+                Ok((f64b(o), f64b(lse)))
+            }
+            _ => Err(Error::DType(format!(
+                "attention_forward needs q, k, v float buffers of one dtype, got {}, {}, {}",
+                q.dtype(),
+                k.dtype(),
+                v.dtype()
+            ))),
+        }
+    }
+
+    fn attention_backward(
+        &self,
+        q: &CpuBuffer,
+        k: &CpuBuffer,
+        v: &CpuBuffer,
+        o: &CpuBuffer,
+        lse: &CpuBuffer,
+        d_o: &CpuBuffer,
+        dims: AttentionDims,
+    ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
+        const WHAT: &str = "attention_backward";
+        check_attention_lengths(
+            WHAT,
+            &[("q", q), ("k", k), ("v", v), ("o", o), ("dO", d_o)],
+            dims,
+        )?;
+        let rows = dims.heads * dims.seq; // fits: heads·seq·head_dim did, and head_dim ≥ 1
+        if lse.len() != rows {
+            return Err(Error::Shape(format!(
+                "{WHAT}: lse holds {} elements, expected [{}, {}] = {rows}",
+                lse.len(),
+                dims.heads,
+                dims.seq
+            )));
+        }
+        match (q, k, v, o, lse, d_o) {
+            (
+                CpuBuffer::F32(q),
+                CpuBuffer::F32(k),
+                CpuBuffer::F32(v),
+                CpuBuffer::F32(o),
+                CpuBuffer::F32(lse),
+                CpuBuffer::F32(d_o),
+            ) => {
+                let (dq, dk, dv) = attention::backward(q, k, v, o, lse, d_o, dims);
+                Ok((f32b(dq), f32b(dk), f32b(dv)))
+            }
+            (
+                CpuBuffer::F64(q),
+                CpuBuffer::F64(k),
+                CpuBuffer::F64(v),
+                CpuBuffer::F64(o),
+                CpuBuffer::F64(lse),
+                CpuBuffer::F64(d_o),
+            ) => {
+                let (dq, dk, dv) = attention::backward(q, k, v, o, lse, d_o, dims);
+                Ok((f64b(dq), f64b(dk), f64b(dv)))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float buffers of one dtype, got q {}, k {}, v {}, o {}, lse {}, dO {}",
+                q.dtype(),
+                k.dtype(),
+                v.dtype(),
+                o.dtype(),
+                lse.dtype(),
+                d_o.dtype()
+            ))),
+        }
+    }
+}
+
+/// Checks that each `[heads, seq, head_dim]` operand of an attention kernel holds exactly
+/// `dims.elements()` elements and that no size is zero.
+fn check_attention_lengths(
+    what: &str,
+    operands: &[(&str, &CpuBuffer)],
+    dims: AttentionDims,
+) -> Result<()> {
+    let AttentionDims {
+        heads,
+        seq,
+        head_dim,
+    } = dims;
+    let n = dims.elements().ok_or_else(|| {
+        Error::Shape(format!(
+            "{what}: [{heads}, {seq}, {head_dim}] has more than usize::MAX elements"
+        ))
+    })?;
+    if n == 0 {
+        return Err(Error::Shape(format!(
+            "{what}: sizes [{heads}, {seq}, {head_dim}] must all be at least 1"
+        )));
+    }
+    for (name, b) in operands {
+        if b.len() != n {
+            return Err(Error::Shape(format!(
+                "{what}: {name} holds {} elements, expected [{heads}, {seq}, {head_dim}] = {n}",
+                b.len()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Elements per rayon task in the fused optimizer loops.

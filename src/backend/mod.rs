@@ -147,6 +147,32 @@ pub struct MatmulDims {
     pub n: usize,
 }
 
+/// Sizes of a causal self-attention over `heads` independent (batch, head) pairs: each of Q, K, V
+/// and the output is contiguous `[heads, seq, head_dim]` (the `[B, H, T, Dh]` of
+/// `Tensor::causal_attention` with B·H folded into `heads`), the row log-sum-exp `[heads, seq]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AttentionDims {
+    /// number of (batch, head) pairs, B·H
+    pub heads: usize,
+    /// sequence length T (queries and keys)
+    pub seq: usize,
+    /// head dimension Dh
+    pub head_dim: usize,
+}
+
+impl AttentionDims {
+    /// The score scale `1/√Dh`, fixed (as in "Attention Is All You Need").
+    pub fn scale(&self) -> f64 {
+        1.0 / (self.head_dim as f64).sqrt()
+    }
+    /// Elements of Q, K, V or the output: `heads·seq·head_dim`, `None` on overflow.
+    pub fn elements(&self) -> Option<usize> {
+        self.heads
+            .checked_mul(self.seq)
+            .and_then(|n| n.checked_mul(self.head_dim))
+    }
+}
+
 /// Hyper-parameters of one fused Adam/AdamW update (see `optim::Adam` for the formulas).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamHyper {
@@ -407,6 +433,34 @@ pub trait Backend {
         buf: &Self::Buffer,
         h: SgdHyper,
     ) -> Result<(Self::Buffer, Self::Buffer)>;
+    /// Causal self-attention, forward: for each of `dims.heads` pairs, `o = softmax(q·kᵀ·s +
+    /// mask)·v` with `s = 1/√Dh` and the mask hiding keys after the query, and the row
+    /// log-sum-exp `lse[i] = ln Σ_{j ≤ i} e^{s·q_i·k_j}`. `q`, `k`, `v` are `[heads, seq,
+    /// head_dim]`; returns `(o [heads, seq, head_dim], lse [heads, seq])`. The `[seq, seq]` score
+    /// matrix is never stored whole (online softmax over key blocks). Sizes ≥ 1.
+    fn attention_forward(
+        &self,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        dims: AttentionDims,
+    ) -> Result<(Self::Buffer, Self::Buffer)>;
+    /// Causal self-attention, backward: the gradients `(dq, dk, dv)` of
+    /// [`Backend::attention_forward`] for the upstream gradient `d_o`, from its inputs, its
+    /// output `o` and its `lse`. The scores are recomputed block by block as
+    /// `P = e^{s·q·kᵀ − lse}`, with `D_i = Σ_c dO_ic·O_ic`: `dV = Pᵀ·dO`, `dS = P ∘ (dO·Vᵀ − D)`,
+    /// `dQ = s·dS·K`, `dK = s·dSᵀ·Q`; no `[seq, seq]` buffer is stored.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_backward(
+        &self,
+        q: &Self::Buffer,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        o: &Self::Buffer,
+        lse: &Self::Buffer,
+        d_o: &Self::Buffer,
+        dims: AttentionDims,
+    ) -> Result<(Self::Buffer, Self::Buffer, Self::Buffer)>;
 }
 
 /// The counter-based generator behind [`Backend::random_uniform`], written once here and

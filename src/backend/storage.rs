@@ -557,4 +557,68 @@ impl Storage {
                 .map(Storage::Gpu),
         }
     }
+    /// See [`Backend::attention_forward`]; `self` is `q`. Returns `(o, lse)`.
+    pub fn attention_forward(
+        &self,
+        k: &Storage,
+        v: &Storage,
+        dims: AttentionDims,
+    ) -> Result<(Storage, Storage)> {
+        let (ok, ov) = (
+            same_dev!(self, k, "causal_attention"),
+            same_dev!(self, v, "causal_attention"),
+        );
+        match self {
+            Storage::Cpu(q) => {
+                let (o, lse) = cpu::CpuBackend.attention_forward(q, ok.cpu(), ov.cpu(), dims)?;
+                Ok((Storage::Cpu(o), Storage::Cpu(lse)))
+            }
+            Storage::Gpu(q) => {
+                let (o, lse) =
+                    gpu::GpuBackend::get()?.attention_forward(q, ok.gpu(), ov.gpu(), dims)?;
+                Ok((Storage::Gpu(o), Storage::Gpu(lse)))
+            }
+        }
+    }
+    /// See [`Backend::attention_backward`]; `self` is `q`. Returns `(dq, dk, dv)`.
+    pub fn attention_backward(
+        &self,
+        (k, v, o, lse, d_o): (&Storage, &Storage, &Storage, &Storage, &Storage),
+        dims: AttentionDims,
+    ) -> Result<(Storage, Storage, Storage)> {
+        const WHAT: &str = "causal_attention backward";
+        let (ok, ov, oo, ol, og) = (
+            same_dev!(self, k, WHAT),
+            same_dev!(self, v, WHAT),
+            same_dev!(self, o, WHAT),
+            same_dev!(self, lse, WHAT),
+            same_dev!(self, d_o, WHAT),
+        );
+        match self {
+            Storage::Cpu(q) => {
+                let (dq, dk, dv) = cpu::CpuBackend.attention_backward(
+                    q,
+                    ok.cpu(),
+                    ov.cpu(),
+                    oo.cpu(),
+                    ol.cpu(),
+                    og.cpu(),
+                    dims,
+                )?;
+                Ok((Storage::Cpu(dq), Storage::Cpu(dk), Storage::Cpu(dv)))
+            }
+            Storage::Gpu(q) => {
+                let (dq, dk, dv) = gpu::GpuBackend::get()?.attention_backward(
+                    q,
+                    ok.gpu(),
+                    ov.gpu(),
+                    oo.gpu(),
+                    ol.gpu(),
+                    og.gpu(),
+                    dims,
+                )?;
+                Ok((Storage::Gpu(dq), Storage::Gpu(dk), Storage::Gpu(dv)))
+            }
+        }
+    }
 }

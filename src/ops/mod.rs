@@ -5,6 +5,7 @@
 //! serves every device.
 
 mod arithmetic;
+mod attention;
 mod conv;
 mod elementwise;
 mod grouped;

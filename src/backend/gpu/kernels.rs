@@ -402,7 +402,7 @@ mod tests {
     /// convention (uniform params at 0, storage buffers after).
     #[test]
     fn shaders_validate_and_follow_the_binding_convention() {
-        use super::super::{elementwise, layout, optim, random, reduce, sort};
+        use super::super::{attention, elementwise, layout, optim, random, reduce, sort};
         let files = [
             (&elementwise::ELEMENTWISE, 5usize),
             (&reduce::REDUCE, 4),
@@ -410,6 +410,7 @@ mod tests {
             (&sort::SORT, 4),
             (&random::RANDOM, 1),
             (&optim::OPTIM, 6),
+            (&attention::ATTENTION_SHADER, 4),
         ];
         for (shader, entries) in files {
             let module = naga::front::wgsl::parse_str(shader.source)

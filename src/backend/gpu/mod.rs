@@ -9,8 +9,9 @@
 //! * `kernels.rs` compiles and caches pipelines and holds the one launch helper,
 //!   `GpuBackend::launch(shader, entry, buffers, params, groups)`, that every op uses;
 //! * one launcher file per kernel family, named after its shader: `elementwise.rs`,
-//!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs` and `matmul.rs` launch the
-//!   entry points of `shaders/<same name>.wgsl`, one function per [`Backend`] primitive.
+//!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs` and `attention.rs`
+//!   launch the entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
+//!   primitive.
 //!
 //! [`GpuBackend`] is a cheap handle (an `Arc`) to the process-wide context; [`GpuBuffer`] a cheap
 //! handle to one pooled buffer with its dtype and length. The GPU computes in f32: an f64 buffer
@@ -18,6 +19,7 @@
 //! lost device) surface as [`Error::Gpu`] at the next [`GpuBackend::flush`],
 //! [`GpuBackend::synchronize`] or download.
 
+mod attention;
 mod context;
 mod elementwise;
 mod encoder;
@@ -31,9 +33,11 @@ mod reduce;
 mod sort;
 mod strided;
 
+pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
+
 use super::{
-    AdamHyper, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims, ReduceOp, SgdHyper,
-    UnaryOp,
+    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims,
+    ReduceOp, SgdHyper, UnaryOp,
 };
 use crate::{DType, Error, Result};
 use std::sync::{Arc, OnceLock};
@@ -552,5 +556,28 @@ impl Backend for GpuBackend {
         h: SgdHyper,
     ) -> Result<(GpuBuffer, GpuBuffer)> {
         optim::sgd_step(self, param, grad, grad_scale, buf, h)
+    }
+
+    fn attention_forward(
+        &self,
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        dims: AttentionDims,
+    ) -> Result<(GpuBuffer, GpuBuffer)> {
+        attention::attention_forward(self, q, k, v, dims)
+    }
+
+    fn attention_backward(
+        &self,
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        o: &GpuBuffer,
+        lse: &GpuBuffer,
+        d_o: &GpuBuffer,
+        dims: AttentionDims,
+    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+        attention::attention_backward(self, q, k, v, o, lse, d_o, dims)
     }
 }

@@ -1,0 +1,295 @@
+// attention.wgsl: causal multi-head self-attention, the GPU end of `Tensor::causal_attention`
+// (forward) and of its backward rule. Launchers: src/backend/gpu/attention.rs, one function per
+// entry point, same names.
+//
+// Layout (f32, contiguous, element indices): Q, K, V, O, dO, dQ, dK, dV are [heads, seq, HEAD_DIM]
+// with heads = B·H, element (h, t, c) at (h·seq + t)·HEAD_DIM + c; lse and delta are [heads, seq],
+// element (h, t) at h·seq + t. The score of query i and key j is s_ij = scale·q_i·k_j with
+// scale = 1/√HEAD_DIM; key j is visible to query i when j ≤ i (the causal mask).
+//
+// Scheme shared by the three tiled entry points: a workgroup of ROWS = 64 invocations owns 64
+// consecutive rows of one head (queries, or keys for dK/dV), one invocation per row, and keeps
+// that row's vectors (q, the output accumulator, ...) in registers. The rows of the other side
+// are walked in stages of STAGE rows: the workgroup copies a stage (STAGE × HEAD_DIM of each of
+// two matrices) into workgroup memory, waits, and every invocation runs through the staged rows
+// it can see, reading them as broadcasts; two barriers per stage. Stages wholly after every
+// query of the workgroup (fully masked) are skipped. Rows past seq load nothing and store
+// nothing, so any seq ≥ 1 works.
+// Specialisation (pipeline-overridable constants, one pipeline per value, set by the launcher):
+// HEAD_DIM (1..=MAX_DIM = 128, the register arrays' size) and STAGE = min(32, 1984 / HEAD_DIM),
+// so that two stages of STAGE × HEAD_DIM floats and two rows of STAGE floats fit in 16 KiB of
+// workgroup memory (WebGPU's guaranteed minimum).
+// Grid of the tiled entries: (⌈seq/64⌉, heads in this launch, 1); `head_base` is the first head
+// of the launch (the host splits more than 65535 heads into several launches).
+//
+// ---- entry point `attention_forward` ----------------------------------------------------------
+//   binding 1 q, 2 k, 3 v (read), 4 o (written, [heads, seq, HEAD_DIM]), 5 lse (written,
+//   [heads, seq]). Invocation = one query. Stages K and V; per stage it computes the visible
+//   scores, then the online softmax update: running max m and sum l, the accumulator rescaled
+//   by e^(m_old − m_new) once per stage, acc += Σ_j e^(s_j − m)·v_j. o = acc / l, lse = m + ln l.
+//
+// ---- entry point `attention_delta` -------------------------------------------------------------
+//   binding 1 o, 2 dO (read), 3 delta (written, [heads, seq]): delta_i = Σ_c dO_ic·O_ic, the
+//   D of the backward pass. One invocation per row, workgroup 256, grid folded into x/y over
+//   `rows` = heads·seq invocations.
+//
+// ---- entry point `attention_backward_kv` -------------------------------------------------------
+//   binding 1 q, 2 k, 3 v, 4 dO, 5 lse, 6 delta (read), 7 dk, 8 dv (written). Invocation = one
+//   key. Stages Q, dO, lse and delta of the queries from its workgroup's first key to the end;
+//   for each visible query: p = e^(s − lse), ds = scale·p·(dO·v − delta), dv += p·dO,
+//   dk += ds·q. No atomics: each key row has one owner.
+//
+// ---- entry point `attention_backward_q` --------------------------------------------------------
+//   binding 1 q, 2 k, 3 v, 4 dO, 5 lse, 6 delta (read), 7 dq (written). Invocation = one query.
+//   Stages K and V of the keys up to its workgroup's last query; for each visible key: p and ds
+//   as above, dq += ds·k.
+//
+// params (binding 0, AttnParams, all 32-bit): seq, scale (f32), head_base, rows (delta only:
+// heads·seq), head_dim (delta only; the tiled entries use HEAD_DIM).
+
+override HEAD_DIM: u32 = 32u;
+override STAGE: u32 = 32u;
+
+// rows (invocations) per workgroup of the tiled entries
+const ROWS: u32 = 64u;
+// size of the register arrays: the largest HEAD_DIM
+const MAX_DIM: u32 = 128u;
+// the largest STAGE
+const MAX_STAGE: u32 = 32u;
+// floats per staged matrix: STAGE·HEAD_DIM ≤ 1984, so 2·1984 + 2·32 floats = 16128 bytes
+const STAGE_FLOATS: u32 = 1984u;
+// stands for −∞ as the running maximum before any score (WGSL has no infinite literal)
+const NEG_BIG: f32 = -3.0e38;
+
+struct AttnParams {
+    seq: u32,
+    scale: f32,
+    head_base: u32,
+    rows: u32,
+    head_dim: u32,
+}
+
+@group(0) @binding(0) var<uniform> ap: AttnParams;
+@group(0) @binding(1) var<storage, read> at_q: array<f32>;
+@group(0) @binding(2) var<storage, read> at_k: array<f32>;
+@group(0) @binding(3) var<storage, read> at_v: array<f32>;
+
+// two staged matrices (row j at j·HEAD_DIM) and two staged row vectors
+var<workgroup> stage_a: array<f32, STAGE_FLOATS>;
+var<workgroup> stage_b: array<f32, STAGE_FLOATS>;
+var<workgroup> stage_r: array<f32, MAX_STAGE>;
+var<workgroup> stage_s: array<f32, MAX_STAGE>;
+
+// Copies rows first..first+STAGE of K into stage_a and of V into stage_b (zeros past seq);
+// the 64 invocations share the copy.
+fn stage_keys(base: u32, first: u32, lid: u32) {
+    for (var e = lid; e < STAGE * HEAD_DIM; e += ROWS) {
+        var kv = vec2<f32>(0.0);
+        if (first + e / HEAD_DIM < ap.seq) {
+            let at = base + first * HEAD_DIM + e;
+            kv = vec2<f32>(at_k[at], at_v[at]);
+        }
+        stage_a[e] = kv.x;
+        stage_b[e] = kv.y;
+    }
+}
+
+// How many of the STAGE rows starting at `first` the query `query` sees (keys ≤ query < seq).
+fn visible_keys(query: u32, first: u32) -> u32 {
+    if (query >= ap.seq || query < first) { return 0u; }
+    return min(STAGE, query + 1u - first);
+}
+
+// ---- forward ----------------------------------------------------------------------------------
+
+@group(0) @binding(4) var<storage, read_write> fw_o: array<f32>;
+@group(0) @binding(5) var<storage, read_write> fw_lse: array<f32>;
+
+@compute @workgroup_size(64)
+fn attention_forward(@builtin(local_invocation_index) lid: u32,
+                     @builtin(workgroup_id) wid: vec3<u32>) {
+    let head = ap.head_base + wid.y;
+    let base = head * ap.seq * HEAD_DIM;
+    let q0 = wid.x * ROWS;
+    let query = q0 + lid;
+    // q pre-multiplied by the scale, so q·k is the score
+    var q: array<f32, MAX_DIM>;
+    var acc: array<f32, MAX_DIM>;
+    if (query < ap.seq) {
+        for (var c = 0u; c < HEAD_DIM; c++) { q[c] = at_q[base + query * HEAD_DIM + c] * ap.scale; }
+    }
+    var m = NEG_BIG;
+    var l = 0.0;
+    let key_end = min(q0 + ROWS, ap.seq);
+    for (var k0 = 0u; k0 < key_end; k0 += STAGE) {
+        stage_keys(base, k0, lid);
+        workgroupBarrier();
+        let count = visible_keys(query, k0);
+        if (count > 0u) {
+            var s: array<f32, MAX_STAGE>;
+            var stage_max = m;
+            for (var j = 0u; j < count; j++) {
+                var d = 0.0;
+                for (var c = 0u; c < HEAD_DIM; c++) { d += q[c] * stage_a[j * HEAD_DIM + c]; }
+                s[j] = d;
+                stage_max = max(stage_max, d);
+            }
+            // key k0 ≤ query is visible here, so stage_max is a real score; e^(NEG_BIG − it) = 0
+            let rescale = exp(m - stage_max);
+            l *= rescale;
+            for (var c = 0u; c < HEAD_DIM; c++) { acc[c] *= rescale; }
+            for (var j = 0u; j < count; j++) {
+                let p = exp(s[j] - stage_max);
+                l += p;
+                for (var c = 0u; c < HEAD_DIM; c++) { acc[c] += p * stage_b[j * HEAD_DIM + c]; }
+            }
+            m = stage_max;
+        }
+        workgroupBarrier();
+    }
+    if (query < ap.seq) {
+        let inv = 1.0 / l;
+        for (var c = 0u; c < HEAD_DIM; c++) { fw_o[base + query * HEAD_DIM + c] = acc[c] * inv; }
+        fw_lse[head * ap.seq + query] = m + log(l);
+    }
+}
+
+// ---- delta = rowsum(dO ∘ O) ------------------------------------------------------------------
+
+@group(0) @binding(1) var<storage, read> dl_o: array<f32>;
+@group(0) @binding(2) var<storage, read> dl_do: array<f32>;
+@group(0) @binding(3) var<storage, read_write> dl_delta: array<f32>;
+
+@compute @workgroup_size(256)
+fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>,
+                   @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let row = (wid.y * nwg.x + wid.x) * 256u + lid;
+    if (row >= ap.rows) { return; }
+    var s = 0.0;
+    let base = row * ap.head_dim;
+    for (var c = 0u; c < ap.head_dim; c++) { s += dl_do[base + c] * dl_o[base + c]; }
+    dl_delta[row] = s;
+}
+
+// ---- backward ---------------------------------------------------------------------------------
+
+@group(0) @binding(4) var<storage, read> bw_do: array<f32>;
+@group(0) @binding(5) var<storage, read> bw_lse: array<f32>;
+@group(0) @binding(6) var<storage, read> bw_delta: array<f32>;
+@group(0) @binding(7) var<storage, read_write> bw_dk: array<f32>;
+@group(0) @binding(8) var<storage, read_write> bw_dv: array<f32>;
+@group(0) @binding(7) var<storage, read_write> bw_dq: array<f32>;
+
+@compute @workgroup_size(64)
+fn attention_backward_kv(@builtin(local_invocation_index) lid: u32,
+                         @builtin(workgroup_id) wid: vec3<u32>) {
+    let head = ap.head_base + wid.y;
+    let base = head * ap.seq * HEAD_DIM;
+    let k0 = wid.x * ROWS;
+    let key = k0 + lid;
+    // k pre-multiplied by the scale, so q·k is the score
+    var k: array<f32, MAX_DIM>;
+    var v: array<f32, MAX_DIM>;
+    var dk: array<f32, MAX_DIM>;
+    var dv: array<f32, MAX_DIM>;
+    if (key < ap.seq) {
+        for (var c = 0u; c < HEAD_DIM; c++) {
+            k[c] = at_k[base + key * HEAD_DIM + c] * ap.scale;
+            v[c] = at_v[base + key * HEAD_DIM + c];
+        }
+    }
+    // queries before the workgroup's first key see none of its keys
+    for (var first = k0; first < ap.seq; first += STAGE) {
+        // stage Q → stage_a, dO → stage_b, lse → stage_r, delta → stage_s
+        for (var e = lid; e < STAGE * HEAD_DIM; e += ROWS) {
+            var qd = vec2<f32>(0.0);
+            if (first + e / HEAD_DIM < ap.seq) {
+                let at = base + first * HEAD_DIM + e;
+                qd = vec2<f32>(at_q[at], bw_do[at]);
+            }
+            stage_a[e] = qd.x;
+            stage_b[e] = qd.y;
+        }
+        if (lid < STAGE) {
+            var ld = vec2<f32>(0.0);
+            if (first + lid < ap.seq) {
+                let row = head * ap.seq + first + lid;
+                ld = vec2<f32>(bw_lse[row], bw_delta[row]);
+            }
+            stage_r[lid] = ld.x;
+            stage_s[lid] = ld.y;
+        }
+        workgroupBarrier();
+        if (key < ap.seq) {
+            // staged queries first + j with key ≤ query < seq
+            let j0 = select(0u, key - first, key > first);
+            let j1 = min(STAGE, ap.seq - first);
+            for (var j = j0; j < j1; j++) {
+                var s = 0.0;
+                var dp = 0.0;
+                for (var c = 0u; c < HEAD_DIM; c++) {
+                    s += stage_a[j * HEAD_DIM + c] * k[c];
+                    dp += stage_b[j * HEAD_DIM + c] * v[c];
+                }
+                let p = exp(s - stage_r[j]);
+                let ds = p * (dp - stage_s[j]) * ap.scale;
+                for (var c = 0u; c < HEAD_DIM; c++) {
+                    dv[c] += p * stage_b[j * HEAD_DIM + c];
+                    dk[c] += ds * stage_a[j * HEAD_DIM + c];
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    if (key < ap.seq) {
+        for (var c = 0u; c < HEAD_DIM; c++) {
+            bw_dk[base + key * HEAD_DIM + c] = dk[c];
+            bw_dv[base + key * HEAD_DIM + c] = dv[c];
+        }
+    }
+}
+
+@compute @workgroup_size(64)
+fn attention_backward_q(@builtin(local_invocation_index) lid: u32,
+                        @builtin(workgroup_id) wid: vec3<u32>) {
+    let head = ap.head_base + wid.y;
+    let base = head * ap.seq * HEAD_DIM;
+    let q0 = wid.x * ROWS;
+    let query = q0 + lid;
+    // q pre-multiplied by the scale, so q·k is the score
+    var q: array<f32, MAX_DIM>;
+    var g: array<f32, MAX_DIM>;
+    var dq: array<f32, MAX_DIM>;
+    var lse = 0.0;
+    var delta = 0.0;
+    if (query < ap.seq) {
+        for (var c = 0u; c < HEAD_DIM; c++) {
+            q[c] = at_q[base + query * HEAD_DIM + c] * ap.scale;
+            g[c] = bw_do[base + query * HEAD_DIM + c];
+        }
+        lse = bw_lse[head * ap.seq + query];
+        delta = bw_delta[head * ap.seq + query];
+    }
+    let key_end = min(q0 + ROWS, ap.seq);
+    for (var k0 = 0u; k0 < key_end; k0 += STAGE) {
+        stage_keys(base, k0, lid);
+        workgroupBarrier();
+        let count = visible_keys(query, k0);
+        for (var j = 0u; j < count; j++) {
+            var s = 0.0;
+            var dp = 0.0;
+            for (var c = 0u; c < HEAD_DIM; c++) {
+                s += q[c] * stage_a[j * HEAD_DIM + c];
+                dp += g[c] * stage_b[j * HEAD_DIM + c];
+            }
+            let p = exp(s - lse);
+            let ds = p * (dp - delta) * ap.scale;
+            for (var c = 0u; c < HEAD_DIM; c++) { dq[c] += ds * stage_a[j * HEAD_DIM + c]; }
+        }
+        workgroupBarrier();
+    }
+    if (query < ap.seq) {
+        for (var c = 0u; c < HEAD_DIM; c++) { bw_dq[base + query * HEAD_DIM + c] = dq[c]; }
+    }
+}

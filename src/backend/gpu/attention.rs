@@ -1,0 +1,243 @@
+//! Launchers of `shaders/attention.wgsl`, the GPU end of `Tensor::causal_attention`, one
+//! function per entry point family:
+//!
+//! - [`attention_forward`] (entry `attention_forward`): `o` and the row log-sum-exp `lse`;
+//! - [`attention_backward`]: `attention_delta` (`D = rowsum(dO ∘ O)`), then
+//!   `attention_backward_kv` (dK, dV, one workgroup per key tile) and `attention_backward_q`
+//!   (dQ, one workgroup per query tile). Two kernels instead of one with float atomics: each
+//!   output row has exactly one owner, so the result is deterministic.
+//!
+//! Each launcher checks dtypes, buffer lengths against the sizes and the head dimension against
+//! [`ATTENTION_MAX_HEAD_DIM`] (an [`Error`] naming them, never a panic or a wgpu validation
+//! error), splits more than 65535 heads into several launches, and encodes the kernels; nothing
+//! is read back. The shader's header describes the tiling.
+
+use super::kernels::{Shader, grid_1d};
+use super::{GpuBackend, GpuBuffer};
+use crate::backend::AttentionDims;
+use crate::{DType, Error, Result};
+
+/// The kernels of `shaders/attention.wgsl`.
+pub(crate) static ATTENTION_SHADER: Shader = Shader {
+    name: "attention",
+    source: include_str!("../../../shaders/attention.wgsl"),
+};
+
+/// Rows of queries (or keys) per workgroup of the GPU kernels, one invocation per row.
+pub const ATTENTION_TILE: usize = 64;
+
+/// The largest head dimension the GPU kernels take: each invocation keeps its row's vectors
+/// (up to four of `Dh` floats) in registers.
+pub const ATTENTION_MAX_HEAD_DIM: usize = 128;
+
+/// Floats of one staged matrix in workgroup memory (the shader's `STAGE_FLOATS`).
+const STAGE_FLOATS: usize = 1984;
+
+/// Rows per stage for a head dimension (the shader's `STAGE` constant): as many as fit in
+/// [`STAGE_FLOATS`], at most 32.
+fn stage_rows(head_dim: usize) -> usize {
+    (STAGE_FLOATS / head_dim).min(32)
+}
+
+/// Workgroups a dispatch may have in one dimension (WebGPU's guaranteed minimum).
+const MAX_GROUPS: usize = 65_535;
+
+/// Checks the sizes and that every `[heads, seq, head_dim]` operand is f32 of the right length.
+fn check(what: &str, operands: &[(&str, &GpuBuffer)], d: AttentionDims) -> Result<()> {
+    let AttentionDims {
+        heads,
+        seq,
+        head_dim,
+    } = d;
+    let n = d
+        .elements()
+        .filter(|&n| n <= u32::MAX as usize)
+        .ok_or_else(|| {
+            Error::Shape(format!(
+                "{what}: [{heads}, {seq}, {head_dim}] exceeds the GPU kernels' 32-bit indexing"
+            ))
+        })?;
+    if n == 0 {
+        return Err(Error::Shape(format!(
+            "{what}: sizes [{heads}, {seq}, {head_dim}] must all be at least 1"
+        )));
+    }
+    if head_dim > ATTENTION_MAX_HEAD_DIM {
+        return Err(Error::Invalid(format!(
+            "{what}: head dimension {head_dim} exceeds the GPU kernel's limit of \
+             {ATTENTION_MAX_HEAD_DIM} (use more heads, or the CPU)"
+        )));
+    }
+    if seq.div_ceil(ATTENTION_TILE) > MAX_GROUPS {
+        return Err(Error::Shape(format!(
+            "{what}: sequence length {seq} needs more than {MAX_GROUPS} workgroups of {ATTENTION_TILE} rows"
+        )));
+    }
+    for (name, b) in operands {
+        if b.dtype() != DType::F32 {
+            return Err(Error::DType(format!(
+                "{what}: {name} must be f32 on the GPU, got {}",
+                b.dtype()
+            )));
+        }
+        if b.len() != n {
+            return Err(Error::Shape(format!(
+                "{what}: {name} holds {} elements, expected [{heads}, {seq}, {head_dim}] = {n}",
+                b.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Launches a tiled entry point, specialised for the head dimension, over
+/// `(⌈seq/64⌉, heads)` workgroups, at most 65535 heads a launch. Sizes were checked by [`check`]
+/// (every index fits a u32).
+fn launch_tiles(
+    be: &GpuBackend,
+    entry: &str,
+    buffers: &[&GpuBuffer],
+    d: AttentionDims,
+) -> Result<()> {
+    let tiles = d.seq.div_ceil(ATTENTION_TILE) as u32;
+    let constants = [
+        ("HEAD_DIM", d.head_dim as f64),
+        ("STAGE", stage_rows(d.head_dim) as f64),
+    ];
+    let scale = (d.scale() as f32).to_bits();
+    for first in (0..d.heads).step_by(MAX_GROUPS) {
+        let count = MAX_GROUPS.min(d.heads - first) as u32;
+        let params = [d.seq as u32, scale, first as u32, 0, d.head_dim as u32];
+        be.launch_specialised(
+            &ATTENTION_SHADER,
+            entry,
+            &constants,
+            buffers,
+            &params,
+            [tiles, count, 1],
+        )?;
+    }
+    Ok(())
+}
+
+/// `Backend::attention_forward` (entry `attention_forward`): `(o [heads, seq, head_dim],
+/// lse [heads, seq])` from `q`, `k`, `v` `[heads, seq, head_dim]`.
+///
+/// # Errors
+/// [`Error::DType`] unless every buffer is f32; [`Error::Shape`] when a length does not match the
+/// sizes, a size is 0 or exceeds 32-bit indexing; [`Error::Invalid`] when `head_dim` exceeds
+/// [`ATTENTION_MAX_HEAD_DIM`]; a GPU error from the launch.
+pub(crate) fn attention_forward(
+    be: &GpuBackend,
+    q: &GpuBuffer,
+    k: &GpuBuffer,
+    v: &GpuBuffer,
+    d: AttentionDims,
+) -> Result<(GpuBuffer, GpuBuffer)> {
+    check("attention_forward", &[("q", q), ("k", k), ("v", v)], d)?;
+    let o = be.alloc(q.len(), DType::F32)?;
+    let lse = be.alloc(d.heads * d.seq, DType::F32)?;
+    launch_tiles(be, "attention_forward", &[q, k, v, &o, &lse], d)?;
+    Ok((o, lse))
+}
+
+/// `Backend::attention_backward` (entries `attention_delta`, `attention_backward_kv`,
+/// `attention_backward_q`): `(dq, dk, dv)`, each `[heads, seq, head_dim]`.
+///
+/// # Errors
+/// As [`attention_forward`], for every operand (and `lse`, which must be `[heads, seq]`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attention_backward(
+    be: &GpuBackend,
+    q: &GpuBuffer,
+    k: &GpuBuffer,
+    v: &GpuBuffer,
+    o: &GpuBuffer,
+    lse: &GpuBuffer,
+    d_o: &GpuBuffer,
+    d: AttentionDims,
+) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+    const WHAT: &str = "attention_backward";
+    check(
+        WHAT,
+        &[("q", q), ("k", k), ("v", v), ("o", o), ("dO", d_o)],
+        d,
+    )?;
+    let rows = d.heads * d.seq; // ≤ heads·seq·head_dim, checked to fit a u32
+    if lse.dtype() != DType::F32 {
+        return Err(Error::DType(format!(
+            "{WHAT}: lse must be f32 on the GPU, got {}",
+            lse.dtype()
+        )));
+    }
+    if lse.len() != rows {
+        return Err(Error::Shape(format!(
+            "{WHAT}: lse holds {} elements, expected [{}, {}] = {rows}",
+            lse.len(),
+            d.heads,
+            d.seq
+        )));
+    }
+    let delta = be.alloc(rows, DType::F32)?;
+    be.launch(
+        &ATTENTION_SHADER,
+        "attention_delta",
+        &[o, d_o, &delta],
+        &[d.seq as u32, 0, 0, rows as u32, d.head_dim as u32],
+        grid_1d(rows, 256)?,
+    )?;
+    let (dq, dk, dv) = (
+        be.alloc(q.len(), DType::F32)?,
+        be.alloc(q.len(), DType::F32)?,
+        be.alloc(q.len(), DType::F32)?,
+    );
+    launch_tiles(
+        be,
+        "attention_backward_kv",
+        &[q, k, v, d_o, lse, &delta, &dk, &dv],
+        d,
+    )?;
+    launch_tiles(
+        be,
+        "attention_backward_q",
+        &[q, k, v, d_o, lse, &delta, &dq],
+        d,
+    )?;
+    Ok((dq, dk, dv))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wgpu::naga;
+
+    /// The shader parses and validates, and has the four entry points the launchers name.
+    #[test]
+    fn shader_parses_and_validates() {
+        let src = ATTENTION_SHADER.source;
+        let module = naga::front::wgsl::parse_str(src)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
+        naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::empty(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
+        let names: Vec<&str> = module
+            .entry_points
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        for entry in [
+            "attention_forward",
+            "attention_delta",
+            "attention_backward_kv",
+            "attention_backward_q",
+        ] {
+            assert!(
+                names.contains(&entry),
+                "missing entry point {entry}: {names:?}"
+            );
+        }
+    }
+}

@@ -1,0 +1,104 @@
+//! Causal multi-head self-attention as one differentiable op, forward and backward side by side:
+//!
+//! * forward  `O = softmax(Q·Kᵀ/√Dh + mask)·V` per (batch, head), the mask hiding every key after
+//!   its query, computed block by block with an online softmax; the row log-sum-exp
+//!   `lse = ln Σ_{j ≤ i} e^{q_i·k_j/√Dh}` is kept for backward;
+//! * backward  with `P = e^{Q·Kᵀ/√Dh − lse}` recomputed block by block and `D = rowsum(dO ∘ O)`:
+//!   `dV = Pᵀ·dO`, `dS = P ∘ (dO·Vᵀ − D)`, `dQ = dS·K/√Dh`, `dK = dSᵀ·Q/√Dh`.
+//!
+//! Neither pass stores a `[B, H, T, T]` tensor: activation memory is the output and `lse`, as in
+//! FlashAttention-2. Both passes are backend primitives (`Backend::attention_forward` /
+//! `attention_backward`): `src/backend/cpu/attention.rs` on the CPU, `shaders/attention.wgsl`
+//! (launched by `src/backend/gpu/attention.rs`) on the GPU.
+
+use crate::backend::AttentionDims;
+use crate::{Error, Result, Tensor};
+
+impl Tensor {
+    /// Causal multi-head self-attention with `self` as the queries: `self`, `k` and `v` are
+    /// `[B, H, T, Dh]` (batch, heads, sequence, head dimension) and the result, also
+    /// `[B, H, T, Dh]`, is `softmax(Q·Kᵀ/√Dh + M)·V` for each (batch, head), where `M` is 0 for
+    /// key ≤ query and −∞ after (position `t` attends to positions `0..=t`). The scale `1/√Dh`
+    /// is fixed.
+    ///
+    /// Forward saves the output and the `[B, H, T]` row log-sum-exp; backward recomputes the
+    /// scores from them block by block, so no `[B, H, T, T]` tensor is ever stored. The backward
+    /// rule is one backend kernel, not tensor ops, so it is not itself differentiable: second
+    /// derivatives through this op are not available.
+    ///
+    /// f32 or f64 on the CPU, f32 on the GPU (where `Dh` is at most
+    /// [`crate::backend::gpu::ATTENTION_MAX_HEAD_DIM`]). A tensor with a zero-sized dimension
+    /// gives an empty result of the same shape (no kernel runs).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] unless the three tensors have one rank-4 shape; [`Error::DType`] for
+    /// non-float or mixed dtypes (or f64 on the GPU); [`Error::Device`] when they live on
+    /// different devices; [`Error::Invalid`] for a head dimension the GPU kernel does not take.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::{Device, Tensor};
+    /// # fn main() -> moegrad::Result<()> {
+    /// // one head, two positions, Dh = 1: the first position only sees itself
+    /// let q = Tensor::from_f32(vec![1.0, 1.0], &[1, 1, 2, 1], Device::cpu())?;
+    /// let v = Tensor::from_f32(vec![3.0, 5.0], &[1, 1, 2, 1], Device::cpu())?;
+    /// let o = q.causal_attention(&q, &v)?.to_vec_f32()?;
+    /// assert_eq!(o[0], 3.0);
+    /// assert!((o[1] - 4.0).abs() < 1e-6); // equal scores: the mean of 3 and 5
+    /// # Ok(()) }
+    /// ```
+    pub fn causal_attention(&self, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        const WHAT: &str = "causal_attention";
+        let q = self;
+        q.check_compatible(k, WHAT)?;
+        q.check_compatible(v, WHAT)?;
+        q.check_float(WHAT)?;
+        if q.rank() != 4 || k.shape() != q.shape() || v.shape() != q.shape() {
+            return Err(Error::Shape(format!(
+                "{WHAT}: q {:?}, k {:?} and v {:?} must share one shape [B, H, T, Dh]",
+                q.shape(),
+                k.shape(),
+                v.shape()
+            )));
+        }
+        let shape = q.shape().to_vec();
+        let (b, h, t, dh) = (shape[0], shape[1], shape[2], shape[3]);
+        if q.numel() == 0 {
+            // Nothing to attend over: an empty result, and empty gradients.
+            let out = Tensor::zeros(&shape, q.dtype(), q.device())?;
+            let empty = out.clone();
+            return Ok(Tensor::record(out, WHAT, &[q, k, v], move |_| {
+                Ok(vec![Some(empty.clone()), Some(empty.clone()), Some(empty)])
+            }));
+        }
+        let dims = AttentionDims {
+            heads: b * h,
+            seq: t,
+            head_dim: dh,
+        };
+        let (o, lse) = q
+            .storage()
+            .attention_forward(k.storage(), v.storage(), dims)?;
+        let out = Tensor::from_storage(o, shape);
+        let (qd, kd, vd, saved_out) = (q.detach(), k.detach(), v.detach(), out.clone());
+        let need = [q.requires_grad(), k.requires_grad(), v.requires_grad()];
+        Ok(Tensor::record(out, WHAT, &[q, k, v], move |g| {
+            let (dq, dk, dv) = qd.storage().attention_backward(
+                (
+                    kd.storage(),
+                    vd.storage(),
+                    saved_out.storage(),
+                    &lse,
+                    g.storage(),
+                ),
+                dims,
+            )?;
+            let grads = [dq, dk, dv]
+                .into_iter()
+                .zip(need)
+                .map(|(d, needed)| needed.then(|| Tensor::from_storage(d, qd.shape().to_vec())))
+                .collect();
+            Ok(grads)
+        }))
+    }
+}

@@ -1,0 +1,327 @@
+//! `Tensor::causal_attention`: the fused attention op against finite differences and against the
+//! same attention composed from existing ops (`matmul`, `masked_fill`, `softmax`, `matmul`).
+//!
+//! * f64 gradcheck on the CPU for shapes with T = 1, T inside one CPU block, T not a multiple of
+//!   the CPU block and T over several blocks (gradcheck also runs backward twice for
+//!   reentrancy and checks a zero upstream gradient);
+//! * values and all three gradients equal to the composed path, at fixed shapes and over random
+//!   small shapes (proptest), with large scores too (the online softmax must stay stable);
+//! * the CPU's two backward schedules (one task per head, or per block when heads are few) give
+//!   identical bits;
+//! * GPU (f32) against CPU (f64), forward and the three gradients, for T = 1, T not a multiple of
+//!   the GPU tile, several tiles, and the largest head dimension the GPU kernel takes; skipped
+//!   with a printed reason without an adapter unless `MOEGRAD_REQUIRE_GPU=1`;
+//! * bad shapes, dtypes and devices give an `Error`; zero-sized dimensions give an empty result.
+
+mod common;
+
+use moegrad::backend::cpu::ATTENTION_BLOCK;
+use moegrad::backend::gpu::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
+use moegrad::gradcheck::{GradcheckOptions, gradcheck};
+use moegrad::{DType, Device, Error, Result, Tensor};
+use proptest::prelude::*;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// `n` values uniform in `[-spread, spread)`, f32-representable, from a fixed seed.
+fn values(n: usize, spread: f64, seed: u64) -> Vec<f64> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| rng.random_range(-spread..spread) as f32 as f64)
+        .collect()
+}
+
+/// q, k, v as f64 CPU tensors of `shape`, each from its own seed.
+fn qkv(shape: &[usize], spread: f64, seed: u64) -> [Tensor; 3] {
+    let n: usize = shape.iter().product();
+    [0, 1, 2].map(|i| common::f64t(&values(n, spread, seed * 3 + i), shape))
+}
+
+/// The same attention from existing ops: `softmax(q·kᵀ/√Dh, keys after the query masked)·v`.
+fn composed(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+    let (t, dh) = (q.shape()[2], q.shape()[3]);
+    let scores = q
+        .matmul(&k.transpose(-1, -2)?)?
+        .mul_scalar(1.0 / (dh as f64).sqrt())?;
+    let future: Vec<f64> = (0..t * t)
+        .map(|ij| if ij % t > ij / t { 1.0 } else { 0.0 })
+        .collect();
+    let mask = Tensor::from_f64(future, &[t, t], Device::cpu())?
+        .to_dtype(q.dtype())?
+        .to_device(q.device())?;
+    scores
+        .masked_fill(&mask, f64::NEG_INFINITY)?
+        .softmax(-1)?
+        .matmul(v)
+}
+
+/// Output values and the gradients of q, k, v for the upstream gradient `up`, through `f`.
+fn run(
+    f: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+    inputs: &[Tensor; 3],
+    up: &[f64],
+) -> (Vec<f64>, [Vec<f64>; 3]) {
+    let leaves = inputs
+        .clone()
+        .map(|t| t.detach().with_grad().expect("a float leaf"));
+    let y = f(&leaves[0], &leaves[1], &leaves[2]).expect("forward");
+    let g = Tensor::from_f64(up.to_vec(), y.shape(), Device::cpu())
+        .and_then(|g| g.to_dtype(y.dtype()))
+        .and_then(|g| g.to_device(y.device()))
+        .expect("upstream gradient");
+    y.backward_with(&g).expect("backward");
+    let grads = leaves.map(|t| t.grad().expect("a gradient").to_vec_f64().unwrap());
+    (y.to_vec_f64().unwrap(), grads)
+}
+
+/// Asserts the fused op and the composed path agree on values and gradients.
+fn assert_matches_composed(what: &str, inputs: &[Tensor; 3], tol: f64) {
+    let up = values(inputs[0].numel(), 1.0, 99);
+    let (y, grads) = run(|q, k, v| q.causal_attention(k, v), inputs, &up);
+    let (y_ref, grads_ref) = run(composed, inputs, &up);
+    common::assert_close(&format!("{what}: output"), &y, &y_ref, tol, tol);
+    for (name, (g, r)) in ["dq", "dk", "dv"].iter().zip(grads.iter().zip(&grads_ref)) {
+        common::assert_close(&format!("{what}: {name}"), g, r, tol, tol);
+    }
+}
+
+fn attention(t: &[Tensor]) -> Result<Tensor> {
+    t[0].causal_attention(&t[1], &t[2])
+}
+
+// ---- gradcheck ----------------------------------------------------------------------------
+
+#[test]
+fn gradcheck_small_shapes() {
+    // T = 1 (a row that sees only itself), Dh = 1, several heads and batches, T inside one block
+    for (i, shape) in [[1, 1, 1, 1], [2, 1, 1, 3], [1, 1, 4, 1], [2, 3, 5, 2]]
+        .iter()
+        .enumerate()
+    {
+        let inputs = qkv(shape, 1.0, i as u64);
+        gradcheck(attention, &inputs, &GradcheckOptions::default())
+            .unwrap_or_else(|e| panic!("{shape:?}: {e}"));
+    }
+}
+
+#[test]
+fn gradcheck_across_cpu_blocks() {
+    // T not a multiple of the CPU block, over one and over two block boundaries; heads = 1 and
+    // 2 run the per-block backward schedule on a machine with more threads, the per-head one
+    // otherwise (the schedule test below covers both everywhere).
+    for (i, shape) in [
+        [1, 1, ATTENTION_BLOCK + 5, 2],
+        [1, 2, 2 * ATTENTION_BLOCK + 3, 1],
+    ]
+    .iter()
+    .enumerate()
+    {
+        let inputs = qkv(shape, 1.5, 10 + i as u64);
+        gradcheck(attention, &inputs, &GradcheckOptions::default())
+            .unwrap_or_else(|e| panic!("{shape:?}: {e}"));
+    }
+}
+
+// ---- against the composed path ------------------------------------------------------------
+
+#[test]
+fn matches_the_composed_path() {
+    for (i, shape) in [
+        [1, 1, 1, 1],
+        [2, 2, 7, 3],
+        [1, 3, ATTENTION_BLOCK, 8],
+        [2, 1, 2 * ATTENTION_BLOCK + 7, 16],
+        [1, 2, 3 * ATTENTION_BLOCK + 1, 5],
+    ]
+    .iter()
+    .enumerate()
+    {
+        assert_matches_composed(
+            &format!("{shape:?}"),
+            &qkv(shape, 1.0, 20 + i as u64),
+            1e-10,
+        );
+    }
+}
+
+#[test]
+fn large_scores_stay_finite_and_match() {
+    // scores up to ±(8·8·16)/4 = ±256: e^256 overflows f32 and the row maximum changes from
+    // block to block, so the online softmax's rescaling is exercised
+    let shape = [1, 2, 2 * ATTENTION_BLOCK + 9, 16];
+    let inputs = qkv(&shape, 8.0, 30);
+    assert_matches_composed("large scores", &inputs, 1e-9);
+    let as_f32 = inputs
+        .clone()
+        .map(|t| t.to_dtype(DType::F32).expect("cast"));
+    let y = as_f32[0].causal_attention(&as_f32[1], &as_f32[2]).unwrap();
+    assert!(y.to_vec_f64().unwrap().iter().all(|x| x.is_finite()));
+}
+
+#[test]
+fn f32_matches_f64() {
+    let shape = [2, 2, ATTENTION_BLOCK + 11, 8];
+    let inputs = qkv(&shape, 1.0, 40);
+    let up = values(inputs[0].numel(), 1.0, 41);
+    let single = inputs.clone().map(|t| t.to_dtype(DType::F32).unwrap());
+    let (y, grads) = run(|q, k, v| q.causal_attention(k, v), &single, &up);
+    let (y_ref, grads_ref) = run(|q, k, v| q.causal_attention(k, v), &inputs, &up);
+    common::assert_close("f32 output", &y, &y_ref, 1e-5, 1e-4);
+    for (g, r) in grads.iter().zip(&grads_ref) {
+        common::assert_close("f32 gradient", g, r, 1e-5, 1e-4);
+    }
+}
+
+#[test]
+fn backward_schedules_give_identical_bits() {
+    // one thread: every head count takes the per-head (fused) schedule; eight threads and two
+    // heads: the per-block (split) schedule
+    let shape = [1, 2, 2 * ATTENTION_BLOCK + 5, 4];
+    let inputs = qkv(&shape, 1.0, 50);
+    let up = values(inputs[0].numel(), 1.0, 51);
+    let in_pool = |threads: usize| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("a thread pool")
+            .install(|| run(|q, k, v| q.causal_attention(k, v), &inputs, &up))
+    };
+    let (y1, g1) = in_pool(1);
+    let (y8, g8) = in_pool(8);
+    assert_eq!(y1, y8, "forward differs between schedules");
+    for (name, (a, b)) in ["dq", "dk", "dv"].iter().zip(g1.iter().zip(&g8)) {
+        assert_eq!(
+            a, b,
+            "{name} differs between the fused and the split schedule"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Random small shapes (T up to past two CPU blocks): values and gradients as composed.
+    #[test]
+    fn random_shapes_match_the_composed_path(
+        b in 1usize..=2,
+        h in 1usize..=3,
+        t in 1usize..=(2 * ATTENTION_BLOCK + 8),
+        dh in 1usize..=9,
+        seed in 0u64..1000,
+    ) {
+        let inputs = qkv(&[b, h, t, dh], 1.5, 1000 + seed);
+        assert_matches_composed(&format!("[{b}, {h}, {t}, {dh}]"), &inputs, 1e-10);
+    }
+}
+
+// ---- GPU parity ---------------------------------------------------------------------------
+
+#[test]
+fn gpu_matches_cpu() {
+    let Some(gpu) = common::gpu_or_skip("gpu_matches_cpu") else {
+        return;
+    };
+    let tile = ATTENTION_TILE;
+    for (i, (shape, spread)) in [
+        ([2, 2, 1, 4], 1.0),                             // T = 1
+        ([1, 2, 40, 32], 1.0),                           // one tile, two key stages of 32
+        ([1, 3, tile + 3, 8], 1.0),                      // T not a multiple of the tile
+        ([2, 1, 2 * tile, 32], 1.0),                     // two whole tiles, Dh of the baby GPT
+        ([1, 2, tile + 5, 5], 1.0),                      // small odd Dh
+        ([1, 1, 50, 100], 1.0),                          // stages of 19 rows (1984 / 100)
+        ([1, 1, tile + 1, ATTENTION_MAX_HEAD_DIM], 1.0), // the largest Dh the kernel takes
+        ([1, 2, 2 * tile + 9, 16], 4.0), // scores up to ±64: the running max moves a lot
+    ]
+    .iter()
+    .enumerate()
+    {
+        let what = format!("{shape:?}");
+        let inputs = qkv(shape, *spread, 60 + i as u64);
+        let up = values(inputs[0].numel(), 1.0, 61);
+        let on_gpu = inputs
+            .clone()
+            .map(|t| t.to_dtype(DType::F32).unwrap().to_device(gpu).unwrap());
+        let (y, grads) = run(|q, k, v| q.causal_attention(k, v), &on_gpu, &up);
+        let (y_ref, grads_ref) = run(|q, k, v| q.causal_attention(k, v), &inputs, &up);
+        common::assert_close(&format!("{what}: GPU output"), &y, &y_ref, 1e-5, 1e-4);
+        for (name, (g, r)) in ["dq", "dk", "dv"].iter().zip(grads.iter().zip(&grads_ref)) {
+            common::assert_close(&format!("{what}: GPU {name}"), g, r, 2e-5, 1e-3);
+        }
+    }
+}
+
+#[test]
+fn gpu_refuses_what_it_cannot_run() {
+    let Some(gpu) = common::gpu_or_skip("gpu_refuses_what_it_cannot_run") else {
+        return;
+    };
+    let shape = [1, 1, 3, ATTENTION_MAX_HEAD_DIM + 1];
+    let x = Tensor::zeros(&shape, DType::F32, gpu).unwrap();
+    match x.causal_attention(&x, &x) {
+        Err(Error::Invalid(msg)) => assert!(msg.contains("head dimension"), "{msg}"),
+        other => panic!("head dimension over the limit: expected Error::Invalid, got {other:?}"),
+    }
+    let cpu = Tensor::zeros(&[1, 1, 3, 4], DType::F32, Device::cpu()).unwrap();
+    let x = cpu.to_device(gpu).unwrap();
+    assert!(matches!(
+        x.causal_attention(&cpu, &x),
+        Err(Error::Device(_))
+    ));
+}
+
+// ---- bad input ----------------------------------------------------------------------------
+
+#[test]
+fn bad_inputs_are_errors() {
+    let t = |shape: &[usize]| Tensor::zeros(shape, DType::F32, Device::cpu()).unwrap();
+    let shape_err = |r: Result<Tensor>, what: &str| match r {
+        Err(Error::Shape(msg)) => {
+            assert!(msg.contains('['), "{what}: message names no shape: {msg}")
+        }
+        other => panic!("{what}: expected Error::Shape, got {other:?}"),
+    };
+    let x = t(&[1, 2, 3, 4]);
+    shape_err(
+        t(&[2, 3, 4]).causal_attention(&t(&[2, 3, 4]), &t(&[2, 3, 4])),
+        "rank 3",
+    );
+    shape_err(x.causal_attention(&t(&[1, 2, 3, 5]), &x), "k of another Dh");
+    shape_err(x.causal_attention(&x, &t(&[1, 2, 4, 4])), "v of another T");
+    // as many elements as q, in another shape: only the op's own check can catch these
+    shape_err(
+        x.causal_attention(&t(&[1, 2, 4, 3]), &x),
+        "k [T, Dh] swapped",
+    );
+    shape_err(
+        x.causal_attention(&x, &t(&[2, 1, 3, 4])),
+        "v [B, H] swapped",
+    );
+    shape_err(
+        t(&[1, 1, 2, 3, 4]).causal_attention(&t(&[1, 1, 2, 3, 4]), &t(&[1, 1, 2, 3, 4])),
+        "rank 5",
+    );
+    let ints = Tensor::from_i32(vec![0; 24], &[1, 2, 3, 4], Device::cpu()).unwrap();
+    assert!(matches!(
+        ints.causal_attention(&ints, &ints),
+        Err(Error::DType(_))
+    ));
+    let doubles = x.to_dtype(DType::F64).unwrap();
+    assert!(matches!(
+        x.causal_attention(&doubles, &x),
+        Err(Error::DType(_))
+    ));
+}
+
+#[test]
+fn zero_sized_dimensions_give_an_empty_result() {
+    for shape in [[0, 2, 3, 4], [1, 0, 3, 4], [1, 2, 0, 4], [1, 2, 3, 0]] {
+        let x = Tensor::zeros(&shape, DType::F64, Device::cpu())
+            .unwrap()
+            .with_grad()
+            .unwrap();
+        let y = x.causal_attention(&x, &x).unwrap();
+        assert_eq!(y.shape(), &shape);
+        y.sum_all().unwrap().backward().unwrap();
+        assert_eq!(x.grad().expect("a gradient").shape(), &shape);
+    }
+}
