@@ -37,6 +37,7 @@ pub mod error;
 pub mod estimator_lab;
 pub mod gradcheck;
 pub mod info;
+pub mod lm;
 pub mod memory;
 pub mod moe;
 pub mod nn;

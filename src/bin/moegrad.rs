@@ -35,8 +35,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Train a model on MNIST or MultiMNIST, with a progress bar, metrics, plots and checkpoints.
+    /// Train a model on MNIST, MultiMNIST or synthetic-b (epochs), or a character-level GPT on
+    /// text (iterations), with a progress bar, metrics, plots and checkpoints.
     Train(TrainArgs),
+    /// Sample text from a language model trained with `train --model gpt|moe-gpt` (the
+    /// vocabulary and the model's settings come from the checkpoint).
+    Generate(GenerateArgs),
     /// Measure router-gradient estimators (bias, variance, cosine, cost) against the exact
     /// gradient of a small MoE problem, found by enumerating every expert choice
     /// (docs/estimators.md).
@@ -65,15 +69,24 @@ enum Command {
 /// `moegrad train` options (each maps onto a field of `TrainConfig`).
 #[derive(clap::Args)]
 struct TrainArgs {
-    /// Dataset: mnist, multimnist (two overlaid digits, two tasks) or synthetic-b (DSelect-k's
-    /// generator B: 4 true experts hidden among 16 frozen ones; reports which ones the gate selects).
+    /// Dataset: mnist, multimnist (two overlaid digits, two tasks), synthetic-b (DSelect-k's
+    /// generator B: 4 true experts hidden among 16 frozen ones; reports which ones the gate
+    /// selects), shakespeare (data/shakespeare-10-plays.txt.gz, for --model gpt|moe-gpt) or text
+    /// (--data-file, any UTF-8 text, plain or .gz).
     #[arg(long, value_enum, default_value = "mnist")]
     data: DataArg,
+    /// The text file of --data text.
+    #[arg(long)]
+    data_file: Option<PathBuf>,
     /// Directory with the MNIST IDX files (bundled subset in data/, or the full MNIST files).
     #[arg(long, default_value = "data")]
     data_dir: PathBuf,
-    /// Model: mlp, cnn, moe-mlp, moe-cnn or mmoe-cnn (multi-gate, MultiMNIST) [default: cnn;
-    /// moe-mlp, the gate over the frozen bank, for synthetic-b].
+    /// Model: mlp, cnn, moe-mlp, moe-cnn or mmoe-cnn (multi-gate, MultiMNIST); gpt or moe-gpt
+    /// (a character-level GPT, every --moe-every-th feed-forward an MoE layer) for text
+    /// [default: cnn; moe-mlp for synthetic-b; gpt for text]. The language models take nanoGPT's
+    /// "baby" Shakespeare defaults for every setting not given: --batch 12, --lr 1e-3,
+    /// --optimizer adamw, --weight-decay 0.1 (matrices only), --schedule cosine to --min-lr
+    /// 1e-4, --warmup-steps 100, --clip-grad-norm 1, --expert-hidden 256.
     #[arg(long, value_enum)]
     model: Option<ModelArg>,
     /// Passes over the training set (with --resume: the total, counting the epochs already
@@ -175,9 +188,64 @@ struct TrainArgs {
     /// there are kept.
     #[arg(long)]
     overwrite: bool,
+    /// Language models: training iterations (a multiple of --eval-every).
+    #[arg(long, default_value_t = 2000)]
+    iters: usize,
+    /// Language models: evaluate, log and checkpoint every N iterations.
+    #[arg(long, default_value_t = 250)]
+    eval_every: usize,
+    /// Language models: validation windows per evaluation (fixed by --seed).
+    #[arg(long, default_value_t = 480)]
+    eval_windows: usize,
+    /// Language models: transformer blocks.
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Language models: attention heads.
+    #[arg(long, default_value_t = 4)]
+    heads: usize,
+    /// Language models: model width.
+    #[arg(long, default_value_t = 128)]
+    d_model: usize,
+    /// Language models: context length in characters.
+    #[arg(long, default_value_t = 64)]
+    block: usize,
+    /// moe-gpt: an MoE feed-forward in every N-th block (1: every block; 2 alternates dense
+    /// and MoE as Switch and GShard do).
+    #[arg(long, default_value_t = 1)]
+    moe_every: usize,
+    /// The final learning rate of the cosine schedule [default: 0; 1e-4 for the language models].
+    #[arg(long, allow_negative_numbers = true)]
+    min_lr: Option<f64>,
     /// Print the final metrics as one JSON object on stdout.
     #[arg(long)]
     json: bool,
+}
+
+/// `moegrad generate` options.
+#[derive(clap::Args)]
+struct GenerateArgs {
+    /// The checkpoint of a language-model run (its out/checkpoint.safetensors).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// The text to continue (every character must be in the model's vocabulary; `\n` and
+    /// `\t` stand for a newline and a tab) [default: a newline].
+    #[arg(long, default_value = "\\n")]
+    prompt: String,
+    /// Characters to generate.
+    #[arg(long, default_value_t = 300)]
+    tokens: usize,
+    /// Softmax temperature (> 0).
+    #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
+    temperature: f64,
+    /// Sample among the K most likely characters (0: all).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Seed of the draws: the same seed gives the same text.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// auto, cpu or gpu.
+    #[arg(long, default_value = "auto")]
+    device: String,
 }
 
 /// `moegrad estimators` options (each maps onto a field of `LabConfig`).
@@ -312,6 +380,8 @@ enum DataArg {
     Multimnist,
     #[value(name = "synthetic-b")]
     SyntheticB,
+    Shakespeare,
+    Text,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -321,6 +391,8 @@ enum ModelArg {
     MoeMlp,
     MoeCnn,
     MmoeCnn,
+    Gpt,
+    MoeGpt,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -331,17 +403,85 @@ enum OptimizerArg {
 }
 
 impl TrainArgs {
-    fn config(&self) -> moegrad::Result<TrainConfig> {
+    /// The run's settings; `given` lists the flags set on the command line (a language model
+    /// takes its own defaults for the others, see [`TrainConfig::language_model`]).
+    fn config(&self, given: &[String]) -> moegrad::Result<TrainConfig> {
+        let image = self.image_config()?;
+        if !image.model.is_lm() {
+            return Ok(image);
+        }
+        let has = |flag: &str| given.iter().any(|g| g == flag);
+        let mut c = TrainConfig::language_model(image.model);
+        c.data = image.data;
+        c.data_dir = image.data_dir.clone();
+        c.data_file = self.data_file.clone();
+        c.seed = image.seed;
+        c.device = image.device.clone();
+        c.out = image.out.clone();
+        c.log_every = image.log_every;
+        c.router = image.router.clone();
+        c.router_options = image.router_options.clone();
+        c.experts = image.experts;
+        c.k = image.k;
+        c.capacity_factor = image.capacity_factor;
+        c.eval_capacity_factor = image.eval_capacity_factor;
+        c.balance_loss = image.balance_loss;
+        c.z_loss = image.z_loss;
+        c.schedule_epochs = image.schedule_epochs;
+        c.iters = self.iters;
+        c.eval_every = self.eval_every;
+        c.eval_windows = self.eval_windows;
+        c.layers = self.layers;
+        c.heads = self.heads;
+        c.d_model = self.d_model;
+        c.block = self.block;
+        c.moe_every = self.moe_every;
+        if let Some(m) = self.min_lr {
+            c.min_lr = m;
+        }
+        if has("--batch") {
+            c.batch = image.batch;
+        }
+        if has("--lr") {
+            c.lr = image.lr;
+            c.min_lr = c.min_lr.min(c.lr);
+        }
+        if has("--optimizer") {
+            c.optimizer = image.optimizer;
+        }
+        if has("--weight-decay") {
+            c.weight_decay = image.weight_decay;
+        }
+        if has("--schedule") {
+            c.schedule = image.schedule.clone();
+        }
+        if has("--warmup-steps") {
+            c.warmup_steps = image.warmup_steps;
+        }
+        if has("--clip-grad-norm") {
+            c.clip_grad_norm = image.clip_grad_norm;
+        }
+        if has("--expert-hidden") {
+            c.expert_hidden = image.expert_hidden;
+        }
+        Ok(c.with_lm_intervals())
+    }
+
+    /// The settings as the image models read the flags.
+    fn image_config(&self) -> moegrad::Result<TrainConfig> {
         let synthetic = matches!(self.data, DataArg::SyntheticB);
         Ok(TrainConfig {
             data: match self.data {
                 DataArg::Mnist => DataKind::Mnist,
                 DataArg::Multimnist => DataKind::Multimnist,
                 DataArg::SyntheticB => DataKind::SyntheticB,
+                DataArg::Shakespeare => DataKind::Shakespeare,
+                DataArg::Text => DataKind::Text,
             },
             data_dir: self.data_dir.clone(),
             model: match self.model.unwrap_or(match self.data {
                 DataArg::SyntheticB => ModelArg::MoeMlp,
+                DataArg::Shakespeare | DataArg::Text => ModelArg::Gpt,
                 _ => ModelArg::Cnn,
             }) {
                 ModelArg::Mlp => ModelKind::Mlp,
@@ -349,6 +489,8 @@ impl TrainArgs {
                 ModelArg::MoeMlp => ModelKind::MoeMlp,
                 ModelArg::MoeCnn => ModelKind::MoeCnn,
                 ModelArg::MmoeCnn => ModelKind::MmoeCnn,
+                ModelArg::Gpt => ModelKind::Gpt,
+                ModelArg::MoeGpt => ModelKind::MoeGpt,
             },
             epochs: self.epochs,
             batch: self.batch,
@@ -378,6 +520,8 @@ impl TrainArgs {
             balance_loss: self.balance_loss,
             z_loss: self.z_loss,
             router_options: moegrad::moe::parse_router_options(&self.router_opt)?,
+            min_lr: self.min_lr.unwrap_or(0.0),
+            ..TrainConfig::default()
         })
     }
 }
@@ -422,6 +566,32 @@ fn flags_given(matches: Option<&ArgMatches>) -> Vec<String> {
         .filter(|id| m.value_source(id.as_str()) == Some(ValueSource::CommandLine))
         .map(|id| format!("--{}", id.as_str().replace('_', "-")))
         .collect()
+}
+
+/// Streams text from a language-model checkpoint to stdout.
+fn run_generate(args: &GenerateArgs) -> Result<()> {
+    use std::io::Write;
+    let device = Device::from_name(&args.device)?;
+    let (model, vocab) = moegrad::lm::train::load_model(&args.checkpoint, device)?;
+    // `--prompt` takes the escapes \n and \t, so a newline can be typed
+    let prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t");
+    let opts = moegrad::lm::SampleOptions {
+        tokens: args.tokens,
+        temperature: args.temperature,
+        top_k: args.top_k,
+        seed: args.seed,
+    };
+    // refuse a bad prompt before anything is printed
+    moegrad::data::text::encode(&vocab, &prompt)?;
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    let _ = write!(out, "{prompt}");
+    moegrad::lm::generate(&model, &vocab, &prompt, &opts, device, |c| {
+        let _ = write!(out, "{c}");
+        let _ = out.flush();
+    })?;
+    let _ = writeln!(out);
+    Ok(())
 }
 
 /// Runs the estimator lab: checks the figure's path first, shows a progress bar on stderr
@@ -508,22 +678,42 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
             }
         }
         Command::Train(args) => {
-            let cfg = args.config()?;
-            cfg.validate()?;
             let given = flags_given(matches.subcommand_matches("train"));
+            let cfg = args.config(&given)?;
+            cfg.validate()?;
             let given: Vec<&str> = given.iter().map(String::as_str).collect();
             for w in cfg.warnings(&given) {
                 eprintln!("moegrad: warning: {w}");
             }
-            let summary = moegrad::train::run(
-                &cfg,
-                RunOptions {
-                    resume: args.resume,
-                    progress: true,
-                    overwrite: args.overwrite,
-                    allow_config_change: args.allow_config_change.clone(),
-                },
-            )?;
+            let opts = RunOptions {
+                resume: args.resume,
+                progress: true,
+                overwrite: args.overwrite,
+                allow_config_change: args.allow_config_change.clone(),
+            };
+            if cfg.model.is_lm() {
+                let summary = moegrad::lm::train::run(&cfg, opts)?;
+                if args.json {
+                    println!(
+                        "{}",
+                        serde_json::to_string(&summary)
+                            .map_err(|e| moegrad::Error::Invalid(e.to_string()))?
+                    );
+                } else {
+                    println!(
+                        "trained {} iterations on {} in {:.1} s ({:.1} ms/iter): validation loss {:.4} (perplexity {:.2}); outputs in {}",
+                        summary.iters,
+                        summary.device,
+                        summary.seconds,
+                        summary.ms_per_iter,
+                        summary.val_loss,
+                        summary.val_ppl,
+                        cfg.out.display()
+                    );
+                }
+                return Ok(());
+            }
+            let summary = moegrad::train::run(&cfg, opts)?;
             if args.json {
                 println!(
                     "{}",
@@ -543,6 +733,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
             }
         }
         Command::Estimators(args) => run_estimators(&args)?,
+        Command::Generate(args) => run_generate(&args)?,
         Command::Bench {
             workload: Workload::Moe,
             json,

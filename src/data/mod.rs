@@ -1,11 +1,12 @@
 //! Data: the MNIST IDX reader, the MultiMNIST composer, the synthetic generators with a known
-//! mixture of experts, and batching.
+//! mixture of experts, batching, and character-level text for the language models.
 
 pub mod idx;
 pub mod loader;
 pub mod mnist;
 pub mod multimnist;
 pub mod synthetic;
+pub mod text;
 
 pub use loader::{Batch, Dataset};
 pub use mnist::{ImageSet, Mnist};

@@ -212,3 +212,20 @@ impl ScoreTerm {
         score.mul(&reward)?.sum_all()
     }
 }
+
+/// `objective` plus [`ScoreTerm::surrogate`] of every term, all with the same per-token losses
+/// `token_loss` (what a training loop adds before `backward`; the value is unchanged).
+///
+/// # Errors
+/// `token_loss` not of the shape the terms' routers sampled for.
+pub fn add_surrogates(
+    objective: &Tensor,
+    terms: &[ScoreTerm],
+    token_loss: &Tensor,
+) -> Result<Tensor> {
+    let mut total = objective.clone();
+    for term in terms {
+        total = total.add(&term.surrogate(token_loss)?.to_dtype(total.dtype())?)?;
+    }
+    Ok(total)
+}

@@ -2,6 +2,7 @@
 //!
 //! * Kaiming (He) uniform, for layers followed by ReLU: `U(−b, b)`, `b = √(6 / fan_in)`.
 //! * Xavier (Glorot) uniform: `U(−b, b)`, `b = √(6 / (fan_in + fan_out))`.
+//! * Normal `N(0, σ²)` (GPT-2's `σ = 0.02`), by the Box–Muller transform.
 
 use crate::{Device, Result, Tensor};
 use rand::RngExt;
@@ -16,6 +17,18 @@ pub enum Init {
     XavierUniform,
 }
 
+/// The number of elements of a weight of `shape`, or an error when it cannot be counted.
+fn element_count(shape: &[usize]) -> Result<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .ok_or_else(|| {
+            crate::Error::Invalid(format!(
+                "a weight of shape {shape:?} has more elements than can be counted"
+            ))
+        })
+}
+
 /// A tensor of `shape` drawn uniformly from `[-bound, bound)`.
 pub fn uniform(
     shape: &[usize],
@@ -23,14 +36,7 @@ pub fn uniform(
     rng: &mut ChaCha8Rng,
     device: Device,
 ) -> Result<Tensor> {
-    let n = shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .ok_or_else(|| {
-            crate::Error::Invalid(format!(
-                "a weight of shape {shape:?} has more elements than can be counted"
-            ))
-        })?;
+    let n = element_count(shape)?;
     let b = bound as f32;
     // allocated fallibly: a weight larger than the machine's memory is an error, not an abort
     let mut values = crate::memory::try_vec(n)?;
@@ -40,6 +46,18 @@ pub fn uniform(
         } else {
             0.0
         }
+    }));
+    Tensor::from_f32(values, shape, device)
+}
+
+/// A tensor of `shape` drawn from `N(0, std²)` (Box–Muller on the generator's uniforms).
+pub fn normal(shape: &[usize], std: f64, rng: &mut ChaCha8Rng, device: Device) -> Result<Tensor> {
+    let n = element_count(shape)?;
+    let mut values = crate::memory::try_vec(n)?;
+    values.extend((0..n).map(|_| {
+        let u1: f64 = rng.random_range(f64::EPSILON..1.0);
+        let u2: f64 = rng.random_range(0.0..1.0);
+        (std * (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()) as f32
     }));
     Tensor::from_f32(values, shape, device)
 }

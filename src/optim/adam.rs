@@ -27,6 +27,9 @@ pub struct Adam {
     pub weight_decay: f64,
     /// decoupled weight decay (AdamW)
     pub decoupled: bool,
+    /// parameters (by name) that take no weight decay (biases, norms, positional tables, as
+    /// a GPT's AdamW is set up); empty by default
+    pub no_decay: std::collections::BTreeSet<String>,
     steps: u64,
     moments: BTreeMap<String, (Tensor, Tensor)>,
 }
@@ -42,6 +45,7 @@ impl Adam {
             eps: 1e-8,
             weight_decay: 0.0,
             decoupled: false,
+            no_decay: Default::default(),
             steps: 0,
             moments: BTreeMap::new(),
         })
@@ -82,7 +86,16 @@ impl Optimizer for Adam {
             bias_correction2: 1.0 - self.beta2.powi(t),
         };
         let scale = grad_scale.map(|s| s.storage());
+        let undecayed = AdamHyper {
+            weight_decay: 0.0,
+            ..h
+        };
         for (name, param) in params {
+            let h = if self.no_decay.contains(name) {
+                undecayed
+            } else {
+                h
+            };
             let moments = &mut self.moments;
             param.update(|p, g| {
                 let (m, v) = match moments.get_mut(name) {

@@ -16,6 +16,28 @@ pub enum DataKind {
     /// task (see `data::synthetic`)
     #[serde(rename = "synthetic-b")]
     SyntheticB,
+    /// the bundled Shakespeare text, for the language models (`data/text.rs`)
+    Shakespeare,
+    /// a user's UTF-8 text file (`--data-file`), for the language models
+    Text,
+}
+
+impl DataKind {
+    /// The name as the command line spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            DataKind::Mnist => "mnist",
+            DataKind::Multimnist => "multimnist",
+            DataKind::SyntheticB => "synthetic-b",
+            DataKind::Shakespeare => "shakespeare",
+            DataKind::Text => "text",
+        }
+    }
+
+    /// True for the text datasets.
+    pub fn is_text(self) -> bool {
+        matches!(self, DataKind::Shakespeare | DataKind::Text)
+    }
 }
 
 /// Which model.
@@ -35,6 +57,11 @@ pub enum ModelKind {
     /// multi-gate MoE: one router per task over shared CNN experts, a tower per task
     #[serde(rename = "mmoe-cnn")]
     MmoeCnn,
+    /// a character-level GPT (`lm/gpt.rs`)
+    Gpt,
+    /// a GPT whose feed-forward blocks are MoE layers
+    #[serde(rename = "moe-gpt")]
+    MoeGpt,
 }
 
 impl ModelKind {
@@ -46,14 +73,21 @@ impl ModelKind {
             ModelKind::MoeMlp => "moe-mlp",
             ModelKind::MoeCnn => "moe-cnn",
             ModelKind::MmoeCnn => "mmoe-cnn",
+            ModelKind::Gpt => "gpt",
+            ModelKind::MoeGpt => "moe-gpt",
         }
+    }
+
+    /// True for the language models, trained by iterations on text (`lm/train.rs`).
+    pub fn is_lm(self) -> bool {
+        matches!(self, ModelKind::Gpt | ModelKind::MoeGpt)
     }
 
     /// True for the MoE models.
     pub fn is_moe(self) -> bool {
         matches!(
             self,
-            ModelKind::MoeMlp | ModelKind::MoeCnn | ModelKind::MmoeCnn
+            ModelKind::MoeMlp | ModelKind::MoeCnn | ModelKind::MmoeCnn | ModelKind::MoeGpt
         )
     }
 }
@@ -132,6 +166,36 @@ pub struct TrainConfig {
     pub z_loss: f64,
     /// MoE: router-specific options (`--router-opt key=value`)
     pub router_options: std::collections::BTreeMap<String, String>,
+    /// `--data text`: the text file
+    #[serde(default)]
+    pub data_file: Option<PathBuf>,
+    /// language models: training iterations (a multiple of `eval_every`)
+    #[serde(default)]
+    pub iters: usize,
+    /// language models: evaluate and checkpoint every this many iterations
+    #[serde(default)]
+    pub eval_every: usize,
+    /// language models: fixed validation windows per evaluation
+    #[serde(default)]
+    pub eval_windows: usize,
+    /// language models: transformer blocks
+    #[serde(default)]
+    pub layers: usize,
+    /// language models: attention heads
+    #[serde(default)]
+    pub heads: usize,
+    /// language models: model width
+    #[serde(default)]
+    pub d_model: usize,
+    /// language models: context length in characters
+    #[serde(default)]
+    pub block: usize,
+    /// `moe-gpt`: an MoE feed-forward in every this-many-th block (1: all)
+    #[serde(default)]
+    pub moe_every: usize,
+    /// the cosine schedule's final learning rate
+    #[serde(default)]
+    pub min_lr: f64,
 }
 
 /// Below this learning rate [`TrainConfig::warnings`] warns that training will barely move the
@@ -187,7 +251,59 @@ impl Default for TrainConfig {
             balance_loss: 0.01,
             z_loss: 0.0,
             router_options: Default::default(),
+            data_file: None,
+            iters: 0,
+            eval_every: 0,
+            eval_windows: 0,
+            layers: 0,
+            heads: 0,
+            d_model: 0,
+            block: 0,
+            moe_every: 1,
+            min_lr: 0.0,
         }
+    }
+}
+
+impl TrainConfig {
+    /// nanoGPT's CPU "baby" Shakespeare setting for `--model gpt|moe-gpt`: 2000 iterations of
+    /// batch 12 × block 64, 4 layers, 4 heads, d = 128; AdamW lr 1e-3, betas (0.9, 0.99), weight
+    /// decay 0.1 on the matrices, cosine decay to 1e-4 after 100 warm-up steps, gradient clipping
+    /// at 1.0; evaluation every 250 iterations on 480 fixed windows. For `moe-gpt`: 8 experts,
+    /// top-2, expert hidden 256 (the dense MLP's 512 active per token), dropless.
+    pub fn language_model(model: ModelKind) -> TrainConfig {
+        TrainConfig {
+            data: DataKind::Shakespeare,
+            model,
+            epochs: 8,
+            batch: 12,
+            lr: 1e-3,
+            optimizer: OptimizerKind::Adamw,
+            weight_decay: 0.1,
+            schedule: "cosine".into(),
+            warmup_steps: 100,
+            clip_grad_norm: 1.0,
+            expert_hidden: 256,
+            iters: 2000,
+            eval_every: 250,
+            eval_windows: 480,
+            layers: 4,
+            heads: 4,
+            d_model: 128,
+            block: 64,
+            moe_every: 1,
+            min_lr: 1e-4,
+            ..TrainConfig::default()
+        }
+    }
+
+    /// For a language model, `epochs` is the number of evaluation intervals
+    /// (`iters / eval_every`): what checkpoints, `--resume` and the schedule count in.
+    pub fn with_lm_intervals(mut self) -> TrainConfig {
+        if self.model.is_lm() && self.eval_every > 0 {
+            self.epochs = self.iters / self.eval_every;
+        }
+        self
     }
 }
 
@@ -285,6 +401,69 @@ impl TrainConfig {
     /// Checks every setting; the error names the one at fault.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Invalid(m));
+        if self.model.is_lm() != self.data.is_text() {
+            return bad(if self.model.is_lm() {
+                format!(
+                    "--model {} is a language model: use it with --data shakespeare or --data text --data-file PATH, not --data {}",
+                    self.model.name(),
+                    self.data.name()
+                )
+            } else {
+                format!(
+                    "--data {} is text: train it with --model gpt or moe-gpt, not {}",
+                    self.data.name(),
+                    self.model.name()
+                )
+            });
+        }
+        if self.model.is_lm() {
+            if self.data == DataKind::Text && self.data_file.is_none() {
+                return bad(
+                    "--data text needs --data-file PATH (a UTF-8 text file, plain or .gz)".into(),
+                );
+            }
+            if self.iters == 0
+                || self.eval_every == 0
+                || !self.iters.is_multiple_of(self.eval_every)
+            {
+                return bad(format!(
+                    "--iters {} must be a positive multiple of --eval-every {} (evaluations and checkpoints come every --eval-every iterations)",
+                    self.iters, self.eval_every
+                ));
+            }
+            if self.eval_windows == 0 {
+                return bad("--eval-windows must be at least 1".into());
+            }
+            if self.layers == 0 || self.block == 0 || self.d_model == 0 || self.heads == 0 {
+                return bad(format!(
+                    "--layers, --block, --d-model and --heads must be at least 1, got {}, {}, {}, {}",
+                    self.layers, self.block, self.d_model, self.heads
+                ));
+            }
+            if !self.d_model.is_multiple_of(self.heads) {
+                return bad(format!(
+                    "--d-model {} must be a multiple of --heads {}",
+                    self.d_model, self.heads
+                ));
+            }
+            if self.model == ModelKind::MoeGpt
+                && (self.moe_every == 0 || self.moe_every > self.layers)
+            {
+                return bad(format!(
+                    "--moe-every {} must be between 1 and --layers {}",
+                    self.moe_every, self.layers
+                ));
+            }
+            if !(self.min_lr.is_finite() && self.min_lr >= 0.0 && self.min_lr <= self.lr) {
+                return bad(format!(
+                    "--min-lr {} must lie in [0, --lr {}]",
+                    self.min_lr, self.lr
+                ));
+            }
+            if self.model == ModelKind::MoeGpt && self.router == "expert-choice" {
+                return bad("--router expert-choice cannot train a causal language model: it picks each expert's tokens from the whole batch, so a position's output would depend on later positions of its own sequence; use a token-choice router such as topk or switch".into());
+            }
+        }
         if self.epochs == 0 {
             return bad("--epochs must be at least 1".into());
         }

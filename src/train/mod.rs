@@ -89,7 +89,7 @@ pub struct RunOptions {
 
 impl RunOptions {
     /// Checks the options against each other; returns the allowed changes as field names.
-    fn check(&self) -> Result<Vec<String>> {
+    pub(crate) fn check(&self) -> Result<Vec<String>> {
         if self.resume && self.overwrite {
             return Err(Error::Invalid(
                 "--resume continues the run in --out and --overwrite replaces it: pass one of them"
@@ -130,6 +130,12 @@ fn load_data(cfg: &TrainConfig) -> Result<Splits> {
         )
     };
     let (train, test, side, tasks) = match cfg.data {
+        DataKind::Shakespeare | DataKind::Text => {
+            return Err(Error::Invalid(format!(
+                "--data {} is text, for the language models (lm::train::run)",
+                cfg.data.name()
+            )));
+        }
         DataKind::Mnist => {
             let mnist = mnist()?;
             let side = mnist.train.rows;
@@ -198,11 +204,20 @@ fn make_optimizer(cfg: &TrainConfig) -> Result<Box<dyn Optimizer>> {
     })
 }
 
-/// Summed cross-entropy over the tasks, plus the model's auxiliary loss.
+/// Summed cross-entropy over the tasks (each a mean over the batch).
 fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
+    sum_over_tasks(logits, targets, Tensor::cross_entropy)
+}
+
+/// `per_task(logits, targets)` summed over the tasks.
+fn sum_over_tasks(
+    logits: &[Tensor],
+    targets: &[Tensor],
+    per_task: impl Fn(&Tensor, &Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
     let mut total: Option<Tensor> = None;
     for (l, y) in logits.iter().zip(targets) {
-        let ce = l.cross_entropy(y)?;
+        let ce = per_task(l, y)?;
         total = Some(match total {
             Some(t) => t.add(&ce)?,
             None => ce,
@@ -212,9 +227,8 @@ fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
 }
 
 /// `loss` plus the surrogate of every score-function term (REINFORCE routers, see
-/// `moe/score_function.rs`): the value is unchanged, and the gradient gains each router's
-/// score-function estimate, with each example's own task loss (summed over tasks, divided by the
-/// batch size as the mean loss divides it) as its reward.
+/// `moe/score_function.rs`), with each example's own task loss (summed over tasks, divided by
+/// the batch size as the mean loss divides it) as its reward.
 fn with_score_terms(
     loss: &Tensor,
     terms: &[crate::moe::ScoreTerm],
@@ -222,23 +236,10 @@ fn with_score_terms(
     targets: &[Tensor],
 ) -> Result<Tensor> {
     let per_example = crate::no_grad(|| -> Result<Tensor> {
-        let mut total: Option<Tensor> = None;
-        for (l, y) in logits.iter().zip(targets) {
-            let ce = l.cross_entropy_per_row(y)?;
-            total = Some(match total {
-                Some(t) => t.add(&ce)?,
-                None => ce,
-            });
-        }
-        let total = total.ok_or_else(|| Error::Invalid("a model with no task heads".into()))?;
-        let batch = total.numel().max(1) as f64;
-        total.mul_scalar(1.0 / batch)
+        let total = sum_over_tasks(logits, targets, Tensor::cross_entropy_per_row)?;
+        total.mul_scalar(1.0 / total.numel().max(1) as f64)
     })?;
-    let mut objective = loss.clone();
-    for term in terms {
-        objective = objective.add(&term.surrogate(&per_example)?.to_dtype(loss.dtype())?)?;
-    }
-    Ok(objective)
+    crate::moe::score_function::add_surrogates(loss, terms, &per_example)
 }
 
 /// Mean test loss and accuracy per task, with the values accumulated on the device.
@@ -284,7 +285,7 @@ fn accuracy_json(acc: &[f64]) -> serde_json::Value {
 }
 
 /// Keeps the first `epochs` lines of `metrics.jsonl` (a resumed run rewrites what follows).
-fn truncate_metrics(path: &Path, epochs: usize) -> Result<()> {
+pub(crate) fn truncate_metrics(path: &Path, epochs: usize) -> Result<()> {
     let Ok(text) = std::fs::read_to_string(path) else {
         return Ok(());
     };
@@ -322,6 +323,12 @@ fn read_points(path: &Path) -> Vec<EpochPoint> {
 /// there must belong to this run (see [`resume::restore`]).
 pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
     cfg.validate()?;
+    if cfg.model.is_lm() {
+        return Err(Error::Invalid(format!(
+            "--model {} is trained by iterations: use moegrad::lm::train::run",
+            cfg.model.name()
+        )));
+    }
     let allowed = opts.check()?;
     let started = Instant::now();
     let device = Device::from_name(&cfg.device)?;

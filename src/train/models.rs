@@ -225,7 +225,7 @@ fn extra_gate_scope(t: usize) -> String {
     join("moe", &format!("router{}", t + 1))
 }
 
-fn capacity(factor: f64) -> Capacity {
+pub(crate) fn capacity(factor: f64) -> Capacity {
     if factor > 0.0 {
         Capacity::Factor {
             factor,
@@ -323,6 +323,8 @@ pub fn memory_estimate(
     let linear = |i: usize, o: usize| sum_of_products(&[&[i, o], &[o]]);
     // (parameters, trainable, activation floats per example)
     let (params, trainable, acts): (u64, u64, u64) = match (cfg.data, cfg.model) {
+        // the language models are sized by `lm::gpt::check_memory`
+        (_, ModelKind::Gpt | ModelKind::MoeGpt) => (0, 0, 0),
         (DataKind::SyntheticB, _) => {
             use crate::data::synthetic::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
             let bank = sum_of_products(&[&[n, IN, OUT], &[n, OUT, OUT]])?;
@@ -449,6 +451,12 @@ pub fn build(
             .collect()
     };
     Ok(match cfg.model {
+        ModelKind::Gpt | ModelKind::MoeGpt => {
+            return Err(crate::Error::Invalid(format!(
+                "--model {} is a language model: lm::gpt::Gpt builds it",
+                cfg.model.name()
+            )));
+        }
         ModelKind::Mlp => {
             let trunk = Sequential::new()
                 .push(Flatten)

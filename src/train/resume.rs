@@ -142,7 +142,12 @@ pub fn check_config(
         if a == b || FREE_SETTINGS.contains(&key.as_str()) {
             continue;
         }
-        if key == "epochs" && !schedule_follows_epochs(saved) {
+        // a language model's `iters` sets its `epochs` (evaluation intervals), which carries
+        // the check; its evaluation windows only change what is measured
+        if key == "epochs" && !schedule_follows_epochs(saved)
+            || key == "iters"
+            || key == "eval_windows"
+        {
             continue;
         }
         if allowed.iter().any(|f| f == key) {

@@ -78,6 +78,12 @@ pub fn test_split(cfg: &TrainConfig) -> TestSplit {
                 .expect("generator B runs");
             (g.test.clone(), 0, 1, Some(g))
         }
+        DataKind::Shakespeare | DataKind::Text => {
+            panic!(
+                "test_split is for the image datasets, not {}",
+                cfg.data.name()
+            )
+        }
     };
     let n = cfg.test_limit;
     let data = if n == 0 || n >= data.len() {

@@ -1,0 +1,114 @@
+//! Sampling text from a trained character model (`moegrad generate`).
+//!
+//! Each step runs the model on the last `block` characters, takes the logits of the last
+//! position, divides them by the temperature, keeps the `top_k` largest (0: all), and draws the
+//! next character from their softmax with a generator seeded by `seed`: the same model, prompt and
+//! seed give the same text on the same device.
+
+use super::gpt::Gpt;
+use crate::data::text::{decode, encode};
+use crate::{Device, Error, Result, Tensor};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// How to sample.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SampleOptions {
+    /// characters to generate
+    pub tokens: usize,
+    /// softmax temperature (> 0; below 1 sharpens, above 1 flattens)
+    pub temperature: f64,
+    /// keep only the k most likely characters (0: all)
+    pub top_k: usize,
+    /// seed of the draws
+    pub seed: u64,
+}
+
+impl Default for SampleOptions {
+    fn default() -> Self {
+        SampleOptions {
+            tokens: 300,
+            temperature: 0.8,
+            top_k: 40,
+            seed: 1,
+        }
+    }
+}
+
+/// The index drawn from `logits` after temperature and top-k, with `u` uniform in [0, 1).
+pub fn sample_index(logits: &[f64], temperature: f64, top_k: usize, u: f64) -> usize {
+    let mut order: Vec<usize> = (0..logits.len()).collect();
+    // largest first; ties by lower index
+    order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
+    let keep = if top_k == 0 {
+        order.len()
+    } else {
+        top_k.min(order.len())
+    };
+    let kept = &order[..keep];
+    let max = logits[kept[0]] / temperature;
+    let weights: Vec<f64> = kept
+        .iter()
+        .map(|&i| (logits[i] / temperature - max).exp())
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let mut acc = 0.0;
+    for (w, &i) in weights.iter().zip(kept) {
+        acc += w / total;
+        if u < acc {
+            return i;
+        }
+    }
+    kept[keep - 1]
+}
+
+/// Generates `opts.tokens` characters after `prompt`, calling `emit` with each one as it is
+/// drawn, and returns them. The model is switched to evaluation mode.
+///
+/// # Errors
+/// An empty prompt, a prompt character outside `vocab` (named), a temperature that is not a
+/// positive finite number, or an error of the model.
+pub fn generate(
+    model: &Gpt,
+    vocab: &[char],
+    prompt: &str,
+    opts: &SampleOptions,
+    device: Device,
+    mut emit: impl FnMut(char),
+) -> Result<String> {
+    if !(opts.temperature.is_finite() && opts.temperature > 0.0) {
+        return Err(Error::Invalid(format!(
+            "--temperature must be a positive number, got {}",
+            opts.temperature
+        )));
+    }
+    if prompt.is_empty() {
+        return Err(Error::Invalid(
+            "--prompt is empty: give at least one character to start from".into(),
+        ));
+    }
+    let mut ids = encode(vocab, prompt)?;
+    let block = model.config.block;
+    let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
+    let mut out = Vec::with_capacity(opts.tokens);
+    model.set_training(false);
+    let _guard = crate::NoGradGuard::new();
+    for _ in 0..opts.tokens {
+        let context = &ids[ids.len().saturating_sub(block)..];
+        let t = context.len();
+        let x = Tensor::from_i32(context.to_vec(), &[1, t], device)?;
+        let logits = model.forward(&x)?.logits.slice(0, t - 1, t)?.to_vec_f64()?;
+        let next = sample_index(
+            &logits,
+            opts.temperature,
+            opts.top_k,
+            rng.random_range(0.0..1.0),
+        );
+        ids.push(next as i32);
+        out.push(next as i32);
+        if let Some(c) = vocab.get(next) {
+            emit(*c);
+        }
+    }
+    Ok(decode(vocab, &out))
+}
