@@ -469,3 +469,41 @@ fn gpu_moe_gpt_matches_the_cpu() {
     }
     let _ = DType::F32;
 }
+
+#[test]
+fn per_row_cross_entropy_is_checked_and_averages_to_the_mean_loss() {
+    let logits = common::f64t(
+        &(0..12)
+            .map(|i| ((i * 5 % 7) as f64 - 3.0) / 2.0)
+            .collect::<Vec<_>>(),
+        &[4, 3],
+    );
+    let y = Tensor::from_i32(vec![2, 0, 1, 2], &[4], Device::cpu()).unwrap();
+    moegrad::gradcheck::gradcheck(
+        |t| t[0].cross_entropy_per_row(&y),
+        std::slice::from_ref(&logits),
+        &Default::default(),
+    )
+    .unwrap();
+    let rows = logits
+        .cross_entropy_per_row(&y)
+        .unwrap()
+        .to_vec_f64()
+        .unwrap();
+    let mean = logits.cross_entropy(&y).unwrap().item().unwrap();
+    assert!((rows.iter().sum::<f64>() / 4.0 - mean).abs() < 1e-12);
+    let bad = Tensor::from_i32(vec![0, 1], &[2], Device::cpu()).unwrap();
+    assert!(logits.cross_entropy_per_row(&bad).is_err());
+    if let Some(gpu) = common::gpu_or_skip("per_row_cross_entropy_gpu") {
+        let g = logits
+            .to_dtype(DType::F32)
+            .unwrap()
+            .to_device(gpu)
+            .unwrap()
+            .cross_entropy_per_row(&y.to_device(gpu).unwrap())
+            .unwrap()
+            .to_vec_f64()
+            .unwrap();
+        common::assert_close("gpu per-row cross-entropy", &g, &rows, 1e-5, 1e-5);
+    }
+}
