@@ -568,6 +568,15 @@ fn flags_given(matches: Option<&ArgMatches>) -> Vec<String> {
         .collect()
 }
 
+/// Prints a result (a run's summary, a report, a benchmark) as one JSON object on stdout
+/// (`--json`).
+fn print_json(summary: &impl serde::Serialize) -> Result<()> {
+    let text =
+        serde_json::to_string(summary).map_err(|e| moegrad::Error::Invalid(e.to_string()))?;
+    println!("{text}");
+    Ok(())
+}
+
 /// Streams text from a language-model checkpoint to stdout.
 fn run_generate(args: &GenerateArgs) -> Result<()> {
     use std::io::Write;
@@ -621,10 +630,7 @@ fn run_estimators(args: &EstimatorArgs) -> Result<()> {
     bar.finish_and_clear();
     let report = report?;
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string(&report).map_err(|e| moegrad::Error::Invalid(e.to_string()))?
-        );
+        print_json(&report)?;
     } else {
         print_lab(&report);
     }
@@ -694,11 +700,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
             if cfg.model.is_lm() {
                 let summary = moegrad::lm::train::run(&cfg, opts)?;
                 if args.json {
-                    println!(
-                        "{}",
-                        serde_json::to_string(&summary)
-                            .map_err(|e| moegrad::Error::Invalid(e.to_string()))?
-                    );
+                    print_json(&summary)?;
                 } else {
                     println!(
                         "trained {} iterations on {} in {:.1} s ({:.1} ms/iter): validation loss {:.4} (perplexity {:.2}); outputs in {}",
@@ -715,11 +717,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
             }
             let summary = moegrad::train::run(&cfg, opts)?;
             if args.json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&summary)
-                        .map_err(|e| moegrad::Error::Invalid(e.to_string()))?
-                );
+                print_json(&summary)?;
             } else {
                 println!(
                     "trained {} epochs on {} in {:.1} s: test loss {:.4}, test accuracy {}; outputs in {}",
@@ -758,11 +756,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                 },
             )?;
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&r)
-                        .map_err(|e| moegrad::Error::Invalid(e.to_string()))?
-                );
+                print_json(&r)?;
             } else {
                 println!("{}", r.workload);
                 println!(
@@ -813,11 +807,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
             }
             let r = moegrad::bench::bench_matmul(&bench_devices(&device)?, &sizes)?;
             if json {
-                println!(
-                    "{}",
-                    serde_json::to_string(&r)
-                        .map_err(|e| moegrad::Error::Invalid(e.to_string()))?
-                );
+                print_json(&r)?;
             } else {
                 println!("{:<8} {:>6} {:>10}", "device", "size", "GFLOP/s");
                 for m in &r.matmul {

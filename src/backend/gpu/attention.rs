@@ -209,20 +209,11 @@ pub(crate) fn attention_backward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use wgpu::naga;
 
     /// The shader parses and validates, and has the four entry points the launchers name.
     #[test]
     fn shader_parses_and_validates() {
-        let src = ATTENTION_SHADER.source;
-        let module = naga::front::wgsl::parse_str(src)
-            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
-        naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::empty(),
-        )
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
+        let (module, _) = super::super::kernels::validated_module(ATTENTION_SHADER.source);
         let names: Vec<&str> = module
             .entry_points
             .iter()

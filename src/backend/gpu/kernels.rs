@@ -383,6 +383,21 @@ impl GpuBackend {
     }
 }
 
+/// Parses and validates a WGSL source with naga (no optional capabilities), panicking with the
+/// compiler's message: what each shader's own test checks before anything else.
+#[cfg(test)]
+pub(crate) fn validated_module(src: &str) -> (naga::Module, naga::valid::ModuleInfo) {
+    let module =
+        naga::front::wgsl::parse_str(src).unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
+    let info = naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::empty(),
+    )
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
+    (module, info)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -413,14 +428,7 @@ mod tests {
             (&attention::ATTENTION_SHADER, 4),
         ];
         for (shader, entries) in files {
-            let module = naga::front::wgsl::parse_str(shader.source)
-                .unwrap_or_else(|e| panic!("{}", e.emit_to_string(shader.source)));
-            let info = naga::valid::Validator::new(
-                naga::valid::ValidationFlags::all(),
-                naga::valid::Capabilities::empty(),
-            )
-            .validate(&module)
-            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(shader.source)));
+            let (module, info) = validated_module(shader.source);
             assert_eq!(module.entry_points.len(), entries, "{}", shader.name);
             assert!(
                 shader.source.starts_with("//"),
