@@ -19,6 +19,7 @@
 
 use super::context::Context;
 use super::pool::PooledBuffer;
+use super::stats::Counters;
 use crate::{Error, Result};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -53,11 +54,13 @@ pub(crate) struct Batcher {
     batch: Mutex<Batch>,
     arena: wgpu::Buffer,
     slot: u64,
+    /// the backend's counters (dispatches, submissions, parameter bytes)
+    counters: Arc<Counters>,
 }
 
 impl Batcher {
     /// A batcher with an empty batch and a uniform arena of [`MAX_BATCH`] slots.
-    pub fn new(ctx: &Context) -> Batcher {
+    pub fn new(ctx: &Context, counters: Arc<Counters>) -> Batcher {
         let slot = PARAM_SLOT.max(ctx.limits.min_uniform_buffer_offset_alignment as u64);
         let arena = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("moegrad params arena"),
@@ -65,10 +68,12 @@ impl Batcher {
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        counters.buffer_created();
         Batcher {
             batch: Mutex::new(Batch::default()),
             arena,
             slot,
+            counters,
         }
     }
 
@@ -152,6 +157,7 @@ impl Batcher {
             b.hold.push(s.buffer.clone());
         }
         b.dispatches += 1;
+        self.counters.dispatch();
         if b.dispatches >= MAX_BATCH {
             self.submit_locked(ctx, &mut b);
         }
@@ -164,8 +170,10 @@ impl Batcher {
         let enc = b.encoder.take()?;
         if !b.params.is_empty() {
             ctx.queue.write_buffer(&self.arena, 0, &b.params);
+            self.counters.params_uploaded(b.params.len() as u64);
         }
         let index = ctx.queue.submit([enc.finish()]);
+        self.counters.submit();
         b.params.clear();
         b.dispatches = 0;
         b.hold.clear();

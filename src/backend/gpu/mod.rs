@@ -8,6 +8,8 @@
 //!   (nothing is read back to the host except by [`Backend::download`]);
 //! * `kernels.rs` compiles and caches pipelines and holds the one launch helper,
 //!   `GpuBackend::launch(shader, entry, buffers, params, groups)`, that every op uses;
+//! * `stats.rs` counts dispatches, submissions, host waits, buffers created and bytes moved
+//!   ([`GpuStats`], read with [`GpuBackend::stats`]);
 //! * one launcher file per kernel family, named after its shader: `elementwise.rs`,
 //!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs` and `attention.rs`
 //!   launch the entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
@@ -31,9 +33,11 @@ mod pool;
 mod random;
 mod reduce;
 mod sort;
+mod stats;
 mod strided;
 
 pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
+pub use stats::GpuStats;
 
 use super::{
     AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims,
@@ -48,6 +52,7 @@ pub(crate) struct Inner {
     pool: Arc<pool::Pool>,
     batcher: encoder::Batcher,
     kernels: kernels::KernelCache,
+    counters: Arc<stats::Counters>,
 }
 
 /// A handle to the process-wide GPU context (device, queue, buffer pool, pipeline cache,
@@ -182,14 +187,20 @@ impl GpuBackend {
                 Error::Device(msg) => msg,
                 other => other.to_string(),
             })?;
-            let pool = pool::Pool::new(ctx.device.clone(), ctx.limits.max_buffer_size);
-            let batcher = encoder::Batcher::new(&ctx);
+            let counters = Arc::new(stats::Counters::default());
+            let pool = pool::Pool::new(
+                ctx.device.clone(),
+                ctx.limits.max_buffer_size,
+                counters.clone(),
+            );
+            let batcher = encoder::Batcher::new(&ctx, counters.clone());
             Ok(GpuBackend {
                 inner: Arc::new(Inner {
                     ctx,
                     pool,
                     batcher,
                     kernels: kernels::KernelCache::default(),
+                    counters,
                 }),
             })
         })
@@ -213,12 +224,25 @@ impl GpuBackend {
     /// [`Error::Gpu`] when wgpu reported an error or the wait failed.
     pub fn synchronize(&self) -> Result<()> {
         self.inner.batcher.flush(&self.inner.ctx);
+        self.inner.counters.host_wait();
         self.inner
             .ctx
             .device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Gpu(format!("waiting for the GPU: {e}")))?;
         self.inner.ctx.take_error()
+    }
+
+    /// The counters of dispatches, submissions, host waits, buffers created and bytes moved
+    /// since the context opened or the last [`GpuBackend::reset_stats`]. They are
+    /// process-wide: work from every thread counts.
+    pub fn stats(&self) -> GpuStats {
+        self.inner.counters.snapshot()
+    }
+
+    /// Sets the counters of [`GpuBackend::stats`] back to zero.
+    pub fn reset_stats(&self) {
+        self.inner.counters.reset();
     }
 
     /// Bytes of pooled storage buffers in use now and at the peak.
@@ -309,6 +333,8 @@ impl GpuBackend {
             .map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
                 let _ = tx.send(r);
             });
+        inner.counters.host_wait();
+        inner.counters.downloaded(bytes);
         let data = self.wait_and_read(&staging, index, bytes, rx);
         // Unmapping also cancels a pending map, so the staging buffer goes back to the pool
         // unmapped on every path.
@@ -372,6 +398,7 @@ impl Backend for GpuBackend {
         let out = self.alloc(data.len(), dtype)?;
         if !bytes.is_empty() {
             self.inner.ctx.queue.write_buffer(out.buf.raw(), 0, bytes);
+            self.inner.counters.uploaded(bytes.len() as u64);
         }
         Ok(out)
     }
