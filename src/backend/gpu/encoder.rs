@@ -180,6 +180,15 @@ impl Batcher {
         Some(index)
     }
 
+    /// Whether `buf` is referenced only by the caller's handle and by the pending batch (whose
+    /// kernels were recorded earlier and so run before anything recorded next): a kernel may
+    /// then overwrite it in place. Counted under the batch's lock, so no hold is added meanwhile.
+    pub fn only_held_by_batch(&self, buf: &Arc<PooledBuffer>) -> bool {
+        let b = self.lock();
+        let held = b.hold.iter().filter(|h| Arc::ptr_eq(h, buf)).count();
+        Arc::strong_count(buf) == held + 1
+    }
+
     /// Submits whatever is pending.
     pub fn flush(&self, ctx: &Context) {
         let mut b = self.lock();

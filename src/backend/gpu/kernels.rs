@@ -417,15 +417,16 @@ mod tests {
     /// convention (uniform params at 0, storage buffers after).
     #[test]
     fn shaders_validate_and_follow_the_binding_convention() {
-        use super::super::{attention, elementwise, layout, optim, random, reduce, sort};
+        use super::super::{attention, elementwise, layout, optim, random, reduce, routing, sort};
         let files = [
             (&elementwise::ELEMENTWISE, 5usize),
             (&reduce::REDUCE, 4),
             (&layout::LAYOUT, 5),
             (&sort::SORT, 4),
             (&random::RANDOM, 1),
-            (&optim::OPTIM, 6),
+            (&optim::OPTIM, 7),
             (&attention::ATTENTION_SHADER, 4),
+            (&routing::ROUTING, 5),
         ];
         for (shader, entries) in files {
             let (module, info) = validated_module(shader.source);

@@ -11,7 +11,8 @@
 //! * `stats.rs` counts dispatches, submissions, host waits, buffers created and bytes moved
 //!   ([`GpuStats`], read with [`GpuBackend::stats`]);
 //! * one launcher file per kernel family, named after its shader: `elementwise.rs`,
-//!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs` and `attention.rs`
+//!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs`, `attention.rs`
+//!   and `routing.rs`
 //!   launch the entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
 //!   primitive.
 //!
@@ -32,16 +33,18 @@ mod optim;
 mod pool;
 mod random;
 mod reduce;
+mod routing;
 mod sort;
 mod stats;
 mod strided;
 
 pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
+pub use optim::{ADAM_MULTI_SLOTS, AdamSlot};
 pub use stats::GpuStats;
 
 use super::{
     AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims,
-    ReduceOp, SgdHyper, UnaryOp,
+    PlanBuffers, ReduceOp, SgdHyper, UnaryOp,
 };
 use crate::{DType, Error, Result};
 use std::sync::{Arc, OnceLock};
@@ -129,6 +132,10 @@ pub fn info() -> Result<GpuInfo> {
         (
             "max_storage_buffers_per_shader_stage".into(),
             l.max_storage_buffers_per_shader_stage as u64,
+        ),
+        (
+            "max_buffers_per_shader_stage".into(),
+            l.max_buffers_and_acceleration_structures_per_shader_stage as u64,
         ),
         (
             "max_compute_workgroup_storage_size".into(),
@@ -296,6 +303,37 @@ impl GpuBackend {
         h: crate::backend::SgdHyper,
     ) -> Result<()> {
         optim::sgd_step_mut(self, param, grad, grad_scale, buf, h)
+    }
+
+    /// Whether `b` is the only handle to its device buffer apart from the pending batch of
+    /// kernels (recorded earlier, so they run first): a kernel may then overwrite it in place.
+    pub(crate) fn is_exclusive(&self, b: &GpuBuffer) -> bool {
+        self.inner.batcher.only_held_by_batch(&b.buf)
+    }
+
+    /// Whether this device can run [`GpuBackend::adam_multi_mut`] (it binds 27 storage buffers
+    /// per shader stage; WebGPU's minimum is 8).
+    pub fn adam_multi_supported(&self) -> bool {
+        optim::adam_multi_supported(self)
+    }
+
+    /// The multi-tensor Adam step: every slot's parameter updated in place with its moments
+    /// in the flat buffers `m` and `v` at its offset, [`ADAM_MULTI_SLOTS`] parameters per
+    /// dispatch (so one dispatch for a small model).
+    ///
+    /// # Errors
+    /// Dtypes other than f32, a gradient of another length than its parameter, moments that do
+    /// not hold a slot's segment, or a device without the bindings
+    /// ([`GpuBackend::adam_multi_supported`]).
+    pub fn adam_multi_mut(
+        &self,
+        slots: &mut [AdamSlot<'_>],
+        m: &mut GpuBuffer,
+        v: &mut GpuBuffer,
+        grad_scale: Option<&GpuBuffer>,
+        h: AdamHyper,
+    ) -> Result<()> {
+        optim::adam_multi_mut(self, slots, m, v, grad_scale, h)
     }
 
     /// Gives the pool's free buffers back to the driver (buffers in use are kept).
@@ -606,5 +644,53 @@ impl Backend for GpuBackend {
         dims: AttentionDims,
     ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
         attention::attention_backward(self, q, k, v, o, lse, d_o, dims)
+    }
+
+    fn topk_gate(
+        &self,
+        logits: &GpuBuffer,
+        scores: Option<&GpuBuffer>,
+        rows: usize,
+        n: usize,
+        k: usize,
+        renormalise: bool,
+    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+        routing::topk_gate(self, logits, scores, (rows, n, k), renormalise)
+    }
+
+    fn topk_gate_backward(
+        &self,
+        weights: &GpuBuffer,
+        idx: &GpuBuffer,
+        d_weights: &GpuBuffer,
+        probs: Option<&GpuBuffer>,
+        rows: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<GpuBuffer> {
+        routing::topk_gate_backward(self, (weights, idx, d_weights), probs, (rows, n, k))
+    }
+
+    fn softmax_backward(
+        &self,
+        y: &GpuBuffer,
+        dy: &GpuBuffer,
+        rows: usize,
+        n: usize,
+    ) -> Result<GpuBuffer> {
+        routing::softmax_backward(self, y, dy, rows, n)
+    }
+
+    fn dispatch_plan(
+        &self,
+        token: &GpuBuffer,
+        expert: &GpuBuffer,
+        weight: &GpuBuffer,
+        rank: &GpuBuffer,
+        valid: &GpuBuffer,
+        experts: usize,
+        capacity: Option<usize>,
+    ) -> Result<PlanBuffers<GpuBuffer>> {
+        routing::dispatch_plan(self, token, expert, weight, rank, valid, experts, capacity)
     }
 }
