@@ -25,6 +25,16 @@
 //               holds t; slots past the last one used have len 0 (and any buffers bound).
 //               Needs 27 storage buffers per shader stage (the launcher falls back to
 //               adam_in_place per parameter on devices with fewer).
+// grad_sumsq    the squared norm of up to NORM_SLOTS = 24 gradients (gradient clipping): one
+//               workgroup of 256 per 4096 elements of the gradients taken one after the other
+//               writes the sum of their squares to partials[partial_offset + workgroup].
+//               params NormParams { total elements, partial_offset, max_norm (unused), slots
+//               (start, len) two per vec4 }; partials (1, read_write), gradient s (2 + s, read).
+//               Slots past the last one used have len 0.
+// grad_clip_scale one workgroup sums partials[0..total] (params NormParams, slots unused) and
+//               writes norm = √sum and scale = clamp(max_norm · (1 / (norm + 1e-6)), 0, 1), the
+//               factor the optimizer multiplies the gradients by: partials (1, read), norm (2,
+//               read_write, [1]), scale (3, read_write, [1]).
 // sgd_plain     SGD without momentum: p' = p - lr*(grad*scale + wd*p).
 //               params SgdParams; param, grad, scale (1-3, read) -> new param (4, read_write).
 // sgd_momentum  SGD with momentum mu: g = grad*scale + wd*p; b' = mu*b + g;
@@ -226,6 +236,131 @@ fn adam_multi(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     am_store_p(s, i, r.x);
     am_m[at] = r.y;
     am_v[at] = r.z;
+}
+
+// ---- grad_sumsq, grad_clip_scale ------------------------------------------------------------
+
+// Up to NORM_SLOTS gradients per grad_sumsq dispatch, gradient s at binding 2 + s (read);
+// WGSL cannot index bindings, so the load switches on s.
+
+const NORM_SLOTS: u32 = 24u;
+const NORM_CHUNK: u32 = 4096u; // elements per workgroup: 16 per invocation
+
+struct NormParams { total: u32, partial_offset: u32, max_norm: f32, _pad: u32,
+                    slots: array<vec4<u32>, 12> }
+
+@group(0) @binding(0) var<uniform> np: NormParams;
+@group(0) @binding(1) var<storage, read_write> gn_partials: array<f32>;
+@group(0) @binding(2) var<storage, read> gn_g0: array<f32>;
+@group(0) @binding(3) var<storage, read> gn_g1: array<f32>;
+@group(0) @binding(4) var<storage, read> gn_g2: array<f32>;
+@group(0) @binding(5) var<storage, read> gn_g3: array<f32>;
+@group(0) @binding(6) var<storage, read> gn_g4: array<f32>;
+@group(0) @binding(7) var<storage, read> gn_g5: array<f32>;
+@group(0) @binding(8) var<storage, read> gn_g6: array<f32>;
+@group(0) @binding(9) var<storage, read> gn_g7: array<f32>;
+@group(0) @binding(10) var<storage, read> gn_g8: array<f32>;
+@group(0) @binding(11) var<storage, read> gn_g9: array<f32>;
+@group(0) @binding(12) var<storage, read> gn_g10: array<f32>;
+@group(0) @binding(13) var<storage, read> gn_g11: array<f32>;
+@group(0) @binding(14) var<storage, read> gn_g12: array<f32>;
+@group(0) @binding(15) var<storage, read> gn_g13: array<f32>;
+@group(0) @binding(16) var<storage, read> gn_g14: array<f32>;
+@group(0) @binding(17) var<storage, read> gn_g15: array<f32>;
+@group(0) @binding(18) var<storage, read> gn_g16: array<f32>;
+@group(0) @binding(19) var<storage, read> gn_g17: array<f32>;
+@group(0) @binding(20) var<storage, read> gn_g18: array<f32>;
+@group(0) @binding(21) var<storage, read> gn_g19: array<f32>;
+@group(0) @binding(22) var<storage, read> gn_g20: array<f32>;
+@group(0) @binding(23) var<storage, read> gn_g21: array<f32>;
+@group(0) @binding(24) var<storage, read> gn_g22: array<f32>;
+@group(0) @binding(25) var<storage, read> gn_g23: array<f32>;
+
+var<workgroup> gn_sums: array<f32, 256>;
+
+fn gn_load(s: u32, i: u32) -> f32 {
+    switch s {
+        case 0u: { return gn_g0[i]; }
+        case 1u: { return gn_g1[i]; }
+        case 2u: { return gn_g2[i]; }
+        case 3u: { return gn_g3[i]; }
+        case 4u: { return gn_g4[i]; }
+        case 5u: { return gn_g5[i]; }
+        case 6u: { return gn_g6[i]; }
+        case 7u: { return gn_g7[i]; }
+        case 8u: { return gn_g8[i]; }
+        case 9u: { return gn_g9[i]; }
+        case 10u: { return gn_g10[i]; }
+        case 11u: { return gn_g11[i]; }
+        case 12u: { return gn_g12[i]; }
+        case 13u: { return gn_g13[i]; }
+        case 14u: { return gn_g14[i]; }
+        case 15u: { return gn_g15[i]; }
+        case 16u: { return gn_g16[i]; }
+        case 17u: { return gn_g17[i]; }
+        case 18u: { return gn_g18[i]; }
+        case 19u: { return gn_g19[i]; }
+        case 20u: { return gn_g20[i]; }
+        case 21u: { return gn_g21[i]; }
+        case 22u: { return gn_g22[i]; }
+        case 23u: { return gn_g23[i]; }
+        default: { return 0.0; }
+    }
+}
+
+// (start, len) of slot s in the group's elements.
+fn gn_slot(s: u32) -> vec2<u32> {
+    let v = np.slots[s / 2u];
+    if ((s & 1u) == 0u) { return v.xy; }
+    return v.zw;
+}
+
+// Sums the workgroup's 256 values in gn_sums; the total ends in gn_sums[0].
+fn gn_tree(lid: u32) {
+    for (var half = 128u; half > 0u; half = half / 2u) {
+        if (lid < half) { gn_sums[lid] = gn_sums[lid] + gn_sums[lid + half]; }
+        workgroupBarrier();
+    }
+}
+
+@compute @workgroup_size(256)
+fn grad_sumsq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let w = wid.y * nwg.x + wid.x;
+    let c0 = w * NORM_CHUNK;
+    let c1 = min(c0 + NORM_CHUNK, np.total);
+    var acc = 0.0;
+    for (var s = 0u; s < NORM_SLOTS; s = s + 1u) {
+        let slot = gn_slot(s);
+        let lo = max(slot.x, c0);
+        let hi = min(slot.x + slot.y, c1);
+        for (var t = lo + lid; t < hi; t = t + 256u) {
+            let g = gn_load(s, t - slot.x);
+            acc = acc + g * g;
+        }
+    }
+    gn_sums[lid] = acc;
+    workgroupBarrier();
+    gn_tree(lid);
+    if (lid == 0u && c0 < np.total) { gn_partials[np.partial_offset + w] = gn_sums[0]; }
+}
+
+@group(0) @binding(1) var<storage, read> gc_partials: array<f32>;
+@group(0) @binding(2) var<storage, read_write> gc_norm: array<f32>;
+@group(0) @binding(3) var<storage, read_write> gc_scale: array<f32>;
+
+@compute @workgroup_size(256)
+fn grad_clip_scale(@builtin(local_invocation_index) lid: u32) {
+    var acc = 0.0;
+    for (var i = lid; i < np.total; i = i + 256u) { acc = acc + gc_partials[i]; }
+    gn_sums[lid] = acc;
+    workgroupBarrier();
+    gn_tree(lid);
+    if (lid == 0u) {
+        let norm = sqrt(gn_sums[0]);
+        gc_norm[0] = norm;
+        gc_scale[0] = clamp(np.max_norm * (1.0 / (norm + 1e-6)), 0.0, 1.0);
+    }
 }
 
 // ---- sgd_plain ------------------------------------------------------------------------------

@@ -39,7 +39,7 @@ mod stats;
 mod strided;
 
 pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
-pub use optim::{ADAM_MULTI_SLOTS, AdamSlot};
+pub use optim::{ADAM_MULTI_SLOTS, AdamSlot, NORM_SLOTS};
 pub use stats::GpuStats;
 
 use super::{
@@ -334,6 +334,27 @@ impl GpuBackend {
         h: AdamHyper,
     ) -> Result<()> {
         optim::adam_multi_mut(self, slots, m, v, grad_scale, h)
+    }
+
+    /// Whether this device can run [`GpuBackend::grad_norm_clip`] (it binds 25 storage buffers
+    /// per shader stage).
+    pub fn grad_norm_supported(&self) -> bool {
+        optim::grad_norm_supported(self)
+    }
+
+    /// Gradient clipping's global norm `√Σ‖g_i‖²` over `grads` and the factor
+    /// `clamp(max_norm / (norm + 1e-6), 0, 1)`, as one-element buffers computed on the device
+    /// in one dispatch per [`NORM_SLOTS`] gradients plus one.
+    ///
+    /// # Errors
+    /// A gradient that is not f32, or a device without the bindings
+    /// ([`GpuBackend::grad_norm_supported`]).
+    pub fn grad_norm_clip(
+        &self,
+        grads: &[&GpuBuffer],
+        max_norm: f64,
+    ) -> Result<(GpuBuffer, GpuBuffer)> {
+        optim::grad_norm_clip(self, grads, max_norm)
     }
 
     /// Gives the pool's free buffers back to the driver (buffers in use are kept).

@@ -357,3 +357,106 @@ pub(crate) fn adam_multi_mut(
     }
     Ok(())
 }
+
+/// Gradients one `grad_sumsq` dispatch reads (matches `NORM_SLOTS` in the shader).
+pub const NORM_SLOTS: usize = 24;
+
+/// Elements one `grad_sumsq` workgroup sums (matches `NORM_CHUNK`).
+const NORM_CHUNK: usize = 4096;
+
+/// Whether the device binds the `NORM_SLOTS` gradients and the partial sums of `grad_sumsq`.
+pub(crate) fn grad_norm_supported(be: &GpuBackend) -> bool {
+    let l = be.limits();
+    let storage = NORM_SLOTS as u32 + 1;
+    l.max_storage_buffers_per_shader_stage >= storage
+        && l.max_buffers_and_acceleration_structures_per_shader_stage > storage
+}
+
+/// The global norm `‖g‖ = √Σ‖g_i‖²` of `grads` and the clip factor
+/// `clamp(max_norm / (‖g‖ + 1e-6), 0, 1)`, as two one-element buffers (entries `grad_sumsq`, one
+/// dispatch per [`NORM_SLOTS`] gradients, and `grad_clip_scale`). Nothing is read back.
+///
+/// # Errors
+/// A gradient that is not f32, or a device without the bindings ([`grad_norm_supported`]).
+pub(crate) fn grad_norm_clip(
+    be: &GpuBackend,
+    grads: &[&GpuBuffer],
+    max_norm: f64,
+) -> Result<(GpuBuffer, GpuBuffer)> {
+    const WHAT: &str = "clip_grad_norm";
+    if let Some(g) = grads.iter().find(|g| g.dtype() != DType::F32) {
+        return Err(Error::DType(format!(
+            "{WHAT}: gradients must be f32 on the GPU, got {}",
+            g.dtype()
+        )));
+    }
+    if !grad_norm_supported(be) {
+        return Err(Error::Invalid(format!(
+            "{WHAT}: the device binds {} storage buffers per shader stage, the fused norm needs {}",
+            be.limits().max_storage_buffers_per_shader_stage,
+            NORM_SLOTS + 1
+        )));
+    }
+    let groups: Vec<&[&GpuBuffer]> = grads.chunks(NORM_SLOTS).collect();
+    let totals: Vec<usize> = groups
+        .iter()
+        .map(|g| g.iter().map(|b| b.len()).sum())
+        .collect();
+    let partial_count: usize = totals.iter().map(|t| t.div_ceil(NORM_CHUNK)).sum();
+    let partials = be.alloc(partial_count.max(1), DType::F32)?;
+    let max_norm_bits = (max_norm as f32).to_bits();
+    let mut written = 0usize;
+    for (group, &total) in groups.iter().zip(&totals) {
+        if total == 0 {
+            continue;
+        }
+        let mut params = vec![
+            u32_param(total, "clip_grad_norm: elements")?,
+            u32_param(written, "clip_grad_norm: partial sums")?,
+            max_norm_bits,
+            0,
+        ];
+        let mut start = 0usize;
+        let mut buffers: Vec<&GpuBuffer> = vec![&partials];
+        for s in 0..NORM_SLOTS {
+            match group.get(s) {
+                Some(g) => {
+                    params.extend([
+                        u32_param(start, "clip_grad_norm: elements")?,
+                        g.len() as u32,
+                    ]);
+                    start += g.len();
+                    buffers.push(g);
+                }
+                None => {
+                    params.extend([0, 0]);
+                    buffers.push(group[0]);
+                }
+            }
+        }
+        let workgroups = total.div_ceil(NORM_CHUNK);
+        be.launch(
+            &OPTIM,
+            "grad_sumsq",
+            &buffers,
+            &params,
+            grid_1d(workgroups * 256, 256)?,
+        )?;
+        written += workgroups;
+    }
+    let norm = be.alloc(1, DType::F32)?;
+    let scale = be.alloc(1, DType::F32)?;
+    be.launch(
+        &OPTIM,
+        "grad_clip_scale",
+        &[&partials, &norm, &scale],
+        &[
+            u32_param(written, "clip_grad_norm: partial sums")?,
+            0,
+            max_norm_bits,
+            0,
+        ],
+        [1, 1, 1],
+    )?;
+    Ok((norm, scale))
+}
