@@ -260,8 +260,16 @@ impl Stepper for LmStepper {
 /// # Errors
 /// No GPU adapter (the message says so), an unknown model, or an error of the step.
 pub fn count_step(model: &str) -> Result<GpuStats> {
+    count_step_with(step_config(model)?)
+}
+
+/// [`count_step`] for a model with other settings (a smaller language model, say, for a quick
+/// test: the counts' zeros do not depend on the sizes).
+///
+/// # Errors
+/// No GPU adapter, an image model other than the MNIST ones, or an error of the step.
+pub fn count_step_with(cfg: TrainConfig) -> Result<GpuStats> {
     let be = gpu()?;
-    let cfg = step_config(model)?;
     let mut stepper: Box<dyn Stepper> = if cfg.model.is_lm() {
         Box::new(LmStepper::new(cfg, Device::Gpu)?)
     } else {

@@ -708,6 +708,10 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                                 g.features.join(", ")
                             }
                         );
+                        println!(
+                            "gpu matmul kernel:     {} (subgroups of {}..{} invocations)",
+                            g.matmul_kernel, g.subgroup_sizes[0], g.subgroup_sizes[1]
+                        );
                     }
                     (None, Some(e)) => println!("gpu adapter: none ({e})"),
                     (None, None) => println!("gpu adapter: none"),

@@ -39,6 +39,7 @@ mod stats;
 mod strided;
 
 pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
+pub use matmul::MatmulKernel;
 pub use optim::{ADAM_MULTI_SLOTS, AdamSlot, NORM_SLOTS};
 pub use stats::GpuStats;
 
@@ -47,6 +48,7 @@ use super::{
     PlanBuffers, ReduceOp, SgdHyper, UnaryOp,
 };
 use crate::{DType, Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// The process-wide GPU context and its caches.
@@ -56,6 +58,8 @@ pub(crate) struct Inner {
     batcher: encoder::Batcher,
     kernels: kernels::KernelCache,
     counters: Arc<stats::Counters>,
+    /// whether `matmul` runs the subgroup kernel ([`MatmulKernel::Subgroup`])
+    subgroup_matmul: AtomicBool,
 }
 
 /// A handle to the process-wide GPU context (device, queue, buffer pool, pipeline cache,
@@ -113,6 +117,10 @@ pub struct GpuInfo {
     pub limits: Vec<(String, u64)>,
     /// optional features the adapter reports and the device enabled (subgroups, f16, timestamps)
     pub features: Vec<String>,
+    /// the smallest and largest subgroup the adapter reports (`[0, 0]` without subgroups)
+    pub subgroup_sizes: [u32; 2],
+    /// the kernel `matmul` runs: "subgroup" or "plain" (see [`MatmulKernel`])
+    pub matmul_kernel: String,
 }
 
 /// Facts about the GPU adapter, opening the context if needed.
@@ -170,6 +178,15 @@ pub fn info() -> Result<GpuInfo> {
         driver,
         limits,
         features: c.feature_names.clone(),
+        subgroup_sizes: if c.features.contains(wgpu::Features::SUBGROUP) {
+            [
+                c.adapter_info.subgroup_min_size,
+                c.adapter_info.subgroup_max_size,
+            ]
+        } else {
+            [0, 0]
+        },
+        matmul_kernel: be.matmul_kernel().name().to_string(),
     })
 }
 
@@ -201,6 +218,20 @@ impl GpuBackend {
                 counters.clone(),
             );
             let batcher = encoder::Batcher::new(&ctx, counters.clone());
+            let subgroups = subgroup_matmul_possible(&ctx);
+            let subgroup_matmul = match std::env::var("MOEGRAD_MATMUL") {
+                Err(_) => subgroups,
+                Ok(name) => match matmul::MatmulKernel::from_name(&name).map_err(|e| e.to_string())? {
+                    MatmulKernel::Plain => false,
+                    MatmulKernel::Subgroup if subgroups => true,
+                    MatmulKernel::Subgroup => {
+                        return Err(format!(
+                            "MOEGRAD_MATMUL=subgroup, but the adapter \"{}\" offers no subgroups of 4 to 128 invocations",
+                            ctx.adapter_info.name
+                        ));
+                    }
+                },
+            };
             Ok(GpuBackend {
                 inner: Arc::new(Inner {
                     ctx,
@@ -208,6 +239,7 @@ impl GpuBackend {
                     batcher,
                     kernels: kernels::KernelCache::default(),
                     counters,
+                    subgroup_matmul: AtomicBool::new(subgroup_matmul),
                 }),
             })
         })
@@ -357,6 +389,40 @@ impl GpuBackend {
         optim::grad_norm_clip(self, grads, max_norm)
     }
 
+    /// Whether the adapter can run [`MatmulKernel::Subgroup`]: it has the SUBGROUP feature with
+    /// subgroups of 4 to 128 invocations (lavapipe: 8; NVIDIA 32; AMD 32 or 64).
+    pub fn subgroup_matmul_available(&self) -> bool {
+        subgroup_matmul_possible(&self.inner.ctx)
+    }
+
+    /// The kernel `matmul` runs now: [`MatmulKernel::Subgroup`] where available unless
+    /// `MOEGRAD_MATMUL=plain`, else [`MatmulKernel::Plain`].
+    pub fn matmul_kernel(&self) -> MatmulKernel {
+        if self.inner.subgroup_matmul.load(Ordering::Relaxed) {
+            MatmulKernel::Subgroup
+        } else {
+            MatmulKernel::Plain
+        }
+    }
+
+    /// Chooses the kernel of `matmul` for the whole process (both compute the same products; the
+    /// choice is for measuring and testing them).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for [`MatmulKernel::Subgroup`] on an adapter without it.
+    pub fn set_matmul_kernel(&self, kernel: MatmulKernel) -> Result<()> {
+        if kernel == MatmulKernel::Subgroup && !self.subgroup_matmul_available() {
+            return Err(Error::Invalid(format!(
+                "the subgroup matmul needs subgroups of 4 to 128 invocations; the adapter \"{}\" has none",
+                self.inner.ctx.adapter_info.name
+            )));
+        }
+        self.inner
+            .subgroup_matmul
+            .store(kernel == MatmulKernel::Subgroup, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Gives the pool's free buffers back to the driver (buffers in use are kept).
     pub fn trim_pool(&self) {
         self.inner.pool.trim();
@@ -436,6 +502,17 @@ impl GpuBackend {
             .map_err(|e| Error::Gpu(format!("reading a download buffer: {e}")))?;
         Ok(view.to_vec())
     }
+}
+
+/// Whether the device opened with subgroups the subgroup matmul can use (4 to 128 invocations:
+/// its 64 A values per row group fit 16 registers, and the subgroups tile a 256-invocation
+/// workgroup exactly).
+fn subgroup_matmul_possible(ctx: &context::Context) -> bool {
+    let info = &ctx.adapter_info;
+    ctx.features.contains(wgpu::Features::SUBGROUP)
+        && info.subgroup_min_size >= 4
+        && info.subgroup_max_size <= 128
+        && info.subgroup_min_size <= info.subgroup_max_size
 }
 
 /// An `Error::DType` for an f64 request on the GPU.
