@@ -400,6 +400,46 @@ pub fn bench_moe(
     Ok(out)
 }
 
+/// One GPU matmul measurement with a given kernel.
+#[derive(Clone, Debug, Serialize)]
+pub struct KernelRecord {
+    /// "plain" or "subgroup"
+    pub kernel: String,
+    /// square matrix size n
+    pub size: usize,
+    /// 2n³ floating-point operations per second, in units of 10⁹
+    pub gflops: f64,
+}
+
+/// GFLOP/s of the GPU matmul with each kernel the adapter can run, at each of `sizes`; the
+/// kernel in use before is restored.
+pub fn gpu_matmul_kernels(sizes: &[usize]) -> Result<Vec<KernelRecord>> {
+    use crate::backend::gpu::{GpuBackend, MatmulKernel};
+    let be = GpuBackend::get()?;
+    let before = be.matmul_kernel();
+    let mut kernels = vec![MatmulKernel::Plain];
+    if be.subgroup_matmul_available() {
+        kernels.push(MatmulKernel::Subgroup);
+    }
+    let mut out = Vec::new();
+    let mut run = || -> Result<()> {
+        for &kernel in &kernels {
+            be.set_matmul_kernel(kernel)?;
+            for &n in sizes {
+                out.push(KernelRecord {
+                    kernel: kernel.name().to_string(),
+                    size: n,
+                    gflops: matmul_gflops(Device::Gpu, n)?,
+                });
+            }
+        }
+        Ok(())
+    };
+    let result = run();
+    be.set_matmul_kernel(before)?;
+    result.map(|()| out)
+}
+
 /// The result of `moegrad bench all`: every benchmark in one object, for a user with a real
 /// GPU to send back (docs/gpu.md explains the fields).
 #[derive(Clone, Debug, Serialize)]
@@ -412,6 +452,10 @@ pub struct AllBench {
     pub moe: MoeBench,
     /// `bench gpu-step` (`null` without a GPU adapter)
     pub gpu_step: Option<Vec<gpu_step::GpuStepRecord>>,
+    /// the GPU matmul's GFLOP/s per kernel (`plain`, and `subgroup` where the adapter has it)
+    /// at each size, when the GPU is among the devices measured: which kernel should be the
+    /// default
+    pub gpu_matmul_kernels: Option<Vec<KernelRecord>>,
     /// `bench train` (`null` until that benchmark is part of this build)
     pub train: Option<serde_json::Value>,
     /// why a part is `null`, one line each
@@ -434,6 +478,10 @@ pub fn bench_all(
     let mut skipped = Vec::new();
     let adapter = crate::backend::gpu::info().ok();
     let matmul = bench_matmul(devices, sizes)?;
+    let gpu_matmul_kernels = match devices.contains(&Device::Gpu) {
+        true => Some(gpu_matmul_kernels(sizes)?),
+        false => None,
+    };
     let moe = bench_moe(devices, ns, dense_ns, w)?;
     let gpu_step = match crate::backend::gpu::GpuBackend::get() {
         Ok(_) => Some(gpu_step::bench_gpu_step(&gpu_step::GPU_STEP_MODELS)?.gpu_step),
@@ -450,6 +498,7 @@ pub fn bench_all(
         matmul,
         moe,
         gpu_step,
+        gpu_matmul_kernels,
         train,
         skipped,
     })

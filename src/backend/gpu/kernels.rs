@@ -59,6 +59,10 @@ pub(crate) struct KernelCache {
     kernels: Mutex<HashMap<String, Arc<Kernel>>>,
 }
 
+/// Bytes of buffers only the pending batch references from which a pool miss submits the batch
+/// (see [`GpuBackend::alloc`]).
+const FLUSH_FREEABLE: u64 = 32 << 20;
+
 /// Workgroups for a 1-D launch of `n` invocations with `wg` per workgroup, folded into x and y
 /// when more than 65535 workgroups are needed (the kernel then skips invocations `>= n`).
 pub(crate) fn grid_1d(n: usize, wg: u32) -> Result<[u32; 3]> {
@@ -394,7 +398,18 @@ impl GpuBackend {
                  max_storage_buffer_binding_size ({max} bytes)"
             )));
         }
-        let buf = inner.pool.take(super::pool::Kind::Storage, bytes.max(4))?;
+        let (kind, bytes) = (super::pool::Kind::Storage, bytes.max(4));
+        // Buffers the program frees go back to the pool only once the kernels that use them are
+        // submitted. Before the driver creates a buffer, the pending batch is submitted when
+        // that returns one of this size and the batch holds FLUSH_FREEABLE bytes or more of such
+        // buffers: small steps keep one submission, large ones do not grow the pool by a batch.
+        if !inner.pool.has_free(kind, bytes) {
+            let (held, of_size) = inner.batcher.freeable((kind, inner.pool.class_of(bytes)));
+            if of_size && held >= FLUSH_FREEABLE {
+                inner.batcher.flush(&inner.ctx);
+            }
+        }
+        let buf = inner.pool.take(kind, bytes)?;
         Ok(GpuBuffer { buf, dtype, len })
     }
 }

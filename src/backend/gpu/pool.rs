@@ -67,6 +67,11 @@ pub(crate) struct PooledBuffer {
 }
 
 impl PooledBuffer {
+    /// What it is for and its size class: the free list it returns to.
+    pub fn slot(&self) -> (Kind, u64) {
+        (self.kind, self.class)
+    }
+
     /// The wgpu buffer (its size is the class size, at least the bytes asked for).
     pub fn raw(&self) -> &wgpu::Buffer {
         self.buffer
@@ -145,6 +150,13 @@ impl Pool {
             class,
             pool: self.clone(),
         }))
+    }
+
+    /// Whether a request of `bytes` would be served from a free list (not created).
+    pub fn has_free(&self, kind: Kind, bytes: u64) -> bool {
+        let class = self.class_of(bytes);
+        let g = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        g.0.get(&(kind, class)).is_some_and(|v| !v.is_empty())
     }
 
     /// Creates a new wgpu buffer, catching out-of-memory and validation errors in a scope.
