@@ -114,13 +114,17 @@ pub(super) fn topk_gate_backward<T: Float + Send + Sync>(
             &d_weights[r * k..(r + 1) * k],
         );
         let dot = w.iter().zip(a).fold(T::zero(), |s, (&wj, &aj)| s + wj * aj);
-        let slot = |j: usize| usize::try_from(ix[j]).ok().filter(|&c| c < n);
+        // the selected experts in range, with their weight and upstream gradient
+        let selected = ix
+            .iter()
+            .zip(w.iter().zip(a))
+            .filter_map(|(&c, (&wj, &aj))| {
+                Some((usize::try_from(c).ok().filter(|&c| c < n)?, wj, aj))
+            });
         match probs {
             None => {
-                for j in 0..k {
-                    if let Some(c) = slot(j) {
-                        d[c] = w[j] * (a[j] - dot);
-                    }
+                for (c, wj, aj) in selected {
+                    d[c] = wj * (aj - dot);
                 }
             }
             Some(p) => {
@@ -128,10 +132,8 @@ pub(super) fn topk_gate_backward<T: Float + Send + Sync>(
                 for (dc, &pc) in d.iter_mut().zip(p) {
                     *dc = -pc * dot;
                 }
-                for j in 0..k {
-                    if let Some(c) = slot(j) {
-                        d[c] = d[c] + p[c] * a[j];
-                    }
+                for (c, _, aj) in selected {
+                    d[c] = d[c] + p[c] * aj;
                 }
             }
         }
