@@ -108,10 +108,9 @@ impl Device {
     ///     let x = Tensor::full(&[4], 1.0, DType::F32, gpu).unwrap();
     ///     gpu.reset_gpu_stats();
     ///     let y = x.add(&x).unwrap();
-    ///     let stats = gpu.gpu_stats().unwrap();
-    ///     assert!(stats.dispatches >= 1 && stats.host_waits == 0);
-    ///     y.to_vec_f32().unwrap(); // a download: the host waits once
-    ///     assert_eq!(gpu.gpu_stats().unwrap().host_waits, 1);
+    ///     assert!(gpu.gpu_stats().unwrap().dispatches >= 1); // the add
+    ///     y.to_vec_f32().unwrap(); // a download: the host waits for the device
+    ///     assert!(gpu.gpu_stats().unwrap().host_waits >= 1);
     /// }
     /// assert!(Device::cpu().gpu_stats().is_none());
     /// ```

@@ -5,8 +5,8 @@
 //!   never waits for the device and creates no buffer; `moe-mlp` dispatches at most half of the
 //!   206 kernels it took before this work, and uploads its batch plus a few kilobytes;
 //! * every fused kernel against the CPU: the top-k gate (forward and both backward rules), the
-//!   dispatch plan, the multi-tensor Adam, the clipping norm, and the matmul with and without
-//!   subgroups;
+//!   dispatch plan, the multi-tensor Adam (and its state saved and restored), the clipping norm,
+//!   and the matmul with and without subgroups;
 //! * the fused gate's backward rules by f64 gradcheck on the CPU;
 //! * a short `moe-mlp` run on the GPU matches the CPU's losses within 1e-3 relative;
 //! * `bench gpu-step` refuses clearly when there is no adapter.
@@ -551,4 +551,59 @@ fn bench_gpu_step_refuses_without_an_adapter() {
         err.contains("needs a GPU adapter") && err.lines().count() == 1,
         "unclear refusal: {err}"
     );
+}
+
+#[test]
+fn adam_state_saved_from_the_flat_moments_resumes_exactly() {
+    let Some((dev, _lock)) = gpu("adam_state_saved_from_the_flat_moments_resumes_exactly") else {
+        return;
+    };
+    let make = |seed: u64| -> Vec<(String, Param)> {
+        (0..3)
+            .map(|i| {
+                let t = f32_on(&values(10 + i, 1.0, seed + i as u64), &[10 + i], dev);
+                (format!("q{i}"), Param::new(t).unwrap())
+            })
+            .collect()
+    };
+    let grads = |params: &[(String, Param)], step: u64| {
+        for (i, (_, p)) in params.iter().enumerate() {
+            let c = f32_on(
+                &values(p.get().numel(), 1.0, 50 + step * 3 + i as u64),
+                p.get().shape(),
+                dev,
+            );
+            p.get()
+                .mul(&c)
+                .unwrap()
+                .sum_all()
+                .unwrap()
+                .backward()
+                .unwrap();
+        }
+    };
+    let (a, b) = (make(1), make(1));
+    let mut first = Adam::new(0.1).unwrap();
+    for step in 0..2 {
+        grads(&a, step);
+        first.step(&a, None).unwrap();
+    }
+    // a second optimizer restored from the first's state, over parameters with its values
+    let state: std::collections::BTreeMap<String, Tensor> = first.state().into_iter().collect();
+    let mut second = Adam::new(0.1).unwrap();
+    second.load_state(&state, first.steps()).unwrap();
+    for ((_, pa), (_, pb)) in a.iter().zip(&b) {
+        pb.set(pa.get().detach()).unwrap();
+    }
+    grads(&a, 2);
+    first.step(&a, None).unwrap();
+    grads(&b, 2);
+    second.step(&b, None).unwrap();
+    for ((name, pa), (_, pb)) in a.iter().zip(&b) {
+        assert_eq!(
+            pa.get().to_vec_f64().unwrap(),
+            pb.get().to_vec_f64().unwrap(),
+            "{name} after resuming"
+        );
+    }
 }
