@@ -446,6 +446,35 @@ mod tests {
         }
     }
 
+    /// The subgroup module (matmul.wgsl + matmul_subgroup.wgsl) validates with subgroup
+    /// operations allowed, and not without them (so it is only ever built where they exist).
+    #[test]
+    fn subgroup_shader_validates_only_with_subgroups() {
+        use wgpu::naga;
+        let src = MATMUL_SUBGROUP_SHADER.source;
+        let module = naga::front::wgsl::parse_str(src)
+            .unwrap_or_else(|e| panic!("{}", e.emit_to_string(src)));
+        // the error (boxed: it is large) of validating under `caps`, if any
+        let validate = |caps| {
+            naga::valid::Validator::new(naga::valid::ValidationFlags::all(), caps)
+                .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+                .subgroup_operations(naga::valid::SubgroupOperationSet::all())
+                .validate(&module)
+                .err()
+                .map(Box::new)
+        };
+        if let Some(e) = validate(naga::valid::Capabilities::SUBGROUP) {
+            panic!("{}", e.emit_to_string(src));
+        }
+        assert!(validate(naga::valid::Capabilities::empty()).is_some());
+        assert!(
+            module
+                .entry_points
+                .iter()
+                .any(|e| e.name == "matmul_subgroup")
+        );
+    }
+
     #[test]
     fn grid_chunks_cover_the_range() {
         let v: Vec<_> = chunks(2 * MAX_GROUPS + 3).collect();
