@@ -9,7 +9,9 @@
 //! body; the enum [`CpuBuffer`] says which one a buffer holds.
 
 mod attention;
+pub mod pool;
 pub use attention::ATTENTION_BLOCK;
+pub use pool::PooledVec;
 
 use super::{
     AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims,
@@ -24,15 +26,16 @@ use std::sync::Arc;
 /// Below this many elements a loop runs on one thread (spawning costs more than it saves).
 const PAR_MIN: usize = 1 << 15;
 
-/// A CPU buffer: a shared, immutable vector of one dtype.
+/// A CPU buffer: a shared, immutable vector of one dtype (whose allocation returns to the
+/// [`pool`] when the last handle drops).
 #[derive(Clone, Debug)]
 pub enum CpuBuffer {
     /// f32 values
-    F32(Arc<Vec<f32>>),
+    F32(Arc<PooledVec<f32>>),
     /// f64 values
-    F64(Arc<Vec<f64>>),
+    F64(Arc<PooledVec<f64>>),
     /// i32 values (indices)
-    I32(Arc<Vec<i32>>),
+    I32(Arc<PooledVec<i32>>),
 }
 
 impl CpuBuffer {
@@ -68,13 +71,13 @@ impl CpuBuffer {
 }
 
 fn f32b(v: Vec<f32>) -> CpuBuffer {
-    CpuBuffer::F32(Arc::new(v))
+    CpuBuffer::F32(Arc::new(v.into()))
 }
 fn f64b(v: Vec<f64>) -> CpuBuffer {
-    CpuBuffer::F64(Arc::new(v))
+    CpuBuffer::F64(Arc::new(v.into()))
 }
 fn i32b(v: Vec<i32>) -> CpuBuffer {
-    CpuBuffer::I32(Arc::new(v))
+    CpuBuffer::I32(Arc::new(v.into()))
 }
 
 /// Runs `$body` with `$v: &Vec<T>` for the float variants and rewraps the `Vec<T>` result;
@@ -121,12 +124,12 @@ fn tabulate<T: Send, F: Fn(usize) -> T + Sync + Send>(n: usize, f: F) -> Vec<T> 
 ///
 /// # Safety
 /// `fill` must write every element of each chunk it is handed.
-unsafe fn write_chunks<T: Send>(
+unsafe fn write_chunks<T: Send + Copy>(
     n: usize,
     chunk: usize,
     fill: impl Fn(usize, &mut [MaybeUninit<T>]) + Sync + Send,
 ) -> Vec<T> {
-    let mut out = Vec::with_capacity(n);
+    let mut out = pool::take(n).unwrap_or_else(|_| Vec::with_capacity(n));
     let spare = &mut out.spare_capacity_mut()[..n];
     let chunk = chunk.max(1);
     if n >= PAR_MIN {
@@ -153,14 +156,22 @@ unsafe fn write_chunks<T: Send>(
 /// `len` copies of `value`, allocated fallibly ([`crate::memory::try_vec`]): a buffer larger than
 /// the machine's memory is an error, not an abort.
 fn filled<T: Copy>(len: usize, value: T) -> Result<Vec<T>> {
-    let mut v = crate::memory::try_vec(len)?;
+    let mut v = pool::take(len)?;
     v.resize(len, value);
     Ok(v)
 }
 
+/// `len` zeros in a buffer from the [`pool`] (like `vec![zero; len]`, whose allocation the pool
+/// could not take back).
+pub(crate) fn zeroed<T: Copy + num_traits::Zero>(len: usize) -> Vec<T> {
+    let mut v = pool::take(len).unwrap_or_default();
+    v.resize(len, T::zero());
+    v
+}
+
 /// A copy of `values`, allocated fallibly like [`filled`].
 fn copied<T: Copy>(values: &[T]) -> Result<Vec<T>> {
-    let mut v = crate::memory::try_vec(values.len())?;
+    let mut v = pool::take(values.len())?;
     v.extend_from_slice(values);
     Ok(v)
 }
@@ -685,7 +696,7 @@ fn sum_lanes<T: Float>(x: &[T]) -> T {
 fn sum_rows<T: Float + Send + Sync>(x: &[T], outer: usize, len: usize) -> Vec<T> {
     let blocks = len.div_ceil(SUM_BLOCK).max(1);
     if blocks == 1 {
-        let mut out = vec![T::zero(); outer];
+        let mut out = zeroed(outer);
         let row = |(o, s): (usize, &mut T)| *s = sum_lanes(&x[o * len..(o + 1) * len]);
         if outer * len >= PAR_MIN {
             out.par_iter_mut()
@@ -768,7 +779,7 @@ fn matmul_kernel<T: Float + Send + Sync + 'static>(
     d: MatmulDims,
 ) -> Vec<T> {
     let MatmulDims { batch, m, k, n } = d;
-    let mut c = vec![T::zero(); batch * m * n];
+    let mut c = zeroed(batch * m * n);
     if m == 0 || n == 0 {
         return c;
     }
@@ -926,7 +937,7 @@ fn scatter_add_kernel<T: Float + Send + Sync>(
     if s[2] == 0 && inner >= 16 {
         return Ok(scatter_rows(src, idx, s, outer, m, inner, len));
     }
-    let mut out = vec![T::zero(); outer * len * inner];
+    let mut out = zeroed(outer * len * inner);
     if inner == 0 {
         return Ok(out);
     }
@@ -995,7 +1006,7 @@ fn scatter_add_kernel<T: Float + Send + Sync>(
 
 fn cumsum_kernel<T: Float>(x: &[T], v: AxisView, reverse: bool) -> Vec<T> {
     let AxisView { outer, len, inner } = v;
-    let mut out = vec![T::zero(); x.len()];
+    let mut out = zeroed(x.len());
     for o in 0..outer {
         for i in 0..inner {
             let mut acc = T::zero();
@@ -1774,10 +1785,10 @@ impl CpuBackend {
         let scale = scale_of(grad_scale)?;
         check_same_len(&[param, grad, m, v], "adam_step")?;
         fn run<T: Float + Send + Sync + Clone>(
-            p: &mut Arc<Vec<T>>,
+            p: &mut Arc<PooledVec<T>>,
             g: &[T],
-            m: &mut Arc<Vec<T>>,
-            v: &mut Arc<Vec<T>>,
+            m: &mut Arc<PooledVec<T>>,
+            v: &mut Arc<PooledVec<T>>,
             scale: f64,
             h: AdamHyper,
         ) {
@@ -1853,9 +1864,9 @@ impl CpuBackend {
         let scale = scale_of(grad_scale)?;
         fn run<T: Float + Send + Sync + Clone + 'static>(
             prob: WeightGradProblem<'_, T>,
-            p: &mut Arc<Vec<T>>,
-            mo: &mut Arc<Vec<T>>,
-            ve: &mut Arc<Vec<T>>,
+            p: &mut Arc<PooledVec<T>>,
+            mo: &mut Arc<PooledVec<T>>,
+            ve: &mut Arc<PooledVec<T>>,
             scale: f64,
             h: AdamHyper,
         ) {
@@ -1918,9 +1929,9 @@ impl CpuBackend {
         let scale = scale_of(grad_scale)?;
         check_same_len(&[param, grad, buf], "sgd_step")?;
         fn run<T: Float + Send + Sync + Clone>(
-            p: &mut Arc<Vec<T>>,
+            p: &mut Arc<PooledVec<T>>,
             g: &[T],
-            b: &mut Arc<Vec<T>>,
+            b: &mut Arc<PooledVec<T>>,
             scale: f64,
             h: SgdHyper,
         ) {

@@ -112,9 +112,9 @@ impl Storage {
             return Storage::upload(&data, true);
         }
         Ok(Storage::Cpu(match data {
-            HostData::F32(v) => cpu::CpuBuffer::F32(std::sync::Arc::new(v)),
-            HostData::F64(v) => cpu::CpuBuffer::F64(std::sync::Arc::new(v)),
-            HostData::I32(v) => cpu::CpuBuffer::I32(std::sync::Arc::new(v)),
+            HostData::F32(v) => cpu::CpuBuffer::F32(std::sync::Arc::new(v.into())),
+            HostData::F64(v) => cpu::CpuBuffer::F64(std::sync::Arc::new(v.into())),
+            HostData::I32(v) => cpu::CpuBuffer::I32(std::sync::Arc::new(v.into())),
         }))
     }
     /// A filled buffer on the CPU or GPU.
