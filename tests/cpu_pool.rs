@@ -22,7 +22,7 @@ fn a_steady_gpt_training_step_takes_every_buffer_from_the_pool() {
     let (b, t) = (8, 16);
     let idx: Vec<i32> = (0..b * t).map(|i| (i * 7 % 11) as i32).collect();
     let tgt: Vec<i32> = (0..b * t).map(|i| (i * 5 % 11) as i32).collect();
-    let mut step = |opt: &mut Adam| {
+    let step = |opt: &mut Adam| {
         let x = Tensor::from_i32(idx.clone(), &[b, t], Device::cpu()).unwrap();
         let y = Tensor::from_i32(tgt.clone(), &[b * t], Device::cpu()).unwrap();
         let loss = model.forward(&x).unwrap().logits.cross_entropy(&y).unwrap();
