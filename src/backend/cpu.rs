@@ -741,16 +741,46 @@ fn reduce_kernel<T: Float + Send + Sync>(op: ReduceOp, x: &[T], v: AxisView) -> 
             })
         };
     }
-    tabulate(outer * inner, |oi| {
-        let (o, i) = (oi / inner, oi % inner);
-        let at = |j: usize| x[o * len * inner + j * inner + i];
-        match op {
-            ReduceOp::Sum => (0..len).fold(T::zero(), |s, j| s + at(j)),
-            ReduceOp::Max => (0..len).fold(T::neg_infinity(), |s, j| s.max(at(j))),
-            ReduceOp::Min => (0..len).fold(T::infinity(), |s, j| s.min(at(j))),
-            ReduceOp::ArgMax => unreachable!("argmax handled separately"),
+    reduce_columns(op, x, v)
+}
+
+/// A reduction along an axis with `inner > 1` (a bias gradient: `[rows, n]` summed over rows):
+/// each `[len, inner]` slab is walked row by row, folding each row into a row of `inner`
+/// results, so the reads are contiguous and the loop vectorises, where reading each output's
+/// column down the slab strides through memory. Every output still folds its values in the
+/// order `j = 0, 1, …`, so the result is that of the column loop, bit for bit.
+fn reduce_columns<T: Float + Send + Sync>(op: ReduceOp, x: &[T], v: AxisView) -> Vec<T> {
+    match op {
+        ReduceOp::Sum => fold_columns(x, v, T::zero(), |a, b| a + b),
+        ReduceOp::Max => fold_columns(x, v, T::neg_infinity(), |a, b| a.max(b)),
+        ReduceOp::Min => fold_columns(x, v, T::infinity(), |a, b| a.min(b)),
+        ReduceOp::ArgMax => unreachable!("argmax handled separately"),
+    }
+}
+
+/// [`reduce_columns`] for one fold `f` (a concrete closure, so the row loop vectorises).
+fn fold_columns<T: Float + Send + Sync>(
+    x: &[T],
+    v: AxisView,
+    identity: T,
+    f: impl Fn(T, T) -> T + Sync + Send,
+) -> Vec<T> {
+    let AxisView { outer, len, inner } = v;
+    let slab = |o: usize, out: &mut [MaybeUninit<T>]| {
+        for acc in out.iter_mut() {
+            acc.write(identity);
         }
-    })
+        // SAFETY: every element was just written.
+        let out = unsafe { &mut *(out as *mut [MaybeUninit<T>] as *mut [T]) };
+        for j in 0..len {
+            let row = &x[(o * len + j) * inner..(o * len + j + 1) * inner];
+            for (acc, &value) in out.iter_mut().zip(row) {
+                *acc = f(*acc, value);
+            }
+        }
+    };
+    // SAFETY: chunk o is output slab o (`inner` elements), filled first and then folded into.
+    unsafe { write_chunks(outer * inner, inner, slab) }
 }
 
 fn argmax_kernel<T: Float + Send + Sync>(x: &[T], v: AxisView) -> Vec<i32> {
