@@ -9,13 +9,14 @@
 //! body; the enum [`CpuBuffer`] says which one a buffer holds.
 
 mod attention;
+mod layer_norm;
 pub mod pool;
 pub use attention::ATTENTION_BLOCK;
 pub use pool::PooledVec;
 
 use super::{
-    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims,
-    ReduceOp, SgdHyper, UnaryOp, uniform_hash,
+    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, LayerNormDims, MatLayout,
+    MatmulDims, ReduceOp, SgdHyper, UnaryOp, uniform_hash,
 };
 use crate::{DType, Error, Result};
 use num_traits::Float;
@@ -1178,7 +1179,7 @@ fn sort_first<K: Ord + Copy>(v: &mut [K], keep: usize) {
 
 fn concat_kernel<T: Copy>(parts: &[&[T]], lens: &[usize], outer: usize, inner: usize) -> Vec<T> {
     let total: usize = lens.iter().sum();
-    let mut out = Vec::with_capacity(outer * total * inner);
+    let mut out = pool::take(outer * total * inner).unwrap_or_default();
     for o in 0..outer {
         for (p, &l) in parts.iter().zip(lens) {
             out.extend_from_slice(&p[o * l * inner..(o + 1) * l * inner]);
@@ -1621,6 +1622,120 @@ impl Backend for CpuBackend {
             ))),
         }
     }
+
+    fn layer_norm_forward(
+        &self,
+        x: &CpuBuffer,
+        gamma: &CpuBuffer,
+        beta: &CpuBuffer,
+        dims: LayerNormDims,
+    ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
+        const WHAT: &str = "layer_norm_forward";
+        check_layer_norm_lengths(
+            WHAT,
+            &[("x", x)],
+            &[("gamma", gamma), ("beta", beta)],
+            &[],
+            dims,
+        )?;
+        match (x, gamma, beta) {
+            (CpuBuffer::F32(x), CpuBuffer::F32(g), CpuBuffer::F32(b)) => {
+                let (y, m, r) = layer_norm::forward(x, g, b, dims);
+                Ok((f32b(y), f32b(m), f32b(r)))
+            }
+            (CpuBuffer::F64(x), CpuBuffer::F64(g), CpuBuffer::F64(b)) => {
+                let (y, m, r) = layer_norm::forward(x, g, b, dims);
+                Ok((f64b(y), f64b(m), f64b(r)))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float buffers of one dtype, got x {}, gamma {}, beta {}",
+                x.dtype(),
+                gamma.dtype(),
+                beta.dtype()
+            ))),
+        }
+    }
+
+    fn layer_norm_backward(
+        &self,
+        g: &CpuBuffer,
+        x: &CpuBuffer,
+        gamma: &CpuBuffer,
+        (mean, rstd): (&CpuBuffer, &CpuBuffer),
+        dims: LayerNormDims,
+    ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
+        const WHAT: &str = "layer_norm_backward";
+        check_layer_norm_lengths(
+            WHAT,
+            &[("g", g), ("x", x)],
+            &[("gamma", gamma)],
+            &[("mean", mean), ("rstd", rstd)],
+            dims,
+        )?;
+        match (g, x, gamma, mean, rstd) {
+            (
+                CpuBuffer::F32(g),
+                CpuBuffer::F32(x),
+                CpuBuffer::F32(w),
+                CpuBuffer::F32(m),
+                CpuBuffer::F32(r),
+            ) => {
+                let (dx, dg, db) = layer_norm::backward(g, x, w, (m, r), dims);
+                Ok((f32b(dx), f32b(dg), f32b(db)))
+            }
+            (
+                CpuBuffer::F64(g),
+                CpuBuffer::F64(x),
+                CpuBuffer::F64(w),
+                CpuBuffer::F64(m),
+                CpuBuffer::F64(r),
+            ) => {
+                let (dx, dg, db) = layer_norm::backward(g, x, w, (m, r), dims);
+                Ok((f64b(dx), f64b(dg), f64b(db)))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float buffers of one dtype, got g {}, x {}, gamma {}, mean {}, rstd {}",
+                g.dtype(),
+                x.dtype(),
+                gamma.dtype(),
+                mean.dtype(),
+                rstd.dtype()
+            ))),
+        }
+    }
+}
+
+/// Checks a layer norm's operands: `[rows, dim]` ones, `[dim]` ones and `[rows]` ones hold that
+/// many elements, and no size is zero.
+fn check_layer_norm_lengths(
+    what: &str,
+    matrices: &[(&str, &CpuBuffer)],
+    vectors: &[(&str, &CpuBuffer)],
+    per_row: &[(&str, &CpuBuffer)],
+    dims: LayerNormDims,
+) -> Result<()> {
+    let LayerNormDims { rows, dim, .. } = dims;
+    let n = rows.checked_mul(dim).filter(|&n| n > 0).ok_or_else(|| {
+        Error::Shape(format!(
+            "{what}: [{rows}, {dim}] must have sizes of at least 1 and fit in memory"
+        ))
+    })?;
+    let groups = [
+        (matrices, n, "[rows, dim]"),
+        (vectors, dim, "[dim]"),
+        (per_row, rows, "[rows]"),
+    ];
+    for (operands, want, shape) in groups {
+        for (name, b) in operands {
+            if b.len() != want {
+                return Err(Error::Shape(format!(
+                    "{what}: {name} holds {} elements, expected {shape} = {want} for rows {rows}, dim {dim}",
+                    b.len()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks that each `[heads, seq, head_dim]` operand of an attention kernel holds exactly
@@ -2108,7 +2223,7 @@ fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
     transpose_w: bool,
 ) -> Vec<T> {
     let len = rows * m;
-    let mut out: Vec<T> = Vec::with_capacity(len);
+    let mut out: Vec<T> = pool::take(len).unwrap_or_else(|_| Vec::with_capacity(len));
     // One GEMM per block of rows that share an expert (rows arrive sorted by expert), written
     // into that block's own slice of the output. Long runs are cut into blocks so that the
     // threads take whole single-threaded GEMMs: measured on 2 cores, that is faster than one
@@ -2294,9 +2409,9 @@ impl<'a, T: Float + Send + Sync + 'static> WeightGradProblem<'a, T> {
         let block = self.k * self.m;
         let len = self.experts * block;
         if block == 0 {
-            return vec![T::zero(); len];
+            return zeroed(len);
         }
-        let mut out: Vec<T> = Vec::with_capacity(len);
+        let mut out: Vec<T> = pool::take(len).unwrap_or_else(|_| Vec::with_capacity(len));
         let blocks = &mut out.spare_capacity_mut()[..len];
         if per_expert_parallel(self.experts) {
             blocks

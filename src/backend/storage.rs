@@ -621,4 +621,64 @@ impl Storage {
             }
         }
     }
+    /// See [`Backend::layer_norm_forward`]; `self` is `x`. Returns `(y, mean, rstd)`.
+    pub fn layer_norm_forward(
+        &self,
+        gamma: &Storage,
+        beta: &Storage,
+        dims: LayerNormDims,
+    ) -> Result<(Storage, Storage, Storage)> {
+        let (og, ob) = (
+            same_dev!(self, gamma, "layer_norm"),
+            same_dev!(self, beta, "layer_norm"),
+        );
+        match self {
+            Storage::Cpu(x) => {
+                let (y, m, r) = cpu::CpuBackend.layer_norm_forward(x, og.cpu(), ob.cpu(), dims)?;
+                Ok((Storage::Cpu(y), Storage::Cpu(m), Storage::Cpu(r)))
+            }
+            Storage::Gpu(x) => {
+                let (y, m, r) =
+                    gpu::GpuBackend::get()?.layer_norm_forward(x, og.gpu(), ob.gpu(), dims)?;
+                Ok((Storage::Gpu(y), Storage::Gpu(m), Storage::Gpu(r)))
+            }
+        }
+    }
+    /// See [`Backend::layer_norm_backward`]; `self` is the upstream gradient. Returns
+    /// `(dx, dgamma, dbeta)`.
+    pub fn layer_norm_backward(
+        &self,
+        (x, gamma, mean, rstd): (&Storage, &Storage, &Storage, &Storage),
+        dims: LayerNormDims,
+    ) -> Result<(Storage, Storage, Storage)> {
+        const WHAT: &str = "layer_norm backward";
+        let (ox, og, om, or) = (
+            same_dev!(self, x, WHAT),
+            same_dev!(self, gamma, WHAT),
+            same_dev!(self, mean, WHAT),
+            same_dev!(self, rstd, WHAT),
+        );
+        match self {
+            Storage::Cpu(g) => {
+                let (dx, dg, db) = cpu::CpuBackend.layer_norm_backward(
+                    g,
+                    ox.cpu(),
+                    og.cpu(),
+                    (om.cpu(), or.cpu()),
+                    dims,
+                )?;
+                Ok((Storage::Cpu(dx), Storage::Cpu(dg), Storage::Cpu(db)))
+            }
+            Storage::Gpu(g) => {
+                let (dx, dg, db) = gpu::GpuBackend::get()?.layer_norm_backward(
+                    g,
+                    ox.gpu(),
+                    og.gpu(),
+                    (om.gpu(), or.gpu()),
+                    dims,
+                )?;
+                Ok((Storage::Gpu(dx), Storage::Gpu(dg), Storage::Gpu(db)))
+            }
+        }
+    }
 }

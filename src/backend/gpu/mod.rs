@@ -9,8 +9,8 @@
 //! * `kernels.rs` compiles and caches pipelines and holds the one launch helper,
 //!   `GpuBackend::launch(shader, entry, buffers, params, groups)`, that every op uses;
 //! * one launcher file per kernel family, named after its shader: `elementwise.rs`,
-//!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs` and `attention.rs`
-//!   launch the entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
+//!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs`, `attention.rs` and
+//!   `layer_norm.rs` launch the entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
 //!   primitive.
 //!
 //! [`GpuBackend`] is a cheap handle (an `Arc`) to the process-wide context; [`GpuBuffer`] a cheap
@@ -24,6 +24,7 @@ mod context;
 mod elementwise;
 mod encoder;
 mod kernels;
+mod layer_norm;
 mod layout;
 mod matmul;
 mod optim;
@@ -36,8 +37,8 @@ mod strided;
 pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
 
 use super::{
-    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims,
-    ReduceOp, SgdHyper, UnaryOp,
+    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, LayerNormDims, MatLayout,
+    MatmulDims, ReduceOp, SgdHyper, UnaryOp,
 };
 use crate::{DType, Error, Result};
 use std::sync::{Arc, OnceLock};
@@ -579,5 +580,26 @@ impl Backend for GpuBackend {
         dims: AttentionDims,
     ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
         attention::attention_backward(self, q, k, v, o, lse, d_o, dims)
+    }
+
+    fn layer_norm_forward(
+        &self,
+        x: &GpuBuffer,
+        gamma: &GpuBuffer,
+        beta: &GpuBuffer,
+        dims: LayerNormDims,
+    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+        layer_norm::layer_norm_forward(self, x, gamma, beta, dims)
+    }
+
+    fn layer_norm_backward(
+        &self,
+        g: &GpuBuffer,
+        x: &GpuBuffer,
+        gamma: &GpuBuffer,
+        stats: (&GpuBuffer, &GpuBuffer),
+        dims: LayerNormDims,
+    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+        layer_norm::layer_norm_backward(self, g, x, gamma, stats, dims)
     }
 }
