@@ -9,6 +9,7 @@
 //! body; the enum [`CpuBuffer`] says which one a buffer holds.
 
 mod attention;
+mod cross_entropy;
 mod layer_norm;
 pub mod pool;
 pub use attention::ATTENTION_BLOCK;
@@ -1703,6 +1704,95 @@ impl Backend for CpuBackend {
             ))),
         }
     }
+
+    fn cross_entropy_forward(
+        &self,
+        logits: &CpuBuffer,
+        targets: &CpuBuffer,
+        classes: usize,
+    ) -> Result<(CpuBuffer, CpuBuffer)> {
+        const WHAT: &str = "cross_entropy";
+        let t = check_cross_entropy(WHAT, logits, targets, classes)?;
+        match logits {
+            CpuBuffer::F32(x) => {
+                let (l, s) = cross_entropy::forward(x, t, t.len(), classes);
+                Ok((f32b(l), f32b(s)))
+            }
+            CpuBuffer::F64(x) => {
+                let (l, s) = cross_entropy::forward(x, t, t.len(), classes);
+                Ok((f64b(l), f64b(s)))
+            }
+            CpuBuffer::I32(_) => Err(Error::DType(format!(
+                "{WHAT}: logits must be float, got i32"
+            ))),
+        }
+    }
+
+    fn cross_entropy_backward(
+        &self,
+        g: &CpuBuffer,
+        logits: &CpuBuffer,
+        targets: &CpuBuffer,
+        lse: &CpuBuffer,
+    ) -> Result<CpuBuffer> {
+        const WHAT: &str = "cross_entropy backward";
+        let classes = if targets.is_empty() {
+            0
+        } else {
+            logits.len() / targets.len()
+        };
+        let t = check_cross_entropy(WHAT, logits, targets, classes)?;
+        if g.len() != t.len() || lse.len() != t.len() {
+            return Err(Error::Shape(format!(
+                "{WHAT}: g and lse hold {} and {} values, expected one per row ({})",
+                g.len(),
+                lse.len(),
+                t.len()
+            )));
+        }
+        match (g, logits, lse) {
+            (CpuBuffer::F32(g), CpuBuffer::F32(x), CpuBuffer::F32(l)) => {
+                Ok(f32b(cross_entropy::backward(g, x, t, l, classes)))
+            }
+            (CpuBuffer::F64(g), CpuBuffer::F64(x), CpuBuffer::F64(l)) => {
+                Ok(f64b(cross_entropy::backward(g, x, t, l, classes)))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float buffers of one dtype, got g {}, logits {}, lse {}",
+                g.dtype(),
+                logits.dtype(),
+                lse.dtype()
+            ))),
+        }
+    }
+}
+
+/// Checks a cross-entropy's operands (logits `[rows, classes]`, I32 targets `[rows]` inside
+/// `0..classes`, sizes ≥ 1) and returns the targets.
+fn check_cross_entropy<'a>(
+    what: &str,
+    logits: &CpuBuffer,
+    targets: &'a CpuBuffer,
+    classes: usize,
+) -> Result<&'a [i32]> {
+    let t = targets.indices(what)?;
+    if t.is_empty() || classes == 0 || t.len().checked_mul(classes) != Some(logits.len()) {
+        return Err(Error::Shape(format!(
+            "{what}: logits of {} values are not [{} rows, {classes} classes] (sizes ≥ 1)",
+            logits.len(),
+            t.len()
+        )));
+    }
+    if let Some((r, &bad)) = t
+        .iter()
+        .enumerate()
+        .find(|&(_, &c)| c < 0 || c as usize >= classes)
+    {
+        return Err(Error::Invalid(format!(
+            "{what}: target {bad} of row {r} is not a class in 0..{classes}"
+        )));
+    }
+    Ok(t)
 }
 
 /// Checks a layer norm's operands: `[rows, dim]` ones, `[dim]` ones and `[rows]` ones hold that

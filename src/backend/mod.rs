@@ -497,6 +497,27 @@ pub trait Backend {
         stats: (&Self::Buffer, &Self::Buffer),
         dims: LayerNormDims,
     ) -> Result<(Self::Buffer, Self::Buffer, Self::Buffer)>;
+    /// Softmax cross-entropy of each row of `logits` `[rows, classes]` against the I32 class
+    /// `targets` `[rows]`: `(loss [rows], lse [rows])` with `lse_r = ln Σ_c e^{x_rc}` (computed
+    /// after subtracting the row's maximum) and `loss_r = lse_r − x_{r,t_r}`. A target outside
+    /// `0..classes` is an error on the CPU; on the GPU (where checking would need a read-back)
+    /// its row's loss is 0. Sizes ≥ 1.
+    fn cross_entropy_forward(
+        &self,
+        logits: &Self::Buffer,
+        targets: &Self::Buffer,
+        classes: usize,
+    ) -> Result<(Self::Buffer, Self::Buffer)>;
+    /// The gradient of [`Backend::cross_entropy_forward`]'s losses for the upstream gradient `g`
+    /// `[rows]`: `dlogits_rc = g_r·(e^{x_rc − lse_r} − [c = t_r])` (zero for a GPU row whose
+    /// target is out of range).
+    fn cross_entropy_backward(
+        &self,
+        g: &Self::Buffer,
+        logits: &Self::Buffer,
+        targets: &Self::Buffer,
+        lse: &Self::Buffer,
+    ) -> Result<Self::Buffer>;
 }
 
 /// The counter-based generator behind [`Backend::random_uniform`], written once here and

@@ -681,4 +681,44 @@ impl Storage {
             }
         }
     }
+    /// See [`Backend::cross_entropy_forward`]; `self` is the logits. Returns `(loss, lse)`.
+    pub fn cross_entropy_forward(
+        &self,
+        targets: &Storage,
+        classes: usize,
+    ) -> Result<(Storage, Storage)> {
+        let ot = same_dev!(self, targets, "cross_entropy");
+        match self {
+            Storage::Cpu(x) => {
+                let (l, s) = cpu::CpuBackend.cross_entropy_forward(x, ot.cpu(), classes)?;
+                Ok((Storage::Cpu(l), Storage::Cpu(s)))
+            }
+            Storage::Gpu(x) => {
+                let (l, s) = gpu::GpuBackend::get()?.cross_entropy_forward(x, ot.gpu(), classes)?;
+                Ok((Storage::Gpu(l), Storage::Gpu(s)))
+            }
+        }
+    }
+    /// See [`Backend::cross_entropy_backward`]; `self` is the upstream gradient `[rows]`.
+    pub fn cross_entropy_backward(
+        &self,
+        logits: &Storage,
+        targets: &Storage,
+        lse: &Storage,
+    ) -> Result<Storage> {
+        const WHAT: &str = "cross_entropy backward";
+        let (ox, ot, ol) = (
+            same_dev!(self, logits, WHAT),
+            same_dev!(self, targets, WHAT),
+            same_dev!(self, lse, WHAT),
+        );
+        match self {
+            Storage::Cpu(g) => cpu::CpuBackend
+                .cross_entropy_backward(g, ox.cpu(), ot.cpu(), ol.cpu())
+                .map(Storage::Cpu),
+            Storage::Gpu(g) => gpu::GpuBackend::get()?
+                .cross_entropy_backward(g, ox.gpu(), ot.gpu(), ol.gpu())
+                .map(Storage::Gpu),
+        }
+    }
 }

@@ -418,7 +418,7 @@ mod tests {
     #[test]
     fn shaders_validate_and_follow_the_binding_convention() {
         use super::super::{
-            attention, elementwise, layer_norm, layout, optim, random, reduce, sort,
+            attention, cross_entropy, elementwise, layer_norm, layout, optim, random, reduce, sort,
         };
         let files = [
             (&elementwise::ELEMENTWISE, 5usize),
@@ -429,6 +429,7 @@ mod tests {
             (&optim::OPTIM, 6),
             (&attention::ATTENTION_SHADER, 4),
             (&layer_norm::LAYER_NORM_SHADER, 3),
+            (&cross_entropy::CROSS_ENTROPY_SHADER, 2),
         ];
         for (shader, entries) in files {
             let (module, info) = validated_module(shader.source);

@@ -9,8 +9,8 @@
 //! * `kernels.rs` compiles and caches pipelines and holds the one launch helper,
 //!   `GpuBackend::launch(shader, entry, buffers, params, groups)`, that every op uses;
 //! * one launcher file per kernel family, named after its shader: `elementwise.rs`,
-//!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs`, `attention.rs` and
-//!   `layer_norm.rs` launch the entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
+//!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs`, `attention.rs`,
+//!   `layer_norm.rs` and `cross_entropy.rs` launch the entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
 //!   primitive.
 //!
 //! [`GpuBackend`] is a cheap handle (an `Arc`) to the process-wide context; [`GpuBuffer`] a cheap
@@ -21,6 +21,7 @@
 
 mod attention;
 mod context;
+mod cross_entropy;
 mod elementwise;
 mod encoder;
 mod kernels;
@@ -601,5 +602,24 @@ impl Backend for GpuBackend {
         dims: LayerNormDims,
     ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
         layer_norm::layer_norm_backward(self, g, x, gamma, stats, dims)
+    }
+
+    fn cross_entropy_forward(
+        &self,
+        logits: &GpuBuffer,
+        targets: &GpuBuffer,
+        classes: usize,
+    ) -> Result<(GpuBuffer, GpuBuffer)> {
+        cross_entropy::cross_entropy_forward(self, logits, targets, classes)
+    }
+
+    fn cross_entropy_backward(
+        &self,
+        g: &GpuBuffer,
+        logits: &GpuBuffer,
+        targets: &GpuBuffer,
+        lse: &GpuBuffer,
+    ) -> Result<GpuBuffer> {
+        cross_entropy::cross_entropy_backward(self, g, logits, targets, lse)
     }
 }
