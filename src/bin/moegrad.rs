@@ -219,6 +219,12 @@ struct TrainArgs {
     /// Print the final metrics as one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// At the end, print the wall time per op, forward and backward separately, summed over
+    /// the training steps (top 15, with calls and share of the step time; on the GPU also the
+    /// GPU time per kernel where the adapter has timestamp queries); with --json, all of it as
+    /// `profile` (and `gpu_profile`). MOEGRAD_PROFILE=1 does the same for any command.
+    #[arg(long)]
+    profile: bool,
 }
 
 /// `moegrad generate` options.
@@ -577,6 +583,20 @@ fn print_json(summary: &impl serde::Serialize) -> Result<()> {
     Ok(())
 }
 
+/// Ops shown by `--profile` (the JSON has them all).
+const PROFILE_TOP: usize = 15;
+
+/// Prints a run's profile, if it has one, after a blank line.
+fn print_profile(
+    rows: Option<&[moegrad::profile::ProfileRow]>,
+    gpu: Option<&moegrad::profile::GpuProfile>,
+) {
+    if let Some(rows) = rows {
+        println!();
+        print!("{}", moegrad::profile::table(rows, gpu, PROFILE_TOP));
+    }
+}
+
 /// Streams text from a language-model checkpoint to stdout.
 fn run_generate(args: &GenerateArgs) -> Result<()> {
     use std::io::Write;
@@ -696,6 +716,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                 progress: true,
                 overwrite: args.overwrite,
                 allow_config_change: args.allow_config_change.clone(),
+                profile: args.profile || moegrad::profile::requested_by_env(),
             };
             if cfg.model.is_lm() {
                 let summary = moegrad::lm::train::run(&cfg, opts)?;
@@ -712,6 +733,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                         summary.val_ppl,
                         cfg.out.display()
                     );
+                    print_profile(summary.profile.as_deref(), summary.gpu_profile.as_ref());
                 }
                 return Ok(());
             }
@@ -728,6 +750,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                     summary.test_accuracy,
                     cfg.out.display()
                 );
+                print_profile(summary.profile.as_deref(), summary.gpu_profile.as_ref());
             }
         }
         Command::Estimators(args) => run_estimators(&args)?,
@@ -856,7 +879,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(cli, &matches) {
+    // MOEGRAD_PROFILE=1: a profile of any command, printed on stderr at the end (`train`
+    // takes it over and reports it with its results)
+    if moegrad::profile::requested_by_env() {
+        moegrad::profile::enable();
+    }
+    let result = run(cli, &matches);
+    if let Some(report) = moegrad::profile::disable() {
+        eprint!("{}", report.table(PROFILE_TOP));
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("moegrad: {e}");

@@ -243,6 +243,7 @@ impl Module for LayerNorm {
 impl Tensor {
     /// Layer normalisation of the last axis with scale `gamma` and shift `beta` (both `[dim]`).
     pub fn layer_norm(&self, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<Tensor> {
+        let _profile = crate::profile::op("layer_norm");
         let dim = self.shape().last().copied().unwrap_or(0);
         if dim == 0 || gamma.shape() != [dim] || beta.shape() != [dim] {
             return Err(Error::Shape(format!(

@@ -8,12 +8,14 @@ impl Tensor {
     /// `−(1/N) Σ_n log_softmax(x_n)[t_n]`. On the CPU a target outside `0..C` is an error; on the
     /// GPU it contributes 0 (checking would need a read-back).
     pub fn cross_entropy(&self, targets: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("cross_entropy");
         self.picked_log_probs(targets)?.mean_all()?.neg()
     }
 
     /// Cross-entropy of every row, `[N]`: `−log_softmax(x_n)[t_n]` (the mean of these is
     /// [`Tensor::cross_entropy`]); what a score-function router takes as each example's reward.
     pub fn cross_entropy_per_row(&self, targets: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("cross_entropy_per_row");
         let n = targets.numel();
         self.picked_log_probs(targets)?.reshape(&[n])?.neg()
     }
@@ -42,6 +44,7 @@ impl Tensor {
 
     /// Mean squared error `mean((self − target)²)`; shapes must match exactly.
     pub fn mse(&self, target: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("mse");
         if self.shape() != target.shape() {
             return Err(Error::Shape(format!(
                 "mse: prediction {:?} and target {:?} differ",
@@ -59,6 +62,7 @@ impl Tensor {
     /// Binary cross-entropy with logits, `mean(softplus(x) − x·y)` (stable for large |x|);
     /// `target` holds probabilities in [0, 1] with the shape of `self`.
     pub fn bce_with_logits(&self, target: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("bce_with_logits");
         if self.shape() != target.shape() {
             return Err(Error::Shape(format!(
                 "bce_with_logits: logits {:?} and target {:?} differ",
