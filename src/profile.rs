@@ -187,9 +187,16 @@ pub fn enable() {
     }
 }
 
-/// Whether any thread records a profile (the GPU kernels are timed then).
+/// Whether any thread records a profile.
 pub(crate) fn any_thread_records() -> bool {
     RECORDING_THREADS.load(Ordering::Relaxed) > 0
+}
+
+/// Whether this thread records now: it has a profile, and is inside a step once steps are
+/// marked (the GPU kernels it launches are timed then).
+pub(crate) fn records_now() -> bool {
+    RECORDING_THREADS.load(Ordering::Relaxed) > 0
+        && with_recorder(|r| !r.steps_only || r.step_started.is_some()).unwrap_or(false)
 }
 
 /// Whether this thread records a profile.

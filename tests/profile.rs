@@ -400,7 +400,12 @@ fn gpu_kernels_are_timed_where_the_adapter_has_timestamps() {
     if has_timestamps {
         // GPU time is positive and, the kernels running one after another, within the wall time
         let total: f64 = g.kernels.iter().filter_map(|k| k.ms).sum();
-        assert!(total > 0.0 && total <= r.wall_ms, "{} ms: {:#?}", r.wall_ms, g.kernels);
+        assert!(
+            total > 0.0 && total <= r.wall_ms,
+            "{} ms: {:#?}",
+            r.wall_ms,
+            g.kernels
+        );
     }
     let table = r.table(15);
     assert!(

@@ -1,5 +1,6 @@
 //! GPU time per kernel from timestamp queries: the GPU half of the step profile
-//! (`crate::profile`), active while some thread records a profile.
+//! (`crate::profile`), for the kernels launched by a thread while it records (inside the steps,
+//! once steps are marked).
 //!
 //! On the GPU an op's wall time is only the time to encode its kernels, so the profile asks the
 //! device itself. While profiling, and where the adapter has `Features::TIMESTAMP_QUERY`, the
@@ -145,9 +146,10 @@ impl Timer {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Whether dispatches are to be profiled now (some thread records a profile).
+    /// Whether a dispatch launched now is to be profiled (the launching thread records a
+    /// profile, inside a step once steps are marked).
     pub(crate) fn profiling(&self) -> bool {
-        crate::profile::any_thread_records()
+        crate::profile::records_now()
     }
 
     /// Whether profiled dispatches get timestamps (else they are only counted).
