@@ -63,6 +63,16 @@ enum Command {
         /// Tokens per step for the moe workload.
         #[arg(long, default_value_t = 4096)]
         tokens: usize,
+        /// train workload: use only the first N training examples (0: all 8,000 of the bundled
+        /// MNIST subset).
+        #[arg(long, default_value_t = 0)]
+        examples: usize,
+        /// train workload: examples per step.
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+        /// train workload: directory with the MNIST IDX files.
+        #[arg(long, default_value = "data")]
+        data_dir: PathBuf,
     },
 }
 
@@ -538,6 +548,8 @@ enum Workload {
     Matmul,
     /// one MoE layer's training step (T = 4096, d = 256, hidden 512, k = 2) for n = 2..64, and the dense softmax router
     Moe,
+    /// one training epoch (training time only: no data loading, no evaluation) of cnn (mnist), moe-mlp (mnist, topk, 8 experts, k = 2) and mmoe-cnn (multimnist, topk, 8 experts, k = 4)
+    Train,
 }
 
 fn bench_devices(name: &str) -> Result<Vec<Device>> {
@@ -812,6 +824,39 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                         m.peak_bytes as f64 / 1e6,
                         m.gradient_bytes as f64 / 1e6,
                         m.activation_bytes as f64 / 1e6
+                    );
+                }
+            }
+        }
+        Command::Bench {
+            workload: Workload::Train,
+            json,
+            device,
+            examples,
+            batch,
+            data_dir,
+            ..
+        } => {
+            let r =
+                moegrad::bench::bench_train(&bench_devices(&device)?, &data_dir, examples, batch)?;
+            if json {
+                print_json(&r)?;
+            } else {
+                println!(
+                    "{:<6} {:<9} {:>6} {:>9} {:>9} {:>10} {:>11}",
+                    "device", "model", "batch", "examples", "seconds", "ms/step", "examples/s"
+                );
+                for t in &r.train {
+                    let steps = t.examples.div_ceil(t.batch.max(1)).max(1);
+                    println!(
+                        "{:<6} {:<9} {:>6} {:>9} {:>9.2} {:>10.1} {:>11.0}",
+                        t.device,
+                        t.model,
+                        t.batch,
+                        t.examples,
+                        t.seconds,
+                        1e3 * t.seconds / steps as f64,
+                        t.examples as f64 / t.seconds.max(1e-9)
                     );
                 }
             }

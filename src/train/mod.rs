@@ -116,16 +116,17 @@ impl RunOptions {
     }
 }
 
-struct Splits {
-    train: Dataset,
-    test: Dataset,
-    side: usize,
-    tasks: usize,
+/// The data of an image run (also read by `bench train`).
+pub(crate) struct Splits {
+    pub(crate) train: Dataset,
+    pub(crate) test: Dataset,
+    pub(crate) side: usize,
+    pub(crate) tasks: usize,
     /// generator B's frozen expert bank (synthetic-b only)
-    bank: Option<SyntheticB>,
+    pub(crate) bank: Option<SyntheticB>,
 }
 
-fn load_data(cfg: &TrainConfig) -> Result<Splits> {
+pub(crate) fn load_data(cfg: &TrainConfig) -> Result<Splits> {
     let mnist = || Mnist::load(&cfg.data_dir);
     let mut bank = None;
     let limit = |d: Dataset, n: usize| -> Result<Dataset> {
@@ -215,7 +216,7 @@ fn make_optimizer(cfg: &TrainConfig) -> Result<Box<dyn Optimizer>> {
 }
 
 /// Summed cross-entropy over the tasks (each a mean over the batch).
-fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
+pub(crate) fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
     sum_over_tasks(logits, targets, Tensor::cross_entropy)
 }
 
