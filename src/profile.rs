@@ -166,9 +166,8 @@ fn with_recorder<R>(f: impl FnOnce(&mut Recorder) -> R) -> Option<R> {
         .flatten()
 }
 
-/// Starts (or restarts, from zero) recording a profile on this thread; also starts timing GPU
-/// kernels where the adapter has timestamp queries. The GPU's queue is shared by the whole
-/// process, so while several threads record, each one's report has every thread's kernels.
+/// Starts (or restarts, from zero) recording a profile on this thread; also starts timing the
+/// GPU kernels it launches where the adapter has timestamp queries.
 pub fn enable() {
     let fresh = RECORDER
         .try_with(|cell| {
@@ -181,15 +180,7 @@ pub fn enable() {
     if fresh {
         RECORDING_THREADS.fetch_add(1, Ordering::Relaxed);
     }
-    // the GPU's kernel times are process-wide: they restart only when no other thread records
-    if RECORDING_THREADS.load(Ordering::Relaxed) == 1 {
-        crate::backend::gpu::timing::start();
-    }
-}
-
-/// Whether any thread records a profile.
-pub(crate) fn any_thread_records() -> bool {
-    RECORDING_THREADS.load(Ordering::Relaxed) > 0
+    crate::backend::gpu::timing::start();
 }
 
 /// Whether this thread records now: it has a profile, and is inside a step once steps are

@@ -13,8 +13,10 @@
 //! one pass per dispatch, which may cost a little GPU time of its own.
 //!
 //! A kernel is named `shader.entry_point` (e.g. `matmul.matmul_tiled`); its time is the sum over
-//! its dispatches of end minus beginning, converted with the queue's timestamp period. Without
-//! timestamp queries the dispatches are only counted, and the report says so.
+//! its dispatches of end minus beginning, converted with the queue's timestamp period. The times
+//! are kept per launching thread, as the op times are, so profiles of different threads (tests
+//! running in parallel) do not mix. Without timestamp queries the dispatches are only counted,
+//! and the report says so.
 
 use super::GpuBackend;
 use super::context::Context;
@@ -22,6 +24,7 @@ use super::encoder::MAX_BATCH;
 use crate::profile::{GpuProfile, KernelTime};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::ThreadId;
 
 /// Bytes of one resolved timestamp.
 const TIMESTAMP_BYTES: u64 = 8;
@@ -30,12 +33,12 @@ const TIMESTAMP_BYTES: u64 = 8;
 type MapStatus = Arc<Mutex<Option<std::result::Result<(), wgpu::BufferAsyncError>>>>;
 
 /// The timestamp queries of one batch: two per dispatch, the buffers they are resolved and read
-/// back through, and the kernel of each dispatch.
+/// back through, and the kernel of each dispatch with the thread that launched it.
 pub(crate) struct Slot {
     queries: wgpu::QuerySet,
     resolved: wgpu::Buffer,
     readback: wgpu::Buffer,
-    kernels: Vec<Arc<str>>,
+    kernels: Vec<(Arc<str>, ThreadId)>,
     mapped: MapStatus,
 }
 
@@ -77,7 +80,8 @@ impl Slot {
     /// Reserves the timestamps of the next dispatch, of `kernel`; returns the pass's writes.
     pub(crate) fn next(&mut self, kernel: &Arc<str>) -> wgpu::ComputePassTimestampWrites<'_> {
         let i = self.kernels.len() as u32;
-        self.kernels.push(kernel.clone());
+        self.kernels
+            .push((kernel.clone(), std::thread::current().id()));
         wgpu::ComputePassTimestampWrites {
             query_set: &self.queries,
             beginning_of_pass_write_index: Some(2 * i),
@@ -103,8 +107,8 @@ impl Slot {
     }
 }
 
-/// Calls and nanoseconds per kernel.
-#[derive(Default)]
+/// Calls and nanoseconds per kernel (of one launching thread).
+#[derive(Clone, Default)]
 struct Tables {
     /// timed dispatches: calls and summed GPU nanoseconds
     timed: HashMap<Arc<str>, (u64, f64)>,
@@ -116,7 +120,8 @@ struct State {
     free: Vec<Slot>,
     /// submitted, waiting for their read-back
     pending: Vec<Slot>,
-    tables: Tables,
+    /// per launching thread
+    tables: HashMap<ThreadId, Tables>,
 }
 
 /// The per-kernel timer of the batcher.
@@ -137,7 +142,7 @@ impl Timer {
             state: Mutex::new(State {
                 free: Vec::new(),
                 pending: Vec::new(),
-                tables: Tables::default(),
+                tables: HashMap::new(),
             }),
         }
     }
@@ -157,14 +162,12 @@ impl Timer {
         self.supported
     }
 
-    /// Counts a dispatch of `kernel` that gets no timestamps.
+    /// Counts a dispatch of `kernel`, launched by this thread, that gets no timestamps.
     pub(crate) fn count(&self, kernel: &Arc<str>) {
-        *self
-            .lock()
-            .tables
-            .counted
-            .entry(kernel.clone())
-            .or_default() += 1;
+        let thread = std::thread::current().id();
+        let mut state = self.lock();
+        let tables = state.tables.entry(thread).or_default();
+        *tables.counted.entry(kernel.clone()).or_default() += 1;
     }
 
     /// A slot for a batch's timestamps (a recycled one when available).
@@ -205,9 +208,12 @@ impl Timer {
                     let bytes = 2 * slot.kernels.len() as u64 * TIMESTAMP_BYTES;
                     if let Ok(view) = slot.readback.get_mapped_range(0..bytes) {
                         let ticks: &[u64] = bytemuck::cast_slice(&view);
-                        for (kernel, pair) in slot.kernels.iter().zip(ticks.chunks_exact(2)) {
+                        for ((kernel, thread), pair) in
+                            slot.kernels.iter().zip(ticks.chunks_exact(2))
+                        {
                             let ns = pair[1].saturating_sub(pair[0]) as f64 * self.period_ns;
-                            let t = state.tables.timed.entry(kernel.clone()).or_default();
+                            let tables = state.tables.entry(*thread).or_default();
+                            let t = tables.timed.entry(kernel.clone()).or_default();
                             t.0 += 1;
                             t.1 += ns;
                         }
@@ -221,22 +227,23 @@ impl Timer {
         state.pending = still;
     }
 
-    /// Forgets the recorded times.
+    /// Forgets the times of the kernels this thread launched.
     fn reset(&self) {
-        self.lock().tables = Tables::default();
+        self.lock().tables.remove(&std::thread::current().id());
     }
 }
 
-/// Clears the kernel tables when a profile starts (only if the GPU is open: this never opens it).
+/// Clears this thread's kernel tables when its profile starts (only if the GPU is open: this
+/// never opens it).
 pub(crate) fn start() {
     if let Some(gpu) = GpuBackend::opened() {
         gpu.inner.batcher.timer.reset();
     }
 }
 
-/// The GPU time per kernel recorded since the profile started, after submitting the pending
-/// batch and waiting for the device; `None` when the GPU was not opened or ran no kernel while
-/// profiling. With `clear`, the tables are emptied once no thread records any more.
+/// The GPU time per kernel this thread launched since its profile started, after submitting the
+/// pending batch and waiting for the device; `None` when the GPU was not opened or this thread
+/// ran no kernel while profiling. With `clear`, this thread's tables are removed.
 pub(crate) fn report(clear: bool) -> Option<GpuProfile> {
     let gpu = GpuBackend::opened()?;
     let inner = &gpu.inner;
@@ -245,18 +252,14 @@ pub(crate) fn report(clear: bool) -> Option<GpuProfile> {
     let timer = &inner.batcher.timer;
     let mut state = timer.lock();
     timer.collect(&mut state);
-    let tables = if clear && !crate::profile::any_thread_records() {
-        std::mem::take(&mut state.tables)
+    let thread = std::thread::current().id();
+    let tables = if clear {
+        state.tables.remove(&thread)
     } else {
-        Tables {
-            timed: state.tables.timed.clone(),
-            counted: state.tables.counted.clone(),
-        }
+        state.tables.get(&thread).cloned()
     };
     drop(state);
-    if tables.timed.is_empty() && tables.counted.is_empty() {
-        return None;
-    }
+    let tables = tables.filter(|t| !t.timed.is_empty() || !t.counted.is_empty())?;
     let mut kernels: Vec<KernelTime> = tables
         .timed
         .iter()
