@@ -368,6 +368,15 @@ fn language_model_runs_carry_a_profile() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Dispatches of the matmul shader's kernels in a GPU profile.
+fn matmul_kernel_calls(g: &profile::GpuProfile) -> u64 {
+    g.kernels
+        .iter()
+        .filter(|k| k.kernel.starts_with("matmul."))
+        .map(|k| k.calls)
+        .sum()
+}
+
 #[test]
 fn gpu_kernels_are_timed_where_the_adapter_has_timestamps() {
     let Some(gpu) = common::gpu_or_skip("gpu_kernels_are_timed_where_the_adapter_has_timestamps")
@@ -377,10 +386,18 @@ fn gpu_kernels_are_timed_where_the_adapter_has_timestamps() {
     let info = moegrad::backend::gpu::info().unwrap();
     profile::enable();
     three_matmuls(gpu);
-    // another thread's kernels, in the same batches, are not in this thread's profile
-    std::thread::spawn(move || three_matmuls(gpu))
-        .join()
-        .unwrap();
+    // another thread recording its own profile meanwhile, in the same batches: each profile has
+    // its own kernels only
+    let other = std::thread::spawn(move || {
+        profile::enable();
+        three_matmuls(gpu);
+        gpu.synchronize().unwrap();
+        let g = profile::disable().unwrap().gpu.expect("its kernels ran");
+        matmul_kernel_calls(&g)
+    })
+    .join()
+    .unwrap();
+    assert_eq!(other, 8);
     // every kernel has finished before the profile's wall clock stops
     gpu.synchronize().unwrap();
     let r = profile::disable().unwrap();
@@ -391,13 +408,7 @@ fn gpu_kernels_are_timed_where_the_adapter_has_timestamps() {
     assert_eq!(g.timestamps, has_timestamps, "{}", g.note);
     // one product kernel per matmul: 3 forward, and backward the 3 weights' gradients and the
     // 2 inputs' that require one (the first input does not)
-    let matmul_calls: u64 = g
-        .kernels
-        .iter()
-        .filter(|k| k.kernel.starts_with("matmul."))
-        .map(|k| k.calls)
-        .sum();
-    assert_eq!(matmul_calls, 8, "{:#?}", g.kernels);
+    assert_eq!(matmul_kernel_calls(g), 8, "{:#?}", g.kernels);
     for k in &g.kernels {
         assert_eq!(k.ms.is_some(), has_timestamps, "{k:?}");
         assert!(k.ms.unwrap_or(0.0) >= 0.0);
