@@ -10,6 +10,7 @@
 //! - [`autograd`]: the graph, the backward walk, [`no_grad`].
 //! - `ops`: differentiable ops, each forward beside its backward rule.
 //! - [`gradcheck`](mod@gradcheck): the finite-difference checker every op is tested with.
+//! - [`profile`]: wall time per op, forward and backward, over a run (`train --profile`).
 //!
 //! # Example
 //! ```
@@ -43,6 +44,7 @@ pub mod moe;
 pub mod nn;
 mod ops;
 pub mod optim;
+pub mod profile;
 pub mod shape;
 pub mod tensor;
 pub mod train;

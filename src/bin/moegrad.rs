@@ -63,6 +63,16 @@ enum Command {
         /// Tokens per step for the moe workload.
         #[arg(long, default_value_t = 4096)]
         tokens: usize,
+        /// train workload: use only the first N training examples (0: all 8,000 of the bundled
+        /// MNIST subset).
+        #[arg(long, default_value_t = 0)]
+        examples: usize,
+        /// train workload: examples per step.
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+        /// train workload: directory with the MNIST IDX files.
+        #[arg(long, default_value = "data")]
+        data_dir: PathBuf,
     },
 }
 
@@ -219,6 +229,12 @@ struct TrainArgs {
     /// Print the final metrics as one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// At the end, print the wall time per op, forward and backward separately, summed over
+    /// the training steps (top 15, with calls and share of the step time; on the GPU also the
+    /// GPU time per kernel where the adapter has timestamp queries); with --json, all of it as
+    /// `profile` (and `gpu_profile`). MOEGRAD_PROFILE=1 does the same for any command.
+    #[arg(long)]
+    profile: bool,
 }
 
 /// `moegrad generate` options.
@@ -532,6 +548,8 @@ enum Workload {
     Matmul,
     /// one MoE layer's training step (T = 4096, d = 256, hidden 512, k = 2) for n = 2..64, and the dense softmax router
     Moe,
+    /// one training epoch (training time only: no data loading, no evaluation) of cnn (mnist), moe-mlp (mnist, topk, 8 experts, k = 2) and mmoe-cnn (multimnist, topk, 8 experts, k = 4)
+    Train,
 }
 
 fn bench_devices(name: &str) -> Result<Vec<Device>> {
@@ -575,6 +593,20 @@ fn print_json(summary: &impl serde::Serialize) -> Result<()> {
         serde_json::to_string(summary).map_err(|e| moegrad::Error::Invalid(e.to_string()))?;
     println!("{text}");
     Ok(())
+}
+
+/// Ops shown by `--profile` (the JSON has them all).
+const PROFILE_TOP: usize = 15;
+
+/// Prints a run's profile, if it has one, after a blank line.
+fn print_profile(
+    rows: Option<&[moegrad::profile::ProfileRow]>,
+    gpu: Option<&moegrad::profile::GpuProfile>,
+) {
+    if let Some(rows) = rows {
+        println!();
+        print!("{}", moegrad::profile::table(rows, gpu, PROFILE_TOP));
+    }
 }
 
 /// Streams text from a language-model checkpoint to stdout.
@@ -696,6 +728,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                 progress: true,
                 overwrite: args.overwrite,
                 allow_config_change: args.allow_config_change.clone(),
+                profile: args.profile || moegrad::profile::requested_by_env(),
             };
             if cfg.model.is_lm() {
                 let summary = moegrad::lm::train::run(&cfg, opts)?;
@@ -712,6 +745,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                         summary.val_ppl,
                         cfg.out.display()
                     );
+                    print_profile(summary.profile.as_deref(), summary.gpu_profile.as_ref());
                 }
                 return Ok(());
             }
@@ -728,6 +762,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                     summary.test_accuracy,
                     cfg.out.display()
                 );
+                print_profile(summary.profile.as_deref(), summary.gpu_profile.as_ref());
             }
         }
         Command::Estimators(args) => run_estimators(&args)?,
@@ -789,6 +824,39 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                         m.peak_bytes as f64 / 1e6,
                         m.gradient_bytes as f64 / 1e6,
                         m.activation_bytes as f64 / 1e6
+                    );
+                }
+            }
+        }
+        Command::Bench {
+            workload: Workload::Train,
+            json,
+            device,
+            examples,
+            batch,
+            data_dir,
+            ..
+        } => {
+            let r =
+                moegrad::bench::bench_train(&bench_devices(&device)?, &data_dir, examples, batch)?;
+            if json {
+                print_json(&r)?;
+            } else {
+                println!(
+                    "{:<6} {:<9} {:>6} {:>9} {:>9} {:>10} {:>11}",
+                    "device", "model", "batch", "examples", "seconds", "ms/step", "examples/s"
+                );
+                for t in &r.train {
+                    let steps = t.examples.div_ceil(t.batch.max(1)).max(1);
+                    println!(
+                        "{:<6} {:<9} {:>6} {:>9} {:>9.2} {:>10.1} {:>11.0}",
+                        t.device,
+                        t.model,
+                        t.batch,
+                        t.examples,
+                        t.seconds,
+                        1e3 * t.seconds / steps as f64,
+                        t.examples as f64 / t.seconds.max(1e-9)
                     );
                 }
             }
@@ -856,7 +924,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match run(cli, &matches) {
+    // MOEGRAD_PROFILE=1: a profile of any command, printed on stderr at the end (`train`
+    // takes it over and reports it with its results)
+    if moegrad::profile::requested_by_env() {
+        moegrad::profile::enable();
+    }
+    let result = run(cli, &matches);
+    if let Some(report) = moegrad::profile::disable() {
+        eprint!("{}", report.table(PROFILE_TOP));
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("moegrad: {e}");

@@ -59,6 +59,13 @@ pub struct LmSummary {
     pub drop_rate: Option<f64>,
     /// vocabulary size
     pub vocab: usize,
+    /// with `RunOptions::profile`: wall time per op and pass, summed over the training
+    /// iterations, longest first, then `other` (see [`crate::profile`])
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Vec<crate::profile::ProfileRow>>,
+    /// with `RunOptions::profile` on the GPU: GPU time per kernel (timestamp queries)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_profile: Option<crate::profile::GpuProfile>,
 }
 
 /// The text file a run trains on: the bundled Shakespeare or `--data-file`.
@@ -243,6 +250,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
     }
     let allowed = opts.check()?;
     let started = Instant::now();
+    let recording = opts.profile.then(crate::profile::start);
     let device = Device::from_name(&cfg.device)?;
     if cfg.optimizer == crate::train::OptimizerKind::Sgd {
         return Err(Error::Invalid(
@@ -338,6 +346,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
         let mut routing_sums: Vec<(Tensor, Tensor)> = Vec::new();
         let interval_start = Instant::now();
         for _ in 0..interval {
+            let _step = crate::profile::step();
             opt.set_lr(schedule.lr(step));
             let (x, y) = corpus.train_batch(b, t, cfg.seed, step);
             let x = Tensor::from_i32(x, &[b, t], device)?;
@@ -450,6 +459,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
     } else {
         f64::NAN
     };
+    let profile = recording.and_then(crate::profile::Recording::finish);
     Ok(LmSummary {
         device: device.to_string(),
         iters: opt.steps(),
@@ -464,6 +474,8 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
         expert_load: last_routing.as_ref().map(|r| r.0.clone()),
         drop_rate: last_routing.map(|r| r.1),
         vocab: corpus.vocab_size(),
+        profile: profile.as_ref().map(crate::profile::Report::rows),
+        gpu_profile: profile.and_then(|p| p.gpu),
     })
 }
 

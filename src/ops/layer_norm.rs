@@ -41,6 +41,7 @@ impl Tensor {
     /// # Ok(()) }
     /// ```
     pub fn layer_norm(&self, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<Tensor> {
+        let _profile = crate::profile::op("layer_norm");
         const WHAT: &str = "layer_norm";
         let dim = self.shape().last().copied().unwrap_or(0);
         if dim == 0 || gamma.shape() != [dim] || beta.shape() != [dim] {

@@ -10,6 +10,7 @@ impl Tensor {
     /// CPU a target outside `0..C` is an error; on the GPU it contributes 0 (checking would need
     /// a read-back).
     pub fn cross_entropy(&self, targets: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("cross_entropy");
         self.cross_entropy_per_row(targets)?.mean_all()
     }
 
@@ -28,6 +29,7 @@ impl Tensor {
     /// [`Error::DType`] for non-float logits or non-I32 targets; [`Error::Invalid`] for a CPU
     /// target outside `0..C`; [`Error::Device`] when they live on different devices.
     pub fn cross_entropy_per_row(&self, targets: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("cross_entropy_per_row");
         const WHAT: &str = "cross_entropy";
         if self.rank() != 2 || targets.rank() != 1 || targets.shape()[0] != self.shape()[0] {
             return Err(Error::Shape(format!(
@@ -75,6 +77,7 @@ impl Tensor {
 
     /// Mean squared error `mean((self − target)²)`; shapes must match exactly.
     pub fn mse(&self, target: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("mse");
         if self.shape() != target.shape() {
             return Err(Error::Shape(format!(
                 "mse: prediction {:?} and target {:?} differ",
@@ -92,6 +95,7 @@ impl Tensor {
     /// Binary cross-entropy with logits, `mean(softplus(x) − x·y)` (stable for large |x|);
     /// `target` holds probabilities in [0, 1] with the shape of `self`.
     pub fn bce_with_logits(&self, target: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("bce_with_logits");
         if self.shape() != target.shape() {
             return Err(Error::Shape(format!(
                 "bce_with_logits: logits {:?} and target {:?} differ",

@@ -70,6 +70,13 @@ pub struct TrainSummary {
     /// synthetic-b: where the true experts sit in the bank
     #[serde(skip_serializing_if = "Option::is_none")]
     pub true_experts: Option<Vec<usize>>,
+    /// with [`RunOptions::profile`]: wall time per op and pass, summed over the training steps,
+    /// longest first, then `other` (see [`crate::profile`])
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Vec<crate::profile::ProfileRow>>,
+    /// with [`RunOptions::profile`] on the GPU: GPU time per kernel (timestamp queries)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_profile: Option<crate::profile::GpuProfile>,
 }
 
 /// Options of the invocation that are not part of the run's identity.
@@ -85,6 +92,9 @@ pub struct RunOptions {
     /// settings a resumed run may change from the checkpoint's (`lr`, `epochs`, ...; see
     /// [`resume::CHANGEABLE_SETTINGS`])
     pub allow_config_change: Vec<String>,
+    /// record the wall time per op over the training steps ([`crate::profile`]); the summary
+    /// then carries it
+    pub profile: bool,
 }
 
 impl RunOptions {
@@ -106,16 +116,17 @@ impl RunOptions {
     }
 }
 
-struct Splits {
-    train: Dataset,
-    test: Dataset,
-    side: usize,
-    tasks: usize,
+/// The data of an image run (also read by `bench train`).
+pub(crate) struct Splits {
+    pub(crate) train: Dataset,
+    pub(crate) test: Dataset,
+    pub(crate) side: usize,
+    pub(crate) tasks: usize,
     /// generator B's frozen expert bank (synthetic-b only)
-    bank: Option<SyntheticB>,
+    pub(crate) bank: Option<SyntheticB>,
 }
 
-fn load_data(cfg: &TrainConfig) -> Result<Splits> {
+pub(crate) fn load_data(cfg: &TrainConfig) -> Result<Splits> {
     let mnist = || Mnist::load(&cfg.data_dir);
     let mut bank = None;
     let limit = |d: Dataset, n: usize| -> Result<Dataset> {
@@ -205,7 +216,7 @@ fn make_optimizer(cfg: &TrainConfig) -> Result<Box<dyn Optimizer>> {
 }
 
 /// Summed cross-entropy over the tasks (each a mean over the batch).
-fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
+pub(crate) fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
     sum_over_tasks(logits, targets, Tensor::cross_entropy)
 }
 
@@ -331,6 +342,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
     }
     let allowed = opts.check()?;
     let started = Instant::now();
+    let recording = opts.profile.then(crate::profile::start);
     let device = Device::from_name(&cfg.device)?;
     let data = load_data(cfg)?;
     if data.train.is_empty() || data.test.is_empty() {
@@ -425,6 +437,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         let mut router_metric_sums: Vec<(&'static str, Tensor, usize)> = Vec::new();
         let order = data.train.order(cfg.seed, epoch, true);
         for (i, ids) in order.chunks(cfg.batch).enumerate() {
+            let _step = crate::profile::step();
             opt.set_lr(schedule.lr(step));
             let b = data.train.batch(ids, device)?;
             let out = model.forward(&b.x)?;
@@ -615,6 +628,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         }
         None => (None, None, None, None),
     };
+    let profile = recording.and_then(crate::profile::Recording::finish);
     Ok(TrainSummary {
         device: device.to_string(),
         epochs: cfg.epochs,
@@ -630,6 +644,8 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         expert_mean_weight,
         selected_experts,
         true_experts,
+        profile: profile.as_ref().map(crate::profile::Report::rows),
+        gpu_profile: profile.and_then(|p| p.gpu),
     })
 }
 

@@ -44,6 +44,8 @@ struct Module {
 
 /// A compiled entry point with the layout of its bind group.
 pub(crate) struct Kernel {
+    /// `shader.entry`, as the profile names it
+    name: Arc<str>,
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
     /// for binding `b + 1`: `Some(read_only)` when the entry point uses it
@@ -209,6 +211,7 @@ impl KernelCache {
             return Err(validation_error(shader, format!("entry {entry}: {e}")));
         }
         let k = Arc::new(Kernel {
+            name: format!("{}.{entry}", shader.name).into(),
             pipeline,
             layout,
             bindings,
@@ -354,6 +357,7 @@ impl GpuBackend {
         }
         inner.batcher.record(
             &inner.ctx,
+            &kernel.name,
             &kernel.pipeline,
             &kernel.layout,
             &storage,

@@ -34,6 +34,7 @@ mod random;
 mod reduce;
 mod sort;
 mod strided;
+pub(crate) mod timing;
 
 pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
 
@@ -197,6 +198,11 @@ impl GpuBackend {
         })
         .clone()
         .map_err(Error::Device)
+    }
+
+    /// The context if it has been opened (never opens it).
+    pub(crate) fn opened() -> Option<GpuBackend> {
+        GPU.get()?.as_ref().ok().cloned()
     }
 
     /// Submits the pending batch of kernels (without waiting for it).
