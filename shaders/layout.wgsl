@@ -24,7 +24,8 @@
 //                      invocation per OUTPUT element (o, k, i) loops over the source rows
 //                      j = 0..m in order and adds src[o, j, i] where idx[o*s0+j*s1+i*s2] == k.
 //                      The additions happen in the CPU's order, so results match it bit for bit.
-//                      Cost m per output: used when m is small or the index varies along i.
+//                      Cost m per output: used when m is small, when outputs × m is small, or
+//                      when the index varies along i.
 //                      params ScatterParams { outer, len, inner, m, s0, s1, s2, key_row };
 //                      src (binding 1, read, f32) [outer, m, inner], idx (binding 2, read, i32)
 //                      -> out (binding 3, read_write, f32) [outer, len, inner].

@@ -2,7 +2,11 @@
 //! Timing is wall-clock around a loop, after a warm-up, with the device synchronised before the
 //! clock is read; figures are recorded in `docs/benchmarks.md` with the command that made them.
 //! `bench train` is the exception: one whole training epoch, timed from its first step, as the
-//! PyTorch peer times it (`pytorch_cnn_epoch.py`).
+//! PyTorch peer times it (`pytorch_cnn_epoch.py`). `bench gpu-step` counts instead of timing
+//! ([`gpu_step`]), and `bench all` ([`bench_all`]) runs every benchmark into one report
+//! (docs/gpu.md explains its fields).
+
+pub mod gpu_step;
 
 use crate::{DType, Device, Error, Result, Tensor};
 use rand::{RngExt, SeedableRng};
@@ -583,4 +587,59 @@ pub fn bench_train(
         }
     }
     Ok(out)
+}
+
+/// The result of `moegrad bench all`: every benchmark in one object, for a user with a real
+/// GPU to send back (docs/gpu.md explains the fields).
+#[derive(Clone, Debug, Serialize)]
+pub struct AllBench {
+    /// the GPU adapter measured (`null` when there is none)
+    pub adapter: Option<crate::backend::gpu::GpuInfo>,
+    /// `bench matmul` on the devices measured
+    pub matmul: MatmulBench,
+    /// `bench moe` on the devices measured
+    pub moe: MoeBench,
+    /// `bench gpu-step` (`null` without a GPU adapter)
+    pub gpu_step: Option<Vec<gpu_step::GpuStepRecord>>,
+    /// `bench train`
+    pub train: Option<Vec<TrainRecord>>,
+    /// why a part is `null`, one line each
+    pub skipped: Vec<String>,
+}
+
+/// `moegrad bench all`: `bench matmul` (`sizes`) and `bench moe` (`w`, the CLI's lists of
+/// experts) on `devices`, `bench gpu-step` on the GPU adapter when there is one (a software
+/// adapter included), and `bench train`.
+///
+/// # Errors
+/// An error of a benchmark that ran (a missing GPU adapter is a note in `skipped`, not an error).
+pub fn bench_all(
+    devices: &[Device],
+    sizes: &[usize],
+    ns: &[usize],
+    dense_ns: &[usize],
+    w: MoeWorkload,
+    train: (&std::path::Path, usize, usize),
+) -> Result<AllBench> {
+    let mut skipped = Vec::new();
+    let adapter = crate::backend::gpu::info().ok();
+    let matmul = bench_matmul(devices, sizes)?;
+    let moe = bench_moe(devices, ns, dense_ns, w)?;
+    let gpu_step = match crate::backend::gpu::GpuBackend::get() {
+        Ok(_) => Some(gpu_step::bench_gpu_step(&gpu_step::GPU_STEP_MODELS)?.gpu_step),
+        Err(e) => {
+            skipped.push(format!("gpu_step: no GPU adapter ({e})"));
+            None
+        }
+    };
+    let (data_dir, examples, batch) = train;
+    let train = Some(bench_train(devices, data_dir, examples, batch)?.train);
+    Ok(AllBench {
+        adapter,
+        matmul,
+        moe,
+        gpu_step,
+        train,
+        skipped,
+    })
 }

@@ -97,6 +97,38 @@ impl Device {
         self == Device::Gpu
     }
 
+    /// The GPU backend's counters (dispatches, submissions, host waits, buffers created, bytes
+    /// uploaded and downloaded) since the context opened or the last
+    /// [`Device::reset_gpu_stats`]; `None` on the CPU. The counters are process-wide.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::{DType, Device, Tensor};
+    /// if let Ok(gpu) = Device::gpu() {
+    ///     let x = Tensor::full(&[4], 1.0, DType::F32, gpu).unwrap();
+    ///     gpu.reset_gpu_stats();
+    ///     let y = x.add(&x).unwrap();
+    ///     let stats = gpu.gpu_stats().unwrap();
+    ///     assert!(stats.dispatches >= 1 && stats.host_waits == 0);
+    ///     y.to_vec_f32().unwrap(); // a download: the host waits once
+    ///     assert_eq!(gpu.gpu_stats().unwrap().host_waits, 1);
+    /// }
+    /// assert!(Device::cpu().gpu_stats().is_none());
+    /// ```
+    pub fn gpu_stats(self) -> Option<gpu::GpuStats> {
+        match self {
+            Device::Cpu => None,
+            Device::Gpu => gpu::GpuBackend::get().ok().map(|g| g.stats()),
+        }
+    }
+
+    /// Sets the counters of [`Device::gpu_stats`] back to zero (a no-op on the CPU).
+    pub fn reset_gpu_stats(self) {
+        if let (Device::Gpu, Ok(g)) = (self, gpu::GpuBackend::get()) {
+            g.reset_stats();
+        }
+    }
+
     /// Waits until every kernel queued on this device has finished (a no-op on the CPU).
     /// Benchmarks call it before reading the clock.
     pub fn synchronize(self) -> Result<()> {

@@ -53,4 +53,5 @@ pub use autograd::{NoGradGuard, is_grad_enabled, no_grad};
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};
+pub use ops::TopkGate;
 pub use tensor::Tensor;

@@ -59,7 +59,11 @@ fn bench_train_json_has_one_record_per_model_with_the_epoch_time() {
         .next()
         .and_then(|x| x.parse().ok())
         .unwrap_or_else(|| panic!("{line}"));
-    assert!(step_ms <= total * 1e3, "{step_ms} ms of steps in {total} s");
+    // (the profile prints milliseconds to one decimal: allow its rounding)
+    assert!(
+        step_ms <= total * 1e3 + 0.05,
+        "{step_ms} ms of steps in {total} s"
+    );
     assert!(err.contains("adam step"), "{err}");
 }
 

@@ -665,8 +665,10 @@ fn scatter_add_with_repeated_indices_matches_cpu_exactly() {
         (1usize, 5usize, 3usize, 4usize, 0u8),
         (3, 20, 7, 5, 1),
         (2, 9, 4, 3, 2),
-        (1, 1000, 16, 37, 0), // sorted path, one shared key row (the MoE combine)
-        (4, 300, 5, 11, 1),   // sorted path, a key row per o
+        (1, 1000, 16, 37, 0), // loop path: outputs × rows is small
+        (4, 300, 5, 11, 1),   // loop path, an index row per o
+        (1, 5000, 2, 37, 0),  // sorted path (more than 4096 rows), one shared key row
+        (3, 4500, 1, 7, 1),   // sorted path, a key row per o
         (2, 200, 3, 6, 2),    // loop path with the index varying along i
         (1, 77, 1, 1, 0),     // everything into one element
         (2, 0, 3, 4, 0),

@@ -363,11 +363,11 @@ fn language_model_runs_carry_a_profile() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
-/// Dispatches of the matmul shader's kernels in a GPU profile.
+/// Dispatches of the matmul shaders' kernels (plain or subgroup) in a GPU profile.
 fn matmul_kernel_calls(g: &profile::GpuProfile) -> u64 {
     g.kernels
         .iter()
-        .filter(|k| k.kernel.starts_with("matmul."))
+        .filter(|k| k.kernel.starts_with("matmul.") || k.kernel.starts_with("matmul_subgroup."))
         .map(|k| k.calls)
         .sum()
 }
@@ -420,7 +420,7 @@ fn gpu_kernels_are_timed_where_the_adapter_has_timestamps() {
     }
     let table = r.table(15);
     assert!(
-        table.contains("GPU ") && table.contains("matmul."),
+        table.contains("GPU ") && table.contains("matmul"),
         "{table}"
     );
 }

@@ -12,12 +12,14 @@ mod attention;
 mod cross_entropy;
 mod layer_norm;
 pub mod pool;
+mod routing;
 pub use attention::ATTENTION_BLOCK;
 pub use pool::PooledVec;
 
 use super::{
     AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, LayerNormDims, MatLayout,
-    MatmulDims, ReduceOp, SgdHyper, UnaryOp, uniform_hash,
+    MatmulDims, PlanBuffers, ReduceOp, SgdHyper, UnaryOp, check_gate_sizes, check_lengths,
+    uniform_hash,
 };
 use crate::{DType, Error, Result};
 use num_traits::Float;
@@ -1762,6 +1764,156 @@ impl Backend for CpuBackend {
                 g.dtype(),
                 logits.dtype(),
                 lse.dtype()
+            ))),
+        }
+    }
+
+    fn topk_gate(
+        &self,
+        logits: &CpuBuffer,
+        scores: Option<&CpuBuffer>,
+        rows: usize,
+        n: usize,
+        k: usize,
+        renormalise: bool,
+    ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
+        const WHAT: &str = "topk_gate";
+        check_gate_sizes(WHAT, rows, n, k)?;
+        let scores_buf = scores.unwrap_or(logits);
+        check_lengths(
+            WHAT,
+            &[
+                ("logits", logits.len(), rows * n),
+                ("scores", scores_buf.len(), rows * n),
+            ],
+        )?;
+        let dims = (rows, n, k);
+        match (logits, scores_buf) {
+            (CpuBuffer::F32(l), CpuBuffer::F32(s)) => {
+                let s = scores.map(|_| s.as_slice());
+                let (p, i, w) = routing::topk_gate(l, s, dims, renormalise);
+                Ok((f32b(p), i32b(i), f32b(w)))
+            }
+            (CpuBuffer::F64(l), CpuBuffer::F64(s)) => {
+                let s = scores.map(|_| s.as_slice());
+                let (p, i, w) = routing::topk_gate(l, s, dims, renormalise);
+                Ok((f64b(p), i32b(i), f64b(w)))
+            }
+            (l, s) => Err(Error::DType(format!(
+                "{WHAT} needs float logits and scores of one dtype, got {} and {}",
+                l.dtype(),
+                s.dtype()
+            ))),
+        }
+    }
+
+    fn topk_gate_backward(
+        &self,
+        weights: &CpuBuffer,
+        idx: &CpuBuffer,
+        d_weights: &CpuBuffer,
+        probs: Option<&CpuBuffer>,
+        rows: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<CpuBuffer> {
+        const WHAT: &str = "topk_gate backward";
+        check_gate_sizes(WHAT, rows, n, k)?;
+        let idx = idx.indices(WHAT)?;
+        let p_buf = probs.unwrap_or(weights);
+        check_lengths(
+            WHAT,
+            &[
+                ("weights", weights.len(), rows * k),
+                ("idx", idx.len(), rows * k),
+                ("d_weights", d_weights.len(), rows * k),
+                (
+                    "probs",
+                    p_buf.len(),
+                    if probs.is_some() { rows * n } else { rows * k },
+                ),
+            ],
+        )?;
+        let dims = (rows, n, k);
+        match (weights, d_weights, p_buf) {
+            (CpuBuffer::F32(w), CpuBuffer::F32(a), CpuBuffer::F32(p)) => Ok(f32b(
+                routing::topk_gate_backward(w, idx, a, probs.map(|_| p.as_slice()), dims),
+            )),
+            (CpuBuffer::F64(w), CpuBuffer::F64(a), CpuBuffer::F64(p)) => Ok(f64b(
+                routing::topk_gate_backward(w, idx, a, probs.map(|_| p.as_slice()), dims),
+            )),
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float weights, gradient and probabilities of one dtype, got {}, {}, {}",
+                weights.dtype(),
+                d_weights.dtype(),
+                p_buf.dtype()
+            ))),
+        }
+    }
+
+    fn softmax_backward(
+        &self,
+        y: &CpuBuffer,
+        dy: &CpuBuffer,
+        rows: usize,
+        n: usize,
+    ) -> Result<CpuBuffer> {
+        const WHAT: &str = "softmax backward";
+        check_gate_sizes(WHAT, rows, n, 1)?;
+        check_lengths(
+            WHAT,
+            &[("y", y.len(), rows * n), ("dy", dy.len(), rows * n)],
+        )?;
+        match (y, dy) {
+            (CpuBuffer::F32(y), CpuBuffer::F32(g)) => Ok(f32b(routing::softmax_backward(y, g, n))),
+            (CpuBuffer::F64(y), CpuBuffer::F64(g)) => Ok(f64b(routing::softmax_backward(y, g, n))),
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float y and dy of one dtype, got {} and {}",
+                y.dtype(),
+                dy.dtype()
+            ))),
+        }
+    }
+
+    fn dispatch_plan(
+        &self,
+        token: &CpuBuffer,
+        expert: &CpuBuffer,
+        weight: &CpuBuffer,
+        rank: &CpuBuffer,
+        valid: &CpuBuffer,
+        experts: usize,
+        capacity: Option<usize>,
+    ) -> Result<PlanBuffers<CpuBuffer>> {
+        const WHAT: &str = "dispatch_plan";
+        let (token, expert) = (token.indices(WHAT)?, expert.indices(WHAT)?);
+        let a = token.len();
+        check_lengths(
+            WHAT,
+            &[
+                ("expert", expert.len(), a),
+                ("weight", weight.len(), a),
+                ("rank", rank.len(), a),
+                ("valid", valid.len(), a),
+            ],
+        )?;
+        if experts == 0 || i32::try_from(a).is_err() {
+            return Err(Error::Shape(format!(
+                "{WHAT}: needs at least one expert and fewer than 2³¹ assignments, got {experts} experts, {a} assignments"
+            )));
+        }
+        match (weight, rank, valid) {
+            (CpuBuffer::F32(w), CpuBuffer::F32(r), CpuBuffer::F32(v)) => Ok(
+                routing::dispatch_plan(token, expert, (w, r, v), experts, capacity),
+            ),
+            (CpuBuffer::F64(w), CpuBuffer::F64(r), CpuBuffer::F64(v)) => Ok(
+                routing::dispatch_plan(token, expert, (w, r, v), experts, capacity),
+            ),
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float weight, rank and valid of one dtype, got {}, {}, {}",
+                weight.dtype(),
+                rank.dtype(),
+                valid.dtype()
             ))),
         }
     }

@@ -261,6 +261,51 @@ impl HostData {
     }
 }
 
+/// The buffers of an MoE dispatch plan ([`Backend::dispatch_plan`]; `moe::DispatchPlan` wraps
+/// them as tensors). `A` is the number of assignments, `n` the number of experts.
+#[derive(Clone, Debug)]
+pub struct PlanBuffers<B> {
+    /// `[A]` I32: sorted position → assignment
+    pub order: B,
+    /// `[A]` I32: the token of each sorted row
+    pub row_token: B,
+    /// `[A]` I32: the expert of each sorted row, `−1` when dropped or invalid
+    pub row_expert: B,
+    /// `[A]` I32: the expert of each sorted row clamped to `0..n`
+    pub row_expert_clamped: B,
+    /// `[A]` F32 0/1: whether the sorted row is kept
+    pub row_kept: B,
+    /// `[n + 1]` I32: where each expert's rows start, and (last) where the invalid ones start
+    pub offsets: B,
+    /// `[n]` F32: kept assignments per expert
+    pub kept_per_expert: B,
+    /// `[n]` F32: valid assignments per expert before capacity
+    pub routed_per_expert: B,
+}
+
+/// Checks the sizes of a routing primitive's operands (shared by both backends): each
+/// `(name, length, expected)` must match, and `what` names the primitive in the error.
+pub(crate) fn check_lengths(what: &str, operands: &[(&str, usize, usize)]) -> Result<()> {
+    match operands.iter().find(|(_, len, want)| len != want) {
+        None => Ok(()),
+        Some((name, len, want)) => Err(crate::Error::Shape(format!(
+            "{what}: {name} holds {len} elements, expected {want}"
+        ))),
+    }
+}
+
+/// Checks the sizes of a top-k gate: `rows, n ≥ 1` and `1 ≤ k ≤ n`.
+pub(crate) fn check_gate_sizes(what: &str, rows: usize, n: usize, k: usize) -> Result<()> {
+    if rows == 0 || n == 0 || k == 0 || k > n {
+        return Err(crate::Error::Shape(format!(
+            "{what}: needs rows ≥ 1, n ≥ 1 and 1 ≤ k ≤ n, got rows {rows}, n {n}, k {k}"
+        )));
+    }
+    rows.checked_mul(n)
+        .map(|_| ())
+        .ok_or_else(|| crate::Error::Shape(format!("{what}: {rows} × {n} is too large")))
+}
+
 /// The primitives a device provides. Buffers are flat and contiguous; each knows its dtype and length.
 ///
 /// Index buffers (`idx` arguments, argsort and argmax outputs) are [`DType::I32`]. Index values are
@@ -473,6 +518,64 @@ pub trait Backend {
         d_o: &Self::Buffer,
         dims: AttentionDims,
     ) -> Result<(Self::Buffer, Self::Buffer, Self::Buffer)>;
+    /// The fused gate of a top-k router, one row of `[rows, n]` at a time: `probs = softmax(logits)`;
+    /// `idx` (I32 `[rows, k]`) the `k` largest `scores` (the logits when `scores` is `None`) in
+    /// descending order, ties by the lowest index, NaN as the smallest value (as
+    /// [`Backend::argsort`]); `weights` (`[rows, k]`) the softmax over the `k` selected scores
+    /// (`renormalise`, Shazeer's gate) or the probabilities at `idx` (unnormalised). Returns
+    /// `(probs, idx, weights)`. Sizes ≥ 1, `k ≤ n`.
+    #[allow(clippy::too_many_arguments)]
+    fn topk_gate(
+        &self,
+        logits: &Self::Buffer,
+        scores: Option<&Self::Buffer>,
+        rows: usize,
+        n: usize,
+        k: usize,
+        renormalise: bool,
+    ) -> Result<(Self::Buffer, Self::Buffer, Self::Buffer)>;
+    /// The gradient of [`Backend::topk_gate`]'s `weights` with respect to what they were computed
+    /// from, for the upstream gradient `d_weights` (`[rows, k]`); output `[rows, n]`. Renormalised
+    /// (`probs` is `None`): `∂scores[idx_j] = w_j (a_j − Σ_i w_i a_i)`, zero elsewhere.
+    /// Unnormalised (`probs` given, `[rows, n]`): `∂logits_c = p_c (a'_c − Σ_j a_j w_j)`, with
+    /// `a'_c = a_j` where `c = idx_j` and 0 elsewhere.
+    #[allow(clippy::too_many_arguments)]
+    fn topk_gate_backward(
+        &self,
+        weights: &Self::Buffer,
+        idx: &Self::Buffer,
+        d_weights: &Self::Buffer,
+        probs: Option<&Self::Buffer>,
+        rows: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<Self::Buffer>;
+    /// The backward of a softmax over the rows of `[rows, n]` from its output `y`:
+    /// `∂x = y ⊙ (dy − Σ_c dy_c y_c)`.
+    fn softmax_backward(
+        &self,
+        y: &Self::Buffer,
+        dy: &Self::Buffer,
+        rows: usize,
+        n: usize,
+    ) -> Result<Self::Buffer>;
+    /// The MoE dispatch plan of `A` assignments over `experts` experts (see `moe::dispatch`):
+    /// assignment `i` goes to expert `expert[i]` (I32) when `valid[i] ≠ 0` and the expert is in
+    /// `0..experts`, else to a trash group after the last expert. The rows are the assignments
+    /// sorted by (expert, `rank` ascending, `weight` descending with NaN last, `i`), and a row is
+    /// kept while its position within its expert is below `capacity` (`None`: always).
+    /// `token` (I32), `weight`, `rank` and `valid` (float) are `[A]`.
+    #[allow(clippy::too_many_arguments)]
+    fn dispatch_plan(
+        &self,
+        token: &Self::Buffer,
+        expert: &Self::Buffer,
+        weight: &Self::Buffer,
+        rank: &Self::Buffer,
+        valid: &Self::Buffer,
+        experts: usize,
+        capacity: Option<usize>,
+    ) -> Result<PlanBuffers<Self::Buffer>>;
     /// Layer normalisation, forward: for each row `r` of `x` `[rows, dim]`, `mean_r`, the biased
     /// variance `var_r` (two passes), `rstd_r = 1/√(var_r + eps)` and
     /// `y_rj = (x_rj − mean_r)·rstd_r·gamma_j + beta_j`. Returns `(y [rows, dim], mean [rows],

@@ -550,6 +550,41 @@ enum Workload {
     Moe,
     /// one training epoch (training time only: no data loading, no evaluation) of cnn (mnist), moe-mlp (mnist, topk, 8 experts, k = 2) and mmoe-cnn (multimnist, topk, 8 experts, k = 4)
     Train,
+    /// what one steady-state training step of moe-mlp, cnn, gpt and moe-gpt asks of the GPU:
+    /// dispatches, submissions, host waits, buffers created, bytes moved (any adapter,
+    /// lavapipe included)
+    GpuStep,
+    /// every benchmark (matmul, moe, gpu-step, train) in one JSON report (docs/gpu.md)
+    All,
+}
+
+/// The expert counts `bench moe` measures: top-k over the first list, the dense softmax router
+/// over the second.
+const MOE_BENCH_EXPERTS: (&[usize], &[usize]) = (&[2, 4, 8, 16, 32, 64], &[2, 8, 64]);
+
+/// The MoE benchmark's workload for `--tokens`.
+fn moe_workload(tokens: usize) -> Result<moegrad::bench::MoeWorkload> {
+    if tokens == 0 {
+        return Err(moegrad::Error::Invalid(
+            "--tokens must be at least 1".into(),
+        ));
+    }
+    Ok(moegrad::bench::MoeWorkload {
+        tokens,
+        d: 256,
+        hidden: 512,
+        k: 2,
+    })
+}
+
+/// Checks `--sizes` of the matmul benchmark.
+fn check_sizes(sizes: &[usize]) -> Result<()> {
+    if sizes.is_empty() || sizes.contains(&0) {
+        return Err(moegrad::Error::Invalid(format!(
+            "--sizes {sizes:?}: every size must be at least 1"
+        )));
+    }
+    Ok(())
 }
 
 fn bench_devices(name: &str) -> Result<Vec<Device>> {
@@ -705,6 +740,10 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                                 g.features.join(", ")
                             }
                         );
+                        println!(
+                            "gpu matmul kernel:     {} (subgroups of {}..{} invocations)",
+                            g.matmul_kernel, g.subgroup_sizes[0], g.subgroup_sizes[1]
+                        );
                     }
                     (None, Some(e)) => println!("gpu adapter: none ({e})"),
                     (None, None) => println!("gpu adapter: none"),
@@ -774,21 +813,12 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
             tokens,
             ..
         } => {
-            if tokens == 0 {
-                return Err(moegrad::Error::Invalid(
-                    "--tokens must be at least 1".into(),
-                ));
-            }
+            let w = moe_workload(tokens)?;
             let r = moegrad::bench::bench_moe(
                 &bench_devices(&device)?,
-                &[2, 4, 8, 16, 32, 64],
-                &[2, 8, 64],
-                moegrad::bench::MoeWorkload {
-                    tokens,
-                    d: 256,
-                    hidden: 512,
-                    k: 2,
-                },
+                MOE_BENCH_EXPERTS.0,
+                MOE_BENCH_EXPERTS.1,
+                w,
             )?;
             if json {
                 print_json(&r)?;
@@ -868,11 +898,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
             sizes,
             ..
         } => {
-            if sizes.is_empty() || sizes.contains(&0) {
-                return Err(moegrad::Error::Invalid(format!(
-                    "--sizes {sizes:?}: every size must be at least 1"
-                )));
-            }
+            check_sizes(&sizes)?;
             let r = moegrad::bench::bench_matmul(&bench_devices(&device)?, &sizes)?;
             if json {
                 print_json(&r)?;
@@ -884,6 +910,77 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                 for o in &r.op_overhead_us {
                     println!("{:<8} per-op overhead {:>8.2} µs", o.device, o.us);
                 }
+            }
+        }
+        Command::Bench {
+            workload: Workload::GpuStep,
+            json,
+            device,
+            ..
+        } => {
+            if device != "auto" && device != "gpu" {
+                return Err(moegrad::Error::Invalid(format!(
+                    "bench gpu-step counts GPU work: --device {device} does not apply (use gpu or leave it out)"
+                )));
+            }
+            let r = moegrad::bench::gpu_step::bench_gpu_step(
+                &moegrad::bench::gpu_step::GPU_STEP_MODELS,
+            )?;
+            if json {
+                print_json(&r)?;
+            } else {
+                println!(
+                    "{:<8} {:>10} {:>8} {:>10} {:>15} {:>14} {:>16}",
+                    "model",
+                    "dispatches",
+                    "submits",
+                    "host waits",
+                    "buffers created",
+                    "uploaded bytes",
+                    "downloaded bytes"
+                );
+                for m in &r.gpu_step {
+                    println!(
+                        "{:<8} {:>10} {:>8} {:>10} {:>15} {:>14} {:>16}",
+                        m.model,
+                        m.dispatches,
+                        m.submits,
+                        m.host_waits,
+                        m.buffers_created,
+                        m.uploaded_bytes,
+                        m.downloaded_bytes
+                    );
+                }
+            }
+        }
+        Command::Bench {
+            workload: Workload::All,
+            json,
+            device,
+            sizes,
+            tokens,
+            examples,
+            batch,
+            data_dir,
+        } => {
+            check_sizes(&sizes)?;
+            let w = moe_workload(tokens)?;
+            let r = moegrad::bench::bench_all(
+                &bench_devices(&device)?,
+                &sizes,
+                MOE_BENCH_EXPERTS.0,
+                MOE_BENCH_EXPERTS.1,
+                w,
+                (&data_dir, examples, batch),
+            )?;
+            if json {
+                print_json(&r)?;
+            } else {
+                // one report, meant to be saved and sent: the text form is the same JSON,
+                // indented
+                let text = serde_json::to_string_pretty(&r)
+                    .map_err(|e| moegrad::Error::Invalid(e.to_string()))?;
+                println!("{text}");
             }
         }
     }

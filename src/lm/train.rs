@@ -156,7 +156,7 @@ impl TaskModel for Gpt {
 
 /// AdamW (or Adam with L2 decay, `--optimizer adam`) as nanoGPT sets it up: betas (0.9, 0.99),
 /// weight decay on the matrices only ([`Gpt::decays`]).
-fn make_optimizer(cfg: &TrainConfig, model: &Gpt) -> Result<Adam> {
+pub(crate) fn make_optimizer(cfg: &TrainConfig, model: &Gpt) -> Result<Adam> {
     let mut opt = Adam::new(cfg.lr)?;
     opt.weight_decay = cfg.weight_decay;
     opt.decoupled = cfg.optimizer == crate::train::OptimizerKind::Adamw;
@@ -168,6 +168,59 @@ fn make_optimizer(cfg: &TrainConfig, model: &Gpt) -> Result<Adam> {
         .map(|(n, _)| n.clone())
         .collect();
     Ok(opt)
+}
+
+/// What one language-model training step leaves on the device; nothing of it has been read back.
+pub struct LmStepOutput {
+    /// the objective minimised: mean cross-entropy plus the MoE layers' auxiliary losses
+    pub loss: Tensor,
+    /// the mean next-character cross-entropy
+    pub cross_entropy: Tensor,
+    /// one entry per MoE block
+    pub routing: Vec<RoutingStats>,
+}
+
+/// One optimizer step of `model` on ids `x: [B, T]` with next-character targets `y: [B·T]`:
+/// forward, mean cross-entropy plus auxiliary losses (plus the REINFORCE surrogates), backward,
+/// global-norm clipping when `max_grad_norm > 0` (on the device) and the update. It waits for
+/// nothing and reads nothing back.
+pub fn train_step(
+    model: &Gpt,
+    params: &[(String, crate::nn::Param)],
+    opt: &mut Adam,
+    x: &Tensor,
+    y: &Tensor,
+    max_grad_norm: f64,
+) -> Result<LmStepOutput> {
+    let out = Gpt::forward(model, x)?;
+    let ce = out.logits.cross_entropy(y)?;
+    let loss = match &out.aux_loss {
+        Some(aux) => ce.add(&aux.to_dtype(ce.dtype())?)?,
+        None => ce.clone(),
+    };
+    let objective = if out.score_terms.is_empty() {
+        loss.clone()
+    } else {
+        // each position's own cross-entropy, as its share of the mean
+        let per_token = crate::no_grad(|| {
+            out.logits
+                .cross_entropy_per_row(y)?
+                .mul_scalar(1.0 / y.numel().max(1) as f64)
+        })?;
+        crate::moe::score_function::add_surrogates(&loss, &out.score_terms, &per_token)?
+    };
+    objective.backward()?;
+    let scale = if max_grad_norm > 0.0 {
+        clip_grad_norm(params, max_grad_norm)?
+    } else {
+        None
+    };
+    opt.step(params, scale.as_ref().map(|(_, s)| s))?;
+    Ok(LmStepOutput {
+        loss,
+        cross_entropy: ce,
+        routing: out.routing,
+    })
 }
 
 /// Mean validation loss over the fixed windows at `starts`, in batches of `batch`.
@@ -351,31 +404,9 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
             let (x, y) = corpus.train_batch(b, t, cfg.seed, step);
             let x = Tensor::from_i32(x, &[b, t], device)?;
             let y = Tensor::from_i32(y, &[b * t], device)?;
-            let out = Gpt::forward(&model, &x)?;
-            let ce = out.logits.cross_entropy(&y)?;
-            let loss = match &out.aux_loss {
-                Some(aux) => ce.add(&aux.to_dtype(ce.dtype())?)?,
-                None => ce.clone(),
-            };
+            let out = train_step(&model, &params, &mut opt, &x, &y, cfg.clip_grad_norm)?;
+            let (loss, ce) = (out.loss, out.cross_entropy);
             add_routing(&mut routing_sums, &out.routing)?;
-            let objective = if out.score_terms.is_empty() {
-                loss.clone()
-            } else {
-                // each position's own cross-entropy, as its share of the mean
-                let per_token = crate::no_grad(|| {
-                    out.logits
-                        .cross_entropy_per_row(&y)?
-                        .mul_scalar(1.0 / (b * t) as f64)
-                })?;
-                crate::moe::score_function::add_surrogates(&loss, &out.score_terms, &per_token)?
-            };
-            objective.backward()?;
-            let scale = if cfg.clip_grad_norm > 0.0 {
-                clip_grad_norm(&params, cfg.clip_grad_norm)?
-            } else {
-                None
-            };
-            opt.step(&params, scale.as_ref().map(|(_, s)| s))?;
             step += 1;
             loss_sum = crate::no_grad(|| loss_sum.add(&ce.detach().to_dtype(DType::F32)?))?;
             if step % cfg.log_every as u64 == 0 {

@@ -2,15 +2,19 @@
 //! rows, capacity, priority and dropping — all computed on the device from static sizes (`A`
 //! assignments, `n` experts, capacity `C`), with no value read back to the host.
 //!
-//! 1. Order: a stable sort by weight (descending), then by slot, then by expert. Within an
-//!    expert, all first choices come before any second choice, and within a slot the larger
-//!    weight first (the priority of Switch/GShard and of XMoE's `p − rank`); invalid slots go to
-//!    a trash expert `n` at the end.
-//! 2. Counting: `counts[e]` by a scatter-add of ones; `offsets` is their exclusive prefix sum.
+//! 1. Order: the assignments sorted by expert, then by slot, then by weight (descending), then
+//!    by index. Within an expert, all first choices come before any second choice, and within a
+//!    slot the larger weight first (the priority of Switch/GShard and of XMoE's `p − rank`);
+//!    invalid slots go to a trash expert `n` at the end.
+//! 2. Counting: `counts[e]` per expert; `offsets` is their exclusive prefix sum.
 //! 3. Position within the expert `pos = i − offsets[e_i]`; an assignment is kept when
 //!    `pos < C` (always, in dropless mode). `C = ⌈γ·A/n⌉`, or `⌈γ·T/n⌉` for routers with a
-//!    variable number of experts per token (see `DispatchPlan::build_sized`). Dropped rows get expert `−1`: the grouped matmul
-//!    skips them and they contribute zero.
+//!    variable number of experts per token (see `DispatchPlan::build_sized`). Dropped rows get
+//!    expert `−1`: the grouped matmul skips them and they contribute zero.
+//!
+//! All three steps are one backend primitive, `Backend::dispatch_plan` (a sort on the CPU; two
+//! kernels of `shaders/routing.wgsl` on the GPU, where the same steps written as tensor ops took
+//! about fifty dispatches).
 
 use super::Routing;
 use super::routing::arange_f;
@@ -69,14 +73,6 @@ pub struct DispatchPlan {
     pub capacity: Option<usize>,
 }
 
-fn sort_by(values: &Tensor, perm: &Tensor, descending: bool) -> Result<Tensor> {
-    // Stable sort of `perm` by `values[perm]`.
-    let a = perm.numel();
-    let v = values.gather(0, perm)?.reshape(&[1, a])?;
-    let order = v.argsort(descending)?.reshape(&[a])?;
-    perm.gather(0, &order)
-}
-
 impl DispatchPlan {
     /// Builds the plan for `routing` under `capacity`, sized by its `A` assignments
     /// (`C = ⌈γ·A/n⌉`).
@@ -95,51 +91,32 @@ impl DispatchPlan {
         let _guard = crate::NoGradGuard::new();
         let n = routing.experts;
         let a = routing.len();
-        let dev = routing.token.device();
-        let ft = DType::F32;
+        let weight = routing.weight.detach();
+        let ft = weight.dtype();
+        let rank = routing.rank.to_dtype(ft)?;
         let valid = routing.valid.to_dtype(ft)?;
-        let expert_f = routing.expert.to_dtype(ft)?;
-        // Invalid slots go to the trash expert n.
-        let trash = Tensor::scalar(n as f64, ft, dev)?;
-        let key = Tensor::where_cond(&valid, &expert_f, &trash)?;
-        let identity = arange_f(a, ft, dev)?.to_dtype(DType::I32)?;
-        let by_weight = sort_by(&routing.weight.detach().to_dtype(ft)?, &identity, true)?;
-        let by_rank = sort_by(&routing.rank.to_dtype(ft)?, &by_weight, false)?;
-        let order = sort_by(&key, &by_rank, false)?;
-        let sorted_key = key.gather(0, &order)?;
-        let sorted_idx = sorted_key.to_dtype(DType::I32)?;
-        let counts = Tensor::zeros(&[n + 1], ft, dev)?.scatter_add(
-            0,
-            &sorted_idx,
-            &Tensor::ones(&[a], ft, dev)?,
-        )?;
-        let offsets_f = counts.cumsum(0)?.sub(&counts)?; // exclusive prefix sum, n + 1 entries
-        let pos = arange_f(a, ft, dev)?.sub(&offsets_f.gather(0, &sorted_idx)?)?;
-        let real = sorted_key.lt(&trash)?;
         let cap = capacity.slots(counted, n);
-        let row_kept = match cap {
-            Some(c) => pos.lt(&Tensor::scalar(c as f64, ft, dev)?)?.mul(&real)?,
-            None => real,
-        };
-        // expert where kept, −1 elsewhere
-        let row_expert = sorted_key
-            .add_scalar(1.0)?
-            .mul(&row_kept)?
-            .add_scalar(-1.0)?
-            .to_dtype(DType::I32)?;
-        let row_expert_clamped = sorted_key
-            .clamp(0.0, (n.max(1) - 1) as f64)?
-            .to_dtype(DType::I32)?;
-        let kept_all = Tensor::zeros(&[n + 1], ft, dev)?.scatter_add(0, &sorted_idx, &row_kept)?;
+        // one fused primitive: two kernels on the GPU
+        let p = routing.token.storage().dispatch_plan(
+            (
+                routing.expert.storage(),
+                weight.storage(),
+                rank.storage(),
+                valid.storage(),
+            ),
+            n,
+            cap,
+        )?;
+        let t = |s, len: usize| Tensor::from_storage(s, vec![len]);
         Ok(DispatchPlan {
-            row_token: routing.token.gather(0, &order)?,
-            order,
-            row_expert,
-            row_expert_clamped,
-            row_kept,
-            offsets: offsets_f.to_dtype(DType::I32)?,
-            kept_per_expert: kept_all.slice(0, 0, n)?,
-            routed_per_expert: counts.slice(0, 0, n)?,
+            order: t(p.order, a),
+            row_token: t(p.row_token, a),
+            row_expert: t(p.row_expert, a),
+            row_expert_clamped: t(p.row_expert_clamped, a),
+            row_kept: t(p.row_kept, a),
+            offsets: t(p.offsets, n + 1),
+            kept_per_expert: t(p.kept_per_expert, n),
+            routed_per_expert: t(p.routed_per_expert, n),
             capacity: cap,
         })
     }

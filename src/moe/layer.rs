@@ -273,7 +273,12 @@ impl MoeLayer {
         let mut aux = Tensor::zeros(&[], out.dtype(), out.device())?;
         for r in routings {
             if self.config.balance_loss > 0.0 {
-                let routed = crate::no_grad(|| count_per_expert(r, variable))?;
+                // one routing counting every slot: the plan has counted its valid assignments
+                let routed = if routings.len() == 1 && !variable {
+                    plan.routed_per_expert.clone()
+                } else {
+                    crate::no_grad(|| count_per_expert(r, variable))?
+                };
                 aux = aux.add(&aux_loss::balance_loss(
                     r,
                     &routed,

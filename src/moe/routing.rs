@@ -65,18 +65,19 @@ impl Routing {
     ) -> Result<Routing> {
         let (t, k) = (idx.shape()[0], idx.shape()[1]);
         let dev = idx.device();
-        let (token, rank) = slot_tables(t, k, dev)?;
+        let (token, _) = slot_tables(t, k, dev)?;
+        let (ones, rank) = slot_tables_float(t, k, weights.dtype(), dev)?;
         let a = t * k;
         let valid = match valid {
             Some(v) => v.reshape(&[a])?,
-            None => Tensor::ones(&[a], weights.dtype(), dev)?,
+            None => ones,
         };
         Ok(Routing {
             token,
             expert: idx.reshape(&[a])?,
             weight: weights.reshape(&[a])?,
             valid,
-            rank: rank.to_dtype(weights.dtype())?,
+            rank,
             experts: probs.shape()[1],
             probs,
             logits,
@@ -117,6 +118,34 @@ pub fn slot_tables(t: usize, k: usize, device: Device) -> Result<(Tensor, Tensor
         c.insert((t, k, device), (token.clone(), slot.clone()));
     }
     Ok((token, slot))
+}
+
+type FloatSlotCache = Mutex<HashMap<(usize, usize, DType, Device), (Tensor, Tensor)>>;
+
+/// `(ones, slot)` of every assignment for `T` tokens with `K` slots in the float `dtype`: the
+/// `valid` and `rank` of a routing whose slots are all filled, made once per shape, dtype and
+/// device (so a steady-state step neither uploads nor fills them).
+pub fn slot_tables_float(
+    t: usize,
+    k: usize,
+    dtype: DType,
+    device: Device,
+) -> Result<(Tensor, Tensor)> {
+    static CACHE: OnceLock<FloatSlotCache> = OnceLock::new();
+    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
+    let key = (t, k, dtype, device);
+    if let Some(hit) = cache.lock().ok().and_then(|c| c.get(&key).cloned()) {
+        return Ok(hit);
+    }
+    let (_, slot) = slot_tables(t, k, device)?;
+    let tables = (
+        Tensor::ones(&[t * k], dtype, device)?,
+        slot.to_dtype(dtype)?,
+    );
+    if let Ok(mut c) = cache.lock() {
+        c.insert(key, tables.clone());
+    }
+    Ok(tables)
 }
 
 /// `0, 1, ..., n−1` as a float tensor, computed on the device (a prefix sum of ones).

@@ -81,6 +81,42 @@ impl Param {
         Ok(true)
     }
 
+    /// [`Param::update`] for several parameters at once (a multi-tensor optimizer step): takes
+    /// each one's gradient and calls `f` once with `(index in params, storage, gradient)` for
+    /// every parameter that has one, all storages borrowed together. A parameter whose tensor
+    /// someone else holds gets a fresh tensor over the same storage first, so the update
+    /// (which copies a shared buffer before writing it) leaves that holder's values alone.
+    pub(crate) fn update_many(
+        params: &[&Param],
+        f: impl FnOnce(&mut [(usize, &mut crate::backend::Storage, LeafGrad)]) -> Result<()>,
+    ) -> Result<()> {
+        let mut guards = Vec::with_capacity(params.len());
+        let mut grads = Vec::with_capacity(params.len());
+        for (i, p) in params.iter().enumerate() {
+            let mut guard = match p.0.write() {
+                Ok(t) => t,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            let Some(grad) = guard.take_grad()? else {
+                continue;
+            };
+            if Arc::get_mut(&mut guard.0).is_none() {
+                let fresh = Tensor::from_storage(guard.storage().clone(), guard.shape().to_vec());
+                fresh.set_requires_grad(true)?;
+                *guard = fresh;
+            }
+            guards.push((i, guard));
+            grads.push(grad);
+        }
+        let mut updates = Vec::with_capacity(guards.len());
+        for ((i, guard), grad) in guards.iter_mut().zip(grads) {
+            let inner = Arc::get_mut(&mut guard.0)
+                .ok_or_else(|| Error::Invalid("a parameter's fresh tensor is shared".into()))?;
+            updates.push((*i, &mut inner.storage, grad));
+        }
+        f(&mut updates)
+    }
+
     /// The gradient accumulated on the current value, if any (`None` also when computing a
     /// deferred gradient fails; [`Param::try_grad`] returns that error).
     pub fn grad(&self) -> Option<Tensor> {

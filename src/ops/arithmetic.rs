@@ -130,11 +130,19 @@ impl Tensor {
             shape,
         );
         let (c, ash, bsh) = (cond.detach(), a.shape().to_vec(), b.shape().to_vec());
+        // a branch that needs no gradient (a constant, a mask's fill value) gets none computed
+        let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
         Ok(Tensor::record(y, "where", &[a, b], move |g| {
-            let zero = g.zeros_like()?;
-            let ga = Tensor::where_cond(&c, g, &zero)?.sum_to_shape(&ash)?;
-            let gb = Tensor::where_cond(&c, &zero, g)?.sum_to_shape(&bsh)?;
-            Ok(vec![Some(ga), Some(gb)])
+            let zero = Tensor::scalar(0.0, g.dtype(), g.device())?;
+            let ga = match need_a {
+                true => Some(Tensor::where_cond(&c, g, &zero)?.sum_to_shape(&ash)?),
+                false => None,
+            };
+            let gb = match need_b {
+                true => Some(Tensor::where_cond(&c, &zero, g)?.sum_to_shape(&bsh)?),
+                false => None,
+            };
+            Ok(vec![ga, gb])
         }))
     }
 

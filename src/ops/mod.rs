@@ -17,6 +17,9 @@ mod matmul;
 mod reduce;
 mod softmax;
 mod sort;
+mod topk_gate;
+
+pub use topk_gate::TopkGate;
 
 use crate::backend::{BinaryOp, UnaryOp};
 use crate::shape::{broadcast_shapes, broadcast_strides};

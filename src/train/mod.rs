@@ -20,6 +20,7 @@ pub mod resume;
 pub use config::{DataKind, ModelKind, OptimizerKind, TrainConfig};
 
 use crate::data::{Dataset, Mnist, SyntheticB, multimnist};
+use crate::moe::RoutingStats;
 use crate::optim::{Adam, Optimizer, Schedule, Sgd, clip_grad_norm};
 use crate::{DType, Device, Error, Result, Tensor};
 use models::TaskModel;
@@ -192,7 +193,8 @@ pub(crate) fn load_data(cfg: &TrainConfig) -> Result<Splits> {
     })
 }
 
-fn make_optimizer(cfg: &TrainConfig) -> Result<Box<dyn Optimizer>> {
+/// The optimizer a run's settings ask for (`--optimizer`, `--lr`, `--weight-decay`).
+pub(crate) fn make_optimizer(cfg: &TrainConfig) -> Result<Box<dyn Optimizer>> {
     Ok(match cfg.optimizer {
         OptimizerKind::Sgd => {
             let mut s = Sgd::with_momentum(cfg.lr, 0.9)?;
@@ -251,6 +253,53 @@ fn with_score_terms(
         total.mul_scalar(1.0 / total.numel().max(1) as f64)
     })?;
     crate::moe::score_function::add_surrogates(loss, terms, &per_example)
+}
+
+/// What one training step leaves on the device; nothing of it has been read back.
+pub struct StepOutput {
+    /// the objective minimised: the task loss plus the auxiliary losses (without the
+    /// score-function surrogates, whose value is not a loss)
+    pub loss: Tensor,
+    /// the summed mean cross-entropy of the tasks
+    pub task_loss: Tensor,
+    /// the MoE layer's routing statistics
+    pub routing: Option<RoutingStats>,
+}
+
+/// One optimizer step of `model` on the batch `x` with targets `y` (one per task): forward,
+/// task loss plus auxiliary losses (plus the REINFORCE surrogates), backward, global-norm
+/// clipping when `max_grad_norm > 0` (the factor stays on the device) and the update. It
+/// waits for nothing and reads nothing back: on the GPU it only records and submits kernels.
+pub fn train_step(
+    model: &dyn TaskModel,
+    params: &[(String, crate::nn::Param)],
+    opt: &mut dyn Optimizer,
+    x: &Tensor,
+    y: &[Tensor],
+    max_grad_norm: f64,
+) -> Result<StepOutput> {
+    let out = model.forward(x)?;
+    let task = task_loss(&out.logits, y)?;
+    let loss = match &out.aux_loss {
+        Some(aux) => task.add(aux)?,
+        None => task.clone(),
+    };
+    if out.score_terms.is_empty() {
+        loss.backward()?;
+    } else {
+        with_score_terms(&loss, &out.score_terms, &out.logits, y)?.backward()?;
+    }
+    let scale = if max_grad_norm > 0.0 {
+        clip_grad_norm(params, max_grad_norm)?
+    } else {
+        None
+    };
+    opt.step(params, scale.as_ref().map(|(_, s)| s))?;
+    Ok(StepOutput {
+        loss,
+        task_loss: task,
+        routing: out.routing,
+    })
 }
 
 /// Mean test loss and accuracy per task, with the values accumulated on the device.
@@ -440,12 +489,8 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
             let _step = crate::profile::step();
             opt.set_lr(schedule.lr(step));
             let b = data.train.batch(ids, device)?;
-            let out = model.forward(&b.x)?;
-            let task = task_loss(&out.logits, &b.y)?;
-            let loss = match &out.aux_loss {
-                Some(aux) => task.add(aux)?,
-                None => task.clone(),
-            };
+            let out = train_step(model, &params, opt.as_mut(), &b.x, &b.y, cfg.clip_grad_norm)?;
+            let (loss, task) = (out.loss, out.task_loss);
             if let Some(stats) = &out.routing {
                 for (name, v) in &stats.metrics {
                     let v = v.detach().to_dtype(DType::F32)?;
@@ -468,17 +513,6 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
                     ),
                 });
             }
-            if out.score_terms.is_empty() {
-                loss.backward()?;
-            } else {
-                with_score_terms(&loss, &out.score_terms, &out.logits, &b.y)?.backward()?;
-            }
-            let scale = if cfg.clip_grad_norm > 0.0 {
-                clip_grad_norm(&params, cfg.clip_grad_norm)?
-            } else {
-                None
-            };
-            opt.step(&params, scale.as_ref().map(|(_, s)| s))?;
             step += 1;
             loss_sum =
                 crate::no_grad(|| loss_sum.add(&task.detach().mul_scalar(ids.len() as f64)?))?;

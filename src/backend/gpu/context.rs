@@ -74,6 +74,8 @@ fn backend_names(b: wgpu::Backends) -> String {
 fn required_limits(adapter: &wgpu::Limits) -> wgpu::Limits {
     let mut l = wgpu::Limits::downlevel_defaults();
     l.max_storage_buffers_per_shader_stage = adapter.max_storage_buffers_per_shader_stage;
+    l.max_buffers_and_acceleration_structures_per_shader_stage =
+        adapter.max_buffers_and_acceleration_structures_per_shader_stage;
     l.max_storage_buffer_binding_size = adapter.max_storage_buffer_binding_size;
     l.max_buffer_size = adapter.max_buffer_size;
     l.max_uniform_buffer_binding_size = adapter.max_uniform_buffer_binding_size;

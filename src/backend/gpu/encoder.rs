@@ -2,12 +2,15 @@
 //! batch goes to the queue in one `submit` when it holds [`MAX_BATCH`] dispatches, on
 //! `flush`/`synchronize`, and on `download` (which appends its copy to the batch first).
 //!
-//! * **Parameters.** Each dispatch's small parameter block (`params: &[u32]`) is copied into the
-//!   next 256-byte slot of a host-side arena; the whole arena is written into one uniform buffer
-//!   with `queue.write_buffer` just before the batch is submitted, and each dispatch binds its slot
-//!   with a dynamic offset. The arena has one slot per dispatch of a batch, so it never overflows:
-//!   a full arena and a full batch are the same event. Reusing the one uniform buffer across
-//!   batches is safe: a `write_buffer` takes effect at the next submit, after the previous batch.
+//! * **Parameters.** Each dispatch's small parameter block (`params: &[u32]`, zero-padded to the
+//!   size of the kernel's uniform struct) is copied into the next slot of a host-side arena, each
+//!   slot as long as its block rounded up to the device's uniform offset alignment (32 bytes on
+//!   lavapipe, up to 256 elsewhere); the used part of the arena is written into one uniform
+//!   buffer with `queue.write_buffer` just before the batch is submitted, and each dispatch binds
+//!   its slot with a dynamic offset. The arena holds [`MAX_BATCH`] slots of the largest size
+//!   (256 bytes); the batch is submitted when either runs out. Reusing the one uniform buffer
+//!   across batches is safe: a `write_buffer` takes effect at the next submit, after the
+//!   previous batch.
 //! * **Lifetimes.** The batch holds an `Arc` of every pooled buffer it references until it has
 //!   been submitted, so the pool cannot hand such a buffer out again while queued work still
 //!   reads or writes it. After submission wgpu orders later work after earlier work.
@@ -21,15 +24,18 @@
 
 use super::context::Context;
 use super::pool::PooledBuffer;
+use super::stats::Counters;
 use super::timing::{Slot, Timer};
 use crate::{Error, Result};
 use std::sync::{Arc, Mutex, MutexGuard};
 
-/// Dispatches per batch (and parameter slots in the uniform arena).
-pub(crate) const MAX_BATCH: usize = 64;
+/// Dispatches per batch. A larger batch means fewer submissions, but a buffer freed while the
+/// pending batch still references it returns to the pool only when the batch is submitted, so
+/// it also holds more memory; 256 keeps a small model's training step to one or two.
+pub(crate) const MAX_BATCH: usize = 256;
 
-/// Bytes per parameter slot (at least the device's uniform offset alignment).
-pub(crate) const PARAM_SLOT: u64 = 256;
+/// The largest parameter block a kernel may take, in bytes.
+pub(crate) const MAX_PARAMS: u64 = 256;
 
 /// One storage binding of a dispatch: binding number, buffer, bytes bound.
 pub(crate) struct StorageBinding<'a> {
@@ -57,25 +63,34 @@ struct Batch {
 pub(crate) struct Batcher {
     batch: Mutex<Batch>,
     arena: wgpu::Buffer,
-    slot: u64,
+    /// bytes of the arena
+    arena_size: u64,
+    /// the device's uniform buffer offset alignment (every slot starts at a multiple)
+    align: u64,
+    /// the backend's counters (dispatches, submissions, parameter bytes)
+    counters: Arc<Counters>,
     /// GPU time per kernel while a profile records
     pub(crate) timer: Timer,
 }
 
 impl Batcher {
     /// A batcher with an empty batch and a uniform arena of [`MAX_BATCH`] slots.
-    pub fn new(ctx: &Context) -> Batcher {
-        let slot = PARAM_SLOT.max(ctx.limits.min_uniform_buffer_offset_alignment as u64);
+    pub fn new(ctx: &Context, counters: Arc<Counters>) -> Batcher {
+        let align = (ctx.limits.min_uniform_buffer_offset_alignment as u64).max(16);
+        let arena_size = MAX_PARAMS.next_multiple_of(align) * MAX_BATCH as u64;
         let arena = ctx.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("moegrad params arena"),
-            size: slot * MAX_BATCH as u64,
+            size: arena_size,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        counters.buffer_created();
         Batcher {
             batch: Mutex::new(Batch::default()),
             arena,
-            slot,
+            arena_size,
+            align,
+            counters,
             timer: Timer::new(ctx),
         }
     }
@@ -86,7 +101,8 @@ impl Batcher {
 
     /// Records one dispatch of `pipeline` (the kernel `name`, for the profile) with bind group
     /// 0 = params slot (binding 0, dynamic offset) plus `storage`, submitting first if the batch
-    /// is full.
+    /// is full. `params` are the words given and the size in bytes of the kernel's parameter
+    /// block (the words are zero-padded to it).
     #[allow(clippy::too_many_arguments)]
     pub fn record(
         &self,
@@ -95,25 +111,28 @@ impl Batcher {
         pipeline: &wgpu::ComputePipeline,
         layout: &wgpu::BindGroupLayout,
         storage: &[StorageBinding<'_>],
-        params: &[u32],
+        (params, block): (&[u32], u64),
         groups: [u32; 3],
     ) -> Result<()> {
         let param_bytes: &[u8] = bytemuck::cast_slice(params);
-        if param_bytes.len() as u64 > self.slot {
+        // the bound range: the block, at least 16 bytes, a multiple of 16
+        let bound = block
+            .max(param_bytes.len() as u64)
+            .max(16)
+            .next_multiple_of(16);
+        if bound > MAX_PARAMS {
             return Err(Error::Invalid(format!(
-                "kernel parameters of {} bytes exceed the {}-byte slot",
-                param_bytes.len(),
-                self.slot
+                "kernel parameters of {bound} bytes exceed the {MAX_PARAMS}-byte limit"
             )));
         }
+        let slot = bound.next_multiple_of(self.align);
         let mut b = self.lock();
-        if b.dispatches >= MAX_BATCH {
+        if b.dispatches >= MAX_BATCH || b.params.len() as u64 + slot > self.arena_size {
             self.submit_locked(ctx, &mut b);
         }
-        let offset = b.dispatches as u64 * self.slot;
-        b.params.resize(offset as usize, 0);
+        let offset = b.params.len() as u64;
         b.params.extend_from_slice(param_bytes);
-        b.params.resize((offset + self.slot) as usize, 0);
+        b.params.resize((offset + slot) as usize, 0);
 
         let mut entries = Vec::with_capacity(storage.len() + 1);
         entries.push(wgpu::BindGroupEntry {
@@ -121,7 +140,7 @@ impl Batcher {
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
                 buffer: &self.arena,
                 offset: 0,
-                size: wgpu::BufferSize::new(self.slot),
+                size: wgpu::BufferSize::new(bound),
             }),
         });
         for s in storage {
@@ -185,6 +204,7 @@ impl Batcher {
             b.hold.push(s.buffer.clone());
         }
         b.dispatches += 1;
+        self.counters.dispatch();
         if b.dispatches >= MAX_BATCH {
             self.submit_locked(ctx, &mut b);
         }
@@ -201,15 +221,26 @@ impl Batcher {
         }
         if !b.params.is_empty() {
             ctx.queue.write_buffer(&self.arena, 0, &b.params);
+            self.counters.params_uploaded(b.params.len() as u64);
         }
         let index = ctx.queue.submit([enc.finish()]);
-        b.params.clear();
-        b.dispatches = 0;
-        b.hold.clear();
+        self.counters.submit();
         if let Some(slot) = timed {
             self.timer.submitted(ctx, slot);
         }
+        b.params.clear();
+        b.dispatches = 0;
+        b.hold.clear();
         Some(index)
+    }
+
+    /// Whether `buf` is referenced only by the caller's handle and by the pending batch (whose
+    /// kernels were recorded earlier and so run before anything recorded next): a kernel may
+    /// then overwrite it in place. Counted under the batch's lock, so no hold is added meanwhile.
+    pub fn only_held_by_batch(&self, buf: &Arc<PooledBuffer>) -> bool {
+        let b = self.lock();
+        let held = b.hold.iter().filter(|h| Arc::ptr_eq(h, buf)).count();
+        Arc::strong_count(buf) == held + 1
     }
 
     /// Submits whatever is pending.

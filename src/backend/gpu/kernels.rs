@@ -50,6 +50,8 @@ pub(crate) struct Kernel {
     layout: wgpu::BindGroupLayout,
     /// for binding `b + 1`: `Some(read_only)` when the entry point uses it
     bindings: Vec<Option<bool>>,
+    /// bytes of the entry point's parameter block (its uniform struct at binding 0)
+    params_size: u64,
 }
 
 /// Compiled modules by shader name and pipelines by (shader, entry, specialisation).
@@ -160,7 +162,7 @@ impl KernelCache {
             return Ok(k.clone());
         }
         let module = self.module(device, shader)?;
-        let bindings = reflect_bindings(&module.naga, &module.info, shader, entry)?;
+        let (bindings, params_size) = reflect_bindings(&module.naga, &module.info, shader, entry)?;
 
         let mut entries = vec![wgpu::BindGroupLayoutEntry {
             binding: 0,
@@ -215,6 +217,7 @@ impl KernelCache {
             pipeline,
             layout,
             bindings,
+            params_size,
         });
         self.kernels
             .lock()
@@ -224,13 +227,14 @@ impl KernelCache {
     }
 }
 
-/// For each binding `1..=max` of group 0 used by `entry`: `Some(read_only)`; `None` if unused.
+/// For each binding `1..=max` of group 0 used by `entry`: `Some(read_only)`, `None` if unused;
+/// and the size in bytes of its parameter block (0 when it reads none).
 fn reflect_bindings(
     module: &naga::Module,
     info: &naga::valid::ModuleInfo,
     shader: &Shader,
     entry: &str,
-) -> Result<Vec<Option<bool>>> {
+) -> Result<(Vec<Option<bool>>, u64)> {
     let (index, _) = module
         .entry_points
         .iter()
@@ -244,6 +248,7 @@ fn reflect_bindings(
         })?;
     let uses = info.get_entry_point(index);
     let mut out: Vec<Option<bool>> = Vec::new();
+    let mut params_size = 0u64;
     for (handle, var) in module.global_variables.iter() {
         let Some(rb) = &var.binding else { continue };
         if uses[handle].is_empty() {
@@ -256,7 +261,18 @@ fn reflect_bindings(
             )));
         }
         match (rb.binding, var.space) {
-            (0, naga::AddressSpace::Uniform) => {}
+            (0, naga::AddressSpace::Uniform) => {
+                params_size = module.types[var.ty]
+                    .inner
+                    .try_size(module.to_ctx())
+                    .map(u64::from)
+                    .ok_or_else(|| {
+                        Error::Gpu(format!(
+                            "shader {}.wgsl, entry {entry}: parameter block of unknown size",
+                            shader.name
+                        ))
+                    })?;
+            }
             (0, _) => {
                 return Err(Error::Gpu(format!(
                     "shader {}.wgsl: @binding(0) must be the var<uniform> parameter block",
@@ -278,7 +294,7 @@ fn reflect_bindings(
             }
         }
     }
-    Ok(out)
+    Ok((out, params_size))
 }
 
 impl GpuBackend {
@@ -361,7 +377,7 @@ impl GpuBackend {
             &kernel.pipeline,
             &kernel.layout,
             &storage,
-            params,
+            (params, kernel.params_size),
             groups,
         )
     }
@@ -422,7 +438,8 @@ mod tests {
     #[test]
     fn shaders_validate_and_follow_the_binding_convention() {
         use super::super::{
-            attention, cross_entropy, elementwise, layer_norm, layout, optim, random, reduce, sort,
+            attention, cross_entropy, elementwise, layer_norm, layout, optim, random, reduce,
+            routing, sort,
         };
         let files = [
             (&elementwise::ELEMENTWISE, 5usize),
@@ -430,10 +447,11 @@ mod tests {
             (&layout::LAYOUT, 5),
             (&sort::SORT, 4),
             (&random::RANDOM, 1),
-            (&optim::OPTIM, 6),
+            (&optim::OPTIM, 9),
             (&attention::ATTENTION_SHADER, 4),
             (&layer_norm::LAYER_NORM_SHADER, 3),
             (&cross_entropy::CROSS_ENTROPY_SHADER, 2),
+            (&routing::ROUTING, 5),
         ];
         for (shader, entries) in files {
             let (module, info) = validated_module(shader.source);

@@ -33,6 +33,15 @@ const WG: u32 = 256;
 /// Below this many source rows per output, `scatter_add_loop` is cheaper than sorting.
 const SCATTER_LOOP_MAX_M: usize = 32;
 
+/// `scatter_add_loop` is also taken, instead of sorting the index (four more dispatches: a copy
+/// and the three of a sort), while its whole work, outputs × source rows, stays below this and
+/// each invocation's loop below [`SCATTER_LOOP_LONGEST`]: the small scatters of a training step
+/// (the MoE combine, an expert bias gradient, per-expert counts) are then one dispatch each.
+const SCATTER_LOOP_MAX_WORK: usize = 1 << 24;
+
+/// The longest loop one `scatter_add_loop` invocation runs under [`SCATTER_LOOP_MAX_WORK`].
+const SCATTER_LOOP_LONGEST: usize = 4096;
+
 /// `Backend::copy_strided` (entry `copy_strided`): a contiguous copy of a strided view, any dtype.
 pub(crate) fn copy_strided(
     be: &GpuBackend,
@@ -239,7 +248,8 @@ pub(crate) fn scatter_add(
         s2,
         0,
     ];
-    if s2 != 0 || m <= SCATTER_LOOP_MAX_M {
+    let small_work = m <= SCATTER_LOOP_LONGEST && n.saturating_mul(m) <= SCATTER_LOOP_MAX_WORK;
+    if s2 != 0 || m <= SCATTER_LOOP_MAX_M || small_work {
         be.launch(
             &LAYOUT,
             "scatter_add_loop",

@@ -12,6 +12,11 @@
 //! or zeros when only the reduction is empty), splits the grid where a dimension would exceed
 //! 65535 workgroups, and encodes the kernel; nothing is read back. The kernels compute one 64×64
 //! output tile per 256-invocation workgroup; the shader's header describes the tiling.
+//!
+//! [`matmul`] runs `matmul_subgroup` (`shaders/matmul_subgroup.wgsl`, its A operand shared by
+//! subgroup shuffles) when the adapter offers subgroups of 4 to 128 invocations, and the plain
+//! `matmul` otherwise; [`MatmulKernel`] names the two, `MOEGRAD_MATMUL=plain|subgroup` chooses
+//! at start-up and `GpuBackend::set_matmul_kernel` at run time.
 
 use super::kernels::Shader;
 use super::{GpuBackend, GpuBuffer};
@@ -23,6 +28,50 @@ pub(crate) static MATMUL_SHADER: Shader = Shader {
     name: "matmul",
     source: include_str!("../../../shaders/matmul.wgsl"),
 };
+
+/// `matmul.wgsl` with the subgroup entry point appended, compiled only where the adapter has the
+/// SUBGROUP feature (naga takes subgroup builtins without WGSL's `enable subgroups;`, which it
+/// does not parse yet; wgpu checks the feature instead).
+pub(crate) static MATMUL_SUBGROUP_SHADER: Shader = Shader {
+    name: "matmul_subgroup",
+    source: concat!(
+        include_str!("../../../shaders/matmul.wgsl"),
+        "\n",
+        include_str!("../../../shaders/matmul_subgroup.wgsl")
+    ),
+};
+
+/// Which kernel computes [`matmul`] on the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MatmulKernel {
+    /// `matmul`: A and B staged in workgroup memory (every adapter)
+    Plain,
+    /// `matmul_subgroup`: B staged, A shared through subgroup shuffles (adapters with subgroups
+    /// of 4 to 128 invocations)
+    Subgroup,
+}
+
+impl MatmulKernel {
+    /// Parses `plain` or `subgroup` (`MOEGRAD_MATMUL`).
+    pub fn from_name(name: &str) -> Result<MatmulKernel> {
+        match name.trim() {
+            "plain" => Ok(MatmulKernel::Plain),
+            "subgroup" => Ok(MatmulKernel::Subgroup),
+            other => Err(Error::Invalid(format!(
+                "MOEGRAD_MATMUL={other:?} is not plain or subgroup"
+            ))),
+        }
+    }
+
+    /// The name, as `MOEGRAD_MATMUL` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            MatmulKernel::Plain => "plain",
+            MatmulKernel::Subgroup => "subgroup",
+        }
+    }
+}
 
 /// Output tile edge of every kernel in the shader (rows and columns per workgroup).
 const TILE: usize = 64;
@@ -91,7 +140,7 @@ fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
 /// `params(base)` builds the params of the chunk whose first workgroup is `base`.
 fn launch_grid(
     be: &GpuBackend,
-    entry: &str,
+    (shader, entry): (&Shader, &str),
     buffers: &[&GpuBuffer],
     groups: [usize; 3],
     params: impl Fn([u32; 3]) -> Vec<u32>,
@@ -102,7 +151,7 @@ fn launch_grid(
                 // every count is ≤ MAX_GROUPS and every start < a size already checked to fit u32
                 let base = [x0 as u32, y0 as u32, z0 as u32];
                 let counts = [nx as u32, ny as u32, nz as u32];
-                be.launch(&MATMUL_SHADER, entry, buffers, &params(base), counts)?;
+                be.launch(shader, entry, buffers, &params(base), counts)?;
             }
         }
     }
@@ -199,9 +248,13 @@ pub(crate) fn matmul(
     let (m32, k32, n32, batch32) = (m as u32, k as u32, n as u32, batch as u32);
 
     let c = be.alloc(out_len, DType::F32)?;
+    let kernel = match be.matmul_kernel() {
+        MatmulKernel::Plain => (&MATMUL_SHADER, "matmul"),
+        MatmulKernel::Subgroup => (&MATMUL_SUBGROUP_SHADER, "matmul_subgroup"),
+    };
     launch_grid(
         be,
-        "matmul",
+        kernel,
         &[a, b, &c],
         [tiles(n), tiles(m), batch],
         |[x0, y0, z0]| {
@@ -291,7 +344,7 @@ pub(crate) fn grouped_matmul(
     let out = be.alloc(out_len, DType::F32)?;
     launch_grid(
         be,
-        "grouped_matmul",
+        (&MATMUL_SHADER, "grouped_matmul"),
         &[x, w, row_expert, &out],
         [tiles(m), tiles(rows), 1],
         |[x0, y0, _]| vec![rows32, k32, m32, experts32, transpose_w as u32, x0, y0, 0],
@@ -364,7 +417,7 @@ pub(crate) fn grouped_weight_grad(
     let dw = be.alloc(out_len, DType::F32)?;
     launch_grid(
         be,
-        "grouped_weight_grad",
+        (&MATMUL_SHADER, "grouped_weight_grad"),
         &[x, dy, row_expert, offsets, &dw],
         [tiles(m), tiles(k), experts],
         |[x0, y0, z0]| vec![rows32, k32, m32, experts32, x0, y0, z0, 0],

@@ -8,9 +8,11 @@
 //!   (nothing is read back to the host except by [`Backend::download`]);
 //! * `kernels.rs` compiles and caches pipelines and holds the one launch helper,
 //!   `GpuBackend::launch(shader, entry, buffers, params, groups)`, that every op uses;
+//! * `stats.rs` counts dispatches, submissions, host waits, buffers created and bytes moved
+//!   ([`GpuStats`], read with [`GpuBackend::stats`]);
 //! * one launcher file per kernel family, named after its shader: `elementwise.rs`,
 //!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs`, `attention.rs`,
-//!   `layer_norm.rs` and `cross_entropy.rs` launch the entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
+//!   `layer_norm.rs`, `cross_entropy.rs` and `routing.rs` launch the entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
 //!   primitive.
 //!
 //! [`GpuBackend`] is a cheap handle (an `Arc`) to the process-wide context; [`GpuBuffer`] a cheap
@@ -32,17 +34,23 @@ mod optim;
 mod pool;
 mod random;
 mod reduce;
+mod routing;
 mod sort;
+mod stats;
 mod strided;
 pub(crate) mod timing;
 
 pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
+pub use matmul::MatmulKernel;
+pub use optim::{ADAM_MULTI_SLOTS, AdamSlot, NORM_SLOTS};
+pub use stats::GpuStats;
 
 use super::{
     AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, LayerNormDims, MatLayout,
-    MatmulDims, ReduceOp, SgdHyper, UnaryOp,
+    MatmulDims, PlanBuffers, ReduceOp, SgdHyper, UnaryOp,
 };
 use crate::{DType, Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// The process-wide GPU context and its caches.
@@ -51,6 +59,9 @@ pub(crate) struct Inner {
     pool: Arc<pool::Pool>,
     batcher: encoder::Batcher,
     kernels: kernels::KernelCache,
+    counters: Arc<stats::Counters>,
+    /// whether `matmul` runs the subgroup kernel ([`MatmulKernel::Subgroup`])
+    subgroup_matmul: AtomicBool,
 }
 
 /// A handle to the process-wide GPU context (device, queue, buffer pool, pipeline cache,
@@ -108,6 +119,10 @@ pub struct GpuInfo {
     pub limits: Vec<(String, u64)>,
     /// optional features the adapter reports and the device enabled (subgroups, f16, timestamps)
     pub features: Vec<String>,
+    /// the smallest and largest subgroup the adapter reports (`[0, 0]` without subgroups)
+    pub subgroup_sizes: [u32; 2],
+    /// the kernel `matmul` runs: "subgroup" or "plain" (see [`MatmulKernel`])
+    pub matmul_kernel: String,
 }
 
 /// Facts about the GPU adapter, opening the context if needed.
@@ -127,6 +142,10 @@ pub fn info() -> Result<GpuInfo> {
         (
             "max_storage_buffers_per_shader_stage".into(),
             l.max_storage_buffers_per_shader_stage as u64,
+        ),
+        (
+            "max_buffers_per_shader_stage".into(),
+            l.max_buffers_and_acceleration_structures_per_shader_stage as u64,
         ),
         (
             "max_compute_workgroup_storage_size".into(),
@@ -161,6 +180,15 @@ pub fn info() -> Result<GpuInfo> {
         driver,
         limits,
         features: c.feature_names.clone(),
+        subgroup_sizes: if c.features.contains(wgpu::Features::SUBGROUP) {
+            [
+                c.adapter_info.subgroup_min_size,
+                c.adapter_info.subgroup_max_size,
+            ]
+        } else {
+            [0, 0]
+        },
+        matmul_kernel: be.matmul_kernel().name().to_string(),
     })
 }
 
@@ -185,14 +213,35 @@ impl GpuBackend {
                 Error::Device(msg) => msg,
                 other => other.to_string(),
             })?;
-            let pool = pool::Pool::new(ctx.device.clone(), ctx.limits.max_buffer_size);
-            let batcher = encoder::Batcher::new(&ctx);
+            let counters = Arc::new(stats::Counters::default());
+            let pool = pool::Pool::new(
+                ctx.device.clone(),
+                ctx.limits.max_buffer_size,
+                counters.clone(),
+            );
+            let batcher = encoder::Batcher::new(&ctx, counters.clone());
+            let subgroups = subgroup_matmul_possible(&ctx);
+            let subgroup_matmul = match std::env::var("MOEGRAD_MATMUL") {
+                Err(_) => subgroups,
+                Ok(name) => match matmul::MatmulKernel::from_name(&name).map_err(|e| e.to_string())? {
+                    MatmulKernel::Plain => false,
+                    MatmulKernel::Subgroup if subgroups => true,
+                    MatmulKernel::Subgroup => {
+                        return Err(format!(
+                            "MOEGRAD_MATMUL=subgroup, but the adapter \"{}\" offers no subgroups of 4 to 128 invocations",
+                            ctx.adapter_info.name
+                        ));
+                    }
+                },
+            };
             Ok(GpuBackend {
                 inner: Arc::new(Inner {
                     ctx,
                     pool,
                     batcher,
                     kernels: kernels::KernelCache::default(),
+                    counters,
+                    subgroup_matmul: AtomicBool::new(subgroup_matmul),
                 }),
             })
         })
@@ -221,12 +270,25 @@ impl GpuBackend {
     /// [`Error::Gpu`] when wgpu reported an error or the wait failed.
     pub fn synchronize(&self) -> Result<()> {
         self.inner.batcher.flush(&self.inner.ctx);
+        self.inner.counters.host_wait();
         self.inner
             .ctx
             .device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Gpu(format!("waiting for the GPU: {e}")))?;
         self.inner.ctx.take_error()
+    }
+
+    /// The counters of dispatches, submissions, host waits, buffers created and bytes moved
+    /// since the context opened or the last [`GpuBackend::reset_stats`]. They are
+    /// process-wide: work from every thread counts.
+    pub fn stats(&self) -> GpuStats {
+        self.inner.counters.snapshot()
+    }
+
+    /// Sets the counters of [`GpuBackend::stats`] back to zero.
+    pub fn reset_stats(&self) {
+        self.inner.counters.reset();
     }
 
     /// Bytes of pooled storage buffers in use now and at the peak.
@@ -282,6 +344,92 @@ impl GpuBackend {
         optim::sgd_step_mut(self, param, grad, grad_scale, buf, h)
     }
 
+    /// Whether `b` is the only handle to its device buffer apart from the pending batch of
+    /// kernels (recorded earlier, so they run first): a kernel may then overwrite it in place.
+    pub(crate) fn is_exclusive(&self, b: &GpuBuffer) -> bool {
+        self.inner.batcher.only_held_by_batch(&b.buf)
+    }
+
+    /// Whether this device can run [`GpuBackend::adam_multi_mut`] (it binds 27 storage buffers
+    /// per shader stage; WebGPU's minimum is 8).
+    pub fn adam_multi_supported(&self) -> bool {
+        optim::adam_multi_supported(self)
+    }
+
+    /// The multi-tensor Adam step: every slot's parameter updated in place with its moments
+    /// in the flat buffers `m` and `v` at its offset, [`ADAM_MULTI_SLOTS`] parameters per
+    /// dispatch (so one dispatch for a small model).
+    ///
+    /// # Errors
+    /// Dtypes other than f32, a gradient of another length than its parameter, moments that do
+    /// not hold a slot's segment, or a device without the bindings
+    /// ([`GpuBackend::adam_multi_supported`]).
+    pub fn adam_multi_mut(
+        &self,
+        slots: &mut [AdamSlot<'_>],
+        m: &mut GpuBuffer,
+        v: &mut GpuBuffer,
+        grad_scale: Option<&GpuBuffer>,
+        h: AdamHyper,
+    ) -> Result<()> {
+        optim::adam_multi_mut(self, slots, m, v, grad_scale, h)
+    }
+
+    /// Whether this device can run [`GpuBackend::grad_norm_clip`] (it binds 25 storage buffers
+    /// per shader stage).
+    pub fn grad_norm_supported(&self) -> bool {
+        optim::grad_norm_supported(self)
+    }
+
+    /// Gradient clipping's global norm `√Σ‖g_i‖²` over `grads` and the factor
+    /// `clamp(max_norm / (norm + 1e-6), 0, 1)`, as one-element buffers computed on the device
+    /// in one dispatch per [`NORM_SLOTS`] gradients plus one.
+    ///
+    /// # Errors
+    /// A gradient that is not f32, or a device without the bindings
+    /// ([`GpuBackend::grad_norm_supported`]).
+    pub fn grad_norm_clip(
+        &self,
+        grads: &[&GpuBuffer],
+        max_norm: f64,
+    ) -> Result<(GpuBuffer, GpuBuffer)> {
+        optim::grad_norm_clip(self, grads, max_norm)
+    }
+
+    /// Whether the adapter can run [`MatmulKernel::Subgroup`]: it has the SUBGROUP feature with
+    /// subgroups of 4 to 128 invocations (lavapipe: 8; NVIDIA 32; AMD 32 or 64).
+    pub fn subgroup_matmul_available(&self) -> bool {
+        subgroup_matmul_possible(&self.inner.ctx)
+    }
+
+    /// The kernel `matmul` runs now: [`MatmulKernel::Subgroup`] where available unless
+    /// `MOEGRAD_MATMUL=plain`, else [`MatmulKernel::Plain`].
+    pub fn matmul_kernel(&self) -> MatmulKernel {
+        if self.inner.subgroup_matmul.load(Ordering::Relaxed) {
+            MatmulKernel::Subgroup
+        } else {
+            MatmulKernel::Plain
+        }
+    }
+
+    /// Chooses the kernel of `matmul` for the whole process (both compute the same products; the
+    /// choice is for measuring and testing them).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for [`MatmulKernel::Subgroup`] on an adapter without it.
+    pub fn set_matmul_kernel(&self, kernel: MatmulKernel) -> Result<()> {
+        if kernel == MatmulKernel::Subgroup && !self.subgroup_matmul_available() {
+            return Err(Error::Invalid(format!(
+                "the subgroup matmul needs subgroups of 4 to 128 invocations; the adapter \"{}\" has none",
+                self.inner.ctx.adapter_info.name
+            )));
+        }
+        self.inner
+            .subgroup_matmul
+            .store(kernel == MatmulKernel::Subgroup, Ordering::Relaxed);
+        Ok(())
+    }
+
     /// Gives the pool's free buffers back to the driver (buffers in use are kept).
     pub fn trim_pool(&self) {
         self.inner.pool.trim();
@@ -317,6 +465,8 @@ impl GpuBackend {
             .map_async(wgpu::MapMode::Read, 0..bytes, move |r| {
                 let _ = tx.send(r);
             });
+        inner.counters.host_wait();
+        inner.counters.downloaded(bytes);
         let data = self.wait_and_read(&staging, index, bytes, rx);
         // Unmapping also cancels a pending map, so the staging buffer goes back to the pool
         // unmapped on every path.
@@ -361,6 +511,17 @@ impl GpuBackend {
     }
 }
 
+/// Whether the device opened with subgroups the subgroup matmul can use (4 to 128 invocations:
+/// its 64 A values per row group fit 16 registers, and the subgroups tile a 256-invocation
+/// workgroup exactly).
+fn subgroup_matmul_possible(ctx: &context::Context) -> bool {
+    let info = &ctx.adapter_info;
+    ctx.features.contains(wgpu::Features::SUBGROUP)
+        && info.subgroup_min_size >= 4
+        && info.subgroup_max_size <= 128
+        && info.subgroup_min_size <= info.subgroup_max_size
+}
+
 /// An `Error::DType` for an f64 request on the GPU.
 fn f64_error(what: &str) -> Error {
     Error::DType(format!(
@@ -380,6 +541,7 @@ impl Backend for GpuBackend {
         let out = self.alloc(data.len(), dtype)?;
         if !bytes.is_empty() {
             self.inner.ctx.queue.write_buffer(out.buf.raw(), 0, bytes);
+            self.inner.counters.uploaded(bytes.len() as u64);
         }
         Ok(out)
     }
@@ -627,5 +789,53 @@ impl Backend for GpuBackend {
         lse: &GpuBuffer,
     ) -> Result<GpuBuffer> {
         cross_entropy::cross_entropy_backward(self, g, logits, targets, lse)
+    }
+
+    fn topk_gate(
+        &self,
+        logits: &GpuBuffer,
+        scores: Option<&GpuBuffer>,
+        rows: usize,
+        n: usize,
+        k: usize,
+        renormalise: bool,
+    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+        routing::topk_gate(self, logits, scores, (rows, n, k), renormalise)
+    }
+
+    fn topk_gate_backward(
+        &self,
+        weights: &GpuBuffer,
+        idx: &GpuBuffer,
+        d_weights: &GpuBuffer,
+        probs: Option<&GpuBuffer>,
+        rows: usize,
+        n: usize,
+        k: usize,
+    ) -> Result<GpuBuffer> {
+        routing::topk_gate_backward(self, (weights, idx, d_weights), probs, (rows, n, k))
+    }
+
+    fn softmax_backward(
+        &self,
+        y: &GpuBuffer,
+        dy: &GpuBuffer,
+        rows: usize,
+        n: usize,
+    ) -> Result<GpuBuffer> {
+        routing::softmax_backward(self, y, dy, rows, n)
+    }
+
+    fn dispatch_plan(
+        &self,
+        token: &GpuBuffer,
+        expert: &GpuBuffer,
+        weight: &GpuBuffer,
+        rank: &GpuBuffer,
+        valid: &GpuBuffer,
+        experts: usize,
+        capacity: Option<usize>,
+    ) -> Result<PlanBuffers<GpuBuffer>> {
+        routing::dispatch_plan(self, token, expert, weight, rank, valid, experts, capacity)
     }
 }

@@ -12,7 +12,6 @@ use super::kernels::{Shader, grid_1d, u32_param};
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::{AdamHyper, SgdHyper};
 use crate::{DType, Error, Result};
-use std::sync::Arc;
 
 /// The kernels of `shaders/optim.wgsl`.
 pub(crate) static OPTIM: Shader = Shader {
@@ -118,16 +117,10 @@ fn sgd_params(n: u32, has_scale: u32, h: SgdHyper) -> [u32; 7] {
 
 /// Whether each of `bufs` is the only handle to its pooled buffer, so a kernel may overwrite it
 /// in place. The pending batch also holds the buffers its queued kernels use; those kernels were
-/// recorded earlier and run earlier, so they do not count: the batch is submitted (dropping its
-/// holds) before a buffer is judged shared.
+/// recorded earlier and run earlier, so they do not count (and nothing needs submitting to find
+/// out, see [`GpuBackend::is_exclusive`]).
 fn exclusive(be: &GpuBackend, bufs: &mut [&mut GpuBuffer]) -> Result<bool> {
-    let unique =
-        |bufs: &mut [&mut GpuBuffer]| bufs.iter_mut().all(|b| Arc::get_mut(&mut b.buf).is_some());
-    if unique(bufs) {
-        return Ok(true);
-    }
-    be.flush()?;
-    Ok(unique(bufs))
+    Ok(bufs.iter().all(|b| be.is_exclusive(b)))
 }
 
 /// [`adam_step`] updating `param`, `m` and `v` where they are (entry `adam_in_place`) when
@@ -231,4 +224,239 @@ pub(crate) fn sgd_step(
         grid_1d(len, 256)?,
     )?;
     Ok((p2, b2))
+}
+
+/// Parameters one `adam_multi` dispatch updates (matches `ADAM_SLOTS` in the shader).
+pub const ADAM_MULTI_SLOTS: usize = 12;
+
+/// Storage buffers `adam_multi` binds: the scale, the two moment buffers and a (gradient,
+/// parameter) pair per slot.
+const ADAM_MULTI_BINDINGS: u32 = 3 + 2 * ADAM_MULTI_SLOTS as u32;
+
+/// One parameter of a multi-tensor Adam step: its buffer (updated in place), its gradient, where
+/// its moments start in the optimizer's flat moment buffers, and whether it takes weight decay.
+pub struct AdamSlot<'a> {
+    /// the parameter, f32
+    pub param: &'a mut GpuBuffer,
+    /// its gradient, f32, as long as the parameter
+    pub grad: &'a GpuBuffer,
+    /// the offset of its moments in `m` and `v`, in elements
+    pub offset: usize,
+    /// false for parameters exempt from weight decay
+    pub decay: bool,
+}
+
+/// Whether the device binds enough storage buffers per shader stage for [`adam_multi_mut`]'s
+/// one-dispatch path (devices with fewer take one dispatch per parameter).
+pub(crate) fn adam_multi_supported(be: &GpuBackend) -> bool {
+    let l = be.limits();
+    l.max_storage_buffers_per_shader_stage >= ADAM_MULTI_BINDINGS
+        // the storage buffers and the parameter block
+        && l.max_buffers_and_acceleration_structures_per_shader_stage > ADAM_MULTI_BINDINGS
+}
+
+/// Makes `b` the only handle to its buffer, copying it into a fresh one when another tensor
+/// shares it, so a kernel may overwrite it.
+fn make_exclusive(be: &GpuBackend, b: &mut GpuBuffer) -> Result<()> {
+    if !be.is_exclusive(b) {
+        *b = super::layout::copy_strided(be, b, &[b.len()], &[1], 0)?;
+    }
+    Ok(())
+}
+
+/// The multi-tensor Adam step (entry `adam_multi`): every slot's parameter is updated in place,
+/// its moments in `m` and `v` (`[total]`, the optimizer's flat buffers) at its offset; one
+/// dispatch per [`ADAM_MULTI_SLOTS`] parameters. A parameter (or moment buffer) another tensor
+/// shares is first copied, so that tensor keeps its values.
+///
+/// # Errors
+/// Dtypes other than f32, a gradient of another length than its parameter, moments that do not
+/// hold a slot's segment, or a device without the bindings ([`adam_multi_supported`]).
+pub(crate) fn adam_multi_mut(
+    be: &GpuBackend,
+    slots: &mut [AdamSlot<'_>],
+    m: &mut GpuBuffer,
+    v: &mut GpuBuffer,
+    grad_scale: Option<&GpuBuffer>,
+    h: AdamHyper,
+) -> Result<()> {
+    const WHAT: &str = "adam_multi";
+    if m.dtype() != DType::F32 || v.dtype() != DType::F32 || m.len() != v.len() {
+        return Err(Error::DType(format!(
+            "{WHAT}: the moments must be two f32 buffers of one length, got {} × {} and {} × {}",
+            m.len(),
+            m.dtype(),
+            v.len(),
+            v.dtype()
+        )));
+    }
+    for (i, s) in slots.iter().enumerate() {
+        check(WHAT, &[s.param, s.grad], s.grad, None)?;
+        if s.offset
+            .checked_add(s.param.len())
+            .is_none_or(|end| end > m.len())
+        {
+            return Err(Error::Shape(format!(
+                "{WHAT}: parameter {i} of {} elements at moment offset {} overruns the {} moments",
+                s.param.len(),
+                s.offset,
+                m.len()
+            )));
+        }
+    }
+    let (_, has_scale) = match slots.first() {
+        Some(s) => check(WHAT, &[s.grad], s.grad, grad_scale)?,
+        None => return Ok(()),
+    };
+    if !adam_multi_supported(be) {
+        return Err(Error::Invalid(format!(
+            "{WHAT}: the device binds {} storage buffers per shader stage, the kernel needs {ADAM_MULTI_BINDINGS} (take one adam_step per parameter instead)",
+            be.limits().max_storage_buffers_per_shader_stage
+        )));
+    }
+    make_exclusive(be, m)?;
+    make_exclusive(be, v)?;
+    for s in slots.iter_mut() {
+        make_exclusive(be, s.param)?;
+    }
+    for group in slots.chunks(ADAM_MULTI_SLOTS) {
+        let mut table = [0u32; 4 * ADAM_MULTI_SLOTS];
+        let mut total = 0usize;
+        for (j, s) in group.iter().enumerate() {
+            table[4 * j] = u32_param(total, "adam_multi: elements")?;
+            table[4 * j + 1] = u32_param(s.param.len(), "adam_multi: parameter length")?;
+            table[4 * j + 2] = u32_param(s.offset, "adam_multi: moment offset")?;
+            table[4 * j + 3] = s.decay as u32;
+            total += s.param.len();
+        }
+        let n = u32_param(total, "adam_multi: elements")?;
+        // unused slots (len 0) bind the first slot's gradient and fresh one-element buffers
+        let spare: Vec<GpuBuffer> = (group.len()..ADAM_MULTI_SLOTS)
+            .map(|_| be.alloc(1, DType::F32))
+            .collect::<Result<_>>()?;
+        let scale = grad_scale.unwrap_or(group[0].grad);
+        let mut buffers: Vec<&GpuBuffer> = vec![scale, &*m, &*v];
+        for s in group {
+            buffers.push(s.grad);
+            buffers.push(&*s.param);
+        }
+        for p in &spare {
+            buffers.push(group[0].grad);
+            buffers.push(p);
+        }
+        let mut params = adam_params(n, has_scale, h).to_vec();
+        params.extend([0, 0]);
+        params.extend(table);
+        be.launch(
+            &OPTIM,
+            "adam_multi",
+            &buffers,
+            &params,
+            grid_1d(total, 256)?,
+        )?;
+    }
+    Ok(())
+}
+
+/// Gradients one `grad_sumsq` dispatch reads (matches `NORM_SLOTS` in the shader).
+pub const NORM_SLOTS: usize = 24;
+
+/// Elements one `grad_sumsq` workgroup sums (matches `NORM_CHUNK`).
+const NORM_CHUNK: usize = 4096;
+
+/// Whether the device binds the `NORM_SLOTS` gradients and the partial sums of `grad_sumsq`.
+pub(crate) fn grad_norm_supported(be: &GpuBackend) -> bool {
+    let l = be.limits();
+    let storage = NORM_SLOTS as u32 + 1;
+    l.max_storage_buffers_per_shader_stage >= storage
+        && l.max_buffers_and_acceleration_structures_per_shader_stage > storage
+}
+
+/// The global norm `‖g‖ = √Σ‖g_i‖²` of `grads` and the clip factor
+/// `clamp(max_norm / (‖g‖ + 1e-6), 0, 1)`, as two one-element buffers (entries `grad_sumsq`, one
+/// dispatch per [`NORM_SLOTS`] gradients, and `grad_clip_scale`). Nothing is read back.
+///
+/// # Errors
+/// A gradient that is not f32, or a device without the bindings ([`grad_norm_supported`]).
+pub(crate) fn grad_norm_clip(
+    be: &GpuBackend,
+    grads: &[&GpuBuffer],
+    max_norm: f64,
+) -> Result<(GpuBuffer, GpuBuffer)> {
+    const WHAT: &str = "clip_grad_norm";
+    if let Some(g) = grads.iter().find(|g| g.dtype() != DType::F32) {
+        return Err(Error::DType(format!(
+            "{WHAT}: gradients must be f32 on the GPU, got {}",
+            g.dtype()
+        )));
+    }
+    if !grad_norm_supported(be) {
+        return Err(Error::Invalid(format!(
+            "{WHAT}: the device binds {} storage buffers per shader stage, the fused norm needs {}",
+            be.limits().max_storage_buffers_per_shader_stage,
+            NORM_SLOTS + 1
+        )));
+    }
+    let groups: Vec<&[&GpuBuffer]> = grads.chunks(NORM_SLOTS).collect();
+    let totals: Vec<usize> = groups
+        .iter()
+        .map(|g| g.iter().map(|b| b.len()).sum())
+        .collect();
+    let partial_count: usize = totals.iter().map(|t| t.div_ceil(NORM_CHUNK)).sum();
+    let partials = be.alloc(partial_count.max(1), DType::F32)?;
+    let max_norm_bits = (max_norm as f32).to_bits();
+    let mut written = 0usize;
+    for (group, &total) in groups.iter().zip(&totals) {
+        if total == 0 {
+            continue;
+        }
+        let mut params = vec![
+            u32_param(total, "clip_grad_norm: elements")?,
+            u32_param(written, "clip_grad_norm: partial sums")?,
+            max_norm_bits,
+            0,
+        ];
+        let mut start = 0usize;
+        let mut buffers: Vec<&GpuBuffer> = vec![&partials];
+        for s in 0..NORM_SLOTS {
+            match group.get(s) {
+                Some(g) => {
+                    params.extend([
+                        u32_param(start, "clip_grad_norm: elements")?,
+                        g.len() as u32,
+                    ]);
+                    start += g.len();
+                    buffers.push(g);
+                }
+                None => {
+                    params.extend([0, 0]);
+                    buffers.push(group[0]);
+                }
+            }
+        }
+        let workgroups = total.div_ceil(NORM_CHUNK);
+        be.launch(
+            &OPTIM,
+            "grad_sumsq",
+            &buffers,
+            &params,
+            grid_1d(workgroups * 256, 256)?,
+        )?;
+        written += workgroups;
+    }
+    let norm = be.alloc(1, DType::F32)?;
+    let scale = be.alloc(1, DType::F32)?;
+    be.launch(
+        &OPTIM,
+        "grad_clip_scale",
+        &[&partials, &norm, &scale],
+        &[
+            u32_param(written, "clip_grad_norm: partial sums")?,
+            0,
+            max_norm_bits,
+            0,
+        ],
+        [1, 1, 1],
+    )?;
+    Ok((norm, scale))
 }

@@ -9,6 +9,7 @@
 //! buffers (mappable, used by `download`). [`Pool::stats`] counts storage bytes checked out now
 //! and the peak since [`Pool::reset_peak`]; [`Pool::trim`] releases the free lists.
 
+use super::stats::Counters as GpuCounters;
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -52,6 +53,8 @@ type FreeLists = HashMap<(Kind, u64), Vec<wgpu::Buffer>>;
 pub(crate) struct Pool {
     device: wgpu::Device,
     max_buffer_size: u64,
+    /// the backend's counters (a creation is a pool miss)
+    counters: Arc<GpuCounters>,
     free: Mutex<(FreeLists, Counters)>,
 }
 
@@ -81,11 +84,16 @@ impl Drop for PooledBuffer {
 }
 
 impl Pool {
-    /// An empty pool for `device`.
-    pub fn new(device: wgpu::Device, max_buffer_size: u64) -> Arc<Pool> {
+    /// An empty pool for `device`, counting the buffers it creates in `counters`.
+    pub fn new(
+        device: wgpu::Device,
+        max_buffer_size: u64,
+        counters: Arc<GpuCounters>,
+    ) -> Arc<Pool> {
         Arc::new(Pool {
             device,
             max_buffer_size,
+            counters,
             free: Mutex::new((HashMap::new(), Counters::default())),
         })
     }
@@ -141,6 +149,7 @@ impl Pool {
 
     /// Creates a new wgpu buffer, catching out-of-memory and validation errors in a scope.
     fn create(&self, kind: Kind, class: u64) -> Result<wgpu::Buffer> {
+        self.counters.buffer_created();
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let val = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {

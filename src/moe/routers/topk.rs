@@ -67,27 +67,22 @@ impl Router for TopKRouter {
     }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
-        let probs = logits.softmax(-1)?;
-        match self.kind {
+        // softmax, selection and normalisation are one fused op (one kernel on the GPU)
+        let gate = match self.kind {
             TopKKind::Shazeer | TopKKind::Noisy => {
-                let h = match (&self.noise, self.gate.training()) {
+                let noisy = match (&self.noise, self.gate.training()) {
                     (Some(w_noise), true) => {
                         let scale = x.matmul(&w_noise.get())?.softplus()?;
                         let xi = normal_noise(&logits, self.gate.noise_seed())?;
-                        logits.add(&xi.mul(&scale)?)?
+                        Some(logits.add(&xi.mul(&scale)?)?)
                     }
-                    _ => logits.clone(),
+                    _ => None,
                 };
-                let (vals, idx) = h.topk(self.k)?;
-                let g = vals.softmax(-1)?;
-                Routing::token_choice(&idx, &g, None, probs, logits)
+                logits.topk_gate(noisy.as_ref(), self.k, true)?
             }
-            TopKKind::Unnormalised => {
-                let (_, idx) = probs.topk(self.k)?;
-                let g = probs.gather(1, &idx)?;
-                Routing::token_choice(&idx, &g, None, probs, logits)
-            }
-        }
+            TopKKind::Unnormalised => logits.topk_gate(None, self.k, false)?,
+        };
+        Routing::token_choice(&gate.idx, &gate.weights, None, gate.probs, logits)
     }
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.gate.visit(prefix, f);

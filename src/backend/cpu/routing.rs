@@ -1,0 +1,258 @@
+//! The CPU kernels of the MoE routing primitives, the ends of `Tensor::topk_gate` (a top-k
+//! router's softmax, selection and normalisation in one pass), of its backward rules, and of
+//! `moe::DispatchPlan` (`CpuBackend::topk_gate`, `topk_gate_backward`, `softmax_backward`,
+//! `dispatch_plan`). The WGSL kernels of `shaders/routing.wgsl` compute the same things on the
+//! GPU; both order values as `argsort` does (NaN as the smallest value, −0 as +0, ties by the
+//! lowest index), so the two backends select the same experts and sort the same rows.
+
+use super::{CpuBuffer, f32b, i32b, sort_key, sort_key_f32};
+use crate::backend::PlanBuffers;
+use num_traits::Float;
+use rayon::prelude::*;
+
+/// Rows per rayon task (the per-row work is small: a few passes over `n` values).
+const ROWS_PER_TASK: usize = 256;
+
+/// The order key of a float, as `argsort` orders values (NaN as −∞, −0 as +0): in f32 for f32
+/// buffers (the GPU's key), in f64 otherwise.
+fn order_key<T: Float>(v: T) -> u64 {
+    if std::mem::size_of::<T>() == 4 {
+        sort_key_f32(v.to_f32().unwrap_or(f32::NAN)) as u64
+    } else {
+        sort_key(v.to_f64().unwrap_or(f64::NAN))
+    }
+}
+
+/// `(probs, idx, weights)` of the fused top-k gate (see `Backend::topk_gate`).
+pub(super) fn topk_gate<T: Float + Send + Sync>(
+    logits: &[T],
+    scores: Option<&[T]>,
+    (rows, n, k): (usize, usize, usize),
+    renormalise: bool,
+) -> (Vec<T>, Vec<i32>, Vec<T>) {
+    let scores = scores.unwrap_or(logits);
+    let mut probs = vec![T::zero(); rows * n];
+    let mut idx = vec![0i32; rows * k];
+    let mut weights = vec![T::zero(); rows * k];
+    let row_task = |r: usize, p: &mut [T], ix: &mut [i32], w: &mut [T], order: &mut Vec<usize>| {
+        let x = &logits[r * n..(r + 1) * n];
+        let m = x.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
+        let mut total = T::zero();
+        for (pc, &xc) in p.iter_mut().zip(x) {
+            *pc = (xc - m).exp();
+            total = total + *pc;
+        }
+        for pc in p.iter_mut() {
+            *pc = *pc / total;
+        }
+        let s = &scores[r * n..(r + 1) * n];
+        order.clear();
+        order.extend(0..n);
+        // descending by key, then ascending by index: the first k of a stable descending sort
+        let cmp = |&a: &usize, &b: &usize| {
+            order_key(s[b])
+                .cmp(&order_key(s[a]))
+                .then_with(|| a.cmp(&b))
+        };
+        if k < n {
+            order.select_nth_unstable_by(k, cmp);
+        }
+        order[..k].sort_unstable_by(cmp);
+        for (slot, &c) in ix.iter_mut().zip(order.iter()) {
+            *slot = c as i32;
+        }
+        if renormalise {
+            let top = order[..k]
+                .iter()
+                .fold(T::neg_infinity(), |a, &c| a.max(s[c]));
+            let mut sum = T::zero();
+            for (wj, &c) in w.iter_mut().zip(order.iter()) {
+                *wj = (s[c] - top).exp();
+                sum = sum + *wj;
+            }
+            for wj in w.iter_mut() {
+                *wj = *wj / sum;
+            }
+        } else {
+            for (wj, &c) in w.iter_mut().zip(order.iter()) {
+                *wj = p[c];
+            }
+        }
+    };
+    probs
+        .par_chunks_mut(n * ROWS_PER_TASK)
+        .zip(idx.par_chunks_mut(k * ROWS_PER_TASK))
+        .zip(weights.par_chunks_mut(k * ROWS_PER_TASK))
+        .enumerate()
+        .for_each(|(task, ((p, ix), w))| {
+            let mut order = Vec::with_capacity(n);
+            for (i, ((p, ix), w)) in p
+                .chunks_mut(n)
+                .zip(ix.chunks_mut(k))
+                .zip(w.chunks_mut(k))
+                .enumerate()
+            {
+                row_task(task * ROWS_PER_TASK + i, p, ix, w, &mut order);
+            }
+        });
+    (probs, idx, weights)
+}
+
+/// The gradient of the gate's weights (see `Backend::topk_gate_backward`), `[rows, n]`.
+pub(super) fn topk_gate_backward<T: Float + Send + Sync>(
+    weights: &[T],
+    idx: &[i32],
+    d_weights: &[T],
+    probs: Option<&[T]>,
+    (rows, n, k): (usize, usize, usize),
+) -> Vec<T> {
+    let mut out = vec![T::zero(); rows * n];
+    out.par_chunks_mut(n).enumerate().for_each(|(r, d)| {
+        let (w, ix, a) = (
+            &weights[r * k..(r + 1) * k],
+            &idx[r * k..(r + 1) * k],
+            &d_weights[r * k..(r + 1) * k],
+        );
+        let dot = w.iter().zip(a).fold(T::zero(), |s, (&wj, &aj)| s + wj * aj);
+        let slot = |j: usize| usize::try_from(ix[j]).ok().filter(|&c| c < n);
+        match probs {
+            None => {
+                for j in 0..k {
+                    if let Some(c) = slot(j) {
+                        d[c] = w[j] * (a[j] - dot);
+                    }
+                }
+            }
+            Some(p) => {
+                let p = &p[r * n..(r + 1) * n];
+                for (dc, &pc) in d.iter_mut().zip(p) {
+                    *dc = -pc * dot;
+                }
+                for (j, &aj) in a.iter().enumerate().take(k) {
+                    if let Some(c) = slot(j) {
+                        d[c] = d[c] + p[c] * aj;
+                    }
+                }
+            }
+        }
+    });
+    out
+}
+
+/// `y ⊙ (dy − Σ dy ⊙ y)` per row of `[rows, n]`.
+pub(super) fn softmax_backward<T: Float + Send + Sync>(y: &[T], dy: &[T], n: usize) -> Vec<T> {
+    let mut out = vec![T::zero(); y.len()];
+    out.par_chunks_mut(n).enumerate().for_each(|(r, d)| {
+        let (y, g) = (&y[r * n..(r + 1) * n], &dy[r * n..(r + 1) * n]);
+        let dot = y.iter().zip(g).fold(T::zero(), |s, (&a, &b)| s + a * b);
+        for ((dc, &yc), &gc) in d.iter_mut().zip(y).zip(g) {
+            *dc = yc * (gc - dot);
+        }
+    });
+    out
+}
+
+/// The dispatch plan (see `Backend::dispatch_plan`).
+pub(super) fn dispatch_plan<T: Float>(
+    token: &[i32],
+    expert: &[i32],
+    (weight, rank, valid): (&[T], &[T], &[T]),
+    n: usize,
+    capacity: Option<usize>,
+) -> PlanBuffers<CpuBuffer> {
+    let a = token.len();
+    let key = |i: usize| match usize::try_from(expert[i]) {
+        Ok(e) if e < n && valid[i] != T::zero() => e,
+        _ => n,
+    };
+    let keys: Vec<usize> = (0..a).map(key).collect();
+    let mut order: Vec<usize> = (0..a).collect();
+    // expert, then rank ascending, then weight descending (NaN last), then assignment index
+    order.sort_by_key(|&i| {
+        (
+            keys[i],
+            order_key(rank[i]),
+            std::cmp::Reverse(order_key(weight[i])),
+            i,
+        )
+    });
+    let mut counts = vec![0usize; n + 1];
+    for &k in &keys {
+        counts[k] += 1;
+    }
+    let mut offsets = vec![0usize; n + 1];
+    for e in 1..=n {
+        offsets[e] = offsets[e - 1] + counts[e - 1];
+    }
+    let cap = capacity.unwrap_or(usize::MAX);
+    let mut row_token = Vec::with_capacity(a);
+    let mut row_expert = Vec::with_capacity(a);
+    let mut row_expert_clamped = Vec::with_capacity(a);
+    let mut row_kept = Vec::with_capacity(a);
+    for (s, &i) in order.iter().enumerate() {
+        let k = keys[i];
+        let kept = k < n && s - offsets[k] < cap;
+        row_token.push(token[i]);
+        row_expert.push(if kept { k as i32 } else { -1 });
+        row_expert_clamped.push(k.min(n.max(1) - 1) as i32);
+        row_kept.push(if kept { 1.0 } else { 0.0 });
+    }
+    PlanBuffers {
+        order: i32b(order.iter().map(|&i| i as i32).collect()),
+        row_token: i32b(row_token),
+        row_expert: i32b(row_expert),
+        row_expert_clamped: i32b(row_expert_clamped),
+        row_kept: f32b(row_kept),
+        offsets: i32b(offsets.iter().map(|&o| o as i32).collect()),
+        kept_per_expert: f32b(counts[..n].iter().map(|&c| c.min(cap) as f32).collect()),
+        routed_per_expert: f32b(counts[..n].iter().map(|&c| c as f32).collect()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gate_selects_the_largest_with_ties_by_index_and_renormalises() {
+        let logits = [1.0f64, 3.0, 3.0, f64::NAN, 0.5, 2.0];
+        let (p, idx, w) = topk_gate(&logits[..3], None, (1, 3, 2), true);
+        assert_eq!(idx, vec![1, 2]);
+        assert!((w[0] - 0.5).abs() < 1e-15 && (w[1] - 0.5).abs() < 1e-15);
+        let s: f64 = p.iter().sum();
+        assert!((s - 1.0).abs() < 1e-15);
+        // NaN sorts as the smallest value: never picked before a number
+        let (_, idx, w) = topk_gate(&logits[3..], None, (1, 3, 2), false);
+        assert_eq!(idx, vec![2, 1]);
+        assert!(w.iter().all(|v| v.is_nan()), "the row's softmax is NaN");
+    }
+
+    #[test]
+    fn plan_sorts_by_expert_rank_and_weight_and_applies_capacity() {
+        // 4 assignments over 2 experts: (expert, weight, rank, valid)
+        let token = [0, 0, 1, 1];
+        let expert = [1, 0, 1, 1];
+        let weight = [0.2f32, 0.8, 0.3, 0.9];
+        let rank = [0.0f32, 1.0, 0.0, 1.0];
+        let valid = [1.0f32, 1.0, 1.0, 0.0];
+        let p = dispatch_plan(&token, &expert, (&weight, &rank, &valid), 2, Some(1));
+        let ints = |b: &CpuBuffer| match b {
+            CpuBuffer::I32(v) => v.to_vec(),
+            other => panic!("expected i32, got {:?}", other.dtype()),
+        };
+        let floats = |b: &CpuBuffer| match b {
+            CpuBuffer::F32(v) => v.to_vec(),
+            other => panic!("expected f32, got {:?}", other.dtype()),
+        };
+        // expert 0: assignment 1; expert 1: rank 0 by weight desc: 2 (0.3) then 0 (0.2);
+        // assignment 3 is invalid (trash)
+        assert_eq!(ints(&p.order), vec![1, 2, 0, 3]);
+        assert_eq!(ints(&p.row_token), vec![0, 1, 0, 1]);
+        assert_eq!(ints(&p.row_expert), vec![0, 1, -1, -1]);
+        assert_eq!(ints(&p.row_expert_clamped), vec![0, 1, 1, 1]);
+        assert_eq!(floats(&p.row_kept), vec![1.0, 1.0, 0.0, 0.0]);
+        assert_eq!(ints(&p.offsets), vec![0, 1, 3]);
+        assert_eq!(floats(&p.kept_per_expert), vec![1.0, 1.0]);
+        assert_eq!(floats(&p.routed_per_expert), vec![1.0, 2.0]);
+    }
+}

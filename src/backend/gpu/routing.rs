@@ -1,0 +1,246 @@
+//! Launchers of `shaders/routing.wgsl`, the MoE routing kernels: [`topk_gate`] (a top-k router's
+//! softmax, selection and normalisation in one dispatch), [`topk_gate_backward`] and
+//! [`softmax_backward`] (its backward rules, one dispatch each), and [`dispatch_plan`] (the
+//! whole dispatch plan of an MoE layer in two dispatches, `plan_sort` and `plan_rows`, where the
+//! composed version took about fifty).
+
+use super::kernels::{Shader, grid_1d, u32_param};
+use super::{GpuBackend, GpuBuffer};
+use crate::backend::{PlanBuffers, check_gate_sizes, check_lengths};
+use crate::{DType, Error, Result};
+
+/// The kernels of `shaders/routing.wgsl`.
+pub(crate) static ROUTING: Shader = Shader {
+    name: "routing",
+    source: include_str!("../../../shaders/routing.wgsl"),
+};
+
+/// Rows per workgroup of the per-row kernels (`topk_gate`, its backward, `softmax_backward`).
+const ROW_WG: u32 = 64;
+/// Invocations per workgroup of the plan kernels.
+const PLAN_WG: u32 = 256;
+
+/// An error unless every buffer holds f32 (the GPU's float dtype).
+fn expect_f32(what: &str, bufs: &[(&str, &GpuBuffer)]) -> Result<()> {
+    match bufs.iter().find(|(_, b)| b.dtype() != DType::F32) {
+        None => Ok(()),
+        Some((name, b)) => Err(Error::DType(format!(
+            "{what}: {name} must be f32 on the GPU, got {}",
+            b.dtype()
+        ))),
+    }
+}
+
+/// An error unless every buffer holds i32 indices.
+fn expect_i32(what: &str, bufs: &[(&str, &GpuBuffer)]) -> Result<()> {
+    match bufs.iter().find(|(_, b)| b.dtype() != DType::I32) {
+        None => Ok(()),
+        Some((name, b)) => Err(Error::DType(format!(
+            "{what}: {name} must hold i32 indices, got {}",
+            b.dtype()
+        ))),
+    }
+}
+
+/// `Backend::topk_gate` (entry `topk_gate`): returns `(probs, idx, weights)`.
+pub(crate) fn topk_gate(
+    be: &GpuBackend,
+    logits: &GpuBuffer,
+    scores: Option<&GpuBuffer>,
+    (rows, n, k): (usize, usize, usize),
+    renormalise: bool,
+) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+    const WHAT: &str = "topk_gate";
+    check_gate_sizes(WHAT, rows, n, k)?;
+    let scores = scores.unwrap_or(logits);
+    expect_f32(WHAT, &[("logits", logits), ("scores", scores)])?;
+    check_lengths(
+        WHAT,
+        &[
+            ("logits", logits.len(), rows * n),
+            ("scores", scores.len(), rows * n),
+        ],
+    )?;
+    let probs = be.alloc(rows * n, DType::F32)?;
+    let idx = be.alloc(rows * k, DType::I32)?;
+    let weights = be.alloc(rows * k, DType::F32)?;
+    let params = [
+        u32_param(rows, "topk_gate: rows")?,
+        u32_param(n, "topk_gate: experts")?,
+        u32_param(k, "topk_gate: k")?,
+        renormalise as u32,
+    ];
+    u32_param(rows * n, "topk_gate: rows × experts")?;
+    be.launch(
+        &ROUTING,
+        "topk_gate",
+        &[logits, scores, &probs, &idx, &weights],
+        &params,
+        grid_1d(rows, ROW_WG)?,
+    )?;
+    Ok((probs, idx, weights))
+}
+
+/// `Backend::topk_gate_backward` (entry `topk_gate_backward`).
+pub(crate) fn topk_gate_backward(
+    be: &GpuBackend,
+    (weights, idx, d_weights): (&GpuBuffer, &GpuBuffer, &GpuBuffer),
+    probs: Option<&GpuBuffer>,
+    (rows, n, k): (usize, usize, usize),
+) -> Result<GpuBuffer> {
+    const WHAT: &str = "topk_gate backward";
+    check_gate_sizes(WHAT, rows, n, k)?;
+    let p = probs.unwrap_or(weights);
+    expect_f32(
+        WHAT,
+        &[("weights", weights), ("d_weights", d_weights), ("probs", p)],
+    )?;
+    expect_i32(WHAT, &[("idx", idx)])?;
+    check_lengths(
+        WHAT,
+        &[
+            ("weights", weights.len(), rows * k),
+            ("idx", idx.len(), rows * k),
+            ("d_weights", d_weights.len(), rows * k),
+            (
+                "probs",
+                p.len(),
+                if probs.is_some() { rows * n } else { rows * k },
+            ),
+        ],
+    )?;
+    let out = be.alloc(rows * n, DType::F32)?;
+    let params = [
+        u32_param(rows, "topk_gate backward: rows")?,
+        u32_param(n, "topk_gate backward: experts")?,
+        u32_param(k, "topk_gate backward: k")?,
+        probs.is_some() as u32,
+    ];
+    be.launch(
+        &ROUTING,
+        "topk_gate_backward",
+        &[weights, idx, d_weights, p, &out],
+        &params,
+        grid_1d(rows, ROW_WG)?,
+    )?;
+    Ok(out)
+}
+
+/// `Backend::softmax_backward` (entry `softmax_backward`).
+pub(crate) fn softmax_backward(
+    be: &GpuBackend,
+    y: &GpuBuffer,
+    dy: &GpuBuffer,
+    rows: usize,
+    n: usize,
+) -> Result<GpuBuffer> {
+    const WHAT: &str = "softmax backward";
+    check_gate_sizes(WHAT, rows, n, 1)?;
+    expect_f32(WHAT, &[("y", y), ("dy", dy)])?;
+    check_lengths(
+        WHAT,
+        &[("y", y.len(), rows * n), ("dy", dy.len(), rows * n)],
+    )?;
+    let out = be.alloc(rows * n, DType::F32)?;
+    let params = [
+        u32_param(rows, "softmax backward: rows")?,
+        u32_param(n, "softmax backward: row length")?,
+        0,
+        0,
+    ];
+    // bindings 2 and 4 are not used by this entry point
+    be.launch(
+        &ROUTING,
+        "softmax_backward",
+        &[y, y, dy, y, &out],
+        &params,
+        grid_1d(rows, ROW_WG)?,
+    )?;
+    Ok(out)
+}
+
+/// `Backend::dispatch_plan` (entries `plan_sort`, then `plan_rows`).
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn dispatch_plan(
+    be: &GpuBackend,
+    token: &GpuBuffer,
+    expert: &GpuBuffer,
+    weight: &GpuBuffer,
+    rank: &GpuBuffer,
+    valid: &GpuBuffer,
+    experts: usize,
+    capacity: Option<usize>,
+) -> Result<PlanBuffers<GpuBuffer>> {
+    const WHAT: &str = "dispatch_plan";
+    expect_i32(WHAT, &[("token", token), ("expert", expert)])?;
+    expect_f32(
+        WHAT,
+        &[("weight", weight), ("rank", rank), ("valid", valid)],
+    )?;
+    let a = token.len();
+    check_lengths(
+        WHAT,
+        &[
+            ("expert", expert.len(), a),
+            ("weight", weight.len(), a),
+            ("rank", rank.len(), a),
+            ("valid", valid.len(), a),
+        ],
+    )?;
+    if experts == 0 || i32::try_from(a).is_err() {
+        return Err(Error::Shape(format!(
+            "{WHAT}: needs at least one expert and fewer than 2³¹ assignments, got {experts} experts, {a} assignments"
+        )));
+    }
+    let n = u32_param(experts, "dispatch_plan: experts")?;
+    let cap = match capacity {
+        // a capacity of 2³² − 1 or more keeps every row, like none
+        Some(c) => u32::try_from(c).unwrap_or(u32::MAX),
+        None => u32::MAX,
+    };
+    let params = [u32_param(a, "dispatch_plan: assignments")?, n, cap];
+    let i32_buf = |len: usize| be.alloc(len, DType::I32);
+    let f32_buf = |len: usize| be.alloc(len, DType::F32);
+    let out = PlanBuffers {
+        order: i32_buf(a)?,
+        row_token: i32_buf(a)?,
+        row_expert: i32_buf(a)?,
+        row_expert_clamped: i32_buf(a)?,
+        row_kept: f32_buf(a)?,
+        offsets: i32_buf(experts + 1)?,
+        kept_per_expert: f32_buf(experts)?,
+        routed_per_expert: f32_buf(experts)?,
+    };
+    be.launch(
+        &ROUTING,
+        "plan_sort",
+        &[
+            expert,
+            weight,
+            rank,
+            valid,
+            &out.order,
+            &out.offsets,
+            &out.routed_per_expert,
+            &out.kept_per_expert,
+        ],
+        &params,
+        grid_1d(a + experts + 1, PLAN_WG)?,
+    )?;
+    be.launch(
+        &ROUTING,
+        "plan_rows",
+        &[
+            &out.order,
+            token,
+            &out.offsets,
+            &out.row_token,
+            &out.row_expert,
+            &out.row_expert_clamped,
+            &out.row_kept,
+        ],
+        &params,
+        grid_1d(a, PLAN_WG)?,
+    )?;
+    Ok(out)
+}

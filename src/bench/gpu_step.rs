@@ -1,0 +1,317 @@
+//! `moegrad bench gpu-step`: what one steady-state training step asks of the GPU.
+//!
+//! For each model (`moe-mlp` on MNIST-shaped input with the top-2-of-8 router, `cnn`, and the
+//! character-level `gpt` and `moe-gpt`), built with the settings `moegrad train` gives it, this
+//! runs two warm-up steps (pipelines compile, the buffer pool fills, the optimizer creates its
+//! state), then counts one more step with the GPU backend's counters ([`GpuStats`]): kernel
+//! dispatches, queue submissions, host waits, buffers the driver created, bytes uploaded and
+//! downloaded. The step is the one the training loops run ([`crate::train::train_step`],
+//! [`crate::lm::train::train_step`], plus the loop's on-device running sums), without the
+//! loss read-back of a `--log-every` step. Each step ends with a flush, so its last batch of
+//! kernels is submitted (and counted) within it.
+//!
+//! The inputs are random (seeded) with the shapes of the real data: MNIST-sized images and
+//! labels, and a synthetic text with Shakespeare's 65-character vocabulary. Routing sizes come
+//! from static bounds, so the counts do not depend on the values. Counts, unlike timings, are
+//! the same on every adapter, so they are measured on lavapipe in CI; `gpu_ms` stays `null`
+//! here (GPU time needs timestamp queries, added by the profiling work).
+
+use crate::backend::gpu::{GpuBackend, GpuStats};
+use crate::data::Dataset;
+use crate::data::text::CharCorpus;
+use crate::train::{ModelKind, TrainConfig};
+use crate::{DType, Device, Error, Result, Tensor};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+use serde::Serialize;
+
+/// The models `bench gpu-step` measures, by their `--model` names.
+pub const GPU_STEP_MODELS: [&str; 4] = ["moe-mlp", "cnn", "gpt", "moe-gpt"];
+
+/// Warm-up steps before the counted one.
+pub const WARMUP_STEPS: usize = 2;
+
+/// The counts of one model's steady-state training step.
+#[derive(Clone, Debug, Serialize)]
+pub struct GpuStepRecord {
+    /// the model, as `--model` names it
+    pub model: String,
+    /// compute dispatches (kernel launches) in the step
+    pub dispatches: u64,
+    /// command buffers submitted to the queue
+    pub submits: u64,
+    /// times the host waited for the device (0: the step never stalls the CPU)
+    pub host_waits: u64,
+    /// device buffers created by the driver (0: every buffer came from the pool)
+    pub buffers_created: u64,
+    /// bytes written to the device: the batch, plus the kernels' parameter blocks
+    pub uploaded_bytes: u64,
+    /// bytes read back to the host
+    pub downloaded_bytes: u64,
+    /// GPU milliseconds of the step from timestamp queries; `null` until they are wired in
+    pub gpu_ms: Option<f64>,
+}
+
+/// The result of `moegrad bench gpu-step`.
+#[derive(Clone, Debug, Serialize)]
+pub struct GpuStepBench {
+    /// one record per model
+    pub gpu_step: Vec<GpuStepRecord>,
+}
+
+/// The GPU, or an error that says `bench gpu-step` needs one.
+fn gpu() -> Result<GpuBackend> {
+    GpuBackend::get().map_err(|e| {
+        Error::Device(format!(
+            "bench gpu-step counts the work of a GPU training step and needs a GPU adapter \
+             (a software one such as Mesa's lavapipe will do): {e}"
+        ))
+    })
+}
+
+/// The settings `moegrad train --model <model>` uses for the benchmark's models.
+pub fn step_config(model: &str) -> Result<TrainConfig> {
+    let mut cfg = match model {
+        "moe-mlp" => TrainConfig {
+            model: ModelKind::MoeMlp,
+            router: "topk".into(),
+            experts: 8,
+            k: 2,
+            ..TrainConfig::default()
+        },
+        "cnn" => TrainConfig {
+            model: ModelKind::Cnn,
+            ..TrainConfig::default()
+        },
+        "gpt" => TrainConfig::language_model(ModelKind::Gpt),
+        "moe-gpt" => TrainConfig::language_model(ModelKind::MoeGpt),
+        other => {
+            return Err(Error::Invalid(format!(
+                "bench gpu-step: unknown model {other:?}; expected one of {}",
+                GPU_STEP_MODELS.join(", ")
+            )));
+        }
+    };
+    cfg.device = "gpu".into();
+    Ok(cfg)
+}
+
+/// A training step that can be run again and again: the model, its optimizer and its data.
+trait Stepper {
+    /// Runs training step number `step` (uploading its batch).
+    fn step(&mut self, step: u64) -> Result<()>;
+}
+
+/// An image model (`moe-mlp`, `cnn`) on random MNIST-shaped batches.
+struct ImageStepper {
+    model: Box<dyn crate::train::models::TaskModel>,
+    params: Vec<(String, crate::nn::Param)>,
+    opt: Box<dyn crate::optim::Optimizer>,
+    data: Dataset,
+    cfg: TrainConfig,
+    /// the loop's running sums: training loss, kept and routed assignments per expert
+    loss_sum: Tensor,
+    kept_sum: Option<(Tensor, Tensor)>,
+}
+
+impl ImageStepper {
+    fn new(cfg: TrainConfig, device: Device) -> Result<ImageStepper> {
+        const SIDE: usize = 28;
+        let samples = cfg.batch * (WARMUP_STEPS + 2);
+        let mut rng = ChaCha8Rng::seed_from_u64(11);
+        let features = (0..samples * SIDE * SIDE)
+            .map(|_| rng.random_range(0.0f32..1.0))
+            .collect();
+        let labels = (0..samples).map(|_| rng.random_range(0..10)).collect();
+        let data = Dataset::new(features, vec![1, SIDE, SIDE], vec![labels])?;
+        let model = crate::train::models::build(&cfg, SIDE, 1, device)?;
+        let params = model.named_params();
+        let opt = crate::train::make_optimizer(&cfg)?;
+        Ok(ImageStepper {
+            model,
+            params,
+            opt,
+            data,
+            loss_sum: Tensor::zeros(&[], DType::F32, device)?,
+            kept_sum: None,
+            cfg,
+        })
+    }
+}
+
+impl Stepper for ImageStepper {
+    fn step(&mut self, step: u64) -> Result<()> {
+        let b = self.cfg.batch;
+        let first = (step as usize % (self.data.len() / b)) * b;
+        let ids: Vec<usize> = (first..first + b).collect();
+        let batch = self.data.batch(&ids, Device::Gpu)?;
+        let out = crate::train::train_step(
+            self.model.as_ref(),
+            &self.params,
+            self.opt.as_mut(),
+            &batch.x,
+            &batch.y,
+            self.cfg.clip_grad_norm,
+        )?;
+        // the loop's on-device bookkeeping (see train::run)
+        self.loss_sum = crate::no_grad(|| {
+            self.loss_sum
+                .add(&out.task_loss.detach().mul_scalar(b as f64)?)
+        })?;
+        if let Some(stats) = &out.routing {
+            self.kept_sum = Some(match self.kept_sum.take() {
+                Some((k, r)) => (
+                    stats.kept_per_expert.add(&k)?,
+                    stats.routed_per_expert.add(&r)?,
+                ),
+                None => (
+                    stats.kept_per_expert.clone(),
+                    stats.routed_per_expert.clone(),
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A language model (`gpt`, `moe-gpt`) on windows of a synthetic text.
+struct LmStepper {
+    model: crate::lm::Gpt,
+    params: Vec<(String, crate::nn::Param)>,
+    opt: crate::optim::Adam,
+    corpus: CharCorpus,
+    cfg: TrainConfig,
+    /// the loop's running sums: training loss, kept and routed assignments per MoE layer
+    loss_sum: Tensor,
+    routing_sums: Vec<(Tensor, Tensor)>,
+}
+
+impl LmStepper {
+    fn new(cfg: TrainConfig, device: Device) -> Result<LmStepper> {
+        // Shakespeare's vocabulary size, 65 characters, in a seeded random text
+        let alphabet: Vec<char> = (0..65u32)
+            .map(|i| char::from_u32(' ' as u32 + i).unwrap_or(' '))
+            .collect();
+        let mut rng = ChaCha8Rng::seed_from_u64(12);
+        let text: String = (0..20_000)
+            .map(|_| alphabet[rng.random_range(0..alphabet.len())])
+            .collect();
+        let corpus = CharCorpus::from_text(
+            &text,
+            cfg.block,
+            std::path::Path::new("(bench gpu-step text)"),
+        )?;
+        let gpt = crate::lm::train::gpt_config(&cfg, corpus.vocab_size());
+        gpt.validate()?;
+        let model = crate::lm::Gpt::new(&gpt, device)?;
+        let params = model.named_params();
+        let opt = crate::lm::train::make_optimizer(&cfg, &model)?;
+        Ok(LmStepper {
+            model,
+            params,
+            opt,
+            corpus,
+            loss_sum: Tensor::zeros(&[], DType::F32, device)?,
+            routing_sums: Vec::new(),
+            cfg,
+        })
+    }
+}
+
+impl Stepper for LmStepper {
+    fn step(&mut self, step: u64) -> Result<()> {
+        let (b, t) = (self.cfg.batch, self.cfg.block);
+        let (x, y) = self.corpus.train_batch(b, t, self.cfg.seed, step);
+        let x = Tensor::from_i32(x, &[b, t], Device::Gpu)?;
+        let y = Tensor::from_i32(y, &[b * t], Device::Gpu)?;
+        let out = crate::lm::train::train_step(
+            &self.model,
+            &self.params,
+            &mut self.opt,
+            &x,
+            &y,
+            self.cfg.clip_grad_norm,
+        )?;
+        // the loop's on-device bookkeeping (see lm::train::run)
+        self.loss_sum = crate::no_grad(|| {
+            self.loss_sum
+                .add(&out.cross_entropy.detach().to_dtype(DType::F32)?)
+        })?;
+        if self.routing_sums.is_empty() {
+            self.routing_sums = out
+                .routing
+                .iter()
+                .map(|s| (s.kept_per_expert.clone(), s.routed_per_expert.clone()))
+                .collect();
+        } else {
+            for ((k, r), s) in self.routing_sums.iter_mut().zip(&out.routing) {
+                *k = k.add(&s.kept_per_expert)?;
+                *r = r.add(&s.routed_per_expert)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The GPU backend's counters over one steady-state training step of `model` (one of
+/// [`GPU_STEP_MODELS`]), after [`WARMUP_STEPS`] warm-up steps. The counters are process-wide:
+/// other GPU work running at the same time is counted too.
+///
+/// # Errors
+/// No GPU adapter (the message says so), an unknown model, or an error of the step.
+pub fn count_step(model: &str) -> Result<GpuStats> {
+    count_step_with(step_config(model)?)
+}
+
+/// [`count_step`] for a model with other settings (a smaller language model, say, for a quick
+/// test: the counts' zeros do not depend on the sizes).
+///
+/// # Errors
+/// No GPU adapter, an image model other than the MNIST ones, or an error of the step.
+pub fn count_step_with(cfg: TrainConfig) -> Result<GpuStats> {
+    let be = gpu()?;
+    let mut stepper: Box<dyn Stepper> = if cfg.model.is_lm() {
+        Box::new(LmStepper::new(cfg, Device::Gpu)?)
+    } else {
+        Box::new(ImageStepper::new(cfg, Device::Gpu)?)
+    };
+    for s in 0..WARMUP_STEPS as u64 {
+        stepper.step(s)?;
+        be.flush()?;
+    }
+    let before = be.stats();
+    stepper.step(WARMUP_STEPS as u64)?;
+    be.flush()?;
+    let counted = be.stats().since(&before);
+    // errors the driver reported late surface here, after the counting
+    be.synchronize()?;
+    Ok(counted)
+}
+
+/// `moegrad bench gpu-step` over `models` (names from [`GPU_STEP_MODELS`]).
+///
+/// # Errors
+/// No GPU adapter, an unknown model, or an error of a step.
+pub fn bench_gpu_step(models: &[&str]) -> Result<GpuStepBench> {
+    gpu()?;
+    for m in models {
+        step_config(m)?;
+    }
+    let mut out = GpuStepBench {
+        gpu_step: Vec::new(),
+    };
+    for &m in models {
+        let s = count_step(m)?;
+        out.gpu_step.push(GpuStepRecord {
+            model: m.to_string(),
+            dispatches: s.dispatches,
+            submits: s.submits,
+            host_waits: s.host_waits,
+            buffers_created: s.buffers_created,
+            uploaded_bytes: s.uploaded_bytes,
+            downloaded_bytes: s.downloaded_bytes,
+            gpu_ms: None,
+        });
+    }
+    Ok(out)
+}
