@@ -10,6 +10,8 @@
 //! - [`autograd`]: the graph, the backward walk, [`no_grad`].
 //! - `ops`: differentiable ops, each forward beside its backward rule.
 //! - [`gradcheck`](mod@gradcheck): the finite-difference checker every op is tested with.
+//! - [`compare`]: grids of training runs (router × seed × settings) aggregated into tables of
+//!   mean ± standard error (`moegrad compare`).
 //!
 //! # Example
 //! ```
@@ -30,6 +32,7 @@ pub mod autograd;
 pub mod backend;
 pub mod bench;
 pub mod checkpoint;
+pub mod compare;
 pub mod data;
 pub mod device;
 pub mod dtype;
