@@ -42,10 +42,11 @@ enum Command {
     /// Run a grid of `train` runs (routers × seeds × other settings), each cell in its own
     /// directory under --out, and print one table of mean ± standard error per group of cells
     /// that differ only in the seed. Every flag that is not one of compare's own is a `train`
-    /// flag shared by all cells (`moegrad compare --data mnist --model moe-mlp --routers
-    /// topk,softmax --seeds 1,2 --epochs 1`). A second invocation with the same --out reads
-    /// the finished cells instead of running them again (an interrupted cell runs again);
-    /// adding routers, seeds or values adds only the new cells.
+    /// flag shared by all cells (`moegrad train --help` lists them): `moegrad compare --data
+    /// mnist --model moe-mlp --routers topk,softmax --seeds 1,2 --epochs 1`. A second
+    /// invocation with the same --out reads the finished cells instead of running them again
+    /// (an interrupted cell runs again); adding routers, seeds or values adds only the new
+    /// cells.
     Compare(CompareArgs),
     /// Sample text from a language model trained with `train --model gpt|moe-gpt` (the
     /// vocabulary and the model's settings come from the checkpoint).
