@@ -361,6 +361,74 @@ fn a_grid_file_with_variants_runs_and_command_line_flags_override_it() {
 }
 
 #[test]
+fn a_language_model_grid_reports_validation_loss_steps_and_experts_per_token() {
+    let out = outdir("lm");
+    let out_s = out.display().to_string();
+    let data = data_dir();
+    let o = Command::new(env!("CARGO_BIN_EXE_moegrad"))
+        .args([
+            "compare",
+            "--data",
+            "shakespeare",
+            "--model",
+            "moe-gpt",
+            "--data-dir",
+            &data,
+            "--layers",
+            "1",
+            "--d-model",
+            "16",
+            "--heads",
+            "2",
+            "--block",
+            "16",
+            "--batch",
+            "4",
+            "--experts",
+            "4",
+            "--expert-hidden",
+            "16",
+            "--iters",
+            "20",
+            "--eval-every",
+            "10",
+            "--eval-windows",
+            "4",
+            "--warmup-steps",
+            "2",
+            "--device",
+            "cpu",
+            "--routers",
+            "topk,switch",
+            "--seeds",
+            "1,2",
+            "--target",
+            "val_loss=100",
+            "--json",
+            "--out",
+            &out_s,
+        ])
+        .output()
+        .unwrap();
+    let j = json_of(&o);
+    assert_eq!(j["metric"], "val_loss");
+    let groups = j["groups"].as_array().unwrap();
+    // dropless: top-2 keeps 2 experts per token, Switch 1
+    assert_eq!(groups[0]["mean"]["experts_per_token"], 2.0);
+    assert_eq!(groups[1]["mean"]["experts_per_token"], 1.0);
+    for g in groups {
+        assert!(g["mean"]["val_loss"].as_f64().unwrap().is_finite());
+        assert_eq!(g["mean"]["iters"], 20.0);
+        // every run is below a loss of 100 at its first evaluation, iteration 10
+        assert_eq!(g["to_target"]["steps"]["mean"], 10.0);
+        assert_eq!(g["to_target"]["steps"]["se"], 0.0);
+        assert_eq!(g["to_target"]["reached"], 2);
+    }
+    assert!(out.join("curves_val_loss.svg").is_file());
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
 fn mean_and_standard_error_on_known_numbers() {
     // 2, 4, 4, 4, 5, 5, 7, 9: mean 5, sample variance 32/7, s.e. sqrt(32/7)/sqrt(8)
     let m = mean_se(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]);
