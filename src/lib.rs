@@ -11,6 +11,8 @@
 //! - `ops`: differentiable ops, each forward beside its backward rule.
 //! - [`gradcheck`](mod@gradcheck): the finite-difference checker every op is tested with.
 //! - [`profile`]: wall time per op, forward and backward, over a run (`train --profile`).
+//! - [`compare`]: grids of training runs (router × seed × settings) aggregated into tables of
+//!   mean ± standard error (`moegrad compare`).
 //!
 //! # Example
 //! ```
@@ -31,6 +33,7 @@ pub mod autograd;
 pub mod backend;
 pub mod bench;
 pub mod checkpoint;
+pub mod compare;
 pub mod data;
 pub mod device;
 pub mod dtype;

@@ -1,4 +1,5 @@
-//! The `moegrad` command line: `info` (device report), `train` (a training run), `bench`
+//! The `moegrad` command line: `info` (device report), `train` (a training run), `compare` (a
+//! grid of training runs aggregated into one table of mean ± standard error), `bench`
 //! (measured workloads) and `estimators` (the estimator lab: router-gradient estimators against
 //! the exact gradient of a small problem).
 //! Every error is printed as one line on stderr with a non-zero exit status.
@@ -38,6 +39,15 @@ enum Command {
     /// Train a model on MNIST, MultiMNIST or synthetic-b (epochs), or a character-level GPT on
     /// text (iterations), with a progress bar, metrics, plots and checkpoints.
     Train(TrainArgs),
+    /// Run a grid of `train` runs (routers × seeds × other settings), each cell in its own
+    /// directory under --out, and print one table of mean ± standard error per group of cells
+    /// that differ only in the seed. Every flag that is not one of compare's own is a `train`
+    /// flag shared by all cells (`moegrad train --help` lists them): `moegrad compare --data
+    /// mnist --model moe-mlp --routers topk,softmax --seeds 1,2 --epochs 1`. A second
+    /// invocation with the same --out reads the finished cells instead of running them again
+    /// (an interrupted cell runs again); adding routers, seeds or values adds only the new
+    /// cells.
+    Compare(CompareArgs),
     /// Sample text from a language model trained with `train --model gpt|moe-gpt` (the
     /// vocabulary and the model's settings come from the checkpoint).
     Generate(GenerateArgs),
@@ -235,6 +245,60 @@ struct TrainArgs {
     /// `profile` (and `gpu_profile`). MOEGRAD_PROFILE=1 does the same for any command.
     #[arg(long)]
     profile: bool,
+}
+
+/// `moegrad compare` options; the other flags (after `--`, or mixed in with these) are `train`
+/// flags shared by every cell.
+#[derive(clap::Args)]
+struct CompareArgs {
+    /// A grid file (TOML, or JSON for a name ending in .json): `routers`, `seeds`, `metric`,
+    /// `target`, a `[train]` table of fixed flags, a `[set]` table of axes and `[[variants]]`
+    /// (several flags per point); see experiments/*.toml. Flags given here as well replace the
+    /// file's: `--grid FILE --seeds 1 --epochs 1` is a quick trial of a shipped grid.
+    #[arg(long)]
+    grid: Option<PathBuf>,
+    /// The router axis, comma-separated (`--routers topk,softmax,moesart`).
+    #[arg(long, value_name = "R1,R2,...")]
+    routers: Option<String>,
+    /// The seed axis, comma-separated (`--seeds 1,2,3`): cells that differ only in the seed
+    /// are one group (mean ± s.e.).
+    #[arg(long, value_name = "S1,S2,...")]
+    seeds: Option<String>,
+    /// Any other train flag as an axis (repeatable): `--set k=2,4 --set expert-hidden=64,128`.
+    #[arg(long = "set", value_name = "FLAG=V1,V2")]
+    set: Vec<String>,
+    /// Cells run at once, as separate processes sharing the cores. On a small machine one job
+    /// with all threads is usually faster than several.
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
+    /// Also report the steps (and epochs) each group needed to reach METRIC=VALUE, e.g.
+    /// `val_loss=2.0` or `test_accuracy=0.9` (accuracies from below, losses from above).
+    #[arg(long, value_name = "METRIC=VALUE")]
+    target: Option<String>,
+    /// The final metric of the bar chart, and of the learning curves when the runs log it
+    /// [default: test_loss; val_loss for the language models].
+    #[arg(long)]
+    metric: Option<String>,
+    /// The grid's directory: one subdirectory per cell (metrics.jsonl, checkpoint, cell.json,
+    /// train.log), table.md, table.csv, table.json and the figures.
+    #[arg(long, default_value = "runs/compare")]
+    out: PathBuf,
+    /// Run the cells that failed in an earlier invocation again (by default their recorded
+    /// failure is reported).
+    #[arg(long)]
+    retry_failed: bool,
+    /// Do not draw the figures.
+    #[arg(long)]
+    no_plot: bool,
+    /// Check every cell and list them (directory, state, train flags) without running any.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the report as one JSON object on stdout instead of the markdown table.
+    #[arg(long)]
+    json: bool,
+    /// The train flags every cell shares (compare puts them here; `--` before them is optional).
+    #[arg(last = true, value_name = "TRAIN FLAGS", allow_hyphen_values = true)]
+    train: Vec<String>,
 }
 
 /// `moegrad generate` options.
@@ -644,6 +708,184 @@ fn print_profile(
     }
 }
 
+/// A clap error as one line: its first line (what was wrong), plus the allowed values when it
+/// lists them.
+fn clap_error_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let first = lines
+        .next()
+        .unwrap_or("invalid arguments")
+        .trim_start_matches("error: ")
+        .to_string();
+    let values = lines
+        .find(|l| l.contains("possible values"))
+        .map(|l| format!(" {}", l.trim()))
+        .unwrap_or_default();
+    format!("{first}{values}")
+}
+
+/// `moegrad compare` takes its own flags mixed with train flags. This puts compare's own
+/// flags (and their values) first and every other word after `--`, where clap collects them
+/// as the train flags; other subcommands' words are returned unchanged.
+fn compare_words_first(words: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    if words.get(1).and_then(|w| w.to_str()) != Some("compare") {
+        return words;
+    }
+    let cmd = Cli::command();
+    let Some(sub) = cmd.find_subcommand("compare") else {
+        return words;
+    };
+    // compare's long flags, and whether each takes a value
+    let own: Vec<(String, bool)> = sub
+        .get_arguments()
+        .filter_map(|a| {
+            let takes = a.get_action().takes_values();
+            a.get_long().map(|l| (l.to_string(), takes))
+        })
+        .chain([("help".to_string(), false)])
+        .collect();
+    let mut front: Vec<std::ffi::OsString> = words[..2].to_vec();
+    let mut train: Vec<std::ffi::OsString> = Vec::new();
+    let mut rest = words[2..].iter();
+    while let Some(w) = rest.next() {
+        let text = w.to_string_lossy();
+        if text == "--" {
+            train.extend(rest.by_ref().cloned());
+            break;
+        }
+        if text == "-h" {
+            front.push(w.clone());
+            continue;
+        }
+        let name = text
+            .strip_prefix("--")
+            .map(|n| n.split_once('=').map_or(n, |(a, _)| a));
+        match name.and_then(|n| own.iter().find(|(l, _)| l == n)) {
+            Some((_, takes)) => {
+                front.push(w.clone());
+                if *takes
+                    && !text.contains('=')
+                    && let Some(v) = rest.next()
+                {
+                    front.push(v.clone());
+                }
+            }
+            None => train.push(w.clone()),
+        }
+    }
+    front.push("--".into());
+    front.extend(train);
+    front
+}
+
+/// Parses and validates one cell's train flags exactly as `moegrad train` would (the same clap
+/// parser, defaults and `TrainConfig::validate`), and builds its router once on a tiny input so
+/// that a bad `--router-opt` is found too; returns the run's settings.
+fn check_train_words(words: &[String]) -> Result<TrainConfig> {
+    let argv = ["moegrad", "train"]
+        .into_iter()
+        .map(String::from)
+        .chain(words.iter().cloned());
+    let matches = Cli::command()
+        .try_get_matches_from(argv)
+        .map_err(|e| moegrad::Error::Invalid(clap_error_line(&e)))?;
+    let cli = Cli::from_arg_matches(&matches)
+        .map_err(|e| moegrad::Error::Invalid(clap_error_line(&e)))?;
+    let Command::Train(args) = cli.command else {
+        return Err(moegrad::Error::Invalid("not a train command".into()));
+    };
+    let given = flags_given(matches.subcommand_matches("train"));
+    let cfg = args.config(&given)?;
+    cfg.validate()?;
+    if cfg.model.is_moe() {
+        let mut router = moegrad::moe::RouterConfig::new(4, cfg.experts, cfg.k);
+        router.options = cfg.router_options.clone();
+        moegrad::moe::build_router(&cfg.router, &router, Device::cpu())?;
+    }
+    Ok(cfg)
+}
+
+/// Runs `moegrad compare`: the grid from the file and/or the flags, every cell checked before
+/// any runs, then the report as a markdown table (or JSON) on stdout.
+fn run_compare(args: &CompareArgs) -> Result<()> {
+    use moegrad::compare::grid::{Grid, split_list};
+    let routers = args.routers.as_deref().map(split_list);
+    let seeds = args.seeds.as_deref().map(split_list);
+    let mut grid = Grid::from_flags(&args.train, routers.as_deref(), seeds.as_deref(), &args.set)?;
+    grid.metric = args.metric.clone();
+    grid.target = args.target.clone();
+    if let Some(path) = &args.grid {
+        grid = Grid::from_file(path)?.overridden_by(grid);
+    }
+    if args.dry_run {
+        let plan = moegrad::compare::plan(&grid, &args.out, &check_train_words)?;
+        for (c, prior) in plan.cells.iter().zip(&plan.priors) {
+            let state = match prior {
+                moegrad::compare::resume::Prior::New => "new",
+                moegrad::compare::resume::Prior::Finished(_) => "finished",
+                moegrad::compare::resume::Prior::Interrupted(_) => "interrupted",
+            };
+            println!(
+                "{:<11} {}  train {}",
+                state,
+                args.out.join(&c.name).display(),
+                c.argv.join(" ")
+            );
+        }
+        let to_run = plan
+            .priors
+            .iter()
+            .filter(|p| p.needs_run(args.retry_failed))
+            .count();
+        println!(
+            "{} cells checked, {to_run} to run; metric {}{}",
+            plan.cells.len(),
+            plan.metric,
+            plan.target
+                .as_ref()
+                .map(|t| format!(", target {}", t.describe()))
+                .unwrap_or_default()
+        );
+        return Ok(());
+    }
+    let exe = std::env::current_exe().map_err(|e| {
+        moegrad::Error::Io(format!("compare: cannot find the moegrad executable: {e}"))
+    })?;
+    let opts = moegrad::compare::CompareOptions {
+        out: args.out.clone(),
+        jobs: args.jobs,
+        retry_failed: args.retry_failed,
+        progress: true,
+        plots: !args.no_plot,
+        exe,
+    };
+    let report = moegrad::compare::run(&grid, &opts, &check_train_words)?;
+    if args.json {
+        print_json(&moegrad::compare::table::json(&report))?;
+    } else {
+        print!("{}", moegrad::compare::table::markdown(&report));
+        println!(
+            "{} cells: {} run now, {} reused, {} failed{}; {:.1} s; tables and figures in {}",
+            report.cells.len(),
+            report.ran,
+            report.reused,
+            report.failed(),
+            if report.interrupted() > 0 {
+                format!(
+                    ", {} interrupted (they run again next time)",
+                    report.interrupted()
+                )
+            } else {
+                String::new()
+            },
+            report.wall_seconds,
+            report.out.display()
+        );
+    }
+    Ok(())
+}
+
 /// Streams text from a language-model checkpoint to stdout.
 fn run_generate(args: &GenerateArgs) -> Result<()> {
     use std::io::Write;
@@ -805,6 +1047,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
             }
         }
         Command::Estimators(args) => run_estimators(&args)?,
+        Command::Compare(args) => run_compare(&args)?,
         Command::Generate(args) => run_generate(&args)?,
         Command::Bench {
             workload: Workload::Moe,
@@ -990,7 +1233,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
 fn main() -> ExitCode {
     // parsed through `ArgMatches` so that `train` can tell flags given from defaults
     let parsed = Cli::command()
-        .try_get_matches()
+        .try_get_matches_from(compare_words_first(std::env::args_os().collect()))
         .and_then(|m| Cli::from_arg_matches(&m).map(|c| (c, m)));
     let (cli, matches) = match parsed {
         Ok(c) => c,
@@ -1006,18 +1249,7 @@ fn main() -> ExitCode {
             e.exit()
         }
         Err(e) => {
-            // One line: clap's first line (what was wrong), plus the allowed values when it lists them.
-            let text = e.render().to_string();
-            let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-            let first = lines
-                .next()
-                .unwrap_or("invalid arguments")
-                .trim_start_matches("error: ");
-            let values = lines
-                .find(|l| l.contains("possible values"))
-                .map(|l| format!(" {}", l.trim()))
-                .unwrap_or_default();
-            eprintln!("moegrad: {first}{values}");
+            eprintln!("moegrad: {}", clap_error_line(&e));
             return ExitCode::from(2);
         }
     };

@@ -57,6 +57,10 @@ pub struct LmSummary {
     /// fraction of routed assignments dropped by capacity over the last interval (all layers)
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drop_rate: Option<f64>,
+    /// kept assignments per token, averaged over the MoE layers and the last interval's
+    /// training steps (k for top-k without drops; variable for threshold routing)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts_per_token: Option<f64>,
     /// vocabulary size
     pub vocab: usize,
     /// with `RunOptions::profile`: wall time per op and pass, summed over the training
@@ -394,6 +398,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
     let mut trained_iters = 0u64;
     let mut last = (f64::NAN, f64::NAN);
     let mut last_routing: Option<(Vec<Vec<f64>>, f64)> = None;
+    let mut last_experts_per_token: Option<f64> = None;
     for it in start_interval..intervals {
         let mut loss_sum = Tensor::zeros(&[], DType::F32, device)?;
         let mut routing_sums: Vec<(Tensor, Tensor)> = Vec::new();
@@ -450,6 +455,15 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
         } else {
             Some(load_and_drop(&routing_sums)?)
         };
+        let experts_per_token = if routing_sums.is_empty() {
+            None
+        } else {
+            let mut kept = 0.0;
+            for (k, _) in &routing_sums {
+                kept += k.to_vec_f64()?.iter().sum::<f64>();
+            }
+            Some(kept / (routing_sums.len() as u64 * interval * (b * t) as u64) as f64)
+        };
         let mut line = serde_json::json!({
             "iter": step, "lr": opt.lr(), "train_loss": train_loss, "val_loss": val_loss,
             "val_ppl": val_loss.exp(), "interval_seconds": interval_start.elapsed().as_secs_f64(),
@@ -457,6 +471,9 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
         if let Some((load, drop)) = &routing {
             line["expert_load"] = serde_json::json!(load);
             line["drop_rate"] = serde_json::json!(drop);
+        }
+        if let Some(e) = experts_per_token {
+            line["experts_per_token"] = serde_json::json!(e);
         }
         let mut f = std::fs::OpenOptions::new()
             .create(true)
@@ -480,6 +497,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
         }
         last = (train_loss, val_loss);
         last_routing = routing;
+        last_experts_per_token = experts_per_token;
     }
     bar.finish_and_clear();
     if start_interval >= intervals {
@@ -504,6 +522,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
         active_params_per_token: model.active_params_per_token(),
         expert_load: last_routing.as_ref().map(|r| r.0.clone()),
         drop_rate: last_routing.map(|r| r.1),
+        experts_per_token: last_experts_per_token,
         vocab: corpus.vocab_size(),
         profile: profile.as_ref().map(crate::profile::Report::rows),
         gpu_profile: profile.and_then(|p| p.gpu),

@@ -56,6 +56,10 @@ pub struct TrainSummary {
     /// MoE: fraction of routed assignments dropped by capacity over the last epoch
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drop_rate: Option<f64>,
+    /// MoE: kept assignments per token (per example and gate) over the last epoch's training
+    /// steps: k for a top-k router without drops, variable for threshold routing and DSelect-k
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts_per_token: Option<f64>,
     /// synthetic-b: per expert, the fraction of test examples whose gate gives it a nonzero
     /// weight (after training)
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -460,6 +464,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
 
     let mut last = (f64::NAN, f64::NAN, vec![f64::NAN; data.tasks]);
     let mut last_routing: Option<(Vec<f64>, f64)> = None;
+    let mut last_experts_per_token: Option<f64> = None;
     let mut step = opt.steps();
     // the last step at which the loss was read back and finite (for the NaN message)
     let mut last_finite_read = step;
@@ -481,6 +486,8 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         };
         let mut loss_sum = Tensor::zeros(&[], DType::F32, device)?;
         let mut kept_sum: Option<(Tensor, Tensor)> = None;
+        // tokens routed over the epoch (examples × gates), for experts per token
+        let mut routed_tokens = 0usize;
         // the router's own metrics (e.g. DSelect-k's saturated fraction): summed over the
         // epoch on the device with a count of values, read back once at its end
         let mut router_metric_sums: Vec<(&'static str, Tensor, usize)> = Vec::new();
@@ -502,6 +509,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
                         None => router_metric_sums.push((name, v, 1)),
                     }
                 }
+                routed_tokens += stats.tokens;
                 kept_sum = Some(match kept_sum {
                     Some((k, r)) => (
                         stats.kept_per_expert.add(&k)?,
@@ -577,6 +585,10 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
             Some((k, r)) => Some(load_and_drop(k, r)?),
             None => None,
         };
+        let experts_per_token = match &kept_sum {
+            Some((k, _)) => Some(k.to_vec_f64()?.iter().sum::<f64>() / routed_tokens.max(1) as f64),
+            None => None,
+        };
         let mut line = serde_json::json!({
             "epoch": epoch + 1, "step": step, "lr": opt.lr(), "train_loss": train_loss, "test_loss": test_loss,
             "test_accuracy": accuracy_json(&acc), "epoch_seconds": epoch_start.elapsed().as_secs_f64(),
@@ -584,6 +596,9 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         if let Some((load, drop)) = &routing {
             line["expert_load"] = serde_json::json!(load);
             line["drop_rate"] = serde_json::json!(drop);
+        }
+        if let Some(e) = experts_per_token {
+            line["experts_per_token"] = serde_json::json!(e);
         }
         if !router_metric_sums.is_empty() {
             let mut metrics = serde_json::Map::new();
@@ -636,6 +651,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         }
         last = (train_loss, test_loss, acc);
         last_routing = routing;
+        last_experts_per_token = experts_per_token;
     }
     let (expert_selection_rate, expert_mean_weight, selected_experts, true_experts) = match &data
         .bank
@@ -674,6 +690,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         params: n_params,
         expert_load: last_routing.as_ref().map(|r| r.0.clone()),
         drop_rate: last_routing.map(|r| r.1),
+        experts_per_token: last_experts_per_token,
         expert_selection_rate,
         expert_mean_weight,
         selected_experts,
