@@ -1,8 +1,10 @@
 //! Benchmarks behind `moegrad bench`: measured workloads that return plain, serialisable records.
 //! Timing is wall-clock around a loop, after a warm-up, with the device synchronised before the
 //! clock is read; figures are recorded in `docs/benchmarks.md` with the command that made them.
-//! `bench gpu-step` counts instead of timing ([`gpu_step`]), and `bench all` ([`bench_all`])
-//! runs every benchmark into one report (docs/gpu.md explains its fields).
+//! `bench train` is the exception: one whole training epoch, timed from its first step, as the
+//! PyTorch peer times it (`pytorch_cnn_epoch.py`). `bench gpu-step` counts instead of timing
+//! ([`gpu_step`]), and `bench all` ([`bench_all`]) runs every benchmark into one report
+//! (docs/gpu.md explains its fields).
 
 pub mod gpu_step;
 
@@ -440,6 +442,193 @@ pub fn gpu_matmul_kernels(sizes: &[usize]) -> Result<Vec<KernelRecord>> {
     result.map(|()| out)
 }
 
+/// One model's training epoch (`moegrad bench train`).
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainRecord {
+    /// "cpu" or "gpu"
+    pub device: String,
+    /// the model, as `train --model` names it
+    pub model: String,
+    /// examples per step
+    pub batch: usize,
+    /// training examples in the epoch
+    pub examples: usize,
+    /// seconds of training: the forward pass, loss, backward pass and Adam step of every batch,
+    /// with the device synchronised before the clock stops. The batches are on the device
+    /// before it starts (no data loading) and nothing is evaluated.
+    pub seconds: f64,
+}
+
+/// The result of `moegrad bench train`.
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainBench {
+    /// one record per device and model
+    pub train: Vec<TrainRecord>,
+}
+
+/// A `bench train` workload: the model `moegrad train` builds with these settings (every other
+/// setting at its default: Adam at 1e-3, the top-k router, balance loss 0.01, seed 0).
+#[derive(Clone, Copy, Debug)]
+pub struct TrainWorkload {
+    /// the model
+    pub model: crate::train::ModelKind,
+    /// its dataset
+    pub data: crate::train::DataKind,
+    /// MoE: experts (ignored by dense models)
+    pub experts: usize,
+    /// MoE: experts per example
+    pub k: usize,
+}
+
+/// The workloads of `moegrad bench train`, those of the PyTorch peer
+/// (`pytorch_cnn_epoch.py`): `cnn` on MNIST, `moe-mlp` on MNIST (top-k, 8 experts, k = 2) and
+/// `mmoe-cnn` on MultiMNIST (top-k, 8 experts, k = 4).
+pub const TRAIN_WORKLOADS: [TrainWorkload; 3] = {
+    use crate::train::{DataKind, ModelKind};
+    [
+        TrainWorkload {
+            model: ModelKind::Cnn,
+            data: DataKind::Mnist,
+            experts: 8,
+            k: 2,
+        },
+        TrainWorkload {
+            model: ModelKind::MoeMlp,
+            data: DataKind::Mnist,
+            experts: 8,
+            k: 2,
+        },
+        TrainWorkload {
+            model: ModelKind::MmoeCnn,
+            data: DataKind::Multimnist,
+            experts: 8,
+            k: 4,
+        },
+    ]
+};
+
+impl TrainWorkload {
+    /// The run's settings: data from `data_dir`, the first `examples` training examples (0: all),
+    /// `batch` per step, on `device`.
+    pub fn config(
+        &self,
+        data_dir: &std::path::Path,
+        examples: usize,
+        batch: usize,
+        device: Device,
+    ) -> crate::train::TrainConfig {
+        crate::train::TrainConfig {
+            data: self.data,
+            data_dir: data_dir.to_path_buf(),
+            model: self.model,
+            epochs: 1,
+            batch,
+            device: device.to_string(),
+            train_limit: examples,
+            experts: self.experts,
+            k: self.k,
+            ..crate::train::TrainConfig::default()
+        }
+    }
+}
+
+/// Times one training epoch of `w` on `device` (see [`TrainRecord::seconds`]).
+///
+/// # Errors
+/// Bad settings (a zero batch), data that cannot be read (naming the file), a model that does
+/// not fit in memory, a device error, or a loss that is not finite at the end of the epoch.
+pub fn train_epoch(
+    device: Device,
+    w: TrainWorkload,
+    data_dir: &std::path::Path,
+    examples: usize,
+    batch: usize,
+) -> Result<TrainRecord> {
+    use crate::optim::{Adam, Optimizer};
+    use crate::train::models;
+    let cfg = w.config(data_dir, examples, batch, device);
+    cfg.validate()?;
+    let data = crate::train::load_data(&cfg)?;
+    let train = &data.train;
+    if train.is_empty() {
+        return Err(Error::Invalid(format!(
+            "bench train: no training examples in {}",
+            data_dir.display()
+        )));
+    }
+    models::check_memory(&cfg, data.side, data.tasks, batch.min(train.len()))?;
+    let model = models::build(&cfg, data.side, data.tasks, device)?;
+    let params = model.named_params();
+    let mut opt = Adam::new(cfg.lr)?;
+    let batches = train
+        .order(cfg.seed, 0, true)
+        .chunks(batch)
+        .map(|ids| train.batch(ids, device))
+        .collect::<Result<Vec<_>>>()?;
+    device.synchronize()?;
+    let start = Instant::now();
+    let mut last_loss = None;
+    for b in &batches {
+        let _step = crate::profile::step();
+        let out = model.forward(&b.x)?;
+        if !out.score_terms.is_empty() {
+            return Err(Error::Invalid(
+                "bench train times routers trained by backpropagation, not REINFORCE".into(),
+            ));
+        }
+        let task = crate::train::task_loss(&out.logits, &b.y)?;
+        let loss = match &out.aux_loss {
+            Some(aux) => task.add(aux)?,
+            None => task,
+        };
+        loss.backward()?;
+        opt.step(&params, None)?;
+        last_loss = Some(loss);
+    }
+    device.synchronize()?;
+    let seconds = start.elapsed().as_secs_f64();
+    // a diverged epoch is no measurement
+    if let Some(loss) = last_loss {
+        let l = loss.item()?;
+        if !l.is_finite() {
+            return Err(Error::Invalid(format!(
+                "bench train: the loss of {} is {l} after one epoch",
+                w.model.name()
+            )));
+        }
+    }
+    Ok(TrainRecord {
+        device: device.to_string(),
+        model: w.model.name().to_string(),
+        batch,
+        examples: train.len(),
+        seconds,
+    })
+}
+
+/// `moegrad bench train`: one epoch of every workload of [`TRAIN_WORKLOADS`] on every device.
+///
+/// # Errors
+/// As [`train_epoch`]; a zero `batch` is refused before anything runs.
+pub fn bench_train(
+    devices: &[Device],
+    data_dir: &std::path::Path,
+    examples: usize,
+    batch: usize,
+) -> Result<TrainBench> {
+    if batch == 0 {
+        return Err(Error::Invalid("--batch must be at least 1".into()));
+    }
+    let mut out = TrainBench { train: Vec::new() };
+    for &device in devices {
+        for w in TRAIN_WORKLOADS {
+            out.train
+                .push(train_epoch(device, w, data_dir, examples, batch)?);
+        }
+    }
+    Ok(out)
+}
+
 /// The result of `moegrad bench all`: every benchmark in one object, for a user with a real
 /// GPU to send back (docs/gpu.md explains the fields).
 #[derive(Clone, Debug, Serialize)]
@@ -456,8 +645,8 @@ pub struct AllBench {
     /// at each size, when the GPU is among the devices measured: which kernel should be the
     /// default
     pub gpu_matmul_kernels: Option<Vec<KernelRecord>>,
-    /// `bench train` (`null` until that benchmark is part of this build)
-    pub train: Option<serde_json::Value>,
+    /// `bench train`
+    pub train: Option<Vec<TrainRecord>>,
     /// why a part is `null`, one line each
     pub skipped: Vec<String>,
 }
@@ -474,6 +663,7 @@ pub fn bench_all(
     ns: &[usize],
     dense_ns: &[usize],
     w: MoeWorkload,
+    train: (&std::path::Path, usize, usize),
 ) -> Result<AllBench> {
     let mut skipped = Vec::new();
     let adapter = crate::backend::gpu::info().ok();
@@ -490,9 +680,8 @@ pub fn bench_all(
             None
         }
     };
-    // TRAIN: `bench train` (branch feat/profile) is wired in here when merged.
-    let train = None;
-    skipped.push("train: `bench train` is not part of this build yet".to_string());
+    let (data_dir, examples, batch) = train;
+    let train = Some(bench_train(devices, data_dir, examples, batch)?.train);
     Ok(AllBench {
         adapter,
         matmul,

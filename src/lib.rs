@@ -10,6 +10,9 @@
 //! - [`autograd`]: the graph, the backward walk, [`no_grad`].
 //! - `ops`: differentiable ops, each forward beside its backward rule.
 //! - [`gradcheck`](mod@gradcheck): the finite-difference checker every op is tested with.
+//! - [`profile`]: wall time per op, forward and backward, over a run (`train --profile`).
+//! - [`compare`]: grids of training runs (router × seed × settings) aggregated into tables of
+//!   mean ± standard error (`moegrad compare`).
 //!
 //! # Example
 //! ```
@@ -30,6 +33,7 @@ pub mod autograd;
 pub mod backend;
 pub mod bench;
 pub mod checkpoint;
+pub mod compare;
 pub mod data;
 pub mod device;
 pub mod dtype;
@@ -43,6 +47,7 @@ pub mod moe;
 pub mod nn;
 mod ops;
 pub mod optim;
+pub mod profile;
 pub mod shape;
 pub mod tensor;
 pub mod train;

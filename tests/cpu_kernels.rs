@@ -881,3 +881,138 @@ fn fused_bank_adam_names_the_mismatched_sizes() {
     let err = fused(&x, 3, 45);
     assert!(err.contains("3 offsets for 3 experts"), "{err}");
 }
+
+/// GELU (tanh form) and its derivative in f64, written as the docs state them.
+fn gelu_reference(x: f64) -> (f64, f64) {
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    let u = k * (x + 0.044715 * x * x * x);
+    let t = u.tanh();
+    let du = k * (1.0 + 3.0 * 0.044715 * x * x);
+    (
+        0.5 * x * (1.0 + t),
+        0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * du,
+    )
+}
+
+#[test]
+fn vectorised_f32_gelu_and_its_derivative_match_the_tanh_form_in_f64() {
+    use moegrad::backend::UnaryOp;
+    // a dense sweep over where GELU bends, sparse tails out to where it saturates, and specials
+    let mut xs: Vec<f32> = (0..80_000).map(|i| (i as f32 - 40_000.0) * 2e-4).collect();
+    xs.extend((0..2_000).map(|i| (i as f32 - 1_000.0) * 0.1));
+    xs.extend([0.0, -0.0, 1e-30, -1e-30, 1e30, -1e30, f32::MAX, f32::MIN]);
+    let run = |op| down_f64(&CPU.unary(op, &up(HostData::F32(xs.clone()))).unwrap());
+    let (y, dy) = (run(UnaryOp::Gelu), run(UnaryOp::GeluGrad));
+    for ((&x, &y), &dy) in xs.iter().zip(&y).zip(&dy) {
+        let (want, dwant) = gelu_reference(x as f64);
+        // relative to the value's size, with an absolute floor for the near-zero outputs of
+        // very negative x (both are ~1e-7 of the input's scale)
+        let tol = |w: f64| 2e-6 * w.abs().max(1e-6 * (x as f64).abs().min(1.0)) + 1e-7;
+        if x.abs() < 1e20 {
+            assert!(
+                (y - want).abs() <= tol(want),
+                "gelu({x}) = {y}, want {want}"
+            );
+            assert!(
+                (dy - dwant).abs() <= tol(dwant) + 2e-6,
+                "gelu'({x}) = {dy}, want {dwant}"
+            );
+        } else {
+            // the limits: x for large x, 0 for very negative x; slope 1 and 0
+            let (lim, dlim) = if x > 0.0 { (x as f64, 1.0) } else { (0.0, 0.0) };
+            assert!(
+                y == lim || (y - lim).abs() <= 1e-6 * lim.abs(),
+                "gelu({x}) = {y}"
+            );
+            assert!(
+                dy.is_finite() && (dy - dlim).abs() < 1e-6,
+                "gelu'({x}) = {dy}"
+            );
+        }
+    }
+    let nan = run_one(UnaryOp::Gelu, f32::NAN);
+    assert!(nan.is_nan(), "gelu(NaN) = {nan}");
+}
+
+fn run_one(op: moegrad::backend::UnaryOp, x: f32) -> f64 {
+    down_f64(&CPU.unary(op, &up(HostData::F32(vec![x]))).unwrap())[0]
+}
+
+#[test]
+fn reductions_across_rows_match_the_column_loop_bit_for_bit() {
+    use moegrad::backend::{AxisView, ReduceOp};
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    // a bias gradient ([rows, n] over rows), a middle axis, big enough for threads, empty shapes
+    for (outer, len, inner) in [
+        (1usize, 768usize, 512usize),
+        (3, 7, 5),
+        (40, 33, 1100),
+        (2, 0, 4),
+        (0, 3, 4),
+        (5, 1, 2),
+    ] {
+        let mut x: Vec<f64> = (0..outer * len * inner)
+            .map(|_| rng.random_range(-1.0..1.0))
+            .collect();
+        for (i, v) in x.iter_mut().enumerate() {
+            match i % 23 {
+                4 => *v = f64::NAN,
+                9 if i % 3 == 0 => *v = f64::INFINITY,
+                _ => {}
+            }
+        }
+        let view = AxisView { outer, len, inner };
+        for op in [ReduceOp::Sum, ReduceOp::Max, ReduceOp::Min] {
+            // each output folds its column in order j = 0, 1, …
+            let column = |x: &[f64], o: usize, i: usize, f: &dyn Fn(f64, f64) -> f64, id: f64| {
+                (0..len).fold(id, |a, j| f(a, x[(o * len + j) * inner + i]))
+            };
+            let want: Vec<f64> = (0..outer * inner)
+                .map(|oi| {
+                    let (o, i) = (oi / inner, oi % inner);
+                    match op {
+                        ReduceOp::Sum => column(&x, o, i, &|a, b| a + b, 0.0),
+                        ReduceOp::Max => column(&x, o, i, &|a, b| a.max(b), f64::NEG_INFINITY),
+                        _ => column(&x, o, i, &|a, b| a.min(b), f64::INFINITY),
+                    }
+                })
+                .collect();
+            let got = down_f64(&CPU.reduce(op, &up(HostData::F64(x.clone())), view).unwrap());
+            assert_eq!(got.len(), want.len());
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!(
+                    g.to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "{op:?} of [{outer}, {len}, {inner}] at {k}: {g} vs {w}"
+                );
+            }
+            // f32: the same fold in f32
+            let x32: Vec<f32> = x.iter().map(|&v| v as f32).collect();
+            let got32 = down_f64(
+                &CPU.reduce(op, &up(HostData::F32(x32.clone())), view)
+                    .unwrap(),
+            );
+            for (k, g) in got32.iter().enumerate() {
+                let (o, i) = (k / inner, k % inner);
+                let w = (0..len).fold(
+                    match op {
+                        ReduceOp::Sum => 0.0f32,
+                        ReduceOp::Max => f32::NEG_INFINITY,
+                        _ => f32::INFINITY,
+                    },
+                    |a, j| {
+                        let b = x32[(o * len + j) * inner + i];
+                        match op {
+                            ReduceOp::Sum => a + b,
+                            ReduceOp::Max => a.max(b),
+                            _ => a.min(b),
+                        }
+                    },
+                );
+                assert!(
+                    (*g as f32).to_bits() == w.to_bits() || (g.is_nan() && w.is_nan()),
+                    "f32 {op:?} of [{outer}, {len}, {inner}] at {k}: {g} vs {w}"
+                );
+            }
+        }
+    }
+}

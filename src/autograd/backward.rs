@@ -1,7 +1,9 @@
 //! The backward walk: build the tape (reverse topological order), run each node's rule once,
-//! sum gradients per tensor, deposit them on leaves, release the graph.
+//! sum gradients per tensor, deposit them on leaves, release the graph. Each rule runs in a
+//! profile scope named after its node's op (see `crate::profile`).
 
 use super::no_grad::NoGradGuard;
+use crate::profile::{self, Pass};
 use crate::{Error, Result, Tensor};
 use std::collections::{HashMap, HashSet};
 
@@ -44,7 +46,10 @@ pub fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
         ));
     }
     let _no_grad = NoGradGuard::new();
-    let tape = topological_order(root)?;
+    let tape = {
+        let _profile = profile::scope("backward walk (tape)", Pass::Backward);
+        topological_order(root)?
+    };
     let mut grads: HashMap<usize, Tensor> = HashMap::new();
     grads.insert(root.id(), grad);
     for t in tape.iter().rev() {
@@ -52,9 +57,12 @@ pub fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
             continue;
         };
         let Some(node) = &t.0.node else {
+            let _profile = profile::scope("accumulate leaf grad", Pass::Backward);
             t.accumulate_grad(g)?;
             continue;
         };
+        // the rule and the summing of its gradients into its inputs' count to the node's op
+        let _profile = profile::scope(node.profile_op, Pass::Backward);
         let rule = node
             .backward
             .lock()

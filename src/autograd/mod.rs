@@ -25,6 +25,9 @@ pub type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + S
 pub struct Node {
     /// op name, for error messages and debugging
     pub op: &'static str,
+    /// the op the profile attributes this node's backward rule to: the outermost op open when
+    /// the node was recorded (a composed op's own name), else `op` (see `crate::profile`)
+    pub(crate) profile_op: &'static str,
     pub(crate) inputs: Mutex<Vec<Tensor>>,
     pub(crate) backward: Mutex<Option<BackwardFn>>,
 }
@@ -75,6 +78,7 @@ impl Tensor {
         }
         let node = Node {
             op,
+            profile_op: crate::profile::current_forward_op().unwrap_or(op),
             inputs: Mutex::new(inputs.iter().map(|t| (*t).clone()).collect()),
             backward: Mutex::new(Some(Box::new(backward))),
         };

@@ -9,12 +9,17 @@
 //! body; the enum [`CpuBuffer`] says which one a buffer holds.
 
 mod attention;
+mod cross_entropy;
+mod layer_norm;
+pub mod pool;
 mod routing;
 pub use attention::ATTENTION_BLOCK;
+pub use pool::PooledVec;
 
 use super::{
-    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims,
-    PlanBuffers, ReduceOp, SgdHyper, UnaryOp, check_gate_sizes, check_lengths, uniform_hash,
+    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, LayerNormDims, MatLayout,
+    MatmulDims, PlanBuffers, ReduceOp, SgdHyper, UnaryOp, check_gate_sizes, check_lengths,
+    uniform_hash,
 };
 use crate::{DType, Error, Result};
 use num_traits::Float;
@@ -25,15 +30,16 @@ use std::sync::Arc;
 /// Below this many elements a loop runs on one thread (spawning costs more than it saves).
 const PAR_MIN: usize = 1 << 15;
 
-/// A CPU buffer: a shared, immutable vector of one dtype.
+/// A CPU buffer: a shared, immutable vector of one dtype (whose allocation returns to the
+/// [`pool`] when the last handle drops).
 #[derive(Clone, Debug)]
 pub enum CpuBuffer {
     /// f32 values
-    F32(Arc<Vec<f32>>),
+    F32(Arc<PooledVec<f32>>),
     /// f64 values
-    F64(Arc<Vec<f64>>),
+    F64(Arc<PooledVec<f64>>),
     /// i32 values (indices)
-    I32(Arc<Vec<i32>>),
+    I32(Arc<PooledVec<i32>>),
 }
 
 impl CpuBuffer {
@@ -69,13 +75,13 @@ impl CpuBuffer {
 }
 
 fn f32b(v: Vec<f32>) -> CpuBuffer {
-    CpuBuffer::F32(Arc::new(v))
+    CpuBuffer::F32(Arc::new(v.into()))
 }
 fn f64b(v: Vec<f64>) -> CpuBuffer {
-    CpuBuffer::F64(Arc::new(v))
+    CpuBuffer::F64(Arc::new(v.into()))
 }
 fn i32b(v: Vec<i32>) -> CpuBuffer {
-    CpuBuffer::I32(Arc::new(v))
+    CpuBuffer::I32(Arc::new(v.into()))
 }
 
 /// Runs `$body` with `$v: &Vec<T>` for the float variants and rewraps the `Vec<T>` result;
@@ -122,12 +128,12 @@ fn tabulate<T: Send, F: Fn(usize) -> T + Sync + Send>(n: usize, f: F) -> Vec<T> 
 ///
 /// # Safety
 /// `fill` must write every element of each chunk it is handed.
-unsafe fn write_chunks<T: Send>(
+unsafe fn write_chunks<T: Send + Copy>(
     n: usize,
     chunk: usize,
     fill: impl Fn(usize, &mut [MaybeUninit<T>]) + Sync + Send,
 ) -> Vec<T> {
-    let mut out = Vec::with_capacity(n);
+    let mut out = pool::take(n).unwrap_or_else(|_| Vec::with_capacity(n));
     let spare = &mut out.spare_capacity_mut()[..n];
     let chunk = chunk.max(1);
     if n >= PAR_MIN {
@@ -154,14 +160,22 @@ unsafe fn write_chunks<T: Send>(
 /// `len` copies of `value`, allocated fallibly ([`crate::memory::try_vec`]): a buffer larger than
 /// the machine's memory is an error, not an abort.
 fn filled<T: Copy>(len: usize, value: T) -> Result<Vec<T>> {
-    let mut v = crate::memory::try_vec(len)?;
+    let mut v = pool::take(len)?;
     v.resize(len, value);
     Ok(v)
 }
 
+/// `len` zeros in a buffer from the [`pool`] (like `vec![zero; len]`, whose allocation the pool
+/// could not take back).
+pub(crate) fn zeroed<T: Copy + num_traits::Zero>(len: usize) -> Vec<T> {
+    let mut v = pool::take(len).unwrap_or_default();
+    v.resize(len, T::zero());
+    v
+}
+
 /// A copy of `values`, allocated fallibly like [`filled`].
 fn copied<T: Copy>(values: &[T]) -> Result<Vec<T>> {
-    let mut v = crate::memory::try_vec(values.len())?;
+    let mut v = pool::take(values.len())?;
     v.extend_from_slice(values);
     Ok(v)
 }
@@ -553,6 +567,26 @@ pub fn ln_f32(x: f32) -> f32 {
     }
 }
 
+/// GELU's tanh form through the logistic function, `0.5·x·(1 + tanh u) = x·σ(2u)` with
+/// `u = √(2/π)·(x + 0.044715·x³)`, so that it needs one [`exp_f32`] and vectorises (the C library's
+/// `tanhf` was a quarter of a GPT training step, dev-2core). Returns `(gelu(x), gelu'(x))`, where
+/// `gelu'(x) = σ(2u) + x·σ(2u)·(1 − σ(2u))·2u'` and `u' = √(2/π)·(1 + 3·0.044715·x²)`.
+/// Large `|x|` give the exact limits (`x` and slope 1, `0` and slope 0): `e^{−2u}` overflows to ∞
+/// for very negative `x`, giving `σ = 0`, and the slope's second term is taken as 0 wherever `σ`
+/// saturates.
+#[inline(always)]
+fn gelu_and_grad_f32(x: f32) -> (f32, f32) {
+    const K: f32 = 0.797_884_6; // √(2/π)
+    const A: f32 = 0.044_715;
+    let u = K * (x + A * x * x * x);
+    let s = 1.0 / (1.0 + exp_f32(-2.0 * u));
+    let du = K * (1.0 + 3.0 * A * x * x);
+    // where σ saturates to exactly 0 or 1 the second term is 0 (x·du may be infinite there)
+    let ds = s * (1.0 - s);
+    let slope = if ds == 0.0 { 0.0 } else { x * ds * 2.0 * du };
+    (x * s, s + slope)
+}
+
 /// The f32 functions with a vectorisable implementation here.
 #[derive(Clone, Copy)]
 enum WideF32 {
@@ -560,6 +594,10 @@ enum WideF32 {
     Exp,
     /// [`ln_f32`]
     Ln,
+    /// GELU, tanh form ([`gelu_and_grad_f32`])
+    Gelu,
+    /// GELU's derivative ([`gelu_and_grad_f32`])
+    GeluGrad,
 }
 
 /// `out[i] = f(x[i])` for one of the vectorisable f32 functions: [`map1`], with each chunk's
@@ -574,6 +612,12 @@ fn map1_f32_wide(x: &[f32], f: WideF32) -> Vec<f32> {
             }),
             WideF32::Ln => o.iter_mut().zip(x).for_each(|(o, &x)| {
                 o.write(ln_f32(x));
+            }),
+            WideF32::Gelu => o.iter_mut().zip(x).for_each(|(o, &x)| {
+                o.write(gelu_and_grad_f32(x).0);
+            }),
+            WideF32::GeluGrad => o.iter_mut().zip(x).for_each(|(o, &x)| {
+                o.write(gelu_and_grad_f32(x).1);
             }),
         }
     }
@@ -656,7 +700,7 @@ fn sum_lanes<T: Float>(x: &[T]) -> T {
 fn sum_rows<T: Float + Send + Sync>(x: &[T], outer: usize, len: usize) -> Vec<T> {
     let blocks = len.div_ceil(SUM_BLOCK).max(1);
     if blocks == 1 {
-        let mut out = vec![T::zero(); outer];
+        let mut out = zeroed(outer);
         let row = |(o, s): (usize, &mut T)| *s = sum_lanes(&x[o * len..(o + 1) * len]);
         if outer * len >= PAR_MIN {
             out.par_iter_mut()
@@ -701,16 +745,46 @@ fn reduce_kernel<T: Float + Send + Sync>(op: ReduceOp, x: &[T], v: AxisView) -> 
             })
         };
     }
-    tabulate(outer * inner, |oi| {
-        let (o, i) = (oi / inner, oi % inner);
-        let at = |j: usize| x[o * len * inner + j * inner + i];
-        match op {
-            ReduceOp::Sum => (0..len).fold(T::zero(), |s, j| s + at(j)),
-            ReduceOp::Max => (0..len).fold(T::neg_infinity(), |s, j| s.max(at(j))),
-            ReduceOp::Min => (0..len).fold(T::infinity(), |s, j| s.min(at(j))),
-            ReduceOp::ArgMax => unreachable!("argmax handled separately"),
+    reduce_columns(op, x, v)
+}
+
+/// A reduction along an axis with `inner > 1` (a bias gradient: `[rows, n]` summed over rows):
+/// each `[len, inner]` slab is walked row by row, folding each row into a row of `inner`
+/// results, so the reads are contiguous and the loop vectorises, where reading each output's
+/// column down the slab strides through memory. Every output still folds its values in the
+/// order `j = 0, 1, …`, so the result is that of the column loop, bit for bit.
+fn reduce_columns<T: Float + Send + Sync>(op: ReduceOp, x: &[T], v: AxisView) -> Vec<T> {
+    match op {
+        ReduceOp::Sum => fold_columns(x, v, T::zero(), |a, b| a + b),
+        ReduceOp::Max => fold_columns(x, v, T::neg_infinity(), |a, b| a.max(b)),
+        ReduceOp::Min => fold_columns(x, v, T::infinity(), |a, b| a.min(b)),
+        ReduceOp::ArgMax => unreachable!("argmax handled separately"),
+    }
+}
+
+/// [`reduce_columns`] for one fold `f` (a concrete closure, so the row loop vectorises).
+fn fold_columns<T: Float + Send + Sync>(
+    x: &[T],
+    v: AxisView,
+    identity: T,
+    f: impl Fn(T, T) -> T + Sync + Send,
+) -> Vec<T> {
+    let AxisView { outer, len, inner } = v;
+    let slab = |o: usize, out: &mut [MaybeUninit<T>]| {
+        for acc in out.iter_mut() {
+            acc.write(identity);
         }
-    })
+        // SAFETY: every element was just written.
+        let out = unsafe { &mut *(out as *mut [MaybeUninit<T>] as *mut [T]) };
+        for j in 0..len {
+            let row = &x[(o * len + j) * inner..(o * len + j + 1) * inner];
+            for (acc, &value) in out.iter_mut().zip(row) {
+                *acc = f(*acc, value);
+            }
+        }
+    };
+    // SAFETY: chunk o is output slab o (`inner` elements), filled first and then folded into.
+    unsafe { write_chunks(outer * inner, inner, slab) }
 }
 
 fn argmax_kernel<T: Float + Send + Sync>(x: &[T], v: AxisView) -> Vec<i32> {
@@ -739,7 +813,7 @@ fn matmul_kernel<T: Float + Send + Sync + 'static>(
     d: MatmulDims,
 ) -> Vec<T> {
     let MatmulDims { batch, m, k, n } = d;
-    let mut c = vec![T::zero(); batch * m * n];
+    let mut c = zeroed(batch * m * n);
     if m == 0 || n == 0 {
         return c;
     }
@@ -897,7 +971,7 @@ fn scatter_add_kernel<T: Float + Send + Sync>(
     if s[2] == 0 && inner >= 16 {
         return Ok(scatter_rows(src, idx, s, outer, m, inner, len));
     }
-    let mut out = vec![T::zero(); outer * len * inner];
+    let mut out = zeroed(outer * len * inner);
     if inner == 0 {
         return Ok(out);
     }
@@ -966,7 +1040,7 @@ fn scatter_add_kernel<T: Float + Send + Sync>(
 
 fn cumsum_kernel<T: Float>(x: &[T], v: AxisView, reverse: bool) -> Vec<T> {
     let AxisView { outer, len, inner } = v;
-    let mut out = vec![T::zero(); x.len()];
+    let mut out = zeroed(x.len());
     for o in 0..outer {
         for i in 0..inner {
             let mut acc = T::zero();
@@ -1108,7 +1182,7 @@ fn sort_first<K: Ord + Copy>(v: &mut [K], keep: usize) {
 
 fn concat_kernel<T: Copy>(parts: &[&[T]], lens: &[usize], outer: usize, inner: usize) -> Vec<T> {
     let total: usize = lens.iter().sum();
-    let mut out = Vec::with_capacity(outer * total * inner);
+    let mut out = pool::take(outer * total * inner).unwrap_or_default();
     for o in 0..outer {
         for (p, &l) in parts.iter().zip(lens) {
             out.extend_from_slice(&p[o * l * inner..(o + 1) * l * inner]);
@@ -1161,6 +1235,10 @@ impl Backend for CpuBackend {
         match (op, x) {
             (UnaryOp::Exp, CpuBuffer::F32(v)) => return Ok(f32b(map1_f32_wide(v, WideF32::Exp))),
             (UnaryOp::Log, CpuBuffer::F32(v)) => return Ok(f32b(map1_f32_wide(v, WideF32::Ln))),
+            (UnaryOp::Gelu, CpuBuffer::F32(v)) => return Ok(f32b(map1_f32_wide(v, WideF32::Gelu))),
+            (UnaryOp::GeluGrad, CpuBuffer::F32(v)) => {
+                return Ok(f32b(map1_f32_wide(v, WideF32::GeluGrad)));
+            }
             _ => {}
         }
         float_map!(x, format!("{op:?}"), v => unary_kernel(op, v))
@@ -1548,6 +1626,148 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn layer_norm_forward(
+        &self,
+        x: &CpuBuffer,
+        gamma: &CpuBuffer,
+        beta: &CpuBuffer,
+        dims: LayerNormDims,
+    ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
+        const WHAT: &str = "layer_norm_forward";
+        check_layer_norm_lengths(
+            WHAT,
+            &[("x", x)],
+            &[("gamma", gamma), ("beta", beta)],
+            &[],
+            dims,
+        )?;
+        match (x, gamma, beta) {
+            (CpuBuffer::F32(x), CpuBuffer::F32(g), CpuBuffer::F32(b)) => {
+                let (y, m, r) = layer_norm::forward(x, g, b, dims);
+                Ok((f32b(y), f32b(m), f32b(r)))
+            }
+            (CpuBuffer::F64(x), CpuBuffer::F64(g), CpuBuffer::F64(b)) => {
+                let (y, m, r) = layer_norm::forward(x, g, b, dims);
+                Ok((f64b(y), f64b(m), f64b(r)))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float buffers of one dtype, got x {}, gamma {}, beta {}",
+                x.dtype(),
+                gamma.dtype(),
+                beta.dtype()
+            ))),
+        }
+    }
+
+    fn layer_norm_backward(
+        &self,
+        g: &CpuBuffer,
+        x: &CpuBuffer,
+        gamma: &CpuBuffer,
+        (mean, rstd): (&CpuBuffer, &CpuBuffer),
+        dims: LayerNormDims,
+    ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
+        const WHAT: &str = "layer_norm_backward";
+        check_layer_norm_lengths(
+            WHAT,
+            &[("g", g), ("x", x)],
+            &[("gamma", gamma)],
+            &[("mean", mean), ("rstd", rstd)],
+            dims,
+        )?;
+        match (g, x, gamma, mean, rstd) {
+            (
+                CpuBuffer::F32(g),
+                CpuBuffer::F32(x),
+                CpuBuffer::F32(w),
+                CpuBuffer::F32(m),
+                CpuBuffer::F32(r),
+            ) => {
+                let (dx, dg, db) = layer_norm::backward(g, x, w, (m, r), dims);
+                Ok((f32b(dx), f32b(dg), f32b(db)))
+            }
+            (
+                CpuBuffer::F64(g),
+                CpuBuffer::F64(x),
+                CpuBuffer::F64(w),
+                CpuBuffer::F64(m),
+                CpuBuffer::F64(r),
+            ) => {
+                let (dx, dg, db) = layer_norm::backward(g, x, w, (m, r), dims);
+                Ok((f64b(dx), f64b(dg), f64b(db)))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float buffers of one dtype, got g {}, x {}, gamma {}, mean {}, rstd {}",
+                g.dtype(),
+                x.dtype(),
+                gamma.dtype(),
+                mean.dtype(),
+                rstd.dtype()
+            ))),
+        }
+    }
+
+    fn cross_entropy_forward(
+        &self,
+        logits: &CpuBuffer,
+        targets: &CpuBuffer,
+        classes: usize,
+    ) -> Result<(CpuBuffer, CpuBuffer)> {
+        const WHAT: &str = "cross_entropy";
+        let t = check_cross_entropy(WHAT, logits, targets, classes)?;
+        match logits {
+            CpuBuffer::F32(x) => {
+                let (l, s) = cross_entropy::forward(x, t, t.len(), classes);
+                Ok((f32b(l), f32b(s)))
+            }
+            CpuBuffer::F64(x) => {
+                let (l, s) = cross_entropy::forward(x, t, t.len(), classes);
+                Ok((f64b(l), f64b(s)))
+            }
+            CpuBuffer::I32(_) => Err(Error::DType(format!(
+                "{WHAT}: logits must be float, got i32"
+            ))),
+        }
+    }
+
+    fn cross_entropy_backward(
+        &self,
+        g: &CpuBuffer,
+        logits: &CpuBuffer,
+        targets: &CpuBuffer,
+        lse: &CpuBuffer,
+    ) -> Result<CpuBuffer> {
+        const WHAT: &str = "cross_entropy backward";
+        let classes = if targets.is_empty() {
+            0
+        } else {
+            logits.len() / targets.len()
+        };
+        let t = check_cross_entropy(WHAT, logits, targets, classes)?;
+        if g.len() != t.len() || lse.len() != t.len() {
+            return Err(Error::Shape(format!(
+                "{WHAT}: g and lse hold {} and {} values, expected one per row ({})",
+                g.len(),
+                lse.len(),
+                t.len()
+            )));
+        }
+        match (g, logits, lse) {
+            (CpuBuffer::F32(g), CpuBuffer::F32(x), CpuBuffer::F32(l)) => {
+                Ok(f32b(cross_entropy::backward(g, x, t, l, classes)))
+            }
+            (CpuBuffer::F64(g), CpuBuffer::F64(x), CpuBuffer::F64(l)) => {
+                Ok(f64b(cross_entropy::backward(g, x, t, l, classes)))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float buffers of one dtype, got g {}, logits {}, lse {}",
+                g.dtype(),
+                logits.dtype(),
+                lse.dtype()
+            ))),
+        }
+    }
+
     fn topk_gate(
         &self,
         logits: &CpuBuffer,
@@ -1697,6 +1917,67 @@ impl Backend for CpuBackend {
             ))),
         }
     }
+}
+
+/// Checks a cross-entropy's operands (logits `[rows, classes]`, I32 targets `[rows]` inside
+/// `0..classes`, sizes ≥ 1) and returns the targets.
+fn check_cross_entropy<'a>(
+    what: &str,
+    logits: &CpuBuffer,
+    targets: &'a CpuBuffer,
+    classes: usize,
+) -> Result<&'a [i32]> {
+    let t = targets.indices(what)?;
+    if t.is_empty() || classes == 0 || t.len().checked_mul(classes) != Some(logits.len()) {
+        return Err(Error::Shape(format!(
+            "{what}: logits of {} values are not [{} rows, {classes} classes] (sizes ≥ 1)",
+            logits.len(),
+            t.len()
+        )));
+    }
+    if let Some((r, &bad)) = t
+        .iter()
+        .enumerate()
+        .find(|&(_, &c)| c < 0 || c as usize >= classes)
+    {
+        return Err(Error::Invalid(format!(
+            "{what}: target {bad} of row {r} is not a class in 0..{classes}"
+        )));
+    }
+    Ok(t)
+}
+
+/// Checks a layer norm's operands: `[rows, dim]` ones, `[dim]` ones and `[rows]` ones hold that
+/// many elements, and no size is zero.
+fn check_layer_norm_lengths(
+    what: &str,
+    matrices: &[(&str, &CpuBuffer)],
+    vectors: &[(&str, &CpuBuffer)],
+    per_row: &[(&str, &CpuBuffer)],
+    dims: LayerNormDims,
+) -> Result<()> {
+    let LayerNormDims { rows, dim, .. } = dims;
+    let n = rows.checked_mul(dim).filter(|&n| n > 0).ok_or_else(|| {
+        Error::Shape(format!(
+            "{what}: [{rows}, {dim}] must have sizes of at least 1 and fit in memory"
+        ))
+    })?;
+    let groups = [
+        (matrices, n, "[rows, dim]"),
+        (vectors, dim, "[dim]"),
+        (per_row, rows, "[rows]"),
+    ];
+    for (operands, want, shape) in groups {
+        for (name, b) in operands {
+            if b.len() != want {
+                return Err(Error::Shape(format!(
+                    "{what}: {name} holds {} elements, expected {shape} = {want} for rows {rows}, dim {dim}",
+                    b.len()
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Checks that each `[heads, seq, head_dim]` operand of an attention kernel holds exactly
@@ -1891,10 +2172,10 @@ impl CpuBackend {
         let scale = scale_of(grad_scale)?;
         check_same_len(&[param, grad, m, v], "adam_step")?;
         fn run<T: Float + Send + Sync + Clone>(
-            p: &mut Arc<Vec<T>>,
+            p: &mut Arc<PooledVec<T>>,
             g: &[T],
-            m: &mut Arc<Vec<T>>,
-            v: &mut Arc<Vec<T>>,
+            m: &mut Arc<PooledVec<T>>,
+            v: &mut Arc<PooledVec<T>>,
             scale: f64,
             h: AdamHyper,
         ) {
@@ -1970,9 +2251,9 @@ impl CpuBackend {
         let scale = scale_of(grad_scale)?;
         fn run<T: Float + Send + Sync + Clone + 'static>(
             prob: WeightGradProblem<'_, T>,
-            p: &mut Arc<Vec<T>>,
-            mo: &mut Arc<Vec<T>>,
-            ve: &mut Arc<Vec<T>>,
+            p: &mut Arc<PooledVec<T>>,
+            mo: &mut Arc<PooledVec<T>>,
+            ve: &mut Arc<PooledVec<T>>,
             scale: f64,
             h: AdamHyper,
         ) {
@@ -2035,9 +2316,9 @@ impl CpuBackend {
         let scale = scale_of(grad_scale)?;
         check_same_len(&[param, grad, buf], "sgd_step")?;
         fn run<T: Float + Send + Sync + Clone>(
-            p: &mut Arc<Vec<T>>,
+            p: &mut Arc<PooledVec<T>>,
             g: &[T],
-            b: &mut Arc<Vec<T>>,
+            b: &mut Arc<PooledVec<T>>,
             scale: f64,
             h: SgdHyper,
         ) {
@@ -2184,7 +2465,7 @@ fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
     transpose_w: bool,
 ) -> Vec<T> {
     let len = rows * m;
-    let mut out: Vec<T> = Vec::with_capacity(len);
+    let mut out: Vec<T> = pool::take(len).unwrap_or_else(|_| Vec::with_capacity(len));
     // One GEMM per block of rows that share an expert (rows arrive sorted by expert), written
     // into that block's own slice of the output. Long runs are cut into blocks so that the
     // threads take whole single-threaded GEMMs: measured on 2 cores, that is faster than one
@@ -2370,9 +2651,9 @@ impl<'a, T: Float + Send + Sync + 'static> WeightGradProblem<'a, T> {
         let block = self.k * self.m;
         let len = self.experts * block;
         if block == 0 {
-            return vec![T::zero(); len];
+            return zeroed(len);
         }
-        let mut out: Vec<T> = Vec::with_capacity(len);
+        let mut out: Vec<T> = pool::take(len).unwrap_or_else(|_| Vec::with_capacity(len));
         let blocks = &mut out.spare_capacity_mut()[..len];
         if per_expert_parallel(self.experts) {
             blocks

@@ -173,6 +173,18 @@ impl AttentionDims {
     }
 }
 
+/// Sizes of a layer normalisation: `rows` rows of `dim` values, each row normalised on its own,
+/// with `eps` added to the variance (see `ops/layer_norm.rs` for the math).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LayerNormDims {
+    /// number of rows (the product of every axis but the last)
+    pub rows: usize,
+    /// the normalised (last) axis' size
+    pub dim: usize,
+    /// added to the variance before the square root
+    pub eps: f64,
+}
+
 /// Hyper-parameters of one fused Adam/AdamW update (see `optim::Adam` for the formulas).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamHyper {
@@ -564,6 +576,51 @@ pub trait Backend {
         experts: usize,
         capacity: Option<usize>,
     ) -> Result<PlanBuffers<Self::Buffer>>;
+    /// Layer normalisation, forward: for each row `r` of `x` `[rows, dim]`, `mean_r`, the biased
+    /// variance `var_r` (two passes), `rstd_r = 1/√(var_r + eps)` and
+    /// `y_rj = (x_rj − mean_r)·rstd_r·gamma_j + beta_j`. Returns `(y [rows, dim], mean [rows],
+    /// rstd [rows])`; `gamma` and `beta` are `[dim]`. Sizes ≥ 1.
+    fn layer_norm_forward(
+        &self,
+        x: &Self::Buffer,
+        gamma: &Self::Buffer,
+        beta: &Self::Buffer,
+        dims: LayerNormDims,
+    ) -> Result<(Self::Buffer, Self::Buffer, Self::Buffer)>;
+    /// Layer normalisation, backward: `(dx [rows, dim], dgamma [dim], dbeta [dim])` for the
+    /// upstream gradient `g`, from the input `x`, `gamma` and the forward's `mean` and `rstd`.
+    /// With `x̂ = (x − mean)·rstd` and `h = g·gamma`:
+    /// `dx = rstd·(h − mean_j(h) − x̂·mean_j(h·x̂))`, `dgamma = Σ_r g·x̂`, `dbeta = Σ_r g`, the
+    /// column sums taken over the rows in order.
+    fn layer_norm_backward(
+        &self,
+        g: &Self::Buffer,
+        x: &Self::Buffer,
+        gamma: &Self::Buffer,
+        stats: (&Self::Buffer, &Self::Buffer),
+        dims: LayerNormDims,
+    ) -> Result<(Self::Buffer, Self::Buffer, Self::Buffer)>;
+    /// Softmax cross-entropy of each row of `logits` `[rows, classes]` against the I32 class
+    /// `targets` `[rows]`: `(loss [rows], lse [rows])` with `lse_r = ln Σ_c e^{x_rc}` (computed
+    /// after subtracting the row's maximum) and `loss_r = lse_r − x_{r,t_r}`. A target outside
+    /// `0..classes` is an error on the CPU; on the GPU (where checking would need a read-back)
+    /// its row's loss is 0. Sizes ≥ 1.
+    fn cross_entropy_forward(
+        &self,
+        logits: &Self::Buffer,
+        targets: &Self::Buffer,
+        classes: usize,
+    ) -> Result<(Self::Buffer, Self::Buffer)>;
+    /// The gradient of [`Backend::cross_entropy_forward`]'s losses for the upstream gradient `g`
+    /// `[rows]`: `dlogits_rc = g_r·(e^{x_rc − lse_r} − [c = t_r])` (zero for a GPU row whose
+    /// target is out of range).
+    fn cross_entropy_backward(
+        &self,
+        g: &Self::Buffer,
+        logits: &Self::Buffer,
+        targets: &Self::Buffer,
+        lse: &Self::Buffer,
+    ) -> Result<Self::Buffer>;
 }
 
 /// The counter-based generator behind [`Backend::random_uniform`], written once here and

@@ -112,9 +112,9 @@ impl Storage {
             return Storage::upload(&data, true);
         }
         Ok(Storage::Cpu(match data {
-            HostData::F32(v) => cpu::CpuBuffer::F32(std::sync::Arc::new(v)),
-            HostData::F64(v) => cpu::CpuBuffer::F64(std::sync::Arc::new(v)),
-            HostData::I32(v) => cpu::CpuBuffer::I32(std::sync::Arc::new(v)),
+            HostData::F32(v) => cpu::CpuBuffer::F32(std::sync::Arc::new(v.into())),
+            HostData::F64(v) => cpu::CpuBuffer::F64(std::sync::Arc::new(v.into())),
+            HostData::I32(v) => cpu::CpuBuffer::I32(std::sync::Arc::new(v.into())),
         }))
     }
     /// A filled buffer on the CPU or GPU.
@@ -619,6 +619,106 @@ impl Storage {
                 )?;
                 Ok((Storage::Gpu(dq), Storage::Gpu(dk), Storage::Gpu(dv)))
             }
+        }
+    }
+    /// See [`Backend::layer_norm_forward`]; `self` is `x`. Returns `(y, mean, rstd)`.
+    pub fn layer_norm_forward(
+        &self,
+        gamma: &Storage,
+        beta: &Storage,
+        dims: LayerNormDims,
+    ) -> Result<(Storage, Storage, Storage)> {
+        let (og, ob) = (
+            same_dev!(self, gamma, "layer_norm"),
+            same_dev!(self, beta, "layer_norm"),
+        );
+        match self {
+            Storage::Cpu(x) => {
+                let (y, m, r) = cpu::CpuBackend.layer_norm_forward(x, og.cpu(), ob.cpu(), dims)?;
+                Ok((Storage::Cpu(y), Storage::Cpu(m), Storage::Cpu(r)))
+            }
+            Storage::Gpu(x) => {
+                let (y, m, r) =
+                    gpu::GpuBackend::get()?.layer_norm_forward(x, og.gpu(), ob.gpu(), dims)?;
+                Ok((Storage::Gpu(y), Storage::Gpu(m), Storage::Gpu(r)))
+            }
+        }
+    }
+    /// See [`Backend::layer_norm_backward`]; `self` is the upstream gradient. Returns
+    /// `(dx, dgamma, dbeta)`.
+    pub fn layer_norm_backward(
+        &self,
+        (x, gamma, mean, rstd): (&Storage, &Storage, &Storage, &Storage),
+        dims: LayerNormDims,
+    ) -> Result<(Storage, Storage, Storage)> {
+        const WHAT: &str = "layer_norm backward";
+        let (ox, og, om, or) = (
+            same_dev!(self, x, WHAT),
+            same_dev!(self, gamma, WHAT),
+            same_dev!(self, mean, WHAT),
+            same_dev!(self, rstd, WHAT),
+        );
+        match self {
+            Storage::Cpu(g) => {
+                let (dx, dg, db) = cpu::CpuBackend.layer_norm_backward(
+                    g,
+                    ox.cpu(),
+                    og.cpu(),
+                    (om.cpu(), or.cpu()),
+                    dims,
+                )?;
+                Ok((Storage::Cpu(dx), Storage::Cpu(dg), Storage::Cpu(db)))
+            }
+            Storage::Gpu(g) => {
+                let (dx, dg, db) = gpu::GpuBackend::get()?.layer_norm_backward(
+                    g,
+                    ox.gpu(),
+                    og.gpu(),
+                    (om.gpu(), or.gpu()),
+                    dims,
+                )?;
+                Ok((Storage::Gpu(dx), Storage::Gpu(dg), Storage::Gpu(db)))
+            }
+        }
+    }
+    /// See [`Backend::cross_entropy_forward`]; `self` is the logits. Returns `(loss, lse)`.
+    pub fn cross_entropy_forward(
+        &self,
+        targets: &Storage,
+        classes: usize,
+    ) -> Result<(Storage, Storage)> {
+        let ot = same_dev!(self, targets, "cross_entropy");
+        match self {
+            Storage::Cpu(x) => {
+                let (l, s) = cpu::CpuBackend.cross_entropy_forward(x, ot.cpu(), classes)?;
+                Ok((Storage::Cpu(l), Storage::Cpu(s)))
+            }
+            Storage::Gpu(x) => {
+                let (l, s) = gpu::GpuBackend::get()?.cross_entropy_forward(x, ot.gpu(), classes)?;
+                Ok((Storage::Gpu(l), Storage::Gpu(s)))
+            }
+        }
+    }
+    /// See [`Backend::cross_entropy_backward`]; `self` is the upstream gradient `[rows]`.
+    pub fn cross_entropy_backward(
+        &self,
+        logits: &Storage,
+        targets: &Storage,
+        lse: &Storage,
+    ) -> Result<Storage> {
+        const WHAT: &str = "cross_entropy backward";
+        let (ox, ot, ol) = (
+            same_dev!(self, logits, WHAT),
+            same_dev!(self, targets, WHAT),
+            same_dev!(self, lse, WHAT),
+        );
+        match self {
+            Storage::Cpu(g) => cpu::CpuBackend
+                .cross_entropy_backward(g, ox.cpu(), ot.cpu(), ol.cpu())
+                .map(Storage::Cpu),
+            Storage::Gpu(g) => gpu::GpuBackend::get()?
+                .cross_entropy_backward(g, ox.gpu(), ot.gpu(), ol.gpu())
+                .map(Storage::Gpu),
         }
     }
 

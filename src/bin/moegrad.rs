@@ -1,4 +1,5 @@
-//! The `moegrad` command line: `info` (device report), `train` (a training run), `bench`
+//! The `moegrad` command line: `info` (device report), `train` (a training run), `compare` (a
+//! grid of training runs aggregated into one table of mean ± standard error), `bench`
 //! (measured workloads) and `estimators` (the estimator lab: router-gradient estimators against
 //! the exact gradient of a small problem).
 //! Every error is printed as one line on stderr with a non-zero exit status.
@@ -38,6 +39,15 @@ enum Command {
     /// Train a model on MNIST, MultiMNIST or synthetic-b (epochs), or a character-level GPT on
     /// text (iterations), with a progress bar, metrics, plots and checkpoints.
     Train(TrainArgs),
+    /// Run a grid of `train` runs (routers × seeds × other settings), each cell in its own
+    /// directory under --out, and print one table of mean ± standard error per group of cells
+    /// that differ only in the seed. Every flag that is not one of compare's own is a `train`
+    /// flag shared by all cells (`moegrad train --help` lists them): `moegrad compare --data
+    /// mnist --model moe-mlp --routers topk,softmax --seeds 1,2 --epochs 1`. A second
+    /// invocation with the same --out reads the finished cells instead of running them again
+    /// (an interrupted cell runs again); adding routers, seeds or values adds only the new
+    /// cells.
+    Compare(CompareArgs),
     /// Sample text from a language model trained with `train --model gpt|moe-gpt` (the
     /// vocabulary and the model's settings come from the checkpoint).
     Generate(GenerateArgs),
@@ -63,6 +73,16 @@ enum Command {
         /// Tokens per step for the moe workload.
         #[arg(long, default_value_t = 4096)]
         tokens: usize,
+        /// train workload: use only the first N training examples (0: all 8,000 of the bundled
+        /// MNIST subset).
+        #[arg(long, default_value_t = 0)]
+        examples: usize,
+        /// train workload: examples per step.
+        #[arg(long, default_value_t = 64)]
+        batch: usize,
+        /// train workload: directory with the MNIST IDX files.
+        #[arg(long, default_value = "data")]
+        data_dir: PathBuf,
     },
 }
 
@@ -219,6 +239,66 @@ struct TrainArgs {
     /// Print the final metrics as one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// At the end, print the wall time per op, forward and backward separately, summed over
+    /// the training steps (top 15, with calls and share of the step time; on the GPU also the
+    /// GPU time per kernel where the adapter has timestamp queries); with --json, all of it as
+    /// `profile` (and `gpu_profile`). MOEGRAD_PROFILE=1 does the same for any command.
+    #[arg(long)]
+    profile: bool,
+}
+
+/// `moegrad compare` options; the other flags (after `--`, or mixed in with these) are `train`
+/// flags shared by every cell.
+#[derive(clap::Args)]
+struct CompareArgs {
+    /// A grid file (TOML, or JSON for a name ending in .json): `routers`, `seeds`, `metric`,
+    /// `target`, a `[train]` table of fixed flags, a `[set]` table of axes and `[[variants]]`
+    /// (several flags per point); see experiments/*.toml. Flags given here as well replace the
+    /// file's: `--grid FILE --seeds 1 --epochs 1` is a quick trial of a shipped grid.
+    #[arg(long)]
+    grid: Option<PathBuf>,
+    /// The router axis, comma-separated (`--routers topk,softmax,moesart`).
+    #[arg(long, value_name = "R1,R2,...")]
+    routers: Option<String>,
+    /// The seed axis, comma-separated (`--seeds 1,2,3`): cells that differ only in the seed
+    /// are one group (mean ± s.e.).
+    #[arg(long, value_name = "S1,S2,...")]
+    seeds: Option<String>,
+    /// Any other train flag as an axis (repeatable): `--set k=2,4 --set expert-hidden=64,128`.
+    #[arg(long = "set", value_name = "FLAG=V1,V2")]
+    set: Vec<String>,
+    /// Cells run at once, as separate processes sharing the cores. On a small machine one job
+    /// with all threads is usually faster than several.
+    #[arg(long, default_value_t = 1)]
+    jobs: usize,
+    /// Also report the steps (and epochs) each group needed to reach METRIC=VALUE, e.g.
+    /// `val_loss=2.0` or `test_accuracy=0.9` (accuracies from below, losses from above).
+    #[arg(long, value_name = "METRIC=VALUE")]
+    target: Option<String>,
+    /// The final metric of the bar chart, and of the learning curves when the runs log it
+    /// [default: test_loss; val_loss for the language models].
+    #[arg(long)]
+    metric: Option<String>,
+    /// The grid's directory: one subdirectory per cell (metrics.jsonl, checkpoint, cell.json,
+    /// train.log), table.md, table.csv, table.json and the figures.
+    #[arg(long, default_value = "runs/compare")]
+    out: PathBuf,
+    /// Run the cells that failed in an earlier invocation again (by default their recorded
+    /// failure is reported).
+    #[arg(long)]
+    retry_failed: bool,
+    /// Do not draw the figures.
+    #[arg(long)]
+    no_plot: bool,
+    /// Check every cell and list them (directory, state, train flags) without running any.
+    #[arg(long)]
+    dry_run: bool,
+    /// Print the report as one JSON object on stdout instead of the markdown table.
+    #[arg(long)]
+    json: bool,
+    /// The train flags every cell shares (compare puts them here; `--` before them is optional).
+    #[arg(last = true, value_name = "TRAIN FLAGS", allow_hyphen_values = true)]
+    train: Vec<String>,
 }
 
 /// `moegrad generate` options.
@@ -532,6 +612,8 @@ enum Workload {
     Matmul,
     /// one MoE layer's training step (T = 4096, d = 256, hidden 512, k = 2) for n = 2..64, and the dense softmax router
     Moe,
+    /// one training epoch (training time only: no data loading, no evaluation) of cnn (mnist), moe-mlp (mnist, topk, 8 experts, k = 2) and mmoe-cnn (multimnist, topk, 8 experts, k = 4)
+    Train,
     /// what one steady-state training step of moe-mlp, cnn, gpt and moe-gpt asks of the GPU:
     /// dispatches, submissions, host waits, buffers created, bytes moved (any adapter,
     /// lavapipe included)
@@ -609,6 +691,198 @@ fn print_json(summary: &impl serde::Serialize) -> Result<()> {
     let text =
         serde_json::to_string(summary).map_err(|e| moegrad::Error::Invalid(e.to_string()))?;
     println!("{text}");
+    Ok(())
+}
+
+/// Ops shown by `--profile` (the JSON has them all).
+const PROFILE_TOP: usize = 15;
+
+/// Prints a run's profile, if it has one, after a blank line.
+fn print_profile(
+    rows: Option<&[moegrad::profile::ProfileRow]>,
+    gpu: Option<&moegrad::profile::GpuProfile>,
+) {
+    if let Some(rows) = rows {
+        println!();
+        print!("{}", moegrad::profile::table(rows, gpu, PROFILE_TOP));
+    }
+}
+
+/// A clap error as one line: its first line (what was wrong), plus the allowed values when it
+/// lists them.
+fn clap_error_line(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let first = lines
+        .next()
+        .unwrap_or("invalid arguments")
+        .trim_start_matches("error: ")
+        .to_string();
+    let values = lines
+        .find(|l| l.contains("possible values"))
+        .map(|l| format!(" {}", l.trim()))
+        .unwrap_or_default();
+    format!("{first}{values}")
+}
+
+/// `moegrad compare` takes its own flags mixed with train flags. This puts compare's own
+/// flags (and their values) first and every other word after `--`, where clap collects them
+/// as the train flags; other subcommands' words are returned unchanged.
+fn compare_words_first(words: Vec<std::ffi::OsString>) -> Vec<std::ffi::OsString> {
+    if words.get(1).and_then(|w| w.to_str()) != Some("compare") {
+        return words;
+    }
+    let cmd = Cli::command();
+    let Some(sub) = cmd.find_subcommand("compare") else {
+        return words;
+    };
+    // compare's long flags, and whether each takes a value
+    let own: Vec<(String, bool)> = sub
+        .get_arguments()
+        .filter_map(|a| {
+            let takes = a.get_action().takes_values();
+            a.get_long().map(|l| (l.to_string(), takes))
+        })
+        .chain([("help".to_string(), false)])
+        .collect();
+    let mut front: Vec<std::ffi::OsString> = words[..2].to_vec();
+    let mut train: Vec<std::ffi::OsString> = Vec::new();
+    let mut rest = words[2..].iter();
+    while let Some(w) = rest.next() {
+        let text = w.to_string_lossy();
+        if text == "--" {
+            train.extend(rest.by_ref().cloned());
+            break;
+        }
+        if text == "-h" {
+            front.push(w.clone());
+            continue;
+        }
+        let name = text
+            .strip_prefix("--")
+            .map(|n| n.split_once('=').map_or(n, |(a, _)| a));
+        match name.and_then(|n| own.iter().find(|(l, _)| l == n)) {
+            Some((_, takes)) => {
+                front.push(w.clone());
+                if *takes
+                    && !text.contains('=')
+                    && let Some(v) = rest.next()
+                {
+                    front.push(v.clone());
+                }
+            }
+            None => train.push(w.clone()),
+        }
+    }
+    front.push("--".into());
+    front.extend(train);
+    front
+}
+
+/// Parses and validates one cell's train flags exactly as `moegrad train` would (the same clap
+/// parser, defaults and `TrainConfig::validate`), and builds its router once on a tiny input so
+/// that a bad `--router-opt` is found too; returns the run's settings.
+fn check_train_words(words: &[String]) -> Result<TrainConfig> {
+    let argv = ["moegrad", "train"]
+        .into_iter()
+        .map(String::from)
+        .chain(words.iter().cloned());
+    let matches = Cli::command()
+        .try_get_matches_from(argv)
+        .map_err(|e| moegrad::Error::Invalid(clap_error_line(&e)))?;
+    let cli = Cli::from_arg_matches(&matches)
+        .map_err(|e| moegrad::Error::Invalid(clap_error_line(&e)))?;
+    let Command::Train(args) = cli.command else {
+        return Err(moegrad::Error::Invalid("not a train command".into()));
+    };
+    let given = flags_given(matches.subcommand_matches("train"));
+    let cfg = args.config(&given)?;
+    cfg.validate()?;
+    if cfg.model.is_moe() {
+        let mut router = moegrad::moe::RouterConfig::new(4, cfg.experts, cfg.k);
+        router.options = cfg.router_options.clone();
+        moegrad::moe::build_router(&cfg.router, &router, Device::cpu())?;
+    }
+    Ok(cfg)
+}
+
+/// Runs `moegrad compare`: the grid from the file and/or the flags, every cell checked before
+/// any runs, then the report as a markdown table (or JSON) on stdout.
+fn run_compare(args: &CompareArgs) -> Result<()> {
+    use moegrad::compare::grid::{Grid, split_list};
+    let routers = args.routers.as_deref().map(split_list);
+    let seeds = args.seeds.as_deref().map(split_list);
+    let mut grid = Grid::from_flags(&args.train, routers.as_deref(), seeds.as_deref(), &args.set)?;
+    grid.metric = args.metric.clone();
+    grid.target = args.target.clone();
+    if let Some(path) = &args.grid {
+        grid = Grid::from_file(path)?.overridden_by(grid);
+    }
+    if args.dry_run {
+        let plan = moegrad::compare::plan(&grid, &args.out, &check_train_words)?;
+        for (c, prior) in plan.cells.iter().zip(&plan.priors) {
+            let state = match prior {
+                moegrad::compare::resume::Prior::New => "new",
+                moegrad::compare::resume::Prior::Finished(_) => "finished",
+                moegrad::compare::resume::Prior::Interrupted(_) => "interrupted",
+            };
+            println!(
+                "{:<11} {}  train {}",
+                state,
+                args.out.join(&c.name).display(),
+                c.argv.join(" ")
+            );
+        }
+        let to_run = plan
+            .priors
+            .iter()
+            .filter(|p| p.needs_run(args.retry_failed))
+            .count();
+        println!(
+            "{} cells checked, {to_run} to run; metric {}{}",
+            plan.cells.len(),
+            plan.metric,
+            plan.target
+                .as_ref()
+                .map(|t| format!(", target {}", t.describe()))
+                .unwrap_or_default()
+        );
+        return Ok(());
+    }
+    let exe = std::env::current_exe().map_err(|e| {
+        moegrad::Error::Io(format!("compare: cannot find the moegrad executable: {e}"))
+    })?;
+    let opts = moegrad::compare::CompareOptions {
+        out: args.out.clone(),
+        jobs: args.jobs,
+        retry_failed: args.retry_failed,
+        progress: true,
+        plots: !args.no_plot,
+        exe,
+    };
+    let report = moegrad::compare::run(&grid, &opts, &check_train_words)?;
+    if args.json {
+        print_json(&moegrad::compare::table::json(&report))?;
+    } else {
+        print!("{}", moegrad::compare::table::markdown(&report));
+        println!(
+            "{} cells: {} run now, {} reused, {} failed{}; {:.1} s; tables and figures in {}",
+            report.cells.len(),
+            report.ran,
+            report.reused,
+            report.failed(),
+            if report.interrupted() > 0 {
+                format!(
+                    ", {} interrupted (they run again next time)",
+                    report.interrupted()
+                )
+            } else {
+                String::new()
+            },
+            report.wall_seconds,
+            report.out.display()
+        );
+    }
     Ok(())
 }
 
@@ -735,6 +1009,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                 progress: true,
                 overwrite: args.overwrite,
                 allow_config_change: args.allow_config_change.clone(),
+                profile: args.profile || moegrad::profile::requested_by_env(),
             };
             if cfg.model.is_lm() {
                 let summary = moegrad::lm::train::run(&cfg, opts)?;
@@ -751,6 +1026,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                         summary.val_ppl,
                         cfg.out.display()
                     );
+                    print_profile(summary.profile.as_deref(), summary.gpu_profile.as_ref());
                 }
                 return Ok(());
             }
@@ -767,9 +1043,11 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                     summary.test_accuracy,
                     cfg.out.display()
                 );
+                print_profile(summary.profile.as_deref(), summary.gpu_profile.as_ref());
             }
         }
         Command::Estimators(args) => run_estimators(&args)?,
+        Command::Compare(args) => run_compare(&args)?,
         Command::Generate(args) => run_generate(&args)?,
         Command::Bench {
             workload: Workload::Moe,
@@ -819,6 +1097,39 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                         m.peak_bytes as f64 / 1e6,
                         m.gradient_bytes as f64 / 1e6,
                         m.activation_bytes as f64 / 1e6
+                    );
+                }
+            }
+        }
+        Command::Bench {
+            workload: Workload::Train,
+            json,
+            device,
+            examples,
+            batch,
+            data_dir,
+            ..
+        } => {
+            let r =
+                moegrad::bench::bench_train(&bench_devices(&device)?, &data_dir, examples, batch)?;
+            if json {
+                print_json(&r)?;
+            } else {
+                println!(
+                    "{:<6} {:<9} {:>6} {:>9} {:>9} {:>10} {:>11}",
+                    "device", "model", "batch", "examples", "seconds", "ms/step", "examples/s"
+                );
+                for t in &r.train {
+                    let steps = t.examples.div_ceil(t.batch.max(1)).max(1);
+                    println!(
+                        "{:<6} {:<9} {:>6} {:>9} {:>9.2} {:>10.1} {:>11.0}",
+                        t.device,
+                        t.model,
+                        t.batch,
+                        t.examples,
+                        t.seconds,
+                        1e3 * t.seconds / steps as f64,
+                        t.examples as f64 / t.seconds.max(1e-9)
                     );
                 }
             }
@@ -891,6 +1202,9 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
             device,
             sizes,
             tokens,
+            examples,
+            batch,
+            data_dir,
         } => {
             check_sizes(&sizes)?;
             let w = moe_workload(tokens)?;
@@ -900,6 +1214,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                 MOE_BENCH_EXPERTS.0,
                 MOE_BENCH_EXPERTS.1,
                 w,
+                (&data_dir, examples, batch),
             )?;
             if json {
                 print_json(&r)?;
@@ -918,7 +1233,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
 fn main() -> ExitCode {
     // parsed through `ArgMatches` so that `train` can tell flags given from defaults
     let parsed = Cli::command()
-        .try_get_matches()
+        .try_get_matches_from(compare_words_first(std::env::args_os().collect()))
         .and_then(|m| Cli::from_arg_matches(&m).map(|c| (c, m)));
     let (cli, matches) = match parsed {
         Ok(c) => c,
@@ -934,22 +1249,20 @@ fn main() -> ExitCode {
             e.exit()
         }
         Err(e) => {
-            // One line: clap's first line (what was wrong), plus the allowed values when it lists them.
-            let text = e.render().to_string();
-            let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-            let first = lines
-                .next()
-                .unwrap_or("invalid arguments")
-                .trim_start_matches("error: ");
-            let values = lines
-                .find(|l| l.contains("possible values"))
-                .map(|l| format!(" {}", l.trim()))
-                .unwrap_or_default();
-            eprintln!("moegrad: {first}{values}");
+            eprintln!("moegrad: {}", clap_error_line(&e));
             return ExitCode::from(2);
         }
     };
-    match run(cli, &matches) {
+    // MOEGRAD_PROFILE=1: a profile of any command, printed on stderr at the end (`train`
+    // takes it over and reports it with its results)
+    if moegrad::profile::requested_by_env() {
+        moegrad::profile::enable();
+    }
+    let result = run(cli, &matches);
+    if let Some(report) = moegrad::profile::disable() {
+        eprint!("{}", report.table(PROFILE_TOP));
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("moegrad: {e}");

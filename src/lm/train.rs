@@ -57,8 +57,19 @@ pub struct LmSummary {
     /// fraction of routed assignments dropped by capacity over the last interval (all layers)
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drop_rate: Option<f64>,
+    /// kept assignments per token, averaged over the MoE layers and the last interval's
+    /// training steps (k for top-k without drops; variable for threshold routing)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts_per_token: Option<f64>,
     /// vocabulary size
     pub vocab: usize,
+    /// with `RunOptions::profile`: wall time per op and pass, summed over the training
+    /// iterations, longest first, then `other` (see [`crate::profile`])
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Vec<crate::profile::ProfileRow>>,
+    /// with `RunOptions::profile` on the GPU: GPU time per kernel (timestamp queries)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_profile: Option<crate::profile::GpuProfile>,
 }
 
 /// The text file a run trains on: the bundled Shakespeare or `--data-file`.
@@ -296,6 +307,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
     }
     let allowed = opts.check()?;
     let started = Instant::now();
+    let recording = opts.profile.then(crate::profile::start);
     let device = Device::from_name(&cfg.device)?;
     if cfg.optimizer == crate::train::OptimizerKind::Sgd {
         return Err(Error::Invalid(
@@ -386,11 +398,13 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
     let mut trained_iters = 0u64;
     let mut last = (f64::NAN, f64::NAN);
     let mut last_routing: Option<(Vec<Vec<f64>>, f64)> = None;
+    let mut last_experts_per_token: Option<f64> = None;
     for it in start_interval..intervals {
         let mut loss_sum = Tensor::zeros(&[], DType::F32, device)?;
         let mut routing_sums: Vec<(Tensor, Tensor)> = Vec::new();
         let interval_start = Instant::now();
         for _ in 0..interval {
+            let _step = crate::profile::step();
             opt.set_lr(schedule.lr(step));
             let (x, y) = corpus.train_batch(b, t, cfg.seed, step);
             let x = Tensor::from_i32(x, &[b, t], device)?;
@@ -441,6 +455,15 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
         } else {
             Some(load_and_drop(&routing_sums)?)
         };
+        let experts_per_token = if routing_sums.is_empty() {
+            None
+        } else {
+            let mut kept = 0.0;
+            for (k, _) in &routing_sums {
+                kept += k.to_vec_f64()?.iter().sum::<f64>();
+            }
+            Some(kept / (routing_sums.len() as u64 * interval * (b * t) as u64) as f64)
+        };
         let mut line = serde_json::json!({
             "iter": step, "lr": opt.lr(), "train_loss": train_loss, "val_loss": val_loss,
             "val_ppl": val_loss.exp(), "interval_seconds": interval_start.elapsed().as_secs_f64(),
@@ -448,6 +471,9 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
         if let Some((load, drop)) = &routing {
             line["expert_load"] = serde_json::json!(load);
             line["drop_rate"] = serde_json::json!(drop);
+        }
+        if let Some(e) = experts_per_token {
+            line["experts_per_token"] = serde_json::json!(e);
         }
         let mut f = std::fs::OpenOptions::new()
             .create(true)
@@ -471,6 +497,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
         }
         last = (train_loss, val_loss);
         last_routing = routing;
+        last_experts_per_token = experts_per_token;
     }
     bar.finish_and_clear();
     if start_interval >= intervals {
@@ -481,6 +508,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
     } else {
         f64::NAN
     };
+    let profile = recording.and_then(crate::profile::Recording::finish);
     Ok(LmSummary {
         device: device.to_string(),
         iters: opt.steps(),
@@ -494,7 +522,10 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
         active_params_per_token: model.active_params_per_token(),
         expert_load: last_routing.as_ref().map(|r| r.0.clone()),
         drop_rate: last_routing.map(|r| r.1),
+        experts_per_token: last_experts_per_token,
         vocab: corpus.vocab_size(),
+        profile: profile.as_ref().map(crate::profile::Report::rows),
+        gpu_profile: profile.and_then(|p| p.gpu),
     })
 }
 

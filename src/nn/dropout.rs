@@ -27,6 +27,7 @@ impl Tensor {
 
     /// Applies a dropout mask drawn from `seed`: `x · 1[u ≥ p] / (1 − p)`.
     pub fn dropout(&self, p: f64, seed: u64) -> Result<Tensor> {
+        let _profile = crate::profile::op("dropout");
         if !(0.0..1.0).contains(&p) {
             return Err(Error::Invalid(format!(
                 "dropout probability must be in [0, 1), got {p}"

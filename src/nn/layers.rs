@@ -240,28 +240,6 @@ impl Module for LayerNorm {
     }
 }
 
-impl Tensor {
-    /// Layer normalisation of the last axis with scale `gamma` and shift `beta` (both `[dim]`).
-    pub fn layer_norm(&self, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<Tensor> {
-        let dim = self.shape().last().copied().unwrap_or(0);
-        if dim == 0 || gamma.shape() != [dim] || beta.shape() != [dim] {
-            return Err(Error::Shape(format!(
-                "layer_norm: input {:?} needs gamma and beta of shape [{dim}], got {:?} and {:?}",
-                self.shape(),
-                gamma.shape(),
-                beta.shape()
-            )));
-        }
-        let mean = self.mean(&[-1], true)?;
-        let centred = self.sub(&mean)?;
-        let var = centred.mul(&centred)?.mean(&[-1], true)?;
-        centred
-            .div(&var.add_scalar(eps)?.sqrt()?)?
-            .mul(gamma)?
-            .add(beta)
-    }
-}
-
 /// Activation functions, as a value (for builders) and as a module.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Activation {

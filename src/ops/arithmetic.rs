@@ -14,6 +14,7 @@ impl Tensor {
         name: &'static str,
         rule: impl FnOnce(&Tensor, &Tensor, &Tensor) -> Result<(Tensor, Tensor)> + Send + 'static,
     ) -> Result<Tensor> {
+        let _profile = crate::profile::op(name);
         let y = self.map_binary(other, op)?;
         let (a, b) = (self.detach(), other.detach());
         Ok(Tensor::record(y, name, &[self, other], move |g| {
@@ -76,32 +77,39 @@ impl Tensor {
 
     /// `1.0` where `self > other`, else `0.0` (no gradient).
     pub fn gt(&self, other: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("gt");
         self.map_binary(other, BinaryOp::Gt)
     }
     /// `1.0` where `self >= other`, else `0.0` (no gradient).
     pub fn ge(&self, other: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("ge");
         self.map_binary(other, BinaryOp::Ge)
     }
     /// `1.0` where `self < other`, else `0.0` (no gradient).
     pub fn lt(&self, other: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("lt");
         self.map_binary(other, BinaryOp::Lt)
     }
     /// `1.0` where `self <= other`, else `0.0` (no gradient).
     pub fn le(&self, other: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("le");
         self.map_binary(other, BinaryOp::Le)
     }
     /// `1.0` where `self == other`, else `0.0` (no gradient).
     pub fn eq(&self, other: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("eq");
         self.map_binary(other, BinaryOp::Eq)
     }
     /// `1.0` where `self != other`, else `0.0` (no gradient).
     pub fn ne(&self, other: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("ne");
         self.map_binary(other, BinaryOp::Ne)
     }
 
     /// Picks `a` where `cond != 0` and `b` elsewhere; all three broadcast together. `cond` is a
     /// float mask of the same dtype (as comparisons return); gradients flow to `a` and `b`.
     pub fn where_cond(cond: &Tensor, a: &Tensor, b: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("where");
         a.check_compatible(b, "where")?;
         a.check_compatible(cond, "where (condition)")?;
         a.check_float("where")?;
@@ -140,6 +148,7 @@ impl Tensor {
 
     /// Replaces the elements where `mask != 0` by `value` (no gradient flows to those elements).
     pub fn masked_fill(&self, mask: &Tensor, value: f64) -> Result<Tensor> {
+        let _profile = crate::profile::op("masked_fill");
         let fill = Tensor::scalar(value, self.dtype(), self.device())?;
         let out = Tensor::where_cond(mask, &fill, self)?;
         if out.shape() != self.shape() {

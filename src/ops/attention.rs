@@ -48,6 +48,7 @@ impl Tensor {
     /// # Ok(()) }
     /// ```
     pub fn causal_attention(&self, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("causal_attention");
         const WHAT: &str = "causal_attention";
         let q = self;
         q.check_compatible(k, WHAT)?;

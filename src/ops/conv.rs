@@ -96,6 +96,7 @@ impl Tensor {
         stride: usize,
         pad: usize,
     ) -> Result<Tensor> {
+        let _profile = crate::profile::op("unfold_windows");
         Ok(self.unfold(kh, kw, stride, pad)?.0)
     }
 
@@ -153,6 +154,7 @@ impl Tensor {
         stride: usize,
         padding: usize,
     ) -> Result<Tensor> {
+        let _profile = crate::profile::op("conv2d");
         if weight.rank() != 4 || self.rank() != 4 || weight.shape()[1] != self.shape()[1] {
             return Err(Error::Shape(format!(
                 "conv2d: input [B, C, H, W] {:?} and weight [OC, C, KH, KW] {:?} do not match",
@@ -200,11 +202,13 @@ impl Tensor {
 
     /// Max pooling over `kernel × kernel` windows moved by `stride`, no padding.
     pub fn max_pool2d(&self, kernel: usize, stride: usize) -> Result<Tensor> {
+        let _profile = crate::profile::op("max_pool2d");
         self.pool2d(kernel, stride, true)
     }
 
     /// Average pooling over `kernel × kernel` windows moved by `stride`, no padding.
     pub fn avg_pool2d(&self, kernel: usize, stride: usize) -> Result<Tensor> {
+        let _profile = crate::profile::op("avg_pool2d");
         self.pool2d(kernel, stride, false)
     }
 }

@@ -12,6 +12,7 @@ impl Tensor {
         name: &'static str,
         rule: impl FnOnce(&Tensor, &Tensor, &Tensor) -> Result<Tensor> + Send + 'static,
     ) -> Result<Tensor> {
+        let _profile = crate::profile::op(name);
         let y = self.map_unary(op)?;
         let (x, y_saved) = (self.detach(), y.clone());
         Ok(Tensor::record(y, name, &[self], move |g| {
@@ -138,6 +139,7 @@ impl Tensor {
     }
     /// Converts to another dtype. Between floats the gradient is cast back; to I32 nothing flows.
     pub fn to_dtype(&self, dtype: crate::DType) -> Result<Tensor> {
+        let _profile = crate::profile::op("to_dtype");
         if dtype == self.dtype() {
             return Ok(self.clone());
         }

@@ -20,6 +20,7 @@ impl Tensor {
         row_expert: &Tensor,
         offsets: &Tensor,
     ) -> Result<Tensor> {
+        let _profile = crate::profile::op("grouped_matmul");
         self.check_compatible(w, "grouped_matmul")?;
         self.check_float("grouped_matmul")?;
         if self.rank() != 2 || w.rank() != 3 || self.shape()[1] != w.shape()[1] {

@@ -35,6 +35,7 @@ impl Tensor {
     /// `out[.., j, ..] = self[.., idx[.., j, ..], ..]` along `axis`: `idx` has the rank of `self`
     /// and the same sizes on every other axis (like `torch.gather`). Differentiable in `self`.
     pub fn gather(&self, axis: isize, idx: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("gather");
         self.check_index_tensor(idx, "gather")?;
         let a = normalize_axis(axis, self.rank())?;
         let ok = idx.rank() == self.rank()
@@ -70,6 +71,7 @@ impl Tensor {
 
     /// Picks whole slices along `axis` by a 1-D I32 index (rows of a matrix with `axis = 0`).
     pub fn index_select(&self, axis: isize, idx: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("index_select");
         self.check_index_tensor(idx, "index_select")?;
         let a = normalize_axis(axis, self.rank())?;
         if idx.rank() != 1 {
@@ -116,6 +118,7 @@ impl Tensor {
     /// # Ok::<(), moegrad::Error>(())
     /// ```
     pub fn index_scatter(&self, axis: isize, idx: &Tensor, len: usize) -> Result<Tensor> {
+        let _profile = crate::profile::op("index_scatter");
         self.check_index_tensor(idx, "index_scatter")?;
         self.check_float("index_scatter")?;
         let a = normalize_axis(axis, self.rank())?;
@@ -145,6 +148,7 @@ impl Tensor {
     /// `src` share a shape that matches `self` on every other axis; repeated indices accumulate.
     /// Differentiable in `self` (identity) and `src` (a gather of the gradient).
     pub fn scatter_add(&self, axis: isize, idx: &Tensor, src: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("scatter_add");
         self.check_index_tensor(idx, "scatter_add")?;
         self.check_compatible(src, "scatter_add")?;
         self.check_float("scatter_add")?;

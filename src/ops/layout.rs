@@ -8,6 +8,7 @@ use crate::{Error, Result, Tensor};
 impl Tensor {
     /// The same elements with a new shape of equal size (shares the storage).
     pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        let _profile = crate::profile::op("reshape");
         let n: usize = shape.iter().product();
         if n != self.numel() {
             return Err(Error::Shape(format!(
@@ -25,6 +26,7 @@ impl Tensor {
 
     /// Reorders dimensions: output dimension `i` is input dimension `dims[i]`.
     pub fn permute(&self, dims: &[usize]) -> Result<Tensor> {
+        let _profile = crate::profile::op("permute");
         let rank = self.rank();
         let mut seen = vec![false; rank];
         if dims.len() != rank
@@ -52,6 +54,7 @@ impl Tensor {
 
     /// Swaps two axes (negative axes count from the end).
     pub fn transpose(&self, a: isize, b: isize) -> Result<Tensor> {
+        let _profile = crate::profile::op("transpose");
         let (a, b) = (
             normalize_axis(a, self.rank())?,
             normalize_axis(b, self.rank())?,
@@ -63,6 +66,7 @@ impl Tensor {
 
     /// Broadcasts to `shape` (NumPy rules), materialising the copy; the gradient is summed back.
     pub fn expand(&self, shape: &[usize]) -> Result<Tensor> {
+        let _profile = crate::profile::op("expand");
         if shape == self.shape() {
             return Ok(self.clone());
         }
@@ -79,6 +83,7 @@ impl Tensor {
 
     /// Elements `start..end` along `axis`.
     pub fn slice(&self, axis: isize, start: usize, end: usize) -> Result<Tensor> {
+        let _profile = crate::profile::op("slice");
         let a = normalize_axis(axis, self.rank())?;
         let len = self.shape()[a];
         if start > end || end > len {
@@ -112,6 +117,7 @@ impl Tensor {
 
     /// Joins tensors along `axis`; all other dimensions must agree.
     pub fn concat(tensors: &[Tensor], axis: isize) -> Result<Tensor> {
+        let _profile = crate::profile::op("concat");
         let first = tensors
             .first()
             .ok_or_else(|| Error::Invalid("concat of an empty list".into()))?;

@@ -1,47 +1,83 @@
-//! Losses, composed from differentiable ops (their gradients follow from the pieces):
-//! cross-entropy with integer targets, mean squared error, binary cross-entropy with logits.
+//! Losses: cross-entropy with integer targets (one fused op with its own kernels), mean squared
+//! error and binary cross-entropy with logits (composed from differentiable ops, their gradients
+//! following from the pieces).
 
 use crate::{DType, Error, Result, Tensor};
 
 impl Tensor {
     /// Mean cross-entropy of `self` (logits `[N, C]`) against I32 class `targets` `[N]`:
-    /// `−(1/N) Σ_n log_softmax(x_n)[t_n]`. On the CPU a target outside `0..C` is an error; on the
-    /// GPU it contributes 0 (checking would need a read-back).
+    /// `−(1/N) Σ_n log_softmax(x_n)[t_n]`, the mean of [`Tensor::cross_entropy_per_row`]. On the
+    /// CPU a target outside `0..C` is an error; on the GPU it contributes 0 (checking would need
+    /// a read-back).
     pub fn cross_entropy(&self, targets: &Tensor) -> Result<Tensor> {
-        self.picked_log_probs(targets)?.mean_all()?.neg()
+        let _profile = crate::profile::op("cross_entropy");
+        self.cross_entropy_per_row(targets)?.mean_all()
     }
 
-    /// Cross-entropy of every row, `[N]`: `−log_softmax(x_n)[t_n]` (the mean of these is
-    /// [`Tensor::cross_entropy`]); what a score-function router takes as each example's reward.
+    /// Cross-entropy of every row, `[N]`: `ℓ_n = lse_n − x_{n,t_n}` with
+    /// `lse_n = ln Σ_c e^{x_nc}` (the mean of these is [`Tensor::cross_entropy`]); what a
+    /// score-function router takes as each example's reward.
+    ///
+    /// One fused op (`Backend::cross_entropy_forward` / `_backward`: `backend/cpu/cross_entropy.rs`,
+    /// `shaders/cross_entropy.wgsl`): forward keeps only the row log-sum-exp, and backward
+    /// computes `∂ℓ_n/∂x_nc = e^{x_nc − lse_n} − [c = t_n]` from the logits, so the
+    /// `[N, C]` log-probabilities are never stored. The backward rule is a kernel, so second
+    /// derivatives through this op are not available.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] unless logits are `[N, C]` and targets `[N]` with `N, C ≥ 1`;
+    /// [`Error::DType`] for non-float logits or non-I32 targets; [`Error::Invalid`] for a CPU
+    /// target outside `0..C`; [`Error::Device`] when they live on different devices.
     pub fn cross_entropy_per_row(&self, targets: &Tensor) -> Result<Tensor> {
-        let n = targets.numel();
-        self.picked_log_probs(targets)?.reshape(&[n])?.neg()
-    }
-
-    /// `log_softmax(x_n)[t_n]` as `[N, 1]`, after checking shapes and dtypes.
-    fn picked_log_probs(&self, targets: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("cross_entropy_per_row");
+        const WHAT: &str = "cross_entropy";
         if self.rank() != 2 || targets.rank() != 1 || targets.shape()[0] != self.shape()[0] {
             return Err(Error::Shape(format!(
-                "cross_entropy: logits must be [N, C] and targets [N], got {:?} and {:?}",
+                "{WHAT}: logits must be [N, C] and targets [N], got {:?} and {:?}",
                 self.shape(),
                 targets.shape()
             )));
         }
         if targets.dtype() != DType::I32 {
             return Err(Error::DType(format!(
-                "cross_entropy: targets must be i32 class indices, got {}",
+                "{WHAT}: targets must be i32 class indices, got {}",
                 targets.dtype()
             )));
         }
+        self.check_float(WHAT)?;
         if self.shape()[0] == 0 {
             return Err(Error::Invalid("cross_entropy over an empty batch".into()));
         }
-        let n = self.shape()[0];
-        self.log_softmax(-1)?.gather(1, &targets.reshape(&[n, 1])?)
+        if self.shape()[1] == 0 {
+            return Err(Error::Shape(format!(
+                "{WHAT}: logits {:?} have no classes",
+                self.shape()
+            )));
+        }
+        if self.device() != targets.device() {
+            return Err(Error::Device(format!(
+                "{WHAT}: logits on {} and targets on {}",
+                self.device(),
+                targets.device()
+            )));
+        }
+        let (n, classes) = (self.shape()[0], self.shape()[1]);
+        let (loss, lse) = self
+            .storage()
+            .cross_entropy_forward(targets.storage(), classes)?;
+        let out = Tensor::from_storage(loss, vec![n]);
+        let (xd, td) = (self.detach(), targets.detach());
+        Ok(Tensor::record(out, WHAT, &[self], move |g| {
+            let dx = g
+                .storage()
+                .cross_entropy_backward(xd.storage(), td.storage(), &lse)?;
+            Ok(vec![Some(Tensor::from_storage(dx, xd.shape().to_vec()))])
+        }))
     }
 
     /// Mean squared error `mean((self − target)²)`; shapes must match exactly.
     pub fn mse(&self, target: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("mse");
         if self.shape() != target.shape() {
             return Err(Error::Shape(format!(
                 "mse: prediction {:?} and target {:?} differ",
@@ -59,6 +95,7 @@ impl Tensor {
     /// Binary cross-entropy with logits, `mean(softplus(x) − x·y)` (stable for large |x|);
     /// `target` holds probabilities in [0, 1] with the shape of `self`.
     pub fn bce_with_logits(&self, target: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("bce_with_logits");
         if self.shape() != target.shape() {
             return Err(Error::Shape(format!(
                 "bce_with_logits: logits {:?} and target {:?} differ",

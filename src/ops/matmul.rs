@@ -55,6 +55,7 @@ impl Tensor {
     /// assert_eq!(a.matmul(&i).unwrap().to_vec_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
     /// ```
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("matmul");
         self.check_compatible(other, "matmul")?;
         self.check_float("matmul")?;
         let (a, b) = (self, other);

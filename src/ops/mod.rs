@@ -10,6 +10,7 @@ mod conv;
 mod elementwise;
 mod grouped;
 mod index;
+mod layer_norm;
 mod layout;
 mod loss;
 mod matmul;

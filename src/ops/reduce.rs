@@ -48,6 +48,7 @@ impl Tensor {
     /// assert_eq!(t.sum(&[-1], false).unwrap().to_vec_f32().unwrap(), vec![3.0, 7.0]);
     /// ```
     pub fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        let _profile = crate::profile::op("sum");
         self.check_float("sum")?;
         let axes = self.normalize_axes(axes)?;
         let mut y = self.detach();
@@ -68,12 +69,14 @@ impl Tensor {
 
     /// Sum of every element (a 0-d tensor).
     pub fn sum_all(&self) -> Result<Tensor> {
+        let _profile = crate::profile::op("sum_all");
         let axes: Vec<isize> = (0..self.rank() as isize).collect();
         self.sum(&axes, false)
     }
 
     /// Mean over `axes`.
     pub fn mean(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
+        let _profile = crate::profile::op("mean");
         let norm = self.normalize_axes(axes)?;
         let count: usize = norm.iter().map(|&a| self.shape()[a]).product();
         if count == 0 {
@@ -87,6 +90,7 @@ impl Tensor {
 
     /// Mean of every element (a 0-d tensor).
     pub fn mean_all(&self) -> Result<Tensor> {
+        let _profile = crate::profile::op("mean_all");
         let axes: Vec<isize> = (0..self.rank() as isize).collect();
         self.mean(&axes, false)
     }
@@ -120,16 +124,19 @@ impl Tensor {
 
     /// Maximum along `axis`.
     pub fn max(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        let _profile = crate::profile::op("max");
         self.extremum(axis, keepdim, ReduceOp::Max, "max")
     }
 
     /// Minimum along `axis`.
     pub fn min(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        let _profile = crate::profile::op("min");
         self.extremum(axis, keepdim, ReduceOp::Min, "min")
     }
 
     /// Index (I32) of the first maximum along `axis` (no gradient).
     pub fn argmax(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        let _profile = crate::profile::op("argmax");
         self.check_float("argmax")?;
         let a = normalize_axis(axis, self.rank())?;
         let y = self.reduce_axis_raw(ReduceOp::ArgMax, a)?;
@@ -145,6 +152,7 @@ impl Tensor {
 
     /// Inclusive prefix sum along `axis`; its backward is the reversed prefix sum.
     pub fn cumsum(&self, axis: isize) -> Result<Tensor> {
+        let _profile = crate::profile::op("cumsum");
         self.check_float("cumsum")?;
         let a = normalize_axis(axis, self.rank())?;
         let view = axis_view(self.shape(), a);

@@ -42,6 +42,7 @@ impl Tensor {
     /// assert_eq!(x.softmax(-1).unwrap().to_vec_f32().unwrap(), vec![0.5, 0.5]);
     /// ```
     pub fn softmax(&self, axis: isize) -> Result<Tensor> {
+        let _profile = crate::profile::op("softmax");
         self.check_float("softmax")?;
         let a = normalize_axis(axis, self.rank())?;
         // e^(x−m) / Σ e^(x−m): every exponent is ≤ 0 and the sum is ≥ 1, so this is as stable
@@ -57,6 +58,7 @@ impl Tensor {
 
     /// log(softmax) along `axis`, without forming the softmax (stable for very negative logits).
     pub fn log_softmax(&self, axis: isize) -> Result<Tensor> {
+        let _profile = crate::profile::op("log_softmax");
         self.check_float("log_softmax")?;
         let a = normalize_axis(axis, self.rank())?;
         let sh = self.shifted_exp(a)?;
@@ -70,6 +72,7 @@ impl Tensor {
 
     /// `ln Σ e^x` along `axis`.
     pub fn logsumexp(&self, axis: isize, keepdim: bool) -> Result<Tensor> {
+        let _profile = crate::profile::op("logsumexp");
         self.check_float("logsumexp")?;
         let a = normalize_axis(axis, self.rank())?;
         let sh = self.shifted_exp(a)?;

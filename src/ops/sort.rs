@@ -18,6 +18,7 @@ impl Tensor {
 
     /// Indices (I32) that sort each row of the last axis, stable; `descending` for largest first.
     pub fn argsort(&self, descending: bool) -> Result<Tensor> {
+        let _profile = crate::profile::op("argsort");
         let (rows, len) = self.rows_and_len("argsort")?;
         Ok(Tensor::from_storage(
             self.storage().argsort(rows, len, descending)?,
@@ -37,6 +38,7 @@ impl Tensor {
     /// assert_eq!(v.to_vec_f32().unwrap(), vec![0.7, 0.2]);
     /// ```
     pub fn topk(&self, k: usize) -> Result<(Tensor, Tensor)> {
+        let _profile = crate::profile::op("topk");
         let (rows, len) = self.rows_and_len("topk")?;
         if k > len {
             return Err(Error::Invalid(format!(

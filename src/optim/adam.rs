@@ -107,6 +107,7 @@ pub(crate) fn check_lr(lr: f64) -> Result<()> {
 
 impl Optimizer for Adam {
     fn step(&mut self, params: &[(String, Param)], grad_scale: Option<&Tensor>) -> Result<()> {
+        let _profile = crate::profile::scope("adam step", crate::profile::Pass::Optimizer);
         self.steps += 1;
         let t = self.steps as i32;
         let h = AdamHyper {

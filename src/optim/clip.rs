@@ -23,6 +23,7 @@ pub fn clip_grad_norm(
         )));
     }
     let _guard = crate::NoGradGuard::new();
+    let _profile = crate::profile::scope("clip grad norm", crate::profile::Pass::Optimizer);
     let mut grads = Vec::with_capacity(params.len());
     for (_, p) in params {
         if let Some(g) = p.try_grad()? {

@@ -45,6 +45,7 @@ impl Sgd {
 
 impl Optimizer for Sgd {
     fn step(&mut self, params: &[(String, Param)], grad_scale: Option<&Tensor>) -> Result<()> {
+        let _profile = crate::profile::scope("sgd step", crate::profile::Pass::Optimizer);
         self.steps += 1;
         let h = SgdHyper {
             lr: self.lr,

@@ -56,6 +56,10 @@ pub struct TrainSummary {
     /// MoE: fraction of routed assignments dropped by capacity over the last epoch
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drop_rate: Option<f64>,
+    /// MoE: kept assignments per token (per example and gate) over the last epoch's training
+    /// steps: k for a top-k router without drops, variable for threshold routing and DSelect-k
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub experts_per_token: Option<f64>,
     /// synthetic-b: per expert, the fraction of test examples whose gate gives it a nonzero
     /// weight (after training)
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -71,6 +75,13 @@ pub struct TrainSummary {
     /// synthetic-b: where the true experts sit in the bank
     #[serde(skip_serializing_if = "Option::is_none")]
     pub true_experts: Option<Vec<usize>>,
+    /// with [`RunOptions::profile`]: wall time per op and pass, summed over the training steps,
+    /// longest first, then `other` (see [`crate::profile`])
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Vec<crate::profile::ProfileRow>>,
+    /// with [`RunOptions::profile`] on the GPU: GPU time per kernel (timestamp queries)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gpu_profile: Option<crate::profile::GpuProfile>,
 }
 
 /// Options of the invocation that are not part of the run's identity.
@@ -86,6 +97,9 @@ pub struct RunOptions {
     /// settings a resumed run may change from the checkpoint's (`lr`, `epochs`, ...; see
     /// [`resume::CHANGEABLE_SETTINGS`])
     pub allow_config_change: Vec<String>,
+    /// record the wall time per op over the training steps ([`crate::profile`]); the summary
+    /// then carries it
+    pub profile: bool,
 }
 
 impl RunOptions {
@@ -107,16 +121,17 @@ impl RunOptions {
     }
 }
 
-struct Splits {
-    train: Dataset,
-    test: Dataset,
-    side: usize,
-    tasks: usize,
+/// The data of an image run (also read by `bench train`).
+pub(crate) struct Splits {
+    pub(crate) train: Dataset,
+    pub(crate) test: Dataset,
+    pub(crate) side: usize,
+    pub(crate) tasks: usize,
     /// generator B's frozen expert bank (synthetic-b only)
-    bank: Option<SyntheticB>,
+    pub(crate) bank: Option<SyntheticB>,
 }
 
-fn load_data(cfg: &TrainConfig) -> Result<Splits> {
+pub(crate) fn load_data(cfg: &TrainConfig) -> Result<Splits> {
     let mnist = || Mnist::load(&cfg.data_dir);
     let mut bank = None;
     let limit = |d: Dataset, n: usize| -> Result<Dataset> {
@@ -207,7 +222,7 @@ pub(crate) fn make_optimizer(cfg: &TrainConfig) -> Result<Box<dyn Optimizer>> {
 }
 
 /// Summed cross-entropy over the tasks (each a mean over the batch).
-fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
+pub(crate) fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
     sum_over_tasks(logits, targets, Tensor::cross_entropy)
 }
 
@@ -380,6 +395,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
     }
     let allowed = opts.check()?;
     let started = Instant::now();
+    let recording = opts.profile.then(crate::profile::start);
     let device = Device::from_name(&cfg.device)?;
     let data = load_data(cfg)?;
     if data.train.is_empty() || data.test.is_empty() {
@@ -448,6 +464,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
 
     let mut last = (f64::NAN, f64::NAN, vec![f64::NAN; data.tasks]);
     let mut last_routing: Option<(Vec<f64>, f64)> = None;
+    let mut last_experts_per_token: Option<f64> = None;
     let mut step = opt.steps();
     // the last step at which the loss was read back and finite (for the NaN message)
     let mut last_finite_read = step;
@@ -469,11 +486,14 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         };
         let mut loss_sum = Tensor::zeros(&[], DType::F32, device)?;
         let mut kept_sum: Option<(Tensor, Tensor)> = None;
+        // tokens routed over the epoch (examples × gates), for experts per token
+        let mut routed_tokens = 0usize;
         // the router's own metrics (e.g. DSelect-k's saturated fraction): summed over the
         // epoch on the device with a count of values, read back once at its end
         let mut router_metric_sums: Vec<(&'static str, Tensor, usize)> = Vec::new();
         let order = data.train.order(cfg.seed, epoch, true);
         for (i, ids) in order.chunks(cfg.batch).enumerate() {
+            let _step = crate::profile::step();
             opt.set_lr(schedule.lr(step));
             let b = data.train.batch(ids, device)?;
             let out = train_step(model, &params, opt.as_mut(), &b.x, &b.y, cfg.clip_grad_norm)?;
@@ -489,6 +509,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
                         None => router_metric_sums.push((name, v, 1)),
                     }
                 }
+                routed_tokens += stats.tokens;
                 kept_sum = Some(match kept_sum {
                     Some((k, r)) => (
                         stats.kept_per_expert.add(&k)?,
@@ -564,6 +585,10 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
             Some((k, r)) => Some(load_and_drop(k, r)?),
             None => None,
         };
+        let experts_per_token = match &kept_sum {
+            Some((k, _)) => Some(k.to_vec_f64()?.iter().sum::<f64>() / routed_tokens.max(1) as f64),
+            None => None,
+        };
         let mut line = serde_json::json!({
             "epoch": epoch + 1, "step": step, "lr": opt.lr(), "train_loss": train_loss, "test_loss": test_loss,
             "test_accuracy": accuracy_json(&acc), "epoch_seconds": epoch_start.elapsed().as_secs_f64(),
@@ -571,6 +596,9 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         if let Some((load, drop)) = &routing {
             line["expert_load"] = serde_json::json!(load);
             line["drop_rate"] = serde_json::json!(drop);
+        }
+        if let Some(e) = experts_per_token {
+            line["experts_per_token"] = serde_json::json!(e);
         }
         if !router_metric_sums.is_empty() {
             let mut metrics = serde_json::Map::new();
@@ -623,6 +651,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         }
         last = (train_loss, test_loss, acc);
         last_routing = routing;
+        last_experts_per_token = experts_per_token;
     }
     let (expert_selection_rate, expert_mean_weight, selected_experts, true_experts) = match &data
         .bank
@@ -649,6 +678,7 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         }
         None => (None, None, None, None),
     };
+    let profile = recording.and_then(crate::profile::Recording::finish);
     Ok(TrainSummary {
         device: device.to_string(),
         epochs: cfg.epochs,
@@ -660,10 +690,13 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
         params: n_params,
         expert_load: last_routing.as_ref().map(|r| r.0.clone()),
         drop_rate: last_routing.map(|r| r.1),
+        experts_per_token: last_experts_per_token,
         expert_selection_rate,
         expert_mean_weight,
         selected_experts,
         true_experts,
+        profile: profile.as_ref().map(crate::profile::Report::rows),
+        gpu_profile: profile.and_then(|p| p.gpu),
     })
 }
 

@@ -222,8 +222,8 @@ pub(super) fn forward<T: AttentionFloat>(
 ) -> (Vec<T>, Vec<T>) {
     let (seq, dh) = (d.seq, d.head_dim);
     let mat = seq * dh;
-    let mut o = vec![T::zero(); d.heads * mat];
-    let mut lse = vec![T::zero(); d.heads * seq];
+    let mut o = super::zeroed(d.heads * mat);
+    let mut lse = super::zeroed(d.heads * seq);
     let scale = scale_of(d);
     o.par_chunks_mut(mat)
         .zip(lse.par_chunks_mut(seq))
@@ -345,9 +345,9 @@ pub(super) fn backward<T: AttentionFloat>(
     };
     let nb = blocks(seq);
     let (mut dq, mut dk, mut dv) = (
-        vec![T::zero(); d.heads * mat],
-        vec![T::zero(); d.heads * mat],
-        vec![T::zero(); d.heads * mat],
+        super::zeroed(d.heads * mat),
+        super::zeroed(d.heads * mat),
+        super::zeroed(d.heads * mat),
     );
     if d.heads >= rayon::current_num_threads() {
         // Fused: one task per head computes each block pair's P and dS once and uses them for

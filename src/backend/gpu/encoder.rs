@@ -21,10 +21,13 @@
 //!   been free), so applying the write before the whole pending batch at submit is correct.
 //! * **Order.** Launches run in the order they were recorded (one compute pass per batch; wgpu puts
 //!   the needed barriers between dependent dispatches).
+//! * **Profiling.** While a profile records, each dispatch gets a compute pass of its own with
+//!   timestamp writes where the adapter has them (see `timing.rs`).
 
 use super::context::Context;
 use super::pool::PooledBuffer;
 use super::stats::Counters;
+use super::timing::{Slot, Timer};
 use crate::{Error, Result};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -57,6 +60,8 @@ struct Batch {
     dispatches: usize,
     params: Vec<u8>,
     hold: Vec<Arc<PooledBuffer>>,
+    /// the timestamps of this batch's dispatches, while profiling
+    timed: Option<Slot>,
 }
 
 /// The pending batch, the uniform arena it binds, and the submission logic.
@@ -69,6 +74,8 @@ pub(crate) struct Batcher {
     align: u64,
     /// the backend's counters (dispatches, submissions, parameter bytes)
     counters: Arc<Counters>,
+    /// GPU time per kernel while a profile records
+    pub(crate) timer: Timer,
 }
 
 impl Batcher {
@@ -89,6 +96,7 @@ impl Batcher {
             arena_size,
             align,
             counters,
+            timer: Timer::new(ctx),
         }
     }
 
@@ -96,13 +104,15 @@ impl Batcher {
         self.batch.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records one dispatch of `pipeline` with bind group 0 = params slot (binding 0, dynamic
-    /// offset) plus `storage`, submitting first if the batch is full. `params` are the words
-    /// given and the size in bytes of the kernel's parameter block (the words are zero-padded
-    /// to it).
+    /// Records one dispatch of `pipeline` (the kernel `name`, for the profile) with bind group
+    /// 0 = params slot (binding 0, dynamic offset) plus `storage`, submitting first if the batch
+    /// is full. `params` are the words given and the size in bytes of the kernel's parameter
+    /// block (the words are zero-padded to it).
+    #[allow(clippy::too_many_arguments)]
     pub fn record(
         &self,
         ctx: &Context,
+        name: &Arc<str>,
         pipeline: &wgpu::ComputePipeline,
         layout: &wgpu::BindGroupLayout,
         storage: &[StorageBinding<'_>],
@@ -159,20 +169,42 @@ impl Batcher {
                     .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None }),
             );
         }
-        if b.pass.is_none() {
-            let enc = b.encoder.as_mut().expect("encoder created above");
-            let pass = enc
-                .begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: None,
-                    timestamp_writes: None,
-                })
-                .forget_lifetime();
-            b.pass = Some(pass);
+        let profiling = self.timer.profiling();
+        if profiling && self.timer.has_timestamps() {
+            // a pass of its own, timestamped at its beginning and end
+            b.pass = None;
+            if b.timed.as_ref().is_none_or(Slot::is_full) {
+                b.timed = Some(self.timer.slot(ctx));
+            }
+            let batch = &mut *b;
+            let (enc, slot) = (batch.encoder.as_mut(), batch.timed.as_mut());
+            let (enc, slot) = (enc.expect("created above"), slot.expect("taken above"));
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: None,
+                timestamp_writes: Some(slot.next(name)),
+            });
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, &bind_group, &[offset as u32]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        } else {
+            if profiling {
+                self.timer.count(name);
+            }
+            if b.pass.is_none() {
+                let enc = b.encoder.as_mut().expect("encoder created above");
+                let pass = enc
+                    .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                        label: None,
+                        timestamp_writes: None,
+                    })
+                    .forget_lifetime();
+                b.pass = Some(pass);
+            }
+            let pass = b.pass.as_mut().expect("pass begun above");
+            pass.set_pipeline(pipeline);
+            pass.set_bind_group(0, &bind_group, &[offset as u32]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
-        let pass = b.pass.as_mut().expect("pass begun above");
-        pass.set_pipeline(pipeline);
-        pass.set_bind_group(0, &bind_group, &[offset as u32]);
-        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         for s in storage {
             b.hold.push(s.buffer.clone());
         }
@@ -187,13 +219,20 @@ impl Batcher {
     /// Ends the pass, writes the parameter arena and submits the batch (if there is one).
     fn submit_locked(&self, ctx: &Context, b: &mut Batch) -> Option<wgpu::SubmissionIndex> {
         b.pass = None;
-        let enc = b.encoder.take()?;
+        let mut enc = b.encoder.take()?;
+        let timed = b.timed.take();
+        if let Some(slot) = &timed {
+            slot.resolve(&mut enc);
+        }
         if !b.params.is_empty() {
             ctx.queue.write_buffer(&self.arena, 0, &b.params);
             self.counters.params_uploaded(b.params.len() as u64);
         }
         let index = ctx.queue.submit([enc.finish()]);
         self.counters.submit();
+        if let Some(slot) = timed {
+            self.timer.submitted(ctx, slot);
+        }
         b.params.clear();
         b.dispatches = 0;
         b.hold.clear();

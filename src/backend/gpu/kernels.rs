@@ -44,6 +44,8 @@ struct Module {
 
 /// A compiled entry point with the layout of its bind group.
 pub(crate) struct Kernel {
+    /// `shader.entry`, as the profile names it
+    name: Arc<str>,
     pipeline: wgpu::ComputePipeline,
     layout: wgpu::BindGroupLayout,
     /// for binding `b + 1`: `Some(read_only)` when the entry point uses it
@@ -215,6 +217,7 @@ impl KernelCache {
             return Err(validation_error(shader, format!("entry {entry}: {e}")));
         }
         let k = Arc::new(Kernel {
+            name: format!("{}.{entry}", shader.name).into(),
             pipeline,
             layout,
             bindings,
@@ -374,6 +377,7 @@ impl GpuBackend {
         }
         inner.batcher.record(
             &inner.ctx,
+            &kernel.name,
             &kernel.pipeline,
             &kernel.layout,
             &storage,
@@ -448,7 +452,10 @@ mod tests {
     /// convention (uniform params at 0, storage buffers after).
     #[test]
     fn shaders_validate_and_follow_the_binding_convention() {
-        use super::super::{attention, elementwise, layout, optim, random, reduce, routing, sort};
+        use super::super::{
+            attention, cross_entropy, elementwise, layer_norm, layout, optim, random, reduce,
+            routing, sort,
+        };
         let files = [
             (&elementwise::ELEMENTWISE, 5usize),
             (&reduce::REDUCE, 4),
@@ -457,6 +464,8 @@ mod tests {
             (&random::RANDOM, 1),
             (&optim::OPTIM, 9),
             (&attention::ATTENTION_SHADER, 4),
+            (&layer_norm::LAYER_NORM_SHADER, 3),
+            (&cross_entropy::CROSS_ENTROPY_SHADER, 2),
             (&routing::ROUTING, 5),
         ];
         for (shader, entries) in files {

@@ -11,9 +11,8 @@
 //! * `stats.rs` counts dispatches, submissions, host waits, buffers created and bytes moved
 //!   ([`GpuStats`], read with [`GpuBackend::stats`]);
 //! * one launcher file per kernel family, named after its shader: `elementwise.rs`,
-//!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs`, `attention.rs`
-//!   and `routing.rs`
-//!   launch the entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
+//!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs`, `attention.rs`,
+//!   `layer_norm.rs`, `cross_entropy.rs` and `routing.rs` launch the entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
 //!   primitive.
 //!
 //! [`GpuBackend`] is a cheap handle (an `Arc`) to the process-wide context; [`GpuBuffer`] a cheap
@@ -24,9 +23,11 @@
 
 mod attention;
 mod context;
+mod cross_entropy;
 mod elementwise;
 mod encoder;
 mod kernels;
+mod layer_norm;
 mod layout;
 mod matmul;
 mod optim;
@@ -37,6 +38,7 @@ mod routing;
 mod sort;
 mod stats;
 mod strided;
+pub(crate) mod timing;
 
 pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
 pub use matmul::MatmulKernel;
@@ -44,8 +46,8 @@ pub use optim::{ADAM_MULTI_SLOTS, AdamSlot, NORM_SLOTS};
 pub use stats::GpuStats;
 
 use super::{
-    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims,
-    PlanBuffers, ReduceOp, SgdHyper, UnaryOp,
+    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, LayerNormDims, MatLayout,
+    MatmulDims, PlanBuffers, ReduceOp, SgdHyper, UnaryOp,
 };
 use crate::{DType, Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -245,6 +247,11 @@ impl GpuBackend {
         })
         .clone()
         .map_err(Error::Device)
+    }
+
+    /// The context if it has been opened (never opens it).
+    pub(crate) fn opened() -> Option<GpuBackend> {
+        GPU.get()?.as_ref().ok().cloned()
     }
 
     /// Submits the pending batch of kernels (without waiting for it).
@@ -742,6 +749,46 @@ impl Backend for GpuBackend {
         dims: AttentionDims,
     ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
         attention::attention_backward(self, q, k, v, o, lse, d_o, dims)
+    }
+
+    fn layer_norm_forward(
+        &self,
+        x: &GpuBuffer,
+        gamma: &GpuBuffer,
+        beta: &GpuBuffer,
+        dims: LayerNormDims,
+    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+        layer_norm::layer_norm_forward(self, x, gamma, beta, dims)
+    }
+
+    fn layer_norm_backward(
+        &self,
+        g: &GpuBuffer,
+        x: &GpuBuffer,
+        gamma: &GpuBuffer,
+        stats: (&GpuBuffer, &GpuBuffer),
+        dims: LayerNormDims,
+    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+        layer_norm::layer_norm_backward(self, g, x, gamma, stats, dims)
+    }
+
+    fn cross_entropy_forward(
+        &self,
+        logits: &GpuBuffer,
+        targets: &GpuBuffer,
+        classes: usize,
+    ) -> Result<(GpuBuffer, GpuBuffer)> {
+        cross_entropy::cross_entropy_forward(self, logits, targets, classes)
+    }
+
+    fn cross_entropy_backward(
+        &self,
+        g: &GpuBuffer,
+        logits: &GpuBuffer,
+        targets: &GpuBuffer,
+        lse: &GpuBuffer,
+    ) -> Result<GpuBuffer> {
+        cross_entropy::cross_entropy_backward(self, g, logits, targets, lse)
     }
 
     fn topk_gate(

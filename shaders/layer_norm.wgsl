@@ -1,0 +1,152 @@
+// layer_norm.wgsl: layer normalisation of each row, the GPU end of `Tensor::layer_norm` (forward)
+// and of its backward rule. Launchers: src/backend/gpu/layer_norm.rs, one function per entry
+// point family.
+//
+// Layout (f32, contiguous): x, y, g (the upstream gradient) and dx are [rows, dim], element
+// (r, j) at r·dim + j; gamma, beta, dgamma, dbeta are [dim]; mean and rstd are [rows].
+// Math: mean_r = Σ_j x_rj / dim, var_r = Σ_j (x_rj − mean_r)² / dim (biased, two passes),
+// rstd_r = 1/√(var_r + eps), x̂_rj = (x_rj − mean_r)·rstd_r, y_rj = x̂_rj·gamma_j + beta_j.
+// Backward with h_rj = g_rj·gamma_j: dx_rj = rstd_r·(h_rj − mean_j(h_r) − x̂_rj·mean_j(h_r·x̂_r)),
+// dgamma_j = Σ_r g_rj·x̂_rj, dbeta_j = Σ_r g_rj.
+//
+// ---- entry point `layer_norm_forward` ---------------------------------------------------------
+//   binding 1 x, 2 gamma, 3 beta (read), 4 y, 5 mean, 6 rstd (written). One workgroup of WG = 64
+//   invocations per row: invocation t handles j = t, t+64, ...; the row's sums are combined in a
+//   tree in workgroup memory (mean first, then the centred squares). Grid: rows workgroups,
+//   folded into x/y (row = wid.y·nwg.x + wid.x).
+//
+// ---- entry point `layer_norm_backward_x` ------------------------------------------------------
+//   binding 1 g, 2 x, 3 gamma, 4 mean, 5 rstd (read), 6 dx (written). One workgroup per row as in
+//   the forward: two tree sums (Σ h and Σ h·x̂), then every invocation writes its elements of dx.
+//
+// ---- entry point `layer_norm_backward_params` -------------------------------------------------
+//   binding 1 g, 2 x, 3 mean, 4 rstd (read), 5 dgamma, 6 dbeta (written). One invocation per
+//   column j (workgroup 64, grid folded into x/y over dim invocations) walks the rows in order,
+//   so the sums are deterministic (the CPU walks them in the same order).
+//
+// params (binding 0, LnParams): rows, dim, eps (f32 bits).
+
+struct LnParams { rows: u32, dim: u32, eps: f32 }
+
+const WG: u32 = 64u;
+
+@group(0) @binding(0) var<uniform> p: LnParams;
+
+var<workgroup> partial: array<f32, 64>;
+var<workgroup> partial2: array<f32, 64>;
+
+// Sums `partial` (and `partial2`) over the workgroup; every invocation returns the totals.
+fn tree_sum2(lid: u32) -> vec2<f32> {
+    workgroupBarrier();
+    for (var half = WG / 2u; half > 0u; half = half / 2u) {
+        if (lid < half) {
+            partial[lid] = partial[lid] + partial[lid + half];
+            partial2[lid] = partial2[lid] + partial2[lid + half];
+        }
+        workgroupBarrier();
+    }
+    let total = vec2<f32>(partial[0], partial2[0]);
+    workgroupBarrier(); // everyone has read the totals before the arrays are reused
+    return total;
+}
+
+// ---- layer_norm_forward -----------------------------------------------------------------------
+
+@group(0) @binding(1) var<storage, read> f_x: array<f32>;
+@group(0) @binding(2) var<storage, read> f_gamma: array<f32>;
+@group(0) @binding(3) var<storage, read> f_beta: array<f32>;
+@group(0) @binding(4) var<storage, read_write> f_y: array<f32>;
+@group(0) @binding(5) var<storage, read_write> f_mean: array<f32>;
+@group(0) @binding(6) var<storage, read_write> f_rstd: array<f32>;
+
+@compute @workgroup_size(64)
+fn layer_norm_forward(@builtin(workgroup_id) wid: vec3<u32>,
+                      @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+    let r = wid.y * nwg.x + wid.x;
+    // `r` is uniform across the workgroup, so every invocation leaves together (no barrier is
+    // skipped by some and not others)
+    if (r >= p.rows) { return; }
+    let base = r * p.dim;
+    let n = f32(p.dim);
+    var s = 0.0;
+    for (var j = lid; j < p.dim; j = j + WG) { s = s + f_x[base + j]; }
+    partial[lid] = s;
+    partial2[lid] = 0.0;
+    let mean = tree_sum2(lid).x / n;
+    var q = 0.0;
+    for (var j = lid; j < p.dim; j = j + WG) {
+        let c = f_x[base + j] - mean;
+        q = q + c * c;
+    }
+    partial[lid] = q;
+    partial2[lid] = 0.0;
+    let rstd = 1.0 / sqrt(tree_sum2(lid).x / n + p.eps);
+    for (var j = lid; j < p.dim; j = j + WG) {
+        f_y[base + j] = (f_x[base + j] - mean) * rstd * f_gamma[j] + f_beta[j];
+    }
+    if (lid == 0u) {
+        f_mean[r] = mean;
+        f_rstd[r] = rstd;
+    }
+}
+
+// ---- layer_norm_backward_x --------------------------------------------------------------------
+
+@group(0) @binding(1) var<storage, read> b_g: array<f32>;
+@group(0) @binding(2) var<storage, read> b_x: array<f32>;
+@group(0) @binding(3) var<storage, read> b_gamma: array<f32>;
+@group(0) @binding(4) var<storage, read> b_mean: array<f32>;
+@group(0) @binding(5) var<storage, read> b_rstd: array<f32>;
+@group(0) @binding(6) var<storage, read_write> b_dx: array<f32>;
+
+@compute @workgroup_size(64)
+fn layer_norm_backward_x(@builtin(workgroup_id) wid: vec3<u32>,
+                         @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+    let r = wid.y * nwg.x + wid.x;
+    if (r >= p.rows) { return; }
+    let base = r * p.dim;
+    let mean = b_mean[r];
+    let rstd = b_rstd[r];
+    var sh = 0.0;
+    var shx = 0.0;
+    for (var j = lid; j < p.dim; j = j + WG) {
+        let h = b_g[base + j] * b_gamma[j];
+        sh = sh + h;
+        shx = shx + h * (b_x[base + j] - mean) * rstd;
+    }
+    partial[lid] = sh;
+    partial2[lid] = shx;
+    let sums = tree_sum2(lid) / f32(p.dim);
+    for (var j = lid; j < p.dim; j = j + WG) {
+        let h = b_g[base + j] * b_gamma[j];
+        let xhat = (b_x[base + j] - mean) * rstd;
+        b_dx[base + j] = rstd * (h - sums.x - xhat * sums.y);
+    }
+}
+
+// ---- layer_norm_backward_params ---------------------------------------------------------------
+
+@group(0) @binding(1) var<storage, read> c_g: array<f32>;
+@group(0) @binding(2) var<storage, read> c_x: array<f32>;
+@group(0) @binding(3) var<storage, read> c_mean: array<f32>;
+@group(0) @binding(4) var<storage, read> c_rstd: array<f32>;
+@group(0) @binding(5) var<storage, read_write> c_dgamma: array<f32>;
+@group(0) @binding(6) var<storage, read_write> c_dbeta: array<f32>;
+
+@compute @workgroup_size(64)
+fn layer_norm_backward_params(@builtin(global_invocation_id) gid: vec3<u32>,
+                              @builtin(num_workgroups) nwg: vec3<u32>) {
+    let j = gid.y * nwg.x * WG + gid.x;
+    if (j >= p.dim) { return; }
+    var dg = 0.0;
+    var db = 0.0;
+    for (var r = 0u; r < p.rows; r = r + 1u) {
+        let g = c_g[r * p.dim + j];
+        dg = dg + g * (c_x[r * p.dim + j] - c_mean[r]) * c_rstd[r];
+        db = db + g;
+    }
+    c_dgamma[j] = dg;
+    c_dbeta[j] = db;
+}

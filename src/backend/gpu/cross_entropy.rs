@@ -1,0 +1,98 @@
+//! Launchers of `shaders/cross_entropy.wgsl`, the GPU end of `Tensor::cross_entropy_per_row`:
+//! [`cross_entropy_forward`] (per-row loss and log-sum-exp, one workgroup per row) and
+//! [`cross_entropy_backward`] (the logits' gradient, one invocation per element). Each checks
+//! dtypes and lengths (an [`Error`] naming them, never a panic or a wgpu validation error) and
+//! encodes one kernel; nothing is read back, so targets are not range-checked here (the shader
+//! gives an out-of-range target's row loss 0 and gradient 0).
+
+use super::kernels::{Shader, grid_1d, u32_param};
+use super::{GpuBackend, GpuBuffer};
+use crate::{DType, Error, Result};
+
+/// The kernels of `shaders/cross_entropy.wgsl`.
+pub(crate) static CROSS_ENTROPY_SHADER: Shader = Shader {
+    name: "cross_entropy",
+    source: include_str!("../../../shaders/cross_entropy.wgsl"),
+};
+
+/// Checks logits f32 `[rows, classes]` and targets i32 `[rows]`; returns `[rows, classes]` as
+/// kernel parameters.
+fn check(what: &str, logits: &GpuBuffer, targets: &GpuBuffer, classes: usize) -> Result<[u32; 2]> {
+    let rows = targets.len();
+    if logits.dtype() != DType::F32 || targets.dtype() != DType::I32 {
+        return Err(Error::DType(format!(
+            "{what}: logits must be f32 and targets i32 on the GPU, got {} and {}",
+            logits.dtype(),
+            targets.dtype()
+        )));
+    }
+    if rows == 0 || classes == 0 || rows.checked_mul(classes) != Some(logits.len()) {
+        return Err(Error::Shape(format!(
+            "{what}: logits of {} values are not [{rows} rows, {classes} classes] (sizes ≥ 1)",
+            logits.len()
+        )));
+    }
+    Ok([
+        u32_param(rows, "cross_entropy rows")?,
+        u32_param(logits.len(), "cross_entropy logits")? / rows as u32,
+    ])
+}
+
+/// `Backend::cross_entropy_forward`: `(loss [rows], lse [rows])`.
+///
+/// # Errors
+/// [`Error::DType`] / [`Error::Shape`] for operands that do not fit; a GPU error from the launch.
+pub(crate) fn cross_entropy_forward(
+    be: &GpuBackend,
+    logits: &GpuBuffer,
+    targets: &GpuBuffer,
+    classes: usize,
+) -> Result<(GpuBuffer, GpuBuffer)> {
+    let params = check("cross_entropy", logits, targets, classes)?;
+    let rows = targets.len();
+    let loss = be.alloc(rows, DType::F32)?;
+    let lse = be.alloc(rows, DType::F32)?;
+    be.launch(
+        &CROSS_ENTROPY_SHADER,
+        "cross_entropy_forward",
+        &[logits, targets, &loss, &lse],
+        &params,
+        grid_1d(rows * 64, 64)?,
+    )?;
+    Ok((loss, lse))
+}
+
+/// `Backend::cross_entropy_backward`: `dlogits [rows, classes]`.
+///
+/// # Errors
+/// As [`cross_entropy_forward`], and for `g` or `lse` not f32 `[rows]`.
+pub(crate) fn cross_entropy_backward(
+    be: &GpuBackend,
+    g: &GpuBuffer,
+    logits: &GpuBuffer,
+    targets: &GpuBuffer,
+    lse: &GpuBuffer,
+) -> Result<GpuBuffer> {
+    const WHAT: &str = "cross_entropy backward";
+    let rows = targets.len();
+    let classes = logits.len().checked_div(rows).unwrap_or(0);
+    let params = check(WHAT, logits, targets, classes)?;
+    for (name, b) in [("g", g), ("lse", lse)] {
+        if b.dtype() != DType::F32 || b.len() != rows {
+            return Err(Error::Shape(format!(
+                "{WHAT}: {name} must be f32 [{rows}], got {} of {} values",
+                b.dtype(),
+                b.len()
+            )));
+        }
+    }
+    let dx = be.alloc(logits.len(), DType::F32)?;
+    be.launch(
+        &CROSS_ENTROPY_SHADER,
+        "cross_entropy_backward",
+        &[g, logits, targets, lse, &dx],
+        &params,
+        grid_1d(logits.len(), 256)?,
+    )?;
+    Ok(dx)
+}

@@ -1,0 +1,144 @@
+//! Launchers of `shaders/layer_norm.wgsl`, the GPU end of `Tensor::layer_norm`:
+//!
+//! - [`layer_norm_forward`] (entry `layer_norm_forward`): `y`, `mean`, `rstd`, one workgroup per
+//!   row;
+//! - [`layer_norm_backward`]: `layer_norm_backward_x` (`dx`, one workgroup per row) and
+//!   `layer_norm_backward_params` (`dgamma`, `dbeta`, one invocation per column walking the rows
+//!   in order: deterministic, no atomics).
+//!
+//! Each launcher checks dtypes and lengths against the sizes (an [`Error`] naming them, never a
+//! panic or a wgpu validation error) and encodes the kernels; nothing is read back.
+
+use super::kernels::{Shader, grid_1d, u32_param};
+use super::{GpuBackend, GpuBuffer};
+use crate::backend::LayerNormDims;
+use crate::{DType, Error, Result};
+
+/// The kernels of `shaders/layer_norm.wgsl`.
+pub(crate) static LAYER_NORM_SHADER: Shader = Shader {
+    name: "layer_norm",
+    source: include_str!("../../../shaders/layer_norm.wgsl"),
+};
+
+/// Invocations per workgroup (the shader's `WG`).
+const WG: u32 = 64;
+
+/// Checks f32 and the lengths of `[rows, dim]`, `[dim]` and `[rows]` operands; returns the
+/// kernel parameters `[rows, dim, eps bits]`.
+fn check(
+    what: &str,
+    groups: [(&[(&str, &GpuBuffer)], &str); 3],
+    d: LayerNormDims,
+) -> Result<[u32; 3]> {
+    let LayerNormDims { rows, dim, eps } = d;
+    let n = rows
+        .checked_mul(dim)
+        .filter(|&n| n > 0 && n <= u32::MAX as usize)
+        .ok_or_else(|| {
+            Error::Shape(format!(
+                "{what}: [{rows}, {dim}] must have sizes of at least 1 and fit the GPU kernels' \
+                 32-bit indexing"
+            ))
+        })?;
+    for (operands, shape) in groups {
+        let want = match shape {
+            "[rows, dim]" => n,
+            "[dim]" => dim,
+            _ => rows,
+        };
+        for (name, b) in operands {
+            if b.dtype() != DType::F32 {
+                return Err(Error::DType(format!(
+                    "{what}: {name} must be f32 on the GPU, got {}",
+                    b.dtype()
+                )));
+            }
+            if b.len() != want {
+                return Err(Error::Shape(format!(
+                    "{what}: {name} holds {} elements, expected {shape} = {want} for rows {rows}, dim {dim}",
+                    b.len()
+                )));
+            }
+        }
+    }
+    Ok([
+        u32_param(rows, "layer_norm rows")?,
+        u32_param(dim, "layer_norm dim")?,
+        (eps as f32).to_bits(),
+    ])
+}
+
+/// `Backend::layer_norm_forward`: `(y [rows, dim], mean [rows], rstd [rows])`.
+///
+/// # Errors
+/// [`Error::DType`] unless every buffer is f32; [`Error::Shape`] for a length that does not
+/// match the sizes or a zero size; a GPU error from the launch.
+pub(crate) fn layer_norm_forward(
+    be: &GpuBackend,
+    x: &GpuBuffer,
+    gamma: &GpuBuffer,
+    beta: &GpuBuffer,
+    d: LayerNormDims,
+) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+    let params = check(
+        "layer_norm_forward",
+        [
+            (&[("x", x)], "[rows, dim]"),
+            (&[("gamma", gamma), ("beta", beta)], "[dim]"),
+            (&[], "[rows]"),
+        ],
+        d,
+    )?;
+    let y = be.alloc(x.len(), DType::F32)?;
+    let mean = be.alloc(d.rows, DType::F32)?;
+    let rstd = be.alloc(d.rows, DType::F32)?;
+    be.launch(
+        &LAYER_NORM_SHADER,
+        "layer_norm_forward",
+        &[x, gamma, beta, &y, &mean, &rstd],
+        &params,
+        grid_1d(d.rows * WG as usize, WG)?,
+    )?;
+    Ok((y, mean, rstd))
+}
+
+/// `Backend::layer_norm_backward`: `(dx [rows, dim], dgamma [dim], dbeta [dim])`.
+///
+/// # Errors
+/// As [`layer_norm_forward`], for every operand.
+pub(crate) fn layer_norm_backward(
+    be: &GpuBackend,
+    g: &GpuBuffer,
+    x: &GpuBuffer,
+    gamma: &GpuBuffer,
+    (mean, rstd): (&GpuBuffer, &GpuBuffer),
+    d: LayerNormDims,
+) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+    let params = check(
+        "layer_norm_backward",
+        [
+            (&[("g", g), ("x", x)], "[rows, dim]"),
+            (&[("gamma", gamma)], "[dim]"),
+            (&[("mean", mean), ("rstd", rstd)], "[rows]"),
+        ],
+        d,
+    )?;
+    let dx = be.alloc(x.len(), DType::F32)?;
+    be.launch(
+        &LAYER_NORM_SHADER,
+        "layer_norm_backward_x",
+        &[g, x, gamma, mean, rstd, &dx],
+        &params,
+        grid_1d(d.rows * WG as usize, WG)?,
+    )?;
+    let dgamma = be.alloc(d.dim, DType::F32)?;
+    let dbeta = be.alloc(d.dim, DType::F32)?;
+    be.launch(
+        &LAYER_NORM_SHADER,
+        "layer_norm_backward_params",
+        &[g, x, mean, rstd, &dgamma, &dbeta],
+        &params,
+        grid_1d(d.dim, WG)?,
+    )?;
+    Ok((dx, dgamma, dbeta))
+}

@@ -1,0 +1,202 @@
+//! `Tensor::cross_entropy_per_row` / `cross_entropy`: the fused op against finite differences
+//! and against the composed form it replaced (`log_softmax`, then `gather` of the target).
+//!
+//! * f64 gradcheck (one class, one row, many rows), with weighted rows (upstream gradients
+//!   that differ per row);
+//! * values and gradients equal to the composed path at fixed shapes, over random shapes
+//!   (proptest) and with logits far from 0 (the row maximum is subtracted);
+//! * GPU (f32) against CPU (f64) for rows shorter than the workgroup of 64, not a multiple of it
+//!   and several times it; an out-of-range target on the GPU gives loss 0 and gradient 0 for
+//!   its row; skipped with a printed reason without an adapter unless `MOEGRAD_REQUIRE_GPU=1`;
+//! * bad shapes, dtypes, devices and targets give an `Error`.
+
+mod common;
+
+use moegrad::gradcheck::{GradcheckOptions, gradcheck};
+use moegrad::{DType, Device, Error, Result, Tensor};
+use proptest::prelude::*;
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn values(n: usize, offset: f64, spread: f64, seed: u64) -> Vec<f64> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    (0..n)
+        .map(|_| (offset + rng.random_range(-spread..spread)) as f32 as f64)
+        .collect()
+}
+
+fn targets(rows: usize, classes: usize, seed: u64, device: Device) -> Tensor {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let t: Vec<i32> = (0..rows)
+        .map(|_| rng.random_range(0..classes) as i32)
+        .collect();
+    Tensor::from_i32(t, &[rows], device).unwrap()
+}
+
+/// The composed cross-entropy of each row.
+fn composed(x: &Tensor, t: &Tensor) -> Result<Tensor> {
+    let n = t.numel();
+    x.log_softmax(-1)?
+        .gather(1, &t.reshape(&[n, 1])?)?
+        .reshape(&[n])?
+        .neg()
+}
+
+/// Per-row losses and the logits' gradient for upstream gradient `up` `[rows]`.
+fn run(
+    f: impl Fn(&Tensor, &Tensor) -> Result<Tensor>,
+    x: &Tensor,
+    t: &Tensor,
+    up: &[f64],
+) -> (Vec<f64>, Vec<f64>) {
+    let leaf = x.detach().with_grad().unwrap();
+    let y = f(&leaf, t).expect("forward");
+    let g = Tensor::from_f64(up.to_vec(), y.shape(), Device::cpu())
+        .and_then(|g| g.to_dtype(y.dtype()))
+        .and_then(|g| g.to_device(y.device()))
+        .unwrap();
+    y.backward_with(&g).expect("backward");
+    (
+        y.to_vec_f64().unwrap(),
+        leaf.grad().unwrap().to_vec_f64().unwrap(),
+    )
+}
+
+fn check_against_composed(rows: usize, classes: usize, offset: f64, seed: u64) {
+    let x = common::f64t(&values(rows * classes, offset, 3.0, seed), &[rows, classes]);
+    let t = targets(rows, classes, seed + 1, Device::cpu());
+    let up = values(rows, 0.0, 1.0, seed + 2);
+    let (y, g) = run(|x, t| x.cross_entropy_per_row(t), &x, &t, &up);
+    let (y_ref, g_ref) = run(composed, &x, &t, &up);
+    let what = format!("[{rows}, {classes}] offset {offset}");
+    common::assert_close(&format!("{what}: loss"), &y, &y_ref, 1e-9, 1e-9);
+    common::assert_close(&format!("{what}: dlogits"), &g, &g_ref, 1e-9, 1e-9);
+}
+
+#[test]
+fn gradcheck_in_f64() {
+    for (i, (rows, classes)) in [(1, 1), (1, 4), (6, 3), (5, 80)].iter().enumerate() {
+        let x = common::f64t(
+            &values(rows * classes, 0.0, 2.0, i as u64),
+            &[*rows, *classes],
+        );
+        let t = targets(*rows, *classes, 7 + i as u64, Device::cpu());
+        // rows weighted differently, so each row's gradient is checked on its own
+        let w = common::f64t(&values(*rows, 1.0, 0.5, 30 + i as u64), &[*rows]);
+        gradcheck(
+            |v| v[0].cross_entropy_per_row(&t)?.mul(&w)?.sum_all(),
+            std::slice::from_ref(&x),
+            &GradcheckOptions::default(),
+        )
+        .unwrap_or_else(|e| panic!("[{rows}, {classes}] per row: {e}"));
+        gradcheck(
+            |v| v[0].cross_entropy(&t),
+            &[x],
+            &GradcheckOptions::default(),
+        )
+        .unwrap_or_else(|e| panic!("[{rows}, {classes}] mean: {e}"));
+    }
+}
+
+#[test]
+fn matches_the_composed_path() {
+    for (i, (rows, classes, offset)) in [
+        (1, 1, 0.0),
+        (3, 2, 0.0),
+        (768, 80, 0.0), // the char-LM's logits
+        (4, 300, 0.0),
+        (5, 17, 1e3), // far from 0: the row maximum keeps the exponentials finite
+        (5, 17, -1e3),
+    ]
+    .iter()
+    .enumerate()
+    {
+        check_against_composed(*rows, *classes, *offset, 50 + 3 * i as u64);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    #[test]
+    fn random_shapes_match_the_composed_path(
+        rows in 1usize..=40,
+        classes in 1usize..=70,
+        seed in 0u64..1000,
+    ) {
+        check_against_composed(rows, classes, 0.0, 1000 + seed);
+    }
+}
+
+#[test]
+fn gpu_matches_cpu_and_ignores_targets_out_of_range() {
+    let Some(gpu) = common::gpu_or_skip("cross_entropy gpu_matches_cpu") else {
+        return;
+    };
+    for (i, (rows, classes)) in [(3, 1), (7, 5), (4, 64), (9, 80), (2, 300)]
+        .iter()
+        .enumerate()
+    {
+        let x = common::f64t(
+            &values(rows * classes, 0.5, 3.0, 70 + i as u64),
+            &[*rows, *classes],
+        );
+        let t = targets(*rows, *classes, 71 + i as u64, Device::cpu());
+        let up = values(*rows, 0.0, 1.0, 72);
+        let (xg, tg) = (
+            x.to_dtype(DType::F32).unwrap().to_device(gpu).unwrap(),
+            t.to_device(gpu).unwrap(),
+        );
+        let (y, g) = run(|x, t| x.cross_entropy_per_row(t), &xg, &tg, &up);
+        let (y_ref, g_ref) = run(|x, t| x.cross_entropy_per_row(t), &x, &t, &up);
+        let what = format!("[{rows}, {classes}]");
+        common::assert_close(&format!("{what}: GPU loss"), &y, &y_ref, 1e-5, 1e-4);
+        common::assert_close(&format!("{what}: GPU dlogits"), &g, &g_ref, 1e-5, 1e-4);
+    }
+    // out-of-range targets on the GPU: loss 0 and gradient 0 for those rows only
+    let x = Tensor::from_f32(vec![0.0, 1.0, 2.0, 3.0, 4.0, 5.0], &[3, 2], gpu).unwrap();
+    let t = Tensor::from_i32(vec![1, 5, -1], &[3], gpu).unwrap();
+    let (y, g) = run(|x, t| x.cross_entropy_per_row(t), &x, &t, &[1.0, 1.0, 1.0]);
+    assert!(
+        (y[0] - (1.0f64 + (-1.0f64).exp()).ln()).abs() < 1e-6,
+        "{y:?}"
+    );
+    assert_eq!(&y[1..], &[0.0, 0.0]);
+    assert!(g[0] != 0.0 && g[1] != 0.0);
+    assert_eq!(&g[2..], &[0.0; 4]);
+}
+
+#[test]
+fn bad_inputs_are_errors() {
+    let cpu = Device::cpu();
+    let x = Tensor::zeros(&[2, 3], DType::F32, cpu).unwrap();
+    let t = Tensor::from_i32(vec![0, 2], &[2], cpu).unwrap();
+    assert!(x.cross_entropy_per_row(&t).is_ok());
+    let t3 = Tensor::from_i32(vec![0, 1, 2], &[3], cpu).unwrap();
+    assert!(matches!(x.cross_entropy_per_row(&t3), Err(Error::Shape(_))));
+    let flat = Tensor::zeros(&[6], DType::F32, cpu).unwrap();
+    assert!(matches!(
+        flat.cross_entropy_per_row(&t),
+        Err(Error::Shape(_))
+    ));
+    let tf = Tensor::zeros(&[2], DType::F32, cpu).unwrap();
+    assert!(matches!(x.cross_entropy_per_row(&tf), Err(Error::DType(_))));
+    let xi = Tensor::from_i32(vec![0; 6], &[2, 3], cpu).unwrap();
+    assert!(matches!(xi.cross_entropy_per_row(&t), Err(Error::DType(_))));
+    for bad in [vec![0, 3], vec![-1, 0]] {
+        let tb = Tensor::from_i32(bad.clone(), &[2], cpu).unwrap();
+        match x.cross_entropy(&tb) {
+            Err(Error::Invalid(m)) => assert!(m.contains("target"), "{m}"),
+            other => panic!("targets {bad:?}: {other:?}"),
+        }
+    }
+    let none = Tensor::zeros(&[0, 3], DType::F32, cpu).unwrap();
+    let t0 = Tensor::from_i32(vec![], &[0], cpu).unwrap();
+    assert!(none.cross_entropy(&t0).is_err());
+    let no_classes = Tensor::zeros(&[2, 0], DType::F32, cpu).unwrap();
+    assert!(matches!(no_classes.cross_entropy(&t), Err(Error::Shape(_))));
+    if let Some(gpu) = common::gpu_or_skip("cross_entropy devices") {
+        let xg = x.to_device(gpu).unwrap();
+        assert!(matches!(xg.cross_entropy(&t), Err(Error::Device(_))));
+    }
+}
