@@ -9,7 +9,8 @@
 //!   and the matmul with and without subgroups;
 //! * the fused gate's backward rules by f64 gradcheck on the CPU;
 //! * a short `moe-mlp` run on the GPU matches the CPU's losses within 1e-3 relative;
-//! * `bench gpu-step` refuses clearly when there is no adapter.
+//! * `bench gpu-step` times the step's kernels where the adapter has timestamp queries, and
+//!   refuses clearly when there is no adapter.
 //!
 //! GPU tests skip with a printed reason without an adapter, and fail when
 //! `MOEGRAD_REQUIRE_GPU=1`. The GPU counters are process-wide, so every GPU test here holds
@@ -606,4 +607,28 @@ fn adam_state_saved_from_the_flat_moments_resumes_exactly() {
             "{name} after resuming"
         );
     }
+}
+
+#[test]
+fn bench_gpu_step_times_the_step_where_the_adapter_has_timestamps() {
+    let Some((_, _lock)) = gpu("bench_gpu_step_times_the_step_where_the_adapter_has_timestamps")
+    else {
+        return;
+    };
+    let r = moegrad::bench::gpu_step::bench_gpu_step(&["moe-mlp"]).unwrap();
+    let rec = &r.gpu_step[0];
+    // the timed step is not the counted one: the counts keep their zeros
+    assert_eq!((rec.host_waits, rec.buffers_created), (0, 0), "{rec:?}");
+    let timestamps = moegrad::backend::gpu::info()
+        .unwrap()
+        .features
+        .contains(&"timestamp-query".to_string());
+    match rec.gpu_ms {
+        Some(ms) => assert!(timestamps && ms > 0.0, "{rec:?}"),
+        None => assert!(!timestamps, "the adapter has timestamp queries: {rec:?}"),
+    }
+    assert!(
+        !moegrad::profile::is_enabled(),
+        "timing the step left a profile recording"
+    );
 }

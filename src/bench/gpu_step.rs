@@ -13,8 +13,9 @@
 //! The inputs are random (seeded) with the shapes of the real data: MNIST-sized images and
 //! labels, and a synthetic text with Shakespeare's 65-character vocabulary. Routing sizes come
 //! from static bounds, so the counts do not depend on the values. Counts, unlike timings, are
-//! the same on every adapter, so they are measured on lavapipe in CI; `gpu_ms` stays `null`
-//! here (GPU time needs timestamp queries, added by the profiling work).
+//! the same on every adapter, so they are measured on lavapipe in CI. `gpu_ms` is the sum of
+//! the step's kernel times from timestamp queries (the profile's, `backend/gpu/timing.rs`),
+//! taken on one more step so that timing does not disturb the counts; `null` without them.
 
 use crate::backend::gpu::{GpuBackend, GpuStats};
 use crate::data::Dataset;
@@ -48,7 +49,8 @@ pub struct GpuStepRecord {
     pub uploaded_bytes: u64,
     /// bytes read back to the host
     pub downloaded_bytes: u64,
-    /// GPU milliseconds of the step from timestamp queries; `null` until they are wired in
+    /// GPU milliseconds of the step's kernels from timestamp queries (measured on one more step,
+    /// each kernel in a pass of its own); `null` where the adapter has no timestamp queries
     pub gpu_ms: Option<f64>,
 }
 
@@ -269,6 +271,17 @@ pub fn count_step(model: &str) -> Result<GpuStats> {
 /// # Errors
 /// No GPU adapter, an image model other than the MNIST ones, or an error of the step.
 pub fn count_step_with(cfg: TrainConfig) -> Result<GpuStats> {
+    measure_step_with(cfg, false).map(|(stats, _)| stats)
+}
+
+/// [`count_step_with`], and with `time` also the GPU milliseconds of the step's kernels from
+/// timestamp queries (`None` without them, or while this thread already records a profile).
+/// The time comes from one more step than the counted one: timing gives every dispatch a pass
+/// of its own and reads the timestamps back, which the counted step must not include.
+///
+/// # Errors
+/// As [`count_step_with`].
+pub fn measure_step_with(cfg: TrainConfig, time: bool) -> Result<(GpuStats, Option<f64>)> {
     let be = gpu()?;
     let mut stepper: Box<dyn Stepper> = if cfg.model.is_lm() {
         Box::new(LmStepper::new(cfg, Device::Gpu)?)
@@ -285,7 +298,22 @@ pub fn count_step_with(cfg: TrainConfig) -> Result<GpuStats> {
     let counted = be.stats().since(&before);
     // errors the driver reported late surface here, after the counting
     be.synchronize()?;
-    Ok(counted)
+    let timestamps = be.features().contains(wgpu::Features::TIMESTAMP_QUERY);
+    let gpu_ms = if time && timestamps && !crate::profile::is_enabled() {
+        let recording = crate::profile::start();
+        {
+            let _step = crate::profile::step();
+            stepper.step(WARMUP_STEPS as u64 + 1)?;
+        }
+        recording
+            .finish()
+            .and_then(|r| r.gpu)
+            .filter(|g| g.timestamps)
+            .map(|g| g.kernels.iter().filter_map(|k| k.ms).sum())
+    } else {
+        None
+    };
+    Ok((counted, gpu_ms))
 }
 
 /// `moegrad bench gpu-step` over `models` (names from [`GPU_STEP_MODELS`]).
@@ -301,7 +329,7 @@ pub fn bench_gpu_step(models: &[&str]) -> Result<GpuStepBench> {
         gpu_step: Vec::new(),
     };
     for &m in models {
-        let s = count_step(m)?;
+        let (s, gpu_ms) = measure_step_with(step_config(m)?, true)?;
         out.gpu_step.push(GpuStepRecord {
             model: m.to_string(),
             dispatches: s.dispatches,
@@ -310,7 +338,7 @@ pub fn bench_gpu_step(models: &[&str]) -> Result<GpuStepBench> {
             buffers_created: s.buffers_created,
             uploaded_bytes: s.uploaded_bytes,
             downloaded_bytes: s.downloaded_bytes,
-            gpu_ms: None,
+            gpu_ms,
         });
     }
     Ok(out)
