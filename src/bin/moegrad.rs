@@ -1173,25 +1173,27 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
                 print_json(&r)?;
             } else {
                 println!(
-                    "{:<8} {:>10} {:>8} {:>10} {:>15} {:>14} {:>16}",
+                    "{:<8} {:>10} {:>8} {:>10} {:>15} {:>14} {:>16} {:>10}",
                     "model",
                     "dispatches",
                     "submits",
                     "host waits",
                     "buffers created",
                     "uploaded bytes",
-                    "downloaded bytes"
+                    "downloaded bytes",
+                    "GPU ms"
                 );
                 for m in &r.gpu_step {
                     println!(
-                        "{:<8} {:>10} {:>8} {:>10} {:>15} {:>14} {:>16}",
+                        "{:<8} {:>10} {:>8} {:>10} {:>15} {:>14} {:>16} {:>10}",
                         m.model,
                         m.dispatches,
                         m.submits,
                         m.host_waits,
                         m.buffers_created,
                         m.uploaded_bytes,
-                        m.downloaded_bytes
+                        m.downloaded_bytes,
+                        m.gpu_ms.map_or("-".to_string(), |ms| format!("{ms:.2}"))
                     );
                 }
             }
