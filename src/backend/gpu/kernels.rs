@@ -417,7 +417,9 @@ mod tests {
     /// convention (uniform params at 0, storage buffers after).
     #[test]
     fn shaders_validate_and_follow_the_binding_convention() {
-        use super::super::{attention, elementwise, layout, optim, random, reduce, sort};
+        use super::super::{
+            attention, conv2d, elementwise, layout, optim, pool2d, random, reduce, sort,
+        };
         let files = [
             (&elementwise::ELEMENTWISE, 5usize),
             (&reduce::REDUCE, 4),
@@ -426,6 +428,8 @@ mod tests {
             (&random::RANDOM, 1),
             (&optim::OPTIM, 6),
             (&attention::ATTENTION_SHADER, 4),
+            (&conv2d::CONV2D_SHADER, 3),
+            (&pool2d::POOL2D_SHADER, 4),
         ];
         for (shader, entries) in files {
             let (module, info) = validated_module(shader.source);

@@ -9,7 +9,8 @@
 //! * `kernels.rs` compiles and caches pipelines and holds the one launch helper,
 //!   `GpuBackend::launch(shader, entry, buffers, params, groups)`, that every op uses;
 //! * one launcher file per kernel family, named after its shader: `elementwise.rs`,
-//!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs` and `attention.rs`
+//!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs`, `attention.rs`,
+//!   `conv2d.rs` and `pool2d.rs`
 //!   launch the entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
 //!   primitive.
 //!
@@ -21,6 +22,7 @@
 
 mod attention;
 mod context;
+mod conv2d;
 mod elementwise;
 mod encoder;
 mod kernels;
@@ -28,16 +30,18 @@ mod layout;
 mod matmul;
 mod optim;
 mod pool;
+mod pool2d;
 mod random;
 mod reduce;
 mod sort;
 mod strided;
 
 pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
+pub use conv2d::CONV2D_MAX_TAPS;
 
 use super::{
-    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims,
-    ReduceOp, SgdHyper, UnaryOp,
+    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, HostData, MatLayout,
+    MatmulDims, Pool2dDims, PoolKind, ReduceOp, SgdHyper, UnaryOp,
 };
 use crate::{DType, Error, Result};
 use std::sync::{Arc, OnceLock};
@@ -579,5 +583,54 @@ impl Backend for GpuBackend {
         dims: AttentionDims,
     ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
         attention::attention_backward(self, q, k, v, o, lse, d_o, dims)
+    }
+
+    fn conv2d_forward(
+        &self,
+        x: &GpuBuffer,
+        w: &GpuBuffer,
+        image_bank: Option<&GpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<GpuBuffer> {
+        conv2d::conv2d_forward(self, x, w, image_bank, dims)
+    }
+
+    fn conv2d_input_grad(
+        &self,
+        dy: &GpuBuffer,
+        w: &GpuBuffer,
+        image_bank: Option<&GpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<GpuBuffer> {
+        conv2d::conv2d_input_grad(self, dy, w, image_bank, dims)
+    }
+
+    fn conv2d_weight_grad(
+        &self,
+        x: &GpuBuffer,
+        dy: &GpuBuffer,
+        image_bank: Option<&GpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<GpuBuffer> {
+        conv2d::conv2d_weight_grad(self, x, dy, image_bank, dims)
+    }
+
+    fn pool2d_forward(
+        &self,
+        kind: PoolKind,
+        x: &GpuBuffer,
+        dims: Pool2dDims,
+    ) -> Result<(GpuBuffer, Option<GpuBuffer>)> {
+        pool2d::pool2d_forward(self, kind, x, dims)
+    }
+
+    fn pool2d_backward(
+        &self,
+        kind: PoolKind,
+        dy: &GpuBuffer,
+        argmax: Option<&GpuBuffer>,
+        dims: Pool2dDims,
+    ) -> Result<GpuBuffer> {
+        pool2d::pool2d_backward(self, kind, dy, argmax, dims)
     }
 }
