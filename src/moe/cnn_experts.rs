@@ -79,6 +79,10 @@ impl CnnExpertBank {
 
     /// One grouped convolution (5×5, each image with its expert's filters `w` `[n, C·25, OC]`
     /// and bias `b` `[n, OC]`) + ReLU + 2×2 max-pool on `[A, C, H, W]` images.
+    ///
+    /// Computed as convolution → max-pool → bias → ReLU: a bias constant over each window and
+    /// a monotone ReLU commute with the max, so the values are those of the order above, while
+    /// the two elementwise passes (and their backward) run on a quarter of the elements.
     fn conv_block(x: &Tensor, w: &Tensor, b: &Tensor, plan: &DispatchPlan) -> Result<Tensor> {
         let (a, c) = (x.shape()[0], x.shape()[1]);
         let (n, oc) = (w.shape()[0], w.shape()[2]);
@@ -87,9 +91,9 @@ impl CnnExpertBank {
             .index_select(0, &plan.row_expert_clamped)?
             .reshape(&[a, oc, 1, 1])?;
         x.grouped_conv2d(&banks, &plan.row_expert, 1, 0)?
+            .max_pool2d(2, 2)?
             .add(&bias)?
-            .relu()?
-            .max_pool2d(2, 2)
+            .relu()
     }
 }
 

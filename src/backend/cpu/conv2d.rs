@@ -28,6 +28,8 @@ use crate::backend::Conv2dDims;
 use crate::{Error, Result};
 use num_traits::Float;
 use rayon::prelude::*;
+use std::cell::RefCell;
+use std::thread::LocalKey;
 
 /// Images per partial sum of the weight gradient: fixed, so the partials (and the order they are
 /// added in) do not depend on the thread count.
@@ -98,6 +100,70 @@ impl Geometry {
     }
 }
 
+/// Copies `src` into `dst` (of the same length) as fixed-size chunks of 8 and then element by
+/// element: im2col's rows are often a dozen values long, where a call to `memcpy` per row cost
+/// more than the copy.
+#[inline]
+fn copy_row<T: Copy>(dst: &mut [T], src: &[T]) {
+    let (d8, d_rest) = dst.as_chunks_mut::<8>();
+    let (s8, s_rest) = src.as_chunks::<8>();
+    for (a, b) in d8.iter_mut().zip(s8) {
+        *a = *b;
+    }
+    for (a, &b) in d_rest.iter_mut().zip(s_rest) {
+        *a = b;
+    }
+}
+
+/// The float types the kernels run in, each with its per-thread stack of spare buffers.
+pub(super) trait ConvFloat: Float + Send + Sync + 'static {
+    /// This thread's spare buffers of this type.
+    fn spare() -> &'static LocalKey<RefCell<Vec<Vec<Self>>>>;
+}
+
+thread_local! {
+    static SPARE_F32: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
+    static SPARE_F64: RefCell<Vec<Vec<f64>>> = const { RefCell::new(Vec::new()) };
+}
+
+impl ConvFloat for f32 {
+    fn spare() -> &'static LocalKey<RefCell<Vec<Vec<f32>>>> {
+        &SPARE_F32
+    }
+}
+
+impl ConvFloat for f64 {
+    fn spare() -> &'static LocalKey<RefCell<Vec<Vec<f64>>>> {
+        &SPARE_F64
+    }
+}
+
+/// How many spare buffers a thread keeps, and the longest it keeps (elements).
+const SPARE_BUFFERS: usize = 4;
+const SPARE_MAX_LEN: usize = 1 << 22;
+
+/// Runs `f` on a scratch buffer of `len` elements (contents unspecified) taken from this
+/// thread's spares and given back afterwards: the im2col buffers are allocated once per thread,
+/// not once per call.
+fn with_scratch<T: ConvFloat, R>(len: usize, f: impl FnOnce(&mut [T]) -> R) -> R {
+    let mut buf = T::spare()
+        .with(|s| s.borrow_mut().pop())
+        .unwrap_or_default();
+    if buf.len() < len {
+        buf.resize(len, T::zero());
+    }
+    let out = f(&mut buf[..len]);
+    if buf.len() <= SPARE_MAX_LEN {
+        T::spare().with(|s| {
+            let mut s = s.borrow_mut();
+            if s.len() < SPARE_BUFFERS {
+                s.push(buf);
+            }
+        });
+    }
+    out
+}
+
 /// Unfolds one `[C, H, W]` image into `cols: [C·KH·KW, OH·OW]` (every element written).
 fn im2col<T: Float>(img: &[T], g: &Geometry, cols: &mut [T]) {
     let p = g.positions();
@@ -120,7 +186,7 @@ fn im2col<T: Float>(img: &[T], g: &Geometry, cols: &mut [T]) {
                     }
                     let first = lo * g.stride + j - g.pad;
                     if g.stride == 1 {
-                        out[lo..hi].copy_from_slice(&src[first..first + hi - lo]);
+                        copy_row(&mut out[lo..hi], &src[first..first + hi - lo]);
                     } else {
                         for (o, &v) in out[lo..hi]
                             .iter_mut()
@@ -154,8 +220,15 @@ fn col2im<T: Float>(cols: &[T], g: &Geometry, img: &mut [T]) {
                     }
                     let dst = &mut plane[iy * g.w..(iy + 1) * g.w];
                     let first = lo * g.stride + j - g.pad;
-                    for (d, &v) in dst[first..].iter_mut().step_by(g.stride).zip(&src[lo..hi]) {
-                        *d = *d + v;
+                    if g.stride == 1 {
+                        // unit stride: a plain slice walk, which the compiler vectorises
+                        for (d, &v) in dst[first..first + hi - lo].iter_mut().zip(&src[lo..hi]) {
+                            *d = *d + v;
+                        }
+                    } else {
+                        for (d, &v) in dst[first..].iter_mut().step_by(g.stride).zip(&src[lo..hi]) {
+                            *d = *d + v;
+                        }
                     }
                 }
             }
@@ -281,12 +354,7 @@ fn bank_of(banks: Option<&[i32]>, b: usize, count: usize) -> Option<usize> {
 }
 
 /// `y: [B, OC, OH, OW]`.
-fn forward_kernel<T: Float + Send + Sync + 'static>(
-    x: &[T],
-    w: &[T],
-    banks: Option<&[i32]>,
-    d: &Conv2dDims,
-) -> Vec<T> {
+fn forward_kernel<T: ConvFloat>(x: &[T], w: &[T], banks: Option<&[i32]>, d: &Conv2dDims) -> Vec<T> {
     let g = Geometry::of(d);
     let (img, p, k, oc) = (g.image(), g.positions(), g.window(), g.oc);
     let mut y = vec![T::zero(); d.batch * oc * p];
@@ -295,34 +363,38 @@ fn forward_kernel<T: Float + Send + Sync + 'static>(
     }
     let block = images_per_task(d.batch);
     let par = inner_parallelism(d.batch.div_ceil(block));
+    let image = |b: usize, y_b: &mut [T], cols: &mut [T]| {
+        let Some(bank) = bank_of(banks, b, d.banks) else {
+            return; // stays zero
+        };
+        im2col(&x[b * img..(b + 1) * img], &g, cols);
+        // y_b [OC, P] = W_g [OC, K] · cols [K, P]
+        gemm(
+            y_b,
+            Mat::rows(0, p),
+            w,
+            Mat::rows(bank * oc * k, k),
+            cols,
+            Mat::rows(0, p),
+            (oc, k, p),
+            false,
+            par,
+        );
+    };
     y.par_chunks_mut(block * oc * p)
         .enumerate()
         .for_each(|(t, ys)| {
-            let mut cols = vec![T::zero(); k * p];
-            for (i, yb) in ys.chunks_exact_mut(oc * p).enumerate() {
-                let b = t * block + i;
-                let Some(bank) = bank_of(banks, b, d.banks) else {
-                    continue; // stays zero
-                };
-                im2col(&x[b * img..(b + 1) * img], &g, &mut cols);
-                gemm(
-                    yb,
-                    Mat::rows(0, p),
-                    w,
-                    Mat::rows(bank * oc * k, k),
-                    &cols,
-                    Mat::rows(0, p),
-                    (oc, k, p),
-                    false,
-                    par,
-                );
-            }
+            with_scratch(k * p, |cols: &mut [T]| {
+                for (i, y_b) in ys.chunks_exact_mut(oc * p).enumerate() {
+                    image(t * block + i, y_b, cols);
+                }
+            })
         });
     y
 }
 
 /// `dx: [B, C, H, W]`.
-fn input_grad_kernel<T: Float + Send + Sync + 'static>(
+fn input_grad_kernel<T: ConvFloat>(
     dy: &[T],
     w: &[T],
     banks: Option<&[i32]>,
@@ -336,29 +408,32 @@ fn input_grad_kernel<T: Float + Send + Sync + 'static>(
     }
     let block = images_per_task(d.batch);
     let par = inner_parallelism(d.batch.div_ceil(block));
+    let image = |b: usize, dx_b: &mut [T], dcols: &mut [T]| {
+        let Some(bank) = bank_of(banks, b, d.banks) else {
+            return; // stays zero
+        };
+        // dcols [K, P] = W_gᵀ [K, OC] · dy_b [OC, P]
+        gemm(
+            dcols,
+            Mat::rows(0, p),
+            w,
+            Mat::rows(bank * oc * k, k).t(),
+            dy,
+            Mat::rows(b * oc * p, p),
+            (k, oc, p),
+            false,
+            par,
+        );
+        col2im(dcols, &g, dx_b);
+    };
     dx.par_chunks_mut(block * img)
         .enumerate()
         .for_each(|(t, dxs)| {
-            let mut dcols = vec![T::zero(); k * p];
-            for (i, dxb) in dxs.chunks_exact_mut(img).enumerate() {
-                let b = t * block + i;
-                let Some(bank) = bank_of(banks, b, d.banks) else {
-                    continue;
-                };
-                // dcols [K, P] = W_gᵀ [K, OC] · dy_b [OC, P]
-                gemm(
-                    &mut dcols,
-                    Mat::rows(0, p),
-                    w,
-                    Mat::rows(bank * oc * k, k).t(),
-                    dy,
-                    Mat::rows(b * oc * p, p),
-                    (k, oc, p),
-                    false,
-                    par,
-                );
-                col2im(&dcols, &g, dxb);
-            }
+            with_scratch(k * p, |dcols: &mut [T]| {
+                for (i, dx_b) in dxs.chunks_exact_mut(img).enumerate() {
+                    image(t * block + i, dx_b, dcols);
+                }
+            })
         });
     dx
 }
@@ -386,7 +461,7 @@ fn weight_blocks(banks: Option<&[i32]>, batch: usize, count: usize) -> Vec<(usiz
 }
 
 /// `dw: [banks, OC, C, KH, KW]`.
-fn weight_grad_kernel<T: Float + Send + Sync + 'static>(
+fn weight_grad_kernel<T: ConvFloat>(
     x: &[T],
     dy: &[T],
     banks: Option<&[i32]>,
@@ -404,23 +479,24 @@ fn weight_grad_kernel<T: Float + Send + Sync + 'static>(
     let partials: Vec<Vec<T>> = blocks
         .par_iter()
         .map(|&(_, b0, b1)| {
-            let mut cols = vec![T::zero(); k * p];
             let mut part = vec![T::zero(); bank_len];
-            for b in b0..b1 {
-                im2col(&x[b * img..(b + 1) * img], &g, &mut cols);
-                // part [OC, K] += dy_b [OC, P] · cols_bᵀ [P, K]
-                gemm(
-                    &mut part,
-                    Mat::rows(0, k),
-                    dy,
-                    Mat::rows(b * oc * p, p),
-                    &cols,
-                    Mat::rows(0, p).t(),
-                    (oc, p, k),
-                    b > b0,
-                    par,
-                );
-            }
+            with_scratch(k * p, |cols: &mut [T]| {
+                for b in b0..b1 {
+                    im2col(&x[b * img..(b + 1) * img], &g, cols);
+                    // part [OC, K] += dy_b [OC, P] · cols_bᵀ [P, K]
+                    gemm(
+                        &mut part,
+                        Mat::rows(0, k),
+                        dy,
+                        Mat::rows(b * oc * p, p),
+                        cols,
+                        Mat::rows(0, p).t(),
+                        (oc, p, k),
+                        b > b0,
+                        par,
+                    );
+                }
+            });
             part
         })
         .collect();

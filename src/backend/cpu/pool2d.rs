@@ -37,7 +37,15 @@ fn planes_per_task(out_plane: usize) -> usize {
     (TASK_ELEMENTS / out_plane.max(1)).max(1)
 }
 
-/// Max pooling: `(y, argmax)`, both `[planes, OH, OW]`.
+/// The column span of every output column, computed once per call.
+fn column_spans(d: &Pool2dDims) -> Vec<(usize, usize)> {
+    (0..d.out_w()).map(|ox| span(ox, d, d.width)).collect()
+}
+
+/// Max pooling: `(y, argmax)`, both `[planes, OH, OW]`. Each output row is initialised from
+/// the first pixel of each window and then updated row by row of the window with branch-free
+/// selects (a pixel wins when it is larger, or NaN against a number), which keeps the loop
+/// over the columns free of unpredictable branches.
 fn max_forward<T: Float + Send + Sync>(x: &[T], d: &Pool2dDims) -> (Vec<T>, Vec<i32>) {
     let (oh, ow, plane) = (d.out_h(), d.out_w(), d.height * d.width);
     let out_plane = oh * ow;
@@ -46,6 +54,9 @@ fn max_forward<T: Float + Send + Sync>(x: &[T], d: &Pool2dDims) -> (Vec<T>, Vec<
     if y.is_empty() {
         return (y, arg);
     }
+    let cols = column_spans(d);
+    // the common 2×2 / stride 2 case without padding: windows are disjoint pairs of columns
+    let pairs = d.kernel == 2 && d.stride == 2 && d.padding == 0;
     let group = planes_per_task(out_plane);
     y.par_chunks_mut(group * out_plane)
         .zip(arg.par_chunks_mut(group * out_plane))
@@ -56,27 +67,61 @@ fn max_forward<T: Float + Send + Sync>(x: &[T], d: &Pool2dDims) -> (Vec<T>, Vec<
                 .zip(args.chunks_exact_mut(out_plane));
             for (q, (yp, ap)) in planes.enumerate() {
                 let xp = &x[(t * group + q) * plane..][..plane];
-                for oy in 0..oh {
+                for (oy, (yrow, arow)) in yp
+                    .chunks_exact_mut(ow)
+                    .zip(ap.chunks_exact_mut(ow))
+                    .enumerate()
+                {
                     let (r0, r1) = span(oy, d, d.height);
-                    for ox in 0..ow {
-                        let (c0, c1) = span(ox, d, d.width);
-                        let mut best_at = r0 * d.width + c0;
-                        let mut best = xp[best_at];
-                        for r in r0..r1 {
-                            for (c, &v) in xp[r * d.width..][c0..c1].iter().enumerate() {
-                                if v > best || (v.is_nan() && !best.is_nan()) {
-                                    best = v;
-                                    best_at = r * d.width + c0 + c;
-                                }
+                    for ((best, at), &(c0, _)) in yrow.iter_mut().zip(arow.iter_mut()).zip(&cols) {
+                        *best = xp[r0 * d.width + c0];
+                        *at = (r0 * d.width + c0) as i32;
+                    }
+                    for r in r0..r1 {
+                        let row = &xp[r * d.width..(r + 1) * d.width];
+                        if pairs {
+                            max_pairs(row, r * d.width, yrow, arow);
+                            continue;
+                        }
+                        for ((best, at), &(c0, c1)) in
+                            yrow.iter_mut().zip(arow.iter_mut()).zip(&cols)
+                        {
+                            for (c, &v) in row[c0..c1].iter().enumerate() {
+                                let wins = v > *best || (v.is_nan() && !best.is_nan());
+                                *best = if wins { v } else { *best };
+                                *at = if wins {
+                                    (r * d.width + c0 + c) as i32
+                                } else {
+                                    *at
+                                };
                             }
                         }
-                        yp[oy * ow + ox] = best;
-                        ap[oy * ow + ox] = best_at as i32;
                     }
                 }
             }
         });
     (y, arg)
+}
+
+/// One input row of a 2×2 / stride 2 max pooling: the larger of each pair of columns (the
+/// first on a tie) against the running maximum of its window, with the same rule as the general
+/// loop, written without branches over whole pairs so that the compiler can vectorise it.
+/// `offset` is the row's first position in the plane.
+fn max_pairs<T: Float>(row: &[T], offset: usize, yrow: &mut [T], arow: &mut [i32]) {
+    let wins = |v: T, best: T| v > best || (v.is_nan() && !best.is_nan());
+    for (ox, ((best, at), pair)) in yrow
+        .iter_mut()
+        .zip(arow.iter_mut())
+        .zip(row.chunks_exact(2))
+        .enumerate()
+    {
+        let second = wins(pair[1], pair[0]);
+        let m = if second { pair[1] } else { pair[0] };
+        let here = (offset + 2 * ox) as i32 + second as i32;
+        let take = wins(m, *best);
+        *best = if take { m } else { *best };
+        *at = if take { here } else { *at };
+    }
 }
 
 /// Average pooling: `y [planes, OH, OW]`.
