@@ -55,7 +55,7 @@ fn max_forward<T: Float + Send + Sync>(x: &[T], d: &Pool2dDims) -> (Vec<T>, Vec<
         return (y, arg);
     }
     let cols = column_spans(d);
-    // the common 2×2 / stride 2 case without padding: windows are disjoint pairs of columns
+    // the common 2×2 / stride 2 case without padding: disjoint windows, see `max_2x2`
     let pairs = d.kernel == 2 && d.stride == 2 && d.padding == 0;
     let group = planes_per_task(out_plane);
     y.par_chunks_mut(group * out_plane)
@@ -72,6 +72,11 @@ fn max_forward<T: Float + Send + Sync>(x: &[T], d: &Pool2dDims) -> (Vec<T>, Vec<
                     .zip(ap.chunks_exact_mut(ow))
                     .enumerate()
                 {
+                    if pairs {
+                        let top = 2 * oy * d.width;
+                        max_2x2(&xp[top..top + 2 * d.width], top, d.width, yrow, arow);
+                        continue;
+                    }
                     let (r0, r1) = span(oy, d, d.height);
                     for ((best, at), &(c0, _)) in yrow.iter_mut().zip(arow.iter_mut()).zip(&cols) {
                         *best = xp[r0 * d.width + c0];
@@ -79,10 +84,6 @@ fn max_forward<T: Float + Send + Sync>(x: &[T], d: &Pool2dDims) -> (Vec<T>, Vec<
                     }
                     for r in r0..r1 {
                         let row = &xp[r * d.width..(r + 1) * d.width];
-                        if pairs {
-                            max_pairs(row, r * d.width, yrow, arow);
-                            continue;
-                        }
                         for ((best, at), &(c0, c1)) in
                             yrow.iter_mut().zip(arow.iter_mut()).zip(&cols)
                         {
@@ -103,24 +104,28 @@ fn max_forward<T: Float + Send + Sync>(x: &[T], d: &Pool2dDims) -> (Vec<T>, Vec<
     (y, arg)
 }
 
-/// One input row of a 2×2 / stride 2 max pooling: the larger of each pair of columns (the
-/// first on a tie) against the running maximum of its window, with the same rule as the general
-/// loop, written without branches over whole pairs so that the compiler can vectorise it.
-/// `offset` is the row's first position in the plane.
-fn max_pairs<T: Float>(row: &[T], offset: usize, yrow: &mut [T], arow: &mut [i32]) {
+/// One output row of a 2×2 / stride 2 max pooling without padding: `rows` holds the window's
+/// two input rows (`width` apart, the first at `offset` in the plane). Each window's four
+/// pixels are compared in scan order with the rule of the general loop (a pixel wins when it is
+/// larger, or NaN against a number) in registers, and the results are stored once: no
+/// conditional stores, so the compiler can vectorise the loop.
+fn max_2x2<T: Float>(rows: &[T], offset: usize, width: usize, yrow: &mut [T], arow: &mut [i32]) {
+    let (top, bottom) = rows.split_at(width);
     let wins = |v: T, best: T| v > best || (v.is_nan() && !best.is_nan());
-    for (ox, ((best, at), pair)) in yrow
+    for (ox, ((y, at), (t, b))) in yrow
         .iter_mut()
         .zip(arow.iter_mut())
-        .zip(row.chunks_exact(2))
+        .zip(top.chunks_exact(2).zip(bottom.chunks_exact(2)))
         .enumerate()
     {
-        let second = wins(pair[1], pair[0]);
-        let m = if second { pair[1] } else { pair[0] };
-        let here = (offset + 2 * ox) as i32 + second as i32;
-        let take = wins(m, *best);
-        *best = if take { m } else { *best };
-        *at = if take { here } else { *at };
+        let (mut m, mut i) = (t[0], 0);
+        for (v, j) in [(t[1], 1), (b[0], width), (b[1], width + 1)] {
+            let take = wins(v, m);
+            m = if take { v } else { m };
+            i = if take { j } else { i };
+        }
+        *y = m;
+        *at = (offset + 2 * ox + i) as i32;
     }
 }
 
