@@ -2,7 +2,7 @@
 //! and of their backward rule on the CPU (`CpuBackend::conv2d_forward`, `conv2d_input_grad`,
 //! `conv2d_weight_grad`).
 //!
-//! Every image is unfolded (im2col) into a per-task scratch `cols: [C·KH·KW, OH·OW]`, row
+//! Every image is unfolded (im2col) into a per-thread scratch `cols: [C·KH·KW, OH·OW]`, row
 //! `(c, i, j)` holding pixel `(c, s·oy + i − p, s·ox + j − p)` of every output position (zero in
 //! the padding), and the convolution becomes one GEMM per image through the `gemm` crate:
 //!
