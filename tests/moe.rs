@@ -342,68 +342,90 @@ fn sparse_evaluation_invariance_with_nan_in_unselected_experts() {
         to_f64(&l);
         l.set_training(false);
         let x = randn(&[3, 5], 6, DType::F64);
-        let run = |l: &MoeLayer| {
-            for (_, p) in params(l) {
-                p.zero_grad();
-            }
-            let xg = x.detach().with_grad().unwrap();
-            let out = l.forward(&xg).unwrap();
-            loss_of(&out.y).backward().unwrap();
-            let grads: Vec<Vec<f64>> = params(l)
-                .iter()
-                .map(|(_, p)| p.grad().unwrap().to_vec_f64().unwrap())
-                .collect();
-            (
-                out.y.to_vec_f64().unwrap(),
-                xg.grad().unwrap().to_vec_f64().unwrap(),
-                grads,
-                out.stats,
-            )
-        };
-        let (y0, gx0, g0, stats) = run(&l);
-        let kept = stats.kept_per_expert.to_vec_f64().unwrap();
-        let unused: Vec<usize> = (0..6).filter(|&e| kept[e] == 0.0).collect();
-        assert!(
-            !unused.is_empty(),
-            "{name}: 3 tokens × k should leave an expert idle"
-        );
-        // Expert parameters of idle experts got exactly zero gradient.
-        for (i, (pname, _)) in params(&l).iter().enumerate() {
-            if pname.starts_with("experts.") {
-                let per = g0[i].len() / 6;
-                for &e in &unused {
-                    assert!(
-                        g0[i][e * per..(e + 1) * per].iter().all(|&v| v == 0.0),
-                        "{name}: {pname} of idle expert {e}"
-                    );
-                }
+        assert_idle_experts_untouched(name, &l, &x, 6);
+    }
+}
+
+/// The same for CNN experts (the grouped convolutions read each expert's filters only for its
+/// own images): idle experts get exactly zero gradient, and NaN in them changes nothing.
+#[test]
+fn cnn_experts_idle_get_zero_gradient_and_ignore_nan() {
+    let mut cfg = MoeConfig::new(256, 8, 6, 2);
+    cfg.expert_kind = moegrad::moe::ExpertKind::Cnn { side: 16 };
+    cfg.d_out = 50;
+    cfg.seed = 8;
+    let l = MoeLayer::new(&cfg, Device::cpu()).unwrap();
+    to_f64(&l);
+    l.set_training(false);
+    let x = randn(&[2, 256], 15, DType::F64);
+    assert_idle_experts_untouched("cnn experts", &l, &x, 6);
+}
+
+/// Runs `l` (`n` experts) forward and backward on `x`, checks that the experts no token chose
+/// got exactly zero gradient, then fills those experts with NaN and checks that the output, the
+/// input gradient and every other gradient are unchanged bit for bit.
+fn assert_idle_experts_untouched(name: &str, l: &MoeLayer, x: &Tensor, n: usize) {
+    let run = |l: &MoeLayer| {
+        for (_, p) in params(l) {
+            p.zero_grad();
+        }
+        let xg = x.detach().with_grad().unwrap();
+        let out = l.forward(&xg).unwrap();
+        loss_of(&out.y).backward().unwrap();
+        let grads: Vec<Vec<f64>> = params(l)
+            .iter()
+            .map(|(_, p)| p.grad().unwrap().to_vec_f64().unwrap())
+            .collect();
+        (
+            out.y.to_vec_f64().unwrap(),
+            xg.grad().unwrap().to_vec_f64().unwrap(),
+            grads,
+            out.stats,
+        )
+    };
+    let (y0, gx0, g0, stats) = run(l);
+    let kept = stats.kept_per_expert.to_vec_f64().unwrap();
+    let unused: Vec<usize> = (0..n).filter(|&e| kept[e] == 0.0).collect();
+    assert!(
+        !unused.is_empty(),
+        "{name}: these tokens × k should leave an expert idle"
+    );
+    // Expert parameters of idle experts got exactly zero gradient.
+    for (i, (pname, _)) in params(l).iter().enumerate() {
+        if pname.starts_with("experts.") {
+            let per = g0[i].len() / n;
+            for &e in &unused {
+                assert!(
+                    g0[i][e * per..(e + 1) * per].iter().all(|&v| v == 0.0),
+                    "{name}: {pname} of idle expert {e}"
+                );
             }
         }
-        // Fill the idle experts with NaN: nothing may change.
-        for (pname, p) in params(&l) {
-            if pname.starts_with("experts.") {
-                let mut v = p.get().to_vec_f64().unwrap();
-                let per = v.len() / 6;
-                for &e in &unused {
-                    v[e * per..(e + 1) * per]
-                        .iter_mut()
-                        .for_each(|x| *x = f64::NAN);
-                }
-                p.set(Tensor::from_f64(v, p.get().shape(), Device::cpu()).unwrap())
-                    .unwrap();
+    }
+    // Fill the idle experts with NaN: nothing may change.
+    for (pname, p) in params(l) {
+        if pname.starts_with("experts.") {
+            let mut v = p.get().to_vec_f64().unwrap();
+            let per = v.len() / n;
+            for &e in &unused {
+                v[e * per..(e + 1) * per]
+                    .iter_mut()
+                    .for_each(|x| *x = f64::NAN);
             }
+            p.set(Tensor::from_f64(v, p.get().shape(), Device::cpu()).unwrap())
+                .unwrap();
         }
-        let (y1, gx1, g1, _) = run(&l);
-        assert_eq!(y0, y1, "{name}: output changed");
-        assert_eq!(gx0, gx1, "{name}: input gradient changed");
-        for (i, (pname, _)) in params(&l).iter().enumerate() {
-            let per = g1[i].len() / if pname.starts_with("experts.") { 6 } else { 1 };
-            let same = g0[i].iter().zip(&g1[i]).enumerate().all(|(j, (a, b))| {
-                let idle = pname.starts_with("experts.") && unused.contains(&(j / per));
-                if idle { *b == 0.0 } else { a == b }
-            });
-            assert!(same, "{name}: gradient of {pname} changed");
-        }
+    }
+    let (y1, gx1, g1, _) = run(l);
+    assert_eq!(y0, y1, "{name}: output changed");
+    assert_eq!(gx0, gx1, "{name}: input gradient changed");
+    for (i, (pname, _)) in params(l).iter().enumerate() {
+        let per = g1[i].len() / if pname.starts_with("experts.") { n } else { 1 };
+        let same = g0[i].iter().zip(&g1[i]).enumerate().all(|(j, (a, b))| {
+            let idle = pname.starts_with("experts.") && unused.contains(&(j / per));
+            if idle { *b == 0.0 } else { a == b }
+        });
+        assert!(same, "{name}: gradient of {pname} changed");
     }
 }
 

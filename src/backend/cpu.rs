@@ -9,17 +9,20 @@
 //! body; the enum [`CpuBuffer`] says which one a buffer holds.
 
 mod attention;
+mod conv2d;
 mod cross_entropy;
 mod layer_norm;
 pub mod pool;
+mod pool2d;
 mod routing;
 pub use attention::ATTENTION_BLOCK;
+pub use conv2d::WEIGHT_GRAD_IMAGES;
 pub use pool::PooledVec;
 
 use super::{
-    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, LayerNormDims, MatLayout,
-    MatmulDims, PlanBuffers, ReduceOp, SgdHyper, UnaryOp, check_gate_sizes, check_lengths,
-    uniform_hash,
+    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, HostData, LayerNormDims,
+    MatLayout, MatmulDims, PlanBuffers, Pool2dDims, PoolKind, ReduceOp, SgdHyper, UnaryOp,
+    check_gate_sizes, check_lengths, uniform_hash,
 };
 use crate::{DType, Error, Result};
 use num_traits::Float;
@@ -1916,6 +1919,55 @@ impl Backend for CpuBackend {
                 valid.dtype()
             ))),
         }
+    }
+
+    fn conv2d_forward(
+        &self,
+        x: &CpuBuffer,
+        w: &CpuBuffer,
+        image_bank: Option<&CpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<CpuBuffer> {
+        conv2d::forward(x, w, image_bank, dims)
+    }
+
+    fn conv2d_input_grad(
+        &self,
+        dy: &CpuBuffer,
+        w: &CpuBuffer,
+        image_bank: Option<&CpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<CpuBuffer> {
+        conv2d::input_grad(dy, w, image_bank, dims)
+    }
+
+    fn conv2d_weight_grad(
+        &self,
+        x: &CpuBuffer,
+        dy: &CpuBuffer,
+        image_bank: Option<&CpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<CpuBuffer> {
+        conv2d::weight_grad(x, dy, image_bank, dims)
+    }
+
+    fn pool2d_forward(
+        &self,
+        kind: PoolKind,
+        x: &CpuBuffer,
+        dims: Pool2dDims,
+    ) -> Result<(CpuBuffer, Option<CpuBuffer>)> {
+        pool2d::forward(kind, x, dims)
+    }
+
+    fn pool2d_backward(
+        &self,
+        kind: PoolKind,
+        dy: &CpuBuffer,
+        argmax: Option<&CpuBuffer>,
+        dims: Pool2dDims,
+    ) -> Result<CpuBuffer> {
+        pool2d::backward(kind, dy, argmax, dims)
     }
 }
 

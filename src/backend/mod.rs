@@ -185,6 +185,205 @@ pub struct LayerNormDims {
     pub eps: f64,
 }
 
+/// Geometry of a 2-D convolution (cross-correlation, as in PyTorch) over a batch of images, the
+/// sizes every convolution primitive takes. All buffers are contiguous:
+///
+/// * input `x` and its gradient: `[batch, in_channels, height, width]`;
+/// * weight and its gradient: `[banks, out_channels, in_channels, kernel_h, kernel_w]`, one
+///   weight per bank (a plain convolution has one bank; the CNN experts of an MoE layer have one
+///   per expert, and each image uses its expert's);
+/// * output and its gradient: `[batch, out_channels, out_h, out_w]` with
+///   `out_h = (height + 2·padding − kernel_h) / stride + 1` (the same for `out_w`).
+///
+/// Padding adds `padding` zeros on every side of each image.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Conv2dDims {
+    /// images B
+    pub batch: usize,
+    /// input channels C
+    pub in_channels: usize,
+    /// image height H
+    pub height: usize,
+    /// image width W
+    pub width: usize,
+    /// output channels OC
+    pub out_channels: usize,
+    /// kernel height KH
+    pub kernel_h: usize,
+    /// kernel width KW
+    pub kernel_w: usize,
+    /// step between windows (≥ 1)
+    pub stride: usize,
+    /// zeros added on every side
+    pub padding: usize,
+    /// weight banks G (1 for a plain convolution)
+    pub banks: usize,
+}
+
+impl Conv2dDims {
+    /// Output height `(H + 2·padding − KH) / stride + 1` (0 when the kernel does not fit).
+    pub fn out_h(&self) -> usize {
+        window_count(self.height, self.kernel_h, self.stride, self.padding)
+    }
+    /// Output width `(W + 2·padding − KW) / stride + 1` (0 when the kernel does not fit).
+    pub fn out_w(&self) -> usize {
+        window_count(self.width, self.kernel_w, self.stride, self.padding)
+    }
+    /// Elements of one window, `C·KH·KW`: the inner dimension of the convolution's GEMM.
+    pub fn window(&self) -> usize {
+        self.in_channels * self.kernel_h * self.kernel_w
+    }
+    /// `(input, weight, output)` element counts, `None` when one overflows a `usize`.
+    pub fn lengths(&self) -> Option<(usize, usize, usize)> {
+        let image = self
+            .in_channels
+            .checked_mul(self.height)?
+            .checked_mul(self.width)?;
+        let kernel = self.kernel_h.checked_mul(self.kernel_w)?;
+        let input = self.batch.checked_mul(image)?;
+        let weight = self
+            .banks
+            .checked_mul(self.out_channels)?
+            .checked_mul(self.in_channels)?
+            .checked_mul(kernel)?;
+        let output = self
+            .batch
+            .checked_mul(self.out_channels)?
+            .checked_mul(self.out_h())?
+            .checked_mul(self.out_w())?;
+        Some((input, weight, output))
+    }
+    /// Checks the geometry: stride and kernel at least 1, the kernel within the padded image,
+    /// at least one bank, no size overflowing. Returns the `(input, weight, output)` lengths.
+    ///
+    /// # Errors
+    /// [`crate::Error::Shape`] naming the sizes at fault.
+    pub fn check(&self, what: &str) -> crate::Result<(usize, usize, usize)> {
+        let Conv2dDims {
+            batch,
+            in_channels,
+            height,
+            width,
+            out_channels,
+            kernel_h,
+            kernel_w,
+            stride,
+            padding,
+            banks,
+        } = *self;
+        let bad = |why: String| {
+            Err(crate::Error::Shape(format!(
+                "{what}: {why} (input [{batch}, {in_channels}, {height}, {width}], weight \
+                 [{banks}, {out_channels}, {in_channels}, {kernel_h}, {kernel_w}], stride \
+                 {stride}, padding {padding})"
+            )))
+        };
+        if stride == 0 || kernel_h == 0 || kernel_w == 0 || banks == 0 {
+            return bad("stride, kernel sides and banks must be at least 1".into());
+        }
+        if kernel_h > height + 2 * padding || kernel_w > width + 2 * padding {
+            return bad(format!(
+                "a {kernel_h}×{kernel_w} kernel does not fit the padded {}×{} image",
+                height + 2 * padding,
+                width + 2 * padding
+            ));
+        }
+        match self.lengths() {
+            Some(l) => Ok(l),
+            None => bad("more elements than a usize can count".into()),
+        }
+    }
+}
+
+/// Windows of side `kernel` moved by `stride` over `size + 2·padding` positions.
+fn window_count(size: usize, kernel: usize, stride: usize, padding: usize) -> usize {
+    let padded = size + 2 * padding;
+    if stride == 0 || kernel == 0 || kernel > padded {
+        return 0;
+    }
+    (padded - kernel) / stride + 1
+}
+
+/// Which pooling a pooling primitive computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum PoolKind {
+    /// the maximum of each window; the forward pass also returns the position of the maximum
+    /// (the first one, scanning rows then columns; NaN counts as the largest) for backward
+    Max,
+    /// the mean of each window, padding counted as zeros (PyTorch's `count_include_pad`)
+    Avg,
+}
+
+/// Geometry of a 2-D pooling: `planes` independent `height × width` planes (batch × channels),
+/// square `kernel × kernel` windows moved by `stride`, `padding` on every side (at most half
+/// the kernel, as in PyTorch, so every window holds at least one real pixel; max pooling pads
+/// with −∞). Input `[planes, height, width]`, output `[planes, out_h, out_w]`, contiguous.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Pool2dDims {
+    /// batch × channels
+    pub planes: usize,
+    /// plane height H
+    pub height: usize,
+    /// plane width W
+    pub width: usize,
+    /// window side
+    pub kernel: usize,
+    /// step between windows (≥ 1)
+    pub stride: usize,
+    /// padding on every side (≤ kernel / 2)
+    pub padding: usize,
+}
+
+impl Pool2dDims {
+    /// Output height `(H + 2·padding − kernel) / stride + 1`.
+    pub fn out_h(&self) -> usize {
+        window_count(self.height, self.kernel, self.stride, self.padding)
+    }
+    /// Output width `(W + 2·padding − kernel) / stride + 1`.
+    pub fn out_w(&self) -> usize {
+        window_count(self.width, self.kernel, self.stride, self.padding)
+    }
+    /// Checks the geometry and returns the `(input, output)` element counts.
+    ///
+    /// # Errors
+    /// [`crate::Error::Shape`] naming the sizes at fault: a zero stride or kernel, padding over
+    /// half the kernel, a window larger than the padded plane, or an overflowing size.
+    pub fn check(&self, what: &str) -> crate::Result<(usize, usize)> {
+        let Pool2dDims {
+            planes,
+            height,
+            width,
+            kernel,
+            stride,
+            padding,
+        } = *self;
+        let bad = |why: String| {
+            Err(crate::Error::Shape(format!(
+                "{what}: {why} ({planes} planes of {height}×{width}, kernel {kernel}, stride \
+                 {stride}, padding {padding})"
+            )))
+        };
+        if stride == 0 || kernel == 0 {
+            return bad("kernel and stride must be at least 1".into());
+        }
+        if 2 * padding > kernel {
+            return bad("padding must be at most half the kernel".into());
+        }
+        if kernel > height + 2 * padding || kernel > width + 2 * padding {
+            return bad("the window does not fit the padded plane".into());
+        }
+        let plane = height.checked_mul(width);
+        let out_plane = self.out_h().checked_mul(self.out_w());
+        match (
+            plane.and_then(|p| p.checked_mul(planes)),
+            out_plane.and_then(|p| p.checked_mul(planes)),
+        ) {
+            (Some(i), Some(o)) => Ok((i, o)),
+            _ => bad("more elements than a usize can count".into()),
+        }
+    }
+}
+
 /// Hyper-parameters of one fused Adam/AdamW update (see `optim::Adam` for the formulas).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamHyper {
@@ -620,6 +819,56 @@ pub trait Backend {
         logits: &Self::Buffer,
         targets: &Self::Buffer,
         lse: &Self::Buffer,
+    ) -> Result<Self::Buffer>;
+    /// 2-D convolution, forward: `y[b, o] = Σ_{c,i,j} w[g_b, o, c, i, j] · x[b, c, s·y + i − p,
+    /// s·x + j − p]` (zeros outside the image) with `g_b = image_bank[b]`, or bank 0 for every
+    /// image when `image_bank` is `None`. `image_bank` is I32 `[batch]`; an image whose bank is
+    /// outside `0..banks` gets a zero output. Layouts in [`Conv2dDims`].
+    fn conv2d_forward(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        image_bank: Option<&Self::Buffer>,
+        dims: Conv2dDims,
+    ) -> Result<Self::Buffer>;
+    /// The input gradient of [`Backend::conv2d_forward`] for the output gradient `dy`: each
+    /// image's `dx` is its bank's weight, transposed, applied to `dy` and folded back onto the
+    /// image (col2im). Zero for an image whose bank is out of range.
+    fn conv2d_input_grad(
+        &self,
+        dy: &Self::Buffer,
+        w: &Self::Buffer,
+        image_bank: Option<&Self::Buffer>,
+        dims: Conv2dDims,
+    ) -> Result<Self::Buffer>;
+    /// The weight gradient of [`Backend::conv2d_forward`]: `dw[g] = Σ_{images b of bank g}
+    /// dy[b] · windows(x[b])ᵀ`, `[banks, out_channels, in_channels, kernel_h, kernel_w]`. A bank
+    /// no image uses gets exactly zero.
+    fn conv2d_weight_grad(
+        &self,
+        x: &Self::Buffer,
+        dy: &Self::Buffer,
+        image_bank: Option<&Self::Buffer>,
+        dims: Conv2dDims,
+    ) -> Result<Self::Buffer>;
+    /// 2-D pooling, forward: the max or mean of each window (see [`Pool2dDims`]). Max pooling
+    /// also returns, for each output, the position `row·width + col` in its plane of the input
+    /// it took (I32, `[planes, out_h, out_w]`); average pooling returns `None` there.
+    fn pool2d_forward(
+        &self,
+        kind: PoolKind,
+        x: &Self::Buffer,
+        dims: Pool2dDims,
+    ) -> Result<(Self::Buffer, Option<Self::Buffer>)>;
+    /// The input gradient of [`Backend::pool2d_forward`]: max pooling adds each output's
+    /// gradient to the input its `argmax` names (required); average pooling spreads it evenly,
+    /// `dy / kernel²`, over the real pixels of its window.
+    fn pool2d_backward(
+        &self,
+        kind: PoolKind,
+        dy: &Self::Buffer,
+        argmax: Option<&Self::Buffer>,
+        dims: Pool2dDims,
     ) -> Result<Self::Buffer>;
 }
 

@@ -858,4 +858,114 @@ impl Storage {
             )),
         }
     }
+
+    /// See [`Backend::conv2d_forward`]; `self` is the input `x`.
+    pub fn conv2d_forward(
+        &self,
+        w: &Storage,
+        image_bank: Option<&Storage>,
+        dims: Conv2dDims,
+    ) -> Result<Storage> {
+        const WHAT: &str = "conv2d";
+        match self {
+            Storage::Cpu(x) => {
+                let bank = image_bank.map(|b| as_cpu(b, WHAT)).transpose()?;
+                cpu::CpuBackend
+                    .conv2d_forward(x, as_cpu(w, WHAT)?, bank, dims)
+                    .map(Storage::Cpu)
+            }
+            Storage::Gpu(x) => {
+                let bank = image_bank.map(|b| as_gpu(b, WHAT)).transpose()?;
+                gpu::GpuBackend::get()?
+                    .conv2d_forward(x, as_gpu(w, WHAT)?, bank, dims)
+                    .map(Storage::Gpu)
+            }
+        }
+    }
+    /// See [`Backend::conv2d_input_grad`]; `self` is the output gradient `dy`.
+    pub fn conv2d_input_grad(
+        &self,
+        w: &Storage,
+        image_bank: Option<&Storage>,
+        dims: Conv2dDims,
+    ) -> Result<Storage> {
+        const WHAT: &str = "conv2d backward";
+        match self {
+            Storage::Cpu(dy) => {
+                let bank = image_bank.map(|b| as_cpu(b, WHAT)).transpose()?;
+                cpu::CpuBackend
+                    .conv2d_input_grad(dy, as_cpu(w, WHAT)?, bank, dims)
+                    .map(Storage::Cpu)
+            }
+            Storage::Gpu(dy) => {
+                let bank = image_bank.map(|b| as_gpu(b, WHAT)).transpose()?;
+                gpu::GpuBackend::get()?
+                    .conv2d_input_grad(dy, as_gpu(w, WHAT)?, bank, dims)
+                    .map(Storage::Gpu)
+            }
+        }
+    }
+    /// See [`Backend::conv2d_weight_grad`]; `self` is the input `x`.
+    pub fn conv2d_weight_grad(
+        &self,
+        dy: &Storage,
+        image_bank: Option<&Storage>,
+        dims: Conv2dDims,
+    ) -> Result<Storage> {
+        const WHAT: &str = "conv2d backward";
+        match self {
+            Storage::Cpu(x) => {
+                let bank = image_bank.map(|b| as_cpu(b, WHAT)).transpose()?;
+                cpu::CpuBackend
+                    .conv2d_weight_grad(x, as_cpu(dy, WHAT)?, bank, dims)
+                    .map(Storage::Cpu)
+            }
+            Storage::Gpu(x) => {
+                let bank = image_bank.map(|b| as_gpu(b, WHAT)).transpose()?;
+                gpu::GpuBackend::get()?
+                    .conv2d_weight_grad(x, as_gpu(dy, WHAT)?, bank, dims)
+                    .map(Storage::Gpu)
+            }
+        }
+    }
+    /// See [`Backend::pool2d_forward`]; returns `(y, argmax)` (argmax for max pooling only).
+    pub fn pool2d_forward(
+        &self,
+        kind: PoolKind,
+        dims: Pool2dDims,
+    ) -> Result<(Storage, Option<Storage>)> {
+        match self {
+            Storage::Cpu(x) => {
+                let (y, a) = cpu::CpuBackend.pool2d_forward(kind, x, dims)?;
+                Ok((Storage::Cpu(y), a.map(Storage::Cpu)))
+            }
+            Storage::Gpu(x) => {
+                let (y, a) = gpu::GpuBackend::get()?.pool2d_forward(kind, x, dims)?;
+                Ok((Storage::Gpu(y), a.map(Storage::Gpu)))
+            }
+        }
+    }
+    /// See [`Backend::pool2d_backward`]; `self` is the output gradient `dy`.
+    pub fn pool2d_backward(
+        &self,
+        kind: PoolKind,
+        argmax: Option<&Storage>,
+        dims: Pool2dDims,
+    ) -> Result<Storage> {
+        const WHAT: &str = "pool2d backward";
+        match self {
+            Storage::Cpu(dy) => {
+                let arg = argmax.map(|a| as_cpu(a, WHAT)).transpose()?;
+                cpu::CpuBackend
+                    .pool2d_backward(kind, dy, arg, dims)
+                    .map(Storage::Cpu)
+            }
+            Storage::Gpu(dy) => {
+                let arg = argmax.map(|a| as_gpu(a, WHAT)).transpose()?;
+                gpu::GpuBackend::get()?
+                    .pool2d_backward(kind, dy, arg, dims)
+                    .map(Storage::Gpu)
+            }
+        }
+    }
 }

@@ -5,9 +5,16 @@
 //! image → conv 5×5×10, ReLU, max-pool 2 → conv 5×5×20, ReLU, max-pool 2 → dense 50, ReLU → dense 50, ReLU
 //! ```
 //!
-//! A grouped convolution is an unfold (shared by all experts) followed by a grouped matmul whose
-//! rows are the windows of each image: every window row inherits its image's expert, so the
-//! rows stay sorted by expert and each expert's filters touch only its own images.
+//! Each convolution is one [`Tensor::grouped_conv2d`] over all routed rows (images) at once,
+//! every image convolved with its own expert's filters (`plan.row_expert` picks the bank; a
+//! dropped row gets zeros). The backend spreads the images over the threads whichever expert
+//! they belong to, so no expert waits for another's tail, and computes each expert's weight
+//! gradient from its own images only: an expert that received no rows gets exactly zero. The
+//! dense layers are grouped matmuls, as for the MLP experts.
+//!
+//! The convolution weights are stored `[n, C·5·5, OC]` (the layout of a grouped matmul over
+//! unfolded windows, which is how these experts were first computed; checkpoints keep it) and
+//! transposed to the kernels' `[n, OC, C, 5, 5]` on use, a copy of a few thousand values.
 
 use super::DispatchPlan;
 use super::experts::ExpertNet;
@@ -70,33 +77,23 @@ impl CnnExpertBank {
         })
     }
 
-    /// One grouped convolution + ReLU + 2×2 max-pool on `[A, C, H, W]` images.
-    fn conv_block(
-        x: &Tensor,
-        w: &Tensor,
-        b: &Tensor,
-        row_expert: &Tensor,
-        clamped: &Tensor,
-        offsets: &Tensor,
-    ) -> Result<Tensor> {
-        let (a, c, h, wd) = (x.shape()[0], x.shape()[1], x.shape()[2], x.shape()[3]);
-        let oc = w.shape()[2];
-        let (oh, ow) = (h - 4, wd - 4);
-        let l = oh * ow;
-        let cols = x.unfold_windows(5, 5, 1, 0)?; // [A, C, L, 25]
-        let rows = cols.permute(&[0, 2, 1, 3])?.reshape(&[a * l, c * 25])?;
-        let repeat = |t: &Tensor| -> Result<Tensor> {
-            t.reshape(&[a, 1])?.expand(&[a, l])?.reshape(&[a * l])
-        };
-        let offs = offsets
-            .to_dtype(DType::F32)?
-            .mul_scalar(l as f64)?
-            .to_dtype(DType::I32)?;
-        let out = rows
-            .grouped_matmul(w, &repeat(row_expert)?, &offs)?
-            .add(&b.index_select(0, &repeat(clamped)?)?)?;
-        let img = out.reshape(&[a, oh, ow, oc])?.permute(&[0, 3, 1, 2])?;
-        img.relu()?.max_pool2d(2, 2)
+    /// One grouped convolution (5×5, each image with its expert's filters `w` `[n, C·25, OC]`
+    /// and bias `b` `[n, OC]`) + ReLU + 2×2 max-pool on `[A, C, H, W]` images.
+    ///
+    /// Computed as convolution → max-pool → bias → ReLU: a bias constant over each window and
+    /// a monotone ReLU commute with the max, so the values are those of the order above, while
+    /// the two elementwise passes (and their backward) run on a quarter of the elements.
+    fn conv_block(x: &Tensor, w: &Tensor, b: &Tensor, plan: &DispatchPlan) -> Result<Tensor> {
+        let (a, c) = (x.shape()[0], x.shape()[1]);
+        let (n, oc) = (w.shape()[0], w.shape()[2]);
+        let banks = w.transpose(1, 2)?.reshape(&[n, oc, c, 5, 5])?;
+        let bias = b
+            .index_select(0, &plan.row_expert_clamped)?
+            .reshape(&[a, oc, 1, 1])?;
+        x.grouped_conv2d(&banks, &plan.row_expert, 1, 0)?
+            .max_pool2d(2, 2)?
+            .add(&bias)?
+            .relu()
     }
 }
 
@@ -105,8 +102,8 @@ impl ExpertNet for CnnExpertBank {
         let a = rows.shape()[0];
         let x = rows.reshape(&[a, 1, self.side, self.side])?;
         let (re, cl, off) = (&plan.row_expert, &plan.row_expert_clamped, &plan.offsets);
-        let h = Self::conv_block(&x, &self.conv1.get(), &self.conv1_bias.get(), re, cl, off)?;
-        let h = Self::conv_block(&h, &self.conv2.get(), &self.conv2_bias.get(), re, cl, off)?;
+        let h = Self::conv_block(&x, &self.conv1.get(), &self.conv1_bias.get(), plan)?;
+        let h = Self::conv_block(&h, &self.conv2.get(), &self.conv2_bias.get(), plan)?;
         let h = h.reshape(&[a, h.numel() / a.max(1)])?;
         let h = h
             .grouped_matmul(&self.dense1.get(), re, off)?

@@ -1,152 +1,46 @@
-//! 2-D convolution and pooling, composed from differentiable primitives (no new kernels):
+//! 2-D convolution and pooling as differentiable ops, each forward beside its backward rule:
 //!
-//! 1. *unfold* (im2col): each image's `[C, H·W]` pixels, plus one appended zero that padding
-//!    positions point at, are gathered with `index_select` into `[C, OH·OW·KH·KW]` windows; the
-//!    window index is computed once per geometry and cached on the device.
-//! 2. convolution is then one matmul of the windows `[B·OH·OW, C·KH·KW]` with the weight
-//!    `[C·KH·KW, OC]`; pooling is a max or mean over each window.
+//! * [`Tensor::conv2d`] and [`Tensor::grouped_conv2d`] (one weight bank per image, for the CNN
+//!   experts of an MoE layer) call the backend's convolution primitives,
+//!   `Backend::conv2d_forward` and in backward `conv2d_input_grad` / `conv2d_weight_grad`
+//!   (`src/backend/cpu/conv2d.rs`; `shaders/conv2d.wgsl`, launched by
+//!   `src/backend/gpu/conv2d.rs`). A bias is a broadcast `add`, whose own rule sums its
+//!   gradient over images and positions.
+//! * [`Tensor::max_pool2d`] / [`Tensor::avg_pool2d`] (and their `_padded` forms) call
+//!   `Backend::pool2d_forward` / `pool2d_backward` (`src/backend/cpu/pool2d.rs`;
+//!   `shaders/pool2d.wgsl`, launched by `src/backend/gpu/pool2d.rs`). Max pooling keeps the
+//!   position of each maximum for backward.
 //!
-//! Gradients come from the pieces: `index_select`'s backward is the scatter-add (col2im).
+//! Only the gradients some input needs are computed (the first convolution of a network needs
+//! no input gradient). The backward rules are backend kernels, not tensor ops, so these ops are
+//! not twice differentiable. The same operations composed from general primitives
+//! (`ops/conv_unfolded.rs`) stay as the reference the tests compare against.
 
-use crate::{Device, Error, Result, Tensor};
-use std::collections::HashMap;
-use std::sync::{Mutex, OnceLock};
-
-/// Geometry of a sliding window over an `h × w` image.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-struct Window {
-    h: usize,
-    w: usize,
-    kh: usize,
-    kw: usize,
-    stride: usize,
-    pad: usize,
-}
-
-impl Window {
-    fn out(&self) -> Result<(usize, usize)> {
-        let (hp, wp) = (self.h + 2 * self.pad, self.w + 2 * self.pad);
-        if self.stride == 0 || self.kh == 0 || self.kw == 0 || self.kh > hp || self.kw > wp {
-            return Err(Error::Shape(format!(
-                "window {}×{} with stride {} and padding {} does not fit an image of {}×{}",
-                self.kh, self.kw, self.stride, self.pad, self.h, self.w
-            )));
-        }
-        Ok((
-            (hp - self.kh) / self.stride + 1,
-            (wp - self.kw) / self.stride + 1,
-        ))
-    }
-
-    /// For every output position and kernel offset, the flat pixel index (or `h·w`, the appended
-    /// zero, where the window hangs over the padding). Order: `(oh, ow, kh, kw)`.
-    fn indices(&self) -> Result<Vec<i32>> {
-        let (oh, ow) = self.out()?;
-        let mut idx = Vec::with_capacity(oh * ow * self.kh * self.kw);
-        for y in 0..oh {
-            for x in 0..ow {
-                for i in 0..self.kh {
-                    for j in 0..self.kw {
-                        let r = (y * self.stride + i) as isize - self.pad as isize;
-                        let c = (x * self.stride + j) as isize - self.pad as isize;
-                        let inside =
-                            r >= 0 && c >= 0 && (r as usize) < self.h && (c as usize) < self.w;
-                        idx.push(if inside {
-                            (r as usize * self.w + c as usize) as i32
-                        } else {
-                            (self.h * self.w) as i32
-                        });
-                    }
-                }
-            }
-        }
-        Ok(idx)
-    }
-}
-
-type WindowCache = Mutex<HashMap<(Window, Device), Tensor>>;
-
-/// The window index tensor for a geometry, built once per device and reused every step.
-fn window_index(win: Window, device: Device) -> Result<Tensor> {
-    static CACHE: OnceLock<WindowCache> = OnceLock::new();
-    let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
-    if let Some(t) = cache
-        .lock()
-        .ok()
-        .and_then(|c| c.get(&(win, device)).cloned())
-    {
-        return Ok(t);
-    }
-    let idx = win.indices()?;
-    let n = idx.len();
-    let t = Tensor::from_i32(idx, &[n], device)?;
-    if let Ok(mut c) = cache.lock() {
-        c.insert((win, device), t.clone());
-    }
-    Ok(t)
-}
+use crate::backend::{Conv2dDims, Pool2dDims, PoolKind};
+use crate::{DType, Error, Result, Tensor};
 
 impl Tensor {
-    /// Windows of a `[B, C, H, W]` tensor (im2col): `[B, C, OH·OW, KH·KW]`, window order
-    /// `(oh, ow)`, offsets `(kh, kw)`, zeros where a window hangs over the padding.
-    pub fn unfold_windows(
-        &self,
-        kh: usize,
-        kw: usize,
-        stride: usize,
-        pad: usize,
-    ) -> Result<Tensor> {
-        let _profile = crate::profile::op("unfold_windows");
-        Ok(self.unfold(kh, kw, stride, pad)?.0)
-    }
-
-    /// [`Tensor::unfold_windows`] plus `(OH, OW)`.
-    fn unfold(
-        &self,
-        kh: usize,
-        kw: usize,
-        stride: usize,
-        pad: usize,
-    ) -> Result<(Tensor, usize, usize)> {
-        if self.rank() != 4 {
-            return Err(Error::Shape(format!(
-                "expected an image batch [B, C, H, W], got shape {:?}",
-                self.shape()
-            )));
-        }
-        let (b, c, h, w) = (
-            self.shape()[0],
-            self.shape()[1],
-            self.shape()[2],
-            self.shape()[3],
-        );
-        let win = Window {
-            h,
-            w,
-            kh,
-            kw,
-            stride,
-            pad,
-        };
-        let (oh, ow) = win.out()?;
-        let idx = window_index(win, self.device())?;
-        let flat = self.reshape(&[b, c, h * w])?;
-        let with_zero = Tensor::concat(
-            &[
-                flat,
-                Tensor::zeros(&[b, c, 1], self.dtype(), self.device())?,
-            ],
-            2,
-        )?;
-        let cols = with_zero
-            .index_select(2, &idx)?
-            .reshape(&[b, c, oh * ow, kh * kw])?;
-        Ok((cols, oh, ow))
-    }
-
     /// 2-D convolution (cross-correlation, as in PyTorch) of `self` `[B, C, H, W]` with `weight`
     /// `[OC, C, KH, KW]` and an optional `bias` `[OC]`; output `[B, OC, OH, OW]` with
-    /// `OH = (H + 2·padding − KH) / stride + 1`.
+    /// `OH = (H + 2·padding − KH) / stride + 1` (the same for `OW`), padding adding zeros on
+    /// every side.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] naming the shapes when they do not match or the kernel does not fit the
+    /// padded image (or stride is 0); [`Error::DType`] / [`Error::Device`] for mixed dtypes or
+    /// devices.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::{Device, Tensor};
+    /// # fn main() -> moegrad::Result<()> {
+    /// let x = Tensor::from_f32((1..=9).map(|v| v as f32).collect(), &[1, 1, 3, 3], Device::cpu())?;
+    /// let w = Tensor::ones(&[1, 1, 2, 2], moegrad::DType::F32, Device::cpu())?;
+    /// let y = x.conv2d(&w, None, 1, 0)?; // sums of 2×2 windows
+    /// assert_eq!(y.shape(), &[1, 1, 2, 2]);
+    /// assert_eq!(y.to_vec_f32()?, vec![12.0, 16.0, 24.0, 28.0]);
+    /// # Ok(()) }
+    /// ```
     pub fn conv2d(
         &self,
         weight: &Tensor,
@@ -155,60 +49,251 @@ impl Tensor {
         padding: usize,
     ) -> Result<Tensor> {
         let _profile = crate::profile::op("conv2d");
+        const WHAT: &str = "conv2d";
         if weight.rank() != 4 || self.rank() != 4 || weight.shape()[1] != self.shape()[1] {
             return Err(Error::Shape(format!(
-                "conv2d: input [B, C, H, W] {:?} and weight [OC, C, KH, KW] {:?} do not match",
+                "{WHAT}: input [B, C, H, W] {:?} and weight [OC, C, KH, KW] {:?} do not match",
                 self.shape(),
                 weight.shape()
             )));
         }
-        let (oc, c, kh, kw) = (
-            weight.shape()[0],
-            weight.shape()[1],
-            weight.shape()[2],
-            weight.shape()[3],
-        );
-        if let Some(b) = bias
-            && b.shape() != [oc]
-        {
+        let oc = weight.shape()[0];
+        if let Some(b) = bias {
+            if b.shape() != [oc] {
+                return Err(Error::Shape(format!(
+                    "{WHAT}: bias {:?} should be [{oc}] for weight {:?}",
+                    b.shape(),
+                    weight.shape()
+                )));
+            }
+            self.check_compatible(b, WHAT)?;
+        }
+        let mut banked = weight.shape().to_vec();
+        banked.insert(0, 1);
+        let y = self.conv2d_banked(&weight.reshape(&banked)?, None, stride, padding, WHAT)?;
+        match bias {
+            Some(b) => y.add(&b.reshape(&[oc, 1, 1])?),
+            None => Ok(y),
+        }
+    }
+
+    /// A convolution with one weight bank per image: image `b` of `self` `[B, C, H, W]` is
+    /// convolved with `weight[image_bank[b]]`, `weight` `[G, OC, C, KH, KW]`, `image_bank` I32
+    /// `[B]`; output `[B, OC, OH, OW]` as in [`Tensor::conv2d`] (no bias). An image whose bank is
+    /// outside `0..G` gets zeros and passes no gradient. Each bank's weights are read only for
+    /// its own images, so a bank no image uses gets exactly zero gradient: this is the
+    /// convolution of the CNN experts of an MoE layer (`moe/cnn_experts.rs`), where the banks
+    /// are experts and the images their routed rows.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] naming the shapes when they do not match; [`Error::DType`] unless
+    /// `image_bank` is I32 and the others one float dtype; [`Error::Device`] for mixed devices.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::{DType, Device, Tensor};
+    /// # fn main() -> moegrad::Result<()> {
+    /// let dev = Device::cpu();
+    /// let x = Tensor::ones(&[3, 1, 2, 2], DType::F32, dev)?;
+    /// // bank 0 sums a window, bank 1 doubles the sum
+    /// let w = Tensor::from_f32(vec![1.0; 4].into_iter().chain(vec![2.0; 4]).collect(), &[2, 1, 1, 2, 2], dev)?;
+    /// let banks = Tensor::from_i32(vec![1, 0, -1], &[3], dev)?;
+    /// let y = x.grouped_conv2d(&w, &banks, 1, 0)?;
+    /// assert_eq!(y.to_vec_f32()?, vec![8.0, 4.0, 0.0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn grouped_conv2d(
+        &self,
+        weight: &Tensor,
+        image_bank: &Tensor,
+        stride: usize,
+        padding: usize,
+    ) -> Result<Tensor> {
+        const WHAT: &str = "grouped_conv2d";
+        let _profile = crate::profile::op(WHAT);
+        if weight.rank() != 5 || self.rank() != 4 || weight.shape()[2] != self.shape()[1] {
             return Err(Error::Shape(format!(
-                "conv2d: bias {:?} should be [{oc}]",
-                b.shape()
+                "{WHAT}: input [B, C, H, W] {:?} and weight [G, OC, C, KH, KW] {:?} do not match",
+                self.shape(),
+                weight.shape()
             )));
         }
-        let batch = self.shape()[0];
-        let (cols, oh, ow) = self.unfold(kh, kw, stride, padding)?;
-        let l = oh * ow;
-        let rows = cols
-            .permute(&[0, 2, 1, 3])?
-            .reshape(&[batch * l, c * kh * kw])?;
-        let wmat = weight.reshape(&[oc, c * kh * kw])?.transpose(0, 1)?;
-        let mut out = rows.matmul(&wmat)?;
-        if let Some(b) = bias {
-            out = out.add(b)?;
+        if image_bank.shape() != [self.shape()[0]] {
+            return Err(Error::Shape(format!(
+                "{WHAT}: image_bank {:?} should be [{}], one bank per image of {:?}",
+                image_bank.shape(),
+                self.shape()[0],
+                self.shape()
+            )));
         }
-        out.reshape(&[batch, oh, ow, oc])?.permute(&[0, 3, 1, 2])
+        if image_bank.dtype() != DType::I32 {
+            return Err(Error::DType(format!(
+                "{WHAT}: image_bank must be i32, got {}",
+                image_bank.dtype()
+            )));
+        }
+        if image_bank.device() != self.device() {
+            return Err(Error::Device(format!(
+                "{WHAT}: image_bank is on {}, the images on {}",
+                image_bank.device(),
+                self.device()
+            )));
+        }
+        self.conv2d_banked(weight, Some(image_bank), stride, padding, WHAT)
     }
 
-    fn pool2d(&self, kernel: usize, stride: usize, max: bool) -> Result<Tensor> {
-        let (cols, oh, ow) = self.unfold(kernel, kernel, stride, 0)?;
-        let pooled = if max {
-            cols.max(-1, false)?
-        } else {
-            cols.mean(&[-1], false)?
+    /// The convolution of `self` `[B, C, H, W]` with a banked weight `[G, OC, C, KH, KW]`
+    /// (shapes of rank 4 and 5, channels matching: checked by the callers).
+    fn conv2d_banked(
+        &self,
+        weight: &Tensor,
+        image_bank: Option<&Tensor>,
+        stride: usize,
+        padding: usize,
+        what: &'static str,
+    ) -> Result<Tensor> {
+        self.check_compatible(weight, what)?;
+        self.check_float(what)?;
+        let (x, w) = (self.shape(), weight.shape());
+        let dims = Conv2dDims {
+            batch: x[0],
+            in_channels: x[1],
+            height: x[2],
+            width: x[3],
+            out_channels: w[1],
+            kernel_h: w[3],
+            kernel_w: w[4],
+            stride,
+            padding,
+            banks: w[0],
         };
-        pooled.reshape(&[self.shape()[0], self.shape()[1], oh, ow])
+        dims.check(what)?;
+        let out_shape = vec![dims.batch, dims.out_channels, dims.out_h(), dims.out_w()];
+        if out_shape.contains(&0) || dims.window() == 0 {
+            // Nothing to compute (no images, channels or positions): zeros, and zero gradients.
+            let out = Tensor::zeros(&out_shape, self.dtype(), self.device())?;
+            let (xz, wz) = (
+                Tensor::zeros(x, self.dtype(), self.device())?,
+                Tensor::zeros(w, self.dtype(), self.device())?,
+            );
+            return Ok(Tensor::record(out, what, &[self, weight], move |_| {
+                Ok(vec![Some(xz), Some(wz)])
+            }));
+        }
+        let bank = image_bank.map(|b| b.storage().clone());
+        let y = self
+            .storage()
+            .conv2d_forward(weight.storage(), bank.as_ref(), dims)?;
+        let out = Tensor::from_storage(y, out_shape);
+        let (need_x, need_w) = (self.requires_grad(), weight.requires_grad());
+        // Each gradient keeps only what it reads: dx the weight, dw the input.
+        let saved_w = need_x.then(|| weight.detach());
+        let saved_x = need_w.then(|| self.detach());
+        let (x_shape, w_shape) = (x.to_vec(), w.to_vec());
+        Ok(Tensor::record(out, what, &[self, weight], move |g| {
+            let dx = match &saved_w {
+                Some(w) => Some(Tensor::from_storage(
+                    g.storage()
+                        .conv2d_input_grad(w.storage(), bank.as_ref(), dims)?,
+                    x_shape,
+                )),
+                None => None,
+            };
+            let dw = match &saved_x {
+                Some(x) => Some(Tensor::from_storage(
+                    x.storage()
+                        .conv2d_weight_grad(g.storage(), bank.as_ref(), dims)?,
+                    w_shape,
+                )),
+                None => None,
+            };
+            Ok(vec![dx, dw])
+        }))
     }
 
-    /// Max pooling over `kernel × kernel` windows moved by `stride`, no padding.
+    /// Max pooling over `kernel × kernel` windows moved by `stride`, no padding:
+    /// `[B, C, H, W]` → `[B, C, OH, OW]`, `OH = (H − kernel) / stride + 1`. The gradient goes to
+    /// the first maximum of each window (rows, then columns).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] naming the shape unless it is `[B, C, H, W]` with the window fitting
+    /// (and kernel, stride ≥ 1); [`Error::DType`] for an integer tensor.
     pub fn max_pool2d(&self, kernel: usize, stride: usize) -> Result<Tensor> {
-        let _profile = crate::profile::op("max_pool2d");
-        self.pool2d(kernel, stride, true)
+        self.pool2d(PoolKind::Max, kernel, stride, 0)
     }
 
-    /// Average pooling over `kernel × kernel` windows moved by `stride`, no padding.
+    /// [`Tensor::max_pool2d`] with `padding` (at most `kernel / 2`) on every side, which never
+    /// wins a window (it stands for −∞).
+    pub fn max_pool2d_padded(
+        &self,
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+    ) -> Result<Tensor> {
+        self.pool2d(PoolKind::Max, kernel, stride, padding)
+    }
+
+    /// Average pooling over `kernel × kernel` windows moved by `stride`, no padding (shapes and
+    /// errors as [`Tensor::max_pool2d`]).
     pub fn avg_pool2d(&self, kernel: usize, stride: usize) -> Result<Tensor> {
-        let _profile = crate::profile::op("avg_pool2d");
-        self.pool2d(kernel, stride, false)
+        self.pool2d(PoolKind::Avg, kernel, stride, 0)
+    }
+
+    /// [`Tensor::avg_pool2d`] with `padding` (at most `kernel / 2`) zeros on every side, counted
+    /// in every mean (each window divides by `kernel²`, as PyTorch's default `count_include_pad`).
+    pub fn avg_pool2d_padded(
+        &self,
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+    ) -> Result<Tensor> {
+        self.pool2d(PoolKind::Avg, kernel, stride, padding)
+    }
+
+    fn pool2d(
+        &self,
+        kind: PoolKind,
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+    ) -> Result<Tensor> {
+        let what = match kind {
+            PoolKind::Max => "max_pool2d",
+            PoolKind::Avg => "avg_pool2d",
+        };
+        let _profile = crate::profile::op(what);
+        if self.rank() != 4 {
+            return Err(Error::Shape(format!(
+                "{what}: expected an image batch [B, C, H, W], got shape {:?}",
+                self.shape()
+            )));
+        }
+        self.check_float(what)?;
+        let s = self.shape();
+        let dims = Pool2dDims {
+            planes: s[0] * s[1],
+            height: s[2],
+            width: s[3],
+            kernel,
+            stride,
+            padding,
+        };
+        dims.check(what)
+            .map_err(|e| Error::Shape(format!("{e} (input of shape {:?})", self.shape())))?;
+        let out_shape = vec![s[0], s[1], dims.out_h(), dims.out_w()];
+        if dims.planes == 0 {
+            let out = Tensor::zeros(&out_shape, self.dtype(), self.device())?;
+            let dx = Tensor::zeros(s, self.dtype(), self.device())?;
+            return Ok(Tensor::record(out, what, &[self], move |_| {
+                Ok(vec![Some(dx)])
+            }));
+        }
+        let (y, argmax) = self.storage().pool2d_forward(kind, dims)?;
+        let out = Tensor::from_storage(y, out_shape);
+        let in_shape = s.to_vec();
+        Ok(Tensor::record(out, what, &[self], move |g| {
+            let dx = g.storage().pool2d_backward(kind, argmax.as_ref(), dims)?;
+            Ok(vec![Some(Tensor::from_storage(dx, in_shape))])
+        }))
     }
 }

@@ -7,6 +7,7 @@
 mod arithmetic;
 mod attention;
 mod conv;
+mod conv_unfolded;
 mod elementwise;
 mod grouped;
 mod index;

@@ -453,8 +453,8 @@ mod tests {
     #[test]
     fn shaders_validate_and_follow_the_binding_convention() {
         use super::super::{
-            attention, cross_entropy, elementwise, layer_norm, layout, optim, random, reduce,
-            routing, sort,
+            attention, conv2d, cross_entropy, elementwise, layer_norm, layout, optim, pool2d,
+            random, reduce, routing, sort,
         };
         let files = [
             (&elementwise::ELEMENTWISE, 5usize),
@@ -467,6 +467,8 @@ mod tests {
             (&layer_norm::LAYER_NORM_SHADER, 3),
             (&cross_entropy::CROSS_ENTROPY_SHADER, 2),
             (&routing::ROUTING, 5),
+            (&conv2d::CONV2D_SHADER, 3),
+            (&pool2d::POOL2D_SHADER, 4),
         ];
         for (shader, entries) in files {
             let (module, info) = validated_module(shader.source);

@@ -12,7 +12,8 @@
 //!   ([`GpuStats`], read with [`GpuBackend::stats`]);
 //! * one launcher file per kernel family, named after its shader: `elementwise.rs`,
 //!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs`, `attention.rs`,
-//!   `layer_norm.rs`, `cross_entropy.rs` and `routing.rs` launch the entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
+//!   `layer_norm.rs`, `cross_entropy.rs`, `routing.rs`, `conv2d.rs` and `pool2d.rs` launch the
+//!   entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
 //!   primitive.
 //!
 //! [`GpuBackend`] is a cheap handle (an `Arc`) to the process-wide context; [`GpuBuffer`] a cheap
@@ -23,6 +24,7 @@
 
 mod attention;
 mod context;
+mod conv2d;
 mod cross_entropy;
 mod elementwise;
 mod encoder;
@@ -32,6 +34,7 @@ mod layout;
 mod matmul;
 mod optim;
 mod pool;
+mod pool2d;
 mod random;
 mod reduce;
 mod routing;
@@ -41,13 +44,14 @@ mod strided;
 pub(crate) mod timing;
 
 pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
+pub use conv2d::CONV2D_MAX_TAPS;
 pub use matmul::MatmulKernel;
 pub use optim::{ADAM_MULTI_SLOTS, AdamSlot, NORM_SLOTS};
 pub use stats::GpuStats;
 
 use super::{
-    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, HostData, LayerNormDims, MatLayout,
-    MatmulDims, PlanBuffers, ReduceOp, SgdHyper, UnaryOp,
+    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, HostData, LayerNormDims,
+    MatLayout, MatmulDims, PlanBuffers, Pool2dDims, PoolKind, ReduceOp, SgdHyper, UnaryOp,
 };
 use crate::{DType, Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -837,5 +841,54 @@ impl Backend for GpuBackend {
         capacity: Option<usize>,
     ) -> Result<PlanBuffers<GpuBuffer>> {
         routing::dispatch_plan(self, token, expert, weight, rank, valid, experts, capacity)
+    }
+
+    fn conv2d_forward(
+        &self,
+        x: &GpuBuffer,
+        w: &GpuBuffer,
+        image_bank: Option<&GpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<GpuBuffer> {
+        conv2d::conv2d_forward(self, x, w, image_bank, dims)
+    }
+
+    fn conv2d_input_grad(
+        &self,
+        dy: &GpuBuffer,
+        w: &GpuBuffer,
+        image_bank: Option<&GpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<GpuBuffer> {
+        conv2d::conv2d_input_grad(self, dy, w, image_bank, dims)
+    }
+
+    fn conv2d_weight_grad(
+        &self,
+        x: &GpuBuffer,
+        dy: &GpuBuffer,
+        image_bank: Option<&GpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<GpuBuffer> {
+        conv2d::conv2d_weight_grad(self, x, dy, image_bank, dims)
+    }
+
+    fn pool2d_forward(
+        &self,
+        kind: PoolKind,
+        x: &GpuBuffer,
+        dims: Pool2dDims,
+    ) -> Result<(GpuBuffer, Option<GpuBuffer>)> {
+        pool2d::pool2d_forward(self, kind, x, dims)
+    }
+
+    fn pool2d_backward(
+        &self,
+        kind: PoolKind,
+        dy: &GpuBuffer,
+        argmax: Option<&GpuBuffer>,
+        dims: Pool2dDims,
+    ) -> Result<GpuBuffer> {
+        pool2d::pool2d_backward(self, kind, dy, argmax, dims)
     }
 }

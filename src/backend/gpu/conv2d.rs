@@ -1,0 +1,261 @@
+//! Launchers of `shaders/conv2d.wgsl`, the GPU end of `Tensor::conv2d` /
+//! `Tensor::grouped_conv2d`, one function per entry point (same names):
+//!
+//! - [`conv2d_forward`]: an implicit GEMM, 16 channels × 64 positions of one image per workgroup;
+//! - [`conv2d_input_grad`]: col2im as a gather, one invocation per input pixel, no atomics;
+//! - [`conv2d_weight_grad`]: 16 channels × 16 window elements of one bank per workgroup, summed
+//!   over that bank's images in order, no atomics.
+//!
+//! Each launcher checks dtypes (f32 data, i32 banks), buffer lengths against the sizes and the
+//! limits of the kernels (32-bit indexing, at most 1024 taps per channel for the input gradient)
+//! and returns an [`Error`] naming them, never a panic or a wgpu validation error. More than
+//! 65535 images are split into several launches. Nothing is read back. The shader's header
+//! describes the tiling.
+
+use super::kernels::Shader;
+use super::{GpuBackend, GpuBuffer};
+use crate::backend::{Backend, Conv2dDims};
+use crate::{DType, Error, Result};
+
+/// The kernels of `shaders/conv2d.wgsl`.
+pub(crate) static CONV2D_SHADER: Shader = Shader {
+    name: "conv2d",
+    source: include_str!("../../../shaders/conv2d.wgsl"),
+};
+
+/// The most kernel taps (`KH·KW`) of one channel the input-gradient kernel stages (the shader's
+/// `TAP_STAGE`).
+pub const CONV2D_MAX_TAPS: usize = 1024;
+
+/// Workgroups a dispatch may have in one dimension (WebGPU's guaranteed minimum).
+const MAX_GROUPS: usize = 65_535;
+
+/// The image bank buffer, or a one-element placeholder when every image uses bank 0.
+fn bank_buffer(
+    be: &GpuBackend,
+    image_bank: Option<&GpuBuffer>,
+    d: &Conv2dDims,
+    what: &str,
+) -> Result<GpuBuffer> {
+    match image_bank {
+        None if d.banks != 1 => Err(Error::Invalid(format!(
+            "{what}: {} weight banks need an image_bank index",
+            d.banks
+        ))),
+        None => be.full(1, 0.0, DType::I32),
+        Some(b) if b.dtype() != DType::I32 => Err(Error::DType(format!(
+            "{what}: image_bank must be i32, got {}",
+            b.dtype()
+        ))),
+        Some(b) if b.len() != d.batch => Err(Error::Shape(format!(
+            "{what}: image_bank holds {} entries for {} images",
+            b.len(),
+            d.batch
+        ))),
+        Some(b) => Ok(b.clone()),
+    }
+}
+
+/// Checks the geometry, the 32-bit limits and every operand `(name, buffer, expected length)`.
+fn check(what: &str, operands: &[(&str, &GpuBuffer, usize)], d: &Conv2dDims) -> Result<()> {
+    let (x, w, y) = d.check(what)?;
+    if [x, w, y].iter().any(|&n| n > u32::MAX as usize) || d.window() > u32::MAX as usize {
+        return Err(Error::Shape(format!(
+            "{what}: {d:?} exceeds the GPU kernels' 32-bit indexing"
+        )));
+    }
+    if x == 0 || w == 0 || y == 0 {
+        return Err(Error::Shape(format!(
+            "{what}: every size of {d:?} must be at least 1 on the GPU"
+        )));
+    }
+    if d.banks > MAX_GROUPS || d.in_channels > MAX_GROUPS {
+        return Err(Error::Shape(format!(
+            "{what}: more than {MAX_GROUPS} banks or channels in one launch ({d:?})"
+        )));
+    }
+    for (name, b, expected) in operands {
+        if b.dtype() != DType::F32 {
+            return Err(Error::DType(format!(
+                "{what}: {name} must be f32 on the GPU, got {}",
+                b.dtype()
+            )));
+        }
+        if b.len() != *expected {
+            return Err(Error::Shape(format!(
+                "{what}: {name} holds {} elements, expected {expected} for {d:?}",
+                b.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The parameter block (`ConvParams`) for images `image_base..`.
+fn params(d: &Conv2dDims, image_base: usize, has_bank: bool) -> [u32; 14] {
+    [
+        d.batch as u32,
+        d.in_channels as u32,
+        d.height as u32,
+        d.width as u32,
+        d.out_channels as u32,
+        d.kernel_h as u32,
+        d.kernel_w as u32,
+        d.stride as u32,
+        d.padding as u32,
+        d.out_h() as u32,
+        d.out_w() as u32,
+        d.banks as u32,
+        image_base as u32,
+        has_bank as u32,
+    ]
+}
+
+/// Launches `entry` over `[x, y]` workgroups per image, at most 65535 images a launch.
+fn launch_per_image(
+    be: &GpuBackend,
+    entry: &str,
+    buffers: &[&GpuBuffer],
+    d: &Conv2dDims,
+    has_bank: bool,
+    [gx, gy]: [usize; 2],
+) -> Result<()> {
+    if gx > MAX_GROUPS || gy > MAX_GROUPS {
+        return Err(Error::Shape(format!(
+            "{entry}: {d:?} needs more than {MAX_GROUPS} workgroups along one axis"
+        )));
+    }
+    for first in (0..d.batch).step_by(MAX_GROUPS) {
+        let count = MAX_GROUPS.min(d.batch - first);
+        be.launch(
+            &CONV2D_SHADER,
+            entry,
+            buffers,
+            &params(d, first, has_bank),
+            [gx as u32, gy as u32, count as u32],
+        )?;
+    }
+    Ok(())
+}
+
+/// `Backend::conv2d_forward` (entry `conv2d_forward`): `y [B, OC, OH, OW]`.
+///
+/// # Errors
+/// [`Error::DType`] unless `x`, `w` are f32 and `image_bank` i32; [`Error::Shape`] when a length
+/// does not match the sizes, a size is 0 or exceeds the kernels' limits; a GPU error from the
+/// launch.
+pub(crate) fn conv2d_forward(
+    be: &GpuBackend,
+    x: &GpuBuffer,
+    w: &GpuBuffer,
+    image_bank: Option<&GpuBuffer>,
+    d: Conv2dDims,
+) -> Result<GpuBuffer> {
+    const WHAT: &str = "conv2d_forward";
+    let (xl, wl, yl) = d.check(WHAT)?;
+    check(WHAT, &[("x", x, xl), ("w", w, wl)], &d)?;
+    let bank = bank_buffer(be, image_bank, &d, WHAT)?;
+    let y = be.alloc(yl, DType::F32)?;
+    let grid = [
+        (d.out_h() * d.out_w()).div_ceil(64),
+        d.out_channels.div_ceil(16),
+    ];
+    launch_per_image(
+        be,
+        "conv2d_forward",
+        &[x, w, &bank, &y],
+        &d,
+        image_bank.is_some(),
+        grid,
+    )?;
+    Ok(y)
+}
+
+/// `Backend::conv2d_input_grad` (entry `conv2d_input_grad`): `dx [B, C, H, W]`.
+///
+/// # Errors
+/// As [`conv2d_forward`], and [`Error::Invalid`] for a kernel of more than
+/// [`CONV2D_MAX_TAPS`] taps.
+pub(crate) fn conv2d_input_grad(
+    be: &GpuBackend,
+    dy: &GpuBuffer,
+    w: &GpuBuffer,
+    image_bank: Option<&GpuBuffer>,
+    d: Conv2dDims,
+) -> Result<GpuBuffer> {
+    const WHAT: &str = "conv2d_input_grad";
+    let (xl, wl, yl) = d.check(WHAT)?;
+    check(WHAT, &[("dy", dy, yl), ("w", w, wl)], &d)?;
+    if d.kernel_h * d.kernel_w > CONV2D_MAX_TAPS {
+        return Err(Error::Invalid(format!(
+            "{WHAT}: a {}×{} kernel exceeds the GPU kernel's {CONV2D_MAX_TAPS} taps",
+            d.kernel_h, d.kernel_w
+        )));
+    }
+    let bank = bank_buffer(be, image_bank, &d, WHAT)?;
+    let dx = be.alloc(xl, DType::F32)?;
+    let grid = [(d.height * d.width).div_ceil(256), d.in_channels];
+    launch_per_image(
+        be,
+        "conv2d_input_grad",
+        &[dy, w, &bank, &dx],
+        &d,
+        image_bank.is_some(),
+        grid,
+    )?;
+    Ok(dx)
+}
+
+/// `Backend::conv2d_weight_grad` (entry `conv2d_weight_grad`): `dw [G, OC, C, KH, KW]`.
+///
+/// # Errors
+/// As [`conv2d_forward`].
+pub(crate) fn conv2d_weight_grad(
+    be: &GpuBackend,
+    x: &GpuBuffer,
+    dy: &GpuBuffer,
+    image_bank: Option<&GpuBuffer>,
+    d: Conv2dDims,
+) -> Result<GpuBuffer> {
+    const WHAT: &str = "conv2d_weight_grad";
+    let (xl, wl, yl) = d.check(WHAT)?;
+    check(WHAT, &[("x", x, xl), ("dy", dy, yl)], &d)?;
+    let bank = bank_buffer(be, image_bank, &d, WHAT)?;
+    let dw = be.alloc(wl, DType::F32)?;
+    let (gx, gy) = (d.window().div_ceil(16), d.out_channels.div_ceil(16));
+    if gx > MAX_GROUPS || gy > MAX_GROUPS {
+        return Err(Error::Shape(format!(
+            "{WHAT}: {d:?} needs more than {MAX_GROUPS} workgroups along one axis"
+        )));
+    }
+    be.launch(
+        &CONV2D_SHADER,
+        "conv2d_weight_grad",
+        &[x, dy, &bank, &dw],
+        &params(&d, 0, image_bank.is_some()),
+        [gx as u32, gy as u32, d.banks as u32],
+    )?;
+    Ok(dw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shader parses and validates, and has the three entry points the launchers name.
+    #[test]
+    fn shader_parses_and_validates() {
+        let (module, _) = super::super::kernels::validated_module(CONV2D_SHADER.source);
+        let names: Vec<&str> = module
+            .entry_points
+            .iter()
+            .map(|e| e.name.as_str())
+            .collect();
+        for entry in ["conv2d_forward", "conv2d_input_grad", "conv2d_weight_grad"] {
+            assert!(
+                names.contains(&entry),
+                "missing entry point {entry}: {names:?}"
+            );
+        }
+    }
+}
