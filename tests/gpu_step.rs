@@ -60,11 +60,11 @@ fn a_steady_step_never_waits_and_creates_no_buffer() {
     let Some((_, _lock)) = gpu("a_steady_step_never_waits_and_creates_no_buffer") else {
         return;
     };
-    for model in ["moe-mlp", "cnn", "gpt"] {
-        let s = if model == "gpt" {
-            // the benchmark's gpt with shorter windows and a smaller batch, to keep lavapipe quick:
-            // the same kernels, the same zeros
-            let mut cfg = step_config("gpt").unwrap();
+    for model in ["moe-mlp", "cnn", "gpt", "moe-gpt"] {
+        let s = if model.ends_with("gpt") {
+            // the benchmark's gpt / moe-gpt with shorter windows and a smaller batch, to keep
+            // lavapipe quick: the same kernels, the same zeros
+            let mut cfg = step_config(model).unwrap();
             (cfg.batch, cfg.block) = (4, 16);
             count_step_with(cfg).unwrap()
         } else {
