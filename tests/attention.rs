@@ -325,3 +325,97 @@ fn zero_sized_dimensions_give_an_empty_result() {
         assert_eq!(x.grad().expect("a gradient").shape(), &shape);
     }
 }
+
+// ---- the packed form ----------------------------------------------------------------------
+
+/// q, k, v stacked into one `[3, B, H, T, Dh]` tensor.
+fn packed(inputs: &[Tensor; 3]) -> Tensor {
+    let mut shape = vec![1];
+    shape.extend_from_slice(inputs[0].shape());
+    let parts: Vec<Tensor> = inputs.iter().map(|t| t.reshape(&shape).unwrap()).collect();
+    Tensor::concat(&parts, 0).unwrap()
+}
+
+/// Output values and the packed input's gradient for the upstream gradient `up`.
+fn run_packed(x: &Tensor, up: &[f64]) -> (Vec<f64>, Vec<f64>) {
+    let leaf = x.detach().with_grad().expect("a float leaf");
+    let y = leaf.causal_attention_packed().expect("forward");
+    let g = Tensor::from_f64(up.to_vec(), y.shape(), Device::cpu())
+        .and_then(|g| g.to_dtype(y.dtype()))
+        .and_then(|g| g.to_device(y.device()))
+        .expect("upstream gradient");
+    y.backward_with(&g).expect("backward");
+    let grad = leaf.grad().expect("a gradient").to_vec_f64().unwrap();
+    (y.to_vec_f64().unwrap(), grad)
+}
+
+#[test]
+fn packed_matches_the_separate_op_bit_for_bit() {
+    for (i, shape) in [[1, 1, 1, 1], [2, 3, 5, 2], [1, 2, ATTENTION_BLOCK + 3, 8]]
+        .iter()
+        .enumerate()
+    {
+        let inputs = qkv(shape, 1.0, 80 + i as u64);
+        let up = values(inputs[0].numel(), 1.0, 81);
+        let (y, grads) = run(|q, k, v| q.causal_attention(k, v), &inputs, &up);
+        let (y_packed, grad_packed) = run_packed(&packed(&inputs), &up);
+        assert_eq!(y_packed, y, "{shape:?}: output");
+        let n = inputs[0].numel();
+        for (j, name) in ["dq", "dk", "dv"].iter().enumerate() {
+            assert_eq!(
+                grad_packed[j * n..(j + 1) * n],
+                grads[j][..],
+                "{shape:?}: {name}, the packed gradient's part {j}"
+            );
+        }
+    }
+}
+
+#[test]
+fn packed_passes_gradcheck() {
+    for (i, shape) in [[1, 1, 3, 2], [2, 2, 4, 3]].iter().enumerate() {
+        let x = packed(&qkv(shape, 1.0, 90 + i as u64));
+        gradcheck(
+            |t| t[0].causal_attention_packed(),
+            &[x],
+            &GradcheckOptions::default(),
+        )
+        .unwrap_or_else(|e| panic!("{shape:?}: {e}"));
+    }
+}
+
+#[test]
+fn packed_on_the_gpu_matches_the_cpu() {
+    let Some(gpu) = common::gpu_or_skip("packed_on_the_gpu_matches_the_cpu") else {
+        return;
+    };
+    let inputs = qkv(&[2, 2, ATTENTION_TILE + 3, 8], 1.0, 95);
+    let up = values(inputs[0].numel(), 1.0, 96);
+    let x = packed(&inputs);
+    let on_gpu = x.to_dtype(DType::F32).unwrap().to_device(gpu).unwrap();
+    let (y, grad) = run_packed(&on_gpu, &up);
+    let (y_ref, grad_ref) = run_packed(&x, &up);
+    common::assert_close("packed: GPU output", &y, &y_ref, 1e-5, 1e-4);
+    common::assert_close("packed: GPU gradient", &grad, &grad_ref, 2e-5, 1e-3);
+}
+
+#[test]
+fn packed_refuses_other_shapes() {
+    for shape in [
+        vec![3, 2, 4, 2],
+        vec![2, 1, 1, 4, 2],
+        vec![3, 1, 1, 4, 2, 1],
+    ] {
+        let n: usize = shape.iter().product();
+        let x = common::f64t(&values(n, 1.0, 7), &shape);
+        match x.causal_attention_packed() {
+            Err(Error::Shape(msg)) => assert!(msg.contains("[3, B, H, T, Dh]"), "{msg}"),
+            other => panic!("{shape:?}: expected a shape error, got {other:?}"),
+        }
+    }
+    let empty = common::f64t(&[], &[3, 1, 2, 0, 4]);
+    assert_eq!(
+        empty.causal_attention_packed().unwrap().shape(),
+        &[1, 2, 0, 4]
+    );
+}

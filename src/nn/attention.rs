@@ -2,8 +2,8 @@
 //! fused op [`Tensor::causal_attention`] (see `ops/attention.rs` for its math and kernels).
 //!
 //! ```text
-//! x [B·T, d] ─qkv─▶ [B, T, 3, H, Dh] ─permute─▶ q, k, v [B, H, T, Dh]
-//!            ─causal_attention─▶ [B, H, T, Dh] ─permute─▶ [B·T, d] ─proj─▶ [B·T, d]
+//! x [B·T, d] ─qkv─▶ [B, T, 3, H, Dh] ─permute─▶ [3, B, H, T, Dh] (q, k, v packed)
+//!            ─causal_attention_packed─▶ [B, H, T, Dh] ─permute─▶ [B·T, d] ─proj─▶ [B·T, d]
 //! ```
 
 use super::module::join;
@@ -42,8 +42,7 @@ impl CausalSelfAttention {
             .forward(x)?
             .reshape(&[b, t, 3, h, dh])?
             .permute(&[2, 0, 3, 1, 4])?; // [3, B, H, T, Dh]
-        let part = |i: usize| qkv.slice(0, i, i + 1)?.reshape(&[b, h, t, dh]);
-        let y = Tensor::causal_attention(&part(0)?, &part(1)?, &part(2)?)?; // [B, H, T, Dh]
+        let y = qkv.causal_attention_packed()?; // [B, H, T, Dh]
         let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b * t, d])?;
         self.proj.forward(&y)
     }

@@ -102,4 +102,80 @@ impl Tensor {
             Ok(grads)
         }))
     }
+
+    /// [`Tensor::causal_attention`] of the queries, keys and values packed in one tensor
+    /// `[3, B, H, T, Dh]` (`self[0]` the queries, `self[1]` the keys, `self[2]` the values), the
+    /// layout a fused `d → 3d` projection gives after one permute. Returns `[B, H, T, Dh]`.
+    ///
+    /// The same kernels as the unpacked op; what it saves is on the tape. Splitting the packed
+    /// tensor with three `slice`s would record three nodes whose backward rules each pad their
+    /// gradient with zeros back to the full `[3, …]` shape, and the tape would then add the three
+    /// padded tensors. Here there is one node, and its backward concatenates `dq`, `dk` and `dv`
+    /// once into the packed gradient.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] unless `self` is `[3, B, H, T, Dh]`; otherwise those of
+    /// [`Tensor::causal_attention`].
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::{Device, Tensor};
+    /// # fn main() -> moegrad::Result<()> {
+    /// // q = k = [1, 1], v = [3, 5]: one head, two positions, Dh = 1
+    /// let qkv = Tensor::from_f32(vec![1.0, 1.0, 1.0, 1.0, 3.0, 5.0], &[3, 1, 1, 2, 1], Device::cpu())?;
+    /// let o = qkv.causal_attention_packed()?.to_vec_f32()?;
+    /// assert_eq!(o[0], 3.0);
+    /// assert!((o[1] - 4.0).abs() < 1e-6);
+    /// # Ok(()) }
+    /// ```
+    pub fn causal_attention_packed(&self) -> Result<Tensor> {
+        let _profile = crate::profile::op("causal_attention");
+        const WHAT: &str = "causal_attention_packed";
+        if self.rank() != 5 || self.shape()[0] != 3 {
+            return Err(Error::Shape(format!(
+                "{WHAT}: expects q, k, v packed as [3, B, H, T, Dh], got {:?}",
+                self.shape()
+            )));
+        }
+        self.check_float(WHAT)?;
+        let shape = self.shape()[1..].to_vec();
+        let packed_shape = self.shape().to_vec();
+        if self.numel() == 0 {
+            let out = Tensor::zeros(&shape, self.dtype(), self.device())?;
+            let empty = Tensor::zeros(&packed_shape, self.dtype(), self.device())?;
+            return Ok(Tensor::record(out, WHAT, &[self], move |_| {
+                Ok(vec![Some(empty.clone())])
+            }));
+        }
+        // The parts are cut from a detached handle: they are not on the tape, this op's one
+        // node is.
+        let packed = self.detach();
+        let part = |i: usize| packed.slice(0, i, i + 1)?.reshape(&shape);
+        let (q, k, v) = (part(0)?, part(1)?, part(2)?);
+        let dims = AttentionDims {
+            heads: shape[0] * shape[1],
+            seq: shape[2],
+            head_dim: shape[3],
+        };
+        let (o, lse) = q
+            .storage()
+            .attention_forward(k.storage(), v.storage(), dims)?;
+        let out = Tensor::from_storage(o, shape.clone());
+        let saved_out = out.clone();
+        Ok(Tensor::record(out, WHAT, &[self], move |g| {
+            let (dq, dk, dv) = q.storage().attention_backward(
+                (
+                    k.storage(),
+                    v.storage(),
+                    saved_out.storage(),
+                    &lse,
+                    g.storage(),
+                ),
+                dims,
+            )?;
+            let parts = [dq, dk, dv].map(|d| Tensor::from_storage(d, shape.clone()));
+            let packed_grad = Tensor::concat(&parts, 0)?.reshape(&packed_shape)?;
+            Ok(vec![Some(packed_grad)])
+        }))
+    }
 }

@@ -357,7 +357,7 @@ fn bank_of(banks: Option<&[i32]>, b: usize, count: usize) -> Option<usize> {
 fn forward_kernel<T: ConvFloat>(x: &[T], w: &[T], banks: Option<&[i32]>, d: &Conv2dDims) -> Vec<T> {
     let g = Geometry::of(d);
     let (img, p, k, oc) = (g.image(), g.positions(), g.window(), g.oc);
-    let mut y = vec![T::zero(); d.batch * oc * p];
+    let mut y = super::zeroed(d.batch * oc * p);
     if y.is_empty() {
         return y;
     }
@@ -402,7 +402,7 @@ fn input_grad_kernel<T: ConvFloat>(
 ) -> Vec<T> {
     let g = Geometry::of(d);
     let (img, p, k, oc) = (g.image(), g.positions(), g.window(), g.oc);
-    let mut dx = vec![T::zero(); d.batch * img];
+    let mut dx = super::zeroed(d.batch * img);
     if dx.is_empty() || p == 0 {
         return dx;
     }
@@ -470,7 +470,7 @@ fn weight_grad_kernel<T: ConvFloat>(
     let g = Geometry::of(d);
     let (img, p, k, oc) = (g.image(), g.positions(), g.window(), g.oc);
     let bank_len = oc * k;
-    let mut dw = vec![T::zero(); d.banks * bank_len];
+    let mut dw = super::zeroed(d.banks * bank_len);
     if dw.is_empty() || p == 0 {
         return dw;
     }
@@ -479,7 +479,7 @@ fn weight_grad_kernel<T: ConvFloat>(
     let partials: Vec<Vec<T>> = blocks
         .par_iter()
         .map(|&(_, b0, b1)| {
-            let mut part = vec![T::zero(); bank_len];
+            let mut part = super::zeroed(bank_len);
             with_scratch(k * p, |cols: &mut [T]| {
                 for b in b0..b1 {
                     im2col(&x[b * img..(b + 1) * img], &g, cols);

@@ -49,8 +49,8 @@ fn column_spans(d: &Pool2dDims) -> Vec<(usize, usize)> {
 fn max_forward<T: Float + Send + Sync>(x: &[T], d: &Pool2dDims) -> (Vec<T>, Vec<i32>) {
     let (oh, ow, plane) = (d.out_h(), d.out_w(), d.height * d.width);
     let out_plane = oh * ow;
-    let mut y = vec![T::zero(); d.planes * out_plane];
-    let mut arg = vec![0i32; d.planes * out_plane];
+    let mut y = super::zeroed(d.planes * out_plane);
+    let mut arg = super::zeroed::<i32>(d.planes * out_plane);
     if y.is_empty() {
         return (y, arg);
     }
@@ -111,7 +111,8 @@ fn max_forward<T: Float + Send + Sync>(x: &[T], d: &Pool2dDims) -> (Vec<T>, Vec<
 /// conditional stores, so the compiler can vectorise the loop.
 fn max_2x2<T: Float>(rows: &[T], offset: usize, width: usize, yrow: &mut [T], arow: &mut [i32]) {
     let (top, bottom) = rows.split_at(width);
-    let wins = |v: T, best: T| v > best || (v.is_nan() && !best.is_nan());
+    // `|` and `&`, not `||` and `&&`: no short-circuit branches, so the loop stays selects
+    let wins = |v: T, best: T| (v > best) | (v.is_nan() & !best.is_nan());
     for (ox, ((y, at), (t, b))) in yrow
         .iter_mut()
         .zip(arow.iter_mut())
@@ -133,7 +134,7 @@ fn max_2x2<T: Float>(rows: &[T], offset: usize, width: usize, yrow: &mut [T], ar
 fn avg_forward<T: Float + Send + Sync>(x: &[T], d: &Pool2dDims) -> Vec<T> {
     let (oh, ow, plane) = (d.out_h(), d.out_w(), d.height * d.width);
     let out_plane = oh * ow;
-    let mut y = vec![T::zero(); d.planes * out_plane];
+    let mut y = super::zeroed(d.planes * out_plane);
     if y.is_empty() {
         return y;
     }
@@ -167,7 +168,7 @@ fn backward_kernel<T: Float + Send + Sync>(
 ) -> Vec<T> {
     let (oh, ow, plane) = (d.out_h(), d.out_w(), d.height * d.width);
     let out_plane = oh * ow;
-    let mut dx = vec![T::zero(); d.planes * plane];
+    let mut dx = super::zeroed(d.planes * plane);
     if dx.is_empty() || out_plane == 0 {
         return dx;
     }

@@ -31,9 +31,9 @@ pub(super) fn topk_gate<T: Float + Send + Sync>(
     renormalise: bool,
 ) -> (Vec<T>, Vec<i32>, Vec<T>) {
     let scores = scores.unwrap_or(logits);
-    let mut probs = vec![T::zero(); rows * n];
-    let mut idx = vec![0i32; rows * k];
-    let mut weights = vec![T::zero(); rows * k];
+    let mut probs = super::zeroed(rows * n);
+    let mut idx = super::zeroed::<i32>(rows * k);
+    let mut weights = super::zeroed(rows * k);
     let row_task = |r: usize, p: &mut [T], ix: &mut [i32], w: &mut [T], order: &mut Vec<usize>| {
         let x = &logits[r * n..(r + 1) * n];
         let m = x.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
@@ -106,7 +106,7 @@ pub(super) fn topk_gate_backward<T: Float + Send + Sync>(
     probs: Option<&[T]>,
     (rows, n, k): (usize, usize, usize),
 ) -> Vec<T> {
-    let mut out = vec![T::zero(); rows * n];
+    let mut out = super::zeroed(rows * n);
     out.par_chunks_mut(n).enumerate().for_each(|(r, d)| {
         let (w, ix, a) = (
             &weights[r * k..(r + 1) * k],
@@ -143,7 +143,7 @@ pub(super) fn topk_gate_backward<T: Float + Send + Sync>(
 
 /// `y ⊙ (dy − Σ dy ⊙ y)` per row of `[rows, n]`.
 pub(super) fn softmax_backward<T: Float + Send + Sync>(y: &[T], dy: &[T], n: usize) -> Vec<T> {
-    let mut out = vec![T::zero(); y.len()];
+    let mut out = super::zeroed(y.len());
     out.par_chunks_mut(n).enumerate().for_each(|(r, d)| {
         let (y, g) = (&y[r * n..(r + 1) * n], &dy[r * n..(r + 1) * n]);
         let dot = y.iter().zip(g).fold(T::zero(), |s, (&a, &b)| s + a * b);
