@@ -18,7 +18,8 @@ mod dims;
 pub mod gpu;
 
 pub use dims::{
-    AttentionDims, AxisView, Conv2dDims, LayerNormDims, MatLayout, MatmulDims, Pool2dDims, PoolKind,
+    AttentionDims, AxisView, Conv2dDims, ExpertBankDims, GroupedMatmulDims, LayerNormDims,
+    MatLayout, MatmulDims, Pool2dDims, PoolKind,
 };
 
 use crate::{DType, Result};
@@ -185,6 +186,25 @@ impl HostData {
             HostData::I32(v) => v.iter().map(|&x| x as f64).collect(),
         }
     }
+}
+
+/// The operands of an expert bank's weight gradient ([`Backend::grouped_weight_grad`]): the
+/// rows `x` `[R, k]`, the upstream gradient `dy` `[R, m]`, each row's expert `row_expert`
+/// `[R]` and the experts' segments `offsets` `[experts + 1]` (both I32), and the bank's sizes.
+/// The fused optimizer steps (`grouped_weight_grad_adam_mut`) take it to compute the gradient
+/// inside the update instead of storing it.
+#[derive(Debug)]
+pub struct BankGradOperands<'a, B> {
+    /// the rows `[R, k]`
+    pub x: &'a B,
+    /// the upstream gradient `[R, m]`
+    pub dy: &'a B,
+    /// each row's expert `[R]`
+    pub row_expert: &'a B,
+    /// each expert's first row, then `R`: `[experts + 1]`
+    pub offsets: &'a B,
+    /// the bank's sizes `[experts, k, m]`
+    pub bank: ExpertBankDims,
 }
 
 /// The buffers of an MoE dispatch plan ([`Backend::dispatch_plan`]; `moe::DispatchPlan` wraps
@@ -363,32 +383,24 @@ pub trait Backend {
     /// sorted by expert (the dispatch plan does this) so a GPU tile mostly meets one expert; the
     /// result does not depend on it. Output `[R, m]`. Each expert's weights are read only for its
     /// own rows.
-    #[allow(clippy::too_many_arguments)]
     fn grouped_matmul(
         &self,
         x: &Self::Buffer,
         w: &Self::Buffer,
         row_expert: &Self::Buffer,
-        rows: usize,
-        k: usize,
-        m: usize,
-        experts: usize,
-        transpose_w: bool,
+        dims: GroupedMatmulDims,
     ) -> Result<Self::Buffer>;
     /// The weight gradient of [`Backend::grouped_matmul`]: `dW[e] = Σ_{r in e's segment,
     /// row_expert[r] = e} x[r]ᵀ · dy[r]`, `x: [R, k]`, `dy: [R, m]`, output `[n, k, m]`. Rows are
     /// sorted by expert and `offsets` (I32, `n + 1` entries) gives each expert's segment; an expert
     /// with no rows gets exactly zero.
-    #[allow(clippy::too_many_arguments)]
     fn grouped_weight_grad(
         &self,
         x: &Self::Buffer,
         dy: &Self::Buffer,
         row_expert: &Self::Buffer,
         offsets: &Self::Buffer,
-        k: usize,
-        m: usize,
-        experts: usize,
+        bank: ExpertBankDims,
     ) -> Result<Self::Buffer>;
     /// `len` values uniform in [0, 1) from a counter-based hash of `(seed, index)`: the same seed
     /// gives the same values on every backend (see [`uniform_hash`]).
@@ -396,7 +408,6 @@ pub trait Backend {
     /// One fused Adam/AdamW step over a parameter buffer. `grad_scale`, when given, is a
     /// one-element buffer multiplying the gradient first (gradient clipping without a read-back).
     /// Returns the new `(param, m, v)`.
-    #[allow(clippy::too_many_arguments)]
     fn adam_step(
         &self,
         param: &Self::Buffer,
@@ -450,7 +461,6 @@ pub trait Backend {
     /// [`Backend::argsort`]); `weights` (`[rows, k]`) the softmax over the `k` selected scores
     /// (`renormalise`, Shazeer's gate) or the probabilities at `idx` (unnormalised). Returns
     /// `(probs, idx, weights)`. Sizes ≥ 1, `k ≤ n`.
-    #[allow(clippy::too_many_arguments)]
     fn topk_gate(
         &self,
         logits: &Self::Buffer,

@@ -170,7 +170,6 @@ impl Storage {
         }
     }
     /// See [`Backend::where_cond`]; `self` is the condition.
-    #[allow(clippy::too_many_arguments)]
     pub fn where_cond(
         &self,
         c_strides: &[usize],
@@ -288,7 +287,6 @@ impl Storage {
         }
     }
     /// See [`Backend::scatter_add`]; `self` is the source.
-    #[allow(clippy::too_many_arguments)]
     pub fn scatter_add(
         &self,
         idx: &Storage,

@@ -5,7 +5,7 @@
 
 use super::optim::{AdamConsts, OPT_CHUNK, Wide, adam_chunk_wide};
 use super::{CpuBuffer, pool, zeroed};
-use crate::backend::MatLayout;
+use crate::backend::{GroupedMatmulDims, MatLayout};
 use crate::{Error, Result};
 use num_traits::Float;
 use rayon::prelude::*;
@@ -99,17 +99,19 @@ pub(super) enum RowTask<'a, T> {
     Zeros(&'a mut [MaybeUninit<T>]),
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(super) fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
     x: &[T],
     w: &[T],
     row_expert: &[i32],
-    rows: usize,
-    k: usize,
-    m: usize,
-    experts: usize,
-    transpose_w: bool,
+    dims: GroupedMatmulDims,
 ) -> Vec<T> {
+    let GroupedMatmulDims {
+        rows,
+        k,
+        m,
+        experts,
+        transpose_w,
+    } = dims;
     let len = rows * m;
     let mut out: Vec<T> = pool::take(len).unwrap_or_else(|_| Vec::with_capacity(len));
     // One GEMM per block of rows that share an expert (rows arrive sorted by expert), written

@@ -5,7 +5,7 @@
 
 use super::grouped_matmul::{WeightGradProblem, expert_routing};
 use super::{CpuBackend, CpuBuffer, PooledVec};
-use crate::backend::{AdamHyper, Backend, SgdHyper};
+use crate::backend::{AdamHyper, Backend, BankGradOperands, ExpertBankDims, SgdHyper};
 use crate::{Error, Result};
 use num_traits::Float;
 use rayon::prelude::*;
@@ -210,24 +210,26 @@ impl CpuBackend {
     }
 
     /// One Adam step on an expert bank `param` (`[experts, k, m]`, with moments `m_state`,
-    /// `v_state`) whose gradient is the grouped weight gradient of `x` and `dy` (see
+    /// `v_state`) whose gradient is the grouped weight gradient of `grad` (see
     /// [`Backend::grouped_weight_grad`]), in place and without storing that gradient: each
     /// expert's block is applied while still in cache. The result equals
     /// `grouped_weight_grad` followed by [`CpuBackend::adam_step_mut`], element for element.
-    #[allow(clippy::too_many_arguments)]
     pub fn grouped_weight_grad_adam_mut(
         &self,
-        x: &CpuBuffer,
-        dy: &CpuBuffer,
-        row_expert: &CpuBuffer,
-        offsets: &CpuBuffer,
-        (k, m, experts): (usize, usize, usize),
+        grad: BankGradOperands<'_, CpuBuffer>,
         param: &mut CpuBuffer,
         grad_scale: Option<&CpuBuffer>,
         m_state: &mut CpuBuffer,
         v_state: &mut CpuBuffer,
         h: AdamHyper,
     ) -> Result<()> {
+        let BankGradOperands {
+            x,
+            dy,
+            row_expert,
+            offsets,
+            bank: ExpertBankDims { k, m, experts },
+        } = grad;
         let what = "grouped_weight_grad_adam";
         let routing = expert_routing(row_expert, offsets, experts, what)?;
         let rows = routing.0.len();

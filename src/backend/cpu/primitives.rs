@@ -17,9 +17,9 @@ use super::{
     layer_norm, pool2d, routing, tabulate,
 };
 use crate::backend::{
-    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, HostData, LayerNormDims,
-    MatLayout, MatmulDims, PlanBuffers, Pool2dDims, PoolKind, ReduceOp, SgdHyper, UnaryOp,
-    check_gate_sizes, check_lengths, uniform_hash,
+    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, ExpertBankDims,
+    GroupedMatmulDims, HostData, LayerNormDims, MatLayout, MatmulDims, PlanBuffers, Pool2dDims,
+    PoolKind, ReduceOp, SgdHyper, UnaryOp, check_gate_sizes, check_lengths, uniform_hash,
 };
 use crate::{DType, Error, Result};
 
@@ -278,34 +278,16 @@ impl Backend for CpuBackend {
         x: &CpuBuffer,
         w: &CpuBuffer,
         row_expert: &CpuBuffer,
-        rows: usize,
-        k: usize,
-        m: usize,
-        experts: usize,
-        transpose_w: bool,
+        dims: GroupedMatmulDims,
     ) -> Result<CpuBuffer> {
         let re = row_expert.indices("grouped_matmul")?;
         match (x, w) {
-            (CpuBuffer::F32(x), CpuBuffer::F32(w)) => Ok(f32b(grouped_matmul_kernel(
-                x,
-                w,
-                re,
-                rows,
-                k,
-                m,
-                experts,
-                transpose_w,
-            ))),
-            (CpuBuffer::F64(x), CpuBuffer::F64(w)) => Ok(f64b(grouped_matmul_kernel(
-                x,
-                w,
-                re,
-                rows,
-                k,
-                m,
-                experts,
-                transpose_w,
-            ))),
+            (CpuBuffer::F32(x), CpuBuffer::F32(w)) => {
+                Ok(f32b(grouped_matmul_kernel(x, w, re, dims)))
+            }
+            (CpuBuffer::F64(x), CpuBuffer::F64(w)) => {
+                Ok(f64b(grouped_matmul_kernel(x, w, re, dims)))
+            }
             _ => Err(Error::DType(
                 "grouped_matmul needs two float buffers of one dtype".into(),
             )),
@@ -318,10 +300,9 @@ impl Backend for CpuBackend {
         dy: &CpuBuffer,
         row_expert: &CpuBuffer,
         offsets: &CpuBuffer,
-        k: usize,
-        m: usize,
-        experts: usize,
+        bank: ExpertBankDims,
     ) -> Result<CpuBuffer> {
+        let ExpertBankDims { k, m, experts } = bank;
         let routing = expert_routing(row_expert, offsets, experts, "grouped_weight_grad")?;
         match (x, dy) {
             (CpuBuffer::F32(x), CpuBuffer::F32(dy)) => Ok(f32b(

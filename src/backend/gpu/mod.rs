@@ -53,8 +53,9 @@ pub use optim::{ADAM_MULTI_SLOTS, AdamSlot, NORM_SLOTS};
 pub use stats::GpuStats;
 
 use super::{
-    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, HostData, LayerNormDims,
-    MatLayout, MatmulDims, PlanBuffers, Pool2dDims, PoolKind, ReduceOp, SgdHyper, UnaryOp,
+    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, ExpertBankDims,
+    GroupedMatmulDims, HostData, LayerNormDims, MatLayout, MatmulDims, PlanBuffers, Pool2dDims,
+    PoolKind, ReduceOp, SgdHyper, UnaryOp,
 };
 use crate::{DType, Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -518,13 +519,9 @@ impl Backend for GpuBackend {
         x: &GpuBuffer,
         w: &GpuBuffer,
         row_expert: &GpuBuffer,
-        rows: usize,
-        k: usize,
-        m: usize,
-        experts: usize,
-        transpose_w: bool,
+        dims: GroupedMatmulDims,
     ) -> Result<GpuBuffer> {
-        matmul::grouped_matmul(self, x, w, row_expert, rows, k, m, experts, transpose_w)
+        matmul::grouped_matmul(self, x, w, row_expert, dims)
     }
 
     fn grouped_weight_grad(
@@ -533,11 +530,9 @@ impl Backend for GpuBackend {
         dy: &GpuBuffer,
         row_expert: &GpuBuffer,
         offsets: &GpuBuffer,
-        k: usize,
-        m: usize,
-        experts: usize,
+        bank: ExpertBankDims,
     ) -> Result<GpuBuffer> {
-        matmul::grouped_weight_grad(self, x, dy, row_expert, offsets, k, m, experts)
+        matmul::grouped_weight_grad(self, x, dy, row_expert, offsets, bank)
     }
 
     fn random_uniform(&self, len: usize, seed: u64, dtype: DType) -> Result<GpuBuffer> {

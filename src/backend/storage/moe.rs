@@ -6,16 +6,11 @@ use super::*;
 
 impl Storage {
     /// See [`Backend::grouped_matmul`]; `self` is `x`.
-    #[allow(clippy::too_many_arguments)]
     pub fn grouped_matmul(
         &self,
         w: &Storage,
         row_expert: &Storage,
-        rows: usize,
-        k: usize,
-        m: usize,
-        experts: usize,
-        transpose_w: bool,
+        dims: GroupedMatmulDims,
     ) -> Result<Storage> {
         let (ow, oe) = (
             same_dev!(self, w, "grouped_matmul"),
@@ -23,23 +18,20 @@ impl Storage {
         );
         match self {
             Storage::Cpu(x) => cpu::CpuBackend
-                .grouped_matmul(x, ow.cpu(), oe.cpu(), rows, k, m, experts, transpose_w)
+                .grouped_matmul(x, ow.cpu(), oe.cpu(), dims)
                 .map(Storage::Cpu),
             Storage::Gpu(x) => gpu::GpuBackend::get()?
-                .grouped_matmul(x, ow.gpu(), oe.gpu(), rows, k, m, experts, transpose_w)
+                .grouped_matmul(x, ow.gpu(), oe.gpu(), dims)
                 .map(Storage::Gpu),
         }
     }
     /// See [`Backend::grouped_weight_grad`]; `self` is `x`.
-    #[allow(clippy::too_many_arguments)]
     pub fn grouped_weight_grad(
         &self,
         dy: &Storage,
         row_expert: &Storage,
         offsets: &Storage,
-        k: usize,
-        m: usize,
-        experts: usize,
+        bank: ExpertBankDims,
     ) -> Result<Storage> {
         let (od, oe, oo) = (
             same_dev!(self, dy, "grouped_weight_grad"),
@@ -48,10 +40,10 @@ impl Storage {
         );
         match self {
             Storage::Cpu(x) => cpu::CpuBackend
-                .grouped_weight_grad(x, od.cpu(), oe.cpu(), oo.cpu(), k, m, experts)
+                .grouped_weight_grad(x, od.cpu(), oe.cpu(), oo.cpu(), bank)
                 .map(Storage::Cpu),
             Storage::Gpu(x) => gpu::GpuBackend::get()?
-                .grouped_weight_grad(x, od.gpu(), oe.gpu(), oo.gpu(), k, m, experts)
+                .grouped_weight_grad(x, od.gpu(), oe.gpu(), oo.gpu(), bank)
                 .map(Storage::Gpu),
         }
     }

@@ -115,23 +115,25 @@ impl Storage {
         Ok(())
     }
     /// One Adam step on the expert bank `param` whose gradient is the grouped weight gradient
-    /// of `self` (the rows `x`) and `dy` (see [`Storage::grouped_weight_grad`]), updating
-    /// `param`, `m` and `v` as [`Storage::adam_step_mut`] does. On the CPU the gradient is
-    /// never stored: each expert's block is applied while still in cache. On the GPU it is
-    /// the two kernels one after the other.
-    #[allow(clippy::too_many_arguments)]
+    /// of `grad` (see [`Storage::grouped_weight_grad`]), updating `param`, `m` and `v` as
+    /// [`Storage::adam_step_mut`] does. On the CPU the gradient is never stored: each expert's
+    /// block is applied while still in cache. On the GPU it is the two kernels one after the
+    /// other.
     pub fn grouped_weight_grad_adam_mut(
-        &self,
-        dy: &Storage,
-        row_expert: &Storage,
-        offsets: &Storage,
-        (k, m_cols, experts): (usize, usize, usize),
+        grad: BankGradOperands<'_, Storage>,
         param: &mut Storage,
         scale: Option<&Storage>,
         m: &mut Storage,
         v: &mut Storage,
         h: AdamHyper,
     ) -> Result<()> {
+        let BankGradOperands {
+            x,
+            dy,
+            row_expert,
+            offsets,
+            bank,
+        } = grad;
         if let (
             Storage::Cpu(x),
             Storage::Cpu(d),
@@ -140,25 +142,21 @@ impl Storage {
             Storage::Cpu(p),
             Storage::Cpu(mm),
             Storage::Cpu(vv),
-        ) = (self, dy, row_expert, offsets, &mut *param, &mut *m, &mut *v)
+        ) = (x, dy, row_expert, offsets, &mut *param, &mut *m, &mut *v)
         {
             let sc = scale
                 .map(|s| as_cpu(s, "grouped_weight_grad_adam"))
                 .transpose()?;
-            return cpu::CpuBackend.grouped_weight_grad_adam_mut(
+            let grad = BankGradOperands {
                 x,
-                d,
-                re,
-                off,
-                (k, m_cols, experts),
-                p,
-                sc,
-                mm,
-                vv,
-                h,
-            );
+                dy: d,
+                row_expert: re,
+                offsets: off,
+                bank,
+            };
+            return cpu::CpuBackend.grouped_weight_grad_adam_mut(grad, p, sc, mm, vv, h);
         }
-        let g = self.grouped_weight_grad(dy, row_expert, offsets, k, m_cols, experts)?;
+        let g = x.grouped_weight_grad(dy, row_expert, offsets, bank)?;
         param.adam_step_mut(&g, scale, m, v, h)
     }
     /// [`Storage::sgd_step`] updating `self` and `buf` where they are (see
