@@ -11,9 +11,14 @@
 //! from every expert, and experts that receive no rows.
 
 use moegrad::backend::cpu::{CpuBackend, CpuBuffer};
-use moegrad::backend::{Backend, HostData};
+use moegrad::backend::{Backend, BankGradOperands, ExpertBankDims, GroupedMatmulDims, HostData};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+/// An expert bank's sizes `[experts, k, m]`.
+fn bank_dims(k: usize, m: usize, experts: usize) -> ExpertBankDims {
+    ExpertBankDims { k, m, experts }
+}
 
 const CPU: CpuBackend = CpuBackend;
 
@@ -227,11 +232,13 @@ fn grouped_matmul_matches_the_loop_in_row_blocks_and_small_runs() {
                     &up(HostData::F64(x.clone())),
                     &up(HostData::F64(w.clone())),
                     &up(HostData::I32(re.clone())),
-                    rows,
-                    k,
-                    m,
-                    n,
-                    transpose_w,
+                    GroupedMatmulDims {
+                        rows,
+                        k,
+                        m,
+                        experts: n,
+                        transpose_w,
+                    },
                 )
                 .unwrap();
             let got = down_f64(&got);
@@ -287,9 +294,7 @@ fn grouped_weight_grad_matches_the_loop_and_is_exactly_zero_for_unused_experts()
                 &up(HostData::F64(dy)),
                 &up(HostData::I32(re.clone())),
                 &up(HostData::I32(offsets)),
-                k,
-                m,
-                n,
+                ExpertBankDims { k, m, experts: n },
             )
             .unwrap();
         let got = down_f64(&got);
@@ -791,7 +796,7 @@ fn fused_bank_adam_equals_weight_grad_then_adam_bit_for_bit() {
             let scale = buf(&[0.5]);
             // the two kernels
             let g = CPU
-                .grouped_weight_grad(&xb, &dyb, &reb, &offb, k, m, n)
+                .grouped_weight_grad(&xb, &dyb, &reb, &offb, bank_dims(k, m, n))
                 .unwrap();
             let (mut p1, mut m1, mut v1) = (buf(&p), buf(&mo), buf(&ve));
             CpuBackend
@@ -801,11 +806,13 @@ fn fused_bank_adam_equals_weight_grad_then_adam_bit_for_bit() {
             let (mut p2, mut m2, mut v2) = (buf(&p), buf(&mo), buf(&ve));
             CpuBackend
                 .grouped_weight_grad_adam_mut(
-                    &xb,
-                    &dyb,
-                    &reb,
-                    &offb,
-                    (k, m, n),
+                    BankGradOperands {
+                        x: &xb,
+                        dy: &dyb,
+                        row_expert: &reb,
+                        offsets: &offb,
+                        bank: bank_dims(k, m, n),
+                    },
                     &mut p2,
                     Some(&scale),
                     &mut m2,
@@ -857,11 +864,13 @@ fn fused_bank_adam_names_the_mismatched_sizes() {
         let (mut p, mut m, mut v) = (f(bank), f(bank), f(bank));
         CpuBackend
             .grouped_weight_grad_adam_mut(
-                x,
-                &dy,
-                &re,
-                &off,
-                (3, 5, experts),
+                BankGradOperands {
+                    x: x,
+                    dy: &dy,
+                    row_expert: &re,
+                    offsets: &off,
+                    bank: bank_dims(3, 5, experts),
+                },
                 &mut p,
                 None,
                 &mut m,

@@ -15,9 +15,16 @@ mod common;
 use moegrad::Error;
 use moegrad::backend::cpu::CpuBackend;
 use moegrad::backend::gpu::GpuBackend;
-use moegrad::backend::{Backend, HostData, MatLayout, MatmulDims};
+use moegrad::backend::{
+    Backend, ExpertBankDims, GroupedMatmulDims, HostData, MatLayout, MatmulDims,
+};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+
+/// An expert bank's sizes `[experts, k, m]`.
+fn bank_dims(k: usize, m: usize, experts: usize) -> ExpertBankDims {
+    ExpertBankDims { k, m, experts }
+}
 
 /// The GPU backend, or `None` after printing why the test is skipped.
 fn gpu(test: &str) -> Option<GpuBackend> {
@@ -358,11 +365,13 @@ fn check_grouped(
             &cpu.upload(&f64_data(&x)).unwrap(),
             &cpu.upload(&f64_data(&w)).unwrap(),
             &cpu.upload(&re).unwrap(),
-            rows,
-            k,
-            m,
-            experts,
-            transpose_w,
+            GroupedMatmulDims {
+                rows,
+                k,
+                m,
+                experts,
+                transpose_w,
+            },
         )
         .unwrap();
     let expected = cpu.download(&expected).unwrap().to_f64();
@@ -371,11 +380,13 @@ fn check_grouped(
             &be.upload(&f32_data(&x)).unwrap(),
             &be.upload(&f32_data(&w)).unwrap(),
             &be.upload(&re).unwrap(),
-            rows,
-            k,
-            m,
-            experts,
-            transpose_w,
+            GroupedMatmulDims {
+                rows,
+                k,
+                m,
+                experts,
+                transpose_w,
+            },
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let got = be.download(&got).unwrap().to_f64();
@@ -543,9 +554,7 @@ fn check_weight_grad(
             &cpu.upload(&f64_data(&dy)).unwrap(),
             &cpu.upload(&re).unwrap(),
             &cpu.upload(&off).unwrap(),
-            k,
-            m,
-            experts,
+            ExpertBankDims { k, m, experts },
         )
         .unwrap();
     let expected = cpu.download(&expected).unwrap().to_f64();
@@ -555,9 +564,7 @@ fn check_weight_grad(
             &be.upload(&f32_data(&dy)).unwrap(),
             &be.upload(&re).unwrap(),
             &be.upload(&off).unwrap(),
-            k,
-            m,
-            experts,
+            ExpertBankDims { k, m, experts },
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let got = be.download(&got).unwrap().to_f64();
@@ -676,32 +683,34 @@ fn grouped_weight_grad_empty_sizes_and_bad_input() {
     let none = be.upload(&HostData::I32(vec![])).unwrap();
     let empty = be.upload(&HostData::F32(vec![])).unwrap();
     // x [3, 2], dy [3, 3], two experts
-    let dw = be.grouped_weight_grad(&x, &dy, &re, &off, 2, 3, 2).unwrap();
+    let dw = be
+        .grouped_weight_grad(&x, &dy, &re, &off, bank_dims(2, 3, 2))
+        .unwrap();
     let mut expected = vec![2.0; 6];
     expected.extend([1.0; 6]);
     assert_eq!(be.download(&dw).unwrap(), HostData::F32(expected));
     // no rows: zeros
     let zero_off = be.upload(&HostData::I32(vec![0, 0, 0])).unwrap();
     let dw = be
-        .grouped_weight_grad(&empty, &empty, &none, &zero_off, 2, 3, 2)
+        .grouped_weight_grad(&empty, &empty, &none, &zero_off, bank_dims(2, 3, 2))
         .unwrap();
     assert_eq!(be.download(&dw).unwrap(), HostData::F32(vec![0.0; 12]));
     // k = 0: empty
     let dw = be
-        .grouped_weight_grad(&empty, &dy, &re, &off, 0, 3, 2)
+        .grouped_weight_grad(&empty, &dy, &re, &off, bank_dims(0, 3, 2))
         .unwrap();
     assert_eq!(be.download(&dw).unwrap(), HostData::F32(vec![]));
     // lengths that do not match, wrong dtypes
     assert!(matches!(
-        be.grouped_weight_grad(&x, &dy, &re, &off, 2, 3, 3),
+        be.grouped_weight_grad(&x, &dy, &re, &off, bank_dims(2, 3, 3)),
         Err(Error::Shape(_))
     ));
     assert!(matches!(
-        be.grouped_weight_grad(&x, &dy, &re, &off, 3, 3, 2),
+        be.grouped_weight_grad(&x, &dy, &re, &off, bank_dims(3, 3, 2)),
         Err(Error::Shape(_))
     ));
     assert!(matches!(
-        be.grouped_weight_grad(&x, &dy, &re, &x, 2, 3, 2),
+        be.grouped_weight_grad(&x, &dy, &re, &x, bank_dims(2, 3, 2)),
         Err(Error::DType(_))
     ));
 }

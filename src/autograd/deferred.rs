@@ -97,9 +97,11 @@ impl GroupedWeightGrad {
             self.dy.storage(),
             self.row_expert.storage(),
             self.offsets.storage(),
-            self.k,
-            self.m,
-            self.experts,
+            crate::backend::ExpertBankDims {
+                k: self.k,
+                m: self.m,
+                experts: self.experts,
+            },
         )?;
         Ok(Tensor::from_storage(dw, vec![self.experts, self.k, self.m]))
     }
@@ -114,17 +116,18 @@ impl GroupedWeightGrad {
         v: &mut Storage,
         h: AdamHyper,
     ) -> Result<()> {
-        self.x.storage().grouped_weight_grad_adam_mut(
-            self.dy.storage(),
-            self.row_expert.storage(),
-            self.offsets.storage(),
-            (self.k, self.m, self.experts),
-            param,
-            scale,
-            m,
-            v,
-            h,
-        )
+        let grad = crate::backend::BankGradOperands {
+            x: self.x.storage(),
+            dy: self.dy.storage(),
+            row_expert: self.row_expert.storage(),
+            offsets: self.offsets.storage(),
+            bank: crate::backend::ExpertBankDims {
+                k: self.k,
+                m: self.m,
+                experts: self.experts,
+            },
+        };
+        Storage::grouped_weight_grad_adam_mut(grad, param, scale, m, v, h)
     }
 }
 

@@ -14,7 +14,13 @@
 //! holds; its methods dispatch to the right backend.
 
 pub mod cpu;
+mod dims;
 pub mod gpu;
+
+pub use dims::{
+    AttentionDims, AxisView, Conv2dDims, ExpertBankDims, GroupedMatmulDims, LayerNormDims,
+    MatLayout, MatmulDims, Pool2dDims, PoolKind,
+};
 
 use crate::{DType, Result};
 
@@ -106,284 +112,6 @@ pub enum ReduceOp {
     ArgMax,
 }
 
-/// A tensor viewed as `[outer, len, inner]` around one axis: `len` is the axis' size, `outer` the
-/// product of the sizes before it and `inner` the product of those after it. Element
-/// `(o, j, i)` sits at `o·len·inner + j·inner + i`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AxisView {
-    /// product of the dimensions before the axis
-    pub outer: usize,
-    /// size of the axis
-    pub len: usize,
-    /// product of the dimensions after the axis
-    pub inner: usize,
-}
-
-/// How one operand of a (batched) matmul is laid out in its buffer: element `(b, r, c)` is at
-/// `offset + b·batch_stride + r·row_stride + c·col_stride`. A transposed operand just swaps the
-/// two strides; a broadcast batch has `batch_stride = 0`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MatLayout {
-    /// element offset of `(0, 0, 0)`
-    pub offset: usize,
-    /// distance between consecutive matrices
-    pub batch_stride: usize,
-    /// distance between consecutive rows
-    pub row_stride: usize,
-    /// distance between consecutive columns
-    pub col_stride: usize,
-}
-
-/// Sizes of a batched matmul `C[b] = A[b] · B[b]`, `A[b]: m×k`, `B[b]: k×n`, `C` contiguous `[batch, m, n]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MatmulDims {
-    /// number of matrices
-    pub batch: usize,
-    /// rows of A and C
-    pub m: usize,
-    /// columns of A, rows of B
-    pub k: usize,
-    /// columns of B and C
-    pub n: usize,
-}
-
-/// Sizes of a causal self-attention over `heads` independent (batch, head) pairs: each of Q, K, V
-/// and the output is contiguous `[heads, seq, head_dim]` (the `[B, H, T, Dh]` of
-/// `Tensor::causal_attention` with B·H folded into `heads`), the row log-sum-exp `[heads, seq]`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct AttentionDims {
-    /// number of (batch, head) pairs, B·H
-    pub heads: usize,
-    /// sequence length T (queries and keys)
-    pub seq: usize,
-    /// head dimension Dh
-    pub head_dim: usize,
-}
-
-impl AttentionDims {
-    /// The score scale `1/√Dh`, fixed (as in "Attention Is All You Need").
-    pub fn scale(&self) -> f64 {
-        1.0 / (self.head_dim as f64).sqrt()
-    }
-    /// Elements of Q, K, V or the output: `heads·seq·head_dim`, `None` on overflow.
-    pub fn elements(&self) -> Option<usize> {
-        self.heads
-            .checked_mul(self.seq)
-            .and_then(|n| n.checked_mul(self.head_dim))
-    }
-}
-
-/// Sizes of a layer normalisation: `rows` rows of `dim` values, each row normalised on its own,
-/// with `eps` added to the variance (see `ops/layer_norm.rs` for the math).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct LayerNormDims {
-    /// number of rows (the product of every axis but the last)
-    pub rows: usize,
-    /// the normalised (last) axis' size
-    pub dim: usize,
-    /// added to the variance before the square root
-    pub eps: f64,
-}
-
-/// Geometry of a 2-D convolution (cross-correlation, as in PyTorch) over a batch of images, the
-/// sizes every convolution primitive takes. All buffers are contiguous:
-///
-/// * input `x` and its gradient: `[batch, in_channels, height, width]`;
-/// * weight and its gradient: `[banks, out_channels, in_channels, kernel_h, kernel_w]`, one
-///   weight per bank (a plain convolution has one bank; the CNN experts of an MoE layer have one
-///   per expert, and each image uses its expert's);
-/// * output and its gradient: `[batch, out_channels, out_h, out_w]` with
-///   `out_h = (height + 2·padding − kernel_h) / stride + 1` (the same for `out_w`).
-///
-/// Padding adds `padding` zeros on every side of each image.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Conv2dDims {
-    /// images B
-    pub batch: usize,
-    /// input channels C
-    pub in_channels: usize,
-    /// image height H
-    pub height: usize,
-    /// image width W
-    pub width: usize,
-    /// output channels OC
-    pub out_channels: usize,
-    /// kernel height KH
-    pub kernel_h: usize,
-    /// kernel width KW
-    pub kernel_w: usize,
-    /// step between windows (≥ 1)
-    pub stride: usize,
-    /// zeros added on every side
-    pub padding: usize,
-    /// weight banks G (1 for a plain convolution)
-    pub banks: usize,
-}
-
-impl Conv2dDims {
-    /// Output height `(H + 2·padding − KH) / stride + 1` (0 when the kernel does not fit).
-    pub fn out_h(&self) -> usize {
-        window_count(self.height, self.kernel_h, self.stride, self.padding)
-    }
-    /// Output width `(W + 2·padding − KW) / stride + 1` (0 when the kernel does not fit).
-    pub fn out_w(&self) -> usize {
-        window_count(self.width, self.kernel_w, self.stride, self.padding)
-    }
-    /// Elements of one window, `C·KH·KW`: the inner dimension of the convolution's GEMM.
-    pub fn window(&self) -> usize {
-        self.in_channels * self.kernel_h * self.kernel_w
-    }
-    /// `(input, weight, output)` element counts, `None` when one overflows a `usize`.
-    pub fn lengths(&self) -> Option<(usize, usize, usize)> {
-        let image = self
-            .in_channels
-            .checked_mul(self.height)?
-            .checked_mul(self.width)?;
-        let kernel = self.kernel_h.checked_mul(self.kernel_w)?;
-        let input = self.batch.checked_mul(image)?;
-        let weight = self
-            .banks
-            .checked_mul(self.out_channels)?
-            .checked_mul(self.in_channels)?
-            .checked_mul(kernel)?;
-        let output = self
-            .batch
-            .checked_mul(self.out_channels)?
-            .checked_mul(self.out_h())?
-            .checked_mul(self.out_w())?;
-        Some((input, weight, output))
-    }
-    /// Checks the geometry: stride and kernel at least 1, the kernel within the padded image,
-    /// at least one bank, no size overflowing. Returns the `(input, weight, output)` lengths.
-    ///
-    /// # Errors
-    /// [`crate::Error::Shape`] naming the sizes at fault.
-    pub fn check(&self, what: &str) -> crate::Result<(usize, usize, usize)> {
-        let Conv2dDims {
-            batch,
-            in_channels,
-            height,
-            width,
-            out_channels,
-            kernel_h,
-            kernel_w,
-            stride,
-            padding,
-            banks,
-        } = *self;
-        let bad = |why: String| {
-            Err(crate::Error::Shape(format!(
-                "{what}: {why} (input [{batch}, {in_channels}, {height}, {width}], weight \
-                 [{banks}, {out_channels}, {in_channels}, {kernel_h}, {kernel_w}], stride \
-                 {stride}, padding {padding})"
-            )))
-        };
-        if stride == 0 || kernel_h == 0 || kernel_w == 0 || banks == 0 {
-            return bad("stride, kernel sides and banks must be at least 1".into());
-        }
-        if kernel_h > height + 2 * padding || kernel_w > width + 2 * padding {
-            return bad(format!(
-                "a {kernel_h}×{kernel_w} kernel does not fit the padded {}×{} image",
-                height + 2 * padding,
-                width + 2 * padding
-            ));
-        }
-        match self.lengths() {
-            Some(l) => Ok(l),
-            None => bad("more elements than a usize can count".into()),
-        }
-    }
-}
-
-/// Windows of side `kernel` moved by `stride` over `size + 2·padding` positions.
-fn window_count(size: usize, kernel: usize, stride: usize, padding: usize) -> usize {
-    let padded = size + 2 * padding;
-    if stride == 0 || kernel == 0 || kernel > padded {
-        return 0;
-    }
-    (padded - kernel) / stride + 1
-}
-
-/// Which pooling a pooling primitive computes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PoolKind {
-    /// the maximum of each window; the forward pass also returns the position of the maximum
-    /// (the first one, scanning rows then columns; NaN counts as the largest) for backward
-    Max,
-    /// the mean of each window, padding counted as zeros (PyTorch's `count_include_pad`)
-    Avg,
-}
-
-/// Geometry of a 2-D pooling: `planes` independent `height × width` planes (batch × channels),
-/// square `kernel × kernel` windows moved by `stride`, `padding` on every side (at most half
-/// the kernel, as in PyTorch, so every window holds at least one real pixel; max pooling pads
-/// with −∞). Input `[planes, height, width]`, output `[planes, out_h, out_w]`, contiguous.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Pool2dDims {
-    /// batch × channels
-    pub planes: usize,
-    /// plane height H
-    pub height: usize,
-    /// plane width W
-    pub width: usize,
-    /// window side
-    pub kernel: usize,
-    /// step between windows (≥ 1)
-    pub stride: usize,
-    /// padding on every side (≤ kernel / 2)
-    pub padding: usize,
-}
-
-impl Pool2dDims {
-    /// Output height `(H + 2·padding − kernel) / stride + 1`.
-    pub fn out_h(&self) -> usize {
-        window_count(self.height, self.kernel, self.stride, self.padding)
-    }
-    /// Output width `(W + 2·padding − kernel) / stride + 1`.
-    pub fn out_w(&self) -> usize {
-        window_count(self.width, self.kernel, self.stride, self.padding)
-    }
-    /// Checks the geometry and returns the `(input, output)` element counts.
-    ///
-    /// # Errors
-    /// [`crate::Error::Shape`] naming the sizes at fault: a zero stride or kernel, padding over
-    /// half the kernel, a window larger than the padded plane, or an overflowing size.
-    pub fn check(&self, what: &str) -> crate::Result<(usize, usize)> {
-        let Pool2dDims {
-            planes,
-            height,
-            width,
-            kernel,
-            stride,
-            padding,
-        } = *self;
-        let bad = |why: String| {
-            Err(crate::Error::Shape(format!(
-                "{what}: {why} ({planes} planes of {height}×{width}, kernel {kernel}, stride \
-                 {stride}, padding {padding})"
-            )))
-        };
-        if stride == 0 || kernel == 0 {
-            return bad("kernel and stride must be at least 1".into());
-        }
-        if 2 * padding > kernel {
-            return bad("padding must be at most half the kernel".into());
-        }
-        if kernel > height + 2 * padding || kernel > width + 2 * padding {
-            return bad("the window does not fit the padded plane".into());
-        }
-        let plane = height.checked_mul(width);
-        let out_plane = self.out_h().checked_mul(self.out_w());
-        match (
-            plane.and_then(|p| p.checked_mul(planes)),
-            out_plane.and_then(|p| p.checked_mul(planes)),
-        ) {
-            (Some(i), Some(o)) => Ok((i, o)),
-            _ => bad("more elements than a usize can count".into()),
-        }
-    }
-}
-
 /// Hyper-parameters of one fused Adam/AdamW update (see `optim::Adam` for the formulas).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AdamHyper {
@@ -458,6 +186,25 @@ impl HostData {
             HostData::I32(v) => v.iter().map(|&x| x as f64).collect(),
         }
     }
+}
+
+/// The operands of an expert bank's weight gradient ([`Backend::grouped_weight_grad`]): the
+/// rows `x` `[R, k]`, the upstream gradient `dy` `[R, m]`, each row's expert `row_expert`
+/// `[R]` and the experts' segments `offsets` `[experts + 1]` (both I32), and the bank's sizes.
+/// The fused optimizer steps (`grouped_weight_grad_adam_mut`) take it to compute the gradient
+/// inside the update instead of storing it.
+#[derive(Debug)]
+pub struct BankGradOperands<'a, B> {
+    /// the rows `[R, k]`
+    pub x: &'a B,
+    /// the upstream gradient `[R, m]`
+    pub dy: &'a B,
+    /// each row's expert `[R]`
+    pub row_expert: &'a B,
+    /// each expert's first row, then `R`: `[experts + 1]`
+    pub offsets: &'a B,
+    /// the bank's sizes `[experts, k, m]`
+    pub bank: ExpertBankDims,
 }
 
 /// The buffers of an MoE dispatch plan ([`Backend::dispatch_plan`]; `moe::DispatchPlan` wraps
@@ -636,32 +383,24 @@ pub trait Backend {
     /// sorted by expert (the dispatch plan does this) so a GPU tile mostly meets one expert; the
     /// result does not depend on it. Output `[R, m]`. Each expert's weights are read only for its
     /// own rows.
-    #[allow(clippy::too_many_arguments)]
     fn grouped_matmul(
         &self,
         x: &Self::Buffer,
         w: &Self::Buffer,
         row_expert: &Self::Buffer,
-        rows: usize,
-        k: usize,
-        m: usize,
-        experts: usize,
-        transpose_w: bool,
+        dims: GroupedMatmulDims,
     ) -> Result<Self::Buffer>;
     /// The weight gradient of [`Backend::grouped_matmul`]: `dW[e] = Σ_{r in e's segment,
     /// row_expert[r] = e} x[r]ᵀ · dy[r]`, `x: [R, k]`, `dy: [R, m]`, output `[n, k, m]`. Rows are
     /// sorted by expert and `offsets` (I32, `n + 1` entries) gives each expert's segment; an expert
     /// with no rows gets exactly zero.
-    #[allow(clippy::too_many_arguments)]
     fn grouped_weight_grad(
         &self,
         x: &Self::Buffer,
         dy: &Self::Buffer,
         row_expert: &Self::Buffer,
         offsets: &Self::Buffer,
-        k: usize,
-        m: usize,
-        experts: usize,
+        bank: ExpertBankDims,
     ) -> Result<Self::Buffer>;
     /// `len` values uniform in [0, 1) from a counter-based hash of `(seed, index)`: the same seed
     /// gives the same values on every backend (see [`uniform_hash`]).
@@ -669,7 +408,6 @@ pub trait Backend {
     /// One fused Adam/AdamW step over a parameter buffer. `grad_scale`, when given, is a
     /// one-element buffer multiplying the gradient first (gradient clipping without a read-back).
     /// Returns the new `(param, m, v)`.
-    #[allow(clippy::too_many_arguments)]
     fn adam_step(
         &self,
         param: &Self::Buffer,
@@ -723,7 +461,6 @@ pub trait Backend {
     /// [`Backend::argsort`]); `weights` (`[rows, k]`) the softmax over the `k` selected scores
     /// (`renormalise`, Shazeer's gate) or the probabilities at `idx` (unnormalised). Returns
     /// `(probs, idx, weights)`. Sizes ≥ 1, `k ≤ n`.
-    #[allow(clippy::too_many_arguments)]
     fn topk_gate(
         &self,
         logits: &Self::Buffer,

@@ -8,6 +8,7 @@
 //! * backward  `∂W[e] = Σ_{r: e_r = e} x[r]ᵀ · ∂y[r]`  (one segment of rows per expert)
 
 use crate::autograd::GroupedWeightGrad;
+use crate::backend::GroupedMatmulDims;
 use crate::{DType, Error, Result, Tensor};
 
 impl Tensor {
@@ -48,11 +49,13 @@ impl Tensor {
         let out = self.storage().grouped_matmul(
             w.storage(),
             row_expert.storage(),
-            rows,
-            k,
-            m,
-            n,
-            false,
+            GroupedMatmulDims {
+                rows,
+                k,
+                m,
+                experts: n,
+                transpose_w: false,
+            },
         )?;
         let y = Tensor::from_storage(out, vec![rows, m]);
         let (x, wd, re, off) = (
@@ -74,9 +77,17 @@ impl Tensor {
         let leaf = if defer { Some(w.clone()) } else { None };
         Ok(Tensor::record(y, "grouped_matmul", &[self, w], move |g| {
             let dx = if need_x {
-                let dx =
-                    g.storage()
-                        .grouped_matmul(wd.storage(), re.storage(), rows, m, k, n, true)?;
+                let dx = g.storage().grouped_matmul(
+                    wd.storage(),
+                    re.storage(),
+                    GroupedMatmulDims {
+                        rows,
+                        k: m,
+                        m: k,
+                        experts: n,
+                        transpose_w: true,
+                    },
+                )?;
                 Some(Tensor::from_storage(dx, vec![rows, k]))
             } else {
                 None

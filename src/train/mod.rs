@@ -10,26 +10,29 @@
 //! length is fixed by `--schedule-epochs`, the resumed run ends exactly where an uninterrupted
 //! one would. The output directory is locked for the run and a fresh run does not overwrite an
 //! earlier run's record unless asked to ([`out_dir`]).
+//!
+//! [`run`] reads as its steps: `trainer.rs` holds them (set up, resume, train an epoch,
+//! evaluate, log, checkpoint, report, summarise) as methods of one `Trainer`.
 
 pub mod config;
 pub mod models;
 pub mod out_dir;
 pub mod plot;
 pub mod resume;
+mod trainer;
 
 pub use config::{DataKind, ModelKind, OptimizerKind, TrainConfig};
 
 use crate::data::{Dataset, Mnist, SyntheticB, multimnist};
 use crate::moe::RoutingStats;
-use crate::optim::{Adam, Optimizer, Schedule, Sgd, clip_grad_norm};
+use crate::optim::{Adam, Optimizer, Sgd, clip_grad_norm};
 use crate::{DType, Device, Error, Result, Tensor};
 use models::TaskModel;
-use out_dir::OutDir;
 use plot::EpochPoint;
 use serde::Serialize;
-use std::io::Write;
 use std::path::Path;
 use std::time::Instant;
+use trainer::{EpochResult, Trainer};
 
 /// The final figures of a run (`--json` prints this object).
 #[derive(Clone, Debug, Serialize)]
@@ -396,308 +399,18 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
     let allowed = opts.check()?;
     let started = Instant::now();
     let recording = opts.profile.then(crate::profile::start);
-    let device = Device::from_name(&cfg.device)?;
-    let data = load_data(cfg)?;
-    if data.train.is_empty() || data.test.is_empty() {
-        return Err(Error::Invalid("the training or test split is empty".into()));
-    }
-    models::check_memory(cfg, data.side, data.tasks, cfg.batch.min(data.train.len()))?;
-    let model = match &data.bank {
-        Some(bank) => models::build_synthetic_b(cfg, bank, device)?,
-        None => models::build(cfg, data.side, data.tasks, device)?,
-    };
-    let model = model.as_ref();
-    let params = model.named_params();
-    let n_params: usize = params.iter().map(|(_, p)| p.get().numel()).sum();
-    let mut opt = make_optimizer(cfg)?;
-    let steps_per_epoch = data.train.batches_per_epoch(cfg.batch) as u64;
-    let schedule = Schedule::from_name(
-        &cfg.schedule,
-        cfg.lr,
-        cfg.warmup_steps,
-        steps_per_epoch * cfg.schedule_length_epochs() as u64,
-    )?;
-    if let Some(w) = cfg.warmup_warning(steps_per_epoch.saturating_mul(cfg.epochs as u64))
-        && opts.progress
-    {
-        eprintln!("moegrad: warning: {w}");
-    }
-
-    // claimed once the data and the model are known to be good, so bad input leaves --out as
-    // it was
-    let out = OutDir::claim(&cfg.out, opts.resume, opts.overwrite)?;
-    if opts.progress {
-        for note in &out.notes {
-            eprintln!("moegrad: note: {note}");
-        }
-    }
-    let ckpt_path = out.path().join("checkpoint.safetensors");
-    let metrics_path = out.path().join("metrics.jsonl");
-    let config_json = serde_json::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
-
-    // the epoch after which this run's last checkpoint was written (a resumed run continues
-    // the checkpoint's run), or None while this run has written none
-    let mut saved_epoch: Option<usize> = None;
-    let mut start_epoch = 0;
-    if opts.resume {
-        let target = resume::ResumeTarget {
-            cfg,
-            allowed: &allowed,
-            device,
-            model,
-            params: &params,
-            steps_per_epoch,
-        };
-        start_epoch = resume::restore(&ckpt_path, &target, opt.as_mut())?;
-        saved_epoch = Some(start_epoch);
-        truncate_metrics(&metrics_path, start_epoch)?;
-    } else if opts.overwrite {
-        out.clear_previous_run()?;
-    }
-    let last_checkpoint = |saved: Option<usize>| match saved {
-        Some(e) => format!(
-            "the last good checkpoint, written after epoch {e}, is kept at {}",
-            ckpt_path.display()
-        ),
-        None => "no checkpoint has been written by this run yet".to_string(),
-    };
-
-    let mut last = (f64::NAN, f64::NAN, vec![f64::NAN; data.tasks]);
-    let mut last_routing: Option<(Vec<f64>, f64)> = None;
-    let mut last_experts_per_token: Option<f64> = None;
-    let mut step = opt.steps();
-    // the last step at which the loss was read back and finite (for the NaN message)
-    let mut last_finite_read = step;
+    let mut trainer = Trainer::set_up(cfg, &opts)?;
+    let start_epoch = trainer.resume(&opts, &allowed)?;
+    let mut last = EpochResult::none(trainer.tasks());
     for epoch in start_epoch..cfg.epochs {
-        let epoch_start = Instant::now();
-        let bar = if opts.progress {
-            let b = indicatif::ProgressBar::new(steps_per_epoch);
-            b.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-                .progress_chars("=> "),
-            );
-            b.set_prefix(format!("epoch {}/{}", epoch + 1, cfg.epochs));
-            b
-        } else {
-            indicatif::ProgressBar::hidden()
-        };
-        let mut loss_sum = Tensor::zeros(&[], DType::F32, device)?;
-        let mut kept_sum: Option<(Tensor, Tensor)> = None;
-        // tokens routed over the epoch (examples × gates), for experts per token
-        let mut routed_tokens = 0usize;
-        // the router's own metrics (e.g. DSelect-k's saturated fraction): summed over the
-        // epoch on the device with a count of values, read back once at its end
-        let mut router_metric_sums: Vec<(&'static str, Tensor, usize)> = Vec::new();
-        let order = data.train.order(cfg.seed, epoch, true);
-        for (i, ids) in order.chunks(cfg.batch).enumerate() {
-            let _step = crate::profile::step();
-            opt.set_lr(schedule.lr(step));
-            let b = data.train.batch(ids, device)?;
-            let out = train_step(model, &params, opt.as_mut(), &b.x, &b.y, cfg.clip_grad_norm)?;
-            let (loss, task) = (out.loss, out.task_loss);
-            if let Some(stats) = &out.routing {
-                for (name, v) in &stats.metrics {
-                    let v = v.detach().to_dtype(DType::F32)?;
-                    match router_metric_sums.iter_mut().find(|(n, _, _)| n == name) {
-                        Some((_, sum, count)) => {
-                            *sum = sum.add(&v)?;
-                            *count += 1;
-                        }
-                        None => router_metric_sums.push((name, v, 1)),
-                    }
-                }
-                routed_tokens += stats.tokens;
-                kept_sum = Some(match kept_sum {
-                    Some((k, r)) => (
-                        stats.kept_per_expert.add(&k)?,
-                        stats.routed_per_expert.add(&r)?,
-                    ),
-                    None => (
-                        stats.kept_per_expert.clone(),
-                        stats.routed_per_expert.clone(),
-                    ),
-                });
-            }
-            step += 1;
-            loss_sum =
-                crate::no_grad(|| loss_sum.add(&task.detach().mul_scalar(ids.len() as f64)?))?;
-            if (i + 1) % cfg.log_every == 0 || i + 1 == steps_per_epoch as usize {
-                let l = loss.item()?;
-                if !l.is_finite() {
-                    bar.abandon();
-                    let when = if last_finite_read + 1 == step {
-                        format!("it first became non-finite at step {step}")
-                    } else {
-                        format!(
-                            "it was last read finite {}, so it first became non-finite at one of steps {}..={step}",
-                            if last_finite_read == 0 {
-                                "before any step".to_string()
-                            } else {
-                                format!("at step {last_finite_read}")
-                            },
-                            last_finite_read + 1
-                        )
-                    };
-                    return Err(Error::Invalid(format!(
-                        "loss is {l} at step {step} (epoch {}, batch {}); the loss is read every {} (--log-every) and at the end of each epoch: {when}. Stopping; {}",
-                        epoch + 1,
-                        i + 1,
-                        if cfg.log_every == 1 {
-                            "step".to_string()
-                        } else {
-                            format!("{} steps", cfg.log_every)
-                        },
-                        last_checkpoint(saved_epoch)
-                    )));
-                }
-                last_finite_read = step;
-                let rate =
-                    ((i + 1) * cfg.batch) as f64 / epoch_start.elapsed().as_secs_f64().max(1e-9);
-                bar.set_message(format!("loss {l:.4} · {rate:.0} img/s"));
-            }
-            bar.inc(1);
-        }
-        bar.finish_and_clear();
-        let train_loss = loss_sum.item()? / data.train.len() as f64;
-        if !train_loss.is_finite() {
-            return Err(Error::Invalid(format!(
-                "mean training loss of epoch {} is {train_loss}; stopping; {}",
-                epoch + 1,
-                last_checkpoint(saved_epoch)
-            )));
-        }
-        let (test_loss, acc) = evaluate(model, &data.test, cfg.batch.max(256), device)?;
-        // the loss can stay finite while a parameter or the optimizer state is not (an
-        // infinite Adam second moment, say): nothing non-finite is ever written, neither to
-        // the checkpoint nor to the metrics
-        let ck = resume::snapshot(epoch + 1, &params, opt.as_ref(), model, &config_json)?;
-        if let Some(bad) = ck.first_non_finite()? {
-            return Err(Error::Invalid(format!(
-                "after epoch {} (step {step}) {bad}: the run has diverged (a smaller --lr, --clip-grad-norm or smaller loss coefficients may help); stopping without writing a checkpoint; {}",
-                epoch + 1,
-                last_checkpoint(saved_epoch)
-            )));
-        }
-        let routing = match &kept_sum {
-            Some((k, r)) => Some(load_and_drop(k, r)?),
-            None => None,
-        };
-        let experts_per_token = match &kept_sum {
-            Some((k, _)) => Some(k.to_vec_f64()?.iter().sum::<f64>() / routed_tokens.max(1) as f64),
-            None => None,
-        };
-        let mut line = serde_json::json!({
-            "epoch": epoch + 1, "step": step, "lr": opt.lr(), "train_loss": train_loss, "test_loss": test_loss,
-            "test_accuracy": accuracy_json(&acc), "epoch_seconds": epoch_start.elapsed().as_secs_f64(),
-        });
-        if let Some((load, drop)) = &routing {
-            line["expert_load"] = serde_json::json!(load);
-            line["drop_rate"] = serde_json::json!(drop);
-        }
-        if let Some(e) = experts_per_token {
-            line["experts_per_token"] = serde_json::json!(e);
-        }
-        if !router_metric_sums.is_empty() {
-            let mut metrics = serde_json::Map::new();
-            for (name, sum, count) in &router_metric_sums {
-                let mean = sum.item()? / *count as f64;
-                metrics.insert(name.to_string(), serde_json::json!(mean));
-            }
-            line["router_metrics"] = serde_json::Value::Object(metrics);
-        }
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&metrics_path)
-            .map_err(|e| Error::Io(format!("{}: {e}", metrics_path.display())))?;
-        writeln!(f, "{line}").map_err(|e| Error::Io(format!("{}: {e}", metrics_path.display())))?;
-
-        ck.save(&ckpt_path)?;
-        saved_epoch = Some(epoch + 1);
-        plot::draw_curves(
-            &out.path().join("curves.svg"),
-            &read_points(&metrics_path),
-            &format!("{:?} {:?}", cfg.model, cfg.data),
-        )?;
-        if routing.is_some() {
-            plot::draw_expert_load(
-                &out.path().join("expert_load.svg"),
-                &read_loads(&metrics_path),
-            )?;
-        }
-        if opts.progress {
-            let accs: Vec<String> = acc.iter().map(|a| format!("{:.2}%", 100.0 * a)).collect();
-            let moe = match &routing {
-                Some((load, drop)) => {
-                    let l: Vec<String> = load.iter().map(|v| format!("{:.0}", 100.0 * v)).collect();
-                    format!(
-                        ", expert load % [{}], drop rate {:.2}%",
-                        l.join(" "),
-                        100.0 * drop
-                    )
-                }
-                None => String::new(),
-            };
-            eprintln!(
-                "epoch {}/{}: train loss {train_loss:.4}, test loss {test_loss:.4}, test accuracy {}{moe}, {:.1} s",
-                epoch + 1,
-                cfg.epochs,
-                accs.join(" / "),
-                epoch_start.elapsed().as_secs_f64()
-            );
-        }
-        last = (train_loss, test_loss, acc);
-        last_routing = routing;
-        last_experts_per_token = experts_per_token;
+        let totals = trainer.train_epoch(epoch)?;
+        let (result, checkpoint) = trainer.evaluate(epoch, totals)?;
+        trainer.log(epoch, &result)?;
+        trainer.checkpoint(epoch, checkpoint, &result)?;
+        trainer.report(epoch, &result);
+        last = result;
     }
-    let (expert_selection_rate, expert_mean_weight, selected_experts, true_experts) = match &data
-        .bank
-    {
-        Some(bank) => {
-            let (rate, weight) = expert_usage(model, &data.test, cfg.batch.max(256), device)?;
-            // an expert is selected when it holds at least half of an equal share of the k
-            // choices: a gate can put all its mass on the true experts while the others keep
-            // tiny nonzero weights (DSelect-k before its selectors saturate)
-            let share = 0.5 / cfg.k.max(1) as f64;
-            let selected = (0..weight.len()).filter(|&e| weight[e] >= share).collect();
-            if opts.progress {
-                eprintln!(
-                    "synthetic-b: the gate selects experts {selected:?} (mean weight ≥ 1/(2k)); the true experts are {:?}",
-                    bank.true_experts
-                );
-            }
-            (
-                Some(rate),
-                Some(weight),
-                Some(selected),
-                Some(bank.true_experts.clone()),
-            )
-        }
-        None => (None, None, None, None),
-    };
-    let profile = recording.and_then(crate::profile::Recording::finish);
-    Ok(TrainSummary {
-        device: device.to_string(),
-        epochs: cfg.epochs,
-        seconds: started.elapsed().as_secs_f64(),
-        train_loss: last.0,
-        test_loss: last.1,
-        test_accuracy: accuracy_json(&last.2),
-        steps: opt.steps(),
-        params: n_params,
-        expert_load: last_routing.as_ref().map(|r| r.0.clone()),
-        drop_rate: last_routing.map(|r| r.1),
-        experts_per_token: last_experts_per_token,
-        expert_selection_rate,
-        expert_mean_weight,
-        selected_experts,
-        true_experts,
-        profile: profile.as_ref().map(crate::profile::Report::rows),
-        gpu_profile: profile.and_then(|p| p.gpu),
-    })
+    trainer.summary(started, recording, last)
 }
 
 /// Per expert, the fraction of `data`'s examples routed to it with a nonzero weight, and its

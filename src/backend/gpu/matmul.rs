@@ -20,7 +20,7 @@
 
 use super::kernels::Shader;
 use super::{GpuBackend, GpuBuffer};
-use crate::backend::{Backend, MatLayout, MatmulDims};
+use crate::backend::{Backend, ExpertBankDims, GroupedMatmulDims, MatLayout, MatmulDims};
 use crate::{DType, Error, Result};
 
 /// The kernels of `shaders/matmul.wgsl`.
@@ -293,18 +293,20 @@ pub(crate) fn matmul(
 /// # Errors
 /// [`Error::DType`] for non-f32 data or non-i32 experts; [`Error::Shape`] when a buffer's length
 /// does not match the sizes or a size exceeds 32-bit indexing; a GPU error from the launch.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn grouped_matmul(
     be: &GpuBackend,
     x: &GpuBuffer,
     w: &GpuBuffer,
     row_expert: &GpuBuffer,
-    rows: usize,
-    k: usize,
-    m: usize,
-    experts: usize,
-    transpose_w: bool,
+    dims: GroupedMatmulDims,
 ) -> Result<GpuBuffer> {
+    let GroupedMatmulDims {
+        rows,
+        k,
+        m,
+        experts,
+        transpose_w,
+    } = dims;
     const WHAT: &str = "grouped_matmul";
     check_f32(WHAT, "x", x)?;
     check_f32(WHAT, "w", w)?;
@@ -361,17 +363,15 @@ pub(crate) fn grouped_matmul(
 /// # Errors
 /// [`Error::DType`] for non-f32 data or non-i32 indices; [`Error::Shape`] when a buffer's length
 /// does not match the sizes or a size exceeds 32-bit indexing; a GPU error from the launch.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn grouped_weight_grad(
     be: &GpuBackend,
     x: &GpuBuffer,
     dy: &GpuBuffer,
     row_expert: &GpuBuffer,
     offsets: &GpuBuffer,
-    k: usize,
-    m: usize,
-    experts: usize,
+    bank: ExpertBankDims,
 ) -> Result<GpuBuffer> {
+    let ExpertBankDims { k, m, experts } = bank;
     const WHAT: &str = "grouped_weight_grad";
     check_f32(WHAT, "x", x)?;
     check_f32(WHAT, "dy", dy)?;

@@ -8,6 +8,7 @@
 //!   (nothing is read back to the host except by [`Backend::download`]);
 //! * `kernels.rs` compiles and caches pipelines and holds the one launch helper,
 //!   `GpuBackend::launch(shader, entry, buffers, params, groups)`, that every op uses;
+//! * `info.rs` describes the adapter ([`GpuInfo`], read with [`info`]);
 //! * `stats.rs` counts dispatches, submissions, host waits, buffers created and bytes moved
 //!   ([`GpuStats`], read with [`GpuBackend::stats`]);
 //! * one launcher file per kernel family, named after its shader: `elementwise.rs`,
@@ -28,6 +29,7 @@ mod conv2d;
 mod cross_entropy;
 mod elementwise;
 mod encoder;
+mod info;
 mod kernels;
 mod layer_norm;
 mod layout;
@@ -45,13 +47,15 @@ pub(crate) mod timing;
 
 pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
 pub use conv2d::CONV2D_MAX_TAPS;
+pub use info::{GpuInfo, info};
 pub use matmul::MatmulKernel;
 pub use optim::{ADAM_MULTI_SLOTS, AdamSlot, NORM_SLOTS};
 pub use stats::GpuStats;
 
 use super::{
-    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, HostData, LayerNormDims,
-    MatLayout, MatmulDims, PlanBuffers, Pool2dDims, PoolKind, ReduceOp, SgdHyper, UnaryOp,
+    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, ExpertBankDims,
+    GroupedMatmulDims, HostData, LayerNormDims, MatLayout, MatmulDims, PlanBuffers, Pool2dDims,
+    PoolKind, ReduceOp, SgdHyper, UnaryOp,
 };
 use crate::{DType, Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -106,94 +110,6 @@ impl std::fmt::Debug for GpuBuffer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "GpuBuffer({} × {})", self.len, self.dtype)
     }
-}
-
-/// What the adapter is and what the device was opened with (see `moegrad info`).
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct GpuInfo {
-    /// adapter name, e.g. "NVIDIA GeForce RTX 3060" or "llvmpipe (LLVM 15.0.6, 256 bits)"
-    pub name: String,
-    /// wgpu backend: "Vulkan", "Metal", "Dx12", "Gl"
-    pub backend: String,
-    /// "DiscreteGpu", "IntegratedGpu", "Cpu" (a software rasterizer), ...
-    pub device_type: String,
-    /// driver name and version
-    pub driver: String,
-    /// the device limits the kernels use, as requested from the adapter
-    pub limits: Vec<(String, u64)>,
-    /// optional features the adapter reports and the device enabled (subgroups, f16, timestamps)
-    pub features: Vec<String>,
-    /// the smallest and largest subgroup the adapter reports (`[0, 0]` without subgroups)
-    pub subgroup_sizes: [u32; 2],
-    /// the kernel `matmul` runs: "subgroup" or "plain" (see [`MatmulKernel`])
-    pub matmul_kernel: String,
-}
-
-/// Facts about the GPU adapter, opening the context if needed.
-///
-/// # Errors
-/// [`Error::Device`] when no adapter is available (the message names the backends tried).
-pub fn info() -> Result<GpuInfo> {
-    let be = GpuBackend::get()?;
-    let c = &be.inner.ctx;
-    let l = &c.limits;
-    let limits = vec![
-        (
-            "max_storage_buffer_binding_size".to_string(),
-            l.max_storage_buffer_binding_size,
-        ),
-        ("max_buffer_size".into(), l.max_buffer_size),
-        (
-            "max_storage_buffers_per_shader_stage".into(),
-            l.max_storage_buffers_per_shader_stage as u64,
-        ),
-        (
-            "max_buffers_per_shader_stage".into(),
-            l.max_buffers_and_acceleration_structures_per_shader_stage as u64,
-        ),
-        (
-            "max_compute_workgroup_storage_size".into(),
-            l.max_compute_workgroup_storage_size as u64,
-        ),
-        (
-            "max_compute_invocations_per_workgroup".into(),
-            l.max_compute_invocations_per_workgroup as u64,
-        ),
-        (
-            "max_compute_workgroups_per_dimension".into(),
-            l.max_compute_workgroups_per_dimension as u64,
-        ),
-        (
-            "min_uniform_buffer_offset_alignment".into(),
-            l.min_uniform_buffer_offset_alignment as u64,
-        ),
-    ];
-    let driver = match (
-        c.adapter_info.driver.is_empty(),
-        c.adapter_info.driver_info.is_empty(),
-    ) {
-        (true, true) => "unknown".to_string(),
-        (false, true) => c.adapter_info.driver.clone(),
-        (true, false) => c.adapter_info.driver_info.clone(),
-        (false, false) => format!("{} {}", c.adapter_info.driver, c.adapter_info.driver_info),
-    };
-    Ok(GpuInfo {
-        name: c.adapter_info.name.clone(),
-        backend: format!("{:?}", c.adapter_info.backend),
-        device_type: format!("{:?}", c.adapter_info.device_type),
-        driver,
-        limits,
-        features: c.feature_names.clone(),
-        subgroup_sizes: if c.features.contains(wgpu::Features::SUBGROUP) {
-            [
-                c.adapter_info.subgroup_min_size,
-                c.adapter_info.subgroup_max_size,
-            ]
-        } else {
-            [0, 0]
-        },
-        matmul_kernel: be.matmul_kernel().name().to_string(),
-    })
 }
 
 /// Byte counters of the GPU buffer pool.
@@ -314,90 +230,10 @@ impl GpuBackend {
         self.inner.pool.free_bytes()
     }
 
-    /// The optimizers' Adam update, written into `param`, `m` and `v` where they are when no other
-    /// tensor shares them (fresh buffers replace them otherwise).
-    ///
-    /// # Errors
-    /// As [`crate::backend::Backend::adam_step`]: dtypes other than f32, unequal lengths, or a
-    /// gradient scale that is not one f32.
-    pub fn adam_step_mut(
-        &self,
-        param: &mut GpuBuffer,
-        grad: &GpuBuffer,
-        grad_scale: Option<&GpuBuffer>,
-        m: &mut GpuBuffer,
-        v: &mut GpuBuffer,
-        h: crate::backend::AdamHyper,
-    ) -> Result<()> {
-        optim::adam_step_mut(self, param, grad, grad_scale, m, v, h)
-    }
-
-    /// The optimizers' SGD update, written into `param` and `buf` where they are when no other
-    /// tensor shares them (fresh buffers replace them otherwise).
-    ///
-    /// # Errors
-    /// As [`crate::backend::Backend::sgd_step`].
-    pub fn sgd_step_mut(
-        &self,
-        param: &mut GpuBuffer,
-        grad: &GpuBuffer,
-        grad_scale: Option<&GpuBuffer>,
-        buf: &mut GpuBuffer,
-        h: crate::backend::SgdHyper,
-    ) -> Result<()> {
-        optim::sgd_step_mut(self, param, grad, grad_scale, buf, h)
-    }
-
     /// Whether `b` is the only handle to its device buffer apart from the pending batch of
     /// kernels (recorded earlier, so they run first): a kernel may then overwrite it in place.
     pub(crate) fn is_exclusive(&self, b: &GpuBuffer) -> bool {
         self.inner.batcher.only_held_by_batch(&b.buf)
-    }
-
-    /// Whether this device can run [`GpuBackend::adam_multi_mut`] (it binds 27 storage buffers
-    /// per shader stage; WebGPU's minimum is 8).
-    pub fn adam_multi_supported(&self) -> bool {
-        optim::adam_multi_supported(self)
-    }
-
-    /// The multi-tensor Adam step: every slot's parameter updated in place with its moments
-    /// in the flat buffers `m` and `v` at its offset, [`ADAM_MULTI_SLOTS`] parameters per
-    /// dispatch (so one dispatch for a small model).
-    ///
-    /// # Errors
-    /// Dtypes other than f32, a gradient of another length than its parameter, moments that do
-    /// not hold a slot's segment, or a device without the bindings
-    /// ([`GpuBackend::adam_multi_supported`]).
-    pub fn adam_multi_mut(
-        &self,
-        slots: &mut [AdamSlot<'_>],
-        m: &mut GpuBuffer,
-        v: &mut GpuBuffer,
-        grad_scale: Option<&GpuBuffer>,
-        h: AdamHyper,
-    ) -> Result<()> {
-        optim::adam_multi_mut(self, slots, m, v, grad_scale, h)
-    }
-
-    /// Whether this device can run [`GpuBackend::grad_norm_clip`] (it binds 25 storage buffers
-    /// per shader stage).
-    pub fn grad_norm_supported(&self) -> bool {
-        optim::grad_norm_supported(self)
-    }
-
-    /// Gradient clipping's global norm `√Σ‖g_i‖²` over `grads` and the factor
-    /// `clamp(max_norm / (norm + 1e-6), 0, 1)`, as one-element buffers computed on the device
-    /// in one dispatch per [`NORM_SLOTS`] gradients plus one.
-    ///
-    /// # Errors
-    /// A gradient that is not f32, or a device without the bindings
-    /// ([`GpuBackend::grad_norm_supported`]).
-    pub fn grad_norm_clip(
-        &self,
-        grads: &[&GpuBuffer],
-        max_norm: f64,
-    ) -> Result<(GpuBuffer, GpuBuffer)> {
-        optim::grad_norm_clip(self, grads, max_norm)
     }
 
     /// Whether the adapter can run [`MatmulKernel::Subgroup`]: it has the SUBGROUP feature with
@@ -683,13 +519,9 @@ impl Backend for GpuBackend {
         x: &GpuBuffer,
         w: &GpuBuffer,
         row_expert: &GpuBuffer,
-        rows: usize,
-        k: usize,
-        m: usize,
-        experts: usize,
-        transpose_w: bool,
+        dims: GroupedMatmulDims,
     ) -> Result<GpuBuffer> {
-        matmul::grouped_matmul(self, x, w, row_expert, rows, k, m, experts, transpose_w)
+        matmul::grouped_matmul(self, x, w, row_expert, dims)
     }
 
     fn grouped_weight_grad(
@@ -698,11 +530,9 @@ impl Backend for GpuBackend {
         dy: &GpuBuffer,
         row_expert: &GpuBuffer,
         offsets: &GpuBuffer,
-        k: usize,
-        m: usize,
-        experts: usize,
+        bank: ExpertBankDims,
     ) -> Result<GpuBuffer> {
-        matmul::grouped_weight_grad(self, x, dy, row_expert, offsets, k, m, experts)
+        matmul::grouped_weight_grad(self, x, dy, row_expert, offsets, bank)
     }
 
     fn random_uniform(&self, len: usize, seed: u64, dtype: DType) -> Result<GpuBuffer> {

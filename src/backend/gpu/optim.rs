@@ -460,3 +460,87 @@ pub(crate) fn grad_norm_clip(
     )?;
     Ok((norm, scale))
 }
+
+/// The optimizers' entry points on the handle (the fused steps above, and the multi-tensor
+/// Adam and gradient-norm kernels).
+impl GpuBackend {
+    /// The optimizers' Adam update, written into `param`, `m` and `v` where they are when no other
+    /// tensor shares them (fresh buffers replace them otherwise).
+    ///
+    /// # Errors
+    /// As [`crate::backend::Backend::adam_step`]: dtypes other than f32, unequal lengths, or a
+    /// gradient scale that is not one f32.
+    pub fn adam_step_mut(
+        &self,
+        param: &mut GpuBuffer,
+        grad: &GpuBuffer,
+        grad_scale: Option<&GpuBuffer>,
+        m: &mut GpuBuffer,
+        v: &mut GpuBuffer,
+        h: AdamHyper,
+    ) -> Result<()> {
+        adam_step_mut(self, param, grad, grad_scale, m, v, h)
+    }
+
+    /// The optimizers' SGD update, written into `param` and `buf` where they are when no other
+    /// tensor shares them (fresh buffers replace them otherwise).
+    ///
+    /// # Errors
+    /// As [`crate::backend::Backend::sgd_step`].
+    pub fn sgd_step_mut(
+        &self,
+        param: &mut GpuBuffer,
+        grad: &GpuBuffer,
+        grad_scale: Option<&GpuBuffer>,
+        buf: &mut GpuBuffer,
+        h: SgdHyper,
+    ) -> Result<()> {
+        sgd_step_mut(self, param, grad, grad_scale, buf, h)
+    }
+
+    /// Whether this device can run [`GpuBackend::adam_multi_mut`] (it binds 27 storage buffers
+    /// per shader stage; WebGPU's minimum is 8).
+    pub fn adam_multi_supported(&self) -> bool {
+        adam_multi_supported(self)
+    }
+
+    /// The multi-tensor Adam step: every slot's parameter updated in place with its moments
+    /// in the flat buffers `m` and `v` at its offset, [`ADAM_MULTI_SLOTS`] parameters per
+    /// dispatch (so one dispatch for a small model).
+    ///
+    /// # Errors
+    /// Dtypes other than f32, a gradient of another length than its parameter, moments that do
+    /// not hold a slot's segment, or a device without the bindings
+    /// ([`GpuBackend::adam_multi_supported`]).
+    pub fn adam_multi_mut(
+        &self,
+        slots: &mut [AdamSlot<'_>],
+        m: &mut GpuBuffer,
+        v: &mut GpuBuffer,
+        grad_scale: Option<&GpuBuffer>,
+        h: AdamHyper,
+    ) -> Result<()> {
+        adam_multi_mut(self, slots, m, v, grad_scale, h)
+    }
+
+    /// Whether this device can run [`GpuBackend::grad_norm_clip`] (it binds 25 storage buffers
+    /// per shader stage).
+    pub fn grad_norm_supported(&self) -> bool {
+        grad_norm_supported(self)
+    }
+
+    /// Gradient clipping's global norm `√Σ‖g_i‖²` over `grads` and the factor
+    /// `clamp(max_norm / (norm + 1e-6), 0, 1)`, as one-element buffers computed on the device
+    /// in one dispatch per [`NORM_SLOTS`] gradients plus one.
+    ///
+    /// # Errors
+    /// A gradient that is not f32, or a device without the bindings
+    /// ([`GpuBackend::grad_norm_supported`]).
+    pub fn grad_norm_clip(
+        &self,
+        grads: &[&GpuBuffer],
+        max_norm: f64,
+    ) -> Result<(GpuBuffer, GpuBuffer)> {
+        grad_norm_clip(self, grads, max_norm)
+    }
+}

@@ -1,0 +1,101 @@
+//! Argument checks of the fused primitives (cross-entropy, layer norm, attention): buffer
+//! lengths against the geometry they are called with, so that a mismatch is an
+//! [`crate::Error`] before any kernel indexes a buffer.
+
+use super::CpuBuffer;
+use crate::backend::{AttentionDims, LayerNormDims};
+use crate::{Error, Result};
+
+/// Checks a cross-entropy's operands (logits `[rows, classes]`, I32 targets `[rows]` inside
+/// `0..classes`, sizes ≥ 1) and returns the targets.
+pub(super) fn check_cross_entropy<'a>(
+    what: &str,
+    logits: &CpuBuffer,
+    targets: &'a CpuBuffer,
+    classes: usize,
+) -> Result<&'a [i32]> {
+    let t = targets.indices(what)?;
+    if t.is_empty() || classes == 0 || t.len().checked_mul(classes) != Some(logits.len()) {
+        return Err(Error::Shape(format!(
+            "{what}: logits of {} values are not [{} rows, {classes} classes] (sizes ≥ 1)",
+            logits.len(),
+            t.len()
+        )));
+    }
+    if let Some((r, &bad)) = t
+        .iter()
+        .enumerate()
+        .find(|&(_, &c)| c < 0 || c as usize >= classes)
+    {
+        return Err(Error::Invalid(format!(
+            "{what}: target {bad} of row {r} is not a class in 0..{classes}"
+        )));
+    }
+    Ok(t)
+}
+
+/// Checks a layer norm's operands: `[rows, dim]` ones, `[dim]` ones and `[rows]` ones hold that
+/// many elements, and no size is zero.
+pub(super) fn check_layer_norm_lengths(
+    what: &str,
+    matrices: &[(&str, &CpuBuffer)],
+    vectors: &[(&str, &CpuBuffer)],
+    per_row: &[(&str, &CpuBuffer)],
+    dims: LayerNormDims,
+) -> Result<()> {
+    let LayerNormDims { rows, dim, .. } = dims;
+    let n = rows.checked_mul(dim).filter(|&n| n > 0).ok_or_else(|| {
+        Error::Shape(format!(
+            "{what}: [{rows}, {dim}] must have sizes of at least 1 and fit in memory"
+        ))
+    })?;
+    let groups = [
+        (matrices, n, "[rows, dim]"),
+        (vectors, dim, "[dim]"),
+        (per_row, rows, "[rows]"),
+    ];
+    for (operands, want, shape) in groups {
+        for (name, b) in operands {
+            if b.len() != want {
+                return Err(Error::Shape(format!(
+                    "{what}: {name} holds {} elements, expected {shape} = {want} for rows {rows}, dim {dim}",
+                    b.len()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that each `[heads, seq, head_dim]` operand of an attention kernel holds exactly
+/// `dims.elements()` elements and that no size is zero.
+pub(super) fn check_attention_lengths(
+    what: &str,
+    operands: &[(&str, &CpuBuffer)],
+    dims: AttentionDims,
+) -> Result<()> {
+    let AttentionDims {
+        heads,
+        seq,
+        head_dim,
+    } = dims;
+    let n = dims.elements().ok_or_else(|| {
+        Error::Shape(format!(
+            "{what}: [{heads}, {seq}, {head_dim}] has more than usize::MAX elements"
+        ))
+    })?;
+    if n == 0 {
+        return Err(Error::Shape(format!(
+            "{what}: sizes [{heads}, {seq}, {head_dim}] must all be at least 1"
+        )));
+    }
+    for (name, b) in operands {
+        if b.len() != n {
+            return Err(Error::Shape(format!(
+                "{what}: {name} holds {} elements, expected [{heads}, {seq}, {head_dim}] = {n}",
+                b.len()
+            )));
+        }
+    }
+    Ok(())
+}
