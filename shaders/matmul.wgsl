@@ -32,12 +32,14 @@
 // Grid: (⌈n/64⌉, ⌈m/64⌉, batch) workgroups, x over column tiles, y over row tiles, z over batch.
 //
 // ---- entry point `grouped_matmul` -------------------------------------------------------------
-// The MoE expert bank: out[r] = x[r]·W[e_r] (or x[r]·W[e_r]ᵀ when transpose_w = 1), f32.
-//   binding 0  uniform GroupedParams (rows = R, k, m, experts = n, transpose_w, bases)
+// The MoE expert bank: out[r] = x[r]·W[e_r] (or x[r]·W[e_r]ᵀ when transpose_w = 1), plus the
+// expert's bias b[e_r] when has_bias = 1, f32.
+//   binding 0  uniform GroupedParams (rows = R, k, m, experts = n, transpose_w, bases, has_bias)
 //   binding 1  x: array<f32>, read, [R, k] row-major
 //   binding 2  w: array<f32>, read, [n, k, m] (transpose_w = 0) or [n, m, k] (transpose_w = 1)
 //   binding 3  row_expert: array<i32>, read, [R]
 //   binding 4  out: array<f32>, written, [R, m]
+//   binding 5  bias: array<f32>, read, [n, m] (has_bias = 1; any buffer, unread, otherwise)
 // Grid: (⌈m/64⌉, ⌈R/64⌉, 1). A tile's 64 rows are cut into runs of equal expert (rows arrive
 // sorted by expert, so a tile usually holds one run, two at a boundary); each run is multiplied
 // by its own expert's weights and written, rows of other runs being masked to 0 in A and not
@@ -254,7 +256,8 @@ struct GroupedParams {
     // first column tile and row tile of this launch
     tile_c_base: u32,
     tile_r_base: u32,
-    _pad0: u32,
+    // 1: add bias[e] to each row of expert e
+    has_bias: u32,
 }
 
 @group(0) @binding(0) var<uniform> gp: GroupedParams;
@@ -262,6 +265,7 @@ struct GroupedParams {
 @group(0) @binding(2) var<storage, read> gm_w: array<f32>;
 @group(0) @binding(3) var<storage, read> gm_expert: array<i32>;
 @group(0) @binding(4) var<storage, read_write> gm_out: array<f32>;
+@group(0) @binding(5) var<storage, read> gm_bias: array<f32>;
 
 // Expert of each of the tile's rows (-1 for an expert outside 0..n), and for each row the end of
 // the run of equal experts it starts.
@@ -355,7 +359,8 @@ fn grouped_matmul(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_
                 workgroupBarrier();
             }
         }
-        // rows of this run only (zeros for an out-of-range expert)
+        // rows of this run only (zeros for an out-of-range expert, which gets no bias either)
+        let with_bias = gp.has_bias == 1u && e >= 0;
         for (var i = 0u; i < 4u; i++) {
             let tr = ty * 4u + i;
             if tr >= lo && tr < hi {
@@ -363,7 +368,11 @@ fn grouped_matmul(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_
                 for (var j = 0u; j < 4u; j++) {
                     let col = c0 + tx * 4u + j;
                     if col < gp.m {
-                        gm_out[(r0 + tr) * gp.m + col] = v[j];
+                        var out = v[j];
+                        if with_bias {
+                            out += gm_bias[u32(e) * gp.m + col];
+                        }
+                        gm_out[(r0 + tr) * gp.m + col] = out;
                     }
                 }
             }

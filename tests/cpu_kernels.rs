@@ -225,12 +225,24 @@ fn grouped_matmul_matches_the_loop_in_row_blocks_and_small_runs() {
         let w: Vec<f64> = (0..n * k * m)
             .map(|_| rng.random_range(-1.0..1.0))
             .collect();
-        for transpose_w in [false, true] {
-            let want = reference_grouped(&x, &w, &re, rows, k, m, n, transpose_w);
+        let bias: Vec<f64> = (0..n * m).map(|_| rng.random_range(-1.0..1.0)).collect();
+        // (transpose_w, with the expert bias): the bias only goes with the forward product
+        for (transpose_w, with_bias) in [(false, false), (true, false), (false, true)] {
+            let mut want = reference_grouped(&x, &w, &re, rows, k, m, n, transpose_w);
+            if with_bias {
+                for (r, &e) in re.iter().enumerate() {
+                    if e >= 0 {
+                        let b = &bias[e as usize * m..][..m];
+                        want[r * m..][..m].iter_mut().zip(b).for_each(|(o, b)| *o += b);
+                    }
+                }
+            }
+            let bias_buf = with_bias.then(|| up(HostData::F64(bias.clone())));
             let got = CPU
                 .grouped_matmul(
                     &up(HostData::F64(x.clone())),
                     &up(HostData::F64(w.clone())),
+                    bias_buf.as_ref(),
                     &up(HostData::I32(re.clone())),
                     GroupedMatmulDims {
                         rows,
@@ -246,8 +258,8 @@ fn grouped_matmul_matches_the_loop_in_row_blocks_and_small_runs() {
             for (i, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert!(
                     (g - w).abs() <= 1e-12 * (1.0 + w.abs()),
-                    "grouped_matmul [{rows}, {k}]·[{n}, {k}, {m}] transpose {transpose_w}: \
-                     element {i} is {g}, want {w}"
+                    "grouped_matmul [{rows}, {k}]·[{n}, {k}, {m}] transpose {transpose_w}, \
+                     bias {with_bias}: element {i} is {g}, want {w}"
                 );
                 if re[i / m] < 0 {
                     assert_eq!(
@@ -865,7 +877,7 @@ fn fused_bank_adam_names_the_mismatched_sizes() {
         CpuBackend
             .grouped_weight_grad_adam_mut(
                 BankGradOperands {
-                    x: x,
+                    x,
                     dy: &dy,
                     row_expert: &re,
                     offsets: &off,

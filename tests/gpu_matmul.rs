@@ -358,12 +358,16 @@ fn check_grouped(
 ) {
     let rows = row_expert.len();
     let (x, w) = (values(rng, rows * k), values(rng, experts * k * m));
+    // the forward product also runs with the experts' biases
+    let bias = (!transpose_w).then(|| values(rng, experts * m));
     let re = HostData::I32(row_expert.to_vec());
     let cpu = CpuBackend;
+    let cpu_bias = bias.as_ref().map(|b| cpu.upload(&f64_data(b)).unwrap());
     let expected = cpu
         .grouped_matmul(
             &cpu.upload(&f64_data(&x)).unwrap(),
             &cpu.upload(&f64_data(&w)).unwrap(),
+            cpu_bias.as_ref(),
             &cpu.upload(&re).unwrap(),
             GroupedMatmulDims {
                 rows,
@@ -375,10 +379,12 @@ fn check_grouped(
         )
         .unwrap();
     let expected = cpu.download(&expected).unwrap().to_f64();
+    let gpu_bias = bias.as_ref().map(|b| be.upload(&f32_data(b)).unwrap());
     let got = be
         .grouped_matmul(
             &be.upload(&f32_data(&x)).unwrap(),
             &be.upload(&f32_data(&w)).unwrap(),
+            gpu_bias.as_ref(),
             &be.upload(&re).unwrap(),
             GroupedMatmulDims {
                 rows,

@@ -379,14 +379,16 @@ pub trait Backend {
     }
     /// The grouped (per-expert) matmul of an MoE layer: `out[r] = x[r] · W[e_r]` (or `W[e_r]ᵀ`
     /// with `transpose_w`), `x: [R, k]`, `w: [n, k, m]` (`[n, m, k]` when transposed),
-    /// `row_expert: [R]` I32. Rows whose expert is outside `0..n` produce zeros. Rows should be
-    /// sorted by expert (the dispatch plan does this) so a GPU tile mostly meets one expert; the
-    /// result does not depend on it. Output `[R, m]`. Each expert's weights are read only for its
-    /// own rows.
+    /// `row_expert: [R]` I32. With `bias` (`[n, m]`, not with `transpose_w`), each row gets its
+    /// expert's bias added: `out[r] = x[r] · W[e_r] + b[e_r]`. Rows whose expert is outside `0..n`
+    /// produce zeros (no bias). Rows should be sorted by expert (the dispatch plan does this) so a
+    /// GPU tile mostly meets one expert; the result does not depend on it. Output `[R, m]`. Each
+    /// expert's weights are read only for its own rows.
     fn grouped_matmul(
         &self,
         x: &Self::Buffer,
         w: &Self::Buffer,
+        bias: Option<&Self::Buffer>,
         row_expert: &Self::Buffer,
         dims: GroupedMatmulDims,
     ) -> Result<Self::Buffer>;

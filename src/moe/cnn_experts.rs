@@ -101,24 +101,17 @@ impl ExpertNet for CnnExpertBank {
     fn forward_rows(&self, rows: &Tensor, plan: &DispatchPlan) -> Result<Tensor> {
         let a = rows.shape()[0];
         let x = rows.reshape(&[a, 1, self.side, self.side])?;
-        let (re, cl, off) = (&plan.row_expert, &plan.row_expert_clamped, &plan.offsets);
+        let (re, off) = (&plan.row_expert, &plan.offsets);
         let h = Self::conv_block(&x, &self.conv1.get(), &self.conv1_bias.get(), plan)?;
         let h = Self::conv_block(&h, &self.conv2.get(), &self.conv2_bias.get(), plan)?;
         let h = h.reshape(&[a, h.numel() / a.max(1)])?;
+        // The dense layers add their expert's bias inside the grouped kernel; a dropped or
+        // invalid row (expert −1) gets exact zeros from the second one, so no masking pass.
         let h = h
-            .grouped_matmul(&self.dense1.get(), re, off)?
-            .add(&self.dense1_bias.get().index_select(0, cl)?)?
+            .grouped_matmul_with_bias(&self.dense1.get(), Some(&self.dense1_bias.get()), re, off)?
             .relu()?;
-        let out = h
-            .grouped_matmul(&self.dense2.get(), re, off)?
-            .add(&self.dense2_bias.get().index_select(0, cl)?)?
-            .relu()?;
-        let kept = plan.row_kept.to_dtype(out.dtype())?.reshape(&[a, 1])?;
-        Tensor::where_cond(
-            &kept,
-            &out,
-            &Tensor::scalar(0.0, out.dtype(), out.device())?,
-        )
+        h.grouped_matmul_with_bias(&self.dense2.get(), Some(&self.dense2_bias.get()), re, off)?
+            .relu()
     }
     fn experts(&self) -> usize {
         self.conv1.get().shape()[0]

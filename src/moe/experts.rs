@@ -88,35 +88,17 @@ impl ExpertNet for ExpertBank {
     }
 
     fn forward_rows(&self, rows: &Tensor, plan: &DispatchPlan) -> Result<Tensor> {
-        let add_bias = |y: Tensor, b: &Option<Param>| match b {
-            Some(b) => y.add(&b.get().index_select(0, &plan.row_expert_clamped)?),
-            None => Ok(y),
-        };
-        let h = add_bias(
-            rows.grouped_matmul(&self.w1.get(), &plan.row_expert, &plan.offsets)?,
-            &self.b1,
-        )?;
+        // Each product adds its expert's bias inside the grouped kernel. A dropped or invalid
+        // row has expert −1, for which the second product gives exact zeros (and no bias)
+        // whatever the activation made of the first: its output is 0 with no masking pass.
+        let (b1, b2) = (
+            self.b1.as_ref().map(Param::get),
+            self.b2.as_ref().map(Param::get),
+        );
+        let (re, off) = (&plan.row_expert, &plan.offsets);
+        let h = rows.grouped_matmul_with_bias(&self.w1.get(), b1.as_ref(), re, off)?;
         let h = self.activation.apply(&h)?;
-        let out = add_bias(
-            h.grouped_matmul(&self.w2.get(), &plan.row_expert, &plan.offsets)?,
-            &self.b2,
-        )?;
-        // A dropped or invalid row has expert −1, so the grouped matmuls give it exact zeros;
-        // with no biases and an activation that maps 0 to 0 its output is already 0 and masking
-        // would only cost a pass over every row (forward and backward).
-        let zero_preserving = !matches!(self.activation, Activation::Sigmoid);
-        if self.b1.is_none() && self.b2.is_none() && zero_preserving {
-            return Ok(out);
-        }
-        let kept = plan
-            .row_kept
-            .to_dtype(out.dtype())?
-            .reshape(&[out.shape()[0], 1])?;
-        Tensor::where_cond(
-            &kept,
-            &out,
-            &Tensor::scalar(0.0, out.dtype(), out.device())?,
-        )
+        h.grouped_matmul_with_bias(&self.w2.get(), b2.as_ref(), re, off)
     }
 }
 

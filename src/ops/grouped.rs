@@ -21,6 +21,25 @@ impl Tensor {
         row_expert: &Tensor,
         offsets: &Tensor,
     ) -> Result<Tensor> {
+        self.grouped_matmul_with_bias(w, None, row_expert, offsets)
+    }
+
+    /// [`Tensor::grouped_matmul`] plus each row's expert bias, in one kernel:
+    /// `y[r] = self[r] · w[e_r] + bias[e_r]` with `bias: [n, m]`; a row whose expert is outside
+    /// `0..n` still gives zeros (no bias). The same as adding `bias.index_select(0, experts)`
+    /// to the product, without the `[R, m]` gathered bias, its add, and their backward passes.
+    /// The bias gradient is `∂b[e] = Σ_{r: e_r = e} ∂y[r]`, the weight-gradient kernel with a
+    /// column of ones for `x`.
+    ///
+    /// # Errors
+    /// Those of [`Tensor::grouped_matmul`], and [`Error::Shape`] when `bias` is not `[n, m]`.
+    pub fn grouped_matmul_with_bias(
+        &self,
+        w: &Tensor,
+        bias: Option<&Tensor>,
+        row_expert: &Tensor,
+        offsets: &Tensor,
+    ) -> Result<Tensor> {
         let _profile = crate::profile::op("grouped_matmul");
         self.check_compatible(w, "grouped_matmul")?;
         self.check_float("grouped_matmul")?;
@@ -46,8 +65,19 @@ impl Tensor {
                 "grouped_matmul: row_expert and offsets must be i32".into(),
             ));
         }
+        if let Some(b) = bias {
+            self.check_compatible(b, "grouped_matmul")?;
+            if b.shape() != [n, m] {
+                return Err(Error::Shape(format!(
+                    "grouped_matmul: bias {:?} must be [{n}, {m}], one row per expert of w {:?}",
+                    b.shape(),
+                    w.shape()
+                )));
+            }
+        }
         let out = self.storage().grouped_matmul(
             w.storage(),
+            bias.map(|b| b.storage()),
             row_expert.storage(),
             GroupedMatmulDims {
                 rows,
@@ -75,10 +105,31 @@ impl Tensor {
             && w.is_leaf()
             && GroupedWeightGrad::worth_deferring(w.device(), rows, (k, m, n));
         let leaf = if defer { Some(w.clone()) } else { None };
-        Ok(Tensor::record(y, "grouped_matmul", &[self, w], move |g| {
+        let (bias_given, need_b) = (bias.is_some(), bias.is_some_and(|b| b.requires_grad()));
+        let mut inputs = vec![self, w];
+        inputs.extend(bias);
+        Ok(Tensor::record(y, "grouped_matmul", &inputs, move |g| {
+            // ∂b[e] = Σ_{rows r of e} ∂y[r]: the weight-gradient kernel with x a column of ones
+            let db = if need_b {
+                let ones = Tensor::ones(&[rows, 1], g.dtype(), g.device())?;
+                let db = ones.storage().grouped_weight_grad(
+                    g.storage(),
+                    re.storage(),
+                    off.storage(),
+                    crate::backend::ExpertBankDims {
+                        k: 1,
+                        m,
+                        experts: n,
+                    },
+                )?;
+                Some(Tensor::from_storage(db, vec![n, m]))
+            } else {
+                None
+            };
             let dx = if need_x {
                 let dx = g.storage().grouped_matmul(
                     wd.storage(),
+                    None,
                     re.storage(),
                     GroupedMatmulDims {
                         rows,
@@ -112,7 +163,11 @@ impl Tensor {
             } else {
                 None
             };
-            Ok(vec![dx, dw])
+            let mut grads = vec![dx, dw];
+            if bias_given {
+                grads.push(db);
+            }
+            Ok(grads)
         }))
     }
 }

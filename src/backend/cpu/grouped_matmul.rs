@@ -99,9 +99,12 @@ pub(super) enum RowTask<'a, T> {
     Zeros(&'a mut [MaybeUninit<T>]),
 }
 
+/// `out[r] = x[r]·W[e_r] (+ bias[e_r])`, zeros for rows without an expert; see
+/// [`crate::backend::Backend::grouped_matmul`].
 pub(super) fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
     x: &[T],
     w: &[T],
+    bias: Option<&[T]>,
     row_expert: &[i32],
     dims: GroupedMatmulDims,
 ) -> Vec<T> {
@@ -161,7 +164,18 @@ pub(super) fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
                 col_stride: cs,
             };
             let r = part.len() / m.max(1);
-            // SAFETY: no accumulation, so `part` may be uninitialised.
+            // With a bias, each row starts as its expert's bias and the product is added to it
+            // (the GEMM's own accumulation: no second pass over the rows).
+            if let Some(b) = bias {
+                let b = &b[e * m..(e + 1) * m];
+                for row in part.chunks_exact_mut(m.max(1)) {
+                    for (o, &v) in row.iter_mut().zip(b) {
+                        *o = MaybeUninit::new(v);
+                    }
+                }
+            }
+            // SAFETY: without a bias there is no accumulation, so `part` may be uninitialised;
+            // with one, every element of `part` was initialised just above.
             unsafe {
                 gemm_into(
                     part,
@@ -170,7 +184,7 @@ pub(super) fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
                     w,
                     lb,
                     (r, k, m),
-                    false,
+                    bias.is_some(),
                     gemm::Parallelism::None,
                 )
             };

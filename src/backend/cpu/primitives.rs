@@ -277,20 +277,32 @@ impl Backend for CpuBackend {
         &self,
         x: &CpuBuffer,
         w: &CpuBuffer,
+        bias: Option<&CpuBuffer>,
         row_expert: &CpuBuffer,
         dims: GroupedMatmulDims,
     ) -> Result<CpuBuffer> {
-        let re = row_expert.indices("grouped_matmul")?;
-        match (x, w) {
-            (CpuBuffer::F32(x), CpuBuffer::F32(w)) => {
-                Ok(f32b(grouped_matmul_kernel(x, w, re, dims)))
+        const WHAT: &str = "grouped_matmul";
+        let re = row_expert.indices(WHAT)?;
+        check_grouped_bias(WHAT, bias, dims)?;
+        match (x, w, bias) {
+            (CpuBuffer::F32(x), CpuBuffer::F32(w), None) => {
+                Ok(f32b(grouped_matmul_kernel(x, w, None, re, dims)))
             }
-            (CpuBuffer::F64(x), CpuBuffer::F64(w)) => {
-                Ok(f64b(grouped_matmul_kernel(x, w, re, dims)))
+            (CpuBuffer::F32(x), CpuBuffer::F32(w), Some(CpuBuffer::F32(b))) => {
+                Ok(f32b(grouped_matmul_kernel(x, w, Some(b), re, dims)))
             }
-            _ => Err(Error::DType(
-                "grouped_matmul needs two float buffers of one dtype".into(),
-            )),
+            (CpuBuffer::F64(x), CpuBuffer::F64(w), None) => {
+                Ok(f64b(grouped_matmul_kernel(x, w, None, re, dims)))
+            }
+            (CpuBuffer::F64(x), CpuBuffer::F64(w), Some(CpuBuffer::F64(b))) => {
+                Ok(f64b(grouped_matmul_kernel(x, w, Some(b), re, dims)))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float buffers of one dtype, got x {}, w {}{}",
+                x.dtype(),
+                w.dtype(),
+                bias.map(|b| format!(", bias {}", b.dtype())).unwrap_or_default()
+            ))),
         }
     }
 
@@ -775,4 +787,28 @@ impl Backend for CpuBackend {
     ) -> Result<CpuBuffer> {
         pool2d::backward(kind, dy, argmax, dims)
     }
+}
+
+/// Checks a grouped matmul's bias: `[experts, m]` elements, and only without `transpose_w` (the
+/// backward product has no bias).
+fn check_grouped_bias(
+    what: &str,
+    bias: Option<&CpuBuffer>,
+    dims: GroupedMatmulDims,
+) -> Result<()> {
+    let Some(b) = bias else { return Ok(()) };
+    if dims.transpose_w {
+        return Err(Error::Invalid(format!(
+            "{what}: a bias is only added to the forward product, not with transpose_w"
+        )));
+    }
+    if Some(b.len()) != dims.experts.checked_mul(dims.m) {
+        return Err(Error::Shape(format!(
+            "{what}: bias holds {} elements, expected [{}, {}]",
+            b.len(),
+            dims.experts,
+            dims.m
+        )));
+    }
+    Ok(())
 }

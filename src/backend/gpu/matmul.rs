@@ -297,6 +297,7 @@ pub(crate) fn grouped_matmul(
     be: &GpuBackend,
     x: &GpuBuffer,
     w: &GpuBuffer,
+    bias: Option<&GpuBuffer>,
     row_expert: &GpuBuffer,
     dims: GroupedMatmulDims,
 ) -> Result<GpuBuffer> {
@@ -325,6 +326,15 @@ pub(crate) fn grouped_matmul(
         Some(rows),
         &format!("[{rows}]"),
     )?;
+    if let Some(b) = bias {
+        if transpose_w {
+            return Err(Error::Invalid(format!(
+                "{WHAT}: a bias is only added to the forward product, not with transpose_w"
+            )));
+        }
+        check_f32(WHAT, "bias", b)?;
+        check_len(WHAT, "bias", b, product(&[experts, m]), &format!("[{experts}, {m}]"))?;
+    }
     let out_len = product(&[rows, m]).ok_or_else(|| {
         Error::Shape(format!(
             "{WHAT}: output [{rows}, {m}] has more than usize::MAX elements"
@@ -334,22 +344,26 @@ pub(crate) fn grouped_matmul(
     if out_len == 0 {
         return be.alloc(0, DType::F32);
     }
-    if k == 0 || experts == 0 {
+    if experts == 0 || (k == 0 && bias.is_none()) {
         return be.full(out_len, 0.0, DType::F32);
     }
     // both products were checked not to overflow above
     to_u32(WHAT, "rows·k", rows * k)?;
     to_u32(WHAT, "experts·k·m", experts * k * m)?;
-    // k, m ≥ 1 here, so experts ≤ experts·k·m fits a u32 too
+    to_u32(WHAT, "experts", experts)?;
     let (rows32, k32, m32, experts32) = (rows as u32, k as u32, m as u32, experts as u32);
 
     let out = be.alloc(out_len, DType::F32)?;
     launch_grid(
         be,
         (&MATMUL_SHADER, "grouped_matmul"),
-        &[x, w, row_expert, &out],
+        // without a bias, `w` stands in for the unread bias binding
+        &[x, w, row_expert, &out, bias.unwrap_or(w)],
         [tiles(m), tiles(rows), 1],
-        |[x0, y0, _]| vec![rows32, k32, m32, experts32, transpose_w as u32, x0, y0, 0],
+        |[x0, y0, _]| {
+            let has_bias = bias.is_some() as u32;
+            vec![rows32, k32, m32, experts32, transpose_w as u32, x0, y0, has_bias]
+        },
     )?;
     Ok(out)
 }

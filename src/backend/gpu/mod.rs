@@ -518,10 +518,11 @@ impl Backend for GpuBackend {
         &self,
         x: &GpuBuffer,
         w: &GpuBuffer,
+        bias: Option<&GpuBuffer>,
         row_expert: &GpuBuffer,
         dims: GroupedMatmulDims,
     ) -> Result<GpuBuffer> {
-        matmul::grouped_matmul(self, x, w, row_expert, dims)
+        matmul::grouped_matmul(self, x, w, bias, row_expert, dims)
     }
 
     fn grouped_weight_grad(

@@ -9,19 +9,19 @@ impl Storage {
     pub fn grouped_matmul(
         &self,
         w: &Storage,
+        bias: Option<&Storage>,
         row_expert: &Storage,
         dims: GroupedMatmulDims,
     ) -> Result<Storage> {
-        let (ow, oe) = (
-            same_dev!(self, w, "grouped_matmul"),
-            same_dev!(self, row_expert, "grouped_matmul"),
-        );
+        const WHAT: &str = "grouped_matmul";
+        let (ow, oe) = (same_dev!(self, w, WHAT), same_dev!(self, row_expert, WHAT));
+        let ob = bias.map(|b| Ok(same_dev!(self, b, WHAT))).transpose()?;
         match self {
             Storage::Cpu(x) => cpu::CpuBackend
-                .grouped_matmul(x, ow.cpu(), oe.cpu(), dims)
+                .grouped_matmul(x, ow.cpu(), ob.as_ref().map(|b| b.cpu()), oe.cpu(), dims)
                 .map(Storage::Cpu),
             Storage::Gpu(x) => gpu::GpuBackend::get()?
-                .grouped_matmul(x, ow.gpu(), oe.gpu(), dims)
+                .grouped_matmul(x, ow.gpu(), ob.as_ref().map(|b| b.gpu()), oe.gpu(), dims)
                 .map(Storage::Gpu),
         }
     }
