@@ -865,7 +865,7 @@ fn fused_bank_adam_names_the_mismatched_sizes() {
         CpuBackend
             .grouped_weight_grad_adam_mut(
                 BankGradOperands {
-                    x: x,
+                    x,
                     dy: &dy,
                     row_expert: &re,
                     offsets: &off,
