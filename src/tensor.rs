@@ -337,7 +337,7 @@ impl Tensor {
         self.0
             .grad
             .lock()
-            .is_ok_and(|g| matches!(*g, Some(LeafGrad::Grouped(_))))
+            .is_ok_and(|g| matches!(*g, Some(LeafGrad::Lazy(_))))
     }
 
     /// Forgets the accumulated gradient.
@@ -353,7 +353,7 @@ impl Tensor {
 
     /// Deposits an expert bank's weight gradient as its recipe (computed when used).
     pub(crate) fn accumulate_deferred(&self, g: GroupedWeightGrad) -> Result<()> {
-        self.accumulate(LeafGrad::Grouped(g))
+        self.accumulate(LeafGrad::Lazy(Box::new(g)))
     }
 
     fn accumulate(&self, g: LeafGrad) -> Result<()> {

@@ -26,6 +26,23 @@ fn bank_dims(k: usize, m: usize, experts: usize) -> ExpertBankDims {
     ExpertBankDims { k, m, experts }
 }
 
+/// The sizes of a grouped matmul.
+fn grouped_dims(
+    rows: usize,
+    k: usize,
+    m: usize,
+    experts: usize,
+    transpose_w: bool,
+) -> GroupedMatmulDims {
+    GroupedMatmulDims {
+        rows,
+        k,
+        m,
+        experts,
+        transpose_w,
+    }
+}
+
 /// The GPU backend, or `None` after printing why the test is skipped.
 fn gpu(test: &str) -> Option<GpuBackend> {
     common::gpu_or_skip(test)?;
@@ -494,34 +511,36 @@ fn grouped_matmul_empty_sizes_and_bad_input() {
     let none = be.upload(&HostData::I32(vec![])).unwrap();
     let empty = be.upload(&HostData::F32(vec![])).unwrap();
     // x [3, 2], w [1, 2, 3]: fine
-    let y = be.grouped_matmul(&x, &w, &re, 3, 2, 3, 1, false).unwrap();
+    let y = be
+        .grouped_matmul(&x, &w, &re, grouped_dims(3, 2, 3, 1, false))
+        .unwrap();
     assert_eq!(be.download(&y).unwrap(), HostData::F32(vec![2.0; 9]));
     // no rows: empty
     let y = be
-        .grouped_matmul(&empty, &w, &none, 0, 2, 3, 1, false)
+        .grouped_matmul(&empty, &w, &none, grouped_dims(0, 2, 3, 1, false))
         .unwrap();
     assert_eq!(be.download(&y).unwrap(), HostData::F32(vec![]));
     // no experts: every row out of range, zeros
     let y = be
-        .grouped_matmul(&x, &empty, &re, 3, 2, 3, 0, false)
+        .grouped_matmul(&x, &empty, &re, grouped_dims(3, 2, 3, 0, false))
         .unwrap();
     assert_eq!(be.download(&y).unwrap(), HostData::F32(vec![0.0; 9]));
     // k = 0: zeros
     let y = be
-        .grouped_matmul(&empty, &empty, &re, 3, 0, 3, 1, false)
+        .grouped_matmul(&empty, &empty, &re, grouped_dims(3, 0, 3, 1, false))
         .unwrap();
     assert_eq!(be.download(&y).unwrap(), HostData::F32(vec![0.0; 9]));
     // lengths that do not match the sizes, wrong dtypes
     assert!(matches!(
-        be.grouped_matmul(&x, &w, &re, 3, 2, 3, 2, false),
+        be.grouped_matmul(&x, &w, &re, grouped_dims(3, 2, 3, 2, false)),
         Err(Error::Shape(_))
     ));
     assert!(matches!(
-        be.grouped_matmul(&x, &w, &re, 2, 3, 3, 1, false),
+        be.grouped_matmul(&x, &w, &re, grouped_dims(2, 3, 3, 1, false)),
         Err(Error::Shape(_))
     ));
     assert!(matches!(
-        be.grouped_matmul(&x, &w, &x, 3, 2, 3, 1, false),
+        be.grouped_matmul(&x, &w, &x, grouped_dims(3, 2, 3, 1, false)),
         Err(Error::DType(_))
     ));
 }

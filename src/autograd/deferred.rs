@@ -1,5 +1,6 @@
-//! Deferred gradients: a leaf's gradient kept as the recipe that computes it, for the one case
-//! where computing it later is cheaper than storing it, an expert bank's weight gradient.
+//! Deferred (lazy) gradients: a leaf's gradient kept as the recipe that computes it, behind the
+//! generic hook [`LazyGrad`], for the case where computing it later is cheaper than storing it.
+//! The one recipe today is an expert bank's weight gradient, [`GroupedWeightGrad`].
 //!
 //! The weight gradient of a grouped matmul, `dW[e] = Σ_{rows r of e} x[r]ᵀ·dy[r]`, has the
 //! bank's shape `[n, k, m]`. With many experts it is larger than the two operands it comes from
@@ -8,9 +9,13 @@
 //!
 //! * [`Tensor::grad`](crate::Tensor::grad) (and gradient clipping, and `gradcheck`) computes it
 //!   on first read, so a deferred gradient looks like any other;
-//! * Adam computes it expert by expert inside its own update
-//!   ([`Storage::grouped_weight_grad_adam_mut`]), so the gradient of a 64-expert bank is never
-//!   written to memory and read back.
+//! * an optimizer may recognise a recipe it can fuse into its update (through
+//!   [`LazyGrad::as_any`]) and otherwise asks for [`LazyGrad::materialize`]: Adam computes the
+//!   bank's gradient expert by expert inside its own update (`optim/lazy_grad.rs`, with
+//!   [`Storage::grouped_weight_grad_adam_mut`](crate::backend::Storage::grouped_weight_grad_adam_mut)),
+//!   so the gradient of a 64-expert bank is never written to memory and read back.
+//!
+//! Autograd knows no optimizer: it only stores the recipe and computes it when asked.
 //!
 //! Only CPU banks are deferred: that is where the fused kernel is (a GPU version would be the
 //! weight-gradient kernel with Adam as its epilogue, worth writing once a GPU can time it).
@@ -18,15 +23,33 @@
 //! This is the optimizer-in-backward idea (PyTorch's post-accumulate-grad hooks), done lazily so
 //! that the training loop stays `loss.backward(); opt.step(..)`.
 
-use crate::backend::{AdamHyper, Storage};
-use crate::{Device, Result, Tensor};
+use crate::backend::ExpertBankDims;
+use crate::{DType, Device, Result, Tensor};
+use std::any::Any;
 
-/// A leaf's accumulated gradient: a tensor, or the recipe of an expert bank's gradient.
+/// A gradient not computed yet: the recipe that computes it when it is used. Autograd stores
+/// it in place of the gradient and calls [`LazyGrad::materialize`] when the gradient is read;
+/// an optimizer that can do better (compute it inside its own update) recognises the concrete
+/// recipe through [`LazyGrad::as_any`].
+pub(crate) trait LazyGrad: Send + Sync {
+    /// The gradient's shape (that of the leaf).
+    fn shape(&self) -> Vec<usize>;
+    /// The gradient's dtype.
+    fn dtype(&self) -> DType;
+    /// The gradient's device.
+    fn device(&self) -> Device;
+    /// Computes the gradient.
+    fn materialize(&self) -> Result<Tensor>;
+    /// The recipe itself, for an optimizer to downcast to the recipes it can fuse.
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// A leaf's accumulated gradient: a tensor, or the recipe that computes it.
 pub(crate) enum LeafGrad {
     /// the gradient itself
     Dense(Tensor),
-    /// an expert bank's weight gradient, computed when used
-    Grouped(GroupedWeightGrad),
+    /// a gradient computed when used
+    Lazy(Box<dyn LazyGrad>),
 }
 
 impl LeafGrad {
@@ -34,7 +57,7 @@ impl LeafGrad {
     pub(crate) fn to_dense(&self) -> Result<Tensor> {
         match self {
             LeafGrad::Dense(g) => Ok(g.clone()),
-            LeafGrad::Grouped(d) => d.materialize(),
+            LeafGrad::Lazy(d) => d.materialize(),
         }
     }
 
@@ -42,7 +65,7 @@ impl LeafGrad {
     pub(crate) fn shape(&self) -> Vec<usize> {
         match self {
             LeafGrad::Dense(g) => g.shape().to_vec(),
-            LeafGrad::Grouped(d) => vec![d.experts, d.k, d.m],
+            LeafGrad::Lazy(d) => d.shape(),
         }
     }
 
@@ -50,7 +73,7 @@ impl LeafGrad {
     pub(crate) fn zeros_like(&self) -> Result<Tensor> {
         match self {
             LeafGrad::Dense(g) => Tensor::zeros_like(g),
-            LeafGrad::Grouped(d) => Tensor::zeros(&self.shape(), d.x.dtype(), d.x.device()),
+            LeafGrad::Lazy(d) => Tensor::zeros(&self.shape(), d.dtype(), d.device()),
         }
     }
 
@@ -97,37 +120,40 @@ impl GroupedWeightGrad {
             self.dy.storage(),
             self.row_expert.storage(),
             self.offsets.storage(),
-            crate::backend::ExpertBankDims {
-                k: self.k,
-                m: self.m,
-                experts: self.experts,
-            },
+            self.bank(),
         )?;
         Ok(Tensor::from_storage(dw, vec![self.experts, self.k, self.m]))
     }
 
-    /// One Adam step on the bank `param` with this gradient (times `scale`), computing the
-    /// gradient inside the update.
-    pub(crate) fn adam_step_mut(
-        &self,
-        param: &mut Storage,
-        scale: Option<&Storage>,
-        m: &mut Storage,
-        v: &mut Storage,
-        h: AdamHyper,
-    ) -> Result<()> {
-        let grad = crate::backend::BankGradOperands {
-            x: self.x.storage(),
-            dy: self.dy.storage(),
-            row_expert: self.row_expert.storage(),
-            offsets: self.offsets.storage(),
-            bank: crate::backend::ExpertBankDims {
-                k: self.k,
-                m: self.m,
-                experts: self.experts,
-            },
-        };
-        Storage::grouped_weight_grad_adam_mut(grad, param, scale, m, v, h)
+    /// The bank's sizes `[experts, k, m]`.
+    pub(crate) fn bank(&self) -> ExpertBankDims {
+        ExpertBankDims {
+            k: self.k,
+            m: self.m,
+            experts: self.experts,
+        }
+    }
+}
+
+impl LazyGrad for GroupedWeightGrad {
+    fn shape(&self) -> Vec<usize> {
+        vec![self.experts, self.k, self.m]
+    }
+
+    fn dtype(&self) -> DType {
+        self.x.dtype()
+    }
+
+    fn device(&self) -> Device {
+        self.x.device()
+    }
+
+    fn materialize(&self) -> Result<Tensor> {
+        GroupedWeightGrad::materialize(self)
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 

@@ -12,7 +12,7 @@ mod deferred;
 mod no_grad;
 
 pub use backward::backward;
-pub(crate) use deferred::{GroupedWeightGrad, LeafGrad};
+pub(crate) use deferred::{GroupedWeightGrad, LazyGrad, LeafGrad};
 pub use no_grad::{NoGradGuard, is_grad_enabled, no_grad};
 
 use crate::{Result, Tensor};

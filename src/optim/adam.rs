@@ -12,7 +12,7 @@
 //! `adam.m.<name>` / `adam.v.<name>` tensor per parameter. On the CPU, and on a GPU that binds
 //! too few buffers per shader for the multi-tensor kernel, each parameter has its own update.
 
-use super::Optimizer;
+use super::{Optimizer, lazy_grad};
 use crate::autograd::LeafGrad;
 use crate::backend::gpu::{AdamSlot, GpuBackend};
 use crate::backend::{AdamHyper, Storage};
@@ -150,9 +150,9 @@ impl Optimizer for Adam {
                 let (m, v) = (m.storage_mut(), v.storage_mut());
                 match g {
                     LeafGrad::Dense(g) => p.adam_step_mut(g.storage(), scale, m, v, h),
-                    // an expert bank's deferred gradient is computed inside the update, one
-                    // expert at a time (see autograd/deferred.rs)
-                    LeafGrad::Grouped(d) => d.adam_step_mut(p, scale, m, v, h),
+                    // a lazy gradient is fused into the update where Adam knows its recipe
+                    // (an expert bank's, one expert at a time), else computed first
+                    LeafGrad::Lazy(d) => lazy_grad::adam_step_mut(d.as_ref(), p, scale, m, v, h),
                 }
             })?;
         }

@@ -5,6 +5,7 @@
 
 mod adam;
 mod clip;
+mod lazy_grad;
 mod schedule;
 mod sgd;
 
