@@ -233,7 +233,10 @@ fn grouped_matmul_matches_the_loop_in_row_blocks_and_small_runs() {
                 for (r, &e) in re.iter().enumerate() {
                     if e >= 0 {
                         let b = &bias[e as usize * m..][..m];
-                        want[r * m..][..m].iter_mut().zip(b).for_each(|(o, b)| *o += b);
+                        want[r * m..][..m]
+                            .iter_mut()
+                            .zip(b)
+                            .for_each(|(o, b)| *o += b);
                     }
                 }
             }

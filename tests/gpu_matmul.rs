@@ -512,36 +512,64 @@ fn grouped_matmul_empty_sizes_and_bad_input() {
     let empty = be.upload(&HostData::F32(vec![])).unwrap();
     // x [3, 2], w [1, 2, 3]: fine
     let y = be
-        .grouped_matmul(&x, &w, &re, grouped_dims(3, 2, 3, 1, false))
+        .grouped_matmul(&x, &w, None, &re, grouped_dims(3, 2, 3, 1, false))
         .unwrap();
     assert_eq!(be.download(&y).unwrap(), HostData::F32(vec![2.0; 9]));
     // no rows: empty
     let y = be
-        .grouped_matmul(&empty, &w, &none, grouped_dims(0, 2, 3, 1, false))
+        .grouped_matmul(&empty, &w, None, &none, grouped_dims(0, 2, 3, 1, false))
         .unwrap();
     assert_eq!(be.download(&y).unwrap(), HostData::F32(vec![]));
     // no experts: every row out of range, zeros
     let y = be
-        .grouped_matmul(&x, &empty, &re, grouped_dims(3, 2, 3, 0, false))
+        .grouped_matmul(&x, &empty, None, &re, grouped_dims(3, 2, 3, 0, false))
         .unwrap();
     assert_eq!(be.download(&y).unwrap(), HostData::F32(vec![0.0; 9]));
     // k = 0: zeros
     let y = be
-        .grouped_matmul(&empty, &empty, &re, grouped_dims(3, 0, 3, 1, false))
+        .grouped_matmul(&empty, &empty, None, &re, grouped_dims(3, 0, 3, 1, false))
         .unwrap();
     assert_eq!(be.download(&y).unwrap(), HostData::F32(vec![0.0; 9]));
     // lengths that do not match the sizes, wrong dtypes
     assert!(matches!(
-        be.grouped_matmul(&x, &w, &re, grouped_dims(3, 2, 3, 2, false)),
+        be.grouped_matmul(&x, &w, None, &re, grouped_dims(3, 2, 3, 2, false)),
         Err(Error::Shape(_))
     ));
     assert!(matches!(
-        be.grouped_matmul(&x, &w, &re, grouped_dims(2, 3, 3, 1, false)),
+        be.grouped_matmul(&x, &w, None, &re, grouped_dims(2, 3, 3, 1, false)),
         Err(Error::Shape(_))
     ));
     assert!(matches!(
-        be.grouped_matmul(&x, &w, &x, grouped_dims(3, 2, 3, 1, false)),
+        be.grouped_matmul(&x, &w, None, &x, grouped_dims(3, 2, 3, 1, false)),
         Err(Error::DType(_))
+    ));
+    // a bias: [experts, m] only, f32 only, never with transpose_w; k = 0 gives the bias alone
+    let b = be.upload(&HostData::F32(vec![0.5, 1.5, 2.5])).unwrap();
+    let short = be.upload(&HostData::F32(vec![0.5, 1.5])).unwrap();
+    let y = be
+        .grouped_matmul(
+            &empty,
+            &empty,
+            Some(&b),
+            &re,
+            grouped_dims(3, 0, 3, 1, false),
+        )
+        .unwrap();
+    assert_eq!(
+        be.download(&y).unwrap(),
+        HostData::F32([0.5, 1.5, 2.5].repeat(3))
+    );
+    assert!(matches!(
+        be.grouped_matmul(&x, &w, Some(&short), &re, grouped_dims(3, 2, 3, 1, false)),
+        Err(Error::Shape(_))
+    ));
+    assert!(matches!(
+        be.grouped_matmul(&x, &w, Some(&re), &re, grouped_dims(3, 2, 3, 1, false)),
+        Err(Error::DType(_))
+    ));
+    assert!(matches!(
+        be.grouped_matmul(&x, &w, Some(&b), &re, grouped_dims(3, 2, 3, 1, true)),
+        Err(Error::Invalid(_))
     ));
 }
 

@@ -10,7 +10,7 @@ mod common;
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
 use moegrad::moe::{MoeConfig, MoeLayer, aux_loss};
 use moegrad::nn::Param;
-use moegrad::{DType, Device, Result, Tensor};
+use moegrad::{DType, Device, Error, Result, Tensor};
 use proptest::collection::vec;
 use proptest::prelude::*;
 
@@ -323,4 +323,89 @@ fn a_layer_with_z_loss_reports_it_as_its_aux_loss() {
         Ok(l.forward(&t[0])?.aux_loss)
     };
     gradcheck(f, &[x, w, b], &GradcheckOptions::default()).unwrap();
+}
+
+// ---- grouped matmul with the experts' biases -----------------------------------------------
+
+/// `x [R, k]`, `w [n, k, m]`, `b [n, m]` with sorted experts, one expert idle and two rows
+/// dropped (expert −1), as f64 CPU tensors, plus `(row_expert, offsets)`.
+fn biased_problem(seed: u64) -> ([Tensor; 3], Tensor, Tensor) {
+    let (k, m, n) = (3, 4, 3);
+    // experts 0 (3 rows), 1 (none), 2 (2 rows), then two dropped rows
+    let re = vec![0, 0, 0, 2, 2, -1, -1];
+    let rows = re.len();
+    let v = |len: usize, s: u64| -> Vec<f64> {
+        (0..len)
+            .map(|i| ((i as f64 + 1.0) * 0.37 + s as f64).sin())
+            .collect()
+    };
+    let t = |vals: Vec<f64>, shape: &[usize]| Tensor::from_f64(vals, shape, Device::cpu()).unwrap();
+    (
+        [
+            t(v(rows * k, seed), &[rows, k]),
+            t(v(n * k * m, seed + 1), &[n, k, m]),
+            t(v(n * m, seed + 2), &[n, m]),
+        ],
+        Tensor::from_i32(re, &[rows], Device::cpu()).unwrap(),
+        Tensor::from_i32(vec![0, 3, 3, 5], &[n + 1], Device::cpu()).unwrap(),
+    )
+}
+
+#[test]
+fn grouped_matmul_with_bias_passes_gradcheck_and_matches_the_gathered_bias() {
+    let (inputs, re, off) = biased_problem(1);
+    let f = |t: &[Tensor]| t[0].grouped_matmul_with_bias(&t[1], Some(&t[2]), &re, &off);
+    gradcheck(f, &inputs, &GradcheckOptions::default()).unwrap();
+
+    // against the composed form: product + the gathered bias, masked where the row is dropped
+    let leaves = inputs.clone().map(|t| t.with_grad().unwrap());
+    let y = f(&leaves).unwrap();
+    let kept = Tensor::from_f64(vec![1., 1., 1., 1., 1., 0., 0.], &[7, 1], Device::cpu()).unwrap();
+    let clamped = Tensor::from_i32(vec![0, 0, 0, 2, 2, 0, 0], &[7], Device::cpu()).unwrap();
+    let refs = inputs.clone().map(|t| t.with_grad().unwrap());
+    let y_ref = refs[0]
+        .grouped_matmul(&refs[1], &re, &off)
+        .unwrap()
+        .add(&refs[2].index_select(0, &clamped).unwrap())
+        .unwrap()
+        .mul(&kept)
+        .unwrap();
+    let (a, b) = (y.to_vec_f64().unwrap(), y_ref.to_vec_f64().unwrap());
+    for (i, (p, q)) in a.iter().zip(&b).enumerate() {
+        assert!((p - q).abs() <= 1e-12, "element {i}: {p} vs {q}");
+    }
+    assert!(
+        a[5 * 4..].iter().all(|&v| v == 0.0),
+        "dropped rows are exact zeros"
+    );
+    let up = Tensor::from_f64(
+        (0..28).map(|i| i as f64 * 0.1 - 1.0).collect(),
+        &[7, 4],
+        Device::cpu(),
+    )
+    .unwrap();
+    y.backward_with(&up).unwrap();
+    y_ref.backward_with(&up).unwrap();
+    for (name, (l, r)) in ["dx", "dw", "db"].iter().zip(leaves.iter().zip(&refs)) {
+        let (g, h) = (
+            l.grad().unwrap().to_vec_f64().unwrap(),
+            r.grad().unwrap().to_vec_f64().unwrap(),
+        );
+        for (i, (p, q)) in g.iter().zip(&h).enumerate() {
+            assert!((p - q).abs() <= 1e-12, "{name} element {i}: {p} vs {q}");
+        }
+    }
+    // the idle expert 1 gets exactly zero bias and weight gradient
+    let db = leaves[2].grad().unwrap().to_vec_f64().unwrap();
+    assert!(
+        db[4..8].iter().all(|&v| v.to_bits() == 0.0f64.to_bits()),
+        "idle expert's db: {db:?}"
+    );
+
+    // a bias of the wrong shape is an error naming it
+    let bad = Tensor::from_f64(vec![0.0; 5], &[5], Device::cpu()).unwrap();
+    match inputs[0].grouped_matmul_with_bias(&inputs[1], Some(&bad), &re, &off) {
+        Err(Error::Shape(msg)) => assert!(msg.contains("bias"), "{msg}"),
+        other => panic!("expected a shape error, got {other:?}"),
+    }
 }

@@ -301,7 +301,8 @@ impl Backend for CpuBackend {
                 "{WHAT} needs float buffers of one dtype, got x {}, w {}{}",
                 x.dtype(),
                 w.dtype(),
-                bias.map(|b| format!(", bias {}", b.dtype())).unwrap_or_default()
+                bias.map(|b| format!(", bias {}", b.dtype()))
+                    .unwrap_or_default()
             ))),
         }
     }
@@ -791,11 +792,7 @@ impl Backend for CpuBackend {
 
 /// Checks a grouped matmul's bias: `[experts, m]` elements, and only without `transpose_w` (the
 /// backward product has no bias).
-fn check_grouped_bias(
-    what: &str,
-    bias: Option<&CpuBuffer>,
-    dims: GroupedMatmulDims,
-) -> Result<()> {
+fn check_grouped_bias(what: &str, bias: Option<&CpuBuffer>, dims: GroupedMatmulDims) -> Result<()> {
     let Some(b) = bias else { return Ok(()) };
     if dims.transpose_w {
         return Err(Error::Invalid(format!(

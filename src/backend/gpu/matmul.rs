@@ -333,7 +333,13 @@ pub(crate) fn grouped_matmul(
             )));
         }
         check_f32(WHAT, "bias", b)?;
-        check_len(WHAT, "bias", b, product(&[experts, m]), &format!("[{experts}, {m}]"))?;
+        check_len(
+            WHAT,
+            "bias",
+            b,
+            product(&[experts, m]),
+            &format!("[{experts}, {m}]"),
+        )?;
     }
     let out_len = product(&[rows, m]).ok_or_else(|| {
         Error::Shape(format!(
@@ -362,7 +368,16 @@ pub(crate) fn grouped_matmul(
         [tiles(m), tiles(rows), 1],
         |[x0, y0, _]| {
             let has_bias = bias.is_some() as u32;
-            vec![rows32, k32, m32, experts32, transpose_w as u32, x0, y0, has_bias]
+            vec![
+                rows32,
+                k32,
+                m32,
+                experts32,
+                transpose_w as u32,
+                x0,
+                y0,
+                has_bias,
+            ]
         },
     )?;
     Ok(out)
