@@ -476,17 +476,14 @@ pub trait Backend {
     /// from, for the upstream gradient `d_weights` (`[rows, k]`); output `[rows, n]`. Renormalised
     /// (`probs` is `None`): `∂scores[idx_j] = w_j (a_j − Σ_i w_i a_i)`, zero elsewhere.
     /// Unnormalised (`probs` given, `[rows, n]`): `∂logits_c = p_c (a'_c − Σ_j a_j w_j)`, with
-    /// `a'_c = a_j` where `c = idx_j` and 0 elsewhere.
-    #[allow(clippy::too_many_arguments)]
+    /// `a'_c = a_j` where `c = idx_j` and 0 elsewhere. `sizes` is `(rows, n, k)`.
     fn topk_gate_backward(
         &self,
         weights: &Self::Buffer,
         idx: &Self::Buffer,
         d_weights: &Self::Buffer,
         probs: Option<&Self::Buffer>,
-        rows: usize,
-        n: usize,
-        k: usize,
+        sizes: (usize, usize, usize),
     ) -> Result<Self::Buffer>;
     /// The backward of a softmax over the rows of `[rows, n]` from its output `y`:
     /// `∂x = y ⊙ (dy − Σ_c dy_c y_c)`.
@@ -502,15 +499,12 @@ pub trait Backend {
     /// `0..experts`, else to a trash group after the last expert. The rows are the assignments
     /// sorted by (expert, `rank` ascending, `weight` descending with NaN last, `i`), and a row is
     /// kept while its position within its expert is below `capacity` (`None`: always).
-    /// `token` (I32), `weight`, `rank` and `valid` (float) are `[A]`.
-    #[allow(clippy::too_many_arguments)]
+    /// `token` (I32) and the float `(weight, rank, valid)` are `[A]`.
     fn dispatch_plan(
         &self,
         token: &Self::Buffer,
         expert: &Self::Buffer,
-        weight: &Self::Buffer,
-        rank: &Self::Buffer,
-        valid: &Self::Buffer,
+        order_keys: (&Self::Buffer, &Self::Buffer, &Self::Buffer),
         experts: usize,
         capacity: Option<usize>,
     ) -> Result<PlanBuffers<Self::Buffer>>;

@@ -635,9 +635,7 @@ impl Backend for CpuBackend {
         idx: &CpuBuffer,
         d_weights: &CpuBuffer,
         probs: Option<&CpuBuffer>,
-        rows: usize,
-        n: usize,
-        k: usize,
+        (rows, n, k): (usize, usize, usize),
     ) -> Result<CpuBuffer> {
         const WHAT: &str = "topk_gate backward";
         check_gate_sizes(WHAT, rows, n, k)?;
@@ -701,9 +699,7 @@ impl Backend for CpuBackend {
         &self,
         token: &CpuBuffer,
         expert: &CpuBuffer,
-        weight: &CpuBuffer,
-        rank: &CpuBuffer,
-        valid: &CpuBuffer,
+        (weight, rank, valid): (&CpuBuffer, &CpuBuffer, &CpuBuffer),
         experts: usize,
         capacity: Option<usize>,
     ) -> Result<PlanBuffers<CpuBuffer>> {

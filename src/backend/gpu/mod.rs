@@ -644,11 +644,9 @@ impl Backend for GpuBackend {
         idx: &GpuBuffer,
         d_weights: &GpuBuffer,
         probs: Option<&GpuBuffer>,
-        rows: usize,
-        n: usize,
-        k: usize,
+        sizes: (usize, usize, usize),
     ) -> Result<GpuBuffer> {
-        routing::topk_gate_backward(self, (weights, idx, d_weights), probs, (rows, n, k))
+        routing::topk_gate_backward(self, (weights, idx, d_weights), probs, sizes)
     }
 
     fn softmax_backward(
@@ -665,13 +663,11 @@ impl Backend for GpuBackend {
         &self,
         token: &GpuBuffer,
         expert: &GpuBuffer,
-        weight: &GpuBuffer,
-        rank: &GpuBuffer,
-        valid: &GpuBuffer,
+        order_keys: (&GpuBuffer, &GpuBuffer, &GpuBuffer),
         experts: usize,
         capacity: Option<usize>,
     ) -> Result<PlanBuffers<GpuBuffer>> {
-        routing::dispatch_plan(self, token, expert, weight, rank, valid, experts, capacity)
+        routing::dispatch_plan(self, token, expert, order_keys, experts, capacity)
     }
 
     fn conv2d_forward(

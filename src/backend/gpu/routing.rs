@@ -160,14 +160,11 @@ pub(crate) fn softmax_backward(
 }
 
 /// `Backend::dispatch_plan` (entries `plan_sort`, then `plan_rows`).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn dispatch_plan(
     be: &GpuBackend,
     token: &GpuBuffer,
     expert: &GpuBuffer,
-    weight: &GpuBuffer,
-    rank: &GpuBuffer,
-    valid: &GpuBuffer,
+    (weight, rank, valid): (&GpuBuffer, &GpuBuffer, &GpuBuffer),
     experts: usize,
     capacity: Option<usize>,
 ) -> Result<PlanBuffers<GpuBuffer>> {

@@ -101,9 +101,7 @@ impl Storage {
                     oi.cpu(),
                     od.cpu(),
                     op.as_ref().map(|o| o.cpu()),
-                    rows,
-                    n,
-                    k,
+                    (rows, n, k),
                 )
                 .map(Storage::Cpu),
             Storage::Gpu(w) => gpu::GpuBackend::get()?
@@ -112,9 +110,7 @@ impl Storage {
                     oi.gpu(),
                     od.gpu(),
                     op.as_ref().map(|o| o.gpu()),
-                    rows,
-                    n,
-                    k,
+                    (rows, n, k),
                 )
                 .map(Storage::Gpu),
         }
@@ -162,9 +158,7 @@ impl Storage {
                 cpu::CpuBackend.dispatch_plan(
                     t,
                     oe.cpu(),
-                    ow.cpu(),
-                    or.cpu(),
-                    ov.cpu(),
+                    (ow.cpu(), or.cpu(), ov.cpu()),
                     experts,
                     capacity,
                 )?,
@@ -174,9 +168,7 @@ impl Storage {
                 gpu::GpuBackend::get()?.dispatch_plan(
                     t,
                     oe.gpu(),
-                    ow.gpu(),
-                    or.gpu(),
-                    ov.gpu(),
+                    (ow.gpu(), or.gpu(), ov.gpu()),
                     experts,
                     capacity,
                 )?,
