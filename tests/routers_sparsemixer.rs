@@ -1,6 +1,7 @@
 //! SparseMixer (`sparsemixer`, `-1st`, `-2rd`, `-v2`) and the estimator baselines (`st`,
 //! `gumbel-st`, `reinforce`, `reinmax`) against the properties SparseMixer's analysis
-//! implies (Liu et al. 2023, §2–3; docs/routers.md and docs/estimators.md), with the exact-enumeration identities: for a small problem every expert
+//! implies (Liu et al. 2023, §2–3; docs/routers.md and docs/estimators.md), with the
+//! exact-enumeration identities: for a small problem every expert
 //! choice D (and forward scale c) is enumerated and the expectation formed exactly from the
 //! router's own per-draw gradients, weighted by their probabilities. The reference quantities
 //! ∇₀ and ∇₁ are computed here on the host from their definitions (SparseMixer Eq. 2).
