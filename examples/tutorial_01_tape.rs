@@ -39,8 +39,8 @@ fn main() -> moegrad::Result<()> {
     let err_t = pred.sub(&target)?;
     let loss = err_t.mul(&err_t)?.mean_all()?;
     assert_eq!(pred.op_name(), Some("add"));
-    // mean_all is composed of two primitives, sum_all then mul_scalar(1/N): the last node
-    // recorded is the multiplication.
+    // mean_all is written as two ops, sum_all then mul_scalar(1/N), each recording its own
+    // node: the last node recorded is the multiplication.
     assert_eq!(loss.op_name(), Some("mul_scalar"));
     println!(
         "loss = {:.6}, made by {:?} from a {:?} made by {:?}",
@@ -128,6 +128,41 @@ fn main() -> moegrad::Result<()> {
     let x32 = x.to_dtype(DType::F32)?;
     assert_eq!(x32.dtype(), DType::F32);
 
+    // 5. The same forward and backward on the GPU, when there is one: every op above is also a
+    // WGSL kernel, and the gradients agree with the CPU's to f32 rounding.
+    gpu_part(&x, &w, &b, &target)?;
+
     println!("tutorial_01_tape: all checks passed");
+    Ok(())
+}
+
+/// Runs the linear fit of part 2 in f32 on the GPU and compares its gradients with the CPU's.
+/// Without a GPU adapter it prints why and skips, unless `MOEGRAD_REQUIRE_GPU=1` (as in CI),
+/// which makes a missing adapter an error.
+fn gpu_part(x: &Tensor, w: &Tensor, b: &Tensor, target: &Tensor) -> moegrad::Result<()> {
+    let gpu = match Device::gpu() {
+        Ok(gpu) => gpu,
+        Err(e) if std::env::var("MOEGRAD_REQUIRE_GPU").as_deref() == Ok("1") => return Err(e),
+        Err(e) => {
+            println!("GPU part skipped: no GPU adapter ({e})");
+            return Ok(());
+        }
+    };
+    let on = |t: &Tensor, dev: Device| t.to_dtype(DType::F32)?.to_device(dev);
+    let mut grads = Vec::new();
+    for dev in [Device::cpu(), gpu] {
+        let (w, b) = (on(w, dev)?.with_grad()?, on(b, dev)?.with_grad()?);
+        let r = on(x, dev)?.matmul(&w)?.add(&b)?.sub(&on(target, dev)?)?;
+        r.mul(&r)?.mean_all()?.backward()?;
+        let gw = w.grad().expect("w requires grad").to_vec_f32()?;
+        grads.push(gw);
+    }
+    for (c, g) in grads[0].iter().zip(&grads[1]) {
+        assert!(
+            (c - g).abs() <= 1e-5 * (1.0 + c.abs()),
+            "∂L/∂W: CPU {c} vs GPU {g}"
+        );
+    }
+    println!("GPU: the same gradients as the CPU ({:?})", grads[1]);
     Ok(())
 }
