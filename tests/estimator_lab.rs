@@ -1,8 +1,9 @@
 //! The estimator lab (`moegrad estimators`, `moegrad::estimator_lab`): its exact gradient is the
 //! gradient of the enumerated loss (finite differences, and a property test over random small
 //! problems); its host and tensor losses agree (and on the GPU); known facts about the
-//! estimators come out of it with fixed seeds and bounds of several standard errors (spec part 2
-//! §3 properties 7–8); the command line prints parseable JSON and turns bad input into a
+//! estimators come out of it with fixed seeds and bounds of several standard errors
+//! (docs/estimators.md,
+//! SparseMixer §2–3); the command line prints parseable JSON and turns bad input into a
 //! one-line error, refuses a figure path it cannot write before the work starts, still prints
 //! its results when the figure fails after it, and its progress bar counts every draw.
 

@@ -1,5 +1,6 @@
-//! The sparse MoE layer and the Top-k family of routers against the numbered properties of the
-//! spec (part 1 §5, part 2 §3): simplex and sparsity, sparse-evaluation invariance, gradcheck of
+//! The sparse MoE layer and the Top-k family of routers against the properties the papers
+//! state or imply (docs/routers.md gives each router's formula and paper): simplex and sparsity,
+//! sparse-evaluation invariance, gradcheck of
 //! the whole layer at generic points, shift invariance, Shazeer's zero gradients, V-MoE/SMoE
 //! gradients for unselected experts, noise statistics, Expert Choice's exact load, priority and
 //! capacity, the balance loss, Switch's jitter support, ties, and GPU parity of dispatch, grouped

@@ -1,5 +1,6 @@
-//! DSelect-k (`dselect-k`, `dselect-k-static`) against the numbered properties of spec part 1
-//! §5 (1–4, 17–22): the smooth-step, the binary-encoding selector laws, saturation, the initial
+//! DSelect-k (`dselect-k`, `dselect-k-static`) against the properties of the DSelect-k paper
+//! and docs/routers.md (`dselect-k`): the smooth-step, the binary-encoding selector laws,
+//! saturation, the initial
 //! state, simplex and sparsity, sparse-evaluation invariance (only experts with nonzero gate
 //! weight run), the closed-form backward of §3, gradcheck of the gate and of its regularisers,
 //! non-power-of-two n, a property test over random shapes, GPU parity, and bad options.

@@ -1,4 +1,5 @@
-//! The `moesart` router against the numbered properties of the spec (part 1 §5: 1–5 and 9–16):
+//! The `moesart` router against the properties of MOESART (Ibrahim et al.; docs/routers.md,
+//! `moesart`):
 //! simplex and |s| = k, sparse-evaluation invariance through the whole MoE layer, gradchecks of
 //! the router and of a whole layer (f64, CPU, draws fixed by seed), shift invariance, the closed
 //! forms of eq. 3 and its gradient against the log-space implementation, strategy (iii)'s zero

@@ -1,6 +1,7 @@
 //! SparseMixer (`sparsemixer`, `-1st`, `-2rd`, `-v2`) and the estimator baselines (`st`,
-//! `gumbel-st`, `reinforce`, `reinmax`) against the numbered properties of spec part 2 §3
-//! (6–9), with the exact-enumeration identities of property 7: for a small problem every expert
+//! `gumbel-st`, `reinforce`, `reinmax`) against the properties SparseMixer's analysis
+//! implies (Liu et al. 2023, §2–3; docs/routers.md and docs/estimators.md), with the
+//! exact-enumeration identities: for a small problem every expert
 //! choice D (and forward scale c) is enumerated and the expectation formed exactly from the
 //! router's own per-draw gradients, weighted by their probabilities. The reference quantities
 //! ∇₀ and ∇₁ are computed here on the host from their definitions (SparseMixer Eq. 2).
@@ -661,7 +662,7 @@ fn gumbel_max_follows_pi_and_never_picks_a_masked_expert() {
         chi2 < 25.0,
         "chi-square {chi2}: counts {counts:?} vs π {pi:?}"
     );
-    // spec 1.9(b): θ = (2.0, 1.62), r = 0.1 is masked by the paper's rule, kept by the code's
+    // SparseMixer Eq. 9: θ = (2.0, 1.62), r = 0.1 is masked by the paper's rule, kept by the code's
     let two = Tensor::from_f64(vec![2.0, 1.62], &[1, 2], Device::cpu()).unwrap();
     assert_eq!(
         sparsemixer_mask(&two, 0.1, MaskRule::Paper)
@@ -703,7 +704,7 @@ fn gumbel_softmax_tends_to_the_one_hot_sample_as_tau_falls() {
 #[test]
 fn per_draw_rules_of_the_dense_estimators() {
     // Route with a known seed, push an upstream gradient a into the weights, compare the logits'
-    // gradient with the formulas of spec 1.8 computed here.
+    // gradient with the formulas of SparseMixer §3 computed here.
     let t = 32;
     let theta_v = host_rand(t * N, 21);
     let a_v = host_rand(t * N, 22);

@@ -1,5 +1,6 @@
-//! XMoE's `threshold` router and dense to sparse against the numbered properties of the spec
-//! (part 2 §3): 1 — the kept set is the minimal prefix reaching `t`, `t = 0` is top-1, `t = 1`
+//! XMoE's `threshold` router and dense to sparse against the properties of XMoE's router
+//! (Yang et al. 2024; docs/routers.md, `threshold`): 1 — the kept set is the minimal prefix
+//! reaching `t`, `t = 0` is top-1, `t = 1`
 //! keeps all n even when the prefix sums round to 1 early, the sets are nested in `t`, the top-1
 //! is always kept, permutation equivariance and shift invariance; 2 — priorities (rank first,
 //! then p); 3 — capacity (≤ C per expert, exactly the top C by priority, dropped contribute 0, a
@@ -67,7 +68,8 @@ fn softmax_row(z: &[f64]) -> Vec<f64> {
     e.iter().map(|v| v / s).collect()
 }
 
-/// The host reference of §1.5: experts by p descending (ties: lowest index), the shortest
+/// The host reference of XMoE's threshold rule: experts by p descending (ties: lowest index), the
+/// shortest
 /// prefix whose sum reaches `t` (all of them for `t ≥ 1`), cut at `max_k`. Also returns the
 /// smallest distance of a prefix sum to `t`, to keep test points away from the boundary.
 fn reference(p: &[f64], t: f64, max_k: usize) -> (Vec<usize>, f64) {

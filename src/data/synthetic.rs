@@ -1,5 +1,6 @@
 //! Synthetic data with a known mixture of experts: generator B of the DSelect-k paper (Hazimeh
-//! et al. 2021, Fig. 2; spec part 1 §4), the test of whether a gate finds the right experts.
+//! et al. 2021, Fig. 2; docs/routers.md, `dselect-k`), the test of whether a gate finds the right
+//! experts.
 //!
 //! **The true model.** 4 experts, each a dense layer `R^10 → R^4` with ReLU,
 //! `f_i(x) = ReLU(W_iᵀ x)`, weights iid N(0, 1); the output is a logistic unit on their

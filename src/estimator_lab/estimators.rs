@@ -17,7 +17,8 @@
 //! ran, i.e. the ∇₁ term only. In the lab that rule is applied under the lab's own sampling
 //! `D ∼ π`, so its expectation is exactly ∇₁ and it can be compared with the others on one
 //! objective. The probe gets it from `sparsemixer-1st`, whose router gradient with c ≡ 1 is
-//! exactly twice plain autograd of `y = π_D f_D` (spec part 2, property 9): halved, and with the
+//! exactly twice plain autograd of `y = π_D f_D` (tested in `tests/routers_sparsemixer.rs`):
+//! halved, and with the
 //! mask switched off by feeding the logits shifted by `b = 3·max|θ| + 1` with r = ½ (the softmax,
 //! the Gumbel-max sample and the gradient are shift-invariant; every shifted logit then passes
 //! `θ* − θ_j ≤ r(|θ*| + |θ_j|)`). The shipped `switch` router picks `D = argmax θ ⊙ u`, u ∼

@@ -141,7 +141,8 @@ pub trait Router: Send + Sync {
         false
     }
     /// True for routers whose number of experts per token varies (XMoE's threshold routing):
-    /// the layer then sizes capacity by tokens, `C = ⌈γ·T/n⌉` as XMoE does (spec part 2 §1.3),
+    /// the layer then sizes capacity by tokens, `C = ⌈γ·T/n⌉` as XMoE does (docs/routers.md,
+    /// `threshold`),
     /// instead of by the `T·K` slots, and its balance loss counts first choices only (the
     /// top-1 assignment). False (the default) for the others.
     fn variable_experts_per_token(&self) -> bool {

@@ -1,7 +1,7 @@
 //! `dselect-k` (per-example) and `dselect-k-static` — the differentiable sparse gate of
 //! DSelect-k ("DSelect-k: Differentiable Selection in the Mixture of Experts with Applications
 //! to Multi-Task Learning", Hazimeh, Zhao, Chowdhery, Sathiamoorthy, Chen, Mazumder, Hong, Chi,
-//! NeurIPS 2021; spec part 1 §3).
+//! NeurIPS 2021; docs/routers.md, `dselect-k`).
 //!
 //! # The math
 //!
@@ -23,8 +23,8 @@
 //! * `dselect-k` (per-example): `α = x·G + b_G`, `z^(i) = x·W^(i) + b_W` (the public code has the
 //!   biases); the k·m selector logits come from one matrix `W: [d, k·m]`.
 //!
-//! **Gradient** (what the tape computes; spec part 1 §3, derived there and checked here by
-//! gradcheck). With `a_e = ⟨∂L/∂y, f_e(x)⟩` for the experts that ran and `u = S(z^(i))`:
+//! **Gradient** (what the tape computes; derived in docs/routers.md, `dselect-k`, and checked
+//! by gradcheck). With `a_e = ⟨∂L/∂y, f_e(x)⟩` for the experts that ran and `u = S(z^(i))`:
 //! `∂L/∂α_i = σ_i (Σ_e a_e r^(i)_e − Σ_e a_e q_e)` and
 //! `∂L/∂z^(i)_j = σ_i S'(z^(i)_j) Σ_e a_e ∂r^(i)_e/∂u_j`, where `∂r_e/∂u_j = ±Π_{l≠j}(…)` is a
 //! product of the other factors — the tape forms it from the chain of multiplications, never as

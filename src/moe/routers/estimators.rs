@@ -1,5 +1,6 @@
-//! The gradient-estimator baselines SparseMixer is compared with (SparseMixer §3, spec part 2
-//! §1.8): `st` (straight-through), `gumbel-st` (straight-through Gumbel-softmax), `reinforce`
+//! The gradient-estimator baselines SparseMixer is compared with (SparseMixer §3;
+//! docs/routers.md, SparseMixer and the gradient-estimator baselines): `st` (straight-through),
+//! `gumbel-st` (straight-through Gumbel-softmax), `reinforce`
 //! (the score function; Williams 1992) and `reinmax` (Liu et al. 2023, "Bridging Discrete and
 //! Backpropagation: Straight-Through and Beyond").
 //!

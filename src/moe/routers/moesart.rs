@@ -55,7 +55,7 @@
 //! * [`MoesartStrategy::relative_logits`] computes `õ − LSE(o)` in log space: with
 //!   `ℓ_i = log g_i = o_i − LSE(o)` (a `log_softmax`, finite even when `g_i` underflows), eq. 3
 //!   is `ℓ_z + log r_z` at the anchor and the constant `log(r_i / (k−1))` elsewhere — i.e. the
-//!   spec's stable `õ_i = LSE(o) + log(r_i/(k−1))` shifted by `−LSE(o)`, which the softmax over
+//!   stable form `õ_i = LSE(o) + log(r_i/(k−1))` shifted by `−LSE(o)`, which the softmax over
 //!   `s` ignores. `log((k−1) g_i)` is never formed. Every strategy is `c ⊙ ℓ + β` with a 0/1
 //!   coefficient `c` and a constant `β`; strategy `iii` has `c = 0`, so its router gradient is
 //!   exactly zero, not merely small. Invalid (duplicate) slots are set to −10³⁰ before the softmax.

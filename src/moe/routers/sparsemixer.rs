@@ -20,7 +20,7 @@
 //!
 //! Either estimate has the form of ∇₁, so the router gets twice the plain backprop gradient.
 //!
-//! # What a token goes through (training), spec 1.9(f)
+//! # What a token goes through (training; SparseMixer §3 and the public microsoft/SparseMixer code)
 //! 1. Mask (no gradient): `Δ_j = 1[θ* − θ_j ≤ r(|θ*| + |θ_j|)]`, `θ* = max θ`, jitter r = 0.1
 //!    (paper, Eq. 9); option `mask_rule=code` uses the released code's looser rule
 //!    `Δ_j = 1[θ* − θ_j ≤ 2r·max(|θ_j|, θ*)]`. The argmax is always kept.
@@ -69,7 +69,7 @@ use crate::{DType, Device, Error, Result, Tensor};
 /// logit plus Gumbel noise).
 pub const MASKED_LOGIT: f64 = -1e30;
 
-/// Which rule decides the experts SparseMixer may sample (spec 1.9(b)).
+/// Which rule decides the experts SparseMixer may sample (SparseMixer Eq. 9, docs/routers.md).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum MaskRule {
     /// the paper's Eq. 9: keep j iff `θ* − θ_j ≤ r(|θ*| + |θ_j|)`

@@ -2,7 +2,7 @@
 //! as it needs to cover a share `t` of its router probability mass.
 //!
 //! Yang et al. 2024, "XMoE: Sparse Models with Fine-grained and Adaptive Expert Selection"
-//! (spec part 2 §1.5, §3 properties 1–3).
+//! (docs/routers.md, `threshold`; its properties are tested in `tests/routers_threshold.rs`).
 //!
 //! # Forward
 //!

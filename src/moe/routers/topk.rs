@@ -6,7 +6,7 @@
 //!   exactly 1 and the router gets no gradient.
 //! * `topk-noisy` — Shazeer's noisy gating: `H = o + ξ ⊙ softplus(x·W_noise)`, `ξ ~ N(0, 1)`
 //!   in training only; `g = σ(KeepTopK(H, k))`.
-//! * `topk-unnorm` — XMoE Eq. 1–2 and the lecture: `p = σ(o)` over all n, keep the top k,
+//! * `topk-unnorm` — XMoE Eq. 1–2 (Switch's gate at k = 1): `p = σ(o)` over all n, keep the top k,
 //!   **not** renormalised (`Σg < 1`); `∂L/∂o_k = Σ_{i∈T} a_i p_i (δ_ik − p_k)`, nonzero for
 //!   unselected k.
 //!
@@ -24,7 +24,7 @@ pub enum TopKKind {
     Shazeer,
     /// Shazeer with learned Gaussian noise on the logits
     Noisy,
-    /// softmax over all n, keep k, no renormalisation (XMoE, lecture)
+    /// softmax over all n, keep k, no renormalisation (XMoE Eq. 1–2; Switch at k = 1)
     Unnormalised,
 }
 
