@@ -220,7 +220,10 @@ fn storage_bindings(
         if uses[handle].is_empty() {
             continue;
         }
-        let at = format!("WGSL kernel '{name}', @group({}) @binding({})", rb.group, rb.binding);
+        let at = format!(
+            "WGSL kernel '{name}', @group({}) @binding({})",
+            rb.group, rb.binding
+        );
         if rb.group != 0 {
             return Err(Error::Gpu(format!("{at}: only @group(0) is bound")));
         }

@@ -44,9 +44,9 @@ mod strided;
 pub(crate) mod timing;
 
 pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
+pub use conv2d::CONV2D_MAX_TAPS;
 /// the WGSL source a launch names (user kernels are made in `crate::wgsl`)
 pub(crate) use kernels::Shader;
-pub use conv2d::CONV2D_MAX_TAPS;
 pub use matmul::MatmulKernel;
 pub use optim::{ADAM_MULTI_SLOTS, AdamSlot, NORM_SLOTS};
 pub use stats::GpuStats;

@@ -206,22 +206,27 @@ impl EstimatorRouter {
         })?;
         let estimator = self.estimator;
         let (pi_s, e_s) = (pi.clone(), e_d.clone());
-        let w = custom_op(estimator.name(), &[logits], |_| e_d.mul(&pi), move |ctx| {
-            let a = ctx.grad_output;
-            let u = pi_s.mul(a)?;
-            let grad = match (estimator, &extra) {
-                (Estimator::GumbelSt { tau }, Some(s)) => {
-                    jvp_softmax(s, &u)?.mul_scalar(1.0 / tau)?
-                }
-                (Estimator::ReinMax { .. }, Some(tilde)) => {
-                    let first = jvp_softmax(tilde, &u.mul_scalar(2.0)?)?;
-                    let v = e_s.mul(a)?.sub(&u.mul_scalar(0.5)?)?;
-                    first.add(&jvp_softmax(&pi_s, &v)?)?
-                }
-                _ => jvp_softmax(&pi_s, &u)?,
-            };
-            Ok(vec![Some(grad)])
-        })?;
+        let w = custom_op(
+            estimator.name(),
+            &[logits],
+            |_| e_d.mul(&pi),
+            move |ctx| {
+                let a = ctx.grad_output;
+                let u = pi_s.mul(a)?;
+                let grad = match (estimator, &extra) {
+                    (Estimator::GumbelSt { tau }, Some(s)) => {
+                        jvp_softmax(s, &u)?.mul_scalar(1.0 / tau)?
+                    }
+                    (Estimator::ReinMax { .. }, Some(tilde)) => {
+                        let first = jvp_softmax(tilde, &u.mul_scalar(2.0)?)?;
+                        let v = e_s.mul(a)?.sub(&u.mul_scalar(0.5)?)?;
+                        first.add(&jvp_softmax(&pi_s, &v)?)?
+                    }
+                    _ => jvp_softmax(&pi_s, &u)?,
+                };
+                Ok(vec![Some(grad)])
+            },
+        )?;
         let idx = self.table.expand(&[t, n])?;
         let mut r = Routing::token_choice(&idx, &w, None, pi, logits.clone())?;
         r.metrics.push((
