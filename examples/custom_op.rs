@@ -201,9 +201,17 @@ fn main() -> Result<()> {
 
     // The hand-written backward against central differences, in f64.
     let opts = GradcheckOptions::default();
-    let report = gradcheck(|t| squareplus(&t[0], &kernels), &[x.clone()], &opts)?;
+    let report = gradcheck(
+        |t| squareplus(&t[0], &kernels),
+        std::slice::from_ref(&x),
+        &opts,
+    )?;
     println!("gradcheck of the custom op passed: {report:?}");
-    gradcheck(|t| squareplus_composed(&t[0]), &[x.clone()], &opts)?;
+    gradcheck(
+        |t| squareplus_composed(&t[0]),
+        std::slice::from_ref(&x),
+        &opts,
+    )?;
     println!("gradcheck of the composed op passed");
 
     // The WGSL kernels against the CPU kernel, in f32.

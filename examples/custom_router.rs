@@ -156,7 +156,7 @@ fn check_gradient(tau: f64) -> Result<()> {
     println!("hand-written rule = the tape's derivative of softmax(θ/τ)_e (within {diff:.1e})");
     let report = gradcheck(
         |inputs| weight_loss(&inputs[0], true),
-        &[w.clone()],
+        std::slice::from_ref(&w),
         &GradcheckOptions::default(),
     )?;
     println!("gradcheck passed in f64: {report:?}");
