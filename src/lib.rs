@@ -7,7 +7,9 @@
 //! The layers, bottom to top (see `docs/architecture.md`):
 //! - [`backend`]: the [`backend::Backend`] trait of primitive kernels; CPU and GPU implementations.
 //! - [`Tensor`]: shared storage + shape + device, and the autograd node that produced it.
-//! - [`autograd`]: the graph, the backward walk, [`no_grad`].
+//! - [`autograd`]: the graph, the backward walk, [`no_grad`], and [`autograd::custom_op`], the
+//!   public way to add an op with a backward rule of one's own.
+//! - [`wgsl`]: a WGSL compute kernel of one's own, validated and run on GPU tensors.
 //! - `ops`: differentiable ops, each forward beside its backward rule.
 //! - [`gradcheck`](mod@gradcheck): the finite-difference checker every op is tested with.
 //! - [`profile`]: wall time per op, forward and backward, over a run (`train --profile`).
@@ -51,6 +53,7 @@ pub mod profile;
 pub mod shape;
 pub mod tensor;
 pub mod train;
+pub mod wgsl;
 
 pub use autograd::{NoGradGuard, is_grad_enabled, no_grad};
 pub use device::Device;

@@ -19,10 +19,12 @@ const TUTORIAL_EXAMPLES: &[(&str, &str)] = &[
         "tutorial_00_scalar_tape: all checks passed",
     ),
     ("tutorial_01_tape", "tutorial_01_tape: all checks passed"),
+    ("custom_op", "custom_op example: all checks passed"),
     (
         "tutorial_03_moe_by_hand",
         "tutorial_03_moe_by_hand: all checks passed",
     ),
+    ("custom_router", "custom_router example: all checks passed"),
     (
         "tutorial_05_estimators",
         "tutorial_05_estimators: all checks passed",

@@ -6,12 +6,16 @@
 //! nodes reachable from the loss into a tape (topological order), walks it in reverse, sums the
 //! gradients of tensors used more than once, deposits them on the leaves, and then releases the
 //! graph, so memory does not grow from step to step.
+//!
+//! [`custom_op`] is the public way to add an op with a backward rule of one's own (`custom.rs`).
 
 mod backward;
+mod custom;
 mod deferred;
 mod no_grad;
 
 pub use backward::backward;
+pub use custom::{CustomGrad, custom_op};
 pub(crate) use deferred::{GroupedWeightGrad, LazyGrad, LeafGrad};
 pub use no_grad::{NoGradGuard, is_grad_enabled, no_grad};
 

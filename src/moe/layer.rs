@@ -178,6 +178,46 @@ impl MoeLayer {
         })
     }
 
+    /// Replaces the router with one of your own (a type implementing [`Router`], written
+    /// outside the crate: `examples/custom_router.rs`). The layer's output scale ω is rebuilt
+    /// for the new router ([`Router::output_scale`]); the router should route over
+    /// `config.experts` experts with tokens of width `config.d`, which [`MoeLayer::forward`]
+    /// checks when it combines the routing.
+    ///
+    /// # Errors
+    /// Whatever making ω fails with.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::moe::{MoeConfig, MoeLayer, RouterConfig, build_router};
+    /// use moegrad::Device;
+    /// # fn main() -> moegrad::Result<()> {
+    /// let cfg = MoeConfig::new(8, 16, 4, 1);
+    /// let mut layer = MoeLayer::new(&cfg, Device::cpu())?;
+    /// let mine = build_router("switch", &RouterConfig::new(8, 4, 1), Device::cpu())?;
+    /// layer.set_router(mine)?;
+    /// assert_eq!(layer.router.name(), "switch");
+    /// # Ok(()) }
+    /// ```
+    pub fn set_router(&mut self, router: Box<dyn Router>) -> Result<()> {
+        // the experts' device (the layer keeps no device of its own)
+        let mut device = Device::Cpu;
+        self.experts
+            .visit_params("", &mut |_, p| device = p.get().device());
+        self.omega = match router.output_scale() {
+            Some(init) => Some(Param::new(Tensor::full(
+                &[self.config.d_out],
+                init,
+                crate::DType::F32,
+                device,
+            )?)?),
+            None => None,
+        };
+        router.set_training(self.training.load(Ordering::Relaxed));
+        self.router = router;
+        Ok(())
+    }
+
     /// Switches router noise and capacity between training and evaluation.
     pub fn set_training(&self, on: bool) {
         self.training.store(on, Ordering::Relaxed);

@@ -48,6 +48,8 @@ pub(crate) mod timing;
 pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
 pub use conv2d::CONV2D_MAX_TAPS;
 pub use info::{GpuInfo, info};
+/// the WGSL source a launch names (user kernels are made in `crate::wgsl`)
+pub(crate) use kernels::Shader;
 pub use matmul::MatmulKernel;
 pub use optim::{ADAM_MULTI_SLOTS, AdamSlot, NORM_SLOTS};
 pub use stats::GpuStats;

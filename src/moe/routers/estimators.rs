@@ -34,6 +34,7 @@
 //! `π_a` and plain autograd (one expert per token).
 
 use super::sparsemixer::{gumbel_noise, one_hot};
+use crate::autograd::custom_op;
 use crate::moe::Routing;
 use crate::moe::router::{LinearGate, Router, RouterConfig};
 use crate::moe::score_function::{RunningBaseline, ScoreTerm};
@@ -189,7 +190,6 @@ impl EstimatorRouter {
                 .push(("experts_evaluated_per_token", Tensor::scalar(1.0, dt, dev)?));
             return Ok(r);
         }
-        let value = crate::no_grad(|| e_d.mul(&pi))?;
         let extra = crate::no_grad(|| -> Result<Option<Tensor>> {
             Ok(match self.estimator {
                 Estimator::GumbelSt { tau } => {
@@ -207,21 +207,27 @@ impl EstimatorRouter {
         })?;
         let estimator = self.estimator;
         let (pi_s, e_s) = (pi.clone(), e_d.clone());
-        let w = Tensor::record(value, estimator.name(), &[logits], move |a| {
-            let u = pi_s.mul(a)?;
-            let grad = match (estimator, &extra) {
-                (Estimator::GumbelSt { tau }, Some(s)) => {
-                    jvp_softmax(s, &u)?.mul_scalar(1.0 / tau)?
-                }
-                (Estimator::ReinMax { .. }, Some(tilde)) => {
-                    let first = jvp_softmax(tilde, &u.mul_scalar(2.0)?)?;
-                    let v = e_s.mul(a)?.sub(&u.mul_scalar(0.5)?)?;
-                    first.add(&jvp_softmax(&pi_s, &v)?)?
-                }
-                _ => jvp_softmax(&pi_s, &u)?,
-            };
-            Ok(vec![Some(grad)])
-        });
+        let w = custom_op(
+            estimator.name(),
+            &[logits],
+            |_| e_d.mul(&pi),
+            move |ctx| {
+                let a = ctx.grad_output;
+                let u = pi_s.mul(a)?;
+                let grad = match (estimator, &extra) {
+                    (Estimator::GumbelSt { tau }, Some(s)) => {
+                        jvp_softmax(s, &u)?.mul_scalar(1.0 / tau)?
+                    }
+                    (Estimator::ReinMax { .. }, Some(tilde)) => {
+                        let first = jvp_softmax(tilde, &u.mul_scalar(2.0)?)?;
+                        let v = e_s.mul(a)?.sub(&u.mul_scalar(0.5)?)?;
+                        first.add(&jvp_softmax(&pi_s, &v)?)?
+                    }
+                    _ => jvp_softmax(&pi_s, &u)?,
+                };
+                Ok(vec![Some(grad)])
+            },
+        )?;
         let idx = self.table.expand(&[t, n])?;
         let mut r = Routing::token_choice(&idx, &w, None, pi, logits.clone())?;
         r.metrics.push((

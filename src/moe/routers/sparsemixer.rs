@@ -59,6 +59,7 @@
 //! The balance loss reads `Routing::probs`: by default the masked π (the released code's
 //! choice, with f from the sampled D); option `balance_probs=softmax` gives the unmasked softmax.
 
+use crate::autograd::custom_op;
 use crate::moe::Routing;
 use crate::moe::router::{LinearGate, Router, RouterConfig, uniform_noise};
 use crate::moe::routing::arange_f;
@@ -399,17 +400,20 @@ pub fn one_hot(idx: &Tensor, n: usize, dtype: DType, device: Device) -> Result<T
 /// (c untracked): SparseMixer's forward scale with its straight-through router gradient
 /// (`grad_factor` 2 for v1, 1 for v2). `c` broadcasts to `p`'s shape.
 pub fn scale_through(p: &Tensor, c: &Tensor, grad_factor: f64) -> Result<Tensor> {
-    let value = crate::no_grad(|| p.detach().mul(c))?;
-    if value.shape() != p.shape() {
-        return Err(Error::Shape(format!(
-            "scale_through: scale {:?} does not broadcast to {:?}",
-            c.shape(),
-            p.shape()
-        )));
-    }
-    Ok(Tensor::record(value, "sparsemixer_scale", &[p], move |g| {
-        Ok(vec![Some(g.mul_scalar(grad_factor)?)])
-    }))
+    let scale = |inputs: &[Tensor]| {
+        let value = inputs[0].mul(c)?;
+        if value.shape() != inputs[0].shape() {
+            return Err(Error::Shape(format!(
+                "scale_through: scale {:?} does not broadcast to {:?}",
+                c.shape(),
+                inputs[0].shape()
+            )));
+        }
+        Ok(value)
+    };
+    custom_op("sparsemixer_scale", &[p], scale, move |ctx| {
+        Ok(vec![Some(ctx.grad_output.mul_scalar(grad_factor)?)])
+    })
 }
 
 impl Router for SparseMixerRouter {
