@@ -377,8 +377,8 @@ impl TrainConfig {
     }
 
     /// A warning when the linear warm-up lasts the whole run (`--warmup-steps` ≥ the run's
-    /// `total_steps`): the learning rate then never reaches `--lr`, and ends at
-    /// `lr · total_steps / warmup_steps`.
+    /// `total_steps`): the learning rate then reaches `--lr` only at the last step (equal
+    /// lengths) or never, ending at `lr · total_steps / warmup_steps`.
     ///
     /// # Example
     /// ```
@@ -386,15 +386,26 @@ impl TrainConfig {
     /// let cfg = TrainConfig { warmup_steps: 1_000_000, ..TrainConfig::default() };
     /// assert!(cfg.warmup_warning(500).unwrap().contains("--warmup-steps 1000000"));
     /// assert!(cfg.warmup_warning(2_000_000).is_none());
+    /// assert!(cfg.warmup_warning(1_000_000).unwrap().contains("only at the last step"));
     /// ```
     pub fn warmup_warning(&self, total_steps: u64) -> Option<String> {
         (self.warmup_steps > 0 && self.warmup_steps >= total_steps).then(|| {
-            format!(
-                "--warmup-steps {} is not shorter than the run's {total_steps} steps: the learning rate never reaches --lr {:e} (it ends at {:e})",
-                self.warmup_steps,
-                self.lr,
-                self.lr * total_steps as f64 / self.warmup_steps as f64
-            )
+            let head = format!(
+                "--warmup-steps {} is not shorter than the run's {total_steps} steps",
+                self.warmup_steps
+            );
+            if self.warmup_steps == total_steps {
+                format!(
+                    "{head}: the learning rate reaches --lr {:e} only at the last step",
+                    self.lr
+                )
+            } else {
+                format!(
+                    "{head}: the learning rate never reaches --lr {:e} (it ends at {:e})",
+                    self.lr,
+                    self.lr * total_steps as f64 / self.warmup_steps as f64
+                )
+            }
         })
     }
 
