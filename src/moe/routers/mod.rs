@@ -1,20 +1,22 @@
-//! One file per router, each implementing [`super::Router`]. The math of each is in its doc
-//! comment, with the paper it comes from; `docs/routers.md` collects them.
+//! One file per router, each implementing [`super::Router`] and declaring its registry entry
+//! (a `RouterSpec`: name, summary, options, constructor) near the top; [`super::registry`] lists
+//! those entries. The math of each is in its doc comment, with the paper it comes from;
+//! `docs/routers.md` collects them.
 
-mod dselect_k;
-mod estimators;
-mod expert_choice;
-mod hash;
-mod moesart;
+pub(crate) mod dselect_k;
+pub(crate) mod estimators;
+pub(crate) mod expert_choice;
+pub(crate) mod hash;
+pub(crate) mod moesart;
 pub mod probe;
-mod smoe;
-mod softmax;
-mod sparsemixer;
-mod switch;
-mod threshold;
-mod topk;
-mod vmoe;
-mod xmoe_cosine;
+pub(crate) mod smoe;
+pub(crate) mod softmax;
+pub(crate) mod sparsemixer;
+pub(crate) mod switch;
+pub(crate) mod threshold;
+pub(crate) mod topk;
+pub(crate) mod vmoe;
+pub(crate) mod xmoe_cosine;
 
 pub use dselect_k::{
     DSELECT_K_OPTIONS, DSelectKKind, DSelectKOptions, DSelectKRouter, UnusedCodes, selector_bits,
