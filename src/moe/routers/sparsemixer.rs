@@ -69,7 +69,7 @@ use crate::{DType, Device, Error, Result, Tensor};
 /// The registry entry of `sparsemixer` (see [`crate::moe::registry`]).
 pub const SPEC_HYBRID: RouterSpec = RouterSpec {
     name: "sparsemixer",
-    summary: "SparseMixer: Gumbel-max top-1 under a mask, mid-point estimate of the router gradient",
+    summary: "SparseMixer (hybrid): Gumbel-max top-1 under a mask, forward scale 1 at the argmax, else 1/2",
     options: &[
         RouterOption {
             key: "jitter",
@@ -115,7 +115,7 @@ pub const SPEC_HYBRID: RouterSpec = RouterSpec {
 /// The registry entry of `sparsemixer-1st`.
 pub const SPEC_FIRST_ORDER: RouterSpec = RouterSpec {
     name: "sparsemixer-1st",
-    summary: "SparseMixer with the first-order (Euler) estimate",
+    summary: "SparseMixer with forward scale c = 1 (first-order estimate)",
     options: &[
         RouterOption {
             key: "jitter",
@@ -155,7 +155,7 @@ pub const SPEC_FIRST_ORDER: RouterSpec = RouterSpec {
 /// The registry entry of `sparsemixer-2rd`.
 pub const SPEC_SECOND_ORDER: RouterSpec = RouterSpec {
     name: "sparsemixer-2rd",
-    summary: "SparseMixer with the second-order (mid-point) estimate",
+    summary: "SparseMixer with forward scale c = 1/2 (the mid-point, second-order estimate)",
     options: &[
         RouterOption {
             key: "jitter",
