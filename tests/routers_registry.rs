@@ -167,3 +167,45 @@ fn docs_routers_table_names_every_router() {
         );
     }
 }
+
+#[test]
+fn names_are_unique_and_options_well_formed() {
+    for (i, r) in ROUTERS.iter().enumerate() {
+        assert!(
+            !ROUTERS[..i].iter().any(|o| o.name == r.name),
+            "{} twice",
+            r.name
+        );
+        assert!(!r.summary.is_empty(), "{} has no summary", r.name);
+        for o in r.options {
+            assert!(!o.help.is_empty(), "{}.{} has no help", r.name, o.key);
+        }
+    }
+}
+
+/// Every option a spec lists is one the router's constructor accepts at its default (or, for a
+/// default taken from elsewhere such as `k`, at a valid value), so the registry cannot list a key
+/// the router rejects.
+#[test]
+fn every_listed_option_is_accepted_at_its_default() {
+    for r in ROUTERS {
+        for o in r.options {
+            let literal = match o.kind {
+                OptionKind::Number => o.default.parse::<f64>().is_ok(),
+                OptionKind::Count => o.default.parse::<usize>().is_ok(),
+                OptionKind::Bool => o.default.parse::<bool>().is_ok(),
+                OptionKind::Choice(_) => true,
+            };
+            let value = match (literal, o.kind) {
+                (true, _) => o.default,
+                (false, OptionKind::Count) => "1",
+                (false, _) => "0.5",
+            };
+            let mut cfg = RouterConfig::new(4, 4, 2);
+            cfg.options.insert(o.key.into(), value.into());
+            if let Err(e) = build_router(r.name, &cfg, Device::cpu()) {
+                panic!("{} {}={value}: {e}", r.name, o.key);
+            }
+        }
+    }
+}
