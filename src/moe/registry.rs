@@ -2,21 +2,18 @@
 //!
 //! Each router file declares the spec of the names it serves (its name, a one-line summary, its
 //! `--router-opt` options with type, default and help, and its constructor) next to its code;
-//! [`ROUTERS`] lists those specs, one line per router. Everything that needs to know the routers
+//! the `router_files!` list in `src/moe/routers/mod.rs` names each file once, with its specs, and
+//! [`ROUTERS`] is that list. Everything that needs to know the routers
 //! reads this list: [`crate::moe::build_router`], [`ROUTER_NAMES`] (the CLI's `--router`
 //! validation and `--help`), the error that names the valid routers, the check of
 //! `--router-opt` keys, the estimator lab's default list
 //! ([`crate::estimator_lab::ESTIMATOR_NAMES`]) and `moegrad routers [--json]`.
 //!
 //! Adding a router is one new file under `src/moe/routers/` (a struct implementing
-//! [`crate::moe::Router`] and a `pub const SPEC: RouterSpec`) plus one line in [`ROUTERS`]; see
-//! `docs/adding-a-router.md`.
+//! [`crate::moe::Router`] and a `pub const SPEC: RouterSpec`) plus one line in `router_files!`
+//! (`my_router => [SPEC],`); see `docs/adding-a-router.md`.
 
 use super::router::{Router, RouterConfig};
-use super::routers::{
-    dselect_k, estimators, expert_choice, hash, moesart, smoe, softmax, sparsemixer, switch,
-    threshold, topk, vmoe, xmoe_cosine,
-};
 use crate::{Device, Error, Result};
 
 /// The type of a router option's value, as `RouterConfig::opt_*` parses it.
@@ -103,31 +100,9 @@ impl std::fmt::Debug for RouterSpec {
     }
 }
 
-/// Every router, in the order `--help` and error messages list them: one line per router.
-pub const ROUTERS: &[RouterSpec] = &[
-    softmax::SPEC,
-    topk::SPEC_TOPK,
-    topk::SPEC_TOPK_NOISY,
-    topk::SPEC_TOPK_UNNORM,
-    switch::SPEC,
-    vmoe::SPEC,
-    smoe::SPEC,
-    expert_choice::SPEC,
-    xmoe_cosine::SPEC,
-    hash::SPEC,
-    sparsemixer::SPEC_HYBRID,
-    sparsemixer::SPEC_FIRST_ORDER,
-    sparsemixer::SPEC_SECOND_ORDER,
-    sparsemixer::SPEC_V2,
-    estimators::SPEC_ST,
-    estimators::SPEC_GUMBEL_ST,
-    estimators::SPEC_REINFORCE,
-    estimators::SPEC_REINMAX,
-    moesart::SPEC,
-    dselect_k::SPEC,
-    dselect_k::SPEC_STATIC,
-    threshold::SPEC,
-];
+/// Every router, in the order `--help` and error messages list them: the entries of the one-line
+/// per file list in `src/moe/routers/mod.rs` (`router_files!`).
+pub const ROUTERS: &[RouterSpec] = super::routers::ROUTER_SPECS;
 
 const ROUTER_COUNT: usize = ROUTERS.len();
 

@@ -1,7 +1,7 @@
 //! The [`Router`] trait every router implements, the settings they share, and the factory that
 //! builds one by its command-line name from the registry ([`super::registry`]). Adding a router
 //! means adding one file with a struct that implements `Router` and its `RouterSpec`, and one
-//! line in [`super::registry::ROUTERS`] (docs/adding-a-router.md).
+//! line in the registry list of `routers/mod.rs` (docs/adding-a-router.md).
 
 use super::Routing;
 use crate::nn::Param;
