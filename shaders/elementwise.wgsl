@@ -96,58 +96,95 @@ fn powf(x: f32, y: f32) -> f32 {
 const GELU_K: f32 = 0.7978845608028654; // sqrt(2/pi)
 const GELU_C: f32 = 0.044715;
 
+// Op codes of `apply_unary` and `apply_binary`: the numbers `unary_code` and `binary_code` in
+// src/backend/gpu/elementwise.rs pass as `op`. Its test `wgsl_op_codes_match_rust` checks every
+// one by name against the Rust code, so the two cannot drift apart.
+const UNARY_NEG: u32 = 0u;
+const UNARY_EXP: u32 = 1u;
+const UNARY_LOG: u32 = 2u;
+const UNARY_SQRT: u32 = 3u;
+const UNARY_ABS: u32 = 4u;
+const UNARY_RELU: u32 = 5u;
+const UNARY_GELU: u32 = 6u;
+const UNARY_GELU_GRAD: u32 = 7u;
+const UNARY_SILU: u32 = 8u;
+const UNARY_TANH: u32 = 9u;
+const UNARY_SIGMOID: u32 = 10u;
+const UNARY_SOFTPLUS: u32 = 11u;
+const UNARY_RECIP: u32 = 12u;
+const UNARY_STEP: u32 = 13u;
+const UNARY_SIGN: u32 = 14u;
+const UNARY_POWF: u32 = 15u;
+const UNARY_CLAMP: u32 = 16u;
+const UNARY_ADD_SCALAR: u32 = 17u;
+const UNARY_MUL_SCALAR: u32 = 18u;
+
+const BINARY_ADD: u32 = 0u;
+const BINARY_SUB: u32 = 1u;
+const BINARY_MUL: u32 = 2u;
+const BINARY_DIV: u32 = 3u;
+const BINARY_MAX: u32 = 4u;
+const BINARY_MIN: u32 = 5u;
+const BINARY_POW: u32 = 6u;
+const BINARY_GT: u32 = 7u;
+const BINARY_GE: u32 = 8u;
+const BINARY_LT: u32 = 9u;
+const BINARY_LE: u32 = 10u;
+const BINARY_EQ: u32 = 11u;
+const BINARY_NE: u32 = 12u;
+
 fn apply_unary(op: u32, x: f32, p0: f32, p1: f32) -> f32 {
     switch op {
-        case 0u: { return -x; }
-        case 1u: { return exp(x); }
-        case 2u: { return log_f(x); }
-        case 3u: { return sqrt_f(x); }
-        case 4u: { return abs(x); }
-        case 5u: { return rmax(x, 0.0); }
-        case 6u: {
+        case UNARY_NEG: { return -x; }
+        case UNARY_EXP: { return exp(x); }
+        case UNARY_LOG: { return log_f(x); }
+        case UNARY_SQRT: { return sqrt_f(x); }
+        case UNARY_ABS: { return abs(x); }
+        case UNARY_RELU: { return rmax(x, 0.0); }
+        case UNARY_GELU: {
             let inner = GELU_K * (x + GELU_C * x * x * x);
             return 0.5 * x * (1.0 + tanh_safe(inner));
         }
-        case 7u: {
+        case UNARY_GELU_GRAD: {
             let inner = GELU_K * (x + GELU_C * x * x * x);
             let t = tanh_safe(inner);
             let dinner = GELU_K * (1.0 + 3.0 * GELU_C * x * x);
             return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner;
         }
-        case 8u: { return x / (1.0 + exp(-x)); }
-        case 9u: { return tanh_safe(x); }
-        case 10u: { return 1.0 / (1.0 + exp(-x)); }
-        case 11u: { return rmax(x, 0.0) + log1p_f(exp(-abs(x))); }
-        case 12u: { return 1.0 / x; }
-        case 13u: { return select(0.0, 1.0, x > 0.0); }
-        case 14u: {
+        case UNARY_SILU: { return x / (1.0 + exp(-x)); }
+        case UNARY_TANH: { return tanh_safe(x); }
+        case UNARY_SIGMOID: { return 1.0 / (1.0 + exp(-x)); }
+        case UNARY_SOFTPLUS: { return rmax(x, 0.0) + log1p_f(exp(-abs(x))); }
+        case UNARY_RECIP: { return 1.0 / x; }
+        case UNARY_STEP: { return select(0.0, 1.0, x > 0.0); }
+        case UNARY_SIGN: {
             if (x > 0.0) { return 1.0; }
             if (x < 0.0) { return -1.0; }
             return 0.0;
         }
-        case 15u: { return powf(x, p0); }
-        case 16u: { return rmin(rmax(x, p0), p1); }
-        case 17u: { return x + p0; }
-        case 18u: { return x * p0; }
+        case UNARY_POWF: { return powf(x, p0); }
+        case UNARY_CLAMP: { return rmin(rmax(x, p0), p1); }
+        case UNARY_ADD_SCALAR: { return x + p0; }
+        case UNARY_MUL_SCALAR: { return x * p0; }
         default: { return nan_f32(); }
     }
 }
 
 fn apply_binary(op: u32, a: f32, b: f32) -> f32 {
     switch op {
-        case 0u: { return a + b; }
-        case 1u: { return a - b; }
-        case 2u: { return a * b; }
-        case 3u: { return a / b; }
-        case 4u: { return rmax(a, b); }
-        case 5u: { return rmin(a, b); }
-        case 6u: { return powf(a, b); }
-        case 7u: { return select(0.0, 1.0, a > b); }
-        case 8u: { return select(0.0, 1.0, a >= b); }
-        case 9u: { return select(0.0, 1.0, a < b); }
-        case 10u: { return select(0.0, 1.0, a <= b); }
-        case 11u: { return select(0.0, 1.0, a == b); }
-        case 12u: { return select(1.0, 0.0, a == b); }
+        case BINARY_ADD: { return a + b; }
+        case BINARY_SUB: { return a - b; }
+        case BINARY_MUL: { return a * b; }
+        case BINARY_DIV: { return a / b; }
+        case BINARY_MAX: { return rmax(a, b); }
+        case BINARY_MIN: { return rmin(a, b); }
+        case BINARY_POW: { return powf(a, b); }
+        case BINARY_GT: { return select(0.0, 1.0, a > b); }
+        case BINARY_GE: { return select(0.0, 1.0, a >= b); }
+        case BINARY_LT: { return select(0.0, 1.0, a < b); }
+        case BINARY_LE: { return select(0.0, 1.0, a <= b); }
+        case BINARY_EQ: { return select(0.0, 1.0, a == b); }
+        case BINARY_NE: { return select(1.0, 0.0, a == b); }
         default: { return nan_f32(); }
     }
 }

@@ -35,18 +35,9 @@ use crate::moe::router::RouterConfig;
 use crate::moe::routers::probe::GradientProbe;
 use crate::{Device, Error, Result, Tensor};
 
-/// The estimators `moegrad estimators` runs by default, in table order.
-pub const ESTIMATOR_NAMES: &[&str] = &[
-    "sparsemixer",
-    "sparsemixer-1st",
-    "sparsemixer-2rd",
-    "sparsemixer-v2",
-    "st",
-    "gumbel-st",
-    "reinforce",
-    "reinmax",
-    "switch",
-];
+/// The estimators `moegrad estimators` runs by default, in table order: the routers whose
+/// registry entry has `estimator_lab: Some(row)` ([`crate::moe::registry::LAB_ROUTER_NAMES`]).
+pub const ESTIMATOR_NAMES: &[&str] = crate::moe::registry::LAB_ROUTER_NAMES;
 
 /// Estimators the lab also accepts, outside the default list.
 pub const EXTRA_ESTIMATOR_NAMES: &[&str] = &["switch-jitter"];

@@ -1,6 +1,7 @@
 //! The [`Router`] trait every router implements, the settings they share, and the factory that
-//! builds one by its command-line name. Adding a router means adding one file with a struct that
-//! implements `Router`, and one line in [`build_router`].
+//! builds one by its command-line name from the registry ([`super::registry`]). Adding a router
+//! means adding one file with a struct that implements `Router` and its `RouterSpec`, and one
+//! line in the registry list of `routers/mod.rs` (docs/adding-a-router.md).
 
 use super::Routing;
 use crate::nn::Param;
@@ -307,84 +308,21 @@ fn cos_2pi(u: &Tensor) -> Result<Tensor> {
     sin.mul(&sin)?.mul_scalar(2.0)?.add_scalar(-1.0)
 }
 
-/// Every router name [`build_router`] accepts.
-pub const ROUTER_NAMES: &[&str] = &[
-    "softmax",
-    "topk",
-    "topk-noisy",
-    "topk-unnorm",
-    "switch",
-    "vmoe",
-    "smoe",
-    "expert-choice",
-    "xmoe-cosine",
-    "hash",
-    "sparsemixer",
-    "sparsemixer-1st",
-    "sparsemixer-2rd",
-    "sparsemixer-v2",
-    "st",
-    "gumbel-st",
-    "reinforce",
-    "reinmax",
-    "moesart",
-    "dselect-k",
-    "dselect-k-static",
-    "threshold",
-];
+pub use super::registry::ROUTER_NAMES;
 
-/// Builds a router by its command-line name.
+/// Builds a router by its command-line name, from its entry in [`super::registry::ROUTERS`].
+///
+/// Errors name what is wrong: an unknown name (listing the valid ones), `k` outside
+/// `1..=experts`, an option the router does not accept (listing those it does), or whatever
+/// the router's own constructor rejects.
 pub fn build_router(name: &str, cfg: &RouterConfig, device: Device) -> Result<Box<dyn Router>> {
-    use super::routers::*;
     if cfg.k == 0 || cfg.k > cfg.experts {
         return Err(Error::Invalid(format!(
             "--k {} must be between 1 and the number of experts {}",
             cfg.k, cfg.experts
         )));
     }
-    // The routers of the Top-k family take no options; the others check their own.
-    if ROUTER_NAMES[..10].contains(&name) {
-        cfg.check_options(name, &[])?;
-    }
-    Ok(match name {
-        "softmax" => Box::new(SoftmaxRouter::new(cfg, device)?),
-        "topk" => Box::new(TopKRouter::new(cfg, TopKKind::Shazeer, device)?),
-        "topk-noisy" => Box::new(TopKRouter::new(cfg, TopKKind::Noisy, device)?),
-        "topk-unnorm" => Box::new(TopKRouter::new(cfg, TopKKind::Unnormalised, device)?),
-        "switch" => Box::new(SwitchRouter::new(cfg, device)?),
-        "vmoe" => Box::new(VMoeRouter::new(cfg, device)?),
-        "smoe" => Box::new(SMoeRouter::new(cfg, device)?),
-        "expert-choice" => Box::new(ExpertChoiceRouter::new(cfg, device)?),
-        "xmoe-cosine" => Box::new(XMoeCosineRouter::new(cfg, device)?),
-        "hash" => Box::new(HashRouter::new(cfg, device)?),
-        "sparsemixer" => Box::new(SparseMixerRouter::new(
-            cfg,
-            SparseMixerVariant::Hybrid,
-            device,
-        )?),
-        "sparsemixer-1st" => Box::new(SparseMixerRouter::new(
-            cfg,
-            SparseMixerVariant::FirstOrder,
-            device,
-        )?),
-        "sparsemixer-2rd" => Box::new(SparseMixerRouter::new(
-            cfg,
-            SparseMixerVariant::SecondOrder,
-            device,
-        )?),
-        "sparsemixer-v2" => Box::new(SparseMixerRouter::new(cfg, SparseMixerVariant::V2, device)?),
-        "st" | "gumbel-st" | "reinforce" | "reinmax" => {
-            Box::new(EstimatorRouter::new(name, cfg, device)?)
-        }
-        "moesart" => Box::new(MoesartRouter::new(cfg, device)?),
-        "dselect-k" => Box::new(DSelectKRouter::new(cfg, DSelectKKind::PerExample, device)?),
-        "dselect-k-static" => Box::new(DSelectKRouter::new(cfg, DSelectKKind::Static, device)?),
-        "threshold" => Box::new(ThresholdRouter::new(cfg, device)?),
-        other => {
-            return Err(Error::Invalid(format!(
-                "unknown router {other:?}; expected one of {}",
-                ROUTER_NAMES.join(", ")
-            )));
-        }
-    })
+    let spec = super::registry::find_router(name)?;
+    cfg.check_options(name, &spec.option_keys())?;
+    (spec.build)(cfg, device)
 }

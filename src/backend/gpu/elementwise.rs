@@ -187,3 +187,135 @@ pub(crate) fn where_cond(
     )?;
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The WGSL constant naming each unary op's code (an exhaustive match: a new `UnaryOp`
+    /// does not compile here until it has a name, and then needs that constant in the shader).
+    fn unary_wgsl_name(op: UnaryOp) -> &'static str {
+        match op {
+            UnaryOp::Neg => "UNARY_NEG",
+            UnaryOp::Exp => "UNARY_EXP",
+            UnaryOp::Log => "UNARY_LOG",
+            UnaryOp::Sqrt => "UNARY_SQRT",
+            UnaryOp::Abs => "UNARY_ABS",
+            UnaryOp::Relu => "UNARY_RELU",
+            UnaryOp::Gelu => "UNARY_GELU",
+            UnaryOp::GeluGrad => "UNARY_GELU_GRAD",
+            UnaryOp::Silu => "UNARY_SILU",
+            UnaryOp::Tanh => "UNARY_TANH",
+            UnaryOp::Sigmoid => "UNARY_SIGMOID",
+            UnaryOp::Softplus => "UNARY_SOFTPLUS",
+            UnaryOp::Recip => "UNARY_RECIP",
+            UnaryOp::Step => "UNARY_STEP",
+            UnaryOp::Sign => "UNARY_SIGN",
+            UnaryOp::Powf(_) => "UNARY_POWF",
+            UnaryOp::Clamp(..) => "UNARY_CLAMP",
+            UnaryOp::AddScalar(_) => "UNARY_ADD_SCALAR",
+            UnaryOp::MulScalar(_) => "UNARY_MUL_SCALAR",
+        }
+    }
+
+    /// The WGSL constant naming each binary op's code (exhaustive, as above).
+    fn binary_wgsl_name(op: BinaryOp) -> &'static str {
+        match op {
+            BinaryOp::Add => "BINARY_ADD",
+            BinaryOp::Sub => "BINARY_SUB",
+            BinaryOp::Mul => "BINARY_MUL",
+            BinaryOp::Div => "BINARY_DIV",
+            BinaryOp::Max => "BINARY_MAX",
+            BinaryOp::Min => "BINARY_MIN",
+            BinaryOp::Pow => "BINARY_POW",
+            BinaryOp::Gt => "BINARY_GT",
+            BinaryOp::Ge => "BINARY_GE",
+            BinaryOp::Lt => "BINARY_LT",
+            BinaryOp::Le => "BINARY_LE",
+            BinaryOp::Eq => "BINARY_EQ",
+            BinaryOp::Ne => "BINARY_NE",
+        }
+    }
+
+    /// `const NAME: u32 = Nu;` lines of the shader, by name.
+    fn wgsl_codes(source: &str) -> std::collections::BTreeMap<String, u32> {
+        source
+            .lines()
+            .filter_map(|l| {
+                let rest = l.trim().strip_prefix("const ")?;
+                let (name, value) = rest.split_once(": u32 = ")?;
+                let value = value.trim_end_matches(';').trim_end_matches('u');
+                Some((name.to_string(), value.parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// Every Rust op code equals the WGSL constant of the same name, every such constant is a
+    /// `case` of the shader's switch, and the shader has no other op constants.
+    #[test]
+    fn wgsl_op_codes_match_rust() {
+        let source = ELEMENTWISE.source;
+        let wgsl = wgsl_codes(source);
+        let unary = [
+            UnaryOp::Neg,
+            UnaryOp::Exp,
+            UnaryOp::Log,
+            UnaryOp::Sqrt,
+            UnaryOp::Abs,
+            UnaryOp::Relu,
+            UnaryOp::Gelu,
+            UnaryOp::GeluGrad,
+            UnaryOp::Silu,
+            UnaryOp::Tanh,
+            UnaryOp::Sigmoid,
+            UnaryOp::Softplus,
+            UnaryOp::Recip,
+            UnaryOp::Step,
+            UnaryOp::Sign,
+            UnaryOp::Powf(2.0),
+            UnaryOp::Clamp(0.0, 1.0),
+            UnaryOp::AddScalar(1.0),
+            UnaryOp::MulScalar(2.0),
+        ];
+        let binary = [
+            BinaryOp::Add,
+            BinaryOp::Sub,
+            BinaryOp::Mul,
+            BinaryOp::Div,
+            BinaryOp::Max,
+            BinaryOp::Min,
+            BinaryOp::Pow,
+            BinaryOp::Gt,
+            BinaryOp::Ge,
+            BinaryOp::Lt,
+            BinaryOp::Le,
+            BinaryOp::Eq,
+            BinaryOp::Ne,
+        ];
+        let pairs: Vec<(&str, u32)> = unary
+            .iter()
+            .map(|&op| (unary_wgsl_name(op), unary_code(op).0))
+            .chain(
+                binary
+                    .iter()
+                    .map(|&op| (binary_wgsl_name(op), binary_code(op))),
+            )
+            .collect();
+        for (name, code) in &pairs {
+            assert_eq!(
+                wgsl.get(*name),
+                Some(code),
+                "shaders/elementwise.wgsl: {name} must be {code}u, as in elementwise.rs"
+            );
+            assert!(
+                source.contains(&format!("case {name}:")),
+                "shaders/elementwise.wgsl has no `case {name}:`"
+            );
+        }
+        let op_consts = wgsl
+            .keys()
+            .filter(|k| k.starts_with("UNARY_") || k.starts_with("BINARY_"))
+            .count();
+        assert_eq!(op_consts, pairs.len(), "op constants without a Rust op");
+    }
+}

@@ -61,6 +61,7 @@
 //! (the paper uses 2 and 4).
 
 use crate::moe::Routing;
+use crate::moe::registry::{OptionKind, RouterOption, RouterSpec};
 use crate::moe::router::{Router, RouterConfig};
 use crate::nn::{Param, join, uniform};
 use crate::{DType, Device, Error, Result, Tensor};
@@ -68,6 +69,64 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
+
+/// The registry entry of `dselect-k` (see [`crate::moe::registry`]).
+pub const SPEC: RouterSpec = RouterSpec {
+    name: "dselect-k",
+    summary: "DSelect-k: k differentiable binary-code selectors per example",
+    options: DSELECT_K_OPTION_SPECS,
+    build: |cfg, device| {
+        Ok(Box::new(DSelectKRouter::new(
+            cfg,
+            DSelectKKind::PerExample,
+            device,
+        )?))
+    },
+    estimator_lab: None,
+};
+
+/// The registry entry of `dselect-k-static`.
+pub const SPEC_STATIC: RouterSpec = RouterSpec {
+    name: "dselect-k-static",
+    summary: "DSelect-k static: the same k selectors for every example",
+    options: DSELECT_K_OPTION_SPECS,
+    build: |cfg, device| {
+        Ok(Box::new(DSelectKRouter::new(
+            cfg,
+            DSelectKKind::Static,
+            device,
+        )?))
+    },
+    estimator_lab: None,
+};
+
+/// The options of both DSelect-k routers.
+const DSELECT_K_OPTION_SPECS: &[RouterOption] = &[
+    RouterOption {
+        key: "gamma",
+        kind: OptionKind::Number,
+        default: "1.0",
+        help: "smooth-step width, > 0",
+    },
+    RouterOption {
+        key: "entropy",
+        kind: OptionKind::Number,
+        default: "0",
+        help: "coefficient of the entropy regulariser, >= 0",
+    },
+    RouterOption {
+        key: "unused",
+        kind: OptionKind::Choice(&["wrap", "penalty"]),
+        default: "wrap",
+        help: "codes naming no expert (n not a power of two): wrap around or penalise",
+    },
+    RouterOption {
+        key: "xi",
+        kind: OptionKind::Number,
+        default: "0.01",
+        help: "coefficient of the unused-code penalty, >= 0",
+    },
+];
 
 /// The options `dselect-k` and `dselect-k-static` accept.
 pub const DSELECT_K_OPTIONS: &[&str] = &["gamma", "entropy", "unused", "xi"];

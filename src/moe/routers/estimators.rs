@@ -36,11 +36,63 @@
 use super::sparsemixer::{gumbel_noise, one_hot};
 use crate::autograd::custom_op;
 use crate::moe::Routing;
+use crate::moe::registry::{OptionKind, RouterOption, RouterSpec};
 use crate::moe::router::{LinearGate, Router, RouterConfig};
 use crate::moe::score_function::{RunningBaseline, ScoreTerm};
 use crate::nn::Param;
 use crate::{Device, Error, Result, Tensor};
 use std::sync::Arc;
+
+/// The registry entry of `st` (see [`crate::moe::registry`]).
+pub const SPEC_ST: RouterSpec = RouterSpec {
+    name: "st",
+    summary: "straight-through: hard Gumbel-max top-1 forward, softmax backward",
+    options: &[],
+    build: |cfg, device| Ok(Box::new(EstimatorRouter::new("st", cfg, device)?)),
+    estimator_lab: Some(4),
+};
+
+/// The registry entry of `gumbel-st`.
+pub const SPEC_GUMBEL_ST: RouterSpec = RouterSpec {
+    name: "gumbel-st",
+    summary: "Gumbel straight-through: hard top-1 forward, tempered Gumbel-softmax backward",
+    options: &[RouterOption {
+        key: "tau",
+        kind: OptionKind::Number,
+        default: "1.0",
+        help: "temperature of the Gumbel-softmax, > 0",
+    }],
+    build: |cfg, device| Ok(Box::new(EstimatorRouter::new("gumbel-st", cfg, device)?)),
+    estimator_lab: Some(5),
+};
+
+/// The registry entry of `reinforce`.
+pub const SPEC_REINFORCE: RouterSpec = RouterSpec {
+    name: "reinforce",
+    summary: "REINFORCE: sampled top-1, score-function gradient",
+    options: &[RouterOption {
+        key: "baseline",
+        kind: OptionKind::Bool,
+        default: "true",
+        help: "subtract a running-mean baseline from the reward",
+    }],
+    build: |cfg, device| Ok(Box::new(EstimatorRouter::new("reinforce", cfg, device)?)),
+    estimator_lab: Some(6),
+};
+
+/// The registry entry of `reinmax`.
+pub const SPEC_REINMAX: RouterSpec = RouterSpec {
+    name: "reinmax",
+    summary: "ReinMax: hard top-1 forward, second-order (Heun) straight-through backward",
+    options: &[RouterOption {
+        key: "tau",
+        kind: OptionKind::Number,
+        default: "1.0",
+        help: "temperature, at least 1",
+    }],
+    build: |cfg, device| Ok(Box::new(EstimatorRouter::new("reinmax", cfg, device)?)),
+    estimator_lab: Some(7),
+};
 
 /// Which estimator.
 #[derive(Clone, Copy, Debug, PartialEq)]

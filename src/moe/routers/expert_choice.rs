@@ -5,9 +5,19 @@
 //! 0..n experts; the choice depends on the batch, also at inference.
 
 use crate::moe::Routing;
+use crate::moe::registry::RouterSpec;
 use crate::moe::router::{LinearGate, Router, RouterConfig};
 use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
+
+/// The registry entry of `expert-choice` (see [`crate::moe::registry`]).
+pub const SPEC: RouterSpec = RouterSpec {
+    name: "expert-choice",
+    summary: "Expert Choice: each expert picks its top tokens (k per token on average)",
+    options: &[],
+    build: |cfg, device| Ok(Box::new(ExpertChoiceRouter::new(cfg, device)?)),
+    estimator_lab: None,
+};
 
 /// Experts pick their top-k' tokens.
 pub struct ExpertChoiceRouter {

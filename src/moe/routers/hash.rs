@@ -5,11 +5,21 @@
 //! input always lands on the same expert.
 
 use crate::moe::Routing;
+use crate::moe::registry::RouterSpec;
 use crate::moe::router::{Router, RouterConfig};
 use crate::nn::{Param, uniform};
 use crate::{Device, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+
+/// The registry entry of `hash` (see [`crate::moe::registry`]).
+pub const SPEC: RouterSpec = RouterSpec {
+    name: "hash",
+    summary: "hash routing: a fixed random expert per token, weight 1, no parameters",
+    options: &[],
+    build: |cfg, device| Ok(Box::new(HashRouter::new(cfg, device)?)),
+    estimator_lab: None,
+};
 
 /// Fixed random-projection hashing, top-1, weight 1.
 pub struct HashRouter {

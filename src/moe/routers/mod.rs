@@ -1,20 +1,39 @@
-//! One file per router, each implementing [`super::Router`]. The math of each is in its doc
-//! comment, with the paper it comes from; `docs/routers.md` collects them.
+//! One file per router, each implementing [`super::Router`] and declaring its registry entry
+//! (a `RouterSpec`: name, summary, options, constructor) near the top. The `router_files!` list
+//! below is the registry: one line per file declares the module and lists its entries, which
+//! [`super::registry`] serves to the rest of the crate. The math of each is in its doc comment, with the paper it comes from;
+//! `docs/routers.md` collects them.
 
-mod dselect_k;
-mod estimators;
-mod expert_choice;
-mod hash;
-mod moesart;
 pub mod probe;
-mod smoe;
-mod softmax;
-mod sparsemixer;
-mod switch;
-mod threshold;
-mod topk;
-mod vmoe;
-mod xmoe_cosine;
+
+/// Declares each router file as a module of `routers` and lists its registry entries, in order,
+/// as [`ROUTER_SPECS`]: `file => [SPEC, ...]` is the one line a router file needs.
+macro_rules! router_files {
+    ($($file:ident => [$($spec:ident),+ $(,)?]),+ $(,)?) => {
+        $(pub(crate) mod $file;)+
+        /// Every router's registry entry, in the order of the lines below
+        /// (`crate::moe::registry::ROUTERS`).
+        pub(crate) const ROUTER_SPECS: &[crate::moe::registry::RouterSpec] =
+            &[$($($file::$spec,)+)+];
+    };
+}
+
+// The router registry: one line per router file, `file => [its RouterSpec constants]`.
+router_files! {
+    softmax => [SPEC],
+    topk => [SPEC_TOPK, SPEC_TOPK_NOISY, SPEC_TOPK_UNNORM],
+    switch => [SPEC],
+    vmoe => [SPEC],
+    smoe => [SPEC],
+    expert_choice => [SPEC],
+    xmoe_cosine => [SPEC],
+    hash => [SPEC],
+    sparsemixer => [SPEC_HYBRID, SPEC_FIRST_ORDER, SPEC_SECOND_ORDER, SPEC_V2],
+    estimators => [SPEC_ST, SPEC_GUMBEL_ST, SPEC_REINFORCE, SPEC_REINMAX],
+    moesart => [SPEC],
+    dselect_k => [SPEC, SPEC_STATIC],
+    threshold => [SPEC],
+}
 
 pub use dselect_k::{
     DSELECT_K_OPTIONS, DSelectKKind, DSelectKOptions, DSelectKRouter, UnusedCodes, selector_bits,

@@ -73,10 +73,45 @@
 //! router would silently get no gradient).
 
 use crate::moe::Routing;
+use crate::moe::registry::{OptionKind, RouterOption, RouterSpec};
 use crate::moe::router::{LinearGate, Router, RouterConfig};
 use crate::moe::routing::arange_f;
 use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
+
+/// The registry entry of `moesart` (see [`crate::moe::registry`]).
+pub const SPEC: RouterSpec = RouterSpec {
+    name: "moesart",
+    summary: "MOESART: k experts sampled without replacement, weights adjusted by eq. 3",
+    options: &[
+        RouterOption {
+            key: "tau",
+            kind: OptionKind::Number,
+            default: "1.0",
+            help: "temperature of the sampling softmax, > 0",
+        },
+        RouterOption {
+            key: "strategy",
+            kind: OptionKind::Choice(&["i", "ii", "iii", "eq3"]),
+            default: "eq3",
+            help: "how the sampled logits are adjusted (Table S1)",
+        },
+        RouterOption {
+            key: "replacement",
+            kind: OptionKind::Bool,
+            default: "false",
+            help: "sample with replacement",
+        },
+        RouterOption {
+            key: "trimmed_lasso",
+            kind: OptionKind::Number,
+            default: "0",
+            help: "coefficient of the trimmed-lasso regulariser, >= 0",
+        },
+    ],
+    build: |cfg, device| Ok(Box::new(MoesartRouter::new(cfg, device)?)),
+    estimator_lab: None,
+};
 
 /// The options `moesart` accepts, as `--router-opt` keys.
 pub const MOESART_OPTIONS: &[&str] = &["tau", "strategy", "replacement", "trimmed_lasso"];

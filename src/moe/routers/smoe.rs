@@ -3,9 +3,19 @@
 //! elementwise, training only. Backward as V-MoE (nonzero for unselected experts).
 
 use crate::moe::Routing;
+use crate::moe::registry::RouterSpec;
 use crate::moe::router::{LinearGate, Router, RouterConfig, uniform_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
+
+/// The registry entry of `smoe` (see [`crate::moe::registry`]).
+pub const SPEC: RouterSpec = RouterSpec {
+    name: "smoe",
+    summary: "SMoE: top-k of the softmax with multiplicative noise on the input",
+    options: &[],
+    build: |cfg, device| Ok(Box::new(SMoeRouter::new(cfg, device)?)),
+    estimator_lab: None,
+};
 
 /// Top-k over a softmax of jittered inputs.
 pub struct SMoeRouter {

@@ -3,9 +3,19 @@
 //! `a_i = ⟨∂L/∂y, f_i(x)⟩` — autograd of the softmax gives exactly this.
 
 use crate::moe::Routing;
+use crate::moe::registry::RouterSpec;
 use crate::moe::router::{LinearGate, Router, RouterConfig};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
+
+/// The registry entry of `softmax` (see [`crate::moe::registry`]).
+pub const SPEC: RouterSpec = RouterSpec {
+    name: "softmax",
+    summary: "dense baseline: every expert, weighted by the softmax of the logits",
+    options: &[],
+    build: |cfg, device| Ok(Box::new(SoftmaxRouter::new(cfg, device)?)),
+    estimator_lab: None,
+};
 
 /// Dense softmax gate over all experts.
 pub struct SoftmaxRouter {

@@ -61,10 +61,177 @@
 
 use crate::autograd::custom_op;
 use crate::moe::Routing;
+use crate::moe::registry::{OptionKind, RouterOption, RouterSpec};
 use crate::moe::router::{LinearGate, Router, RouterConfig, uniform_noise};
 use crate::moe::routing::arange_f;
 use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
+
+/// The registry entry of `sparsemixer` (see [`crate::moe::registry`]).
+pub const SPEC_HYBRID: RouterSpec = RouterSpec {
+    name: "sparsemixer",
+    summary: "SparseMixer (hybrid): Gumbel-max top-1 under a mask, forward scale 1 at the argmax, else 1/2",
+    options: &[
+        RouterOption {
+            key: "jitter",
+            kind: OptionKind::Number,
+            default: "0.1",
+            help: "jitter r of the mask, in [0, 1)",
+        },
+        RouterOption {
+            key: "mask_rule",
+            kind: OptionKind::Choice(&["paper", "code"]),
+            default: "paper",
+            help: "the mask as in the paper or as in the released code",
+        },
+        RouterOption {
+            key: "balance_probs",
+            kind: OptionKind::Choice(&["masked", "softmax"]),
+            default: "masked",
+            help: "the balance loss's P: the masked softmax or the plain softmax",
+        },
+        RouterOption {
+            key: "midpoint_prob",
+            kind: OptionKind::Number,
+            default: "1.0",
+            help: "probability of the mid-point branch when D is not the argmax, in [0, 1]",
+        },
+        RouterOption {
+            key: "omega_init",
+            kind: OptionKind::Number,
+            default: "1.0",
+            help: "initial value of the output scale omega",
+        },
+    ],
+    build: |cfg, device| {
+        Ok(Box::new(SparseMixerRouter::new(
+            cfg,
+            SparseMixerVariant::Hybrid,
+            device,
+        )?))
+    },
+    estimator_lab: Some(0),
+};
+
+/// The registry entry of `sparsemixer-1st`.
+pub const SPEC_FIRST_ORDER: RouterSpec = RouterSpec {
+    name: "sparsemixer-1st",
+    summary: "SparseMixer with forward scale c = 1 (first-order estimate)",
+    options: &[
+        RouterOption {
+            key: "jitter",
+            kind: OptionKind::Number,
+            default: "0.1",
+            help: "jitter r of the mask, in [0, 1)",
+        },
+        RouterOption {
+            key: "mask_rule",
+            kind: OptionKind::Choice(&["paper", "code"]),
+            default: "paper",
+            help: "the mask as in the paper or as in the released code",
+        },
+        RouterOption {
+            key: "balance_probs",
+            kind: OptionKind::Choice(&["masked", "softmax"]),
+            default: "masked",
+            help: "the balance loss's P: the masked softmax or the plain softmax",
+        },
+        RouterOption {
+            key: "omega_init",
+            kind: OptionKind::Number,
+            default: "1.0",
+            help: "initial value of the output scale omega",
+        },
+    ],
+    build: |cfg, device| {
+        Ok(Box::new(SparseMixerRouter::new(
+            cfg,
+            SparseMixerVariant::FirstOrder,
+            device,
+        )?))
+    },
+    estimator_lab: Some(1),
+};
+
+/// The registry entry of `sparsemixer-2rd`.
+pub const SPEC_SECOND_ORDER: RouterSpec = RouterSpec {
+    name: "sparsemixer-2rd",
+    summary: "SparseMixer with forward scale c = 1/2 (the mid-point, second-order estimate)",
+    options: &[
+        RouterOption {
+            key: "jitter",
+            kind: OptionKind::Number,
+            default: "0.1",
+            help: "jitter r of the mask, in [0, 1)",
+        },
+        RouterOption {
+            key: "mask_rule",
+            kind: OptionKind::Choice(&["paper", "code"]),
+            default: "paper",
+            help: "the mask as in the paper or as in the released code",
+        },
+        RouterOption {
+            key: "balance_probs",
+            kind: OptionKind::Choice(&["masked", "softmax"]),
+            default: "masked",
+            help: "the balance loss's P: the masked softmax or the plain softmax",
+        },
+        RouterOption {
+            key: "omega_init",
+            kind: OptionKind::Number,
+            default: "1.0",
+            help: "initial value of the output scale omega",
+        },
+    ],
+    build: |cfg, device| {
+        Ok(Box::new(SparseMixerRouter::new(
+            cfg,
+            SparseMixerVariant::SecondOrder,
+            device,
+        )?))
+    },
+    estimator_lab: Some(2),
+};
+
+/// The registry entry of `sparsemixer-v2`.
+pub const SPEC_V2: RouterSpec = RouterSpec {
+    name: "sparsemixer-v2",
+    summary: "SparseMixer v2: top-1 or top-2 sampling, third-order rule",
+    options: &[
+        RouterOption {
+            key: "jitter",
+            kind: OptionKind::Number,
+            default: "0.1",
+            help: "jitter r of the mask, in [0, 1)",
+        },
+        RouterOption {
+            key: "mask_rule",
+            kind: OptionKind::Choice(&["paper", "code"]),
+            default: "paper",
+            help: "the mask as in the paper or as in the released code",
+        },
+        RouterOption {
+            key: "balance_probs",
+            kind: OptionKind::Choice(&["masked", "softmax"]),
+            default: "masked",
+            help: "the balance loss's P: the masked softmax or the plain softmax",
+        },
+        RouterOption {
+            key: "top",
+            kind: OptionKind::Count,
+            default: "k",
+            help: "experts per token, 1 or 2",
+        },
+    ],
+    build: |cfg, device| {
+        Ok(Box::new(SparseMixerRouter::new(
+            cfg,
+            SparseMixerVariant::V2,
+            device,
+        )?))
+    },
+    estimator_lab: Some(3),
+};
 
 /// The fill value of masked logits (finite, so that every backend handles it; far below any
 /// logit plus Gumbel noise).

@@ -5,9 +5,19 @@
 //! Expert i is never chosen when `θ* − θ_i > r(|θ*| + |θ_i|)`.
 
 use crate::moe::Routing;
+use crate::moe::registry::RouterSpec;
 use crate::moe::router::{LinearGate, Router, RouterConfig, uniform_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
+
+/// The registry entry of `switch` (see [`crate::moe::registry`]).
+pub const SPEC: RouterSpec = RouterSpec {
+    name: "switch",
+    summary: "Switch Transformer top-1 with multiplicative jitter on the logits",
+    options: &[],
+    build: |cfg, device| Ok(Box::new(SwitchRouter::new(cfg, device)?)),
+    estimator_lab: Some(8),
+};
 
 /// Top-1 with multiplicative logit jitter.
 pub struct SwitchRouter {

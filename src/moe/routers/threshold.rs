@@ -65,9 +65,38 @@
 //! * A capacity factor γ counts tokens here: γ = n with `t = 1` is what no drops takes.
 
 use crate::moe::Routing;
+use crate::moe::registry::{OptionKind, RouterOption, RouterSpec};
 use crate::moe::router::{LinearGate, Router, RouterConfig};
 use crate::nn::{Param, join};
 use crate::{Device, Error, Result, Tensor};
+
+/// The registry entry of `threshold` (see [`crate::moe::registry`]).
+pub const SPEC: RouterSpec = RouterSpec {
+    name: "threshold",
+    summary: "XMoE threshold routing: experts by probability until their mass reaches t",
+    options: &[
+        RouterOption {
+            key: "t",
+            kind: OptionKind::Number,
+            default: "0.9",
+            help: "threshold on the cumulative probability in training, in [0, 1]",
+        },
+        RouterOption {
+            key: "eval_t",
+            kind: OptionKind::Number,
+            default: "t",
+            help: "threshold in evaluation, in [0, 1]",
+        },
+        RouterOption {
+            key: "max_k",
+            kind: OptionKind::Count,
+            default: "n",
+            help: "cap on experts per token, at least 1",
+        },
+    ],
+    build: |cfg, device| Ok(Box::new(ThresholdRouter::new(cfg, device)?)),
+    estimator_lab: None,
+};
 
 /// The option keys the `threshold` router accepts.
 pub const THRESHOLD_OPTIONS: &[&str] = &["t", "eval_t", "max_k"];

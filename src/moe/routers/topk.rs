@@ -13,9 +13,43 @@
 //! Ties are broken by the lowest index (stable sort).
 
 use crate::moe::Routing;
+use crate::moe::registry::RouterSpec;
 use crate::moe::router::{LinearGate, Router, RouterConfig, normal_noise};
 use crate::nn::{Param, join};
 use crate::{Device, Result, Tensor};
+
+/// The registry entry of `topk` (see [`crate::moe::registry`]).
+pub const SPEC_TOPK: RouterSpec = RouterSpec {
+    name: "topk",
+    summary: "Shazeer's Top-k: softmax over the k largest logits",
+    options: &[],
+    build: |cfg, device| Ok(Box::new(TopKRouter::new(cfg, TopKKind::Shazeer, device)?)),
+    estimator_lab: None,
+};
+
+/// The registry entry of `topk-noisy`.
+pub const SPEC_TOPK_NOISY: RouterSpec = RouterSpec {
+    name: "topk-noisy",
+    summary: "Shazeer's noisy Top-k gating: learned Gaussian noise on the logits in training",
+    options: &[],
+    build: |cfg, device| Ok(Box::new(TopKRouter::new(cfg, TopKKind::Noisy, device)?)),
+    estimator_lab: None,
+};
+
+/// The registry entry of `topk-unnorm`.
+pub const SPEC_TOPK_UNNORM: RouterSpec = RouterSpec {
+    name: "topk-unnorm",
+    summary: "softmax over all n, keep the top k, not renormalised (XMoE Eq. 1-2)",
+    options: &[],
+    build: |cfg, device| {
+        Ok(Box::new(TopKRouter::new(
+            cfg,
+            TopKKind::Unnormalised,
+            device,
+        )?))
+    },
+    estimator_lab: None,
+};
 
 /// Which Top-k variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

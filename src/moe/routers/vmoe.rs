@@ -4,9 +4,19 @@
 //! a router gradient even at k = 1.
 
 use crate::moe::Routing;
+use crate::moe::registry::RouterSpec;
 use crate::moe::router::{LinearGate, Router, RouterConfig, normal_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
+
+/// The registry entry of `vmoe` (see [`crate::moe::registry`]).
+pub const SPEC: RouterSpec = RouterSpec {
+    name: "vmoe",
+    summary: "V-MoE: top-k of the softmax with additive N(0, 1/n^2) noise",
+    options: &[],
+    build: |cfg, device| Ok(Box::new(VMoeRouter::new(cfg, device)?)),
+    estimator_lab: None,
+};
 
 /// V-MoE's noisy, unnormalised top-k.
 pub struct VMoeRouter {

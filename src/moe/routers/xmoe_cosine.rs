@@ -6,12 +6,22 @@
 //! cosine scores.
 
 use crate::moe::Routing;
+use crate::moe::registry::RouterSpec;
 use crate::moe::router::{Router, RouterConfig};
 use crate::nn::{Param, join, uniform};
 use crate::{DType, Device, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::sync::atomic::{AtomicBool, Ordering};
+
+/// The registry entry of `xmoe-cosine` (see [`crate::moe::registry`]).
+pub const SPEC: RouterSpec = RouterSpec {
+    name: "xmoe-cosine",
+    summary: "XMoE cosine router: top-k of scaled cosine scores in a low-dimensional space",
+    options: &[],
+    build: |cfg, device| Ok(Box::new(XMoeCosineRouter::new(cfg, device)?)),
+    estimator_lab: None,
+};
 
 /// Cosine router on a low-dimensional hypersphere.
 pub struct XMoeCosineRouter {

@@ -1,0 +1,264 @@
+//! `moegrad bench`: the workloads ([`Workload`]), their flags ([`BenchArgs`]) and the tables
+//! they print (docs/benchmarks.md).
+
+use super::*;
+
+/// `moegrad bench` options.
+#[derive(clap::Args)]
+pub(super) struct BenchArgs {
+    /// Which workload.
+    #[arg(value_enum)]
+    pub(super) workload: Workload,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    pub(super) json: bool,
+    /// Devices to measure: auto (CPU, plus the GPU when there is one), cpu or gpu.
+    #[arg(long, default_value = "auto")]
+    pub(super) device: String,
+    /// Square matrix sizes for the matmul workload, separated by spaces or commas
+    /// (`--sizes 512 1024` or `--sizes 512,1024`).
+    #[arg(long, num_args = 1.., value_delimiter = ',', default_values_t = vec![256, 512, 1024])]
+    pub(super) sizes: Vec<usize>,
+    /// Tokens per step for the moe workload.
+    #[arg(long, default_value_t = 4096)]
+    pub(super) tokens: usize,
+    /// train workload: use only the first N training examples (0: all 8,000 of the bundled
+    /// MNIST subset).
+    #[arg(long, default_value_t = 0)]
+    pub(super) examples: usize,
+    /// train workload: examples per step.
+    #[arg(long, default_value_t = 64)]
+    pub(super) batch: usize,
+    /// train workload: directory with the MNIST IDX files.
+    #[arg(long, default_value = "data")]
+    pub(super) data_dir: PathBuf,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+pub(super) enum Workload {
+    /// f32 matmul GFLOP/s and per-op overhead, per device
+    Matmul,
+    /// one MoE layer's training step (T = 4096, d = 256, hidden 512, k = 2) for n = 2..64, and the dense softmax router
+    Moe,
+    /// one training epoch (training time only: no data loading, no evaluation) of cnn (mnist), moe-mlp (mnist, topk, 8 experts, k = 2) and mmoe-cnn (multimnist, topk, 8 experts, k = 4)
+    Train,
+    /// what one steady-state training step of moe-mlp, cnn, gpt and moe-gpt asks of the GPU:
+    /// dispatches, submissions, host waits, buffers created, bytes moved (any adapter,
+    /// lavapipe included)
+    GpuStep,
+    /// every benchmark (matmul, moe, gpu-step, train) in one JSON report (docs/gpu.md)
+    All,
+}
+
+/// The expert counts `bench moe` measures: top-k over the first list, the dense softmax router
+/// over the second.
+const MOE_BENCH_EXPERTS: (&[usize], &[usize]) = (&[2, 4, 8, 16, 32, 64], &[2, 8, 64]);
+
+/// The MoE benchmark's workload for `--tokens`.
+fn moe_workload(tokens: usize) -> Result<moegrad::bench::MoeWorkload> {
+    if tokens == 0 {
+        return Err(moegrad::Error::Invalid(
+            "--tokens must be at least 1".into(),
+        ));
+    }
+    Ok(moegrad::bench::MoeWorkload {
+        tokens,
+        d: 256,
+        hidden: 512,
+        k: 2,
+    })
+}
+
+/// Checks `--sizes` of the matmul benchmark.
+fn check_sizes(sizes: &[usize]) -> Result<()> {
+    if sizes.is_empty() || sizes.contains(&0) {
+        return Err(moegrad::Error::Invalid(format!(
+            "--sizes {sizes:?}: every size must be at least 1"
+        )));
+    }
+    Ok(())
+}
+
+fn bench_devices(name: &str) -> Result<Vec<Device>> {
+    Ok(match name {
+        "cpu" => vec![Device::cpu()],
+        "gpu" => vec![Device::gpu()?],
+        "auto" => {
+            let mut v = vec![Device::cpu()];
+            // the GPU when `auto` would train on it (a software adapter is not timed)
+            match Device::choose() {
+                Ok((Device::Gpu, _)) => v.push(Device::Gpu),
+                Ok((_, why)) => eprintln!("moegrad: GPU not measured: {why}"),
+                Err(e) => eprintln!("moegrad: GPU not measured: {e}"),
+            }
+            v
+        }
+        other => {
+            return Err(moegrad::Error::Invalid(format!(
+                "--device {other:?}: expected auto, cpu or gpu"
+            )));
+        }
+    })
+}
+
+/// Runs `moegrad bench WORKLOAD` and prints its figures (a table, or JSON with `--json`).
+pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
+    let BenchArgs {
+        workload,
+        json,
+        device,
+        sizes,
+        tokens,
+        examples,
+        batch,
+        data_dir,
+    } = args;
+    match workload {
+        Workload::Moe => {
+            let w = moe_workload(tokens)?;
+            let r = moegrad::bench::bench_moe(
+                &bench_devices(&device)?,
+                MOE_BENCH_EXPERTS.0,
+                MOE_BENCH_EXPERTS.1,
+                w,
+            )?;
+            if json {
+                print_json(&r)?;
+            } else {
+                println!("{}", r.workload);
+                println!(
+                    "{:<6} {:<8} {:>4} {:>4} {:>10} {:>8} {:>8} {:>8} {:>12} {:>12} {:>8} {:>14}",
+                    "device",
+                    "router",
+                    "n",
+                    "k",
+                    "step ms",
+                    "fwd ms",
+                    "bwd ms",
+                    "adam ms",
+                    "tokens/s",
+                    "peak MB",
+                    "grad MB",
+                    "activation MB"
+                );
+                for m in &r.moe {
+                    println!(
+                        "{:<6} {:<8} {:>4} {:>4} {:>10.1} {:>8.1} {:>8.1} {:>8.1} {:>12.0} {:>12.1} {:>8.1} {:>14.1}",
+                        m.device,
+                        m.router,
+                        m.n,
+                        m.k,
+                        m.step_ms,
+                        m.forward_ms,
+                        m.backward_ms,
+                        m.optimizer_ms,
+                        m.tokens_per_s,
+                        m.peak_bytes as f64 / 1e6,
+                        m.gradient_bytes as f64 / 1e6,
+                        m.activation_bytes as f64 / 1e6
+                    );
+                }
+            }
+        }
+        Workload::Train => {
+            let r =
+                moegrad::bench::bench_train(&bench_devices(&device)?, &data_dir, examples, batch)?;
+            if json {
+                print_json(&r)?;
+            } else {
+                println!(
+                    "{:<6} {:<9} {:>6} {:>9} {:>9} {:>10} {:>11}",
+                    "device", "model", "batch", "examples", "seconds", "ms/step", "examples/s"
+                );
+                for t in &r.train {
+                    let steps = t.examples.div_ceil(t.batch.max(1)).max(1);
+                    println!(
+                        "{:<6} {:<9} {:>6} {:>9} {:>9.2} {:>10.1} {:>11.0}",
+                        t.device,
+                        t.model,
+                        t.batch,
+                        t.examples,
+                        t.seconds,
+                        1e3 * t.seconds / steps as f64,
+                        t.examples as f64 / t.seconds.max(1e-9)
+                    );
+                }
+            }
+        }
+        Workload::Matmul => {
+            check_sizes(&sizes)?;
+            let r = moegrad::bench::bench_matmul(&bench_devices(&device)?, &sizes)?;
+            if json {
+                print_json(&r)?;
+            } else {
+                println!("{:<8} {:>6} {:>10}", "device", "size", "GFLOP/s");
+                for m in &r.matmul {
+                    println!("{:<8} {:>6} {:>10.1}", m.device, m.size, m.gflops);
+                }
+                for o in &r.op_overhead_us {
+                    println!("{:<8} per-op overhead {:>8.2} µs", o.device, o.us);
+                }
+            }
+        }
+        Workload::GpuStep => {
+            if device != "auto" && device != "gpu" {
+                return Err(moegrad::Error::Invalid(format!(
+                    "bench gpu-step counts GPU work: --device {device} does not apply (use gpu or leave it out)"
+                )));
+            }
+            let r = moegrad::bench::gpu_step::bench_gpu_step(
+                &moegrad::bench::gpu_step::GPU_STEP_MODELS,
+            )?;
+            if json {
+                print_json(&r)?;
+            } else {
+                println!(
+                    "{:<8} {:>10} {:>8} {:>10} {:>15} {:>14} {:>16} {:>10}",
+                    "model",
+                    "dispatches",
+                    "submits",
+                    "host waits",
+                    "buffers created",
+                    "uploaded bytes",
+                    "downloaded bytes",
+                    "GPU ms"
+                );
+                for m in &r.gpu_step {
+                    println!(
+                        "{:<8} {:>10} {:>8} {:>10} {:>15} {:>14} {:>16} {:>10}",
+                        m.model,
+                        m.dispatches,
+                        m.submits,
+                        m.host_waits,
+                        m.buffers_created,
+                        m.uploaded_bytes,
+                        m.downloaded_bytes,
+                        m.gpu_ms.map_or("-".to_string(), |ms| format!("{ms:.2}"))
+                    );
+                }
+            }
+        }
+        Workload::All => {
+            check_sizes(&sizes)?;
+            let w = moe_workload(tokens)?;
+            let r = moegrad::bench::bench_all(
+                &bench_devices(&device)?,
+                &sizes,
+                MOE_BENCH_EXPERTS.0,
+                MOE_BENCH_EXPERTS.1,
+                w,
+                (&data_dir, examples, batch),
+            )?;
+            if json {
+                print_json(&r)?;
+            } else {
+                // one report, meant to be saved and sent: the text form is the same JSON,
+                // indented
+                let text = serde_json::to_string_pretty(&r)
+                    .map_err(|e| moegrad::Error::Invalid(e.to_string()))?;
+                println!("{text}");
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,47 @@
+//! `moegrad info`: the device moegrad would use, the GPU adapter, its limits and features.
+
+use super::*;
+
+/// Prints the device report, as text or (`json`) one JSON object.
+pub(super) fn run_info(json: bool) -> Result<()> {
+    let r = moegrad::info::device_report()?;
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&r).map_err(|e| moegrad::Error::Invalid(e.to_string()))?
+        );
+    } else {
+        println!("device:      {}  ({})", r.device, r.reason);
+        match (&r.gpu, &r.gpu_error) {
+            (Some(g), _) => {
+                println!(
+                    "gpu adapter: {} ({}, {}, driver {})",
+                    g.name, g.backend, g.device_type, g.driver
+                );
+                println!("gpu limits:");
+                for (k, v) in &g.limits {
+                    println!("  {k:<40} {v}");
+                }
+                println!(
+                    "gpu optional features: {}",
+                    if g.features.is_empty() {
+                        "none".into()
+                    } else {
+                        g.features.join(", ")
+                    }
+                );
+                println!(
+                    "gpu matmul kernel:     {} (subgroups of {}..{} invocations)",
+                    g.matmul_kernel, g.subgroup_sizes[0], g.subgroup_sizes[1]
+                );
+            }
+            (None, Some(e)) => println!("gpu adapter: none ({e})"),
+            (None, None) => println!("gpu adapter: none"),
+        }
+        println!(
+            "cpu:         {} threads, matmul by {}",
+            r.cpu_threads, r.cpu_gemm
+        );
+    }
+    Ok(())
+}
