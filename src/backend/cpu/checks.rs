@@ -1,9 +1,9 @@
-//! Argument checks of the fused primitives (cross-entropy, layer norm, attention): buffer
-//! lengths against the geometry they are called with, so that a mismatch is an
-//! [`crate::Error`] before any kernel indexes a buffer.
+//! Argument checks of the fused primitives (cross-entropy, layer norm, attention, the grouped
+//! matmul's bias): buffer lengths against the geometry they are called with, so that a mismatch
+//! is an [`crate::Error`] before any kernel indexes a buffer.
 
 use super::CpuBuffer;
-use crate::backend::{AttentionDims, LayerNormDims};
+use crate::backend::{AttentionDims, GroupedMatmulDims, LayerNormDims};
 use crate::{Error, Result};
 
 /// Checks a cross-entropy's operands (logits `[rows, classes]`, I32 targets `[rows]` inside
@@ -96,6 +96,30 @@ pub(super) fn check_attention_lengths(
                 b.len()
             )));
         }
+    }
+    Ok(())
+}
+
+/// Checks a grouped matmul's bias: `[experts, m]` elements, and only without `transpose_w` (the
+/// backward product has no bias).
+pub(super) fn check_grouped_bias(
+    what: &str,
+    bias: Option<&CpuBuffer>,
+    dims: GroupedMatmulDims,
+) -> Result<()> {
+    let Some(b) = bias else { return Ok(()) };
+    if dims.transpose_w {
+        return Err(Error::Invalid(format!(
+            "{what}: a bias is only added to the forward product, not with transpose_w"
+        )));
+    }
+    if Some(b.len()) != dims.experts.checked_mul(dims.m) {
+        return Err(Error::Shape(format!(
+            "{what}: bias holds {} elements, expected [{}, {}]",
+            b.len(),
+            dims.experts,
+            dims.m
+        )));
     }
     Ok(())
 }

@@ -4,7 +4,9 @@
 //! fused kernels `attention.rs`, `layer_norm.rs`, `cross_entropy.rs`, `routing.rs`,
 //! `conv2d.rs`, `pool2d.rs`).
 
-use super::checks::{check_attention_lengths, check_cross_entropy, check_layer_norm_lengths};
+use super::checks::{
+    check_attention_lengths, check_cross_entropy, check_grouped_bias, check_layer_norm_lengths,
+};
 use super::elementwise::{binary_kernel, strided_apply, unary_kernel, where_kernel};
 use super::fast_math::{WideF32, map1_f32_wide};
 use super::grouped_matmul::{WeightGradProblem, expert_routing, grouped_matmul_kernel};
@@ -784,24 +786,4 @@ impl Backend for CpuBackend {
     ) -> Result<CpuBuffer> {
         pool2d::backward(kind, dy, argmax, dims)
     }
-}
-
-/// Checks a grouped matmul's bias: `[experts, m]` elements, and only without `transpose_w` (the
-/// backward product has no bias).
-fn check_grouped_bias(what: &str, bias: Option<&CpuBuffer>, dims: GroupedMatmulDims) -> Result<()> {
-    let Some(b) = bias else { return Ok(()) };
-    if dims.transpose_w {
-        return Err(Error::Invalid(format!(
-            "{what}: a bias is only added to the forward product, not with transpose_w"
-        )));
-    }
-    if Some(b.len()) != dims.experts.checked_mul(dims.m) {
-        return Err(Error::Shape(format!(
-            "{what}: bias holds {} elements, expected [{}, {}]",
-            b.len(),
-            dims.experts,
-            dims.m
-        )));
-    }
-    Ok(())
 }
