@@ -483,6 +483,10 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
         writeln!(f, "{line}").map_err(|e| Error::Io(format!("{}: {e}", metrics_path.display())))?;
         ck.save(&ckpt_path)?;
         saved = Some(step);
+        // The evaluation's batches (its last one of another size) and the checkpoint's host
+        // copies left blocks in the CPU buffer pool that the training step does not ask for:
+        // hand them back, so that the process's memory does not grow with each evaluation.
+        crate::backend::cpu::pool::trim();
         super::plot::draw(
             out.path(),
             &metrics_path,
