@@ -67,41 +67,64 @@ use crate::moe::routing::arange_f;
 use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
 
+/// Option `jitter` of the SparseMixer variants that take it (the mask's jitter).
+const OPT_JITTER: RouterOption = RouterOption {
+    key: "jitter",
+    kind: OptionKind::Number,
+    default: "0.1",
+    help: "jitter r of the mask, in [0, 1)",
+};
+
+/// Option `mask_rule` of the SparseMixer variants that take it (which mask rule).
+const OPT_MASK_RULE: RouterOption = RouterOption {
+    key: "mask_rule",
+    kind: OptionKind::Choice(&["paper", "code"]),
+    default: "paper",
+    help: "the mask as in the paper or as in the released code",
+};
+
+/// Option `balance_probs` of the SparseMixer variants that take it (the balance loss's P).
+const OPT_BALANCE_PROBS: RouterOption = RouterOption {
+    key: "balance_probs",
+    kind: OptionKind::Choice(&["masked", "softmax"]),
+    default: "masked",
+    help: "the balance loss's P: the masked softmax or the plain softmax",
+};
+
+/// Option `midpoint_prob` of the hybrid SparseMixer (its mid-point probability).
+const OPT_MIDPOINT_PROB: RouterOption = RouterOption {
+    key: "midpoint_prob",
+    kind: OptionKind::Number,
+    default: "1.0",
+    help: "probability of the mid-point branch when D is not the argmax, in [0, 1]",
+};
+
+/// Option `omega_init` of the SparseMixer variants that take it (the output scale's start).
+const OPT_OMEGA_INIT: RouterOption = RouterOption {
+    key: "omega_init",
+    kind: OptionKind::Number,
+    default: "1.0",
+    help: "initial value of the output scale omega",
+};
+
+/// Option `top` of SparseMixer v2 (its experts per token).
+const OPT_TOP: RouterOption = RouterOption {
+    key: "top",
+    kind: OptionKind::Count,
+    default: "k",
+    help: "experts per token, 1 or 2",
+};
+
 /// The registry entry of `sparsemixer` (see [`crate::moe::registry`]).
 pub const SPEC_HYBRID: RouterSpec = RouterSpec {
     name: "sparsemixer",
     summary: "SparseMixer (hybrid): Gumbel-max top-1 under a mask, forward scale 1 at the argmax, else 1/2",
     options: &[
-        RouterOption {
-            key: "jitter",
-            kind: OptionKind::Number,
-            default: "0.1",
-            help: "jitter r of the mask, in [0, 1)",
-        },
-        RouterOption {
-            key: "mask_rule",
-            kind: OptionKind::Choice(&["paper", "code"]),
-            default: "paper",
-            help: "the mask as in the paper or as in the released code",
-        },
-        RouterOption {
-            key: "balance_probs",
-            kind: OptionKind::Choice(&["masked", "softmax"]),
-            default: "masked",
-            help: "the balance loss's P: the masked softmax or the plain softmax",
-        },
-        RouterOption {
-            key: "midpoint_prob",
-            kind: OptionKind::Number,
-            default: "1.0",
-            help: "probability of the mid-point branch when D is not the argmax, in [0, 1]",
-        },
-        RouterOption {
-            key: "omega_init",
-            kind: OptionKind::Number,
-            default: "1.0",
-            help: "initial value of the output scale omega",
-        },
+        OPT_JITTER,
+        OPT_MASK_RULE,
+        OPT_BALANCE_PROBS,
+        OPT_MIDPOINT_PROB,
+        OPT_OMEGA_INIT,
     ],
     build: |cfg, device| {
         Ok(Box::new(SparseMixerRouter::new(
@@ -118,30 +141,10 @@ pub const SPEC_FIRST_ORDER: RouterSpec = RouterSpec {
     name: "sparsemixer-1st",
     summary: "SparseMixer with forward scale c = 1 (first-order estimate)",
     options: &[
-        RouterOption {
-            key: "jitter",
-            kind: OptionKind::Number,
-            default: "0.1",
-            help: "jitter r of the mask, in [0, 1)",
-        },
-        RouterOption {
-            key: "mask_rule",
-            kind: OptionKind::Choice(&["paper", "code"]),
-            default: "paper",
-            help: "the mask as in the paper or as in the released code",
-        },
-        RouterOption {
-            key: "balance_probs",
-            kind: OptionKind::Choice(&["masked", "softmax"]),
-            default: "masked",
-            help: "the balance loss's P: the masked softmax or the plain softmax",
-        },
-        RouterOption {
-            key: "omega_init",
-            kind: OptionKind::Number,
-            default: "1.0",
-            help: "initial value of the output scale omega",
-        },
+        OPT_JITTER,
+        OPT_MASK_RULE,
+        OPT_BALANCE_PROBS,
+        OPT_OMEGA_INIT,
     ],
     build: |cfg, device| {
         Ok(Box::new(SparseMixerRouter::new(
@@ -158,30 +161,10 @@ pub const SPEC_SECOND_ORDER: RouterSpec = RouterSpec {
     name: "sparsemixer-2rd",
     summary: "SparseMixer with forward scale c = 1/2 (the mid-point, second-order estimate)",
     options: &[
-        RouterOption {
-            key: "jitter",
-            kind: OptionKind::Number,
-            default: "0.1",
-            help: "jitter r of the mask, in [0, 1)",
-        },
-        RouterOption {
-            key: "mask_rule",
-            kind: OptionKind::Choice(&["paper", "code"]),
-            default: "paper",
-            help: "the mask as in the paper or as in the released code",
-        },
-        RouterOption {
-            key: "balance_probs",
-            kind: OptionKind::Choice(&["masked", "softmax"]),
-            default: "masked",
-            help: "the balance loss's P: the masked softmax or the plain softmax",
-        },
-        RouterOption {
-            key: "omega_init",
-            kind: OptionKind::Number,
-            default: "1.0",
-            help: "initial value of the output scale omega",
-        },
+        OPT_JITTER,
+        OPT_MASK_RULE,
+        OPT_BALANCE_PROBS,
+        OPT_OMEGA_INIT,
     ],
     build: |cfg, device| {
         Ok(Box::new(SparseMixerRouter::new(
@@ -198,30 +181,10 @@ pub const SPEC_V2: RouterSpec = RouterSpec {
     name: "sparsemixer-v2",
     summary: "SparseMixer v2: top-1 or top-2 sampling, third-order rule",
     options: &[
-        RouterOption {
-            key: "jitter",
-            kind: OptionKind::Number,
-            default: "0.1",
-            help: "jitter r of the mask, in [0, 1)",
-        },
-        RouterOption {
-            key: "mask_rule",
-            kind: OptionKind::Choice(&["paper", "code"]),
-            default: "paper",
-            help: "the mask as in the paper or as in the released code",
-        },
-        RouterOption {
-            key: "balance_probs",
-            kind: OptionKind::Choice(&["masked", "softmax"]),
-            default: "masked",
-            help: "the balance loss's P: the masked softmax or the plain softmax",
-        },
-        RouterOption {
-            key: "top",
-            kind: OptionKind::Count,
-            default: "k",
-            help: "experts per token, 1 or 2",
-        },
+        OPT_JITTER,
+        OPT_MASK_RULE,
+        OPT_BALANCE_PROBS,
+        OPT_TOP,
     ],
     build: |cfg, device| {
         Ok(Box::new(SparseMixerRouter::new(
