@@ -7,8 +7,8 @@
 //
 // reduce_serial  Tensor::sum/max/min/argmax, short axes. One invocation per output r walks
 //                j = 0..len in order (sums match the CPU's order exactly).
-//                params ReduceParams { outer, len, inner, op } with op 0 sum, 1 max, 2 min,
-//                3 argmax; x (binding 1, read, array<f32>) -> out (binding 2, read_write,
+//                params ReduceParams { outer, len, inner, op } with op REDUCE_SUM (0), _MAX (1),
+//                _MIN (2), _ARGMAX (3); x (binding 1, read, array<f32>) -> out (binding 2, read_write,
 //                array<u32>: f32 bits, or i32 for argmax) [outer*inner].
 //                Workgroup 256; grid folded into x/y over outer*inner invocations.
 // reduce_rows    The same for long axes: one workgroup of 256 per output; invocation t folds
@@ -37,10 +37,16 @@ struct Acc { v: f32, idx: u32 }
 
 const NO_INDEX: u32 = 0xffffffffu;
 
+// ReduceParams.op: the codes of reduce.rs's `reduce_code`, checked against it by a unit test there
+const REDUCE_SUM: u32 = 0u;
+const REDUCE_MAX: u32 = 1u;
+const REDUCE_MIN: u32 = 2u;
+const REDUCE_ARGMAX: u32 = 3u;
+
 fn identity(op: u32) -> Acc {
     switch op {
-        case 0u: { return Acc(0.0, NO_INDEX); }
-        case 2u: { return Acc(inf_f32(), NO_INDEX); }
+        case REDUCE_SUM: { return Acc(0.0, NO_INDEX); }
+        case REDUCE_MIN: { return Acc(inf_f32(), NO_INDEX); }
         default: { return Acc(-inf_f32(), NO_INDEX); }
     }
 }
@@ -60,9 +66,9 @@ fn argmax_better(a: Acc, b: Acc) -> bool {
 
 fn combine(op: u32, a: Acc, b: Acc) -> Acc {
     switch op {
-        case 0u: { return Acc(a.v + b.v, NO_INDEX); }
-        case 1u: { return Acc(rmax(a.v, b.v), NO_INDEX); }
-        case 2u: { return Acc(rmin(a.v, b.v), NO_INDEX); }
+        case REDUCE_SUM: { return Acc(a.v + b.v, NO_INDEX); }
+        case REDUCE_MAX: { return Acc(rmax(a.v, b.v), NO_INDEX); }
+        case REDUCE_MIN: { return Acc(rmin(a.v, b.v), NO_INDEX); }
         default: {
             if (argmax_better(a, b)) { return a; }
             return b;
@@ -71,7 +77,7 @@ fn combine(op: u32, a: Acc, b: Acc) -> Acc {
 }
 
 fn finish(op: u32, a: Acc) -> u32 {
-    if (op == 3u) { return select(a.idx, 0u, a.idx == NO_INDEX); }
+    if (op == REDUCE_ARGMAX) { return select(a.idx, 0u, a.idx == NO_INDEX); }
     return bitcast<u32>(a.v);
 }
 

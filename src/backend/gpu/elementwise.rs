@@ -237,25 +237,12 @@ mod tests {
         }
     }
 
-    /// `const NAME: u32 = Nu;` lines of the shader, by name.
-    fn wgsl_codes(source: &str) -> std::collections::BTreeMap<String, u32> {
-        source
-            .lines()
-            .filter_map(|l| {
-                let rest = l.trim().strip_prefix("const ")?;
-                let (name, value) = rest.split_once(": u32 = ")?;
-                let value = value.trim_end_matches(';').trim_end_matches('u');
-                Some((name.to_string(), value.parse().ok()?))
-            })
-            .collect()
-    }
-
     /// Every Rust op code equals the WGSL constant of the same name, every such constant is a
     /// `case` of the shader's switch, and the shader has no other op constants.
     #[test]
     fn wgsl_op_codes_match_rust() {
         let source = ELEMENTWISE.source;
-        let wgsl = wgsl_codes(source);
+        let wgsl = super::super::kernels::wgsl_u32_consts(source);
         let unary = [
             UnaryOp::Neg,
             UnaryOp::Exp,

@@ -420,6 +420,21 @@ impl GpuBackend {
 
 /// Parses and validates a WGSL source with naga (no optional capabilities), panicking with the
 /// compiler's message: what each shader's own test checks before anything else.
+/// The `const NAME: u32 = Nu;` declarations of a WGSL source, by name: what the tests that
+/// check a shader's named op codes against the Rust launcher's read.
+#[cfg(test)]
+pub(super) fn wgsl_u32_consts(source: &str) -> std::collections::BTreeMap<String, u32> {
+    source
+        .lines()
+        .filter_map(|l| {
+            let rest = l.trim().strip_prefix("const ")?;
+            let (name, value) = rest.split_once(": u32 = ")?;
+            let value = value.trim_end_matches(';').trim_end_matches('u');
+            Some((name.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
 #[cfg(test)]
 pub(crate) fn validated_module(src: &str) -> (naga::Module, naga::valid::ModuleInfo) {
     let module =

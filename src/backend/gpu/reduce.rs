@@ -46,6 +46,18 @@ fn check_view(what: &str, x: &GpuBuffer, view: AxisView) -> Result<[u32; 4]> {
     ])
 }
 
+/// `ReduceParams.op` of `op` in `shaders/reduce.wgsl`, the name of its WGSL constant, and the
+/// output dtype. The shader names each code (`const REDUCE_SUM: u32 = 0u;` ...); a unit test below
+/// checks them against this table.
+fn reduce_code(op: ReduceOp) -> (u32, &'static str, DType) {
+    match op {
+        ReduceOp::Sum => (0, "REDUCE_SUM", DType::F32),
+        ReduceOp::Max => (1, "REDUCE_MAX", DType::F32),
+        ReduceOp::Min => (2, "REDUCE_MIN", DType::F32),
+        ReduceOp::ArgMax => (3, "REDUCE_ARGMAX", DType::I32),
+    }
+}
+
 /// `Backend::reduce` (entries `reduce_serial` / `reduce_rows`): output `[outer, inner]`, I32 for
 /// argmax.
 pub(crate) fn reduce(
@@ -56,12 +68,7 @@ pub(crate) fn reduce(
 ) -> Result<GpuBuffer> {
     let what = format!("{op:?}");
     let [outer, len, inner, lines] = check_view(&what, x, view)?;
-    let (code, dtype) = match op {
-        ReduceOp::Sum => (0, DType::F32),
-        ReduceOp::Max => (1, DType::F32),
-        ReduceOp::Min => (2, DType::F32),
-        ReduceOp::ArgMax => (3, DType::I32),
-    };
+    let (code, _, dtype) = reduce_code(op);
     let out = be.alloc(lines as usize, dtype)?;
     let params = [outer, len, inner, code];
     if use_rows(lines as usize, len as usize) {
@@ -92,4 +99,36 @@ pub(crate) fn cumsum(
         be.launch(&REDUCE, "cumsum_serial", &[x, &out], &params, groups)?;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every reduction's code equals the WGSL constant of its name, and the shader defines no
+    /// other `REDUCE_*` constant.
+    #[test]
+    fn wgsl_reduce_codes_match_rust() {
+        let wgsl = super::super::kernels::wgsl_u32_consts(REDUCE.source);
+        let ops = [
+            ReduceOp::Sum,
+            ReduceOp::Max,
+            ReduceOp::Min,
+            ReduceOp::ArgMax,
+        ];
+        for op in ops {
+            let (code, name, _) = reduce_code(op);
+            assert_eq!(
+                wgsl.get(name),
+                Some(&code),
+                "shaders/reduce.wgsl: {name} must be {code}u, as in reduce.rs"
+            );
+        }
+        let named = wgsl.keys().filter(|k| k.starts_with("REDUCE_")).count();
+        assert_eq!(
+            named,
+            ops.len(),
+            "shaders/reduce.wgsl has REDUCE_ constants reduce.rs lacks"
+        );
+    }
 }
