@@ -256,7 +256,7 @@ impl<'a> LmTrainer<'a> {
             add_routing(&mut routing_sums, &out.routing)?;
             self.step += 1;
             loss_sum = crate::no_grad(|| loss_sum.add(&ce.detach().to_dtype(DType::F32)?))?;
-            if self.step % cfg.log_every as u64 == 0 {
+            if self.step.is_multiple_of(cfg.log_every as u64) {
                 let l = loss.item()?;
                 if !l.is_finite() {
                     self.bar.abandon();
