@@ -2,12 +2,18 @@
 //!
 //! A tensor is a cheap handle (`Arc`); cloning shares the data. Data are always contiguous and
 //! row-major. Ops live in `ops/`, one family a file, each with its backward rule beside it; this
-//! file holds construction, inspection and the autograd bookkeeping (`requires_grad`, `grad`,
-//! `backward`, `detach`).
+//! file holds construction, inspection and `detach`.
+//!
+//! The dependency between this module and `autograd` goes one way: autograd depends on
+//! `tensor`, never the other way. Autograd records the graph (`autograd/mod.rs`,
+//! `Tensor::record`), keeps the gradient bookkeeping (`autograd/leaf.rs`: `set_requires_grad`,
+//! `grad`, `backward`, ...) and decides what it stores in a tensor's two autograd fields; this
+//! file sees those fields only as opaque values ([`TapeNode`] and `dyn Any`), so it names no
+//! autograd type (`tests/layering.rs` checks it).
 
-use crate::autograd::{self, GroupedWeightGrad, LeafGrad, Node};
 use crate::backend::{HostData, Storage};
 use crate::{DType, Device, Error, Result};
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -23,10 +29,21 @@ pub(crate) struct Inner {
     pub(crate) shape: Vec<usize>,
     /// Leaves: set by the user. Op outputs: true when any input required grad.
     pub(crate) requires_grad: AtomicBool,
-    /// The op that produced this tensor (None for leaves and untracked results).
-    pub(crate) node: Option<Arc<Node>>,
-    /// Accumulated gradient (leaves only).
-    pub(crate) grad: Mutex<Option<LeafGrad>>,
+    /// The op that produced this tensor (None for leaves and untracked results): autograd's
+    /// node, seen here only as a [`TapeNode`].
+    pub(crate) node: Option<Arc<dyn TapeNode>>,
+    /// Accumulated gradient (leaves only): what autograd deposits there (its `LeafGrad`), opaque
+    /// to this module.
+    pub(crate) grad: Mutex<Option<Box<dyn Any + Send>>>,
+}
+
+/// The record of the op that produced a tracked tensor, as the tensor sees it: a name, and
+/// otherwise opaque. Autograd's `Node` (`autograd/mod.rs`) is the one implementation; autograd
+/// reads its own fields back by downcasting (`TapeNode: Any`), which keeps this module free of
+/// autograd's types.
+pub(crate) trait TapeNode: Any + Send + Sync {
+    /// The op's name, for `Debug` and [`Tensor::op_name`].
+    fn op_name(&self) -> &'static str;
 }
 
 impl std::fmt::Debug for Tensor {
@@ -39,7 +56,7 @@ impl std::fmt::Debug for Tensor {
             self.device()
         )?;
         if let Some(n) = &self.0.node {
-            write!(f, ", op={}", n.op)?;
+            write!(f, ", op={}", n.op_name())?;
         }
         if self.requires_grad() {
             write!(f, ", requires_grad")?;
@@ -250,44 +267,10 @@ impl Tensor {
         Tensor::from_host(host, self.shape(), device)
     }
 
-    // ---- autograd bookkeeping -------------------------------------------------------------
-
-    /// Whether gradients flow to (a leaf) or through (an op output) this tensor.
+    /// Whether gradients flow to (a leaf) or through (an op output) this tensor (set on leaves
+    /// with `set_requires_grad`, see `autograd/leaf.rs`).
     pub fn requires_grad(&self) -> bool {
         self.0.requires_grad.load(Ordering::Relaxed)
-    }
-
-    /// Marks a leaf as a parameter whose gradient `backward` should accumulate; returns `self`
-    /// for chaining. Errors on an op output (its flag follows from its inputs) or on an I32 tensor.
-    pub fn set_requires_grad(&self, on: bool) -> Result<&Tensor> {
-        if self.0.node.is_some() {
-            return Err(Error::Autograd(
-                "requires_grad can only be set on a leaf tensor; call detach() first".into(),
-            ));
-        }
-        if on && !self.dtype().is_float() {
-            return Err(Error::Autograd(format!(
-                "only float tensors can require grad, this one is {}",
-                self.dtype()
-            )));
-        }
-        self.0.requires_grad.store(on, Ordering::Relaxed);
-        Ok(self)
-    }
-
-    /// Builder form of [`Tensor::set_requires_grad`]`(true)`.
-    ///
-    /// # Example
-    /// ```
-    /// use moegrad::{Device, Tensor};
-    /// let w = Tensor::from_f32(vec![3.0], &[1], Device::cpu()).unwrap().with_grad().unwrap();
-    /// let loss = w.mul(&w).unwrap().sum_all().unwrap();
-    /// loss.backward().unwrap();
-    /// assert_eq!(w.grad().unwrap().to_vec_f32().unwrap(), vec![6.0]);
-    /// ```
-    pub fn with_grad(self) -> Result<Tensor> {
-        self.set_requires_grad(true)?;
-        Ok(self)
     }
 
     /// A new leaf sharing this tensor's data, cut off from the graph.
@@ -302,111 +285,6 @@ impl Tensor {
 
     /// The name of the op that produced this tensor, if it was recorded.
     pub fn op_name(&self) -> Option<&'static str> {
-        self.0.node.as_ref().map(|n| n.op)
-    }
-
-    /// The gradient accumulated by `backward` (leaves that require grad). An expert bank's
-    /// gradient may have been kept as the recipe that computes it (see
-    /// `autograd/deferred.rs`); it is computed here on first read (None if that fails; use
-    /// [`Tensor::try_grad`] to see the error).
-    pub fn grad(&self) -> Option<Tensor> {
-        self.try_grad().ok().flatten()
-    }
-
-    /// [`Tensor::grad`], with the error of computing a deferred gradient.
-    pub fn try_grad(&self) -> Result<Option<Tensor>> {
-        let mut slot = self
-            .0
-            .grad
-            .lock()
-            .map_err(|_| Error::Autograd("gradient lock poisoned".into()))?;
-        match slot.as_ref() {
-            None => Ok(None),
-            Some(LeafGrad::Dense(g)) => Ok(Some(g.clone())),
-            Some(deferred) => {
-                let g = deferred.to_dense()?;
-                *slot = Some(LeafGrad::Dense(g.clone()));
-                Ok(Some(g))
-            }
-        }
-    }
-
-    /// Whether the accumulated gradient is an expert bank's deferred gradient, not yet computed
-    /// (see `autograd/deferred.rs`; reading it with [`Tensor::grad`] computes it).
-    pub fn grad_is_deferred(&self) -> bool {
-        self.0
-            .grad
-            .lock()
-            .is_ok_and(|g| matches!(*g, Some(LeafGrad::Lazy(_))))
-    }
-
-    /// Forgets the accumulated gradient.
-    pub fn zero_grad(&self) {
-        if let Ok(mut g) = self.0.grad.lock() {
-            *g = None;
-        }
-    }
-
-    pub(crate) fn accumulate_grad(&self, g: Tensor) -> Result<()> {
-        self.accumulate(LeafGrad::Dense(g))
-    }
-
-    /// Deposits an expert bank's weight gradient as its recipe (computed when used).
-    pub(crate) fn accumulate_deferred(&self, g: GroupedWeightGrad) -> Result<()> {
-        self.accumulate(LeafGrad::Lazy(Box::new(g)))
-    }
-
-    fn accumulate(&self, g: LeafGrad) -> Result<()> {
-        let mut slot = self
-            .0
-            .grad
-            .lock()
-            .map_err(|_| Error::Autograd("gradient lock poisoned".into()))?;
-        *slot = Some(match slot.take() {
-            Some(old) => old.add(g)?,
-            None => g,
-        });
-        Ok(())
-    }
-
-    /// Takes the accumulated gradient out (an optimizer's step), leaving none.
-    pub(crate) fn take_grad(&self) -> Result<Option<LeafGrad>> {
-        let mut slot = self
-            .0
-            .grad
-            .lock()
-            .map_err(|_| Error::Autograd("gradient lock poisoned".into()))?;
-        Ok(slot.take())
-    }
-
-    /// Back-propagates from this scalar (one-element) tensor with upstream gradient 1.
-    pub fn backward(&self) -> Result<()> {
-        if self.numel() != 1 {
-            return Err(Error::Autograd(format!(
-                "backward() needs a scalar, this tensor has shape {:?}; use backward_with(grad)",
-                self.shape()
-            )));
-        }
-        let one = self.full_like(1.0)?;
-        autograd::backward(self, one)
-    }
-
-    /// Back-propagates with an explicit upstream gradient of this tensor's shape.
-    pub fn backward_with(&self, grad: &Tensor) -> Result<()> {
-        if grad.shape() != self.shape()
-            || grad.dtype() != self.dtype()
-            || grad.device() != self.device()
-        {
-            return Err(Error::Autograd(format!(
-                "upstream gradient {:?} {} on {} does not match the tensor {:?} {} on {}",
-                grad.shape(),
-                grad.dtype(),
-                grad.device(),
-                self.shape(),
-                self.dtype(),
-                self.device()
-            )));
-        }
-        autograd::backward(self, grad.detach())
+        self.0.node.as_ref().map(|n| n.op_name())
     }
 }

@@ -11,7 +11,9 @@
 //! from every expert, and experts that receive no rows.
 
 use moegrad::backend::cpu::{CpuBackend, CpuBuffer};
-use moegrad::backend::{Backend, BankGradOperands, ExpertBankDims, GroupedMatmulDims, HostData};
+use moegrad::backend::{
+    Backend, BankGradOperands, ExpertBankDims, GroupedMatmulDims, HostData, ScatterDims, Strided,
+};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
@@ -417,14 +419,17 @@ fn where_matches_the_loop_for_contiguous_scalar_and_broadcast_operands() {
         ),
     ];
     for (bv, sb, b_full) in cases {
+        let (cond_buf, a_buf, b_buf) = (
+            up(HostData::F64(cond.clone())),
+            up(HostData::F64(a.clone())),
+            up(HostData::F64(bv)),
+        );
+        let operand = |buf, strides| Strided { buf, strides };
         let got = down_f64(
             &CPU.where_cond(
-                &up(HostData::F64(cond.clone())),
-                &full,
-                &up(HostData::F64(a.clone())),
-                &full,
-                &up(HostData::F64(bv)),
-                &sb,
+                operand(&cond_buf, &full[..]),
+                operand(&a_buf, &full[..]),
+                operand(&b_buf, &sb[..]),
                 &shape,
             )
             .unwrap(),
@@ -602,15 +607,18 @@ fn scatter_of_whole_rows_is_the_in_order_sum_of_each_rows_sources() {
             }
         }
         let s = [m, 1, 0];
+        let dims = ScatterDims {
+            outer,
+            m,
+            inner,
+            len,
+        };
         let got = CPU
             .scatter_add(
                 &up(HostData::F64(src.clone())),
                 &up(HostData::I32(idx.clone())),
                 s,
-                outer,
-                m,
-                inner,
-                len,
+                dims,
             )
             .unwrap();
         assert_eq!(
@@ -620,15 +628,7 @@ fn scatter_of_whole_rows_is_the_in_order_sum_of_each_rows_sources() {
         );
         let src32: Vec<f32> = src.iter().map(|&v| v as f32).collect();
         let got = CPU
-            .scatter_add(
-                &up(HostData::F32(src32)),
-                &up(HostData::I32(idx)),
-                s,
-                outer,
-                m,
-                inner,
-                len,
-            )
+            .scatter_add(&up(HostData::F32(src32)), &up(HostData::I32(idx)), s, dims)
             .unwrap();
         for (g, w) in down_f64(&got).iter().zip(&want) {
             assert!((g - w).abs() <= 1e-5, "f32 rows scatter: {g} vs {w}");
@@ -639,10 +639,12 @@ fn scatter_of_whole_rows_is_the_in_order_sum_of_each_rows_sources() {
         &up(HostData::F32(vec![1.0; 4])),
         &up(HostData::I32(vec![0, 5])),
         [2, 1, 0],
-        1,
-        2,
-        2,
-        3,
+        ScatterDims {
+            outer: 1,
+            m: 2,
+            inner: 2,
+            len: 3,
+        },
     );
     assert!(bad.is_err());
 }

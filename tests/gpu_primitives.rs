@@ -15,7 +15,8 @@ mod common;
 use moegrad::backend::cpu::CpuBackend;
 use moegrad::backend::gpu::{GpuBackend, GpuBuffer};
 use moegrad::backend::{
-    AdamHyper, AxisView, Backend, BinaryOp, HostData, ReduceOp, SgdHyper, UnaryOp,
+    AdamHyper, AxisView, Backend, BinaryOp, HostData, ReduceOp, ScatterDims, SgdHyper, Strided,
+    UnaryOp,
 };
 use moegrad::{DType, Error};
 use rand::{RngExt, SeedableRng};
@@ -25,6 +26,11 @@ use std::sync::{Mutex, MutexGuard};
 static GPU_LOCK: Mutex<()> = Mutex::new(());
 
 /// The GPU backend and the lock that serialises GPU tests, or `None` when skipping.
+/// A buffer read through `strides` (an operand of `where_cond`).
+fn strided<'a, B>(buf: &'a B, strides: &'a [usize]) -> Strided<'a, B> {
+    Strided { buf, strides }
+}
+
 fn gpu(test: &str) -> Option<(GpuBackend, MutexGuard<'static, ()>)> {
     common::gpu_or_skip(test)?;
     let guard = GPU_LOCK.lock().unwrap_or_else(|p| p.into_inner());
@@ -375,29 +381,31 @@ fn where_cond_matches_cpu() {
     let a = rand_vec(&mut r, 21, -1.0, 1.0);
     let b = rand_vec(&mut r, 13, -1.0, 1.0);
     let (sc, sa, sb) = ([21usize, 1], [0usize, 1], [1usize, 0]);
+    let (gc, ga, gb) = (up(&g, &cond), up(&g, &a), up(&g, &b));
     let got = g
         .where_cond(
-            &up(&g, &cond),
-            &sc,
-            &up(&g, &a),
-            &sa,
-            &up(&g, &b),
-            &sb,
+            strided(&gc, &sc),
+            strided(&ga, &sa),
+            strided(&gb, &sb),
             &shape,
         )
         .unwrap();
+    let (cc, ca, cb) = (cpu(&cond), cpu(&a), cpu(&b));
     let want = CPU
-        .where_cond(&cpu(&cond), &sc, &cpu(&a), &sa, &cpu(&b), &sb, &shape)
+        .where_cond(
+            strided(&cc, &sc),
+            strided(&ca, &sa),
+            strided(&cb, &sb),
+            &shape,
+        )
         .unwrap();
     assert_bits("where", &f32s(g_down(&g, &got)), &f32s(c_down(&want)));
+    let none = up(&g, &[]);
     let empty = g
         .where_cond(
-            &up(&g, &[]),
-            &[1],
-            &up(&g, &[]),
-            &[1],
-            &up(&g, &[]),
-            &[1],
+            strided(&none, &[1]),
+            strided(&none, &[1]),
+            strided(&none, &[1]),
             &[0],
         )
         .unwrap();
@@ -684,12 +692,16 @@ fn scatter_add_with_repeated_indices_matches_cpu_exactly() {
         let idx: Vec<i32> = (0..idx_len)
             .map(|_| r.random_range(0..len as i32))
             .collect();
+        let dims = ScatterDims {
+            outer,
+            m,
+            inner,
+            len,
+        };
         let got = g
-            .scatter_add(&up(&g, &src), &up_i(&g, &idx), s, outer, m, inner, len)
+            .scatter_add(&up(&g, &src), &up_i(&g, &idx), s, dims)
             .unwrap();
-        let want = CPU
-            .scatter_add(&cpu(&src), &cpu_i(&idx), s, outer, m, inner, len)
-            .unwrap();
+        let want = CPU.scatter_add(&cpu(&src), &cpu_i(&idx), s, dims).unwrap();
         assert_bits(
             &format!("scatter_add outer {outer} m {m} inner {inner} len {len} kind {kind}"),
             &f32s(g_down(&g, &got)),

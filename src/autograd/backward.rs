@@ -3,6 +3,7 @@
 //! profile scope named after its node's op (see `crate::profile`).
 
 use super::no_grad::NoGradGuard;
+use super::node_of;
 use crate::profile::{self, Pass};
 use crate::{Error, Result, Tensor};
 use std::collections::{HashMap, HashSet};
@@ -22,7 +23,7 @@ fn topological_order(root: &Tensor) -> Result<Vec<Tensor>> {
             continue;
         }
         stack.push((t.clone(), true));
-        if let Some(node) = &t.0.node {
+        if let Some(node) = node_of(&t) {
             let inputs = node
                 .inputs
                 .lock()
@@ -56,7 +57,7 @@ pub fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
         let Some(g) = grads.remove(&t.id()) else {
             continue;
         };
-        let Some(node) = &t.0.node else {
+        let Some(node) = node_of(t) else {
             let _profile = profile::scope("accumulate leaf grad", Pass::Backward);
             t.accumulate_grad(g)?;
             continue;

@@ -8,10 +8,16 @@
 //! graph, so memory does not grow from step to step.
 //!
 //! [`custom_op`] is the public way to add an op with a backward rule of one's own (`custom.rs`).
+//!
+//! Autograd depends on `tensor`, never the other way: it builds the nodes (`Tensor::record`
+//! below), owns the gradient bookkeeping of a tensor (`leaf.rs`) and the tape walk
+//! (`backward.rs`), and decides what a tensor's two autograd fields hold; `src/tensor.rs` sees
+//! a node only as a `TapeNode` and the gradient slot only as `dyn Any`.
 
 mod backward;
 mod custom;
 mod deferred;
+mod leaf;
 mod no_grad;
 
 pub use backward::backward;
@@ -19,7 +25,9 @@ pub use custom::{CustomGrad, custom_op};
 pub(crate) use deferred::{GroupedWeightGrad, LazyGrad, LeafGrad};
 pub use no_grad::{NoGradGuard, is_grad_enabled, no_grad};
 
+use crate::tensor::{Inner, TapeNode};
 use crate::{Result, Tensor};
+use std::any::Any;
 use std::sync::{Arc, Mutex};
 
 /// Maps the gradient of an op's output to one optional gradient per input.
@@ -34,6 +42,18 @@ pub struct Node {
     pub(crate) profile_op: &'static str,
     pub(crate) inputs: Mutex<Vec<Tensor>>,
     pub(crate) backward: Mutex<Option<BackwardFn>>,
+}
+
+impl TapeNode for Node {
+    fn op_name(&self) -> &'static str {
+        self.op
+    }
+}
+
+/// The node of the op that produced `t` (None for leaves and untracked results).
+pub(crate) fn node_of(t: &Tensor) -> Option<&Node> {
+    let node: &dyn Any = t.0.node.as_deref()?;
+    node.downcast_ref::<Node>()
 }
 
 /// Frees a long recorded chain without recursing once per node: a graph that was built but never
@@ -55,6 +75,10 @@ impl Drop for Node {
                 continue;
             };
             let Some(node) = inner.node.take() else {
+                continue;
+            };
+            let node: Arc<dyn Any + Send + Sync> = node;
+            let Ok(node) = node.downcast::<Node>() else {
                 continue;
             };
             if let Ok(mut node) = Arc::try_unwrap(node) {
@@ -86,7 +110,7 @@ impl Tensor {
             inputs: Mutex::new(inputs.iter().map(|t| (*t).clone()).collect()),
             backward: Mutex::new(Some(Box::new(backward))),
         };
-        let inner = crate::tensor::Inner {
+        let inner = Inner {
             id: out.0.id,
             storage: out.0.storage.clone(),
             shape: out.0.shape.clone(),

@@ -1,6 +1,7 @@
 //! The geometry structs the primitives of [`super::Backend`] take: how a tensor is seen around one
 //! axis ([`AxisView`]), how a matmul operand sits in its buffer ([`MatLayout`]), and the sizes of
-//! a matmul, an attention, a layer norm, a 2-D convolution and a 2-D pooling. Plain `Copy`
+//! a matmul, an attention, a layer norm, a 2-D convolution and a 2-D pooling, one strided operand
+//! of an elementwise primitive ([`Strided`]) and the sizes of a scatter ([`ScatterDims`]). Plain `Copy`
 //! structs, checked once by the `Tensor` layer (or by their own `check`), so that a kernel gets
 //! one argument per concept instead of a long list of sizes.
 
@@ -328,4 +329,36 @@ pub struct ExpertBankDims {
     pub m: usize,
     /// experts in the bank
     pub experts: usize,
+}
+
+/// One operand of an elementwise primitive: a buffer read through its own strides over the
+/// output's shape (stride 0 along an axis it is broadcast over).
+#[derive(Debug)]
+pub struct Strided<'a, B> {
+    /// the buffer
+    pub buf: &'a B,
+    /// one stride per axis of the output shape, in elements
+    pub strides: &'a [usize],
+}
+
+// derived `Clone`/`Copy` would require `B: Copy`; the operand is two shared references
+impl<B> Clone for Strided<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B> Copy for Strided<'_, B> {}
+
+/// Sizes of a scatter-add ([`super::Backend::scatter_add`]): a source `[outer, m, inner]` is
+/// added into a zeroed output `[outer, len, inner]` along the middle axis.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ScatterDims {
+    /// product of the sizes before the axis
+    pub outer: usize,
+    /// the source's length along the axis (rows scattered per outer index)
+    pub m: usize,
+    /// product of the sizes after the axis
+    pub inner: usize,
+    /// the output's length along the axis (the range of the indices)
+    pub len: usize,
 }

@@ -19,7 +19,7 @@ pub mod gpu;
 
 pub use dims::{
     AttentionDims, AxisView, Conv2dDims, ExpertBankDims, GroupedMatmulDims, LayerNormDims,
-    MatLayout, MatmulDims, Pool2dDims, PoolKind,
+    MatLayout, MatmulDims, Pool2dDims, PoolKind, ScatterDims, Strided,
 };
 
 use crate::{DType, Result};
@@ -283,16 +283,12 @@ pub trait Backend {
         out_shape: &[usize],
     ) -> Result<Self::Buffer>;
     /// `out[idx] = if cond[idx] != 0 { a[idx] } else { b[idx] }`, each operand through its own
-    /// strides. `cond` has the dtype of `a` and `b`.
-    #[allow(clippy::too_many_arguments)]
+    /// strides over `out_shape`. `cond` has the dtype of `a` and `b`.
     fn where_cond(
         &self,
-        cond: &Self::Buffer,
-        cond_strides: &[usize],
-        a: &Self::Buffer,
-        a_strides: &[usize],
-        b: &Self::Buffer,
-        b_strides: &[usize],
+        cond: Strided<'_, Self::Buffer>,
+        a: Strided<'_, Self::Buffer>,
+        b: Strided<'_, Self::Buffer>,
         out_shape: &[usize],
     ) -> Result<Self::Buffer>;
     /// Reduces the middle axis of `x` viewed as `view`; output `[outer, inner]` (I32 for ArgMax).
@@ -336,17 +332,14 @@ pub trait Backend {
         m: usize,
     ) -> Result<Self::Buffer>;
     /// The adjoint of [`Backend::gather`]: starts from zeros `[outer, len, inner]` and adds
-    /// `src[o, j, i]` into `out[o, idx[o·s0 + j·s1 + i·s2], i]`; `src` is `[outer, m, inner]`.
-    #[allow(clippy::too_many_arguments)]
+    /// `src[o, j, i]` into `out[o, idx[o·s0 + j·s1 + i·s2], i]`; `src` is `[outer, m, inner]`
+    /// (the sizes are `dims`).
     fn scatter_add(
         &self,
         src: &Self::Buffer,
         idx: &Self::Buffer,
         idx_strides: [usize; 3],
-        outer: usize,
-        m: usize,
-        inner: usize,
-        len: usize,
+        dims: ScatterDims,
     ) -> Result<Self::Buffer>;
     /// Inclusive prefix sum along the middle axis of `view` (from the end when `reverse`).
     fn cumsum(&self, x: &Self::Buffer, view: AxisView, reverse: bool) -> Result<Self::Buffer>;

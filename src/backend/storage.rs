@@ -184,23 +184,35 @@ impl Storage {
         match self {
             Storage::Cpu(c) => cpu::CpuBackend
                 .where_cond(
-                    c,
-                    c_strides,
-                    oa.cpu(),
-                    a_strides,
-                    ob.cpu(),
-                    b_strides,
+                    Strided {
+                        buf: c,
+                        strides: c_strides,
+                    },
+                    Strided {
+                        buf: oa.cpu(),
+                        strides: a_strides,
+                    },
+                    Strided {
+                        buf: ob.cpu(),
+                        strides: b_strides,
+                    },
                     out_shape,
                 )
                 .map(Storage::Cpu),
             Storage::Gpu(c) => gpu::GpuBackend::get()?
                 .where_cond(
-                    c,
-                    c_strides,
-                    oa.gpu(),
-                    a_strides,
-                    ob.gpu(),
-                    b_strides,
+                    Strided {
+                        buf: c,
+                        strides: c_strides,
+                    },
+                    Strided {
+                        buf: oa.gpu(),
+                        strides: a_strides,
+                    },
+                    Strided {
+                        buf: ob.gpu(),
+                        strides: b_strides,
+                    },
                     out_shape,
                 )
                 .map(Storage::Gpu),
@@ -297,12 +309,18 @@ impl Storage {
         len: usize,
     ) -> Result<Storage> {
         let o = same_dev!(self, idx, "scatter_add");
+        let dims = ScatterDims {
+            outer,
+            m,
+            inner,
+            len,
+        };
         match self {
             Storage::Cpu(s) => cpu::CpuBackend
-                .scatter_add(s, o.cpu(), idx_strides, outer, m, inner, len)
+                .scatter_add(s, o.cpu(), idx_strides, dims)
                 .map(Storage::Cpu),
             Storage::Gpu(s) => gpu::GpuBackend::get()?
-                .scatter_add(s, o.gpu(), idx_strides, outer, m, inner, len)
+                .scatter_add(s, o.gpu(), idx_strides, dims)
                 .map(Storage::Gpu),
         }
     }

@@ -7,6 +7,7 @@ pub mod generate;
 pub mod gpt;
 pub mod plot;
 pub mod train;
+mod trainer;
 
 pub use generate::{SampleOptions, generate};
 pub use gpt::{FeedForward, Gpt, GptConfig, GptOutput};

@@ -14,17 +14,21 @@
 //! protected, locked `--out`; `--resume` refusing a checkpoint of another run; nothing
 //! non-finite ever written. For `--resume` an evaluation interval plays the part of an epoch:
 //! `--iters` must be a multiple of `--eval-every`.
+//!
+//! [`run`] reads as the list of its steps (set up, resume, then per interval: train, evaluate,
+//! log, checkpoint, report; then the summary), each a method of `LmTrainer` in
+//! `lm/trainer.rs`; this file keeps the pieces they use (the model's settings, the optimizer,
+//! one training step, the validation loss, the routing sums).
 
 use super::gpt::{FeedForward, Gpt, GptConfig};
+use super::trainer::{IntervalResult, LmTrainer};
 use crate::data::text::CharCorpus;
 use crate::moe::{MoeConfig, RoutingStats};
-use crate::optim::{Adam, Optimizer, Schedule, ScheduleKind, clip_grad_norm};
+use crate::optim::{Adam, Optimizer, clip_grad_norm};
 use crate::train::models::{ModelOutput, TaskModel};
-use crate::train::out_dir::OutDir;
-use crate::train::{DataKind, ModelKind, RunOptions, TrainConfig, resume};
+use crate::train::{DataKind, ModelKind, RunOptions, TrainConfig};
 use crate::{DType, Device, Error, Result, Tensor};
 use serde::Serialize;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -228,7 +232,7 @@ pub fn train_step(
 }
 
 /// Mean validation loss over the fixed windows at `starts`, in batches of `batch`.
-fn evaluate(
+pub(super) fn evaluate(
     model: &Gpt,
     corpus: &CharCorpus,
     starts: &[usize],
@@ -252,7 +256,7 @@ fn evaluate(
 }
 
 /// Sums per-expert kept/routed counts over the interval, one pair per MoE layer.
-fn add_routing(sums: &mut Vec<(Tensor, Tensor)>, stats: &[RoutingStats]) -> Result<()> {
+pub(super) fn add_routing(sums: &mut Vec<(Tensor, Tensor)>, stats: &[RoutingStats]) -> Result<()> {
     if sums.is_empty() {
         sums.extend(
             stats
@@ -269,7 +273,7 @@ fn add_routing(sums: &mut Vec<(Tensor, Tensor)>, stats: &[RoutingStats]) -> Resu
 }
 
 /// Expert load per layer and the overall drop rate from interval sums.
-fn load_and_drop(sums: &[(Tensor, Tensor)]) -> Result<(Vec<Vec<f64>>, f64)> {
+pub(super) fn load_and_drop(sums: &[(Tensor, Tensor)]) -> Result<(Vec<Vec<f64>>, f64)> {
     let (mut kept_all, mut routed_all) = (0.0, 0.0);
     let mut loads = Vec::with_capacity(sums.len());
     for (k, r) in sums {
@@ -308,229 +312,19 @@ pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
     let allowed = opts.check()?;
     let started = Instant::now();
     let recording = opts.profile.then(crate::profile::start);
-    let device = Device::from_name(&cfg.device)?;
-    if cfg.optimizer == crate::train::OptimizerKind::Sgd {
-        return Err(Error::Invalid(
-            "the language models train with --optimizer adamw (the default) or adam".into(),
-        ));
-    }
-    let corpus = CharCorpus::load(&text_path(cfg)?, cfg.block)?;
-    let gpt = gpt_config(cfg, corpus.vocab_size());
-    gpt.validate()?;
-    gpt.check_memory(cfg.batch)?;
-    let model = Gpt::new(&gpt, device)?;
-    let params = model.named_params();
-    let n_params = model.num_params();
-    let mut opt = make_optimizer(cfg, &model)?;
-    let interval = cfg.eval_every as u64;
-    let schedule = Schedule::new(
-        cfg.lr,
-        cfg.warmup_steps,
-        interval * cfg.schedule_length_epochs() as u64,
-        if cfg.schedule == "cosine" {
-            ScheduleKind::Cosine { min_lr: cfg.min_lr }
-        } else {
-            ScheduleKind::Constant
-        },
-    )?;
-
-    let out = OutDir::claim(&cfg.out, opts.resume, opts.overwrite)?;
-    if opts.progress {
-        for note in &out.notes {
-            eprintln!("moegrad: note: {note}");
-        }
-        if let Some(w) = cfg.warmup_warning(cfg.iters as u64) {
-            eprintln!("moegrad: warning: {w}");
-        }
-    }
-    let ckpt_path = out.path().join("checkpoint.safetensors");
-    let metrics_path = out.path().join("metrics.jsonl");
-    let config_json = serde_json::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
-    let vocab: String = corpus.vocab.iter().collect();
-
-    let mut saved: Option<u64> = None;
-    let mut start_interval = 0;
-    if opts.resume {
-        let target = resume::ResumeTarget {
-            cfg,
-            allowed: &allowed,
-            device,
-            model: &model,
-            params: &params,
-            steps_per_epoch: interval,
-        };
-        start_interval = resume::restore(&ckpt_path, &target, &mut opt)?;
-        saved = Some(start_interval as u64 * interval);
-        crate::train::truncate_metrics(&metrics_path, start_interval)?;
-    } else if opts.overwrite {
-        out.clear_previous_run()?;
-    }
-    let last_checkpoint = |saved: Option<u64>| match saved {
-        Some(it) => format!(
-            "the last good checkpoint, written after iteration {it}, is kept at {}",
-            ckpt_path.display()
-        ),
-        None => "no checkpoint has been written by this run yet".to_string(),
-    };
-
-    let val_starts = corpus.val_windows(cfg.eval_windows, cfg.block, cfg.seed);
-    let eval_batch = cfg.batch.max(32);
-    let intervals = cfg.iters / cfg.eval_every;
-    let total = (intervals - start_interval) as u64 * interval;
-    let bar = if opts.progress {
-        let b = indicatif::ProgressBar::new(total);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "iter {pos}/{len} [{bar:30}] {msg} ({elapsed}, eta {eta})",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        b
-    } else {
-        indicatif::ProgressBar::hidden()
-    };
-
-    let (b, t) = (cfg.batch, cfg.block);
-    let mut step = opt.steps();
-    let mut last_finite_read = step;
-    let mut train_seconds = 0.0;
-    let mut trained_iters = 0u64;
-    let mut last = (f64::NAN, f64::NAN);
-    let mut last_routing: Option<(Vec<Vec<f64>>, f64)> = None;
-    let mut last_experts_per_token: Option<f64> = None;
+    let mut trainer = LmTrainer::set_up(cfg, &opts)?;
+    let start_interval = trainer.resume(&opts, &allowed)?;
+    let intervals = trainer.intervals();
+    let mut last = IntervalResult::none();
     for it in start_interval..intervals {
-        let mut loss_sum = Tensor::zeros(&[], DType::F32, device)?;
-        let mut routing_sums: Vec<(Tensor, Tensor)> = Vec::new();
-        let interval_start = Instant::now();
-        for _ in 0..interval {
-            let _step = crate::profile::step();
-            opt.set_lr(schedule.lr(step));
-            let (x, y) = corpus.train_batch(b, t, cfg.seed, step);
-            let x = Tensor::from_i32(x, &[b, t], device)?;
-            let y = Tensor::from_i32(y, &[b * t], device)?;
-            let out = train_step(&model, &params, &mut opt, &x, &y, cfg.clip_grad_norm)?;
-            let (loss, ce) = (out.loss, out.cross_entropy);
-            add_routing(&mut routing_sums, &out.routing)?;
-            step += 1;
-            loss_sum = crate::no_grad(|| loss_sum.add(&ce.detach().to_dtype(DType::F32)?))?;
-            if step % cfg.log_every as u64 == 0 {
-                let l = loss.item()?;
-                if !l.is_finite() {
-                    bar.abandon();
-                    return Err(Error::Invalid(format!(
-                        "loss is {l} at iteration {step}; it was last read finite at iteration {last_finite_read} (read every {} iterations); stopping; {}",
-                        cfg.log_every,
-                        last_checkpoint(saved)
-                    )));
-                }
-                last_finite_read = step;
-                bar.set_message(format!("loss {l:.4}"));
-            }
-            bar.inc(1);
-        }
-        let train_loss = loss_sum.item()? / interval as f64;
-        train_seconds += interval_start.elapsed().as_secs_f64();
-        trained_iters += interval;
-        if !train_loss.is_finite() {
-            bar.abandon();
-            return Err(Error::Invalid(format!(
-                "mean training loss of iterations {}..={step} is {train_loss}; stopping; {}",
-                step + 1 - interval,
-                last_checkpoint(saved)
-            )));
-        }
-        let val_loss = evaluate(&model, &corpus, &val_starts, t, eval_batch, device)?;
-        let mut ck = resume::snapshot(it + 1, &params, &opt, &model, &config_json)?;
-        if let Some(bad) = ck.first_non_finite()? {
-            bar.abandon();
-            return Err(Error::Invalid(format!(
-                "after iteration {step} {bad}: the run has diverged (a smaller --lr or --clip-grad-norm may help); stopping without writing a checkpoint; {}",
-                last_checkpoint(saved)
-            )));
-        }
-        ck.metadata.insert("vocab".into(), vocab.clone());
-        let routing = if routing_sums.is_empty() {
-            None
-        } else {
-            Some(load_and_drop(&routing_sums)?)
-        };
-        let experts_per_token = if routing_sums.is_empty() {
-            None
-        } else {
-            let mut kept = 0.0;
-            for (k, _) in &routing_sums {
-                kept += k.to_vec_f64()?.iter().sum::<f64>();
-            }
-            Some(kept / (routing_sums.len() as u64 * interval * (b * t) as u64) as f64)
-        };
-        let mut line = serde_json::json!({
-            "iter": step, "lr": opt.lr(), "train_loss": train_loss, "val_loss": val_loss,
-            "val_ppl": val_loss.exp(), "interval_seconds": interval_start.elapsed().as_secs_f64(),
-        });
-        if let Some((load, drop)) = &routing {
-            line["expert_load"] = serde_json::json!(load);
-            line["drop_rate"] = serde_json::json!(drop);
-        }
-        if let Some(e) = experts_per_token {
-            line["experts_per_token"] = serde_json::json!(e);
-        }
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&metrics_path)
-            .map_err(|e| Error::Io(format!("{}: {e}", metrics_path.display())))?;
-        writeln!(f, "{line}").map_err(|e| Error::Io(format!("{}: {e}", metrics_path.display())))?;
-        ck.save(&ckpt_path)?;
-        saved = Some(step);
-        // The evaluation's batches (its last one of another size) and the checkpoint's host
-        // copies left blocks in the CPU buffer pool that the training step does not ask for:
-        // hand them back, so that the process's memory does not grow with each evaluation.
-        crate::backend::cpu::pool::trim();
-        super::plot::draw(
-            out.path(),
-            &metrics_path,
-            &format!("{} on {}", cfg.model.name(), cfg.data.name()),
-        )?;
-        if opts.progress {
-            bar.println(format!(
-                "iter {step}: train loss {train_loss:.4}, val loss {val_loss:.4} (ppl {:.2}), {:.1} s",
-                val_loss.exp(),
-                interval_start.elapsed().as_secs_f64()
-            ));
-        }
-        last = (train_loss, val_loss);
-        last_routing = routing;
-        last_experts_per_token = experts_per_token;
+        let totals = trainer.train_interval()?;
+        let (result, checkpoint) = trainer.evaluate(it, totals)?;
+        trainer.log(&result)?;
+        trainer.checkpoint(checkpoint)?;
+        trainer.report(&result);
+        last = result;
     }
-    bar.finish_and_clear();
-    if start_interval >= intervals {
-        last.1 = evaluate(&model, &corpus, &val_starts, t, eval_batch, device)?;
-    }
-    let ms_per_iter = if trained_iters > 0 {
-        1e3 * train_seconds / trained_iters as f64
-    } else {
-        f64::NAN
-    };
-    let profile = recording.and_then(crate::profile::Recording::finish);
-    Ok(LmSummary {
-        device: device.to_string(),
-        iters: opt.steps(),
-        seconds: started.elapsed().as_secs_f64(),
-        train_loss: last.0,
-        val_loss: last.1,
-        val_ppl: last.1.exp(),
-        ms_per_iter,
-        tokens_per_s: (b * t) as f64 / (ms_per_iter / 1e3),
-        params: n_params,
-        active_params_per_token: model.active_params_per_token(),
-        expert_load: last_routing.as_ref().map(|r| r.0.clone()),
-        drop_rate: last_routing.map(|r| r.1),
-        experts_per_token: last_experts_per_token,
-        vocab: corpus.vocab_size(),
-        profile: profile.as_ref().map(crate::profile::Report::rows),
-        gpu_profile: profile.and_then(|p| p.gpu),
-    })
+    trainer.summary(started, recording, start_interval < intervals, last)
 }
 
 /// Loads a language model from a checkpoint written by [`run`]: its settings and vocabulary

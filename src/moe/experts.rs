@@ -35,20 +35,52 @@ pub struct ExpertBank {
     pub activation: Activation,
 }
 
+/// The sizes and form of an [`ExpertBank`]: `experts` MLPs `d → hidden → d_out`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ExpertBankConfig {
+    /// the number of experts `n`
+    pub experts: usize,
+    /// the input width `d`
+    pub d: usize,
+    /// the hidden width of each expert's MLP
+    pub hidden: usize,
+    /// the output width
+    pub d_out: usize,
+    /// the activation between the two layers (ReLU or GELU)
+    pub activation: Activation,
+    /// whether each layer has a bias (without: `x → act(x·W1)·W2`, as in Mixtral-style experts)
+    pub bias: bool,
+}
+
 impl ExpertBank {
-    /// `experts` MLPs `d → hidden → d_out` with Kaiming-uniform weights and, with `bias`, zero
-    /// biases (without, `x → act(x·W1)·W2`, as in Mixtral-style experts).
-    #[allow(clippy::too_many_arguments)]
-    pub fn new(
-        experts: usize,
-        d: usize,
-        hidden: usize,
-        d_out: usize,
-        activation: Activation,
-        bias: bool,
-        rng: &mut ChaCha8Rng,
-        device: Device,
-    ) -> Result<ExpertBank> {
+    /// `cfg.experts` MLPs `d → hidden → d_out` with Kaiming-uniform weights and, with
+    /// `cfg.bias`, zero biases.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] when a size is zero.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::Device;
+    /// use moegrad::moe::{ExpertBank, ExpertBankConfig};
+    /// use moegrad::nn::Activation;
+    /// use rand::SeedableRng;
+    /// let cfg = ExpertBankConfig {
+    ///     experts: 4, d: 8, hidden: 16, d_out: 8, activation: Activation::Relu, bias: true,
+    /// };
+    /// let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(0);
+    /// let bank = ExpertBank::new(cfg, &mut rng, Device::cpu()).unwrap();
+    /// assert_eq!(bank.w1.get().shape(), &[4, 8, 16]);
+    /// ```
+    pub fn new(cfg: ExpertBankConfig, rng: &mut ChaCha8Rng, device: Device) -> Result<ExpertBank> {
+        let ExpertBankConfig {
+            experts,
+            d,
+            hidden,
+            d_out,
+            activation,
+            bias,
+        } = cfg;
         if experts == 0 || d == 0 || hidden == 0 || d_out == 0 {
             return Err(Error::Invalid(format!(
                 "expert bank needs positive sizes, got {experts} experts of {d} → {hidden} → {d_out}"

@@ -13,7 +13,7 @@
 
 use super::cnn_experts::CnnExpertBank;
 use super::dispatch::{Capacity, DispatchPlan};
-use super::experts::{ExpertBank, ExpertNet};
+use super::experts::{ExpertBank, ExpertBankConfig, ExpertNet};
 use super::router::{Router, RouterConfig, build_router};
 use super::score_function::ScoreTerm;
 use super::stats::RoutingStats;
@@ -139,16 +139,17 @@ impl MoeLayer {
         let router = build_router(&cfg.router, &rcfg, device)?;
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let experts: Box<dyn ExpertNet> = match cfg.expert_kind {
-            ExpertKind::Mlp => Box::new(ExpertBank::new(
-                cfg.experts,
-                cfg.d,
-                cfg.hidden,
-                cfg.d_out,
-                cfg.activation,
-                cfg.expert_bias,
-                &mut rng,
-                device,
-            )?),
+            ExpertKind::Mlp => {
+                let bank = ExpertBankConfig {
+                    experts: cfg.experts,
+                    d: cfg.d,
+                    hidden: cfg.hidden,
+                    d_out: cfg.d_out,
+                    activation: cfg.activation,
+                    bias: cfg.expert_bias,
+                };
+                Box::new(ExpertBank::new(bank, &mut rng, device)?)
+            }
             ExpertKind::Cnn { side } => {
                 if side * side != cfg.d {
                     return Err(Error::Invalid(format!(

@@ -18,7 +18,7 @@ pub mod stats;
 
 pub use cnn_experts::CnnExpertBank;
 pub use dispatch::{Capacity, DispatchPlan};
-pub use experts::{ExpertBank, ExpertNet};
+pub use experts::{ExpertBank, ExpertBankConfig, ExpertNet};
 pub use layer::{ExpertKind, MoeConfig, MoeLayer, MoeOutput};
 pub use registry::{ROUTER_NAMES, ROUTERS, RouterSpec};
 pub use router::{Router, RouterConfig, build_router, parse_router_options};

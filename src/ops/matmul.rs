@@ -16,20 +16,54 @@ fn layout(rows: usize, cols: usize, batched: bool, transposed: bool) -> MatLayou
     }
 }
 
+/// One operand of [`Tensor::matmul_raw`]: a contiguous `[.., rows, cols]` tensor, read as it is
+/// or transposed, with a matrix per batch entry (`batched`) or one shared by all.
+#[derive(Clone, Copy)]
+struct RawOperand<'a> {
+    t: &'a Tensor,
+    transposed: bool,
+    batched: bool,
+}
+
+impl<'a> RawOperand<'a> {
+    /// `t` read as it is.
+    fn plain(t: &'a Tensor, batched: bool) -> RawOperand<'a> {
+        RawOperand {
+            t,
+            transposed: false,
+            batched,
+        }
+    }
+
+    /// `t` read transposed (its last two axes swapped).
+    fn transposed(t: &'a Tensor, batched: bool) -> RawOperand<'a> {
+        RawOperand {
+            t,
+            transposed: true,
+            batched,
+        }
+    }
+}
+
 impl Tensor {
-    /// Raw product with explicit transposes; `a` is `[.., ra, ca]`, `b` is `[.., rb, cb]`, both
-    /// contiguous; `batch` matrices (an operand with `*_batched == false` is shared).
-    #[allow(clippy::too_many_arguments)]
+    /// Raw product `op(a)·op(b)` of `batch` matrices with explicit transposes (see
+    /// [`RawOperand`]), output `out_shape`.
     fn matmul_raw(
-        a: &Tensor,
-        ta: bool,
-        a_batched: bool,
-        b: &Tensor,
-        tb: bool,
-        b_batched: bool,
+        a: RawOperand<'_>,
+        b: RawOperand<'_>,
         batch: usize,
         out_shape: Vec<usize>,
     ) -> Result<Tensor> {
+        let RawOperand {
+            t: a,
+            transposed: ta,
+            batched: a_batched,
+        } = a;
+        let RawOperand {
+            t: b,
+            transposed: tb,
+            batched: b_batched,
+        } = b;
         let (ra, ca) = (a.shape()[a.rank() - 2], a.shape()[a.rank() - 1]);
         let (rb, cb) = (b.shape()[b.rank() - 2], b.shape()[b.rank() - 1]);
         let (m, k) = if ta { (ca, ra) } else { (ra, ca) };
@@ -87,7 +121,12 @@ impl Tensor {
         let (a_b, b_b) = (!a_batch.is_empty(), !b_batch.is_empty());
         let mut out_shape = batch_dims.to_vec();
         out_shape.extend([m, n]);
-        let y = Tensor::matmul_raw(a, false, a_b, b, false, b_b, batch, out_shape)?;
+        let y = Tensor::matmul_raw(
+            RawOperand::plain(a, a_b),
+            RawOperand::plain(b, b_b),
+            batch,
+            out_shape,
+        )?;
         let (ad, bd) = (a.detach(), b.detach());
         let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
         Ok(Tensor::record(y, "matmul", &[a, b], move |g| {
@@ -96,25 +135,42 @@ impl Tensor {
             let ga = if !need_a {
                 None
             } else if a_b || batch == 1 {
-                let ga =
-                    Tensor::matmul_raw(g, false, true, &bd, true, b_b, batch, ad.shape().to_vec())?;
+                let ga = Tensor::matmul_raw(
+                    RawOperand::plain(g, true),
+                    RawOperand::transposed(&bd, b_b),
+                    batch,
+                    ad.shape().to_vec(),
+                )?;
                 Some(ga.reshape(ad.shape())?)
             } else {
-                let per =
-                    Tensor::matmul_raw(g, false, true, &bd, true, b_b, batch, vec![batch, m, k])?;
+                let per = Tensor::matmul_raw(
+                    RawOperand::plain(g, true),
+                    RawOperand::transposed(&bd, b_b),
+                    batch,
+                    vec![batch, m, k],
+                )?;
                 Some(per.sum(&[0], false)?.reshape(ad.shape())?)
             };
             let gb = if !need_b {
                 None
             } else if b_b || batch == 1 {
-                let gb =
-                    Tensor::matmul_raw(&ad, true, a_b, g, false, true, batch, bd.shape().to_vec())?;
+                let gb = Tensor::matmul_raw(
+                    RawOperand::transposed(&ad, a_b),
+                    RawOperand::plain(g, true),
+                    batch,
+                    bd.shape().to_vec(),
+                )?;
                 Some(gb.reshape(bd.shape())?)
             } else {
                 // B shared and A batched: stack the batch into rows, one GEMM of k×(batch·m)·(batch·m)×n.
                 let a2 = ad.reshape(&[batch * m, k])?;
                 let g2 = g.reshape(&[batch * m, n])?;
-                let gb = Tensor::matmul_raw(&a2, true, false, &g2, false, false, 1, vec![k, n])?;
+                let gb = Tensor::matmul_raw(
+                    RawOperand::transposed(&a2, false),
+                    RawOperand::plain(&g2, false),
+                    1,
+                    vec![k, n],
+                )?;
                 Some(gb.reshape(bd.shape())?)
             };
             Ok(vec![ga, gb])

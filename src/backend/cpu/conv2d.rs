@@ -265,22 +265,31 @@ impl Mat {
     fn fits(&self, rows: usize, cols: usize, len: usize) -> bool {
         rows == 0 || cols == 0 || self.offset + (rows - 1) * self.rs + (cols - 1) * self.cs < len
     }
+    /// The matrix this view picks out of `data` (an operand of [`gemm`]).
+    fn over<T>(self, data: &[T]) -> MatIn<'_, T> {
+        MatIn { data, view: self }
+    }
+}
+
+/// A matrix read from a slice through a [`Mat`] view.
+#[derive(Clone, Copy)]
+struct MatIn<'a, T> {
+    data: &'a [T],
+    view: Mat,
 }
 
 /// `dst = a·b` (or `dst += a·b` with `accumulate`), `a: m×k`, `b: k×n`, `dst: m×n`, each read
 /// through its [`Mat`] view.
-#[allow(clippy::too_many_arguments)]
 fn gemm<T: Float + 'static>(
     dst: &mut [T],
     dm: Mat,
-    a: &[T],
-    am: Mat,
-    b: &[T],
-    bm: Mat,
+    a: MatIn<'_, T>,
+    b: MatIn<'_, T>,
     (m, k, n): (usize, usize, usize),
     accumulate: bool,
     par: gemm::Parallelism,
 ) {
+    let (MatIn { data: a, view: am }, MatIn { data: b, view: bm }) = (a, b);
     // The views come from sizes the backend checked against the buffers; this keeps the unsafe
     // call below sound whatever a future caller passes.
     assert!(
@@ -372,10 +381,8 @@ fn forward_kernel<T: ConvFloat>(x: &[T], w: &[T], banks: Option<&[i32]>, d: &Con
         gemm(
             y_b,
             Mat::rows(0, p),
-            w,
-            Mat::rows(bank * oc * k, k),
-            cols,
-            Mat::rows(0, p),
+            Mat::rows(bank * oc * k, k).over(w),
+            Mat::rows(0, p).over(cols),
             (oc, k, p),
             false,
             par,
@@ -416,10 +423,8 @@ fn input_grad_kernel<T: ConvFloat>(
         gemm(
             dcols,
             Mat::rows(0, p),
-            w,
-            Mat::rows(bank * oc * k, k).t(),
-            dy,
-            Mat::rows(b * oc * p, p),
+            Mat::rows(bank * oc * k, k).t().over(w),
+            Mat::rows(b * oc * p, p).over(dy),
             (k, oc, p),
             false,
             par,
@@ -487,10 +492,8 @@ fn weight_grad_kernel<T: ConvFloat>(
                     gemm(
                         &mut part,
                         Mat::rows(0, k),
-                        dy,
-                        Mat::rows(b * oc * p, p),
-                        cols,
-                        Mat::rows(0, p).t(),
+                        Mat::rows(b * oc * p, p).over(dy),
+                        Mat::rows(0, p).t().over(cols),
                         (oc, p, k),
                         b > b0,
                         par,

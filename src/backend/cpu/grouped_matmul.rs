@@ -29,6 +29,14 @@ pub(super) fn expert_runs(row_expert: &[i32], experts: usize) -> Vec<(usize, usi
     runs
 }
 
+/// One operand of [`gemm_into`]: a buffer and where the matrix sits in it (offset, row and
+/// column strides; the batch stride is not used).
+#[derive(Clone, Copy)]
+pub(super) struct GemmOperand<'a, T> {
+    pub(super) data: &'a [T],
+    pub(super) layout: MatLayout,
+}
+
 /// `c = a·b` (or `c += a·b` with `accumulate`) for one `m×k` by `k×n` product with arbitrary
 /// operand strides, written straight into `c` (contiguous, row stride `n`).
 ///
@@ -37,17 +45,24 @@ pub(super) fn expert_runs(row_expert: &[i32], experts: usize) -> Vec<(usize, usi
 ///
 /// # Safety
 /// With `accumulate`, the first m·n elements of `c` must be initialised.
-#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn gemm_into<T: Float + 'static>(
     c: &mut [MaybeUninit<T>],
-    a: &[T],
-    la: MatLayout,
-    b: &[T],
-    lb: MatLayout,
+    a: GemmOperand<'_, T>,
+    b: GemmOperand<'_, T>,
     (m, k, n): (usize, usize, usize),
     accumulate: bool,
     par: gemm::Parallelism,
 ) {
+    let (
+        GemmOperand {
+            data: a,
+            layout: la,
+        },
+        GemmOperand {
+            data: b,
+            layout: lb,
+        },
+    ) = (a, b);
     if m == 0 || n == 0 {
         return;
     }
@@ -179,10 +194,14 @@ pub(super) fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
             unsafe {
                 gemm_into(
                     part,
-                    x,
-                    la,
-                    w,
-                    lb,
+                    GemmOperand {
+                        data: x,
+                        layout: la,
+                    },
+                    GemmOperand {
+                        data: w,
+                        layout: lb,
+                    },
                     (r, k, m),
                     bias.is_some(),
                     gemm::Parallelism::None,
@@ -281,9 +300,19 @@ impl<'a, T: Float + Send + Sync + 'static> WeightGradProblem<'a, T> {
                 row_stride: m,
                 col_stride: 1,
             };
+            let (x, dy) = (
+                GemmOperand {
+                    data: self.x,
+                    layout: la,
+                },
+                GemmOperand {
+                    data: self.dy,
+                    layout: lb,
+                },
+            );
             // SAFETY: the first product writes all of `dw` (no accumulation); later ones add
             // to what it wrote.
-            unsafe { gemm_into(dw, self.x, la, self.dy, lb, (k, r1 - r0, m), !first, par) };
+            unsafe { gemm_into(dw, x, dy, (k, r1 - r0, m), !first, par) };
             first = false;
         }
         if first {

@@ -108,7 +108,6 @@ pub(super) fn scatter_rows<T: Float + Send + Sync>(
     unsafe { write_chunks(outer * len * inner, inner, row) }
 }
 
-#[allow(clippy::too_many_arguments)]
 pub(super) fn scatter_add_kernel<T: Float + Send + Sync>(
     src: &[T],
     idx: &[i32],

@@ -21,7 +21,8 @@ use super::{
 use crate::backend::{
     AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, ExpertBankDims,
     GroupedMatmulDims, HostData, LayerNormDims, MatLayout, MatmulDims, PlanBuffers, Pool2dDims,
-    PoolKind, ReduceOp, SgdHyper, UnaryOp, check_gate_sizes, check_lengths, uniform_hash,
+    PoolKind, ReduceOp, ScatterDims, SgdHyper, Strided, UnaryOp, check_gate_sizes, check_lengths,
+    uniform_hash,
 };
 use crate::{DType, Error, Result};
 
@@ -100,15 +101,13 @@ impl Backend for CpuBackend {
 
     fn where_cond(
         &self,
-        cond: &CpuBuffer,
-        sc: &[usize],
-        a: &CpuBuffer,
-        sa: &[usize],
-        b: &CpuBuffer,
-        sb: &[usize],
+        cond: Strided<'_, CpuBuffer>,
+        a: Strided<'_, CpuBuffer>,
+        b: Strided<'_, CpuBuffer>,
         shape: &[usize],
     ) -> Result<CpuBuffer> {
-        match (cond, a, b) {
+        let (sc, sa, sb) = (cond.strides, a.strides, b.strides);
+        match (cond.buf, a.buf, b.buf) {
             (CpuBuffer::F32(c), CpuBuffer::F32(a), CpuBuffer::F32(b)) => {
                 Ok(f32b(where_kernel(c, sc, a, sa, b, sb, shape)))
             }
@@ -117,9 +116,9 @@ impl Backend for CpuBackend {
             }
             _ => Err(Error::DType(format!(
                 "where needs a condition and two values of one float dtype, got {}, {} and {}",
-                cond.dtype(),
-                a.dtype(),
-                b.dtype()
+                cond.buf.dtype(),
+                a.buf.dtype(),
+                b.buf.dtype()
             ))),
         }
     }
@@ -222,11 +221,14 @@ impl Backend for CpuBackend {
         src: &CpuBuffer,
         idx: &CpuBuffer,
         s: [usize; 3],
-        outer: usize,
-        m: usize,
-        inner: usize,
-        len: usize,
+        dims: ScatterDims,
     ) -> Result<CpuBuffer> {
+        let ScatterDims {
+            outer,
+            m,
+            inner,
+            len,
+        } = dims;
         let idx = idx.indices("scatter_add")?;
         match src {
             CpuBuffer::F32(v) => Ok(f32b(scatter_add_kernel(v, idx, s, outer, m, inner, len)?)),

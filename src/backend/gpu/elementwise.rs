@@ -6,7 +6,7 @@
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::strided::plan;
 use super::{GpuBackend, GpuBuffer, f64_error};
-use crate::backend::{BinaryOp, UnaryOp};
+use crate::backend::{BinaryOp, Strided, UnaryOp};
 use crate::{DType, Error, Result};
 
 /// The kernels of `shaders/elementwise.wgsl`.
@@ -153,17 +153,27 @@ pub(crate) fn binary(
 }
 
 /// `Backend::where_cond` (entry `where_cond`).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn where_cond(
     be: &GpuBackend,
-    cond: &GpuBuffer,
-    sc: &[usize],
-    a: &GpuBuffer,
-    sa: &[usize],
-    b: &GpuBuffer,
-    sb: &[usize],
+    cond: Strided<'_, GpuBuffer>,
+    a: Strided<'_, GpuBuffer>,
+    b: Strided<'_, GpuBuffer>,
     shape: &[usize],
 ) -> Result<GpuBuffer> {
+    let (
+        Strided {
+            buf: cond,
+            strides: sc,
+        },
+        Strided {
+            buf: a,
+            strides: sa,
+        },
+    ) = (cond, a);
+    let Strided {
+        buf: b,
+        strides: sb,
+    } = b;
     if [cond, a, b].iter().any(|t| t.dtype() != DType::F32) {
         return Err(Error::DType(format!(
             "where needs a condition and two values of one float dtype, got {}, {} and {}",

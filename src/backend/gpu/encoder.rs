@@ -42,6 +42,25 @@ pub(crate) const MAX_BATCH: usize = 256;
 /// The largest parameter block a kernel may take, in bytes.
 pub(crate) const MAX_PARAMS: u64 = 256;
 
+/// One kernel dispatch, as [`Batcher::record`] takes it: the compiled kernel, what is bound to
+/// it and the grid.
+pub(crate) struct Dispatch<'a> {
+    /// the kernel's name (`shader.entry`), for the profile
+    pub name: &'a Arc<str>,
+    /// the compiled kernel
+    pub pipeline: &'a wgpu::ComputePipeline,
+    /// its bind group layout
+    pub layout: &'a wgpu::BindGroupLayout,
+    /// the storage buffers, bindings 1..
+    pub storage: &'a [StorageBinding<'a>],
+    /// the parameter words (binding 0)
+    pub params: &'a [u32],
+    /// the size in bytes of the kernel's parameter block (`params` is zero-padded to it)
+    pub params_block: u64,
+    /// the number of workgroups along x, y, z
+    pub groups: [u32; 3],
+}
+
 /// One storage binding of a dispatch: binding number, buffer, bytes bound.
 pub(crate) struct StorageBinding<'a> {
     /// `@binding(n)` in the shader (1..)
@@ -104,21 +123,18 @@ impl Batcher {
         self.batch.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records one dispatch of `pipeline` (the kernel `name`, for the profile) with bind group
-    /// 0 = params slot (binding 0, dynamic offset) plus `storage`, submitting first if the batch
-    /// is full. `params` are the words given and the size in bytes of the kernel's parameter
-    /// block (the words are zero-padded to it).
-    #[allow(clippy::too_many_arguments)]
-    pub fn record(
-        &self,
-        ctx: &Context,
-        name: &Arc<str>,
-        pipeline: &wgpu::ComputePipeline,
-        layout: &wgpu::BindGroupLayout,
-        storage: &[StorageBinding<'_>],
-        (params, block): (&[u32], u64),
-        groups: [u32; 3],
-    ) -> Result<()> {
+    /// Records one [`Dispatch`] with bind group 0 = params slot (binding 0, dynamic offset) plus
+    /// its storage bindings, submitting first if the batch is full.
+    pub fn record(&self, ctx: &Context, dispatch: Dispatch<'_>) -> Result<()> {
+        let Dispatch {
+            name,
+            pipeline,
+            layout,
+            storage,
+            params,
+            params_block: block,
+            groups,
+        } = dispatch;
         let param_bytes: &[u8] = bytemuck::cast_slice(params);
         // the bound range: the block, at least 16 bytes, a multiple of 16
         let bound = block

@@ -19,7 +19,7 @@
 //! workgroups into x and y, and kernels recover the flat index as
 //! `(wg.y · num_workgroups.x + wg.x) · WG + local_index`.
 
-use super::encoder::StorageBinding;
+use super::encoder::{Dispatch, StorageBinding};
 use super::{GpuBackend, GpuBuffer, Inner};
 use crate::{DType, Error, Result};
 use std::collections::HashMap;
@@ -375,15 +375,16 @@ impl GpuBackend {
                 size: (buf.len as u64 * 4).max(4),
             });
         }
-        inner.batcher.record(
-            &inner.ctx,
-            &kernel.name,
-            &kernel.pipeline,
-            &kernel.layout,
-            &storage,
-            (params, kernel.params_size),
+        let dispatch = Dispatch {
+            name: &kernel.name,
+            pipeline: &kernel.pipeline,
+            layout: &kernel.layout,
+            storage: &storage,
+            params,
+            params_block: kernel.params_size,
             groups,
-        )
+        };
+        inner.batcher.record(&inner.ctx, dispatch)
     }
 
     /// A pooled device buffer of `len` elements of `dtype` (F32 or I32), contents undefined.

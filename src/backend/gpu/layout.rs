@@ -18,7 +18,7 @@ use super::kernels::{Shader, grid_1d, u32_param};
 use super::sort::sort_rows;
 use super::strided::plan;
 use super::{GpuBackend, GpuBuffer};
-use crate::backend::AxisView;
+use crate::backend::{AxisView, ScatterDims};
 use crate::{DType, Error, Result};
 
 /// The kernels of `shaders/layout.wgsl`.
@@ -200,17 +200,19 @@ pub(crate) fn gather(
 
 /// `Backend::scatter_add` (entries `scatter_add_loop` / `scatter_add_sorted`): the adjoint of
 /// gather, deterministic, in the CPU's order of additions.
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn scatter_add(
     be: &GpuBackend,
     src: &GpuBuffer,
     idx: &GpuBuffer,
     s: [usize; 3],
-    outer: usize,
-    m: usize,
-    inner: usize,
-    len: usize,
+    dims: ScatterDims,
 ) -> Result<GpuBuffer> {
+    let ScatterDims {
+        outer,
+        m,
+        inner,
+        len,
+    } = dims;
     if src.dtype() != DType::F32 {
         return Err(Error::DType(format!(
             "scatter_add needs a float source, got {}",

@@ -57,7 +57,7 @@ pub use stats::GpuStats;
 use super::{
     AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, ExpertBankDims,
     GroupedMatmulDims, HostData, LayerNormDims, MatLayout, MatmulDims, PlanBuffers, Pool2dDims,
-    PoolKind, ReduceOp, SgdHyper, UnaryOp,
+    PoolKind, ReduceOp, ScatterDims, SgdHyper, Strided, UnaryOp,
 };
 use crate::{DType, Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -423,24 +423,12 @@ impl Backend for GpuBackend {
 
     fn where_cond(
         &self,
-        cond: &GpuBuffer,
-        cond_strides: &[usize],
-        a: &GpuBuffer,
-        a_strides: &[usize],
-        b: &GpuBuffer,
-        b_strides: &[usize],
+        cond: Strided<'_, GpuBuffer>,
+        a: Strided<'_, GpuBuffer>,
+        b: Strided<'_, GpuBuffer>,
         out_shape: &[usize],
     ) -> Result<GpuBuffer> {
-        elementwise::where_cond(
-            self,
-            cond,
-            cond_strides,
-            a,
-            a_strides,
-            b,
-            b_strides,
-            out_shape,
-        )
+        elementwise::where_cond(self, cond, a, b, out_shape)
     }
 
     fn reduce(&self, op: ReduceOp, x: &GpuBuffer, view: AxisView) -> Result<GpuBuffer> {
@@ -494,12 +482,9 @@ impl Backend for GpuBackend {
         src: &GpuBuffer,
         idx: &GpuBuffer,
         idx_strides: [usize; 3],
-        outer: usize,
-        m: usize,
-        inner: usize,
-        len: usize,
+        dims: ScatterDims,
     ) -> Result<GpuBuffer> {
-        layout::scatter_add(self, src, idx, idx_strides, outer, m, inner, len)
+        layout::scatter_add(self, src, idx, idx_strides, dims)
     }
 
     fn cumsum(&self, x: &GpuBuffer, view: AxisView, reverse: bool) -> Result<GpuBuffer> {

@@ -1,0 +1,89 @@
+//! The dependency between the `tensor` and `autograd` modules goes one way: autograd depends
+//! on `tensor` (its nodes hold tensors, its rules compute with them), and `src/tensor.rs` names
+//! nothing of autograd's (see `docs/architecture.md`, "The layers").
+//!
+//! Rust allows modules of one crate to import each other, so the compiler would not notice the
+//! cycle coming back; this test reads the sources as text instead. It collects the names
+//! autograd defines (its types, its free functions, the module path itself) and checks that
+//! none of them occurs in the code of `src/tensor.rs` (comments, which may explain the
+//! relation, are left out).
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+/// `src/` of this crate.
+fn src_dir() -> &'static Path {
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/src"))
+}
+
+/// The source with `//` comments (line, doc and trailing comments) removed.
+fn code_without_comments(source: &str) -> String {
+    source
+        .lines()
+        .map(|line| line.find("//").map_or(line, |at| &line[..at]))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The identifiers of `code`, in order (words of letters, digits and `_`).
+fn identifiers(code: &str) -> Vec<&str> {
+    code.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// The names the `autograd` module defines: its structs, enums, traits and type aliases
+/// (at any depth), its free functions (those at the start of a line), and `autograd` itself.
+fn autograd_names() -> BTreeSet<String> {
+    let mut names = BTreeSet::from(["autograd".to_string()]);
+    let dir = src_dir().join("autograd");
+    let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+    for entry in entries {
+        let path = entry.expect("a directory entry").path();
+        let source =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        for line in code_without_comments(&source).lines() {
+            let words = identifiers(line);
+            let at_column_0 = !line.starts_with(char::is_whitespace);
+            for pair in words.windows(2) {
+                let is_type = matches!(pair[0], "struct" | "enum" | "trait" | "type");
+                if is_type || (at_column_0 && pair[0] == "fn") {
+                    names.insert(pair[1].to_string());
+                }
+            }
+        }
+    }
+    names
+}
+
+#[test]
+fn tensor_rs_names_nothing_from_autograd() {
+    let names = autograd_names();
+    // the collection itself works: these are defined in src/autograd/
+    for expected in [
+        "Node",
+        "LeafGrad",
+        "GroupedWeightGrad",
+        "backward",
+        "no_grad",
+    ] {
+        assert!(
+            names.contains(expected),
+            "autograd_names() missed {expected}: {names:?}"
+        );
+    }
+    let path = src_dir().join("tensor.rs");
+    let source =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let code = code_without_comments(&source);
+    let found: BTreeSet<&str> = identifiers(&code)
+        .into_iter()
+        .filter(|w| names.contains(*w))
+        .collect();
+    assert!(
+        found.is_empty(),
+        "src/tensor.rs uses {found:?} from src/autograd/; the dependency must go one way \
+         (autograd -> tensor): move the code that needs them into autograd's own `impl Tensor` \
+         (src/autograd/leaf.rs)"
+    );
+}
