@@ -1,4 +1,5 @@
-//! The dependency between the `tensor` and `autograd` modules goes one way: autograd depends
+//! Two rules of the source layout, checked as text. No file under `src/` is over 800 lines.
+//! And the dependency between the `tensor` and `autograd` modules goes one way: autograd depends
 //! on `tensor` (its nodes hold tensors, its rules compute with them), and `src/tensor.rs` names
 //! nothing of autograd's (see `docs/architecture.md`, "The layers").
 //!
@@ -86,4 +87,37 @@ fn tensor_rs_names_nothing_from_autograd() {
          (autograd -> tensor): move the code that needs them into autograd's own `impl Tensor` \
          (src/autograd/leaf.rs)"
     );
+}
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
+    for entry in std::fs::read_dir(dir).expect("a readable source directory") {
+        let path = entry.expect("a directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// No source file is longer than a reader takes in at once: 800 lines at most (split a file by
+/// concept when it grows past that, as `backend/cpu/` and `bin/moegrad/` are).
+#[test]
+fn no_source_file_is_over_800_lines() {
+    let mut files = Vec::new();
+    rust_files(src_dir(), &mut files);
+    assert!(
+        files.len() > 50,
+        "found only {} files under src/",
+        files.len()
+    );
+    let long: Vec<String> = files
+        .iter()
+        .filter_map(|f| {
+            let lines = std::fs::read_to_string(f).ok()?.lines().count();
+            (lines > 800).then(|| format!("{} ({lines} lines)", f.display()))
+        })
+        .collect();
+    assert!(long.is_empty(), "files over 800 lines: {long:?}");
 }

@@ -72,6 +72,33 @@ impl AttentionDims {
     }
 }
 
+/// What causal attention's backward reads: the forward's inputs `q`, `k`, `v`, its output `o`
+/// and row log-sum-exp `lse`, and the upstream gradient `d_o` (see
+/// [`crate::backend::Backend::attention_backward`]). `B` is a backend's buffer, or a slice in the
+/// CPU kernel.
+#[derive(Debug)]
+pub struct AttentionGradOperands<'a, B: ?Sized> {
+    /// queries `[heads, seq, head_dim]`
+    pub q: &'a B,
+    /// keys, like `q`
+    pub k: &'a B,
+    /// values, like `q`
+    pub v: &'a B,
+    /// the forward's output, like `q`
+    pub o: &'a B,
+    /// the forward's row log-sum-exp `[heads, seq]`
+    pub lse: &'a B,
+    /// the gradient of the output, like `q`
+    pub d_o: &'a B,
+}
+
+impl<B: ?Sized> Clone for AttentionGradOperands<'_, B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<B: ?Sized> Copy for AttentionGradOperands<'_, B> {}
+
 /// Sizes of a layer normalisation: `rows` rows of `dim` values, each row normalised on its own,
 /// with `eps` added to the variance (see `ops/layer_norm.rs` for the math).
 #[derive(Clone, Copy, Debug, PartialEq)]

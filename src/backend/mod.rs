@@ -18,8 +18,8 @@ mod dims;
 pub mod gpu;
 
 pub use dims::{
-    AttentionDims, AxisView, Conv2dDims, ExpertBankDims, GroupedMatmulDims, LayerNormDims,
-    MatLayout, MatmulDims, Pool2dDims, PoolKind, ScatterDims, Strided,
+    AttentionDims, AttentionGradOperands, AxisView, Conv2dDims, ExpertBankDims, GroupedMatmulDims,
+    LayerNormDims, MatLayout, MatmulDims, Pool2dDims, PoolKind, ScatterDims, Strided,
 };
 
 use crate::{DType, Result};
@@ -439,15 +439,9 @@ pub trait Backend {
     /// output `o` and its `lse`. The scores are recomputed block by block as
     /// `P = e^{s·q·kᵀ − lse}`, with `D_i = Σ_c dO_ic·O_ic`: `dV = Pᵀ·dO`, `dS = P ∘ (dO·Vᵀ − D)`,
     /// `dQ = s·dS·K`, `dK = s·dSᵀ·Q`; no `[seq, seq]` buffer is stored.
-    #[allow(clippy::too_many_arguments)]
     fn attention_backward(
         &self,
-        q: &Self::Buffer,
-        k: &Self::Buffer,
-        v: &Self::Buffer,
-        o: &Self::Buffer,
-        lse: &Self::Buffer,
-        d_o: &Self::Buffer,
+        operands: AttentionGradOperands<'_, Self::Buffer>,
         dims: AttentionDims,
     ) -> Result<(Self::Buffer, Self::Buffer, Self::Buffer)>;
     /// The fused gate of a top-k router, one row of `[rows, n]` at a time: `probs = softmax(logits)`;

@@ -23,7 +23,10 @@
 //! plain loops (`examples/attention_bench.rs`); blocks of 16 and 64 rows were no faster than 32.
 //! Scale `s = 1/√Dh`.
 
-use crate::backend::AttentionDims;
+use super::checks::check_attention_lengths;
+use super::{CpuBuffer, f32b, f64b};
+use crate::backend::{AttentionDims, AttentionGradOperands};
+use crate::{Error, Result};
 use num_traits::Float;
 use rayon::prelude::*;
 
@@ -311,18 +314,100 @@ fn forward_block<T: AttentionFloat>(
     }
 }
 
+/// `Backend::attention_backward` on the CPU: checks the operands' lengths against `dims` and
+/// their dtypes, then runs [`backward`] in f32 or f64.
+pub(super) fn backward_buffers(
+    operands: AttentionGradOperands<'_, CpuBuffer>,
+    dims: AttentionDims,
+) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
+    const WHAT: &str = "attention_backward";
+    let AttentionGradOperands {
+        q,
+        k,
+        v,
+        o,
+        lse,
+        d_o,
+    } = operands;
+    check_attention_lengths(
+        WHAT,
+        &[("q", q), ("k", k), ("v", v), ("o", o), ("dO", d_o)],
+        dims,
+    )?;
+    let rows = dims.heads * dims.seq; // fits: heads·seq·head_dim did, and head_dim ≥ 1
+    if lse.len() != rows {
+        return Err(Error::Shape(format!(
+            "{WHAT}: lse holds {} elements, expected [{}, {}] = {rows}",
+            lse.len(),
+            dims.heads,
+            dims.seq
+        )));
+    }
+    match (q, k, v, o, lse, d_o) {
+        (
+            CpuBuffer::F32(q),
+            CpuBuffer::F32(k),
+            CpuBuffer::F32(v),
+            CpuBuffer::F32(o),
+            CpuBuffer::F32(lse),
+            CpuBuffer::F32(d_o),
+        ) => {
+            let operands = AttentionGradOperands {
+                q: &q[..],
+                k: &k[..],
+                v: &v[..],
+                o: &o[..],
+                lse: &lse[..],
+                d_o: &d_o[..],
+            };
+            let (dq, dk, dv) = backward(operands, dims);
+            Ok((f32b(dq), f32b(dk), f32b(dv)))
+        }
+        (
+            CpuBuffer::F64(q),
+            CpuBuffer::F64(k),
+            CpuBuffer::F64(v),
+            CpuBuffer::F64(o),
+            CpuBuffer::F64(lse),
+            CpuBuffer::F64(d_o),
+        ) => {
+            let operands = AttentionGradOperands {
+                q: &q[..],
+                k: &k[..],
+                v: &v[..],
+                o: &o[..],
+                lse: &lse[..],
+                d_o: &d_o[..],
+            };
+            let (dq, dk, dv) = backward(operands, dims);
+            Ok((f64b(dq), f64b(dk), f64b(dv)))
+        }
+        _ => Err(Error::DType(format!(
+            "{WHAT} needs float buffers of one dtype, got q {}, k {}, v {}, o {}, lse {}, dO {}",
+            q.dtype(),
+            k.dtype(),
+            v.dtype(),
+            o.dtype(),
+            lse.dtype(),
+            d_o.dtype()
+        ))),
+    }
+}
+
 /// Backward: `(dq, dk, dv)`, each `[heads, seq, dh]`. Inputs are slices of exactly the sizes
 /// `d` gives (checked by the caller); sizes ≥ 1.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn backward<T: AttentionFloat>(
-    q: &[T],
-    k: &[T],
-    v: &[T],
-    o: &[T],
-    lse: &[T],
-    d_o: &[T],
+    operands: AttentionGradOperands<'_, [T]>,
     d: AttentionDims,
 ) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let AttentionGradOperands {
+        q,
+        k,
+        v,
+        o,
+        lse,
+        d_o,
+    } = operands;
     let (seq, dh) = (d.seq, d.head_dim);
     let mat = seq * dh;
     // D_i = Σ_c dO_ic·O_ic, one per query row

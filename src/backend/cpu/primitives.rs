@@ -18,6 +18,7 @@ use super::{
     CpuBackend, CpuBuffer, attention, conv2d, copied, cross_entropy, f32b, f64b, filled, i32b,
     layer_norm, pool2d, routing, tabulate,
 };
+use crate::backend::AttentionGradOperands;
 use crate::backend::{
     AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, ExpertBankDims,
     GroupedMatmulDims, HostData, LayerNormDims, MatLayout, MatmulDims, PlanBuffers, Pool2dDims,
@@ -394,62 +395,10 @@ impl Backend for CpuBackend {
 
     fn attention_backward(
         &self,
-        q: &CpuBuffer,
-        k: &CpuBuffer,
-        v: &CpuBuffer,
-        o: &CpuBuffer,
-        lse: &CpuBuffer,
-        d_o: &CpuBuffer,
+        operands: AttentionGradOperands<'_, CpuBuffer>,
         dims: AttentionDims,
     ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
-        const WHAT: &str = "attention_backward";
-        check_attention_lengths(
-            WHAT,
-            &[("q", q), ("k", k), ("v", v), ("o", o), ("dO", d_o)],
-            dims,
-        )?;
-        let rows = dims.heads * dims.seq; // fits: heads·seq·head_dim did, and head_dim ≥ 1
-        if lse.len() != rows {
-            return Err(Error::Shape(format!(
-                "{WHAT}: lse holds {} elements, expected [{}, {}] = {rows}",
-                lse.len(),
-                dims.heads,
-                dims.seq
-            )));
-        }
-        match (q, k, v, o, lse, d_o) {
-            (
-                CpuBuffer::F32(q),
-                CpuBuffer::F32(k),
-                CpuBuffer::F32(v),
-                CpuBuffer::F32(o),
-                CpuBuffer::F32(lse),
-                CpuBuffer::F32(d_o),
-            ) => {
-                let (dq, dk, dv) = attention::backward(q, k, v, o, lse, d_o, dims);
-                Ok((f32b(dq), f32b(dk), f32b(dv)))
-            }
-            (
-                CpuBuffer::F64(q),
-                CpuBuffer::F64(k),
-                CpuBuffer::F64(v),
-                CpuBuffer::F64(o),
-                CpuBuffer::F64(lse),
-                CpuBuffer::F64(d_o),
-            ) => {
-                let (dq, dk, dv) = attention::backward(q, k, v, o, lse, d_o, dims);
-                Ok((f64b(dq), f64b(dk), f64b(dv)))
-            }
-            _ => Err(Error::DType(format!(
-                "{WHAT} needs float buffers of one dtype, got q {}, k {}, v {}, o {}, lse {}, dO {}",
-                q.dtype(),
-                k.dtype(),
-                v.dtype(),
-                o.dtype(),
-                lse.dtype(),
-                d_o.dtype()
-            ))),
-        }
+        attention::backward_buffers(operands, dims)
     }
 
     fn layer_norm_forward(

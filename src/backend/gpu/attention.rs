@@ -15,6 +15,7 @@
 use super::kernels::{Shader, grid_1d};
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::AttentionDims;
+use crate::backend::AttentionGradOperands;
 use crate::{DType, Error, Result};
 
 /// The kernels of `shaders/attention.wgsl`.
@@ -146,17 +147,19 @@ pub(crate) fn attention_forward(
 ///
 /// # Errors
 /// As [`attention_forward`], for every operand (and `lse`, which must be `[heads, seq]`).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_backward(
     be: &GpuBackend,
-    q: &GpuBuffer,
-    k: &GpuBuffer,
-    v: &GpuBuffer,
-    o: &GpuBuffer,
-    lse: &GpuBuffer,
-    d_o: &GpuBuffer,
+    operands: AttentionGradOperands<'_, GpuBuffer>,
     d: AttentionDims,
 ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+    let AttentionGradOperands {
+        q,
+        k,
+        v,
+        o,
+        lse,
+        d_o,
+    } = operands;
     const WHAT: &str = "attention_backward";
     check(
         WHAT,

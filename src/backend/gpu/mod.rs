@@ -59,6 +59,7 @@ use super::{
     GroupedMatmulDims, HostData, LayerNormDims, MatLayout, MatmulDims, PlanBuffers, Pool2dDims,
     PoolKind, ReduceOp, ScatterDims, SgdHyper, Strided, UnaryOp,
 };
+use crate::backend::AttentionGradOperands;
 use crate::{DType, Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -562,15 +563,10 @@ impl Backend for GpuBackend {
 
     fn attention_backward(
         &self,
-        q: &GpuBuffer,
-        k: &GpuBuffer,
-        v: &GpuBuffer,
-        o: &GpuBuffer,
-        lse: &GpuBuffer,
-        d_o: &GpuBuffer,
+        operands: AttentionGradOperands<'_, GpuBuffer>,
         dims: AttentionDims,
     ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
-        attention::attention_backward(self, q, k, v, o, lse, d_o, dims)
+        attention::attention_backward(self, operands, dims)
     }
 
     fn layer_norm_forward(

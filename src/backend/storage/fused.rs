@@ -2,6 +2,7 @@
 //! layer normalisation, cross-entropy, 2-D convolution and 2-D pooling (forward and backward).
 
 use super::*;
+use crate::backend::AttentionGradOperands;
 
 impl Storage {
     /// See [`Backend::attention_forward`]; `self` is `q`. Returns `(o, lse)`.
@@ -44,24 +45,28 @@ impl Storage {
         match self {
             Storage::Cpu(q) => {
                 let (dq, dk, dv) = cpu::CpuBackend.attention_backward(
-                    q,
-                    ok.cpu(),
-                    ov.cpu(),
-                    oo.cpu(),
-                    ol.cpu(),
-                    og.cpu(),
+                    AttentionGradOperands {
+                        q,
+                        k: ok.cpu(),
+                        v: ov.cpu(),
+                        o: oo.cpu(),
+                        lse: ol.cpu(),
+                        d_o: og.cpu(),
+                    },
                     dims,
                 )?;
                 Ok((Storage::Cpu(dq), Storage::Cpu(dk), Storage::Cpu(dv)))
             }
             Storage::Gpu(q) => {
                 let (dq, dk, dv) = gpu::GpuBackend::get()?.attention_backward(
-                    q,
-                    ok.gpu(),
-                    ov.gpu(),
-                    oo.gpu(),
-                    ol.gpu(),
-                    og.gpu(),
+                    AttentionGradOperands {
+                        q,
+                        k: ok.gpu(),
+                        v: ov.gpu(),
+                        o: oo.gpu(),
+                        lse: ol.gpu(),
+                        d_o: og.gpu(),
+                    },
                     dims,
                 )?;
                 Ok((Storage::Gpu(dq), Storage::Gpu(dk), Storage::Gpu(dv)))
