@@ -55,30 +55,11 @@ fn composed(q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
         .matmul(v)
 }
 
-/// Output values and the gradients of q, k, v for the upstream gradient `up`, through `f`.
-fn run(
-    f: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
-    inputs: &[Tensor; 3],
-    up: &[f64],
-) -> (Vec<f64>, [Vec<f64>; 3]) {
-    let leaves = inputs
-        .clone()
-        .map(|t| t.detach().with_grad().expect("a float leaf"));
-    let y = f(&leaves[0], &leaves[1], &leaves[2]).expect("forward");
-    let g = Tensor::from_f64(up.to_vec(), y.shape(), Device::cpu())
-        .and_then(|g| g.to_dtype(y.dtype()))
-        .and_then(|g| g.to_device(y.device()))
-        .expect("upstream gradient");
-    y.backward_with(&g).expect("backward");
-    let grads = leaves.map(|t| t.grad().expect("a gradient").to_vec_f64().unwrap());
-    (y.to_vec_f64().unwrap(), grads)
-}
-
 /// Asserts the fused op and the composed path agree on values and gradients.
 fn assert_matches_composed(what: &str, inputs: &[Tensor; 3], tol: f64) {
     let up = values(inputs[0].numel(), 1.0, 99);
-    let (y, grads) = run(|q, k, v| q.causal_attention(k, v), inputs, &up);
-    let (y_ref, grads_ref) = run(composed, inputs, &up);
+    let (y, grads) = common::run3(|q, k, v| q.causal_attention(k, v), inputs, &up);
+    let (y_ref, grads_ref) = common::run3(composed, inputs, &up);
     common::assert_close(&format!("{what}: output"), &y, &y_ref, tol, tol);
     for (name, (g, r)) in ["dq", "dk", "dv"].iter().zip(grads.iter().zip(&grads_ref)) {
         common::assert_close(&format!("{what}: {name}"), g, r, tol, tol);
@@ -164,8 +145,8 @@ fn f32_matches_f64() {
     let inputs = qkv(&shape, 1.0, 40);
     let up = values(inputs[0].numel(), 1.0, 41);
     let single = inputs.clone().map(|t| t.to_dtype(DType::F32).unwrap());
-    let (y, grads) = run(|q, k, v| q.causal_attention(k, v), &single, &up);
-    let (y_ref, grads_ref) = run(|q, k, v| q.causal_attention(k, v), &inputs, &up);
+    let (y, grads) = common::run3(|q, k, v| q.causal_attention(k, v), &single, &up);
+    let (y_ref, grads_ref) = common::run3(|q, k, v| q.causal_attention(k, v), &inputs, &up);
     common::assert_close("f32 output", &y, &y_ref, 1e-5, 1e-4);
     for (g, r) in grads.iter().zip(&grads_ref) {
         common::assert_close("f32 gradient", g, r, 1e-5, 1e-4);
@@ -184,7 +165,7 @@ fn backward_schedules_give_identical_bits() {
             .num_threads(threads)
             .build()
             .expect("a thread pool")
-            .install(|| run(|q, k, v| q.causal_attention(k, v), &inputs, &up))
+            .install(|| common::run3(|q, k, v| q.causal_attention(k, v), &inputs, &up))
     };
     let (y1, g1) = in_pool(1);
     let (y8, g8) = in_pool(8);
@@ -241,8 +222,8 @@ fn gpu_matches_cpu() {
         let on_gpu = inputs
             .clone()
             .map(|t| t.to_dtype(DType::F32).unwrap().to_device(gpu).unwrap());
-        let (y, grads) = run(|q, k, v| q.causal_attention(k, v), &on_gpu, &up);
-        let (y_ref, grads_ref) = run(|q, k, v| q.causal_attention(k, v), &inputs, &up);
+        let (y, grads) = common::run3(|q, k, v| q.causal_attention(k, v), &on_gpu, &up);
+        let (y_ref, grads_ref) = common::run3(|q, k, v| q.causal_attention(k, v), &inputs, &up);
         common::assert_close(&format!("{what}: GPU output"), &y, &y_ref, 1e-5, 1e-4);
         for (name, (g, r)) in ["dq", "dk", "dv"].iter().zip(grads.iter().zip(&grads_ref)) {
             common::assert_close(&format!("{what}: GPU {name}"), g, r, 2e-5, 1e-3);
@@ -357,7 +338,7 @@ fn packed_matches_the_separate_op_bit_for_bit() {
     {
         let inputs = qkv(shape, 1.0, 80 + i as u64);
         let up = values(inputs[0].numel(), 1.0, 81);
-        let (y, grads) = run(|q, k, v| q.causal_attention(k, v), &inputs, &up);
+        let (y, grads) = common::run3(|q, k, v| q.causal_attention(k, v), &inputs, &up);
         let (y_packed, grad_packed) = run_packed(&packed(&inputs), &up);
         assert_eq!(y_packed, y, "{shape:?}: output");
         let n = inputs[0].numel();

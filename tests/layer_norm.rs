@@ -48,29 +48,10 @@ fn composed(x: &Tensor, gamma: &Tensor, beta: &Tensor, eps: f64) -> Result<Tenso
         .add(beta)
 }
 
-/// Output values and the gradients of x, gamma, beta for the upstream gradient `up`.
-fn run(
-    f: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
-    inputs: &[Tensor; 3],
-    up: &[f64],
-) -> (Vec<f64>, [Vec<f64>; 3]) {
-    let leaves = inputs
-        .clone()
-        .map(|t| t.detach().with_grad().expect("a float leaf"));
-    let y = f(&leaves[0], &leaves[1], &leaves[2]).expect("forward");
-    let g = Tensor::from_f64(up.to_vec(), y.shape(), Device::cpu())
-        .and_then(|g| g.to_dtype(y.dtype()))
-        .and_then(|g| g.to_device(y.device()))
-        .expect("upstream gradient");
-    y.backward_with(&g).expect("backward");
-    let grads = leaves.map(|t| t.grad().expect("a gradient").to_vec_f64().unwrap());
-    (y.to_vec_f64().unwrap(), grads)
-}
-
 fn assert_matches_composed(what: &str, inputs: &[Tensor; 3], eps: f64, tol: f64) {
     let up = values(inputs[0].numel(), 0.0, 1.0, 99);
-    let (y, grads) = run(|x, g, b| x.layer_norm(g, b, eps), inputs, &up);
-    let (y_ref, grads_ref) = run(|x, g, b| composed(x, g, b, eps), inputs, &up);
+    let (y, grads) = common::run3(|x, g, b| x.layer_norm(g, b, eps), inputs, &up);
+    let (y_ref, grads_ref) = common::run3(|x, g, b| composed(x, g, b, eps), inputs, &up);
     common::assert_close(&format!("{what}: output"), &y, &y_ref, tol, tol);
     for (name, (g, r)) in ["dx", "dgamma", "dbeta"]
         .iter()
@@ -118,8 +99,8 @@ fn f32_matches_f64() {
     let x = inputs(&[37, 70], 0.0, 31);
     let up = values(37 * 70, 0.0, 1.0, 32);
     let as32 = x.clone().map(|t| t.to_dtype(DType::F32).unwrap());
-    let (y, grads) = run(|x, g, b| x.layer_norm(g, b, 1e-5), &as32, &up);
-    let (y_ref, grads_ref) = run(|x, g, b| x.layer_norm(g, b, 1e-5), &x, &up);
+    let (y, grads) = common::run3(|x, g, b| x.layer_norm(g, b, 1e-5), &as32, &up);
+    let (y_ref, grads_ref) = common::run3(|x, g, b| x.layer_norm(g, b, 1e-5), &x, &up);
     common::assert_close("f32 output", &y, &y_ref, 1e-5, 1e-4);
     for (g, r) in grads.iter().zip(&grads_ref) {
         common::assert_close("f32 gradient", g, r, 1e-4, 1e-3);
@@ -168,8 +149,8 @@ fn gpu_matches_cpu() {
             .clone()
             .map(|t| t.to_dtype(DType::F32).unwrap().to_device(gpu).unwrap());
         let eps = if shape.last() == Some(&1) { 1e-2 } else { 1e-5 };
-        let (y, grads) = run(|x, g, b| x.layer_norm(g, b, eps), &on_gpu, &up);
-        let (y_ref, grads_ref) = run(|x, g, b| x.layer_norm(g, b, eps), &x, &up);
+        let (y, grads) = common::run3(|x, g, b| x.layer_norm(g, b, eps), &on_gpu, &up);
+        let (y_ref, grads_ref) = common::run3(|x, g, b| x.layer_norm(g, b, eps), &x, &up);
         common::assert_close(&format!("{what}: GPU output"), &y, &y_ref, 1e-5, 1e-4);
         for (name, (g, r)) in ["dx", "dgamma", "dbeta"]
             .iter()

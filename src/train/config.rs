@@ -337,6 +337,11 @@ impl TrainConfig {
     /// let w = cfg.warnings(&["--router", "--lr"]);
     /// assert_eq!(w.len(), 1);
     /// assert!(w[0].contains("--router") && w[0].contains("no MoE layer"));
+    /// // moe-gpt's MLP experts read --expert-hidden; mmoe-cnn's CNN experts do not
+    /// let lm = TrainConfig { model: ModelKind::MoeGpt, ..TrainConfig::default() };
+    /// assert!(lm.warnings(&["--expert-hidden"]).is_empty());
+    /// let cnn = TrainConfig { model: ModelKind::MmoeCnn, ..TrainConfig::default() };
+    /// assert_eq!(cnn.warnings(&["--expert-hidden"]).len(), 1);
     /// ```
     pub fn warnings(&self, given: &[&str]) -> Vec<String> {
         let mut out = Vec::new();
@@ -349,7 +354,7 @@ impl TrainConfig {
                 .collect();
             if !ignored.is_empty() {
                 out.push(format!(
-                    "{} ignored: --model {model} has no MoE layer (the MoE models are moe-mlp, moe-cnn and mmoe-cnn)",
+                    "{} ignored: --model {model} has no MoE layer (the MoE models are moe-mlp, moe-cnn, mmoe-cnn and moe-gpt)",
                     ignored.join(", ")
                 ));
             }
@@ -358,9 +363,9 @@ impl TrainConfig {
                 out.push(
                     "--expert-hidden ignored: synthetic-b's expert bank is fixed (10 → 4)".into(),
                 );
-            } else if self.model != ModelKind::MoeMlp {
+            } else if matches!(self.model, ModelKind::MoeCnn | ModelKind::MmoeCnn) {
                 out.push(format!(
-                    "--expert-hidden ignored: --model {model} has CNN experts of a fixed shape (it sets the MLP experts of moe-mlp)"
+                    "--expert-hidden ignored: --model {model} has CNN experts of a fixed shape (it sets the MLP experts of moe-mlp and moe-gpt)"
                 ));
             }
         }

@@ -6,7 +6,7 @@
 
 use moegrad::data::{Dataset, Mnist, SyntheticB, multimnist};
 use moegrad::train::{DataKind, TrainConfig, models};
-use moegrad::{Device, Tensor};
+use moegrad::{Device, Result, Tensor};
 
 /// The GPU, or `None` (after printing why) when there is no adapter and the GPU is not required.
 pub fn gpu_or_skip(test: &str) -> Option<Device> {
@@ -113,4 +113,25 @@ pub fn initial_test_metrics(cfg: &TrainConfig, split: &TestSplit) -> (f64, Vec<f
     .expect("the model builds");
     moegrad::train::evaluate(model.as_ref(), &split.data, cfg.batch.max(256), device)
         .expect("the initial model evaluates")
+}
+
+/// Output values and the gradients of three inputs through `f` for the upstream gradient `up`
+/// (on `f`'s output device and dtype): the values-and-gradients run of the three-operand fused
+/// ops' tests (attention's q, k, v; layer norm's x, gamma, beta).
+pub fn run3(
+    f: impl Fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+    inputs: &[Tensor; 3],
+    up: &[f64],
+) -> (Vec<f64>, [Vec<f64>; 3]) {
+    let leaves = inputs
+        .clone()
+        .map(|t| t.detach().with_grad().expect("a float leaf"));
+    let y = f(&leaves[0], &leaves[1], &leaves[2]).expect("forward");
+    let g = Tensor::from_f64(up.to_vec(), y.shape(), Device::cpu())
+        .and_then(|g| g.to_dtype(y.dtype()))
+        .and_then(|g| g.to_device(y.device()))
+        .expect("upstream gradient");
+    y.backward_with(&g).expect("backward");
+    let grads = leaves.map(|t| t.grad().expect("a gradient").to_vec_f64().unwrap());
+    (y.to_vec_f64().unwrap(), grads)
 }
