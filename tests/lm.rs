@@ -351,6 +351,9 @@ fn moe_gpt_counts_active_parameters_by_k() {
         model.active_params_per_token(),
         all - experts + experts * 2 / 4
     );
+    // a measured count (threshold routing, drops) scales the experts' share: 1 of 4 here
+    assert_eq!(model.active_params_at(1.0), all - experts + experts / 4);
+    assert_eq!(model.active_params_at(0.0), all - experts);
 }
 
 #[test]

@@ -433,18 +433,30 @@ impl Gpt {
             .sum()
     }
 
-    /// Parameters a token uses: every parameter outside the expert banks, plus k/n of each MoE
-    /// layer's experts (k experts per token, as configured; routers whose count varies, like
-    /// threshold routing, are counted at k).
+    /// Parameters a token uses, by configuration: every parameter outside the expert banks, plus
+    /// k/n of each MoE layer's experts (k experts per token as configured). For routers whose
+    /// count varies (threshold routing, DSelect-k, capacity drops) see
+    /// [`Gpt::active_params_at`] with the measured count.
     pub fn active_params_per_token(&self) -> usize {
+        match &self.config.ffn {
+            FeedForward::Moe { layer, .. } => self.active_params_at(layer.k as f64),
+            FeedForward::Dense { .. } => self.num_params(),
+        }
+    }
+
+    /// Parameters a token uses when it reaches `experts_per_token` experts of each MoE layer on
+    /// average (as measured by training: kept assignments per token): every parameter outside
+    /// the expert banks, plus that fraction of each layer's experts.
+    pub fn active_params_at(&self, experts_per_token: f64) -> usize {
+        let share = match &self.config.ffn {
+            FeedForward::Moe { layer, .. } => experts_per_token / layer.experts.max(1) as f64,
+            FeedForward::Dense { .. } => 1.0,
+        };
         let mut total = 0.0;
         for (name, p) in self.named_params() {
             let n = p.get().numel() as f64;
             total += if name.contains(".moe.experts.") {
-                match &self.config.ffn {
-                    FeedForward::Moe { layer, .. } => n * layer.k as f64 / layer.experts as f64,
-                    FeedForward::Dense { .. } => n,
-                }
+                n * share
             } else {
                 n
             };

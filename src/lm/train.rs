@@ -53,7 +53,8 @@ pub struct LmSummary {
     pub tokens_per_s: f64,
     /// trainable parameters
     pub params: usize,
-    /// parameters one token uses (experts counted at k of n)
+    /// parameters one token uses: each MoE layer's experts counted at the experts per token
+    /// measured over the last interval (`experts_per_token`), or at k of n before any
     pub active_params_per_token: usize,
     /// per MoE layer, the fraction of kept assignments per expert over the last interval
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -444,7 +444,13 @@ impl<'a> LmTrainer<'a> {
             ms_per_iter,
             tokens_per_s: tokens_per_iter / (ms_per_iter / 1e3),
             params: self.param_count,
-            active_params_per_token: self.model.active_params_per_token(),
+            // at the experts per token measured over the last interval where there is one
+            // (threshold routing, DSelect-k and capacity drops make it differ from k)
+            active_params_per_token: last
+                .experts_per_token
+                .map_or(self.model.active_params_per_token(), |e| {
+                    self.model.active_params_at(e)
+                }),
             expert_load: last.routing.as_ref().map(|r| r.0.clone()),
             drop_rate: last.routing.map(|r| r.1),
             experts_per_token: last.experts_per_token,
