@@ -252,6 +252,30 @@ pub(crate) fn check_gate_sizes(what: &str, rows: usize, n: usize, k: usize) -> R
         .ok_or_else(|| crate::Error::Shape(format!("{what}: {rows} × {n} is too large")))
 }
 
+/// Checks the operand lengths of a top-k gate's backward rule: `weights`, `idx` and
+/// `d_weights` hold `rows·k` elements, and the probabilities `rows·n` when they are given
+/// (`probs_given`) or `rows·k` when the weights stand in for them.
+pub(crate) fn check_gate_backward_lengths(
+    what: &str,
+    [weights, idx, d_weights, probs]: [usize; 4],
+    probs_given: bool,
+    (rows, n, k): (usize, usize, usize),
+) -> Result<()> {
+    check_lengths(
+        what,
+        &[
+            ("weights", weights, rows * k),
+            ("idx", idx, rows * k),
+            ("d_weights", d_weights, rows * k),
+            (
+                "probs",
+                probs,
+                if probs_given { rows * n } else { rows * k },
+            ),
+        ],
+    )
+}
+
 /// The primitives a device provides. Buffers are flat and contiguous; each knows its dtype and length.
 ///
 /// Index buffers (`idx` arguments, argsort and argmax outputs) are [`DType::I32`]. Index values are

@@ -22,8 +22,8 @@ use crate::backend::AttentionGradOperands;
 use crate::backend::{
     AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, ExpertBankDims,
     GroupedMatmulDims, HostData, LayerNormDims, MatLayout, MatmulDims, PlanBuffers, Pool2dDims,
-    PoolKind, ReduceOp, ScatterDims, SgdHyper, Strided, UnaryOp, check_gate_sizes, check_lengths,
-    uniform_hash,
+    PoolKind, ReduceOp, ScatterDims, SgdHyper, Strided, UnaryOp, check_gate_backward_lengths,
+    check_gate_sizes, check_lengths, uniform_hash,
 };
 use crate::{DType, Error, Result};
 
@@ -594,18 +594,11 @@ impl Backend for CpuBackend {
         check_gate_sizes(WHAT, rows, n, k)?;
         let idx = idx.indices(WHAT)?;
         let p_buf = probs.unwrap_or(weights);
-        check_lengths(
+        check_gate_backward_lengths(
             WHAT,
-            &[
-                ("weights", weights.len(), rows * k),
-                ("idx", idx.len(), rows * k),
-                ("d_weights", d_weights.len(), rows * k),
-                (
-                    "probs",
-                    p_buf.len(),
-                    if probs.is_some() { rows * n } else { rows * k },
-                ),
-            ],
+            [weights.len(), idx.len(), d_weights.len(), p_buf.len()],
+            probs.is_some(),
+            (rows, n, k),
         )?;
         let dims = (rows, n, k);
         match (weights, d_weights, p_buf) {

@@ -6,7 +6,7 @@
 
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::{GpuBackend, GpuBuffer};
-use crate::backend::{PlanBuffers, check_gate_sizes, check_lengths};
+use crate::backend::{PlanBuffers, check_gate_backward_lengths, check_gate_sizes, check_lengths};
 use crate::{DType, Error, Result};
 
 /// The kernels of `shaders/routing.wgsl`.
@@ -96,18 +96,11 @@ pub(crate) fn topk_gate_backward(
         &[("weights", weights), ("d_weights", d_weights), ("probs", p)],
     )?;
     expect_i32(WHAT, &[("idx", idx)])?;
-    check_lengths(
+    check_gate_backward_lengths(
         WHAT,
-        &[
-            ("weights", weights.len(), rows * k),
-            ("idx", idx.len(), rows * k),
-            ("d_weights", d_weights.len(), rows * k),
-            (
-                "probs",
-                p.len(),
-                if probs.is_some() { rows * n } else { rows * k },
-            ),
-        ],
+        [weights.len(), idx.len(), d_weights.len(), p.len()],
+        probs.is_some(),
+        (rows, n, k),
     )?;
     let out = be.alloc(rows * n, DType::F32)?;
     let params = [
