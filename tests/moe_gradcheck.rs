@@ -409,3 +409,48 @@ fn grouped_matmul_with_bias_passes_gradcheck_and_matches_the_gathered_bias() {
         other => panic!("expected a shape error, got {other:?}"),
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// The fused expert bias over random shapes: values equal the host product plus each routed
+    /// row's expert bias (dropped rows stay exactly zero), and the three gradients pass
+    /// gradcheck in f64.
+    #[test]
+    fn grouped_matmul_with_bias_over_random_shapes(
+        p in grouped_problem(),
+        seed in 0u64..1000,
+    ) {
+        let (row_expert, offsets) = p.routing();
+        let (n, k, m, total) = (p.experts(), p.k, p.m, p.total_rows());
+        let b: Vec<f64> = (0..n * m)
+            .map(|i| ((i as f64 + 1.0) * 0.61 + seed as f64).sin())
+            .collect();
+        let inputs = [
+            common::f64t(&p.x, &[total, k]),
+            common::f64t(&p.w, &[n, k, m]),
+            common::f64t(&b, &[n, m]),
+        ];
+        let y = inputs[0]
+            .grouped_matmul_with_bias(&inputs[1], Some(&inputs[2]), &row_expert, &offsets)
+            .unwrap()
+            .to_vec_f64()
+            .unwrap();
+        let mut want = p.reference();
+        let mut r = 0;
+        for (e, &count) in p.rows.iter().enumerate() {
+            for _ in 0..count {
+                for j in 0..m {
+                    want[r * m + j] += b[e * m + j];
+                }
+                r += 1;
+            }
+        }
+        for (i, (a, w)) in y.iter().zip(&want).enumerate() {
+            prop_assert!((a - w).abs() <= 1e-12, "element {}: {} vs {}", i, a, w);
+        }
+        prop_assert!(y[(total - p.dropped) * m..].iter().all(|&v| v == 0.0));
+        let f = |t: &[Tensor]| t[0].grouped_matmul_with_bias(&t[1], Some(&t[2]), &row_expert, &offsets);
+        prop_assert!(gradcheck(f, &inputs, &GradcheckOptions::default()).is_ok());
+    }
+}
