@@ -211,6 +211,29 @@ fn copied<T: Copy>(values: &[T]) -> Result<Vec<T>> {
 /// Elements per rayon task in the contiguous elementwise loops.
 const MAP_CHUNK: usize = 1 << 14;
 
+/// Runs `f` on one of rayon's worker threads and returns its result (inline when the caller
+/// is one already).
+///
+/// A parallel kernel called from a thread outside rayon's pool hands its work to the pool and
+/// sleeps until a worker has finished it: two thread wake-ups per kernel, tens of microseconds
+/// each. Called from a worker, the same kernel runs its first part on that thread while the
+/// other workers steal the rest. A training step runs a few hundred kernels, so the trainers and
+/// the command-line tool run their whole loop through this (8% of a `moe-gpt` step on the 2-core
+/// development machine, docs/benchmarks.md). A library user's own loop gains the same by
+/// calling it.
+///
+/// ```
+/// let sum: f32 = moegrad::backend::cpu::on_worker_thread(|| (1..=4).map(|i| i as f32).sum());
+/// assert_eq!(sum, 10.0);
+/// ```
+pub fn on_worker_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    if rayon::current_thread_index().is_some() {
+        f()
+    } else {
+        rayon::scope(|_| f())
+    }
+}
+
 /// The CPU backend (stateless; rayon's global pool does the threading).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend;

@@ -302,6 +302,12 @@ pub(super) fn load_and_drop(sums: &[(Tensor, Tensor)]) -> Result<(Vec<Vec<f64>>,
 /// Bad settings or data (named), a diverged run (naming the step and the last good checkpoint),
 /// and the refusals of `--out` and `--resume`.
 pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
+    // on a rayon worker, so that each CPU kernel's parallel part starts without a hand-over
+    crate::backend::cpu::on_worker_thread(|| run_on_this_thread(cfg, opts))
+}
+
+/// [`run`]'s body, on the calling thread.
+fn run_on_this_thread(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
     let cfg = &cfg.clone().with_lm_intervals();
     cfg.validate()?;
     if !cfg.model.is_lm() {

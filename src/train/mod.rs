@@ -389,6 +389,12 @@ fn read_points(path: &Path) -> Vec<EpochPoint> {
 /// record unless `opts.resume` or `opts.overwrite` is set. With `opts.resume` the checkpoint
 /// there must belong to this run (see [`resume::restore`]).
 pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
+    // on a rayon worker, so that each CPU kernel's parallel part starts without a hand-over
+    crate::backend::cpu::on_worker_thread(|| run_on_this_thread(cfg, opts))
+}
+
+/// [`run`]'s body, on the calling thread.
+fn run_on_this_thread(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
     cfg.validate()?;
     if cfg.model.is_lm() {
         return Err(Error::Invalid(format!(

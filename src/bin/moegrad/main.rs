@@ -175,13 +175,17 @@ fn main() -> ExitCode {
     };
     // MOEGRAD_PROFILE=1: a profile of any command, printed on stderr at the end (`train`
     // takes it over and reports it with its results)
-    if moegrad::profile::requested_by_env() {
-        moegrad::profile::enable();
-    }
-    let result = run(cli, &matches);
-    if let Some(report) = moegrad::profile::disable() {
-        eprint!("{}", report.table(PROFILE_TOP));
-    }
+    // (a profile records the thread it was enabled on: the worker thread that runs the command)
+    let result = moegrad::backend::cpu::on_worker_thread(|| {
+        if moegrad::profile::requested_by_env() {
+            moegrad::profile::enable();
+        }
+        let result = run(cli, &matches);
+        if let Some(report) = moegrad::profile::disable() {
+            eprint!("{}", report.table(PROFILE_TOP));
+        }
+        result
+    });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
