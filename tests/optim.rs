@@ -161,6 +161,61 @@ fn clipping_scales_gradients_on_the_device() {
     }
 }
 
+/// The global norm over several gradients of different sizes (one spanning several of the CPU
+/// sum's parallel chunks), in f32 and in f64, against the host's sum of squares.
+#[test]
+fn the_global_norm_sums_every_gradient() {
+    for dev in common::devices("the_global_norm_sums_every_gradient") {
+        for f64_params in [false, true] {
+            let mut named = Vec::new();
+            let mut expected = 0.0f64;
+            for (i, len) in [3usize, 40_000, 17].into_iter().enumerate() {
+                let c: Vec<f64> = (0..len)
+                    .map(|j| ((j * 7 + i) % 13) as f64 * 0.1 - 0.6)
+                    .collect();
+                let zeros = vec![0.0; len];
+                let value = if f64_params && dev == Device::Cpu {
+                    Tensor::from_f64(zeros, &[len], dev)
+                } else {
+                    Tensor::from_f32(zeros.iter().map(|&v| v as f32).collect(), &[len], dev)
+                };
+                let param = Param::new(value.unwrap()).unwrap();
+                // the gradient at p = 0 is c (rounded to the parameter's dtype)
+                let loss = param
+                    .get()
+                    .mul(&if f64_params && dev == Device::Cpu {
+                        Tensor::from_f64(c, &[len], dev).unwrap()
+                    } else {
+                        Tensor::from_f32(c.iter().map(|&v| v as f32).collect(), &[len], dev)
+                            .unwrap()
+                    })
+                    .unwrap()
+                    .sum_all()
+                    .unwrap();
+                loss.backward().unwrap();
+                expected += param
+                    .get()
+                    .grad()
+                    .unwrap()
+                    .to_vec_f64()
+                    .unwrap()
+                    .iter()
+                    .map(|g| g * g)
+                    .sum::<f64>();
+                named.push((format!("p{i}"), param));
+            }
+            let (norm, scale) = clip_grad_norm(&named, 1.0).unwrap().unwrap();
+            let norm = norm.item().unwrap();
+            assert!(
+                (norm - expected.sqrt()).abs() <= 1e-5 * expected.sqrt(),
+                "{dev:?} f64 {f64_params}: norm {norm}, expected {}",
+                expected.sqrt()
+            );
+            assert!((scale.item().unwrap() - 1.0 / (norm + 1e-6)).abs() < 1e-6);
+        }
+    }
+}
+
 #[test]
 fn schedules_warm_up_and_decay() {
     let s = Schedule::new(1.0, 4, 14, ScheduleKind::Cosine { min_lr: 0.0 }).unwrap();

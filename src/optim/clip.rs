@@ -3,12 +3,14 @@
 //! gradients by the factor inside its update kernel, so nothing is read back. On the GPU both
 //! come from one fused kernel over 24 gradients at a time plus one that forms the factor
 //! (`GpuBackend::grad_norm_clip`), where the composed version took three or four small
-//! dispatches per parameter.
+//! dispatches per parameter. On the CPU the squares are summed in f64 in one parallel pass over
+//! the gradients' values ([`cpu_sum_of_squares`]).
 
 use crate::backend::Storage;
+use crate::backend::cpu::CpuBuffer;
 use crate::backend::gpu::GpuBackend;
 use crate::nn::Param;
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Device, Error, Result, Tensor};
 
 /// Returns `(norm, scale)` for the gradients of `params` (both one-element tensors on the
 /// parameters' device), or `None` when no parameter has a gradient. An error while computing a
@@ -53,6 +55,15 @@ pub fn clip_grad_norm(
             Tensor::from_storage(Storage::Gpu(scale), vec![1]),
         )));
     }
+    if let Some(total) = cpu_sum_of_squares(&grads) {
+        let dtype = grads[0].dtype();
+        let norm = total.sqrt();
+        let scale = (max_norm / (norm + 1e-6)).clamp(0.0, 1.0);
+        return Ok(Some((
+            Tensor::scalar(norm, dtype, Device::Cpu)?.reshape(&[1])?,
+            Tensor::scalar(scale, dtype, Device::Cpu)?.reshape(&[1])?,
+        )));
+    }
     let mut total: Option<Tensor> = None;
     for g in grads {
         let sq = g.mul(&g)?.sum_all()?;
@@ -72,10 +83,31 @@ pub fn clip_grad_norm(
     Ok(Some((norm, scale)))
 }
 
+/// `Σ_i ‖g_i‖²` in f64 when every gradient is a CPU buffer of one float dtype (`None`
+/// otherwise): one parallel pass over the host values, where the composed version squared each
+/// gradient into a new buffer and then summed it.
+fn cpu_sum_of_squares(grads: &[Tensor]) -> Option<f64> {
+    use rayon::prelude::*;
+    fn sum_sq<T: Copy + Into<f64> + Sync>(v: &[T]) -> f64 {
+        v.par_chunks(1 << 14)
+            .map(|c| c.iter().map(|&x| x.into() * x.into()).sum::<f64>())
+            .sum()
+    }
+    let dtype = grads.first()?.dtype();
+    let mut total = 0.0;
+    for g in grads {
+        total += match (g.storage(), dtype) {
+            (Storage::Cpu(CpuBuffer::F32(v)), DType::F32) => sum_sq(v),
+            (Storage::Cpu(CpuBuffer::F64(v)), DType::F64) => sum_sq(v),
+            _ => return None,
+        };
+    }
+    Some(total)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::Device;
     use crate::autograd::GroupedWeightGrad;
 
     #[test]

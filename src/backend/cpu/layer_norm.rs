@@ -29,8 +29,12 @@ fn lane_sum<T: Float>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T) -> T 
         b.chunks_exact(LANES),
         c.chunks_exact(LANES),
     );
-    let tail = (ca.remainder().iter().zip(cb.remainder()).zip(cc.remainder()))
-        .fold(T::zero(), |s, ((&x, &y), &z)| s + f(x, y, z));
+    let tail = (ca
+        .remainder()
+        .iter()
+        .zip(cb.remainder())
+        .zip(cc.remainder()))
+    .fold(T::zero(), |s, ((&x, &y), &z)| s + f(x, y, z));
     for ((xa, xb), xc) in ca.zip(cb).zip(cc) {
         for l in 0..LANES {
             acc[l] = acc[l] + f(xa[l], xb[l], xc[l]);
