@@ -15,7 +15,8 @@
 //             with op the UnaryOp's index in declaration order (0 Neg .. 18 MulScalar) and p0, p1
 //             its f32 parameters (Powf p; Clamp lo, hi; AddScalar c; MulScalar c).
 //             x (binding 1, read, array<f32>) -> out (binding 2, read_write, array<f32>), both [n].
-// binary      a + b, a < b, ... with broadcasting (backend::BinaryOp, op = index 0 Add .. 12 Ne).
+// binary      a + b, a < b, ... with broadcasting (backend::BinaryOp, op = index 0 Add .. 12 Ne,
+//             13 GeluBackward: a * gelu'(b)).
 //             params BinaryParams { w: array<vec4<u32>, 7> } read as 28 words:
 //             w[0] = n, w[1] = rank (<= 8), w[2] = op, w[4..12] = out shape,
 //             w[12..20] = a strides, w[20..28] = b strides (elements; 0 for a broadcast dim).
@@ -132,6 +133,15 @@ const BINARY_LT: u32 = 9u;
 const BINARY_LE: u32 = 10u;
 const BINARY_EQ: u32 = 11u;
 const BINARY_NE: u32 = 12u;
+const BINARY_GELU_BACKWARD: u32 = 13u;
+
+// GELU's slope (tanh form): 0.5·(1 + tanh u) + 0.5·x·(1 − tanh² u)·u', u = K·(x + C·x³).
+fn gelu_grad(x: f32) -> f32 {
+    let inner = GELU_K * (x + GELU_C * x * x * x);
+    let t = tanh_safe(inner);
+    let dinner = GELU_K * (1.0 + 3.0 * GELU_C * x * x);
+    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner;
+}
 
 fn apply_unary(op: u32, x: f32, p0: f32, p1: f32) -> f32 {
     switch op {
@@ -145,12 +155,7 @@ fn apply_unary(op: u32, x: f32, p0: f32, p1: f32) -> f32 {
             let inner = GELU_K * (x + GELU_C * x * x * x);
             return 0.5 * x * (1.0 + tanh_safe(inner));
         }
-        case UNARY_GELU_GRAD: {
-            let inner = GELU_K * (x + GELU_C * x * x * x);
-            let t = tanh_safe(inner);
-            let dinner = GELU_K * (1.0 + 3.0 * GELU_C * x * x);
-            return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner;
-        }
+        case UNARY_GELU_GRAD: { return gelu_grad(x); }
         case UNARY_SILU: { return x / (1.0 + exp(-x)); }
         case UNARY_TANH: { return tanh_safe(x); }
         case UNARY_SIGMOID: { return 1.0 / (1.0 + exp(-x)); }
@@ -185,6 +190,7 @@ fn apply_binary(op: u32, a: f32, b: f32) -> f32 {
         case BINARY_LE: { return select(0.0, 1.0, a <= b); }
         case BINARY_EQ: { return select(0.0, 1.0, a == b); }
         case BINARY_NE: { return select(1.0, 0.0, a == b); }
+        case BINARY_GELU_BACKWARD: { return a * gelu_grad(b); }
         default: { return nan_f32(); }
     }
 }

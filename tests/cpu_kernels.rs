@@ -960,6 +960,51 @@ fn vectorised_f32_gelu_and_its_derivative_match_the_tanh_form_in_f64() {
     assert!(nan.is_nan(), "gelu(NaN) = {nan}");
 }
 
+/// `BinaryOp::GeluBackward` (GELU's backward in one pass) gives, bit for bit, the gradient times
+/// the separately computed slope, over several parallel chunks; a broadcast operand takes the
+/// general path and agrees with the tanh form in f64.
+#[test]
+fn fused_gelu_backward_is_the_gradient_times_the_slope() {
+    use moegrad::backend::{BinaryOp, UnaryOp};
+    let n = 70_001;
+    let xs: Vec<f32> = (0..n).map(|i| (i as f32 - 35_000.0) * 3e-4).collect();
+    let gs: Vec<f32> = (0..n).map(|i| ((i % 17) as f32 - 8.0) * 0.25).collect();
+    let (x, g) = (up(HostData::F32(xs.clone())), up(HostData::F32(gs.clone())));
+    let fused = down_f64(
+        &CPU.binary(BinaryOp::GeluBackward, &g, &[1], &x, &[1], &[n])
+            .unwrap(),
+    );
+    let slope = CPU.unary(UnaryOp::GeluGrad, &x).unwrap();
+    let composed = down_f64(
+        &CPU.binary(BinaryOp::Mul, &g, &[1], &slope, &[1], &[n])
+            .unwrap(),
+    );
+    for i in 0..n {
+        assert_eq!(
+            fused[i].to_bits(),
+            composed[i].to_bits(),
+            "x {} g {}: fused {} composed {}",
+            xs[i],
+            gs[i],
+            fused[i],
+            composed[i]
+        );
+    }
+    // one gradient value broadcast over every x: the general (strided) path
+    let one = up(HostData::F32(vec![1.5]));
+    let broadcast = down_f64(
+        &CPU.binary(BinaryOp::GeluBackward, &one, &[0], &x, &[1], &[n])
+            .unwrap(),
+    );
+    for (&x, &got) in xs.iter().zip(&broadcast) {
+        let want = 1.5 * gelu_reference(x as f64).1;
+        assert!(
+            (got - want).abs() <= 1e-5,
+            "1.5·gelu'({x}) = {got}, want {want}"
+        );
+    }
+}
+
 fn run_one(op: moegrad::backend::UnaryOp, x: f32) -> f64 {
     down_f64(&CPU.unary(op, &up(HostData::F32(vec![x]))).unwrap())[0]
 }

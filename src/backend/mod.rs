@@ -97,6 +97,9 @@ pub enum BinaryOp {
     Eq,
     /// `a != b`
     Ne,
+    /// `a · gelu'(b)`: GELU's backward in one pass, the upstream gradient `a` times the slope of
+    /// GELU (tanh form) at the input `b`
+    GeluBackward,
 }
 
 /// Reductions along one axis.

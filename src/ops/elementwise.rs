@@ -1,7 +1,7 @@
 //! Elementwise functions of one tensor: each forward is one backend `unary` kernel, each backward
 //! a line of tensor algebra (d/dx of the function times the upstream gradient).
 
-use crate::backend::UnaryOp;
+use crate::backend::{BinaryOp, UnaryOp};
 use crate::{Result, Tensor};
 
 impl Tensor {
@@ -93,7 +93,7 @@ impl Tensor {
     /// GELU, tanh approximation `0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))` (as in GPT-2/BERT code).
     pub fn gelu(&self) -> Result<Tensor> {
         self.unary_with_rule(UnaryOp::Gelu, "gelu", |g, x, _| {
-            g.mul(&x.map_unary(UnaryOp::GeluGrad)?)
+            g.map_binary(x, BinaryOp::GeluBackward)
         })
     }
     /// `x·σ(x)`; d/dx = σ(x)·(1 + x·(1 − σ(x)))

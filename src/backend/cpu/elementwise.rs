@@ -134,6 +134,7 @@ pub(super) fn apply_binary<T: Float>(op: BinaryOp, a: T, b: T) -> T {
         BinaryOp::Le => flag(a <= b),
         BinaryOp::Eq => flag(a == b),
         BinaryOp::Ne => flag(a != b),
+        BinaryOp::GeluBackward => a * apply_unary(UnaryOp::GeluGrad, b),
     }
 }
 

@@ -160,3 +160,38 @@ pub(super) fn map1_f32_wide(x: &[f32], f: WideF32) -> Vec<f32> {
     // SAFETY: chunk k of the output is zipped with the same-length chunk k of `x`.
     unsafe { write_chunks(x.len(), MAP_CHUNK, body) }
 }
+
+/// `out[i] = g[i]·gelu'(x[i])`, GELU's backward in one pass over two equal-length buffers
+/// (`BinaryOp::GeluBackward`), compiled for AVX2 when the processor has it like
+/// [`map1_f32_wide`]. Composed, it took two passes and a buffer for the slope.
+pub(super) fn gelu_backward_f32(g: &[f32], x: &[f32]) -> Vec<f32> {
+    #[inline(always)]
+    fn chunk_loop(g: &[f32], x: &[f32], o: &mut [MaybeUninit<f32>]) {
+        for ((o, &g), &x) in o.iter_mut().zip(g).zip(x) {
+            o.write(g * gelu_and_grad_f32(x).1);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn chunk_loop_avx2(g: &[f32], x: &[f32], o: &mut [MaybeUninit<f32>]) {
+        chunk_loop(g, x, o)
+    }
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx2 = false;
+    let n = g.len().min(x.len());
+    let body = |k: usize, o: &mut [MaybeUninit<f32>]| {
+        let r = k * MAP_CHUNK..k * MAP_CHUNK + o.len();
+        let (g, x) = (&g[r.clone()], &x[r]);
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: AVX2 was detected on this processor.
+            return unsafe { chunk_loop_avx2(g, x, o) };
+        }
+        let _ = avx2;
+        chunk_loop(g, x, o)
+    };
+    // SAFETY: chunk k of the output is zipped with the same-length chunks k of `g` and `x`.
+    unsafe { write_chunks(n, MAP_CHUNK, body) }
+}

@@ -7,8 +7,8 @@
 use super::checks::{
     check_attention_lengths, check_cross_entropy, check_grouped_bias, check_layer_norm_lengths,
 };
-use super::elementwise::{binary_kernel, strided_apply, unary_kernel, where_kernel};
-use super::fast_math::{WideF32, map1_f32_wide};
+use super::elementwise::{binary_kernel, is_contiguous, strided_apply, unary_kernel, where_kernel};
+use super::fast_math::{WideF32, gelu_backward_f32, map1_f32_wide};
 use super::grouped_matmul::{WeightGradProblem, expert_routing, grouped_matmul_kernel};
 use super::layout::{concat_kernel, gather_kernel, scatter_add_kernel};
 use super::matmul::matmul_kernel;
@@ -85,7 +85,16 @@ impl Backend for CpuBackend {
         sb: &[usize],
         shape: &[usize],
     ) -> Result<CpuBuffer> {
+        let n: usize = shape.iter().product();
+        let contiguous = |s: &[usize], len: usize| len == n && is_contiguous(shape, s);
         match (a, b) {
+            (CpuBuffer::F32(a), CpuBuffer::F32(b))
+                if op == BinaryOp::GeluBackward
+                    && contiguous(sa, a.len())
+                    && contiguous(sb, b.len()) =>
+            {
+                Ok(f32b(gelu_backward_f32(a, b)))
+            }
             (CpuBuffer::F32(a), CpuBuffer::F32(b)) => {
                 Ok(f32b(binary_kernel(op, a, sa, b, sb, shape)))
             }

@@ -119,6 +119,7 @@ fn binary_code(op: BinaryOp) -> u32 {
         BinaryOp::Le => 10,
         BinaryOp::Eq => 11,
         BinaryOp::Ne => 12,
+        BinaryOp::GeluBackward => 13,
     }
 }
 
@@ -244,6 +245,7 @@ mod tests {
             BinaryOp::Le => "BINARY_LE",
             BinaryOp::Eq => "BINARY_EQ",
             BinaryOp::Ne => "BINARY_NE",
+            BinaryOp::GeluBackward => "BINARY_GELU_BACKWARD",
         }
     }
 
@@ -288,6 +290,7 @@ mod tests {
             BinaryOp::Le,
             BinaryOp::Eq,
             BinaryOp::Ne,
+            BinaryOp::GeluBackward,
         ];
         let pairs: Vec<(&str, u32)> = unary
             .iter()
