@@ -1,7 +1,8 @@
 //! Elementwise kernels: `unary`, `binary` (with broadcasting through strides), `where_cond` and
 //! the strided copy behind `copy_strided`. Contiguous operands go through [`map1`] / [`map2`],
 //! whose concrete closures vectorise; broadcast operands through [`rows_apply`] and
-//! [`strided_apply`], which compute each row's offset once. The f32 `exp`, `ln` and GELU have
+//! [`strided_apply`], which compute each row's offset once; copies through [`strided_copy`],
+//! which steps from row to row. The f32 `exp`, `ln` and GELU have
 //! their own vectorisable loops in `fast_math.rs`.
 
 use super::{MAP_CHUNK, write_chunks};
@@ -65,6 +66,62 @@ pub(super) fn strided_apply<T: Copy + Send + Sync + Default, const N: usize>(
     };
     // SAFETY: `row` writes every element of its row.
     unsafe { write_chunks(n, last, row) }
+}
+
+/// A contiguous copy of the strided view `(shape, strides)` of `x` (`Backend::copy_strided`:
+/// permute, transpose, slice, expand). The output is cut into its rows (the last axis); each
+/// task takes a run of rows, finds its first row's offset with one division per axis and then
+/// steps from row to row like an odometer, so a row costs a few additions and the copy of its
+/// elements (a plain slice copy when the last axis has stride 1, as in every permute that keeps
+/// the last axis). The caller checked that every offset is inside `x`.
+pub(super) fn strided_copy<T: Copy + Send + Sync>(
+    x: &[T],
+    shape: &[usize],
+    strides: &[usize],
+) -> Vec<T> {
+    let n: usize = shape.iter().product();
+    if n == 0 {
+        return Vec::new();
+    }
+    let Some((&last, lead)) = shape.split_last() else {
+        return vec![x[0]]; // a scalar
+    };
+    let (&last_stride, lead_strides) = strides.split_last().unwrap_or((&1, &[]));
+    let rows_per_task = (MAP_CHUNK / last).max(1);
+    let task = |t: usize, block: &mut [MaybeUninit<T>]| {
+        let first = t * rows_per_task;
+        // the first row's index along each leading axis, and its offset in x
+        let mut index = vec![0; lead.len()];
+        let mut rest = first;
+        for d in (0..lead.len()).rev() {
+            index[d] = rest % lead[d];
+            rest /= lead[d];
+        }
+        let mut base = strided_offset(first, lead, lead_strides);
+        for row in block.chunks_mut(last) {
+            if last_stride == 1 {
+                for (o, &v) in row.iter_mut().zip(&x[base..base + last]) {
+                    o.write(v);
+                }
+            } else {
+                for (j, o) in row.iter_mut().enumerate() {
+                    o.write(x[base + j * last_stride]);
+                }
+            }
+            // the next row: the last leading axis steps, carrying into the ones before it
+            for d in (0..lead.len()).rev() {
+                index[d] += 1;
+                base += lead_strides[d];
+                if index[d] < lead[d] {
+                    break;
+                }
+                index[d] = 0;
+                base -= lead_strides[d] * lead[d];
+            }
+        }
+    };
+    // SAFETY: task t's block is rows t·rows_per_task.. of the output, and it writes each row.
+    unsafe { write_chunks(n, rows_per_task * last, task) }
 }
 
 pub(super) fn apply_unary<T: Float>(op: UnaryOp, x: T) -> T {

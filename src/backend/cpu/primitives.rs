@@ -7,7 +7,7 @@
 use super::checks::{
     check_attention_lengths, check_cross_entropy, check_grouped_bias, check_layer_norm_lengths,
 };
-use super::elementwise::{binary_kernel, is_contiguous, strided_apply, unary_kernel, where_kernel};
+use super::elementwise::{binary_kernel, is_contiguous, strided_copy, unary_kernel, where_kernel};
 use super::fast_math::{WideF32, gelu_backward_f32, map1_f32_wide};
 use super::grouped_matmul::{WeightGradProblem, expert_routing, grouped_matmul_kernel};
 use super::layout::{concat_kernel, gather_kernel, scatter_add_kernel};
@@ -175,7 +175,7 @@ impl Backend for CpuBackend {
         if shape.iter().product::<usize>() == 0 {
             return Ok(any_map!(x, _v => Vec::new()));
         }
-        Ok(any_map!(x, v => strided_apply(shape, [(&v[offset.min(v.len())..], strides)], |[e]| e)))
+        Ok(any_map!(x, v => strided_copy(&v[offset.min(v.len())..], shape, strides)))
     }
 
     fn concat(
