@@ -1133,6 +1133,9 @@ fn strided_copy_matches_the_definition() {
                 x[at]
             })
             .collect();
-        assert_eq!(got, want, "shape {shape:?} strides {strides:?} offset {offset}");
+        assert_eq!(
+            got, want,
+            "shape {shape:?} strides {strides:?} offset {offset}"
+        );
     }
 }

@@ -88,10 +88,21 @@ pub fn clip_grad_norm(
 /// gradient into a new buffer and then summed it.
 fn cpu_sum_of_squares(grads: &[Tensor]) -> Option<f64> {
     use rayon::prelude::*;
+    // eight running sums per chunk, so that the loop vectorises and no addition waits for the
+    // one before it
     fn sum_sq<T: Copy + Into<f64> + Sync>(v: &[T]) -> f64 {
-        v.par_chunks(1 << 14)
-            .map(|c| c.iter().map(|&x| x.into() * x.into()).sum::<f64>())
-            .sum()
+        let chunk_sum = |c: &[T]| {
+            let mut lanes = [0.0f64; 8];
+            let whole = c.chunks_exact(8);
+            let tail: f64 = whole.remainder().iter().map(|&x| x.into() * x.into()).sum();
+            for w in whole {
+                for (acc, &x) in lanes.iter_mut().zip(w) {
+                    *acc += x.into() * x.into();
+                }
+            }
+            lanes.iter().sum::<f64>() + tail
+        };
+        v.par_chunks(1 << 14).map(chunk_sum).sum()
     }
     let dtype = grads.first()?.dtype();
     let mut total = 0.0;

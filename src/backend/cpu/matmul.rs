@@ -14,29 +14,30 @@ pub(super) fn matmul_kernel<T: Float + Send + Sync + 'static>(
     d: MatmulDims,
 ) -> Vec<T> {
     let MatmulDims { batch, m, k, n } = d;
-    let mut c = zeroed(batch * m * n);
-    if m == 0 || n == 0 {
-        return c;
+    if m == 0 || n == 0 || k == 0 {
+        return zeroed(batch * m * n);
     }
+    // Not zeroed first: `gemm` is told not to read the output, and writes every element of it.
+    let mut c =
+        super::pool::take(batch * m * n).unwrap_or_else(|_| Vec::with_capacity(batch * m * n));
     let par = if m * n * k >= 64 * 64 * 64 {
         gemm::Parallelism::Rayon(0)
     } else {
         gemm::Parallelism::None
     };
-    for (bi, cb) in c.chunks_mut(m * n).enumerate() {
+    let out = &mut c.spare_capacity_mut()[..batch * m * n];
+    for (bi, cb) in out.chunks_mut(m * n).enumerate() {
         let a_off = la.offset + bi * la.batch_stride;
         let b_off = lb.offset + bi * lb.batch_stride;
-        if k == 0 {
-            continue;
-        }
         // SAFETY: the Tensor layer checked that every (row, col) of both operands addresses an
-        // element inside its buffer, and `cb` is exactly m·n elements with row stride n.
+        // element inside its buffer, and `cb` is exactly m·n elements with row stride n, which
+        // gemm writes without reading (`read_dst` false).
         unsafe {
             gemm::gemm(
                 m,
                 n,
                 k,
-                cb.as_mut_ptr(),
+                cb.as_mut_ptr() as *mut T,
                 1,
                 n as isize,
                 false,
@@ -55,5 +56,7 @@ pub(super) fn matmul_kernel<T: Float + Send + Sync + 'static>(
             );
         }
     }
+    // SAFETY: every one of the batch·m·n elements was written by its batch's product above.
+    unsafe { c.set_len(batch * m * n) };
     c
 }
