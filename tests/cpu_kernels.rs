@@ -1139,3 +1139,31 @@ fn strided_copy_matches_the_definition() {
         );
     }
 }
+
+/// `Tensor::gelu` on the CPU in f32 keeps the slope from its forward pass: its value and the
+/// gradient it passes back are, bit for bit, the separately computed GELU and the gradient
+/// times the separately computed slope (with and without a gradient being recorded).
+#[test]
+fn gelu_keeps_its_slope_for_backward_on_the_cpu() {
+    use moegrad::backend::UnaryOp;
+    use moegrad::{Device, Tensor};
+    let n = 40_003;
+    let xs: Vec<f32> = (0..n).map(|i| (i as f32 - 20_000.0) * 4e-4).collect();
+    let gs: Vec<f32> = (0..n).map(|i| ((i % 11) as f32 - 5.0) * 0.5).collect();
+    let x = Tensor::from_f32(xs.clone(), &[n], Device::Cpu).unwrap().with_grad().unwrap();
+    let y = x.gelu().unwrap();
+    let g = Tensor::from_f32(gs.clone(), &[n], Device::Cpu).unwrap();
+    y.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
+    let xb = up(HostData::F32(xs.clone()));
+    let want_y = down_f64(&CPU.unary(UnaryOp::Gelu, &xb).unwrap());
+    let slope = down_f64(&CPU.unary(UnaryOp::GeluGrad, &xb).unwrap());
+    let got_y = y.to_vec_f64().unwrap();
+    let got_dx = x.grad().unwrap().to_vec_f64().unwrap();
+    let untracked = Tensor::from_f32(xs, &[n], Device::Cpu).unwrap().gelu().unwrap();
+    assert_eq!(got_y, want_y, "the value with the slope kept");
+    assert_eq!(untracked.to_vec_f64().unwrap(), want_y, "the value without");
+    for i in 0..n {
+        let want = (gs[i] * slope[i] as f32) as f64;
+        assert_eq!(got_dx[i].to_bits(), want.to_bits(), "dx[{i}]: {} vs {want}", got_dx[i]);
+    }
+}

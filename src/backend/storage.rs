@@ -150,6 +150,18 @@ impl Storage {
     pub fn unary(&self, op: UnaryOp) -> Result<Storage> {
         dispatch!(self, be, x => be.unary(op, x))
     }
+    /// GELU and its slope in one pass where the backend has that kernel: the CPU in f32, where
+    /// both come from one exponential and backward becomes a plain product. `None` elsewhere
+    /// (on the GPU a second output would cost a buffer per layer, and backward's fused pass
+    /// recomputes the slope instead).
+    pub fn gelu_and_slope(&self) -> Option<(Storage, Storage)> {
+        match self {
+            Storage::Cpu(x) => cpu::CpuBackend
+                .gelu_and_slope(x)
+                .map(|(y, s)| (Storage::Cpu(y), Storage::Cpu(s))),
+            Storage::Gpu(_) => None,
+        }
+    }
     /// See [`Backend::binary`].
     pub fn binary(
         &self,

@@ -91,7 +91,23 @@ impl Tensor {
         })
     }
     /// GELU, tanh approximation `0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))` (as in GPT-2/BERT code).
+    ///
+    /// Backward is `g·gelu'(x)`. When the gradient will be needed and the backend computes the
+    /// slope alongside the value (the CPU in f32: one exponential for both), the forward pass
+    /// keeps the slope and backward is one product; otherwise backward forms `g·gelu'(x)` in one
+    /// fused pass (`BinaryOp::GeluBackward`).
     pub fn gelu(&self) -> Result<Tensor> {
+        let _profile = crate::profile::op("gelu");
+        if crate::is_grad_enabled()
+            && self.requires_grad()
+            && let Some((y, slope)) = self.storage().gelu_and_slope()
+        {
+            let y = Tensor::from_storage(y, self.shape().to_vec());
+            let slope = Tensor::from_storage(slope, self.shape().to_vec());
+            return Ok(Tensor::record(y, "gelu", &[self], move |g| {
+                Ok(vec![Some(g.mul(&slope)?)])
+            }));
+        }
         self.unary_with_rule(UnaryOp::Gelu, "gelu", |g, x, _| {
             g.map_binary(x, BinaryOp::GeluBackward)
         })

@@ -3,7 +3,7 @@
 //! `unary` primitive uses them for f32 `exp`, `log` and GELU; the fused softmax, attention and
 //! cross-entropy kernels call [`exp_f32`] directly.
 
-use super::{MAP_CHUNK, write_chunks};
+use super::{CpuBackend, CpuBuffer, MAP_CHUNK, f32b, write_chunks};
 use std::mem::MaybeUninit;
 
 /// `e^x` in f32 by straight-line arithmetic that the compiler vectorises, where the C library's
@@ -194,4 +194,70 @@ pub(super) fn gelu_backward_f32(g: &[f32], x: &[f32]) -> Vec<f32> {
     };
     // SAFETY: chunk k of the output is zipped with the same-length chunks k of `g` and `x`.
     unsafe { write_chunks(n, MAP_CHUNK, body) }
+}
+
+/// GELU and its slope, `(gelu(x[i]), gelu'(x[i]))`, in one pass: both come from one
+/// exponential ([`gelu_and_grad_f32`]), so a forward pass that keeps the slope makes GELU's
+/// backward a plain product (`Tensor::gelu` on the CPU in f32). AVX2 and threads as in
+/// [`map1_f32_wide`].
+pub(super) fn gelu_and_slope_f32(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    #[inline(always)]
+    fn chunk_loop(x: &[f32], y: &mut [MaybeUninit<f32>], s: &mut [MaybeUninit<f32>]) {
+        for ((y, s), &x) in y.iter_mut().zip(s.iter_mut()).zip(x) {
+            let (value, slope) = gelu_and_grad_f32(x);
+            y.write(value);
+            s.write(slope);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn chunk_loop_avx2(x: &[f32], y: &mut [MaybeUninit<f32>], s: &mut [MaybeUninit<f32>]) {
+        chunk_loop(x, y, s)
+    }
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx2 = false;
+    let n = x.len();
+    let take = |n: usize| super::pool::take::<f32>(n).unwrap_or_else(|_| Vec::with_capacity(n));
+    let (mut y, mut s) = (take(n), take(n));
+    let body = |((x, y), s): ((&[f32], &mut [MaybeUninit<f32>]), &mut [MaybeUninit<f32>])| {
+        #[cfg(target_arch = "x86_64")]
+        if avx2 {
+            // SAFETY: AVX2 was detected on this processor.
+            return unsafe { chunk_loop_avx2(x, y, s) };
+        }
+        let _ = avx2;
+        chunk_loop(x, y, s)
+    };
+    let (ys, ss) = (&mut y.spare_capacity_mut()[..n], &mut s.spare_capacity_mut()[..n]);
+    if n >= super::PAR_MIN {
+        use rayon::prelude::*;
+        x.par_chunks(MAP_CHUNK)
+            .zip(ys.par_chunks_mut(MAP_CHUNK))
+            .zip(ss.par_chunks_mut(MAP_CHUNK))
+            .for_each(body);
+    } else {
+        body(((x, ys), ss));
+    }
+    // SAFETY: the chunks cover all n elements of both outputs, and `chunk_loop` wrote each.
+    unsafe {
+        y.set_len(n);
+        s.set_len(n);
+    }
+    (y, s)
+}
+
+impl CpuBackend {
+    /// GELU (tanh form) and its slope at `x` in one pass ([`gelu_and_slope_f32`]), for f32 `x`;
+    /// `None` for other dtypes.
+    pub fn gelu_and_slope(&self, x: &CpuBuffer) -> Option<(CpuBuffer, CpuBuffer)> {
+        match x {
+            CpuBuffer::F32(v) => {
+                let (y, s) = gelu_and_slope_f32(v);
+                Some((f32b(y), f32b(s)))
+            }
+            _ => None,
+        }
+    }
 }
