@@ -1150,7 +1150,10 @@ fn gelu_keeps_its_slope_for_backward_on_the_cpu() {
     let n = 40_003;
     let xs: Vec<f32> = (0..n).map(|i| (i as f32 - 20_000.0) * 4e-4).collect();
     let gs: Vec<f32> = (0..n).map(|i| ((i % 11) as f32 - 5.0) * 0.5).collect();
-    let x = Tensor::from_f32(xs.clone(), &[n], Device::Cpu).unwrap().with_grad().unwrap();
+    let x = Tensor::from_f32(xs.clone(), &[n], Device::Cpu)
+        .unwrap()
+        .with_grad()
+        .unwrap();
     let y = x.gelu().unwrap();
     let g = Tensor::from_f32(gs.clone(), &[n], Device::Cpu).unwrap();
     y.mul(&g).unwrap().sum_all().unwrap().backward().unwrap();
@@ -1159,11 +1162,19 @@ fn gelu_keeps_its_slope_for_backward_on_the_cpu() {
     let slope = down_f64(&CPU.unary(UnaryOp::GeluGrad, &xb).unwrap());
     let got_y = y.to_vec_f64().unwrap();
     let got_dx = x.grad().unwrap().to_vec_f64().unwrap();
-    let untracked = Tensor::from_f32(xs, &[n], Device::Cpu).unwrap().gelu().unwrap();
+    let untracked = Tensor::from_f32(xs, &[n], Device::Cpu)
+        .unwrap()
+        .gelu()
+        .unwrap();
     assert_eq!(got_y, want_y, "the value with the slope kept");
     assert_eq!(untracked.to_vec_f64().unwrap(), want_y, "the value without");
     for i in 0..n {
         let want = (gs[i] * slope[i] as f32) as f64;
-        assert_eq!(got_dx[i].to_bits(), want.to_bits(), "dx[{i}]: {} vs {want}", got_dx[i]);
+        assert_eq!(
+            got_dx[i].to_bits(),
+            want.to_bits(),
+            "dx[{i}]: {} vs {want}",
+            got_dx[i]
+        );
     }
 }

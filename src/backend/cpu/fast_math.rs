@@ -230,7 +230,10 @@ pub(super) fn gelu_and_slope_f32(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
         let _ = avx2;
         chunk_loop(x, y, s)
     };
-    let (ys, ss) = (&mut y.spare_capacity_mut()[..n], &mut s.spare_capacity_mut()[..n]);
+    let (ys, ss) = (
+        &mut y.spare_capacity_mut()[..n],
+        &mut s.spare_capacity_mut()[..n],
+    );
     if n >= super::PAR_MIN {
         use rayon::prelude::*;
         x.par_chunks(MAP_CHUNK)

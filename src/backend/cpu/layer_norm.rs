@@ -9,39 +9,11 @@
 //! one pass for the statistics and one for the output, backward one pass per row for `dx` and
 //! one walk over the rows for `dgamma` and `dbeta`.
 
+use super::reduce::{LANES, lane_sum};
 use super::{LayerNormDims, MAP_CHUNK, PAR_MIN, write_chunks, zeroed};
 use num_traits::Float;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
-
-/// Lanes of the row sums: eight running sums side by side, so that the loop vectorises and no
-/// addition waits for the one before it (a single running sum spends four cycles per element
-/// waiting, which made the row statistics most of the kernel's time).
-const LANES: usize = 8;
-
-/// `Σ_i f(a_i, b_i, c_i)` over three equal-length rows, in [`LANES`] running sums added at the
-/// end.
-#[inline(always)]
-fn lane_sum<T: Float>(a: &[T], b: &[T], c: &[T], f: impl Fn(T, T, T) -> T) -> T {
-    let mut acc = [T::zero(); LANES];
-    let (ca, cb, cc) = (
-        a.chunks_exact(LANES),
-        b.chunks_exact(LANES),
-        c.chunks_exact(LANES),
-    );
-    let tail = (ca
-        .remainder()
-        .iter()
-        .zip(cb.remainder())
-        .zip(cc.remainder()))
-    .fold(T::zero(), |s, ((&x, &y), &z)| s + f(x, y, z));
-    for ((xa, xb), xc) in ca.zip(cb).zip(cc) {
-        for l in 0..LANES {
-            acc[l] = acc[l] + f(xa[l], xb[l], xc[l]);
-        }
-    }
-    acc.iter().fold(tail, |s, &v| s + v)
-}
 
 /// `(mean_r, rstd_r)` of row `x` (two passes: the mean, then the centred squares).
 fn row_stats<T: Float>(x: &[T], eps: T) -> (T, T) {
