@@ -8,6 +8,8 @@
 //! * GPU (f32) against CPU (f64) for rows shorter than the workgroup of 64, not a multiple of it
 //!   and several times it; an out-of-range target on the GPU gives loss 0 and gradient 0 for
 //!   its row; skipped with a printed reason without an adapter unless `MOEGRAD_REQUIRE_GPU=1`;
+//! * f32 on the CPU against an f64 reference, with a NaN row and a row of −∞ among ordinary
+//!   ones, below and above the size where rows run in parallel;
 //! * bad shapes, dtypes, devices and targets give an `Error`.
 
 mod common;
@@ -112,6 +114,48 @@ fn matches_the_composed_path() {
     .enumerate()
     {
         check_against_composed(*rows, *classes, *offset, 50 + 3 * i as u64);
+    }
+}
+
+/// The CPU's f32 path (vectorised exponential, lanes) against the definition in f64, with a NaN
+/// row (loss NaN) and a row of −∞ (loss NaN: lse = −∞ minus the target's −∞) among ordinary
+/// rows, at sizes on both sides of the parallel threshold.
+#[test]
+fn f32_rows_match_the_definition_with_special_rows() {
+    for (rows, classes) in [(7usize, 13usize), (600, 80)] {
+        let mut x = values(rows * classes, 0.0, 4.0, rows as u64);
+        x[2 * classes + 5] = f64::NAN;
+        for v in &mut x[4 * classes..5 * classes] {
+            *v = f64::NEG_INFINITY;
+        }
+        let t = targets(rows, classes, 3, Device::cpu());
+        let tv = t.to_vec_f64().unwrap();
+        let xs = Tensor::from_f32(
+            x.iter().map(|&v| v as f32).collect(),
+            &[rows, classes],
+            Device::cpu(),
+        )
+        .unwrap();
+        let got = xs.cross_entropy_per_row(&t).unwrap().to_vec_f64().unwrap();
+        for r in 0..rows {
+            let row = &x[r * classes..(r + 1) * classes];
+            let m = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
+            let lse = m + row.iter().map(|&v| (v - m).exp()).sum::<f64>().ln();
+            let want = lse - row[tv[r] as usize];
+            if r == 2 || r == 4 {
+                assert!(
+                    got[r].is_nan(),
+                    "[{rows}, {classes}] row {r}: {} (want NaN)",
+                    got[r]
+                );
+            } else {
+                assert!(
+                    (got[r] - want).abs() <= 1e-5 * want.abs().max(1.0),
+                    "[{rows}, {classes}] row {r}: {} against {want}",
+                    got[r]
+                );
+            }
+        }
     }
 }
 

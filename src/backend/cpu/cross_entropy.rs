@@ -1,13 +1,15 @@
 //! The CPU kernels of `Tensor::cross_entropy_per_row` (`Backend::cross_entropy_forward` /
 //! `_backward`), generic over f32 and f64: rows in parallel, each row's log-sum-exp in two
-//! passes over it (the maximum, then the shifted exponentials).
+//! passes over it (the maximum, then the shifted exponentials), each in eight lanes.
 //!
 //! Composed from ops, the loss took seven forward ops (max, subtract, exp, sum, log, subtract,
 //! gather) and as many backward; here it is one pass per row each way, and the `[rows, classes]`
 //! log-probabilities are never stored (backward recomputes `e^(x − lse)` from the logits).
 
-use super::{exp_f32, write_chunks};
+use super::reduce::{fold_lanes, lane_sum};
+use super::{MAP_CHUNK, PAR_MIN, exp_f32, write_chunks};
 use num_traits::Float;
+use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
 /// `e^x`, through the vectorisable [`exp_f32`] for f32 (the size test is resolved at compile
@@ -29,20 +31,30 @@ pub(crate) fn forward<T: Float + Send + Sync>(
     rows: usize,
     classes: usize,
 ) -> (Vec<T>, Vec<T>) {
-    let per_row: Vec<(T, T)> = super::tabulate(rows, |r| {
+    let one_row = |r: usize| {
         let row = &x[r * classes..(r + 1) * classes];
-        let m = row.iter().fold(
-            T::neg_infinity(),
-            |a, &b| if b > a || b.is_nan() { b } else { a },
-        );
+        // in lanes, so that the loops vectorise (a NaN, once in a lane, stays the maximum)
+        let m = fold_lanes(row, T::neg_infinity(), |a, b| {
+            if b > a || b.is_nan() { b } else { a }
+        });
         // a NaN row stays NaN; a row of −∞ only has no weight anywhere: its lse is −∞
         let lse = if m.is_nan() || m == T::neg_infinity() {
             m
         } else {
-            m + row.iter().fold(T::zero(), |s, &v| s + exp_any(v - m)).ln()
+            m + lane_sum(row, row, row, |v, _, _| exp_any(v - m)).ln()
         };
         (lse - row[targets[r] as usize], lse)
-    });
+    };
+    // in parallel by the number of logits, not of rows (a few hundred rows of many classes)
+    let per_row: Vec<(T, T)> = if rows * classes >= PAR_MIN {
+        (0..rows)
+            .into_par_iter()
+            .with_min_len((MAP_CHUNK / classes.max(1)).max(1))
+            .map(one_row)
+            .collect()
+    } else {
+        (0..rows).map(one_row).collect()
+    };
     (
         per_row.iter().map(|p| p.0).collect(),
         per_row.iter().map(|p| p.1).collect(),
