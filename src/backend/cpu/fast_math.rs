@@ -104,6 +104,20 @@ pub(super) fn gelu_and_grad_f32(x: f32) -> (f32, f32) {
     (x * s, s + slope)
 }
 
+/// Whether the processor has AVX2, for which the wide loops below are also compiled (eight
+/// lanes instead of the four of SSE2, which the baseline x86-64 build targets); `false` off
+/// x86-64.
+fn has_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// The f32 functions with a vectorisable implementation here.
 #[derive(Clone, Copy)]
 pub(super) enum WideF32 {
@@ -143,10 +157,7 @@ pub(super) fn map1_f32_wide(x: &[f32], f: WideF32) -> Vec<f32> {
     fn chunk_loop_avx2(f: WideF32, x: &[f32], o: &mut [MaybeUninit<f32>]) {
         chunk_loop(f, x, o)
     }
-    #[cfg(target_arch = "x86_64")]
-    let avx2 = std::arch::is_x86_feature_detected!("avx2");
-    #[cfg(not(target_arch = "x86_64"))]
-    let avx2 = false;
+    let avx2 = has_avx2();
     let body = |k: usize, o: &mut [MaybeUninit<f32>]| {
         let x = &x[k * MAP_CHUNK..k * MAP_CHUNK + o.len()];
         #[cfg(target_arch = "x86_64")]
@@ -176,10 +187,7 @@ pub(super) fn gelu_backward_f32(g: &[f32], x: &[f32]) -> Vec<f32> {
     fn chunk_loop_avx2(g: &[f32], x: &[f32], o: &mut [MaybeUninit<f32>]) {
         chunk_loop(g, x, o)
     }
-    #[cfg(target_arch = "x86_64")]
-    let avx2 = std::arch::is_x86_feature_detected!("avx2");
-    #[cfg(not(target_arch = "x86_64"))]
-    let avx2 = false;
+    let avx2 = has_avx2();
     let n = g.len().min(x.len());
     let body = |k: usize, o: &mut [MaybeUninit<f32>]| {
         let r = k * MAP_CHUNK..k * MAP_CHUNK + o.len();
@@ -214,14 +222,11 @@ pub(super) fn gelu_and_slope_f32(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
     fn chunk_loop_avx2(x: &[f32], y: &mut [MaybeUninit<f32>], s: &mut [MaybeUninit<f32>]) {
         chunk_loop(x, y, s)
     }
-    #[cfg(target_arch = "x86_64")]
-    let avx2 = std::arch::is_x86_feature_detected!("avx2");
-    #[cfg(not(target_arch = "x86_64"))]
-    let avx2 = false;
+    let avx2 = has_avx2();
     let n = x.len();
     let take = |n: usize| super::pool::take::<f32>(n).unwrap_or_else(|_| Vec::with_capacity(n));
     let (mut y, mut s) = (take(n), take(n));
-    let body = |((x, y), s): ((&[f32], &mut [MaybeUninit<f32>]), &mut [MaybeUninit<f32>])| {
+    let body = |x: &[f32], y: &mut [MaybeUninit<f32>], s: &mut [MaybeUninit<f32>]| {
         #[cfg(target_arch = "x86_64")]
         if avx2 {
             // SAFETY: AVX2 was detected on this processor.
@@ -239,9 +244,9 @@ pub(super) fn gelu_and_slope_f32(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
         x.par_chunks(MAP_CHUNK)
             .zip(ys.par_chunks_mut(MAP_CHUNK))
             .zip(ss.par_chunks_mut(MAP_CHUNK))
-            .for_each(body);
+            .for_each(|((x, y), s)| body(x, y, s));
     } else {
-        body(((x, ys), ss));
+        body(x, ys, ss);
     }
     // SAFETY: the chunks cover all n elements of both outputs, and `chunk_loop` wrote each.
     unsafe {
