@@ -120,6 +120,7 @@ mod conv2d;
 mod cross_entropy;
 mod elementwise;
 mod fast_math;
+mod gemm;
 mod grouped_matmul;
 mod layer_norm;
 mod layout;

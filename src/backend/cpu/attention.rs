@@ -18,12 +18,14 @@
 //!   block) for `dQ`, which recomputes the block scores twice but keeps every thread busy. Both
 //!   paths add the same terms in the same order, so they give identical bits.
 //!
-//! The block products go through the `gemm` crate. Measured on the 2-core development machine
-//! (f32, forward + backward, B·H = 48, T = 64, Dh = 32): 1.4–2.2 ms with `gemm`, 9.2–9.7 ms with
-//! plain loops (`examples/attention_bench.rs`); blocks of 16 and 64 rows were no faster than 32.
-//! Scale `s = 1/√Dh`.
+//! The block products go through the `gemm` crate (`cpu/gemm.rs`). Measured on the 2-core
+//! development machine (f32, forward + backward, B·H = 48, T = 64, Dh = 32): 1.4–2.2 ms with
+//! `gemm`, 9.2–9.7 ms with plain loops (`examples/attention_bench.rs`); blocks of 16 and 64 rows
+//! were no faster than 32 (measured again on its AVX-512 processor: 1.28, 1.00 and 0.97 ms for
+//! blocks of 16, 64 and 32). Scale `s = 1/√Dh`.
 
 use super::checks::check_attention_lengths;
+use super::gemm::{Mat, MatIn, gemm};
 use super::{CpuBuffer, f32b, f64b};
 use crate::backend::{AttentionDims, AttentionGradOperands};
 use crate::{Error, Result};
@@ -56,88 +58,25 @@ impl AttentionFloat for f64 {
     }
 }
 
-/// A matrix read out of a slice: element `(r, c)` is `data[offset + r·row_stride + c·col_stride]`.
-#[derive(Clone, Copy)]
-struct View<'a, T> {
-    data: &'a [T],
-    offset: usize,
-    row_stride: usize,
-    col_stride: usize,
-}
-
-impl<'a, T> View<'a, T> {
-    /// Rows `first..` of a row-major matrix whose rows have `width` elements.
-    fn rows(data: &'a [T], first: usize, width: usize) -> View<'a, T> {
-        View {
-            data,
-            offset: first * width,
-            row_stride: width,
-            col_stride: 1,
-        }
-    }
-    /// The same matrix read transposed.
-    fn t(self) -> View<'a, T> {
-        View {
-            row_stride: self.col_stride,
-            col_stride: self.row_stride,
-            ..self
-        }
-    }
-    /// True when every element of an `rows × cols` matrix read through this view is in the slice.
-    fn covers(&self, rows: usize, cols: usize) -> bool {
-        rows == 0
-            || cols == 0
-            || self.offset + (rows - 1) * self.row_stride + (cols - 1) * self.col_stride
-                < self.data.len()
-    }
-}
-
 /// `dst = beta·A·B` (or `dst += beta·A·B` with `accumulate`), `A: m×k`, `B: k×n`, `dst` row-major
 /// `m×n` with rows `n` apart. Single-threaded: the callers already run one block per thread.
 fn gemm_block<T: Float + 'static>(
     dst: &mut [T],
-    a: View<T>,
-    b: View<T>,
+    a: MatIn<T>,
+    b: MatIn<T>,
     (m, k, n): (usize, usize, usize),
     accumulate: bool,
     beta: T,
 ) {
-    // Block sizes come from dims the backend checked against the buffers' lengths; this keeps
-    // the unsafe call below sound whatever a future caller passes.
-    assert!(
-        dst.len() >= m * n && a.covers(m, k) && b.covers(k, n),
-        "attention block product out of bounds"
+    gemm(
+        (dst, Mat::rows(0, n)),
+        a,
+        b,
+        (m, k, n),
+        accumulate,
+        beta,
+        ::gemm::Parallelism::None,
     );
-    if m == 0 || n == 0 || k == 0 {
-        if !accumulate {
-            dst[..m * n].fill(T::zero());
-        }
-        return;
-    }
-    // SAFETY: the assertion above puts every element gemm reads or writes inside its slice.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr(),
-            1,
-            n as isize,
-            accumulate,
-            a.data.as_ptr().add(a.offset),
-            a.col_stride as isize,
-            a.row_stride as isize,
-            b.data.as_ptr().add(b.offset),
-            b.col_stride as isize,
-            b.row_stride as isize,
-            T::one(),
-            beta,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
-    }
 }
 
 /// One (batch, head) pair's slices: `[T, Dh]` matrices and `[T]` row vectors.
@@ -274,8 +213,8 @@ fn forward_block<T: AttentionFloat>(
         let p = &mut s.p[..rows * cols];
         gemm_block(
             p,
-            View::rows(hd.q, b.i0, dh),
-            View::rows(hd.k, b.j0, dh).t(),
+            MatIn::rows(hd.q, b.i0, dh),
+            MatIn::rows(hd.k, b.j0, dh).t(),
             (rows, dh, cols),
             false,
             hd.scale,
@@ -298,8 +237,8 @@ fn forward_block<T: AttentionFloat>(
         }
         gemm_block(
             o_i,
-            View::rows(p, 0, cols),
-            View::rows(hd.v, b.j0, dh),
+            MatIn::rows(p, 0, cols),
+            MatIn::rows(hd.v, b.j0, dh),
             (rows, cols, dh),
             true,
             T::one(),
@@ -499,16 +438,16 @@ fn block_grads<T: AttentionFloat>(hd: &Head<T>, qb: usize, kb: usize, s: &mut Sc
     let ds = &mut s.ds[..rows * cols];
     gemm_block(
         p,
-        View::rows(hd.q, b.i0, dh),
-        View::rows(hd.k, b.j0, dh).t(),
+        MatIn::rows(hd.q, b.i0, dh),
+        MatIn::rows(hd.k, b.j0, dh).t(),
         (rows, dh, cols),
         false,
         hd.scale,
     );
     gemm_block(
         ds,
-        View::rows(hd.d_o, b.i0, dh),
-        View::rows(hd.v, b.j0, dh).t(),
+        MatIn::rows(hd.d_o, b.i0, dh),
+        MatIn::rows(hd.v, b.j0, dh).t(),
         (rows, dh, cols),
         false,
         T::one(),
@@ -538,12 +477,12 @@ fn key_grads<T: Float + 'static>(
     dv_j: &mut [T],
 ) {
     let (rows, cols, dh) = (b.rows, b.cols, hd.dh);
-    let p = View::rows(&s.p[..rows * cols], 0, cols).t();
-    let ds = View::rows(&s.ds[..rows * cols], 0, cols).t();
+    let p = MatIn::rows(&s.p[..rows * cols], 0, cols).t();
+    let ds = MatIn::rows(&s.ds[..rows * cols], 0, cols).t();
     gemm_block(
         dv_j,
         p,
-        View::rows(hd.d_o, b.i0, dh),
+        MatIn::rows(hd.d_o, b.i0, dh),
         (cols, rows, dh),
         true,
         T::one(),
@@ -551,7 +490,7 @@ fn key_grads<T: Float + 'static>(
     gemm_block(
         dk_j,
         ds,
-        View::rows(hd.q, b.i0, dh),
+        MatIn::rows(hd.q, b.i0, dh),
         (cols, rows, dh),
         true,
         T::one(),
@@ -562,11 +501,11 @@ fn key_grads<T: Float + 'static>(
 /// `[rows, dh]` rows.
 fn query_grads<T: Float + 'static>(hd: &Head<T>, b: Block, s: &Scratch<T>, dq_i: &mut [T]) {
     let (rows, cols, dh) = (b.rows, b.cols, hd.dh);
-    let ds = View::rows(&s.ds[..rows * cols], 0, cols);
+    let ds = MatIn::rows(&s.ds[..rows * cols], 0, cols);
     gemm_block(
         dq_i,
         ds,
-        View::rows(hd.k, b.j0, dh),
+        MatIn::rows(hd.k, b.j0, dh),
         (rows, cols, dh),
         true,
         T::one(),

@@ -23,6 +23,7 @@
 //! Why im2col + GEMM rather than direct loops: measured on the 2-core development machine with
 //! `examples/conv_bench.rs`, see docs/benchmarks.md.
 
+use super::gemm::{Mat, gemm};
 use super::{CpuBuffer, f32b, f64b};
 use crate::backend::Conv2dDims;
 use crate::{Error, Result};
@@ -236,105 +237,6 @@ fn col2im<T: Float>(cols: &[T], g: &Geometry, img: &mut [T]) {
     }
 }
 
-/// A matrix inside a slice: element `(r, c)` at `offset + r·rs + c·cs`.
-#[derive(Clone, Copy, Debug)]
-struct Mat {
-    offset: usize,
-    rs: usize,
-    cs: usize,
-}
-
-impl Mat {
-    /// A row-major matrix with rows `width` apart, starting at `offset`.
-    fn rows(offset: usize, width: usize) -> Mat {
-        Mat {
-            offset,
-            rs: width,
-            cs: 1,
-        }
-    }
-    /// The same matrix read transposed.
-    fn t(self) -> Mat {
-        Mat {
-            rs: self.cs,
-            cs: self.rs,
-            ..self
-        }
-    }
-    /// True when every element of a `rows × cols` matrix read through this view lies in `len`.
-    fn fits(&self, rows: usize, cols: usize, len: usize) -> bool {
-        rows == 0 || cols == 0 || self.offset + (rows - 1) * self.rs + (cols - 1) * self.cs < len
-    }
-    /// The matrix this view picks out of `data` (an operand of [`gemm`]).
-    fn over<T>(self, data: &[T]) -> MatIn<'_, T> {
-        MatIn { data, view: self }
-    }
-}
-
-/// A matrix read from a slice through a [`Mat`] view.
-#[derive(Clone, Copy)]
-struct MatIn<'a, T> {
-    data: &'a [T],
-    view: Mat,
-}
-
-/// `dst = a·b` (or `dst += a·b` with `accumulate`), `a: m×k`, `b: k×n`, `dst: m×n`, each read
-/// through its [`Mat`] view.
-fn gemm<T: Float + 'static>(
-    dst: &mut [T],
-    dm: Mat,
-    a: MatIn<'_, T>,
-    b: MatIn<'_, T>,
-    (m, k, n): (usize, usize, usize),
-    accumulate: bool,
-    par: gemm::Parallelism,
-) {
-    let (MatIn { data: a, view: am }, MatIn { data: b, view: bm }) = (a, b);
-    // The views come from sizes the backend checked against the buffers; this keeps the unsafe
-    // call below sound whatever a future caller passes.
-    assert!(
-        dm.fits(m, n, dst.len()) && am.fits(m, k, a.len()) && bm.fits(k, n, b.len()),
-        "conv2d GEMM operand out of bounds"
-    );
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 {
-        if !accumulate {
-            for r in 0..m {
-                for c in 0..n {
-                    dst[dm.offset + r * dm.rs + c * dm.cs] = T::zero();
-                }
-            }
-        }
-        return;
-    }
-    // SAFETY: the assertion above puts every element gemm reads or writes inside its slice.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst.as_mut_ptr().add(dm.offset),
-            dm.cs as isize,
-            dm.rs as isize,
-            accumulate,
-            a.as_ptr().add(am.offset),
-            am.cs as isize,
-            am.rs as isize,
-            b.as_ptr().add(bm.offset),
-            bm.cs as isize,
-            bm.rs as isize,
-            T::one(),
-            T::one(),
-            false,
-            false,
-            false,
-            par,
-        );
-    }
-}
-
 /// Images per task of the forward and input-gradient kernels: about four tasks per thread.
 fn images_per_task(batch: usize) -> usize {
     batch
@@ -343,11 +245,11 @@ fn images_per_task(batch: usize) -> usize {
 }
 
 /// `gemm`'s own threads only when there are fewer tasks than threads.
-fn inner_parallelism(tasks: usize) -> gemm::Parallelism {
+fn inner_parallelism(tasks: usize) -> ::gemm::Parallelism {
     if tasks < rayon::current_num_threads() {
-        gemm::Parallelism::Rayon(0)
+        ::gemm::Parallelism::Rayon(0)
     } else {
-        gemm::Parallelism::None
+        ::gemm::Parallelism::None
     }
 }
 
@@ -379,12 +281,12 @@ fn forward_kernel<T: ConvFloat>(x: &[T], w: &[T], banks: Option<&[i32]>, d: &Con
         im2col(&x[b * img..(b + 1) * img], &g, cols);
         // y_b [OC, P] = W_g [OC, K] · cols [K, P]
         gemm(
-            y_b,
-            Mat::rows(0, p),
+            (y_b, Mat::rows(0, p)),
             Mat::rows(bank * oc * k, k).over(w),
             Mat::rows(0, p).over(cols),
             (oc, k, p),
             false,
+            T::one(),
             par,
         );
     };
@@ -421,12 +323,12 @@ fn input_grad_kernel<T: ConvFloat>(
         };
         // dcols [K, P] = W_gᵀ [K, OC] · dy_b [OC, P]
         gemm(
-            dcols,
-            Mat::rows(0, p),
+            (dcols, Mat::rows(0, p)),
             Mat::rows(bank * oc * k, k).t().over(w),
             Mat::rows(b * oc * p, p).over(dy),
             (k, oc, p),
             false,
+            T::one(),
             par,
         );
         col2im(dcols, &g, dx_b);
@@ -490,12 +392,12 @@ fn weight_grad_kernel<T: ConvFloat>(
                     im2col(&x[b * img..(b + 1) * img], &g, cols);
                     // part [OC, K] += dy_b [OC, P] · cols_bᵀ [P, K]
                     gemm(
-                        &mut part,
-                        Mat::rows(0, k),
+                        (&mut part, Mat::rows(0, k)),
                         Mat::rows(b * oc * p, p).over(dy),
                         Mat::rows(0, p).t().over(cols),
                         (oc, p, k),
                         b > b0,
+                        T::one(),
                         par,
                     );
                 }

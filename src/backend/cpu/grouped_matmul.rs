@@ -1,11 +1,13 @@
 //! The grouped (per-expert) matrix products of an MoE expert bank: `grouped_matmul`
 //! (`y[r] = x[r]·W[row_expert[r]]`, rows sorted by expert) and the weight gradient
 //! `dW[e] = Σ_{rows r of e} x[r]ᵀ·dy[r]` ([`WeightGradProblem`]), written straight into
-//! uninitialised output through [`gemm_into`], in parallel by expert or by row block.
+//! uninitialised output through [`gemm_uninit`] (`cpu/gemm.rs`), in parallel by expert or by
+//! row block.
 
+use super::gemm::{Mat, MatIn, gemm_uninit};
 use super::optim::{AdamConsts, OPT_CHUNK, Wide, adam_chunk_wide};
 use super::{CpuBuffer, pool, zeroed};
-use crate::backend::{GroupedMatmulDims, MatLayout};
+use crate::backend::GroupedMatmulDims;
 use crate::{Error, Result};
 use num_traits::Float;
 use rayon::prelude::*;
@@ -27,78 +29,6 @@ pub(super) fn expert_runs(row_expert: &[i32], experts: usize) -> Vec<(usize, usi
         start = end;
     }
     runs
-}
-
-/// One operand of [`gemm_into`]: a buffer and where the matrix sits in it (offset, row and
-/// column strides; the batch stride is not used).
-#[derive(Clone, Copy)]
-pub(super) struct GemmOperand<'a, T> {
-    pub(super) data: &'a [T],
-    pub(super) layout: MatLayout,
-}
-
-/// `c = a·b` (or `c += a·b` with `accumulate`) for one `m×k` by `k×n` product with arbitrary
-/// operand strides, written straight into `c` (contiguous, row stride `n`).
-///
-/// Without `accumulate`, `c` may be uninitialised: its first m·n elements are all written
-/// (zeros when `k = 0`) and none is read, so callers skip a zeroing pass over the output.
-///
-/// # Safety
-/// With `accumulate`, the first m·n elements of `c` must be initialised.
-pub(super) unsafe fn gemm_into<T: Float + 'static>(
-    c: &mut [MaybeUninit<T>],
-    a: GemmOperand<'_, T>,
-    b: GemmOperand<'_, T>,
-    (m, k, n): (usize, usize, usize),
-    accumulate: bool,
-    par: gemm::Parallelism,
-) {
-    let (
-        GemmOperand {
-            data: a,
-            layout: la,
-        },
-        GemmOperand {
-            data: b,
-            layout: lb,
-        },
-    ) = (a, b);
-    if m == 0 || n == 0 {
-        return;
-    }
-    if k == 0 || c.len() < m * n {
-        if !accumulate {
-            c.fill(MaybeUninit::new(T::zero()));
-        }
-        return;
-    }
-    // SAFETY: the callers derive every layout from buffers whose sizes the Tensor layer checked
-    // (each (row, col) of both operands lies inside its slice), and `c` holds m·n elements.
-    // With `read_dst = false` gemm stores `a·b` into every element of `c` without loading it
-    // (its `alpha` becomes 0), so uninitialised memory is never read.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            c.as_mut_ptr().cast::<T>(),
-            1,
-            n as isize,
-            accumulate,
-            a.as_ptr().add(la.offset),
-            la.col_stride as isize,
-            la.row_stride as isize,
-            b.as_ptr().add(lb.offset),
-            lb.col_stride as isize,
-            lb.row_stride as isize,
-            T::one(),
-            T::one(),
-            false,
-            false,
-            false,
-            par,
-        );
-    }
 }
 
 /// With many small per-expert products, threads take whole experts (each GEMM single-threaded);
@@ -166,18 +96,14 @@ pub(super) fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
     let one = |task: RowTask<T>| match task {
         RowTask::Zeros(part) => part.fill(MaybeUninit::new(T::zero())),
         RowTask::Gemm(e, r0, part) => {
-            let la = MatLayout {
-                offset: r0 * k,
-                batch_stride: 0,
-                row_stride: k,
-                col_stride: 1,
-            };
-            let lb = MatLayout {
+            // rows r0.. of x [rows, k]; expert e's weight [k, m] (read transposed from [m, k])
+            let x_rows = MatIn::rows(x, r0, k);
+            let w_e = Mat {
                 offset: e * k * m,
-                batch_stride: 0,
-                row_stride: rs,
-                col_stride: cs,
-            };
+                rs,
+                cs,
+            }
+            .over(w);
             let r = part.len() / m.max(1);
             // With a bias, each row starts as its expert's bias and the product is added to it
             // (the GEMM's own accumulation: no second pass over the rows).
@@ -192,19 +118,14 @@ pub(super) fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
             // SAFETY: without a bias there is no accumulation, so `part` may be uninitialised;
             // with one, every element of `part` was initialised just above.
             unsafe {
-                gemm_into(
-                    part,
-                    GemmOperand {
-                        data: x,
-                        layout: la,
-                    },
-                    GemmOperand {
-                        data: w,
-                        layout: lb,
-                    },
+                gemm_uninit(
+                    (part, Mat::rows(0, m)),
+                    x_rows,
+                    w_e,
                     (r, k, m),
                     bias.is_some(),
-                    gemm::Parallelism::None,
+                    T::one(),
+                    ::gemm::Parallelism::None,
                 )
             };
         }
@@ -276,7 +197,7 @@ impl<'a, T: Float + Send + Sync + 'static> WeightGradProblem<'a, T> {
     /// Writes expert `e`'s block `dW[e]` (k·m elements) into `dw`: the first run of e's rows
     /// writes it, the others add to it, and an expert with no rows gets zeros, so `dw` may be
     /// uninitialised and needs no zeroing pass.
-    fn expert(&self, e: usize, dw: &mut [MaybeUninit<T>], par: gemm::Parallelism) {
+    fn expert(&self, e: usize, dw: &mut [MaybeUninit<T>], par: ::gemm::Parallelism) {
         let (k, m) = (self.k, self.m);
         let (lo, hi) = (
             self.offsets[e].max(0) as usize,
@@ -288,31 +209,21 @@ impl<'a, T: Float + Send + Sync + 'static> WeightGradProblem<'a, T> {
             .filter(|r| r.0 == e)
         {
             let (r0, r1) = (lo + r0, lo + r1);
-            let la = MatLayout {
-                offset: r0 * k,
-                batch_stride: 0,
-                row_stride: 1,
-                col_stride: k,
-            };
-            let lb = MatLayout {
-                offset: r0 * m,
-                batch_stride: 0,
-                row_stride: m,
-                col_stride: 1,
-            };
-            let (x, dy) = (
-                GemmOperand {
-                    data: self.x,
-                    layout: la,
-                },
-                GemmOperand {
-                    data: self.dy,
-                    layout: lb,
-                },
-            );
+            // dW[e] [k, m] = x[r0..r1]ᵀ [k, rows] · dy[r0..r1] [rows, m]
+            let (x, dy) = (MatIn::rows(self.x, r0, k).t(), MatIn::rows(self.dy, r0, m));
             // SAFETY: the first product writes all of `dw` (no accumulation); later ones add
             // to what it wrote.
-            unsafe { gemm_into(dw, x, dy, (k, r1 - r0, m), !first, par) };
+            unsafe {
+                gemm_uninit(
+                    (dw, Mat::rows(0, m)),
+                    x,
+                    dy,
+                    (k, r1 - r0, m),
+                    !first,
+                    T::one(),
+                    par,
+                )
+            };
             first = false;
         }
         if first {
@@ -326,7 +237,7 @@ impl<'a, T: Float + Send + Sync + 'static> WeightGradProblem<'a, T> {
         &self,
         e: usize,
         scratch: &'s mut Vec<T>,
-        par: gemm::Parallelism,
+        par: ::gemm::Parallelism,
     ) -> &'s [T] {
         let block = self.k * self.m;
         scratch.clear();
@@ -350,10 +261,10 @@ impl<'a, T: Float + Send + Sync + 'static> WeightGradProblem<'a, T> {
             blocks
                 .par_chunks_mut(block)
                 .enumerate()
-                .for_each(|(e, dw)| self.expert(e, dw, gemm::Parallelism::None));
+                .for_each(|(e, dw)| self.expert(e, dw, ::gemm::Parallelism::None));
         } else {
             for (e, dw) in blocks.chunks_mut(block).enumerate() {
-                self.expert(e, dw, gemm::Parallelism::Rayon(0));
+                self.expert(e, dw, ::gemm::Parallelism::Rayon(0));
             }
         }
         // SAFETY: each of the `experts` blocks of k·m elements was written by `expert`.
@@ -384,7 +295,7 @@ impl<'a, T: Float + Send + Sync + 'static> WeightGradProblem<'a, T> {
                 .zip(ve.par_chunks_mut(block))
                 .enumerate()
                 .for_each_init(Vec::new, |scratch, (e, ((p, m), v))| {
-                    let g = self.expert_into(e, scratch, gemm::Parallelism::None);
+                    let g = self.expert_into(e, scratch, ::gemm::Parallelism::None);
                     adam_chunk_wide::<T, DECOUPLED>(wide, p, g, m, v, c);
                 });
         } else {
@@ -395,7 +306,7 @@ impl<'a, T: Float + Send + Sync + 'static> WeightGradProblem<'a, T> {
                 .zip(ve.chunks_mut(block))
                 .enumerate();
             for (e, ((p, m), v)) in banks {
-                let g = self.expert_into(e, &mut scratch, gemm::Parallelism::Rayon(0));
+                let g = self.expert_into(e, &mut scratch, ::gemm::Parallelism::Rayon(0));
                 p.par_chunks_mut(OPT_CHUNK)
                     .zip(g.par_chunks(OPT_CHUNK))
                     .zip(m.par_chunks_mut(OPT_CHUNK))
