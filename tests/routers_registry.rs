@@ -209,3 +209,68 @@ fn every_listed_option_is_accepted_at_its_default() {
         }
     }
 }
+
+/// The defaults a spec lists are the ones its router uses: for every option whose listed default
+/// is a literal value, a router given that value explicitly routes a batch exactly as one given
+/// no options (same experts, weights, probabilities and auxiliary loss), from the same seed. A
+/// default changed in a router's code but not in its spec (or the reverse) fails here.
+#[test]
+fn the_listed_literal_defaults_are_the_routers_defaults() {
+    use moegrad::Tensor;
+    let (d, n, k, t) = (6, 4, 2, 24);
+    let x: Vec<f32> = (0..t * d)
+        .map(|i| ((i * 37 % 23) as f32 - 11.0) * 0.13)
+        .collect();
+    let x = Tensor::from_f32(x, &[t, d], Device::cpu()).unwrap();
+    let outcome = |name: &str, cfg: &RouterConfig| -> Vec<Vec<f64>> {
+        let router = build_router(name, cfg, Device::cpu()).unwrap();
+        // the same spread-out parameters for both routers, away from the initial values at
+        // which some settings make no difference (DSelect-k's smooth-step at 0)
+        router.visit_params("", &mut |_, p| {
+            let v = p.get();
+            let values: Vec<f64> = (0..v.numel())
+                .map(|i| ((i * 29 % 17) as f64 - 8.0) * 0.21)
+                .collect();
+            let spread = Tensor::from_f64(values, v.shape(), Device::cpu())
+                .and_then(|s| s.to_dtype(v.dtype()))
+                .unwrap();
+            p.set(spread).unwrap();
+        });
+        let r = router.route(&x).unwrap();
+        let mut parts = vec![
+            r.expert.to_vec_f64().unwrap(),
+            r.weight.to_vec_f64().unwrap(),
+            r.valid.to_vec_f64().unwrap(),
+            r.probs.to_vec_f64().unwrap(),
+        ];
+        if let Some(aux) = &r.aux_loss {
+            parts.push(aux.to_vec_f64().unwrap());
+        }
+        parts
+    };
+    let mut checked = 0;
+    for r in ROUTERS {
+        let implicit = outcome(r.name, &RouterConfig::new(d, n, k));
+        for o in r.options {
+            let literal = match o.kind {
+                OptionKind::Number => o.default.parse::<f64>().is_ok(),
+                OptionKind::Count => o.default.parse::<usize>().is_ok(),
+                OptionKind::Bool => o.default.parse::<bool>().is_ok(),
+                OptionKind::Choice(words) => words.contains(&o.default),
+            };
+            if !literal {
+                continue; // taken from elsewhere (`k`, `n`, `--jitter`)
+            }
+            let mut cfg = RouterConfig::new(d, n, k);
+            cfg.options.insert(o.key.into(), o.default.into());
+            let explicit = outcome(r.name, &cfg);
+            assert_eq!(
+                explicit, implicit,
+                "{} {}={}: routes differently from the router with no options",
+                r.name, o.key, o.default
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 15, "only {checked} literal defaults checked");
+}
