@@ -212,8 +212,8 @@ fn copied<T: Copy>(values: &[T]) -> Result<Vec<T>> {
 /// Elements per rayon task in the contiguous elementwise loops.
 const MAP_CHUNK: usize = 1 << 14;
 
-/// Runs `f` on one of rayon's worker threads and returns its result (inline when the caller
-/// is one already).
+/// Runs `f` on a rayon worker thread and returns its result (inline when the caller is a
+/// worker already).
 ///
 /// A parallel kernel called from a thread outside rayon's pool hands its work to the pool and
 /// sleeps until a worker has finished it: two thread wake-ups per kernel, tens of microseconds
@@ -223,15 +223,28 @@ const MAP_CHUNK: usize = 1 << 14;
 /// development machine, docs/benchmarks.md). A library user's own loop gains the same by
 /// calling it.
 ///
+/// `f` gets a pool of its own, with as many threads as the global one. A worker that waits for
+/// a kernel's parallel part takes other jobs of its pool meanwhile; in the shared global pool
+/// that could be another thread's whole loop, which would then run nested inside `f`'s wait,
+/// under `f`'s thread-local state (the grad mode, a profile). In its own pool it only ever
+/// finds `f`'s own kernels. (Building the pool costs a few thread starts, once per call.)
+///
 /// ```
 /// let sum: f32 = moegrad::backend::cpu::on_worker_thread(|| (1..=4).map(|i| i as f32).sum());
 /// assert_eq!(sum, 10.0);
 /// ```
 pub fn on_worker_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if rayon::current_thread_index().is_some() {
-        f()
-    } else {
-        rayon::scope(|_| f())
+        return f();
+    }
+    match rayon::ThreadPoolBuilder::new()
+        .num_threads(rayon::current_num_threads())
+        .thread_name(|i| format!("moegrad-cpu-{i}"))
+        .build()
+    {
+        Ok(pool) => pool.install(f),
+        // no threads to be had: the caller's own thread, as without this helper
+        Err(_) => f(),
     }
 }
 
