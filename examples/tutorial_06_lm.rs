@@ -6,6 +6,7 @@
 //!
 //! Run with `cargo run --release --example tutorial_06_lm`.
 
+use moegrad::backend::cpu::on_worker_thread;
 use moegrad::data::text::CharCorpus;
 use moegrad::lm::train::train_step;
 use moegrad::lm::{FeedForward, Gpt, GptConfig, SampleOptions, generate};
@@ -57,27 +58,32 @@ fn main() -> moegrad::Result<()> {
     );
 
     // 3. Training: each step draws BATCH windows, predicts every next character, and takes
-    // one Adam step on the mean cross-entropy plus the balance loss.
+    // one Adam step on the mean cross-entropy plus the balance loss. The loop runs on a rayon
+    // worker (`on_worker_thread`, as `moegrad train` does), so that each CPU kernel's parallel
+    // part starts without handing its work over to another thread.
     let params = model.named_params();
     let mut opt = Adam::new(3e-3)?;
-    let mut first = None;
-    let mut last_losses = Vec::new();
-    for step in 0..STEPS {
-        model.set_training(true);
-        let (x, y) = corpus.train_batch(BATCH, BLOCK, 1, step);
-        let x = Tensor::from_i32(x, &[BATCH, BLOCK], cpu)?;
-        let y = Tensor::from_i32(y, &[BATCH * BLOCK], cpu)?;
-        let out = train_step(&model, &params, &mut opt, &x, &y, 1.0)?;
-        let ce = out.cross_entropy.item()?;
-        assert!(ce.is_finite(), "step {step}: cross-entropy {ce}");
-        first.get_or_insert(ce);
-        if step >= STEPS - 10 {
-            last_losses.push(ce);
+    let (first, last_losses) = on_worker_thread(|| -> moegrad::Result<(Option<f64>, Vec<f64>)> {
+        let mut first = None;
+        let mut last_losses = Vec::new();
+        for step in 0..STEPS {
+            model.set_training(true);
+            let (x, y) = corpus.train_batch(BATCH, BLOCK, 1, step);
+            let x = Tensor::from_i32(x, &[BATCH, BLOCK], cpu)?;
+            let y = Tensor::from_i32(y, &[BATCH * BLOCK], cpu)?;
+            let out = train_step(&model, &params, &mut opt, &x, &y, 1.0)?;
+            let ce = out.cross_entropy.item()?;
+            assert!(ce.is_finite(), "step {step}: cross-entropy {ce}");
+            first.get_or_insert(ce);
+            if step >= STEPS - 10 {
+                last_losses.push(ce);
+            }
+            if step % 10 == 0 || step == STEPS - 1 {
+                println!("step {step:3}: cross-entropy {ce:.3}");
+            }
         }
-        if step % 10 == 0 || step == STEPS - 1 {
-            println!("step {step:3}: cross-entropy {ce:.3}");
-        }
-    }
+        Ok((first, last_losses))
+    })?;
     // At initialisation the model guesses uniformly: about ln V nats per character.
     let first = first.unwrap_or(f64::NAN);
     let uniform = (vocab as f64).ln();
