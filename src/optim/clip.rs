@@ -4,10 +4,10 @@
 //! come from one fused kernel over 24 gradients at a time plus one that forms the factor
 //! (`GpuBackend::grad_norm_clip`), where the composed version took three or four small
 //! dispatches per parameter. On the CPU the squares are summed in f64 in one parallel pass over
-//! the gradients' values ([`cpu_sum_of_squares`]).
+//! the gradients' values (`CpuBackend::grad_sum_of_squares`).
 
 use crate::backend::Storage;
-use crate::backend::cpu::CpuBuffer;
+use crate::backend::cpu::CpuBackend;
 use crate::backend::gpu::GpuBackend;
 use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
@@ -55,7 +55,16 @@ pub fn clip_grad_norm(
             Tensor::from_storage(Storage::Gpu(scale), vec![1]),
         )));
     }
-    if let Some(total) = cpu_sum_of_squares(&grads) {
+    let on_cpu: Vec<_> = grads
+        .iter()
+        .filter_map(|g| match g.storage() {
+            Storage::Cpu(b) => Some(b),
+            Storage::Gpu(_) => None,
+        })
+        .collect();
+    if on_cpu.len() == grads.len()
+        && let Some(total) = CpuBackend.grad_sum_of_squares(&on_cpu)
+    {
         let dtype = grads[0].dtype();
         let norm = total.sqrt();
         let scale = (max_norm / (norm + 1e-6)).clamp(0.0, 1.0);
@@ -81,39 +90,6 @@ pub fn clip_grad_norm(
         .mul_scalar(max_norm)?
         .clamp(0.0, 1.0)?;
     Ok(Some((norm, scale)))
-}
-
-/// `Σ_i ‖g_i‖²` in f64 when every gradient is a CPU buffer of one float dtype (`None`
-/// otherwise): one parallel pass over the host values, where the composed version squared each
-/// gradient into a new buffer and then summed it.
-fn cpu_sum_of_squares(grads: &[Tensor]) -> Option<f64> {
-    use rayon::prelude::*;
-    // eight running sums per chunk, so that the loop vectorises and no addition waits for the
-    // one before it
-    fn sum_sq<T: Copy + Into<f64> + Sync>(v: &[T]) -> f64 {
-        let chunk_sum = |c: &[T]| {
-            let mut lanes = [0.0f64; 8];
-            let whole = c.chunks_exact(8);
-            let tail: f64 = whole.remainder().iter().map(|&x| x.into() * x.into()).sum();
-            for w in whole {
-                for (acc, &x) in lanes.iter_mut().zip(w) {
-                    *acc += x.into() * x.into();
-                }
-            }
-            lanes.iter().sum::<f64>() + tail
-        };
-        v.par_chunks(1 << 14).map(chunk_sum).sum()
-    }
-    let dtype = grads.first()?.dtype();
-    let mut total = 0.0;
-    for g in grads {
-        total += match (g.storage(), dtype) {
-            (Storage::Cpu(CpuBuffer::F32(v)), DType::F32) => sum_sq(v),
-            (Storage::Cpu(CpuBuffer::F64(v)), DType::F64) => sum_sq(v),
-            _ => return None,
-        };
-    }
-    Some(total)
 }
 
 #[cfg(test)]

@@ -1,7 +1,8 @@
 //! The fused optimizer steps: Adam / AdamW ([`CpuBackend::adam_step_mut`]), the expert bank's
 //! Adam step that never stores its gradient ([`CpuBackend::grouped_weight_grad_adam_mut`]) and
 //! SGD with momentum ([`CpuBackend::sgd_step_mut`]), all in place, chunked over threads, with
-//! the Adam loop compiled once per vector width.
+//! the Adam loop compiled once per vector width; and the gradients' sum of squares that
+//! gradient clipping needs ([`CpuBackend::grad_sum_of_squares`]).
 
 use super::grouped_matmul::{WeightGradProblem, expert_routing};
 use super::{CpuBackend, CpuBuffer, PooledVec};
@@ -384,4 +385,38 @@ pub(super) fn check_same_len(bufs: &[&CpuBuffer], what: &str) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+impl CpuBackend {
+    /// `Σ_i ‖g_i‖²` over float buffers of one dtype, accumulated in f64 (`None` when the buffers
+    /// are not all f32 or all f64): one parallel pass over the values in chunks of
+    /// [`OPT_CHUNK`], each summed in eight running sums so that the loop vectorises and no
+    /// addition waits for the one before it. The CPU end of `optim::clip_grad_norm`, as
+    /// `GpuBackend::grad_norm_clip` is the GPU's.
+    pub fn grad_sum_of_squares(&self, grads: &[&CpuBuffer]) -> Option<f64> {
+        fn sum_sq<T: Copy + Into<f64> + Sync>(v: &[T]) -> f64 {
+            let chunk_sum = |c: &[T]| {
+                let mut lanes = [0.0f64; 8];
+                let whole = c.chunks_exact(8);
+                let tail: f64 = whole.remainder().iter().map(|&x| x.into() * x.into()).sum();
+                for w in whole {
+                    for (acc, &x) in lanes.iter_mut().zip(w) {
+                        *acc += x.into() * x.into();
+                    }
+                }
+                lanes.iter().sum::<f64>() + tail
+            };
+            v.par_chunks(OPT_CHUNK).map(chunk_sum).sum()
+        }
+        let dtype = grads.first()?.dtype();
+        let mut total = 0.0;
+        for g in grads {
+            total += match (g, dtype) {
+                (CpuBuffer::F32(v), crate::DType::F32) => sum_sq(v),
+                (CpuBuffer::F64(v), crate::DType::F64) => sum_sq(v),
+                _ => return None,
+            };
+        }
+        Some(total)
+    }
 }
