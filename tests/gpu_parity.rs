@@ -6,172 +6,21 @@
 //!
 //! Without a GPU adapter every GPU test prints "skipping" and returns. One more test,
 //! `harness_self_check_cpu_f32`, runs all the same cases with the CPU's f32 backend in the GPU's
-//! place, so the harness and the cases are exercised on every machine.
+//! place, so the harness and the cases are exercised on every machine. The harness itself
+//! (`parity`, the tolerances, the input generator) is `tests/common/parity.rs`, shared with the
+//! property tests of `tests/gpu_parity_props.rs`.
 
 mod common;
+#[path = "common/parity.rs"]
+mod parity;
+
+use parity::{Gen, LOOSE, TIGHT, V, parity};
 
 use moegrad::{DType, Device, Result, Tensor};
-use rand::{RngExt, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
-// ---- tolerances -----------------------------------------------------------------------------
-
-#[derive(Clone, Copy)]
-struct Tol {
-    atol: f64,
-    rtol: f64,
-}
-
-/// Elementwise ops.
-const TIGHT: Tol = Tol {
-    atol: 1e-4,
-    rtol: 1e-3,
-};
-/// Matmul, reductions, softmax family, losses (f32 accumulation over up to 64 terms).
-const LOOSE: Tol = Tol {
-    atol: 5e-4,
-    rtol: 5e-3,
-};
-
-// ---- the harness ----------------------------------------------------------------------------
-
-/// Input `i`'s copy for the device under test: f32 on `dev` (I32 stays I32), with grad if float.
-fn device_copy(t: &Tensor, dev: Device) -> Tensor {
-    let moved = if t.dtype() == DType::I32 {
-        t.to_device(dev).unwrap()
-    } else {
-        t.to_dtype(DType::F32).unwrap().to_device(dev).unwrap()
-    };
-    let fresh = moved.detach();
-    if fresh.dtype().is_float() {
-        fresh.with_grad().unwrap()
-    } else {
-        fresh
-    }
-}
-
-/// The CPU reference copy: f64 (I32 stays I32), with grad if float.
-fn reference_copy(t: &Tensor) -> Tensor {
-    let fresh = t.detach();
-    if fresh.dtype().is_float() {
-        fresh.with_grad().unwrap()
-    } else {
-        fresh
-    }
-}
-
-fn seed_of(name: &str) -> u64 {
-    // FNV-1a, so each op gets its own fixed stream.
-    name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
-        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
-    })
-}
-
-/// Runs `f` on f64 CPU copies and f32 copies on `dev` of `inputs`, back-propagates the same
-/// random upstream gradient on both, and compares outputs and every float input's gradient.
-fn parity(
-    name: &str,
-    dev: Device,
-    tol: Tol,
-    f: impl Fn(&[Tensor]) -> Result<Tensor>,
-    inputs: &[Tensor],
-) {
-    let cpu: Vec<Tensor> = inputs.iter().map(reference_copy).collect();
-    let gpu: Vec<Tensor> = inputs.iter().map(|t| device_copy(t, dev)).collect();
-    let yc = f(&cpu).unwrap_or_else(|e| panic!("{name}: reference forward failed: {e}"));
-    let yg = f(&gpu).unwrap_or_else(|e| panic!("{name}: {dev} forward failed: {e}"));
-    assert_eq!(yc.shape(), yg.shape(), "{name}: output shapes differ");
-    assert_eq!(yg.device(), dev, "{name}: output left the device");
-
-    if yc.dtype() == DType::I32 || yg.dtype() == DType::I32 {
-        assert_eq!(yc.dtype(), yg.dtype(), "{name}: output dtypes differ");
-        assert_eq!(
-            yc.to_vec_i32().unwrap(),
-            yg.to_vec_i32().unwrap(),
-            "{name}: integer outputs differ"
-        );
-        return;
-    }
-    let (vc, vg) = (yc.to_vec_f64().unwrap(), yg.to_vec_f64().unwrap());
-    common::assert_close(&format!("{name}: output"), &vg, &vc, tol.atol, tol.rtol);
-
-    assert_eq!(
-        yc.requires_grad(),
-        yg.requires_grad(),
-        "{name}: requires_grad of the output differs"
-    );
-    if !yc.requires_grad() {
-        return;
-    }
-    let mut rng = ChaCha8Rng::seed_from_u64(seed_of(name) ^ 0xbac4);
-    let up: Vec<f64> = (0..yc.numel())
-        .map(|_| rng.random_range(-1.0f64..1.0) as f32 as f64)
-        .collect();
-    let up_c = Tensor::from_f64(up.clone(), yc.shape(), Device::cpu())
-        .unwrap()
-        .to_dtype(yc.dtype())
-        .unwrap();
-    let up_g = Tensor::from_f32(up.iter().map(|&x| x as f32).collect(), yg.shape(), dev)
-        .unwrap()
-        .to_dtype(yg.dtype())
-        .unwrap();
-    yc.backward_with(&up_c)
-        .unwrap_or_else(|e| panic!("{name}: reference backward failed: {e}"));
-    yg.backward_with(&up_g)
-        .unwrap_or_else(|e| panic!("{name}: {dev} backward failed: {e}"));
-    for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
-        match (c.grad(), g.grad()) {
-            (None, None) => {}
-            (Some(gc), Some(gg)) => {
-                assert_eq!(
-                    gg.device(),
-                    dev,
-                    "{name}: input {i}'s gradient left the device"
-                );
-                assert_eq!(gg.dtype(), DType::F32, "{name}: input {i}'s gradient dtype");
-                assert_eq!(gc.shape(), gg.shape(), "{name}: input {i}'s gradient shape");
-                common::assert_close(
-                    &format!("{name}: grad of input {i}"),
-                    &gg.to_vec_f64().unwrap(),
-                    &gc.to_vec_f64().unwrap(),
-                    tol.atol,
-                    tol.rtol,
-                );
-            }
-            (c, g) => panic!(
-                "{name}: input {i} got a gradient on one side only (reference {}, {dev} {})",
-                c.is_some(),
-                g.is_some()
-            ),
-        }
-    }
-}
-
-// ---- random inputs --------------------------------------------------------------------------
-
-#[derive(Clone, Copy)]
-enum V {
-    Smooth,
-    Distinct,
-    Positive,
-    NonZero,
-}
-
-/// Fixed-seed generator of shapes and f32-representable f64 values.
-struct Gen(ChaCha8Rng);
+// ---- shapes of the fixed cases ----------------------------------------------------------------
 
 impl Gen {
-    fn new(op: &str, case: u64) -> Gen {
-        Gen(ChaCha8Rng::seed_from_u64(
-            seed_of(op) ^ case.wrapping_mul(0x9e37),
-        ))
-    }
-    fn dim(&mut self, lo: usize, hi: usize) -> usize {
-        self.0.random_range(lo..=hi)
-    }
-    fn flip(&mut self) -> bool {
-        self.0.random_range(0..2) == 1
-    }
     /// Rank 1–3; case 0 keeps dims small, later cases go up to 17 (and one dim of 64 on case 2).
     fn shape(&mut self, case: u64) -> Vec<usize> {
         let r = self.dim(1, 3);
@@ -181,43 +30,6 @@ impl Gen {
             s[r - 1] = 64;
         }
         s
-    }
-    fn vals(&mut self, n: usize, kind: V) -> Vec<f64> {
-        let v: Vec<f64> = match kind {
-            V::Smooth => (0..n).map(|_| self.0.random_range(-2.0..2.0)).collect(),
-            V::Positive => (0..n).map(|_| self.0.random_range(0.2..3.0)).collect(),
-            V::NonZero => (0..n)
-                .map(|_| {
-                    let m = self.0.random_range(0.5..2.0);
-                    if self.flip() { m } else { -m }
-                })
-                .collect(),
-            V::Distinct => {
-                // A shuffled ladder with gaps 0.05, centred, shifted off 0 by half a step.
-                let mut ids: Vec<usize> = (0..n).collect();
-                for i in (1..n).rev() {
-                    let j = self.0.random_range(0..=i);
-                    ids.swap(i, j);
-                }
-                ids.iter()
-                    .map(|&p| (p as f64 - (n / 2) as f64 + 0.5) * 0.05)
-                    .collect()
-            }
-        };
-        v.into_iter().map(|x| x as f32 as f64).collect()
-    }
-    fn tensor(&mut self, shape: &[usize], kind: V) -> Tensor {
-        let n = shape.iter().product();
-        common::f64t(&self.vals(n, kind), shape)
-    }
-    fn ints(&mut self, shape: &[usize], hi: usize) -> Tensor {
-        let n: usize = shape.iter().product();
-        let v = (0..n).map(|_| self.0.random_range(0..hi) as i32).collect();
-        Tensor::from_i32(v, shape, Device::cpu()).unwrap()
-    }
-    fn axis(&mut self, rank: usize) -> isize {
-        let a = self.dim(0, rank - 1) as isize;
-        if self.flip() { a - rank as isize } else { a }
     }
     /// Two shapes that broadcast together (some dims 1 on either side, leading dims dropped).
     fn bcast(&mut self, case: u64) -> (Vec<usize>, Vec<usize>) {
