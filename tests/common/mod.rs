@@ -34,13 +34,39 @@ pub fn f64t(values: &[f64], shape: &[usize]) -> Tensor {
     Tensor::from_f64(values.to_vec(), shape, Device::cpu()).expect("valid test tensor")
 }
 
-/// Asserts two slices agree within `atol + rtol·|expected|`, naming the first bad element.
+/// Asserts two slices agree within `atol + rtol·|expected|`, naming the first bad element. A NaN
+/// on either side is a failure, NaN against NaN included: a check that lets NaN match NaN passes
+/// when both sides are broken the same way. A test that expects NaN at known places uses
+/// [`assert_close_nan_aware`], which says so.
 pub fn assert_close(what: &str, got: &[f64], expected: &[f64], atol: f64, rtol: f64) {
     assert_eq!(got.len(), expected.len(), "{what}: lengths differ");
     for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        // written so that a NaN on either side makes the comparison false
         assert!(
-            (g - e).abs() <= atol + rtol * e.abs() || (g.is_nan() && e.is_nan()),
+            (g - e).abs() <= atol + rtol * e.abs(),
             "{what}: element {i}: got {g}, expected {e} (atol {atol}, rtol {rtol})"
+        );
+    }
+}
+
+/// [`assert_close`] for results that hold NaN on purpose (a NaN input propagating): the NaN
+/// positions of `got` and `expected` must be the same, and must not be all of them (a result of
+/// NaN only would check nothing); every other element must agree as in [`assert_close`].
+pub fn assert_close_nan_aware(what: &str, got: &[f64], expected: &[f64], atol: f64, rtol: f64) {
+    assert_eq!(got.len(), expected.len(), "{what}: lengths differ");
+    assert!(
+        expected.is_empty() || expected.iter().any(|e| !e.is_nan()),
+        "{what}: every expected element is NaN: nothing would be compared"
+    );
+    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        let ok = if e.is_nan() {
+            g.is_nan()
+        } else {
+            (g - e).abs() <= atol + rtol * e.abs()
+        };
+        assert!(
+            ok,
+            "{what}: element {i}: got {g}, expected {e} (atol {atol}, rtol {rtol}; NaN only where NaN is expected)"
         );
     }
 }
