@@ -6,6 +6,8 @@
 //!   reentrancy and checks a zero upstream gradient);
 //! * values and all three gradients equal to the composed path, at fixed shapes and over random
 //!   small shapes (proptest), with large scores too (the online softmax must stay stable);
+//! * the f32 forward with scores of 10³–10⁴ on the CPU and the GPU against the f64 definition
+//!   (written here as loops), within a bound derived from f32 rounding of the scores;
 //! * the CPU's two backward schedules (one task per head, or per block when heads are few) give
 //!   identical bits;
 //! * GPU (f32) against CPU (f64), forward and the three gradients, for T = 1, T not a multiple of
@@ -126,17 +128,96 @@ fn matches_the_composed_path() {
 }
 
 #[test]
-fn large_scores_stay_finite_and_match() {
+fn large_scores_match_the_composed_path() {
     // scores up to ±(8·8·16)/4 = ±256: e^256 overflows f32 and the row maximum changes from
     // block to block, so the online softmax's rescaling is exercised
     let shape = [1, 2, 2 * ATTENTION_BLOCK + 9, 16];
     let inputs = qkv(&shape, 8.0, 30);
     assert_matches_composed("large scores", &inputs, 1e-9);
-    let as_f32 = inputs
-        .clone()
-        .map(|t| t.to_dtype(DType::F32).expect("cast"));
-    let y = as_f32[0].causal_attention(&as_f32[1], &as_f32[2]).unwrap();
-    assert!(y.to_vec_f64().unwrap().iter().all(|x| x.is_finite()));
+}
+
+/// Causal attention from its definition in f64, layout `[heads, T, Dh]`: for query `i`,
+/// `s_j = q_i·k_j/√Dh` over keys `j ≤ i`, `o_i = Σ_{j ≤ i} e^{s_j − max s} v_j / Σ_{j ≤ i} e^{s_j − max s}`.
+fn attention_definition(q: &[f64], k: &[f64], v: &[f64], t: usize, dh: usize) -> Vec<f64> {
+    let mut o = vec![0.0; q.len()];
+    for (h, out) in o.chunks_mut(t * dh).enumerate() {
+        let row = |m: &[f64], pos: usize| m[(h * t + pos) * dh..(h * t + pos + 1) * dh].to_vec();
+        for i in 0..t {
+            let qi = row(q, i);
+            let s: Vec<f64> = (0..=i)
+                .map(|j| {
+                    let kj = row(k, j);
+                    qi.iter().zip(&kj).map(|(a, b)| a * b).sum::<f64>() / (dh as f64).sqrt()
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for (j, ej) in e.iter().enumerate() {
+                let vj = row(v, j);
+                for d in 0..dh {
+                    out[i * dh + d] += ej / z * vj[d];
+                }
+            }
+        }
+    }
+    o
+}
+
+/// The f32 forward with scores of 10³ to 10⁴ (far past where e^s overflows f32, so only the
+/// running maximum keeps it finite), on the CPU and on the GPU, against the f64 definition on
+/// the same (f32-representable) inputs. The bound is the f32 rounding of the scores carried
+/// through the softmax: with `δ_i = Dh·ε·max_j Σ_d |q_id k_jd| / √Dh` the largest error of a
+/// score of query `i`, the weights move by a factor within `e^{±2δ_i}`, so the output moves by
+/// at most about `2δ_i·max|v|`, plus the rounding of the final sum.
+#[test]
+fn f32_large_scores_match_the_f64_definition() {
+    let (b, h, t, dh) = (1, 2, 2 * ATTENTION_BLOCK + 9, 16);
+    let shape = [b, h, t, dh];
+    let inputs = qkv(&shape, 40.0, 31);
+    let [q, k, v] = inputs.clone().map(|x| x.to_vec_f64().unwrap());
+    let want = attention_definition(&q, &k, &v, t, dh);
+    let eps = f32::EPSILON as f64;
+    let max_v = v.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+    let mut largest_score = 0.0f64;
+    let tolerance: Vec<f64> = (0..b * h * t)
+        .flat_map(|row| {
+            let (head, i) = (row / t, row % t);
+            let at = |x: &[f64], pos: usize, d: usize| x[(head * t + pos) * dh + d];
+            let magnitude = (0..=i)
+                .map(|j| {
+                    (0..dh)
+                        .map(|d| (at(&q, i, d) * at(&k, j, d)).abs())
+                        .sum::<f64>()
+                })
+                .fold(0.0f64, f64::max)
+                / (dh as f64).sqrt();
+            largest_score = largest_score.max(magnitude);
+            let delta = dh as f64 * eps * magnitude;
+            vec![max_v * (2.0 * delta + (t + dh) as f64 * eps); dh]
+        })
+        .collect();
+    assert!(
+        largest_score > 1e3,
+        "the scores reach only {largest_score}: not the large-score case"
+    );
+    for device in common::devices("f32_large_scores_match_the_f64_definition") {
+        let [q32, k32, v32] = inputs
+            .clone()
+            .map(|x| x.to_dtype(DType::F32).unwrap().to_device(device).unwrap());
+        let got = q32
+            .causal_attention(&k32, &v32)
+            .unwrap()
+            .to_vec_f64()
+            .unwrap();
+        for (i, ((g, w), tol)) in got.iter().zip(&want).zip(&tolerance).enumerate() {
+            assert!(
+                (g - w).abs() <= *tol,
+                "{device}: element {i} (query {}): f32 {g}, f64 definition {w}, bound {tol}",
+                (i / dh) % t
+            );
+        }
+    }
 }
 
 #[test]
