@@ -1,6 +1,9 @@
 //! The public custom-op API (`moegrad::autograd::custom_op`) and user WGSL kernels
 //! (`moegrad::wgsl::WgslKernel`): a correct op records and differentiates; every misuse is an
-//! error naming what is wrong, never a panic.
+//! error naming what is wrong, never a panic. The parts that need a GPU follow the suite's rule
+//! (`common::gpu_or_skip`): they skip with a printed reason, or fail under `MOEGRAD_REQUIRE_GPU=1`.
+
+mod common;
 
 use moegrad::autograd::custom_op;
 use moegrad::wgsl::WgslKernel;
@@ -70,7 +73,9 @@ fn a_gradient_of_the_wrong_shape_dtype_or_device_is_an_error() {
         matches!(&e, Error::Autograd(m) if m.contains("f32") && m.contains("f64")),
         "{e}"
     );
-    if let Ok(gpu) = Device::gpu() {
+    if let Some(gpu) =
+        common::gpu_or_skip("a_gradient_of_the_wrong_shape_dtype_or_device_is_an_error")
+    {
         let on_gpu = move |g: &Tensor| Ok(vec![Some(g.to_device(gpu)?)]);
         let e = backward_with_rule(on_gpu).unwrap_err();
         assert!(
@@ -93,8 +98,8 @@ fn bad_inputs_and_outputs_are_errors() {
         matches!(&e, Error::Invalid(m) if m.contains("at least one input")),
         "{e}"
     );
-    let Ok(gpu) = Device::gpu() else {
-        eprintln!("skipping the device checks: no GPU adapter");
+    let Some(gpu) = common::gpu_or_skip("bad_inputs_and_outputs_are_errors (the device checks)")
+    else {
         return;
     };
     let a = leaf(vec![1.0]).to_dtype(DType::F32).unwrap();
@@ -169,8 +174,7 @@ fn wgsl_kernels_that_break_the_rules_are_errors() {
 
 #[test]
 fn a_wgsl_kernel_runs_on_gpu_tensors() {
-    let Ok(gpu) = Device::gpu() else {
-        eprintln!("skipping: no GPU adapter");
+    let Some(gpu) = common::gpu_or_skip("a_wgsl_kernel_runs_on_gpu_tensors") else {
         return;
     };
     let k = WgslKernel::new("copy", COPY, "copy").unwrap();

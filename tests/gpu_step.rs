@@ -442,14 +442,34 @@ fn matmul_kernels_with_and_without_subgroups_match_the_cpu() {
         return;
     };
     let be = GpuBackend::get().unwrap();
+    let info = moegrad::backend::gpu::info().unwrap();
     let kernels = if be.subgroup_matmul_available() {
         vec![MatmulKernel::Plain, MatmulKernel::Subgroup]
     } else {
-        eprintln!("the adapter offers no subgroups: only the plain matmul is checked");
+        // CI's adapter (lavapipe) offers subgroups of 8, so under MOEGRAD_REQUIRE_GPU=1 a missing
+        // subgroup kernel is a failure, not a skip: the kernel would otherwise go unchecked in CI
+        assert!(
+            std::env::var("MOEGRAD_REQUIRE_GPU").as_deref() != Ok("1"),
+            "MOEGRAD_REQUIRE_GPU=1 but the subgroup matmul is not available on \"{}\" \
+             (optional features {:?}, subgroup sizes {:?}): the subgroup kernel would go unchecked",
+            info.name,
+            info.features,
+            info.subgroup_sizes
+        );
+        eprintln!(
+            "skipping the subgroup matmul: \"{}\" offers no subgroups of 4 to 128 invocations \
+             (optional features {:?}, subgroup sizes {:?}); only the plain matmul is checked",
+            info.name, info.features, info.subgroup_sizes
+        );
         assert!(be.set_matmul_kernel(MatmulKernel::Subgroup).is_err());
         vec![MatmulKernel::Plain]
     };
     let before = be.matmul_kernel();
+    // where the adapter has subgroups, matmul runs the subgroup kernel unless told otherwise
+    if be.subgroup_matmul_available() && std::env::var_os("MOEGRAD_MATMUL").is_none() {
+        assert_eq!(before, MatmulKernel::Subgroup, "the default matmul kernel");
+        assert_eq!(info.matmul_kernel, "subgroup");
+    }
     let shapes = [
         (1, 1, 1, 1),
         (2, 65, 33, 70),
