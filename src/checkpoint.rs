@@ -15,7 +15,7 @@ use crate::{Device, Error, Result, Tensor};
 use safetensors::{Dtype, SafeTensors, tensor::TensorView};
 use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// What a checkpoint holds.
 #[derive(Clone, Debug, Default)]
@@ -153,28 +153,76 @@ impl std::fmt::Display for NonFinite {
     }
 }
 
-/// Writes `path` atomically (temporary file in the same directory, fsync, rename).
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
-    let name = path
-        .file_name()
-        .ok_or_else(|| io(path, "not a file name"))?
-        .to_string_lossy();
-    let tmp = dir.join(format!(".{name}{TMP_MARK}{}", std::process::id()));
-    let result = (|| {
-        let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
-        f.write_all(bytes).map_err(|e| io(&tmp, e))?;
-        f.sync_all().map_err(|e| io(&tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| io(path, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
+/// A file written atomically: whatever is written to [`AtomicFile::tmp`] (a temporary in the
+/// target's directory, `.<name>.tmp-<PID>`) replaces the target only at
+/// [`AtomicFile::commit`], which flushes it to disk and renames it over the target. Dropped
+/// without a commit (an error while writing), the temporary is deleted and the target is
+/// untouched; a process killed meanwhile leaves the temporary for
+/// [`remove_stale_temporaries`]. Checkpoints and plots are written this way.
+#[derive(Debug)]
+pub struct AtomicFile {
+    target: PathBuf,
+    tmp: PathBuf,
+    committed: bool,
+}
+
+impl AtomicFile {
+    /// Prepares an atomic write of `path` (creating its directory if needed).
+    ///
+    /// # Errors
+    /// The directory cannot be created, or `path` names no file.
+    pub fn new(path: &Path) -> Result<AtomicFile> {
+        let dir = path
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .unwrap_or(Path::new("."));
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        let name = path
+            .file_name()
+            .ok_or_else(|| io(path, "not a file name"))?
+            .to_string_lossy();
+        Ok(AtomicFile {
+            target: path.to_path_buf(),
+            tmp: dir.join(format!(".{name}{TMP_MARK}{}", std::process::id())),
+            committed: false,
+        })
     }
-    result
+
+    /// The temporary to write.
+    pub fn tmp(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Flushes the temporary to disk and renames it over the target.
+    ///
+    /// # Errors
+    /// The temporary is missing or cannot be flushed, or the rename fails (the target is then
+    /// unchanged and the temporary deleted).
+    pub fn commit(mut self) -> Result<()> {
+        let f = std::fs::File::open(&self.tmp).map_err(|e| io(&self.tmp, e))?;
+        f.sync_all().map_err(|e| io(&self.tmp, e))?;
+        std::fs::rename(&self.tmp, &self.target).map_err(|e| io(&self.target, e))?;
+        self.committed = true;
+        Ok(())
+    }
+}
+
+impl Drop for AtomicFile {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// Writes `path` atomically (see [`AtomicFile`]).
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let file = AtomicFile::new(path)?;
+    let tmp = file.tmp();
+    let mut f = std::fs::File::create(tmp).map_err(|e| io(tmp, e))?;
+    f.write_all(bytes).map_err(|e| io(tmp, e))?;
+    drop(f);
+    file.commit()
 }
 
 impl Checkpoint {
@@ -219,6 +267,16 @@ impl Checkpoint {
 
     /// Loads from `path`, placing tensors on `device` (f64 stays on the CPU).
     pub fn load(path: &Path, device: Device) -> Result<Checkpoint> {
+        // a device or a FIFO (`/dev/zero`) would be read without end: only regular files, and
+        // only those whose bytes and tensors fit in memory
+        let meta = std::fs::metadata(path).map_err(|e| io(path, e))?;
+        if !meta.is_file() {
+            return Err(io(path, "not a regular file, so not a checkpoint"));
+        }
+        crate::memory::check_fits(
+            &format!("{}: a checkpoint of {} bytes", path.display(), meta.len()),
+            meta.len().checked_mul(2),
+        )?;
         let bytes = std::fs::read(path).map_err(|e| io(path, e))?;
         let st = SafeTensors::deserialize(&bytes)
             .map_err(|e| io(path, format!("not a valid safetensors file: {e}")))?;

@@ -199,7 +199,10 @@ fn a_failing_cell_is_reported_while_the_others_finish() {
             "2",
         ],
     );
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    // the table is printed, and the command fails because a cell did
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "a failed cell must fail compare: {stderr}");
+    assert!(stderr.contains("1 of 2 cells failed"), "{stderr}");
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(
         table.contains("| topk | 1e30 | 0 (1 failed) | failed"),
@@ -216,8 +219,9 @@ fn a_failing_cell_is_reported_while_the_others_finish() {
     assert_eq!(j["groups"][0]["n"], 1);
     assert!(j["groups"][0]["mean"]["test_loss"].is_number());
     assert_eq!(j["groups"][1]["failed"], serde_json::json!(["1"]));
-    // the failure is recorded: a second invocation reports it without running the cell
-    let again = json_of(&compare(
+    // the failure is recorded: a second invocation reports it without running the cell (and
+    // fails again, its JSON still printed)
+    let again = compare(
         &out,
         &[
             "--routers",
@@ -228,7 +232,9 @@ fn a_failing_cell_is_reported_while_the_others_finish() {
             "1",
             "--json",
         ],
-    ));
+    );
+    assert!(!again.status.success());
+    let again: Value = serde_json::from_slice(&again.stdout).expect("the report as JSON");
     assert_eq!(again["ran"], 0);
     assert_eq!(again["failed"], 1);
     let _ = std::fs::remove_dir_all(&out);

@@ -34,6 +34,10 @@
 use crate::{Error, Result};
 use std::path::Path;
 
+/// The most cells one grid may have (each is a training run; the cells are listed and checked
+/// before any runs).
+pub const MAX_CELLS: usize = 4096;
+
 /// The axis of seeds: cells that differ only along it form one group.
 pub const SEED_AXIS: &str = "seed";
 /// The axis of `[[variants]]`.
@@ -408,7 +412,8 @@ impl Grid {
     /// # Errors
     /// A reserved flag (`--out`, `--json`, `--resume`, ...), a flag set both by the fixed part
     /// and an axis (or by two axes), an empty axis, the same value twice on one axis, two
-    /// values whose directory names would clash; each names the flag or axis.
+    /// values whose directory names would clash, more than [`MAX_CELLS`] cells; each names the
+    /// flag or axis.
     pub fn cells(&self) -> Result<Vec<Cell>> {
         for s in self.fixed.iter().chain(
             self.axes
@@ -491,7 +496,23 @@ impl Grid {
                 "compare: two axes have the same name".into(),
             ));
         }
-        let mut cells = Vec::new();
+        let count = self
+            .axes
+            .iter()
+            .try_fold(1usize, |n, a| n.checked_mul(a.points.len()))
+            .filter(|&n| n <= MAX_CELLS);
+        let Some(count) = count else {
+            let sizes: Vec<String> = self
+                .axes
+                .iter()
+                .map(|a| format!("{} {}", a.points.len(), a.name))
+                .collect();
+            return Err(Error::Invalid(format!(
+                "compare: the grid crosses {} values, more than the {MAX_CELLS} cells compare runs in one grid; split it",
+                sizes.join(" × ")
+            )));
+        };
+        let mut cells = Vec::with_capacity(count);
         let mut index = vec![0usize; self.axes.len()];
         loop {
             let points: Vec<(&Axis, &Point)> = self

@@ -132,6 +132,25 @@ pub fn plan(grid: &Grid, out: &Path, check: CellCheck) -> Result<Plan> {
             .map_err(|e| prefix_error(&format!("compare: cell {}", c.label()), e))?;
         configs.push(cfg);
     }
+    // two cells that parse to the same settings (`--seeds 1,01`, `--set k=2,02`) would run
+    // the same training twice and count it as two
+    let settings: Vec<String> = configs
+        .iter()
+        .map(|c| {
+            let mut c = c.clone();
+            c.out = PathBuf::new();
+            serde_json::to_string(&c).unwrap_or_default()
+        })
+        .collect();
+    for (i, s) in settings.iter().enumerate() {
+        if let Some(j) = settings[..i].iter().position(|t| t == s) {
+            return Err(Error::Invalid(format!(
+                "compare: cells {} and {} have the same settings once their values are read (the same number written two ways?); give each value once",
+                cells[j].label(),
+                cells[i].label()
+            )));
+        }
+    }
     let metric = grid
         .metric
         .clone()

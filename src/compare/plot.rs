@@ -98,7 +98,9 @@ fn draw_curves(path: &Path, report: &CompareReport, metric: &str) -> Result<bool
     }
     let pad = ((y_hi - y_lo) * 0.05).max(1e-6);
     let x_hi = if x_hi > x_lo { x_hi } else { x_lo + 1.0 };
-    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+    let file = crate::checkpoint::AtomicFile::new(path)?;
+    let tmp = file.tmp().to_path_buf();
+    let root = SVGBackend::new(&tmp, (900, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
@@ -142,6 +144,8 @@ fn draw_curves(path: &Path, report: &CompareReport, metric: &str) -> Result<bool
         .draw()
         .map_err(|e| plot_err(path, e))?;
     root.present().map_err(|e| plot_err(path, e))?;
+    drop(root);
+    file.commit()?;
     Ok(true)
 }
 
@@ -169,7 +173,9 @@ fn draw_bars(path: &Path, report: &CompareReport) -> Result<bool> {
         .map(|(_, _, m)| m.mean - err(m))
         .fold(0.0, f64::min);
     let span = (hi - lo).max(1e-9);
-    let root = SVGBackend::new(path, (900, 520)).into_drawing_area();
+    let file = crate::checkpoint::AtomicFile::new(path)?;
+    let tmp = file.tmp().to_path_buf();
+    let root = SVGBackend::new(&tmp, (900, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
     let n = bars.len() as f64;
     let mut chart = ChartBuilder::on(&root)
@@ -224,5 +230,7 @@ fn draw_bars(path: &Path, report: &CompareReport) -> Result<bool> {
         .draw()
         .map_err(|e| plot_err(path, e))?;
     root.present().map_err(|e| plot_err(path, e))?;
+    drop(root);
+    file.commit()?;
     Ok(true)
 }

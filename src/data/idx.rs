@@ -33,8 +33,13 @@ fn io_err(path: &Path, what: impl std::fmt::Display) -> Error {
 /// Opens `path` as a byte stream: through a gzip decoder when the file starts with the gzip
 /// magic bytes (every member, so `cat a.gz b.gz` reads as one file), else as it is. Returns the
 /// stream and whether it is gzip.
+/// A path in the bundled directory (`<bundled>/NAME`) is read from the copy built into the
+/// binary ([`crate::data::bundled`]).
 fn open(path: &Path) -> Result<(Box<dyn Read>, bool)> {
-    let mut file = std::fs::File::open(path).map_err(|e| io_err(path, e))?;
+    let mut file: Box<dyn Read> = match crate::data::bundled::file(path) {
+        Some(bytes) => Box::new(bytes),
+        None => Box::new(std::fs::File::open(path).map_err(|e| io_err(path, e))?),
+    };
     let mut magic = Vec::with_capacity(2);
     (&mut file)
         .take(2)

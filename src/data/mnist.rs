@@ -89,7 +89,7 @@ fn find(dir: &Path, names: &[&str]) -> Result<PathBuf> {
     names
         .iter()
         .map(|n| dir.join(n))
-        .find(|p| p.is_file())
+        .find(|p| crate::data::bundled::is_file(p))
         .ok_or_else(|| {
             Error::Io(format!(
                 "{}: none of {} found",

@@ -71,7 +71,9 @@ pub fn draw_estimators(path: &Path, report: &LabReport) -> Result<()> {
     let (y0, y1) = span(&mut pts.iter().map(|p| p.1));
     let c = &report.config;
     let p = &c.problem;
-    let root = SVGBackend::new(path, (900, 620)).into_drawing_area();
+    let file = crate::checkpoint::AtomicFile::new(path)?;
+    let tmp = file.tmp().to_path_buf();
+    let root = SVGBackend::new(&tmp, (900, 620)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
     let mut chart = ChartBuilder::on(&root)
         .caption(
@@ -161,5 +163,7 @@ pub fn draw_estimators(path: &Path, report: &LabReport) -> Result<()> {
         .draw()
         .map_err(|e| plot_err(path, e))?;
     root.present().map_err(|e| plot_err(path, e))?;
+    drop(root);
+    file.commit()?;
     Ok(())
 }

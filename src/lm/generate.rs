@@ -11,6 +11,10 @@ use crate::{Device, Error, Result, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+/// The most characters one call generates (`--tokens`): a million, a few megabytes of text,
+/// far more than a character model of this size writes coherently.
+pub const MAX_TOKENS: usize = 1_000_000;
+
 /// How to sample.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SampleOptions {
@@ -66,8 +70,9 @@ pub fn sample_index(logits: &[f64], temperature: f64, top_k: usize, u: f64) -> u
 /// drawn, and returns them. The model is switched to evaluation mode.
 ///
 /// # Errors
-/// An empty prompt, a prompt character outside `vocab` (named), a temperature that is not a
-/// positive finite number, or an error of the model.
+/// More than [`MAX_TOKENS`] tokens, an empty prompt, a prompt character outside `vocab`
+/// (named), a temperature that is not a positive finite number, logits that are not finite
+/// (weights too large for f32), or an error of the model.
 pub fn generate(
     model: &Gpt,
     vocab: &[char],
@@ -82,6 +87,12 @@ pub fn generate(
             opts.temperature
         )));
     }
+    if opts.tokens > MAX_TOKENS {
+        return Err(Error::Invalid(format!(
+            "--tokens {} is more than the {MAX_TOKENS} characters generate writes in one call",
+            opts.tokens
+        )));
+    }
     if prompt.is_empty() {
         return Err(Error::Invalid(
             "--prompt is empty: give at least one character to start from".into(),
@@ -90,7 +101,7 @@ pub fn generate(
     let mut ids = encode(vocab, prompt)?;
     let block = model.config.block;
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
-    let mut out = Vec::with_capacity(opts.tokens);
+    let mut out = Vec::new();
     model.set_training(false);
     let _guard = crate::NoGradGuard::new();
     for _ in 0..opts.tokens {
@@ -98,6 +109,12 @@ pub fn generate(
         let t = context.len();
         let x = Tensor::from_i32(context.to_vec(), &[1, t], device)?;
         let logits = model.forward(&x)?.logits.slice(0, t - 1, t)?.to_vec_f64()?;
+        if let Some(bad) = logits.iter().find(|l| !l.is_finite()) {
+            return Err(Error::Invalid(format!(
+                "the model's logits for character {} are not finite ({bad}): its weights overflow f32 arithmetic, so nothing can be sampled (is the checkpoint corrupt?)",
+                out.len() + 1
+            )));
+        }
         let next = sample_index(
             &logits,
             opts.temperature,
@@ -105,6 +122,9 @@ pub fn generate(
             rng.random_range(0.0..1.0),
         );
         ids.push(next as i32);
+        if ids.len() > 2 * block {
+            ids.drain(..ids.len() - block);
+        }
         out.push(next as i32);
         if let Some(c) = vocab.get(next) {
             emit(*c);

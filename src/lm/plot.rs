@@ -56,7 +56,9 @@ pub fn draw(dir: &Path, metrics: &Path, title: &str) -> Result<()> {
         return Ok(());
     }
     let path = dir.join("curves.svg");
-    let root = SVGBackend::new(&path, (640, 400)).into_drawing_area();
+    let file = crate::checkpoint::AtomicFile::new(&path)?;
+    let tmp = file.tmp().to_path_buf();
+    let root = SVGBackend::new(&tmp, (640, 400)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(&path, e))?;
     let last = points.last().map(|p| p.iter).unwrap_or(1.0).max(1.0);
     let max_loss = points
@@ -98,6 +100,8 @@ pub fn draw(dir: &Path, metrics: &Path, title: &str) -> Result<()> {
         .draw()
         .map_err(|e| plot_err(&path, e))?;
     root.present().map_err(|e| plot_err(&path, e))?;
+    drop(root);
+    file.commit()?;
 
     let layers = points[0].loads.len();
     for layer in 0..layers {

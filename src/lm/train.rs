@@ -373,7 +373,33 @@ pub fn load_model(path: &Path, device: Device) -> Result<(Gpt, Vec<char>)> {
     if let Some(bad) = ck.first_non_finite()? {
         return Err(Error::Io(format!("{}: {bad}", path.display())));
     }
-    let model = Gpt::new(&gpt_config(&cfg, vocab.len()), device)?;
+    // the settings are the checkpoint's: check them, and check that the model they describe
+    // is the size of the tensors the file holds, before anything is built
+    let in_checkpoint = |e: Error| {
+        Error::Io(format!(
+            "{}: the run settings in the checkpoint's metadata are not valid ({e})",
+            path.display()
+        ))
+    };
+    cfg.validate().map_err(in_checkpoint)?;
+    let gpt_cfg = gpt_config(&cfg, vocab.len());
+    let described = gpt_cfg.parameter_count();
+    let held: u64 = ck
+        .tensors
+        .iter()
+        .filter(|(name, _)| !name.starts_with("adam.") && !name.starts_with("sgd."))
+        .map(|(_, t)| t.numel() as u64)
+        .sum();
+    if described.is_none_or(|n| n > held) {
+        return Err(Error::Io(format!(
+            "{}: the metadata describes a model of {} parameters (--layers {} --d-model {}), but the file holds only {held} values: the metadata does not belong to these tensors",
+            path.display(),
+            described.map_or("more than can be counted".into(), |n| n.to_string()),
+            cfg.layers,
+            cfg.d_model
+        )));
+    }
+    let model = Gpt::new(&gpt_cfg, device)?;
     for (name, p) in model.named_params() {
         let t = ck
             .tensors

@@ -128,6 +128,10 @@ impl<'a> LmTrainer<'a> {
         )?;
 
         let out = OutDir::claim(&cfg.out, opts.resume, opts.overwrite)?;
+        let announce = out.link_latest(opts.latest_link.as_deref())?;
+        if let Some(line) = announce.filter(|_| opts.progress) {
+            eprintln!("moegrad: {line}");
+        }
         if opts.progress {
             for note in &out.notes {
                 eprintln!("moegrad: note: {note}");
@@ -192,7 +196,7 @@ impl<'a> LmTrainer<'a> {
             self.saved = Some(start_interval as u64 * self.interval);
             crate::train::truncate_metrics(&self.metrics_path, start_interval)?;
         } else if opts.overwrite {
-            self.out.clear_previous_run()?;
+            self.out.set_aside_previous_run()?;
         }
         let left = (self.intervals() - start_interval) as u64 * self.interval;
         self.bar = self.progress_bar(left);
@@ -384,6 +388,7 @@ impl<'a> LmTrainer<'a> {
     /// Writes the interval's checkpoint and redraws the plots from `metrics.jsonl`.
     pub(super) fn checkpoint(&mut self, ck: Checkpoint) -> Result<()> {
         ck.save(&self.ckpt_path)?;
+        self.out.first_checkpoint_written()?;
         self.saved = Some(self.step);
         // The evaluation's batches (its last one of another size) and the checkpoint's host
         // copies left blocks in the CPU buffer pool that the training step does not ask for:

@@ -51,16 +51,17 @@ impl Schedule {
         })
     }
 
-    /// Parses `constant`, `cosine` (decaying to 0) as on the command line.
+    /// Parses `constant`, `cosine` (decaying to `min_lr`) as on the command line.
     pub fn from_name(
         name: &str,
         base_lr: f64,
+        min_lr: f64,
         warmup_steps: u64,
         total_steps: u64,
     ) -> Result<Schedule> {
         let kind = match name {
             "constant" => ScheduleKind::Constant,
-            "cosine" => ScheduleKind::Cosine { min_lr: 0.0 },
+            "cosine" => ScheduleKind::Cosine { min_lr },
             other => {
                 return Err(Error::Invalid(format!(
                     "unknown schedule {other:?} (constant, cosine)"

@@ -109,7 +109,8 @@ pub enum OptimizerKind {
 pub struct TrainConfig {
     /// dataset
     pub data: DataKind,
-    /// directory holding the MNIST IDX files
+    /// directory holding the MNIST IDX files and the Shakespeare text; `<bundled>`
+    /// ([`crate::data::bundled::BUNDLED_DIR`], the default) is the copy built into the binary
     pub data_dir: PathBuf,
     /// model
     pub model: ModelKind,
@@ -202,6 +203,27 @@ pub struct TrainConfig {
 /// weights (a step of `1e-8` in an f32 weight of size 0.1 is below its rounding error).
 pub const TINY_LR: f64 = 1e-8;
 
+/// The flags that only the language models read.
+pub const LM_FLAGS: &[&str] = &[
+    "--iters",
+    "--eval-every",
+    "--eval-windows",
+    "--layers",
+    "--heads",
+    "--d-model",
+    "--block",
+    "--moe-every",
+];
+
+/// The flags that only the image models read (a language model counts iterations and reads
+/// the whole text).
+pub const IMAGE_FLAGS: &[&str] = &["--epochs", "--train-limit", "--test-limit"];
+
+/// The most validation windows an evaluation of a language model reads (`--eval-windows`):
+/// 100,000 windows of `--block` characters are 6.4 million characters at the default block,
+/// several times the bundled text's validation split.
+pub const MAX_EVAL_WINDOWS: usize = 100_000;
+
 /// The flags that only a model with an MoE layer reads, as the command line spells them.
 pub const MOE_FLAGS: [&str; 9] = [
     "--router",
@@ -225,7 +247,7 @@ impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
             data: DataKind::Mnist,
-            data_dir: PathBuf::from("data"),
+            data_dir: PathBuf::from(crate::data::bundled::BUNDLED_DIR),
             model: ModelKind::Cnn,
             epochs: 5,
             batch: 64,
@@ -326,6 +348,9 @@ impl TrainConfig {
     /// * a flag of [`MOE_FLAGS`] is given to a model without an MoE layer (`mlp`, `cnn`);
     /// * `--expert-hidden` is given where no MLP expert reads it (`moe-cnn`, `mmoe-cnn`, and
     ///   synthetic-b, whose bank is fixed), or `--data-dir` with synthetic-b (generated data);
+    /// * a flag of [`LM_FLAGS`] is given to an image model, or one of [`IMAGE_FLAGS`] to a
+    ///   language model; `--data-file` without `--data text`; `--min-lr` without
+    ///   `--schedule cosine`;
     /// * `--lr` is below [`TINY_LR`] (1e-8).
     ///
     /// A warm-up as long as the run needs the number of steps: see [`TrainConfig::warmup_warning`].
@@ -368,6 +393,42 @@ impl TrainConfig {
                     "--expert-hidden ignored: --model {model} has CNN experts of a fixed shape (it sets the MLP experts of moe-mlp and moe-gpt)"
                 ));
             }
+        }
+        let ignored_by = |flags: &[&'static str]| -> Vec<&'static str> {
+            flags
+                .iter()
+                .copied()
+                .filter(|f| given.contains(f))
+                .collect()
+        };
+        if self.model.is_lm() {
+            let ignored = ignored_by(IMAGE_FLAGS);
+            if !ignored.is_empty() {
+                out.push(format!(
+                    "{} ignored: --model {model} is a language model, trained for --iters iterations over the whole text",
+                    ignored.join(", ")
+                ));
+            }
+        } else {
+            let ignored = ignored_by(LM_FLAGS);
+            if !ignored.is_empty() {
+                out.push(format!(
+                    "{} ignored: they set the language models (gpt, moe-gpt), not --model {model}",
+                    ignored.join(", ")
+                ));
+            }
+        }
+        if self.data != DataKind::Text && given.contains(&"--data-file") {
+            out.push(format!(
+                "--data-file ignored: it is the text of --data text, not of --data {}",
+                self.data.name()
+            ));
+        }
+        if self.schedule != "cosine" && given.contains(&"--min-lr") {
+            out.push(format!(
+                "--min-lr ignored: it is where --schedule cosine ends, and the schedule is {}",
+                self.schedule
+            ));
         }
         if self.data == DataKind::SyntheticB && given.contains(&"--data-dir") {
             out.push("--data-dir ignored: synthetic-b generates its data from --seed".into());
@@ -447,8 +508,11 @@ impl TrainConfig {
                     self.iters, self.eval_every
                 ));
             }
-            if self.eval_windows == 0 {
-                return bad("--eval-windows must be at least 1".into());
+            if self.eval_windows == 0 || self.eval_windows > MAX_EVAL_WINDOWS {
+                return bad(format!(
+                    "--eval-windows {} must be between 1 and {MAX_EVAL_WINDOWS}",
+                    self.eval_windows
+                ));
             }
             if self.layers == 0 || self.block == 0 || self.d_model == 0 || self.heads == 0 {
                 return bad(format!(
@@ -470,12 +534,6 @@ impl TrainConfig {
                     self.moe_every, self.layers
                 ));
             }
-            if !(self.min_lr.is_finite() && self.min_lr >= 0.0 && self.min_lr <= self.lr) {
-                return bad(format!(
-                    "--min-lr {} must lie in [0, --lr {}]",
-                    self.min_lr, self.lr
-                ));
-            }
             if self.model == ModelKind::MoeGpt && self.router == "expert-choice" {
                 return bad("--router expert-choice cannot train a causal language model: it picks each expert's tokens from the whole batch, so a position's output would depend on later positions of its own sequence; use a token-choice router such as topk or switch".into());
             }
@@ -490,6 +548,12 @@ impl TrainConfig {
             return bad(format!(
                 "--lr must be a finite positive number, got {}",
                 self.lr
+            ));
+        }
+        if !(self.min_lr.is_finite() && self.min_lr >= 0.0 && self.min_lr <= self.lr) {
+            return bad(format!(
+                "--min-lr {} must lie in [0, --lr {}]",
+                self.min_lr, self.lr
             ));
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {

@@ -94,8 +94,9 @@ pub struct RunOptions {
     pub resume: bool,
     /// draw a progress bar and per-epoch lines on stderr
     pub progress: bool,
-    /// start afresh in an `out` that holds an earlier run's files; they are deleted once the
-    /// new run is set up (without it such an `out` is refused)
+    /// start afresh in an `out` that holds an earlier run's files; they are set aside and
+    /// deleted once the new run has written its first checkpoint (without it such an `out` is
+    /// refused)
     pub overwrite: bool,
     /// settings a resumed run may change from the checkpoint's (`lr`, `epochs`, ...; see
     /// [`resume::CHANGEABLE_SETTINGS`])
@@ -103,6 +104,9 @@ pub struct RunOptions {
     /// record the wall time per op over the training steps ([`crate::profile`]); the summary
     /// then carries it
     pub profile: bool,
+    /// once the run has claimed its output directory, point `<this>/latest` at it and say so
+    /// (the command line's default `--out`, see [`out_dir::point_latest`])
+    pub latest_link: Option<std::path::PathBuf>,
 }
 
 impl RunOptions {

@@ -26,7 +26,9 @@ pub fn draw_curves(path: &Path, points: &[EpochPoint], title: &str) -> Result<()
     if points.is_empty() {
         return Ok(());
     }
-    let root = SVGBackend::new(path, (960, 400)).into_drawing_area();
+    let file = crate::checkpoint::AtomicFile::new(path)?;
+    let tmp = file.tmp().to_path_buf();
+    let root = SVGBackend::new(&tmp, (960, 400)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
     let (left, right) = root.split_horizontally(480);
     let last = points.last().map(|p| p.epoch).unwrap_or(1).max(2) as f64;
@@ -120,6 +122,8 @@ pub fn draw_curves(path: &Path, points: &[EpochPoint], title: &str) -> Result<()
         .draw()
         .map_err(|e| plot_err(path, e))?;
     root.present().map_err(|e| plot_err(path, e))?;
+    drop(root);
+    file.commit()?;
     Ok(())
 }
 
@@ -129,7 +133,9 @@ pub fn draw_expert_load(path: &Path, loads: &[(usize, Vec<f64>)]) -> Result<()> 
         return Ok(());
     };
     let experts = first.len();
-    let root = SVGBackend::new(path, (640, 400)).into_drawing_area();
+    let file = crate::checkpoint::AtomicFile::new(path)?;
+    let tmp = file.tmp().to_path_buf();
+    let root = SVGBackend::new(&tmp, (640, 400)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
     let last = loads.last().map(|l| l.0).unwrap_or(1).max(2) as f64;
     let top = loads
@@ -183,5 +189,7 @@ pub fn draw_expert_load(path: &Path, loads: &[(usize, Vec<f64>)]) -> Result<()> 
         .draw()
         .map_err(|e| plot_err(path, e))?;
     root.present().map_err(|e| plot_err(path, e))?;
+    drop(root);
+    file.commit()?;
     Ok(())
 }

@@ -109,6 +109,7 @@ impl<'a> Trainer<'a> {
         let schedule = Schedule::from_name(
             &cfg.schedule,
             cfg.lr,
+            cfg.min_lr,
             cfg.warmup_steps,
             steps_per_epoch * cfg.schedule_length_epochs() as u64,
         )?;
@@ -119,6 +120,10 @@ impl<'a> Trainer<'a> {
         }
 
         let out = OutDir::claim(&cfg.out, opts.resume, opts.overwrite)?;
+        let announce = out.link_latest(opts.latest_link.as_deref())?;
+        if let Some(line) = announce.filter(|_| opts.progress) {
+            eprintln!("moegrad: {line}");
+        }
         if opts.progress {
             for note in &out.notes {
                 eprintln!("moegrad: note: {note}");
@@ -171,7 +176,7 @@ impl<'a> Trainer<'a> {
             self.saved_epoch = Some(start_epoch);
             truncate_metrics(&self.metrics_path, start_epoch)?;
         } else if opts.overwrite {
-            self.out.clear_previous_run()?;
+            self.out.set_aside_previous_run()?;
         }
         self.step = self.opt.steps();
         self.last_finite_read = self.step;
@@ -408,6 +413,7 @@ impl<'a> Trainer<'a> {
         r: &EpochResult,
     ) -> Result<()> {
         ck.save(&self.ckpt_path)?;
+        self.out.first_checkpoint_written()?;
         self.saved_epoch = Some(epoch + 1);
         let cfg = self.cfg;
         plot::draw_curves(

@@ -29,8 +29,8 @@ pub(super) struct BenchArgs {
     /// train workload: examples per step.
     #[arg(long, default_value_t = 64)]
     pub(super) batch: usize,
-    /// train workload: directory with the MNIST IDX files.
-    #[arg(long, default_value = "data")]
+    /// train workload: directory with the MNIST IDX files [default: the bundled copy].
+    #[arg(long, default_value = moegrad::data::bundled::BUNDLED_DIR, hide_default_value = true)]
     pub(super) data_dir: PathBuf,
 }
 

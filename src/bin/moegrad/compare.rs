@@ -120,7 +120,7 @@ fn check_train_words(words: &[String]) -> Result<TrainConfig> {
         .into_iter()
         .map(String::from)
         .chain(words.iter().cloned());
-    let matches = Cli::command()
+    let matches = cli_command()
         .try_get_matches_from(argv)
         .map_err(|e| moegrad::Error::Invalid(clap_error_line(&e)))?;
     let cli = Cli::from_arg_matches(&matches)
@@ -215,6 +215,15 @@ pub(super) fn run_compare(args: &CompareArgs) -> Result<()> {
             report.wall_seconds,
             report.out.display()
         );
+    }
+    // the table is out; a failed cell still makes the command fail
+    if report.failed() > 0 {
+        return Err(moegrad::Error::Invalid(format!(
+            "compare: {} of {} cells failed (their errors are above and in each cell's directory under {}); --retry-failed runs them again",
+            report.failed(),
+            report.cells.len(),
+            report.out.display()
+        )));
     }
     Ok(())
 }

@@ -121,21 +121,59 @@ fn print_profile(
     }
 }
 
-/// A clap error as one line: its first line (what was wrong), plus the allowed values when it
-/// lists them.
+/// A clap error as one line: what was wrong (with the arguments it lists, for "the following
+/// required arguments were not provided:"), plus the allowed values when it lists them.
 fn clap_error_line(e: &clap::Error) -> String {
     let text = e.render().to_string();
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
-    let first = lines
+    let mut first = lines
         .next()
         .unwrap_or("invalid arguments")
         .trim_start_matches("error: ")
         .to_string();
+    if first.ends_with(':') {
+        // the detail is on the indented lines that follow, up to the usage
+        let detail: Vec<&str> = text
+            .lines()
+            .skip(1)
+            .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more"))
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .collect();
+        first = format!("{first} {}", detail.join(", "));
+    }
+    // `--epochs -1`: a negative number where a count is expected
+    if first.contains("invalid digit found in string") && first.contains("'-") {
+        first = first.replace(
+            "invalid digit found in string",
+            "it must be a whole number, 0 or more",
+        );
+    }
     let values = lines
         .find(|l| l.contains("possible values"))
         .map(|l| format!(" {}", l.trim()))
         .unwrap_or_default();
     format!("{first}{values}")
+}
+
+/// The command tree, with every option that takes a value reading a leading `-` as a negative
+/// number (so `--epochs -1` is refused for its value, not as an unknown flag `-1`), and every
+/// real-valued one taking any value that starts with `-` (`--lr -inf` is refused by the
+/// setting's own check, which says what is allowed).
+fn cli_command() -> clap::Command {
+    fn negatives(a: clap::Arg) -> clap::Arg {
+        if !a.get_action().takes_values() {
+            a
+        } else if a.get_value_parser().type_id() == std::any::TypeId::of::<f64>() {
+            a.allow_hyphen_values(true)
+        } else {
+            a.allow_negative_numbers(true)
+        }
+    }
+    Cli::command().mut_subcommands(|c| {
+        c.mut_args(negatives)
+            .mut_subcommands(|s| s.mut_args(negatives))
+    })
 }
 
 fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
@@ -150,9 +188,24 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
     }
 }
 
+/// Mesa's Vulkan drivers load libwayland-client, which prints "error: XDG_RUNTIME_DIR is invalid
+/// or not set in the environment." once per probe when that variable is not an absolute path
+/// (a container, a cron job, `ssh` without a login session). moegrad draws nothing on screen,
+/// so the variable only has to be absolute to keep that line quiet: the system's temporary
+/// directory is given when it is missing. (Set before any thread starts, as `set_var` asks.)
+fn quiet_wayland_probe() {
+    let valid =
+        std::env::var_os("XDG_RUNTIME_DIR").is_some_and(|d| std::path::Path::new(&d).is_absolute());
+    if !valid {
+        // SAFETY: called first thing in `main`, before any other thread exists
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+    }
+}
+
 fn main() -> ExitCode {
+    quiet_wayland_probe();
     // parsed through `ArgMatches` so that `train` can tell flags given from defaults
-    let parsed = Cli::command()
+    let parsed = cli_command()
         .try_get_matches_from(compare_words_first(std::env::args_os().collect()))
         .and_then(|m| Cli::from_arg_matches(&m).map(|c| (c, m)));
     let (cli, matches) = match parsed {

@@ -8,15 +8,17 @@ use super::*;
 pub(super) struct TrainArgs {
     /// Dataset: mnist, multimnist (two overlaid digits, two tasks), synthetic-b (DSelect-k's
     /// generator B: 4 true experts hidden among 16 frozen ones; reports which ones the gate
-    /// selects), shakespeare (data/shakespeare-10-plays.txt.gz, for --model gpt|moe-gpt) or text
+    /// selects), shakespeare (ten plays, bundled, for --model gpt|moe-gpt) or text
     /// (--data-file, any UTF-8 text, plain or .gz).
     #[arg(long, value_enum, default_value = "mnist")]
     data: DataArg,
     /// The text file of --data text.
     #[arg(long)]
     data_file: Option<PathBuf>,
-    /// Directory with the MNIST IDX files (bundled subset in data/, or the full MNIST files).
-    #[arg(long, default_value = "data")]
+    /// Directory with the MNIST IDX files (the full MNIST files, say, under their standard names)
+    /// and shakespeare-10-plays.txt.gz. The default, `<bundled>`, is the copy of data/ built into
+    /// moegrad (10,000 MNIST digits, ten plays), so no files are needed.
+    #[arg(long, default_value = moegrad::data::bundled::BUNDLED_DIR)]
     data_dir: PathBuf,
     /// Model: mlp, cnn, moe-mlp, moe-cnn or mmoe-cnn (multi-gate, MultiMNIST); gpt or moe-gpt
     /// (a character-level GPT, every --moe-every-th feed-forward an MoE layer) for text
@@ -67,9 +69,11 @@ pub(super) struct TrainArgs {
     device: String,
     /// Output directory for metrics.jsonl, checkpoint.safetensors and curves.svg. It is locked
     /// while the run writes it; one that holds an earlier run's files needs --resume or
-    /// --overwrite.
-    #[arg(long, default_value = "runs/latest")]
-    out: PathBuf,
+    /// --overwrite. Without it, each run gets a new directory runs/<model>-<date>-<time> (UTC),
+    /// printed at the start, and runs/latest points to it; --resume without --out continues
+    /// runs/latest.
+    #[arg(long)]
+    out: Option<PathBuf>,
     /// Use only the first N training examples (0: all).
     #[arg(long, default_value_t = 0)]
     train_limit: usize,
@@ -297,7 +301,10 @@ impl TrainArgs {
             clip_grad_norm: self.clip_grad_norm,
             seed: self.seed,
             device: self.device.clone(),
-            out: self.out.clone(),
+            out: self
+                .out
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(RUNS_DIR).join("latest")),
             train_limit: self.train_limit,
             test_limit: self.test_limit,
             log_every: self.log_every,
@@ -316,15 +323,37 @@ impl TrainArgs {
     }
 }
 
+/// Where runs given no `--out` go.
+const RUNS_DIR: &str = "runs";
+
+/// The output directory of a run given no `--out`: `runs/latest` (resolved to the directory it
+/// points to) for `--resume`, else a new `runs/<model>-<date>-<time>`.
+fn default_out(cfg: &TrainConfig, resume: bool) -> PathBuf {
+    let root = PathBuf::from(RUNS_DIR);
+    let latest = root.join("latest");
+    if resume {
+        return match std::fs::read_link(&latest) {
+            Ok(target) => root.join(target),
+            Err(_) => latest,
+        };
+    }
+    moegrad::train::out_dir::default_run_dir(&root, cfg.model.name())
+}
+
 /// Runs `moegrad train`: validates the settings, prints their warnings, trains (an image model
 /// by epochs or a language model by iterations) and prints the summary.
 pub(super) fn run_train(args: TrainArgs, matches: &ArgMatches) -> Result<()> {
     let given = flags_given(matches.subcommand_matches("train"));
-    let cfg = args.config(&given)?;
+    let mut cfg = args.config(&given)?;
     cfg.validate()?;
     let given: Vec<&str> = given.iter().map(String::as_str).collect();
     for w in cfg.warnings(&given) {
         eprintln!("moegrad: warning: {w}");
+    }
+    // without --out, a new directory per run, and runs/latest pointed at it once it is claimed
+    let latest_link = (args.out.is_none() && !args.resume).then(|| PathBuf::from(RUNS_DIR));
+    if args.out.is_none() {
+        cfg.out = default_out(&cfg, args.resume);
     }
     let opts = RunOptions {
         resume: args.resume,
@@ -332,6 +361,7 @@ pub(super) fn run_train(args: TrainArgs, matches: &ArgMatches) -> Result<()> {
         overwrite: args.overwrite,
         allow_config_change: args.allow_config_change.clone(),
         profile: args.profile || moegrad::profile::requested_by_env(),
+        latest_link,
     };
     if cfg.model.is_lm() {
         let summary = moegrad::lm::train::run(&cfg, opts)?;

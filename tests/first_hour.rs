@@ -1,0 +1,510 @@
+//! A new user's first hour on the command line, each case fed the input that once went wrong:
+//!
+//! * sizes are capped before anything is allocated (`generate --tokens`, `--eval-windows`, a
+//!   checkpoint's metadata describing a huge model, a checkpoint that is a device, a compare
+//!   grid of a million cells), and logits that overflow are an error, not `PPPP…`;
+//! * `compare` fails when a cell failed and refuses the same value written two ways;
+//! * flags that a model does not read are warned about, and `--min-lr` reaches the image models;
+//! * nothing of an earlier run is lost: `--overwrite` sets it aside until the new run's first
+//!   checkpoint and puts it back when the new run ends (or was killed) before that, per-layer
+//!   plots count as run files, plots are written atomically;
+//! * messages say what is wrong: missing required arguments, negative counts, `-inf`, an
+//!   `--out` that is a file, a run that wrote no checkpoint, a lock that may be stale;
+//! * without `--out` each run gets its own directory and `runs/latest` follows it; the bundled
+//!   data is built in, so any working directory works; the Wayland line of Mesa's probe is quiet.
+//!
+//! Runs are tiny (a few hundred images or a one-layer character model) so the file takes seconds.
+
+use moegrad::checkpoint::Checkpoint;
+use moegrad::train::out_dir::{OutDir, REPLACED_DIR};
+use moegrad::{Device, Tensor};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// A fresh, empty directory for test `name`.
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("moegrad-first-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `moegrad ARGS` run in `dir`.
+fn moegrad(dir: &Path, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_moegrad"))
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("moegrad runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Asserts `o` failed with exit status 1 (an error) or 2 (a usage error), not a panic's 101
+/// or an abort, and with one stderr line containing every one of `parts`.
+fn fails_with(what: &str, o: &Output, parts: &[&str]) {
+    let e = stderr(o);
+    assert!(
+        matches!(o.status.code(), Some(1 | 2)),
+        "{what}: exit status {:?}, stderr {e}",
+        o.status.code()
+    );
+    let lines: Vec<&str> = e.lines().filter(|l| !l.contains("using CPU")).collect();
+    assert_eq!(lines.len(), 1, "{what}: expected one line, got {e}");
+    for p in parts {
+        assert!(lines[0].contains(p), "{what}: {p:?} not in {e}");
+    }
+}
+
+/// A tiny image run's flags (500 training images, one epoch).
+const TINY_MLP: &[&str] = &[
+    "train",
+    "--model",
+    "mlp",
+    "--epochs",
+    "1",
+    "--train-limit",
+    "500",
+    "--test-limit",
+    "100",
+    "--device",
+    "cpu",
+];
+
+/// Trains a one-layer character model in `dir/lm` and returns its checkpoint.
+fn tiny_lm(dir: &Path) -> PathBuf {
+    let o = moegrad(
+        dir,
+        &[
+            "train",
+            "--data",
+            "shakespeare",
+            "--model",
+            "gpt",
+            "--layers",
+            "1",
+            "--d-model",
+            "16",
+            "--heads",
+            "2",
+            "--block",
+            "8",
+            "--batch",
+            "2",
+            "--iters",
+            "2",
+            "--eval-every",
+            "2",
+            "--eval-windows",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            "lm",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    dir.join("lm/checkpoint.safetensors")
+}
+
+#[test]
+fn sizes_are_capped_before_anything_is_allocated() {
+    let dir = scratch("caps");
+    let ck = tiny_lm(&dir);
+    let ck_s = ck.display().to_string();
+    for tokens in ["18446744073709551615", "100000000000"] {
+        let o = moegrad(
+            &dir,
+            &["generate", "--checkpoint", &ck_s, "--tokens", tokens],
+        );
+        fails_with("--tokens", &o, &["--tokens", "1000000"]);
+    }
+    let o = moegrad(
+        &dir,
+        &[
+            "train",
+            "--data",
+            "shakespeare",
+            "--eval-windows",
+            "10000000000",
+        ],
+    );
+    fails_with("--eval-windows", &o, &["--eval-windows", "100000"]);
+    let o = moegrad(&dir, &["generate", "--checkpoint", "/dev/zero"]);
+    fails_with(
+        "a device as checkpoint",
+        &o,
+        &["/dev/zero", "not a regular file"],
+    );
+
+    // metadata that describes a much larger model than the tensors: refused before building it
+    let mut c = Checkpoint::load(&ck, Device::cpu()).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&c.metadata["config"]).unwrap();
+    cfg["layers"] = serde_json::json!(1_000_000);
+    c.metadata.insert("config".into(), cfg.to_string());
+    let big = dir.join("big.safetensors");
+    c.save(&big).unwrap();
+    let o = moegrad(
+        &dir,
+        &["generate", "--checkpoint", &big.display().to_string()],
+    );
+    fails_with("layers 1000000", &o, &["big.safetensors", "metadata"]);
+
+    // a grid of a million cells is refused at once, naming the cap
+    let seeds: Vec<String> = (0..1000).map(|s| s.to_string()).collect();
+    let seeds = seeds.join(",");
+    let start = std::time::Instant::now();
+    let o = moegrad(
+        &dir,
+        &[
+            "compare",
+            "--seeds",
+            &seeds,
+            "--set",
+            &format!("batch={seeds}"),
+            "--dry-run",
+        ],
+    );
+    fails_with("a huge grid", &o, &["4096"]);
+    assert!(
+        start.elapsed().as_secs() < 20,
+        "the grid was not refused at once"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn huge_weights_are_an_error_not_garbage_text() {
+    let dir = scratch("huge");
+    let ck = tiny_lm(&dir);
+    let mut c = Checkpoint::load(&ck, Device::cpu()).unwrap();
+    for t in c.tensors.values_mut() {
+        let n = t.numel();
+        *t = Tensor::from_f32(vec![3e38; n], t.shape(), Device::cpu()).unwrap();
+    }
+    let huge = dir.join("huge.safetensors");
+    c.save(&huge).unwrap();
+    let o = moegrad(
+        &dir,
+        &["generate", "--checkpoint", &huge.display().to_string()],
+    );
+    fails_with("weights of 3e38", &o, &["logits", "not finite"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn compare_refuses_the_same_value_written_twice() {
+    let dir = scratch("dup");
+    for axis in [["--seeds", "1,01"], ["--set", "k=2,02"]] {
+        let o = moegrad(
+            &dir,
+            &[
+                "compare",
+                "--model",
+                "moe-mlp",
+                axis[0],
+                axis[1],
+                "--dry-run",
+            ],
+        );
+        fails_with(axis[1], &o, &["same settings"]);
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn flags_a_model_does_not_read_are_warned_about_and_min_lr_is_read() {
+    let dir = scratch("flags");
+    let mut args = TINY_MLP.to_vec();
+    args.extend([
+        "--iters",
+        "7",
+        "--layers",
+        "100",
+        "--block",
+        "0",
+        "--data-file",
+        "x.txt",
+        "--out",
+        "a",
+    ]);
+    let o = moegrad(&dir, &args);
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(e.contains("--iters, --layers, --block ignored"), "{e}");
+    assert!(e.contains("--data-file ignored"), "{e}");
+    let lm = moegrad(
+        &dir,
+        &[
+            "train",
+            "--data",
+            "shakespeare",
+            "--model",
+            "gpt",
+            "--epochs",
+            "3",
+            "--layers",
+            "1",
+            "--d-model",
+            "16",
+            "--heads",
+            "2",
+            "--block",
+            "8",
+            "--batch",
+            "2",
+            "--iters",
+            "2",
+            "--eval-every",
+            "2",
+            "--eval-windows",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            "lm",
+        ],
+    );
+    assert!(stderr(&lm).contains("--epochs ignored"), "{}", stderr(&lm));
+    fails_with(
+        "--min-lr -1",
+        &moegrad(&dir, &["train", "--schedule", "cosine", "--min-lr", "-1"]),
+        &["--min-lr -1"],
+    );
+    // the image models' cosine ends at --min-lr: the final loss differs with it
+    let run = |min_lr: &str, out: &str| {
+        let mut a = TINY_MLP.to_vec();
+        a[4] = "2";
+        a.extend([
+            "--schedule",
+            "cosine",
+            "--lr",
+            "0.01",
+            "--min-lr",
+            min_lr,
+            "--out",
+            out,
+            "--json",
+        ]);
+        let o = moegrad(&dir, &a);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        j["test_loss"].as_f64().unwrap()
+    };
+    assert_ne!(
+        run("0", "c0"),
+        run("0.01", "c1"),
+        "--min-lr changed nothing"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn overwrite_keeps_the_earlier_run_until_the_new_one_checkpoints() {
+    let dir = scratch("overwrite");
+    let mut first = TINY_MLP.to_vec();
+    first.extend(["--out", "r"]);
+    assert!(moegrad(&dir, &first).status.success());
+    let r = dir.join("r");
+    let before = std::fs::read(r.join("checkpoint.safetensors")).unwrap();
+    // an earlier run's per-layer plot is part of its record
+    std::fs::write(r.join("expert_load_1.svg"), "<svg/>").unwrap();
+
+    // a new run that fails before its first checkpoint (it diverges at once): nothing lost
+    let mut failing = first.clone();
+    failing.extend(["--overwrite", "--lr", "1e30"]);
+    let o = moegrad(&dir, &failing);
+    assert!(!o.status.success());
+    assert_eq!(
+        std::fs::read(r.join("checkpoint.safetensors")).unwrap(),
+        before,
+        "the earlier checkpoint was lost"
+    );
+    assert!(r.join("expert_load_1.svg").exists() && !r.join(REPLACED_DIR).exists());
+
+    // a run killed between the two (simulated: the files set aside, no new checkpoint): the
+    // next claim puts the earlier run back
+    std::fs::create_dir_all(r.join(REPLACED_DIR)).unwrap();
+    for f in ["checkpoint.safetensors", "metrics.jsonl"] {
+        std::fs::rename(r.join(f), r.join(REPLACED_DIR).join(f)).unwrap();
+    }
+    std::fs::write(r.join("metrics.jsonl"), "{\"partial\": true}\n").unwrap();
+    let claimed = OutDir::claim(&r, true, false).unwrap();
+    assert!(claimed.notes.iter().any(|n| n.contains("put back")));
+    drop(claimed);
+    assert_eq!(
+        std::fs::read(r.join("checkpoint.safetensors")).unwrap(),
+        before
+    );
+    assert!(
+        !std::fs::read_to_string(r.join("metrics.jsonl"))
+            .unwrap()
+            .contains("partial")
+    );
+
+    // a new run that checkpoints replaces everything, the old per-layer plot included
+    let mut ok = first.clone();
+    ok.extend(["--overwrite", "--seed", "5"]);
+    let o = moegrad(&dir, &ok);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_ne!(
+        std::fs::read(r.join("checkpoint.safetensors")).unwrap(),
+        before
+    );
+    assert!(!r.join("expert_load_1.svg").exists() && !r.join(REPLACED_DIR).exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_plot_that_cannot_be_written_leaves_the_old_one_whole() {
+    let dir = scratch("plot");
+    let path = dir.join("curves.svg");
+    let point = |epoch| moegrad::train::plot::EpochPoint {
+        epoch,
+        train_loss: 1.0,
+        test_loss: 1.1,
+        test_accuracy: vec![0.5],
+    };
+    moegrad::train::plot::draw_curves(&path, &[point(1), point(2)], "t").unwrap();
+    let old = std::fs::read(&path).unwrap();
+    // the temporary's name is taken by a directory: the write fails before the rename
+    let tmp = dir.join(format!(".curves.svg.tmp-{}", std::process::id()));
+    std::fs::create_dir_all(tmp.join("blocker")).unwrap();
+    let r = moegrad::train::plot::draw_curves(&path, &[point(1), point(2), point(3)], "t");
+    assert!(r.is_err(), "the blocked write succeeded");
+    assert_eq!(
+        std::fs::read(&path).unwrap(),
+        old,
+        "the old plot was damaged"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn messages_say_what_is_wrong() {
+    let dir = scratch("messages");
+    fails_with(
+        "generate without --checkpoint",
+        &moegrad(&dir, &["generate"]),
+        &["--checkpoint"],
+    );
+    fails_with(
+        "bench without a workload",
+        &moegrad(&dir, &["bench"]),
+        &["WORKLOAD"],
+    );
+    for (flag, value, says) in [
+        ("--epochs", "-1", "whole number"),
+        ("--seed", "-1", "whole number"),
+        ("--lr", "-inf", "finite positive"),
+    ] {
+        let o = moegrad(&dir, &["train", flag, value]);
+        let e = stderr(&o);
+        assert!(!o.status.success());
+        assert!(e.contains(flag) && e.contains(says), "{flag} {value}: {e}");
+    }
+    std::fs::write(dir.join("afile"), "x").unwrap();
+    for out in ["afile", "/dev/null"] {
+        let mut a = TINY_MLP.to_vec();
+        a.extend(["--out", out]);
+        fails_with(out, &moegrad(&dir, &a), &["not a directory"]);
+    }
+    // a run whose first checkpoint was never written: the rerun is told to --overwrite
+    std::fs::create_dir_all(dir.join("nockpt")).unwrap();
+    std::fs::write(dir.join("nockpt/metrics.jsonl"), "").unwrap();
+    let mut a = TINY_MLP.to_vec();
+    a.extend(["--out", "nockpt"]);
+    fails_with(
+        "no checkpoint",
+        &moegrad(&dir, &a),
+        &["wrote no checkpoint", "--overwrite"],
+    );
+    // a lock whose PID is alive but may not be a moegrad run: say how to clear it
+    std::fs::create_dir_all(dir.join("locked")).unwrap();
+    std::fs::write(dir.join("locked/.moegrad.lock"), "1\n").unwrap();
+    let mut a = TINY_MLP.to_vec();
+    a.extend(["--out", "locked"]);
+    fails_with("a live lock", &moegrad(&dir, &a), &["stale", "delete"]);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn runs_without_out_get_their_own_directory_from_any_working_directory() {
+    // a directory with no data/ in it: the bundled data is built in
+    let dir = scratch("default-out");
+    let mut dirs = Vec::new();
+    for _ in 0..2 {
+        let o = moegrad(&dir, TINY_MLP);
+        let e = stderr(&o);
+        assert!(o.status.success(), "{e}");
+        let line = e
+            .lines()
+            .find(|l| l.contains("writing"))
+            .expect("announced");
+        let name = line.split_whitespace().nth(2).unwrap().to_string();
+        assert!(
+            dir.join(&name).join("checkpoint.safetensors").exists(),
+            "{e}"
+        );
+        let latest = std::fs::read_link(dir.join("runs/latest")).unwrap();
+        assert_eq!(dir.join("runs").join(latest), dir.join(&name));
+        dirs.push(name);
+    }
+    assert_ne!(
+        dirs[0], dirs[1],
+        "the second run reused the first one's directory"
+    );
+    // --resume without --out continues runs/latest
+    let mut a = TINY_MLP.to_vec();
+    a[4] = "2";
+    a.push("--resume");
+    let o = moegrad(&dir, &a);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let metrics = std::fs::read_to_string(dir.join(&dirs[1]).join("metrics.jsonl")).unwrap();
+    assert_eq!(metrics.lines().count(), 2, "{metrics}");
+    // the bundled text too
+    let o = moegrad(
+        &dir,
+        &[
+            "train",
+            "--data",
+            "shakespeare",
+            "--layers",
+            "1",
+            "--d-model",
+            "16",
+            "--heads",
+            "2",
+            "--block",
+            "8",
+            "--batch",
+            "2",
+            "--iters",
+            "2",
+            "--eval-every",
+            "2",
+            "--eval-windows",
+            "2",
+            "--device",
+            "cpu",
+        ],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn the_gpu_probe_prints_no_wayland_error() {
+    let dir = scratch("xdg");
+    let o = Command::new(env!("CARGO_BIN_EXE_moegrad"))
+        .arg("info")
+        .current_dir(&dir)
+        .env_remove("XDG_RUNTIME_DIR")
+        .output()
+        .unwrap();
+    assert!(o.status.success());
+    assert!(!stderr(&o).contains("XDG_RUNTIME_DIR"), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}
