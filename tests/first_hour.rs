@@ -176,6 +176,47 @@ fn sizes_are_capped_before_anything_is_allocated() {
 }
 
 #[test]
+fn a_text_file_is_refused_early_when_it_is_not_text_or_too_large() {
+    let dir = scratch("text");
+    let train = |file: &str, limit: Option<&str>| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_moegrad"));
+        c.args([
+            "train",
+            "--data",
+            "text",
+            "--data-file",
+            file,
+            "--device",
+            "cpu",
+        ])
+        .current_dir(&dir);
+        if let Some(l) = limit {
+            c.env("MOEGRAD_MEMORY_LIMIT", l);
+        }
+        c.output().unwrap()
+    };
+    let start = std::time::Instant::now();
+    fails_with(
+        "/dev/zero",
+        &train("/dev/zero", None),
+        &["NUL byte at offset 0"],
+    );
+    fails_with("/dev/urandom", &train("/dev/urandom", None), &["not UTF-8"]);
+    assert!(
+        start.elapsed().as_secs() < 10,
+        "a device was read far past its first bad byte"
+    );
+    // 3 MB of text under a 4 MB memory limit: refused while reading, naming the limit
+    std::fs::write(dir.join("big.txt"), "to be or not to be\n".repeat(150_000)).unwrap();
+    fails_with(
+        "a text over the memory limit",
+        &train("big.txt", Some("4M")),
+        &["big.txt", "memory limit"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn huge_weights_are_an_error_not_garbage_text() {
     let dir = scratch("huge");
     let ck = tiny_lm(&dir);

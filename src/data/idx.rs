@@ -35,7 +35,7 @@ fn io_err(path: &Path, what: impl std::fmt::Display) -> Error {
 /// stream and whether it is gzip.
 /// A path in the bundled directory (`<bundled>/NAME`) is read from the copy built into the
 /// binary ([`crate::data::bundled`]).
-fn open(path: &Path) -> Result<(Box<dyn Read>, bool)> {
+pub(crate) fn open(path: &Path) -> Result<(Box<dyn Read>, bool)> {
     let mut file: Box<dyn Read> = match crate::data::bundled::file(path) {
         Some(bytes) => Box::new(bytes),
         None => Box::new(std::fs::File::open(path).map_err(|e| io_err(path, e))?),
@@ -55,7 +55,7 @@ fn open(path: &Path) -> Result<(Box<dyn Read>, bool)> {
 }
 
 /// An error while reading the stream of `path`: corrupt compressed data when it is gzip.
-fn read_err(path: &Path, gzip: bool, e: std::io::Error) -> Error {
+pub(crate) fn read_err(path: &Path, gzip: bool, e: std::io::Error) -> Error {
     if gzip {
         io_err(path, format!("corrupt gzip data: {e}"))
     } else {

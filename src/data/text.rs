@@ -9,8 +9,9 @@
 //! drawn once from the seed ([`CharCorpus::val_windows`]): every evaluation of every run with the
 //! same seed sees the same text.
 //!
-//! `--data shakespeare` is `data/shakespeare-10-plays.txt.gz` (1,271,402 characters, 80 symbols);
-//! `--data text --data-file PATH` is any UTF-8 file.
+//! `--data shakespeare` is `data/shakespeare-10-plays.txt.gz` (1,271,402 characters, 80 symbols;
+//! built into the binary, see [`crate::data::bundled`]); `--data text --data-file PATH` is any
+//! UTF-8 file, read with at most [`BYTES_PER_TEXT_BYTE`] bytes of memory per byte of text.
 
 use crate::{Error, Result};
 use rand::{RngExt, SeedableRng};
@@ -26,6 +27,78 @@ pub const MAX_TEXT_BYTES: u64 = 1 << 30;
 
 /// The bundled Shakespeare file's name inside the data directory.
 pub const SHAKESPEARE_FILE: &str = "shakespeare-10-plays.txt.gz";
+
+/// Bytes of memory a corpus takes per byte of its text while it is built: the text itself and
+/// one 4-byte id per character (ASCII's worst case). [`CharCorpus::load`] reads at most the
+/// memory limit divided by this.
+pub const BYTES_PER_TEXT_BYTE: u64 = 5;
+
+/// Reads the UTF-8 text of `path` (plain or gzip) in chunks, refusing it at the first invalid
+/// byte, at the first NUL byte (binary data such as `/dev/zero`, not text), or once it holds
+/// more than `cap` bytes, so a wrong file costs at most one chunk past the point where it went
+/// wrong.
+fn read_text(path: &Path, cap: u64) -> Result<String> {
+    use std::io::Read;
+    let (mut stream, gzip) = crate::data::idx::open(path)?;
+    let mut bytes: Vec<u8> = Vec::new();
+    let mut chunk = vec![0u8; 1 << 20];
+    // bytes before `checked` are valid UTF-8 (a character cut by a chunk's end is checked
+    // with the next chunk)
+    let mut checked = 0usize;
+    loop {
+        let n = stream
+            .read(&mut chunk)
+            .map_err(|e| crate::data::idx::read_err(path, gzip, e))?;
+        if n == 0 {
+            break;
+        }
+        if (bytes.len() + n) as u64 > cap {
+            return Err(err(
+                path,
+                format!(
+                    "holds more than {cap} bytes{}, the most a corpus may have here ({} by the memory limit: {} bytes of memory per byte of text)",
+                    if gzip { " once unpacked" } else { "" },
+                    if cap < MAX_TEXT_BYTES {
+                        "set"
+                    } else {
+                        "capped"
+                    },
+                    BYTES_PER_TEXT_BYTE
+                ),
+            ));
+        }
+        bytes.extend_from_slice(&chunk[..n]);
+        match std::str::from_utf8(&bytes[checked..]) {
+            Ok(_) => checked = bytes.len(),
+            Err(e) if e.error_len().is_none() => checked += e.valid_up_to(),
+            Err(e) => {
+                return Err(err(
+                    path,
+                    format!(
+                        "not UTF-8 text (invalid byte at offset {})",
+                        checked + e.valid_up_to()
+                    ),
+                ));
+            }
+        }
+        let start = bytes.len() - n;
+        if let Some(i) = bytes[start..].iter().position(|&b| b == 0) {
+            return Err(err(
+                path,
+                format!("a NUL byte at offset {}: binary data, not text", start + i),
+            ));
+        }
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        err(
+            path,
+            format!(
+                "not UTF-8 text (it ends inside a character, at offset {})",
+                e.utf8_error().valid_up_to()
+            ),
+        )
+    })
+}
 
 /// A character corpus split for training.
 #[derive(Clone, Debug)]
@@ -51,16 +124,10 @@ impl CharCorpus {
     /// A file that cannot be read, corrupt gzip, more than [`MAX_TEXT_BYTES`], text that is not
     /// UTF-8, and everything [`CharCorpus::from_text`] refuses; each names the file.
     pub fn load(path: &Path, block: usize) -> Result<CharCorpus> {
-        let bytes = crate::data::idx::read_maybe_gzip(path, MAX_TEXT_BYTES)?;
-        let text = String::from_utf8(bytes).map_err(|e| {
-            err(
-                path,
-                format!(
-                    "not UTF-8 text (invalid byte at offset {})",
-                    e.utf8_error().valid_up_to()
-                ),
-            )
-        })?;
+        // the text, then one id per character: about 5 bytes of memory per byte of text
+        let limit = crate::memory::memory_limit()?;
+        let cap = MAX_TEXT_BYTES.min(limit.bytes / BYTES_PER_TEXT_BYTE);
+        let text = read_text(path, cap)?;
         CharCorpus::from_text(&text, block, path)
     }
 
@@ -73,13 +140,22 @@ impl CharCorpus {
         if block == 0 {
             return Err(Error::Invalid("--block must be at least 1".into()));
         }
-        let chars: Vec<char> = text.chars().collect();
-        if chars.is_empty() {
+        // the vocabulary from one pass that marks each character seen, then the ids from a
+        // second: no copy of the text as characters (4 bytes each) is ever made
+        let mut seen = vec![false; char::MAX as usize + 1];
+        let mut count = 0usize;
+        for c in text.chars() {
+            seen[c as usize] = true;
+            count += 1;
+        }
+        if count == 0 {
             return Err(err(source, "the text is empty"));
         }
-        let mut vocab = chars.clone();
-        vocab.sort_unstable();
-        vocab.dedup();
+        let vocab: Vec<char> = (0..seen.len() as u32)
+            .filter(|&c| seen[c as usize])
+            .filter_map(char::from_u32)
+            .collect();
+        drop(seen);
         if vocab.len() > MAX_VOCAB {
             return Err(err(
                 source,
@@ -89,19 +165,21 @@ impl CharCorpus {
                 ),
             ));
         }
-        let ids: Vec<i32> = chars
-            .iter()
-            .map(|c| vocab.binary_search(c).map(|i| i as i32).unwrap_or(0))
-            .collect();
-        let split = chars.len() * 9 / 10;
-        let (train, val) = (ids[..split].to_vec(), ids[split..].to_vec());
+        let mut ids = crate::memory::try_vec::<i32>(count)?;
+        ids.extend(
+            text.chars()
+                .map(|c| vocab.binary_search(&c).map(|i| i as i32).unwrap_or(0)),
+        );
+        let split = count * 9 / 10;
+        let val = ids.split_off(split);
+        let train = ids;
         let shortest = train.len().min(val.len());
         if shortest < block + 1 {
             return Err(err(
                 source,
                 format!(
                     "{} characters: the 90%/10% split leaves {} for training and {} for validation, and a window of --block {block} needs {} in each (give a longer text or a smaller --block)",
-                    chars.len(),
+                    count,
                     train.len(),
                     val.len(),
                     block + 1
