@@ -167,11 +167,22 @@ pub struct AtomicFile {
 }
 
 impl AtomicFile {
-    /// Prepares an atomic write of `path` (creating its directory if needed).
+    /// Prepares an atomic write of `path` (creating its directory if needed). A symbolic link
+    /// is followed (the file it points to is replaced, not the link); a path that exists but is
+    /// not a regular file (a directory, `/dev/full`, a FIFO) is refused, since the rename would
+    /// replace it rather than write to it.
     ///
     /// # Errors
-    /// The directory cannot be created, or `path` names no file.
+    /// The directory cannot be created, `path` names no file, or it is not a regular file.
     pub fn new(path: &Path) -> Result<AtomicFile> {
+        let resolved = std::fs::canonicalize(path).ok();
+        let path = resolved.as_deref().unwrap_or(path);
+        if path.exists() && !path.is_file() {
+            return Err(io(
+                path,
+                "not a regular file: it is written by replacing the file, which would replace this one",
+            ));
+        }
         let dir = path
             .parent()
             .filter(|p| !p.as_os_str().is_empty())

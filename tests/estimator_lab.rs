@@ -551,14 +551,19 @@ fn a_figure_path_that_cannot_be_written_is_refused_before_any_draw() {
 
 #[test]
 fn the_results_are_printed_when_the_figure_fails_after_the_run() {
-    // /dev/full opens for writing and then refuses every byte: the check before the run
-    // passes, drawing after it fails
+    // a figure path that is a symbolic link to /dev/full opens for writing, so the check
+    // before the run passes; drawing after it fails, since a figure is written by replacing a
+    // regular file and /dev/full is none
     if !std::path::Path::new("/dev/full").exists() {
         eprintln!("skipped: no /dev/full on this system");
         return;
     }
+    let link = std::env::temp_dir().join(format!("moegrad-full-{}.svg", std::process::id()));
+    let _ = std::fs::remove_file(&link);
+    std::os::unix::fs::symlink("/dev/full", &link).unwrap();
+    let link_s = link.to_str().unwrap();
     for json in [false, true] {
-        let mut args = vec!["estimators", "--samples", "50", "--plot", "/dev/full"];
+        let mut args = vec!["estimators", "--samples", "50", "--plot", link_s];
         if json {
             args.push("--json");
         }
@@ -569,7 +574,7 @@ fn the_results_are_printed_when_the_figure_fails_after_the_run() {
         );
         assert_eq!(out.status.code(), Some(1), "{stderr}");
         assert!(
-            stderr.contains("/dev/full") && stderr.contains("could not draw"),
+            stderr.contains("/dev/full") && stderr.contains("not a regular file"),
             "{stderr}"
         );
         if json {
@@ -586,6 +591,11 @@ fn the_results_are_printed_when_the_figure_fails_after_the_run() {
             assert!(!stdout.contains("figure:"), "{stdout}");
         }
     }
+    assert!(
+        std::fs::metadata("/dev/full").is_ok_and(|m| !m.is_file()),
+        "/dev/full was replaced by a file"
+    );
+    let _ = std::fs::remove_file(&link);
 }
 
 #[test]

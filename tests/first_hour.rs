@@ -549,3 +549,25 @@ fn the_gpu_probe_prints_no_wayland_error() {
     assert!(!stderr(&o).contains("XDG_RUNTIME_DIR"), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn the_estimator_lab_keeps_its_figure_out_of_the_working_directory() {
+    let dir = scratch("lab");
+    let o = moegrad(&dir, &["estimators", "--samples", "50"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(dir.join("runs/estimators.svg").is_file());
+    assert!(!dir.join("estimators.svg").exists());
+    fails_with(
+        "--plot x.png",
+        &moegrad(&dir, &["estimators", "--plot", "x.png"]),
+        &["x.png", ".svg"],
+    );
+    assert!(!dir.join("x.png").exists());
+    // an offset so large that f64 logits lose their spread changes π: refused
+    fails_with(
+        "--logit-offset 1e17",
+        &moegrad(&dir, &["estimators", "--logit-offset", "1e17", "--no-plot"]),
+        &["--logit-offset", "spread"],
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

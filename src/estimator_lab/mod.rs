@@ -43,6 +43,10 @@ use crate::moe::routers::{MaskRule, sparsemixer_mask};
 use crate::{Error, Result, Tensor};
 use std::time::Instant;
 
+/// The largest `|--logit-offset|` per unit of `--scale`: beyond it, f64 logits keep fewer than
+/// about six significant digits of their spread (see `LabConfig::validate`).
+pub const MAX_OFFSET_PER_SCALE: f64 = 1e9;
+
 /// Everything a lab run needs.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct LabConfig {
@@ -99,6 +103,16 @@ impl LabConfig {
         }
         if !p.offset.is_finite() {
             return bad(format!("--logit-offset {}: must be finite", p.offset));
+        }
+        // π is shift-invariant only in exact arithmetic: an f64 logit `offset + scale·z` keeps
+        // about 16 significant digits, so the spread scale·z must not fall below ~1e-6 of the
+        // offset or the softmax sees rounded logits (at 1e17 and scale 1 it sees none of z)
+        if p.offset.abs() > MAX_OFFSET_PER_SCALE * p.scale.max(f64::MIN_POSITIVE) && p.offset != 0.0
+        {
+            return bad(format!(
+                "--logit-offset {}: too large for --scale {}: f64 logits would lose the spread that sets π (|offset| must be at most {MAX_OFFSET_PER_SCALE:e} × scale)",
+                p.offset, p.scale
+            ));
         }
         if !(p.eps.is_finite() && p.eps > 0.0) {
             return bad(format!("--eps {}: must be finite and > 0", p.eps));

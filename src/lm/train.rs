@@ -390,7 +390,10 @@ pub fn load_model(path: &Path, device: Device) -> Result<(Gpt, Vec<char>)> {
         .filter(|(name, _)| !name.starts_with("adam.") && !name.starts_with("sgd."))
         .map(|(_, t)| t.numel() as u64)
         .sum();
-    if described.is_none_or(|n| n > held) {
+    // (routers own gates of different sizes, so the count is an estimate: a metadata that
+    // describes a model twice the size of the tensors is not theirs; a smaller mismatch is found
+    // by the shape check below, once the model is built)
+    if described.is_none_or(|n| n > held.saturating_mul(2)) {
         return Err(Error::Io(format!(
             "{}: the metadata describes a model of {} parameters (--layers {} --d-model {}), but the file holds only {held} values: the metadata does not belong to these tensors",
             path.display(),

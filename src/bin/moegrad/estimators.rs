@@ -2,6 +2,7 @@
 //! (docs/estimators.md).
 
 use super::*;
+use std::path::Path;
 
 /// `moegrad estimators` options (each maps onto a field of `LabConfig`).
 #[derive(clap::Args)]
@@ -43,8 +44,9 @@ pub(super) struct EstimatorArgs {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
-    /// Where to write the figure (bias against spread, per estimator).
-    #[arg(long, default_value = "estimators.svg")]
+    /// Where to write the figure (bias against spread, per estimator), an SVG file: its name
+    /// must end in .svg.
+    #[arg(long, default_value = DEFAULT_PLOT)]
     plot: PathBuf,
     /// Do not write the figure.
     #[arg(long)]
@@ -129,6 +131,10 @@ fn print_lab(r: &moegrad::estimator_lab::LabReport) {
     );
 }
 
+/// Where the figure goes without `--plot`: beside the training runs, not in the working
+/// directory.
+const DEFAULT_PLOT: &str = "runs/estimators.svg";
+
 /// Runs the estimator lab: checks the figure's path first, shows a progress bar on stderr
 /// (hidden with `--json`, and by indicatif when stderr is not a terminal), prints the report,
 /// and only then draws the figure, so a figure that cannot be written loses no results.
@@ -137,7 +143,26 @@ pub(super) fn run_estimators(args: &EstimatorArgs) -> Result<()> {
     let cfg = args.config()?;
     cfg.validate()?;
     if !args.no_plot {
+        // the default's directory is made; a --plot's must exist
+        if let Some(dir) = args
+            .plot
+            .parent()
+            .filter(|_| args.plot == Path::new(DEFAULT_PLOT))
+        {
+            std::fs::create_dir_all(dir)
+                .map_err(|e| moegrad::Error::Io(format!("{}: {e}", dir.display())))?;
+        }
         plot::check_writable(&args.plot)?;
+        if !args
+            .plot
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("svg"))
+        {
+            return Err(moegrad::Error::Invalid(format!(
+                "--plot {}: the figure is drawn as SVG; give a name ending in .svg (or --no-plot)",
+                args.plot.display()
+            )));
+        }
     }
     let bar = if args.json {
         indicatif::ProgressBar::hidden()
