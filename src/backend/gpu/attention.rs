@@ -40,6 +40,29 @@ fn stage_rows(head_dim: usize) -> usize {
     (STAGE_FLOATS / head_dim).min(32)
 }
 
+/// The override constants of the tiled entry points for a head dimension: `HEAD_DIM` and
+/// `STAGE` (one pipeline each).
+fn specialisation(head_dim: usize) -> [(&'static str, f64); 2] {
+    [
+        ("HEAD_DIM", head_dim as f64),
+        ("STAGE", stage_rows(head_dim) as f64),
+    ]
+}
+
+/// The entry points [`launch_tiles`] launches, each specialised by [`specialisation`]
+/// (`attention_delta` runs with the shader's defaults).
+pub(crate) const TILED_ENTRIES: [&str; 3] = [
+    "attention_forward",
+    "attention_backward_kv",
+    "attention_backward_q",
+];
+
+/// Every set of override constants [`launch_tiles`] can pass: one per head dimension
+/// `1..=ATTENTION_MAX_HEAD_DIM` (what `tests/shader_backends.rs` compiles for each backend).
+pub(crate) fn specialisations() -> impl Iterator<Item = [(&'static str, f64); 2]> {
+    (1..=ATTENTION_MAX_HEAD_DIM).map(specialisation)
+}
+
 /// Workgroups a dispatch may have in one dimension (WebGPU's guaranteed minimum).
 const MAX_GROUPS: usize = 65_535;
 
@@ -100,11 +123,12 @@ fn launch_tiles(
     buffers: &[&GpuBuffer],
     d: AttentionDims,
 ) -> Result<()> {
+    debug_assert!(
+        TILED_ENTRIES.contains(&entry),
+        "{entry} is not in TILED_ENTRIES"
+    );
     let tiles = d.seq.div_ceil(ATTENTION_TILE) as u32;
-    let constants = [
-        ("HEAD_DIM", d.head_dim as f64),
-        ("STAGE", stage_rows(d.head_dim) as f64),
-    ];
+    let constants = specialisation(d.head_dim);
     let scale = (d.scale() as f32).to_bits();
     for first in (0..d.heads).step_by(MAX_GROUPS) {
         let count = MAX_GROUPS.min(d.heads - first) as u32;

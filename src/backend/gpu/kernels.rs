@@ -35,6 +35,65 @@ pub(crate) struct Shader {
     pub source: &'static str,
 }
 
+/// A built-in WGSL module as the launchers compile it, with each set of override constants they
+/// pass: what `tests/shader_backends.rs` translates for Metal, DX12 and Vulkan. Not an API.
+#[doc(hidden)]
+#[derive(Clone, Debug)]
+pub struct BuiltinShader {
+    /// the pipeline cache's name: the file name without `.wgsl` (`matmul_subgroup` is
+    /// `matmul.wgsl` followed by `matmul_subgroup.wgsl`)
+    pub name: &'static str,
+    /// the WGSL text the launchers compile
+    pub source: &'static str,
+    /// whether it is compiled only on adapters with wgpu's SUBGROUP feature
+    pub needs_subgroups: bool,
+    /// (entry point, override constants) for every specialised pipeline a launcher creates;
+    /// an entry point not listed is compiled with none (the shader's defaults), as
+    /// [`GpuBackend::launch`] does
+    pub specialisations: Vec<(&'static str, Vec<(&'static str, f64)>)>,
+}
+
+/// Every shader the GPU backend compiles, with its specialisations (see [`BuiltinShader`]).
+#[doc(hidden)]
+pub fn builtin_shaders() -> Vec<BuiltinShader> {
+    use super::{
+        attention, conv2d, cross_entropy, elementwise, layer_norm, layout, matmul, optim, pool2d,
+        random, reduce, routing, sort,
+    };
+    let plain = |s: &Shader| BuiltinShader {
+        name: s.name,
+        source: s.source,
+        needs_subgroups: false,
+        specialisations: Vec::new(),
+    };
+    let attention = BuiltinShader {
+        specialisations: attention::TILED_ENTRIES
+            .iter()
+            .flat_map(|&entry| attention::specialisations().map(move |c| (entry, c.to_vec())))
+            .collect(),
+        ..plain(&attention::ATTENTION_SHADER)
+    };
+    vec![
+        plain(&elementwise::ELEMENTWISE),
+        plain(&reduce::REDUCE),
+        plain(&layout::LAYOUT),
+        plain(&sort::SORT),
+        plain(&random::RANDOM),
+        plain(&optim::OPTIM),
+        attention,
+        plain(&layer_norm::LAYER_NORM_SHADER),
+        plain(&cross_entropy::CROSS_ENTROPY_SHADER),
+        plain(&routing::ROUTING),
+        plain(&conv2d::CONV2D_SHADER),
+        plain(&pool2d::POOL2D_SHADER),
+        plain(&matmul::MATMUL_SHADER),
+        BuiltinShader {
+            needs_subgroups: true,
+            ..plain(&matmul::MATMUL_SUBGROUP_SHADER)
+        },
+    ]
+}
+
 /// A parsed and compiled shader file.
 struct Module {
     wgpu: wgpu::ShaderModule,

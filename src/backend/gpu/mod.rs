@@ -50,6 +50,8 @@ pub use conv2d::CONV2D_MAX_TAPS;
 pub use info::{GpuInfo, info};
 /// the WGSL source a launch names (user kernels are made in `crate::wgsl`)
 pub(crate) use kernels::Shader;
+#[doc(hidden)]
+pub use kernels::{BuiltinShader, builtin_shaders};
 pub use matmul::MatmulKernel;
 pub use optim::{ADAM_MULTI_SLOTS, AdamSlot, NORM_SLOTS};
 pub use stats::GpuStats;
