@@ -8,7 +8,7 @@
 //! `tensor`, never the other way. Autograd records the graph (`autograd/mod.rs`,
 //! `Tensor::record`), keeps the gradient bookkeeping (`autograd/leaf.rs`: `set_requires_grad`,
 //! `grad`, `backward`, ...) and decides what it stores in a tensor's two autograd fields; this
-//! file sees those fields only as opaque values ([`TapeNode`] and `dyn Any`), so it names no
+//! file sees those fields only as opaque values (`TapeNode` and `dyn Any`), so it names no
 //! autograd type (`tests/layering.rs` checks it).
 
 use crate::backend::{HostData, Storage};

@@ -9,7 +9,7 @@
 //! body; the enum [`CpuBuffer`] says which one a buffer holds.
 //!
 //! This file is the hub: the buffer type [`CpuBuffer`], the handle [`CpuBackend`] and the
-//! helpers every kernel uses to allocate its output ([`write_chunks`], [`tabulate`], the
+//! helpers every kernel uses to allocate its output (`write_chunks`, `tabulate`, the
 //! [`pool`]). The kernels live in one file per family, as in `backend/gpu/`:
 //!
 //! * `primitives.rs`: the [`super::Backend`] impl, which checks operands and picks the kernel;

@@ -257,7 +257,7 @@ pub(super) fn gelu_and_slope_f32(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
 }
 
 impl CpuBackend {
-    /// GELU (tanh form) and its slope at `x` in one pass ([`gelu_and_slope_f32`]), for f32 `x`;
+    /// GELU (tanh form) and its slope at `x` in one pass (`gelu_and_slope_f32`), for f32 `x`;
     /// `None` for other dtypes.
     pub fn gelu_and_slope(&self, x: &CpuBuffer) -> Option<(CpuBuffer, CpuBuffer)> {
         match x {

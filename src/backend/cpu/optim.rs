@@ -390,7 +390,7 @@ pub(super) fn check_same_len(bufs: &[&CpuBuffer], what: &str) -> Result<()> {
 impl CpuBackend {
     /// `Σ_i ‖g_i‖²` over float buffers of one dtype, accumulated in f64 (`None` when the buffers
     /// are not all f32 or all f64): one parallel pass over the values in chunks of
-    /// [`OPT_CHUNK`], each summed in eight running sums so that the loop vectorises and no
+    /// `OPT_CHUNK`, each summed in eight running sums so that the loop vectorises and no
     /// addition waits for the one before it. The CPU end of `optim::clip_grad_norm`, as
     /// `GpuBackend::grad_norm_clip` is the GPU's.
     pub fn grad_sum_of_squares(&self, grads: &[&CpuBuffer]) -> Option<f64> {

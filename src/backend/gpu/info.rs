@@ -29,7 +29,7 @@ pub struct GpuInfo {
 /// Facts about the GPU adapter, opening the context if needed.
 ///
 /// # Errors
-/// [`Error::Device`] when no adapter is available (the message names the backends tried).
+/// [`crate::Error::Device`] when no adapter is available (the message names the backends tried).
 pub fn info() -> Result<GpuInfo> {
     let be = GpuBackend::get()?;
     let c = &be.inner.ctx;

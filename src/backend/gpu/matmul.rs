@@ -41,7 +41,7 @@ pub(crate) static MATMUL_SUBGROUP_SHADER: Shader = Shader {
     ),
 };
 
-/// Which kernel computes [`matmul`] on the GPU.
+/// Which kernel computes `matmul` on the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MatmulKernel {
