@@ -1,9 +1,12 @@
 //! The load-balancing loss `α·n·Σ_i f_i·P_i` with `f_i` the fraction of all routed assignments
 //! (`Σ f_i = 1` at every k; docs/routers.md, "Auxiliary losses"): uniform routing gives exactly α
-//! for every k, collapse gives αn, and the MoE layer adds exactly that.
+//! for every k, collapse gives αn, and the MoE layer adds exactly that, counting the routed
+//! assignments, not those kept after capacity drops (checked against a hand computation).
+
+mod common;
 
 use moegrad::moe::aux_loss::balance_loss;
-use moegrad::moe::{MoeConfig, MoeLayer, Routing};
+use moegrad::moe::{Capacity, MoeConfig, MoeLayer, Routing};
 use moegrad::{DType, Device, Tensor};
 
 /// A top-k routing of `t` tokens over `n` experts where token `t` takes experts `t, t+1, …,
@@ -98,5 +101,88 @@ fn the_layer_adds_exactly_alpha_for_a_uniform_router_at_every_k() {
         .unwrap();
         let aux = layer.forward(&x).unwrap().aux_loss.item().unwrap();
         assert!((aux - 0.25).abs() < 1e-7, "k = {k}: aux loss {aux}");
+    }
+}
+
+/// Six tokens, top-2 over four experts with capacity `⌈0.75·12/4⌉ = 3`: expert 0 is routed 6
+/// assignments and keeps 3, so the fractions of routed (`[6, 3, 2, 1] / 12`) and of kept
+/// (`[3, 3, 2, 1] / 9`) assignments differ, and the skewed probabilities make the loss tell them
+/// apart. The layer's loss must use the routed ones (Switch, Eq. 4: f counts what the router
+/// sent, before capacity), computed here by hand.
+#[test]
+fn the_layer_counts_routed_not_kept_assignments_under_capacity_drops() {
+    let (t, n, alpha) = (6usize, 4usize, 0.3);
+    let idx = vec![0, 1, 0, 2, 0, 1, 0, 3, 1, 0, 2, 0];
+    let probs = vec![
+        0.5, 0.2, 0.2, 0.1, //
+        0.4, 0.1, 0.3, 0.2, //
+        0.6, 0.3, 0.05, 0.05, //
+        0.45, 0.15, 0.1, 0.3, //
+        0.35, 0.4, 0.15, 0.1, //
+        0.3, 0.1, 0.5, 0.1,
+    ];
+    let routed = [6.0, 3.0, 2.0, 1.0];
+    let kept = [3.0, 3.0, 2.0, 1.0];
+    let p_mean: Vec<f64> = (0..n)
+        .map(|i| (0..t).map(|tok| probs[tok * n + i]).sum::<f64>() / t as f64)
+        .collect();
+    let loss_with = |counts: &[f64; 4]| {
+        let total: f64 = counts.iter().sum();
+        alpha * n as f64 * (0..n).map(|i| counts[i] / total * p_mean[i]).sum::<f64>()
+    };
+    let want = loss_with(&routed);
+    let with_kept = loss_with(&kept);
+    assert!(
+        (want - with_kept).abs() > 0.01,
+        "the case must tell routed from kept: {want} vs {with_kept}"
+    );
+    for dev in common::devices("the_layer_counts_routed_not_kept_assignments_under_capacity_drops")
+    {
+        // the layer's dtype (its aux loss adds the routing's loss to its own f32 zero)
+        let dt = DType::F32;
+        let float = |v: Vec<f64>, shape: &[usize]| {
+            Tensor::from_f64(v, shape, Device::cpu())
+                .unwrap()
+                .to_dtype(dt)
+                .unwrap()
+                .to_device(dev)
+                .unwrap()
+        };
+        let routing = Routing::token_choice(
+            &Tensor::from_i32(idx.clone(), &[t, 2], dev).unwrap(),
+            &float(vec![0.5; t * 2], &[t, 2]),
+            None,
+            float(probs.clone(), &[t, n]),
+            float(vec![0.0; t * n], &[t, n]),
+        )
+        .unwrap();
+        let mut cfg = MoeConfig::new(3, 4, n, 2);
+        cfg.balance_loss = alpha;
+        let capacity = Capacity::Factor {
+            factor: 0.75,
+            min_capacity: 0,
+        };
+        (cfg.capacity, cfg.eval_capacity) = (capacity, capacity);
+        let layer = MoeLayer::new(&cfg, dev).unwrap();
+        let x = Tensor::from_f32(
+            (0..t * 3).map(|i| (i % 5) as f32 - 2.0).collect(),
+            &[t, 3],
+            dev,
+        )
+        .unwrap();
+        let out = layer
+            .forward_routed(&x, std::slice::from_ref(&routing))
+            .unwrap();
+        let drop_rate = out.stats.read().unwrap().drop_rate;
+        assert!(
+            (drop_rate - 0.25).abs() < 1e-6,
+            "{dev}: 3 of 12 assignments dropped, drop rate {drop_rate}"
+        );
+        let got = out.aux_loss.item().unwrap();
+        let tol = 1e-6;
+        assert!(
+            (got - want).abs() < tol,
+            "{dev}: balance loss {got}, by hand from routed counts {want} (from kept counts: {with_kept})"
+        );
     }
 }
