@@ -462,6 +462,19 @@ fn messages_say_what_is_wrong() {
         &moegrad(&dir, &a),
         &["wrote no checkpoint", "--overwrite"],
     );
+    // a run file that is a link to a device is neither read nor appended to
+    let mut a = TINY_MLP.to_vec();
+    a.extend(["--out", "linked"]);
+    assert!(moegrad(&dir, &a).status.success());
+    std::fs::remove_file(dir.join("linked/metrics.jsonl")).unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.join("linked/metrics.jsonl")).unwrap();
+    a[4] = "2";
+    a.push("--resume");
+    fails_with(
+        "metrics.jsonl -> /dev/zero",
+        &moegrad(&dir, &a),
+        &["metrics.jsonl", "not a regular file"],
+    );
     // a lock whose PID is alive but may not be a moegrad run: say how to clear it
     std::fs::create_dir_all(dir.join("locked")).unwrap();
     std::fs::write(dir.join("locked/.moegrad.lock"), "1\n").unwrap();

@@ -206,6 +206,17 @@ impl OutDir {
         }
         out.recover_replaced()?;
         let earlier = out.previous_run_files()?;
+        // a run reads and appends to its files: each must be a regular file (a link to
+        // /dev/zero would be read without end and written to)
+        for name in &earlier {
+            let path = dir.join(name);
+            if !std::fs::metadata(&path).is_ok_and(|m| m.is_file()) {
+                return Err(Error::Io(format!(
+                    "{}: not a regular file (a link to a device, a FIFO or a directory?); a run's {name} must be a file: move it away",
+                    path.display()
+                )));
+            }
+        }
         if !resume && !overwrite && !earlier.is_empty() {
             let hint = if earlier.iter().any(|f| f == "checkpoint.safetensors") {
                 "pass --resume to continue it, --overwrite to replace it, or choose another --out"
