@@ -584,3 +584,52 @@ fn the_estimator_lab_keeps_its_figure_out_of_the_working_directory() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_language_model_resumes_to_more_iterations_in_its_own_words() {
+    let dir = scratch("lm-resume");
+    tiny_lm(&dir);
+    let more = |extra: &[&str]| {
+        let mut a = vec![
+            "train",
+            "--data",
+            "shakespeare",
+            "--model",
+            "gpt",
+            "--layers",
+            "1",
+            "--d-model",
+            "16",
+            "--heads",
+            "2",
+            "--block",
+            "8",
+            "--batch",
+            "2",
+            "--iters",
+            "4",
+            "--eval-every",
+            "2",
+            "--eval-windows",
+            "2",
+            "--device",
+            "cpu",
+            "--out",
+            "lm",
+            "--resume",
+        ];
+        a.extend(extra);
+        moegrad(&dir, &a)
+    };
+    let o = more(&[]);
+    let e = stderr(&o);
+    assert!(!o.status.success());
+    assert!(
+        e.contains("--iters 2 → 4") && e.contains("--allow-config-change iters"),
+        "{e}"
+    );
+    assert!(!e.contains("--epochs"), "{e}");
+    let o = more(&["--allow-config-change", "iters"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let _ = std::fs::remove_dir_all(&dir);
+}

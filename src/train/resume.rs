@@ -84,10 +84,11 @@ pub fn parse_allowed_changes(names: &[String]) -> Result<Vec<String>> {
             continue;
         }
         let field = name.trim_start_matches("--").replace('-', "_");
-        let field = if field == "router_opt" {
-            "router_options".to_string()
-        } else {
-            field
+        // a language model's length is --iters, which sets its `epochs` (evaluation intervals)
+        let field = match field.as_str() {
+            "router_opt" => "router_options".to_string(),
+            "iters" => "epochs".to_string(),
+            _ => field,
         };
         if !CHANGEABLE_SETTINGS.contains(&field.as_str()) {
             let why = if known.get(&field).is_some() {
@@ -159,9 +160,20 @@ pub fn check_config(
     if refused.is_empty() {
         return Ok(());
     }
+    // a language model counts --iters; its `epochs` are evaluation intervals
+    let lm = saved.model.is_lm();
     let listed: Vec<String> = refused
         .iter()
-        .map(|(k, a, b)| format!("{} {a} → {b}", flag(k)))
+        .map(|(k, a, b)| {
+            if lm && k == "epochs" {
+                format!(
+                    "--iters {} → {} ({a} → {b} evaluation intervals of --eval-every {})",
+                    saved.iters, now.iters, saved.eval_every
+                )
+            } else {
+                format!("{} {a} → {b}", flag(k))
+            }
+        })
         .collect();
     let mut msg = format!(
         "--resume: {} was written by a run with other settings: {}. Resume with the checkpoint's settings, or start a new run (another --out, or --overwrite)",
@@ -178,17 +190,30 @@ pub fn check_config(
             "; to change {} deliberately, pass --allow-config-change {}",
             changeable
                 .iter()
-                .map(|k| flag(k))
+                .map(|k| if lm && *k == "epochs" {
+                    "--iters".into()
+                } else {
+                    flag(k)
+                })
                 .collect::<Vec<_>>()
                 .join(", "),
             changeable
                 .iter()
-                .map(|k| k.replace('_', "-"))
+                .map(|k| if lm && *k == "epochs" {
+                    "iters".into()
+                } else {
+                    k.replace('_', "-")
+                })
                 .collect::<Vec<_>>()
                 .join(",")
         ));
     }
-    if refused.iter().any(|(k, _, _)| k == "epochs") {
+    if lm && refused.iter().any(|(k, _, _)| k == "epochs") {
+        msg.push_str(&format!(
+            ". The run's cosine schedule spans --iters ({}), so training further changes the learning rate of every step: with --allow-config-change iters the cosine is stretched over the new length from here on; to train in parts along one cosine, start the run with --schedule-epochs N, its full length in evaluation intervals (--iters / --eval-every)",
+            saved.iters
+        ));
+    } else if refused.iter().any(|(k, _, _)| k == "epochs") {
         msg.push_str(&format!(
             ". The run's cosine schedule spans --epochs ({}), so training further changes the learning rate of every step: with --allow-config-change epochs the cosine is stretched over the new length from here on; to train in parts along one cosine, start the run with --schedule-epochs N (its full length)",
             saved.epochs
