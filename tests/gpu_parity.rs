@@ -31,21 +31,10 @@ impl Gen {
         }
         s
     }
-    /// Two shapes that broadcast together (some dims 1 on either side, leading dims dropped).
+    /// Two shapes that broadcast together, from a shape of this case.
     fn bcast(&mut self, case: u64) -> (Vec<usize>, Vec<usize>) {
         let s = self.shape(case);
-        let mut a = s.clone();
-        let mut b = s.clone();
-        for d in 0..s.len() {
-            match self.dim(0, 3) {
-                0 => a[d] = 1,
-                1 => b[d] = 1,
-                _ => {}
-            }
-        }
-        let drop = self.dim(0, b.len() - 1);
-        b.drain(..drop);
-        if self.flip() { (b, a) } else { (a, b) }
+        self.broadcast_pair(&s)
     }
 }
 

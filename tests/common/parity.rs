@@ -205,6 +205,22 @@ impl Gen {
         let v = (0..n).map(|_| self.0.random_range(0..hi) as i32).collect();
         Tensor::from_i32(v, shape, Device::cpu()).unwrap()
     }
+    /// Two shapes that broadcast to `s`: each dim set to 1 on one side or neither, some leading
+    /// dims dropped from one side, the sides in random order.
+    pub fn broadcast_pair(&mut self, s: &[usize]) -> (Vec<usize>, Vec<usize>) {
+        let mut a = s.to_vec();
+        let mut b = s.to_vec();
+        for d in 0..s.len() {
+            match self.dim(0, 3) {
+                0 => a[d] = 1,
+                1 => b[d] = 1,
+                _ => {}
+            }
+        }
+        let drop = self.dim(0, b.len() - 1);
+        b.drain(..drop);
+        if self.flip() { (b, a) } else { (a, b) }
+    }
     pub fn axis(&mut self, rank: usize) -> isize {
         let a = self.dim(0, rank - 1) as isize;
         if self.flip() { a - rank as isize } else { a }
