@@ -35,6 +35,10 @@ pub enum Error {
     /// Reading or writing a file failed; the message names the file.
     #[error("io error: {0}")]
     Io(String),
+    /// A training run was stopped on request (Ctrl-C, [`crate::train::interrupt`]); the message
+    /// says what it left and how to continue it.
+    #[error("interrupted: {0}")]
+    Interrupted(String),
 }
 
 /// `Result` with moegrad's [`Error`].

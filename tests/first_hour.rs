@@ -633,3 +633,83 @@ fn a_language_model_resumes_to_more_iterations_in_its_own_words() {
     assert!(o.status.success(), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Starts a long tiny run in `dir/out`, waits for its first epoch's line in metrics.jsonl,
+/// sends it `signals` SIGINTs (Ctrl-C) and returns how it ended.
+fn interrupted_run(dir: &Path, signals: usize) -> Output {
+    let mut a = TINY_MLP.to_vec();
+    a[4] = "200";
+    a[6] = "2000";
+    if signals > 1 {
+        // epochs of about half a second, so that both signals land inside the second one
+        a[2] = "cnn";
+        a[6] = "4000";
+    }
+    a.extend(["--out", "out"]);
+    let child = Command::new(env!("CARGO_BIN_EXE_moegrad"))
+        .args(&a)
+        .current_dir(dir)
+        .stderr(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let metrics = dir.join("out/metrics.jsonl");
+    let start = std::time::Instant::now();
+    while std::fs::read_to_string(&metrics).map_or(true, |t| t.lines().count() < 1) {
+        assert!(
+            start.elapsed().as_secs() < 60,
+            "the run never finished an epoch"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // into the next epoch (its first line is written before its checkpoint)
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    for _ in 0..signals {
+        let kill = Command::new("kill")
+            .args(["-INT", &child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(kill.success());
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn ctrl_c_finishes_the_epoch_checkpoints_and_says_how_to_resume() {
+    let dir = scratch("ctrl-c");
+    let o = interrupted_run(&dir, 1);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(130), "{e}");
+    assert!(
+        e.contains("stopped after epoch") && e.contains("--resume"),
+        "{e}"
+    );
+    let epochs = std::fs::read_to_string(dir.join("out/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .count();
+    assert!(epochs < 200, "the run was not stopped");
+    assert!(!dir.join("out/.moegrad.lock").exists(), "the lock was left");
+    let ck = Checkpoint::load(&dir.join("out/checkpoint.safetensors"), Device::cpu()).unwrap();
+    assert_eq!(
+        ck.metadata["epoch"],
+        epochs.to_string(),
+        "checkpoint of the last epoch"
+    );
+    // the second Ctrl-C stops at the next step, keeping the last checkpoint
+    let dir2 = scratch("ctrl-c-twice");
+    let o = interrupted_run(&dir2, 2);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(130), "{e}");
+    assert!(
+        e.contains("second request") && e.contains("--resume"),
+        "{e}"
+    );
+    assert!(
+        !dir2.join("out/.moegrad.lock").exists(),
+        "the lock was left"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::remove_dir_all(&dir2);
+}

@@ -186,7 +186,8 @@ fn error_text(e: &Error) -> String {
         | Error::Autograd(m)
         | Error::Gradcheck(m)
         | Error::Gpu(m)
-        | Error::Io(m) => m.clone(),
+        | Error::Io(m)
+        | Error::Interrupted(m) => m.clone(),
     }
 }
 

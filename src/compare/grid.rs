@@ -606,6 +606,7 @@ pub(crate) fn prefix_error(context: &str, e: Error) -> Error {
         Error::Gradcheck(m) => Error::Gradcheck(format!("{context}: {m}")),
         Error::Gpu(m) => Error::Gpu(format!("{context}: {m}")),
         Error::Io(m) => Error::Io(format!("{context}: {m}")),
+        Error::Interrupted(m) => Error::Interrupted(format!("{context}: {m}")),
     }
 }
 

@@ -330,6 +330,14 @@ fn run_on_this_thread(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> 
         trainer.checkpoint(checkpoint)?;
         trainer.report(&result);
         last = result;
+        if crate::train::interrupt::stop_after_checkpoint() && it + 1 < intervals {
+            return Err(Error::Interrupted(format!(
+                "stopped after iteration {} of {} on request; its checkpoint is {}: the same command with --resume continues the run exactly",
+                (it + 1) * cfg.eval_every,
+                cfg.iters,
+                cfg.out.join("checkpoint.safetensors").display()
+            )));
+        }
     }
     trainer.summary(started, recording, start_interval < intervals, last)
 }

@@ -243,6 +243,14 @@ impl<'a> LmTrainer<'a> {
         let mut routing_sums: Vec<(Tensor, Tensor)> = Vec::new();
         let started = Instant::now();
         for _ in 0..self.interval {
+            if crate::train::interrupt::stop_now() {
+                self.bar.abandon();
+                return Err(Error::Interrupted(format!(
+                    "stopped at iteration {} on a second request; {}; the same command with --resume continues from it",
+                    self.step,
+                    self.last_checkpoint()
+                )));
+            }
             let _step = crate::profile::step();
             self.opt.set_lr(self.schedule.lr(self.step));
             let (x, y) = self.corpus.train_batch(b, t, cfg.seed, self.step);

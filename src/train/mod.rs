@@ -15,6 +15,7 @@
 //! evaluate, log, checkpoint, report, summarise) as methods of one `Trainer`.
 
 pub mod config;
+pub mod interrupt;
 pub mod models;
 pub mod out_dir;
 pub mod plot;
@@ -419,6 +420,14 @@ fn run_on_this_thread(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummar
         trainer.checkpoint(epoch, checkpoint, &result)?;
         trainer.report(epoch, &result);
         last = result;
+        if interrupt::stop_after_checkpoint() && epoch + 1 < cfg.epochs {
+            return Err(Error::Interrupted(format!(
+                "stopped after epoch {} of {} on request; its checkpoint is {}: the same command with --resume continues the run exactly",
+                epoch + 1,
+                cfg.epochs,
+                cfg.out.join("checkpoint.safetensors").display()
+            )));
+        }
     }
     trainer.summary(started, recording, last)
 }

@@ -225,6 +225,16 @@ impl<'a> Trainer<'a> {
         let mut router_metric_sums: Vec<(&'static str, Tensor, usize)> = Vec::new();
         let order = self.data.train.order(cfg.seed, epoch, true);
         for (i, ids) in order.chunks(cfg.batch).enumerate() {
+            if super::interrupt::stop_now() {
+                bar.abandon();
+                return Err(Error::Interrupted(format!(
+                    "stopped at step {} (epoch {}, batch {}) on a second request; {}; the same command with --resume continues from it",
+                    self.step,
+                    epoch + 1,
+                    i + 1,
+                    self.last_checkpoint()
+                )));
+            }
             let _step = crate::profile::step();
             self.opt.set_lr(self.schedule.lr(self.step));
             let b = self.data.train.batch(ids, device)?;

@@ -241,6 +241,11 @@ fn main() -> ExitCode {
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // the shell's code for a process ended by SIGINT
+        Err(e @ moegrad::Error::Interrupted(_)) => {
+            eprintln!("moegrad: {e}");
+            ExitCode::from(130)
+        }
         Err(e) => {
             eprintln!("moegrad: {e}");
             ExitCode::FAILURE

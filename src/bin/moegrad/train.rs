@@ -342,6 +342,22 @@ fn default_out(cfg: &TrainConfig, resume: bool) -> PathBuf {
 
 /// Runs `moegrad train`: validates the settings, prints their warnings, trains (an image model
 /// by epochs or a language model by iterations) and prints the summary.
+/// Ctrl-C during `train`: the first finishes the epoch or evaluation interval and writes its
+/// checkpoint, the second stops at the next step, the third ends the process at once (see
+/// `moegrad::train::interrupt`).
+fn stop_on_ctrl_c() {
+    let installed = ctrlc::set_handler(|| match moegrad::train::interrupt::request_stop() {
+        1 => eprintln!(
+            "\nmoegrad: Ctrl-C: finishing this epoch (evaluation interval for a language model) and writing its checkpoint; press Ctrl-C again to stop at the next step without one"
+        ),
+        2 => eprintln!("\nmoegrad: Ctrl-C: stopping at the next step"),
+        _ => std::process::exit(130),
+    });
+    if let Err(e) = installed {
+        eprintln!("moegrad: note: Ctrl-C will end the run at once ({e})");
+    }
+}
+
 pub(super) fn run_train(args: TrainArgs, matches: &ArgMatches) -> Result<()> {
     let given = flags_given(matches.subcommand_matches("train"));
     let mut cfg = args.config(&given)?;
@@ -355,6 +371,7 @@ pub(super) fn run_train(args: TrainArgs, matches: &ArgMatches) -> Result<()> {
     if args.out.is_none() {
         cfg.out = default_out(&cfg, args.resume);
     }
+    stop_on_ctrl_c();
     let opts = RunOptions {
         resume: args.resume,
         progress: true,
