@@ -233,7 +233,7 @@ fn schedules_warm_up_and_decay() {
     assert!((0..10).all(|t| c.lr(t) == 0.1));
     assert!(Schedule::new(f64::INFINITY, 0, 10, ScheduleKind::Constant).is_err());
     assert!(Schedule::new(0.1, 0, 10, ScheduleKind::Cosine { min_lr: 0.5 }).is_err());
-    assert!(Schedule::from_name("linear", 0.1, 0, 10).is_err());
+    assert!(Schedule::from_name("linear", 0.1, 0.0, 0, 10).is_err());
     assert!(Adam::new(0.0).is_err() && Adam::new(f64::NAN).is_err() && Sgd::new(-1.0).is_err());
 }
 
