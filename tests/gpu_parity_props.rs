@@ -169,7 +169,7 @@ mod props {
                 x.to_dtype(DType::F32)?.mul_scalar(1.5)
             }),
         ];
-        check_property("unary_ops", 8, shape_and_seed(), |(s, seed)| {
+        check_property("unary_ops", 16, shape_and_seed(), |(s, seed)| {
             let mut g = Gen::from_seed(seed);
             for (name, kind, op) in ops {
                 let x = g.tensor(&s, kind);
@@ -181,7 +181,7 @@ mod props {
     /// Arithmetic, extrema, comparisons, `where_cond` and `masked_fill` on operands that
     /// broadcast (dims of 1 on either side, leading dims missing on one side).
     pub fn binary_ops_broadcast(dev: Device) {
-        check_property("binary_ops_broadcast", 10, shape_and_seed(), |(s, seed)| {
+        check_property("binary_ops_broadcast", 16, shape_and_seed(), |(s, seed)| {
             let mut g = Gen::from_seed(seed);
             let (sa, sb) = g.broadcast_pair(&s);
             let what = format!("{sa:?} with {sb:?}");
@@ -247,7 +247,7 @@ mod props {
     /// sum_all, mean_all): once on the drawn shape (the serial kernels) and once with the axis
     /// 129–700 long and few lines (the workgroup-per-line kernels).
     pub fn reductions(dev: Device) {
-        check_property("reductions", 8, shape_and_seed(), |(s, seed)| {
+        check_property("reductions", 16, shape_and_seed(), |(s, seed)| {
             let mut g = Gen::from_seed(seed);
             let a = g.axis(s.len());
             let long = with_long_axis(&s, norm(a, s.len()), g.dim(129, 700), 4);
@@ -327,7 +327,7 @@ mod props {
 
     /// softmax, log_softmax and logsumexp along a random axis, short and long (as above).
     pub fn softmax_family(dev: Device) {
-        check_property("softmax_family", 8, shape_and_seed(), |(s, seed)| {
+        check_property("softmax_family", 16, shape_and_seed(), |(s, seed)| {
             let mut g = Gen::from_seed(seed);
             let a = g.axis(s.len());
             let long = with_long_axis(&s, norm(a, s.len()), g.dim(129, 700), 4);
@@ -360,7 +360,7 @@ mod props {
     /// Strided copies: transpose, permute, slice, expand, concat, reshape, and a chain of views
     /// read by an elementwise op.
     pub fn layout_ops(dev: Device) {
-        check_property("layout_ops", 10, shape_and_seed(), |(s, seed)| {
+        check_property("layout_ops", 16, shape_and_seed(), |(s, seed)| {
             let mut g = Gen::from_seed(seed);
             let r = s.len();
             let (a, b) = (g.axis(r), g.axis(r));
@@ -449,7 +449,7 @@ mod props {
     /// MoE combine), each once on the drawn shape (the loop kernel) and once with more than 4096
     /// source rows along the axis (the kernel that sorts the indices first).
     pub fn indexing(dev: Device) {
-        check_property("indexing", 8, shape_and_seed(), |(s, seed)| {
+        check_property("indexing", 16, shape_and_seed(), |(s, seed)| {
             let mut g = Gen::from_seed(seed);
             let a = g.axis(s.len());
             let an = norm(a, s.len());
@@ -514,7 +514,7 @@ mod props {
             let name = format!("matmul ({kernel:?} kernel)");
             check_property(
                 &name,
-                10,
+                16,
                 strategy.clone(),
                 |(m, k, n, b, variant, seed)| {
                     let mut g = Gen::from_seed(seed);
@@ -553,7 +553,7 @@ mod props {
     /// a row) and 1025–2100 long (global merge steps), on distinct values and on ties (the
     /// lowest index first).
     pub fn sorting(dev: Device) {
-        check_property("sorting", 8, shape_and_seed(), |(s, seed)| {
+        check_property("sorting", 16, shape_and_seed(), |(s, seed)| {
             let mut g = Gen::from_seed(seed);
             let r = s.len();
             let long = with_long_axis(&s, r - 1, g.dim(1025, 2100), 2);
@@ -581,7 +581,7 @@ mod props {
 
     /// dtype casts both ways and `fill` of both dtypes.
     pub fn casts_and_fill(dev: Device) {
-        check_property("casts_and_fill", 8, shape_and_seed(), |(s, seed)| {
+        check_property("casts_and_fill", 16, shape_and_seed(), |(s, seed)| {
             let mut g = Gen::from_seed(seed);
             let n: usize = s.iter().product();
             // Away from integer boundaries: k ± 0.25 or k ± 0.75.
@@ -627,7 +627,7 @@ mod props {
     /// `UnaryOp::GeluGrad`), and `random_uniform`, against the CPU backend through the `Backend`
     /// trait: f64 for the functions, bit for bit in f32 for the random numbers.
     pub fn backend_only_codes(dev: Device) {
-        check_property("backend_only_codes", 8, shape_and_seed(), |(s, seed)| {
+        check_property("backend_only_codes", 16, shape_and_seed(), |(s, seed)| {
             let mut g = Gen::from_seed(seed);
             let (sa, sb) = g.broadcast_pair(&s);
             let base = g.vals(sa.iter().product(), V::Positive);
