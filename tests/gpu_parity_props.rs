@@ -17,7 +17,11 @@
 //!   `common/fold.rs`; each case asserts that it crosses the limit, from the launcher's own
 //!   formula), through the `Backend` trait, against the CPU backend in f32. Before each launch a
 //!   buffer of the output's size is filled with NaN and returned to the pool, so an output element
-//!   a folded workgroup failed to write reads as NaN instead of a lucky zero.
+//!   a folded workgroup failed to write reads as NaN instead of a lucky zero. Not run past the
+//!   limit: `sort_global_step` (it folds only beyond 2·65,535·256 padded elements, half a minute
+//!   on a software rasterizer; it shares `flat_index` with `sort_init` and `sort_finish`, which
+//!   are), matmul's z split (`gpu_matmul::matmul_grid_split`); `reduce_rows` and `cumsum_rows`
+//!   cannot fold (their launcher takes them only for fewer than 4096 lines).
 //!
 //! Without a GPU adapter the GPU tests print "skipping" and pass, unless `MOEGRAD_REQUIRE_GPU=1`.
 
