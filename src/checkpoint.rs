@@ -236,7 +236,49 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     file.commit()
 }
 
+/// The largest safetensors header read by [`Checkpoint::read_metadata`] (the JSON that lists
+/// the tensors and the metadata; a real one is a few kilobytes).
+const MAX_HEADER_BYTES: u64 = 100 << 20;
+
 impl Checkpoint {
+    /// Reads only the string metadata of the checkpoint at `path` (the safetensors header),
+    /// without its tensors: what a run checks before it builds anything from them.
+    ///
+    /// # Errors
+    /// The file cannot be read, is not a regular file, or its header is not a safetensors header.
+    pub fn read_metadata(path: &Path) -> Result<BTreeMap<String, String>> {
+        use std::io::Read;
+        let meta = std::fs::metadata(path).map_err(|e| io(path, e))?;
+        if !meta.is_file() {
+            return Err(io(path, "not a regular file, so not a checkpoint"));
+        }
+        let mut f = std::fs::File::open(path).map_err(|e| io(path, e))?;
+        let mut len = [0u8; 8];
+        f.read_exact(&mut len)
+            .map_err(|e| io(path, format!("not a valid safetensors file: {e}")))?;
+        let len = u64::from_le_bytes(len);
+        if len > MAX_HEADER_BYTES.min(meta.len()) {
+            return Err(io(
+                path,
+                format!("not a valid safetensors file (a header of {len} bytes)"),
+            ));
+        }
+        let mut header = vec![0u8; len as usize];
+        f.read_exact(&mut header)
+            .map_err(|e| io(path, format!("not a valid safetensors file: {e}")))?;
+        let json: serde_json::Value = serde_json::from_slice(&header)
+            .map_err(|e| io(path, format!("not a valid safetensors file: {e}")))?;
+        Ok(json
+            .get("__metadata__")
+            .and_then(|m| m.as_object())
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                    .collect()
+            })
+            .unwrap_or_default())
+    }
+
     /// The first tensor, in name order, holding a NaN or an infinity (read back to the host;
     /// integer tensors are always finite), or None when every value is finite.
     pub fn first_non_finite(&self) -> Result<Option<NonFinite>> {

@@ -324,13 +324,21 @@ impl Grid {
             })?
         } else {
             text.parse().map_err(|e: toml::de::Error| {
-                let msg = e.to_string().lines().next().unwrap_or("").to_string();
+                // toml's own message ("invalid array", "expected `]`") at the line and column
+                // its span starts (toml's rendered first line gives only the place)
+                let what = e.message().trim().replace('\n', "; ");
                 let at = e
                     .span()
-                    .map(|s| format!(" (line {})", text[..s.start].lines().count().max(1)))
+                    .map(|s| {
+                        let before = &text[..s.start.min(text.len())];
+                        let line = before.matches('\n').count() + 1;
+                        let column =
+                            before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+                        format!(" at line {line}, column {column}")
+                    })
                     .unwrap_or_default();
                 Error::Invalid(format!(
-                    "--grid {}: not a TOML grid file{at}: {msg}",
+                    "--grid {}: not a TOML grid file{at}: {what}",
                     path.display()
                 ))
             })?
@@ -666,6 +674,26 @@ fn settings_of(flag: &str, v: &toml::Value) -> Result<Vec<Setting>> {
             value: None,
         }],
         toml::Value::Boolean(false) => Vec::new(),
+        toml::Value::Array(a) if a.len() > 1 && !REPEATABLE_FLAGS.contains(&name.as_str()) => {
+            return Err(Error::Invalid(format!(
+                "{flag} = [...]: a list gives --{name} several times, and only {} may be given more than once; to compare its values, put the list under [set] instead",
+                REPEATABLE_FLAGS
+                    .iter()
+                    .map(|f| format!("--{f}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        toml::Value::Array(a) if a.len() > 1 && !REPEATABLE_FLAGS.contains(&name.as_str()) => {
+            return Err(Error::Invalid(format!(
+                "{flag} = [...]: a list gives --{name} several times, and only {} may be given more than once; to compare its values, put the list under [set] instead",
+                REPEATABLE_FLAGS
+                    .iter()
+                    .map(|f| format!("--{f}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
         toml::Value::Array(a) => a
             .iter()
             .map(|x| Ok(Setting::new(&name, &value_text(flag, x)?)))

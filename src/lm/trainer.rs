@@ -184,6 +184,7 @@ impl<'a> LmTrainer<'a> {
     pub(super) fn resume(&mut self, opts: &RunOptions, allowed: &[String]) -> Result<usize> {
         let mut start_interval = 0;
         if opts.resume {
+            self.check_vocabulary()?;
             let target = resume::ResumeTarget {
                 cfg: self.cfg,
                 allowed,
@@ -203,6 +204,38 @@ impl<'a> LmTrainer<'a> {
         self.step = self.opt.steps();
         self.last_finite_read = self.step;
         Ok(start_interval)
+    }
+
+    /// A resumed run's text must have the checkpoint's vocabulary (its embedding and output
+    /// layer are sized by it): says so, with both sizes and the new symbols, when it changed.
+    fn check_vocabulary(&self) -> Result<()> {
+        let Ok(meta) = Checkpoint::read_metadata(&self.ckpt_path) else {
+            return Ok(()); // no checkpoint: resume::restore says so
+        };
+        let Some(saved) = meta.get("vocab") else {
+            return Ok(());
+        };
+        if *saved == self.vocab {
+            return Ok(());
+        }
+        let added: String = self.vocab.chars().filter(|c| !saved.contains(*c)).collect();
+        let removed: String = saved.chars().filter(|c| !self.vocab.contains(*c)).collect();
+        Err(Error::Invalid(format!(
+            "--resume: the data's vocabulary changed since {} was written ({} → {} symbols{}{}): a character model cannot continue on other characters; train a new run on this text",
+            self.ckpt_path.display(),
+            saved.chars().count(),
+            self.vocab.chars().count(),
+            if added.is_empty() {
+                String::new()
+            } else {
+                format!(", new: {added:?}")
+            },
+            if removed.is_empty() {
+                String::new()
+            } else {
+                format!(", gone: {removed:?}")
+            }
+        )))
     }
 
     /// Where the last good checkpoint is, for the messages of a run that stops.
