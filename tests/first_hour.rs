@@ -155,6 +155,16 @@ fn sizes_are_capped_before_anything_is_allocated() {
     );
     fails_with("layers 1000000", &o, &["big.safetensors", "metadata"]);
 
+    // settings in the metadata that no run could have: the checkpoint is named, not a flag
+    let mut c = Checkpoint::load(&ck, Device::cpu()).unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_str(&c.metadata["config"]).unwrap();
+    cfg["block"] = serde_json::json!(0);
+    c.metadata.insert("config".into(), cfg.to_string());
+    let bad = dir.join("bad.safetensors");
+    c.save(&bad).unwrap();
+    let o = moegrad(&dir, &["generate", "--checkpoint", &bad.display().to_string()]);
+    fails_with("block 0", &o, &["bad.safetensors", "metadata are not valid"]);
+
     // a grid of a million cells is refused at once, naming the cap
     let seeds: Vec<String> = (0..1000).map(|s| s.to_string()).collect();
     let seeds = seeds.join(",");
