@@ -76,37 +76,42 @@ const TINY_MLP: &[&str] = &[
     "cpu",
 ];
 
+/// The flags of a one-layer character model run on the CPU: `train`, then `data` (e.g.
+/// `["--data", "shakespeare"]`), `iters` iterations evaluated every 2 on 2 windows, then `extra`.
+fn tiny_lm_args<'a>(data: &[&'a str], iters: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut a = vec!["train"];
+    a.extend(data);
+    a.extend([
+        "--model",
+        "gpt",
+        "--layers",
+        "1",
+        "--d-model",
+        "16",
+        "--heads",
+        "2",
+        "--block",
+        "8",
+        "--batch",
+        "2",
+        "--iters",
+        iters,
+        "--eval-every",
+        "2",
+        "--eval-windows",
+        "2",
+        "--device",
+        "cpu",
+    ]);
+    a.extend(extra);
+    a
+}
+
 /// Trains a one-layer character model in `dir/lm` and returns its checkpoint.
 fn tiny_lm(dir: &Path) -> PathBuf {
     let o = moegrad(
         dir,
-        &[
-            "train",
-            "--data",
-            "shakespeare",
-            "--model",
-            "gpt",
-            "--layers",
-            "1",
-            "--d-model",
-            "16",
-            "--heads",
-            "2",
-            "--block",
-            "8",
-            "--batch",
-            "2",
-            "--iters",
-            "2",
-            "--eval-every",
-            "2",
-            "--eval-windows",
-            "2",
-            "--device",
-            "cpu",
-            "--out",
-            "lm",
-        ],
+        &tiny_lm_args(&["--data", "shakespeare"], "2", &["--out", "lm"]),
     );
     assert!(o.status.success(), "{}", stderr(&o));
     dir.join("lm/checkpoint.safetensors")
@@ -162,8 +167,15 @@ fn sizes_are_capped_before_anything_is_allocated() {
     c.metadata.insert("config".into(), cfg.to_string());
     let bad = dir.join("bad.safetensors");
     c.save(&bad).unwrap();
-    let o = moegrad(&dir, &["generate", "--checkpoint", &bad.display().to_string()]);
-    fails_with("block 0", &o, &["bad.safetensors", "metadata are not valid"]);
+    let o = moegrad(
+        &dir,
+        &["generate", "--checkpoint", &bad.display().to_string()],
+    );
+    fails_with(
+        "block 0",
+        &o,
+        &["bad.safetensors", "metadata are not valid"],
+    );
 
     // a grid of a million cells is refused at once, naming the cap
     let seeds: Vec<String> = (0..1000).map(|s| s.to_string()).collect();
@@ -298,35 +310,11 @@ fn flags_a_model_does_not_read_are_warned_about_and_min_lr_is_read() {
     assert!(e.contains("--data-file ignored"), "{e}");
     let lm = moegrad(
         &dir,
-        &[
-            "train",
-            "--data",
-            "shakespeare",
-            "--model",
-            "gpt",
-            "--epochs",
-            "3",
-            "--layers",
-            "1",
-            "--d-model",
-            "16",
-            "--heads",
+        &tiny_lm_args(
+            &["--data", "shakespeare"],
             "2",
-            "--block",
-            "8",
-            "--batch",
-            "2",
-            "--iters",
-            "2",
-            "--eval-every",
-            "2",
-            "--eval-windows",
-            "2",
-            "--device",
-            "cpu",
-            "--out",
-            "lm",
-        ],
+            &["--epochs", "3", "--out", "lm"],
+        ),
     );
     assert!(stderr(&lm).contains("--epochs ignored"), "{}", stderr(&lm));
     fails_with(
@@ -539,32 +527,7 @@ fn runs_without_out_get_their_own_directory_from_any_working_directory() {
     let metrics = std::fs::read_to_string(dir.join(&dirs[1]).join("metrics.jsonl")).unwrap();
     assert_eq!(metrics.lines().count(), 2, "{metrics}");
     // the bundled text too
-    let o = moegrad(
-        &dir,
-        &[
-            "train",
-            "--data",
-            "shakespeare",
-            "--layers",
-            "1",
-            "--d-model",
-            "16",
-            "--heads",
-            "2",
-            "--block",
-            "8",
-            "--batch",
-            "2",
-            "--iters",
-            "2",
-            "--eval-every",
-            "2",
-            "--eval-windows",
-            "2",
-            "--device",
-            "cpu",
-        ],
-    );
+    let o = moegrad(&dir, &tiny_lm_args(&["--data", "shakespeare"], "2", &[]));
     assert!(o.status.success(), "{}", stderr(&o));
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -610,34 +573,11 @@ fn a_language_model_resumes_to_more_iterations_in_its_own_words() {
     let dir = scratch("lm-resume");
     tiny_lm(&dir);
     let more = |extra: &[&str]| {
-        let mut a = vec![
-            "train",
-            "--data",
-            "shakespeare",
-            "--model",
-            "gpt",
-            "--layers",
-            "1",
-            "--d-model",
-            "16",
-            "--heads",
-            "2",
-            "--block",
-            "8",
-            "--batch",
-            "2",
-            "--iters",
+        let mut a = tiny_lm_args(
+            &["--data", "shakespeare"],
             "4",
-            "--eval-every",
-            "2",
-            "--eval-windows",
-            "2",
-            "--device",
-            "cpu",
-            "--out",
-            "lm",
-            "--resume",
-        ];
+            &["--out", "lm", "--resume"],
+        );
         a.extend(extra);
         moegrad(&dir, &a)
     };
@@ -752,33 +692,11 @@ fn grid_files_and_a_changed_text_get_messages_that_say_what_is_wrong() {
     // a text that gained characters since its checkpoint: the vocabulary, not a tensor shape
     std::fs::write(dir.join("t.txt"), "abcabcabc ".repeat(100)).unwrap();
     let run = |iters: &str, extra: &[&str]| {
-        let mut a = vec![
-            "train",
-            "--data",
-            "text",
-            "--data-file",
-            "t.txt",
-            "--layers",
-            "1",
-            "--d-model",
-            "16",
-            "--heads",
-            "2",
-            "--block",
-            "8",
-            "--batch",
-            "2",
-            "--iters",
+        let mut a = tiny_lm_args(
+            &["--data", "text", "--data-file", "t.txt"],
             iters,
-            "--eval-every",
-            "2",
-            "--eval-windows",
-            "2",
-            "--device",
-            "cpu",
-            "--out",
-            "txt",
-        ];
+            &["--out", "txt"],
+        );
         a.extend(extra);
         moegrad(&dir, &a)
     };

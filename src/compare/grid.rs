@@ -684,16 +684,6 @@ fn settings_of(flag: &str, v: &toml::Value) -> Result<Vec<Setting>> {
                     .join(", ")
             )));
         }
-        toml::Value::Array(a) if a.len() > 1 && !REPEATABLE_FLAGS.contains(&name.as_str()) => {
-            return Err(Error::Invalid(format!(
-                "{flag} = [...]: a list gives --{name} several times, and only {} may be given more than once; to compare its values, put the list under [set] instead",
-                REPEATABLE_FLAGS
-                    .iter()
-                    .map(|f| format!("--{f}"))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        }
         toml::Value::Array(a) => a
             .iter()
             .map(|x| Ok(Setting::new(&name, &value_text(flag, x)?)))
