@@ -10,8 +10,8 @@
 //! float input's gradient (integer outputs such as indices and the plan exactly).
 //!
 //! The `fold_*` tests run each kernel whose grid can exceed 65,535 workgroups in one dimension
-//! once at the smallest shape that does ([`smallest_past_grid_limit`] finds it from the
-//! launcher's own workgroup formula, and the test asserts it really is past the limit): the
+//! once at the smallest shape that does (`fold::smallest_past_limit` finds it from the
+//! launcher's own workgroup formula, and asserts it really is past the limit): the
 //! 1-D kernels fold their grid into x and y, the tiled ones split it into several launches with
 //! a base index; a kernel that indexes only `workgroup_id.x`, or forgets the base, passes every
 //! small shape and fails there. Left out: the dispatch plan (its sort is O(A²) and folds only
@@ -22,25 +22,29 @@
 //! leave out the gradients whose kernels walk a whole folded axis.
 //!
 //! Without a GPU adapter every test prints "skipping" and returns (`MOEGRAD_REQUIRE_GPU=1`
-//! makes that a failure). The harness is local to this file (CPU f64 reference against GPU f32,
-//! as tests/gpu_parity.rs does for the elementwise ops).
+//! makes that a failure). The harness (CPU f64 reference against GPU f32) is
+//! `parity::parity_outputs` from `tests/common/parity.rs`, shared with tests/gpu_parity.rs and
+//! tests/gpu_parity_props.rs, as is the fixed-seed runner (`tests/common/property.rs`) and the
+//! grid limit (`tests/common/fold.rs`).
 
 mod common;
+#[path = "common/fold.rs"]
+mod fold;
+#[path = "common/parity.rs"]
+mod parity;
+#[path = "common/property.rs"]
+mod property;
 
+use fold::smallest_past_limit;
 use moegrad::moe::{Capacity, DispatchPlan, Routing};
-use moegrad::{DType, Device, Result, Tensor};
+use moegrad::{DType, Device, Tensor};
+use parity::{Tol, parity_outputs};
+use property::check_property;
 use proptest::prelude::*;
-use proptest::test_runner::{RngAlgorithm, TestRng, TestRunner};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 // ---- tolerances -----------------------------------------------------------------------------
-
-#[derive(Clone, Copy, Debug)]
-struct Tol {
-    atol: f64,
-    rtol: f64,
-}
 
 /// Fused kernels accumulating in f32 over up to a few hundred terms.
 const FUSED: Tol = Tol {
@@ -53,177 +57,7 @@ const FOLD: Tol = Tol {
     rtol: 1e-3,
 };
 
-// ---- the harness ----------------------------------------------------------------------------
-
-/// Workgroups a dispatch may have in one dimension (WebGPU's guaranteed minimum).
-const GRID_LIMIT: usize = 65_535;
-
-/// The smallest size `n ≥ 1` whose launch needs more than [`GRID_LIMIT`] workgroups, for a
-/// workgroup count `groups(n)` that grows with `n` (the launcher's formula). Asserts the answer
-/// is past the limit and its predecessor is not, so a fold case cannot silently shrink.
-fn smallest_past_grid_limit(what: &str, groups: impl Fn(usize) -> usize) -> usize {
-    let (mut lo, mut hi) = (1usize, 1usize);
-    while groups(hi) <= GRID_LIMIT {
-        lo = hi;
-        hi *= 2;
-    }
-    // groups(lo) ≤ limit < groups(hi), or lo = hi = 1 when even 1 is past it
-    while hi - lo > 1 {
-        let mid = lo + (hi - lo) / 2;
-        if groups(mid) > GRID_LIMIT {
-            hi = mid;
-        } else {
-            lo = mid;
-        }
-    }
-    assert!(
-        groups(hi) > GRID_LIMIT && (hi == 1 || groups(hi - 1) <= GRID_LIMIT),
-        "{what}: {hi} is not the smallest size past the grid limit"
-    );
-    hi
-}
-
-/// The reference copy: f64 on the CPU (I32 stays I32), a fresh leaf with grad if float.
-fn reference_copy(t: &Tensor) -> Tensor {
-    let fresh = t.detach();
-    if fresh.dtype().is_float() {
-        fresh.with_grad().unwrap()
-    } else {
-        fresh
-    }
-}
-
-/// The copy under test: f32 on `dev` (I32 stays I32), a fresh leaf with grad if float.
-fn device_copy(t: &Tensor, dev: Device) -> Tensor {
-    let moved = if t.dtype() == DType::I32 {
-        t.to_device(dev).unwrap()
-    } else {
-        t.to_dtype(DType::F32).unwrap().to_device(dev).unwrap()
-    };
-    let fresh = moved.detach();
-    if fresh.dtype().is_float() {
-        fresh.with_grad().unwrap()
-    } else {
-        fresh
-    }
-}
-
-/// Runs `f` on f64 CPU copies and f32 copies on `dev` of `inputs`, compares every output (I32
-/// ones exactly), back-propagates `Σ_i ⟨up_i, y_i⟩` over the float outputs with the same random
-/// `up_i` on both sides, and compares every float input's gradient.
-fn parity(
-    name: &str,
-    dev: Device,
-    tol: Tol,
-    f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>,
-    inputs: &[Tensor],
-) {
-    let cpu: Vec<Tensor> = inputs.iter().map(reference_copy).collect();
-    let gpu: Vec<Tensor> = inputs.iter().map(|t| device_copy(t, dev)).collect();
-    let yc = f(&cpu).unwrap_or_else(|e| panic!("{name}: reference forward failed: {e}"));
-    let yg = f(&gpu).unwrap_or_else(|e| panic!("{name}: {dev} forward failed: {e}"));
-    assert_eq!(yc.len(), yg.len(), "{name}: output counts differ");
-    let mut rng = ChaCha8Rng::seed_from_u64(0x5eed ^ name.len() as u64);
-    let (mut loss_c, mut loss_g) = (None::<Tensor>, None::<Tensor>);
-    for (o, (c, g)) in yc.iter().zip(&yg).enumerate() {
-        assert_eq!(c.shape(), g.shape(), "{name}: output {o}'s shapes differ");
-        assert_eq!(g.device(), dev, "{name}: output {o} left the device");
-        if c.dtype() == DType::I32 || g.dtype() == DType::I32 {
-            assert_eq!(c.dtype(), g.dtype(), "{name}: output {o}'s dtypes differ");
-            assert_eq!(
-                c.to_vec_i32().unwrap(),
-                g.to_vec_i32().unwrap(),
-                "{name}: integer output {o} differs"
-            );
-            continue;
-        }
-        let (vc, vg) = (c.to_vec_f64().unwrap(), g.to_vec_f64().unwrap());
-        common::assert_close(&format!("{name}: output {o}"), &vg, &vc, tol.atol, tol.rtol);
-        assert_eq!(
-            c.requires_grad(),
-            g.requires_grad(),
-            "{name}: requires_grad of output {o} differs"
-        );
-        if !c.requires_grad() {
-            continue;
-        }
-        let up: Vec<f64> = (0..c.numel())
-            .map(|_| rng.random_range(-1.0f64..1.0) as f32 as f64)
-            .collect();
-        let term = |y: &Tensor| -> Tensor {
-            let u = Tensor::from_f64(up.clone(), y.shape(), Device::cpu())
-                .and_then(|u| u.to_dtype(y.dtype()))
-                .and_then(|u| u.to_device(y.device()))
-                .unwrap();
-            y.mul(&u).unwrap().sum_all().unwrap()
-        };
-        let add = |acc: Option<Tensor>, t: Tensor| match acc {
-            Some(a) => Some(a.add(&t).unwrap()),
-            None => Some(t),
-        };
-        loss_c = add(loss_c, term(c));
-        loss_g = add(loss_g, term(g));
-    }
-    let (Some(lc), Some(lg)) = (loss_c, loss_g) else {
-        return;
-    };
-    lc.backward()
-        .unwrap_or_else(|e| panic!("{name}: reference backward failed: {e}"));
-    lg.backward()
-        .unwrap_or_else(|e| panic!("{name}: {dev} backward failed: {e}"));
-    for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
-        match (c.grad(), g.grad()) {
-            (None, None) => {}
-            (Some(gc), Some(gg)) => {
-                assert_eq!(
-                    gg.device(),
-                    dev,
-                    "{name}: input {i}'s gradient left the device"
-                );
-                assert_eq!(gc.shape(), gg.shape(), "{name}: input {i}'s gradient shape");
-                common::assert_close(
-                    &format!("{name}: gradient of input {i}"),
-                    &gg.to_vec_f64().unwrap(),
-                    &gc.to_vec_f64().unwrap(),
-                    tol.atol,
-                    tol.rtol,
-                );
-            }
-            (c, g) => panic!(
-                "{name}: input {i} got a gradient on one side only (reference {}, {dev} {})",
-                c.is_some(),
-                g.is_some()
-            ),
-        }
-    }
-}
-
-/// Runs `test` on `cases` values of `strategy` from a runner seeded by `name` (ChaCha), so the
-/// cases are the same on every run; a failure is shrunk (a bounded number of steps) and
-/// reported with the smallest failing value. Nothing is written to disk.
-fn property<S: Strategy>(name: &str, cases: u32, strategy: S, test: impl Fn(S::Value))
-where
-    S::Value: std::fmt::Debug,
-{
-    let config = ProptestConfig {
-        cases,
-        max_shrink_iters: 48,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    };
-    let mut seed = [0u8; 32];
-    for (i, b) in name.bytes().enumerate() {
-        seed[i % 32] = seed[i % 32].wrapping_mul(31).wrapping_add(b);
-    }
-    let mut runner =
-        TestRunner::new_with_rng(config, TestRng::from_seed(RngAlgorithm::ChaCha, &seed));
-    if let Err(e) = runner.run(&strategy, |v| {
-        test(v);
-        Ok(())
-    }) {
-        panic!("{name}: {e}");
-    }
-}
+// ---- shapes and values ----------------------------------------------------------------------
 
 /// A size: small (1–4), or one of `edges` give or take one.
 fn size_near(edges: &'static [usize]) -> BoxedStrategy<usize> {
@@ -281,12 +115,12 @@ fn layer_norm_matches_over_random_shapes() {
     };
     // rows: one workgroup each; dim: 64 invocations a row, 64 columns a workgroup for dγ, dβ
     let shape = (1usize..=70, size_near(&[64, 128, 192]), any::<u64>());
-    property("layer_norm", 12, shape, |(rows, dim, seed)| {
+    check_property("layer_norm", 12, shape, |(rows, dim, seed)| {
         let mut v = Vals::new(seed);
         let x = v.tensor(&[rows, dim], -2.0, 2.0);
         let gamma = v.tensor(&[dim], 0.5, 1.5);
         let beta = v.tensor(&[dim], -1.0, 1.0);
-        parity(
+        parity_outputs(
             &format!("layer_norm [{rows}, {dim}]"),
             dev,
             FUSED,
@@ -306,14 +140,14 @@ fn fold_layer_norm_rows_and_columns() {
     // loop limiter) cuts short past 65,535 iterations. Their own fold (⌈dim/64⌉ workgroups)
     // needs a row of over 4 million columns, which the forward walks in loops past that limit
     // too, so it is not run here.
-    let rows = smallest_past_grid_limit("layer_norm rows", |r| r);
+    let rows = smallest_past_limit("layer_norm rows", |r| r);
     let mut v = Vals::new(1);
     let (gamma, beta) = (v.tensor(&[4], 0.5, 1.5), v.tensor(&[4], -1.0, 1.0));
     let on = |t: &Tensor, like: &Tensor| {
         t.to_dtype(like.dtype())
             .and_then(|t| t.to_device(like.device()))
     };
-    parity(
+    parity_outputs(
         &format!("layer_norm [{rows}, 4]"),
         dev,
         FOLD,
@@ -347,7 +181,7 @@ fn causal_attention_matches_over_random_shapes() {
     let Some(dev) = gpu("causal_attention_matches_over_random_shapes") else {
         return;
     };
-    property(
+    check_property(
         "causal_attention",
         10,
         attention_shapes(),
@@ -359,7 +193,7 @@ fn causal_attention_matches_over_random_shapes() {
                 v.tensor(&s, -1.5, 1.5),
                 v.tensor(&s, -1.0, 1.0),
             ];
-            parity(
+            parity_outputs(
                 &format!("causal_attention {s:?}"),
                 dev,
                 FUSED,
@@ -375,14 +209,14 @@ fn packed_attention_matches_over_random_shapes() {
     let Some(dev) = gpu("packed_attention_matches_over_random_shapes") else {
         return;
     };
-    property(
+    check_property(
         "causal_attention_packed",
         8,
         attention_shapes(),
         |(b, h, t, dh, seed)| {
             let s = [3, b, h, t, dh];
             let qkv = Vals::new(seed).tensor(&s, -1.5, 1.5);
-            parity(
+            parity_outputs(
                 &format!("causal_attention_packed {s:?}"),
                 dev,
                 FUSED,
@@ -400,7 +234,7 @@ fn fold_attention_heads_and_delta_rows() {
     };
     let attn = |t: &[Tensor]| Ok(vec![t[0].causal_attention(&t[1], &t[2])?]);
     // the tiled kernels: (⌈T/64⌉, heads) workgroups, more than 65,535 heads in several launches
-    let heads = smallest_past_grid_limit("attention heads", |h| h);
+    let heads = smallest_past_limit("attention heads", |h| h);
     let mut v = Vals::new(2);
     let s = [1, heads, 2, 2];
     let qkv = [
@@ -408,7 +242,7 @@ fn fold_attention_heads_and_delta_rows() {
         v.tensor(&s, -1.5, 1.5),
         v.tensor(&s, -1.0, 1.0),
     ];
-    parity(&format!("causal_attention {s:?}"), dev, FOLD, attn, &qkv);
+    parity_outputs(&format!("causal_attention {s:?}"), dev, FOLD, attn, &qkv);
     // attention_delta folds its 1-D grid past 16.7 million rows (heads·T); at T = 64 that is
     // 57 s on lavapipe, so it is left to the other 1-D folds (layer norm, cross-entropy,
     // pooling, topk_gate), which share its index formula.
@@ -427,11 +261,11 @@ fn cross_entropy_matches_over_random_shapes() {
         any::<bool>(),
         any::<u64>(),
     );
-    property("cross_entropy", 12, shape, |(rows, classes, mean, seed)| {
+    check_property("cross_entropy", 12, shape, |(rows, classes, mean, seed)| {
         let mut v = Vals::new(seed);
         let logits = v.tensor(&[rows, classes], -4.0, 4.0);
         let targets = v.ints(&[rows], 0, classes as i64 - 1);
-        parity(
+        parity_outputs(
             &format!("cross_entropy [{rows}, {classes}] mean {mean}"),
             dev,
             FUSED,
@@ -453,12 +287,12 @@ fn fold_cross_entropy_rows_and_elements() {
         return;
     };
     // forward: one workgroup per row; backward: one invocation per logit, 256 a workgroup
-    let rows = smallest_past_grid_limit("cross_entropy rows", |r| r);
-    let classes = smallest_past_grid_limit("cross_entropy logits", |c| (rows * c).div_ceil(256));
+    let rows = smallest_past_limit("cross_entropy rows", |r| r);
+    let classes = smallest_past_limit("cross_entropy logits", |c| (rows * c).div_ceil(256));
     let mut v = Vals::new(3);
     let logits = v.tensor(&[rows, classes], -4.0, 4.0);
     let targets = v.ints(&[rows], 0, classes as i64 - 1);
-    parity(
+    parity_outputs(
         &format!("cross_entropy [{rows}, {classes}]"),
         dev,
         FOLD,
@@ -493,7 +327,7 @@ fn conv2d_matches_over_random_shapes() {
         return;
     };
     let shapes = (conv_shapes(), any::<bool>());
-    property(
+    check_property(
         "conv2d",
         10,
         shapes,
@@ -506,7 +340,7 @@ fn conv2d_matches_over_random_shapes() {
             if bias {
                 inputs.push(v.tensor(&[oc], -1.0, 1.0));
             }
-            parity(
+            parity_outputs(
                 &format!(
                     "conv2d x [{b}, {c}, {side}, {side}] w [{oc}, {c}, {k}, {k}] stride {s} padding {p} bias {bias}"
                 ),
@@ -525,7 +359,7 @@ fn grouped_conv2d_matches_over_random_shapes() {
         return;
     };
     let shapes = (conv_shapes(), 1usize..=3);
-    property(
+    check_property(
         "grouped_conv2d",
         10,
         shapes,
@@ -537,7 +371,7 @@ fn grouped_conv2d_matches_over_random_shapes() {
                 // −1 and `banks` are outside the bank range: zeros, no gradient
                 v.ints(&[b], -1, banks as i64),
             ];
-            parity(
+            parity_outputs(
                 &format!(
                     "grouped_conv2d x [{b}, {c}, {side}, {side}] w [{banks}, {oc}, {c}, {k}, {k}] stride {s} padding {p}"
                 ),
@@ -559,7 +393,7 @@ fn fold_conv2d_images() {
     // than 65,535 images in several launches. The weights are constants: dW is one workgroup
     // per tile walking every image, a loop that lavapipe (llvmpipe's loop limiter) cuts short
     // past about 20,000 images, and its grid holds no images.
-    let batch = smallest_past_grid_limit("conv2d images", |b| b);
+    let batch = smallest_past_limit("conv2d images", |b| b);
     let mut v = Vals::new(4);
     let w = v.tensor(&[2, 2, 1, 2, 2], -1.0, 1.0);
     let banks = v.ints(&[batch], -1, 2);
@@ -569,7 +403,7 @@ fn fold_conv2d_images() {
             .and_then(|t| t.to_device(like.device()))
     };
     // the banked form: the plain conv2d is the same kernels with one bank
-    parity(
+    parity_outputs(
         &format!("grouped_conv2d x [{batch}, 1, 2, 2]"),
         dev,
         FOLD,
@@ -600,11 +434,11 @@ fn pooling_matches_over_random_shapes() {
             let k = k.min(h).min(w);
             (b, c, h, w, k, s, if pad { k / 2 } else { 0 }, max, seed)
         });
-    property("pool2d", 12, shapes, |(b, c, h, w, k, s, p, max, seed)| {
+    check_property("pool2d", 12, shapes, |(b, c, h, w, k, s, p, max, seed)| {
         let mut v = Vals::new(seed);
         // coarse values: ties inside windows, which go to the first maximum on both devices
         let x = Tensor::from_f64(v.coarse(b * c * h * w), &[b, c, h, w], Device::cpu()).unwrap();
-        parity(
+        parity_outputs(
             &format!(
                 "{} pool [{b}, {c}, {h}, {w}] kernel {k} stride {s} padding {p}",
                 if max { "max" } else { "avg" }
@@ -630,11 +464,11 @@ fn fold_pooling_outputs_and_inputs() {
     };
     // forward: one invocation per output, backward: one per input pixel, 256 a workgroup.
     // Kernel 2, stride 1 on 17×17 planes: 256 outputs and 289 inputs a plane.
-    let planes = smallest_past_grid_limit("pool2d outputs", |n| (n * 256).div_ceil(256));
-    assert!((planes * 289).div_ceil(256) > GRID_LIMIT);
+    let planes = smallest_past_limit("pool2d outputs", |n| (n * 256).div_ceil(256));
+    assert!((planes * 289).div_ceil(256) > fold::MAX_GROUPS);
     let x = Vals::new(5).tensor(&[1, planes, 17, 17], -2.0, 2.0);
     // max pooling (the average's entries share the index formula and the launcher)
-    parity(
+    parity_outputs(
         &format!("max pool [1, {planes}, 17, 17] kernel 2 stride 1"),
         dev,
         FOLD,
@@ -667,7 +501,7 @@ fn gate_parity(
     if noisy {
         inputs.push(draw(v));
     }
-    parity(
+    parity_outputs(
         &format!(
             "{name} [{rows}, {n}] k {k} renormalise {renormalise} scores {noisy} coarse {coarse}"
         ),
@@ -695,7 +529,7 @@ fn topk_gate_matches_over_random_sizes() {
         any::<u64>(),
     )
         .prop_map(|(rows, n, k, mode, coarse, seed)| (rows, n, k.min(n), mode, coarse, seed));
-    property(
+    check_property(
         "topk_gate",
         16,
         sizes,
@@ -720,7 +554,7 @@ fn fold_topk_gate_rows() {
         return;
     };
     // topk_gate, its backward and softmax_backward: one invocation per row, 64 a workgroup
-    let rows = smallest_past_grid_limit("topk_gate rows", |r| r.div_ceil(64));
+    let rows = smallest_past_limit("topk_gate rows", |r| r.div_ceil(64));
     let mut v = Vals::new(6);
     gate_parity(
         "topk_gate",
@@ -810,7 +644,7 @@ fn dispatch_plan_matches_over_random_sizes_and_capacities() {
         prop_oneof![Just(None), (0.2f64..2.5, 0usize..=4).prop_map(Some),],
         any::<u64>(),
     );
-    property(
+    check_property(
         "dispatch_plan",
         16,
         sizes,
@@ -870,7 +704,7 @@ fn grouped_matmul_matches_over_random_shapes() {
         any::<bool>(),
         any::<u64>(),
     );
-    property(
+    check_property(
         "grouped_matmul",
         10,
         shapes,
@@ -888,7 +722,7 @@ fn grouped_matmul_matches_over_random_shapes() {
             if bias {
                 inputs.push(v.tensor(&[n, m], -1.0, 1.0));
             }
-            parity(
+            parity_outputs(
                 &format!(
                     "grouped_matmul counts {counts:?} k {k} m {m} drop every {drop} bias {bias}"
                 ),

@@ -30,6 +30,8 @@ mod common;
 mod fold;
 #[path = "common/parity.rs"]
 mod parity;
+#[path = "common/property.rs"]
+mod property;
 
 use moegrad::backend::cpu::CpuBackend;
 use moegrad::backend::gpu::{GpuBackend, GpuBuffer, MatmulKernel};
@@ -39,36 +41,11 @@ use moegrad::backend::{
 };
 use moegrad::{DType, Device, Result, Tensor};
 use parity::{Gen, LOOSE, TIGHT, Tol, V, parity};
+use property::check_property;
 use proptest::prelude::*;
-use proptest::test_runner::{Config, RngAlgorithm, RngSeed, TestRunner};
-use std::fmt::Debug;
 use std::sync::{Mutex, MutexGuard};
 
-// ---- the property runner and input strategies ----------------------------------------------
-
-/// Runs `check` on `cases` inputs drawn from `strategy`, from a seed fixed by `name` (the same
-/// inputs on every run, no regression files); a failure panics with the smallest failing input
-/// proptest finds.
-fn check_property<S: Strategy>(name: &str, cases: u32, strategy: S, check: impl Fn(S::Value))
-where
-    S::Value: Debug,
-{
-    let config = Config {
-        cases,
-        failure_persistence: None,
-        rng_algorithm: RngAlgorithm::ChaCha,
-        rng_seed: RngSeed::Fixed(parity::seed_of(name)),
-        max_shrink_iters: 64,
-        ..Config::default()
-    };
-    let mut runner = TestRunner::new(config);
-    if let Err(e) = runner.run(&strategy, |v| {
-        check(v);
-        Ok(())
-    }) {
-        panic!("{name}: {e}");
-    }
-}
+// ---- input strategies -------------------------------------------------------------------------
 
 /// Elements a random shape may hold (lavapipe runs every case).
 const CAP: usize = 12_000;

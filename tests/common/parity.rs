@@ -1,9 +1,10 @@
-//! The GPU parity harness shared by `tests/gpu_parity.rs` (fixed cases) and
-//! `tests/gpu_parity_props.rs` (property tests over random shapes): [`parity`] runs one function
+//! The GPU parity harness shared by `tests/gpu_parity.rs` (fixed cases),
+//! `tests/gpu_parity_props.rs` and `tests/gpu_parity_fused.rs` (property tests over random shapes): [`parity`] runs one function
 //! on f64 CPU copies and on f32 copies on the device under test of the same f32-representable
 //! inputs, back-propagates one random upstream gradient on both and compares outputs and input
-//! gradients; [`Gen`] makes the inputs. Included with `#[path = "common/parity.rs"] mod parity;`
-//! next to `mod common;` (it uses `crate::common`).
+//! gradients; [`parity_outputs`] does the same for a function of several outputs (the fused ops
+//! of `tests/gpu_parity_fused.rs`); [`Gen`] makes the inputs. Included with
+//! `#[path = "common/parity.rs"] mod parity;` next to `mod common;` (it uses `crate::common`).
 #![allow(dead_code)]
 
 use moegrad::{DType, Device, Result, Tensor};
@@ -12,7 +13,7 @@ use rand_chacha::ChaCha8Rng;
 
 // ---- tolerances -----------------------------------------------------------------------------
 
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct Tol {
     pub atol: f64,
     pub rtol: f64,
@@ -31,14 +32,9 @@ pub const LOOSE: Tol = Tol {
 
 // ---- the harness ----------------------------------------------------------------------------
 
-/// Input `i`'s copy for the device under test: f32 on `dev` (I32 stays I32), with grad if float.
-pub fn device_copy(t: &Tensor, dev: Device) -> Tensor {
-    let moved = if t.dtype() == DType::I32 {
-        t.to_device(dev).unwrap()
-    } else {
-        t.to_dtype(DType::F32).unwrap().to_device(dev).unwrap()
-    };
-    let fresh = moved.detach();
+/// A fresh leaf of `t`'s values, tracking gradients if it is a float tensor.
+fn fresh_leaf(t: &Tensor) -> Tensor {
+    let fresh = t.detach();
     if fresh.dtype().is_float() {
         fresh.with_grad().unwrap()
     } else {
@@ -46,14 +42,18 @@ pub fn device_copy(t: &Tensor, dev: Device) -> Tensor {
     }
 }
 
+/// Input `i`'s copy for the device under test: f32 on `dev` (I32 stays I32), with grad if float.
+pub fn device_copy(t: &Tensor, dev: Device) -> Tensor {
+    if t.dtype() == DType::I32 {
+        fresh_leaf(&t.to_device(dev).unwrap())
+    } else {
+        fresh_leaf(&t.to_dtype(DType::F32).unwrap().to_device(dev).unwrap())
+    }
+}
+
 /// The CPU reference copy: f64 (I32 stays I32), with grad if float.
 pub fn reference_copy(t: &Tensor) -> Tensor {
-    let fresh = t.detach();
-    if fresh.dtype().is_float() {
-        fresh.with_grad().unwrap()
-    } else {
-        fresh
-    }
+    fresh_leaf(t)
 }
 
 pub fn seed_of(name: &str) -> u64 {
@@ -72,49 +72,94 @@ pub fn parity(
     f: impl Fn(&[Tensor]) -> Result<Tensor>,
     inputs: &[Tensor],
 ) {
+    parity_outputs(name, dev, tol, |t| Ok(vec![f(t)?]), inputs);
+}
+
+/// [`parity`] for a function of several outputs (a fused op's probabilities, indices and
+/// weights): runs `f` on f64 CPU copies and f32 copies on `dev` of `inputs`, compares every
+/// output (I32 ones exactly), back-propagates the same random upstream gradient `up_i` into
+/// every float output `y_i` on both sides (through `Σ_i ⟨up_i, y_i⟩` when there are several),
+/// and compares every float input's gradient.
+pub fn parity_outputs(
+    name: &str,
+    dev: Device,
+    tol: Tol,
+    f: impl Fn(&[Tensor]) -> Result<Vec<Tensor>>,
+    inputs: &[Tensor],
+) {
     let cpu: Vec<Tensor> = inputs.iter().map(reference_copy).collect();
     let gpu: Vec<Tensor> = inputs.iter().map(|t| device_copy(t, dev)).collect();
     let yc = f(&cpu).unwrap_or_else(|e| panic!("{name}: reference forward failed: {e}"));
     let yg = f(&gpu).unwrap_or_else(|e| panic!("{name}: {dev} forward failed: {e}"));
-    assert_eq!(yc.shape(), yg.shape(), "{name}: output shapes differ");
-    assert_eq!(yg.device(), dev, "{name}: output left the device");
-
-    if yc.dtype() == DType::I32 || yg.dtype() == DType::I32 {
-        assert_eq!(yc.dtype(), yg.dtype(), "{name}: output dtypes differ");
-        assert_eq!(
-            yc.to_vec_i32().unwrap(),
-            yg.to_vec_i32().unwrap(),
-            "{name}: integer outputs differ"
-        );
-        return;
-    }
-    let (vc, vg) = (yc.to_vec_f64().unwrap(), yg.to_vec_f64().unwrap());
-    crate::common::assert_close(&format!("{name}: output"), &vg, &vc, tol.atol, tol.rtol);
-
-    assert_eq!(
-        yc.requires_grad(),
-        yg.requires_grad(),
-        "{name}: requires_grad of the output differs"
-    );
-    if !yc.requires_grad() {
-        return;
-    }
+    assert_eq!(yc.len(), yg.len(), "{name}: output counts differ");
+    let output = |o: usize| {
+        if yc.len() == 1 {
+            "output".to_string()
+        } else {
+            format!("output {o}")
+        }
+    };
     let mut rng = ChaCha8Rng::seed_from_u64(seed_of(name) ^ 0xbac4);
-    let up: Vec<f64> = (0..yc.numel())
-        .map(|_| rng.random_range(-1.0f64..1.0) as f32 as f64)
-        .collect();
-    let up_c = Tensor::from_f64(up.clone(), yc.shape(), Device::cpu())
-        .unwrap()
-        .to_dtype(yc.dtype())
-        .unwrap();
-    let up_g = Tensor::from_f32(up.iter().map(|&x| x as f32).collect(), yg.shape(), dev)
-        .unwrap()
-        .to_dtype(yg.dtype())
-        .unwrap();
-    yc.backward_with(&up_c)
-        .unwrap_or_else(|e| panic!("{name}: reference backward failed: {e}"));
-    yg.backward_with(&up_g)
-        .unwrap_or_else(|e| panic!("{name}: {dev} backward failed: {e}"));
+    // (reference output, output under test, upstream gradient) for every float output with grad
+    let mut seeds: Vec<(&Tensor, &Tensor, Vec<f64>)> = Vec::new();
+    for (o, (c, g)) in yc.iter().zip(&yg).enumerate() {
+        let out = output(o);
+        assert_eq!(c.shape(), g.shape(), "{name}: {out} shapes differ");
+        assert_eq!(g.device(), dev, "{name}: {out} left the device");
+        if c.dtype() == DType::I32 || g.dtype() == DType::I32 {
+            assert_eq!(c.dtype(), g.dtype(), "{name}: {out} dtypes differ");
+            assert_eq!(
+                c.to_vec_i32().unwrap(),
+                g.to_vec_i32().unwrap(),
+                "{name}: integer {out} differs"
+            );
+            continue;
+        }
+        let (vc, vg) = (c.to_vec_f64().unwrap(), g.to_vec_f64().unwrap());
+        crate::common::assert_close(&format!("{name}: {out}"), &vg, &vc, tol.atol, tol.rtol);
+        assert_eq!(
+            c.requires_grad(),
+            g.requires_grad(),
+            "{name}: requires_grad of the {out} differs"
+        );
+        if c.requires_grad() {
+            let up: Vec<f64> = (0..c.numel())
+                .map(|_| rng.random_range(-1.0f64..1.0) as f32 as f64)
+                .collect();
+            seeds.push((c, g, up));
+        }
+    }
+    if seeds.is_empty() {
+        return;
+    }
+    // `up` as a tensor like `y` (its dtype, on its device)
+    let upstream = |up: &[f64], y: &Tensor| {
+        Tensor::from_f64(up.to_vec(), y.shape(), Device::cpu())
+            .and_then(|u| u.to_dtype(y.dtype()))
+            .and_then(|u| u.to_device(y.device()))
+            .unwrap()
+    };
+    if let [(c, g, up)] = &seeds[..] {
+        c.backward_with(&upstream(up, c))
+            .unwrap_or_else(|e| panic!("{name}: reference backward failed: {e}"));
+        g.backward_with(&upstream(up, g))
+            .unwrap_or_else(|e| panic!("{name}: {dev} backward failed: {e}"));
+    } else {
+        // Σ_i ⟨up_i, y_i⟩ over the reference outputs (`reference`) or those under test
+        let loss = |reference: bool| {
+            let terms = seeds.iter().map(|(c, g, up)| {
+                let y = if reference { c } else { g };
+                y.mul(&upstream(up, y)).unwrap().sum_all().unwrap()
+            });
+            terms.reduce(|a, t| a.add(&t).unwrap()).unwrap()
+        };
+        loss(true)
+            .backward()
+            .unwrap_or_else(|e| panic!("{name}: reference backward failed: {e}"));
+        loss(false)
+            .backward()
+            .unwrap_or_else(|e| panic!("{name}: {dev} backward failed: {e}"));
+    }
     for (i, (c, g)) in cpu.iter().zip(&gpu).enumerate() {
         match (c.grad(), g.grad()) {
             (None, None) => {}
