@@ -702,28 +702,12 @@ mod cases {
 
 // ---- the tests --------------------------------------------------------------------------------
 
-macro_rules! parity_tests {
-    ($($op:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $op() {
-                let Some(dev) = common::gpu_or_skip(concat!("gpu_parity::", stringify!($op))) else {
-                    return;
-                };
-                cases::$op(dev);
-            }
-        )*
-
-        /// Every case with the CPU's f32 backend standing in for the GPU: proves the harness and
-        /// the cases run (and catches f32-only CPU bugs) on machines without an adapter.
-        #[test]
-        fn harness_self_check_cpu_f32() {
-            $( cases::$op(Device::cpu()); )*
-        }
-    };
-}
-
-parity_tests!(
+parity::gpu_and_cpu_f32_tests!(
+    cases,
+    "gpu_parity",
+    /// Every case with the CPU's f32 backend standing in for the GPU: proves the harness and
+    /// the cases run (and catches f32-only CPU bugs) on machines without an adapter.
+    fn harness_self_check_cpu_f32;
     neg,
     exp,
     log,

@@ -723,29 +723,12 @@ fn matmul_kernels(gpu: Option<&GpuBackend>) -> Vec<MatmulKernel> {
     kernels
 }
 
-macro_rules! property_tests {
-    ($($prop:ident),* $(,)?) => {
-        $(
-            #[test]
-            fn $prop() {
-                let Some(dev) = common::gpu_or_skip(concat!("gpu_parity_props::", stringify!($prop)))
-                else {
-                    return;
-                };
-                props::$prop(dev);
-            }
-        )*
-
-        /// Every property with the CPU's f32 backend standing in for the GPU: the cases and the
-        /// harness run on machines without an adapter.
-        #[test]
-        fn properties_hold_with_the_cpu_f32_backend() {
-            $( props::$prop(Device::cpu()); )*
-        }
-    };
-}
-
-property_tests!(
+parity::gpu_and_cpu_f32_tests!(
+    props,
+    "gpu_parity_props",
+    /// Every property with the CPU's f32 backend standing in for the GPU: the cases and the
+    /// harness run on machines without an adapter.
+    fn properties_hold_with_the_cpu_f32_backend;
     unary_ops,
     binary_ops_broadcast,
     reductions,

@@ -271,3 +271,33 @@ impl Gen {
         if self.flip() { a - rank as isize } else { a }
     }
 }
+
+// ---- the tests ------------------------------------------------------------------------------
+
+/// Declares one `#[test]` per case function `$cases::$case(dev: Device)`, run on the GPU (it
+/// prints "skipping" and passes without an adapter, naming itself `$prefix::$case`), and the test
+/// `$cpu_check`, which runs every case with the CPU's f32 backend in the GPU's place, so the
+/// harness and the cases run on machines without an adapter too.
+#[allow(unused_macros)]
+macro_rules! gpu_and_cpu_f32_tests {
+    ($cases:ident, $prefix:literal, $(#[$doc:meta])* fn $cpu_check:ident; $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                let Some(dev) = crate::common::gpu_or_skip(concat!($prefix, "::", stringify!($case)))
+                else {
+                    return;
+                };
+                $cases::$case(dev);
+            }
+        )*
+
+        $(#[$doc])*
+        #[test]
+        fn $cpu_check() {
+            $( $cases::$case(moegrad::Device::cpu()); )*
+        }
+    };
+}
+#[allow(unused_imports)]
+pub(crate) use gpu_and_cpu_f32_tests;
