@@ -173,15 +173,7 @@ mod cases {
     }
 
     pub fn comparisons(dev: Device) {
-        let ops: [(&str, Bin); 6] = [
-            ("gt", Tensor::gt),
-            ("ge", Tensor::ge),
-            ("lt", Tensor::lt),
-            ("le", Tensor::le),
-            ("eq", Tensor::eq),
-            ("ne", Tensor::ne),
-        ];
-        for (name, op) in ops {
+        for (name, op) in parity::COMPARISONS {
             for case in 0..CASES {
                 let mut g = Gen::new(name, case);
                 let s = g.shape(case);

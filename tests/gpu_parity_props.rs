@@ -189,15 +189,7 @@ mod props {
                 let name = format!("{name} {what}");
                 parity(&name, dev, TIGHT, |t| op(&t[0], &t[1]), &inputs);
             }
-            let comparisons: [(&str, Bin); 6] = [
-                ("gt", Tensor::gt),
-                ("ge", Tensor::ge),
-                ("lt", Tensor::lt),
-                ("le", Tensor::le),
-                ("eq", Tensor::eq),
-                ("ne", Tensor::ne),
-            ];
-            for (name, op) in comparisons {
+            for (name, op) in parity::COMPARISONS {
                 let (a, b) = (few_values(&mut g, &sa), few_values(&mut g, &sb));
                 let name = format!("{name} {what}");
                 parity(&name, dev, TIGHT, |t| op(&t[0], &t[1]), &[a, b]);

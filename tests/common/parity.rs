@@ -188,6 +188,21 @@ pub fn parity_outputs(
     }
 }
 
+// ---- op tables ------------------------------------------------------------------------------
+
+/// A binary tensor op, as the case tables list them.
+pub type BinaryFn = fn(&Tensor, &Tensor) -> Result<Tensor>;
+
+/// The six comparisons by name (outputs 1 where true and 0 where false, no gradient).
+pub const COMPARISONS: [(&str, BinaryFn); 6] = [
+    ("gt", Tensor::gt),
+    ("ge", Tensor::ge),
+    ("lt", Tensor::lt),
+    ("le", Tensor::le),
+    ("eq", Tensor::eq),
+    ("ne", Tensor::ne),
+];
+
 // ---- random inputs --------------------------------------------------------------------------
 
 #[derive(Clone, Copy)]
