@@ -412,6 +412,33 @@ fn fold_conv2d_images() {
     );
 }
 
+#[test]
+fn fold_plain_conv2d_images() {
+    let Some(dev) = gpu("fold_plain_conv2d_images") else {
+        return;
+    };
+    // The plain conv2d (no bank buffer: `has_bank` 0 puts every image on bank 0) over the same
+    // grid: (⌈P/64⌉, ⌈OC/16⌉, images) forward and
+    // (⌈H·W/256⌉, C, images) for dx, more than 65,535 images in several launches, each told its
+    // first image. The weights are constants, as in `fold_conv2d_images` (dW's loop over every
+    // image is cut short by lavapipe).
+    let batch = smallest_past_limit("plain conv2d images", |b| b);
+    let mut v = Vals::new(7);
+    let w = v.tensor(&[2, 1, 2, 2], -1.0, 1.0);
+    let x = v.tensor(&[batch, 1, 2, 2], -1.0, 1.0);
+    let on = |t: &Tensor, like: &Tensor| {
+        t.to_dtype(like.dtype())
+            .and_then(|t| t.to_device(like.device()))
+    };
+    parity_outputs(
+        &format!("conv2d x [{batch}, 1, 2, 2] w [2, 1, 2, 2]"),
+        dev,
+        FOLD,
+        |t| Ok(vec![t[0].conv2d(&on(&w, &t[0])?, None, 1, 0)?]),
+        std::slice::from_ref(&x),
+    );
+}
+
 // ---- pooling --------------------------------------------------------------------------------
 
 #[test]
@@ -473,6 +500,27 @@ fn fold_pooling_outputs_and_inputs() {
         dev,
         FOLD,
         |t| Ok(vec![t[0].max_pool2d(2, 1)?]),
+        std::slice::from_ref(&x),
+    );
+}
+
+#[test]
+fn fold_average_pooling_outputs_and_inputs() {
+    let Some(dev) = gpu("fold_average_pooling_outputs_and_inputs") else {
+        return;
+    };
+    // `avg_pool2d_forward` (one invocation per output) and `avg_pool2d_backward` (one per input
+    // pixel, summing the at most 4 windows that cover it), 256 a workgroup: entries of their
+    // own, so the max pooling case does not cover their index recovery. Kernel 2, stride 1 on
+    // 17×17 planes: 256 outputs and 289 inputs a plane.
+    let planes = smallest_past_limit("avg pool2d outputs", |n| (n * 256).div_ceil(256));
+    assert!((planes * 289).div_ceil(256) > fold::MAX_GROUPS);
+    let x = Vals::new(8).tensor(&[1, planes, 17, 17], -2.0, 2.0);
+    parity_outputs(
+        &format!("avg pool [1, {planes}, 17, 17] kernel 2 stride 1"),
+        dev,
+        FOLD,
+        |t| Ok(vec![t[0].avg_pool2d(2, 1)?]),
         std::slice::from_ref(&x),
     );
 }
@@ -563,6 +611,26 @@ fn fold_topk_gate_rows() {
         (rows, 3, 2),
         &mut v,
         (true, true, false),
+    );
+}
+
+#[test]
+fn fold_unnormalised_topk_gate_rows() {
+    let Some(dev) = gpu("fold_unnormalised_topk_gate_rows") else {
+        return;
+    };
+    // The unnormalised gate (weights are the softmax's probabilities of the k chosen, not
+    // renormalised over them): `topk_gate` and `topk_gate_backward` on their other branch, one
+    // invocation per row, 64 a workgroup
+    let rows = smallest_past_limit("unnormalised topk_gate rows", |r| r.div_ceil(64));
+    let mut v = Vals::new(9);
+    gate_parity(
+        "topk_gate",
+        dev,
+        FOLD,
+        (rows, 3, 2),
+        &mut v,
+        (false, false, false),
     );
 }
 
