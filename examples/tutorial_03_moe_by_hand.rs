@@ -153,6 +153,19 @@ fn main() -> Result<()> {
         "hand-built sparse layer: y[0] = {:?}",
         &y_sparse.to_vec_f64()?[..D]
     );
+    // What the router learns from the task loss: nonzero for K = 2; with K = 1 the renormalised
+    // gate is identically 1 and the router gets nothing but rounding (the chapter's "Try it").
+    let largest = |name: &str| g_sparse[name].iter().fold(0.0f64, |m, v| m.max(v.abs()));
+    let (router_w, router_b) = (largest("router.weight"), largest("router.bias"));
+    println!("router gradient: max |∂L/∂W_r| = {router_w:.3e}, max |∂L/∂b_r| = {router_b:.3e}");
+    assert!(
+        if K == 1 {
+            router_w < 1e-9 && router_b < 1e-9
+        } else {
+            router_w > 0.0 && router_b > 0.0
+        },
+        "router gradient with K = {K}: {router_w:e}, {router_b:e}"
+    );
 
     // 2. The same layer, dense and masked: same output, same gradients, and expert IDLE's
     // gradient is exactly zero even though it ran on every token: ∂L/∂f_IDLE = g_IDLE·∂L/∂y and
