@@ -201,7 +201,10 @@ fn a_failing_cell_is_reported_while_the_others_finish() {
     );
     // the table is printed, and the command fails because a cell did
     let stderr = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "a failed cell must fail compare: {stderr}");
+    assert!(
+        !o.status.success(),
+        "a failed cell must fail compare: {stderr}"
+    );
     assert!(stderr.contains("1 of 2 cells failed"), "{stderr}");
     let table = String::from_utf8_lossy(&o.stdout);
     assert!(
