@@ -175,7 +175,11 @@ fn reference(rule: Rule, decay: bool, p0: &[f64], grads: &[Vec<f64>], scale: f64
 /// m̂/√v̂ is ill-conditioned at a zero gradient).
 fn value(a: usize, b: usize) -> f64 {
     let mag = 16 + (a * 37 + b * 11) % 80; // 16..96, over 64
-    let sign = if (a * 7 + b * 3).is_multiple_of(3) { -1.0 } else { 1.0 };
+    let sign = if (a * 7 + b * 3).is_multiple_of(3) {
+        -1.0
+    } else {
+        1.0
+    };
     sign * mag as f64 / 64.0
 }
 
