@@ -16,7 +16,9 @@
 //! a base index; a kernel that indexes only `workgroup_id.x`, or forgets the base, passes every
 //! small shape and fails there. Left out: the dispatch plan (its sort is O(A²) and folds only
 //! past 16.7 million assignments), the grouped matmul (4.2 million rows of 64-row tiles take
-//! minutes on lavapipe), attention_delta and layer norm's dγ/dβ (see their fold tests).
+//! minutes on lavapipe), attention_delta (about a minute), and the gradients whose kernels walk
+//! a whole folded axis in one invocation: layer norm's dγ/dβ and conv2d's weight gradient (see
+//! below; docs/gpu.md lists these under "Not verified").
 //! On lavapipe a loop of more than about 20,000–65,535 iterations in one invocation is cut
 //! short (llvmpipe's loop limiter), so the fold cases keep every per-invocation loop short and
 //! leave out the gradients whose kernels walk a whole folded axis.
