@@ -14,11 +14,13 @@
 //! launcher's own workgroup formula, and asserts it really is past the limit): the
 //! 1-D kernels fold their grid into x and y, the tiled ones split it into several launches with
 //! a base index; a kernel that indexes only `workgroup_id.x`, or forgets the base, passes every
-//! small shape and fails there. Left out: the dispatch plan (its sort is O(A²) and folds only
-//! past 16.7 million assignments), the grouped matmul (4.2 million rows of 64-row tiles take
-//! minutes on lavapipe), attention_delta (about a minute), and the gradients whose kernels walk
-//! a whole folded axis in one invocation: layer norm's dγ/dβ and conv2d's weight gradient (see
-//! below; docs/gpu.md lists these under "Not verified").
+//! small shape and fails there. The grouped matmul and its weight gradient (past 65,535 column
+//! tiles) and attention_delta fold in tests/gpu_parity_props.rs (`split_grouped_matmul_columns`,
+//! `folded_attention_delta`: through the `Backend` trait, their cheapest folding shapes). Left
+//! out: the dispatch plan (its sort is O(A²) and folds only past 16.7 million assignments), the
+//! grouped matmul's row split (4.2 million rows of 64-row tiles take minutes on lavapipe), and
+//! the gradients whose kernels walk a whole folded axis in one invocation: layer norm's dγ/dβ
+//! and conv2d's weight gradient (see below; docs/gpu.md lists these under "Not verified").
 //! On lavapipe a loop of more than about 20,000–65,535 iterations in one invocation is cut
 //! short (llvmpipe's loop limiter), so the fold cases keep every per-invocation loop short and
 //! leave out the gradients whose kernels walk a whole folded axis.
@@ -245,9 +247,9 @@ fn fold_attention_heads_and_delta_rows() {
         v.tensor(&s, -1.0, 1.0),
     ];
     parity_outputs(&format!("causal_attention {s:?}"), dev, FOLD, attn, &qkv);
-    // attention_delta folds its 1-D grid past 16.7 million rows (heads·T); at T = 64 that is
-    // 57 s on lavapipe, so it is left to the other 1-D folds (layer norm, cross-entropy,
-    // pooling, topk_gate), which share its index formula.
+    // attention_delta folds its 1-D grid past 16.7 million rows (heads·T): the forward and the
+    // f64 tape at that size take about a minute on lavapipe, so it runs through the Backend
+    // trait's backward alone in tests/gpu_parity_props.rs (`folded_attention_delta`).
 }
 
 // ---- cross-entropy --------------------------------------------------------------------------

@@ -17,11 +17,14 @@
 //!   `common/fold.rs`; each case asserts that it crosses the limit, from the launcher's own
 //!   formula), through the `Backend` trait, against the CPU backend in f32. Before each launch a
 //!   buffer of the output's size is filled with NaN and returned to the pool, so an output element
-//!   a folded workgroup failed to write reads as NaN instead of a lucky zero. Not run past the
-//!   limit: `sort_global_step` (it folds only beyond 2·65,535·256 padded elements, half a minute
-//!   on a software rasterizer; it shares `flat_index` with `sort_init` and `sort_finish`, which
-//!   are), matmul's z split (`gpu_matmul::matmul_grid_split`); `reduce_rows` and `cumsum_rows`
-//!   cannot fold (their launcher takes them only for fewer than 4096 lines).
+//!   a folded workgroup failed to write reads as NaN instead of a lucky zero. Two fused kernels
+//!   are here too, because their cheapest folding shape goes through the `Backend` trait: the
+//!   grouped matmul and its weight gradient (past 65,535 column tiles) and `attention_delta`
+//!   (through `attention_backward`, with random `o` and `lse` instead of a forward pass). Left
+//!   out: matmul's z split (`gpu_matmul::matmul_grid_split`) and the grouped matmul's row split
+//!   (4.2 million rows, minutes on lavapipe; it shares the base tile with the column split);
+//!   `reduce_rows` and `cumsum_rows` cannot fold (their launcher takes them only for fewer than
+//!   4096 lines).
 //!
 //! Without a GPU adapter the GPU tests print "skipping" and pass, unless `MOEGRAD_REQUIRE_GPU=1`.
 
@@ -36,8 +39,8 @@ mod property;
 use moegrad::backend::cpu::CpuBackend;
 use moegrad::backend::gpu::{GpuBackend, GpuBuffer, MatmulKernel};
 use moegrad::backend::{
-    AxisView, Backend, BinaryOp, HostData, MatLayout, MatmulDims, ReduceOp, ScatterDims, Strided,
-    UnaryOp,
+    AttentionDims, AttentionGradOperands, AxisView, Backend, BinaryOp, ExpertBankDims,
+    GroupedMatmulDims, HostData, MatLayout, MatmulDims, ReduceOp, ScatterDims, Strided, UnaryOp,
 };
 use moegrad::{DType, Device, Result, Tensor};
 use parity::{Gen, LOOSE, TIGHT, Tol, V, parity};
@@ -1030,11 +1033,17 @@ fn folded_sort_kernels() {
     let cpu = CpuBackend;
     // Workgroups of the launch that folds, by the launcher's formulas: sort_local runs one
     // workgroup per block of min(p, 1024) of each row padded to p; init and finish one
-    // invocation per (padded) element.
+    // invocation per (padded) element; sort_global_step (rows longer than 1024 only) one per
+    // pair of padded elements, so rows of 1025 (padded to 2048) reach it with the fewest data.
     let local_rows = fold::MAX_GROUPS + 1;
     let local_groups = local_rows; // rows of 2: one block, so one workgroup, per row
     let flat_rows = fold::smallest_folding(WG).div_ceil(1024);
     let flat_groups = fold::groups(flat_rows * 1024, WG);
+    let global_pairs = |rows: usize| rows * 2048 / 2;
+    let global_rows = fold::smallest_past_limit("sort_global_step rows", |r| {
+        fold::groups(global_pairs(r), WG)
+    });
+    let global_groups = fold::groups(global_pairs(global_rows), WG);
     // (the kernels that fold, rows, row length, their workgroups, descending)
     let cases = [
         ("sort_local", local_rows, 2, local_groups, true),
@@ -1045,6 +1054,7 @@ fn folded_sort_kernels() {
             flat_groups,
             false,
         ),
+        ("sort_global_step", global_rows, 1025, global_groups, true),
     ];
     for (kernels, rows, len, workgroups, descending) in cases {
         fold::assert_past_limit(kernels, workgroups);
@@ -1058,6 +1068,141 @@ fn folded_sort_kernels() {
             &what,
             be.download(&got).unwrap(),
             cpu.download(&want).unwrap(),
+        );
+    }
+}
+
+/// The grouped matmul (with its bias) and its weight gradient with more than 65,535 column
+/// tiles of 64: both launchers split x (`tiles(m)`) into launches that each start at a tile
+/// offset. The cheapest axis to split: two rows, one input, two experts, so each workgroup runs
+/// one one-row expert run of one slab (the row split, 4.2 million rows, takes minutes).
+#[test]
+fn split_grouped_matmul_columns() {
+    let Some((be, _lock)) = fold_gpu("split_grouped_matmul_columns") else {
+        return;
+    };
+    let cpu = CpuBackend;
+    let m = fold::smallest_folding(64);
+    fold::assert_past_limit("grouped_matmul column tiles", fold::groups(m, 64));
+    let (rows, k, experts) = (2, 1, 2);
+    let x = random_f32(21, rows * k);
+    let w = random_f32(22, experts * k * m);
+    let bias = random_f32(23, experts * m);
+    let row_expert = [0, 1];
+    let dims = GroupedMatmulDims {
+        rows,
+        k,
+        m,
+        experts,
+        transpose_w: false,
+    };
+    // uploaded before poisoning the pool: w and the bias have the output's size
+    let (gx, gw, gbias, gexpert) = (
+        up_f32(&be, &x),
+        up_f32(&be, &w),
+        up_f32(&be, &bias),
+        up_i32(&be, &row_expert),
+    );
+    poison_pool(&be, rows * m);
+    let got = be
+        .grouped_matmul(&gx, &gw, Some(&gbias), &gexpert, dims)
+        .unwrap();
+    let want = cpu
+        .grouped_matmul(
+            &cpu_f32(&x),
+            &cpu_f32(&w),
+            Some(&cpu_f32(&bias)),
+            &cpu_i32(&row_expert),
+            dims,
+        )
+        .unwrap();
+    assert_same(
+        &format!("grouped_matmul [{rows}, {k}]·[{experts}, {k}, {m}] with bias"),
+        be.download(&got).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+    drop((got, want, gw, gbias));
+
+    let dy = random_f32(24, rows * m);
+    let offsets = [0, 1, 2];
+    let bank = ExpertBankDims { k, m, experts };
+    // dy has the output's size too
+    let (gdy, goffsets) = (up_f32(&be, &dy), up_i32(&be, &offsets));
+    poison_pool(&be, experts * k * m);
+    let got = be
+        .grouped_weight_grad(&gx, &gdy, &gexpert, &goffsets, bank)
+        .unwrap();
+    let want = cpu
+        .grouped_weight_grad(
+            &cpu_f32(&x),
+            &cpu_f32(&dy),
+            &cpu_i32(&row_expert),
+            &cpu_i32(&offsets),
+            bank,
+        )
+        .unwrap();
+    assert_same(
+        &format!("grouped_weight_grad of {rows} rows into [{experts}, {k}, {m}]"),
+        be.download(&got).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+}
+
+/// The operands of `attention_backward` from `[q, k, v, o, lse, dO]`.
+fn attention_grad_operands<B>(b: &[B; 6]) -> AttentionGradOperands<'_, B> {
+    AttentionGradOperands {
+        q: &b[0],
+        k: &b[1],
+        v: &b[2],
+        o: &b[3],
+        lse: &b[4],
+        d_o: &b[5],
+    }
+}
+
+/// `attention_delta` (`D = rowsum(dO ∘ O)`, one invocation per row of `heads·seq`) past
+/// 65,535 workgroups of 256 rows, through `attention_backward`, whose tiled kernels read `D`:
+/// a row the folded grid missed stays NaN (the poisoned pool hands its buffer to `D`, the first
+/// allocation) and turns that row's dq and dk into NaN. At 64 rows a head (one tile each, the
+/// fewest tiled workgroups for the rows) and head dimension 1. `o` and `lse` are random rather
+/// than the forward's: the backward is a function of them either way.
+#[test]
+fn folded_attention_delta() {
+    let Some((be, _lock)) = fold_gpu("folded_attention_delta") else {
+        return;
+    };
+    let cpu = CpuBackend;
+    let seq = 64;
+    let heads = fold::smallest_past_limit("attention_delta rows", |h| fold::groups(h * seq, WG));
+    let dims = AttentionDims {
+        heads,
+        seq,
+        head_dim: 1,
+    };
+    let rows = heads * seq;
+    let [q, k, v, o, d_o] = [31, 32, 33, 34, 35].map(|seed| random_f32(seed, rows));
+    // a log-sum-exp at least the largest score, as the forward's is
+    let lse: Vec<f32> = random_f32(36, rows).iter().map(|z| 2.0 + z.abs()).collect();
+    let gpu_in = [&q, &k, &v, &o, &lse, &d_o].map(|a| up_f32(&be, a));
+    let cpu_in = [&q, &k, &v, &o, &lse, &d_o].map(|a| cpu_f32(a));
+    poison_pool(&be, rows);
+    let got = be
+        .attention_backward(attention_grad_operands(&gpu_in), dims)
+        .unwrap();
+    let want = cpu
+        .attention_backward(attention_grad_operands(&cpu_in), dims)
+        .unwrap();
+    for (name, g, c) in [
+        ("dq", &got.0, &want.0),
+        ("dk", &got.1, &want.1),
+        ("dv", &got.2, &want.2),
+    ] {
+        common::assert_close(
+            &format!("attention_backward {name} of [{heads}, {seq}, 1]"),
+            &host_f64(be.download(g).unwrap()),
+            &host_f64(cpu.download(c).unwrap()),
+            1e-5,
+            1e-4,
         );
     }
 }
