@@ -140,14 +140,7 @@ fn the_layer_counts_routed_not_kept_assignments_under_capacity_drops() {
     {
         // the layer's dtype (its aux loss adds the routing's loss to its own f32 zero)
         let dt = DType::F32;
-        let float = |v: Vec<f64>, shape: &[usize]| {
-            Tensor::from_f64(v, shape, Device::cpu())
-                .unwrap()
-                .to_dtype(dt)
-                .unwrap()
-                .to_device(dev)
-                .unwrap()
-        };
+        let float = |v: Vec<f64>, shape: &[usize]| common::tensor_on(v, shape, dt, dev);
         let routing = Routing::token_choice(
             &Tensor::from_i32(idx.clone(), &[t, 2], dev).unwrap(),
             &float(vec![0.5; t * 2], &[t, 2]),

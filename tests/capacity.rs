@@ -48,14 +48,7 @@ fn five_tokens(dev: Device) -> Routing {
     let weights: Vec<f64> = (0..10).map(|i| 0.9 - 0.05 * i as f64).collect();
     let probs: Vec<f64> = (0..5).flat_map(|_| [0.4, 0.3, 0.2, 0.1]).collect();
     let dt = if dev.is_gpu() { DType::F32 } else { DType::F64 };
-    let float = |v: Vec<f64>, shape: &[usize]| {
-        Tensor::from_f64(v, shape, Device::cpu())
-            .unwrap()
-            .to_dtype(dt)
-            .unwrap()
-            .to_device(dev)
-            .unwrap()
-    };
+    let float = |v: Vec<f64>, shape: &[usize]| common::tensor_on(v, shape, dt, dev);
     Routing::token_choice(
         &Tensor::from_i32(idx, &[5, 2], dev).unwrap(),
         &float(weights, &[5, 2]),

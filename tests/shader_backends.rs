@@ -266,17 +266,11 @@ fn write_msl(p: &Pipeline, m: &Module, i: &ModuleInfo, r: &Resources) -> Result<
              {METAL_BUFFER_SLOTS}: the pipeline cannot be created there"
         ));
     }
-    let restrict = naga::proc::BoundsCheckPolicy::Restrict;
     let options = msl::Options {
         lang_version: targets(p.shader).msl,
         fake_missing_bindings: false,
         per_entry_point_map: BTreeMap::from([(p.entry.clone(), resources)]),
-        bounds_check_policies: naga::proc::BoundsCheckPolicies {
-            index: restrict,
-            buffer: restrict,
-            image_load: restrict,
-            binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
-        },
+        bounds_check_policies: bounds_checks(),
         ..Default::default()
     };
     let pipeline = msl::PipelineOptions {
@@ -369,19 +363,13 @@ fn write_spirv(
             C::GroupNonUniformQuad,
         ]);
     }
-    let restrict = naga::proc::BoundsCheckPolicy::Restrict;
     let options = spv::Options {
         lang_version: t.spirv,
         flags: spv::WriterFlags::empty(),
         // Vulkan keeps WGSL's numbers: descriptor set = group, binding = binding
         fake_missing_bindings: true,
         capabilities: Some(capabilities.into_iter().collect()),
-        bounds_check_policies: naga::proc::BoundsCheckPolicies {
-            index: restrict,
-            buffer: restrict,
-            image_load: restrict,
-            binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
-        },
+        bounds_check_policies: bounds_checks(),
         ..Default::default()
     };
     let pipeline = spv::PipelineOptions {
@@ -646,5 +634,17 @@ fn every_shader_file_is_checked() {
             "{} is in no shader of moegrad::backend::gpu::builtin_shaders",
             path.display()
         );
+    }
+}
+
+/// The bounds checks wgpu asks of every backend's writer: indices and buffer accesses clamped
+/// (`Restrict`), binding arrays unchecked (moegrad's kernels have none).
+fn bounds_checks() -> naga::proc::BoundsCheckPolicies {
+    let restrict = naga::proc::BoundsCheckPolicy::Restrict;
+    naga::proc::BoundsCheckPolicies {
+        index: restrict,
+        buffer: restrict,
+        image_load: restrict,
+        binding_array: naga::proc::BoundsCheckPolicy::Unchecked,
     }
 }

@@ -6,7 +6,7 @@
 
 use moegrad::data::{Dataset, Mnist, SyntheticB, multimnist};
 use moegrad::train::{DataKind, TrainConfig, models};
-use moegrad::{Device, Result, Tensor};
+use moegrad::{DType, Device, Result, Tensor};
 
 /// The GPU, or `None` (after printing why) when there is no adapter and the GPU is not required.
 pub fn gpu_or_skip(test: &str) -> Option<Device> {
@@ -32,6 +32,14 @@ pub fn devices(test: &str) -> Vec<Device> {
 /// An f64 CPU tensor.
 pub fn f64t(values: &[f64], shape: &[usize]) -> Tensor {
     Tensor::from_f64(values.to_vec(), shape, Device::cpu()).expect("valid test tensor")
+}
+
+/// A tensor of `values` (f64 on the host) in `dtype` on `dev`.
+pub fn tensor_on(values: Vec<f64>, shape: &[usize], dtype: DType, dev: Device) -> Tensor {
+    Tensor::from_f64(values, shape, Device::cpu())
+        .and_then(|t| t.to_dtype(dtype))
+        .and_then(|t| t.to_device(dev))
+        .expect("valid test tensor")
 }
 
 /// Asserts two slices agree within `atol + rtol·|expected|`, naming the first bad element. A NaN
