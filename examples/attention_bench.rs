@@ -17,14 +17,6 @@ fn random(shape: &[usize], rng: &mut ChaCha8Rng, dev: Device) -> Result<Tensor> 
     Tensor::from_f32(v, shape, dev)
 }
 
-/// Waits for queued GPU work (nothing to do on the CPU).
-fn sync(dev: Device) -> Result<()> {
-    if dev == Device::Gpu {
-        moegrad::backend::gpu::GpuBackend::get()?.synchronize()?;
-    }
-    Ok(())
-}
-
 fn composed(q: &Tensor, k: &Tensor, v: &Tensor, mask: &Tensor) -> Result<Tensor> {
     let dh = q.shape()[3] as f64;
     q.matmul(&k.transpose(-1, -2)?)?
@@ -78,15 +70,15 @@ fn main() -> Result<()> {
         let reps = if t > 128 { 21 } else { 101 };
         let fused = time(reps, || {
             q.causal_attention(&k, &v)?.backward_with(&up)?;
-            sync(dev)
+            dev.synchronize()
         })?;
         let fused_fwd = time(reps, || {
             moegrad::no_grad(|| q.causal_attention(&k, &v))?;
-            sync(dev)
+            dev.synchronize()
         })?;
         let reference = time(reps, || {
             composed(&q, &k, &v, &mask)?.backward_with(&up)?;
-            sync(dev)
+            dev.synchronize()
         })?;
         println!(
             "{shape:?}: fused fwd+bwd {fused:.3} ms (fwd {fused_fwd:.3} ms), composed fwd+bwd \

@@ -129,7 +129,26 @@ impl Device {
     }
 
     /// Waits until every kernel queued on this device has finished (a no-op on the CPU).
-    /// Benchmarks call it before reading the clock.
+    /// Benchmarks call it before reading the clock: GPU work is queued and submitted in
+    /// batches, so without it a timer would measure the queueing, not the kernels.
+    ///
+    /// # Errors
+    /// On the GPU, an [`Error`](crate::Error) if the backend cannot be opened or the wait fails.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::{DType, Device, Tensor};
+    /// # fn main() -> moegrad::Result<()> {
+    /// let devices = [Some(Device::cpu()), Device::gpu().ok()];
+    /// for dev in devices.into_iter().flatten() {
+    ///     let x = Tensor::full(&[256], 1.0, DType::F32, dev)?;
+    ///     let start = std::time::Instant::now();
+    ///     let _y = x.mul(&x)?; // queued on the GPU, computed at once on the CPU
+    ///     dev.synchronize()?; // the product has been computed when this returns
+    ///     let _elapsed = start.elapsed();
+    /// }
+    /// # Ok(()) }
+    /// ```
     pub fn synchronize(self) -> Result<()> {
         match self {
             Device::Cpu => Ok(()),

@@ -106,9 +106,8 @@ fn counters_see_waits_uploads_and_downloads() {
     let Some((dev, _lock)) = gpu("counters_see_waits_uploads_and_downloads") else {
         return;
     };
-    let be = GpuBackend::get().unwrap();
-    be.synchronize().unwrap();
-    be.reset_stats();
+    dev.synchronize().unwrap();
+    dev.reset_gpu_stats();
     let x = Tensor::from_f32(vec![1.0; 300], &[300], dev).unwrap();
     let y = x.add(&x).unwrap();
     let mid = dev.gpu_stats().unwrap();
