@@ -163,8 +163,12 @@ fn main() -> Result<()> {
         activation: Activation::Gelu,
     };
     let mut moe = moe_layer(1.0, dev)?;
-    moe.experts = Box::new(decompose_ffn(&ffn, EXPERTS, SplitScale::UniformRouter)?);
-    for (_, p) in named(&|f| moe.router.visit_params("router", f)) {
+    moe.set_experts(Box::new(decompose_ffn(
+        &ffn,
+        EXPERTS,
+        SplitScale::UniformRouter,
+    )?))?;
+    for (_, p) in named(&|f| moe.router().visit_params("router", f)) {
         p.set(p.get().zeros_like()?)?;
     }
     let sparse = |layer: &MoeLayer, x: &Tensor| -> Result<(Tensor, Tensor, f64)> {
@@ -204,7 +208,11 @@ fn main() -> Result<()> {
     let trained = named(&|f| moe.visit_params("moe", f));
     for eval_t in [1.0, 0.9, 0.7, 0.5, 0.0] {
         let mut layer = moe_layer(eval_t, dev)?;
-        layer.experts = Box::new(decompose_ffn(&ffn, EXPERTS, SplitScale::UniformRouter)?);
+        layer.set_experts(Box::new(decompose_ffn(
+            &ffn,
+            EXPERTS,
+            SplitScale::UniformRouter,
+        )?))?;
         for ((_, from), (_, to)) in trained.iter().zip(named(&|f| layer.visit_params("moe", f))) {
             to.set(from.get().detach())?;
         }

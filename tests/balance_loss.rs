@@ -89,7 +89,7 @@ fn the_layer_adds_exactly_alpha_for_a_uniform_router_at_every_k() {
         cfg.balance_loss = 0.25;
         let layer = MoeLayer::new(&cfg, Device::cpu()).unwrap();
         // a zero gate: every token's probabilities are uniform
-        layer.router.visit_params("", &mut |_, p| {
+        layer.router().visit_params("", &mut |_, p| {
             p.set(Tensor::zeros(p.get().shape(), DType::F32, Device::cpu()).unwrap())
                 .unwrap()
         });

@@ -59,8 +59,8 @@ fn run(layer: &MoeLayer, x: &Tensor, up: &Tensor) -> Outcome {
     let ints =
         |t: &Tensor| -> Vec<f64> { t.to_vec_i32().unwrap().into_iter().map(f64::from).collect() };
     let xg = x.detach().with_grad().unwrap();
-    let routing = layer.router.route(&xg).unwrap();
-    let counted = if layer.router.variable_experts_per_token() {
+    let routing = layer.router().route(&xg).unwrap();
+    let counted = if layer.router().variable_experts_per_token() {
         routing.tokens
     } else {
         routing.len()

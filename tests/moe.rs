@@ -66,7 +66,7 @@ fn set_logits(l: &MoeLayer, logits: &[f64]) {
 }
 
 fn dense_reference(l: &MoeLayer, x: &Tensor, r: &Routing) -> Vec<f64> {
-    let all = l.experts.forward(x).unwrap().to_vec_f64().unwrap(); // [n, T, d_out]
+    let all = l.experts().forward(x).unwrap().to_vec_f64().unwrap(); // [n, T, d_out]
     let (t, d_out) = (x.shape()[0], l.config.d_out);
     let (tok, ex, w) = (
         r.token.to_vec_i32().unwrap(),
@@ -91,7 +91,7 @@ fn every_router_matches_the_dense_reference() {
             to_f64(&l);
             l.set_training(training);
             let x = randn(&[9, 5], 3, DType::F64);
-            let r = l.router.route(&x).unwrap();
+            let r = l.router().route(&x).unwrap();
             let y = l
                 .forward_routed(&x, std::slice::from_ref(&r))
                 .unwrap()
@@ -124,7 +124,7 @@ fn weights_lie_on_the_simplex_or_below_it_and_are_k_sparse() {
         let l = layer(name, 6, 3, 5);
         to_f64(&l);
         l.set_training(false);
-        let r = l.router.route(&x).unwrap();
+        let r = l.router().route(&x).unwrap();
         let per_token = r.len() / 16;
         assert!(
             per_token
@@ -185,7 +185,7 @@ fn whole_layer_gradcheck_at_generic_points() {
             let proto = layer(name, 4, 2, 21);
             // Gradient estimators (SparseMixer, ST, ReinMax, ...) differ from the exact gradient
             // of their sampled forward on purpose: only their evaluation path is checked here.
-            if training && proto.router.estimates_gradient() {
+            if training && proto.router().estimates_gradient() {
                 continue;
             }
             let names: Vec<String> = params(&proto).into_iter().map(|(n, _)| n).collect();
@@ -268,7 +268,7 @@ fn assert_sparsemixer_router_gradient_is_nonzero(
         p.1.set(v.clone()).unwrap();
     }
     let probs = l
-        .router
+        .router()
         .route(&inputs[0])
         .unwrap()
         .probs
@@ -452,7 +452,7 @@ fn shift_invariance_and_shazeer_topk_gradients() {
         to_f64(&l);
         l.set_training(false);
         set_logits(&l, &logits);
-        let w0 = l.router.route(&x).unwrap().weight.to_vec_f64().unwrap();
+        let w0 = l.router().route(&x).unwrap().weight.to_vec_f64().unwrap();
         let g = router_grad(&l, &x);
         assert!(
             g.iter().sum::<f64>().abs() < 1e-12,
@@ -460,7 +460,7 @@ fn shift_invariance_and_shazeer_topk_gradients() {
             g.iter().sum::<f64>()
         );
         set_logits(&l, &logits.map(|v| v + 3.7));
-        let w1 = l.router.route(&x).unwrap().weight.to_vec_f64().unwrap();
+        let w1 = l.router().route(&x).unwrap().weight.to_vec_f64().unwrap();
         common::assert_close(&format!("{name} shifted"), &w1, &w0, 1e-12, 0.0);
         if name == "topk" {
             // Selected: experts 2 and 0. Unselected logits get exactly zero gradient.
@@ -475,7 +475,7 @@ fn shift_invariance_and_shazeer_topk_gradients() {
     to_f64(&l);
     set_logits(&l, &logits);
     assert_eq!(
-        l.router.route(&x).unwrap().weight.to_vec_f64().unwrap(),
+        l.router().route(&x).unwrap().weight.to_vec_f64().unwrap(),
         vec![1.0]
     );
     assert!(router_grad(&l, &x).iter().all(|&v| v == 0.0));
@@ -542,7 +542,7 @@ fn noise_statistics() {
     let l = layer("vmoe", experts, 2, 61);
     set_logits(&l, &[0.0; 8]);
     let x = Tensor::zeros(&[20_000, 5], DType::F32, Device::cpu()).unwrap();
-    let p = l.router.route(&x).unwrap().probs.to_vec_f64().unwrap();
+    let p = l.router().route(&x).unwrap().probs.to_vec_f64().unwrap();
     let mut dev = Vec::new();
     for row in p.chunks(experts) {
         let logs: Vec<f64> = row.iter().map(|v| v.ln()).collect();
@@ -558,7 +558,7 @@ fn noise_statistics() {
     // Evaluation mode draws no noise.
     l.set_training(false);
     let a = l
-        .router
+        .router()
         .route(&x.slice(0, 0, 4).unwrap())
         .unwrap()
         .probs
@@ -585,7 +585,7 @@ fn switch_jitter_never_selects_an_expert_outside_its_support() {
     let l = layer("switch", 3, 1, 81);
     set_logits(&l, &[2.0, 1.7, 1.5]);
     let x = Tensor::zeros(&[100_000, 5], DType::F32, Device::cpu()).unwrap();
-    let r = l.router.route(&x).unwrap();
+    let r = l.router().route(&x).unwrap();
     let ex = r.expert.to_vec_i32().unwrap();
     let count = |e| ex.iter().filter(|&&v| v == e).count();
     assert_eq!(count(2), 0);
@@ -603,7 +603,7 @@ fn ties_go_to_the_lowest_index() {
     set_logits(&l, &[0.5, 1.0, 1.0, 1.0, 0.5]);
     let x = Tensor::zeros(&[2, 5], DType::F32, Device::cpu()).unwrap();
     assert_eq!(
-        l.router.route(&x).unwrap().expert.to_vec_i32().unwrap(),
+        l.router().route(&x).unwrap().expert.to_vec_i32().unwrap(),
         vec![1, 2, 1, 2]
     );
 }
@@ -836,7 +836,7 @@ fn cnn_experts_match_their_dense_reference_and_pass_a_directional_gradcheck() {
     to_f64(&l);
     l.set_training(false);
     let x = randn(&[4, 256], 14, DType::F64);
-    let r = l.router.route(&x).unwrap();
+    let r = l.router().route(&x).unwrap();
     let y = l
         .forward_routed(&x, std::slice::from_ref(&r))
         .unwrap()

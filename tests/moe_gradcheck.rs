@@ -230,7 +230,7 @@ fn z_loss_matches_its_formula_in_value_and_gradient() {
         b.detach().with_grad().unwrap(),
     );
     set_gate(&l, &wg, &bg).unwrap();
-    let routing = l.router.route(&x).unwrap();
+    let routing = l.router().route(&x).unwrap();
     common::assert_close(
         "router logits",
         &routing.logits.to_vec_f64().unwrap(),
@@ -270,7 +270,7 @@ fn z_loss_matches_its_formula_in_value_and_gradient() {
     let f = |t: &[Tensor]| -> Result<Tensor> {
         let l = z_layer(beta);
         set_gate(&l, &t[1], &t[2])?;
-        aux_loss::z_loss(&l.router.route(&t[0])?, beta)
+        aux_loss::z_loss(&l.router().route(&t[0])?, beta)
     };
     gradcheck(f, &[x, w, b], &GradcheckOptions::default()).unwrap();
 }

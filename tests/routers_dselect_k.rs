@@ -574,7 +574,7 @@ fn p3_only_experts_with_nonzero_weight_run_and_get_gradient() {
     }
     // selectors saturated on experts 3 and 6 (codes 011 and 110)
     set(
-        l.router.as_ref(),
+        l.router(),
         "z",
         common::f64t(&[1.0, 1.0, -1.0, -1.0, 1.0, 1.0], &[2, 3]),
     );

@@ -1111,8 +1111,8 @@ fn inference_is_the_mean_of_the_top_k_deterministic_and_independent_of_tau() {
     }
     l.set_training(false);
     let y = l.forward(&x).unwrap().y.to_vec_f64().unwrap();
-    let all = l.experts.forward(&x).unwrap().to_vec_f64().unwrap(); // [n, T, d]
-    let e = l.router.route(&x).unwrap().expert.to_vec_i32().unwrap();
+    let all = l.experts().forward(&x).unwrap().to_vec_f64().unwrap(); // [n, T, d]
+    let e = l.router().route(&x).unwrap().expert.to_vec_i32().unwrap();
     for tok in 0..t {
         for j in 0..D {
             let mean: f64 = (0..k)

@@ -856,7 +856,7 @@ fn experts_evaluated_per_token_and_sparse_evaluation_invariance_in_training() {
                         .unwrap();
                 }
             }
-            assert_eq!(l.router.runs_all_experts(), dense, "{name}");
+            assert_eq!(l.router().runs_all_experts(), dense, "{name}");
             let x = randn(&[3, 5], 6).with_grad().unwrap();
             let out = l.forward(&x).unwrap();
             let mut objective = loss_of(&out.y);
@@ -966,10 +966,10 @@ fn first_order_router_gradient_is_twice_plain_autograd_and_matches_inference_at_
         }
     }
     let x = randn(&[40, 5], 2);
-    let tr = l.router.route(&x).unwrap();
+    let tr = l.router().route(&x).unwrap();
     l.set_training(false);
-    let ev = l.router.route(&x).unwrap();
-    let ev2 = l.router.route(&x).unwrap();
+    let ev = l.router().route(&x).unwrap();
+    let ev2 = l.router().route(&x).unwrap();
     assert_eq!(
         ev.expert.to_vec_i32().unwrap(),
         vec![0; 40],
@@ -1006,7 +1006,7 @@ fn omega_is_a_trainable_output_scale_and_v2_has_none() {
     let names: Vec<String> = params(&l).into_iter().map(|(n, _)| n).collect();
     assert!(names.contains(&"router.omega".to_string()), "{names:?}");
     let v2 = layer("sparsemixer-v2", 4, 7, &[]);
-    assert!(v2.omega.is_none());
+    assert!(v2.omega().is_none());
     let l1 = layer("sparsemixer", 4, 7, &[]);
     l.set_training(false);
     l1.set_training(false);
@@ -1021,7 +1021,7 @@ fn omega_is_a_trainable_output_scale_and_v2_has_none() {
 fn v2_top2_picks_two_distinct_experts() {
     let l = layer("sparsemixer-v2", 5, 9, &[("top", "2"), ("jitter", "0.5")]);
     let x = randn(&[50, 5], 4);
-    let r = l.router.route(&x).unwrap();
+    let r = l.router().route(&x).unwrap();
     let ex = r.expert.to_vec_i32().unwrap();
     assert_eq!(ex.len(), 100);
     for t in 0..50 {
@@ -1091,7 +1091,7 @@ fn gradcheck_of_the_deterministic_parts() {
         let l = build(&leaves).unwrap();
         if name.starts_with("sparsemixer") {
             let probs = l
-                .router
+                .router()
                 .route(&leaves[0])
                 .unwrap()
                 .probs

@@ -320,7 +320,7 @@ fn factor(gamma: f64) -> Capacity {
 /// The host reference of the layer under capacity `c`: per expert, the valid assignments
 /// ordered by (rank, −p) — XMoE's priority `p − rank` — keep the first `c`.
 fn reference_layer(l: &MoeLayer, x: &Tensor, r: &Routing, c: Option<usize>) -> Vec<f64> {
-    let all = l.experts.forward(x).unwrap().to_vec_f64().unwrap(); // [n, T, d_out]
+    let all = l.experts().forward(x).unwrap().to_vec_f64().unwrap(); // [n, T, d_out]
     let (t, d_out, n) = (x.shape()[0], l.config.d_out, l.config.experts);
     let (tok, ex, w, v, rank) = (
         r.token.to_vec_i32().unwrap(),
@@ -354,7 +354,7 @@ fn priorities_order_rank_first_then_p() {
     let n = 4;
     let l = layer(n, &[("t", "0.8")], factor(1.0), 3);
     let x = uniform(&[24, 5], -1.5, 1.5, 5);
-    let r = l.router.route(&x).unwrap();
+    let r = l.router().route(&x).unwrap();
     let plan = DispatchPlan::build_sized(&r, factor(1.0), r.tokens).unwrap();
     assert_eq!(plan.capacity, Some(6), "C = ⌈γ·T/n⌉ = ⌈24/4⌉ counts tokens");
     let order = plan.order.to_vec_i32().unwrap();
@@ -391,7 +391,7 @@ fn capacity_keeps_exactly_the_top_c_by_priority() {
     let x = uniform(&[32, 5], -1.5, 1.5, 19);
     for (t, gamma) in [("0.7", 0.5), ("0.9", 1.0), ("1", 1.25), ("0", 0.75)] {
         let l = layer(n, &[("t", t)], factor(gamma), 23);
-        let r = l.router.route(&x).unwrap();
+        let r = l.router().route(&x).unwrap();
         let c = (gamma * 32.0 / n as f64).ceil() as usize;
         let out = l.forward_routed(&x, std::slice::from_ref(&r)).unwrap();
         let kept = out.stats.kept_per_expert.to_vec_f64().unwrap();
@@ -419,7 +419,7 @@ fn a_fully_dropped_token_outputs_zero_and_gamma_n_with_t1_is_the_dense_mixture()
     for i in 0..5 {
         w[i * n] = 3.0;
     }
-    params_of(&|f| l.router.visit_params("router", f))[0]
+    params_of(&|f| l.router().visit_params("router", f))[0]
         .1
         .set(Tensor::from_f64(w, &[5, n], Device::cpu()).unwrap())
         .unwrap();
@@ -427,7 +427,7 @@ fn a_fully_dropped_token_outputs_zero_and_gamma_n_with_t1_is_the_dense_mixture()
     let out = l.forward(&x).unwrap();
     let y = out.y.to_vec_f64().unwrap();
     let p0: Vec<f64> = l
-        .router
+        .router()
         .route(&x)
         .unwrap()
         .probs
@@ -456,8 +456,8 @@ fn a_fully_dropped_token_outputs_zero_and_gamma_n_with_t1_is_the_dense_mixture()
     let x = uniform(&[16, 5], -1.0, 1.0, 41);
     let out = l.forward(&x).unwrap();
     assert_eq!(out.stats.read().unwrap().drop_rate, 0.0);
-    let p = l.router.route(&x).unwrap().probs.to_vec_f64().unwrap();
-    let all = l.experts.forward(&x).unwrap().to_vec_f64().unwrap();
+    let p = l.router().route(&x).unwrap().probs.to_vec_f64().unwrap();
+    let all = l.experts().forward(&x).unwrap().to_vec_f64().unwrap();
     let dense: Vec<f64> = (0..16 * 3)
         .map(|i| {
             let (t, j) = (i / 3, i % 3);
@@ -486,13 +486,13 @@ fn balance_loss_counts_first_choices() {
     for i in 0..5 {
         w[i * n] = 2.0;
     }
-    params_of(&|f| l.router.visit_params("router", f))[0]
+    params_of(&|f| l.router().visit_params("router", f))[0]
         .1
         .set(Tensor::from_f64(w, &[5, n], Device::cpu()).unwrap())
         .unwrap();
     let x = uniform(&[10, 5], 0.2, 1.0, 47);
     let out = l.forward(&x).unwrap();
-    let p = l.router.route(&x).unwrap().probs;
+    let p = l.router().route(&x).unwrap().probs;
     let p0_mean = p.mean(&[0], false).unwrap().to_vec_f64().unwrap()[0];
     assert!((out.aux_loss.item().unwrap() - 0.01 * n as f64 * p0_mean).abs() < 1e-12);
 }
@@ -521,7 +521,13 @@ fn whole_layer_gradcheck_away_from_threshold_boundaries() {
         let x = uniform(&[7, 5], -1.0, 1.0, 59);
         // The point must be generic: no prefix sum within 1e-3 of t, no tie in p.
         let t: f64 = opts[0].1.parse().unwrap();
-        let probs = proto.router.route(&x).unwrap().probs.to_vec_f64().unwrap();
+        let probs = proto
+            .router()
+            .route(&x)
+            .unwrap()
+            .probs
+            .to_vec_f64()
+            .unwrap();
         for row in probs.chunks(n) {
             let (_, margin) = reference(row, t, n);
             assert!(
@@ -567,11 +573,11 @@ proptest! {
         let ts = t.to_string();
         let mk = max_k.to_string();
         let l = layer(n, &[("t", &ts), ("max_k", &mk)], Capacity::Dropless, seed);
-        let w = params_of(&|f| l.router.visit_params("router", f))[0].1.get();
-        params_of(&|f| l.router.visit_params("router", f))[0].1
+        let w = params_of(&|f| l.router().visit_params("router", f))[0].1.get();
+        params_of(&|f| l.router().visit_params("router", f))[0].1
             .set(w.mul_scalar(scale).unwrap()).unwrap();
         let x = uniform(&[tokens, 5], -1.0, 1.0, seed + 1);
-        let r = l.router.route(&x).unwrap();
+        let r = l.router().route(&x).unwrap();
         prop_assert_eq!(r.len(), tokens * n.min(max_k));
         let p = r.probs.to_vec_f64().unwrap();
         for (tok, kept) in kept_of(&r).iter().enumerate() {
@@ -664,11 +670,14 @@ fn decomposed_layer_with_a_zero_router_and_t1_is_the_dense_ffn() {
         cfg.eval_capacity = capacity;
         cfg.activation = Activation::Gelu;
         let mut l = MoeLayer::new(&cfg, Device::cpu()).unwrap();
-        l.experts = Box::new(decompose_ffn(&ffn, n, SplitScale::UniformRouter).unwrap());
-        let w = params_of(&|f| l.router.visit_params("router", f))[0]
+        l.set_experts(Box::new(
+            decompose_ffn(&ffn, n, SplitScale::UniformRouter).unwrap(),
+        ))
+        .unwrap();
+        let w = params_of(&|f| l.router().visit_params("router", f))[0]
             .1
             .get();
-        params_of(&|f| l.router.visit_params("router", f))[0]
+        params_of(&|f| l.router().visit_params("router", f))[0]
             .1
             .set(Tensor::zeros(w.shape(), DType::F64, Device::cpu()).unwrap())
             .unwrap();
@@ -698,7 +707,7 @@ fn decomposed_layer_with_a_zero_router_and_t1_is_the_dense_ffn() {
     let mut last = f64::INFINITY;
     for eval_t in ["1", "0.9", "0.7", "0.5", "0"] {
         let l = build(&[("t", "1"), ("eval_t", eval_t)], Capacity::Dropless);
-        params_of(&|f| l.router.visit_params("router", f))[0]
+        params_of(&|f| l.router().visit_params("router", f))[0]
             .1
             .set(uniform(&[d, n], -1.5, 1.5, 66))
             .unwrap();
@@ -746,7 +755,7 @@ fn run_on(reference: &MoeLayer, device: Device, x: &Tensor) -> (Vec<f64>, Vec<Ve
         .unwrap()
         .with_grad()
         .unwrap();
-    let r = l.router.route(&xd).unwrap();
+    let r = l.router().route(&xd).unwrap();
     let out = l.forward_routed(&xd, std::slice::from_ref(&r)).unwrap();
     loss_of(&out.y).unwrap().backward().unwrap();
     let mut v = vec![
@@ -780,7 +789,7 @@ fn routing_and_backward_agree_on_every_device() {
     ] {
         let base = layer(n, &[("t", t)], gamma, 71);
         let x = uniform(&[33, 5], -1.0, 1.0, 73);
-        let probs = base.router.route(&x).unwrap().probs.to_vec_f64().unwrap();
+        let probs = base.router().route(&x).unwrap().probs.to_vec_f64().unwrap();
         let tv: f64 = t.parse().unwrap();
         for row in probs.chunks(n) {
             let (_, margin) = reference(row, tv, n);

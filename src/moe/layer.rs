@@ -112,16 +112,20 @@ pub struct MoeOutput {
 }
 
 /// One MoE layer: a router over a bank of experts.
+///
+/// The router and the experts are read through [`MoeLayer::router`] and [`MoeLayer::experts`],
+/// and the router is replaced only through [`MoeLayer::set_router`], which rebuilds the output
+/// scale ω and the training mode to match it.
 pub struct MoeLayer {
-    /// the router
-    pub router: Box<dyn Router>,
-    /// the experts
-    pub experts: Box<dyn ExpertNet>,
+    /// the router (replaced only by `set_router`, which keeps ω and the mode in step with it)
+    pub(crate) router: Box<dyn Router>,
+    /// the experts (their number and widths are the router's and the config's)
+    pub(crate) experts: Box<dyn ExpertNet>,
     /// the settings
     pub config: MoeConfig,
     /// the trainable per-channel output scale ω `[d_out]` of routers that ask for one
     /// ([`Router::output_scale`], SparseMixer), named `router.omega`; None for the others
-    pub omega: Option<Param>,
+    omega: Option<Param>,
     training: AtomicBool,
 }
 
@@ -179,6 +183,55 @@ impl MoeLayer {
         })
     }
 
+    /// The router: call [`Router::route`] on it to see how tokens would be routed without
+    /// running the experts. Replace it with [`MoeLayer::set_router`].
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::moe::{MoeConfig, MoeLayer};
+    /// use moegrad::{Device, Tensor};
+    /// # fn main() -> moegrad::Result<()> {
+    /// let layer = MoeLayer::new(&MoeConfig::new(8, 16, 4, 2), Device::cpu())?;
+    /// let x = Tensor::zeros(&[3, 8], moegrad::DType::F32, Device::cpu())?;
+    /// let routing = layer.router().route(&x)?;
+    /// assert_eq!(routing.tokens, 3);
+    /// # Ok(()) }
+    /// ```
+    pub fn router(&self) -> &dyn Router {
+        self.router.as_ref()
+    }
+
+    /// The bank of experts (all of them run densely with [`Module::forward`](crate::nn::Module::forward):
+    /// `[T, d]` → `[n, T, d_out]`).
+    pub fn experts(&self) -> &dyn ExpertNet {
+        self.experts.as_ref()
+    }
+
+    /// Replaces the bank of experts, e.g. with one split from a trained dense FFN
+    /// ([`decompose_ffn`](crate::moe::decompose_ffn), `examples/dense_to_sparse.rs`).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] if the bank's number of experts or output width differs from the
+    /// layer's (`config.experts`, `config.d_out`), which the router and the combine step rely on.
+    pub fn set_experts(&mut self, experts: Box<dyn ExpertNet>) -> Result<()> {
+        let (n, d_out) = (experts.experts(), experts.d_out());
+        if n != self.config.experts || d_out != self.config.d_out {
+            return Err(Error::Invalid(format!(
+                "the MoE layer routes over {} experts of output width {}; the new bank has {n} of width {d_out}",
+                self.config.experts, self.config.d_out
+            )));
+        }
+        self.experts = experts;
+        Ok(())
+    }
+
+    /// The trainable per-channel output scale ω `[d_out]` of routers that ask for one
+    /// ([`Router::output_scale`], SparseMixer), the parameter `router.omega`; `None` for the
+    /// others.
+    pub fn omega(&self) -> Option<&Param> {
+        self.omega.as_ref()
+    }
+
     /// Replaces the router with one of your own (a type implementing [`Router`], written
     /// outside the crate: `examples/custom_router.rs`). The layer's output scale ω is rebuilt
     /// for the new router ([`Router::output_scale`]); the router should route over
@@ -197,7 +250,7 @@ impl MoeLayer {
     /// let mut layer = MoeLayer::new(&cfg, Device::cpu())?;
     /// let mine = build_router("switch", &RouterConfig::new(8, 4, 1), Device::cpu())?;
     /// layer.set_router(mine)?;
-    /// assert_eq!(layer.router.name(), "switch");
+    /// assert_eq!(layer.router().name(), "switch");
     /// # Ok(()) }
     /// ```
     pub fn set_router(&mut self, router: Box<dyn Router>) -> Result<()> {
