@@ -21,7 +21,7 @@
 
 use moegrad::autograd::custom_op;
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
-use moegrad::moe::router::LinearGate;
+use moegrad::moe::LinearGate;
 use moegrad::moe::{MoeConfig, MoeLayer, Router, RouterConfig, Routing};
 use moegrad::nn::Param;
 use moegrad::optim::{Adam, Optimizer};

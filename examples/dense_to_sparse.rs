@@ -14,8 +14,8 @@
 //! Run with `cargo run --release --example dense_to_sparse` (seconds on two CPU cores).
 
 use moegrad::data::Mnist;
-use moegrad::moe::dense_to_sparse::{DenseFfn, SplitScale, decompose_ffn};
 use moegrad::moe::{Capacity, MoeConfig, MoeLayer};
+use moegrad::moe::{DenseFfn, SplitScale, decompose_ffn};
 use moegrad::nn::{Activation, Init, Linear, Module, Param};
 use moegrad::optim::{Adam, Optimizer};
 use moegrad::{Device, Result, Tensor};

@@ -133,7 +133,7 @@ impl Device {
     /// batches, so without it a timer would measure the queueing, not the kernels.
     ///
     /// # Errors
-    /// On the GPU, an [`Error`](crate::Error) if the backend cannot be opened or the wait fails.
+    /// On the GPU, an [`Error`] if the backend cannot be opened or the wait fails.
     ///
     /// # Example
     /// ```

@@ -5,7 +5,7 @@
 
 mod common;
 
-use moegrad::moe::aux_loss::balance_loss;
+use moegrad::moe::balance_loss;
 use moegrad::moe::{Capacity, MoeConfig, MoeLayer, Routing};
 use moegrad::{DType, Device, Tensor};
 

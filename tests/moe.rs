@@ -9,8 +9,10 @@
 mod common;
 
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
-use moegrad::moe::router::{normal_noise, uniform_noise};
-use moegrad::moe::{Capacity, DispatchPlan, MoeConfig, MoeLayer, ROUTER_NAMES, Routing, aux_loss};
+use moegrad::moe::{
+    Capacity, DispatchPlan, MoeConfig, MoeLayer, ROUTER_NAMES, Routing, balance_loss,
+};
+use moegrad::moe::{normal_noise, uniform_noise};
 use moegrad::nn::Param;
 use moegrad::{DType, Device, Result, Tensor};
 use rand::{RngExt, SeedableRng};
@@ -722,7 +724,7 @@ fn balance_loss_values_and_gradient() {
     let uniform = manual_routing(&[0, 1, 2, 3], &[1.0; 4], &[0.0; 4], &[0, 1, 2, 3], n, 4);
     let routed = Tensor::from_f64(vec![1.0; 4], &[4], dev).unwrap();
     assert!(
-        (aux_loss::balance_loss(&uniform, &routed, 0.01)
+        (balance_loss(&uniform, &routed, 0.01)
             .unwrap()
             .item()
             .unwrap()
@@ -734,7 +736,7 @@ fn balance_loss_values_and_gradient() {
     collapsed.probs = Tensor::from_f64([1.0, 0.0, 0.0, 0.0].repeat(4), &[4, 4], dev).unwrap();
     let all0 = Tensor::from_f64(vec![4.0, 0.0, 0.0, 0.0], &[4], dev).unwrap();
     assert!(
-        (aux_loss::balance_loss(&collapsed, &all0, 0.01)
+        (balance_loss(&collapsed, &all0, 0.01)
             .unwrap()
             .item()
             .unwrap()
@@ -749,7 +751,7 @@ fn balance_loss_values_and_gradient() {
         let mut r = uniform.clone();
         r.probs = t[0].softmax(-1)?;
         r.tokens = 5;
-        aux_loss::balance_loss(&r, &f_counts, 0.01)
+        balance_loss(&r, &f_counts, 0.01)
     };
     gradcheck(f, &[logits], &GradcheckOptions::default()).unwrap();
 }

@@ -8,7 +8,7 @@
 mod common;
 
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
-use moegrad::moe::{MoeConfig, MoeLayer, aux_loss};
+use moegrad::moe::{MoeConfig, MoeLayer, z_loss};
 use moegrad::nn::Param;
 use moegrad::{DType, Device, Error, Result, Tensor};
 use proptest::collection::vec;
@@ -238,7 +238,7 @@ fn z_loss_matches_its_formula_in_value_and_gradient() {
         1e-12,
         1e-12,
     );
-    let z = aux_loss::z_loss(&routing, beta).unwrap();
+    let z = z_loss(&routing, beta).unwrap();
     common::assert_close("z-loss", &[z.item().unwrap()], &[want], 1e-12, 1e-12);
     // Its gradient in the bias is Σ_t ∂z/∂θ_t, in the gate weight xᵀ·∂z/∂θ.
     z.backward().unwrap();
@@ -270,7 +270,7 @@ fn z_loss_matches_its_formula_in_value_and_gradient() {
     let f = |t: &[Tensor]| -> Result<Tensor> {
         let l = z_layer(beta);
         set_gate(&l, &t[1], &t[2])?;
-        aux_loss::z_loss(&l.router().route(&t[0])?, beta)
+        z_loss(&l.router().route(&t[0])?, beta)
     };
     gradcheck(f, &[x, w, b], &GradcheckOptions::default()).unwrap();
 }

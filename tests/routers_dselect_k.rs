@@ -8,7 +8,7 @@
 mod common;
 
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
-use moegrad::moe::router::RouterConfig;
+use moegrad::moe::RouterConfig;
 use moegrad::moe::routers::{
     DSelectKKind, DSelectKRouter, selector_bits, selector_probs, smooth_step,
 };

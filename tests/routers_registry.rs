@@ -3,7 +3,7 @@
 //! and docs/routers.md's table names every router.
 
 use moegrad::Device;
-use moegrad::moe::registry::{OptionKind, ROUTERS};
+use moegrad::moe::{OptionKind, ROUTERS};
 use moegrad::moe::{ROUTER_NAMES, RouterConfig, build_router};
 
 /// Runs the `moegrad` binary; returns (exit code, stdout, stderr).

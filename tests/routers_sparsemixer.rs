@@ -9,11 +9,11 @@
 mod common;
 
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
-use moegrad::moe::router::RouterConfig;
-use moegrad::moe::routers::probe::{GradientProbe, estimate_router_gradient};
+use moegrad::moe::RouterConfig;
 use moegrad::moe::routers::{
     EstimatorRouter, MaskRule, gumbel_argmax, gumbel_softmax, masked_softmax, sparsemixer_mask,
 };
+use moegrad::moe::routers::{GradientProbe, estimate_router_gradient};
 use moegrad::moe::{MoeConfig, MoeLayer, build_router};
 use moegrad::nn::Param;
 use moegrad::{DType, Device, Result, Tensor};

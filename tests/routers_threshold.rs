@@ -12,10 +12,10 @@
 mod common;
 
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
-use moegrad::moe::dense_to_sparse::{DenseFfn, SplitScale, decompose_ffn};
 use moegrad::moe::{
     Capacity, DispatchPlan, MoeConfig, MoeLayer, Router, RouterConfig, Routing, build_router,
 };
+use moegrad::moe::{DenseFfn, SplitScale, decompose_ffn};
 use moegrad::nn::{Activation, Module, Param};
 use moegrad::train::TrainConfig;
 use moegrad::{DType, Device, Result, Tensor};

@@ -59,7 +59,7 @@ pub struct DenseFfn<'a> {
 ///
 /// # Example
 /// ```
-/// use moegrad::moe::dense_to_sparse::{DenseFfn, SplitScale, decompose_ffn};
+/// use moegrad::moe::{DenseFfn, SplitScale, decompose_ffn};
 /// use moegrad::nn::Activation;
 /// use moegrad::{DType, Device, Tensor};
 /// let dev = Device::cpu();

@@ -17,7 +17,7 @@
 //! about fifty dispatches).
 
 use super::Routing;
-use super::routing::arange_f;
+use super::arange_f;
 use crate::{DType, Result, Tensor};
 
 /// How many rows an expert may take.

@@ -14,9 +14,9 @@
 use super::cnn_experts::CnnExpertBank;
 use super::dispatch::{Capacity, DispatchPlan};
 use super::experts::{ExpertBank, ExpertBankConfig, ExpertNet};
-use super::router::{Router, RouterConfig, build_router};
 use super::score_function::ScoreTerm;
 use super::stats::RoutingStats;
+use super::{Router, RouterConfig, build_router};
 use super::{Routing, aux_loss};
 use crate::nn::{Activation, Param, join};
 use crate::{Device, Error, Result, Tensor};

@@ -61,8 +61,8 @@
 //! (the paper uses 2 and 4).
 
 use crate::moe::Routing;
-use crate::moe::registry::{OptionKind, RouterOption, RouterSpec};
-use crate::moe::router::{Router, RouterConfig};
+use crate::moe::{OptionKind, RouterOption, RouterSpec};
+use crate::moe::{Router, RouterConfig};
 use crate::nn::{Param, join, uniform};
 use crate::{DType, Device, Error, Result, Tensor};
 use rand::SeedableRng;

@@ -36,9 +36,9 @@
 use super::sparsemixer::{gumbel_noise, one_hot};
 use crate::autograd::custom_op;
 use crate::moe::Routing;
-use crate::moe::registry::{OptionKind, RouterOption, RouterSpec};
-use crate::moe::router::{LinearGate, Router, RouterConfig};
-use crate::moe::score_function::{RunningBaseline, ScoreTerm};
+use crate::moe::{OptionKind, RouterOption, RouterSpec};
+use crate::moe::{LinearGate, Router, RouterConfig};
+use crate::moe::{RunningBaseline, ScoreTerm};
 use crate::nn::Param;
 use crate::{Device, Error, Result, Tensor};
 use std::sync::Arc;

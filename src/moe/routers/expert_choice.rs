@@ -5,8 +5,8 @@
 //! 0..n experts; the choice depends on the batch, also at inference.
 
 use crate::moe::Routing;
-use crate::moe::registry::RouterSpec;
-use crate::moe::router::{LinearGate, Router, RouterConfig};
+use crate::moe::RouterSpec;
+use crate::moe::{LinearGate, Router, RouterConfig};
 use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
 
@@ -54,7 +54,7 @@ impl Router for ExpertChoiceRouter {
         let s = logits.softmax(-1)?;
         let (vals, tok) = s.transpose(0, 1)?.topk(per_expert)?; // [n, k'] each
         let a = n * per_expert;
-        let (expert_of_row, _) = crate::moe::routing::slot_tables(n, per_expert, x.device())?;
+        let (expert_of_row, _) = crate::moe::slot_tables(n, per_expert, x.device())?;
         let dev = x.device();
         Ok(Routing {
             token: tok.reshape(&[a])?,

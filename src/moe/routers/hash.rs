@@ -5,8 +5,8 @@
 //! input always lands on the same expert.
 
 use crate::moe::Routing;
-use crate::moe::registry::RouterSpec;
-use crate::moe::router::{Router, RouterConfig};
+use crate::moe::RouterSpec;
+use crate::moe::{Router, RouterConfig};
 use crate::nn::{Param, uniform};
 use crate::{Device, Result, Tensor};
 use rand::SeedableRng;

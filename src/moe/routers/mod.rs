@@ -1,10 +1,12 @@
 //! One file per router, each implementing [`super::Router`] and declaring its registry entry
 //! (a `RouterSpec`: name, summary, options, constructor) near the top. The `router_files!` list
 //! below is the registry: one line per file declares the module and lists its entries, which
-//! [`super::registry`] serves to the rest of the crate. The math of each is in its doc comment, with the paper it comes from;
+//! `router_registry.rs` serves to the rest of the crate ([`crate::moe::ROUTERS`]). The math of each is in its doc comment, with the paper it comes from;
 //! `docs/routers.md` collects them.
 
-pub mod probe;
+// `pub(crate)` while src/estimator_lab reaches `moe::routers::GradientProbe` (issue 25)
+pub(crate) mod probe;
+pub use probe::{GradientEstimate, GradientProbe, estimate_router_gradient};
 
 /// Declares each router file as a module of `routers` and lists its registry entries, in order,
 /// as [`ROUTER_SPECS`]: `file => [SPEC, ...]` is the one line a router file needs.
@@ -12,8 +14,8 @@ macro_rules! router_files {
     ($($file:ident => [$($spec:ident),+ $(,)?]),+ $(,)?) => {
         $(pub(crate) mod $file;)+
         /// Every router's registry entry, in the order of the lines below
-        /// (`crate::moe::registry::ROUTERS`).
-        pub(crate) const ROUTER_SPECS: &[crate::moe::registry::RouterSpec] =
+        /// (`crate::moe::ROUTERS`).
+        pub(crate) const ROUTER_SPECS: &[crate::moe::RouterSpec] =
             &[$($($file::$spec,)+)+];
     };
 }

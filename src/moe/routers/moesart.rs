@@ -73,9 +73,9 @@
 //! router would silently get no gradient).
 
 use crate::moe::Routing;
-use crate::moe::registry::{OptionKind, RouterOption, RouterSpec};
-use crate::moe::router::{LinearGate, Router, RouterConfig};
-use crate::moe::routing::arange_f;
+use crate::moe::{OptionKind, RouterOption, RouterSpec};
+use crate::moe::{LinearGate, Router, RouterConfig};
+use crate::moe::arange_f;
 use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
 

@@ -21,7 +21,7 @@
 //! `∂L/∂o_t = (ℓ_t − b)(e_{D_t} − π_t)`, running baseline b included.
 
 use crate::moe::Routing;
-use crate::moe::router::{Router, RouterConfig, build_router};
+use crate::moe::{Router, RouterConfig, build_router};
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// A router set up to turn logits into router-gradient estimates (see the module docs).

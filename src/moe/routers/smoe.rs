@@ -3,8 +3,8 @@
 //! elementwise, training only. Backward as V-MoE (nonzero for unselected experts).
 
 use crate::moe::Routing;
-use crate::moe::registry::RouterSpec;
-use crate::moe::router::{LinearGate, Router, RouterConfig, uniform_noise};
+use crate::moe::RouterSpec;
+use crate::moe::{LinearGate, Router, RouterConfig, uniform_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 

@@ -3,8 +3,8 @@
 //! `a_i = ⟨∂L/∂y, f_i(x)⟩` — autograd of the softmax gives exactly this.
 
 use crate::moe::Routing;
-use crate::moe::registry::RouterSpec;
-use crate::moe::router::{LinearGate, Router, RouterConfig};
+use crate::moe::RouterSpec;
+use crate::moe::{LinearGate, Router, RouterConfig};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 

@@ -61,9 +61,9 @@
 
 use crate::autograd::custom_op;
 use crate::moe::Routing;
-use crate::moe::registry::{OptionKind, RouterOption, RouterSpec};
-use crate::moe::router::{LinearGate, Router, RouterConfig, uniform_noise};
-use crate::moe::routing::arange_f;
+use crate::moe::{OptionKind, RouterOption, RouterSpec};
+use crate::moe::{LinearGate, Router, RouterConfig, uniform_noise};
+use crate::moe::arange_f;
 use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
 

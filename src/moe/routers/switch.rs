@@ -5,8 +5,8 @@
 //! Expert i is never chosen when `θ* − θ_i > r(|θ*| + |θ_i|)`.
 
 use crate::moe::Routing;
-use crate::moe::registry::RouterSpec;
-use crate::moe::router::{LinearGate, Router, RouterConfig, uniform_noise};
+use crate::moe::RouterSpec;
+use crate::moe::{LinearGate, Router, RouterConfig, uniform_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 

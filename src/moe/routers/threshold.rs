@@ -65,8 +65,8 @@
 //! * A capacity factor γ counts tokens here: γ = n with `t = 1` is what no drops takes.
 
 use crate::moe::Routing;
-use crate::moe::registry::{OptionKind, RouterOption, RouterSpec};
-use crate::moe::router::{LinearGate, Router, RouterConfig};
+use crate::moe::{OptionKind, RouterOption, RouterSpec};
+use crate::moe::{LinearGate, Router, RouterConfig};
 use crate::nn::{Param, join};
 use crate::{Device, Error, Result, Tensor};
 

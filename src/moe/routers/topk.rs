@@ -13,8 +13,8 @@
 //! Ties are broken by the lowest index (stable sort).
 
 use crate::moe::Routing;
-use crate::moe::registry::RouterSpec;
-use crate::moe::router::{LinearGate, Router, RouterConfig, normal_noise};
+use crate::moe::RouterSpec;
+use crate::moe::{LinearGate, Router, RouterConfig, normal_noise};
 use crate::nn::{Param, join};
 use crate::{Device, Result, Tensor};
 

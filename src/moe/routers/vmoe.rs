@@ -4,8 +4,8 @@
 //! a router gradient even at k = 1.
 
 use crate::moe::Routing;
-use crate::moe::registry::RouterSpec;
-use crate::moe::router::{LinearGate, Router, RouterConfig, normal_noise};
+use crate::moe::RouterSpec;
+use crate::moe::{LinearGate, Router, RouterConfig, normal_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 

@@ -6,8 +6,8 @@
 //! cosine scores.
 
 use crate::moe::Routing;
-use crate::moe::registry::RouterSpec;
-use crate::moe::router::{Router, RouterConfig};
+use crate::moe::RouterSpec;
+use crate::moe::{Router, RouterConfig};
 use crate::nn::{Param, join, uniform};
 use crate::{DType, Device, Result, Tensor};
 use rand::SeedableRng;

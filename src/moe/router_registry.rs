@@ -1,10 +1,11 @@
-//! The router registry: one [`RouterSpec`] per command-line router name, in [`ROUTERS`].
+//! The router registry: one [`RouterSpec`] per command-line router name, in [`ROUTERS`], and
+//! [`build_router`], which builds a router from it by name.
 //!
 //! Each router file declares the spec of the names it serves (its name, a one-line summary, its
 //! `--router-opt` options with type, default and help, and its constructor) next to its code;
 //! the `router_files!` list in `src/moe/routers/mod.rs` names each file once, with its specs, and
 //! [`ROUTERS`] is that list. Everything that needs to know the routers
-//! reads this list: [`crate::moe::build_router`], [`ROUTER_NAMES`] (the CLI's `--router`
+//! reads this list: [`build_router`], [`ROUTER_NAMES`] (the CLI's `--router`
 //! validation and `--help`), the error that names the valid routers, the check of
 //! `--router-opt` keys, the estimator lab's default list
 //! ([`crate::estimator_lab::ESTIMATOR_NAMES`]) and `moegrad routers [--json]`.
@@ -13,7 +14,7 @@
 //! [`crate::moe::Router`] and a `pub const SPEC: RouterSpec`) plus one line in `router_files!`
 //! (`my_router => [SPEC],`); see `docs/adding-a-router.md`.
 
-use super::router::{Router, RouterConfig};
+use super::{Router, RouterConfig};
 use crate::{Device, Error, Result};
 
 /// The type of a router option's value, as `RouterConfig::opt_*` parses it.
@@ -58,7 +59,7 @@ pub struct RouterOption {
 ///
 /// # Example
 /// ```
-/// use moegrad::moe::registry::{find_router, ROUTERS};
+/// use moegrad::moe::{find_router, ROUTERS};
 /// use moegrad::moe::RouterConfig;
 /// use moegrad::Device;
 ///
@@ -164,4 +165,21 @@ pub fn find_router(name: &str) -> Result<&'static RouterSpec> {
             ROUTER_NAMES.join(", ")
         ))
     })
+}
+
+/// Builds a router by its command-line name, from its entry in [`ROUTERS`].
+///
+/// Errors name what is wrong: an unknown name (listing the valid ones), `k` outside
+/// `1..=experts`, an option the router does not accept (listing those it does), or whatever
+/// the router's own constructor rejects.
+pub fn build_router(name: &str, cfg: &RouterConfig, device: Device) -> Result<Box<dyn Router>> {
+    if cfg.k == 0 || cfg.k > cfg.experts {
+        return Err(Error::Invalid(format!(
+            "--k {} must be between 1 and the number of experts {}",
+            cfg.k, cfg.experts
+        )));
+    }
+    let spec = find_router(name)?;
+    cfg.check_options(name, &spec.option_keys())?;
+    (spec.build)(cfg, device)
 }

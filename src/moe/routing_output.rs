@@ -93,7 +93,7 @@ type SlotCache = Mutex<HashMap<(usize, usize, Device), (Tensor, Tensor)>>;
 
 /// `(token, slot)` of every assignment for `T` tokens with `K` slots, I32, made once per shape
 /// and device (no upload inside a steady-state step).
-pub fn slot_tables(t: usize, k: usize, device: Device) -> Result<(Tensor, Tensor)> {
+pub(crate) fn slot_tables(t: usize, k: usize, device: Device) -> Result<(Tensor, Tensor)> {
     static CACHE: OnceLock<SlotCache> = OnceLock::new();
     let cache = CACHE.get_or_init(|| Mutex::new(HashMap::new()));
     if let Some(hit) = cache
@@ -125,7 +125,7 @@ type FloatSlotCache = Mutex<HashMap<(usize, usize, DType, Device), (Tensor, Tens
 /// `(ones, slot)` of every assignment for `T` tokens with `K` slots in the float `dtype`: the
 /// `valid` and `rank` of a routing whose slots are all filled, made once per shape, dtype and
 /// device (so a steady-state step neither uploads nor fills them).
-pub fn slot_tables_float(
+pub(crate) fn slot_tables_float(
     t: usize,
     k: usize,
     dtype: DType,
@@ -149,7 +149,7 @@ pub fn slot_tables_float(
 }
 
 /// `0, 1, ..., n−1` as a float tensor, computed on the device (a prefix sum of ones).
-pub fn arange_f(n: usize, dtype: DType, device: Device) -> Result<Tensor> {
+pub(crate) fn arange_f(n: usize, dtype: DType, device: Device) -> Result<Tensor> {
     Tensor::ones(&[n], dtype, device)?
         .cumsum(0)?
         .add_scalar(-1.0)

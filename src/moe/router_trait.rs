@@ -1,7 +1,10 @@
-//! The [`Router`] trait every router implements, the settings they share, and the factory that
-//! builds one by its command-line name from the registry ([`super::registry`]). Adding a router
-//! means adding one file with a struct that implements `Router` and its `RouterSpec`, and one
-//! line in the registry list of `routers/mod.rs` (docs/adding-a-router.md).
+//! The [`Router`] trait every router implements and what routers are built from: the settings
+//! they share ([`RouterConfig`], with the `--router-opt` parsing), the linear gate most of them
+//! start with ([`LinearGate`]) and the noise they draw on the device. The routers themselves
+//! are in `routers/`, one a file; the registry that builds one by its command-line name is
+//! `router_registry.rs`; what a router returns is `routing_output.rs`. Adding a router means
+//! adding one file with a struct that implements `Router` and its `RouterSpec`, and one line in
+//! the registry list of `routers/mod.rs` (docs/adding-a-router.md).
 
 use super::Routing;
 use crate::nn::Param;
@@ -306,23 +309,4 @@ fn cos_2pi(u: &Tensor) -> Result<Tensor> {
     }
     // −cos(t) = −(1 − 2 sin²(s)) = 2 sin² − 1
     sin.mul(&sin)?.mul_scalar(2.0)?.add_scalar(-1.0)
-}
-
-pub use super::registry::ROUTER_NAMES;
-
-/// Builds a router by its command-line name, from its entry in [`super::registry::ROUTERS`].
-///
-/// Errors name what is wrong: an unknown name (listing the valid ones), `k` outside
-/// `1..=experts`, an option the router does not accept (listing those it does), or whatever
-/// the router's own constructor rejects.
-pub fn build_router(name: &str, cfg: &RouterConfig, device: Device) -> Result<Box<dyn Router>> {
-    if cfg.k == 0 || cfg.k > cfg.experts {
-        return Err(Error::Invalid(format!(
-            "--k {} must be between 1 and the number of experts {}",
-            cfg.k, cfg.experts
-        )));
-    }
-    let spec = super::registry::find_router(name)?;
-    cfg.check_options(name, &spec.option_keys())?;
-    (spec.build)(cfg, device)
 }
