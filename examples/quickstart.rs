@@ -3,10 +3,9 @@
 //! Run with `cargo run --release --example quickstart` (on the GPU when there is one; set
 //! `MOEGRAD_DEVICE=cpu` to force the CPU).
 
-use moegrad::gradcheck::{GradcheckOptions, gradcheck};
-use moegrad::{DType, Device, Tensor};
+use moegrad::prelude::*;
 
-fn main() -> moegrad::Result<()> {
+fn main() -> Result<()> {
     let dev = Device::best()?;
     // loss = Σ relu(x·w): one matmul, one activation, one reduction.
     let w = Tensor::from_f32(vec![0.5, -1.0, 2.0, 0.0], &[2, 2], dev)?.with_grad()?;

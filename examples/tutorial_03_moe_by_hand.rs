@@ -5,9 +5,7 @@
 //!
 //! Run with `cargo run --release --example tutorial_03_moe_by_hand`.
 
-use moegrad::moe::{MoeConfig, MoeLayer};
-use moegrad::nn::Param;
-use moegrad::{DType, Device, Error, Result, Tensor};
+use moegrad::prelude::*;
 use std::collections::BTreeMap;
 
 /// Sizes: T tokens of width D, N experts D → H → D, each token routed to K of them.

@@ -4,6 +4,9 @@
 //! wgpu (Vulkan, Metal, DX12), with a multi-threaded CPU backend beside it, built for training
 //! Mixture-of-Experts models.
 //!
+//! A program usually starts with `use moegrad::prelude::*;` ([`prelude`]: the tensor, the
+//! device, the MoE layer, the router trait, the optimizers, ...).
+//!
 //! The layers, bottom to top (see `docs/architecture.md`):
 //! - [`backend`]: the [`backend::Backend`] trait of primitive kernels; CPU and GPU implementations.
 //! - [`Tensor`]: shared storage + shape + device, and the autograd node that produced it.
@@ -49,13 +52,14 @@ pub mod moe;
 pub mod nn;
 mod ops;
 pub mod optim;
+pub mod prelude;
 pub mod profile;
 pub mod shape;
 pub mod tensor;
 pub mod train;
 pub mod wgsl;
 
-pub use autograd::{NoGradGuard, is_grad_enabled, no_grad};
+pub use autograd::no_grad::{NoGradGuard, is_grad_enabled, no_grad};
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};

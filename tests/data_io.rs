@@ -5,8 +5,8 @@
 //! determinism, and the loader's seeded shuffling.
 
 use moegrad::Device;
-use moegrad::data::idx::{read_images, read_labels, read_maybe_gzip};
 use moegrad::data::{Dataset, Mnist, multimnist};
+use moegrad::data::{read_images, read_labels, read_maybe_gzip};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};

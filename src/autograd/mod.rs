@@ -18,12 +18,14 @@ mod backward;
 mod custom;
 mod deferred;
 mod leaf;
-mod no_grad;
+// `pub(crate)`: the crate root re-exports its items (`moegrad::no_grad`), their one path
+pub(crate) mod no_grad;
 
 pub use backward::backward;
 pub use custom::{CustomGrad, custom_op};
 pub(crate) use deferred::{GroupedWeightGrad, LazyGrad, LeafGrad};
-pub use no_grad::{NoGradGuard, is_grad_enabled, no_grad};
+// src/ops reaches `autograd::NoGradGuard` (issue 25)
+pub(crate) use no_grad::{NoGradGuard, is_grad_enabled};
 
 use crate::tensor::{Inner, TapeNode};
 use crate::{Result, Tensor};

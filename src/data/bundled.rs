@@ -4,7 +4,7 @@
 //! binary installed with `cargo install` or copied anywhere.
 //!
 //! They are reached through a virtual directory, [`BUNDLED_DIR`] (`<bundled>`): it is the default
-//! `--data-dir`, and the readers ([`crate::data::idx`], [`crate::data::text`]) open
+//! `--data-dir`, and the readers (`idx.rs`, [`crate::data::text`]) open
 //! `<bundled>/NAME` from the embedded bytes instead of the file system. A real directory given
 //! with `--data-dir` (the full MNIST files, say) is read from disk as before; error messages name
 //! `<bundled>/NAME` so it is clear which copy was read.
@@ -44,13 +44,13 @@ pub fn dir() -> &'static Path {
 }
 
 /// Whether `dir` is the bundled directory.
-pub fn is_bundled_dir(dir: &Path) -> bool {
+pub(crate) fn is_bundled_dir(dir: &Path) -> bool {
     dir == Path::new(BUNDLED_DIR)
 }
 
 /// The embedded bytes of `path` when it names a file of the bundled directory
 /// (`<bundled>/NAME` with NAME one of the bundled files), else `None`.
-pub fn file(path: &Path) -> Option<&'static [u8]> {
+pub(crate) fn file(path: &Path) -> Option<&'static [u8]> {
     if !is_bundled_dir(path.parent()?) {
         return None;
     }
@@ -59,6 +59,6 @@ pub fn file(path: &Path) -> Option<&'static [u8]> {
 }
 
 /// Whether `path` is a file: one of the bundled files, or a file on disk.
-pub fn is_file(path: &Path) -> bool {
+pub(crate) fn is_file(path: &Path) -> bool {
     file(path).is_some() || path.is_file()
 }

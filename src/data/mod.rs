@@ -1,16 +1,22 @@
 //! Data: the MNIST IDX reader, the MultiMNIST composer, the synthetic generators with a known
 //! mixture of experts, batching, and character-level text for the language models; the bundled
 //! datasets are built into the binary ([`bundled`]).
+//!
+//! Every item has one path. Most are `moegrad::data::Item`; three groups keep a module as their
+//! namespace because their names read as that module's: [`text`] (`text::encode`,
+//! `text::CharCorpus`), [`multimnist`] (`multimnist::compose`, `multimnist::CANVAS`) and
+//! [`bundled`] (`bundled::BUNDLED_DIR`).
 
 pub mod bundled;
-pub mod idx;
-pub mod loader;
-pub mod mnist;
+mod idx;
+mod loader;
+mod mnist;
 pub mod multimnist;
-pub mod synthetic;
+// `pub(crate)` while src/train reaches `data::synthetic::SYNTHETIC_B_*` (issue 25)
+pub(crate) mod synthetic;
 pub mod text;
 
+pub use idx::{IdxImages, read_images, read_labels, read_maybe_gzip};
 pub use loader::{Batch, Dataset};
 pub use mnist::{ImageSet, Mnist};
-pub use multimnist::MultiImageSet;
-pub use synthetic::SyntheticB;
+pub use synthetic::{SYNTHETIC_B_EXPERT_OUT, SYNTHETIC_B_INPUT, SYNTHETIC_B_TRUE, SyntheticB};

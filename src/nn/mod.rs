@@ -1,9 +1,12 @@
 //! Neural-network building blocks: [`Module`], [`Param`], the standard layers, dropout,
 //! initialisation and an MLP builder. Layers hold parameters; the math is in the tensor ops.
+//!
+//! Every item has one path, `moegrad::nn::Item`; the files are private.
 
 mod attention;
 mod dropout;
-pub mod init;
+// `pub(crate)` while src/lm reaches `nn::init::normal` (issue 25)
+pub(crate) mod init;
 mod layers;
 mod mlp;
 mod module;
