@@ -1,6 +1,6 @@
 //! Reverse-mode autodiff: the graph each op records, the backward walk over it, and `no_grad`.
 //!
-//! Every op that has a tracked input creates a [`Node`] holding its inputs and a closure, its
+//! Every op that has a tracked input creates a `Node` holding its inputs and a closure, its
 //! backward rule, that maps the gradient of the output to gradients of the inputs (written with
 //! ordinary tensor ops, so it runs on whichever device the data are on). `backward` sorts the
 //! nodes reachable from the loss into a tape (topological order), walks it in reverse, sums the
@@ -33,10 +33,10 @@ use std::any::Any;
 use std::sync::{Arc, Mutex};
 
 /// Maps the gradient of an op's output to one optional gradient per input.
-pub type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send>;
+pub(crate) type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send>;
 
 /// One recorded op: its name, its inputs and its backward rule (taken when it runs).
-pub struct Node {
+pub(crate) struct Node {
     /// op name, for error messages and debugging
     pub op: &'static str,
     /// the op the profile attributes this node's backward rule to: the outermost op open when
