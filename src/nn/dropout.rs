@@ -45,8 +45,8 @@ impl Tensor {
 
 /// The dropout layer. Each forward call in training mode draws a fresh mask (seed + call count).
 pub struct Dropout {
-    /// probability of zeroing an element
-    pub p: f64,
+    /// probability of zeroing an element, in [0, 1) (checked by `new`; read with `p()`)
+    p: f64,
     seed: u64,
     calls: AtomicU64,
     training: AtomicBool,
@@ -66,6 +66,11 @@ impl Dropout {
             calls: AtomicU64::new(0),
             training: AtomicBool::new(true),
         })
+    }
+
+    /// The probability of zeroing an element, in [0, 1).
+    pub fn p(&self) -> f64 {
+        self.p
     }
 }
 
