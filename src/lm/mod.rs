@@ -5,7 +5,6 @@
 
 pub mod generate;
 pub mod gpt;
-pub mod plot;
 pub mod train;
 mod trainer;
 

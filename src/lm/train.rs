@@ -26,7 +26,7 @@ use crate::data::text::CharCorpus;
 use crate::moe::{MoeConfig, RoutingStats};
 use crate::optim::{Adam, Optimizer, clip_grad_norm};
 use crate::train::models::{ModelOutput, TaskModel};
-use crate::train::{DataKind, ModelKind, RunOptions, TrainConfig};
+use crate::train::{DataKind, ModelKind, RunOptions, TrainConfig, TrainObserver};
 use crate::{DType, Device, Error, Result, Tensor};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -302,12 +302,25 @@ pub(super) fn load_and_drop(sums: &[(Tensor, Tensor)]) -> Result<(Vec<Vec<f64>>,
 /// Bad settings or data (named), a diverged run (naming the step and the last good checkpoint),
 /// and the refusals of `--out` and `--resume`.
 pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
-    // on a rayon worker, so that each CPU kernel's parallel part starts without a hand-over
-    crate::backend::cpu::on_worker_thread(|| run_on_this_thread(cfg, opts))
+    run_observed(cfg, opts, &mut crate::train::observer::Silent)
 }
 
-/// [`run`]'s body, on the calling thread.
-fn run_on_this_thread(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
+/// [`run`], reporting its iterations, finished evaluation intervals and notes to `obs`.
+pub fn run_observed(
+    cfg: &TrainConfig,
+    opts: RunOptions,
+    obs: &mut (dyn TrainObserver + Send),
+) -> Result<LmSummary> {
+    // on a rayon worker, so that each CPU kernel's parallel part starts without a hand-over
+    crate::backend::cpu::on_worker_thread(|| run_on_this_thread(cfg, opts, obs))
+}
+
+/// [`run_observed`]'s body, on the calling thread.
+fn run_on_this_thread(
+    cfg: &TrainConfig,
+    opts: RunOptions,
+    obs: &mut dyn TrainObserver,
+) -> Result<LmSummary> {
     let cfg = &cfg.clone().with_lm_intervals();
     cfg.validate()?;
     if !cfg.model.is_lm() {
@@ -319,7 +332,7 @@ fn run_on_this_thread(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> 
     let allowed = opts.check()?;
     let started = Instant::now();
     let recording = opts.profile.then(crate::profile::start);
-    let mut trainer = LmTrainer::set_up(cfg, &opts)?;
+    let mut trainer = LmTrainer::set_up(cfg, &opts, obs)?;
     let start_interval = trainer.resume(&opts, &allowed)?;
     let intervals = trainer.intervals();
     let mut last = IntervalResult::none();
@@ -328,7 +341,7 @@ fn run_on_this_thread(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> 
         let (result, checkpoint) = trainer.evaluate(it, totals)?;
         trainer.log(&result)?;
         trainer.checkpoint(checkpoint)?;
-        trainer.report(&result);
+        trainer.report(it, &result)?;
         last = result;
         if crate::train::interrupt::stop_after_checkpoint() && it + 1 < intervals {
             return Err(Error::Interrupted(format!(

@@ -13,6 +13,7 @@ use crate::checkpoint::Checkpoint;
 use crate::data::text::CharCorpus;
 use crate::nn::Param;
 use crate::optim::{Adam, Optimizer, Schedule, ScheduleKind};
+use crate::train::observer::{Period, PeriodEnd, TrainObserver};
 use crate::train::out_dir::OutDir;
 use crate::train::{RunOptions, TrainConfig, resume};
 use crate::{DType, Device, Error, Result, Tensor};
@@ -24,8 +25,8 @@ use std::time::Instant;
 /// optimizer, the output directory (claimed and locked) and the counters the intervals advance.
 pub(super) struct LmTrainer<'a> {
     cfg: &'a TrainConfig,
-    /// draw a progress bar and per-interval lines on stderr
-    progress: bool,
+    /// what the run reports to: progress, finished intervals, notes
+    obs: &'a mut dyn TrainObserver,
     device: Device,
     corpus: CharCorpus,
     model: Gpt,
@@ -56,7 +57,6 @@ pub(super) struct LmTrainer<'a> {
     /// time spent in training iterations (not evaluation or checkpoints), and their number
     train_seconds: f64,
     trained_iters: u64,
-    bar: indicatif::ProgressBar,
 }
 
 /// What one interval's iterations leave on the device, summed; nothing is read back yet.
@@ -100,7 +100,11 @@ impl<'a> LmTrainer<'a> {
     /// Loads the corpus, builds the model (checking its settings and memory), the optimizer
     /// and the schedule, and claims `--out` (printing its notes and the warm-up warning with
     /// `--progress`). `cfg` is already validated as a language-model run.
-    pub(super) fn set_up(cfg: &'a TrainConfig, opts: &RunOptions) -> Result<LmTrainer<'a>> {
+    pub(super) fn set_up(
+        cfg: &'a TrainConfig,
+        opts: &RunOptions,
+        obs: &'a mut dyn TrainObserver,
+    ) -> Result<LmTrainer<'a>> {
         let device = Device::from_name(&cfg.device)?;
         if cfg.optimizer == crate::train::OptimizerKind::Sgd {
             return Err(Error::Invalid(
@@ -128,17 +132,14 @@ impl<'a> LmTrainer<'a> {
         )?;
 
         let out = OutDir::claim(&cfg.out, opts.resume, opts.overwrite)?;
-        let announce = out.link_latest(opts.latest_link.as_deref())?;
-        if let Some(line) = announce.filter(|_| opts.progress) {
-            eprintln!("moegrad: {line}");
+        if let Some(line) = out.link_latest(opts.latest_link.as_deref())? {
+            obs.note(&format!("moegrad: {line}"));
         }
-        if opts.progress {
-            for note in &out.notes {
-                eprintln!("moegrad: note: {note}");
-            }
-            if let Some(w) = cfg.warmup_warning(cfg.iters as u64) {
-                eprintln!("moegrad: warning: {w}");
-            }
+        for note in &out.notes {
+            obs.note(&format!("moegrad: note: {note}"));
+        }
+        if let Some(w) = cfg.warmup_warning(cfg.iters as u64) {
+            obs.note(&format!("moegrad: warning: {w}"));
         }
         let ckpt_path = out.path().join("checkpoint.safetensors");
         let metrics_path = out.path().join("metrics.jsonl");
@@ -147,7 +148,7 @@ impl<'a> LmTrainer<'a> {
         let val_starts = corpus.val_windows(cfg.eval_windows, cfg.block, cfg.seed);
         Ok(LmTrainer {
             cfg,
-            progress: opts.progress,
+            obs,
             device,
             corpus,
             model,
@@ -168,7 +169,6 @@ impl<'a> LmTrainer<'a> {
             last_finite_read: 0,
             train_seconds: 0.0,
             trained_iters: 0,
-            bar: indicatif::ProgressBar::hidden(),
         })
     }
 
@@ -200,7 +200,7 @@ impl<'a> LmTrainer<'a> {
             self.out.set_aside_previous_run()?;
         }
         let left = (self.intervals() - start_interval) as u64 * self.interval;
-        self.bar = self.progress_bar(left);
+        self.obs.run_start(Period::Interval, left);
         self.step = self.opt.steps();
         self.last_finite_read = self.step;
         Ok(start_interval)
@@ -249,22 +249,6 @@ impl<'a> LmTrainer<'a> {
         }
     }
 
-    /// A progress bar over `total` iterations (hidden without `--progress`).
-    fn progress_bar(&self, total: u64) -> indicatif::ProgressBar {
-        if !self.progress {
-            return indicatif::ProgressBar::hidden();
-        }
-        let b = indicatif::ProgressBar::new(total);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "iter {pos}/{len} [{bar:30}] {msg} ({elapsed}, eta {eta})",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        b
-    }
-
     /// Trains one evaluation interval: `--eval-every` steps on random windows, the loss read
     /// back every `--log-every` iterations for the bar and the NaN check, everything else
     /// summed on the device.
@@ -277,7 +261,7 @@ impl<'a> LmTrainer<'a> {
         let started = Instant::now();
         for _ in 0..self.interval {
             if crate::train::interrupt::stop_now() {
-                self.bar.abandon();
+                self.obs.stopped();
                 return Err(Error::Interrupted(format!(
                     "stopped at iteration {} on a second request; {}; the same command with --resume continues from it",
                     self.step,
@@ -304,7 +288,7 @@ impl<'a> LmTrainer<'a> {
             if self.step.is_multiple_of(cfg.log_every as u64) {
                 let l = loss.item()?;
                 if !l.is_finite() {
-                    self.bar.abandon();
+                    self.obs.stopped();
                     return Err(Error::Invalid(format!(
                         "loss is {l} at iteration {}; it was last read finite at iteration {} (read every {} iterations); stopping; {}",
                         self.step,
@@ -314,9 +298,10 @@ impl<'a> LmTrainer<'a> {
                     )));
                 }
                 self.last_finite_read = self.step;
-                self.bar.set_message(format!("loss {l:.4}"));
+                self.obs.step(Some(&format!("loss {l:.4}")));
+            } else {
+                self.obs.step(None);
             }
-            self.bar.inc(1);
         }
         Ok(IntervalTotals {
             loss_sum,
@@ -343,7 +328,7 @@ impl<'a> LmTrainer<'a> {
         self.train_seconds += started.elapsed().as_secs_f64();
         self.trained_iters += interval;
         if !train_loss.is_finite() {
-            self.bar.abandon();
+            self.obs.stopped();
             return Err(Error::Invalid(format!(
                 "mean training loss of iterations {}..={step} is {train_loss}; stopping; {}",
                 step + 1 - interval,
@@ -359,7 +344,7 @@ impl<'a> LmTrainer<'a> {
             &self.config_json,
         )?;
         if let Some(bad) = ck.first_non_finite()? {
-            self.bar.abandon();
+            self.obs.stopped();
             return Err(Error::Invalid(format!(
                 "after iteration {step} {bad}: the run has diverged (a smaller --lr or --clip-grad-norm may help); stopping without writing a checkpoint; {}",
                 self.last_checkpoint()
@@ -435,39 +420,44 @@ impl<'a> LmTrainer<'a> {
         // copies left blocks in the CPU buffer pool that the training step does not ask for:
         // hand them back, so that the process's memory does not grow with each evaluation.
         crate::backend::cpu::pool::trim();
-        let cfg = self.cfg;
-        super::plot::draw(
-            self.out.path(),
-            &self.metrics_path,
-            &format!("{} on {}", cfg.model.name(), cfg.data.name()),
-        )
+        Ok(())
     }
 
-    /// With `--progress`, prints the interval's line above the bar.
-    pub(super) fn report(&self, r: &IntervalResult) {
-        if !self.progress {
-            return;
-        }
-        self.bar.println(format!(
+    /// Tells the observer interval `it` is finished, with its line of figures (the command
+    /// line prints it above the bar and redraws the plots from `metrics.jsonl`).
+    pub(super) fn report(&mut self, it: usize, r: &IntervalResult) -> Result<()> {
+        let line = format!(
             "iter {}: train loss {:.4}, val loss {:.4} (ppl {:.2}), {:.1} s",
             self.step,
             r.train_loss,
             r.val_loss,
             r.val_loss.exp(),
             r.started.elapsed().as_secs_f64()
-        ));
+        );
+        let cfg = self.cfg;
+        let title = format!("{} on {}", cfg.model.name(), cfg.data.name());
+        self.obs.period_end(&PeriodEnd {
+            period: Period::Interval,
+            number: it + 1,
+            total: self.intervals(),
+            line: &line,
+            out: self.out.path(),
+            metrics: &self.metrics_path,
+            title: &title,
+            moe: r.routing.is_some(),
+        })
     }
 
     /// The run's summary from its last interval (`last`; when the run had no interval left to
     /// train, the validation loss is measured here) and the profile of `recording`.
     pub(super) fn summary(
-        &self,
+        &mut self,
         started: Instant,
         recording: Option<crate::profile::Recording>,
         trained_any: bool,
         last: IntervalResult,
     ) -> Result<LmSummary> {
-        self.bar.finish_and_clear();
+        self.obs.finished();
         let val_loss = if trained_any {
             last.val_loss
         } else {

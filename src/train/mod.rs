@@ -17,10 +17,11 @@
 pub mod config;
 pub mod interrupt;
 pub mod models;
+pub mod observer;
 pub mod out_dir;
-pub mod plot;
 pub mod resume;
 mod trainer;
+pub mod worker;
 
 pub use config::{DataKind, ModelKind, OptimizerKind, TrainConfig};
 
@@ -29,11 +30,12 @@ use crate::moe::RoutingStats;
 use crate::optim::{Adam, Optimizer, Sgd, clip_grad_norm};
 use crate::{DType, Device, Error, Result, Tensor};
 use models::TaskModel;
-use plot::EpochPoint;
+pub use observer::{Period, PeriodEnd, TrainObserver};
 use serde::Serialize;
 use std::path::Path;
 use std::time::Instant;
 use trainer::{EpochResult, Trainer};
+pub use worker::on_worker_thread;
 
 /// The final figures of a run (`--json` prints this object).
 #[derive(Clone, Debug, Serialize)]
@@ -93,8 +95,6 @@ pub struct TrainSummary {
 pub struct RunOptions {
     /// continue from `out/checkpoint.safetensors` (which must belong to this run)
     pub resume: bool,
-    /// draw a progress bar and per-epoch lines on stderr
-    pub progress: bool,
     /// start afresh in an `out` that holds an earlier run's files; they are set aside and
     /// deleted once the new run has written its first checkpoint (without it such an `out` is
     /// refused)
@@ -369,24 +369,6 @@ pub(crate) fn truncate_metrics(path: &Path, epochs: usize) -> Result<()> {
     crate::checkpoint::write_atomic(path, kept.as_bytes())
 }
 
-fn read_points(path: &Path) -> Vec<EpochPoint> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .map(|v| EpochPoint {
-            epoch: v["epoch"].as_u64().unwrap_or(0) as usize,
-            train_loss: v["train_loss"].as_f64().unwrap_or(f64::NAN),
-            test_loss: v["test_loss"].as_f64().unwrap_or(f64::NAN),
-            test_accuracy: match &v["test_accuracy"] {
-                serde_json::Value::Array(a) => a.iter().filter_map(|x| x.as_f64()).collect(),
-                x => x.as_f64().into_iter().collect(),
-            },
-        })
-        .collect()
-}
-
 /// Runs a training job as configured.
 ///
 /// The output directory is claimed first (see [`out_dir`]): locked against a concurrent run,
@@ -394,12 +376,25 @@ fn read_points(path: &Path) -> Vec<EpochPoint> {
 /// record unless `opts.resume` or `opts.overwrite` is set. With `opts.resume` the checkpoint
 /// there must belong to this run (see [`resume::restore`]).
 pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
-    // on a rayon worker, so that each CPU kernel's parallel part starts without a hand-over
-    crate::backend::cpu::on_worker_thread(|| run_on_this_thread(cfg, opts))
+    run_observed(cfg, opts, &mut observer::Silent)
 }
 
-/// [`run`]'s body, on the calling thread.
-fn run_on_this_thread(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
+/// [`run`], reporting its steps, finished epochs and notes to `obs`.
+pub fn run_observed(
+    cfg: &TrainConfig,
+    opts: RunOptions,
+    obs: &mut (dyn TrainObserver + Send),
+) -> Result<TrainSummary> {
+    // on a rayon worker, so that each CPU kernel's parallel part starts without a hand-over
+    crate::backend::cpu::on_worker_thread(|| run_on_this_thread(cfg, opts, obs))
+}
+
+/// [`run_observed`]'s body, on the calling thread.
+fn run_on_this_thread(
+    cfg: &TrainConfig,
+    opts: RunOptions,
+    obs: &mut dyn TrainObserver,
+) -> Result<TrainSummary> {
     cfg.validate()?;
     if cfg.model.is_lm() {
         return Err(Error::Invalid(format!(
@@ -410,15 +405,15 @@ fn run_on_this_thread(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummar
     let allowed = opts.check()?;
     let started = Instant::now();
     let recording = opts.profile.then(crate::profile::start);
-    let mut trainer = Trainer::set_up(cfg, &opts)?;
+    let mut trainer = Trainer::set_up(cfg, &opts, obs)?;
     let start_epoch = trainer.resume(&opts, &allowed)?;
     let mut last = EpochResult::none(trainer.tasks());
     for epoch in start_epoch..cfg.epochs {
         let totals = trainer.train_epoch(epoch)?;
         let (result, checkpoint) = trainer.evaluate(epoch, totals)?;
         trainer.log(epoch, &result)?;
-        trainer.checkpoint(epoch, checkpoint, &result)?;
-        trainer.report(epoch, &result);
+        trainer.checkpoint(epoch, checkpoint)?;
+        trainer.report(epoch, &result)?;
         last = result;
         if interrupt::stop_after_checkpoint() && epoch + 1 < cfg.epochs {
             return Err(Error::Interrupted(format!(
@@ -484,21 +479,4 @@ fn load_and_drop(kept: &Tensor, routed: &Tensor) -> Result<(Vec<f64>, f64)> {
             0.0
         },
     ))
-}
-
-fn read_loads(path: &Path) -> Vec<(usize, Vec<f64>)> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| {
-            let load = v["expert_load"]
-                .as_array()?
-                .iter()
-                .filter_map(|x| x.as_f64())
-                .collect();
-            Some((v["epoch"].as_u64()? as usize, load))
-        })
-        .collect()
 }

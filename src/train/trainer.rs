@@ -4,11 +4,11 @@
 //! order, once per epoch, so the loop itself reads in a dozen lines.
 
 use super::models::{self, TaskModel};
+use super::observer::{Period, PeriodEnd, TrainObserver};
 use super::out_dir::OutDir;
 use super::{
     RunOptions, Splits, TrainConfig, TrainSummary, accuracy_json, evaluate, expert_usage,
-    load_and_drop, load_data, make_optimizer, plot, read_loads, read_points, resume, train_step,
-    truncate_metrics,
+    load_and_drop, load_data, make_optimizer, resume, train_step, truncate_metrics,
 };
 use crate::nn::Param;
 use crate::optim::{Optimizer, Schedule};
@@ -21,8 +21,8 @@ use std::time::Instant;
 /// directory (claimed and locked) and the counters the epochs advance.
 pub(super) struct Trainer<'a> {
     cfg: &'a TrainConfig,
-    /// draw a progress bar and per-epoch lines on stderr
-    progress: bool,
+    /// what the run reports to: progress, finished epochs, notes
+    obs: &'a mut dyn TrainObserver,
     device: Device,
     data: Splits,
     model: Box<dyn TaskModel>,
@@ -91,7 +91,11 @@ impl<'a> Trainer<'a> {
     /// Loads the data, builds the model, optimizer and schedule, and claims the output
     /// directory (only once the data and the model are known to be good, so bad input leaves
     /// `--out` as it was).
-    pub(super) fn set_up(cfg: &'a TrainConfig, opts: &RunOptions) -> Result<Trainer<'a>> {
+    pub(super) fn set_up(
+        cfg: &'a TrainConfig,
+        opts: &RunOptions,
+        obs: &'a mut dyn TrainObserver,
+    ) -> Result<Trainer<'a>> {
         let device = Device::from_name(&cfg.device)?;
         let data = load_data(cfg)?;
         if data.train.is_empty() || data.test.is_empty() {
@@ -113,28 +117,23 @@ impl<'a> Trainer<'a> {
             cfg.warmup_steps,
             steps_per_epoch * cfg.schedule_length_epochs() as u64,
         )?;
-        if let Some(w) = cfg.warmup_warning(steps_per_epoch.saturating_mul(cfg.epochs as u64))
-            && opts.progress
-        {
-            eprintln!("moegrad: warning: {w}");
+        if let Some(w) = cfg.warmup_warning(steps_per_epoch.saturating_mul(cfg.epochs as u64)) {
+            obs.note(&format!("moegrad: warning: {w}"));
         }
 
         let out = OutDir::claim(&cfg.out, opts.resume, opts.overwrite)?;
-        let announce = out.link_latest(opts.latest_link.as_deref())?;
-        if let Some(line) = announce.filter(|_| opts.progress) {
-            eprintln!("moegrad: {line}");
+        if let Some(line) = out.link_latest(opts.latest_link.as_deref())? {
+            obs.note(&format!("moegrad: {line}"));
         }
-        if opts.progress {
-            for note in &out.notes {
-                eprintln!("moegrad: note: {note}");
-            }
+        for note in &out.notes {
+            obs.note(&format!("moegrad: note: {note}"));
         }
         let ckpt_path = out.path().join("checkpoint.safetensors");
         let metrics_path = out.path().join("metrics.jsonl");
         let config_json = serde_json::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
         Ok(Trainer {
             cfg,
-            progress: opts.progress,
+            obs,
             device,
             data,
             model,
@@ -194,23 +193,6 @@ impl<'a> Trainer<'a> {
         }
     }
 
-    /// A progress bar for `epoch` (hidden without `--progress`).
-    fn progress_bar(&self, epoch: usize) -> indicatif::ProgressBar {
-        if !self.progress {
-            return indicatif::ProgressBar::hidden();
-        }
-        let b = indicatif::ProgressBar::new(self.steps_per_epoch);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        b.set_prefix(format!("epoch {}/{}", epoch + 1, self.cfg.epochs));
-        b
-    }
-
     /// Trains one epoch: a step per batch, the loss read back every `--log-every` steps (and
     /// at the epoch's last step) for the bar and the NaN check, everything else summed on
     /// the device.
@@ -218,7 +200,9 @@ impl<'a> Trainer<'a> {
         let cfg = self.cfg;
         let device = self.device;
         let started = Instant::now();
-        let bar = self.progress_bar(epoch);
+        let steps = self.steps_per_epoch;
+        self.obs
+            .period_start(Period::Epoch, epoch + 1, cfg.epochs, steps);
         let mut loss_sum = Tensor::zeros(&[], DType::F32, device)?;
         let mut kept_sum: Option<(Tensor, Tensor)> = None;
         let mut routed_tokens = 0usize;
@@ -226,7 +210,7 @@ impl<'a> Trainer<'a> {
         let order = self.data.train.order(cfg.seed, epoch, true);
         for (i, ids) in order.chunks(cfg.batch).enumerate() {
             if super::interrupt::stop_now() {
-                bar.abandon();
+                self.obs.stopped();
                 return Err(Error::Interrupted(format!(
                     "stopped at step {} (epoch {}, batch {}) on a second request; {}; the same command with --resume continues from it",
                     self.step,
@@ -276,16 +260,17 @@ impl<'a> Trainer<'a> {
             if (i + 1) % cfg.log_every == 0 || i + 1 == self.steps_per_epoch as usize {
                 let l = loss.item()?;
                 if !l.is_finite() {
-                    bar.abandon();
+                    self.obs.stopped();
                     return Err(self.non_finite_loss(l, epoch, i));
                 }
                 self.last_finite_read = self.step;
                 let rate = ((i + 1) * cfg.batch) as f64 / started.elapsed().as_secs_f64().max(1e-9);
-                bar.set_message(format!("loss {l:.4} · {rate:.0} img/s"));
+                self.obs
+                    .step(Some(&format!("loss {l:.4} · {rate:.0} img/s")));
+            } else {
+                self.obs.step(None);
             }
-            bar.inc(1);
         }
-        bar.finish_and_clear();
         Ok(EpochTotals {
             started,
             loss_sum,
@@ -414,37 +399,21 @@ impl<'a> Trainer<'a> {
         writeln!(f, "{line}").map_err(|e| Error::Io(format!("{}: {e}", path.display())))
     }
 
-    /// Writes the epoch's checkpoint and redraws `curves.svg` (and `expert_load.svg` for MoE
-    /// models) from `metrics.jsonl`.
+    /// Writes the epoch's checkpoint.
     pub(super) fn checkpoint(
         &mut self,
         epoch: usize,
         ck: crate::checkpoint::Checkpoint,
-        r: &EpochResult,
     ) -> Result<()> {
         ck.save(&self.ckpt_path)?;
         self.out.first_checkpoint_written()?;
         self.saved_epoch = Some(epoch + 1);
-        let cfg = self.cfg;
-        plot::draw_curves(
-            &self.out.path().join("curves.svg"),
-            &read_points(&self.metrics_path),
-            &format!("{:?} {:?}", cfg.model, cfg.data),
-        )?;
-        if r.routing.is_some() {
-            plot::draw_expert_load(
-                &self.out.path().join("expert_load.svg"),
-                &read_loads(&self.metrics_path),
-            )?;
-        }
         Ok(())
     }
 
-    /// With `--progress`, prints the epoch's line on stderr.
-    pub(super) fn report(&self, epoch: usize, r: &EpochResult) {
-        if !self.progress {
-            return;
-        }
+    /// Tells the observer the epoch is finished, with its line of figures (the command line
+    /// prints it and redraws `curves.svg` and, for MoE models, `expert_load.svg`).
+    pub(super) fn report(&mut self, epoch: usize, r: &EpochResult) -> Result<()> {
         let accs: Vec<String> = r.acc.iter().map(|a| format!("{:.2}%", 100.0 * a)).collect();
         let moe = match &r.routing {
             Some((load, drop)) => {
@@ -457,7 +426,7 @@ impl<'a> Trainer<'a> {
             }
             None => String::new(),
         };
-        eprintln!(
+        let line = format!(
             "epoch {}/{}: train loss {:.4}, test loss {:.4}, test accuracy {}{moe}, {:.1} s",
             epoch + 1,
             self.cfg.epochs,
@@ -466,12 +435,23 @@ impl<'a> Trainer<'a> {
             accs.join(" / "),
             r.started.elapsed().as_secs_f64()
         );
+        let title = format!("{:?} {:?}", self.cfg.model, self.cfg.data);
+        self.obs.period_end(&PeriodEnd {
+            period: Period::Epoch,
+            number: epoch + 1,
+            total: self.cfg.epochs,
+            line: &line,
+            out: self.out.path(),
+            metrics: &self.metrics_path,
+            title: &title,
+            moe: r.routing.is_some(),
+        })
     }
 
     /// The run's summary from its last epoch (`last`), with the synthetic-b expert usage
     /// measured on the test split and the profile of `recording`.
     pub(super) fn summary(
-        &self,
+        &mut self,
         started: Instant,
         recording: Option<crate::profile::Recording>,
         last: EpochResult,
@@ -491,12 +471,10 @@ impl<'a> Trainer<'a> {
                     // others keep tiny nonzero weights (DSelect-k before its selectors saturate)
                     let share = 0.5 / cfg.k.max(1) as f64;
                     let selected = (0..weight.len()).filter(|&e| weight[e] >= share).collect();
-                    if self.progress {
-                        eprintln!(
-                            "synthetic-b: the gate selects experts {selected:?} (mean weight ≥ 1/(2k)); the true experts are {:?}",
-                            bank.true_experts
-                        );
-                    }
+                    self.obs.note(&format!(
+                        "synthetic-b: the gate selects experts {selected:?} (mean weight ≥ 1/(2k)); the true experts are {:?}",
+                        bank.true_experts
+                    ));
                     (
                         Some(rate),
                         Some(weight),
