@@ -602,3 +602,41 @@ fn per_row_cross_entropy_is_checked_and_averages_to_the_mean_loss() {
         common::assert_close("gpu per-row cross-entropy", &g, &rows, 1e-5, 1e-5);
     }
 }
+
+/// A language model's periods are evaluation intervals: `--resume`'s refusals name them so
+/// (and `--iters`), never epochs, which a language-model run does not have (but for the name of
+/// the flag `--schedule-epochs`, which both kinds of run take).
+#[test]
+fn language_model_resume_messages_speak_of_intervals_not_epochs() {
+    let out = tmp("resume-words");
+    let mut cfg = tiny(ModelKind::Gpt, &out);
+    cfg.iters = 20;
+    cfg.eval_every = 10;
+    run(&cfg, quiet()).unwrap();
+    let resume = RunOptions {
+        resume: true,
+        ..quiet()
+    };
+    // nothing left to train
+    let done = run(&cfg, resume.clone()).unwrap_err().to_string();
+    assert!(
+        done.contains("already trained 2 evaluation intervals (20 iterations)")
+            && done.contains("--iters 20"),
+        "{done}"
+    );
+    // a setting that belongs to the run changed
+    let mut other = cfg.clone();
+    other.iters = 30;
+    other.batch = 4;
+    let changed = run(&other, resume).unwrap_err().to_string();
+    assert!(changed.contains("--batch"), "{changed}");
+    for msg in [&done, &changed] {
+        // (the one flag shared with the image runs keeps its name: --schedule-epochs)
+        let words = msg.replace("--schedule-epochs", "");
+        assert!(
+            !words.to_lowercase().contains("epoch"),
+            "a language model's resume message speaks of epochs: {msg}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}

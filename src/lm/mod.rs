@@ -5,8 +5,8 @@
 
 pub mod generate;
 pub mod gpt;
+mod task;
 pub mod train;
-mod trainer;
 
 pub use generate::{SampleOptions, generate};
 pub use gpt::{FeedForward, Gpt, GptConfig, GptOutput};
