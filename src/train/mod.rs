@@ -1,8 +1,9 @@
-//! `moegrad train`: load the data, build the model, run the epochs with a progress bar, evaluate,
-//! and write `metrics.jsonl`, `checkpoint.safetensors` and `curves.svg` to the output directory.
+//! Training (`moegrad train`): load the data, build the model, run the epochs, evaluate, and
+//! write `metrics.jsonl` and `checkpoint.safetensors` to the output directory (the command line
+//! adds the progress bars and `curves.svg` through its [`TrainObserver`]).
 //!
 //! Inside an epoch nothing is read back from the device except the loss every `log_every` steps
-//! (for the progress bar and the NaN check). A checkpoint is written after each epoch whose loss,
+//! (for the progress report and the NaN check). A checkpoint is written after each epoch whose loss,
 //! parameters and optimizer state are all finite, so when a NaN stops the run the last good
 //! checkpoint is still there. `--resume` restores parameters, optimizer state, the routers' noise
 //! counters and the epoch counter after checking that the checkpoint belongs to this run
