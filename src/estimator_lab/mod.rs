@@ -10,7 +10,8 @@
 //! 3. [`estimators`]: each estimator's draws, made by
 //!    [`crate::moe::routers::probe::GradientProbe`] (f64 on the CPU, fixed seed).
 //! 4. [`run_lab`]: M draws per estimator, reduced to the statistics of [`EstimatorStats`]
-//!    ([`run_lab_with_progress`] reports each draw to a progress bar); and [`plot`] draws them.
+//!    ([`run_lab_with_progress`] reports each draw to a [`LabProgress`]); the command line
+//!    (`moegrad-cli`) draws them.
 //!
 //! # The statistics
 //! With `ĝ_m` the m-th draw (`[T·n]`), `ḡ = (1/M) Σ_m ĝ_m` their mean and `∇` the exact gradient,

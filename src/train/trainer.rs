@@ -320,8 +320,6 @@ impl<'a, T: Task> Trainer<'a, T> {
                 self.obs.step(None);
             }
         }
-        self.train_seconds += totals.started.elapsed().as_secs_f64();
-        self.trained_steps += steps;
         Ok(totals)
     }
 
@@ -366,6 +364,10 @@ impl<'a, T: Task> Trainer<'a, T> {
     ) -> Result<(PeriodResult, Checkpoint)> {
         let name = T::PERIOD.name();
         let train_loss = self.task.mean_train_loss(totals.loss_sum.item()?);
+        // the period's training time ends once its steps are done: on the GPU, when the read
+        // above has waited for them
+        self.train_seconds += totals.started.elapsed().as_secs_f64();
+        self.trained_steps += self.steps_per_period;
         if !train_loss.is_finite() {
             self.obs.stopped();
             return Err(Error::Invalid(format!(
