@@ -42,9 +42,19 @@ pub(crate) fn run_task<T: Task>(
         trainer.report(period, &result)?;
         last = result;
         if interrupt::stop_after_checkpoint() && period + 1 < periods {
+            let iteration = match T::PERIOD {
+                Period::Epoch => String::new(),
+                Period::Interval => {
+                    format!(
+                        " (iteration {})",
+                        (period + 1) as u64 * trainer.steps_per_period
+                    )
+                }
+            };
             return Err(Error::Interrupted(format!(
-                "stopped after {} of {periods} on request; its checkpoint is {}: the same command with --resume continues the run exactly",
-                trainer.position(period + 1),
+                "stopped after {} {} of {periods}{iteration} on request; its checkpoint is {}: the same command with --resume continues the run exactly",
+                T::PERIOD.name(),
+                period + 1,
                 trainer.ckpt_path.display()
             )));
         }
