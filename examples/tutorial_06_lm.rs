@@ -6,12 +6,11 @@
 //!
 //! Run with `cargo run --release --example tutorial_06_lm`.
 
-use moegrad::backend::cpu::on_worker_thread;
 use moegrad::data::text::CharCorpus;
-use moegrad::lm::train::train_step;
 use moegrad::lm::{FeedForward, Gpt, GptConfig, SampleOptions, generate};
 use moegrad::moe::MoeConfig;
 use moegrad::optim::Adam;
+use moegrad::train::{on_worker_thread, train_step};
 use moegrad::{Device, Tensor};
 use std::path::Path;
 
@@ -71,8 +70,8 @@ fn main() -> moegrad::Result<()> {
             let (x, y) = corpus.train_batch(BATCH, BLOCK, 1, step);
             let x = Tensor::from_i32(x, &[BATCH, BLOCK], cpu)?;
             let y = Tensor::from_i32(y, &[BATCH * BLOCK], cpu)?;
-            let out = train_step(&model, &params, &mut opt, &x, &y, 1.0)?;
-            let ce = out.cross_entropy.item()?;
+            let out = train_step(&model, &params, &mut opt, &x, &[y], 1.0)?;
+            let ce = out.task_loss.item()?;
             assert!(ce.is_finite(), "step {step}: cross-entropy {ce}");
             first.get_or_insert(ce);
             if step >= STEPS - 10 {

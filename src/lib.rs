@@ -16,8 +16,9 @@
 //! - `ops`: differentiable ops, each forward beside its backward rule.
 //! - [`gradcheck`](mod@gradcheck): the finite-difference checker every op is tested with.
 //! - [`profile`]: wall time per op, forward and backward, over a run (`train --profile`).
-//! - [`compare`]: grids of training runs (router × seed × settings) aggregated into tables of
-//!   mean ± standard error (`moegrad compare`).
+//! - [`train`]: the training loop of the image models and of the language models ([`lm`]),
+//!   reporting to a [`train::TrainObserver`]. The command line (`moegrad`, with its progress
+//!   bars, plots and `moegrad compare`) is the `moegrad-cli` crate in `app/`.
 //!
 //! # Example
 //! ```
@@ -38,7 +39,6 @@ pub mod autograd;
 pub mod backend;
 pub mod bench;
 pub mod checkpoint;
-pub mod compare;
 pub mod data;
 mod device;
 mod dtype;

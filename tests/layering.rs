@@ -102,11 +102,16 @@ fn rust_files(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 }
 
 /// No source file is longer than a reader takes in at once: 800 lines at most (split a file by
-/// concept when it grows past that, as `backend/cpu/` and `bin/moegrad/` are).
+/// concept when it grows past that, as `backend/cpu/` and `app/src/bin/moegrad/` are), in the
+/// library (`src/`) and in the command line (`app/src/`).
 #[test]
 fn no_source_file_is_over_800_lines() {
     let mut files = Vec::new();
     rust_files(src_dir(), &mut files);
+    rust_files(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("app/src"),
+        &mut files,
+    );
     assert!(
         files.len() > 50,
         "found only {} files under src/",
@@ -120,4 +125,33 @@ fn no_source_file_is_over_800_lines() {
         })
         .collect();
     assert!(long.is_empty(), "files over 800 lines: {long:?}");
+}
+
+/// The library a user depends on carries no command-line crates: argument parsing, progress
+/// bars, plots, TOML grids and Ctrl-C handling are the `moegrad-cli` crate's (`app/`).
+#[test]
+fn the_library_depends_on_no_command_line_crate() {
+    let manifest =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml"))
+            .expect("Cargo.toml");
+    let deps = manifest
+        .split("\n[dependencies]\n")
+        .nth(1)
+        .expect("a [dependencies] table")
+        .split("\n[")
+        .next()
+        .unwrap_or_default();
+    let names: Vec<&str> = deps
+        .lines()
+        .filter_map(|l| l.split('=').next())
+        .map(str::trim)
+        .filter(|n| !n.is_empty() && !n.starts_with('#'))
+        .collect();
+    assert!(names.contains(&"wgpu"), "read no dependencies: {names:?}");
+    for cli in ["clap", "ctrlc", "indicatif", "plotters", "toml"] {
+        assert!(
+            !names.contains(&cli),
+            "the moegrad library depends on {cli}, a command-line crate: it belongs to app/"
+        );
+    }
 }

@@ -5,8 +5,8 @@
 //! runs two warm-up steps (pipelines compile, the buffer pool fills, the optimizer creates its
 //! state), then counts one more step with the GPU backend's counters ([`GpuStats`]): kernel
 //! dispatches, queue submissions, host waits, buffers the driver created, bytes uploaded and
-//! downloaded. The step is the one the training loops run ([`crate::train::train_step`],
-//! [`crate::lm::train::train_step`], plus the loop's on-device running sums), without the
+//! downloaded. The step is the one the training loop runs ([`crate::train::train_step`],
+//! plus the loop's on-device running sums), without the
 //! loss read-back of a `--log-every` step. Each step ends with a flush, so its last batch of
 //! kernels is submitted (and counted) within it.
 //!
@@ -160,7 +160,7 @@ impl Stepper for ImageStepper {
             self.loss_sum
                 .add(&out.task_loss.detach().mul_scalar(b as f64)?)
         })?;
-        if let Some(stats) = &out.routing {
+        if let Some(stats) = out.routing.first() {
             self.kept_sum = Some(match self.kept_sum.take() {
                 Some((k, r)) => (
                     stats.kept_per_expert.add(&k)?,
@@ -226,18 +226,18 @@ impl Stepper for LmStepper {
         let (x, y) = self.corpus.train_batch(b, t, self.cfg.seed, step);
         let x = Tensor::from_i32(x, &[b, t], Device::Gpu)?;
         let y = Tensor::from_i32(y, &[b * t], Device::Gpu)?;
-        let out = crate::lm::train::train_step(
+        let out = crate::train::train_step(
             &self.model,
             &self.params,
             &mut self.opt,
             &x,
-            &y,
+            &[y],
             self.cfg.clip_grad_norm,
         )?;
         // the loop's on-device bookkeeping (see lm::train::run)
         self.loss_sum = crate::no_grad(|| {
             self.loss_sum
-                .add(&out.cross_entropy.detach().to_dtype(DType::F32)?)
+                .add(&out.task_loss.detach().to_dtype(DType::F32)?)
         })?;
         if self.routing_sums.is_empty() {
             self.routing_sums = out

@@ -10,7 +10,8 @@
 //! 3. [`estimators`]: each estimator's draws, made by
 //!    [`crate::moe::routers::probe::GradientProbe`] (f64 on the CPU, fixed seed).
 //! 4. [`run_lab`]: M draws per estimator, reduced to the statistics of [`EstimatorStats`]
-//!    ([`run_lab_with_progress`] reports each draw to a progress bar); and [`plot`] draws them.
+//!    ([`run_lab_with_progress`] reports each draw to a [`LabProgress`]); the command line
+//!    (`moegrad-cli`) draws them.
 //!
 //! # The statistics
 //! With `ĝ_m` the m-th draw (`[T·n]`), `ḡ = (1/M) Σ_m ĝ_m` their mean and `∇` the exact gradient,
@@ -31,7 +32,6 @@
 pub mod estimators;
 pub mod exact;
 pub mod loss;
-pub mod plot;
 pub mod problem;
 
 pub use estimators::{ESTIMATOR_NAMES, EXTRA_ESTIMATOR_NAMES, LabEstimator, Target};
@@ -196,22 +196,38 @@ pub struct LabReport {
 /// Invalid settings (see [`LabConfig::validate`]), an exact gradient of zero (nothing to compare
 /// with), or an error of a router.
 pub fn run_lab(cfg: &LabConfig) -> Result<LabReport> {
-    run_lab_with_progress(cfg, &indicatif::ProgressBar::hidden())
+    run_lab_with_progress(cfg, &mut NoProgress)
 }
 
-/// [`run_lab`], advancing `progress` by one per draw: its length is set to estimators × draws
-/// and its message to the estimator being measured (`moegrad estimators` passes a bar drawn on
-/// stderr, whose elapsed time and ETA say how long a run of hours has left).
+/// What the lab reports while it runs: how many draws it will take in all, which estimator it
+/// measures, and each draw as it is taken (`moegrad estimators` draws a progress bar from them).
+pub trait LabProgress {
+    /// The lab starts: `draws` in all (estimators × draws per estimator).
+    fn start(&mut self, draws: u64) {
+        let _ = draws;
+    }
+    /// The lab starts measuring the estimator `name`.
+    fn estimator(&mut self, name: &str) {
+        let _ = name;
+    }
+    /// One draw is taken.
+    fn draw(&mut self) {}
+}
+
+/// A [`LabProgress`] that reports nothing ([`run_lab`]'s).
+pub struct NoProgress;
+
+impl LabProgress for NoProgress {}
+
+/// [`run_lab`], telling `progress` the number of draws (estimators × draws), each estimator as
+/// it starts and each draw (`moegrad estimators` passes a bar drawn on stderr, whose elapsed
+/// time and ETA say how long a run of hours has left).
 ///
 /// # Errors
 /// As [`run_lab`].
-pub fn run_lab_with_progress(
-    cfg: &LabConfig,
-    progress: &indicatif::ProgressBar,
-) -> Result<LabReport> {
+pub fn run_lab_with_progress(cfg: &LabConfig, progress: &mut dyn LabProgress) -> Result<LabReport> {
     cfg.validate()?;
-    progress.set_length((cfg.estimators.len() as u64).saturating_mul(cfg.samples as u64));
-    progress.set_position(0);
+    progress.start((cfg.estimators.len() as u64).saturating_mul(cfg.samples as u64));
     let problem = Problem::new(&cfg.problem);
     let exact = exact_gradient(&problem);
     let exact_norm = norm(&exact.total);
@@ -226,7 +242,7 @@ pub fn run_lab_with_progress(
     let loss = |y: &Tensor| problem.loss.per_token(y);
     let mut estimators = Vec::with_capacity(cfg.estimators.len());
     for name in &cfg.estimators {
-        progress.set_message(name.clone());
+        progress.estimator(name);
         let est = LabEstimator::new(
             name,
             cfg.problem.experts,
@@ -241,7 +257,7 @@ pub fn run_lab_with_progress(
             &logits,
             &outputs,
             &loss,
-            progress,
+            &mut *progress,
         )?);
     }
     let keep = crate::no_grad(|| sparsemixer_mask(&logits, cfg.jitter, MaskRule::Paper))?;
@@ -266,7 +282,7 @@ fn measure(
     logits: &Tensor,
     outputs: &Tensor,
     loss: &dyn Fn(&Tensor) -> Result<Tensor>,
-    progress: &indicatif::ProgressBar,
+    progress: &mut dyn LabProgress,
 ) -> Result<EstimatorStats> {
     let p = exact.total.len();
     let exact_norm = norm(&exact.total);
@@ -285,7 +301,7 @@ fn measure(
             *mu += delta / k;
             sq_dev += delta * (x - *mu);
         }
-        progress.inc(1);
+        progress.draw();
     }
     let ms_per_draw = start.elapsed().as_secs_f64() * 1e3 / samples as f64;
     let m = samples as f64;

@@ -5,9 +5,8 @@
 
 pub mod generate;
 pub mod gpt;
-pub mod plot;
+mod task;
 pub mod train;
-mod trainer;
 
 pub use generate::{SampleOptions, generate};
 pub use gpt::{FeedForward, Gpt, GptConfig, GptOutput};

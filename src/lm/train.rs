@@ -15,22 +15,20 @@
 //! non-finite ever written. For `--resume` an evaluation interval plays the part of an epoch:
 //! `--iters` must be a multiple of `--eval-every`.
 //!
-//! [`run`] reads as the list of its steps (set up, resume, then per interval: train, evaluate,
-//! log, checkpoint, report; then the summary), each a method of `LmTrainer` in
-//! `lm/trainer.rs`; this file keeps the pieces they use (the model's settings, the optimizer,
-//! one training step, the validation loss, the routing sums).
+//! [`run`] is the one training loop of the image models (`train/trainer.rs`) run on the
+//! language-model task (`lm/task.rs`); this file keeps the pieces that task uses (the model's
+//! settings, the optimizer, the validation loss) and [`load_model`].
 
 use super::gpt::{FeedForward, Gpt, GptConfig};
-use super::trainer::{IntervalResult, LmTrainer};
+use super::task::LmTask;
 use crate::data::text::CharCorpus;
-use crate::moe::{MoeConfig, RoutingStats};
-use crate::optim::{Adam, Optimizer, clip_grad_norm};
+use crate::moe::MoeConfig;
+use crate::optim::Adam;
 use crate::train::models::{ModelOutput, TaskModel};
-use crate::train::{DataKind, ModelKind, RunOptions, TrainConfig};
+use crate::train::{DataKind, ModelKind, RunOptions, TrainConfig, TrainObserver};
 use crate::{DType, Device, Error, Result, Tensor};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
-use std::time::Instant;
 
 /// The final figures of a language-model run (`--json` prints this object).
 #[derive(Clone, Debug, Serialize)]
@@ -134,7 +132,7 @@ impl TaskModel for Gpt {
         Ok(ModelOutput {
             logits: vec![out.logits],
             aux_loss: out.aux_loss,
-            routing: None,
+            routing: out.routing,
             score_terms: out.score_terms,
         })
     }
@@ -179,59 +177,6 @@ pub(crate) fn make_optimizer(cfg: &TrainConfig, model: &Gpt) -> Result<Adam> {
     Ok(opt)
 }
 
-/// What one language-model training step leaves on the device; nothing of it has been read back.
-pub struct LmStepOutput {
-    /// the objective minimised: mean cross-entropy plus the MoE layers' auxiliary losses
-    pub loss: Tensor,
-    /// the mean next-character cross-entropy
-    pub cross_entropy: Tensor,
-    /// one entry per MoE block
-    pub routing: Vec<RoutingStats>,
-}
-
-/// One optimizer step of `model` on ids `x: [B, T]` with next-character targets `y: [B·T]`:
-/// forward, mean cross-entropy plus auxiliary losses (plus the REINFORCE surrogates), backward,
-/// global-norm clipping when `max_grad_norm > 0` (on the device) and the update. It waits for
-/// nothing and reads nothing back.
-pub fn train_step(
-    model: &Gpt,
-    params: &[(String, crate::nn::Param)],
-    opt: &mut Adam,
-    x: &Tensor,
-    y: &Tensor,
-    max_grad_norm: f64,
-) -> Result<LmStepOutput> {
-    let out = Gpt::forward(model, x)?;
-    let ce = out.logits.cross_entropy(y)?;
-    let loss = match &out.aux_loss {
-        Some(aux) => ce.add(&aux.to_dtype(ce.dtype())?)?,
-        None => ce.clone(),
-    };
-    let objective = if out.score_terms.is_empty() {
-        loss.clone()
-    } else {
-        // each position's own cross-entropy, as its share of the mean
-        let per_token = crate::no_grad(|| {
-            out.logits
-                .cross_entropy_per_row(y)?
-                .mul_scalar(1.0 / y.numel().max(1) as f64)
-        })?;
-        crate::moe::score_function::add_surrogates(&loss, &out.score_terms, &per_token)?
-    };
-    objective.backward()?;
-    let scale = if max_grad_norm > 0.0 {
-        clip_grad_norm(params, max_grad_norm)?
-    } else {
-        None
-    };
-    opt.step(params, scale.as_ref().map(|(_, s)| s))?;
-    Ok(LmStepOutput {
-        loss,
-        cross_entropy: ce,
-        routing: out.routing,
-    })
-}
-
 /// Mean validation loss over the fixed windows at `starts`, in batches of `batch`.
 pub(super) fn evaluate(
     model: &Gpt,
@@ -256,58 +201,31 @@ pub(super) fn evaluate(
     Ok(sum.item()? / starts.len().max(1) as f64)
 }
 
-/// Sums per-expert kept/routed counts over the interval, one pair per MoE layer.
-pub(super) fn add_routing(sums: &mut Vec<(Tensor, Tensor)>, stats: &[RoutingStats]) -> Result<()> {
-    if sums.is_empty() {
-        sums.extend(
-            stats
-                .iter()
-                .map(|s| (s.kept_per_expert.clone(), s.routed_per_expert.clone())),
-        );
-        return Ok(());
-    }
-    for ((k, r), s) in sums.iter_mut().zip(stats) {
-        *k = k.add(&s.kept_per_expert)?;
-        *r = r.add(&s.routed_per_expert)?;
-    }
-    Ok(())
-}
-
-/// Expert load per layer and the overall drop rate from interval sums.
-pub(super) fn load_and_drop(sums: &[(Tensor, Tensor)]) -> Result<(Vec<Vec<f64>>, f64)> {
-    let (mut kept_all, mut routed_all) = (0.0, 0.0);
-    let mut loads = Vec::with_capacity(sums.len());
-    for (k, r) in sums {
-        let k = k.to_vec_f64()?;
-        let kept: f64 = k.iter().sum();
-        kept_all += kept;
-        routed_all += r.to_vec_f64()?.iter().sum::<f64>();
-        loads.push(
-            k.iter()
-                .map(|v| if kept > 0.0 { v / kept } else { 0.0 })
-                .collect(),
-        );
-    }
-    let drop = if routed_all > 0.0 {
-        1.0 - kept_all / routed_all
-    } else {
-        0.0
-    };
-    Ok((loads, drop))
-}
-
 /// Runs a language-model training job as configured (see the module docs).
 ///
 /// # Errors
 /// Bad settings or data (named), a diverged run (naming the step and the last good checkpoint),
 /// and the refusals of `--out` and `--resume`.
 pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
-    // on a rayon worker, so that each CPU kernel's parallel part starts without a hand-over
-    crate::backend::cpu::on_worker_thread(|| run_on_this_thread(cfg, opts))
+    run_observed(cfg, opts, &mut crate::train::observer::Silent)
 }
 
-/// [`run`]'s body, on the calling thread.
-fn run_on_this_thread(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
+/// [`run`], reporting its iterations, finished evaluation intervals and notes to `obs`.
+pub fn run_observed(
+    cfg: &TrainConfig,
+    opts: RunOptions,
+    obs: &mut (dyn TrainObserver + Send),
+) -> Result<LmSummary> {
+    // on a rayon worker, so that each CPU kernel's parallel part starts without a hand-over
+    crate::backend::cpu::on_worker_thread(|| run_on_this_thread(cfg, opts, obs))
+}
+
+/// [`run_observed`]'s body, on the calling thread.
+fn run_on_this_thread(
+    cfg: &TrainConfig,
+    opts: RunOptions,
+    obs: &mut dyn TrainObserver,
+) -> Result<LmSummary> {
     let cfg = &cfg.clone().with_lm_intervals();
     cfg.validate()?;
     if !cfg.model.is_lm() {
@@ -316,30 +234,7 @@ fn run_on_this_thread(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> 
             cfg.model.name()
         )));
     }
-    let allowed = opts.check()?;
-    let started = Instant::now();
-    let recording = opts.profile.then(crate::profile::start);
-    let mut trainer = LmTrainer::set_up(cfg, &opts)?;
-    let start_interval = trainer.resume(&opts, &allowed)?;
-    let intervals = trainer.intervals();
-    let mut last = IntervalResult::none();
-    for it in start_interval..intervals {
-        let totals = trainer.train_interval()?;
-        let (result, checkpoint) = trainer.evaluate(it, totals)?;
-        trainer.log(&result)?;
-        trainer.checkpoint(checkpoint)?;
-        trainer.report(&result);
-        last = result;
-        if crate::train::interrupt::stop_after_checkpoint() && it + 1 < intervals {
-            return Err(Error::Interrupted(format!(
-                "stopped after iteration {} of {} on request; its checkpoint is {}: the same command with --resume continues the run exactly",
-                (it + 1) * cfg.eval_every,
-                cfg.iters,
-                cfg.out.join("checkpoint.safetensors").display()
-            )));
-        }
-    }
-    trainer.summary(started, recording, start_interval < intervals, last)
+    crate::train::trainer::run_task(cfg, opts, || LmTask::new(cfg), obs)
 }
 
 /// Loads a language model from a checkpoint written by [`run`]: its settings and vocabulary

@@ -1,8 +1,9 @@
-//! `moegrad train`: load the data, build the model, run the epochs with a progress bar, evaluate,
-//! and write `metrics.jsonl`, `checkpoint.safetensors` and `curves.svg` to the output directory.
+//! Training (`moegrad train`): load the data, build the model, run the epochs, evaluate, and
+//! write `metrics.jsonl` and `checkpoint.safetensors` to the output directory (the command line
+//! adds the progress bars and `curves.svg` through its [`TrainObserver`]).
 //!
 //! Inside an epoch nothing is read back from the device except the loss every `log_every` steps
-//! (for the progress bar and the NaN check). A checkpoint is written after each epoch whose loss,
+//! (for the progress report and the NaN check). A checkpoint is written after each epoch whose loss,
 //! parameters and optimizer state are all finite, so when a NaN stops the run the last good
 //! checkpoint is still there. `--resume` restores parameters, optimizer state, the routers' noise
 //! counters and the epoch counter after checking that the checkpoint belongs to this run
@@ -11,29 +12,34 @@
 //! one would. The output directory is locked for the run and a fresh run does not overwrite an
 //! earlier run's record unless asked to ([`out_dir`]).
 //!
-//! [`run`] reads as its steps: `trainer.rs` holds them (set up, resume, train an epoch,
-//! evaluate, log, checkpoint, report, summarise) as methods of one `Trainer`.
+//! [`run`] is the one training loop (`trainer.rs`, shared with the language models of
+//! [`crate::lm`]) run on the image task (`image.rs`); it reports progress, finished epochs and
+//! notes to a [`TrainObserver`] ([`run_observed`]; [`run`]'s prints nothing).
 
 pub mod config;
+mod image;
 pub mod interrupt;
 pub mod models;
+pub mod observer;
 pub mod out_dir;
-pub mod plot;
 pub mod resume;
-mod trainer;
+mod step;
+pub(crate) mod task;
+pub(crate) mod trainer;
+pub mod worker;
 
 pub use config::{DataKind, ModelKind, OptimizerKind, TrainConfig};
 
 use crate::data::{Dataset, Mnist, SyntheticB, multimnist};
-use crate::moe::RoutingStats;
-use crate::optim::{Adam, Optimizer, Sgd, clip_grad_norm};
+use crate::optim::{Adam, Optimizer, Sgd};
 use crate::{DType, Device, Error, Result, Tensor};
 use models::TaskModel;
-use plot::EpochPoint;
+pub use observer::{Period, PeriodEnd, TrainObserver};
 use serde::Serialize;
 use std::path::Path;
-use std::time::Instant;
-use trainer::{EpochResult, Trainer};
+pub(crate) use step::task_loss;
+pub use step::{StepOutput, train_step};
+pub use worker::on_worker_thread;
 
 /// The final figures of a run (`--json` prints this object).
 #[derive(Clone, Debug, Serialize)]
@@ -93,8 +99,6 @@ pub struct TrainSummary {
 pub struct RunOptions {
     /// continue from `out/checkpoint.safetensors` (which must belong to this run)
     pub resume: bool,
-    /// draw a progress bar and per-epoch lines on stderr
-    pub progress: bool,
     /// start afresh in an `out` that holds an earlier run's files; they are set aside and
     /// deleted once the new run has written its first checkpoint (without it such an `out` is
     /// refused)
@@ -229,91 +233,6 @@ pub(crate) fn make_optimizer(cfg: &TrainConfig) -> Result<Box<dyn Optimizer>> {
     })
 }
 
-/// Summed cross-entropy over the tasks (each a mean over the batch).
-pub(crate) fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
-    sum_over_tasks(logits, targets, Tensor::cross_entropy)
-}
-
-/// `per_task(logits, targets)` summed over the tasks.
-fn sum_over_tasks(
-    logits: &[Tensor],
-    targets: &[Tensor],
-    per_task: impl Fn(&Tensor, &Tensor) -> Result<Tensor>,
-) -> Result<Tensor> {
-    let mut total: Option<Tensor> = None;
-    for (l, y) in logits.iter().zip(targets) {
-        let ce = per_task(l, y)?;
-        total = Some(match total {
-            Some(t) => t.add(&ce)?,
-            None => ce,
-        });
-    }
-    total.ok_or_else(|| Error::Invalid("a model with no task heads".into()))
-}
-
-/// `loss` plus the surrogate of every score-function term (REINFORCE routers, see
-/// `moe/score_function.rs`), with each example's own task loss (summed over tasks, divided by
-/// the batch size as the mean loss divides it) as its reward.
-fn with_score_terms(
-    loss: &Tensor,
-    terms: &[crate::moe::ScoreTerm],
-    logits: &[Tensor],
-    targets: &[Tensor],
-) -> Result<Tensor> {
-    let per_example = crate::no_grad(|| -> Result<Tensor> {
-        let total = sum_over_tasks(logits, targets, Tensor::cross_entropy_per_row)?;
-        total.mul_scalar(1.0 / total.numel().max(1) as f64)
-    })?;
-    crate::moe::score_function::add_surrogates(loss, terms, &per_example)
-}
-
-/// What one training step leaves on the device; nothing of it has been read back.
-pub struct StepOutput {
-    /// the objective minimised: the task loss plus the auxiliary losses (without the
-    /// score-function surrogates, whose value is not a loss)
-    pub loss: Tensor,
-    /// the summed mean cross-entropy of the tasks
-    pub task_loss: Tensor,
-    /// the MoE layer's routing statistics
-    pub routing: Option<RoutingStats>,
-}
-
-/// One optimizer step of `model` on the batch `x` with targets `y` (one per task): forward,
-/// task loss plus auxiliary losses (plus the REINFORCE surrogates), backward, global-norm
-/// clipping when `max_grad_norm > 0` (the factor stays on the device) and the update. It
-/// waits for nothing and reads nothing back: on the GPU it only records and submits kernels.
-pub fn train_step(
-    model: &dyn TaskModel,
-    params: &[(String, crate::nn::Param)],
-    opt: &mut dyn Optimizer,
-    x: &Tensor,
-    y: &[Tensor],
-    max_grad_norm: f64,
-) -> Result<StepOutput> {
-    let out = model.forward(x)?;
-    let task = task_loss(&out.logits, y)?;
-    let loss = match &out.aux_loss {
-        Some(aux) => task.add(aux)?,
-        None => task.clone(),
-    };
-    if out.score_terms.is_empty() {
-        loss.backward()?;
-    } else {
-        with_score_terms(&loss, &out.score_terms, &out.logits, y)?.backward()?;
-    }
-    let scale = if max_grad_norm > 0.0 {
-        clip_grad_norm(params, max_grad_norm)?
-    } else {
-        None
-    };
-    opt.step(params, scale.as_ref().map(|(_, s)| s))?;
-    Ok(StepOutput {
-        loss,
-        task_loss: task,
-        routing: out.routing,
-    })
-}
-
 /// Mean test loss and accuracy per task, with the values accumulated on the device.
 pub fn evaluate(
     model: &dyn TaskModel,
@@ -348,43 +267,17 @@ pub fn evaluate(
     Ok((loss_sum.item()? / n, acc))
 }
 
-fn accuracy_json(acc: &[f64]) -> serde_json::Value {
-    if acc.len() == 1 {
-        serde_json::json!(acc[0])
-    } else {
-        serde_json::json!(acc)
-    }
-}
-
-/// Keeps the first `epochs` lines of `metrics.jsonl` (a resumed run rewrites what follows).
-pub(crate) fn truncate_metrics(path: &Path, epochs: usize) -> Result<()> {
+/// Keeps the first `periods` lines of `metrics.jsonl` (a resumed run rewrites what follows).
+pub(crate) fn truncate_metrics(path: &Path, periods: usize) -> Result<()> {
     let Ok(text) = std::fs::read_to_string(path) else {
         return Ok(());
     };
     let kept: String = text
         .lines()
-        .take(epochs)
+        .take(periods)
         .map(|l| format!("{l}\n"))
         .collect();
     crate::checkpoint::write_atomic(path, kept.as_bytes())
-}
-
-fn read_points(path: &Path) -> Vec<EpochPoint> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .map(|v| EpochPoint {
-            epoch: v["epoch"].as_u64().unwrap_or(0) as usize,
-            train_loss: v["train_loss"].as_f64().unwrap_or(f64::NAN),
-            test_loss: v["test_loss"].as_f64().unwrap_or(f64::NAN),
-            test_accuracy: match &v["test_accuracy"] {
-                serde_json::Value::Array(a) => a.iter().filter_map(|x| x.as_f64()).collect(),
-                x => x.as_f64().into_iter().collect(),
-            },
-        })
-        .collect()
 }
 
 /// Runs a training job as configured.
@@ -394,12 +287,25 @@ fn read_points(path: &Path) -> Vec<EpochPoint> {
 /// record unless `opts.resume` or `opts.overwrite` is set. With `opts.resume` the checkpoint
 /// there must belong to this run (see [`resume::restore`]).
 pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
-    // on a rayon worker, so that each CPU kernel's parallel part starts without a hand-over
-    crate::backend::cpu::on_worker_thread(|| run_on_this_thread(cfg, opts))
+    run_observed(cfg, opts, &mut observer::Silent)
 }
 
-/// [`run`]'s body, on the calling thread.
-fn run_on_this_thread(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummary> {
+/// [`run`], reporting its steps, finished epochs and notes to `obs`.
+pub fn run_observed(
+    cfg: &TrainConfig,
+    opts: RunOptions,
+    obs: &mut (dyn TrainObserver + Send),
+) -> Result<TrainSummary> {
+    // on a rayon worker, so that each CPU kernel's parallel part starts without a hand-over
+    crate::backend::cpu::on_worker_thread(|| run_on_this_thread(cfg, opts, obs))
+}
+
+/// [`run_observed`]'s body, on the calling thread.
+fn run_on_this_thread(
+    cfg: &TrainConfig,
+    opts: RunOptions,
+    obs: &mut dyn TrainObserver,
+) -> Result<TrainSummary> {
     cfg.validate()?;
     if cfg.model.is_lm() {
         return Err(Error::Invalid(format!(
@@ -407,29 +313,7 @@ fn run_on_this_thread(cfg: &TrainConfig, opts: RunOptions) -> Result<TrainSummar
             cfg.model.name()
         )));
     }
-    let allowed = opts.check()?;
-    let started = Instant::now();
-    let recording = opts.profile.then(crate::profile::start);
-    let mut trainer = Trainer::set_up(cfg, &opts)?;
-    let start_epoch = trainer.resume(&opts, &allowed)?;
-    let mut last = EpochResult::none(trainer.tasks());
-    for epoch in start_epoch..cfg.epochs {
-        let totals = trainer.train_epoch(epoch)?;
-        let (result, checkpoint) = trainer.evaluate(epoch, totals)?;
-        trainer.log(epoch, &result)?;
-        trainer.checkpoint(epoch, checkpoint, &result)?;
-        trainer.report(epoch, &result);
-        last = result;
-        if interrupt::stop_after_checkpoint() && epoch + 1 < cfg.epochs {
-            return Err(Error::Interrupted(format!(
-                "stopped after epoch {} of {} on request; its checkpoint is {}: the same command with --resume continues the run exactly",
-                epoch + 1,
-                cfg.epochs,
-                cfg.out.join("checkpoint.safetensors").display()
-            )));
-        }
-    }
-    trainer.summary(started, recording, last)
+    trainer::run_task(cfg, opts, || image::ImageTask::new(cfg), obs)
 }
 
 /// Per expert, the fraction of `data`'s examples routed to it with a nonzero weight, and its
@@ -448,6 +332,8 @@ pub fn expert_usage(
         let stats = model
             .forward(&b.x)?
             .routing
+            .into_iter()
+            .next()
             .ok_or_else(|| Error::Invalid("expert usage needs a model with an MoE layer".into()))?;
         sums = Some(match sums {
             None => (stats.kept_per_expert, stats.weight_per_expert),
@@ -465,40 +351,4 @@ pub fn expert_usage(
         Some((k, w)) => Ok((per_example(&k)?, per_example(&w)?)),
         None => Ok((Vec::new(), Vec::new())),
     }
-}
-
-/// Fractions of kept assignments per expert and the fraction dropped, from summed counts.
-fn load_and_drop(kept: &Tensor, routed: &Tensor) -> Result<(Vec<f64>, f64)> {
-    let k = kept.to_vec_f64()?;
-    let total: f64 = k.iter().sum();
-    let routed: f64 = routed.to_vec_f64()?.iter().sum();
-    let load = k
-        .iter()
-        .map(|v| if total > 0.0 { v / total } else { 0.0 })
-        .collect();
-    Ok((
-        load,
-        if routed > 0.0 {
-            1.0 - total / routed
-        } else {
-            0.0
-        },
-    ))
-}
-
-fn read_loads(path: &Path) -> Vec<(usize, Vec<f64>)> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        return Vec::new();
-    };
-    text.lines()
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| {
-            let load = v["expert_load"]
-                .as_array()?
-                .iter()
-                .filter_map(|x| x.as_f64())
-                .collect();
-            Some((v["epoch"].as_u64()? as usize, load))
-        })
-        .collect()
 }

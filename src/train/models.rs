@@ -27,8 +27,8 @@ pub struct ModelOutput {
     pub logits: Vec<Tensor>,
     /// auxiliary loss to add to the task loss (MoE balance/z-loss)
     pub aux_loss: Option<Tensor>,
-    /// routing statistics of the MoE layer
-    pub routing: Option<RoutingStats>,
+    /// routing statistics of each MoE layer, in order (empty for a dense model)
+    pub routing: Vec<RoutingStats>,
     /// the score-function terms of routers trained with REINFORCE (see
     /// `moe/score_function.rs`): the training loop adds each one's surrogate to the objective
     pub score_terms: Vec<ScoreTerm>,
@@ -80,7 +80,7 @@ impl TaskModel for MultiHead {
         Ok(ModelOutput {
             logits,
             aux_loss: None,
-            routing: None,
+            routing: Vec::new(),
             score_terms: Vec::new(),
         })
     }
@@ -161,7 +161,7 @@ impl TaskModel for MoeModel {
         Ok(ModelOutput {
             logits,
             aux_loss: Some(out.aux_loss),
-            routing: Some(out.stats),
+            routing: vec![out.stats],
             score_terms: out.score_terms,
         })
     }

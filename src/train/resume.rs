@@ -272,12 +272,16 @@ pub struct ResumeTarget<'a> {
     pub model: &'a dyn TaskModel,
     /// its trainable parameters by name
     pub params: &'a [(String, Param)],
-    /// optimizer steps per epoch of this run's training split
-    pub steps_per_epoch: u64,
+    /// what the run's periods are: epochs (image models) or evaluation intervals (language
+    /// models); the messages name them
+    pub period: super::Period,
+    /// optimizer steps per period of this run
+    pub steps_per_period: u64,
 }
 
 /// Loads the checkpoint at `path` into the model and the optimizer after checking it belongs
-/// to this run (see the module docs); returns the number of epochs it has trained.
+/// to this run (see the module docs); returns the number of periods (epochs or evaluation
+/// intervals) it has trained.
 ///
 /// # Errors
 /// Each refusal names the file and the item at fault (see the module docs).
@@ -314,13 +318,16 @@ pub fn restore(path: &Path, target: &ResumeTarget, opt: &mut dyn Optimizer) -> R
     })?;
     check_config(path, &saved, cfg, target.allowed)?;
 
+    let period = target.period;
+    // (the metadata key is `epoch` for both kinds of period)
     let epoch_text = meta("epoch")?;
     let epoch = match epoch_text.trim().parse::<usize>() {
         Ok(e) if e >= 1 => e,
         _ => {
             return Err(Error::Io(format!(
-                "{}: metadata epoch = {epoch_text:?} is not a number of epochs trained (a whole number ≥ 1)",
-                path.display()
+                "{}: metadata epoch = {epoch_text:?} is not a number of {}s trained (a whole number ≥ 1)",
+                path.display(),
+                period.name()
             )));
         }
     };
@@ -332,20 +339,31 @@ pub fn restore(path: &Path, target: &ResumeTarget, opt: &mut dyn Optimizer) -> R
         ))
     })?;
     let same_split = saved.batch == cfg.batch && saved.train_limit == cfg.train_limit;
-    if same_split && steps != epoch as u64 * target.steps_per_epoch {
+    if same_split && steps != epoch as u64 * target.steps_per_period {
         return Err(Error::Io(format!(
-            "{}: metadata steps = {steps} disagrees with epoch = {epoch} at {} steps per epoch",
+            "{}: metadata steps = {steps} disagrees with {} at {} steps per {}",
             path.display(),
-            target.steps_per_epoch
+            period.count(epoch),
+            target.steps_per_period,
+            period.name()
         )));
     }
     if cfg.epochs <= epoch {
-        return Err(Error::Invalid(format!(
-            "--resume: {} has already trained {epoch} epoch{}, so --epochs {} leaves nothing to train; pass a larger --epochs to train further",
-            path.display(),
-            if epoch == 1 { "" } else { "s" },
-            cfg.epochs
-        )));
+        return Err(Error::Invalid(match period {
+            super::Period::Epoch => format!(
+                "--resume: {} has already trained {}, so --epochs {} leaves nothing to train; pass a larger --epochs to train further",
+                path.display(),
+                period.count(epoch),
+                cfg.epochs
+            ),
+            super::Period::Interval => format!(
+                "--resume: {} has already trained {} ({} iterations), so --iters {} leaves nothing to train; pass a larger --iters to train further",
+                path.display(),
+                period.count(epoch),
+                epoch as u64 * target.steps_per_period,
+                cfg.iters
+            ),
+        }));
     }
     if let Some(bad) = ck.first_non_finite()? {
         return Err(Error::Io(format!(

@@ -1,15 +1,16 @@
-//! The steps of one image-training run ([`super::run`]), each a method of [`Trainer`]: set up
-//! (data, model, optimizer, output directory), resume, train one epoch, evaluate, log the
-//! epoch's metrics line, checkpoint, report progress and summarise. `run` calls them in that
-//! order, once per epoch, so the loop itself reads in a dozen lines.
+//! The one training loop, for image models and language models alike ([`run_task`]): set up
+//! (optimizer, schedule, output directory), resume, then per period (an epoch or an evaluation
+//! interval, [`super::Period`]) train its steps, evaluate, log its metrics line, checkpoint and
+//! report, and finally summarise. What differs between the jobs (data, model, evaluation,
+//! metrics, summary) is the [`Task`]'s; the steps are methods of [`Trainer`], so the loop itself
+//! reads in a dozen lines.
 
-use super::models::{self, TaskModel};
+use super::observer::{Period, PeriodEnd, TrainObserver};
 use super::out_dir::OutDir;
-use super::{
-    RunOptions, Splits, TrainConfig, TrainSummary, accuracy_json, evaluate, expert_usage,
-    load_and_drop, load_data, make_optimizer, plot, read_loads, read_points, resume, train_step,
-    truncate_metrics,
-};
+use super::task::{PeriodResult, RunEnd, Task};
+use super::{RunOptions, TrainConfig, interrupt, resume, train_step, truncate_metrics};
+use crate::checkpoint::Checkpoint;
+use crate::moe::RoutingStats;
 use crate::nn::Param;
 use crate::optim::{Optimizer, Schedule};
 use crate::{DType, Device, Error, Result, Tensor};
@@ -17,287 +18,324 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::time::Instant;
 
-/// A run set up and ready for its epochs: the data, the model and its optimizer, the output
-/// directory (claimed and locked) and the counters the epochs advance.
-pub(super) struct Trainer<'a> {
+/// Runs the task `make_task` builds (loading its data and model) as configured: the loop of
+/// the module docs.
+pub(crate) fn run_task<T: Task>(
+    cfg: &TrainConfig,
+    opts: RunOptions,
+    make_task: impl FnOnce() -> Result<T>,
+    obs: &mut dyn TrainObserver,
+) -> Result<T::Summary> {
+    let allowed = opts.check()?;
+    let started = Instant::now();
+    let recording = opts.profile.then(crate::profile::start);
+    let task = make_task()?;
+    let mut trainer = Trainer::set_up(cfg, &opts, task, obs)?;
+    let first = trainer.resume(&opts, &allowed)?;
+    let periods = trainer.task.periods();
+    let mut last = PeriodResult::none(trainer.task.tasks());
+    for period in first..periods {
+        let totals = trainer.train_period(period)?;
+        let (result, checkpoint) = trainer.evaluate(period, totals)?;
+        trainer.log(period, &result)?;
+        trainer.checkpoint(period, checkpoint)?;
+        trainer.report(period, &result)?;
+        last = result;
+        if interrupt::stop_after_checkpoint() && period + 1 < periods {
+            let iteration = match T::PERIOD {
+                Period::Epoch => String::new(),
+                Period::Interval => {
+                    format!(
+                        " (iteration {})",
+                        (period + 1) as u64 * trainer.steps_per_period
+                    )
+                }
+            };
+            return Err(Error::Interrupted(format!(
+                "stopped after {} {} of {periods}{iteration} on request; its checkpoint is {}: the same command with --resume continues the run exactly",
+                T::PERIOD.name(),
+                period + 1,
+                trainer.ckpt_path.display()
+            )));
+        }
+    }
+    trainer.summary(started, recording, first < periods, last)
+}
+
+/// A run set up and ready for its periods: the task, its optimizer and schedule, the output
+/// directory (claimed and locked) and the counters the periods advance.
+struct Trainer<'a, T: Task> {
     cfg: &'a TrainConfig,
-    /// draw a progress bar and per-epoch lines on stderr
-    progress: bool,
+    /// what the run reports to: progress, finished periods, notes
+    obs: &'a mut dyn TrainObserver,
     device: Device,
-    data: Splits,
-    model: Box<dyn TaskModel>,
+    task: T,
     params: Vec<(String, Param)>,
-    /// the number of trainable parameters
-    param_count: usize,
     opt: Box<dyn Optimizer>,
     schedule: Schedule,
-    steps_per_epoch: u64,
+    steps_per_period: u64,
     out: OutDir,
     ckpt_path: PathBuf,
     metrics_path: PathBuf,
     config_json: String,
-    /// the epoch after which this run's last checkpoint was written (a resumed run continues
+    /// the period after which this run's last checkpoint was written (a resumed run continues
     /// the checkpoint's run), or None while this run has written none
-    saved_epoch: Option<usize>,
+    saved: Option<usize>,
     /// optimizer steps taken so far
     step: u64,
     /// the last step at which the loss was read back and finite (for the NaN message)
     last_finite_read: u64,
+    /// time spent in training steps (not evaluation or checkpoints), and their number
+    train_seconds: f64,
+    trained_steps: u64,
 }
 
-/// What one epoch's training steps leave on the device (read back once, by
-/// [`Trainer::evaluate`]).
-pub(super) struct EpochTotals {
+/// What one period's steps leave on the device (read back once, by [`Trainer::evaluate`]).
+struct PeriodTotals {
     started: Instant,
-    /// the task loss summed over the epoch's examples
+    /// the task loss summed over the period's batches, each weighted by [`super::task::Batch`]
     loss_sum: Tensor,
-    /// kept and routed assignments per expert, summed over the epoch (MoE models)
-    kept_sum: Option<(Tensor, Tensor)>,
-    /// tokens routed over the epoch (examples × gates), for experts per token
+    /// per MoE layer, kept and routed assignments per expert, summed over the period
+    routing_sums: Vec<(Tensor, Tensor)>,
+    /// tokens routed over the period, summed over the layers (for experts per token)
     routed_tokens: usize,
-    /// the router's own metrics (e.g. DSelect-k's saturated fraction): summed over the epoch
-    /// on the device with a count of values
+    /// the routers' own metrics: summed on the device, with a count of values
     router_metric_sums: Vec<(&'static str, Tensor, usize)>,
 }
 
-/// The figures of one finished epoch, read back to the host.
-pub(super) struct EpochResult {
-    started: Instant,
-    pub(super) train_loss: f64,
-    pub(super) test_loss: f64,
-    pub(super) acc: Vec<f64>,
-    /// MoE: (load per expert, drop rate)
-    pub(super) routing: Option<(Vec<f64>, f64)>,
-    pub(super) experts_per_token: Option<f64>,
-    router_metric_sums: Vec<(&'static str, Tensor, usize)>,
-}
-
-impl EpochResult {
-    /// The stand-in before any epoch has run (a run resumed at its last epoch runs none).
-    pub(super) fn none(tasks: usize) -> EpochResult {
-        EpochResult {
-            started: Instant::now(),
-            train_loss: f64::NAN,
-            test_loss: f64::NAN,
-            acc: vec![f64::NAN; tasks],
-            routing: None,
-            experts_per_token: None,
-            router_metric_sums: Vec::new(),
+impl PeriodTotals {
+    /// Adds one step's routing statistics (one entry per MoE layer).
+    fn add_routing(&mut self, stats: &[RoutingStats]) -> Result<()> {
+        for (layer, s) in stats.iter().enumerate() {
+            for (name, v) in &s.metrics {
+                let v = v.detach().to_dtype(DType::F32)?;
+                match self
+                    .router_metric_sums
+                    .iter_mut()
+                    .find(|(n, _, _)| n == name)
+                {
+                    Some((_, sum, count)) => {
+                        *sum = sum.add(&v)?;
+                        *count += 1;
+                    }
+                    None => self.router_metric_sums.push((name, v, 1)),
+                }
+            }
+            self.routed_tokens += s.tokens;
+            match self.routing_sums.get_mut(layer) {
+                Some((k, r)) => {
+                    *k = s.kept_per_expert.add(k)?;
+                    *r = s.routed_per_expert.add(r)?;
+                }
+                None => self
+                    .routing_sums
+                    .push((s.kept_per_expert.clone(), s.routed_per_expert.clone())),
+            }
         }
+        Ok(())
     }
 }
 
-impl<'a> Trainer<'a> {
-    /// Loads the data, builds the model, optimizer and schedule, and claims the output
-    /// directory (only once the data and the model are known to be good, so bad input leaves
-    /// `--out` as it was).
-    pub(super) fn set_up(cfg: &'a TrainConfig, opts: &RunOptions) -> Result<Trainer<'a>> {
+/// Expert load per layer and the overall drop rate from the period's per-layer sums.
+fn load_and_drop(sums: &[(Tensor, Tensor)]) -> Result<(Vec<Vec<f64>>, f64)> {
+    let (mut kept_all, mut routed_all) = (0.0, 0.0);
+    let mut loads = Vec::with_capacity(sums.len());
+    for (k, r) in sums {
+        let k = k.to_vec_f64()?;
+        let kept: f64 = k.iter().sum();
+        kept_all += kept;
+        routed_all += r.to_vec_f64()?.iter().sum::<f64>();
+        loads.push(
+            k.iter()
+                .map(|v| if kept > 0.0 { v / kept } else { 0.0 })
+                .collect(),
+        );
+    }
+    let drop = if routed_all > 0.0 {
+        1.0 - kept_all / routed_all
+    } else {
+        0.0
+    };
+    Ok((loads, drop))
+}
+
+impl<'a, T: Task> Trainer<'a, T> {
+    /// Builds the optimizer and schedule of `task` and claims the output directory (only once
+    /// the data and the model are known to be good, so bad input leaves `--out` as it was).
+    fn set_up(
+        cfg: &'a TrainConfig,
+        opts: &RunOptions,
+        task: T,
+        obs: &'a mut dyn TrainObserver,
+    ) -> Result<Trainer<'a, T>> {
         let device = Device::from_name(&cfg.device)?;
-        let data = load_data(cfg)?;
-        if data.train.is_empty() || data.test.is_empty() {
-            return Err(Error::Invalid("the training or test split is empty".into()));
-        }
-        models::check_memory(cfg, data.side, data.tasks, cfg.batch.min(data.train.len()))?;
-        let model = match &data.bank {
-            Some(bank) => models::build_synthetic_b(cfg, bank, device)?,
-            None => models::build(cfg, data.side, data.tasks, device)?,
-        };
-        let params = model.named_params();
-        let param_count = params.iter().map(|(_, p)| p.get().numel()).sum();
-        let opt = make_optimizer(cfg)?;
-        let steps_per_epoch = data.train.batches_per_epoch(cfg.batch) as u64;
+        let params = task.model().named_params();
+        let opt = task.optimizer()?;
+        let steps_per_period = task.steps_per_period();
         let schedule = Schedule::from_name(
             &cfg.schedule,
             cfg.lr,
             cfg.min_lr,
             cfg.warmup_steps,
-            steps_per_epoch * cfg.schedule_length_epochs() as u64,
+            steps_per_period * cfg.schedule_length_epochs() as u64,
         )?;
-        if let Some(w) = cfg.warmup_warning(steps_per_epoch.saturating_mul(cfg.epochs as u64))
-            && opts.progress
-        {
-            eprintln!("moegrad: warning: {w}");
+        let total_steps = steps_per_period.saturating_mul(task.periods() as u64);
+        if let Some(w) = cfg.warmup_warning(total_steps) {
+            obs.note(&format!("moegrad: warning: {w}"));
         }
-
         let out = OutDir::claim(&cfg.out, opts.resume, opts.overwrite)?;
-        let announce = out.link_latest(opts.latest_link.as_deref())?;
-        if let Some(line) = announce.filter(|_| opts.progress) {
-            eprintln!("moegrad: {line}");
+        if let Some(line) = out.link_latest(opts.latest_link.as_deref())? {
+            obs.note(&format!("moegrad: {line}"));
         }
-        if opts.progress {
-            for note in &out.notes {
-                eprintln!("moegrad: note: {note}");
-            }
+        for note in &out.notes {
+            obs.note(&format!("moegrad: note: {note}"));
         }
         let ckpt_path = out.path().join("checkpoint.safetensors");
         let metrics_path = out.path().join("metrics.jsonl");
         let config_json = serde_json::to_string(cfg).map_err(|e| Error::Invalid(e.to_string()))?;
         Ok(Trainer {
             cfg,
-            progress: opts.progress,
+            obs,
             device,
-            data,
-            model,
+            task,
             params,
-            param_count,
             opt,
             schedule,
-            steps_per_epoch,
+            steps_per_period,
             out,
             ckpt_path,
             metrics_path,
             config_json,
-            saved_epoch: None,
+            saved: None,
             step: 0,
             last_finite_read: 0,
+            train_seconds: 0.0,
+            trained_steps: 0,
         })
     }
 
-    /// The number of tasks (one accuracy each).
-    pub(super) fn tasks(&self) -> usize {
-        self.data.tasks
+    /// The run's position after `periods` periods, in words: "epoch 2", or "iteration 40
+    /// (evaluation interval 2)".
+    fn position(&self, periods: usize) -> String {
+        match T::PERIOD {
+            Period::Epoch => format!("epoch {periods}"),
+            Period::Interval => format!(
+                "iteration {} (evaluation interval {periods})",
+                periods as u64 * self.steps_per_period
+            ),
+        }
     }
 
     /// With `opts.resume`, restores the checkpoint in `--out` (see [`resume::restore`]) and
-    /// cuts `metrics.jsonl` to its epochs; with `opts.overwrite`, clears the earlier run's
-    /// files. Returns the first epoch to train; sets the step counter from the optimizer.
-    pub(super) fn resume(&mut self, opts: &RunOptions, allowed: &[String]) -> Result<usize> {
-        let mut start_epoch = 0;
+    /// cuts `metrics.jsonl` to its periods; with `opts.overwrite`, clears the earlier run's
+    /// files. Returns the first period to train; sets the step counter from the optimizer.
+    fn resume(&mut self, opts: &RunOptions, allowed: &[String]) -> Result<usize> {
+        let mut first = 0;
         if opts.resume {
+            self.task.check_resume(&self.ckpt_path)?;
             let target = resume::ResumeTarget {
                 cfg: self.cfg,
                 allowed,
                 device: self.device,
-                model: self.model.as_ref(),
+                model: self.task.model(),
                 params: &self.params,
-                steps_per_epoch: self.steps_per_epoch,
+                period: T::PERIOD,
+                steps_per_period: self.steps_per_period,
             };
-            start_epoch = resume::restore(&self.ckpt_path, &target, self.opt.as_mut())?;
-            self.saved_epoch = Some(start_epoch);
-            truncate_metrics(&self.metrics_path, start_epoch)?;
+            first = resume::restore(&self.ckpt_path, &target, self.opt.as_mut())?;
+            self.saved = Some(first);
+            truncate_metrics(&self.metrics_path, first)?;
         } else if opts.overwrite {
             self.out.set_aside_previous_run()?;
         }
         self.step = self.opt.steps();
         self.last_finite_read = self.step;
-        Ok(start_epoch)
+        let left = (self.task.periods().saturating_sub(first)) as u64 * self.steps_per_period;
+        self.obs.run_start(T::PERIOD, left);
+        Ok(first)
     }
 
     /// Where the last good checkpoint is, for the messages of a run that stops.
     fn last_checkpoint(&self) -> String {
-        match self.saved_epoch {
-            Some(e) => format!(
-                "the last good checkpoint, written after epoch {e}, is kept at {}",
+        match self.saved {
+            Some(p) => format!(
+                "the last good checkpoint, written after {}, is kept at {}",
+                self.position(p),
                 self.ckpt_path.display()
             ),
             None => "no checkpoint has been written by this run yet".to_string(),
         }
     }
 
-    /// A progress bar for `epoch` (hidden without `--progress`).
-    fn progress_bar(&self, epoch: usize) -> indicatif::ProgressBar {
-        if !self.progress {
-            return indicatif::ProgressBar::hidden();
-        }
-        let b = indicatif::ProgressBar::new(self.steps_per_epoch);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{prefix} [{bar:30}] {pos}/{len} {msg} ({elapsed})",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
-            .progress_chars("=> "),
-        );
-        b.set_prefix(format!("epoch {}/{}", epoch + 1, self.cfg.epochs));
-        b
-    }
-
-    /// Trains one epoch: a step per batch, the loss read back every `--log-every` steps (and
-    /// at the epoch's last step) for the bar and the NaN check, everything else summed on
-    /// the device.
-    pub(super) fn train_epoch(&mut self, epoch: usize) -> Result<EpochTotals> {
+    /// Trains one period: a step per batch, the loss read back every `--log-every` steps of
+    /// the period (and at its last step) for the progress and the NaN check, everything else
+    /// summed on the device.
+    fn train_period(&mut self, period: usize) -> Result<PeriodTotals> {
         let cfg = self.cfg;
-        let device = self.device;
-        let started = Instant::now();
-        let bar = self.progress_bar(epoch);
-        let mut loss_sum = Tensor::zeros(&[], DType::F32, device)?;
-        let mut kept_sum: Option<(Tensor, Tensor)> = None;
-        let mut routed_tokens = 0usize;
-        let mut router_metric_sums: Vec<(&'static str, Tensor, usize)> = Vec::new();
-        let order = self.data.train.order(cfg.seed, epoch, true);
-        for (i, ids) in order.chunks(cfg.batch).enumerate() {
-            if super::interrupt::stop_now() {
-                bar.abandon();
+        let name = T::PERIOD.name();
+        let steps = self.steps_per_period;
+        self.obs
+            .period_start(T::PERIOD, period + 1, self.task.periods(), steps);
+        self.task.start_period(period);
+        let mut totals = PeriodTotals {
+            started: Instant::now(),
+            loss_sum: Tensor::zeros(&[], DType::F32, self.device)?,
+            routing_sums: Vec::new(),
+            routed_tokens: 0,
+            router_metric_sums: Vec::new(),
+        };
+        for i in 0..steps as usize {
+            if interrupt::stop_now() {
+                self.obs.stopped();
                 return Err(Error::Interrupted(format!(
-                    "stopped at step {} (epoch {}, batch {}) on a second request; {}; the same command with --resume continues from it",
+                    "stopped at step {} ({name} {}, batch {}) on a second request; {}; the same command with --resume continues from it",
                     self.step,
-                    epoch + 1,
+                    period + 1,
                     i + 1,
                     self.last_checkpoint()
                 )));
             }
             let _step = crate::profile::step();
             self.opt.set_lr(self.schedule.lr(self.step));
-            let b = self.data.train.batch(ids, device)?;
+            let b = self.task.batch(i, self.step)?;
             let out = train_step(
-                self.model.as_ref(),
+                self.task.model(),
                 &self.params,
                 self.opt.as_mut(),
                 &b.x,
                 &b.y,
                 cfg.clip_grad_norm,
             )?;
-            let (loss, task) = (out.loss, out.task_loss);
-            if let Some(stats) = &out.routing {
-                for (name, v) in &stats.metrics {
-                    let v = v.detach().to_dtype(DType::F32)?;
-                    match router_metric_sums.iter_mut().find(|(n, _, _)| n == name) {
-                        Some((_, sum, count)) => {
-                            *sum = sum.add(&v)?;
-                            *count += 1;
-                        }
-                        None => router_metric_sums.push((name, v, 1)),
-                    }
-                }
-                routed_tokens += stats.tokens;
-                kept_sum = Some(match kept_sum {
-                    Some((k, r)) => (
-                        stats.kept_per_expert.add(&k)?,
-                        stats.routed_per_expert.add(&r)?,
-                    ),
-                    None => (
-                        stats.kept_per_expert.clone(),
-                        stats.routed_per_expert.clone(),
-                    ),
-                });
-            }
+            totals.add_routing(&out.routing)?;
             self.step += 1;
-            loss_sum =
-                crate::no_grad(|| loss_sum.add(&task.detach().mul_scalar(ids.len() as f64)?))?;
-            if (i + 1) % cfg.log_every == 0 || i + 1 == self.steps_per_epoch as usize {
-                let l = loss.item()?;
+            let task = out.task_loss.detach().to_dtype(DType::F32)?;
+            totals.loss_sum = crate::no_grad(|| {
+                let weighted = if b.weight == 1 {
+                    task
+                } else {
+                    task.mul_scalar(b.weight as f64)?
+                };
+                totals.loss_sum.add(&weighted)
+            })?;
+            if (i + 1) % cfg.log_every == 0 || i + 1 == steps as usize {
+                let l = out.loss.item()?;
                 if !l.is_finite() {
-                    bar.abandon();
-                    return Err(self.non_finite_loss(l, epoch, i));
+                    self.obs.stopped();
+                    return Err(self.non_finite_loss(l, period, i));
                 }
                 self.last_finite_read = self.step;
-                let rate = ((i + 1) * cfg.batch) as f64 / started.elapsed().as_secs_f64().max(1e-9);
-                bar.set_message(format!("loss {l:.4} · {rate:.0} img/s"));
+                let message = self.task.step_message(l, i, totals.started);
+                self.obs.step(Some(&message));
+            } else {
+                self.obs.step(None);
             }
-            bar.inc(1);
         }
-        bar.finish_and_clear();
-        Ok(EpochTotals {
-            started,
-            loss_sum,
-            kept_sum,
-            routed_tokens,
-            router_metric_sums,
-        })
+        Ok(totals)
     }
 
-    /// The error of a loss `l` read non-finite at batch `i` of `epoch`, saying between which
+    /// The error of a loss `l` read non-finite at batch `i` of `period`, saying between which
     /// steps it became so and where the last good checkpoint is.
-    fn non_finite_loss(&self, l: f64, epoch: usize, i: usize) -> Error {
+    fn non_finite_loss(&self, l: f64, period: usize, i: usize) -> Error {
         let (step, last_finite_read) = (self.step, self.last_finite_read);
         let when = if last_finite_read + 1 == step {
             format!("it first became non-finite at step {step}")
@@ -312,9 +350,10 @@ impl<'a> Trainer<'a> {
                 last_finite_read + 1
             )
         };
+        let name = T::PERIOD.name();
         Error::Invalid(format!(
-            "loss is {l} at step {step} (epoch {}, batch {}); the loss is read every {} (--log-every) and at the end of each epoch: {when}. Stopping; {}",
-            epoch + 1,
+            "loss is {l} at step {step} ({name} {}, batch {}); the loss is read every {} (--log-every) and at the end of each {name}: {when}. Stopping; {}",
+            period + 1,
             i + 1,
             if self.cfg.log_every == 1 {
                 "step".to_string()
@@ -325,84 +364,98 @@ impl<'a> Trainer<'a> {
         ))
     }
 
-    /// Reads the epoch's totals back, evaluates on the test split and takes the checkpoint of
-    /// the epoch; stops the run when the training loss, a parameter or the optimizer state is
-    /// not finite (nothing non-finite is ever written, neither to the checkpoint nor to the
-    /// metrics).
-    pub(super) fn evaluate(
-        &self,
-        epoch: usize,
-        totals: EpochTotals,
-    ) -> Result<(EpochResult, crate::checkpoint::Checkpoint)> {
-        let cfg = self.cfg;
-        let train_loss = totals.loss_sum.item()? / self.data.train.len() as f64;
+    /// Reads the period's totals back, evaluates the model and takes the checkpoint of the
+    /// period; stops the run when the training loss, a parameter or the optimizer state is not
+    /// finite (nothing non-finite is ever written, neither to the checkpoint nor to the metrics).
+    fn evaluate(
+        &mut self,
+        period: usize,
+        totals: PeriodTotals,
+    ) -> Result<(PeriodResult, Checkpoint)> {
+        let name = T::PERIOD.name();
+        let train_loss = self.task.mean_train_loss(totals.loss_sum.item()?);
+        // the period's training time ends once its steps are done: on the GPU, when the read
+        // above has waited for them
+        self.train_seconds += totals.started.elapsed().as_secs_f64();
+        self.trained_steps += self.steps_per_period;
         if !train_loss.is_finite() {
+            self.obs.stopped();
             return Err(Error::Invalid(format!(
-                "mean training loss of epoch {} is {train_loss}; stopping; {}",
-                epoch + 1,
+                "mean training loss of {name} {} is {train_loss}; stopping; {}",
+                period + 1,
                 self.last_checkpoint()
             )));
         }
-        let model = self.model.as_ref();
-        let (test_loss, acc) = evaluate(model, &self.data.test, cfg.batch.max(256), self.device)?;
+        let eval = self.task.evaluate()?;
         // the loss can stay finite while a parameter or the optimizer state is not (an
         // infinite Adam second moment, say)
-        let ck = resume::snapshot(
-            epoch + 1,
+        let mut ck = resume::snapshot(
+            period + 1,
             &self.params,
             self.opt.as_ref(),
-            model,
+            self.task.model(),
             &self.config_json,
         )?;
         if let Some(bad) = ck.first_non_finite()? {
+            self.obs.stopped();
             return Err(Error::Invalid(format!(
-                "after epoch {} (step {}) {bad}: the run has diverged (a smaller --lr, --clip-grad-norm or smaller loss coefficients may help); stopping without writing a checkpoint; {}",
-                epoch + 1,
+                "after {name} {} (step {}) {bad}: the run has diverged (a smaller --lr, --clip-grad-norm or smaller loss coefficients may help); stopping without writing a checkpoint; {}",
+                period + 1,
                 self.step,
                 self.last_checkpoint()
             )));
         }
-        let routing = match &totals.kept_sum {
-            Some((k, r)) => Some(load_and_drop(k, r)?),
-            None => None,
-        };
-        let experts_per_token = match &totals.kept_sum {
-            Some((k, _)) => {
-                Some(k.to_vec_f64()?.iter().sum::<f64>() / totals.routed_tokens.max(1) as f64)
+        self.task.annotate(&mut ck);
+        let sums = &totals.routing_sums;
+        let (routing, experts_per_token) = if sums.is_empty() {
+            (None, None)
+        } else {
+            let mut kept = 0.0;
+            for (k, _) in sums {
+                kept += k.to_vec_f64()?.iter().sum::<f64>();
             }
-            None => None,
+            (
+                Some(load_and_drop(sums)?),
+                Some(kept / totals.routed_tokens.max(1) as f64),
+            )
         };
-        let result = EpochResult {
+        let mut router_metrics = Vec::with_capacity(totals.router_metric_sums.len());
+        for (name, sum, count) in &totals.router_metric_sums {
+            router_metrics.push((*name, sum.item()? / *count as f64));
+        }
+        let result = PeriodResult {
             started: totals.started,
             train_loss,
-            test_loss,
-            acc,
+            eval,
             routing,
             experts_per_token,
-            router_metric_sums: totals.router_metric_sums,
+            router_metrics,
         };
         Ok((result, ck))
     }
 
-    /// Appends the epoch's line to `metrics.jsonl`.
-    pub(super) fn log(&self, epoch: usize, r: &EpochResult) -> Result<()> {
-        let mut line = serde_json::json!({
-            "epoch": epoch + 1, "step": self.step, "lr": self.opt.lr(), "train_loss": r.train_loss, "test_loss": r.test_loss,
-            "test_accuracy": accuracy_json(&r.acc), "epoch_seconds": r.started.elapsed().as_secs_f64(),
-        });
+    /// Appends the period's line to `metrics.jsonl`: the task's fields, then the routing ones.
+    fn log(&self, period: usize, r: &PeriodResult) -> Result<()> {
+        let mut line = self
+            .task
+            .metrics_line(r, period + 1, self.step, self.opt.lr());
         if let Some((load, drop)) = &r.routing {
-            line["expert_load"] = serde_json::json!(load);
+            // an image model has one MoE layer: its load is one list
+            line["expert_load"] = match (T::PERIOD, load.as_slice()) {
+                (Period::Epoch, [one]) => serde_json::json!(one),
+                _ => serde_json::json!(load),
+            };
             line["drop_rate"] = serde_json::json!(drop);
         }
         if let Some(e) = r.experts_per_token {
             line["experts_per_token"] = serde_json::json!(e);
         }
-        if !r.router_metric_sums.is_empty() {
-            let mut metrics = serde_json::Map::new();
-            for (name, sum, count) in &r.router_metric_sums {
-                let mean = sum.item()? / *count as f64;
-                metrics.insert(name.to_string(), serde_json::json!(mean));
-            }
+        if !r.router_metrics.is_empty() {
+            let metrics: serde_json::Map<String, serde_json::Value> = r
+                .router_metrics
+                .iter()
+                .map(|(name, mean)| (name.to_string(), serde_json::json!(mean)))
+                .collect();
             line["router_metrics"] = serde_json::Value::Object(metrics);
         }
         let path = &self.metrics_path;
@@ -414,117 +467,51 @@ impl<'a> Trainer<'a> {
         writeln!(f, "{line}").map_err(|e| Error::Io(format!("{}: {e}", path.display())))
     }
 
-    /// Writes the epoch's checkpoint and redraws `curves.svg` (and `expert_load.svg` for MoE
-    /// models) from `metrics.jsonl`.
-    pub(super) fn checkpoint(
-        &mut self,
-        epoch: usize,
-        ck: crate::checkpoint::Checkpoint,
-        r: &EpochResult,
-    ) -> Result<()> {
+    /// Writes the period's checkpoint.
+    fn checkpoint(&mut self, period: usize, ck: Checkpoint) -> Result<()> {
         ck.save(&self.ckpt_path)?;
         self.out.first_checkpoint_written()?;
-        self.saved_epoch = Some(epoch + 1);
-        let cfg = self.cfg;
-        plot::draw_curves(
-            &self.out.path().join("curves.svg"),
-            &read_points(&self.metrics_path),
-            &format!("{:?} {:?}", cfg.model, cfg.data),
-        )?;
-        if r.routing.is_some() {
-            plot::draw_expert_load(
-                &self.out.path().join("expert_load.svg"),
-                &read_loads(&self.metrics_path),
-            )?;
-        }
+        self.saved = Some(period + 1);
+        self.task.after_checkpoint();
         Ok(())
     }
 
-    /// With `--progress`, prints the epoch's line on stderr.
-    pub(super) fn report(&self, epoch: usize, r: &EpochResult) {
-        if !self.progress {
-            return;
-        }
-        let accs: Vec<String> = r.acc.iter().map(|a| format!("{:.2}%", 100.0 * a)).collect();
-        let moe = match &r.routing {
-            Some((load, drop)) => {
-                let l: Vec<String> = load.iter().map(|v| format!("{:.0}", 100.0 * v)).collect();
-                format!(
-                    ", expert load % [{}], drop rate {:.2}%",
-                    l.join(" "),
-                    100.0 * drop
-                )
-            }
-            None => String::new(),
-        };
-        eprintln!(
-            "epoch {}/{}: train loss {:.4}, test loss {:.4}, test accuracy {}{moe}, {:.1} s",
-            epoch + 1,
-            self.cfg.epochs,
-            r.train_loss,
-            r.test_loss,
-            accs.join(" / "),
-            r.started.elapsed().as_secs_f64()
-        );
+    /// Tells the observer the period is finished, with its line of figures (the command line
+    /// prints it and redraws the plots from `metrics.jsonl`).
+    fn report(&mut self, period: usize, r: &PeriodResult) -> Result<()> {
+        let line = self.task.report_line(r, period + 1, self.step);
+        let title = self.task.title();
+        self.obs.period_end(&PeriodEnd {
+            period: T::PERIOD,
+            number: period + 1,
+            total: self.task.periods(),
+            line: &line,
+            out: self.out.path(),
+            metrics: &self.metrics_path,
+            title: &title,
+            moe: r.routing.is_some(),
+        })
     }
 
-    /// The run's summary from its last epoch (`last`), with the synthetic-b expert usage
-    /// measured on the test split and the profile of `recording`.
-    pub(super) fn summary(
-        &self,
+    /// The task's summary of the run, with the profile of `recording`.
+    fn summary(
+        mut self,
         started: Instant,
         recording: Option<crate::profile::Recording>,
-        last: EpochResult,
-    ) -> Result<TrainSummary> {
-        let cfg = self.cfg;
-        let (expert_selection_rate, expert_mean_weight, selected_experts, true_experts) =
-            match &self.data.bank {
-                Some(bank) => {
-                    let (rate, weight) = expert_usage(
-                        self.model.as_ref(),
-                        &self.data.test,
-                        cfg.batch.max(256),
-                        self.device,
-                    )?;
-                    // an expert is selected when it holds at least half of an equal share of
-                    // the k choices: a gate can put all its mass on the true experts while the
-                    // others keep tiny nonzero weights (DSelect-k before its selectors saturate)
-                    let share = 0.5 / cfg.k.max(1) as f64;
-                    let selected = (0..weight.len()).filter(|&e| weight[e] >= share).collect();
-                    if self.progress {
-                        eprintln!(
-                            "synthetic-b: the gate selects experts {selected:?} (mean weight ≥ 1/(2k)); the true experts are {:?}",
-                            bank.true_experts
-                        );
-                    }
-                    (
-                        Some(rate),
-                        Some(weight),
-                        Some(selected),
-                        Some(bank.true_experts.clone()),
-                    )
-                }
-                None => (None, None, None, None),
-            };
-        let profile = recording.and_then(crate::profile::Recording::finish);
-        Ok(TrainSummary {
-            device: self.device.to_string(),
-            epochs: cfg.epochs,
+        trained_any: bool,
+        last: PeriodResult,
+    ) -> Result<T::Summary> {
+        self.obs.finished();
+        let params = self.params.iter().map(|(_, p)| p.get().numel()).sum();
+        let run = RunEnd {
             seconds: started.elapsed().as_secs_f64(),
-            train_loss: last.train_loss,
-            test_loss: last.test_loss,
-            test_accuracy: accuracy_json(&last.acc),
             steps: self.opt.steps(),
-            params: self.param_count,
-            expert_load: last.routing.as_ref().map(|r| r.0.clone()),
-            drop_rate: last.routing.map(|r| r.1),
-            experts_per_token: last.experts_per_token,
-            expert_selection_rate,
-            expert_mean_weight,
-            selected_experts,
-            true_experts,
-            profile: profile.as_ref().map(crate::profile::Report::rows),
-            gpu_profile: profile.and_then(|p| p.gpu),
-        })
+            params,
+            train_seconds: self.train_seconds,
+            trained_steps: self.trained_steps,
+            profile: recording.and_then(crate::profile::Recording::finish),
+            obs: self.obs,
+        };
+        self.task.summary(run, trained_any, last)
     }
 }
