@@ -532,7 +532,7 @@ mod tests {
             random, reduce, routing, sort,
         };
         let files = [
-            (&elementwise::ELEMENTWISE, 5usize),
+            (&*elementwise::ELEMENTWISE, 5usize),
             (&reduce::REDUCE, 4),
             (&layout::LAYOUT, 5),
             (&sort::SORT, 4),
