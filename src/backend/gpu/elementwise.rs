@@ -184,7 +184,7 @@ mod tests {
                 .any(|k| k.starts_with("UNARY_") || k.starts_with("BINARY_")),
             "shaders/elementwise.wgsl declares op constants; they come from the Rust table"
         );
-        let compiled = super::super::kernels::wgsl_u32_consts(&ELEMENTWISE.source);
+        let compiled = super::super::kernels::wgsl_u32_consts(ELEMENTWISE.source);
         assert_eq!(compiled.get("UNARY_NEG"), Some(&UnaryOp::Neg.code()));
         assert_eq!(compiled.get("BINARY_NE"), Some(&BinaryOp::Ne.code()));
     }
