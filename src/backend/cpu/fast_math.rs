@@ -224,7 +224,8 @@ pub(super) fn gelu_and_slope_f32(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
     }
     let avx2 = has_avx2();
     let n = x.len();
-    let take = |n: usize| super::pool::take::<f32>(n).unwrap_or_else(|_| Vec::with_capacity(n));
+    let take =
+        |n: usize| super::buffer_pool::take::<f32>(n).unwrap_or_else(|_| Vec::with_capacity(n));
     let (mut y, mut s) = (take(n), take(n));
     let body = |x: &[f32], y: &mut [MaybeUninit<f32>], s: &mut [MaybeUninit<f32>]| {
         #[cfg(target_arch = "x86_64")]
