@@ -21,7 +21,8 @@
 //!   bank's weight gradient);
 //! * `optim.rs` (fused Adam, AdamW and SGD steps, in place);
 //! * the fused kernels `attention.rs`, `layer_norm.rs`, `cross_entropy.rs`, `routing.rs`,
-//!   `conv2d.rs`, `pool2d.rs` (pooling layers), with `checks.rs` holding their argument checks;
+//!   `conv2d.rs`, `pool2d.rs` (pooling layers), whose argument checks are the device-neutral
+//!   ones of `backend/checks.rs`;
 //! * `buffer_pool.rs` (recycled allocations) and `worker.rs` (how a kernel reaches rayon's
 //!   worker threads: the `Storage` layer runs every CPU kernel through `worker::on_pool`).
 
@@ -67,7 +68,7 @@ impl CpuBuffer {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    fn indices(&self, what: &str) -> Result<&[i32]> {
+    pub(crate) fn indices(&self, what: &str) -> Result<&[i32]> {
         match self {
             CpuBuffer::I32(v) => Ok(v),
             other => Err(Error::DType(format!(
@@ -118,7 +119,6 @@ macro_rules! any_map {
 // to the modules declared below it).
 mod attention;
 pub mod buffer_pool;
-mod checks;
 mod conv2d;
 mod cross_entropy;
 mod elementwise;

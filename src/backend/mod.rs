@@ -13,6 +13,7 @@
 //! [`gpu::GpuBackend`] (wgpu + WGSL kernels in `shaders/`, f32). [`Storage`] is the enum a tensor
 //! holds; its methods dispatch to the right backend.
 
+mod checks;
 pub mod cpu;
 mod dims;
 mod elementwise_ops;

@@ -426,14 +426,7 @@ fn check<'a>(
     image_bank: Option<&'a CpuBuffer>,
     d: &Conv2dDims,
 ) -> Result<Option<&'a [i32]>> {
-    for (name, buf, expected) in operands {
-        if buf.len() != *expected {
-            return Err(Error::Shape(format!(
-                "{what}: {name} holds {} elements, expected {expected} for {d:?}",
-                buf.len()
-            )));
-        }
-    }
+    crate::backend::checks::check_lengths(what, operands, d)?;
     match image_bank {
         None if d.banks != 1 => Err(Error::Invalid(format!(
             "{what}: {} weight banks need an image_bank index",

@@ -214,13 +214,7 @@ fn check_len(
     expected: usize,
     d: &Pool2dDims,
 ) -> Result<()> {
-    if buf.len() != expected {
-        return Err(Error::Shape(format!(
-            "{what}: {name} holds {} elements, expected {expected} for {d:?}",
-            buf.len()
-        )));
-    }
-    Ok(())
+    crate::backend::checks::check_lengths(what, &[(name, buf, expected)], d)
 }
 
 /// `Backend::pool2d_forward` on the CPU.

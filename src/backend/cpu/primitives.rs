@@ -4,9 +4,6 @@
 //! fused kernels `attention.rs`, `layer_norm.rs`, `cross_entropy.rs`, `routing.rs`,
 //! `conv2d.rs`, `pool2d.rs`).
 
-use super::checks::{
-    check_attention_lengths, check_cross_entropy, check_grouped_bias, check_layer_norm_lengths,
-};
 use super::elementwise::{binary_kernel, is_contiguous, strided_copy, unary_kernel, where_kernel};
 use super::fast_math::{WideF32, gelu_backward_f32, map1_f32_wide};
 use super::grouped_matmul::{WeightGradProblem, expert_routing, grouped_matmul_kernel};
@@ -19,6 +16,9 @@ use super::{
     layer_norm, pool2d, routing, tabulate,
 };
 use crate::backend::AttentionGradOperands;
+use crate::backend::checks::{
+    check_attention_lengths, check_cross_entropy, check_grouped_bias, check_layer_norm_lengths,
+};
 use crate::backend::{
     AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, ExpertBankDims,
     GroupedMatmulDims, HostData, LayerNormDims, MatLayout, MatmulDims, PlanBuffers, Pool2dDims,

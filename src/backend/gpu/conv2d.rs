@@ -74,21 +74,16 @@ fn check(what: &str, operands: &[(&str, &GpuBuffer, usize)], d: &Conv2dDims) -> 
             "{what}: more than {MAX_GROUPS} banks or channels in one launch ({d:?})"
         )));
     }
-    for (name, b, expected) in operands {
+    for (name, b, _) in operands {
         if b.dtype() != DType::F32 {
             return Err(Error::DType(format!(
                 "{what}: {name} must be f32 on the GPU, got {}",
                 b.dtype()
             )));
         }
-        if b.len() != *expected {
-            return Err(Error::Shape(format!(
-                "{what}: {name} holds {} elements, expected {expected} for {d:?}",
-                b.len()
-            )));
-        }
     }
-    Ok(())
+    let lengths: Vec<_> = operands.iter().map(|&(n, b, e)| (n, b, e)).collect();
+    crate::backend::checks::check_lengths(what, &lengths, d)
 }
 
 /// The parameter block (`ConvParams`) for images `image_base..`.
