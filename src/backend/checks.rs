@@ -6,25 +6,33 @@
 //! workgroup limits) stays in that device's launcher.
 
 use super::{cpu::CpuBuffer, gpu::GpuBuffer};
-use crate::backend::{AttentionDims, GroupedMatmulDims, LayerNormDims};
-use crate::{Error, Result};
+use crate::backend::{AttentionDims, Conv2dDims, GroupedMatmulDims, LayerNormDims};
+use crate::{DType, Error, Result};
 use std::fmt::Debug;
 
-/// What a length check sees of a device buffer: its length (never its values).
+/// What a check sees of a device buffer: its length and dtype (never its values).
 pub(crate) trait Operand {
     /// Elements in the buffer.
     fn len(&self) -> usize;
+    /// The buffer's dtype.
+    fn dtype(&self) -> DType;
 }
 
 impl Operand for CpuBuffer {
     fn len(&self) -> usize {
         CpuBuffer::len(self)
     }
+    fn dtype(&self) -> DType {
+        CpuBuffer::dtype(self)
+    }
 }
 
 impl Operand for GpuBuffer {
     fn len(&self) -> usize {
         GpuBuffer::len(self)
+    }
+    fn dtype(&self) -> DType {
+        GpuBuffer::dtype(self)
     }
 }
 
@@ -174,6 +182,98 @@ pub(crate) fn check_grouped_bias<B: Operand>(
             b.len(),
             dims.experts,
             dims.m
+        )));
+    }
+    Ok(())
+}
+
+/// The error of a binary kernel (`what` is the op, `{op:?}` or `matmul`) given operands that
+/// are not two floats of one dtype.
+pub(crate) fn binary_dtype_error(what: &str, a: DType, b: DType) -> Error {
+    Error::DType(format!(
+        "{what} needs two float tensors of one dtype, got {a} and {b}"
+    ))
+}
+
+/// The error of `where_cond` given operands that are not three floats of one dtype.
+pub(crate) fn where_dtype_error(cond: DType, a: DType, b: DType) -> Error {
+    Error::DType(format!(
+        "where needs a condition and two values of one float dtype, got {cond}, {a} and {b}"
+    ))
+}
+
+/// The error of an index operand that is not I32.
+pub(crate) fn indices_dtype_error(what: &str, got: DType) -> Error {
+    Error::DType(format!("{what}: indices must be i32, got {got}"))
+}
+
+/// Checks that every part of a concatenation has the dtype of the first; returns it.
+pub(crate) fn check_concat_dtypes<B: Operand>(parts: &[&B]) -> Result<DType> {
+    let dtype = parts.first().map(|p| p.dtype()).unwrap_or(DType::F32);
+    if parts.iter().any(|p| p.dtype() != dtype) {
+        return Err(Error::DType(
+            "concat: all tensors must share one dtype".into(),
+        ));
+    }
+    Ok(dtype)
+}
+
+/// Checks that an optimizer step's buffers (parameter, gradient, state) have one length.
+pub(crate) fn check_same_lengths<B: Operand>(what: &str, bufs: &[&B]) -> Result<()> {
+    let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+    if lens.iter().any(|&l| l != lens[0]) {
+        return Err(Error::Shape(format!(
+            "{what}: buffers of lengths {lens:?} must be equal"
+        )));
+    }
+    Ok(())
+}
+
+/// The error of a gradient scale that is not one value.
+pub(crate) fn grad_scale_length_error(len: usize) -> Error {
+    Error::Shape(format!(
+        "gradient scale must hold one value, it holds {len}"
+    ))
+}
+
+/// Checks a grouped convolution's `image_bank`: required when there is more than one weight
+/// bank, I32, one entry per image.
+pub(crate) fn check_image_bank<B: Operand>(
+    what: &str,
+    image_bank: Option<&B>,
+    d: &Conv2dDims,
+) -> Result<()> {
+    match image_bank {
+        None if d.banks != 1 => Err(Error::Invalid(format!(
+            "{what}: {} weight banks need an image_bank index",
+            d.banks
+        ))),
+        None => Ok(()),
+        Some(b) if b.dtype() != DType::I32 => Err(Error::DType(format!(
+            "{what}: image_bank must be i32, got {}",
+            b.dtype()
+        ))),
+        Some(b) if b.len() != d.batch => Err(Error::Shape(format!(
+            "{what}: image_bank holds {} entries for {} images",
+            b.len(),
+            d.batch
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// The error of a max-pooling backward called without the forward's argmax.
+pub(crate) fn missing_argmax_error(what: &str) -> Error {
+    Error::Invalid(format!(
+        "{what}: max pooling needs the argmax of its forward pass"
+    ))
+}
+
+/// Checks a dispatch plan's sizes: at least one expert, `assignments` indexable by an i32.
+pub(crate) fn check_dispatch_sizes(what: &str, experts: usize, assignments: usize) -> Result<()> {
+    if experts == 0 || i32::try_from(assignments).is_err() {
+        return Err(Error::Shape(format!(
+            "{what}: needs at least one expert and fewer than 2³¹ assignments, got {experts} experts, {assignments} assignments"
         )));
     }
     Ok(())

@@ -27,7 +27,7 @@
 //!   worker threads: the `Storage` layer runs every CPU kernel through `worker::on_pool`).
 
 use super::LayerNormDims;
-use crate::{DType, Error, Result};
+use crate::{DType, Result};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -71,10 +71,10 @@ impl CpuBuffer {
     pub(crate) fn indices(&self, what: &str) -> Result<&[i32]> {
         match self {
             CpuBuffer::I32(v) => Ok(v),
-            other => Err(Error::DType(format!(
-                "{what}: indices must be i32, got {}",
-                other.dtype()
-            ))),
+            other => Err(crate::backend::checks::indices_dtype_error(
+                what,
+                other.dtype(),
+            )),
         }
     }
 }

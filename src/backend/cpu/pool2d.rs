@@ -255,9 +255,7 @@ pub(super) fn backward(
     check_len(WHAT, "dy", dy, yl, &d)?;
     let arg = match (kind, argmax) {
         (PoolKind::Max, None) => {
-            return Err(Error::Invalid(format!(
-                "{WHAT}: max pooling needs the argmax of its forward pass"
-            )));
+            return Err(crate::backend::checks::missing_argmax_error(WHAT));
         }
         (PoolKind::Max, Some(a)) => {
             check_len(WHAT, "argmax", a, yl, &d)?;

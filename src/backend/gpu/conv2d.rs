@@ -37,21 +37,9 @@ fn bank_buffer(
     d: &Conv2dDims,
     what: &str,
 ) -> Result<GpuBuffer> {
+    crate::backend::checks::check_image_bank(what, image_bank, d)?;
     match image_bank {
-        None if d.banks != 1 => Err(Error::Invalid(format!(
-            "{what}: {} weight banks need an image_bank index",
-            d.banks
-        ))),
         None => be.full(1, 0.0, DType::I32),
-        Some(b) if b.dtype() != DType::I32 => Err(Error::DType(format!(
-            "{what}: image_bank must be i32, got {}",
-            b.dtype()
-        ))),
-        Some(b) if b.len() != d.batch => Err(Error::Shape(format!(
-            "{what}: image_bank holds {} entries for {} images",
-            b.len(),
-            d.batch
-        ))),
         Some(b) => Ok(b.clone()),
     }
 }

@@ -6,6 +6,7 @@
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::strided::plan;
 use super::{GpuBackend, GpuBuffer, f64_error};
+use crate::backend::checks::{binary_dtype_error, where_dtype_error};
 use crate::backend::{BinaryOp, Strided, UnaryOp};
 use crate::{DType, Error, Result};
 use std::sync::LazyLock;
@@ -95,11 +96,7 @@ pub(crate) fn binary(
     shape: &[usize],
 ) -> Result<GpuBuffer> {
     if a.dtype() != DType::F32 || b.dtype() != DType::F32 {
-        return Err(Error::DType(format!(
-            "{op:?} needs two float tensors of one dtype, got {} and {}",
-            a.dtype(),
-            b.dtype()
-        )));
+        return Err(binary_dtype_error(&format!("{op:?}"), a.dtype(), b.dtype()));
     }
     let what = format!("{op:?}");
     let p = plan(&what, shape, &[(sa, 0, a.len()), (sb, 0, b.len())])?;
@@ -137,12 +134,7 @@ pub(crate) fn where_cond(
         strides: sb,
     } = b;
     if [cond, a, b].iter().any(|t| t.dtype() != DType::F32) {
-        return Err(Error::DType(format!(
-            "where needs a condition and two values of one float dtype, got {}, {} and {}",
-            cond.dtype(),
-            a.dtype(),
-            b.dtype()
-        )));
+        return Err(where_dtype_error(cond.dtype(), a.dtype(), b.dtype()));
     }
     let p = plan(
         "where",

@@ -120,9 +120,7 @@ pub(crate) fn pool2d_backward(
     let dx = be.alloc(il, DType::F32)?;
     let grid = grid_1d(il, 256)?;
     match (kind, argmax) {
-        (PoolKind::Max, None) => Err(Error::Invalid(format!(
-            "{WHAT}: max pooling needs the argmax of its forward pass"
-        ))),
+        (PoolKind::Max, None) => Err(crate::backend::checks::missing_argmax_error(WHAT)),
         (PoolKind::Max, Some(arg)) => {
             check(WHAT, &d, &[("argmax", arg, DType::I32, ol)])?;
             be.launch(
