@@ -140,7 +140,7 @@ pub use attention::ATTENTION_BLOCK;
 pub(crate) use buffer_pool as pool;
 pub use buffer_pool::PooledVec;
 pub use conv2d::WEIGHT_GRAD_IMAGES;
-pub use fast_math::{exp_f32, ln_f32};
+use fast_math::exp_f32;
 pub(crate) use worker::on_pool;
 #[doc(hidden)]
 pub use worker::on_worker_thread;
