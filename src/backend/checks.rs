@@ -68,6 +68,23 @@ pub(crate) fn check_lse_length<B: Operand>(what: &str, lse: &B, dims: AttentionD
     Ok(())
 }
 
+/// Checks that cross-entropy logits are `[rows, classes]` for `rows` targets, sizes ≥ 1.
+pub(crate) fn check_cross_entropy_shape<B: Operand>(
+    what: &str,
+    logits: &B,
+    targets: &B,
+    classes: usize,
+) -> Result<()> {
+    let rows = targets.len();
+    if rows == 0 || classes == 0 || rows.checked_mul(classes) != Some(logits.len()) {
+        return Err(Error::Shape(format!(
+            "{what}: logits of {} values are not [{rows} rows, {classes} classes] (sizes ≥ 1)",
+            logits.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Checks a cross-entropy's operands on the CPU (logits `[rows, classes]`, I32 targets `[rows]`
 /// inside `0..classes`, sizes ≥ 1) and returns the targets. (The range of the targets is
 /// data: the GPU kernel checks it where it reads them.)
@@ -78,13 +95,7 @@ pub(crate) fn check_cross_entropy<'a>(
     classes: usize,
 ) -> Result<&'a [i32]> {
     let t = targets.indices(what)?;
-    if t.is_empty() || classes == 0 || t.len().checked_mul(classes) != Some(logits.len()) {
-        return Err(Error::Shape(format!(
-            "{what}: logits of {} values are not [{} rows, {classes} classes] (sizes ≥ 1)",
-            logits.len(),
-            t.len()
-        )));
-    }
+    check_cross_entropy_shape(what, logits, targets, classes)?;
     if let Some((r, &bad)) = t
         .iter()
         .enumerate()
