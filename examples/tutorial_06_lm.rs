@@ -57,12 +57,11 @@ fn main() -> moegrad::Result<()> {
     );
 
     // 3. Training: each step draws BATCH windows, predicts every next character, and takes
-    // one Adam step on the mean cross-entropy plus the balance loss. The loop runs on a rayon
-    // worker (`on_worker_thread`, as `moegrad train` does), so that each CPU kernel's parallel
-    // part starts without handing its work over to another thread.
+    // one Adam step on the mean cross-entropy plus the balance loss. (The CPU backend runs its
+    // large kernels on its own worker threads; the loop needs nothing for that.)
     let params = model.named_params();
     let mut opt = Adam::new(3e-3)?;
-    let (first, last_losses) = on_worker_thread(|| -> moegrad::Result<(Option<f64>, Vec<f64>)> {
+    let (first, last_losses) = {
         let mut first = None;
         let mut last_losses = Vec::new();
         for step in 0..STEPS {
@@ -81,8 +80,8 @@ fn main() -> moegrad::Result<()> {
                 println!("step {step:3}: cross-entropy {ce:.3}");
             }
         }
-        Ok((first, last_losses))
-    })?;
+        (first, last_losses)
+    };
     // At initialisation the model guesses uniformly: about ln V nats per character.
     let first = first.unwrap_or(f64::NAN);
     let uniform = (vocab as f64).ln();

@@ -12,11 +12,11 @@
 //             toward zero, saturating, NaN -> 0, as Rust's `as`), 1 i32 -> f32, 2 copy.
 //             x (binding 1, read, array<u32>) -> out (binding 2, read_write, array<u32>).
 // unary       neg, exp, log, relu, gelu, ... (backend::UnaryOp). params UnaryParams { n, op, p0, p1 }
-//             with op the UnaryOp's index in declaration order (0 Neg .. 18 MulScalar) and p0, p1
+//             with op the UnaryOp's code (its row in src/backend/elementwise_ops.rs) and p0, p1
 //             its f32 parameters (Powf p; Clamp lo, hi; AddScalar c; MulScalar c).
 //             x (binding 1, read, array<f32>) -> out (binding 2, read_write, array<f32>), both [n].
-// binary      a + b, a < b, ... with broadcasting (backend::BinaryOp, op = index 0 Add .. 12 Ne,
-//             13 GeluBackward: a * gelu'(b)).
+// binary      a + b, a < b, ... with broadcasting (backend::BinaryOp, op = its code, the row in
+//             src/backend/elementwise_ops.rs; GeluBackward is a * gelu'(b)).
 //             params BinaryParams { w: array<vec4<u32>, 7> } read as 28 words:
 //             w[0] = n, w[1] = rank (<= 8), w[2] = op, w[4..12] = out shape,
 //             w[12..20] = a strides, w[20..28] = b strides (elements; 0 for a broadcast dim).
@@ -97,43 +97,11 @@ fn powf(x: f32, y: f32) -> f32 {
 const GELU_K: f32 = 0.7978845608028654; // sqrt(2/pi)
 const GELU_C: f32 = 0.044715;
 
-// Op codes of `apply_unary` and `apply_binary`: the numbers `unary_code` and `binary_code` in
-// src/backend/gpu/elementwise.rs pass as `op`. Its test `wgsl_op_codes_match_rust` checks every
-// one by name against the Rust code, so the two cannot drift apart.
-const UNARY_NEG: u32 = 0u;
-const UNARY_EXP: u32 = 1u;
-const UNARY_LOG: u32 = 2u;
-const UNARY_SQRT: u32 = 3u;
-const UNARY_ABS: u32 = 4u;
-const UNARY_RELU: u32 = 5u;
-const UNARY_GELU: u32 = 6u;
-const UNARY_GELU_GRAD: u32 = 7u;
-const UNARY_SILU: u32 = 8u;
-const UNARY_TANH: u32 = 9u;
-const UNARY_SIGMOID: u32 = 10u;
-const UNARY_SOFTPLUS: u32 = 11u;
-const UNARY_RECIP: u32 = 12u;
-const UNARY_STEP: u32 = 13u;
-const UNARY_SIGN: u32 = 14u;
-const UNARY_POWF: u32 = 15u;
-const UNARY_CLAMP: u32 = 16u;
-const UNARY_ADD_SCALAR: u32 = 17u;
-const UNARY_MUL_SCALAR: u32 = 18u;
-
-const BINARY_ADD: u32 = 0u;
-const BINARY_SUB: u32 = 1u;
-const BINARY_MUL: u32 = 2u;
-const BINARY_DIV: u32 = 3u;
-const BINARY_MAX: u32 = 4u;
-const BINARY_MIN: u32 = 5u;
-const BINARY_POW: u32 = 6u;
-const BINARY_GT: u32 = 7u;
-const BINARY_GE: u32 = 8u;
-const BINARY_LT: u32 = 9u;
-const BINARY_LE: u32 = 10u;
-const BINARY_EQ: u32 = 11u;
-const BINARY_NE: u32 = 12u;
-const BINARY_GELU_BACKWARD: u32 = 13u;
+// Op codes of `apply_unary` and `apply_binary`: the constants UNARY_NEG, ..., BINARY_GELU_BACKWARD
+// are not declared in this file. The launcher appends them, generated from the op table in
+// src/backend/elementwise_ops.rs (each op's index in its table), so a `case` here and the Rust
+// op it serves cannot drift apart; the unit test `every_op_has_a_wgsl_case` fails while an op of
+// the table has no `case` below.
 
 // GELU's slope (tanh form): 0.5·(1 + tanh u) + 0.5·x·(1 − tanh² u)·u', u = K·(x + C·x³).
 fn gelu_grad(x: f32) -> f32 {
@@ -171,6 +139,7 @@ fn apply_unary(op: u32, x: f32, p0: f32, p1: f32) -> f32 {
         case UNARY_CLAMP: { return rmin(rmax(x, p0), p1); }
         case UNARY_ADD_SCALAR: { return x + p0; }
         case UNARY_MUL_SCALAR: { return x * p0; }
+        case UNARY_SOFTSIGN: { return x / (1.0 + abs(x)); }
         default: { return nan_f32(); }
     }
 }

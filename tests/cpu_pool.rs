@@ -1,9 +1,9 @@
-//! The CPU buffer pool (`backend/cpu/pool.rs`): a steady training step allocates no buffer.
+//! The CPU buffer pool (`backend/cpu/buffer_pool.rs`): a steady training step allocates no buffer.
 //!
 //! One test in its own binary, because the pool and its counters are process-wide: other tests
 //! running beside it in the same process would allocate too.
 
-use moegrad::backend::cpu::pool;
+use moegrad::backend::cpu::buffer_pool as pool;
 use moegrad::lm::{Gpt, GptConfig};
 use moegrad::optim::{Adam, Optimizer, clip_grad_norm};
 use moegrad::{Device, Tensor};
@@ -50,38 +50,4 @@ fn a_steady_gpt_training_step_takes_every_buffer_from_the_pool() {
         pool::stats().misses > 0,
         "after trim the pool is empty and the step allocates"
     );
-}
-
-/// Loops run through `on_worker_thread` from several threads at once never run inside one
-/// another: while one loop waits for a kernel's parallel part, its thread must not pick up
-/// another thread's whole loop (which would then run under the first loop's thread-local state:
-/// the grad mode, the profile). Each loop marks its thread busy, runs parallel work it has to
-/// wait for, and checks that it found the thread free.
-#[test]
-fn concurrent_worker_loops_do_not_nest() {
-    use moegrad::backend::cpu::on_worker_thread;
-    use rayon::prelude::*;
-    use std::cell::Cell;
-    thread_local! {
-        static BUSY: Cell<bool> = const { Cell::new(false) };
-    }
-    let threads: Vec<_> = (0..4)
-        .map(|_| {
-            std::thread::spawn(|| {
-                for _ in 0..25 {
-                    on_worker_thread(|| {
-                        assert!(!BUSY.get(), "a loop started inside another loop's wait");
-                        BUSY.set(true);
-                        (0..32).into_par_iter().for_each(|_| {
-                            std::thread::sleep(std::time::Duration::from_micros(200))
-                        });
-                        BUSY.set(false);
-                    });
-                }
-            })
-        })
-        .collect();
-    for t in threads {
-        t.join().expect("a worker loop panicked");
-    }
 }

@@ -11,7 +11,7 @@
 //!
 //! Ops covered: causal attention (separate and packed), layer norm, cross-entropy, conv2d and
 //! grouped conv2d, max and average pooling (padded or not), `topk_gate` (both gates), the grouped
-//! matmul with bias, GELU and its fused slope, `index_scatter`; and the routers' forwards:
+//! matmul with bias, GELU and its fused slope, softsign and its slope, `index_scatter`; and the routers' forwards:
 //! MOESART's draw, combine weights and trimmed lasso, DSelect-k's smooth-step, selectors, gate,
 //! entropy and unused-code penalty, SparseMixer's mask, masked softmax and weights (v1 variants
 //! and v2 top-1/top-2), the estimator baselines' weights (st, gumbel-st, reinmax, reinforce) and
@@ -628,6 +628,37 @@ fn gelu_and_its_fused_slope_match_the_definition() {
         assert_close(&format!("{what} value"), &f64s(&y), &value32, 2e-6, 2e-6);
         let grad = x32.grad().expect("gradient");
         assert_close(&format!("{what} slope"), &f64s(&grad), &slope32, 2e-6, 2e-6);
+    }
+}
+
+// ---- softsign ------------------------------------------------------------------------------
+
+/// Softsign and its derivative: `softsign(x) = x / (1 + |x|)`, `softsign'(x) = 1 / (1 + |x|)²`.
+fn softsign_reference(x: f64) -> (f64, f64) {
+    let d = 1.0 + x.abs();
+    (x / d, 1.0 / (d * d))
+}
+
+#[test]
+fn softsign_matches_its_definition() {
+    for case in 0..CASES {
+        let mut rng = rng_for(16, case);
+        let len = rng.random_range(1..=3000);
+        let scale = [1.0, 10.0, 1e4][case as usize % 3];
+        let x = uniform(&mut rng, len, -scale, scale);
+        let (value, slope): (Vec<f64>, Vec<f64>) = x.iter().map(|&v| softsign_reference(v)).unzip();
+        let leaf = tensor(&x, &[len]).with_grad().expect("a leaf");
+        let y = leaf.softsign().expect("softsign");
+        assert_close(&format!("softsign [{len}]"), &f64s(&y), &value, TOL, TOL);
+        y.sum_all().expect("sum").backward().expect("backward");
+        let grad = leaf.grad().expect("gradient");
+        assert_close(
+            &format!("softsign' [{len}]"),
+            &f64s(&grad),
+            &slope,
+            TOL,
+            TOL,
+        );
     }
 }
 

@@ -112,6 +112,12 @@ mod cases {
     pub fn sigmoid(dev: Device) {
         unary(dev, "sigmoid", V::Smooth, Tensor::sigmoid as Un);
     }
+    pub fn softsign(dev: Device) {
+        unary(dev, "softsign", V::Smooth, Tensor::softsign as Un);
+        // The tails, where 1 + |x| dominates.
+        let x = common::f64t(&[-4e4, -12.0, -0.5, 0.5, 12.0, 4e4], &[6]);
+        parity("softsign (large)", dev, TIGHT, |t| t[0].softsign(), &[x]);
+    }
     pub fn softplus(dev: Device) {
         unary(dev, "softplus", V::Smooth, Tensor::softplus as Un);
         // The stable branches at large |x|.
@@ -716,6 +722,7 @@ parity::gpu_and_cpu_f32_tests!(
     tanh,
     sigmoid,
     softplus,
+    softsign,
     add,
     sub,
     mul,

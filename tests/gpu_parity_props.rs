@@ -129,7 +129,7 @@ mod props {
     /// Every unary op (forward: `unary`; backward: `binary` and the `Step`/`Sign` unary codes,
     /// GELU's through `GeluBackward`).
     pub fn unary_ops(dev: Device) {
-        let ops: [(&str, V, Un); 19] = [
+        let ops: [(&str, V, Un); 20] = [
             ("neg", V::Smooth, Tensor::neg),
             ("exp", V::Smooth, Tensor::exp),
             ("log", V::Positive, Tensor::log),
@@ -142,6 +142,7 @@ mod props {
             ("tanh", V::Smooth, Tensor::tanh),
             ("sigmoid", V::Smooth, Tensor::sigmoid),
             ("softplus", V::Smooth, Tensor::softplus),
+            ("softsign", V::Smooth, Tensor::softsign),
             ("powf(-1.5)", V::Positive, |x| x.powf(-1.5)),
             ("powf(0.5)", V::Positive, |x| x.powf(0.5)),
             ("powf(3)", V::Positive, |x| x.powf(3.0)),

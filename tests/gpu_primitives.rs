@@ -205,6 +205,7 @@ fn unary_ops_match_cpu() {
         UnaryOp::Tanh,
         UnaryOp::Sigmoid,
         UnaryOp::Softplus,
+        UnaryOp::Softsign,
         UnaryOp::Recip,
         UnaryOp::Step,
         UnaryOp::Sign,

@@ -302,19 +302,26 @@ proptest! {
     fn softplus(x in input(V::Smooth)) {
         gc("softplus", |t| t[0].softplus(), &[x.t()])?;
     }
+
+    #[test]
+    fn softsign(x in input(V::Smooth)) {
+        gc("softsign", |t| t[0].softsign(), &[x.t()])?;
+    }
 }
 
-/// Wide-range inputs for the stable formulas (softplus, sigmoid, silu, tanh, gelu) at large |x|.
+/// Wide-range inputs for the stable formulas (softplus, sigmoid, silu, tanh, gelu, softsign) at
+/// large |x|.
 #[test]
 fn smooth_unaries_at_large_magnitudes() {
     let x = common::f64t(&[-30.0, -8.5, -3.1, 2.9, 7.7, 25.0], &[2, 3]);
     type Un = fn(&Tensor) -> Result<Tensor>;
-    let ops: [(&str, Un); 5] = [
+    let ops: [(&str, Un); 6] = [
         ("softplus", Tensor::softplus),
         ("sigmoid", Tensor::sigmoid),
         ("silu", Tensor::silu),
         ("tanh", Tensor::tanh),
         ("gelu", Tensor::gelu),
+        ("softsign", Tensor::softsign),
     ];
     for (name, op) in ops {
         gradcheck(|t| op(&t[0]), std::slice::from_ref(&x), &opts())

@@ -10,7 +10,7 @@
 //!
 //! This file is the hub: the buffer type [`CpuBuffer`], the handle [`CpuBackend`] and the
 //! helpers every kernel uses to allocate its output (`write_chunks`, `tabulate`, the
-//! [`pool`]). The kernels live in one file per family, as in `backend/gpu/`:
+//! [`buffer_pool`]). The kernels live in one file per family, as in `backend/gpu/`:
 //!
 //! * `primitives.rs`: the [`super::Backend`] impl, which checks operands and picks the kernel;
 //! * `elementwise.rs` (unary, binary, where, strided copies) and `fast_math.rs` (vectorisable
@@ -21,10 +21,13 @@
 //!   bank's weight gradient);
 //! * `optim.rs` (fused Adam, AdamW and SGD steps, in place);
 //! * the fused kernels `attention.rs`, `layer_norm.rs`, `cross_entropy.rs`, `routing.rs`,
-//!   `conv2d.rs`, `pool2d.rs`, with `checks.rs` holding their argument checks.
+//!   `conv2d.rs`, `pool2d.rs` (pooling layers), whose argument checks are the device-neutral
+//!   ones of `backend/checks.rs`;
+//! * `buffer_pool.rs` (recycled allocations) and `worker.rs` (how a kernel reaches rayon's
+//!   worker threads: the `Storage` layer runs every CPU kernel through `worker::on_pool`).
 
 use super::LayerNormDims;
-use crate::{DType, Error, Result};
+use crate::{DType, Result};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -33,7 +36,7 @@ use std::sync::Arc;
 const PAR_MIN: usize = 1 << 15;
 
 /// A CPU buffer: a shared, immutable vector of one dtype (whose allocation returns to the
-/// [`pool`] when the last handle drops).
+/// [`buffer_pool`] when the last handle drops).
 #[derive(Clone, Debug)]
 pub enum CpuBuffer {
     /// f32 values
@@ -65,13 +68,13 @@ impl CpuBuffer {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-    fn indices(&self, what: &str) -> Result<&[i32]> {
+    pub(crate) fn indices(&self, what: &str) -> Result<&[i32]> {
         match self {
             CpuBuffer::I32(v) => Ok(v),
-            other => Err(Error::DType(format!(
-                "{what}: indices must be i32, got {}",
-                other.dtype()
-            ))),
+            other => Err(crate::backend::checks::indices_dtype_error(
+                what,
+                other.dtype(),
+            )),
         }
     }
 }
@@ -115,7 +118,7 @@ macro_rules! any_map {
 // The family files come after the macros above, which they use (a `macro_rules!` is visible
 // to the modules declared below it).
 mod attention;
-mod checks;
+pub mod buffer_pool;
 mod conv2d;
 mod cross_entropy;
 mod elementwise;
@@ -126,16 +129,21 @@ mod layer_norm;
 mod layout;
 mod matmul;
 mod optim;
-pub mod pool;
 mod pool2d;
 mod primitives;
 mod reduce;
 mod routing;
 mod sort;
+mod worker;
 pub use attention::ATTENTION_BLOCK;
+/// The buffer pool under its former name, for callers not yet renamed (`lm::trainer`).
+pub(crate) use buffer_pool as pool;
+pub use buffer_pool::PooledVec;
 pub use conv2d::WEIGHT_GRAD_IMAGES;
-pub use fast_math::{exp_f32, ln_f32};
-pub use pool::PooledVec;
+use fast_math::exp_f32;
+pub(crate) use worker::on_pool;
+#[doc(hidden)]
+pub use worker::on_worker_thread;
 // read by the fused kernels' files as `super::…`
 use sort::{sort_key, sort_key_f32};
 
@@ -162,7 +170,7 @@ unsafe fn write_chunks<T: Send + Copy>(
     chunk: usize,
     fill: impl Fn(usize, &mut [MaybeUninit<T>]) + Sync + Send,
 ) -> Vec<T> {
-    let mut out = pool::take(n).unwrap_or_else(|_| Vec::with_capacity(n));
+    let mut out = buffer_pool::take(n).unwrap_or_else(|_| Vec::with_capacity(n));
     let spare = &mut out.spare_capacity_mut()[..n];
     let chunk = chunk.max(1);
     if n >= PAR_MIN {
@@ -189,64 +197,28 @@ unsafe fn write_chunks<T: Send + Copy>(
 /// `len` copies of `value`, allocated fallibly ([`crate::memory::try_vec`]): a buffer larger than
 /// the machine's memory is an error, not an abort.
 fn filled<T: Copy>(len: usize, value: T) -> Result<Vec<T>> {
-    let mut v = pool::take(len)?;
+    let mut v = buffer_pool::take(len)?;
     v.resize(len, value);
     Ok(v)
 }
 
-/// `len` zeros in a buffer from the [`pool`] (like `vec![zero; len]`, whose allocation the pool
+/// `len` zeros in a buffer from the [`buffer_pool`] (like `vec![zero; len]`, whose allocation the pool
 /// could not take back).
 pub(crate) fn zeroed<T: Copy + num_traits::Zero>(len: usize) -> Vec<T> {
-    let mut v = pool::take(len).unwrap_or_default();
+    let mut v = buffer_pool::take(len).unwrap_or_default();
     v.resize(len, T::zero());
     v
 }
 
 /// A copy of `values`, allocated fallibly like [`filled`].
 fn copied<T: Copy>(values: &[T]) -> Result<Vec<T>> {
-    let mut v = pool::take(values.len())?;
+    let mut v = buffer_pool::take(values.len())?;
     v.extend_from_slice(values);
     Ok(v)
 }
 
 /// Elements per rayon task in the contiguous elementwise loops.
 const MAP_CHUNK: usize = 1 << 14;
-
-/// Runs `f` on a rayon worker thread and returns its result (inline when the caller is a
-/// worker already).
-///
-/// A parallel kernel called from a thread outside rayon's pool hands its work to the pool and
-/// sleeps until a worker has finished it: two thread wake-ups per kernel, tens of microseconds
-/// each. Called from a worker, the same kernel runs its first part on that thread while the
-/// other workers steal the rest. A training step runs a few hundred kernels, so the trainers and
-/// the command-line tool run their whole loop through this (8% of a `moe-gpt` step on the 2-core
-/// development machine, docs/benchmarks.md). A library user's own loop gains the same by
-/// calling it.
-///
-/// `f` gets a pool of its own, with as many threads as the global one. A worker that waits for
-/// a kernel's parallel part takes other jobs of its pool meanwhile; in the shared global pool
-/// that could be another thread's whole loop, which would then run nested inside `f`'s wait,
-/// under `f`'s thread-local state (the grad mode, a profile). In its own pool it only ever
-/// finds `f`'s own kernels. (Building the pool costs a few thread starts, once per call.)
-///
-/// ```
-/// let sum: f32 = moegrad::backend::cpu::on_worker_thread(|| (1..=4).map(|i| i as f32).sum());
-/// assert_eq!(sum, 10.0);
-/// ```
-pub fn on_worker_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
-    if rayon::current_thread_index().is_some() {
-        return f();
-    }
-    match rayon::ThreadPoolBuilder::new()
-        .num_threads(rayon::current_num_threads())
-        .thread_name(|i| format!("moegrad-cpu-{i}"))
-        .build()
-    {
-        Ok(pool) => pool.install(f),
-        // no threads to be had: the caller's own thread, as without this helper
-        Err(_) => f(),
-    }
-}
 
 /// The CPU backend (stateless; rayon's global pool does the threading).
 #[derive(Clone, Copy, Debug, Default)]

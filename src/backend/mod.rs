@@ -13,8 +13,10 @@
 //! [`gpu::GpuBackend`] (wgpu + WGSL kernels in `shaders/`, f32). [`Storage`] is the enum a tensor
 //! holds; its methods dispatch to the right backend.
 
+mod checks;
 pub mod cpu;
 mod dims;
+mod elementwise_ops;
 pub mod gpu;
 
 pub use dims::{
@@ -22,85 +24,10 @@ pub use dims::{
     LayerNormDims, MatLayout, MatmulDims, Pool2dDims, PoolKind, ScatterDims, Strided,
 };
 
+pub(crate) use elementwise_ops::wgsl_op_consts;
+pub use elementwise_ops::{BinaryOp, UnaryOp};
+
 use crate::{DType, Result};
-
-/// Elementwise functions of one input. Parameters are carried as f64 and rounded to the buffer's dtype.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum UnaryOp {
-    /// `-x`
-    Neg,
-    /// `e^x`
-    Exp,
-    /// natural logarithm
-    Log,
-    /// square root
-    Sqrt,
-    /// `|x|`
-    Abs,
-    /// `max(x, 0)`
-    Relu,
-    /// GELU, tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`
-    Gelu,
-    /// derivative of [`UnaryOp::Gelu`]
-    GeluGrad,
-    /// `x·σ(x)`
-    Silu,
-    /// `tanh(x)`
-    Tanh,
-    /// `1 / (1 + e^-x)`
-    Sigmoid,
-    /// `ln(1 + e^x)`, computed stably as `max(x,0) + ln(1 + e^-|x|)`
-    Softplus,
-    /// `1 / x`
-    Recip,
-    /// `1` where `x > 0`, else `0`
-    Step,
-    /// `-1`, `0` or `1`
-    Sign,
-    /// `x^p` for a constant `p`
-    Powf(f64),
-    /// `min(max(x, lo), hi)`
-    Clamp(f64, f64),
-    /// `x + c`
-    AddScalar(f64),
-    /// `x · c`
-    MulScalar(f64),
-}
-
-/// Elementwise functions of two inputs (with broadcasting through strides).
-/// Comparisons return 1 or 0 in the inputs' dtype.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum BinaryOp {
-    /// `a + b`
-    Add,
-    /// `a - b`
-    Sub,
-    /// `a · b`
-    Mul,
-    /// `a / b`
-    Div,
-    /// `max(a, b)`
-    Max,
-    /// `min(a, b)`
-    Min,
-    /// `a^b`
-    Pow,
-    /// `a > b`
-    Gt,
-    /// `a >= b`
-    Ge,
-    /// `a < b`
-    Lt,
-    /// `a <= b`
-    Le,
-    /// `a == b`
-    Eq,
-    /// `a != b`
-    Ne,
-    /// `a · gelu'(b)`: GELU's backward in one pass, the upstream gradient `a` times the slope of
-    /// GELU (tanh form) at the input `b`
-    GeluBackward,
-}
 
 /// Reductions along one axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

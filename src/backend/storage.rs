@@ -23,7 +23,7 @@ macro_rules! dispatch {
         match $self {
             Storage::Cpu($x) => {
                 let $b = cpu::CpuBackend;
-                $body.map(Storage::Cpu)
+                cpu::on_pool($x.len(), || $body).map(Storage::Cpu)
             }
             Storage::Gpu($x) => {
                 let $b = gpu::GpuBackend::get()?;
@@ -156,8 +156,7 @@ impl Storage {
     /// recomputes the slope instead).
     pub fn gelu_and_slope(&self) -> Option<(Storage, Storage)> {
         match self {
-            Storage::Cpu(x) => cpu::CpuBackend
-                .gelu_and_slope(x)
+            Storage::Cpu(x) => cpu::on_pool(self.len(), || cpu::CpuBackend.gelu_and_slope(x))
                 .map(|(y, s)| (Storage::Cpu(y), Storage::Cpu(s))),
             Storage::Gpu(_) => None,
         }
@@ -173,9 +172,10 @@ impl Storage {
     ) -> Result<Storage> {
         let o = same_dev!(self, b, "binary op");
         match self {
-            Storage::Cpu(a) => cpu::CpuBackend
-                .binary(op, a, a_strides, o.cpu(), b_strides, out_shape)
-                .map(Storage::Cpu),
+            Storage::Cpu(a) => cpu::on_pool(self.len(), || {
+                cpu::CpuBackend.binary(op, a, a_strides, o.cpu(), b_strides, out_shape)
+            })
+            .map(Storage::Cpu),
             Storage::Gpu(a) => gpu::GpuBackend::get()?
                 .binary(op, a, a_strides, o.gpu(), b_strides, out_shape)
                 .map(Storage::Gpu),
@@ -194,8 +194,8 @@ impl Storage {
         let oa = same_dev!(self, a, "where");
         let ob = same_dev!(self, b, "where");
         match self {
-            Storage::Cpu(c) => cpu::CpuBackend
-                .where_cond(
+            Storage::Cpu(c) => cpu::on_pool(self.len(), || {
+                cpu::CpuBackend.where_cond(
                     Strided {
                         buf: c,
                         strides: c_strides,
@@ -210,7 +210,8 @@ impl Storage {
                     },
                     out_shape,
                 )
-                .map(Storage::Cpu),
+            })
+            .map(Storage::Cpu),
             Storage::Gpu(c) => gpu::GpuBackend::get()?
                 .where_cond(
                     Strided {
@@ -244,9 +245,10 @@ impl Storage {
     ) -> Result<Storage> {
         let o = same_dev!(self, b, "matmul");
         match self {
-            Storage::Cpu(a) => cpu::CpuBackend
-                .matmul(a, a_layout, o.cpu(), b_layout, dims)
-                .map(Storage::Cpu),
+            Storage::Cpu(a) => cpu::on_pool(self.len(), || {
+                cpu::CpuBackend.matmul(a, a_layout, o.cpu(), b_layout, dims)
+            })
+            .map(Storage::Cpu),
             Storage::Gpu(a) => gpu::GpuBackend::get()?
                 .matmul(a, a_layout, o.gpu(), b_layout, dims)
                 .map(Storage::Gpu),
@@ -277,9 +279,10 @@ impl Storage {
                     .iter()
                     .map(|p| as_cpu(p, "concat"))
                     .collect::<Result<Vec<_>>>()?;
-                cpu::CpuBackend
-                    .concat(&v, lens, outer, inner)
-                    .map(Storage::Cpu)
+                cpu::on_pool(lens.iter().sum::<usize>() * outer * inner, || {
+                    cpu::CpuBackend.concat(&v, lens, outer, inner)
+                })
+                .map(Storage::Cpu)
             }
             Storage::Gpu(_) => {
                 let v = parts
@@ -302,9 +305,10 @@ impl Storage {
     ) -> Result<Storage> {
         let o = same_dev!(self, idx, "gather");
         match self {
-            Storage::Cpu(x) => cpu::CpuBackend
-                .gather(x, view, o.cpu(), idx_strides, m)
-                .map(Storage::Cpu),
+            Storage::Cpu(x) => cpu::on_pool(self.len(), || {
+                cpu::CpuBackend.gather(x, view, o.cpu(), idx_strides, m)
+            })
+            .map(Storage::Cpu),
             Storage::Gpu(x) => gpu::GpuBackend::get()?
                 .gather(x, view, o.gpu(), idx_strides, m)
                 .map(Storage::Gpu),
@@ -328,9 +332,10 @@ impl Storage {
             len,
         };
         match self {
-            Storage::Cpu(s) => cpu::CpuBackend
-                .scatter_add(s, o.cpu(), idx_strides, dims)
-                .map(Storage::Cpu),
+            Storage::Cpu(s) => cpu::on_pool(self.len(), || {
+                cpu::CpuBackend.scatter_add(s, o.cpu(), idx_strides, dims)
+            })
+            .map(Storage::Cpu),
             Storage::Gpu(s) => gpu::GpuBackend::get()?
                 .scatter_add(s, o.gpu(), idx_strides, dims)
                 .map(Storage::Gpu),
@@ -361,9 +366,9 @@ impl Storage {
                 gpu::GpuBackend::get()?.random_uniform(len, seed, dtype)?,
             ))
         } else {
-            Ok(Storage::Cpu(
-                cpu::CpuBackend.random_uniform(len, seed, dtype)?,
-            ))
+            Ok(Storage::Cpu(cpu::on_pool(len, || {
+                cpu::CpuBackend.random_uniform(len, seed, dtype)
+            })?))
         }
     }
 }

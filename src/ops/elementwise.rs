@@ -153,6 +153,17 @@ impl Tensor {
             g.mul(&x.map_unary(UnaryOp::Sigmoid)?)
         })
     }
+    /// Softsign, `x / (1 + |x|)`: squashes into (−1, 1) like tanh, with tails that approach ±1
+    /// polynomially (as `1/|x|`) instead of exponentially, so the gradient stays alive longer;
+    /// d/dx = 1 / (1 + |x|)².
+    pub fn softsign(&self) -> Result<Tensor> {
+        self.unary_with_rule(UnaryOp::Softsign, "softsign", |g, x, _| {
+            let d = x
+                .map_unary(UnaryOp::Abs)?
+                .map_unary(UnaryOp::AddScalar(1.0))?;
+            g.div(&d.mul(&d)?)
+        })
+    }
     /// Converts to another dtype. Between floats the gradient is cast back; to I32 nothing flows.
     pub fn to_dtype(&self, dtype: crate::DType) -> Result<Tensor> {
         let _profile = crate::profile::op("to_dtype");

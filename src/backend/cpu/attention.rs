@@ -24,9 +24,9 @@
 //! were no faster than 32 (measured again on its AVX-512 processor: 1.28, 1.00 and 0.97 ms for
 //! blocks of 16, 64 and 32). Scale `s = 1/√Dh`.
 
-use super::checks::check_attention_lengths;
 use super::gemm::{Mat, MatIn, gemm};
 use super::{CpuBuffer, f32b, f64b};
+use crate::backend::checks::{check_attention_lengths, check_lse_length};
 use crate::backend::{AttentionDims, AttentionGradOperands};
 use crate::{Error, Result};
 use num_traits::Float;
@@ -273,15 +273,7 @@ pub(super) fn backward_buffers(
         &[("q", q), ("k", k), ("v", v), ("o", o), ("dO", d_o)],
         dims,
     )?;
-    let rows = dims.heads * dims.seq; // fits: heads·seq·head_dim did, and head_dim ≥ 1
-    if lse.len() != rows {
-        return Err(Error::Shape(format!(
-            "{WHAT}: lse holds {} elements, expected [{}, {}] = {rows}",
-            lse.len(),
-            dims.heads,
-            dims.seq
-        )));
-    }
+    check_lse_length(WHAT, lse, dims)?;
     match (q, k, v, o, lse, d_o) {
         (
             CpuBuffer::F32(q),

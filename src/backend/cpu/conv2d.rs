@@ -426,31 +426,11 @@ fn check<'a>(
     image_bank: Option<&'a CpuBuffer>,
     d: &Conv2dDims,
 ) -> Result<Option<&'a [i32]>> {
-    for (name, buf, expected) in operands {
-        if buf.len() != *expected {
-            return Err(Error::Shape(format!(
-                "{what}: {name} holds {} elements, expected {expected} for {d:?}",
-                buf.len()
-            )));
-        }
-    }
+    crate::backend::checks::check_lengths(what, operands, d)?;
+    crate::backend::checks::check_image_bank(what, image_bank, d)?;
     match image_bank {
-        None if d.banks != 1 => Err(Error::Invalid(format!(
-            "{what}: {} weight banks need an image_bank index",
-            d.banks
-        ))),
         None => Ok(None),
-        Some(buf) => {
-            let v = buf.indices(what)?;
-            if v.len() != d.batch {
-                return Err(Error::Shape(format!(
-                    "{what}: image_bank holds {} entries for {} images",
-                    v.len(),
-                    d.batch
-                )));
-            }
-            Ok(Some(v))
-        }
+        Some(buf) => Ok(Some(buf.indices(what)?)),
     }
 }
 

@@ -124,77 +124,6 @@ pub(super) fn strided_copy<T: Copy + Send + Sync>(
     unsafe { write_chunks(n, rows_per_task * last, task) }
 }
 
-pub(super) fn apply_unary<T: Float>(op: UnaryOp, x: T) -> T {
-    let c = |v: f64| T::from(v).unwrap_or_else(T::zero);
-    let zero = T::zero();
-    let one = T::one();
-    match op {
-        UnaryOp::Neg => -x,
-        UnaryOp::Exp => x.exp(),
-        UnaryOp::Log => x.ln(),
-        UnaryOp::Sqrt => x.sqrt(),
-        UnaryOp::Abs => x.abs(),
-        UnaryOp::Relu => x.max(zero),
-        UnaryOp::Gelu => {
-            let k = c(0.797_884_560_802_865_4); // sqrt(2/pi)
-            let inner = k * (x + c(0.044715) * x * x * x);
-            c(0.5) * x * (one + inner.tanh())
-        }
-        UnaryOp::GeluGrad => {
-            let k = c(0.797_884_560_802_865_4);
-            let inner = k * (x + c(0.044715) * x * x * x);
-            let t = inner.tanh();
-            let dinner = k * (one + c(3.0 * 0.044715) * x * x);
-            c(0.5) * (one + t) + c(0.5) * x * (one - t * t) * dinner
-        }
-        UnaryOp::Silu => x / (one + (-x).exp()),
-        UnaryOp::Tanh => x.tanh(),
-        UnaryOp::Sigmoid => one / (one + (-x).exp()),
-        UnaryOp::Softplus => x.max(zero) + (-x.abs()).exp().ln_1p(),
-        UnaryOp::Recip => one / x,
-        UnaryOp::Step => {
-            if x > zero {
-                one
-            } else {
-                zero
-            }
-        }
-        UnaryOp::Sign => {
-            if x > zero {
-                one
-            } else if x < zero {
-                -one
-            } else {
-                zero
-            }
-        }
-        UnaryOp::Powf(p) => x.powf(c(p)),
-        UnaryOp::Clamp(lo, hi) => x.max(c(lo)).min(c(hi)),
-        UnaryOp::AddScalar(s) => x + c(s),
-        UnaryOp::MulScalar(s) => x * c(s),
-    }
-}
-
-pub(super) fn apply_binary<T: Float>(op: BinaryOp, a: T, b: T) -> T {
-    let flag = |p: bool| if p { T::one() } else { T::zero() };
-    match op {
-        BinaryOp::Add => a + b,
-        BinaryOp::Sub => a - b,
-        BinaryOp::Mul => a * b,
-        BinaryOp::Div => a / b,
-        BinaryOp::Max => a.max(b),
-        BinaryOp::Min => a.min(b),
-        BinaryOp::Pow => a.powf(b),
-        BinaryOp::Gt => flag(a > b),
-        BinaryOp::Ge => flag(a >= b),
-        BinaryOp::Lt => flag(a < b),
-        BinaryOp::Le => flag(a <= b),
-        BinaryOp::Eq => flag(a == b),
-        BinaryOp::Ne => flag(a != b),
-        BinaryOp::GeluBackward => a * apply_unary(UnaryOp::GeluGrad, b),
-    }
-}
-
 /// `out[i] = f(x[i])`. `f` is a concrete closure, so the inner loop is monomorphic and vectorises;
 /// big buffers are split over threads.
 pub(super) fn map1<T: Copy + Send + Sync + Default>(
@@ -229,7 +158,7 @@ pub(super) fn map2<T: Copy + Send + Sync + Default>(
 }
 
 /// Binds `$f` to a concrete closure for `$op` (the arithmetic ops get their own, so loops over
-/// them vectorise; the rest go through [`apply_binary`]) and evaluates `$body`.
+/// them vectorise; the rest go through [`BinaryOp::apply`]) and evaluates `$body`.
 macro_rules! with_binary_fn {
     ($t:ty, $op:expr, |$f:ident| $body:expr) => {
         match $op {
@@ -250,7 +179,7 @@ macro_rules! with_binary_fn {
                 $body
             }
             other => {
-                let $f = move |x: $t, y: $t| apply_binary(other, x, y);
+                let $f = move |x: $t, y: $t| other.apply(x, y);
                 $body
             }
         }
@@ -392,6 +321,6 @@ pub(super) fn unary_kernel<T: Float + Send + Sync + Default>(op: UnaryOp, x: &[T
             let k = c(k);
             map1(x, move |v| v * k)
         }
-        other => map1(x, move |v| apply_unary(other, v)),
+        other => map1(x, move |v| other.apply(v)),
     }
 }

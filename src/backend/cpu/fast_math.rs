@@ -224,7 +224,8 @@ pub(super) fn gelu_and_slope_f32(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
     }
     let avx2 = has_avx2();
     let n = x.len();
-    let take = |n: usize| super::pool::take::<f32>(n).unwrap_or_else(|_| Vec::with_capacity(n));
+    let take =
+        |n: usize| super::buffer_pool::take::<f32>(n).unwrap_or_else(|_| Vec::with_capacity(n));
     let (mut y, mut s) = (take(n), take(n));
     let body = |x: &[f32], y: &mut [MaybeUninit<f32>], s: &mut [MaybeUninit<f32>]| {
         #[cfg(target_arch = "x86_64")]
@@ -267,5 +268,81 @@ impl CpuBackend {
             }
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Distance in units in the last place between two finite f32 of one sign (or both zero).
+    fn ulps(a: f32, b: f32) -> u32 {
+        (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32
+    }
+
+    #[test]
+    fn exp_is_within_4_ulp_of_the_rounded_exp_over_the_whole_range() {
+        // every 997th f32 bit pattern between the underflow and overflow thresholds, both signs
+        let mut worst = (0u32, 0.0f32);
+        for bits in (0u32..=u32::MAX).step_by(997) {
+            let x = f32::from_bits(bits);
+            if !x.is_finite() || !(-103.0..=88.7).contains(&x) {
+                continue;
+            }
+            let want = (x as f64).exp() as f32;
+            let got = exp_f32(x);
+            let d = if want < f32::MIN_POSITIVE {
+                // subnormal results: compare absolutely, at the subnormal spacing
+                ((got - want).abs() / f32::from_bits(1)) as u32
+            } else {
+                ulps(got, want)
+            };
+            if d > worst.0 {
+                worst = (d, x);
+            }
+        }
+        assert!(
+            worst.0 <= 4,
+            "exp_f32 is {} ulp off at x = {}",
+            worst.0,
+            worst.1
+        );
+        assert_eq!(exp_f32(0.0), 1.0);
+        assert_eq!(exp_f32(-0.0), 1.0);
+        assert_eq!(exp_f32(1.0), std::f32::consts::E);
+        assert_eq!(exp_f32(f32::INFINITY), f32::INFINITY);
+        assert_eq!(exp_f32(89.0), f32::INFINITY);
+        assert_eq!(exp_f32(f32::NEG_INFINITY), 0.0);
+        assert_eq!(exp_f32(-200.0), 0.0);
+        assert!(exp_f32(f32::NAN).is_nan());
+        assert!(exp_f32(88.72).is_finite() && exp_f32(88.72) > 3.3e38);
+    }
+
+    #[test]
+    fn ln_is_within_4_ulp_of_the_rounded_ln_over_every_positive_float() {
+        let mut worst = (0u32, 0.0f32);
+        // every 331st positive bit pattern: subnormals, around 1, up to f32::MAX
+        for bits in (1u32..0x7f80_0000).step_by(331) {
+            let x = f32::from_bits(bits);
+            let want = (x as f64).ln() as f32;
+            let d = ulps(ln_f32(x), want);
+            if d > worst.0 {
+                worst = (d, x);
+            }
+        }
+        assert!(
+            worst.0 <= 4,
+            "ln_f32 is {} ulp off at x = {}",
+            worst.0,
+            worst.1
+        );
+        assert_eq!(ln_f32(1.0), 0.0);
+        assert_eq!(ln_f32(std::f32::consts::E), 1.0);
+        assert_eq!(ln_f32(2.0), std::f32::consts::LN_2);
+        assert_eq!(ln_f32(0.0), f32::NEG_INFINITY);
+        assert_eq!(ln_f32(-0.0), f32::NEG_INFINITY);
+        assert_eq!(ln_f32(f32::INFINITY), f32::INFINITY);
+        assert!(ln_f32(-1.0).is_nan() && ln_f32(f32::NAN).is_nan());
+        assert!(ln_f32(f32::NEG_INFINITY).is_nan());
     }
 }

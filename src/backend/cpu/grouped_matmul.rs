@@ -6,7 +6,7 @@
 
 use super::gemm::{Mat, MatIn, gemm_uninit};
 use super::optim::{AdamConsts, OPT_CHUNK, Wide, adam_chunk_wide};
-use super::{CpuBuffer, pool, zeroed};
+use super::{CpuBuffer, buffer_pool, zeroed};
 use crate::backend::GroupedMatmulDims;
 use crate::{Error, Result};
 use num_traits::Float;
@@ -61,7 +61,7 @@ pub(super) fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
         transpose_w,
     } = dims;
     let len = rows * m;
-    let mut out: Vec<T> = pool::take(len).unwrap_or_else(|_| Vec::with_capacity(len));
+    let mut out: Vec<T> = buffer_pool::take(len).unwrap_or_else(|_| Vec::with_capacity(len));
     // One GEMM per block of rows that share an expert (rows arrive sorted by expert), written
     // into that block's own slice of the output. Long runs are cut into blocks so that the
     // threads take whole single-threaded GEMMs: measured on 2 cores, that is faster than one
@@ -255,7 +255,7 @@ impl<'a, T: Float + Send + Sync + 'static> WeightGradProblem<'a, T> {
         if block == 0 {
             return zeroed(len);
         }
-        let mut out: Vec<T> = pool::take(len).unwrap_or_else(|_| Vec::with_capacity(len));
+        let mut out: Vec<T> = buffer_pool::take(len).unwrap_or_else(|_| Vec::with_capacity(len));
         let blocks = &mut out.spare_capacity_mut()[..len];
         if per_expert_parallel(self.experts) {
             blocks

@@ -1,7 +1,7 @@
 //! Layout kernels that move elements without arithmetic (besides `scatter_add`'s sums):
 //! `gather` (index_select along an axis), `scatter_add` (its adjoint) and `concat`.
 
-use super::{PAR_MIN, pool, write_chunks, zeroed};
+use super::{PAR_MIN, buffer_pool, write_chunks, zeroed};
 use crate::backend::AxisView;
 use crate::{Error, Result};
 use num_traits::Float;
@@ -195,7 +195,7 @@ pub(super) fn concat_kernel<T: Copy>(
     inner: usize,
 ) -> Vec<T> {
     let total: usize = lens.iter().sum();
-    let mut out = pool::take(outer * total * inner).unwrap_or_default();
+    let mut out = buffer_pool::take(outer * total * inner).unwrap_or_default();
     for o in 0..outer {
         for (p, &l) in parts.iter().zip(lens) {
             out.extend_from_slice(&p[o * l * inner..(o + 1) * l * inner]);

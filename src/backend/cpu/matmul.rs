@@ -19,8 +19,8 @@ pub(super) fn matmul_kernel<T: Float + Send + Sync + 'static>(
         return zeroed(batch * m * n);
     }
     // Not zeroed first: `gemm` is told not to read the output, and writes every element of it.
-    let mut c =
-        super::pool::take(batch * m * n).unwrap_or_else(|_| Vec::with_capacity(batch * m * n));
+    let mut c = super::buffer_pool::take(batch * m * n)
+        .unwrap_or_else(|_| Vec::with_capacity(batch * m * n));
     let par = if m * n * k >= 64 * 64 * 64 {
         ::gemm::Parallelism::Rayon(0)
     } else {

@@ -6,6 +6,7 @@
 
 use super::grouped_matmul::{WeightGradProblem, expert_routing};
 use super::{CpuBackend, CpuBuffer, PooledVec};
+use crate::backend::checks::check_same_lengths;
 use crate::backend::{AdamHyper, Backend, BankGradOperands, ExpertBankDims, SgdHyper};
 use crate::{Error, Result};
 use num_traits::Float;
@@ -169,7 +170,7 @@ impl CpuBackend {
         h: AdamHyper,
     ) -> Result<()> {
         let scale = scale_of(grad_scale)?;
-        check_same_len(&[param, grad, m, v], "adam_step")?;
+        check_same_lengths("adam_step", &[param, grad, m, v])?;
         fn run<T: Float + Send + Sync + Clone>(
             p: &mut Arc<PooledVec<T>>,
             g: &[T],
@@ -248,7 +249,7 @@ impl CpuBackend {
                 param.len()
             )));
         }
-        check_same_len(&[param, m_state, v_state], what)?;
+        check_same_lengths(what, &[param, m_state, v_state])?;
         let scale = scale_of(grad_scale)?;
         fn run<T: Float + Send + Sync + Clone + 'static>(
             prob: WeightGradProblem<'_, T>,
@@ -315,7 +316,7 @@ impl CpuBackend {
         h: SgdHyper,
     ) -> Result<()> {
         let scale = scale_of(grad_scale)?;
-        check_same_len(&[param, grad, buf], "sgd_step")?;
+        check_same_lengths("sgd_step", &[param, grad, buf])?;
         fn run<T: Float + Send + Sync + Clone>(
             p: &mut Arc<PooledVec<T>>,
             g: &[T],
@@ -370,21 +371,8 @@ pub(super) fn scale_of(grad_scale: Option<&CpuBuffer>) -> Result<f64> {
     match grad_scale {
         None => Ok(1.0),
         Some(s) if s.len() == 1 => Ok(CpuBackend.download(s)?.to_f64()[0]),
-        Some(s) => Err(Error::Shape(format!(
-            "gradient scale must hold one value, it holds {}",
-            s.len()
-        ))),
+        Some(s) => Err(crate::backend::checks::grad_scale_length_error(s.len())),
     }
-}
-
-pub(super) fn check_same_len(bufs: &[&CpuBuffer], what: &str) -> Result<()> {
-    let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
-    if lens.iter().any(|&l| l != lens[0]) {
-        return Err(Error::Shape(format!(
-            "{what}: buffers of lengths {lens:?} must be equal"
-        )));
-    }
-    Ok(())
 }
 
 impl CpuBackend {

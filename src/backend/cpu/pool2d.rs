@@ -214,13 +214,7 @@ fn check_len(
     expected: usize,
     d: &Pool2dDims,
 ) -> Result<()> {
-    if buf.len() != expected {
-        return Err(Error::Shape(format!(
-            "{what}: {name} holds {} elements, expected {expected} for {d:?}",
-            buf.len()
-        )));
-    }
-    Ok(())
+    crate::backend::checks::check_lengths(what, &[(name, buf, expected)], d)
 }
 
 /// `Backend::pool2d_forward` on the CPU.
@@ -261,9 +255,7 @@ pub(super) fn backward(
     check_len(WHAT, "dy", dy, yl, &d)?;
     let arg = match (kind, argmax) {
         (PoolKind::Max, None) => {
-            return Err(Error::Invalid(format!(
-                "{WHAT}: max pooling needs the argmax of its forward pass"
-            )));
+            return Err(crate::backend::checks::missing_argmax_error(WHAT));
         }
         (PoolKind::Max, Some(a)) => {
             check_len(WHAT, "argmax", a, yl, &d)?;

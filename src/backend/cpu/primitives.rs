@@ -4,9 +4,6 @@
 //! fused kernels `attention.rs`, `layer_norm.rs`, `cross_entropy.rs`, `routing.rs`,
 //! `conv2d.rs`, `pool2d.rs`).
 
-use super::checks::{
-    check_attention_lengths, check_cross_entropy, check_grouped_bias, check_layer_norm_lengths,
-};
 use super::elementwise::{binary_kernel, is_contiguous, strided_copy, unary_kernel, where_kernel};
 use super::fast_math::{WideF32, gelu_backward_f32, map1_f32_wide};
 use super::grouped_matmul::{WeightGradProblem, expert_routing, grouped_matmul_kernel};
@@ -19,6 +16,10 @@ use super::{
     layer_norm, pool2d, routing, tabulate,
 };
 use crate::backend::AttentionGradOperands;
+use crate::backend::checks::{
+    binary_dtype_error, check_attention_lengths, check_cross_entropy, check_dispatch_sizes,
+    check_grouped_bias, check_layer_norm_lengths, where_dtype_error,
+};
 use crate::backend::{
     AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, ExpertBankDims,
     GroupedMatmulDims, HostData, LayerNormDims, MatLayout, MatmulDims, PlanBuffers, Pool2dDims,
@@ -101,11 +102,7 @@ impl Backend for CpuBackend {
             (CpuBuffer::F64(a), CpuBuffer::F64(b)) => {
                 Ok(f64b(binary_kernel(op, a, sa, b, sb, shape)))
             }
-            _ => Err(Error::DType(format!(
-                "{op:?} needs two float tensors of one dtype, got {} and {}",
-                a.dtype(),
-                b.dtype()
-            ))),
+            _ => Err(binary_dtype_error(&format!("{op:?}"), a.dtype(), b.dtype())),
         }
     }
 
@@ -124,12 +121,11 @@ impl Backend for CpuBackend {
             (CpuBuffer::F64(c), CpuBuffer::F64(a), CpuBuffer::F64(b)) => {
                 Ok(f64b(where_kernel(c, sc, a, sa, b, sb, shape)))
             }
-            _ => Err(Error::DType(format!(
-                "where needs a condition and two values of one float dtype, got {}, {} and {}",
+            _ => Err(where_dtype_error(
                 cond.buf.dtype(),
                 a.buf.dtype(),
-                b.buf.dtype()
-            ))),
+                b.buf.dtype(),
+            )),
         }
     }
 
@@ -157,11 +153,7 @@ impl Backend for CpuBackend {
         match (a, b) {
             (CpuBuffer::F32(a), CpuBuffer::F32(b)) => Ok(f32b(matmul_kernel(a, la, b, lb, d))),
             (CpuBuffer::F64(a), CpuBuffer::F64(b)) => Ok(f64b(matmul_kernel(a, la, b, lb, d))),
-            _ => Err(Error::DType(format!(
-                "matmul needs two float tensors of one dtype, got {} and {}",
-                a.dtype(),
-                b.dtype()
-            ))),
+            _ => Err(binary_dtype_error("matmul", a.dtype(), b.dtype())),
         }
     }
 
@@ -185,12 +177,7 @@ impl Backend for CpuBackend {
         outer: usize,
         inner: usize,
     ) -> Result<CpuBuffer> {
-        let dtype = parts.first().map(|p| p.dtype()).unwrap_or(DType::F32);
-        if parts.iter().any(|p| p.dtype() != dtype) {
-            return Err(Error::DType(
-                "concat: all tensors must share one dtype".into(),
-            ));
-        }
+        let dtype = crate::backend::checks::check_concat_dtypes(parts)?;
         macro_rules! join {
             ($variant:ident, $wrap:ident) => {{
                 let slices: Vec<&[_]> = parts
@@ -670,11 +657,7 @@ impl Backend for CpuBackend {
                 ("valid", valid.len(), a),
             ],
         )?;
-        if experts == 0 || i32::try_from(a).is_err() {
-            return Err(Error::Shape(format!(
-                "{WHAT}: needs at least one expert and fewer than 2³¹ assignments, got {experts} experts, {a} assignments"
-            )));
-        }
+        check_dispatch_sizes(WHAT, experts, a)?;
         match (weight, rank, valid) {
             (CpuBuffer::F32(w), CpuBuffer::F32(r), CpuBuffer::F32(v)) => Ok(
                 routing::dispatch_plan(token, expert, (w, r, v), experts, capacity),

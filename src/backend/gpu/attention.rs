@@ -16,6 +16,7 @@ use super::kernels::{Shader, grid_1d};
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::AttentionDims;
 use crate::backend::AttentionGradOperands;
+use crate::backend::checks::{check_attention_lengths, check_lse_length};
 use crate::{DType, Error, Result};
 
 /// The kernels of `shaders/attention.wgsl`.
@@ -82,9 +83,7 @@ fn check(what: &str, operands: &[(&str, &GpuBuffer)], d: AttentionDims) -> Resul
             ))
         })?;
     if n == 0 {
-        return Err(Error::Shape(format!(
-            "{what}: sizes [{heads}, {seq}, {head_dim}] must all be at least 1"
-        )));
+        return check_attention_lengths(what, operands, d);
     }
     if head_dim > ATTENTION_MAX_HEAD_DIM {
         return Err(Error::Invalid(format!(
@@ -104,14 +103,8 @@ fn check(what: &str, operands: &[(&str, &GpuBuffer)], d: AttentionDims) -> Resul
                 b.dtype()
             )));
         }
-        if b.len() != n {
-            return Err(Error::Shape(format!(
-                "{what}: {name} holds {} elements, expected [{heads}, {seq}, {head_dim}] = {n}",
-                b.len()
-            )));
-        }
     }
-    Ok(())
+    check_attention_lengths(what, operands, d)
 }
 
 /// Launches a tiled entry point, specialised for the head dimension, over
@@ -197,14 +190,7 @@ pub(crate) fn attention_backward(
             lse.dtype()
         )));
     }
-    if lse.len() != rows {
-        return Err(Error::Shape(format!(
-            "{WHAT}: lse holds {} elements, expected [{}, {}] = {rows}",
-            lse.len(),
-            d.heads,
-            d.seq
-        )));
-    }
+    check_lse_length(WHAT, lse, d)?;
     let delta = be.alloc(rows, DType::F32)?;
     be.launch(
         &ATTENTION_SHADER,

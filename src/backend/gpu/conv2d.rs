@@ -37,21 +37,9 @@ fn bank_buffer(
     d: &Conv2dDims,
     what: &str,
 ) -> Result<GpuBuffer> {
+    crate::backend::checks::check_image_bank(what, image_bank, d)?;
     match image_bank {
-        None if d.banks != 1 => Err(Error::Invalid(format!(
-            "{what}: {} weight banks need an image_bank index",
-            d.banks
-        ))),
         None => be.full(1, 0.0, DType::I32),
-        Some(b) if b.dtype() != DType::I32 => Err(Error::DType(format!(
-            "{what}: image_bank must be i32, got {}",
-            b.dtype()
-        ))),
-        Some(b) if b.len() != d.batch => Err(Error::Shape(format!(
-            "{what}: image_bank holds {} entries for {} images",
-            b.len(),
-            d.batch
-        ))),
         Some(b) => Ok(b.clone()),
     }
 }
@@ -74,21 +62,16 @@ fn check(what: &str, operands: &[(&str, &GpuBuffer, usize)], d: &Conv2dDims) -> 
             "{what}: more than {MAX_GROUPS} banks or channels in one launch ({d:?})"
         )));
     }
-    for (name, b, expected) in operands {
+    for (name, b, _) in operands {
         if b.dtype() != DType::F32 {
             return Err(Error::DType(format!(
                 "{what}: {name} must be f32 on the GPU, got {}",
                 b.dtype()
             )));
         }
-        if b.len() != *expected {
-            return Err(Error::Shape(format!(
-                "{what}: {name} holds {} elements, expected {expected} for {d:?}",
-                b.len()
-            )));
-        }
     }
-    Ok(())
+    let lengths: Vec<_> = operands.iter().map(|&(n, b, e)| (n, b, e)).collect();
+    crate::backend::checks::check_lengths(what, &lengths, d)
 }
 
 /// The parameter block (`ConvParams`) for images `image_base..`.

@@ -26,12 +26,7 @@ fn check(what: &str, logits: &GpuBuffer, targets: &GpuBuffer, classes: usize) ->
             targets.dtype()
         )));
     }
-    if rows == 0 || classes == 0 || rows.checked_mul(classes) != Some(logits.len()) {
-        return Err(Error::Shape(format!(
-            "{what}: logits of {} values are not [{rows} rows, {classes} classes] (sizes ≥ 1)",
-            logits.len()
-        )));
-    }
+    crate::backend::checks::check_cross_entropy_shape(what, logits, targets, classes)?;
     Ok([
         u32_param(rows, "cross_entropy rows")?,
         u32_param(logits.len(), "cross_entropy logits")? / rows as u32,

@@ -24,8 +24,8 @@
 //! * **Profiling.** While a profile records, each dispatch gets a compute pass of its own with
 //!   timestamp writes where the adapter has them (see `timing.rs`).
 
+use super::buffer_pool::PooledBuffer;
 use super::context::Context;
-use super::pool::PooledBuffer;
 use super::stats::Counters;
 use super::timing::{Slot, Timer};
 use crate::{Error, Result};
@@ -267,7 +267,7 @@ impl Batcher {
     /// `(bytes, of_slot)`: the bytes of the buffers that only the pending batch still
     /// references (submitting it returns them to the pool), and whether one of them is of the
     /// pool's free list `slot`.
-    pub fn freeable(&self, slot: (super::pool::Kind, u64)) -> (u64, bool) {
+    pub fn freeable(&self, slot: (super::buffer_pool::Kind, u64)) -> (u64, bool) {
         let b = self.lock();
         let mut held: std::collections::HashMap<*const PooledBuffer, (usize, &Arc<PooledBuffer>)> =
             std::collections::HashMap::with_capacity(b.hold.len());

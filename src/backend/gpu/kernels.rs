@@ -462,7 +462,7 @@ impl GpuBackend {
                  max_storage_buffer_binding_size ({max} bytes)"
             )));
         }
-        let (kind, bytes) = (super::pool::Kind::Storage, bytes.max(4));
+        let (kind, bytes) = (super::buffer_pool::Kind::Storage, bytes.max(4));
         // Buffers the program frees go back to the pool only once the kernels that use them are
         // submitted. Before the driver creates a buffer, the pending batch is submitted when
         // that returns one of this size and the batch holds FLUSH_FREEABLE bytes or more of such
@@ -532,7 +532,7 @@ mod tests {
             random, reduce, routing, sort,
         };
         let files = [
-            (&elementwise::ELEMENTWISE, 5usize),
+            (&*elementwise::ELEMENTWISE, 5usize),
             (&reduce::REDUCE, 4),
             (&layout::LAYOUT, 5),
             (&sort::SORT, 4),

@@ -12,6 +12,7 @@
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::LayerNormDims;
+use crate::backend::checks::check_layer_norm_lengths;
 use crate::{DType, Error, Result};
 
 /// The kernels of `shaders/layer_norm.wgsl`.
@@ -31,8 +32,7 @@ fn check(
     d: LayerNormDims,
 ) -> Result<[u32; 3]> {
     let LayerNormDims { rows, dim, eps } = d;
-    let n = rows
-        .checked_mul(dim)
+    rows.checked_mul(dim)
         .filter(|&n| n > 0 && n <= u32::MAX as usize)
         .ok_or_else(|| {
             Error::Shape(format!(
@@ -40,12 +40,7 @@ fn check(
                  32-bit indexing"
             ))
         })?;
-    for (operands, shape) in groups {
-        let want = match shape {
-            "[rows, dim]" => n,
-            "[dim]" => dim,
-            _ => rows,
-        };
+    for (operands, _) in groups {
         for (name, b) in operands {
             if b.dtype() != DType::F32 {
                 return Err(Error::DType(format!(
@@ -53,14 +48,10 @@ fn check(
                     b.dtype()
                 )));
             }
-            if b.len() != want {
-                return Err(Error::Shape(format!(
-                    "{what}: {name} holds {} elements, expected {shape} = {want} for rows {rows}, dim {dim}",
-                    b.len()
-                )));
-            }
         }
     }
+    let [(matrices, _), (vectors, _), (per_row, _)] = groups;
+    check_layer_norm_lengths(what, matrices, vectors, per_row, d)?;
     Ok([
         u32_param(rows, "layer_norm rows")?,
         u32_param(dim, "layer_norm dim")?,

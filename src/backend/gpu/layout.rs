@@ -74,12 +74,7 @@ pub(crate) fn concat(
     outer: usize,
     inner: usize,
 ) -> Result<GpuBuffer> {
-    let dtype = parts.first().map(|p| p.dtype()).unwrap_or(DType::F32);
-    if parts.iter().any(|p| p.dtype() != dtype) {
-        return Err(Error::DType(
-            "concat: all tensors must share one dtype".into(),
-        ));
-    }
+    let dtype = crate::backend::checks::check_concat_dtypes(parts)?;
     if parts.len() != lens.len() {
         return Err(Error::Shape(format!(
             "concat: {} parts but {} lengths",
@@ -133,10 +128,10 @@ fn check_index(
     inner: usize,
 ) -> Result<()> {
     if idx.dtype() != DType::I32 {
-        return Err(Error::DType(format!(
-            "{what}: indices must be i32, got {}",
-            idx.dtype()
-        )));
+        return Err(crate::backend::checks::indices_dtype_error(
+            what,
+            idx.dtype(),
+        ));
     }
     if outer == 0 || m == 0 || inner == 0 {
         return Ok(());

@@ -327,20 +327,9 @@ pub(crate) fn grouped_matmul(
         &format!("[{rows}]"),
     )?;
     if let Some(b) = bias {
-        if transpose_w {
-            return Err(Error::Invalid(format!(
-                "{WHAT}: a bias is only added to the forward product, not with transpose_w"
-            )));
-        }
         check_f32(WHAT, "bias", b)?;
-        check_len(
-            WHAT,
-            "bias",
-            b,
-            product(&[experts, m]),
-            &format!("[{experts}, {m}]"),
-        )?;
     }
+    crate::backend::checks::check_grouped_bias(WHAT, bias, dims)?;
     let out_len = product(&[rows, m]).ok_or_else(|| {
         Error::Shape(format!(
             "{WHAT}: output [{rows}, {m}] has more than usize::MAX elements"

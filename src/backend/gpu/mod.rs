@@ -3,7 +3,7 @@
 //! How the pieces fit, bottom to top:
 //!
 //! * `context.rs` opens the adapter, device and queue once per process;
-//! * `pool.rs` recycles device buffers by power-of-two size class ([`PoolStats`]);
+//! * `buffer_pool.rs` recycles device buffers by power-of-two size class ([`PoolStats`]);
 //! * `encoder.rs` records every kernel into one pending command encoder and submits in batches
 //!   (nothing is read back to the host except by [`Backend::download`]);
 //! * `kernels.rs` compiles and caches pipelines and holds the one launch helper,
@@ -24,6 +24,7 @@
 //! [`GpuBackend::synchronize`] or download.
 
 mod attention;
+mod buffer_pool;
 mod context;
 mod conv2d;
 mod cross_entropy;
@@ -35,7 +36,6 @@ mod layer_norm;
 mod layout;
 mod matmul;
 mod optim;
-mod pool;
 mod pool2d;
 mod random;
 mod reduce;
@@ -69,7 +69,7 @@ use std::sync::{Arc, OnceLock};
 /// The process-wide GPU context and its caches.
 pub(crate) struct Inner {
     ctx: context::Context,
-    pool: Arc<pool::Pool>,
+    pool: Arc<buffer_pool::Pool>,
     batcher: encoder::Batcher,
     kernels: kernels::KernelCache,
     counters: Arc<stats::Counters>,
@@ -91,7 +91,7 @@ static GPU: OnceLock<std::result::Result<GpuBackend, String>> = OnceLock::new();
 /// and length in elements. The pooled buffer goes back to the pool when the last clone drops.
 #[derive(Clone)]
 pub struct GpuBuffer {
-    buf: Arc<pool::PooledBuffer>,
+    buf: Arc<buffer_pool::PooledBuffer>,
     dtype: DType,
     len: usize,
 }
@@ -139,7 +139,7 @@ impl GpuBackend {
                 other => other.to_string(),
             })?;
             let counters = Arc::new(stats::Counters::default());
-            let pool = pool::Pool::new(
+            let pool = buffer_pool::Pool::new(
                 ctx.device.clone(),
                 ctx.limits.max_buffer_size,
                 counters.clone(),
@@ -300,7 +300,7 @@ impl GpuBackend {
             return Ok(Vec::new());
         }
         let inner = &self.inner;
-        let staging = inner.pool.take(pool::Kind::Staging, bytes)?;
+        let staging = inner.pool.take(buffer_pool::Kind::Staging, bytes)?;
         let index = inner
             .batcher
             .copy_and_submit(&inner.ctx, &x.buf, &staging, bytes);
@@ -322,7 +322,7 @@ impl GpuBackend {
     /// Waits for the submission that fills `staging`, then copies its first `bytes` bytes out.
     fn wait_and_read(
         &self,
-        staging: &pool::PooledBuffer,
+        staging: &buffer_pool::PooledBuffer,
         index: wgpu::SubmissionIndex,
         bytes: u64,
         mapped: std::sync::mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,

@@ -32,12 +32,7 @@ fn check<'a>(
             "{what}: parameter, gradient and state must share one float dtype (f32 on the GPU)"
         )));
     }
-    let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
-    if lens.iter().any(|&l| l != lens[0]) {
-        return Err(Error::Shape(format!(
-            "{what}: buffers of lengths {lens:?} must be equal"
-        )));
-    }
+    crate::backend::checks::check_same_lengths(what, bufs)?;
     match grad_scale {
         None => Ok((grad, 0)),
         Some(s) if s.len() == 1 && s.dtype() == DType::F32 => Ok((s, 1)),
@@ -45,10 +40,7 @@ fn check<'a>(
             "{what}: the gradient scale must be f32, got {}",
             s.dtype()
         ))),
-        Some(s) => Err(Error::Shape(format!(
-            "gradient scale must hold one value, it holds {}",
-            s.len()
-        ))),
+        Some(s) => Err(crate::backend::checks::grad_scale_length_error(s.len())),
     }
 }
 

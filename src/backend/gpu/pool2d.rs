@@ -21,21 +21,16 @@ pub(crate) static POOL2D_SHADER: Shader = Shader {
 
 /// Checks each operand `(name, buffer, dtype, expected length)`.
 fn check(what: &str, d: &Pool2dDims, operands: &[(&str, &GpuBuffer, DType, usize)]) -> Result<()> {
-    for (name, b, dtype, expected) in operands {
+    for (name, b, dtype, _) in operands {
         if b.dtype() != *dtype {
             return Err(Error::DType(format!(
                 "{what}: {name} must be {dtype} on the GPU, got {}",
                 b.dtype()
             )));
         }
-        if b.len() != *expected {
-            return Err(Error::Shape(format!(
-                "{what}: {name} holds {} elements, expected {expected} for {d:?}",
-                b.len()
-            )));
-        }
     }
-    Ok(())
+    let lengths: Vec<_> = operands.iter().map(|&(n, b, _, e)| (n, b, e)).collect();
+    crate::backend::checks::check_lengths(what, &lengths, d)
 }
 
 /// The checked `(input, output)` lengths of `d` on the GPU: at least 1, at most `u32::MAX`.
@@ -125,9 +120,7 @@ pub(crate) fn pool2d_backward(
     let dx = be.alloc(il, DType::F32)?;
     let grid = grid_1d(il, 256)?;
     match (kind, argmax) {
-        (PoolKind::Max, None) => Err(Error::Invalid(format!(
-            "{WHAT}: max pooling needs the argmax of its forward pass"
-        ))),
+        (PoolKind::Max, None) => Err(crate::backend::checks::missing_argmax_error(WHAT)),
         (PoolKind::Max, Some(arg)) => {
             check(WHAT, &d, &[("argmax", arg, DType::I32, ol)])?;
             be.launch(

@@ -177,11 +177,7 @@ pub(crate) fn dispatch_plan(
             ("valid", valid.len(), a),
         ],
     )?;
-    if experts == 0 || i32::try_from(a).is_err() {
-        return Err(Error::Shape(format!(
-            "{WHAT}: needs at least one expert and fewer than 2³¹ assignments, got {experts} experts, {a} assignments"
-        )));
-    }
+    crate::backend::checks::check_dispatch_sizes(WHAT, experts, a)?;
     let n = u32_param(experts, "dispatch_plan: experts")?;
     let cap = match capacity {
         // a capacity of 2³² − 1 or more keeps every row, like none

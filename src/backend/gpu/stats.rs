@@ -4,7 +4,7 @@
 //! These are the costs that decide a step's speed on a real GPU beyond the kernels themselves,
 //! and unlike timings they can be counted on any adapter, Mesa's lavapipe included. Each is one
 //! relaxed atomic add at the place the work is asked for (`encoder.rs` counts dispatches,
-//! submissions and parameter uploads, `pool.rs` buffer creations, `mod.rs` uploads, downloads
+//! submissions and parameter uploads, `buffer_pool.rs` buffer creations, `mod.rs` uploads, downloads
 //! and waits), so counting costs nothing measurable. The counters are process-wide, like the GPU
 //! context: [`GpuStats`] is a snapshot of them, read with `GpuBackend::stats` or
 //! [`crate::Device::gpu_stats`] and restarted with `GpuBackend::reset_stats`.

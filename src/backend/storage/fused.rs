@@ -18,7 +18,9 @@ impl Storage {
         );
         match self {
             Storage::Cpu(q) => {
-                let (o, lse) = cpu::CpuBackend.attention_forward(q, ok.cpu(), ov.cpu(), dims)?;
+                let (o, lse) = cpu::on_pool(self.len(), || {
+                    cpu::CpuBackend.attention_forward(q, ok.cpu(), ov.cpu(), dims)
+                })?;
                 Ok((Storage::Cpu(o), Storage::Cpu(lse)))
             }
             Storage::Gpu(q) => {
@@ -44,17 +46,19 @@ impl Storage {
         );
         match self {
             Storage::Cpu(q) => {
-                let (dq, dk, dv) = cpu::CpuBackend.attention_backward(
-                    AttentionGradOperands {
-                        q,
-                        k: ok.cpu(),
-                        v: ov.cpu(),
-                        o: oo.cpu(),
-                        lse: ol.cpu(),
-                        d_o: og.cpu(),
-                    },
-                    dims,
-                )?;
+                let (dq, dk, dv) = cpu::on_pool(self.len(), || {
+                    cpu::CpuBackend.attention_backward(
+                        AttentionGradOperands {
+                            q,
+                            k: ok.cpu(),
+                            v: ov.cpu(),
+                            o: oo.cpu(),
+                            lse: ol.cpu(),
+                            d_o: og.cpu(),
+                        },
+                        dims,
+                    )
+                })?;
                 Ok((Storage::Cpu(dq), Storage::Cpu(dk), Storage::Cpu(dv)))
             }
             Storage::Gpu(q) => {
@@ -86,7 +90,9 @@ impl Storage {
         );
         match self {
             Storage::Cpu(x) => {
-                let (y, m, r) = cpu::CpuBackend.layer_norm_forward(x, og.cpu(), ob.cpu(), dims)?;
+                let (y, m, r) = cpu::on_pool(self.len(), || {
+                    cpu::CpuBackend.layer_norm_forward(x, og.cpu(), ob.cpu(), dims)
+                })?;
                 Ok((Storage::Cpu(y), Storage::Cpu(m), Storage::Cpu(r)))
             }
             Storage::Gpu(x) => {
@@ -112,13 +118,15 @@ impl Storage {
         );
         match self {
             Storage::Cpu(g) => {
-                let (dx, dg, db) = cpu::CpuBackend.layer_norm_backward(
-                    g,
-                    ox.cpu(),
-                    og.cpu(),
-                    (om.cpu(), or.cpu()),
-                    dims,
-                )?;
+                let (dx, dg, db) = cpu::on_pool(self.len(), || {
+                    cpu::CpuBackend.layer_norm_backward(
+                        g,
+                        ox.cpu(),
+                        og.cpu(),
+                        (om.cpu(), or.cpu()),
+                        dims,
+                    )
+                })?;
                 Ok((Storage::Cpu(dx), Storage::Cpu(dg), Storage::Cpu(db)))
             }
             Storage::Gpu(g) => {
@@ -142,7 +150,9 @@ impl Storage {
         let ot = same_dev!(self, targets, "cross_entropy");
         match self {
             Storage::Cpu(x) => {
-                let (l, s) = cpu::CpuBackend.cross_entropy_forward(x, ot.cpu(), classes)?;
+                let (l, s) = cpu::on_pool(self.len(), || {
+                    cpu::CpuBackend.cross_entropy_forward(x, ot.cpu(), classes)
+                })?;
                 Ok((Storage::Cpu(l), Storage::Cpu(s)))
             }
             Storage::Gpu(x) => {
@@ -165,9 +175,10 @@ impl Storage {
             same_dev!(self, lse, WHAT),
         );
         match self {
-            Storage::Cpu(g) => cpu::CpuBackend
-                .cross_entropy_backward(g, ox.cpu(), ot.cpu(), ol.cpu())
-                .map(Storage::Cpu),
+            Storage::Cpu(g) => cpu::on_pool(self.len(), || {
+                cpu::CpuBackend.cross_entropy_backward(g, ox.cpu(), ot.cpu(), ol.cpu())
+            })
+            .map(Storage::Cpu),
             Storage::Gpu(g) => gpu::GpuBackend::get()?
                 .cross_entropy_backward(g, ox.gpu(), ot.gpu(), ol.gpu())
                 .map(Storage::Gpu),
@@ -185,9 +196,10 @@ impl Storage {
         match self {
             Storage::Cpu(x) => {
                 let bank = image_bank.map(|b| as_cpu(b, WHAT)).transpose()?;
-                cpu::CpuBackend
-                    .conv2d_forward(x, as_cpu(w, WHAT)?, bank, dims)
-                    .map(Storage::Cpu)
+                cpu::on_pool(self.len(), || {
+                    cpu::CpuBackend.conv2d_forward(x, as_cpu(w, WHAT)?, bank, dims)
+                })
+                .map(Storage::Cpu)
             }
             Storage::Gpu(x) => {
                 let bank = image_bank.map(|b| as_gpu(b, WHAT)).transpose()?;
@@ -208,9 +220,10 @@ impl Storage {
         match self {
             Storage::Cpu(dy) => {
                 let bank = image_bank.map(|b| as_cpu(b, WHAT)).transpose()?;
-                cpu::CpuBackend
-                    .conv2d_input_grad(dy, as_cpu(w, WHAT)?, bank, dims)
-                    .map(Storage::Cpu)
+                cpu::on_pool(self.len(), || {
+                    cpu::CpuBackend.conv2d_input_grad(dy, as_cpu(w, WHAT)?, bank, dims)
+                })
+                .map(Storage::Cpu)
             }
             Storage::Gpu(dy) => {
                 let bank = image_bank.map(|b| as_gpu(b, WHAT)).transpose()?;
@@ -231,9 +244,10 @@ impl Storage {
         match self {
             Storage::Cpu(x) => {
                 let bank = image_bank.map(|b| as_cpu(b, WHAT)).transpose()?;
-                cpu::CpuBackend
-                    .conv2d_weight_grad(x, as_cpu(dy, WHAT)?, bank, dims)
-                    .map(Storage::Cpu)
+                cpu::on_pool(self.len(), || {
+                    cpu::CpuBackend.conv2d_weight_grad(x, as_cpu(dy, WHAT)?, bank, dims)
+                })
+                .map(Storage::Cpu)
             }
             Storage::Gpu(x) => {
                 let bank = image_bank.map(|b| as_gpu(b, WHAT)).transpose()?;
@@ -251,7 +265,8 @@ impl Storage {
     ) -> Result<(Storage, Option<Storage>)> {
         match self {
             Storage::Cpu(x) => {
-                let (y, a) = cpu::CpuBackend.pool2d_forward(kind, x, dims)?;
+                let (y, a) =
+                    cpu::on_pool(self.len(), || cpu::CpuBackend.pool2d_forward(kind, x, dims))?;
                 Ok((Storage::Cpu(y), a.map(Storage::Cpu)))
             }
             Storage::Gpu(x) => {
@@ -271,9 +286,10 @@ impl Storage {
         match self {
             Storage::Cpu(dy) => {
                 let arg = argmax.map(|a| as_cpu(a, WHAT)).transpose()?;
-                cpu::CpuBackend
-                    .pool2d_backward(kind, dy, arg, dims)
-                    .map(Storage::Cpu)
+                cpu::on_pool(self.len(), || {
+                    cpu::CpuBackend.pool2d_backward(kind, dy, arg, dims)
+                })
+                .map(Storage::Cpu)
             }
             Storage::Gpu(dy) => {
                 let arg = argmax.map(|a| as_gpu(a, WHAT)).transpose()?;

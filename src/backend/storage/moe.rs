@@ -17,9 +17,16 @@ impl Storage {
         let (ow, oe) = (same_dev!(self, w, WHAT), same_dev!(self, row_expert, WHAT));
         let ob = bias.map(|b| Ok(same_dev!(self, b, WHAT))).transpose()?;
         match self {
-            Storage::Cpu(x) => cpu::CpuBackend
-                .grouped_matmul(x, ow.cpu(), ob.as_ref().map(|b| b.cpu()), oe.cpu(), dims)
-                .map(Storage::Cpu),
+            Storage::Cpu(x) => cpu::on_pool(self.len(), || {
+                cpu::CpuBackend.grouped_matmul(
+                    x,
+                    ow.cpu(),
+                    ob.as_ref().map(|b| b.cpu()),
+                    oe.cpu(),
+                    dims,
+                )
+            })
+            .map(Storage::Cpu),
             Storage::Gpu(x) => gpu::GpuBackend::get()?
                 .grouped_matmul(x, ow.gpu(), ob.as_ref().map(|b| b.gpu()), oe.gpu(), dims)
                 .map(Storage::Gpu),
@@ -39,9 +46,10 @@ impl Storage {
             same_dev!(self, offsets, "grouped_weight_grad"),
         );
         match self {
-            Storage::Cpu(x) => cpu::CpuBackend
-                .grouped_weight_grad(x, od.cpu(), oe.cpu(), oo.cpu(), bank)
-                .map(Storage::Cpu),
+            Storage::Cpu(x) => cpu::on_pool(self.len(), || {
+                cpu::CpuBackend.grouped_weight_grad(x, od.cpu(), oe.cpu(), oo.cpu(), bank)
+            })
+            .map(Storage::Cpu),
             Storage::Gpu(x) => gpu::GpuBackend::get()?
                 .grouped_weight_grad(x, od.gpu(), oe.gpu(), oo.gpu(), bank)
                 .map(Storage::Gpu),
@@ -60,14 +68,16 @@ impl Storage {
         let os = scores.map(|s| Ok(same_dev!(self, s, WHAT))).transpose()?;
         match self {
             Storage::Cpu(l) => {
-                let (p, i, w) = cpu::CpuBackend.topk_gate(
-                    l,
-                    os.as_ref().map(|o| o.cpu()),
-                    rows,
-                    n,
-                    k,
-                    renormalise,
-                )?;
+                let (p, i, w) = cpu::on_pool(self.len(), || {
+                    cpu::CpuBackend.topk_gate(
+                        l,
+                        os.as_ref().map(|o| o.cpu()),
+                        rows,
+                        n,
+                        k,
+                        renormalise,
+                    )
+                })?;
                 Ok((Storage::Cpu(p), Storage::Cpu(i), Storage::Cpu(w)))
             }
             Storage::Gpu(l) => {
@@ -95,15 +105,16 @@ impl Storage {
         let (oi, od) = (same_dev!(self, idx, WHAT), same_dev!(self, d_weights, WHAT));
         let op = probs.map(|p| Ok(same_dev!(self, p, WHAT))).transpose()?;
         match self {
-            Storage::Cpu(w) => cpu::CpuBackend
-                .topk_gate_backward(
+            Storage::Cpu(w) => cpu::on_pool(self.len(), || {
+                cpu::CpuBackend.topk_gate_backward(
                     w,
                     oi.cpu(),
                     od.cpu(),
                     op.as_ref().map(|o| o.cpu()),
                     (rows, n, k),
                 )
-                .map(Storage::Cpu),
+            })
+            .map(Storage::Cpu),
             Storage::Gpu(w) => gpu::GpuBackend::get()?
                 .topk_gate_backward(
                     w,
@@ -119,9 +130,10 @@ impl Storage {
     pub fn softmax_backward(&self, dy: &Storage, rows: usize, n: usize) -> Result<Storage> {
         let od = same_dev!(self, dy, "softmax backward");
         match self {
-            Storage::Cpu(y) => cpu::CpuBackend
-                .softmax_backward(y, od.cpu(), rows, n)
-                .map(Storage::Cpu),
+            Storage::Cpu(y) => cpu::on_pool(self.len(), || {
+                cpu::CpuBackend.softmax_backward(y, od.cpu(), rows, n)
+            })
+            .map(Storage::Cpu),
             Storage::Gpu(y) => gpu::GpuBackend::get()?
                 .softmax_backward(y, od.gpu(), rows, n)
                 .map(Storage::Gpu),
@@ -155,13 +167,15 @@ impl Storage {
         }
         match self {
             Storage::Cpu(t) => Ok(wrap(
-                cpu::CpuBackend.dispatch_plan(
-                    t,
-                    oe.cpu(),
-                    (ow.cpu(), or.cpu(), ov.cpu()),
-                    experts,
-                    capacity,
-                )?,
+                cpu::on_pool(self.len(), || {
+                    cpu::CpuBackend.dispatch_plan(
+                        t,
+                        oe.cpu(),
+                        (ow.cpu(), or.cpu(), ov.cpu()),
+                        experts,
+                        capacity,
+                    )
+                })?,
                 Storage::Cpu,
             )),
             Storage::Gpu(t) => Ok(wrap(

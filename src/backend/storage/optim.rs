@@ -25,14 +25,16 @@ impl Storage {
         };
         match self {
             Storage::Cpu(p) => {
-                let (a, b, c) = cpu::CpuBackend.adam_step(
-                    p,
-                    g.cpu(),
-                    sc.as_ref().map(|s| s.cpu()),
-                    mm.cpu(),
-                    vv.cpu(),
-                    h,
-                )?;
+                let (a, b, c) = cpu::on_pool(self.len(), || {
+                    cpu::CpuBackend.adam_step(
+                        p,
+                        g.cpu(),
+                        sc.as_ref().map(|s| s.cpu()),
+                        mm.cpu(),
+                        vv.cpu(),
+                        h,
+                    )
+                })?;
                 Ok((Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(c)))
             }
             Storage::Gpu(p) => {
@@ -66,13 +68,9 @@ impl Storage {
         };
         match self {
             Storage::Cpu(p) => {
-                let (a, c) = cpu::CpuBackend.sgd_step(
-                    p,
-                    g.cpu(),
-                    sc.as_ref().map(|s| s.cpu()),
-                    b.cpu(),
-                    h,
-                )?;
+                let (a, c) = cpu::on_pool(self.len(), || {
+                    cpu::CpuBackend.sgd_step(p, g.cpu(), sc.as_ref().map(|s| s.cpu()), b.cpu(), h)
+                })?;
                 Ok((Storage::Cpu(a), Storage::Cpu(c)))
             }
             Storage::Gpu(p) => {
@@ -102,7 +100,9 @@ impl Storage {
             (&mut *self, grad, &mut *m, &mut *v)
         {
             let sc = scale.map(|s| as_cpu(s, "adam_step")).transpose()?;
-            return cpu::CpuBackend.adam_step_mut(p, g, sc, mm, vv, h);
+            return cpu::on_pool(g.len(), || {
+                cpu::CpuBackend.adam_step_mut(p, g, sc, mm, vv, h)
+            });
         }
         if let (Storage::Gpu(p), Storage::Gpu(g), Storage::Gpu(mm), Storage::Gpu(vv)) =
             (&mut *self, grad, &mut *m, &mut *v)
@@ -154,7 +154,9 @@ impl Storage {
                 offsets: off,
                 bank,
             };
-            return cpu::CpuBackend.grouped_weight_grad_adam_mut(grad, p, sc, mm, vv, h);
+            return cpu::on_pool(p.len(), || {
+                cpu::CpuBackend.grouped_weight_grad_adam_mut(grad, p, sc, mm, vv, h)
+            });
         }
         let g = x.grouped_weight_grad(dy, row_expert, offsets, bank)?;
         param.adam_step_mut(&g, scale, m, v, h)
@@ -170,7 +172,7 @@ impl Storage {
     ) -> Result<()> {
         if let (Storage::Cpu(p), Storage::Cpu(g), Storage::Cpu(b)) = (&mut *self, grad, &mut *buf) {
             let sc = scale.map(|s| as_cpu(s, "sgd_step")).transpose()?;
-            return cpu::CpuBackend.sgd_step_mut(p, g, sc, b, h);
+            return cpu::on_pool(g.len(), || cpu::CpuBackend.sgd_step_mut(p, g, sc, b, h));
         }
         if let (Storage::Gpu(p), Storage::Gpu(g), Storage::Gpu(b)) = (&mut *self, grad, &mut *buf) {
             let sc = scale.map(|s| as_gpu(s, "sgd_step")).transpose()?;

@@ -1,0 +1,291 @@
+//! Device-neutral argument checks of the fused primitives (cross-entropy, layer norm,
+//! attention, the grouped matmul's bias, convolution and pooling): buffer lengths against the
+//! geometry they are called with, so that a mismatch is an [`crate::Error`] before any kernel
+//! indexes a buffer. Both backends call these, generic over [`Operand`], so each message is
+//! written once; what only one device needs (the GPU's f32-only dtype, its 32-bit indexing and
+//! workgroup limits) stays in that device's launcher.
+
+use super::{cpu::CpuBuffer, gpu::GpuBuffer};
+use crate::backend::{AttentionDims, Conv2dDims, GroupedMatmulDims, LayerNormDims};
+use crate::{DType, Error, Result};
+use std::fmt::Debug;
+
+/// What a check sees of a device buffer: its length and dtype (never its values).
+pub(crate) trait Operand {
+    /// Elements in the buffer.
+    fn len(&self) -> usize;
+    /// The buffer's dtype.
+    fn dtype(&self) -> DType;
+}
+
+impl Operand for CpuBuffer {
+    fn len(&self) -> usize {
+        CpuBuffer::len(self)
+    }
+    fn dtype(&self) -> DType {
+        CpuBuffer::dtype(self)
+    }
+}
+
+impl Operand for GpuBuffer {
+    fn len(&self) -> usize {
+        GpuBuffer::len(self)
+    }
+    fn dtype(&self) -> DType {
+        GpuBuffer::dtype(self)
+    }
+}
+
+/// Checks each operand `(name, buffer, expected length)` of a kernel whose geometry is `dims`
+/// (printed with `{:?}` in the error: convolution and pooling).
+pub(crate) fn check_lengths<B: Operand>(
+    what: &str,
+    operands: &[(&str, &B, usize)],
+    dims: &dyn Debug,
+) -> Result<()> {
+    for (name, b, expected) in operands {
+        if b.len() != *expected {
+            return Err(Error::Shape(format!(
+                "{what}: {name} holds {} elements, expected {expected} for {dims:?}",
+                b.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks an attention backward's row log-sum-exp `lse`: `[heads, seq]`.
+pub(crate) fn check_lse_length<B: Operand>(what: &str, lse: &B, dims: AttentionDims) -> Result<()> {
+    let rows = dims.heads * dims.seq; // fits: heads·seq·head_dim was checked, and head_dim ≥ 1
+    if lse.len() != rows {
+        return Err(Error::Shape(format!(
+            "{what}: lse holds {} elements, expected [{}, {}] = {rows}",
+            lse.len(),
+            dims.heads,
+            dims.seq
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that cross-entropy logits are `[rows, classes]` for `rows` targets, sizes ≥ 1.
+pub(crate) fn check_cross_entropy_shape<B: Operand>(
+    what: &str,
+    logits: &B,
+    targets: &B,
+    classes: usize,
+) -> Result<()> {
+    let rows = targets.len();
+    if rows == 0 || classes == 0 || rows.checked_mul(classes) != Some(logits.len()) {
+        return Err(Error::Shape(format!(
+            "{what}: logits of {} values are not [{rows} rows, {classes} classes] (sizes ≥ 1)",
+            logits.len()
+        )));
+    }
+    Ok(())
+}
+
+/// Checks a cross-entropy's operands on the CPU (logits `[rows, classes]`, I32 targets `[rows]`
+/// inside `0..classes`, sizes ≥ 1) and returns the targets. (The range of the targets is
+/// data: the GPU kernel checks it where it reads them.)
+pub(crate) fn check_cross_entropy<'a>(
+    what: &str,
+    logits: &CpuBuffer,
+    targets: &'a CpuBuffer,
+    classes: usize,
+) -> Result<&'a [i32]> {
+    let t = targets.indices(what)?;
+    check_cross_entropy_shape(what, logits, targets, classes)?;
+    if let Some((r, &bad)) = t
+        .iter()
+        .enumerate()
+        .find(|&(_, &c)| c < 0 || c as usize >= classes)
+    {
+        return Err(Error::Invalid(format!(
+            "{what}: target {bad} of row {r} is not a class in 0..{classes}"
+        )));
+    }
+    Ok(t)
+}
+
+/// Checks a layer norm's operands: `[rows, dim]` ones, `[dim]` ones and `[rows]` ones hold that
+/// many elements, and no size is zero.
+pub(crate) fn check_layer_norm_lengths<B: Operand>(
+    what: &str,
+    matrices: &[(&str, &B)],
+    vectors: &[(&str, &B)],
+    per_row: &[(&str, &B)],
+    dims: LayerNormDims,
+) -> Result<()> {
+    let LayerNormDims { rows, dim, .. } = dims;
+    let n = rows.checked_mul(dim).filter(|&n| n > 0).ok_or_else(|| {
+        Error::Shape(format!(
+            "{what}: [{rows}, {dim}] must have sizes of at least 1 and fit in memory"
+        ))
+    })?;
+    let groups = [
+        (matrices, n, "[rows, dim]"),
+        (vectors, dim, "[dim]"),
+        (per_row, rows, "[rows]"),
+    ];
+    for (operands, want, shape) in groups {
+        for (name, b) in operands {
+            if b.len() != want {
+                return Err(Error::Shape(format!(
+                    "{what}: {name} holds {} elements, expected {shape} = {want} for rows {rows}, dim {dim}",
+                    b.len()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Checks that each `[heads, seq, head_dim]` operand of an attention kernel holds exactly
+/// `dims.elements()` elements and that no size is zero.
+pub(crate) fn check_attention_lengths<B: Operand>(
+    what: &str,
+    operands: &[(&str, &B)],
+    dims: AttentionDims,
+) -> Result<()> {
+    let AttentionDims {
+        heads,
+        seq,
+        head_dim,
+    } = dims;
+    let n = dims.elements().ok_or_else(|| {
+        Error::Shape(format!(
+            "{what}: [{heads}, {seq}, {head_dim}] has more than usize::MAX elements"
+        ))
+    })?;
+    if n == 0 {
+        return Err(Error::Shape(format!(
+            "{what}: sizes [{heads}, {seq}, {head_dim}] must all be at least 1"
+        )));
+    }
+    for (name, b) in operands {
+        if b.len() != n {
+            return Err(Error::Shape(format!(
+                "{what}: {name} holds {} elements, expected [{heads}, {seq}, {head_dim}] = {n}",
+                b.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Checks a grouped matmul's bias: `[experts, m]` elements, and only without `transpose_w` (the
+/// backward product has no bias).
+pub(crate) fn check_grouped_bias<B: Operand>(
+    what: &str,
+    bias: Option<&B>,
+    dims: GroupedMatmulDims,
+) -> Result<()> {
+    let Some(b) = bias else { return Ok(()) };
+    if dims.transpose_w {
+        return Err(Error::Invalid(format!(
+            "{what}: a bias is only added to the forward product, not with transpose_w"
+        )));
+    }
+    if Some(b.len()) != dims.experts.checked_mul(dims.m) {
+        return Err(Error::Shape(format!(
+            "{what}: bias holds {} elements, expected [{}, {}]",
+            b.len(),
+            dims.experts,
+            dims.m
+        )));
+    }
+    Ok(())
+}
+
+/// The error of a binary kernel (`what` is the op, `{op:?}` or `matmul`) given operands that
+/// are not two floats of one dtype.
+pub(crate) fn binary_dtype_error(what: &str, a: DType, b: DType) -> Error {
+    Error::DType(format!(
+        "{what} needs two float tensors of one dtype, got {a} and {b}"
+    ))
+}
+
+/// The error of `where_cond` given operands that are not three floats of one dtype.
+pub(crate) fn where_dtype_error(cond: DType, a: DType, b: DType) -> Error {
+    Error::DType(format!(
+        "where needs a condition and two values of one float dtype, got {cond}, {a} and {b}"
+    ))
+}
+
+/// The error of an index operand that is not I32.
+pub(crate) fn indices_dtype_error(what: &str, got: DType) -> Error {
+    Error::DType(format!("{what}: indices must be i32, got {got}"))
+}
+
+/// Checks that every part of a concatenation has the dtype of the first; returns it.
+pub(crate) fn check_concat_dtypes<B: Operand>(parts: &[&B]) -> Result<DType> {
+    let dtype = parts.first().map(|p| p.dtype()).unwrap_or(DType::F32);
+    if parts.iter().any(|p| p.dtype() != dtype) {
+        return Err(Error::DType(
+            "concat: all tensors must share one dtype".into(),
+        ));
+    }
+    Ok(dtype)
+}
+
+/// Checks that an optimizer step's buffers (parameter, gradient, state) have one length.
+pub(crate) fn check_same_lengths<B: Operand>(what: &str, bufs: &[&B]) -> Result<()> {
+    let lens: Vec<usize> = bufs.iter().map(|b| b.len()).collect();
+    if lens.iter().any(|&l| l != lens[0]) {
+        return Err(Error::Shape(format!(
+            "{what}: buffers of lengths {lens:?} must be equal"
+        )));
+    }
+    Ok(())
+}
+
+/// The error of a gradient scale that is not one value.
+pub(crate) fn grad_scale_length_error(len: usize) -> Error {
+    Error::Shape(format!(
+        "gradient scale must hold one value, it holds {len}"
+    ))
+}
+
+/// Checks a grouped convolution's `image_bank`: required when there is more than one weight
+/// bank, I32, one entry per image.
+pub(crate) fn check_image_bank<B: Operand>(
+    what: &str,
+    image_bank: Option<&B>,
+    d: &Conv2dDims,
+) -> Result<()> {
+    match image_bank {
+        None if d.banks != 1 => Err(Error::Invalid(format!(
+            "{what}: {} weight banks need an image_bank index",
+            d.banks
+        ))),
+        None => Ok(()),
+        Some(b) if b.dtype() != DType::I32 => Err(Error::DType(format!(
+            "{what}: image_bank must be i32, got {}",
+            b.dtype()
+        ))),
+        Some(b) if b.len() != d.batch => Err(Error::Shape(format!(
+            "{what}: image_bank holds {} entries for {} images",
+            b.len(),
+            d.batch
+        ))),
+        Some(_) => Ok(()),
+    }
+}
+
+/// The error of a max-pooling backward called without the forward's argmax.
+pub(crate) fn missing_argmax_error(what: &str) -> Error {
+    Error::Invalid(format!(
+        "{what}: max pooling needs the argmax of its forward pass"
+    ))
+}
+
+/// Checks a dispatch plan's sizes: at least one expert, `assignments` indexable by an i32.
+pub(crate) fn check_dispatch_sizes(what: &str, experts: usize, assignments: usize) -> Result<()> {
+    if experts == 0 || i32::try_from(assignments).is_err() {
+        return Err(Error::Shape(format!(
+            "{what}: needs at least one expert and fewer than 2³¹ assignments, got {experts} experts, {assignments} assignments"
+        )));
+    }
+    Ok(())
+}
