@@ -10,7 +10,7 @@ use moegrad::data::text::CharCorpus;
 use moegrad::lm::{FeedForward, Gpt, GptConfig, SampleOptions, generate};
 use moegrad::moe::MoeConfig;
 use moegrad::optim::Adam;
-use moegrad::train::{on_worker_thread, train_step};
+use moegrad::train::train_step;
 use moegrad::{Device, Tensor};
 use std::path::Path;
 

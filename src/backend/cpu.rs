@@ -136,14 +136,11 @@ mod routing;
 mod sort;
 mod worker;
 pub use attention::ATTENTION_BLOCK;
-/// The buffer pool under its former name, for callers not yet renamed (`lm::trainer`).
-pub(crate) use buffer_pool as pool;
 pub use buffer_pool::PooledVec;
 pub use conv2d::WEIGHT_GRAD_IMAGES;
 use fast_math::exp_f32;
 pub(crate) use worker::on_pool;
-#[doc(hidden)]
-pub use worker::on_worker_thread;
+pub(crate) use worker::on_worker_thread;
 // read by the fused kernels' files as `super::…`
 use sort::{sort_key, sort_key_f32};
 

@@ -156,7 +156,7 @@ impl Task for LmTask<'_> {
         // The evaluation's batches (its last one of another size) and the checkpoint's host
         // copies left blocks in the CPU buffer pool that the training step does not ask for:
         // hand them back, so that the process's memory does not grow with each evaluation.
-        crate::backend::cpu::pool::trim();
+        crate::backend::cpu::buffer_pool::trim();
     }
     fn metrics_line(
         &self,

@@ -39,6 +39,7 @@ use serde::Serialize;
 use std::path::Path;
 pub(crate) use step::task_loss;
 pub use step::{StepOutput, train_step};
+#[doc(hidden)]
 pub use worker::on_worker_thread;
 
 /// The final figures of a run (`--json` prints this object).

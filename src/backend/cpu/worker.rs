@@ -13,8 +13,8 @@ use std::sync::LazyLock;
 
 /// Runs `f` on a rayon worker thread and returns its result (inline when the caller is a
 /// worker already). Not an API: the CPU backend enters its pool by itself ([`on_pool`]); the
-/// trainers still run their whole loop through this, which saves the hop per kernel. Hidden
-/// rather than crate-private only because the `moegrad` binary's `main` still calls it.
+/// trainers still run their whole loop through this, which saves the hop per kernel (and the
+/// `moegrad` binary every command, through `train::on_worker_thread`).
 ///
 /// A parallel kernel called from a thread outside rayon's pool hands its work to the pool and
 /// sleeps until a worker has finished it: two thread wake-ups per kernel, tens of microseconds
@@ -26,8 +26,7 @@ use std::sync::LazyLock;
 /// that could be another thread's whole loop, which would then run nested inside `f`'s wait,
 /// under `f`'s thread-local state (the grad mode, a profile). In its own pool it only ever
 /// finds `f`'s own kernels. (Building the pool costs a few thread starts, once per call.)
-#[doc(hidden)]
-pub fn on_worker_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+pub(crate) fn on_worker_thread<R: Send>(f: impl FnOnce() -> R + Send) -> R {
     if rayon::current_thread_index().is_some() {
         return f();
     }
