@@ -8,7 +8,7 @@
 //!    every expert choice, with its parts ∇₀ and ∇₁ (SparseMixer Eq. 2; Liu et al., "Sparse
 //!    Backpropagation for MoE Training", 2023).
 //! 3. [`estimators`]: each estimator's draws, made by
-//!    [`crate::moe::routers::probe::GradientProbe`] (f64 on the CPU, fixed seed).
+//!    [`crate::moe::routers::GradientProbe`] (f64 on the CPU, fixed seed).
 //! 4. [`run_lab`]: M draws per estimator, reduced to the statistics of [`EstimatorStats`]
 //!    ([`run_lab_with_progress`] reports each draw to a [`LabProgress`]); the command line
 //!    (`moegrad-cli`) draws them.

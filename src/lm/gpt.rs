@@ -229,7 +229,7 @@ pub struct Gpt {
 
 /// A tensor of `shape` drawn N(0, std²) from `rng` (f32).
 fn normal(shape: &[usize], std: f64, rng: &mut ChaCha8Rng, device: Device) -> Result<Tensor> {
-    crate::nn::init::normal(shape, std, rng, device)
+    crate::nn::normal(shape, std, rng, device)
 }
 
 impl Gpt {
@@ -266,7 +266,7 @@ impl Gpt {
                     let moe = MoeLayer::new(&mc, device)?;
                     // the experts as nanoGPT would draw an MLP: N(0, 0.02), second layer scaled
                     let mut err = None;
-                    moe.experts.visit_params("", &mut |name, p| {
+                    moe.experts().visit_params("", &mut |name, p| {
                         let shape = p.get().shape().to_vec();
                         let value = match name.as_str() {
                             "w1" => normal(&shape, std, &mut rng, device),

@@ -118,9 +118,9 @@ pub struct MoeOutput {
 /// scale ω and the training mode to match it.
 pub struct MoeLayer {
     /// the router (replaced only by `set_router`, which keeps ω and the mode in step with it)
-    pub(crate) router: Box<dyn Router>,
+    router: Box<dyn Router>,
     /// the experts (their number and widths are the router's and the config's)
-    pub(crate) experts: Box<dyn ExpertNet>,
+    experts: Box<dyn ExpertNet>,
     /// the settings
     pub config: MoeConfig,
     /// the trainable per-channel output scale ω `[d_out]` of routers that ask for one

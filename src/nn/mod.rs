@@ -5,8 +5,7 @@
 
 mod attention;
 mod dropout;
-// `pub(crate)` while src/lm reaches `nn::init::normal` (issue 25)
-pub(crate) mod init;
+mod init;
 mod layers;
 mod mlp;
 mod module;

@@ -137,7 +137,7 @@ impl TaskModel for MoeModel {
     fn forward(&self, x: &Tensor) -> Result<ModelOutput> {
         let b = x.shape()[0];
         let flat = x.reshape(&[b, x.numel() / b.max(1)])?;
-        let mut routings = vec![self.moe.router.route(&flat)?];
+        let mut routings = vec![self.moe.router().route(&flat)?];
         for g in &self.extra_gates {
             routings.push(g.route(&flat)?);
         }
@@ -326,7 +326,7 @@ pub fn memory_estimate(
         // the language models are sized by `lm::gpt::check_memory`
         (_, ModelKind::Gpt | ModelKind::MoeGpt) => (0, 0, 0),
         (DataKind::SyntheticB, _) => {
-            use crate::data::synthetic::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
+            use crate::data::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
             let bank = sum_of_products(&[&[n, IN, OUT], &[n, OUT, OUT]])?;
             let trained = linear(IN, n)?.checked_add(linear(OUT, 2)?)?;
             let acts = sum_of_products(&[&[k, IN + 2 * OUT], &[n]])?;
@@ -348,7 +348,7 @@ pub fn memory_estimate(
             let gates = if multi { tasks.max(1) } else { 1 };
             let (expert, expert_acts, d_out) = if cnn {
                 let (p, a) = lenet_sizes(side)?;
-                (p, a, crate::moe::cnn_experts::CNN_EXPERT_OUT)
+                (p, a, crate::moe::CNN_EXPERT_OUT)
             } else {
                 let p = sum_of_products(&[&[d, h], &[h], &[h, 64], &[64]])?;
                 let a = sum_of_products(&[&[2, d], &[4, h], &[2, 64]])?;
@@ -518,7 +518,7 @@ pub fn build(
             let mut mc = moe_config(cfg, side * side, cfg.expert_hidden, cfg.experts);
             if cnn {
                 mc.expert_kind = ExpertKind::Cnn { side };
-                mc.d_out = crate::moe::cnn_experts::CNN_EXPERT_OUT;
+                mc.d_out = crate::moe::CNN_EXPERT_OUT;
             } else {
                 mc.d_out = 64;
             }
@@ -576,7 +576,7 @@ pub fn build(
     })
 }
 
-/// The DSelect-k paper's synthetic model for generator B (see `data::synthetic`): the frozen
+/// The DSelect-k paper's synthetic model for generator B (see `data::SyntheticB`): the frozen
 /// bank `f_e(x) = ReLU(x·W_e)` (an MLP expert `10 → 4 → 4` whose second layer is the identity
 /// and which has no biases computes exactly that), the configured router choosing `--k` of
 /// them, and a trainable logistic unit on the mixture. The logistic unit is written as a
@@ -587,7 +587,7 @@ pub fn build_synthetic_b(
     bank: &crate::data::SyntheticB,
     device: Device,
 ) -> Result<Box<dyn TaskModel>> {
-    use crate::data::synthetic::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
+    use crate::data::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
     let n = bank.experts;
     check_memory(cfg, 0, 1, 1)?;
     let mut mc = moe_config(cfg, IN, OUT, n);
@@ -596,7 +596,7 @@ pub fn build_synthetic_b(
     let moe = MoeLayer::new(&mc, device)?;
     let mut w1 = None;
     let mut w2 = None;
-    moe.experts
+    moe.experts()
         .visit_params("", &mut |name, p| match name.as_str() {
             "w1" => w1 = Some(p.clone()),
             "w2" => w2 = Some(p.clone()),

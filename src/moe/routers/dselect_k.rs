@@ -70,7 +70,7 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-/// The registry entry of `dselect-k` (see [`crate::moe::registry`]).
+/// The registry entry of `dselect-k` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "dselect-k",
     summary: "DSelect-k: k differentiable binary-code selectors per example",

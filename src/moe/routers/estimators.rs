@@ -43,7 +43,7 @@ use crate::nn::Param;
 use crate::{Device, Error, Result, Tensor};
 use std::sync::Arc;
 
-/// The registry entry of `st` (see [`crate::moe::registry`]).
+/// The registry entry of `st` (see [`crate::moe::ROUTERS`]).
 pub const SPEC_ST: RouterSpec = RouterSpec {
     name: "st",
     summary: "straight-through: hard Gumbel-max top-1 forward, softmax backward",

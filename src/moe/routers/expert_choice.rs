@@ -10,7 +10,7 @@ use crate::moe::{LinearGate, Router, RouterConfig};
 use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
 
-/// The registry entry of `expert-choice` (see [`crate::moe::registry`]).
+/// The registry entry of `expert-choice` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "expert-choice",
     summary: "Expert Choice: each expert picks its top tokens (k per token on average)",

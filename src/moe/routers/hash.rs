@@ -12,7 +12,7 @@ use crate::{Device, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-/// The registry entry of `hash` (see [`crate::moe::registry`]).
+/// The registry entry of `hash` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "hash",
     summary: "hash routing: a fixed random expert per token, weight 1, no parameters",

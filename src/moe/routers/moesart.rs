@@ -79,7 +79,7 @@ use crate::moe::arange_f;
 use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
 
-/// The registry entry of `moesart` (see [`crate::moe::registry`]).
+/// The registry entry of `moesart` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "moesart",
     summary: "MOESART: k experts sampled without replacement, weights adjusted by eq. 3",

@@ -8,7 +8,7 @@ use crate::moe::{LinearGate, Router, RouterConfig, uniform_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
-/// The registry entry of `smoe` (see [`crate::moe::registry`]).
+/// The registry entry of `smoe` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "smoe",
     summary: "SMoE: top-k of the softmax with multiplicative noise on the input",

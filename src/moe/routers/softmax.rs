@@ -8,7 +8,7 @@ use crate::moe::{LinearGate, Router, RouterConfig};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
-/// The registry entry of `softmax` (see [`crate::moe::registry`]).
+/// The registry entry of `softmax` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "softmax",
     summary: "dense baseline: every expert, weighted by the softmax of the logits",

@@ -115,7 +115,7 @@ const OPT_TOP: RouterOption = RouterOption {
     help: "experts per token, 1 or 2",
 };
 
-/// The registry entry of `sparsemixer` (see [`crate::moe::registry`]).
+/// The registry entry of `sparsemixer` (see [`crate::moe::ROUTERS`]).
 pub const SPEC_HYBRID: RouterSpec = RouterSpec {
     name: "sparsemixer",
     summary: "SparseMixer (hybrid): Gumbel-max top-1 under a mask, forward scale 1 at the argmax, else 1/2",

@@ -10,7 +10,7 @@ use crate::moe::{LinearGate, Router, RouterConfig, uniform_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
-/// The registry entry of `switch` (see [`crate::moe::registry`]).
+/// The registry entry of `switch` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "switch",
     summary: "Switch Transformer top-1 with multiplicative jitter on the logits",

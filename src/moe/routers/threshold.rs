@@ -70,7 +70,7 @@ use crate::moe::{LinearGate, Router, RouterConfig};
 use crate::nn::{Param, join};
 use crate::{Device, Error, Result, Tensor};
 
-/// The registry entry of `threshold` (see [`crate::moe::registry`]).
+/// The registry entry of `threshold` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "threshold",
     summary: "XMoE threshold routing: experts by probability until their mass reaches t",

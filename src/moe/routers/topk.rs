@@ -18,7 +18,7 @@ use crate::moe::{LinearGate, Router, RouterConfig, normal_noise};
 use crate::nn::{Param, join};
 use crate::{Device, Result, Tensor};
 
-/// The registry entry of `topk` (see [`crate::moe::registry`]).
+/// The registry entry of `topk` (see [`crate::moe::ROUTERS`]).
 pub const SPEC_TOPK: RouterSpec = RouterSpec {
     name: "topk",
     summary: "Shazeer's Top-k: softmax over the k largest logits",

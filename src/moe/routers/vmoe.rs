@@ -9,7 +9,7 @@ use crate::moe::{LinearGate, Router, RouterConfig, normal_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
-/// The registry entry of `vmoe` (see [`crate::moe::registry`]).
+/// The registry entry of `vmoe` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "vmoe",
     summary: "V-MoE: top-k of the softmax with additive N(0, 1/n^2) noise",
