@@ -8,6 +8,7 @@
 
 pub mod gpu_step;
 
+use crate::nn::Parameters;
 use crate::{DType, Device, Error, Result, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

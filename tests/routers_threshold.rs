@@ -16,6 +16,7 @@ use moegrad::moe::{
     Capacity, DispatchPlan, MoeConfig, MoeLayer, Router, RouterConfig, Routing, build_router,
 };
 use moegrad::moe::{DenseFfn, SplitScale, decompose_ffn};
+use moegrad::nn::Parameters;
 use moegrad::nn::{Activation, Module, Param};
 use moegrad::train::TrainConfig;
 use moegrad::{DType, Device, Result, Tensor};

@@ -8,6 +8,7 @@ mod common;
 use moegrad::data::text::{CharCorpus, MAX_VOCAB};
 use moegrad::lm::train::{gpt_config, load_model, run, run_observed};
 use moegrad::lm::{Gpt, GptConfig, SampleOptions, generate};
+use moegrad::nn::Parameters;
 use moegrad::train::{DataKind, ModelKind, RunOptions, TrainConfig};
 use moegrad::{DType, Device, Tensor};
 use std::path::{Path, PathBuf};

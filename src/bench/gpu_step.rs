@@ -20,6 +20,7 @@
 use crate::backend::gpu::{GpuBackend, GpuStats};
 use crate::data::Dataset;
 use crate::data::text::CharCorpus;
+use crate::nn::Parameters;
 use crate::train::{ModelKind, TrainConfig};
 use crate::{DType, Device, Error, Result, Tensor};
 use rand::{RngExt, SeedableRng};

@@ -23,6 +23,7 @@ use super::gpt::{FeedForward, Gpt, GptConfig};
 use super::task::LmTask;
 use crate::data::text::CharCorpus;
 use crate::moe::MoeConfig;
+use crate::nn::Parameters;
 use crate::optim::Adam;
 use crate::train::models::{ModelOutput, TaskModel};
 use crate::train::{DataKind, ModelKind, RunOptions, TrainConfig, TrainObserver};
@@ -135,29 +136,6 @@ impl TaskModel for Gpt {
             routing: out.routing,
             score_terms: out.score_terms,
         })
-    }
-    fn named_params(&self) -> Vec<(String, crate::nn::Param)> {
-        Gpt::named_params(self)
-    }
-    fn set_training(&self, on: bool) {
-        Gpt::set_training(self, on)
-    }
-    fn named_state(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = Vec::new();
-        for (prefix, layer) in self.moe_layers_named() {
-            out.extend(layer.named_state(&prefix)?);
-        }
-        Ok(out)
-    }
-    fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
-        for (prefix, layer) in self.moe_layers_named() {
-            if crate::nn::within(&prefix, name).is_some() {
-                return layer.load_state(&prefix, name, value);
-            }
-        }
-        Err(Error::Invalid(format!(
-            "the language model has no state named {name:?}"
-        )))
     }
 }
 

@@ -15,7 +15,8 @@ use crate::moe::{
     build_router,
 };
 use crate::nn::{
-    Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Module, Param, Sequential, join, within,
+    Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Module, Param, Parameters, Sequential,
+    join, within,
 };
 use crate::{Device, Result, Tensor};
 use rand::SeedableRng;
@@ -34,21 +35,12 @@ pub struct ModelOutput {
     pub score_terms: Vec<ScoreTerm>,
 }
 
-/// A model trained by `moegrad train`.
-pub trait TaskModel {
+/// A model trained by `moegrad train`: a forward pass over a batch, on top of the
+/// [`Parameters`] protocol (its named parameters, training flag and step-to-step state, e.g.
+/// `moe.router.noise_calls`, which checkpoints save under `state.<name>`).
+pub trait TaskModel: Parameters {
     /// Runs a batch of images `[B, 1, side, side]`.
     fn forward(&self, x: &Tensor) -> Result<ModelOutput>;
-    /// Every parameter with its name.
-    fn named_params(&self) -> Vec<(String, Param)>;
-    /// Training or evaluation mode.
-    fn set_training(&self, on: bool);
-    /// Non-trainable state carried from step to step (router noise counters, dropout mask
-    /// counters) with its name, e.g. `moe.router.noise_calls`; checkpoints save it under
-    /// `state.<name>` so a resumed run continues exactly.
-    fn named_state(&self) -> Result<Vec<(String, Tensor)>>;
-    /// Restores one entry of [`TaskModel::named_state`] by its full name; a name the model does
-    /// not hold is an error naming it.
-    fn load_state(&self, name: &str, value: &Tensor) -> Result<()>;
 }
 
 /// Prefixes the names of `state` with `scope` and appends them to `out`.
@@ -84,21 +76,19 @@ impl TaskModel for MultiHead {
             score_terms: Vec::new(),
         })
     }
-    fn named_params(&self) -> Vec<(String, Param)> {
-        let mut out = Vec::new();
-        self.trunk
-            .visit_params("trunk", &mut |n, p| out.push((n, p.clone())));
+}
+
+impl Parameters for MultiHead {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.trunk.visit_params(&join(prefix, "trunk"), f);
         for (t, head) in self.heads.iter().enumerate() {
-            head.visit_params(&join("heads", &t.to_string()), &mut |n, p| {
-                out.push((n, p.clone()))
-            });
+            head.visit_params(&join(prefix, &join("heads", &t.to_string())), f);
         }
-        out
     }
     fn set_training(&self, on: bool) {
         self.trunk.set_training(on);
     }
-    fn named_state(&self) -> Result<Vec<(String, Tensor)>> {
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
         push_scoped(&mut out, "trunk", self.trunk.state()?);
         for (t, head) in self.heads.iter().enumerate() {
@@ -165,23 +155,24 @@ impl TaskModel for MoeModel {
             score_terms: out.score_terms,
         })
     }
-    fn named_params(&self) -> Vec<(String, Param)> {
-        let mut out = Vec::new();
+}
+
+impl Parameters for MoeModel {
+    /// Every parameter but frozen experts' (synthetic-b: they are neither trained nor saved).
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        let frozen_scope = join(prefix, "moe.experts");
         let frozen = self.frozen_experts;
-        self.moe.visit_params("moe", &mut |n, p| {
-            if !(frozen && n.starts_with("moe.experts")) {
-                out.push((n, p.clone()))
+        self.moe.visit_params(&join(prefix, "moe"), &mut |n, p| {
+            if !(frozen && n.starts_with(&frozen_scope)) {
+                f(n, p)
             }
         });
         for (t, g) in self.extra_gates.iter().enumerate() {
-            g.visit_params(&extra_gate_scope(t), &mut |n, p| out.push((n, p.clone())));
+            g.visit_params(&join(prefix, &extra_gate_scope(t)), f);
         }
         for (t, tower) in self.towers.iter().enumerate() {
-            tower.visit_params(&join("towers", &t.to_string()), &mut |n, p| {
-                out.push((n, p.clone()))
-            });
+            tower.visit_params(&join(prefix, &join("towers", &t.to_string())), f);
         }
-        out
     }
     fn set_training(&self, on: bool) {
         self.moe.set_training(on);
@@ -192,8 +183,9 @@ impl TaskModel for MoeModel {
             t.set_training(on);
         }
     }
-    fn named_state(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = self.moe.named_state("moe")?;
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        push_scoped(&mut out, "moe", self.moe.state()?);
         for (t, g) in self.extra_gates.iter().enumerate() {
             push_scoped(&mut out, &extra_gate_scope(t), g.state()?);
         }
@@ -204,7 +196,9 @@ impl TaskModel for MoeModel {
     }
     fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
         if within("moe.router", name).is_some() {
-            return self.moe.load_state("moe", name, value);
+            return self
+                .moe
+                .load_state(within("moe", name).unwrap_or(name), value);
         }
         for (t, g) in self.extra_gates.iter().enumerate() {
             if let Some(rest) = within(&extra_gate_scope(t), name) {

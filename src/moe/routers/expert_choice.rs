@@ -4,6 +4,7 @@
 //! `y_b = Σ_e G[e, b] f_e(x_b)`. Every expert processes exactly k' tokens; a token may get
 //! 0..n experts; the choice depends on the batch, also at inference.
 
+use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::RouterSpec;
 use crate::moe::{LinearGate, Router, RouterConfig};
@@ -71,6 +72,9 @@ impl Router for ExpertChoiceRouter {
             score: None,
         })
     }
+}
+
+impl Parameters for ExpertChoiceRouter {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.gate.visit(prefix, f)
     }

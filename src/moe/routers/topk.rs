@@ -12,6 +12,7 @@
 //!
 //! Ties are broken by the lowest index (stable sort).
 
+use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::RouterSpec;
 use crate::moe::{LinearGate, Router, RouterConfig, normal_noise};
@@ -118,6 +119,9 @@ impl Router for TopKRouter {
         };
         Routing::token_choice(&gate.idx, &gate.weights, None, gate.probs, logits)
     }
+}
+
+impl Parameters for TopKRouter {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.gate.visit(prefix, f);
         if let Some(w) = &self.noise {
