@@ -204,11 +204,11 @@ impl LmStepper {
             cfg.block,
             std::path::Path::new("(bench gpu-step text)"),
         )?;
-        let gpt = crate::lm::train::gpt_config(&cfg, corpus.vocab_size());
+        let gpt = crate::lm::gpt_config(&cfg, corpus.vocab_size());
         gpt.validate()?;
         let model = crate::lm::Gpt::new(&gpt, device)?;
         let params = model.named_params();
-        let opt = crate::lm::train::make_optimizer(&cfg, &model)?;
+        let opt = crate::lm::make_optimizer(&cfg, &model)?;
         Ok(LmStepper {
             model,
             params,
@@ -235,7 +235,7 @@ impl Stepper for LmStepper {
             &[y],
             self.cfg.clip_grad_norm,
         )?;
-        // the loop's on-device bookkeeping (see lm::train::run)
+        // the loop's on-device bookkeeping (see lm::run)
         self.loss_sum = crate::no_grad(|| {
             self.loss_sum
                 .add(&out.task_loss.detach().to_dtype(DType::F32)?)

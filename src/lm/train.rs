@@ -208,7 +208,7 @@ fn run_on_this_thread(
     cfg.validate()?;
     if !cfg.model.is_lm() {
         return Err(Error::Invalid(format!(
-            "lm::train::run trains --model gpt or moe-gpt, not {}",
+            "lm::run trains --model gpt or moe-gpt, not {}",
             cfg.model.name()
         )));
     }

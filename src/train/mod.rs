@@ -161,7 +161,7 @@ pub(crate) fn load_data(cfg: &TrainConfig) -> Result<Splits> {
     let (train, test, side, tasks) = match cfg.data {
         DataKind::Shakespeare | DataKind::Text => {
             return Err(Error::Invalid(format!(
-                "--data {} is text, for the language models (lm::train::run)",
+                "--data {} is text, for the language models (lm::run)",
                 cfg.data.name()
             )));
         }
@@ -310,7 +310,7 @@ fn run_on_this_thread(
     cfg.validate()?;
     if cfg.model.is_lm() {
         return Err(Error::Invalid(format!(
-            "--model {} is trained by iterations: use moegrad::lm::train::run",
+            "--model {} is trained by iterations: use moegrad::lm::run",
             cfg.model.name()
         )));
     }

@@ -317,7 +317,7 @@ pub fn memory_estimate(
     let linear = |i: usize, o: usize| sum_of_products(&[&[i, o], &[o]]);
     // (parameters, trainable, activation floats per example)
     let (params, trainable, acts): (u64, u64, u64) = match (cfg.data, cfg.model) {
-        // the language models are sized by `lm::gpt::check_memory`
+        // the language models are sized by `GptConfig::check_memory`
         (_, ModelKind::Gpt | ModelKind::MoeGpt) => (0, 0, 0),
         (DataKind::SyntheticB, _) => {
             use crate::data::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
@@ -447,7 +447,7 @@ pub fn build(
     Ok(match cfg.model {
         ModelKind::Gpt | ModelKind::MoeGpt => {
             return Err(crate::Error::Invalid(format!(
-                "--model {} is a language model: lm::gpt::Gpt builds it",
+                "--model {} is a language model: lm::Gpt builds it",
                 cfg.model.name()
             )));
         }
