@@ -107,7 +107,7 @@ trait Stepper {
 
 /// An image model (`moe-mlp`, `cnn`) on random MNIST-shaped batches.
 struct ImageStepper {
-    model: Box<dyn crate::train::models::TaskModel>,
+    model: Box<dyn crate::train::TaskModel>,
     params: Vec<(String, crate::nn::Param)>,
     opt: Box<dyn crate::optim::Optimizer>,
     data: Dataset,
@@ -127,7 +127,7 @@ impl ImageStepper {
             .collect();
         let labels = (0..samples).map(|_| rng.random_range(0..10)).collect();
         let data = Dataset::new(features, vec![1, SIDE, SIDE], vec![labels])?;
-        let model = crate::train::models::build(&cfg, SIDE, 1, device)?;
+        let model = crate::train::build_model(&cfg, SIDE, 1, device)?;
         let params = model.named_params();
         let opt = crate::train::make_optimizer(&cfg)?;
         Ok(ImageStepper {

@@ -25,8 +25,8 @@ use crate::data::text::CharCorpus;
 use crate::moe::MoeConfig;
 use crate::nn::Parameters;
 use crate::optim::Adam;
-use crate::train::models::{ModelOutput, TaskModel};
 use crate::train::{DataKind, ModelKind, RunOptions, TrainConfig, TrainObserver};
+use crate::train::{ModelOutput, TaskModel};
 use crate::{DType, Device, Error, Result, Tensor};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -99,8 +99,8 @@ pub fn gpt_config(cfg: &TrainConfig, vocab: usize) -> GptConfig {
         ModelKind::MoeGpt => {
             let mut layer = MoeConfig::new(cfg.d_model, cfg.expert_hidden, cfg.experts, cfg.k);
             layer.router = cfg.router.clone();
-            layer.capacity = crate::train::models::capacity(cfg.capacity_factor);
-            layer.eval_capacity = crate::train::models::capacity(cfg.eval_capacity_factor);
+            layer.capacity = crate::train::capacity_of(cfg.capacity_factor);
+            layer.eval_capacity = crate::train::capacity_of(cfg.eval_capacity_factor);
             layer.activation = crate::nn::Activation::Gelu;
             layer.balance_loss = cfg.balance_loss;
             layer.z_loss = cfg.z_loss;
@@ -185,7 +185,7 @@ pub(super) fn evaluate(
 /// Bad settings or data (named), a diverged run (naming the step and the last good checkpoint),
 /// and the refusals of `--out` and `--resume`.
 pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
-    run_observed(cfg, opts, &mut crate::train::observer::Silent)
+    run_observed(cfg, opts, &mut crate::train::Silent)
 }
 
 /// [`run`], reporting its iterations, finished evaluation intervals and notes to `obs`.
