@@ -99,8 +99,8 @@ pub fn gpt_config(cfg: &TrainConfig, vocab: usize) -> GptConfig {
         ModelKind::MoeGpt => {
             let mut layer = MoeConfig::new(cfg.d_model, cfg.expert_hidden, cfg.experts, cfg.k);
             layer.router = cfg.router.clone();
-            layer.capacity = crate::train::capacity_of(cfg.capacity_factor);
-            layer.eval_capacity = crate::train::capacity_of(cfg.eval_capacity_factor);
+            layer.capacity = crate::train::capacity(cfg.capacity_factor);
+            layer.eval_capacity = crate::train::capacity(cfg.eval_capacity_factor);
             layer.activation = crate::nn::Activation::Gelu;
             layer.balance_loss = cfg.balance_loss;
             layer.z_loss = cfg.z_loss;

@@ -37,7 +37,7 @@ pub use config::{
     DataKind, IMAGE_FLAGS, LM_FLAGS, MAX_EVAL_WINDOWS, MOE_FLAGS, ModelKind, OptimizerKind,
     TINY_LR, TrainConfig,
 };
-pub(crate) use models::capacity as capacity_of;
+pub(crate) use models::capacity;
 pub use models::{
     MemoryEstimate, ModelOutput, MoeModel, MultiHead, TaskModel, build as build_model,
     build_synthetic_b, check_memory, memory_estimate,
