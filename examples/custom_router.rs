@@ -23,7 +23,7 @@ use moegrad::autograd::custom_op;
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
 use moegrad::moe::LinearGate;
 use moegrad::moe::{MoeConfig, MoeLayer, Router, RouterConfig, Routing};
-use moegrad::nn::Param;
+use moegrad::nn::{Param, Parameters};
 use moegrad::optim::{Adam, Optimizer};
 use moegrad::{DType, Device, Error, Result, Tensor, no_grad};
 
@@ -99,14 +99,19 @@ impl Router for StraightThroughTop1 {
         let probs = logits.softmax(-1)?;
         Routing::token_choice(&idx, &weight, None, probs, logits)
     }
+    fn estimates_gradient(&self) -> bool {
+        true
+    }
+}
+
+/// The parameter protocol every layer, router and model shares: the gate's weights, its training
+/// flag; no step-to-step state (the default `state` / `load_state`: nothing to checkpoint).
+impl Parameters for StraightThroughTop1 {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.gate.visit(prefix, f)
     }
     fn set_training(&self, training: bool) {
         self.gate.set_training(training)
-    }
-    fn estimates_gradient(&self) -> bool {
-        true
     }
 }
 

@@ -16,6 +16,7 @@
 use moegrad::data::Mnist;
 use moegrad::moe::{Capacity, MoeConfig, MoeLayer};
 use moegrad::moe::{DenseFfn, SplitScale, decompose_ffn};
+use moegrad::nn::Parameters;
 use moegrad::nn::{Activation, Init, Linear, Module, Param};
 use moegrad::optim::{Adam, Optimizer};
 use moegrad::{Device, Result, Tensor};

@@ -9,6 +9,7 @@
 use moegrad::data::text::CharCorpus;
 use moegrad::lm::{FeedForward, Gpt, GptConfig, SampleOptions, generate};
 use moegrad::moe::MoeConfig;
+use moegrad::nn::Parameters;
 use moegrad::optim::Adam;
 use moegrad::train::train_step;
 use moegrad::{Device, Tensor};

@@ -8,6 +8,7 @@
 
 pub mod gpu_step;
 
+use crate::nn::Parameters;
 use crate::{DType, Device, Error, Result, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -545,7 +546,7 @@ pub fn train_epoch(
     batch: usize,
 ) -> Result<TrainRecord> {
     use crate::optim::{Adam, Optimizer};
-    use crate::train::models;
+    use crate::train::{build_model, check_memory};
     let cfg = w.config(data_dir, examples, batch, device);
     cfg.validate()?;
     let data = crate::train::load_data(&cfg)?;
@@ -556,8 +557,8 @@ pub fn train_epoch(
             data_dir.display()
         )));
     }
-    models::check_memory(&cfg, data.side, data.tasks, batch.min(train.len()))?;
-    let model = models::build(&cfg, data.side, data.tasks, device)?;
+    check_memory(&cfg, data.side, data.tasks, batch.min(train.len()))?;
+    let model = build_model(&cfg, data.side, data.tasks, device)?;
     let params = model.named_params();
     let mut opt = Adam::new(cfg.lr)?;
     let batches = train

@@ -5,6 +5,7 @@
 
 use moegrad::backend::cpu::buffer_pool as pool;
 use moegrad::lm::{Gpt, GptConfig};
+use moegrad::nn::Parameters;
 use moegrad::optim::{Adam, Optimizer, clip_grad_norm};
 use moegrad::{Device, Tensor};
 

@@ -27,6 +27,7 @@ use moegrad::moe::routers::{
     scale_through, selector_probs, smooth_step, sparsemixer_mask,
 };
 use moegrad::moe::{Router, RouterConfig, Routing};
+use moegrad::nn::Parameters;
 use moegrad::{DType, Device, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -22,6 +22,7 @@ mod common;
 
 use moegrad::moe::{Capacity, DispatchPlan, MoeConfig, MoeLayer};
 use moegrad::nn::Param;
+use moegrad::nn::Parameters;
 use moegrad::{DType, Device, Tensor};
 use proptest::prelude::*;
 use proptest::test_runner::{RngAlgorithm, TestRng, TestRunner};

@@ -14,6 +14,7 @@ use moegrad::moe::{
 };
 use moegrad::moe::{normal_noise, uniform_noise};
 use moegrad::nn::Param;
+use moegrad::nn::Parameters;
 use moegrad::{DType, Device, Result, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -10,6 +10,7 @@ mod common;
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
 use moegrad::moe::{MoeConfig, MoeLayer, z_loss};
 use moegrad::nn::Param;
+use moegrad::nn::Parameters;
 use moegrad::{DType, Device, Error, Result, Tensor};
 use proptest::collection::vec;
 use proptest::prelude::*;

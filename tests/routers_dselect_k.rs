@@ -14,6 +14,7 @@ use moegrad::moe::routers::{
 };
 use moegrad::moe::{MoeConfig, MoeLayer, Router, build_router};
 use moegrad::nn::Param;
+use moegrad::nn::Parameters;
 use moegrad::{DType, Device, Result, Tensor};
 use proptest::prelude::*;
 use rand::{RngExt, SeedableRng};

@@ -15,6 +15,7 @@ use moegrad::gradcheck::{GradcheckOptions, gradcheck};
 use moegrad::moe::routers::{MoesartDraw, MoesartStrategy};
 use moegrad::moe::{MoeConfig, MoeLayer, Router, RouterConfig, build_router};
 use moegrad::nn::Param;
+use moegrad::nn::Parameters;
 use moegrad::{DType, Device, Error, Result, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

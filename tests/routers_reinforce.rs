@@ -9,6 +9,7 @@ mod common;
 
 use moegrad::estimator_lab::{LossKind, Problem, ProblemConfig, exact_gradient};
 use moegrad::moe::{Router, RouterConfig, RunningBaseline, ScoreTerm, build_router};
+use moegrad::nn::Parameters;
 use moegrad::{DType, Device, Tensor};
 
 /// The `reinforce` router on `n`-wide inputs with an identity gate, so its logits are its input.

@@ -16,6 +16,7 @@ use moegrad::moe::routers::{
 use moegrad::moe::routers::{GradientProbe, estimate_router_gradient};
 use moegrad::moe::{MoeConfig, MoeLayer, build_router};
 use moegrad::nn::Param;
+use moegrad::nn::Parameters;
 use moegrad::{DType, Device, Result, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -1122,7 +1123,6 @@ fn route_direct(
     logits: &Tensor,
     training: bool,
 ) -> moegrad::moe::Routing {
-    use moegrad::moe::Router;
     use moegrad::moe::routers::{SparseMixerRouter, SparseMixerVariant};
     let variant = match name {
         "sparsemixer" => Some(SparseMixerVariant::Hybrid),

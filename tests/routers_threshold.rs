@@ -16,6 +16,7 @@ use moegrad::moe::{
     Capacity, DispatchPlan, MoeConfig, MoeLayer, Router, RouterConfig, Routing, build_router,
 };
 use moegrad::moe::{DenseFfn, SplitScale, decompose_ffn};
+use moegrad::nn::Parameters;
 use moegrad::nn::{Activation, Module, Param};
 use moegrad::train::TrainConfig;
 use moegrad::{DType, Device, Result, Tensor};
@@ -850,7 +851,7 @@ fn expert_hidden_sets_the_moe_mlp_expert_width() {
         ..TrainConfig::default()
     };
     cfg.validate().unwrap();
-    let model = moegrad::train::models::build(&cfg, 28, 1, Device::cpu()).unwrap();
+    let model = moegrad::train::build_model(&cfg, 28, 1, Device::cpu()).unwrap();
     let w1 = model
         .named_params()
         .into_iter()

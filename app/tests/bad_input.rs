@@ -612,7 +612,9 @@ fn absurd_tensor_sizes_are_errors_not_aborts() {
 
 #[test]
 fn the_memory_estimate_counts_the_parameters_the_models_allocate() {
-    use moegrad::train::{DataKind, ModelKind, TrainConfig, models};
+    use moegrad::train::{
+        DataKind, ModelKind, TrainConfig, build_model, build_synthetic_b, memory_estimate,
+    };
     let cpu = Device::cpu();
     let cases = [
         (DataKind::Mnist, ModelKind::Mlp, 28, 1),
@@ -633,13 +635,13 @@ fn the_memory_estimate_counts_the_parameters_the_models_allocate() {
             expert_hidden: 5,
             ..TrainConfig::default()
         };
-        let built = models::build(&cfg, side, tasks, cpu).unwrap();
+        let built = build_model(&cfg, side, tasks, cpu).unwrap();
         let counted: usize = built
             .named_params()
             .iter()
             .map(|(_, p)| p.get().numel())
             .sum();
-        let e = models::memory_estimate(&cfg, side, tasks, 64).unwrap();
+        let e = memory_estimate(&cfg, side, tasks, 64).unwrap();
         assert_eq!(e.parameters, counted as u64, "{model:?} on {data:?}");
         assert_eq!(e.trainable, e.parameters, "{model:?} on {data:?}");
         // weights, gradients and two Adam moments, plus some activations
@@ -654,20 +656,22 @@ fn the_memory_estimate_counts_the_parameters_the_models_allocate() {
         k: 4,
         ..TrainConfig::default()
     };
-    let built = models::build_synthetic_b(&cfg, &bank, cpu).unwrap();
+    let built = build_synthetic_b(&cfg, &bank, cpu).unwrap();
     let counted: usize = built
         .named_params()
         .iter()
         .map(|(_, p)| p.get().numel())
         .sum();
-    let e = models::memory_estimate(&cfg, 0, 1, 64).unwrap();
+    let e = memory_estimate(&cfg, 0, 1, 64).unwrap();
     assert_eq!(e.trainable, counted as u64);
     assert_eq!(e.parameters, counted as u64 + 16 * (10 * 4 + 4 * 4));
 }
 
 #[test]
 fn models_too_large_for_memory_are_refused_before_allocating() {
-    use moegrad::train::{DataKind, ModelKind, TrainConfig, models};
+    use moegrad::train::{
+        DataKind, ModelKind, TrainConfig, build_model, check_memory, memory_estimate,
+    };
     let cpu = Device::cpu();
     let moe = |experts: usize, expert_hidden: usize| TrainConfig {
         model: ModelKind::MoeMlp,
@@ -677,24 +681,20 @@ fn models_too_large_for_memory_are_refused_before_allocating() {
     };
     // about 1.6 TiB: more than any machine this runs on
     let cfg = moe(1_000_000, 128);
-    let e = models::check_memory(&cfg, 28, 1, 64)
-        .unwrap_err()
-        .to_string();
+    let e = check_memory(&cfg, 28, 1, 64).unwrap_err().to_string();
     assert!(
         e.contains("--experts 1000000") && e.contains("more than"),
         "{e}"
     );
-    let r = no_panic("build --experts 1000000", || {
-        models::build(&cfg, 28, 1, cpu)
-    });
+    let r = no_panic("build --experts 1000000", || build_model(&cfg, 28, 1, cpu));
     assert!(r.is_err_and(|e| e.to_string().contains("--experts 1000000")));
-    let e = models::check_memory(&moe(8, 4_000_000_000), 28, 1, 64)
+    let e = check_memory(&moe(8, 4_000_000_000), 28, 1, 64)
         .unwrap_err()
         .to_string();
     assert!(e.contains("--expert-hidden 4000000000"), "{e}");
     // sizes whose products overflow 64 bits
-    assert!(models::memory_estimate(&moe(usize::MAX, usize::MAX), 28, 1, 64).is_none());
-    let e = models::check_memory(&moe(usize::MAX, 128), 28, 1, 64)
+    assert!(memory_estimate(&moe(usize::MAX, usize::MAX), 28, 1, 64).is_none());
+    let e = check_memory(&moe(usize::MAX, 128), 28, 1, 64)
         .unwrap_err()
         .to_string();
     assert!(e.contains("64-bit"), "{e}");
@@ -709,7 +709,7 @@ fn models_too_large_for_memory_are_refused_before_allocating() {
         model: ModelKind::Cnn,
         ..TrainConfig::default()
     };
-    let r = no_panic("cnn on 12×12", || models::build(&cnn, 12, 1, cpu));
+    let r = no_panic("cnn on 12×12", || build_model(&cnn, 12, 1, cpu));
     assert!(r.is_err_and(|e| e.to_string().contains("16×16")));
 }
 

@@ -523,7 +523,7 @@ fn moe_mlp_losses(dev: Device) -> Vec<f64> {
         "/../data"
     )))
     .unwrap();
-    let model = moegrad::train::models::build(&cfg, 28, 1, dev).unwrap();
+    let model = moegrad::train::build_model(&cfg, 28, 1, dev).unwrap();
     let params = model.named_params();
     let mut opt = Adam::new(cfg.lr).unwrap();
     let b = cfg.batch;

@@ -6,8 +6,9 @@
 mod common;
 
 use moegrad::data::text::{CharCorpus, MAX_VOCAB};
-use moegrad::lm::train::{gpt_config, load_model, run, run_observed};
 use moegrad::lm::{Gpt, GptConfig, SampleOptions, generate};
+use moegrad::lm::{gpt_config, load_model, run, run_observed};
+use moegrad::nn::Parameters;
 use moegrad::train::{DataKind, ModelKind, RunOptions, TrainConfig};
 use moegrad::{DType, Device, Tensor};
 use std::path::{Path, PathBuf};
@@ -534,7 +535,7 @@ fn bad_language_model_settings_are_errors() {
         .err()
         .unwrap()
         .to_string();
-    assert!(err.contains("lm::train::run"), "{err}");
+    assert!(err.contains("lm::run"), "{err}");
 }
 
 #[test]

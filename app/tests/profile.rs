@@ -338,7 +338,7 @@ fn language_model_runs_carry_a_profile() {
         eval_windows: 8,
         ..TrainConfig::language_model(ModelKind::Gpt)
     };
-    let s = moegrad::lm::train::run(
+    let s = moegrad::lm::run(
         &cfg,
         RunOptions {
             profile: true,

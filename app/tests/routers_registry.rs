@@ -1,4 +1,4 @@
-//! The router registry (`moegrad::moe::registry`) is the one list of routers: `moegrad routers
+//! The router registry (`moegrad::moe::ROUTERS`) is the one list of routers: `moegrad routers
 //! --json` prints every router with its options, an unknown name's error lists the valid ones,
 //! and docs/routers.md's table names every router.
 

@@ -736,7 +736,7 @@ fn temporaries_of_killed_runs_are_removed_at_the_start() {
 
 #[test]
 fn a_dropout_layer_resumes_its_mask_sequence() {
-    use moegrad::nn::{Dropout, Module, Sequential};
+    use moegrad::nn::{Dropout, Module, Parameters, Sequential};
     let build = || Sequential::new().push(Dropout::new(0.5, 11).unwrap());
     let x = Tensor::from_f32(vec![1.0; 64], &[8, 8], Device::cpu()).unwrap();
     let first = build();

@@ -20,6 +20,7 @@
 use crate::backend::gpu::{GpuBackend, GpuStats};
 use crate::data::Dataset;
 use crate::data::text::CharCorpus;
+use crate::nn::Parameters;
 use crate::train::{ModelKind, TrainConfig};
 use crate::{DType, Device, Error, Result, Tensor};
 use rand::{RngExt, SeedableRng};
@@ -106,7 +107,7 @@ trait Stepper {
 
 /// An image model (`moe-mlp`, `cnn`) on random MNIST-shaped batches.
 struct ImageStepper {
-    model: Box<dyn crate::train::models::TaskModel>,
+    model: Box<dyn crate::train::TaskModel>,
     params: Vec<(String, crate::nn::Param)>,
     opt: Box<dyn crate::optim::Optimizer>,
     data: Dataset,
@@ -126,7 +127,7 @@ impl ImageStepper {
             .collect();
         let labels = (0..samples).map(|_| rng.random_range(0..10)).collect();
         let data = Dataset::new(features, vec![1, SIDE, SIDE], vec![labels])?;
-        let model = crate::train::models::build(&cfg, SIDE, 1, device)?;
+        let model = crate::train::build_model(&cfg, SIDE, 1, device)?;
         let params = model.named_params();
         let opt = crate::train::make_optimizer(&cfg)?;
         Ok(ImageStepper {
@@ -203,11 +204,11 @@ impl LmStepper {
             cfg.block,
             std::path::Path::new("(bench gpu-step text)"),
         )?;
-        let gpt = crate::lm::train::gpt_config(&cfg, corpus.vocab_size());
+        let gpt = crate::lm::gpt_config(&cfg, corpus.vocab_size());
         gpt.validate()?;
         let model = crate::lm::Gpt::new(&gpt, device)?;
         let params = model.named_params();
-        let opt = crate::lm::train::make_optimizer(&cfg, &model)?;
+        let opt = crate::lm::make_optimizer(&cfg, &model)?;
         Ok(LmStepper {
             model,
             params,
@@ -234,7 +235,7 @@ impl Stepper for LmStepper {
             &[y],
             self.cfg.clip_grad_norm,
         )?;
-        // the loop's on-device bookkeeping (see lm::train::run)
+        // the loop's on-device bookkeeping (see lm::run)
         self.loss_sum = crate::no_grad(|| {
             self.loss_sum
                 .add(&out.task_loss.detach().to_dtype(DType::F32)?)

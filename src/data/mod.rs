@@ -12,8 +12,7 @@ mod idx;
 mod loader;
 mod mnist;
 pub mod multimnist;
-// `pub(crate)` while src/train reaches `data::synthetic::SYNTHETIC_B_*` (issue 25)
-pub(crate) mod synthetic;
+mod synthetic;
 pub mod text;
 
 pub use idx::{IdxImages, read_images, read_labels, read_maybe_gzip};

@@ -31,13 +31,13 @@
 //! carries a ∇₁-sized bias, like ST and REINFORCE. `bias_nabla0` in the report shows how well it
 //! does what it sets out to do.
 
-use crate::moe::router::RouterConfig;
-use crate::moe::routers::probe::GradientProbe;
+use crate::moe::RouterConfig;
+use crate::moe::routers::GradientProbe;
 use crate::{Device, Error, Result, Tensor};
 
 /// The estimators `moegrad estimators` runs by default, in table order: the routers whose
-/// registry entry has `estimator_lab: Some(row)` ([`crate::moe::registry::LAB_ROUTER_NAMES`]).
-pub const ESTIMATOR_NAMES: &[&str] = crate::moe::registry::LAB_ROUTER_NAMES;
+/// registry entry has `estimator_lab: Some(row)` ([`crate::moe::LAB_ROUTER_NAMES`]).
+pub const ESTIMATOR_NAMES: &[&str] = crate::moe::LAB_ROUTER_NAMES;
 
 /// Estimators the lab also accepts, outside the default list.
 pub const EXTRA_ESTIMATOR_NAMES: &[&str] = &["switch-jitter"];

@@ -2,13 +2,15 @@
 //! approximate the exact gradient of a small MoE problem?
 //!
 //! The pieces, in the order a run uses them:
-//! 1. [`problem`]: a seeded problem, SparseMixer's simplified layer `y_t = π_{t,D} f_{t,D}`,
-//!    `D ∼ π_t = softmax(θ_t)`, with fixed expert outputs and a per-token loss from [`loss`].
-//! 2. [`exact`]: the exact gradient of `L(θ) = Σ_t Σ_D π_{t,D} g(π_{t,D} f_{t,D})` by enumerating
-//!    every expert choice, with its parts ∇₀ and ∇₁ (SparseMixer Eq. 2; Liu et al., "Sparse
-//!    Backpropagation for MoE Training", 2023).
-//! 3. [`estimators`]: each estimator's draws, made by
-//!    [`crate::moe::routers::probe::GradientProbe`] (f64 on the CPU, fixed seed).
+//! 1. [`Problem`] (`problem.rs`): a seeded problem, SparseMixer's simplified layer
+//!    `y_t = π_{t,D} f_{t,D}`, `D ∼ π_t = softmax(θ_t)`, with fixed expert outputs and a
+//!    per-token loss from [`Loss`] (`loss.rs`).
+//! 2. [`exact_gradient`] (`exact.rs`): the exact gradient of
+//!    `L(θ) = Σ_t Σ_D π_{t,D} g(π_{t,D} f_{t,D})` by enumerating every expert choice, with its
+//!    parts ∇₀ and ∇₁ (SparseMixer Eq. 2; Liu et al., "Sparse Backpropagation for MoE
+//!    Training", 2023).
+//! 3. [`LabEstimator`] (`estimators.rs`): each estimator's draws, made by
+//!    [`crate::moe::routers::GradientProbe`] (f64 on the CPU, fixed seed).
 //! 4. [`run_lab`]: M draws per estimator, reduced to the statistics of [`EstimatorStats`]
 //!    ([`run_lab_with_progress`] reports each draw to a [`LabProgress`]); the command line
 //!    (`moegrad-cli`) draws them.
@@ -29,10 +31,10 @@
 //!   estimator follows;
 //! * `experts_per_token`: the experts the probe's routing evaluated per token, the cost.
 
-pub mod estimators;
-pub mod exact;
-pub mod loss;
-pub mod problem;
+mod estimators;
+mod exact;
+mod loss;
+mod problem;
 
 pub use estimators::{ESTIMATOR_NAMES, EXTRA_ESTIMATOR_NAMES, LabEstimator, Target};
 pub use exact::{ExactGradient, exact_gradient, expected_loss};

@@ -7,6 +7,7 @@
 
 use super::gpt::Gpt;
 use crate::data::text::{decode, encode};
+use crate::nn::Parameters;
 use crate::{Device, Error, Result, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

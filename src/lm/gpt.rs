@@ -18,7 +18,9 @@
 //! on later positions of its sequence (a causal model must not see the future).
 
 use crate::moe::{MoeConfig, MoeLayer, RoutingStats, ScoreTerm};
-use crate::nn::{CausalSelfAttention, Embedding, LayerNorm, Linear, Module, Param, join};
+use crate::nn::{
+    CausalSelfAttention, Embedding, LayerNorm, Linear, Module, Param, Parameters, join, within,
+};
 use crate::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -112,7 +114,7 @@ impl GptConfig {
     }
 
     /// Trainable parameters of the model, counted before building it (None if the count
-    /// overflows). Equals [`Gpt::num_params`] for routers whose only parameters are the linear
+    /// overflows). Equals [`Parameters::num_params`] for routers whose only parameters are the linear
     /// gate (others add a few, e.g. SparseMixer's ω).
     pub fn parameter_count(&self) -> Option<u64> {
         let (v, t, d) = (self.vocab as u64, self.block as u64, self.d_model as u64);
@@ -229,7 +231,7 @@ pub struct Gpt {
 
 /// A tensor of `shape` drawn N(0, std²) from `rng` (f32).
 fn normal(shape: &[usize], std: f64, rng: &mut ChaCha8Rng, device: Device) -> Result<Tensor> {
-    crate::nn::init::normal(shape, std, rng, device)
+    crate::nn::normal(shape, std, rng, device)
 }
 
 impl Gpt {
@@ -266,7 +268,7 @@ impl Gpt {
                     let moe = MoeLayer::new(&mc, device)?;
                     // the experts as nanoGPT would draw an MLP: N(0, 0.02), second layer scaled
                     let mut err = None;
-                    moe.experts.visit_params("", &mut |name, p| {
+                    moe.experts().visit_params("", &mut |name, p| {
                         let shape = p.get().shape().to_vec();
                         let value = match name.as_str() {
                             "w1" => normal(&shape, std, &mut rng, device),
@@ -364,30 +366,6 @@ impl Gpt {
         })
     }
 
-    /// Every parameter with its PyTorch-style name (`tok_emb.weight`, `blocks.0.attn.qkv.weight`,
-    /// `blocks.1.moe.experts.w1`, …). The tied output projection is `tok_emb.weight` itself.
-    pub fn named_params(&self) -> Vec<(String, Param)> {
-        let mut out = Vec::new();
-        let mut push = |n: String, p: &Param| out.push((n, p.clone()));
-        self.tok_emb.visit_params("tok_emb", &mut push);
-        push("pos_emb".into(), &self.pos_emb);
-        for (i, block) in self.blocks.iter().enumerate() {
-            let prefix = join("blocks", &i.to_string());
-            block.ln1.visit_params(&join(&prefix, "ln1"), &mut push);
-            block.attn.visit_params(&join(&prefix, "attn"), &mut push);
-            block.ln2.visit_params(&join(&prefix, "ln2"), &mut push);
-            match &block.ffn {
-                Ffn::Dense { fc, proj } => {
-                    fc.visit_params(&join(&prefix, "mlp.fc"), &mut push);
-                    proj.visit_params(&join(&prefix, "mlp.proj"), &mut push);
-                }
-                Ffn::Moe(moe) => moe.visit_params(&join(&prefix, "moe"), &mut push),
-            }
-        }
-        self.ln_f.visit_params("ln_f", &mut push);
-        out
-    }
-
     /// The MoE layers, in block order (empty for a dense model).
     pub fn moe_layers(&self) -> Vec<&MoeLayer> {
         self.blocks
@@ -411,26 +389,11 @@ impl Gpt {
             .collect()
     }
 
-    /// Training mode (router noise, training capacity) or evaluation.
-    pub fn set_training(&self, on: bool) {
-        for m in self.moe_layers() {
-            m.set_training(on);
-        }
-    }
-
     /// Whether AdamW should decay a parameter: the matrices of the linear layers and of the
     /// experts, and the token embedding (which is also the output projection, as in nanoGPT);
     /// not biases, LayerNorm parameters, or the positional table.
     pub fn decays(name: &str, shape: &[usize]) -> bool {
         shape.len() >= 2 && name != "pos_emb"
-    }
-
-    /// Trainable parameters in total.
-    pub fn num_params(&self) -> usize {
-        self.named_params()
-            .iter()
-            .map(|(_, p)| p.get().numel())
-            .sum()
     }
 
     /// Parameters a token uses, by configuration: every parameter outside the expert banks, plus
@@ -462,5 +425,58 @@ impl Gpt {
             };
         }
         total.round() as usize
+    }
+}
+
+impl Parameters for Gpt {
+    /// Every parameter with its PyTorch-style name (`tok_emb.weight`, `blocks.0.attn.qkv.weight`,
+    /// `blocks.1.moe.experts.w1`, …). The tied output projection is `tok_emb.weight` itself.
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.tok_emb.visit_params(&join(prefix, "tok_emb"), f);
+        f(join(prefix, "pos_emb"), &self.pos_emb);
+        for (i, block) in self.blocks.iter().enumerate() {
+            let scope = join(prefix, &join("blocks", &i.to_string()));
+            block.ln1.visit_params(&join(&scope, "ln1"), f);
+            block.attn.visit_params(&join(&scope, "attn"), f);
+            block.ln2.visit_params(&join(&scope, "ln2"), f);
+            match &block.ffn {
+                Ffn::Dense { fc, proj } => {
+                    fc.visit_params(&join(&scope, "mlp.fc"), f);
+                    proj.visit_params(&join(&scope, "mlp.proj"), f);
+                }
+                Ffn::Moe(moe) => moe.visit_params(&join(&scope, "moe"), f),
+            }
+        }
+        self.ln_f.visit_params(&join(prefix, "ln_f"), f);
+    }
+
+    /// Training mode (router noise, training capacity) or evaluation.
+    fn set_training(&self, on: bool) {
+        for m in self.moe_layers() {
+            m.set_training(on);
+        }
+    }
+
+    /// The MoE layers' router state, named `blocks.<i>.moe.router.<name>`.
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        for (scope, layer) in self.moe_layers_named() {
+            for (name, t) in layer.state()? {
+                out.push((join(&scope, &name), t));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Restores one entry of [`Parameters::state`] by its full name.
+    fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
+        for (scope, layer) in self.moe_layers_named() {
+            if let Some(rest) = within(&scope, name) {
+                return layer.load_state(rest, value);
+            }
+        }
+        Err(crate::Error::Invalid(format!(
+            "the language model has no state named {name:?}"
+        )))
     }
 }

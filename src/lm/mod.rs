@@ -1,12 +1,16 @@
 //! Character-level language models: a GPT whose feed-forward blocks may be MoE layers
-//! ([`gpt`]), sampling text from it ([`generate()`]), and training by iterations on a text corpus
-//! ([`train`], which `moegrad train --model gpt|moe-gpt` runs). The data side (vocabulary, split,
+//! ([`Gpt`]), sampling text from it ([`generate()`]), and training by iterations on a text corpus
+//! ([`run()`], which `moegrad train --model gpt|moe-gpt` runs). The data side (vocabulary, split,
 //! windows) is `data/text.rs`; the attention op is `ops/attention.rs`.
+//!
+//! Every item has one path, `moegrad::lm::Item`; the files are private.
 
-pub mod generate;
-pub mod gpt;
+mod generate;
+mod gpt;
 mod task;
-pub mod train;
+mod train;
 
-pub use generate::{SampleOptions, generate};
+pub use generate::{MAX_TOKENS, SampleOptions, generate};
 pub use gpt::{FeedForward, Gpt, GptConfig, GptOutput};
+pub(crate) use train::make_optimizer;
+pub use train::{LmSummary, gpt_config, load_model, run, run_observed};

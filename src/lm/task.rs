@@ -8,7 +8,7 @@ use super::train::{LmSummary, evaluate, gpt_config, make_optimizer, text_path};
 use crate::checkpoint::Checkpoint;
 use crate::data::text::CharCorpus;
 use crate::optim::Optimizer;
-use crate::train::models::TaskModel;
+use crate::train::TaskModel;
 use crate::train::task::{Batch, Evaluation, PeriodResult, RunEnd, Task};
 use crate::train::{Period, TrainConfig};
 use crate::{Device, Error, Result, Tensor};

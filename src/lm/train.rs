@@ -23,9 +23,10 @@ use super::gpt::{FeedForward, Gpt, GptConfig};
 use super::task::LmTask;
 use crate::data::text::CharCorpus;
 use crate::moe::MoeConfig;
+use crate::nn::Parameters;
 use crate::optim::Adam;
-use crate::train::models::{ModelOutput, TaskModel};
 use crate::train::{DataKind, ModelKind, RunOptions, TrainConfig, TrainObserver};
+use crate::train::{ModelOutput, TaskModel};
 use crate::{DType, Device, Error, Result, Tensor};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -98,8 +99,8 @@ pub fn gpt_config(cfg: &TrainConfig, vocab: usize) -> GptConfig {
         ModelKind::MoeGpt => {
             let mut layer = MoeConfig::new(cfg.d_model, cfg.expert_hidden, cfg.experts, cfg.k);
             layer.router = cfg.router.clone();
-            layer.capacity = crate::train::models::capacity(cfg.capacity_factor);
-            layer.eval_capacity = crate::train::models::capacity(cfg.eval_capacity_factor);
+            layer.capacity = crate::train::capacity(cfg.capacity_factor);
+            layer.eval_capacity = crate::train::capacity(cfg.eval_capacity_factor);
             layer.activation = crate::nn::Activation::Gelu;
             layer.balance_loss = cfg.balance_loss;
             layer.z_loss = cfg.z_loss;
@@ -135,29 +136,6 @@ impl TaskModel for Gpt {
             routing: out.routing,
             score_terms: out.score_terms,
         })
-    }
-    fn named_params(&self) -> Vec<(String, crate::nn::Param)> {
-        Gpt::named_params(self)
-    }
-    fn set_training(&self, on: bool) {
-        Gpt::set_training(self, on)
-    }
-    fn named_state(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = Vec::new();
-        for (prefix, layer) in self.moe_layers_named() {
-            out.extend(layer.named_state(&prefix)?);
-        }
-        Ok(out)
-    }
-    fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
-        for (prefix, layer) in self.moe_layers_named() {
-            if crate::nn::within(&prefix, name).is_some() {
-                return layer.load_state(&prefix, name, value);
-            }
-        }
-        Err(Error::Invalid(format!(
-            "the language model has no state named {name:?}"
-        )))
     }
 }
 
@@ -207,7 +185,7 @@ pub(super) fn evaluate(
 /// Bad settings or data (named), a diverged run (naming the step and the last good checkpoint),
 /// and the refusals of `--out` and `--resume`.
 pub fn run(cfg: &TrainConfig, opts: RunOptions) -> Result<LmSummary> {
-    run_observed(cfg, opts, &mut crate::train::observer::Silent)
+    run_observed(cfg, opts, &mut crate::train::Silent)
 }
 
 /// [`run`], reporting its iterations, finished evaluation intervals and notes to `obs`.
@@ -230,7 +208,7 @@ fn run_on_this_thread(
     cfg.validate()?;
     if !cfg.model.is_lm() {
         return Err(Error::Invalid(format!(
-            "lm::train::run trains --model gpt or moe-gpt, not {}",
+            "lm::run trains --model gpt or moe-gpt, not {}",
             cfg.model.name()
         )));
     }

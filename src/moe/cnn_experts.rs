@@ -18,6 +18,7 @@
 
 use super::DispatchPlan;
 use super::experts::ExpertNet;
+use crate::nn::Parameters;
 use crate::nn::{Module, Param, join, uniform};
 use crate::{DType, Device, Error, Result, Tensor};
 use rand_chacha::ChaCha8Rng;
@@ -144,6 +145,9 @@ impl Module for CnnExpertBank {
         }
         Tensor::concat(&outs, 0)
     }
+}
+
+impl Parameters for CnnExpertBank {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         for (name, p) in [
             ("conv1", &self.conv1),

@@ -7,6 +7,7 @@
 //! reach the output or any gradient.
 
 use super::DispatchPlan;
+use crate::nn::Parameters;
 use crate::nn::{Activation, Module, Param, join, uniform};
 use crate::{DType, Device, Error, Result, Tensor};
 use rand_chacha::ChaCha8Rng;
@@ -151,6 +152,9 @@ impl Module for ExpertBank {
         let h = self.activation.apply(&h)?;
         add_bias(h.matmul(&self.w2.get())?, &self.b2)
     }
+}
+
+impl Parameters for ExpertBank {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         f(join(prefix, "w1"), &self.w1);
         if let Some(b1) = &self.b1 {

@@ -18,7 +18,7 @@ use super::score_function::ScoreTerm;
 use super::stats::RoutingStats;
 use super::{Router, RouterConfig, build_router};
 use super::{Routing, aux_loss};
-use crate::nn::{Activation, Param, join};
+use crate::nn::{Activation, Param, Parameters, join};
 use crate::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -118,9 +118,9 @@ pub struct MoeOutput {
 /// scale ω and the training mode to match it.
 pub struct MoeLayer {
     /// the router (replaced only by `set_router`, which keeps ω and the mode in step with it)
-    pub(crate) router: Box<dyn Router>,
+    router: Box<dyn Router>,
     /// the experts (their number and widths are the router's and the config's)
-    pub(crate) experts: Box<dyn ExpertNet>,
+    experts: Box<dyn ExpertNet>,
     /// the settings
     pub config: MoeConfig,
     /// the trainable per-channel output scale ω `[d_out]` of routers that ask for one
@@ -270,43 +270,6 @@ impl MoeLayer {
         router.set_training(self.training.load(Ordering::Relaxed));
         self.router = router;
         Ok(())
-    }
-
-    /// Switches router noise and capacity between training and evaluation.
-    pub fn set_training(&self, on: bool) {
-        self.training.store(on, Ordering::Relaxed);
-        self.router.set_training(on);
-    }
-
-    /// Every parameter, named `router.*` and `experts.*`.
-    pub fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
-        self.router.visit_params(&join(prefix, "router"), f);
-        if let Some(omega) = &self.omega {
-            f(join(&join(prefix, "router"), "omega"), omega);
-        }
-        self.experts.visit_params(&join(prefix, "experts"), f);
-    }
-
-    /// The router's step-to-step state (see [`Router::state`]), named `<prefix>.router.<name>`.
-    pub fn named_state(&self, prefix: &str) -> Result<Vec<(String, Tensor)>> {
-        let scope = join(prefix, "router");
-        Ok(self
-            .router
-            .state()?
-            .into_iter()
-            .map(|(name, t)| (join(&scope, &name), t))
-            .collect())
-    }
-
-    /// Restores one entry of [`MoeLayer::named_state`] by its full name; a name this layer does
-    /// not hold is an error naming it.
-    pub fn load_state(&self, prefix: &str, name: &str, value: &Tensor) -> Result<()> {
-        match crate::nn::within(&join(prefix, "router"), name) {
-            Some(rest) => self.router.load_state(rest, value),
-            None => Err(Error::Invalid(format!(
-                "the MoE layer {prefix:?} has no state named {name:?}"
-            ))),
-        }
     }
 
     fn capacity(&self) -> Capacity {
@@ -471,5 +434,43 @@ impl Routing {
             // the parts (`MoeOutput::score_terms`), not from the joined routing
             score: None,
         })
+    }
+}
+
+impl Parameters for MoeLayer {
+    /// Every parameter, named `router.*` (with SparseMixer's `router.omega`) and `experts.*`.
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.router.visit_params(&join(prefix, "router"), f);
+        if let Some(omega) = &self.omega {
+            f(join(&join(prefix, "router"), "omega"), omega);
+        }
+        self.experts.visit_params(&join(prefix, "experts"), f);
+    }
+
+    /// Switches router noise and capacity between training and evaluation.
+    fn set_training(&self, on: bool) {
+        self.training.store(on, Ordering::Relaxed);
+        self.router.set_training(on);
+    }
+
+    /// The router's step-to-step state (see [`Router`]), named `router.<name>`.
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(self
+            .router
+            .state()?
+            .into_iter()
+            .map(|(name, t)| (join("router", &name), t))
+            .collect())
+    }
+
+    /// Restores one entry of [`Parameters::state`] (`router.<name>`); a name this layer does not
+    /// hold is an error naming it.
+    fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
+        match crate::nn::within("router", name) {
+            Some(rest) => self.router.load_state(rest, value),
+            None => Err(Error::Invalid(format!(
+                "the MoE layer has no state named {name:?}"
+            ))),
+        }
     }
 }

@@ -9,8 +9,7 @@
 //! the files are private.
 
 mod aux_loss;
-// `pub(crate)` while src/train reaches `moe::cnn_experts::CNN_EXPERT_OUT` (issue 25)
-pub(crate) mod cnn_experts;
+mod cnn_experts;
 mod dense_to_sparse;
 mod dispatch;
 mod experts;
@@ -19,8 +18,7 @@ mod router_registry;
 mod router_trait;
 pub mod routers;
 mod routing_output;
-// `pub(crate)` while src/train and src/lm reach `moe::score_function::add_surrogates` (issue 25)
-pub(crate) mod score_function;
+mod score_function;
 mod stats;
 
 pub use aux_loss::{balance_loss, z_loss};
@@ -40,18 +38,3 @@ pub use routing_output::Routing;
 pub(crate) use routing_output::{arange_f, slot_tables};
 pub use score_function::{RunningBaseline, ScoreTerm, add_surrogates};
 pub use stats::{RoutingStats, RoutingSummary};
-
-/// The registry's path before issue 25, still named by `src/bin/moegrad/routers.rs` and
-/// `src/estimator_lab/estimators.rs`; the same items are [`crate::moe::ROUTERS`] and friends.
-/// Remove once those files use the flat names.
-#[doc(hidden)]
-pub mod registry {
-    pub use super::{LAB_ROUTER_NAMES, ROUTERS, RouterSpec};
-}
-
-/// The router trait file's path before issue 25, still named by
-/// `src/estimator_lab/estimators.rs`; the same item is [`crate::moe::RouterConfig`]. Remove once
-/// that file uses the flat name.
-pub(crate) mod router {
-    pub(crate) use super::RouterConfig;
-}

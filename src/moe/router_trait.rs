@@ -7,7 +7,7 @@
 //! the registry list of `routers/mod.rs` (docs/adding-a-router.md).
 
 use super::Routing;
-use crate::nn::Param;
+use crate::nn::{Param, Parameters};
 use crate::{DType, Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
@@ -116,16 +116,15 @@ pub fn parse_router_options(
         .collect()
 }
 
-/// A router: maps token representations `[T, d]` to a [`Routing`].
-pub trait Router: Send + Sync {
+/// A router: maps token representations `[T, d]` to a [`Routing`]. Its parameters, training
+/// flag (noise on or off) and step-to-step state (a noise counter, a running baseline, saved in
+/// checkpoints so a resumed run continues exactly) are the [`Parameters`] protocol every part of
+/// a model shares.
+pub trait Router: Parameters {
     /// The name used on the command line.
     fn name(&self) -> &'static str;
     /// Routes a batch. Noise, if any, is drawn only in training mode.
     fn route(&self, x: &Tensor) -> Result<Routing>;
-    /// Calls `f` for every trainable parameter.
-    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param));
-    /// Switches between training (noise on) and evaluation.
-    fn set_training(&self, training: bool);
     /// True for routers whose weights need every expert's output (dense estimators, softmax).
     fn runs_all_experts(&self) -> bool {
         false
@@ -151,19 +150,6 @@ pub trait Router: Send + Sync {
     /// top-1 assignment). False (the default) for the others.
     fn variable_experts_per_token(&self) -> bool {
         false
-    }
-    /// Non-trainable state carried from step to step (a noise counter, a running baseline), by
-    /// name relative to the router; checkpoints save it so a resumed run continues exactly.
-    /// Empty (the default) for routers without any.
-    fn state(&self) -> Result<Vec<(String, Tensor)>> {
-        Ok(Vec::new())
-    }
-    /// Restores one entry of [`Router::state`]; an unknown name is an error naming it.
-    fn load_state(&self, name: &str, _value: &Tensor) -> Result<()> {
-        Err(Error::Invalid(format!(
-            "router {} has no state named {name:?}",
-            self.name()
-        )))
     }
 }
 
@@ -236,7 +222,7 @@ impl LinearGate {
         f(crate::nn::join(prefix, "weight"), &self.weight);
         f(crate::nn::join(prefix, "bias"), &self.bias);
     }
-    /// The gate's step-to-step state for [`Router::state`]: the number of noise draws so far
+    /// The gate's step-to-step state for [`Parameters::state`]: the number of noise draws so far
     /// ([`LinearGate::noise_seed`] calls), as a scalar f64 CPU tensor named
     /// [`LinearGate::NOISE_CALLS`] (f64 holds every count below 2⁵³ exactly).
     pub fn state(&self) -> Result<Vec<(String, Tensor)>> {

@@ -7,7 +7,7 @@
 //! ```
 
 use super::module::join;
-use super::{Linear, Module, Param};
+use super::{Linear, Module, Param, Parameters};
 use crate::{Error, Result, Tensor};
 
 /// Causal multi-head self-attention with a fused query/key/value projection `d → 3d` and an
@@ -46,9 +46,11 @@ impl CausalSelfAttention {
         let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b * t, d])?;
         self.proj.forward(&y)
     }
+}
 
+impl Parameters for CausalSelfAttention {
     /// Names `<prefix>.qkv.*`, `<prefix>.proj.*`.
-    pub fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.qkv.visit_params(&join(prefix, "qkv"), f);
         self.proj.visit_params(&join(prefix, "proj"), f);
     }

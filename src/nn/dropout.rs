@@ -7,6 +7,7 @@
 use super::Param;
 use super::module::Module;
 use crate::backend::Storage;
+use crate::nn::Parameters;
 use crate::{Error, Result, Tensor};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
@@ -86,6 +87,9 @@ impl Module for Dropout {
                 .wrapping_add(call.wrapping_mul(0x9E37_79B9_7F4A_7C15)),
         )
     }
+}
+
+impl Parameters for Dropout {
     fn visit_params(&self, _: &str, _: &mut dyn FnMut(String, &Param)) {}
     fn set_training(&self, training: bool) {
         self.training.store(training, Ordering::Relaxed);

@@ -5,6 +5,7 @@
 use super::Param;
 use super::init::{Init, weight};
 use super::module::{Module, join};
+use crate::nn::Parameters;
 use crate::{DType, Device, Error, Result, Tensor};
 use rand_chacha::ChaCha8Rng;
 
@@ -59,6 +60,9 @@ impl Module for Linear {
         shape.push(outputs);
         y.reshape(&shape)
     }
+}
+
+impl Parameters for Linear {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         f(join(prefix, "weight"), &self.weight);
         f(join(prefix, "bias"), &self.bias);
@@ -121,6 +125,9 @@ impl Module for Conv2d {
             self.padding,
         )
     }
+}
+
+impl Parameters for Conv2d {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         f(join(prefix, "weight"), &self.weight);
         f(join(prefix, "bias"), &self.bias);
@@ -139,6 +146,9 @@ impl Module for MaxPool2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.max_pool2d(self.kernel, self.stride)
     }
+}
+
+impl Parameters for MaxPool2d {
     fn visit_params(&self, _: &str, _: &mut dyn FnMut(String, &Param)) {}
 }
 
@@ -154,6 +164,9 @@ impl Module for AvgPool2d {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.avg_pool2d(self.kernel, self.stride)
     }
+}
+
+impl Parameters for AvgPool2d {
     fn visit_params(&self, _: &str, _: &mut dyn FnMut(String, &Param)) {}
 }
 
@@ -170,6 +183,9 @@ impl Module for Flatten {
         let b = x.shape()[0];
         x.reshape(&[b, x.numel() / b.max(1)])
     }
+}
+
+impl Parameters for Flatten {
     fn visit_params(&self, _: &str, _: &mut dyn FnMut(String, &Param)) {}
 }
 
@@ -204,6 +220,9 @@ impl Module for Embedding {
         shape.push(w.shape()[1]);
         rows.reshape(&shape)
     }
+}
+
+impl Parameters for Embedding {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         f(join(prefix, "weight"), &self.weight);
     }
@@ -234,6 +253,9 @@ impl Module for LayerNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         x.layer_norm(&self.weight.get(), &self.bias.get(), self.eps)
     }
+}
+
+impl Parameters for LayerNorm {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         f(join(prefix, "weight"), &self.weight);
         f(join(prefix, "bias"), &self.bias);
@@ -287,5 +309,8 @@ impl Module for Activation {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
         self.apply(x)
     }
+}
+
+impl Parameters for Activation {
     fn visit_params(&self, _: &str, _: &mut dyn FnMut(String, &Param)) {}
 }

@@ -1,16 +1,17 @@
-//! Neural-network building blocks: [`Module`], [`Param`], the standard layers, dropout,
+//! Neural-network building blocks: [`Parameters`] (the one parameter protocol of layers,
+//! routers and models), [`Module`], [`Param`], the standard layers, dropout,
 //! initialisation and an MLP builder. Layers hold parameters; the math is in the tensor ops.
 //!
 //! Every item has one path, `moegrad::nn::Item`; the files are private.
 
 mod attention;
 mod dropout;
-// `pub(crate)` while src/lm reaches `nn::init::normal` (issue 25)
-pub(crate) mod init;
+mod init;
 mod layers;
 mod mlp;
 mod module;
 mod param;
+mod parameters;
 
 pub use attention::CausalSelfAttention;
 pub use dropout::Dropout;
@@ -19,3 +20,4 @@ pub use layers::{Activation, AvgPool2d, Conv2d, Embedding, Flatten, LayerNorm, L
 pub use mlp::mlp;
 pub use module::{Module, Sequential, join, within};
 pub use param::Param;
+pub use parameters::Parameters;

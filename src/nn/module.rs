@@ -1,50 +1,15 @@
-//! The [`Module`] trait every layer implements, and [`Sequential`] to chain them.
+//! The [`Module`] trait every layer implements (a forward function on top of the
+//! [`Parameters`] protocol), [`Sequential`] to chain them, and the name helpers [`join`] and
+//! [`within`].
 
-use super::Param;
+use super::{Param, Parameters};
 use crate::{Result, Tensor};
 
-/// A layer or model: a forward function plus the parameters it owns.
-pub trait Module: Send + Sync {
+/// A layer: a forward function over one tensor, plus the parameters it owns (the
+/// [`Parameters`] protocol: names, training flag, step-to-step state).
+pub trait Module: Parameters {
     /// Applies the layer.
     fn forward(&self, x: &Tensor) -> Result<Tensor>;
-
-    /// Calls `f(name, param)` for every parameter, names prefixed by `prefix` (dot-separated,
-    /// e.g. `layers.0.weight`, as PyTorch names them).
-    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param));
-
-    /// Switches between training (dropout active, noise on) and evaluation. Default: nothing to do.
-    fn set_training(&self, _training: bool) {}
-
-    /// Non-trainable state carried from step to step (a dropout layer's mask counter), by name
-    /// relative to the layer (`3.dropout_calls` in a [`Sequential`]); checkpoints save it so a
-    /// resumed run draws the masks an uninterrupted one would. Default: none.
-    fn state(&self) -> Result<Vec<(String, Tensor)>> {
-        Ok(Vec::new())
-    }
-
-    /// Restores one entry of [`Module::state`]; an unknown name is an error naming it.
-    fn load_state(&self, name: &str, _value: &Tensor) -> Result<()> {
-        Err(crate::Error::Invalid(format!(
-            "this layer has no state named {name:?}"
-        )))
-    }
-
-    /// Every parameter with its name.
-    fn named_params(&self) -> Vec<(String, Param)> {
-        let mut out = Vec::new();
-        self.visit_params("", &mut |n, p| out.push((n, p.clone())));
-        out
-    }
-
-    /// Every parameter.
-    fn params(&self) -> Vec<Param> {
-        self.named_params().into_iter().map(|(_, p)| p).collect()
-    }
-
-    /// Total number of trainable scalars.
-    fn num_params(&self) -> usize {
-        self.params().iter().map(|p| p.get().numel()).sum()
-    }
 }
 
 /// Joins a prefix and a name with a dot.
@@ -100,6 +65,9 @@ impl Module for Sequential {
         }
         Ok(h)
     }
+}
+
+impl Parameters for Sequential {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         for (i, l) in self.layers.iter().enumerate() {
             l.visit_params(&join(prefix, &i.to_string()), f);

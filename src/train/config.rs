@@ -13,7 +13,7 @@ pub enum DataKind {
     /// two overlaid digits, two 10-class tasks
     Multimnist,
     /// DSelect-k's generator B: a known mixture of 4 experts among 16 frozen ones, one binary
-    /// task (see `data::synthetic`)
+    /// task (see `data::SyntheticB`)
     #[serde(rename = "synthetic-b")]
     SyntheticB,
     /// the bundled Shakespeare text, for the language models (`data/text.rs`)
@@ -629,10 +629,10 @@ impl TrainConfig {
                     self.model
                 ));
             }
-            if self.experts < crate::data::synthetic::SYNTHETIC_B_TRUE {
+            if self.experts < crate::data::SYNTHETIC_B_TRUE {
                 return bad(format!(
                     "--data synthetic-b needs --experts ≥ {} (the true experts are in the bank), got {}",
-                    crate::data::synthetic::SYNTHETIC_B_TRUE,
+                    crate::data::SYNTHETIC_B_TRUE,
                     self.experts
                 ));
             }

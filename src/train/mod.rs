@@ -15,26 +15,38 @@
 //! [`run`] is the one training loop (`trainer.rs`, shared with the language models of
 //! [`crate::lm`]) run on the image task (`image.rs`); it reports progress, finished epochs and
 //! notes to a [`TrainObserver`] ([`run_observed`]; [`run`]'s prints nothing).
+//!
+//! Every item has one path. Most are `moegrad::train::Item` (the files are private); three
+//! groups keep a module as their namespace because their names read as that module's:
+//! [`interrupt`] (`interrupt::request_stop`), [`out_dir`] (`out_dir::OutDir`,
+//! `out_dir::LOCK_FILE`) and [`resume`] (`resume::FORMAT`, `resume::restore`).
 
-pub mod config;
+mod config;
 mod image;
 pub mod interrupt;
-pub mod models;
-pub mod observer;
+mod models;
+mod observer;
 pub mod out_dir;
 pub mod resume;
 mod step;
 pub(crate) mod task;
 pub(crate) mod trainer;
-pub mod worker;
+mod worker;
 
-pub use config::{DataKind, ModelKind, OptimizerKind, TrainConfig};
+pub use config::{
+    DataKind, IMAGE_FLAGS, LM_FLAGS, MAX_EVAL_WINDOWS, MOE_FLAGS, ModelKind, OptimizerKind,
+    TINY_LR, TrainConfig,
+};
+pub(crate) use models::capacity;
+pub use models::{
+    MemoryEstimate, ModelOutput, MoeModel, MultiHead, TaskModel, build as build_model,
+    build_synthetic_b, check_memory, memory_estimate,
+};
 
 use crate::data::{Dataset, Mnist, SyntheticB, multimnist};
 use crate::optim::{Adam, Optimizer, Sgd};
 use crate::{DType, Device, Error, Result, Tensor};
-use models::TaskModel;
-pub use observer::{Period, PeriodEnd, TrainObserver};
+pub use observer::{Period, PeriodEnd, Silent, TrainObserver};
 use serde::Serialize;
 use std::path::Path;
 pub(crate) use step::task_loss;
@@ -161,7 +173,7 @@ pub(crate) fn load_data(cfg: &TrainConfig) -> Result<Splits> {
     let (train, test, side, tasks) = match cfg.data {
         DataKind::Shakespeare | DataKind::Text => {
             return Err(Error::Invalid(format!(
-                "--data {} is text, for the language models (lm::train::run)",
+                "--data {} is text, for the language models (lm::run)",
                 cfg.data.name()
             )));
         }
@@ -310,7 +322,7 @@ fn run_on_this_thread(
     cfg.validate()?;
     if cfg.model.is_lm() {
         return Err(Error::Invalid(format!(
-            "--model {} is trained by iterations: use moegrad::lm::train::run",
+            "--model {} is trained by iterations: use moegrad::lm::run",
             cfg.model.name()
         )));
     }

@@ -15,7 +15,8 @@ use crate::moe::{
     build_router,
 };
 use crate::nn::{
-    Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Module, Param, Sequential, join, within,
+    Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Module, Param, Parameters, Sequential,
+    join, within,
 };
 use crate::{Device, Result, Tensor};
 use rand::SeedableRng;
@@ -34,21 +35,12 @@ pub struct ModelOutput {
     pub score_terms: Vec<ScoreTerm>,
 }
 
-/// A model trained by `moegrad train`.
-pub trait TaskModel {
+/// A model trained by `moegrad train`: a forward pass over a batch, on top of the
+/// [`Parameters`] protocol (its named parameters, training flag and step-to-step state, e.g.
+/// `moe.router.noise_calls`, which checkpoints save under `state.<name>`).
+pub trait TaskModel: Parameters {
     /// Runs a batch of images `[B, 1, side, side]`.
     fn forward(&self, x: &Tensor) -> Result<ModelOutput>;
-    /// Every parameter with its name.
-    fn named_params(&self) -> Vec<(String, Param)>;
-    /// Training or evaluation mode.
-    fn set_training(&self, on: bool);
-    /// Non-trainable state carried from step to step (router noise counters, dropout mask
-    /// counters) with its name, e.g. `moe.router.noise_calls`; checkpoints save it under
-    /// `state.<name>` so a resumed run continues exactly.
-    fn named_state(&self) -> Result<Vec<(String, Tensor)>>;
-    /// Restores one entry of [`TaskModel::named_state`] by its full name; a name the model does
-    /// not hold is an error naming it.
-    fn load_state(&self, name: &str, value: &Tensor) -> Result<()>;
 }
 
 /// Prefixes the names of `state` with `scope` and appends them to `out`.
@@ -84,21 +76,19 @@ impl TaskModel for MultiHead {
             score_terms: Vec::new(),
         })
     }
-    fn named_params(&self) -> Vec<(String, Param)> {
-        let mut out = Vec::new();
-        self.trunk
-            .visit_params("trunk", &mut |n, p| out.push((n, p.clone())));
+}
+
+impl Parameters for MultiHead {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.trunk.visit_params(&join(prefix, "trunk"), f);
         for (t, head) in self.heads.iter().enumerate() {
-            head.visit_params(&join("heads", &t.to_string()), &mut |n, p| {
-                out.push((n, p.clone()))
-            });
+            head.visit_params(&join(prefix, &join("heads", &t.to_string())), f);
         }
-        out
     }
     fn set_training(&self, on: bool) {
         self.trunk.set_training(on);
     }
-    fn named_state(&self) -> Result<Vec<(String, Tensor)>> {
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
         push_scoped(&mut out, "trunk", self.trunk.state()?);
         for (t, head) in self.heads.iter().enumerate() {
@@ -137,7 +127,7 @@ impl TaskModel for MoeModel {
     fn forward(&self, x: &Tensor) -> Result<ModelOutput> {
         let b = x.shape()[0];
         let flat = x.reshape(&[b, x.numel() / b.max(1)])?;
-        let mut routings = vec![self.moe.router.route(&flat)?];
+        let mut routings = vec![self.moe.router().route(&flat)?];
         for g in &self.extra_gates {
             routings.push(g.route(&flat)?);
         }
@@ -165,23 +155,24 @@ impl TaskModel for MoeModel {
             score_terms: out.score_terms,
         })
     }
-    fn named_params(&self) -> Vec<(String, Param)> {
-        let mut out = Vec::new();
+}
+
+impl Parameters for MoeModel {
+    /// Every parameter but frozen experts' (synthetic-b: they are neither trained nor saved).
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        let frozen_scope = join(prefix, "moe.experts");
         let frozen = self.frozen_experts;
-        self.moe.visit_params("moe", &mut |n, p| {
-            if !(frozen && n.starts_with("moe.experts")) {
-                out.push((n, p.clone()))
+        self.moe.visit_params(&join(prefix, "moe"), &mut |n, p| {
+            if !(frozen && n.starts_with(&frozen_scope)) {
+                f(n, p)
             }
         });
         for (t, g) in self.extra_gates.iter().enumerate() {
-            g.visit_params(&extra_gate_scope(t), &mut |n, p| out.push((n, p.clone())));
+            g.visit_params(&join(prefix, &extra_gate_scope(t)), f);
         }
         for (t, tower) in self.towers.iter().enumerate() {
-            tower.visit_params(&join("towers", &t.to_string()), &mut |n, p| {
-                out.push((n, p.clone()))
-            });
+            tower.visit_params(&join(prefix, &join("towers", &t.to_string())), f);
         }
-        out
     }
     fn set_training(&self, on: bool) {
         self.moe.set_training(on);
@@ -192,8 +183,9 @@ impl TaskModel for MoeModel {
             t.set_training(on);
         }
     }
-    fn named_state(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = self.moe.named_state("moe")?;
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        let mut out = Vec::new();
+        push_scoped(&mut out, "moe", self.moe.state()?);
         for (t, g) in self.extra_gates.iter().enumerate() {
             push_scoped(&mut out, &extra_gate_scope(t), g.state()?);
         }
@@ -204,7 +196,9 @@ impl TaskModel for MoeModel {
     }
     fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
         if within("moe.router", name).is_some() {
-            return self.moe.load_state("moe", name, value);
+            return self
+                .moe
+                .load_state(within("moe", name).unwrap_or(name), value);
         }
         for (t, g) in self.extra_gates.iter().enumerate() {
             if let Some(rest) = within(&extra_gate_scope(t), name) {
@@ -323,10 +317,10 @@ pub fn memory_estimate(
     let linear = |i: usize, o: usize| sum_of_products(&[&[i, o], &[o]]);
     // (parameters, trainable, activation floats per example)
     let (params, trainable, acts): (u64, u64, u64) = match (cfg.data, cfg.model) {
-        // the language models are sized by `lm::gpt::check_memory`
+        // the language models are sized by `GptConfig::check_memory`
         (_, ModelKind::Gpt | ModelKind::MoeGpt) => (0, 0, 0),
         (DataKind::SyntheticB, _) => {
-            use crate::data::synthetic::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
+            use crate::data::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
             let bank = sum_of_products(&[&[n, IN, OUT], &[n, OUT, OUT]])?;
             let trained = linear(IN, n)?.checked_add(linear(OUT, 2)?)?;
             let acts = sum_of_products(&[&[k, IN + 2 * OUT], &[n]])?;
@@ -348,7 +342,7 @@ pub fn memory_estimate(
             let gates = if multi { tasks.max(1) } else { 1 };
             let (expert, expert_acts, d_out) = if cnn {
                 let (p, a) = lenet_sizes(side)?;
-                (p, a, crate::moe::cnn_experts::CNN_EXPERT_OUT)
+                (p, a, crate::moe::CNN_EXPERT_OUT)
             } else {
                 let p = sum_of_products(&[&[d, h], &[h], &[h, 64], &[64]])?;
                 let a = sum_of_products(&[&[2, d], &[4, h], &[2, 64]])?;
@@ -453,7 +447,7 @@ pub fn build(
     Ok(match cfg.model {
         ModelKind::Gpt | ModelKind::MoeGpt => {
             return Err(crate::Error::Invalid(format!(
-                "--model {} is a language model: lm::gpt::Gpt builds it",
+                "--model {} is a language model: lm::Gpt builds it",
                 cfg.model.name()
             )));
         }
@@ -518,7 +512,7 @@ pub fn build(
             let mut mc = moe_config(cfg, side * side, cfg.expert_hidden, cfg.experts);
             if cnn {
                 mc.expert_kind = ExpertKind::Cnn { side };
-                mc.d_out = crate::moe::cnn_experts::CNN_EXPERT_OUT;
+                mc.d_out = crate::moe::CNN_EXPERT_OUT;
             } else {
                 mc.d_out = 64;
             }
@@ -576,7 +570,7 @@ pub fn build(
     })
 }
 
-/// The DSelect-k paper's synthetic model for generator B (see `data::synthetic`): the frozen
+/// The DSelect-k paper's synthetic model for generator B (see `data::SyntheticB`): the frozen
 /// bank `f_e(x) = ReLU(x·W_e)` (an MLP expert `10 → 4 → 4` whose second layer is the identity
 /// and which has no biases computes exactly that), the configured router choosing `--k` of
 /// them, and a trainable logistic unit on the mixture. The logistic unit is written as a
@@ -587,7 +581,7 @@ pub fn build_synthetic_b(
     bank: &crate::data::SyntheticB,
     device: Device,
 ) -> Result<Box<dyn TaskModel>> {
-    use crate::data::synthetic::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
+    use crate::data::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
     let n = bank.experts;
     check_memory(cfg, 0, 1, 1)?;
     let mut mc = moe_config(cfg, IN, OUT, n);
@@ -596,7 +590,7 @@ pub fn build_synthetic_b(
     let moe = MoeLayer::new(&mc, device)?;
     let mut w1 = None;
     let mut w2 = None;
-    moe.experts
+    moe.experts()
         .visit_params("", &mut |name, p| match name.as_str() {
             "w1" => w1 = Some(p.clone()),
             "w2" => w2 = Some(p.clone()),

@@ -85,7 +85,7 @@ pub trait TrainObserver {
 }
 
 /// The observer that reports nothing (the default of [`super::run`] and
-/// [`crate::lm::train::run`]).
+/// [`crate::lm::run`]).
 pub struct Silent;
 
 impl TrainObserver for Silent {}

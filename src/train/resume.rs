@@ -246,7 +246,7 @@ pub fn snapshot(
     let opt_state = opt.state();
     let opt_names: Vec<&String> = opt_state.iter().map(|(n, _)| n).collect();
     let opt_list = serde_json::to_string(&opt_names).map_err(|e| Error::Invalid(e.to_string()))?;
-    for (name, t) in model.named_state()? {
+    for (name, t) in model.state()? {
         ck.tensors.insert(format!("{STATE_PREFIX}{name}"), t);
     }
     ck.tensors.extend(opt_state);
@@ -381,7 +381,7 @@ pub fn restore(path: &Path, target: &ResumeTarget, opt: &mut dyn Optimizer) -> R
             path.display()
         ))
     })?;
-    let model_state = target.model.named_state()?;
+    let model_state = target.model.state()?;
     let state_names: BTreeSet<String> = model_state
         .iter()
         .map(|(n, _)| format!("{STATE_PREFIX}{n}"))

@@ -44,7 +44,7 @@ fn with_score_terms(
         let total = sum_over_tasks(logits, targets, Tensor::cross_entropy_per_row)?;
         total.mul_scalar(1.0 / total.numel().max(1) as f64)
     })?;
-    crate::moe::score_function::add_surrogates(loss, terms, &per_example)
+    crate::moe::add_surrogates(loss, terms, &per_example)
 }
 
 /// What one training step leaves on the device; nothing of it has been read back.

@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use moegrad::data::{Dataset, Mnist, SyntheticB, multimnist};
-use moegrad::train::{DataKind, TrainConfig, models};
+use moegrad::train::{DataKind, TrainConfig, build_model, build_synthetic_b};
 use moegrad::{DType, Device, Result, Tensor};
 
 /// The GPU, or `None` (after printing why) when there is no adapter and the GPU is not required.
@@ -141,8 +141,8 @@ pub fn test_split(cfg: &TrainConfig) -> TestSplit {
 pub fn initial_test_metrics(cfg: &TrainConfig, split: &TestSplit) -> (f64, Vec<f64>) {
     let device = Device::from_name(&cfg.device).expect("a known device");
     let model = match &split.bank {
-        Some(bank) => models::build_synthetic_b(cfg, bank, device),
-        None => models::build(cfg, split.side, split.tasks, device),
+        Some(bank) => build_synthetic_b(cfg, bank, device),
+        None => build_model(cfg, split.side, split.tasks, device),
     }
     .expect("the model builds");
     moegrad::train::evaluate(model.as_ref(), &split.data, cfg.batch.max(256), device)

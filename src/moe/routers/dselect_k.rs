@@ -60,6 +60,7 @@
 //! Defaults: γ = 1 (the code's default; the paper also tries 0.1 and 10), k from `--k`
 //! (the paper uses 2 and 4).
 
+use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::{OptionKind, RouterOption, RouterSpec};
 use crate::moe::{Router, RouterConfig};
@@ -70,7 +71,7 @@ use rand_chacha::ChaCha8Rng;
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-/// The registry entry of `dselect-k` (see [`crate::moe::registry`]).
+/// The registry entry of `dselect-k` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "dselect-k",
     summary: "DSelect-k: k differentiable binary-code selectors per example",
@@ -495,6 +496,9 @@ impl Router for DSelectKRouter {
         routing.metrics.push(("dselect_saturated", saturated));
         Ok(routing)
     }
+}
+
+impl Parameters for DSelectKRouter {
 
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         match self.kind {

@@ -33,6 +33,7 @@
 //! sampled expert only (1 per token). In evaluation all four route to `a = argmax θ` with weight
 //! `π_a` and plain autograd (one expert per token).
 
+use crate::nn::Parameters;
 use super::sparsemixer::{gumbel_noise, one_hot};
 use crate::autograd::custom_op;
 use crate::moe::Routing;
@@ -43,7 +44,7 @@ use crate::nn::Param;
 use crate::{Device, Error, Result, Tensor};
 use std::sync::Arc;
 
-/// The registry entry of `st` (see [`crate::moe::registry`]).
+/// The registry entry of `st` (see [`crate::moe::ROUTERS`]).
 pub const SPEC_ST: RouterSpec = RouterSpec {
     name: "st",
     summary: "straight-through: hard Gumbel-max top-1 forward, softmax backward",
@@ -322,17 +323,20 @@ impl Router for EstimatorRouter {
         };
         self.route_logits_seeded(&logits, seed)
     }
-    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
-        self.gate.visit(prefix, f)
-    }
-    fn set_training(&self, training: bool) {
-        self.gate.set_training(training)
-    }
     fn runs_all_experts(&self) -> bool {
         self.estimator.is_dense()
     }
     fn estimates_gradient(&self) -> bool {
         true
+    }
+}
+
+impl Parameters for EstimatorRouter {
+    fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
+        self.gate.visit(prefix, f)
+    }
+    fn set_training(&self, training: bool) {
+        self.gate.set_training(training)
     }
     /// The gate's noise counter, and for `reinforce` with a baseline its running mean as
     /// `baseline.average` and `baseline.updates`.

@@ -4,13 +4,14 @@
 //! `y_b = Σ_e G[e, b] f_e(x_b)`. Every expert processes exactly k' tokens; a token may get
 //! 0..n experts; the choice depends on the batch, also at inference.
 
+use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::RouterSpec;
 use crate::moe::{LinearGate, Router, RouterConfig};
 use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
 
-/// The registry entry of `expert-choice` (see [`crate::moe::registry`]).
+/// The registry entry of `expert-choice` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "expert-choice",
     summary: "Expert Choice: each expert picks its top tokens (k per token on average)",
@@ -71,6 +72,9 @@ impl Router for ExpertChoiceRouter {
             score: None,
         })
     }
+}
+
+impl Parameters for ExpertChoiceRouter {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.gate.visit(prefix, f)
     }

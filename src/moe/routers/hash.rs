@@ -4,6 +4,7 @@
 //! the hash is the argmax of a fixed random projection (a locality-sensitive hash): the same
 //! input always lands on the same expert.
 
+use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::RouterSpec;
 use crate::moe::{Router, RouterConfig};
@@ -12,7 +13,7 @@ use crate::{Device, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
-/// The registry entry of `hash` (see [`crate::moe::registry`]).
+/// The registry entry of `hash` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "hash",
     summary: "hash routing: a fixed random expert per token, weight 1, no parameters",
@@ -49,6 +50,9 @@ impl Router for HashRouter {
         let probs = scores.eq(&scores.max(-1, true)?)?; // one-hot of the hashed expert
         Routing::token_choice(&idx, &ones, None, probs, scores)
     }
+}
+
+impl Parameters for HashRouter {
     fn visit_params(&self, _: &str, _: &mut dyn FnMut(String, &Param)) {}
     fn set_training(&self, _: bool) {}
 }

@@ -4,8 +4,7 @@
 //! `router_registry.rs` serves to the rest of the crate ([`crate::moe::ROUTERS`]). The math of each is in its doc comment, with the paper it comes from;
 //! `docs/routers.md` collects them.
 
-// `pub(crate)` while src/estimator_lab reaches `moe::routers::GradientProbe` (issue 25)
-pub(crate) mod probe;
+mod probe;
 pub use probe::{GradientEstimate, GradientProbe, estimate_router_gradient};
 
 /// Declares each router file as a module of `routers` and lists its registry entries, in order,

@@ -72,6 +72,7 @@
 //! k < 2 with eq. 3 is an error at construction (with one expert the weight is one-hot and the
 //! router would silently get no gradient).
 
+use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::{OptionKind, RouterOption, RouterSpec};
 use crate::moe::{LinearGate, Router, RouterConfig};
@@ -79,7 +80,7 @@ use crate::moe::arange_f;
 use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
 
-/// The registry entry of `moesart` (see [`crate::moe::registry`]).
+/// The registry entry of `moesart` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "moesart",
     summary: "MOESART: k experts sampled without replacement, weights adjusted by eq. 3",
@@ -522,6 +523,9 @@ impl Router for MoesartRouter {
         }
         Ok(routing)
     }
+}
+
+impl Parameters for MoesartRouter {
 
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.gate.visit(prefix, f)

@@ -2,13 +2,14 @@
 //! `g = TopK(σ(A(x ⊙ ε) + b), k)`, zero-filled, not renormalised, `ε ~ U(0.98, 1.02)`
 //! elementwise, training only. Backward as V-MoE (nonzero for unselected experts).
 
+use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::RouterSpec;
 use crate::moe::{LinearGate, Router, RouterConfig, uniform_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
-/// The registry entry of `smoe` (see [`crate::moe::registry`]).
+/// The registry entry of `smoe` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "smoe",
     summary: "SMoE: top-k of the softmax with multiplicative noise on the input",
@@ -49,6 +50,9 @@ impl Router for SMoeRouter {
         let g = p.gather(1, &idx)?;
         Routing::token_choice(&idx, &g, None, p, logits)
     }
+}
+
+impl Parameters for SMoeRouter {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.gate.visit(prefix, f)
     }

@@ -2,13 +2,14 @@
 //! with weights `g = σ(o)`, `o = x·W + b`. Backward: `∂L/∂o_j = g_j (a_j − Σ_i g_i a_i)` with
 //! `a_i = ⟨∂L/∂y, f_i(x)⟩` — autograd of the softmax gives exactly this.
 
+use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::RouterSpec;
 use crate::moe::{LinearGate, Router, RouterConfig};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
-/// The registry entry of `softmax` (see [`crate::moe::registry`]).
+/// The registry entry of `softmax` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "softmax",
     summary: "dense baseline: every expert, weighted by the softmax of the logits",
@@ -47,6 +48,12 @@ impl Router for SoftmaxRouter {
         let idx = self.table.expand(&[t, self.experts])?;
         Routing::token_choice(&idx, &g, None, g.clone(), logits)
     }
+    fn runs_all_experts(&self) -> bool {
+        true
+    }
+}
+
+impl Parameters for SoftmaxRouter {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.gate.visit(prefix, f)
     }
@@ -58,8 +65,5 @@ impl Router for SoftmaxRouter {
     }
     fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
         self.gate.load_state(name, value)
-    }
-    fn runs_all_experts(&self) -> bool {
-        true
     }
 }

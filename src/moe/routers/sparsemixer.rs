@@ -59,6 +59,7 @@
 //! The balance loss reads `Routing::probs`: by default the masked π (the released code's
 //! choice, with f from the sampled D); option `balance_probs=softmax` gives the unmasked softmax.
 
+use crate::nn::Parameters;
 use crate::autograd::custom_op;
 use crate::moe::Routing;
 use crate::moe::{OptionKind, RouterOption, RouterSpec};
@@ -115,7 +116,7 @@ const OPT_TOP: RouterOption = RouterOption {
     help: "experts per token, 1 or 2",
 };
 
-/// The registry entry of `sparsemixer` (see [`crate::moe::registry`]).
+/// The registry entry of `sparsemixer` (see [`crate::moe::ROUTERS`]).
 pub const SPEC_HYBRID: RouterSpec = RouterSpec {
     name: "sparsemixer",
     summary: "SparseMixer (hybrid): Gumbel-max top-1 under a mask, forward scale 1 at the argmax, else 1/2",
@@ -559,6 +560,15 @@ impl Router for SparseMixerRouter {
         };
         self.route_logits_seeded(&logits, seed)
     }
+    fn output_scale(&self) -> Option<f64> {
+        (self.config.variant != SparseMixerVariant::V2).then_some(self.config.omega_init)
+    }
+    fn estimates_gradient(&self) -> bool {
+        true
+    }
+}
+
+impl Parameters for SparseMixerRouter {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.gate.visit(prefix, f)
     }
@@ -570,11 +580,5 @@ impl Router for SparseMixerRouter {
     }
     fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
         self.gate.load_state(name, value)
-    }
-    fn output_scale(&self) -> Option<f64> {
-        (self.config.variant != SparseMixerVariant::V2).then_some(self.config.omega_init)
-    }
-    fn estimates_gradient(&self) -> bool {
-        true
     }
 }

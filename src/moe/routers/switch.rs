@@ -4,13 +4,14 @@
 //! `∂L/∂θ̃_k = ⟨G_y, f_D⟩ p_D (δ_kD − p_k)`, `∂L/∂θ = u ⊙ ∂L/∂θ̃` (only the ∇₁ term).
 //! Expert i is never chosen when `θ* − θ_i > r(|θ*| + |θ_i|)`.
 
+use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::RouterSpec;
 use crate::moe::{LinearGate, Router, RouterConfig, uniform_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
-/// The registry entry of `switch` (see [`crate::moe::registry`]).
+/// The registry entry of `switch` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "switch",
     summary: "Switch Transformer top-1 with multiplicative jitter on the logits",
@@ -63,6 +64,9 @@ impl Router for SwitchRouter {
         let g = p.gather(1, &idx)?;
         Routing::token_choice(&idx, &g, None, p, logits)
     }
+}
+
+impl Parameters for SwitchRouter {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.gate.visit(prefix, f)
     }

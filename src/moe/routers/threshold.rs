@@ -64,13 +64,14 @@
 //!   the layer's output scale moves with the number of experts kept.
 //! * A capacity factor γ counts tokens here: γ = n with `t = 1` is what no drops takes.
 
+use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::{OptionKind, RouterOption, RouterSpec};
 use crate::moe::{LinearGate, Router, RouterConfig};
 use crate::nn::{Param, join};
 use crate::{Device, Error, Result, Tensor};
 
-/// The registry entry of `threshold` (see [`crate::moe::registry`]).
+/// The registry entry of `threshold` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "threshold",
     summary: "XMoE threshold routing: experts by probability until their mass reaches t",
@@ -208,6 +209,13 @@ impl Router for ThresholdRouter {
         Ok(routing)
     }
 
+    fn variable_experts_per_token(&self) -> bool {
+        true
+    }
+}
+
+impl Parameters for ThresholdRouter {
+
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         f(join(prefix, "weight"), &self.gate.weight);
     }
@@ -220,9 +228,5 @@ impl Router for ThresholdRouter {
     }
     fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
         self.gate.load_state(name, value)
-    }
-
-    fn variable_experts_per_token(&self) -> bool {
-        true
     }
 }

@@ -12,13 +12,14 @@
 //!
 //! Ties are broken by the lowest index (stable sort).
 
+use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::RouterSpec;
 use crate::moe::{LinearGate, Router, RouterConfig, normal_noise};
 use crate::nn::{Param, join};
 use crate::{Device, Result, Tensor};
 
-/// The registry entry of `topk` (see [`crate::moe::registry`]).
+/// The registry entry of `topk` (see [`crate::moe::ROUTERS`]).
 pub const SPEC_TOPK: RouterSpec = RouterSpec {
     name: "topk",
     summary: "Shazeer's Top-k: softmax over the k largest logits",
@@ -118,6 +119,9 @@ impl Router for TopKRouter {
         };
         Routing::token_choice(&gate.idx, &gate.weights, None, gate.probs, logits)
     }
+}
+
+impl Parameters for TopKRouter {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.gate.visit(prefix, f);
         if let Some(w) = &self.noise {

@@ -3,13 +3,14 @@
 //! `p = σ(o + ε)`: `∂L/∂o_j = p_j (a_j·1[j∈T] − Σ_{i∈T} p_i a_i)` — nonzero for unselected j, and
 //! a router gradient even at k = 1.
 
+use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::RouterSpec;
 use crate::moe::{LinearGate, Router, RouterConfig, normal_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
-/// The registry entry of `vmoe` (see [`crate::moe::registry`]).
+/// The registry entry of `vmoe` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "vmoe",
     summary: "V-MoE: top-k of the softmax with additive N(0, 1/n^2) noise",
@@ -53,6 +54,9 @@ impl Router for VMoeRouter {
         let g = p.gather(1, &idx)?;
         Routing::token_choice(&idx, &g, None, p, logits)
     }
+}
+
+impl Parameters for VMoeRouter {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         self.gate.visit(prefix, f)
     }

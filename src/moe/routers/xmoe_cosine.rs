@@ -5,6 +5,7 @@
 //! `g = TopK(σ(s), k)`, zero-filled, not renormalised. Gradients reach P, A and τ through the
 //! cosine scores.
 
+use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::RouterSpec;
 use crate::moe::{Router, RouterConfig};
@@ -14,7 +15,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-/// The registry entry of `xmoe-cosine` (see [`crate::moe::registry`]).
+/// The registry entry of `xmoe-cosine` (see [`crate::moe::ROUTERS`]).
 pub const SPEC: RouterSpec = RouterSpec {
     name: "xmoe-cosine",
     summary: "XMoE cosine router: top-k of scaled cosine scores in a low-dimensional space",
@@ -76,6 +77,9 @@ impl Router for XMoeCosineRouter {
         let g = p.gather(1, &idx)?;
         Routing::token_choice(&idx, &g, None, p, logits)
     }
+}
+
+impl Parameters for XMoeCosineRouter {
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         f(join(prefix, "proj"), &self.proj);
         f(join(prefix, "experts"), &self.experts_emb);

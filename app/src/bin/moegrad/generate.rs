@@ -33,7 +33,7 @@ pub(super) struct GenerateArgs {
 pub(super) fn run_generate(args: &GenerateArgs) -> Result<()> {
     use std::io::Write;
     let device = Device::from_name(&args.device)?;
-    let (model, vocab) = moegrad::lm::train::load_model(&args.checkpoint, device)?;
+    let (model, vocab) = moegrad::lm::load_model(&args.checkpoint, device)?;
     // `--prompt` takes the escapes \n and \t, so a newline can be typed
     let prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t");
     let opts = moegrad::lm::SampleOptions {

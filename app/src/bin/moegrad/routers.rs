@@ -1,8 +1,8 @@
-//! `moegrad routers [--json]`: every router of the registry (`moegrad::moe::registry::ROUTERS`)
+//! `moegrad routers [--json]`: every router of the registry (`moegrad::moe::ROUTERS`)
 //! with its one-line summary and its `--router-opt` options (key, type, default, help).
 
 use moegrad::Result;
-use moegrad::moe::registry::{ROUTERS, RouterSpec};
+use moegrad::moe::{ROUTERS, RouterSpec};
 
 /// One router as `moegrad routers --json` prints it.
 #[derive(serde::Serialize)]

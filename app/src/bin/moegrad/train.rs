@@ -381,7 +381,7 @@ pub(super) fn run_train(args: TrainArgs, matches: &ArgMatches) -> Result<()> {
     };
     if cfg.model.is_lm() {
         let mut observer = moegrad_cli::progress::CliObserver::new();
-        let summary = moegrad::lm::train::run_observed(&cfg, opts, &mut observer)?;
+        let summary = moegrad::lm::run_observed(&cfg, opts, &mut observer)?;
         if args.json {
             print_json(&summary)?;
         } else {
