@@ -12,7 +12,8 @@
 
 use moegrad::backend::cpu::{CpuBackend, CpuBuffer};
 use moegrad::backend::{
-    Backend, BankGradOperands, ExpertBankDims, GroupedMatmulDims, HostData, ScatterDims, Strided,
+    BankGradOperands, BufferOps, ElementwiseOps, ExpertBankDims, GroupedMatmulDims, HostData,
+    LayoutOps, MatmulOps, ReduceOps, ScatterDims, Strided,
 };
 use moegrad::{Device, Tensor};
 use rand::{RngExt, SeedableRng};

@@ -16,7 +16,7 @@ use moegrad::Error;
 use moegrad::backend::cpu::CpuBackend;
 use moegrad::backend::gpu::GpuBackend;
 use moegrad::backend::{
-    Backend, ExpertBankDims, GroupedMatmulDims, HostData, MatLayout, MatmulDims,
+    BufferOps, ExpertBankDims, GroupedMatmulDims, HostData, MatLayout, MatmulDims, MatmulOps,
 };
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;

@@ -39,8 +39,9 @@ mod property;
 use moegrad::backend::cpu::CpuBackend;
 use moegrad::backend::gpu::{GpuBackend, GpuBuffer, MatmulKernel};
 use moegrad::backend::{
-    AttentionDims, AttentionGradOperands, AxisView, Backend, BinaryOp, ExpertBankDims,
-    GroupedMatmulDims, HostData, MatLayout, MatmulDims, ReduceOp, ScatterDims, Strided, UnaryOp,
+    AttentionDims, AttentionGradOperands, AxisView, Backend, BinaryOp, BufferOps, ElementwiseOps,
+    ExpertBankDims, GroupedMatmulDims, HostData, LayoutOps, MatLayout, MatmulDims, MatmulOps,
+    NnOps, ReduceOp, ReduceOps, ScatterDims, Strided, UnaryOp,
 };
 use moegrad::{DType, Device, Result, Tensor};
 use parity::{Gen, LOOSE, TIGHT, Tol, V, parity};

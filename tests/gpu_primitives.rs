@@ -15,8 +15,8 @@ mod common;
 use moegrad::backend::cpu::CpuBackend;
 use moegrad::backend::gpu::{GpuBackend, GpuBuffer};
 use moegrad::backend::{
-    AdamHyper, AxisView, Backend, BinaryOp, HostData, ReduceOp, ScatterDims, SgdHyper, Strided,
-    UnaryOp,
+    AdamHyper, AxisView, BinaryOp, BufferOps, ElementwiseOps, HostData, LayoutOps, OptimOps,
+    ReduceOp, ReduceOps, ScatterDims, SgdHyper, Strided, UnaryOp,
 };
 use moegrad::{DType, Error};
 use rand::{RngExt, SeedableRng};

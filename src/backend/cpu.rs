@@ -10,23 +10,26 @@
 //!
 //! This file is the hub: the buffer type [`CpuBuffer`], the handle [`CpuBackend`] and the
 //! helpers every kernel uses to allocate its output (`write_chunks`, `tabulate`, the
-//! [`buffer_pool`]). The kernels live in one file per family, as in `backend/gpu/`:
+//! [`buffer_pool`]), and the [`BufferOps`] impl (upload, download). Each family trait of
+//! `backend/family/` is implemented in the file of its family, as in `backend/gpu/`; an impl
+//! checks the operands, matches on the dtype and calls the kernel:
 //!
-//! * `primitives.rs`: the [`super::Backend`] impl, which checks operands and picks the kernel;
-//! * `elementwise.rs` (unary, binary, where, strided copies) and `fast_math.rs` (vectorisable
-//!   f32 `exp`, `ln`, GELU);
-//! * `reduce.rs` (reductions, argmax, cumsum), `layout.rs` (gather, scatter_add, concat),
-//!   `sort.rs` (argsort, top-k);
-//! * `matmul.rs` (dense products) and `grouped_matmul.rs` (per-expert products and the expert
-//!   bank's weight gradient);
-//! * `optim.rs` (fused Adam, AdamW and SGD steps, in place);
-//! * the fused kernels `attention.rs`, `layer_norm.rs`, `cross_entropy.rs`, `routing.rs`,
-//!   `conv2d.rs`, `pool2d.rs` (pooling layers), whose argument checks are the device-neutral
-//!   ones of `backend/checks.rs`;
+//! * `elementwise.rs` (unary, binary, where, strided copies; the [`ElementwiseOps`](crate::backend::ElementwiseOps) impl) and
+//!   `fast_math.rs` (vectorisable f32 `exp`, `ln`, GELU);
+//! * `reduce.rs` (reductions, argmax, cumsum; [`ReduceOps`](crate::backend::ReduceOps)), `layout.rs` (gather,
+//!   scatter_add, concat; [`LayoutOps`](crate::backend::LayoutOps)), `sort.rs` (argsort, top-k kernels);
+//! * `matmul.rs` (dense products; [`MatmulOps`](crate::backend::MatmulOps)) and `grouped_matmul.rs` (per-expert products
+//!   and the expert bank's weight gradient);
+//! * `optim.rs` (fused Adam, AdamW and SGD steps, in place; [`OptimOps`](crate::backend::OptimOps));
+//! * `routing.rs` (top-k gate, dispatch plan; [`RoutingOps`](crate::backend::RoutingOps)) and `nn.rs`, the [`NnOps`](crate::backend::NnOps) impl
+//!   over the fused kernels `attention.rs`, `layer_norm.rs`, `cross_entropy.rs`, `conv2d.rs`,
+//!   `pool2d.rs` (pooling layers), whose argument checks are the device-neutral ones of
+//!   `backend/checks.rs`;
 //! * `buffer_pool.rs` (recycled allocations) and `worker.rs` (how a kernel reaches rayon's
 //!   worker threads: the `Storage` layer runs every CPU kernel through `worker::on_pool`).
 
 use super::LayerNormDims;
+use crate::backend::{BufferOps, HostData};
 use crate::{DType, Result};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -128,9 +131,9 @@ mod grouped_matmul;
 mod layer_norm;
 mod layout;
 mod matmul;
+mod nn;
 mod optim;
 mod pool2d;
-mod primitives;
 mod reduce;
 mod routing;
 mod sort;
@@ -220,3 +223,23 @@ const MAP_CHUNK: usize = 1 << 14;
 /// The CPU backend (stateless; rayon's global pool does the threading).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuBackend;
+
+impl BufferOps for CpuBackend {
+    type Buffer = CpuBuffer;
+
+    fn upload(&self, data: &HostData) -> Result<CpuBuffer> {
+        Ok(match data {
+            HostData::F32(v) => f32b(copied(v)?),
+            HostData::F64(v) => f64b(copied(v)?),
+            HostData::I32(v) => i32b(copied(v)?),
+        })
+    }
+
+    fn download(&self, x: &CpuBuffer) -> Result<HostData> {
+        Ok(match x {
+            CpuBuffer::F32(v) => HostData::F32(v.to_vec()),
+            CpuBuffer::F64(v) => HostData::F64(v.to_vec()),
+            CpuBuffer::I32(v) => HostData::I32(v.to_vec()),
+        })
+    }
+}

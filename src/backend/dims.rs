@@ -74,7 +74,7 @@ impl AttentionDims {
 
 /// What causal attention's backward reads: the forward's inputs `q`, `k`, `v`, its output `o`
 /// and row log-sum-exp `lse`, and the upstream gradient `d_o` (see
-/// [`crate::backend::Backend::attention_backward`]). `B` is a backend's buffer, or a slice in the
+/// [`crate::backend::NnOps::attention_backward`]). `B` is a backend's buffer, or a slice in the
 /// CPU kernel.
 #[derive(Debug)]
 pub struct AttentionGradOperands<'a, B: ?Sized> {
@@ -310,7 +310,7 @@ impl Pool2dDims {
     }
 }
 
-/// Sizes of a grouped (per-expert) matmul ([`super::Backend::grouped_matmul`]): `x` is
+/// Sizes of a grouped (per-expert) matmul ([`super::MatmulOps::grouped_matmul`]): `x` is
 /// `[rows, k]`, the expert bank `w` is `[experts, k, m]` (`[experts, m, k]` with
 /// `transpose_w`, read transposed), the output `[rows, m]`.
 ///
@@ -347,7 +347,7 @@ impl GroupedMatmulDims {
 }
 
 /// Sizes of an MoE expert bank's weights `[experts, k, m]`, as its weight gradient
-/// ([`super::Backend::grouped_weight_grad`]) produces them.
+/// ([`super::MatmulOps::grouped_weight_grad`]) produces them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ExpertBankDims {
     /// inputs per expert
@@ -376,7 +376,7 @@ impl<B> Clone for Strided<'_, B> {
 }
 impl<B> Copy for Strided<'_, B> {}
 
-/// Sizes of a scatter-add ([`super::Backend::scatter_add`]): a source `[outer, m, inner]` is
+/// Sizes of a scatter-add ([`super::LayoutOps::scatter_add`]): a source `[outer, m, inner]` is
 /// added into a zeroed output `[outer, len, inner]` along the middle axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ScatterDims {

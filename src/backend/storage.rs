@@ -1,9 +1,12 @@
 //! [`Storage`]: the buffer a tensor holds, on whichever device, and the dispatch of each
 //! primitive to the backend that owns it. Mixing devices in one call is an error, not a copy.
 //!
-//! This file holds the enum, the device-matching helpers and the forwarding of the basic
-//! primitives (elementwise, reductions, matmul, layout, sort, random); the other families
-//! forward from `storage/optim.rs`, `storage/moe.rs` and `storage/fused.rs`.
+//! The forwarding is generated: the private `Device` trait finds a backend's buffer in a
+//! storage, `IntoStorage` wraps a backend's results back, and the `on_device!` macro expands
+//! one body for both devices (on the CPU inside the worker pool). A primitive's `Storage`
+//! method is therefore its signature and one `on_device!` call. This file holds those pieces
+//! and the basic primitives (elementwise, reductions, matmul, layout, sort, random); the other
+//! families forward from `storage/optim.rs`, `storage/moe.rs` and `storage/fused.rs`.
 
 use super::*;
 use crate::Result;
@@ -17,20 +20,28 @@ pub enum Storage {
     Gpu(gpu::GpuBuffer),
 }
 
-/// Dispatches one primitive to the backend that owns the storages; mixing devices is an error.
-macro_rules! dispatch {
-    ($self:expr, $b:ident, $x:ident => $body:expr) => {
-        match $self {
-            Storage::Cpu($x) => {
-                let $b = cpu::CpuBackend;
-                cpu::on_pool($x.len(), || $body).map(Storage::Cpu)
-            }
-            Storage::Gpu($x) => {
-                let $b = gpu::GpuBackend::get()?;
-                $body.map(Storage::Gpu)
-            }
-        }
-    };
+/// A backend whose buffers a [`Storage`] holds: how to find its buffer in a storage. With
+/// [`IntoStorage`] and the `on_device!` macro below, this is all the forwarding there is: each
+/// `Storage` method is one `on_device!` call, written once for both devices.
+trait Device: Backend {
+    /// This device's buffer in `s`, or a device error naming `what`.
+    fn buf<'a>(&self, s: &'a Storage, what: &str) -> Result<&'a Self::Buffer>;
+    /// [`Device::buf`] of an optional operand.
+    fn opt<'a>(&self, s: Option<&'a Storage>, what: &str) -> Result<Option<&'a Self::Buffer>> {
+        s.map(|s| self.buf(s, what)).transpose()
+    }
+}
+
+impl Device for cpu::CpuBackend {
+    fn buf<'a>(&self, s: &'a Storage, what: &str) -> Result<&'a cpu::CpuBuffer> {
+        as_cpu(s, what)
+    }
+}
+
+impl Device for gpu::GpuBackend {
+    fn buf<'a>(&self, s: &'a Storage, what: &str) -> Result<&'a gpu::GpuBuffer> {
+        as_gpu(s, what)
+    }
 }
 
 fn as_cpu<'a>(s: &'a Storage, what: &str) -> Result<&'a cpu::CpuBuffer> {
@@ -50,33 +61,88 @@ fn as_gpu<'a>(s: &'a Storage, what: &str) -> Result<&'a gpu::GpuBuffer> {
     }
 }
 
-/// Picks the partner storage of the same device as `$self`.
-macro_rules! same_dev {
-    ($self:expr, $other:expr, $what:expr) => {
-        match $self {
-            Storage::Cpu(_) => OtherRef::Cpu(as_cpu($other, $what)?),
-            Storage::Gpu(_) => OtherRef::Gpu(as_gpu($other, $what)?),
-        }
-    };
+/// What a primitive returns, with each device buffer wrapped in a [`Storage`]: one buffer, a
+/// tuple, an optional buffer or a dispatch plan.
+trait IntoStorage {
+    /// the same shape of result, holding storages
+    type Out;
+    /// Wraps every buffer.
+    fn into_storage(self) -> Self::Out;
 }
 
-enum OtherRef<'a> {
-    Cpu(&'a cpu::CpuBuffer),
-    Gpu(&'a gpu::GpuBuffer),
+impl IntoStorage for cpu::CpuBuffer {
+    type Out = Storage;
+    fn into_storage(self) -> Storage {
+        Storage::Cpu(self)
+    }
 }
-impl<'a> OtherRef<'a> {
-    fn cpu(&self) -> &'a cpu::CpuBuffer {
-        match self {
-            OtherRef::Cpu(b) => b,
-            OtherRef::Gpu(_) => unreachable!("same_dev checked the device"),
+impl IntoStorage for gpu::GpuBuffer {
+    type Out = Storage;
+    fn into_storage(self) -> Storage {
+        Storage::Gpu(self)
+    }
+}
+impl<A: IntoStorage> IntoStorage for Option<A> {
+    type Out = Option<A::Out>;
+    fn into_storage(self) -> Self::Out {
+        self.map(A::into_storage)
+    }
+}
+impl<A: IntoStorage, B: IntoStorage> IntoStorage for (A, B) {
+    type Out = (A::Out, B::Out);
+    fn into_storage(self) -> Self::Out {
+        (self.0.into_storage(), self.1.into_storage())
+    }
+}
+impl<A: IntoStorage, B: IntoStorage, C: IntoStorage> IntoStorage for (A, B, C) {
+    type Out = (A::Out, B::Out, C::Out);
+    fn into_storage(self) -> Self::Out {
+        (
+            self.0.into_storage(),
+            self.1.into_storage(),
+            self.2.into_storage(),
+        )
+    }
+}
+impl<A: IntoStorage<Out = Storage>> IntoStorage for PlanBuffers<A> {
+    type Out = PlanBuffers<Storage>;
+    fn into_storage(self) -> PlanBuffers<Storage> {
+        PlanBuffers {
+            order: self.order.into_storage(),
+            row_token: self.row_token.into_storage(),
+            row_expert: self.row_expert.into_storage(),
+            row_expert_clamped: self.row_expert_clamped.into_storage(),
+            row_kept: self.row_kept.into_storage(),
+            offsets: self.offsets.into_storage(),
+            kept_per_expert: self.kept_per_expert.into_storage(),
+            routed_per_expert: self.routed_per_expert.into_storage(),
         }
     }
-    fn gpu(&self) -> &'a gpu::GpuBuffer {
-        match self {
-            OtherRef::Gpu(b) => b,
-            OtherRef::Cpu(_) => unreachable!("same_dev checked the device"),
+}
+
+/// Runs one primitive on the device of `$self` (a [`Storage`]) or, with `gpu: $flag`, on the
+/// GPU when the flag is set and the CPU otherwise. `$body` is written once: it is expanded in
+/// both arms with `$be` bound to that arm's backend ([`cpu::CpuBackend`] or
+/// [`gpu::GpuBackend`]), takes its operands out of storages with `$be.buf(s, what)?` (a
+/// storage on the other device is an error) and returns the backend's result, whose buffers
+/// come back wrapped in storages ([`IntoStorage`]). On the CPU the body runs on the worker
+/// pool (`cpu::on_pool`, sized by `$len`, by default the length of `$self`).
+macro_rules! on_device {
+    (gpu: $gpu:expr, $len:expr, |$be:ident| $body:expr) => {
+        if $gpu {
+            let $be = gpu::GpuBackend::get()?;
+            ($body).map(IntoStorage::into_storage)
+        } else {
+            let $be = cpu::CpuBackend;
+            cpu::on_pool($len, || $body).map(IntoStorage::into_storage)
         }
-    }
+    };
+    ($self:expr, $len:expr, |$be:ident| $body:expr) => {
+        on_device!(gpu: $self.is_gpu(), $len, |$be| $body)
+    };
+    ($self:expr, |$be:ident| $body:expr) => {
+        on_device!(gpu: $self.is_gpu(), $self.len(), |$be| $body)
+    };
 }
 
 mod fused;
@@ -142,13 +208,13 @@ impl Storage {
             Storage::Gpu(b) => gpu::GpuBackend::get()?.download(b),
         }
     }
-    /// See [`Backend::cast`].
+    /// See [`ElementwiseOps::cast`].
     pub fn cast(&self, dtype: DType) -> Result<Storage> {
-        dispatch!(self, be, x => be.cast(x, dtype))
+        on_device!(self, |be| be.cast(be.buf(self, "cast")?, dtype))
     }
-    /// See [`Backend::unary`].
+    /// See [`ElementwiseOps::unary`].
     pub fn unary(&self, op: UnaryOp) -> Result<Storage> {
-        dispatch!(self, be, x => be.unary(op, x))
+        on_device!(self, |be| be.unary(op, be.buf(self, "unary op")?))
     }
     /// GELU and its slope in one pass where the backend has that kernel: the CPU in f32, where
     /// both come from one exponential and backward becomes a plain product. `None` elsewhere
@@ -161,7 +227,7 @@ impl Storage {
             Storage::Gpu(_) => None,
         }
     }
-    /// See [`Backend::binary`].
+    /// See [`ElementwiseOps::binary`].
     pub fn binary(
         &self,
         op: BinaryOp,
@@ -170,18 +236,17 @@ impl Storage {
         b_strides: &[usize],
         out_shape: &[usize],
     ) -> Result<Storage> {
-        let o = same_dev!(self, b, "binary op");
-        match self {
-            Storage::Cpu(a) => cpu::on_pool(self.len(), || {
-                cpu::CpuBackend.binary(op, a, a_strides, o.cpu(), b_strides, out_shape)
-            })
-            .map(Storage::Cpu),
-            Storage::Gpu(a) => gpu::GpuBackend::get()?
-                .binary(op, a, a_strides, o.gpu(), b_strides, out_shape)
-                .map(Storage::Gpu),
-        }
+        const WHAT: &str = "binary op";
+        on_device!(self, |be| be.binary(
+            op,
+            be.buf(self, WHAT)?,
+            a_strides,
+            be.buf(b, WHAT)?,
+            b_strides,
+            out_shape
+        ))
     }
-    /// See [`Backend::where_cond`]; `self` is the condition.
+    /// See [`ElementwiseOps::where_cond`]; `self` is the condition.
     pub fn where_cond(
         &self,
         c_strides: &[usize],
@@ -191,51 +256,27 @@ impl Storage {
         b_strides: &[usize],
         out_shape: &[usize],
     ) -> Result<Storage> {
-        let oa = same_dev!(self, a, "where");
-        let ob = same_dev!(self, b, "where");
-        match self {
-            Storage::Cpu(c) => cpu::on_pool(self.len(), || {
-                cpu::CpuBackend.where_cond(
-                    Strided {
-                        buf: c,
-                        strides: c_strides,
-                    },
-                    Strided {
-                        buf: oa.cpu(),
-                        strides: a_strides,
-                    },
-                    Strided {
-                        buf: ob.cpu(),
-                        strides: b_strides,
-                    },
-                    out_shape,
-                )
-            })
-            .map(Storage::Cpu),
-            Storage::Gpu(c) => gpu::GpuBackend::get()?
-                .where_cond(
-                    Strided {
-                        buf: c,
-                        strides: c_strides,
-                    },
-                    Strided {
-                        buf: oa.gpu(),
-                        strides: a_strides,
-                    },
-                    Strided {
-                        buf: ob.gpu(),
-                        strides: b_strides,
-                    },
-                    out_shape,
-                )
-                .map(Storage::Gpu),
-        }
+        const WHAT: &str = "where";
+        on_device!(self, |be| {
+            let strided = |s, strides| {
+                Ok(Strided {
+                    buf: be.buf(s, WHAT)?,
+                    strides,
+                })
+            };
+            be.where_cond(
+                strided(self, c_strides)?,
+                strided(a, a_strides)?,
+                strided(b, b_strides)?,
+                out_shape,
+            )
+        })
     }
-    /// See [`Backend::reduce`].
+    /// See [`ReduceOps::reduce`].
     pub fn reduce(&self, op: ReduceOp, view: AxisView) -> Result<Storage> {
-        dispatch!(self, be, x => be.reduce(op, x, view))
+        on_device!(self, |be| be.reduce(op, be.buf(self, "reduce")?, view))
     }
-    /// See [`Backend::matmul`].
+    /// See [`MatmulOps::matmul`].
     pub fn matmul(
         &self,
         a_layout: MatLayout,
@@ -243,27 +284,30 @@ impl Storage {
         b_layout: MatLayout,
         dims: MatmulDims,
     ) -> Result<Storage> {
-        let o = same_dev!(self, b, "matmul");
-        match self {
-            Storage::Cpu(a) => cpu::on_pool(self.len(), || {
-                cpu::CpuBackend.matmul(a, a_layout, o.cpu(), b_layout, dims)
-            })
-            .map(Storage::Cpu),
-            Storage::Gpu(a) => gpu::GpuBackend::get()?
-                .matmul(a, a_layout, o.gpu(), b_layout, dims)
-                .map(Storage::Gpu),
-        }
+        const WHAT: &str = "matmul";
+        on_device!(self, |be| be.matmul(
+            be.buf(self, WHAT)?,
+            a_layout,
+            be.buf(b, WHAT)?,
+            b_layout,
+            dims
+        ))
     }
-    /// See [`Backend::copy_strided`].
+    /// See [`LayoutOps::copy_strided`].
     pub fn copy_strided(
         &self,
         shape: &[usize],
         strides: &[usize],
         offset: usize,
     ) -> Result<Storage> {
-        dispatch!(self, be, x => be.copy_strided(x, shape, strides, offset))
+        on_device!(self, |be| be.copy_strided(
+            be.buf(self, "copy_strided")?,
+            shape,
+            strides,
+            offset
+        ))
     }
-    /// See [`Backend::concat`].
+    /// See [`LayoutOps::concat`].
     pub fn concat(
         parts: &[&Storage],
         lens: &[usize],
@@ -273,29 +317,16 @@ impl Storage {
         let first = parts
             .first()
             .ok_or_else(|| crate::Error::Invalid("concat of no tensors".into()))?;
-        match first {
-            Storage::Cpu(_) => {
-                let v = parts
-                    .iter()
-                    .map(|p| as_cpu(p, "concat"))
-                    .collect::<Result<Vec<_>>>()?;
-                cpu::on_pool(lens.iter().sum::<usize>() * outer * inner, || {
-                    cpu::CpuBackend.concat(&v, lens, outer, inner)
-                })
-                .map(Storage::Cpu)
-            }
-            Storage::Gpu(_) => {
-                let v = parts
-                    .iter()
-                    .map(|p| as_gpu(p, "concat"))
-                    .collect::<Result<Vec<_>>>()?;
-                gpu::GpuBackend::get()?
-                    .concat(&v, lens, outer, inner)
-                    .map(Storage::Gpu)
-            }
-        }
+        let len = lens.iter().sum::<usize>() * outer * inner;
+        on_device!(first, len, |be| {
+            let parts = parts
+                .iter()
+                .map(|p| be.buf(p, "concat"))
+                .collect::<Result<Vec<_>>>()?;
+            be.concat(&parts, lens, outer, inner)
+        })
     }
-    /// See [`Backend::gather`].
+    /// See [`LayoutOps::gather`].
     pub fn gather(
         &self,
         view: AxisView,
@@ -303,18 +334,16 @@ impl Storage {
         idx_strides: [usize; 3],
         m: usize,
     ) -> Result<Storage> {
-        let o = same_dev!(self, idx, "gather");
-        match self {
-            Storage::Cpu(x) => cpu::on_pool(self.len(), || {
-                cpu::CpuBackend.gather(x, view, o.cpu(), idx_strides, m)
-            })
-            .map(Storage::Cpu),
-            Storage::Gpu(x) => gpu::GpuBackend::get()?
-                .gather(x, view, o.gpu(), idx_strides, m)
-                .map(Storage::Gpu),
-        }
+        const WHAT: &str = "gather";
+        on_device!(self, |be| be.gather(
+            be.buf(self, WHAT)?,
+            view,
+            be.buf(idx, WHAT)?,
+            idx_strides,
+            m
+        ))
     }
-    /// See [`Backend::scatter_add`]; `self` is the source.
+    /// See [`LayoutOps::scatter_add`]; `self` is the source.
     pub fn scatter_add(
         &self,
         idx: &Storage,
@@ -324,32 +353,34 @@ impl Storage {
         inner: usize,
         len: usize,
     ) -> Result<Storage> {
-        let o = same_dev!(self, idx, "scatter_add");
+        const WHAT: &str = "scatter_add";
         let dims = ScatterDims {
             outer,
             m,
             inner,
             len,
         };
-        match self {
-            Storage::Cpu(s) => cpu::on_pool(self.len(), || {
-                cpu::CpuBackend.scatter_add(s, o.cpu(), idx_strides, dims)
-            })
-            .map(Storage::Cpu),
-            Storage::Gpu(s) => gpu::GpuBackend::get()?
-                .scatter_add(s, o.gpu(), idx_strides, dims)
-                .map(Storage::Gpu),
-        }
+        on_device!(self, |be| be.scatter_add(
+            be.buf(self, WHAT)?,
+            be.buf(idx, WHAT)?,
+            idx_strides,
+            dims
+        ))
     }
-    /// See [`Backend::cumsum`].
+    /// See [`ReduceOps::cumsum`].
     pub fn cumsum(&self, view: AxisView, reverse: bool) -> Result<Storage> {
-        dispatch!(self, be, x => be.cumsum(x, view, reverse))
+        on_device!(self, |be| be.cumsum(be.buf(self, "cumsum")?, view, reverse))
     }
-    /// See [`Backend::argsort`].
+    /// See [`ReduceOps::argsort`].
     pub fn argsort(&self, rows: usize, len: usize, descending: bool) -> Result<Storage> {
-        dispatch!(self, be, x => be.argsort(x, rows, len, descending))
+        on_device!(self, |be| be.argsort(
+            be.buf(self, "argsort")?,
+            rows,
+            len,
+            descending
+        ))
     }
-    /// See [`Backend::argsort_top`].
+    /// See [`ReduceOps::argsort_top`].
     pub fn argsort_top(
         &self,
         rows: usize,
@@ -357,18 +388,16 @@ impl Storage {
         k: usize,
         descending: bool,
     ) -> Result<Storage> {
-        dispatch!(self, be, x => be.argsort_top(x, rows, len, k, descending))
+        on_device!(self, |be| be.argsort_top(
+            be.buf(self, "argsort_top")?,
+            rows,
+            len,
+            k,
+            descending
+        ))
     }
-    /// See [`Backend::random_uniform`].
+    /// See [`ElementwiseOps::random_uniform`].
     pub fn random_uniform(len: usize, seed: u64, dtype: DType, gpu: bool) -> Result<Storage> {
-        if gpu {
-            Ok(Storage::Gpu(
-                gpu::GpuBackend::get()?.random_uniform(len, seed, dtype)?,
-            ))
-        } else {
-            Ok(Storage::Cpu(cpu::on_pool(len, || {
-                cpu::CpuBackend.random_uniform(len, seed, dtype)
-            })?))
-        }
+        on_device!(gpu: gpu, len, |be| be.random_uniform(len, seed, dtype))
     }
 }

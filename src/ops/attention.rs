@@ -7,7 +7,7 @@
 //!   `dV = Pᵀ·dO`, `dS = P ∘ (dO·Vᵀ − D)`, `dQ = dS·K/√Dh`, `dK = dSᵀ·Q/√Dh`.
 //!
 //! Neither pass stores a `[B, H, T, T]` tensor: activation memory is the output and `lse`, as in
-//! FlashAttention-2. Both passes are backend primitives (`Backend::attention_forward` /
+//! FlashAttention-2. Both passes are backend primitives (`NnOps::attention_forward` /
 //! `attention_backward`): `src/backend/cpu/attention.rs` on the CPU, `shaders/attention.wgsl`
 //! (launched by `src/backend/gpu/attention.rs`) on the GPU.
 

@@ -2,12 +2,12 @@
 //!
 //! * [`Tensor::conv2d`] and [`Tensor::grouped_conv2d`] (one weight bank per image, for the CNN
 //!   experts of an MoE layer) call the backend's convolution primitives,
-//!   `Backend::conv2d_forward` and in backward `conv2d_input_grad` / `conv2d_weight_grad`
+//!   `NnOps::conv2d_forward` and in backward `conv2d_input_grad` / `conv2d_weight_grad`
 //!   (`src/backend/cpu/conv2d.rs`; `shaders/conv2d.wgsl`, launched by
 //!   `src/backend/gpu/conv2d.rs`). A bias is a broadcast `add`, whose own rule sums its
 //!   gradient over images and positions.
 //! * [`Tensor::max_pool2d`] / [`Tensor::avg_pool2d`] (and their `_padded` forms) call
-//!   `Backend::pool2d_forward` / `pool2d_backward` (`src/backend/cpu/pool2d.rs`;
+//!   `NnOps::pool2d_forward` / `pool2d_backward` (`src/backend/cpu/pool2d.rs`;
 //!   `shaders/pool2d.wgsl`, launched by `src/backend/gpu/pool2d.rs`). Max pooling keeps the
 //!   position of each maximum for backward.
 //!

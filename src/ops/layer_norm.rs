@@ -7,7 +7,7 @@
 //! * backward  with `h = g·γ` (g the upstream gradient): `dx = r·(h − mean_j(h) − x̂·mean_j(h·x̂))`,
 //!   `dγ = Σ_rows g·x̂`, `dβ = Σ_rows g`.
 //!
-//! Both passes are backend primitives (`Backend::layer_norm_forward` / `_backward`):
+//! Both passes are backend primitives (`NnOps::layer_norm_forward` / `_backward`):
 //! `src/backend/cpu/layer_norm.rs` on the CPU, `shaders/layer_norm.wgsl` (launched by
 //! `src/backend/gpu/layer_norm.rs`) on the GPU. Composed from elementwise ops the same function
 //! took eight ops forward and about twenty backward (the composed form is kept as the reference

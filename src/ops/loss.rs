@@ -18,7 +18,7 @@ impl Tensor {
     /// `lse_n = ln Σ_c e^{x_nc}` (the mean of these is [`Tensor::cross_entropy`]); what a
     /// score-function router takes as each example's reward.
     ///
-    /// One fused op (`Backend::cross_entropy_forward` / `_backward`: `backend/cpu/cross_entropy.rs`,
+    /// One fused op (`NnOps::cross_entropy_forward` / `_backward`: `backend/cpu/cross_entropy.rs`,
     /// `shaders/cross_entropy.wgsl`): forward keeps only the row log-sum-exp, and backward
     /// computes `∂ℓ_n/∂x_nc = e^{x_nc − lse_n} − [c = t_n]` from the logits, so the
     /// `[N, C]` log-probabilities are never stored. The backward rule is a kernel, so second

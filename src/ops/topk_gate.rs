@@ -11,7 +11,7 @@
 //!   being `a` scattered to `idx`.
 //!
 //! Each output is its own node on the tape, so a loss may use either or both. The rules are one
-//! kernel each (`Backend::softmax_backward`, `Backend::topk_gate_backward`), not tensor ops, so
+//! kernel each (`NnOps::softmax_backward`, `RoutingOps::topk_gate_backward`), not tensor ops, so
 //! the gate is not twice differentiable.
 
 use crate::{DType, Error, Result, Tensor};

@@ -253,7 +253,7 @@ fn forward_block<T: AttentionFloat>(
     }
 }
 
-/// `Backend::attention_backward` on the CPU: checks the operands' lengths against `dims` and
+/// `NnOps::attention_backward` on the CPU: checks the operands' lengths against `dims` and
 /// their dtypes, then runs [`backward`] in f32 or f64.
 pub(super) fn backward_buffers(
     operands: AttentionGradOperands<'_, CpuBuffer>,

@@ -450,7 +450,7 @@ macro_rules! float_pair {
     };
 }
 
-/// `Backend::conv2d_forward` on the CPU.
+/// `NnOps::conv2d_forward` on the CPU.
 pub(super) fn forward(
     x: &CpuBuffer,
     w: &CpuBuffer,
@@ -463,7 +463,7 @@ pub(super) fn forward(
     float_pair!(WHAT, x, w, forward_kernel, banks, &d)
 }
 
-/// `Backend::conv2d_input_grad` on the CPU.
+/// `NnOps::conv2d_input_grad` on the CPU.
 pub(super) fn input_grad(
     dy: &CpuBuffer,
     w: &CpuBuffer,
@@ -476,7 +476,7 @@ pub(super) fn input_grad(
     float_pair!(WHAT, dy, w, input_grad_kernel, banks, &d)
 }
 
-/// `Backend::conv2d_weight_grad` on the CPU.
+/// `NnOps::conv2d_weight_grad` on the CPU.
 pub(super) fn weight_grad(
     x: &CpuBuffer,
     dy: &CpuBuffer,

@@ -1,4 +1,4 @@
-//! The CPU kernels of `Tensor::cross_entropy_per_row` (`Backend::cross_entropy_forward` /
+//! The CPU kernels of `Tensor::cross_entropy_per_row` (`NnOps::cross_entropy_forward` /
 //! `_backward`), generic over f32 and f64: rows in parallel, each row's log-sum-exp in two
 //! passes over it (the maximum, then the shifted exponentials), each in eight lanes.
 //!

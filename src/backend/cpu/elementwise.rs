@@ -5,8 +5,14 @@
 //! which steps from row to row. The f32 `exp`, `ln` and GELU have
 //! their own vectorisable loops in `fast_math.rs`.
 
+use super::fast_math::{WideF32, gelu_backward_f32, map1_f32_wide};
+use super::{CpuBackend, CpuBuffer, f32b, f64b, filled, i32b, tabulate};
 use super::{MAP_CHUNK, write_chunks};
+use crate::Result;
+use crate::backend::checks::{binary_dtype_error, where_dtype_error};
 use crate::backend::{BinaryOp, UnaryOp};
+use crate::backend::{BufferOps, ElementwiseOps, Strided, uniform_hash};
+use crate::{DType, Error};
 use num_traits::Float;
 use std::mem::MaybeUninit;
 
@@ -68,7 +74,7 @@ pub(super) fn strided_apply<T: Copy + Send + Sync + Default, const N: usize>(
     unsafe { write_chunks(n, last, row) }
 }
 
-/// A contiguous copy of the strided view `(shape, strides)` of `x` (`Backend::copy_strided`:
+/// A contiguous copy of the strided view `(shape, strides)` of `x` (`LayoutOps::copy_strided`:
 /// permute, transpose, slice, expand). The output is cut into its rows (the last axis); each
 /// task takes a run of rows, finds its first row's offset with one division per axis and then
 /// steps from row to row like an odometer, so a row costs a few additions and the copy of its
@@ -322,5 +328,94 @@ pub(super) fn unary_kernel<T: Float + Send + Sync + Default>(op: UnaryOp, x: &[T
             map1(x, move |v| v * k)
         }
         other => map1(x, move |v| other.apply(v)),
+    }
+}
+
+impl ElementwiseOps for CpuBackend {
+    fn full(&self, len: usize, value: f64, dtype: DType) -> Result<CpuBuffer> {
+        Ok(match dtype {
+            DType::F32 => f32b(filled(len, value as f32)?),
+            DType::F64 => f64b(filled(len, value)?),
+            DType::I32 => i32b(filled(len, value as i32)?),
+        })
+    }
+
+    fn cast(&self, x: &CpuBuffer, dtype: DType) -> Result<CpuBuffer> {
+        let v = self.download(x)?.to_f64();
+        Ok(match dtype {
+            DType::F32 => f32b(v.iter().map(|&e| e as f32).collect()),
+            DType::F64 => f64b(v),
+            DType::I32 => i32b(v.iter().map(|&e| e as i32).collect()),
+        })
+    }
+
+    fn unary(&self, op: UnaryOp, x: &CpuBuffer) -> Result<CpuBuffer> {
+        match (op, x) {
+            (UnaryOp::Exp, CpuBuffer::F32(v)) => return Ok(f32b(map1_f32_wide(v, WideF32::Exp))),
+            (UnaryOp::Log, CpuBuffer::F32(v)) => return Ok(f32b(map1_f32_wide(v, WideF32::Ln))),
+            (UnaryOp::Gelu, CpuBuffer::F32(v)) => return Ok(f32b(map1_f32_wide(v, WideF32::Gelu))),
+            (UnaryOp::GeluGrad, CpuBuffer::F32(v)) => {
+                return Ok(f32b(map1_f32_wide(v, WideF32::GeluGrad)));
+            }
+            _ => {}
+        }
+        float_map!(x, format!("{op:?}"), v => unary_kernel(op, v))
+    }
+
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: &CpuBuffer,
+        sa: &[usize],
+        b: &CpuBuffer,
+        sb: &[usize],
+        shape: &[usize],
+    ) -> Result<CpuBuffer> {
+        let n: usize = shape.iter().product();
+        let contiguous = |s: &[usize], len: usize| len == n && is_contiguous(shape, s);
+        match (a, b) {
+            (CpuBuffer::F32(a), CpuBuffer::F32(b))
+                if op == BinaryOp::GeluBackward
+                    && contiguous(sa, a.len())
+                    && contiguous(sb, b.len()) =>
+            {
+                Ok(f32b(gelu_backward_f32(a, b)))
+            }
+            (CpuBuffer::F32(a), CpuBuffer::F32(b)) => {
+                Ok(f32b(binary_kernel(op, a, sa, b, sb, shape)))
+            }
+            (CpuBuffer::F64(a), CpuBuffer::F64(b)) => {
+                Ok(f64b(binary_kernel(op, a, sa, b, sb, shape)))
+            }
+            _ => Err(binary_dtype_error(&format!("{op:?}"), a.dtype(), b.dtype())),
+        }
+    }
+
+    fn where_cond(
+        &self,
+        cond: Strided<'_, CpuBuffer>,
+        a: Strided<'_, CpuBuffer>,
+        b: Strided<'_, CpuBuffer>,
+        shape: &[usize],
+    ) -> Result<CpuBuffer> {
+        let (sc, sa, sb) = (cond.strides, a.strides, b.strides);
+        match (cond.buf, a.buf, b.buf) {
+            (CpuBuffer::F32(c), CpuBuffer::F32(a), CpuBuffer::F32(b)) => {
+                Ok(f32b(where_kernel(c, sc, a, sa, b, sb, shape)))
+            }
+            (CpuBuffer::F64(c), CpuBuffer::F64(a), CpuBuffer::F64(b)) => {
+                Ok(f64b(where_kernel(c, sc, a, sa, b, sb, shape)))
+            }
+            _ => Err(where_dtype_error(
+                cond.buf.dtype(),
+                a.buf.dtype(),
+                b.buf.dtype(),
+            )),
+        }
+    }
+
+    fn random_uniform(&self, len: usize, seed: u64, dtype: DType) -> Result<CpuBuffer> {
+        let v: Vec<f32> = tabulate(len, |i| uniform_hash(seed, i as u32));
+        self.cast(&f32b(v), dtype)
     }
 }

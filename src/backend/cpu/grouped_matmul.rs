@@ -45,7 +45,7 @@ pub(super) enum RowTask<'a, T> {
 }
 
 /// `out[r] = x[r]·W[e_r] (+ bias[e_r])`, zeros for rows without an expert; see
-/// [`crate::backend::Backend::grouped_matmul`].
+/// [`crate::backend::MatmulOps::grouped_matmul`].
 pub(super) fn grouped_matmul_kernel<T: Float + Send + Sync + 'static>(
     x: &[T],
     w: &[T],

@@ -1,4 +1,4 @@
-//! The CPU kernels of `Tensor::layer_norm` (`Backend::layer_norm_forward` / `_backward`), generic
+//! The CPU kernels of `Tensor::layer_norm` (`NnOps::layer_norm_forward` / `_backward`), generic
 //! over f32 and f64: each row's statistics in two passes over it.
 //!
 //! Each row's sums run in eight lanes ([`lane_sum`]), so they vectorise; groups of rows run in
@@ -28,7 +28,7 @@ fn rows_per_task(dim: usize) -> usize {
     (MAP_CHUNK / dim.max(1)).max(1)
 }
 
-/// `(y, mean, rstd)`; see `Backend::layer_norm_forward`. Lengths were checked by the caller.
+/// `(y, mean, rstd)`; see `NnOps::layer_norm_forward`. Lengths were checked by the caller.
 pub(crate) fn forward<T: Float + Send + Sync>(
     x: &[T],
     gamma: &[T],
@@ -66,7 +66,7 @@ pub(crate) fn forward<T: Float + Send + Sync>(
     (y, mean, rstd)
 }
 
-/// `(dx, dgamma, dbeta)`; see `Backend::layer_norm_backward`. Lengths were checked by the caller.
+/// `(dx, dgamma, dbeta)`; see `NnOps::layer_norm_backward`. Lengths were checked by the caller.
 pub(crate) fn backward<T: Float + Send + Sync>(
     g: &[T],
     x: &[T],

@@ -1,8 +1,12 @@
 //! Layout kernels that move elements without arithmetic (besides `scatter_add`'s sums):
 //! `gather` (index_select along an axis), `scatter_add` (its adjoint) and `concat`.
 
+use super::elementwise::strided_copy;
+use super::{CpuBackend, CpuBuffer, f32b, f64b, i32b};
 use super::{PAR_MIN, buffer_pool, write_chunks, zeroed};
+use crate::DType;
 use crate::backend::AxisView;
+use crate::backend::{LayoutOps, ScatterDims};
 use crate::{Error, Result};
 use num_traits::Float;
 use rayon::prelude::*;
@@ -202,4 +206,85 @@ pub(super) fn concat_kernel<T: Copy>(
         }
     }
     out
+}
+
+impl LayoutOps for CpuBackend {
+    fn copy_strided(
+        &self,
+        x: &CpuBuffer,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Result<CpuBuffer> {
+        if shape.iter().product::<usize>() == 0 {
+            return Ok(any_map!(x, _v => Vec::new()));
+        }
+        Ok(any_map!(x, v => strided_copy(&v[offset.min(v.len())..], shape, strides)))
+    }
+
+    fn concat(
+        &self,
+        parts: &[&CpuBuffer],
+        lens: &[usize],
+        outer: usize,
+        inner: usize,
+    ) -> Result<CpuBuffer> {
+        let dtype = crate::backend::checks::check_concat_dtypes(parts)?;
+        macro_rules! join {
+            ($variant:ident, $wrap:ident) => {{
+                let slices: Vec<&[_]> = parts
+                    .iter()
+                    .map(|p| match p {
+                        CpuBuffer::$variant(v) => v.as_slice(),
+                        _ => unreachable!("dtype checked above"),
+                    })
+                    .collect();
+                $wrap(concat_kernel(&slices, lens, outer, inner))
+            }};
+        }
+        Ok(match dtype {
+            DType::F32 => join!(F32, f32b),
+            DType::F64 => join!(F64, f64b),
+            DType::I32 => join!(I32, i32b),
+        })
+    }
+
+    fn gather(
+        &self,
+        x: &CpuBuffer,
+        view: AxisView,
+        idx: &CpuBuffer,
+        s: [usize; 3],
+        m: usize,
+    ) -> Result<CpuBuffer> {
+        let idx = idx.indices("gather")?;
+        Ok(match x {
+            CpuBuffer::F32(v) => f32b(gather_kernel(v, view, idx, s, m)?),
+            CpuBuffer::F64(v) => f64b(gather_kernel(v, view, idx, s, m)?),
+            CpuBuffer::I32(v) => i32b(gather_kernel(v, view, idx, s, m)?),
+        })
+    }
+
+    fn scatter_add(
+        &self,
+        src: &CpuBuffer,
+        idx: &CpuBuffer,
+        s: [usize; 3],
+        dims: ScatterDims,
+    ) -> Result<CpuBuffer> {
+        let ScatterDims {
+            outer,
+            m,
+            inner,
+            len,
+        } = dims;
+        let idx = idx.indices("scatter_add")?;
+        match src {
+            CpuBuffer::F32(v) => Ok(f32b(scatter_add_kernel(v, idx, s, outer, m, inner, len)?)),
+            CpuBuffer::F64(v) => Ok(f64b(scatter_add_kernel(v, idx, s, outer, m, inner, len)?)),
+            CpuBuffer::I32(_) => Err(Error::DType(
+                "scatter_add needs a float source, got i32".into(),
+            )),
+        }
+    }
 }

@@ -3,7 +3,13 @@
 //! copy). The grouped (per-expert) products are in `grouped_matmul.rs`.
 
 use super::gemm::{Mat, gemm_uninit};
+use super::grouped_matmul::{WeightGradProblem, expert_routing, grouped_matmul_kernel};
 use super::zeroed;
+use super::{CpuBackend, CpuBuffer, f32b, f64b};
+use crate::Error;
+use crate::Result;
+use crate::backend::checks::{binary_dtype_error, check_grouped_bias};
+use crate::backend::{ExpertBankDims, GroupedMatmulDims, MatmulOps};
 use crate::backend::{MatLayout, MatmulDims};
 use num_traits::Float;
 
@@ -47,4 +53,78 @@ pub(super) fn matmul_kernel<T: Float + Send + Sync + 'static>(
     // SAFETY: every one of the batch·m·n elements was written by its batch's product above.
     unsafe { c.set_len(batch * m * n) };
     c
+}
+
+impl MatmulOps for CpuBackend {
+    fn matmul(
+        &self,
+        a: &CpuBuffer,
+        la: MatLayout,
+        b: &CpuBuffer,
+        lb: MatLayout,
+        d: MatmulDims,
+    ) -> Result<CpuBuffer> {
+        match (a, b) {
+            (CpuBuffer::F32(a), CpuBuffer::F32(b)) => Ok(f32b(matmul_kernel(a, la, b, lb, d))),
+            (CpuBuffer::F64(a), CpuBuffer::F64(b)) => Ok(f64b(matmul_kernel(a, la, b, lb, d))),
+            _ => Err(binary_dtype_error("matmul", a.dtype(), b.dtype())),
+        }
+    }
+
+    fn grouped_matmul(
+        &self,
+        x: &CpuBuffer,
+        w: &CpuBuffer,
+        bias: Option<&CpuBuffer>,
+        row_expert: &CpuBuffer,
+        dims: GroupedMatmulDims,
+    ) -> Result<CpuBuffer> {
+        const WHAT: &str = "grouped_matmul";
+        let re = row_expert.indices(WHAT)?;
+        check_grouped_bias(WHAT, bias, dims)?;
+        match (x, w, bias) {
+            (CpuBuffer::F32(x), CpuBuffer::F32(w), None) => {
+                Ok(f32b(grouped_matmul_kernel(x, w, None, re, dims)))
+            }
+            (CpuBuffer::F32(x), CpuBuffer::F32(w), Some(CpuBuffer::F32(b))) => {
+                Ok(f32b(grouped_matmul_kernel(x, w, Some(b), re, dims)))
+            }
+            (CpuBuffer::F64(x), CpuBuffer::F64(w), None) => {
+                Ok(f64b(grouped_matmul_kernel(x, w, None, re, dims)))
+            }
+            (CpuBuffer::F64(x), CpuBuffer::F64(w), Some(CpuBuffer::F64(b))) => {
+                Ok(f64b(grouped_matmul_kernel(x, w, Some(b), re, dims)))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float buffers of one dtype, got x {}, w {}{}",
+                x.dtype(),
+                w.dtype(),
+                bias.map(|b| format!(", bias {}", b.dtype()))
+                    .unwrap_or_default()
+            ))),
+        }
+    }
+
+    fn grouped_weight_grad(
+        &self,
+        x: &CpuBuffer,
+        dy: &CpuBuffer,
+        row_expert: &CpuBuffer,
+        offsets: &CpuBuffer,
+        bank: ExpertBankDims,
+    ) -> Result<CpuBuffer> {
+        let ExpertBankDims { k, m, experts } = bank;
+        let routing = expert_routing(row_expert, offsets, experts, "grouped_weight_grad")?;
+        match (x, dy) {
+            (CpuBuffer::F32(x), CpuBuffer::F32(dy)) => Ok(f32b(
+                WeightGradProblem::new(x, dy, routing, (k, m, experts)).all(),
+            )),
+            (CpuBuffer::F64(x), CpuBuffer::F64(dy)) => Ok(f64b(
+                WeightGradProblem::new(x, dy, routing, (k, m, experts)).all(),
+            )),
+            _ => Err(Error::DType(
+                "grouped_weight_grad needs two float buffers of one dtype".into(),
+            )),
+        }
+    }
 }

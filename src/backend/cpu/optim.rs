@@ -6,8 +6,9 @@
 
 use super::grouped_matmul::{WeightGradProblem, expert_routing};
 use super::{CpuBackend, CpuBuffer, PooledVec};
+use crate::backend::OptimOps;
 use crate::backend::checks::check_same_lengths;
-use crate::backend::{AdamHyper, Backend, BankGradOperands, ExpertBankDims, SgdHyper};
+use crate::backend::{AdamHyper, BankGradOperands, BufferOps, ExpertBankDims, SgdHyper};
 use crate::{Error, Result};
 use num_traits::Float;
 use rayon::prelude::*;
@@ -157,7 +158,7 @@ pub(super) fn adam_chunk<T: Float, const DECOUPLED: bool>(
 }
 
 impl CpuBackend {
-    /// [`Backend::adam_step`] in place: the parameter and moment buffers are updated where they
+    /// [`OptimOps::adam_step`] in place: the parameter and moment buffers are updated where they
     /// are when nothing else shares them (copied first otherwise), so a steady-state optimizer
     /// step allocates nothing and touches each element once.
     pub fn adam_step_mut(
@@ -213,7 +214,7 @@ impl CpuBackend {
 
     /// One Adam step on an expert bank `param` (`[experts, k, m]`, with moments `m_state`,
     /// `v_state`) whose gradient is the grouped weight gradient of `grad` (see
-    /// [`Backend::grouped_weight_grad`]), in place and without storing that gradient: each
+    /// [`MatmulOps::grouped_weight_grad`](crate::backend::MatmulOps::grouped_weight_grad)), in place and without storing that gradient: each
     /// expert's block is applied while still in cache. The result equals
     /// `grouped_weight_grad` followed by [`CpuBackend::adam_step_mut`], element for element.
     pub fn grouped_weight_grad_adam_mut(
@@ -306,7 +307,7 @@ impl CpuBackend {
         Ok(())
     }
 
-    /// [`Backend::sgd_step`] in place (see [`CpuBackend::adam_step_mut`]).
+    /// [`OptimOps::sgd_step`] in place (see [`CpuBackend::adam_step_mut`]).
     pub fn sgd_step_mut(
         &self,
         param: &mut CpuBuffer,
@@ -406,5 +407,34 @@ impl CpuBackend {
             };
         }
         Some(total)
+    }
+}
+
+impl OptimOps for CpuBackend {
+    fn adam_step(
+        &self,
+        param: &CpuBuffer,
+        grad: &CpuBuffer,
+        grad_scale: Option<&CpuBuffer>,
+        m: &CpuBuffer,
+        v: &CpuBuffer,
+        h: AdamHyper,
+    ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
+        let (mut p, mut m, mut v) = (param.clone(), m.clone(), v.clone());
+        self.adam_step_mut(&mut p, grad, grad_scale, &mut m, &mut v, h)?;
+        Ok((p, m, v))
+    }
+
+    fn sgd_step(
+        &self,
+        param: &CpuBuffer,
+        grad: &CpuBuffer,
+        grad_scale: Option<&CpuBuffer>,
+        buf: &CpuBuffer,
+        h: SgdHyper,
+    ) -> Result<(CpuBuffer, CpuBuffer)> {
+        let (mut p, mut b) = (param.clone(), buf.clone());
+        self.sgd_step_mut(&mut p, grad, grad_scale, &mut b, h)?;
+        Ok((p, b))
     }
 }

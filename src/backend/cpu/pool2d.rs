@@ -217,7 +217,7 @@ fn check_len(
     crate::backend::checks::check_lengths(what, &[(name, buf, expected)], d)
 }
 
-/// `Backend::pool2d_forward` on the CPU.
+/// `NnOps::pool2d_forward` on the CPU.
 pub(super) fn forward(
     kind: PoolKind,
     x: &CpuBuffer,
@@ -243,7 +243,7 @@ pub(super) fn forward(
     }
 }
 
-/// `Backend::pool2d_backward` on the CPU.
+/// `NnOps::pool2d_backward` on the CPU.
 pub(super) fn backward(
     kind: PoolKind,
     dy: &CpuBuffer,

@@ -1,7 +1,12 @@
 //! Reduction kernels: `reduce` (sum, max, min, mean along one axis, with fixed blocking so the
 //! result does not depend on the number of threads), `argmax` and `cumsum`.
 
+use super::sort::argsort_kernel;
+use super::{CpuBackend, CpuBuffer, f32b, f64b, i32b};
 use super::{PAR_MIN, tabulate, write_chunks, zeroed};
+use crate::Error;
+use crate::Result;
+use crate::backend::ReduceOps;
 use crate::backend::{AxisView, ReduceOp};
 use num_traits::Float;
 use rayon::prelude::*;
@@ -193,4 +198,57 @@ pub(super) fn cumsum_kernel<T: Float>(x: &[T], v: AxisView, reverse: bool) -> Ve
         }
     }
     out
+}
+
+impl ReduceOps for CpuBackend {
+    fn reduce(&self, op: ReduceOp, x: &CpuBuffer, view: AxisView) -> Result<CpuBuffer> {
+        if op == ReduceOp::ArgMax {
+            return match x {
+                CpuBuffer::F32(v) => Ok(i32b(argmax_kernel(v, view))),
+                CpuBuffer::F64(v) => Ok(i32b(argmax_kernel(v, view))),
+                CpuBuffer::I32(_) => {
+                    Err(Error::DType("argmax needs a float tensor, got i32".into()))
+                }
+            };
+        }
+        float_map!(x, format!("{op:?}"), v => reduce_kernel(op, v, view))
+    }
+
+    fn cumsum(&self, x: &CpuBuffer, view: AxisView, reverse: bool) -> Result<CpuBuffer> {
+        float_map!(x, "cumsum", v => cumsum_kernel(v, view, reverse))
+    }
+
+    fn argsort(
+        &self,
+        x: &CpuBuffer,
+        rows: usize,
+        len: usize,
+        descending: bool,
+    ) -> Result<CpuBuffer> {
+        match x {
+            CpuBuffer::F32(v) => Ok(i32b(argsort_kernel(v, rows, len, len, descending))),
+            CpuBuffer::F64(v) => Ok(i32b(argsort_kernel(v, rows, len, len, descending))),
+            CpuBuffer::I32(_) => Err(Error::DType("argsort needs a float tensor, got i32".into())),
+        }
+    }
+
+    fn argsort_top(
+        &self,
+        x: &CpuBuffer,
+        rows: usize,
+        len: usize,
+        k: usize,
+        descending: bool,
+    ) -> Result<CpuBuffer> {
+        if k > len {
+            return Err(Error::Shape(format!(
+                "argsort_top: k = {k} exceeds the row length {len}"
+            )));
+        }
+        match x {
+            CpuBuffer::F32(v) => Ok(i32b(argsort_kernel(v, rows, len, k, descending))),
+            CpuBuffer::F64(v) => Ok(i32b(argsort_kernel(v, rows, len, k, descending))),
+            CpuBuffer::I32(_) => Err(Error::DType("argsort needs a float tensor, got i32".into())),
+        }
+    }
 }

@@ -5,8 +5,13 @@
 //! GPU; both order values as `argsort` does (NaN as the smallest value, −0 as +0, ties by the
 //! lowest index), so the two backends select the same experts and sort the same rows.
 
+use super::{CpuBackend, f64b};
 use super::{CpuBuffer, f32b, i32b, sort_key, sort_key_f32};
+use crate::Error;
+use crate::Result;
 use crate::backend::PlanBuffers;
+use crate::backend::checks::check_dispatch_sizes;
+use crate::backend::{RoutingOps, check_gate_backward_lengths, check_gate_sizes, check_lengths};
 use num_traits::Float;
 use rayon::prelude::*;
 
@@ -23,7 +28,7 @@ fn order_key<T: Float>(v: T) -> u64 {
     }
 }
 
-/// `(probs, idx, weights)` of the fused top-k gate (see `Backend::topk_gate`).
+/// `(probs, idx, weights)` of the fused top-k gate (see `RoutingOps::topk_gate`).
 pub(super) fn topk_gate<T: Float + Send + Sync>(
     logits: &[T],
     scores: Option<&[T]>,
@@ -98,7 +103,7 @@ pub(super) fn topk_gate<T: Float + Send + Sync>(
     (probs, idx, weights)
 }
 
-/// The gradient of the gate's weights (see `Backend::topk_gate_backward`), `[rows, n]`.
+/// The gradient of the gate's weights (see `RoutingOps::topk_gate_backward`), `[rows, n]`.
 pub(super) fn topk_gate_backward<T: Float + Send + Sync>(
     weights: &[T],
     idx: &[i32],
@@ -154,7 +159,7 @@ pub(super) fn softmax_backward<T: Float + Send + Sync>(y: &[T], dy: &[T], n: usi
     out
 }
 
-/// The dispatch plan (see `Backend::dispatch_plan`).
+/// The dispatch plan (see `RoutingOps::dispatch_plan`).
 pub(super) fn dispatch_plan<T: Float>(
     token: &[i32],
     expert: &[i32],
@@ -208,6 +213,119 @@ pub(super) fn dispatch_plan<T: Float>(
         offsets: i32b(offsets.iter().map(|&o| o as i32).collect()),
         kept_per_expert: f32b(counts[..n].iter().map(|&c| c.min(cap) as f32).collect()),
         routed_per_expert: f32b(counts[..n].iter().map(|&c| c as f32).collect()),
+    }
+}
+
+impl RoutingOps for CpuBackend {
+    fn topk_gate(
+        &self,
+        logits: &CpuBuffer,
+        scores: Option<&CpuBuffer>,
+        rows: usize,
+        n: usize,
+        k: usize,
+        renormalise: bool,
+    ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
+        const WHAT: &str = "topk_gate";
+        check_gate_sizes(WHAT, rows, n, k)?;
+        let scores_buf = scores.unwrap_or(logits);
+        check_lengths(
+            WHAT,
+            &[
+                ("logits", logits.len(), rows * n),
+                ("scores", scores_buf.len(), rows * n),
+            ],
+        )?;
+        let dims = (rows, n, k);
+        match (logits, scores_buf) {
+            (CpuBuffer::F32(l), CpuBuffer::F32(s)) => {
+                let s = scores.map(|_| s.as_slice());
+                let (p, i, w) = topk_gate(l, s, dims, renormalise);
+                Ok((f32b(p), i32b(i), f32b(w)))
+            }
+            (CpuBuffer::F64(l), CpuBuffer::F64(s)) => {
+                let s = scores.map(|_| s.as_slice());
+                let (p, i, w) = topk_gate(l, s, dims, renormalise);
+                Ok((f64b(p), i32b(i), f64b(w)))
+            }
+            (l, s) => Err(Error::DType(format!(
+                "{WHAT} needs float logits and scores of one dtype, got {} and {}",
+                l.dtype(),
+                s.dtype()
+            ))),
+        }
+    }
+
+    fn topk_gate_backward(
+        &self,
+        weights: &CpuBuffer,
+        idx: &CpuBuffer,
+        d_weights: &CpuBuffer,
+        probs: Option<&CpuBuffer>,
+        (rows, n, k): (usize, usize, usize),
+    ) -> Result<CpuBuffer> {
+        const WHAT: &str = "topk_gate backward";
+        check_gate_sizes(WHAT, rows, n, k)?;
+        let idx = idx.indices(WHAT)?;
+        let p_buf = probs.unwrap_or(weights);
+        check_gate_backward_lengths(
+            WHAT,
+            [weights.len(), idx.len(), d_weights.len(), p_buf.len()],
+            probs.is_some(),
+            (rows, n, k),
+        )?;
+        let dims = (rows, n, k);
+        match (weights, d_weights, p_buf) {
+            (CpuBuffer::F32(w), CpuBuffer::F32(a), CpuBuffer::F32(p)) => Ok(f32b(
+                topk_gate_backward(w, idx, a, probs.map(|_| p.as_slice()), dims),
+            )),
+            (CpuBuffer::F64(w), CpuBuffer::F64(a), CpuBuffer::F64(p)) => Ok(f64b(
+                topk_gate_backward(w, idx, a, probs.map(|_| p.as_slice()), dims),
+            )),
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float weights, gradient and probabilities of one dtype, got {}, {}, {}",
+                weights.dtype(),
+                d_weights.dtype(),
+                p_buf.dtype()
+            ))),
+        }
+    }
+
+    fn dispatch_plan(
+        &self,
+        token: &CpuBuffer,
+        expert: &CpuBuffer,
+        (weight, rank, valid): (&CpuBuffer, &CpuBuffer, &CpuBuffer),
+        experts: usize,
+        capacity: Option<usize>,
+    ) -> Result<PlanBuffers<CpuBuffer>> {
+        const WHAT: &str = "dispatch_plan";
+        let (token, expert) = (token.indices(WHAT)?, expert.indices(WHAT)?);
+        let a = token.len();
+        check_lengths(
+            WHAT,
+            &[
+                ("expert", expert.len(), a),
+                ("weight", weight.len(), a),
+                ("rank", rank.len(), a),
+                ("valid", valid.len(), a),
+            ],
+        )?;
+        check_dispatch_sizes(WHAT, experts, a)?;
+        match (weight, rank, valid) {
+            (CpuBuffer::F32(w), CpuBuffer::F32(r), CpuBuffer::F32(v)) => {
+                Ok(dispatch_plan(token, expert, (w, r, v), experts, capacity))
+            }
+            (CpuBuffer::F64(w), CpuBuffer::F64(r), CpuBuffer::F64(v)) => {
+                Ok(dispatch_plan(token, expert, (w, r, v), experts, capacity))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float weight, rank and valid of one dtype, got {}, {}, {}",
+                weight.dtype(),
+                rank.dtype(),
+                valid.dtype()
+            ))),
+        }
     }
 }
 

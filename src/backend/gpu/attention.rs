@@ -138,7 +138,7 @@ fn launch_tiles(
     Ok(())
 }
 
-/// `Backend::attention_forward` (entry `attention_forward`): `(o [heads, seq, head_dim],
+/// `NnOps::attention_forward` (entry `attention_forward`): `(o [heads, seq, head_dim],
 /// lse [heads, seq])` from `q`, `k`, `v` `[heads, seq, head_dim]`.
 ///
 /// # Errors
@@ -159,7 +159,7 @@ pub(crate) fn attention_forward(
     Ok((o, lse))
 }
 
-/// `Backend::attention_backward` (entries `attention_delta`, `attention_backward_kv`,
+/// `NnOps::attention_backward` (entries `attention_delta`, `attention_backward_kv`,
 /// `attention_backward_q`): `(dq, dk, dv)`, each `[heads, seq, head_dim]`.
 ///
 /// # Errors

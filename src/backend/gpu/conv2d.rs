@@ -14,7 +14,7 @@
 
 use super::kernels::Shader;
 use super::{GpuBackend, GpuBuffer};
-use crate::backend::{Backend, Conv2dDims};
+use crate::backend::{Conv2dDims, ElementwiseOps};
 use crate::{DType, Error, Result};
 
 /// The kernels of `shaders/conv2d.wgsl`.
@@ -121,7 +121,7 @@ fn launch_per_image(
     Ok(())
 }
 
-/// `Backend::conv2d_forward` (entry `conv2d_forward`): `y [B, OC, OH, OW]`.
+/// `NnOps::conv2d_forward` (entry `conv2d_forward`): `y [B, OC, OH, OW]`.
 ///
 /// # Errors
 /// [`Error::DType`] unless `x`, `w` are f32 and `image_bank` i32; [`Error::Shape`] when a length
@@ -154,7 +154,7 @@ pub(crate) fn conv2d_forward(
     Ok(y)
 }
 
-/// `Backend::conv2d_input_grad` (entry `conv2d_input_grad`): `dx [B, C, H, W]`.
+/// `NnOps::conv2d_input_grad` (entry `conv2d_input_grad`): `dx [B, C, H, W]`.
 ///
 /// # Errors
 /// As [`conv2d_forward`], and [`Error::Invalid`] for a kernel of more than
@@ -189,7 +189,7 @@ pub(crate) fn conv2d_input_grad(
     Ok(dx)
 }
 
-/// `Backend::conv2d_weight_grad` (entry `conv2d_weight_grad`): `dw [G, OC, C, KH, KW]`.
+/// `NnOps::conv2d_weight_grad` (entry `conv2d_weight_grad`): `dw [G, OC, C, KH, KW]`.
 ///
 /// # Errors
 /// As [`conv2d_forward`].

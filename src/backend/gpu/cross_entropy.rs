@@ -33,7 +33,7 @@ fn check(what: &str, logits: &GpuBuffer, targets: &GpuBuffer, classes: usize) ->
     ])
 }
 
-/// `Backend::cross_entropy_forward`: `(loss [rows], lse [rows])`.
+/// `NnOps::cross_entropy_forward`: `(loss [rows], lse [rows])`.
 ///
 /// # Errors
 /// [`Error::DType`] / [`Error::Shape`] for operands that do not fit; a GPU error from the launch.
@@ -57,7 +57,7 @@ pub(crate) fn cross_entropy_forward(
     Ok((loss, lse))
 }
 
-/// `Backend::cross_entropy_backward`: `dlogits [rows, classes]`.
+/// `NnOps::cross_entropy_backward`: `dlogits [rows, classes]`.
 ///
 /// # Errors
 /// As [`cross_entropy_forward`], and for `g` or `lse` not f32 `[rows]`.

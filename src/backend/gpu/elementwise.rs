@@ -6,6 +6,7 @@
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::strided::plan;
 use super::{GpuBackend, GpuBuffer, f64_error};
+use crate::backend::ElementwiseOps;
 use crate::backend::checks::{binary_dtype_error, where_dtype_error};
 use crate::backend::{BinaryOp, Strided, UnaryOp};
 use crate::{DType, Error, Result};
@@ -35,7 +36,7 @@ pub(crate) fn expect_f32(what: &str, b: &GpuBuffer) -> Result<()> {
     }
 }
 
-/// `Backend::full`: `len` copies of `value` rounded to `dtype` (entry `fill`).
+/// `ElementwiseOps::full`: `len` copies of `value` rounded to `dtype` (entry `fill`).
 pub(crate) fn full(be: &GpuBackend, len: usize, value: f64, dtype: DType) -> Result<GpuBuffer> {
     let bits = match dtype {
         DType::F32 => (value as f32).to_bits(),
@@ -48,7 +49,7 @@ pub(crate) fn full(be: &GpuBackend, len: usize, value: f64, dtype: DType) -> Res
     Ok(out)
 }
 
-/// `Backend::cast` (entry `cast_dtype`). A cast to the buffer's own dtype shares the buffer (GPU
+/// `ElementwiseOps::cast` (entry `cast_dtype`). A cast to the buffer's own dtype shares the buffer (GPU
 /// buffers are never written after the kernel that made them).
 pub(crate) fn cast(be: &GpuBackend, x: &GpuBuffer, dtype: DType) -> Result<GpuBuffer> {
     let mode = match (x.dtype(), dtype) {
@@ -69,7 +70,7 @@ pub(crate) fn cast(be: &GpuBackend, x: &GpuBuffer, dtype: DType) -> Result<GpuBu
     Ok(out)
 }
 
-/// `Backend::unary` (entry `unary`).
+/// `ElementwiseOps::unary` (entry `unary`).
 pub(crate) fn unary(be: &GpuBackend, op: UnaryOp, x: &GpuBuffer) -> Result<GpuBuffer> {
     expect_f32(&format!("{op:?}"), x)?;
     let [p0, p1] = op.params().map(|p| p as f32);
@@ -85,7 +86,7 @@ pub(crate) fn unary(be: &GpuBackend, op: UnaryOp, x: &GpuBuffer) -> Result<GpuBu
     Ok(out)
 }
 
-/// `Backend::binary` with broadcasting strides (entry `binary`).
+/// `ElementwiseOps::binary` with broadcasting strides (entry `binary`).
 pub(crate) fn binary(
     be: &GpuBackend,
     op: BinaryOp,
@@ -111,7 +112,7 @@ pub(crate) fn binary(
     Ok(out)
 }
 
-/// `Backend::where_cond` (entry `where_cond`).
+/// `ElementwiseOps::where_cond` (entry `where_cond`).
 pub(crate) fn where_cond(
     be: &GpuBackend,
     cond: Strided<'_, GpuBuffer>,
@@ -150,6 +151,46 @@ pub(crate) fn where_cond(
         grid_1d(p.n, WG)?,
     )?;
     Ok(out)
+}
+
+impl ElementwiseOps for GpuBackend {
+    fn full(&self, len: usize, value: f64, dtype: DType) -> Result<GpuBuffer> {
+        full(self, len, value, dtype)
+    }
+
+    fn cast(&self, x: &GpuBuffer, dtype: DType) -> Result<GpuBuffer> {
+        cast(self, x, dtype)
+    }
+
+    fn unary(&self, op: UnaryOp, x: &GpuBuffer) -> Result<GpuBuffer> {
+        unary(self, op, x)
+    }
+
+    fn binary(
+        &self,
+        op: BinaryOp,
+        a: &GpuBuffer,
+        a_strides: &[usize],
+        b: &GpuBuffer,
+        b_strides: &[usize],
+        out_shape: &[usize],
+    ) -> Result<GpuBuffer> {
+        binary(self, op, a, a_strides, b, b_strides, out_shape)
+    }
+
+    fn where_cond(
+        &self,
+        cond: Strided<'_, GpuBuffer>,
+        a: Strided<'_, GpuBuffer>,
+        b: Strided<'_, GpuBuffer>,
+        out_shape: &[usize],
+    ) -> Result<GpuBuffer> {
+        where_cond(self, cond, a, b, out_shape)
+    }
+
+    fn random_uniform(&self, len: usize, seed: u64, dtype: DType) -> Result<GpuBuffer> {
+        super::random::random_uniform(self, len, seed, dtype)
+    }
 }
 
 #[cfg(test)]

@@ -59,7 +59,7 @@ fn check(
     ])
 }
 
-/// `Backend::layer_norm_forward`: `(y [rows, dim], mean [rows], rstd [rows])`.
+/// `NnOps::layer_norm_forward`: `(y [rows, dim], mean [rows], rstd [rows])`.
 ///
 /// # Errors
 /// [`Error::DType`] unless every buffer is f32; [`Error::Shape`] for a length that does not
@@ -93,7 +93,7 @@ pub(crate) fn layer_norm_forward(
     Ok((y, mean, rstd))
 }
 
-/// `Backend::layer_norm_backward`: `(dx [rows, dim], dgamma [dim], dbeta [dim])`.
+/// `NnOps::layer_norm_backward`: `(dx [rows, dim], dgamma [dim], dbeta [dim])`.
 ///
 /// # Errors
 /// As [`layer_norm_forward`], for every operand.

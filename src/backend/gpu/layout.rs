@@ -18,6 +18,7 @@ use super::kernels::{Shader, grid_1d, u32_param};
 use super::sort::sort_rows;
 use super::strided::plan;
 use super::{GpuBackend, GpuBuffer};
+use crate::backend::LayoutOps;
 use crate::backend::{AxisView, ScatterDims};
 use crate::{DType, Error, Result};
 
@@ -42,7 +43,7 @@ const SCATTER_LOOP_MAX_WORK: usize = 1 << 24;
 /// The longest loop one `scatter_add_loop` invocation runs under [`SCATTER_LOOP_MAX_WORK`].
 const SCATTER_LOOP_LONGEST: usize = 4096;
 
-/// `Backend::copy_strided` (entry `copy_strided`): a contiguous copy of a strided view, any dtype.
+/// `LayoutOps::copy_strided` (entry `copy_strided`): a contiguous copy of a strided view, any dtype.
 pub(crate) fn copy_strided(
     be: &GpuBackend,
     x: &GpuBuffer,
@@ -66,7 +67,7 @@ pub(crate) fn copy_strided(
     Ok(out)
 }
 
-/// `Backend::concat` (entry `concat_part`, one launch per non-empty part).
+/// `LayoutOps::concat` (entry `concat_part`, one launch per non-empty part).
 pub(crate) fn concat(
     be: &GpuBackend,
     parts: &[&GpuBuffer],
@@ -154,7 +155,7 @@ fn stride_word(size: usize, s: usize, what: &str) -> Result<u32> {
     if size <= 1 { Ok(0) } else { u32_param(s, what) }
 }
 
-/// `Backend::gather` (entry `gather`): any dtype for `x`, I32 indices.
+/// `LayoutOps::gather` (entry `gather`): any dtype for `x`, I32 indices.
 pub(crate) fn gather(
     be: &GpuBackend,
     x: &GpuBuffer,
@@ -193,7 +194,7 @@ pub(crate) fn gather(
     Ok(out)
 }
 
-/// `Backend::scatter_add` (entries `scatter_add_loop` / `scatter_add_sorted`): the adjoint of
+/// `LayoutOps::scatter_add` (entries `scatter_add_loop` / `scatter_add_sorted`): the adjoint of
 /// gather, deterministic, in the CPU's order of additions.
 pub(crate) fn scatter_add(
     be: &GpuBackend,
@@ -270,4 +271,47 @@ pub(crate) fn scatter_add(
         grid_1d(n, WG)?,
     )?;
     Ok(out)
+}
+
+impl LayoutOps for GpuBackend {
+    fn copy_strided(
+        &self,
+        x: &GpuBuffer,
+        shape: &[usize],
+        strides: &[usize],
+        offset: usize,
+    ) -> Result<GpuBuffer> {
+        copy_strided(self, x, shape, strides, offset)
+    }
+
+    fn concat(
+        &self,
+        parts: &[&GpuBuffer],
+        lens: &[usize],
+        outer: usize,
+        inner: usize,
+    ) -> Result<GpuBuffer> {
+        concat(self, parts, lens, outer, inner)
+    }
+
+    fn gather(
+        &self,
+        x: &GpuBuffer,
+        view: AxisView,
+        idx: &GpuBuffer,
+        idx_strides: [usize; 3],
+        m: usize,
+    ) -> Result<GpuBuffer> {
+        gather(self, x, view, idx, idx_strides, m)
+    }
+
+    fn scatter_add(
+        &self,
+        src: &GpuBuffer,
+        idx: &GpuBuffer,
+        idx_strides: [usize; 3],
+        dims: ScatterDims,
+    ) -> Result<GpuBuffer> {
+        scatter_add(self, src, idx, idx_strides, dims)
+    }
 }

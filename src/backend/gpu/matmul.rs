@@ -20,7 +20,8 @@
 
 use super::kernels::Shader;
 use super::{GpuBackend, GpuBuffer};
-use crate::backend::{Backend, ExpertBankDims, GroupedMatmulDims, MatLayout, MatmulDims};
+use crate::backend::MatmulOps;
+use crate::backend::{ElementwiseOps, ExpertBankDims, GroupedMatmulDims, MatLayout, MatmulDims};
 use crate::{DType, Error, Result};
 
 /// The kernels of `shaders/matmul.wgsl`.
@@ -441,6 +442,41 @@ pub(crate) fn grouped_weight_grad(
         |[x0, y0, z0]| vec![rows32, k32, m32, experts32, x0, y0, z0, 0],
     )?;
     Ok(dw)
+}
+
+impl MatmulOps for GpuBackend {
+    fn matmul(
+        &self,
+        a: &GpuBuffer,
+        a_layout: MatLayout,
+        b: &GpuBuffer,
+        b_layout: MatLayout,
+        dims: MatmulDims,
+    ) -> Result<GpuBuffer> {
+        matmul(self, a, a_layout, b, b_layout, dims)
+    }
+
+    fn grouped_matmul(
+        &self,
+        x: &GpuBuffer,
+        w: &GpuBuffer,
+        bias: Option<&GpuBuffer>,
+        row_expert: &GpuBuffer,
+        dims: GroupedMatmulDims,
+    ) -> Result<GpuBuffer> {
+        grouped_matmul(self, x, w, bias, row_expert, dims)
+    }
+
+    fn grouped_weight_grad(
+        &self,
+        x: &GpuBuffer,
+        dy: &GpuBuffer,
+        row_expert: &GpuBuffer,
+        offsets: &GpuBuffer,
+        bank: ExpertBankDims,
+    ) -> Result<GpuBuffer> {
+        grouped_weight_grad(self, x, dy, row_expert, offsets, bank)
+    }
 }
 
 #[cfg(test)]

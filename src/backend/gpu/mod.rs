@@ -5,7 +5,7 @@
 //! * `context.rs` opens the adapter, device and queue once per process;
 //! * `buffer_pool.rs` recycles device buffers by power-of-two size class ([`PoolStats`]);
 //! * `encoder.rs` records every kernel into one pending command encoder and submits in batches
-//!   (nothing is read back to the host except by [`Backend::download`]);
+//!   (nothing is read back to the host except by [`BufferOps::download`]);
 //! * `kernels.rs` compiles and caches pipelines and holds the one launch helper,
 //!   `GpuBackend::launch(shader, entry, buffers, params, groups)`, that every op uses;
 //! * `info.rs` describes the adapter ([`GpuInfo`], read with [`info`]);
@@ -14,8 +14,12 @@
 //! * one launcher file per kernel family, named after its shader: `elementwise.rs`,
 //!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs`, `attention.rs`,
 //!   `layer_norm.rs`, `cross_entropy.rs`, `routing.rs`, `conv2d.rs` and `pool2d.rs` launch the
-//!   entry points of `shaders/<same name>.wgsl`, one function per [`Backend`]
-//!   primitive.
+//!   entry points of `shaders/<same name>.wgsl`, one function per primitive;
+//! * the family traits are implemented where their launchers are: [`BufferOps`] (upload,
+//!   download) in this file, `ElementwiseOps` in `elementwise.rs` (with `random.rs`),
+//!   `ReduceOps` in `reduce.rs` (with `sort.rs`), `LayoutOps`, `MatmulOps`, `RoutingOps` and
+//!   `OptimOps` in the files of those names, and `NnOps` in `nn.rs`, which forwards to the
+//!   fused launchers.
 //!
 //! [`GpuBackend`] is a cheap handle (an `Arc`) to the process-wide context; [`GpuBuffer`] a cheap
 //! handle to one pooled buffer with its dtype and length. The GPU computes in f32: an f64 buffer
@@ -35,6 +39,7 @@ mod kernels;
 mod layer_norm;
 mod layout;
 mod matmul;
+mod nn;
 mod optim;
 mod pool2d;
 mod random;
@@ -56,12 +61,7 @@ pub use matmul::MatmulKernel;
 pub use optim::{ADAM_MULTI_SLOTS, AdamSlot, NORM_SLOTS};
 pub use stats::GpuStats;
 
-use super::{
-    AdamHyper, AttentionDims, AxisView, Backend, BinaryOp, Conv2dDims, ExpertBankDims,
-    GroupedMatmulDims, HostData, LayerNormDims, MatLayout, MatmulDims, PlanBuffers, Pool2dDims,
-    PoolKind, ReduceOp, ScatterDims, SgdHyper, Strided, UnaryOp,
-};
-use crate::backend::AttentionGradOperands;
+use super::{BufferOps, HostData};
 use crate::{DType, Error, Result};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -374,7 +374,7 @@ fn f64_error(what: &str) -> Error {
     ))
 }
 
-impl Backend for GpuBackend {
+impl BufferOps for GpuBackend {
     type Buffer = GpuBuffer;
 
     fn upload(&self, data: &HostData) -> Result<GpuBuffer> {
@@ -398,309 +398,5 @@ impl Backend for GpuBackend {
             DType::I32 => HostData::I32(bytemuck::pod_collect_to_vec(&bytes)),
             DType::F64 => return Err(f64_error("download")),
         })
-    }
-
-    fn full(&self, len: usize, value: f64, dtype: DType) -> Result<GpuBuffer> {
-        elementwise::full(self, len, value, dtype)
-    }
-
-    fn cast(&self, x: &GpuBuffer, dtype: DType) -> Result<GpuBuffer> {
-        elementwise::cast(self, x, dtype)
-    }
-
-    fn unary(&self, op: UnaryOp, x: &GpuBuffer) -> Result<GpuBuffer> {
-        elementwise::unary(self, op, x)
-    }
-
-    fn binary(
-        &self,
-        op: BinaryOp,
-        a: &GpuBuffer,
-        a_strides: &[usize],
-        b: &GpuBuffer,
-        b_strides: &[usize],
-        out_shape: &[usize],
-    ) -> Result<GpuBuffer> {
-        elementwise::binary(self, op, a, a_strides, b, b_strides, out_shape)
-    }
-
-    fn where_cond(
-        &self,
-        cond: Strided<'_, GpuBuffer>,
-        a: Strided<'_, GpuBuffer>,
-        b: Strided<'_, GpuBuffer>,
-        out_shape: &[usize],
-    ) -> Result<GpuBuffer> {
-        elementwise::where_cond(self, cond, a, b, out_shape)
-    }
-
-    fn reduce(&self, op: ReduceOp, x: &GpuBuffer, view: AxisView) -> Result<GpuBuffer> {
-        reduce::reduce(self, op, x, view)
-    }
-
-    fn matmul(
-        &self,
-        a: &GpuBuffer,
-        a_layout: MatLayout,
-        b: &GpuBuffer,
-        b_layout: MatLayout,
-        dims: MatmulDims,
-    ) -> Result<GpuBuffer> {
-        matmul::matmul(self, a, a_layout, b, b_layout, dims)
-    }
-
-    fn copy_strided(
-        &self,
-        x: &GpuBuffer,
-        shape: &[usize],
-        strides: &[usize],
-        offset: usize,
-    ) -> Result<GpuBuffer> {
-        layout::copy_strided(self, x, shape, strides, offset)
-    }
-
-    fn concat(
-        &self,
-        parts: &[&GpuBuffer],
-        lens: &[usize],
-        outer: usize,
-        inner: usize,
-    ) -> Result<GpuBuffer> {
-        layout::concat(self, parts, lens, outer, inner)
-    }
-
-    fn gather(
-        &self,
-        x: &GpuBuffer,
-        view: AxisView,
-        idx: &GpuBuffer,
-        idx_strides: [usize; 3],
-        m: usize,
-    ) -> Result<GpuBuffer> {
-        layout::gather(self, x, view, idx, idx_strides, m)
-    }
-
-    fn scatter_add(
-        &self,
-        src: &GpuBuffer,
-        idx: &GpuBuffer,
-        idx_strides: [usize; 3],
-        dims: ScatterDims,
-    ) -> Result<GpuBuffer> {
-        layout::scatter_add(self, src, idx, idx_strides, dims)
-    }
-
-    fn cumsum(&self, x: &GpuBuffer, view: AxisView, reverse: bool) -> Result<GpuBuffer> {
-        reduce::cumsum(self, x, view, reverse)
-    }
-
-    fn argsort(
-        &self,
-        x: &GpuBuffer,
-        rows: usize,
-        len: usize,
-        descending: bool,
-    ) -> Result<GpuBuffer> {
-        sort::argsort(self, x, rows, len, descending)
-    }
-
-    fn grouped_matmul(
-        &self,
-        x: &GpuBuffer,
-        w: &GpuBuffer,
-        bias: Option<&GpuBuffer>,
-        row_expert: &GpuBuffer,
-        dims: GroupedMatmulDims,
-    ) -> Result<GpuBuffer> {
-        matmul::grouped_matmul(self, x, w, bias, row_expert, dims)
-    }
-
-    fn grouped_weight_grad(
-        &self,
-        x: &GpuBuffer,
-        dy: &GpuBuffer,
-        row_expert: &GpuBuffer,
-        offsets: &GpuBuffer,
-        bank: ExpertBankDims,
-    ) -> Result<GpuBuffer> {
-        matmul::grouped_weight_grad(self, x, dy, row_expert, offsets, bank)
-    }
-
-    fn random_uniform(&self, len: usize, seed: u64, dtype: DType) -> Result<GpuBuffer> {
-        random::random_uniform(self, len, seed, dtype)
-    }
-
-    fn adam_step(
-        &self,
-        param: &GpuBuffer,
-        grad: &GpuBuffer,
-        grad_scale: Option<&GpuBuffer>,
-        m: &GpuBuffer,
-        v: &GpuBuffer,
-        h: AdamHyper,
-    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
-        optim::adam_step(self, param, grad, grad_scale, m, v, h)
-    }
-
-    fn sgd_step(
-        &self,
-        param: &GpuBuffer,
-        grad: &GpuBuffer,
-        grad_scale: Option<&GpuBuffer>,
-        buf: &GpuBuffer,
-        h: SgdHyper,
-    ) -> Result<(GpuBuffer, GpuBuffer)> {
-        optim::sgd_step(self, param, grad, grad_scale, buf, h)
-    }
-
-    fn attention_forward(
-        &self,
-        q: &GpuBuffer,
-        k: &GpuBuffer,
-        v: &GpuBuffer,
-        dims: AttentionDims,
-    ) -> Result<(GpuBuffer, GpuBuffer)> {
-        attention::attention_forward(self, q, k, v, dims)
-    }
-
-    fn attention_backward(
-        &self,
-        operands: AttentionGradOperands<'_, GpuBuffer>,
-        dims: AttentionDims,
-    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
-        attention::attention_backward(self, operands, dims)
-    }
-
-    fn layer_norm_forward(
-        &self,
-        x: &GpuBuffer,
-        gamma: &GpuBuffer,
-        beta: &GpuBuffer,
-        dims: LayerNormDims,
-    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
-        layer_norm::layer_norm_forward(self, x, gamma, beta, dims)
-    }
-
-    fn layer_norm_backward(
-        &self,
-        g: &GpuBuffer,
-        x: &GpuBuffer,
-        gamma: &GpuBuffer,
-        stats: (&GpuBuffer, &GpuBuffer),
-        dims: LayerNormDims,
-    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
-        layer_norm::layer_norm_backward(self, g, x, gamma, stats, dims)
-    }
-
-    fn cross_entropy_forward(
-        &self,
-        logits: &GpuBuffer,
-        targets: &GpuBuffer,
-        classes: usize,
-    ) -> Result<(GpuBuffer, GpuBuffer)> {
-        cross_entropy::cross_entropy_forward(self, logits, targets, classes)
-    }
-
-    fn cross_entropy_backward(
-        &self,
-        g: &GpuBuffer,
-        logits: &GpuBuffer,
-        targets: &GpuBuffer,
-        lse: &GpuBuffer,
-    ) -> Result<GpuBuffer> {
-        cross_entropy::cross_entropy_backward(self, g, logits, targets, lse)
-    }
-
-    fn topk_gate(
-        &self,
-        logits: &GpuBuffer,
-        scores: Option<&GpuBuffer>,
-        rows: usize,
-        n: usize,
-        k: usize,
-        renormalise: bool,
-    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
-        routing::topk_gate(self, logits, scores, (rows, n, k), renormalise)
-    }
-
-    fn topk_gate_backward(
-        &self,
-        weights: &GpuBuffer,
-        idx: &GpuBuffer,
-        d_weights: &GpuBuffer,
-        probs: Option<&GpuBuffer>,
-        sizes: (usize, usize, usize),
-    ) -> Result<GpuBuffer> {
-        routing::topk_gate_backward(self, (weights, idx, d_weights), probs, sizes)
-    }
-
-    fn softmax_backward(
-        &self,
-        y: &GpuBuffer,
-        dy: &GpuBuffer,
-        rows: usize,
-        n: usize,
-    ) -> Result<GpuBuffer> {
-        routing::softmax_backward(self, y, dy, rows, n)
-    }
-
-    fn dispatch_plan(
-        &self,
-        token: &GpuBuffer,
-        expert: &GpuBuffer,
-        order_keys: (&GpuBuffer, &GpuBuffer, &GpuBuffer),
-        experts: usize,
-        capacity: Option<usize>,
-    ) -> Result<PlanBuffers<GpuBuffer>> {
-        routing::dispatch_plan(self, token, expert, order_keys, experts, capacity)
-    }
-
-    fn conv2d_forward(
-        &self,
-        x: &GpuBuffer,
-        w: &GpuBuffer,
-        image_bank: Option<&GpuBuffer>,
-        dims: Conv2dDims,
-    ) -> Result<GpuBuffer> {
-        conv2d::conv2d_forward(self, x, w, image_bank, dims)
-    }
-
-    fn conv2d_input_grad(
-        &self,
-        dy: &GpuBuffer,
-        w: &GpuBuffer,
-        image_bank: Option<&GpuBuffer>,
-        dims: Conv2dDims,
-    ) -> Result<GpuBuffer> {
-        conv2d::conv2d_input_grad(self, dy, w, image_bank, dims)
-    }
-
-    fn conv2d_weight_grad(
-        &self,
-        x: &GpuBuffer,
-        dy: &GpuBuffer,
-        image_bank: Option<&GpuBuffer>,
-        dims: Conv2dDims,
-    ) -> Result<GpuBuffer> {
-        conv2d::conv2d_weight_grad(self, x, dy, image_bank, dims)
-    }
-
-    fn pool2d_forward(
-        &self,
-        kind: PoolKind,
-        x: &GpuBuffer,
-        dims: Pool2dDims,
-    ) -> Result<(GpuBuffer, Option<GpuBuffer>)> {
-        pool2d::pool2d_forward(self, kind, x, dims)
-    }
-
-    fn pool2d_backward(
-        &self,
-        kind: PoolKind,
-        dy: &GpuBuffer,
-        argmax: Option<&GpuBuffer>,
-        dims: Pool2dDims,
-    ) -> Result<GpuBuffer> {
-        pool2d::pool2d_backward(self, kind, dy, argmax, dims)
     }
 }

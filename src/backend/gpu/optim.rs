@@ -10,6 +10,7 @@
 
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::{GpuBackend, GpuBuffer};
+use crate::backend::OptimOps;
 use crate::backend::{AdamHyper, SgdHyper};
 use crate::{DType, Error, Result};
 
@@ -44,7 +45,7 @@ fn check<'a>(
     }
 }
 
-/// `Backend::adam_step` (entry `adam_step`): returns the new `(param, m, v)`.
+/// `OptimOps::adam_step` (entry `adam_step`): returns the new `(param, m, v)`.
 pub(crate) fn adam_step(
     be: &GpuBackend,
     param: &GpuBuffer,
@@ -183,7 +184,7 @@ pub(crate) fn sgd_step_mut(
     )
 }
 
-/// `Backend::sgd_step` (entries `sgd_plain`, or `sgd_momentum` when momentum ≠ 0): returns the
+/// `OptimOps::sgd_step` (entries `sgd_plain`, or `sgd_momentum` when momentum ≠ 0): returns the
 /// new `(param, buf)`; without momentum the buffer is returned as it was.
 pub(crate) fn sgd_step(
     be: &GpuBackend,
@@ -460,7 +461,7 @@ impl GpuBackend {
     /// tensor shares them (fresh buffers replace them otherwise).
     ///
     /// # Errors
-    /// As [`crate::backend::Backend::adam_step`]: dtypes other than f32, unequal lengths, or a
+    /// As [`crate::backend::OptimOps::adam_step`]: dtypes other than f32, unequal lengths, or a
     /// gradient scale that is not one f32.
     pub fn adam_step_mut(
         &self,
@@ -478,7 +479,7 @@ impl GpuBackend {
     /// tensor shares them (fresh buffers replace them otherwise).
     ///
     /// # Errors
-    /// As [`crate::backend::Backend::sgd_step`].
+    /// As [`crate::backend::OptimOps::sgd_step`].
     pub fn sgd_step_mut(
         &self,
         param: &mut GpuBuffer,
@@ -534,5 +535,30 @@ impl GpuBackend {
         max_norm: f64,
     ) -> Result<(GpuBuffer, GpuBuffer)> {
         grad_norm_clip(self, grads, max_norm)
+    }
+}
+
+impl OptimOps for GpuBackend {
+    fn adam_step(
+        &self,
+        param: &GpuBuffer,
+        grad: &GpuBuffer,
+        grad_scale: Option<&GpuBuffer>,
+        m: &GpuBuffer,
+        v: &GpuBuffer,
+        h: AdamHyper,
+    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+        adam_step(self, param, grad, grad_scale, m, v, h)
+    }
+
+    fn sgd_step(
+        &self,
+        param: &GpuBuffer,
+        grad: &GpuBuffer,
+        grad_scale: Option<&GpuBuffer>,
+        buf: &GpuBuffer,
+        h: SgdHyper,
+    ) -> Result<(GpuBuffer, GpuBuffer)> {
+        sgd_step(self, param, grad, grad_scale, buf, h)
     }
 }

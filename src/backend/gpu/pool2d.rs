@@ -60,7 +60,7 @@ fn params(d: &Pool2dDims, n: usize) -> [u32; 9] {
     ]
 }
 
-/// `Backend::pool2d_forward` (entries `max_pool2d_forward`, `avg_pool2d_forward`): `y` and, for
+/// `NnOps::pool2d_forward` (entries `max_pool2d_forward`, `avg_pool2d_forward`): `y` and, for
 /// max pooling, `argmax`, both `[planes, OH, OW]`.
 ///
 /// # Errors
@@ -102,7 +102,7 @@ pub(crate) fn pool2d_forward(
     }
 }
 
-/// `Backend::pool2d_backward` (entries `max_pool2d_backward`, `avg_pool2d_backward`):
+/// `NnOps::pool2d_backward` (entries `max_pool2d_backward`, `avg_pool2d_backward`):
 /// `dx [planes, H, W]`.
 ///
 /// # Errors

@@ -12,7 +12,7 @@ pub(crate) static RANDOM: Shader = Shader {
     source: include_str!("../../../shaders/random.wgsl"),
 };
 
-/// `Backend::random_uniform` (entry `random_uniform`): f32 values, cast when I32 is asked for
+/// `ElementwiseOps::random_uniform` (entry `random_uniform`): f32 values, cast when I32 is asked for
 /// (as on the CPU, which casts its f32 values too).
 pub(crate) fn random_uniform(
     be: &GpuBackend,

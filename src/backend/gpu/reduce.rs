@@ -5,6 +5,7 @@
 
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::{GpuBackend, GpuBuffer};
+use crate::backend::ReduceOps;
 use crate::backend::{AxisView, ReduceOp};
 use crate::{DType, Error, Result};
 
@@ -58,7 +59,7 @@ fn reduce_code(op: ReduceOp) -> (u32, &'static str, DType) {
     }
 }
 
-/// `Backend::reduce` (entries `reduce_serial` / `reduce_rows`): output `[outer, inner]`, I32 for
+/// `ReduceOps::reduce` (entries `reduce_serial` / `reduce_rows`): output `[outer, inner]`, I32 for
 /// argmax.
 pub(crate) fn reduce(
     be: &GpuBackend,
@@ -81,7 +82,7 @@ pub(crate) fn reduce(
     Ok(out)
 }
 
-/// `Backend::cumsum` (entries `cumsum_serial` / `cumsum_rows`).
+/// `ReduceOps::cumsum` (entries `cumsum_serial` / `cumsum_rows`).
 pub(crate) fn cumsum(
     be: &GpuBackend,
     x: &GpuBuffer,
@@ -99,6 +100,26 @@ pub(crate) fn cumsum(
         be.launch(&REDUCE, "cumsum_serial", &[x, &out], &params, groups)?;
     }
     Ok(out)
+}
+
+impl ReduceOps for GpuBackend {
+    fn reduce(&self, op: ReduceOp, x: &GpuBuffer, view: AxisView) -> Result<GpuBuffer> {
+        reduce(self, op, x, view)
+    }
+
+    fn cumsum(&self, x: &GpuBuffer, view: AxisView, reverse: bool) -> Result<GpuBuffer> {
+        cumsum(self, x, view, reverse)
+    }
+
+    fn argsort(
+        &self,
+        x: &GpuBuffer,
+        rows: usize,
+        len: usize,
+        descending: bool,
+    ) -> Result<GpuBuffer> {
+        super::sort::argsort(self, x, rows, len, descending)
+    }
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::{GpuBackend, GpuBuffer};
+use crate::backend::RoutingOps;
 use crate::backend::{PlanBuffers, check_gate_backward_lengths, check_gate_sizes, check_lengths};
 use crate::{DType, Error, Result};
 
@@ -42,7 +43,7 @@ fn expect_i32(what: &str, bufs: &[(&str, &GpuBuffer)]) -> Result<()> {
     }
 }
 
-/// `Backend::topk_gate` (entry `topk_gate`): returns `(probs, idx, weights)`.
+/// `RoutingOps::topk_gate` (entry `topk_gate`): returns `(probs, idx, weights)`.
 pub(crate) fn topk_gate(
     be: &GpuBackend,
     logits: &GpuBuffer,
@@ -81,7 +82,7 @@ pub(crate) fn topk_gate(
     Ok((probs, idx, weights))
 }
 
-/// `Backend::topk_gate_backward` (entry `topk_gate_backward`).
+/// `RoutingOps::topk_gate_backward` (entry `topk_gate_backward`).
 pub(crate) fn topk_gate_backward(
     be: &GpuBackend,
     (weights, idx, d_weights): (&GpuBuffer, &GpuBuffer, &GpuBuffer),
@@ -119,7 +120,7 @@ pub(crate) fn topk_gate_backward(
     Ok(out)
 }
 
-/// `Backend::softmax_backward` (entry `softmax_backward`).
+/// `NnOps::softmax_backward` (entry `softmax_backward`).
 pub(crate) fn softmax_backward(
     be: &GpuBackend,
     y: &GpuBuffer,
@@ -152,7 +153,7 @@ pub(crate) fn softmax_backward(
     Ok(out)
 }
 
-/// `Backend::dispatch_plan` (entries `plan_sort`, then `plan_rows`).
+/// `RoutingOps::dispatch_plan` (entries `plan_sort`, then `plan_rows`).
 pub(crate) fn dispatch_plan(
     be: &GpuBackend,
     token: &GpuBuffer,
@@ -229,4 +230,40 @@ pub(crate) fn dispatch_plan(
         grid_1d(a, PLAN_WG)?,
     )?;
     Ok(out)
+}
+
+impl RoutingOps for GpuBackend {
+    fn topk_gate(
+        &self,
+        logits: &GpuBuffer,
+        scores: Option<&GpuBuffer>,
+        rows: usize,
+        n: usize,
+        k: usize,
+        renormalise: bool,
+    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+        topk_gate(self, logits, scores, (rows, n, k), renormalise)
+    }
+
+    fn topk_gate_backward(
+        &self,
+        weights: &GpuBuffer,
+        idx: &GpuBuffer,
+        d_weights: &GpuBuffer,
+        probs: Option<&GpuBuffer>,
+        sizes: (usize, usize, usize),
+    ) -> Result<GpuBuffer> {
+        topk_gate_backward(self, (weights, idx, d_weights), probs, sizes)
+    }
+
+    fn dispatch_plan(
+        &self,
+        token: &GpuBuffer,
+        expert: &GpuBuffer,
+        order_keys: (&GpuBuffer, &GpuBuffer, &GpuBuffer),
+        experts: usize,
+        capacity: Option<usize>,
+    ) -> Result<PlanBuffers<GpuBuffer>> {
+        dispatch_plan(self, token, expert, order_keys, experts, capacity)
+    }
 }

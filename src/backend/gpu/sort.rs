@@ -20,7 +20,7 @@ const WG: u32 = 256;
 /// The most pairs `sort_local` holds in workgroup memory (matches `BLOCK_MAX` in the shader).
 const BLOCK_MAX: usize = 1024;
 
-/// `Backend::argsort`: per row of `x` viewed as `[rows, len]`, the indices that sort it, stable,
+/// `ReduceOps::argsort`: per row of `x` viewed as `[rows, len]`, the indices that sort it, stable,
 /// NaN as the smallest value (as on the CPU). Output I32 `[rows, len]`.
 pub(crate) fn argsort(
     be: &GpuBackend,

@@ -5,7 +5,7 @@
 use super::*;
 
 impl Storage {
-    /// See [`Backend::adam_step`]; `self` is the parameter.
+    /// See [`OptimOps::adam_step`]; `self` is the parameter.
     pub fn adam_step(
         &self,
         grad: &Storage,
@@ -14,43 +14,17 @@ impl Storage {
         v: &Storage,
         h: AdamHyper,
     ) -> Result<(Storage, Storage, Storage)> {
-        let (g, mm, vv) = (
-            same_dev!(self, grad, "adam_step"),
-            same_dev!(self, m, "adam_step"),
-            same_dev!(self, v, "adam_step"),
-        );
-        let sc = match scale {
-            Some(s) => Some(same_dev!(self, s, "adam_step")),
-            None => None,
-        };
-        match self {
-            Storage::Cpu(p) => {
-                let (a, b, c) = cpu::on_pool(self.len(), || {
-                    cpu::CpuBackend.adam_step(
-                        p,
-                        g.cpu(),
-                        sc.as_ref().map(|s| s.cpu()),
-                        mm.cpu(),
-                        vv.cpu(),
-                        h,
-                    )
-                })?;
-                Ok((Storage::Cpu(a), Storage::Cpu(b), Storage::Cpu(c)))
-            }
-            Storage::Gpu(p) => {
-                let (a, b, c) = gpu::GpuBackend::get()?.adam_step(
-                    p,
-                    g.gpu(),
-                    sc.as_ref().map(|s| s.gpu()),
-                    mm.gpu(),
-                    vv.gpu(),
-                    h,
-                )?;
-                Ok((Storage::Gpu(a), Storage::Gpu(b), Storage::Gpu(c)))
-            }
-        }
+        const WHAT: &str = "adam_step";
+        on_device!(self, |be| be.adam_step(
+            be.buf(self, WHAT)?,
+            be.buf(grad, WHAT)?,
+            be.opt(scale, WHAT)?,
+            be.buf(m, WHAT)?,
+            be.buf(v, WHAT)?,
+            h
+        ))
     }
-    /// See [`Backend::sgd_step`]; `self` is the parameter.
+    /// See [`OptimOps::sgd_step`]; `self` is the parameter.
     pub fn sgd_step(
         &self,
         grad: &Storage,
@@ -58,32 +32,14 @@ impl Storage {
         buf: &Storage,
         h: SgdHyper,
     ) -> Result<(Storage, Storage)> {
-        let (g, b) = (
-            same_dev!(self, grad, "sgd_step"),
-            same_dev!(self, buf, "sgd_step"),
-        );
-        let sc = match scale {
-            Some(s) => Some(same_dev!(self, s, "sgd_step")),
-            None => None,
-        };
-        match self {
-            Storage::Cpu(p) => {
-                let (a, c) = cpu::on_pool(self.len(), || {
-                    cpu::CpuBackend.sgd_step(p, g.cpu(), sc.as_ref().map(|s| s.cpu()), b.cpu(), h)
-                })?;
-                Ok((Storage::Cpu(a), Storage::Cpu(c)))
-            }
-            Storage::Gpu(p) => {
-                let (a, c) = gpu::GpuBackend::get()?.sgd_step(
-                    p,
-                    g.gpu(),
-                    sc.as_ref().map(|s| s.gpu()),
-                    b.gpu(),
-                    h,
-                )?;
-                Ok((Storage::Gpu(a), Storage::Gpu(c)))
-            }
-        }
+        const WHAT: &str = "sgd_step";
+        on_device!(self, |be| be.sgd_step(
+            be.buf(self, WHAT)?,
+            be.buf(grad, WHAT)?,
+            be.opt(scale, WHAT)?,
+            be.buf(buf, WHAT)?,
+            h
+        ))
     }
     /// [`Storage::adam_step`] updating `self` (the parameter), `m` and `v` where they are: in
     /// place, on either device, when nothing else shares the buffers; otherwise fresh buffers

@@ -1,0 +1,268 @@
+//! The CPU's [`NnOps`]: checks each fused primitive's operands, matches on their dtype and
+//! calls the kernel of its file (`attention.rs`, `layer_norm.rs`, `cross_entropy.rs`,
+//! `routing.rs` for the softmax backward, `conv2d.rs`, `pool2d.rs`).
+
+use super::{
+    CpuBackend, CpuBuffer, attention, conv2d, cross_entropy, f32b, f64b, layer_norm, pool2d,
+    routing,
+};
+use crate::Error;
+use crate::Result;
+use crate::backend::checks::{
+    check_attention_lengths, check_cross_entropy, check_layer_norm_lengths,
+};
+use crate::backend::{
+    AttentionDims, AttentionGradOperands, Conv2dDims, LayerNormDims, NnOps, Pool2dDims, PoolKind,
+    check_gate_sizes, check_lengths,
+};
+
+impl NnOps for CpuBackend {
+    fn attention_forward(
+        &self,
+        q: &CpuBuffer,
+        k: &CpuBuffer,
+        v: &CpuBuffer,
+        dims: AttentionDims,
+    ) -> Result<(CpuBuffer, CpuBuffer)> {
+        check_attention_lengths("attention_forward", &[("q", q), ("k", k), ("v", v)], dims)?;
+        match (q, k, v) {
+            (CpuBuffer::F32(q), CpuBuffer::F32(k), CpuBuffer::F32(v)) => {
+                let (o, lse) = attention::forward(q, k, v, dims);
+                Ok((f32b(o), f32b(lse)))
+            }
+            (CpuBuffer::F64(q), CpuBuffer::F64(k), CpuBuffer::F64(v)) => {
+                let (o, lse) = attention::forward(q, k, v, dims);
+                Ok((f64b(o), f64b(lse)))
+            }
+            _ => Err(Error::DType(format!(
+                "attention_forward needs q, k, v float buffers of one dtype, got {}, {}, {}",
+                q.dtype(),
+                k.dtype(),
+                v.dtype()
+            ))),
+        }
+    }
+
+    fn attention_backward(
+        &self,
+        operands: AttentionGradOperands<'_, CpuBuffer>,
+        dims: AttentionDims,
+    ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
+        attention::backward_buffers(operands, dims)
+    }
+
+    fn layer_norm_forward(
+        &self,
+        x: &CpuBuffer,
+        gamma: &CpuBuffer,
+        beta: &CpuBuffer,
+        dims: LayerNormDims,
+    ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
+        const WHAT: &str = "layer_norm_forward";
+        check_layer_norm_lengths(
+            WHAT,
+            &[("x", x)],
+            &[("gamma", gamma), ("beta", beta)],
+            &[],
+            dims,
+        )?;
+        match (x, gamma, beta) {
+            (CpuBuffer::F32(x), CpuBuffer::F32(g), CpuBuffer::F32(b)) => {
+                let (y, m, r) = layer_norm::forward(x, g, b, dims);
+                Ok((f32b(y), f32b(m), f32b(r)))
+            }
+            (CpuBuffer::F64(x), CpuBuffer::F64(g), CpuBuffer::F64(b)) => {
+                let (y, m, r) = layer_norm::forward(x, g, b, dims);
+                Ok((f64b(y), f64b(m), f64b(r)))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float buffers of one dtype, got x {}, gamma {}, beta {}",
+                x.dtype(),
+                gamma.dtype(),
+                beta.dtype()
+            ))),
+        }
+    }
+
+    fn layer_norm_backward(
+        &self,
+        g: &CpuBuffer,
+        x: &CpuBuffer,
+        gamma: &CpuBuffer,
+        (mean, rstd): (&CpuBuffer, &CpuBuffer),
+        dims: LayerNormDims,
+    ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
+        const WHAT: &str = "layer_norm_backward";
+        check_layer_norm_lengths(
+            WHAT,
+            &[("g", g), ("x", x)],
+            &[("gamma", gamma)],
+            &[("mean", mean), ("rstd", rstd)],
+            dims,
+        )?;
+        match (g, x, gamma, mean, rstd) {
+            (
+                CpuBuffer::F32(g),
+                CpuBuffer::F32(x),
+                CpuBuffer::F32(w),
+                CpuBuffer::F32(m),
+                CpuBuffer::F32(r),
+            ) => {
+                let (dx, dg, db) = layer_norm::backward(g, x, w, (m, r), dims);
+                Ok((f32b(dx), f32b(dg), f32b(db)))
+            }
+            (
+                CpuBuffer::F64(g),
+                CpuBuffer::F64(x),
+                CpuBuffer::F64(w),
+                CpuBuffer::F64(m),
+                CpuBuffer::F64(r),
+            ) => {
+                let (dx, dg, db) = layer_norm::backward(g, x, w, (m, r), dims);
+                Ok((f64b(dx), f64b(dg), f64b(db)))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float buffers of one dtype, got g {}, x {}, gamma {}, mean {}, rstd {}",
+                g.dtype(),
+                x.dtype(),
+                gamma.dtype(),
+                mean.dtype(),
+                rstd.dtype()
+            ))),
+        }
+    }
+
+    fn cross_entropy_forward(
+        &self,
+        logits: &CpuBuffer,
+        targets: &CpuBuffer,
+        classes: usize,
+    ) -> Result<(CpuBuffer, CpuBuffer)> {
+        const WHAT: &str = "cross_entropy";
+        let t = check_cross_entropy(WHAT, logits, targets, classes)?;
+        match logits {
+            CpuBuffer::F32(x) => {
+                let (l, s) = cross_entropy::forward(x, t, t.len(), classes);
+                Ok((f32b(l), f32b(s)))
+            }
+            CpuBuffer::F64(x) => {
+                let (l, s) = cross_entropy::forward(x, t, t.len(), classes);
+                Ok((f64b(l), f64b(s)))
+            }
+            CpuBuffer::I32(_) => Err(Error::DType(format!(
+                "{WHAT}: logits must be float, got i32"
+            ))),
+        }
+    }
+
+    fn cross_entropy_backward(
+        &self,
+        g: &CpuBuffer,
+        logits: &CpuBuffer,
+        targets: &CpuBuffer,
+        lse: &CpuBuffer,
+    ) -> Result<CpuBuffer> {
+        const WHAT: &str = "cross_entropy backward";
+        let classes = if targets.is_empty() {
+            0
+        } else {
+            logits.len() / targets.len()
+        };
+        let t = check_cross_entropy(WHAT, logits, targets, classes)?;
+        if g.len() != t.len() || lse.len() != t.len() {
+            return Err(Error::Shape(format!(
+                "{WHAT}: g and lse hold {} and {} values, expected one per row ({})",
+                g.len(),
+                lse.len(),
+                t.len()
+            )));
+        }
+        match (g, logits, lse) {
+            (CpuBuffer::F32(g), CpuBuffer::F32(x), CpuBuffer::F32(l)) => {
+                Ok(f32b(cross_entropy::backward(g, x, t, l, classes)))
+            }
+            (CpuBuffer::F64(g), CpuBuffer::F64(x), CpuBuffer::F64(l)) => {
+                Ok(f64b(cross_entropy::backward(g, x, t, l, classes)))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float buffers of one dtype, got g {}, logits {}, lse {}",
+                g.dtype(),
+                logits.dtype(),
+                lse.dtype()
+            ))),
+        }
+    }
+
+    fn softmax_backward(
+        &self,
+        y: &CpuBuffer,
+        dy: &CpuBuffer,
+        rows: usize,
+        n: usize,
+    ) -> Result<CpuBuffer> {
+        const WHAT: &str = "softmax backward";
+        check_gate_sizes(WHAT, rows, n, 1)?;
+        check_lengths(
+            WHAT,
+            &[("y", y.len(), rows * n), ("dy", dy.len(), rows * n)],
+        )?;
+        match (y, dy) {
+            (CpuBuffer::F32(y), CpuBuffer::F32(g)) => Ok(f32b(routing::softmax_backward(y, g, n))),
+            (CpuBuffer::F64(y), CpuBuffer::F64(g)) => Ok(f64b(routing::softmax_backward(y, g, n))),
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float y and dy of one dtype, got {} and {}",
+                y.dtype(),
+                dy.dtype()
+            ))),
+        }
+    }
+
+    fn conv2d_forward(
+        &self,
+        x: &CpuBuffer,
+        w: &CpuBuffer,
+        image_bank: Option<&CpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<CpuBuffer> {
+        conv2d::forward(x, w, image_bank, dims)
+    }
+
+    fn conv2d_input_grad(
+        &self,
+        dy: &CpuBuffer,
+        w: &CpuBuffer,
+        image_bank: Option<&CpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<CpuBuffer> {
+        conv2d::input_grad(dy, w, image_bank, dims)
+    }
+
+    fn conv2d_weight_grad(
+        &self,
+        x: &CpuBuffer,
+        dy: &CpuBuffer,
+        image_bank: Option<&CpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<CpuBuffer> {
+        conv2d::weight_grad(x, dy, image_bank, dims)
+    }
+
+    fn pool2d_forward(
+        &self,
+        kind: PoolKind,
+        x: &CpuBuffer,
+        dims: Pool2dDims,
+    ) -> Result<(CpuBuffer, Option<CpuBuffer>)> {
+        pool2d::forward(kind, x, dims)
+    }
+
+    fn pool2d_backward(
+        &self,
+        kind: PoolKind,
+        dy: &CpuBuffer,
+        argmax: Option<&CpuBuffer>,
+        dims: Pool2dDims,
+    ) -> Result<CpuBuffer> {
+        pool2d::backward(kind, dy, argmax, dims)
+    }
+}

@@ -1,0 +1,45 @@
+//! [`MatmulOps`]: the matrix products: the batched dense matmul, and the grouped (per-expert)
+//! matmul of an MoE layer with its expert bank's weight gradient.
+
+use crate::Result;
+use crate::backend::{BufferOps, ExpertBankDims, GroupedMatmulDims, MatLayout, MatmulDims};
+
+/// Matrix products: dense batched, grouped per expert, and the grouped weight gradient.
+pub trait MatmulOps: BufferOps {
+    /// Batched matrix product, output contiguous `[batch, m, n]`.
+    fn matmul(
+        &self,
+        a: &Self::Buffer,
+        a_layout: MatLayout,
+        b: &Self::Buffer,
+        b_layout: MatLayout,
+        dims: MatmulDims,
+    ) -> Result<Self::Buffer>;
+    /// The grouped (per-expert) matmul of an MoE layer: `out[r] = x[r] · W[e_r]` (or `W[e_r]ᵀ`
+    /// with `transpose_w`), `x: [R, k]`, `w: [n, k, m]` (`[n, m, k]` when transposed),
+    /// `row_expert: [R]` I32. With `bias` (`[n, m]`, not with `transpose_w`), each row gets its
+    /// expert's bias added: `out[r] = x[r] · W[e_r] + b[e_r]`. Rows whose expert is outside `0..n`
+    /// produce zeros (no bias). Rows should be sorted by expert (the dispatch plan does this) so a
+    /// GPU tile mostly meets one expert; the result does not depend on it. Output `[R, m]`. Each
+    /// expert's weights are read only for its own rows.
+    fn grouped_matmul(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Buffer,
+        bias: Option<&Self::Buffer>,
+        row_expert: &Self::Buffer,
+        dims: GroupedMatmulDims,
+    ) -> Result<Self::Buffer>;
+    /// The weight gradient of [`MatmulOps::grouped_matmul`]: `dW[e] = Σ_{r in e's segment,
+    /// row_expert[r] = e} x[r]ᵀ · dy[r]`, `x: [R, k]`, `dy: [R, m]`, output `[n, k, m]`. Rows are
+    /// sorted by expert and `offsets` (I32, `n + 1` entries) gives each expert's segment; an expert
+    /// with no rows gets exactly zero.
+    fn grouped_weight_grad(
+        &self,
+        x: &Self::Buffer,
+        dy: &Self::Buffer,
+        row_expert: &Self::Buffer,
+        offsets: &Self::Buffer,
+        bank: ExpertBankDims,
+    ) -> Result<Self::Buffer>;
+}

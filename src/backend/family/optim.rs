@@ -1,0 +1,31 @@
+//! [`OptimOps`]: the fused optimiser steps, one kernel per parameter buffer (Adam/AdamW and
+//! SGD with momentum).
+
+use crate::Result;
+use crate::backend::{AdamHyper, BufferOps, SgdHyper};
+
+/// Fused optimiser steps: one Adam/AdamW or SGD update per call.
+pub trait OptimOps: BufferOps {
+    /// One fused Adam/AdamW step over a parameter buffer. `grad_scale`, when given, is a
+    /// one-element buffer multiplying the gradient first (gradient clipping without a read-back).
+    /// Returns the new `(param, m, v)`.
+    fn adam_step(
+        &self,
+        param: &Self::Buffer,
+        grad: &Self::Buffer,
+        grad_scale: Option<&Self::Buffer>,
+        m: &Self::Buffer,
+        v: &Self::Buffer,
+        h: AdamHyper,
+    ) -> Result<(Self::Buffer, Self::Buffer, Self::Buffer)>;
+    /// One fused SGD step (momentum buffer `buf`, ignored when momentum is 0). Returns the new
+    /// `(param, buf)`.
+    fn sgd_step(
+        &self,
+        param: &Self::Buffer,
+        grad: &Self::Buffer,
+        grad_scale: Option<&Self::Buffer>,
+        buf: &Self::Buffer,
+        h: SgdHyper,
+    ) -> Result<(Self::Buffer, Self::Buffer)>;
+}

@@ -1,0 +1,51 @@
+//! [`RoutingOps`]: the Mixture-of-Experts routing primitives: the fused top-k gate and its
+//! backward, and the dispatch plan that sorts assignments by expert under a capacity.
+
+use crate::Result;
+use crate::backend::{BufferOps, PlanBuffers};
+
+/// MoE routing primitives: the top-k gate, its backward and the dispatch plan.
+pub trait RoutingOps: BufferOps {
+    /// The fused gate of a top-k router, one row of `[rows, n]` at a time: `probs = softmax(logits)`;
+    /// `idx` (I32 `[rows, k]`) the `k` largest `scores` (the logits when `scores` is `None`) in
+    /// descending order, ties by the lowest index, NaN as the smallest value (as
+    /// [`ReduceOps::argsort`](crate::backend::ReduceOps::argsort)); `weights` (`[rows, k]`) the softmax over the `k` selected scores
+    /// (`renormalise`, Shazeer's gate) or the probabilities at `idx` (unnormalised). Returns
+    /// `(probs, idx, weights)`. Sizes ≥ 1, `k ≤ n`.
+    fn topk_gate(
+        &self,
+        logits: &Self::Buffer,
+        scores: Option<&Self::Buffer>,
+        rows: usize,
+        n: usize,
+        k: usize,
+        renormalise: bool,
+    ) -> Result<(Self::Buffer, Self::Buffer, Self::Buffer)>;
+    /// The gradient of [`RoutingOps::topk_gate`]'s `weights` with respect to what they were computed
+    /// from, for the upstream gradient `d_weights` (`[rows, k]`); output `[rows, n]`. Renormalised
+    /// (`probs` is `None`): `∂scores[idx_j] = w_j (a_j − Σ_i w_i a_i)`, zero elsewhere.
+    /// Unnormalised (`probs` given, `[rows, n]`): `∂logits_c = p_c (a'_c − Σ_j a_j w_j)`, with
+    /// `a'_c = a_j` where `c = idx_j` and 0 elsewhere. `sizes` is `(rows, n, k)`.
+    fn topk_gate_backward(
+        &self,
+        weights: &Self::Buffer,
+        idx: &Self::Buffer,
+        d_weights: &Self::Buffer,
+        probs: Option<&Self::Buffer>,
+        sizes: (usize, usize, usize),
+    ) -> Result<Self::Buffer>;
+    /// The MoE dispatch plan of `A` assignments over `experts` experts (see `moe::dispatch`):
+    /// assignment `i` goes to expert `expert[i]` (I32) when `valid[i] ≠ 0` and the expert is in
+    /// `0..experts`, else to a trash group after the last expert. The rows are the assignments
+    /// sorted by (expert, `rank` ascending, `weight` descending with NaN last, `i`), and a row is
+    /// kept while its position within its expert is below `capacity` (`None`: always).
+    /// `token` (I32) and the float `(weight, rank, valid)` are `[A]`.
+    fn dispatch_plan(
+        &self,
+        token: &Self::Buffer,
+        expert: &Self::Buffer,
+        order_keys: (&Self::Buffer, &Self::Buffer, &Self::Buffer),
+        experts: usize,
+        capacity: Option<usize>,
+    ) -> Result<PlanBuffers<Self::Buffer>>;
+}

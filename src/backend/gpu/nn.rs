@@ -1,0 +1,128 @@
+//! The GPU's [`NnOps`]: each fused primitive forwards to the launcher of its shader's file
+//! (`attention.rs`, `layer_norm.rs`, `cross_entropy.rs`, `routing.rs` for the softmax backward,
+//! `conv2d.rs`, `pool2d.rs`), which checks the operands and records the kernels.
+
+use super::{GpuBackend, GpuBuffer};
+use crate::Result;
+use crate::backend::{
+    AttentionDims, AttentionGradOperands, Conv2dDims, LayerNormDims, NnOps, Pool2dDims, PoolKind,
+};
+
+impl NnOps for GpuBackend {
+    fn attention_forward(
+        &self,
+        q: &GpuBuffer,
+        k: &GpuBuffer,
+        v: &GpuBuffer,
+        dims: AttentionDims,
+    ) -> Result<(GpuBuffer, GpuBuffer)> {
+        super::attention::attention_forward(self, q, k, v, dims)
+    }
+
+    fn attention_backward(
+        &self,
+        operands: AttentionGradOperands<'_, GpuBuffer>,
+        dims: AttentionDims,
+    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+        super::attention::attention_backward(self, operands, dims)
+    }
+
+    fn layer_norm_forward(
+        &self,
+        x: &GpuBuffer,
+        gamma: &GpuBuffer,
+        beta: &GpuBuffer,
+        dims: LayerNormDims,
+    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+        super::layer_norm::layer_norm_forward(self, x, gamma, beta, dims)
+    }
+
+    fn layer_norm_backward(
+        &self,
+        g: &GpuBuffer,
+        x: &GpuBuffer,
+        gamma: &GpuBuffer,
+        stats: (&GpuBuffer, &GpuBuffer),
+        dims: LayerNormDims,
+    ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
+        super::layer_norm::layer_norm_backward(self, g, x, gamma, stats, dims)
+    }
+
+    fn cross_entropy_forward(
+        &self,
+        logits: &GpuBuffer,
+        targets: &GpuBuffer,
+        classes: usize,
+    ) -> Result<(GpuBuffer, GpuBuffer)> {
+        super::cross_entropy::cross_entropy_forward(self, logits, targets, classes)
+    }
+
+    fn cross_entropy_backward(
+        &self,
+        g: &GpuBuffer,
+        logits: &GpuBuffer,
+        targets: &GpuBuffer,
+        lse: &GpuBuffer,
+    ) -> Result<GpuBuffer> {
+        super::cross_entropy::cross_entropy_backward(self, g, logits, targets, lse)
+    }
+
+    fn softmax_backward(
+        &self,
+        y: &GpuBuffer,
+        dy: &GpuBuffer,
+        rows: usize,
+        n: usize,
+    ) -> Result<GpuBuffer> {
+        super::routing::softmax_backward(self, y, dy, rows, n)
+    }
+
+    fn conv2d_forward(
+        &self,
+        x: &GpuBuffer,
+        w: &GpuBuffer,
+        image_bank: Option<&GpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<GpuBuffer> {
+        super::conv2d::conv2d_forward(self, x, w, image_bank, dims)
+    }
+
+    fn conv2d_input_grad(
+        &self,
+        dy: &GpuBuffer,
+        w: &GpuBuffer,
+        image_bank: Option<&GpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<GpuBuffer> {
+        super::conv2d::conv2d_input_grad(self, dy, w, image_bank, dims)
+    }
+
+    fn conv2d_weight_grad(
+        &self,
+        x: &GpuBuffer,
+        dy: &GpuBuffer,
+        image_bank: Option<&GpuBuffer>,
+        dims: Conv2dDims,
+    ) -> Result<GpuBuffer> {
+        super::conv2d::conv2d_weight_grad(self, x, dy, image_bank, dims)
+    }
+
+    fn pool2d_forward(
+        &self,
+        kind: PoolKind,
+        x: &GpuBuffer,
+        dims: Pool2dDims,
+    ) -> Result<(GpuBuffer, Option<GpuBuffer>)> {
+        super::pool2d::pool2d_forward(self, kind, x, dims)
+    }
+
+    fn pool2d_backward(
+        &self,
+        kind: PoolKind,
+        dy: &GpuBuffer,
+        argmax: Option<&GpuBuffer>,
+        dims: Pool2dDims,
+    ) -> Result<GpuBuffer> {
+        super::pool2d::pool2d_backward(self, kind, dy, argmax, dims)
+    }
+}
