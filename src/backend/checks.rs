@@ -289,3 +289,106 @@ pub(crate) fn check_dispatch_sizes(what: &str, experts: usize, assignments: usiz
     }
     Ok(())
 }
+
+/// Checks a top-k gate's operands (`RoutingOps::topk_gate`): the sizes as
+/// [`super::check_gate_sizes`] wants them, and the logits and the selection scores, both
+/// `[rows, n]`.
+pub(crate) fn check_topk_gate<B: Operand>(
+    what: &str,
+    logits: &B,
+    scores: &B,
+    (rows, n, k): (usize, usize, usize),
+) -> Result<()> {
+    super::check_gate_sizes(what, rows, n, k)?;
+    super::check_lengths(
+        what,
+        &[
+            ("logits", logits.len(), rows * n),
+            ("scores", scores.len(), rows * n),
+        ],
+    )
+}
+
+/// Checks a softmax backward's operands (`NnOps::softmax_backward`): `rows, n ≥ 1`, and the
+/// output `y` and its gradient `dy`, both `[rows, n]`.
+pub(crate) fn check_softmax_backward<B: Operand>(
+    what: &str,
+    y: &B,
+    dy: &B,
+    rows: usize,
+    n: usize,
+) -> Result<()> {
+    super::check_gate_sizes(what, rows, n, 1)?;
+    super::check_lengths(
+        what,
+        &[("y", y.len(), rows * n), ("dy", dy.len(), rows * n)],
+    )
+}
+
+/// Checks a dispatch plan's operands (`RoutingOps::dispatch_plan`): `expert`, `weight`, `rank`
+/// and `valid` as long as `token`, and the sizes ([`check_dispatch_sizes`]). Returns the number
+/// of assignments.
+pub(crate) fn check_dispatch_plan<B: Operand>(
+    what: &str,
+    token: &B,
+    [expert, weight, rank, valid]: [&B; 4],
+    experts: usize,
+) -> Result<usize> {
+    let a = token.len();
+    super::check_lengths(
+        what,
+        &[
+            ("expert", expert.len(), a),
+            ("weight", weight.len(), a),
+            ("rank", rank.len(), a),
+            ("valid", valid.len(), a),
+        ],
+    )?;
+    check_dispatch_sizes(what, experts, a)?;
+    Ok(a)
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::backend::cpu::CpuBackend;
+    use crate::backend::{BufferOps, HostData, NnOps, RoutingOps};
+
+    fn f32s(be: &CpuBackend, n: usize) -> crate::backend::cpu::CpuBuffer {
+        be.upload(&HostData::F32(vec![0.5; n])).unwrap()
+    }
+    fn i32s(be: &CpuBackend, n: usize) -> crate::backend::cpu::CpuBuffer {
+        be.upload(&HostData::I32(vec![0; n])).unwrap()
+    }
+
+    /// Each bundled check names the operand whose length is off (the GPU launchers call the
+    /// same functions; `gpu_parity_fused` runs their good paths).
+    #[test]
+    fn the_bundled_routing_checks_name_the_operand_at_fault() {
+        let be = CpuBackend;
+        let (a, n) = (6, 3);
+        let (w, r, v) = (f32s(&be, a), f32s(&be, a), f32s(&be, a - 1));
+        let err = be
+            .dispatch_plan(&i32s(&be, a), &i32s(&be, a), (&w, &r, &v), n, None)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("valid holds 5 elements, expected 6"), "{err}");
+
+        let err = be
+            .softmax_backward(&f32s(&be, 2 * n), &f32s(&be, 2 * n + 1), 2, n)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("dy holds 7 elements, expected 6"), "{err}");
+
+        let (logits, scores) = (f32s(&be, 2 * n), f32s(&be, 2 * n - 1));
+        let err = be
+            .topk_gate(&logits, Some(&scores), 2, n, 2, true)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("scores holds 5 elements, expected 6"), "{err}");
+        let err = be
+            .topk_gate(&logits, None, 2, n, 4, true)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("1 ≤ k ≤ n"), "{err}");
+    }
+}

@@ -8,12 +8,12 @@ use super::{
 };
 use crate::Error;
 use crate::Result;
+use crate::backend::checks::check_softmax_backward;
 use crate::backend::checks::{
     check_attention_lengths, check_cross_entropy, check_layer_norm_lengths,
 };
 use crate::backend::{
     AttentionDims, AttentionGradOperands, Conv2dDims, LayerNormDims, NnOps, Pool2dDims, PoolKind,
-    check_gate_sizes, check_lengths,
 };
 
 impl NnOps for CpuBackend {
@@ -201,11 +201,7 @@ impl NnOps for CpuBackend {
         n: usize,
     ) -> Result<CpuBuffer> {
         const WHAT: &str = "softmax backward";
-        check_gate_sizes(WHAT, rows, n, 1)?;
-        check_lengths(
-            WHAT,
-            &[("y", y.len(), rows * n), ("dy", dy.len(), rows * n)],
-        )?;
+        check_softmax_backward(WHAT, y, dy, rows, n)?;
         match (y, dy) {
             (CpuBuffer::F32(y), CpuBuffer::F32(g)) => Ok(f32b(routing::softmax_backward(y, g, n))),
             (CpuBuffer::F64(y), CpuBuffer::F64(g)) => Ok(f64b(routing::softmax_backward(y, g, n))),

@@ -10,8 +10,8 @@ use super::{CpuBuffer, f32b, i32b, sort_key, sort_key_f32};
 use crate::Error;
 use crate::Result;
 use crate::backend::PlanBuffers;
-use crate::backend::checks::check_dispatch_sizes;
-use crate::backend::{RoutingOps, check_gate_backward_lengths, check_gate_sizes, check_lengths};
+use crate::backend::checks::{check_dispatch_plan, check_topk_gate};
+use crate::backend::{RoutingOps, check_gate_backward_lengths, check_gate_sizes};
 use num_traits::Float;
 use rayon::prelude::*;
 
@@ -227,15 +227,8 @@ impl RoutingOps for CpuBackend {
         renormalise: bool,
     ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
         const WHAT: &str = "topk_gate";
-        check_gate_sizes(WHAT, rows, n, k)?;
         let scores_buf = scores.unwrap_or(logits);
-        check_lengths(
-            WHAT,
-            &[
-                ("logits", logits.len(), rows * n),
-                ("scores", scores_buf.len(), rows * n),
-            ],
-        )?;
+        check_topk_gate(WHAT, logits, scores_buf, (rows, n, k))?;
         let dims = (rows, n, k);
         match (logits, scores_buf) {
             (CpuBuffer::F32(l), CpuBuffer::F32(s)) => {
@@ -300,18 +293,9 @@ impl RoutingOps for CpuBackend {
         capacity: Option<usize>,
     ) -> Result<PlanBuffers<CpuBuffer>> {
         const WHAT: &str = "dispatch_plan";
-        let (token, expert) = (token.indices(WHAT)?, expert.indices(WHAT)?);
-        let a = token.len();
-        check_lengths(
-            WHAT,
-            &[
-                ("expert", expert.len(), a),
-                ("weight", weight.len(), a),
-                ("rank", rank.len(), a),
-                ("valid", valid.len(), a),
-            ],
-        )?;
-        check_dispatch_sizes(WHAT, experts, a)?;
+        let (token_i, expert_i) = (token.indices(WHAT)?, expert.indices(WHAT)?);
+        check_dispatch_plan(WHAT, token, [expert, weight, rank, valid], experts)?;
+        let (token, expert) = (token_i, expert_i);
         match (weight, rank, valid) {
             (CpuBuffer::F32(w), CpuBuffer::F32(r), CpuBuffer::F32(v)) => {
                 Ok(dispatch_plan(token, expert, (w, r, v), experts, capacity))

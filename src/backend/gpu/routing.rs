@@ -7,7 +7,8 @@
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::RoutingOps;
-use crate::backend::{PlanBuffers, check_gate_backward_lengths, check_gate_sizes, check_lengths};
+use crate::backend::checks::{check_dispatch_plan, check_softmax_backward, check_topk_gate};
+use crate::backend::{PlanBuffers, check_gate_backward_lengths, check_gate_sizes};
 use crate::{DType, Error, Result};
 
 /// The kernels of `shaders/routing.wgsl`.
@@ -52,16 +53,9 @@ pub(crate) fn topk_gate(
     renormalise: bool,
 ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
     const WHAT: &str = "topk_gate";
-    check_gate_sizes(WHAT, rows, n, k)?;
     let scores = scores.unwrap_or(logits);
+    check_topk_gate(WHAT, logits, scores, (rows, n, k))?;
     expect_f32(WHAT, &[("logits", logits), ("scores", scores)])?;
-    check_lengths(
-        WHAT,
-        &[
-            ("logits", logits.len(), rows * n),
-            ("scores", scores.len(), rows * n),
-        ],
-    )?;
     let probs = be.alloc(rows * n, DType::F32)?;
     let idx = be.alloc(rows * k, DType::I32)?;
     let weights = be.alloc(rows * k, DType::F32)?;
@@ -129,12 +123,8 @@ pub(crate) fn softmax_backward(
     n: usize,
 ) -> Result<GpuBuffer> {
     const WHAT: &str = "softmax backward";
-    check_gate_sizes(WHAT, rows, n, 1)?;
+    check_softmax_backward(WHAT, y, dy, rows, n)?;
     expect_f32(WHAT, &[("y", y), ("dy", dy)])?;
-    check_lengths(
-        WHAT,
-        &[("y", y.len(), rows * n), ("dy", dy.len(), rows * n)],
-    )?;
     let out = be.alloc(rows * n, DType::F32)?;
     let params = [
         u32_param(rows, "softmax backward: rows")?,
@@ -168,17 +158,7 @@ pub(crate) fn dispatch_plan(
         WHAT,
         &[("weight", weight), ("rank", rank), ("valid", valid)],
     )?;
-    let a = token.len();
-    check_lengths(
-        WHAT,
-        &[
-            ("expert", expert.len(), a),
-            ("weight", weight.len(), a),
-            ("rank", rank.len(), a),
-            ("valid", valid.len(), a),
-        ],
-    )?;
-    crate::backend::checks::check_dispatch_sizes(WHAT, experts, a)?;
+    let a = check_dispatch_plan(WHAT, token, [expert, weight, rank, valid], experts)?;
     let n = u32_param(experts, "dispatch_plan: experts")?;
     let cap = match capacity {
         // a capacity of 2³² − 1 or more keeps every row, like none
