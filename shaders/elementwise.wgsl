@@ -97,11 +97,11 @@ fn powf(x: f32, y: f32) -> f32 {
 const GELU_K: f32 = 0.7978845608028654; // sqrt(2/pi)
 const GELU_C: f32 = 0.044715;
 
-// Op codes of `apply_unary` and `apply_binary`: the constants UNARY_NEG, ..., BINARY_GELU_BACKWARD
-// are not declared in this file. The launcher appends them, generated from the op table in
-// src/backend/elementwise_ops.rs (each op's index in its table), so a `case` here and the Rust
-// op it serves cannot drift apart; the unit test `every_op_has_a_wgsl_case` fails while an op of
-// the table has no `case` below.
+// `apply_unary(op, x, p0, p1)` and `apply_binary(op, a, b)`, which the unary and binary entry
+// points call, and the op codes they switch on (UNARY_NEG, ..., BINARY_GELU_BACKWARD) are not in
+// this file: the launcher appends them, generated from the op table in
+// src/backend/elementwise_ops.rs (each row holds its op's CPU math and its WGSL body, and its
+// index in the table is its code). The helpers those bodies call are below.
 
 // GELU's slope (tanh form): 0.5·(1 + tanh u) + 0.5·x·(1 − tanh² u)·u', u = K·(x + C·x³).
 fn gelu_grad(x: f32) -> f32 {
@@ -109,59 +109,6 @@ fn gelu_grad(x: f32) -> f32 {
     let t = tanh_safe(inner);
     let dinner = GELU_K * (1.0 + 3.0 * GELU_C * x * x);
     return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * dinner;
-}
-
-fn apply_unary(op: u32, x: f32, p0: f32, p1: f32) -> f32 {
-    switch op {
-        case UNARY_NEG: { return -x; }
-        case UNARY_EXP: { return exp(x); }
-        case UNARY_LOG: { return log_f(x); }
-        case UNARY_SQRT: { return sqrt_f(x); }
-        case UNARY_ABS: { return abs(x); }
-        case UNARY_RELU: { return rmax(x, 0.0); }
-        case UNARY_GELU: {
-            let inner = GELU_K * (x + GELU_C * x * x * x);
-            return 0.5 * x * (1.0 + tanh_safe(inner));
-        }
-        case UNARY_GELU_GRAD: { return gelu_grad(x); }
-        case UNARY_SILU: { return x / (1.0 + exp(-x)); }
-        case UNARY_TANH: { return tanh_safe(x); }
-        case UNARY_SIGMOID: { return 1.0 / (1.0 + exp(-x)); }
-        case UNARY_SOFTPLUS: { return rmax(x, 0.0) + log1p_f(exp(-abs(x))); }
-        case UNARY_RECIP: { return 1.0 / x; }
-        case UNARY_STEP: { return select(0.0, 1.0, x > 0.0); }
-        case UNARY_SIGN: {
-            if (x > 0.0) { return 1.0; }
-            if (x < 0.0) { return -1.0; }
-            return 0.0;
-        }
-        case UNARY_POWF: { return powf(x, p0); }
-        case UNARY_CLAMP: { return rmin(rmax(x, p0), p1); }
-        case UNARY_ADD_SCALAR: { return x + p0; }
-        case UNARY_MUL_SCALAR: { return x * p0; }
-        case UNARY_SOFTSIGN: { return x / (1.0 + abs(x)); }
-        default: { return nan_f32(); }
-    }
-}
-
-fn apply_binary(op: u32, a: f32, b: f32) -> f32 {
-    switch op {
-        case BINARY_ADD: { return a + b; }
-        case BINARY_SUB: { return a - b; }
-        case BINARY_MUL: { return a * b; }
-        case BINARY_DIV: { return a / b; }
-        case BINARY_MAX: { return rmax(a, b); }
-        case BINARY_MIN: { return rmin(a, b); }
-        case BINARY_POW: { return powf(a, b); }
-        case BINARY_GT: { return select(0.0, 1.0, a > b); }
-        case BINARY_GE: { return select(0.0, 1.0, a >= b); }
-        case BINARY_LT: { return select(0.0, 1.0, a < b); }
-        case BINARY_LE: { return select(0.0, 1.0, a <= b); }
-        case BINARY_EQ: { return select(0.0, 1.0, a == b); }
-        case BINARY_NE: { return select(1.0, 0.0, a == b); }
-        case BINARY_GELU_BACKWARD: { return a * gelu_grad(b); }
-        default: { return nan_f32(); }
-    }
 }
 
 // ---- fill -----------------------------------------------------------------------------------

@@ -2,21 +2,22 @@
 //! doc comment and its math.
 //!
 //! Each row of the two `*_ops!` tables below declares one enum variant and gives the formula the
-//! CPU backend evaluates (generic over `num_traits::Float`, so one body serves f32 and f64). From
-//! the same rows the macros generate everything else a device needs:
+//! CPU backend evaluates (generic over `num_traits::Float`, so one body serves f32 and f64) and,
+//! after `wgsl`, the same formula in WGSL for the GPU. From the rows the macros generate
+//! everything a device needs:
 //!
 //! - `UnaryOp::apply` / `BinaryOp::apply`: the CPU math (`backend/cpu/elementwise.rs` calls it;
 //!   a few hot ops there have hand-vectorised loops that must give the same values);
 //! - `code()`: the op's number in the GPU kernel, its position in its table;
-//! - [`wgsl_op_consts`]: the WGSL constants `UNARY_NEG`, … `BINARY_GELU_BACKWARD` holding those
-//!   numbers, appended to `shaders/elementwise.wgsl` when it is compiled, so the shader's
-//!   `switch` cases and the Rust codes cannot drift apart; the unit test
-//!   `every_op_has_a_wgsl_case` in `backend/gpu/elementwise.rs` fails while a row has no
-//!   `case` line in the shader.
+//! - [`wgsl_elementwise_ops`]: the WGSL constants `UNARY_NEG`, … `BINARY_GELU_BACKWARD` holding
+//!   those numbers and the functions `apply_unary` / `apply_binary`, a `case` per row, appended
+//!   to `shaders/elementwise.wgsl` when it is compiled (the helpers the bodies call, such as
+//!   `gelu_grad`, `log_f` or `rmax`, live in that file).
 //!
-//! A new elementwise op is therefore a row here (its CPU math), a `case` line in the shader, a
-//! `Tensor` method with its backward rule in `ops/elementwise.rs`, and its tests
-//! (docs/adding-an-op.md). The tables are device-neutral: no backend type appears here.
+//! A new elementwise op is therefore a row here (its CPU math and its WGSL line: a row without
+//! either does not compile), a `Tensor` method with its backward rule in `ops/elementwise.rs`,
+//! and its tests (docs/adding-an-op.md). The tables are device-neutral: no backend type appears
+//! here.
 
 use num_traits::Float;
 
@@ -45,7 +46,7 @@ fn upper_snake(name: &str) -> String {
 /// Declares `UnaryOp` from rows `Name(params: f64) => |x| math`, with `apply`, `code`,
 /// `params` and `NAMES` (see the module doc).
 macro_rules! unary_ops {
-    ($( $(#[$doc:meta])* $name:ident $( ( $($p:ident : f64),+ ) )? => |$x:ident| $body:expr ),+ $(,)?) => {
+    ($( $(#[$doc:meta])* $name:ident $( ( $($p:ident : f64),+ ) )? => |$x:ident| $body:expr, wgsl $wgsl:literal );+ $(;)?) => {
         /// Elementwise functions of one input. Parameters are carried as f64 and rounded to the
         /// buffer's dtype. The rows of the table in `backend/elementwise_ops.rs`.
         #[derive(Clone, Copy, Debug, PartialEq)]
@@ -56,6 +57,9 @@ macro_rules! unary_ops {
         impl UnaryOp {
             /// The variant names in table order (a variant's index is its [`UnaryOp::code`]).
             pub(crate) const NAMES: &'static [&'static str] = &[$( stringify!($name) ),+];
+            /// Each op's WGSL body in table order (statements over `x`, `p0`, `p1` that
+            /// `return` an f32), from which `apply_unary` is generated.
+            pub(crate) const WGSL: &'static [&'static str] = &[$( $wgsl ),+];
 
             /// The op applied to one value: the CPU backend's math, from the table's row.
             #[inline]
@@ -92,7 +96,7 @@ macro_rules! unary_ops {
 
 /// Declares `BinaryOp` from rows `Name => |a, b| math`, with `apply`, `code` and `NAMES`.
 macro_rules! binary_ops {
-    ($( $(#[$doc:meta])* $name:ident => |$a:ident, $b:ident| $body:expr ),+ $(,)?) => {
+    ($( $(#[$doc:meta])* $name:ident => |$a:ident, $b:ident| $body:expr, wgsl $wgsl:literal );+ $(;)?) => {
         /// Elementwise functions of two inputs (with broadcasting through strides). Comparisons
         /// return 1 or 0 in the inputs' dtype. The rows of the table in
         /// `backend/elementwise_ops.rs`.
@@ -104,6 +108,9 @@ macro_rules! binary_ops {
         impl BinaryOp {
             /// The variant names in table order (a variant's index is its [`BinaryOp::code`]).
             pub(crate) const NAMES: &'static [&'static str] = &[$( stringify!($name) ),+];
+            /// Each op's WGSL body in table order (statements over `a`, `b` that `return` an
+            /// f32), from which `apply_binary` is generated.
+            pub(crate) const WGSL: &'static [&'static str] = &[$( $wgsl ),+];
 
             /// The op applied to one pair of values: the CPU backend's math.
             #[inline]
@@ -126,23 +133,23 @@ macro_rules! binary_ops {
 
 unary_ops! {
     /// `-x`
-    Neg => |x| -x,
+    Neg => |x| -x, wgsl "return -x;";
     /// `e^x`
-    Exp => |x| x.exp(),
+    Exp => |x| x.exp(), wgsl "return exp(x);";
     /// natural logarithm
-    Log => |x| x.ln(),
+    Log => |x| x.ln(), wgsl "return log_f(x);";
     /// square root
-    Sqrt => |x| x.sqrt(),
+    Sqrt => |x| x.sqrt(), wgsl "return sqrt_f(x);";
     /// `|x|`
-    Abs => |x| x.abs(),
+    Abs => |x| x.abs(), wgsl "return abs(x);";
     /// `max(x, 0)`
-    Relu => |x| x.max(T::zero()),
+    Relu => |x| x.max(T::zero()), wgsl "return rmax(x, 0.0);";
     /// GELU, tanh approximation: `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))`
     Gelu => |x| {
         let k: T = lit(0.797_884_560_802_865_4); // sqrt(2/pi)
         let inner = k * (x + lit::<T>(0.044715) * x * x * x);
         lit::<T>(0.5) * x * (T::one() + inner.tanh())
-    },
+    }, wgsl "let inner = GELU_K * (x + GELU_C * x * x * x); return 0.5 * x * (1.0 + tanh_safe(inner));";
     /// derivative of [`UnaryOp::Gelu`]
     GeluGrad => |x| {
         let k: T = lit(0.797_884_560_802_865_4);
@@ -150,63 +157,63 @@ unary_ops! {
         let t = inner.tanh();
         let dinner = k * (T::one() + lit::<T>(3.0 * 0.044715) * x * x);
         lit::<T>(0.5) * (T::one() + t) + lit::<T>(0.5) * x * (T::one() - t * t) * dinner
-    },
+    }, wgsl "return gelu_grad(x);";
     /// `x·σ(x)`
-    Silu => |x| x / (T::one() + (-x).exp()),
+    Silu => |x| x / (T::one() + (-x).exp()), wgsl "return x / (1.0 + exp(-x));";
     /// `tanh(x)`
-    Tanh => |x| x.tanh(),
+    Tanh => |x| x.tanh(), wgsl "return tanh_safe(x);";
     /// `1 / (1 + e^-x)`
-    Sigmoid => |x| T::one() / (T::one() + (-x).exp()),
+    Sigmoid => |x| T::one() / (T::one() + (-x).exp()), wgsl "return 1.0 / (1.0 + exp(-x));";
     /// `ln(1 + e^x)`, computed stably as `max(x,0) + ln(1 + e^-|x|)`
-    Softplus => |x| x.max(T::zero()) + (-x.abs()).exp().ln_1p(),
+    Softplus => |x| x.max(T::zero()) + (-x.abs()).exp().ln_1p(), wgsl "return rmax(x, 0.0) + log1p_f(exp(-abs(x)));";
     /// `1 / x`
-    Recip => |x| T::one() / x,
+    Recip => |x| T::one() / x, wgsl "return 1.0 / x;";
     /// `1` where `x > 0`, else `0`
-    Step => |x| flag(x > T::zero()),
+    Step => |x| flag(x > T::zero()), wgsl "return select(0.0, 1.0, x > 0.0);";
     /// `-1`, `0` or `1`
-    Sign => |x| flag::<T>(x > T::zero()) - flag::<T>(x < T::zero()),
+    Sign => |x| flag::<T>(x > T::zero()) - flag::<T>(x < T::zero()), wgsl "if (x > 0.0) { return 1.0; } if (x < 0.0) { return -1.0; } return 0.0;";
     /// `x^p` for a constant `p`
-    Powf(p: f64) => |x| x.powf(p),
+    Powf(p: f64) => |x| x.powf(p), wgsl "return powf(x, p0);";
     /// `min(max(x, lo), hi)`
-    Clamp(lo: f64, hi: f64) => |x| x.max(lo).min(hi),
+    Clamp(lo: f64, hi: f64) => |x| x.max(lo).min(hi), wgsl "return rmin(rmax(x, p0), p1);";
     /// `x + c`
-    AddScalar(c: f64) => |x| x + c,
+    AddScalar(c: f64) => |x| x + c, wgsl "return x + p0;";
     /// `x · c`
-    MulScalar(c: f64) => |x| x * c,
+    MulScalar(c: f64) => |x| x * c, wgsl "return x * p0;";
     /// softsign, `x / (1 + |x|)`: a sigmoid-shaped squashing into (−1, 1) with polynomial tails
-    Softsign => |x| x / (T::one() + x.abs()),
+    Softsign => |x| x / (T::one() + x.abs()), wgsl "return x / (1.0 + abs(x));";
 }
 
 binary_ops! {
     /// `a + b`
-    Add => |a, b| a + b,
+    Add => |a, b| a + b, wgsl "return a + b;";
     /// `a - b`
-    Sub => |a, b| a - b,
+    Sub => |a, b| a - b, wgsl "return a - b;";
     /// `a · b`
-    Mul => |a, b| a * b,
+    Mul => |a, b| a * b, wgsl "return a * b;";
     /// `a / b`
-    Div => |a, b| a / b,
+    Div => |a, b| a / b, wgsl "return a / b;";
     /// `max(a, b)`
-    Max => |a, b| a.max(b),
+    Max => |a, b| a.max(b), wgsl "return rmax(a, b);";
     /// `min(a, b)`
-    Min => |a, b| a.min(b),
+    Min => |a, b| a.min(b), wgsl "return rmin(a, b);";
     /// `a^b`
-    Pow => |a, b| a.powf(b),
+    Pow => |a, b| a.powf(b), wgsl "return powf(a, b);";
     /// `a > b`
-    Gt => |a, b| flag(a > b),
+    Gt => |a, b| flag(a > b), wgsl "return select(0.0, 1.0, a > b);";
     /// `a >= b`
-    Ge => |a, b| flag(a >= b),
+    Ge => |a, b| flag(a >= b), wgsl "return select(0.0, 1.0, a >= b);";
     /// `a < b`
-    Lt => |a, b| flag(a < b),
+    Lt => |a, b| flag(a < b), wgsl "return select(0.0, 1.0, a < b);";
     /// `a <= b`
-    Le => |a, b| flag(a <= b),
+    Le => |a, b| flag(a <= b), wgsl "return select(0.0, 1.0, a <= b);";
     /// `a == b`
-    Eq => |a, b| flag(a == b),
+    Eq => |a, b| flag(a == b), wgsl "return select(0.0, 1.0, a == b);";
     /// `a != b`
-    Ne => |a, b| flag(a != b),
+    Ne => |a, b| flag(a != b), wgsl "return select(1.0, 0.0, a == b);";
     /// `a · gelu'(b)`: GELU's backward in one pass, the upstream gradient `a` times the slope of
     /// GELU (tanh form) at the input `b`
-    GeluBackward => |a, b| a * UnaryOp::GeluGrad.apply(b),
+    GeluBackward => |a, b| a * UnaryOp::GeluGrad.apply(b), wgsl "return a * gelu_grad(b);";
 }
 
 /// The WGSL name of unary op `name` (`"GeluGrad"` -> `"UNARY_GELU_GRAD"`).
@@ -219,16 +226,34 @@ pub(crate) fn binary_wgsl_name(name: &str) -> String {
     format!("BINARY_{}", upper_snake(name))
 }
 
-/// One `const UNARY_…: u32 = code;` line per unary op and one `BINARY_…` per binary op: the op
-/// codes `shaders/elementwise.wgsl` switches on, generated from the tables.
-pub(crate) fn wgsl_op_consts() -> String {
-    let mut s =
-        String::from("\n// ---- op codes, generated from src/backend/elementwise_ops.rs ----\n");
-    let unary = UnaryOp::NAMES.iter().map(|n| unary_wgsl_name(n));
-    let binary = BinaryOp::NAMES.iter().map(|n| binary_wgsl_name(n));
-    for (code, name) in unary.enumerate().chain(binary.enumerate()) {
+/// The WGSL the op tables generate for `shaders/elementwise.wgsl`, appended to it when it is
+/// compiled: one `const UNARY_…: u32 = code;` line per unary op and one `BINARY_…` per binary
+/// op (the codes the launchers pass), and the two functions the kernels call,
+/// `apply_unary(op, x, p0, p1)` and `apply_binary(op, a, b)`, each a `switch` with one `case`
+/// per row holding the row's WGSL body (an unknown code gives NaN).
+pub(crate) fn wgsl_elementwise_ops() -> String {
+    let mut s = String::from("\n// ---- generated from src/backend/elementwise_ops.rs ----\n");
+    let unary: Vec<String> = UnaryOp::NAMES.iter().map(|n| unary_wgsl_name(n)).collect();
+    let binary: Vec<String> = BinaryOp::NAMES
+        .iter()
+        .map(|n| binary_wgsl_name(n))
+        .collect();
+    for (code, name) in unary.iter().enumerate().chain(binary.iter().enumerate()) {
         s.push_str(&format!("const {name}: u32 = {code}u;\n"));
     }
+    let switch = |names: &[String], bodies: &[&str]| -> String {
+        let cases: String = names
+            .iter()
+            .zip(bodies)
+            .map(|(name, body)| format!("        case {name}: {{ {body} }}\n"))
+            .collect();
+        format!("    switch op {{\n{cases}        default: {{ return nan_f32(); }}\n    }}\n")
+    };
+    s.push_str("\nfn apply_unary(op: u32, x: f32, p0: f32, p1: f32) -> f32 {\n");
+    s.push_str(&switch(&unary, UnaryOp::WGSL));
+    s.push_str("}\n\nfn apply_binary(op: u32, a: f32, b: f32) -> f32 {\n");
+    s.push_str(&switch(&binary, BinaryOp::WGSL));
+    s.push_str("}\n");
     s
 }
 
@@ -252,9 +277,14 @@ mod tests {
         assert_eq!(UnaryOp::Exp.params(), [0.0, 0.0]);
         assert_eq!(unary_wgsl_name("GeluGrad"), "UNARY_GELU_GRAD");
         assert_eq!(binary_wgsl_name("GeluBackward"), "BINARY_GELU_BACKWARD");
-        let consts = wgsl_op_consts();
-        assert!(consts.contains("const UNARY_MUL_SCALAR: u32 = 18u;"));
-        assert!(consts.contains("const BINARY_NE: u32 = 12u;"));
+        let wgsl = wgsl_elementwise_ops();
+        assert!(wgsl.contains("const UNARY_MUL_SCALAR: u32 = 18u;"));
+        assert!(wgsl.contains("const BINARY_NE: u32 = 12u;"));
+        // each row's body lands in its op's case
+        assert!(wgsl.contains("case UNARY_SOFTSIGN: { return x / (1.0 + abs(x)); }"));
+        assert!(wgsl.contains("case BINARY_GELU_BACKWARD: { return a * gelu_grad(b); }"));
+        assert_eq!(wgsl.matches("case UNARY_").count(), UnaryOp::NAMES.len());
+        assert_eq!(wgsl.matches("case BINARY_").count(), BinaryOp::NAMES.len());
     }
 
     #[test]

@@ -31,7 +31,7 @@ pub use family::{
     RoutingOps,
 };
 
-pub(crate) use elementwise_ops::wgsl_op_consts;
+pub(crate) use elementwise_ops::wgsl_elementwise_ops;
 pub use elementwise_ops::{BinaryOp, UnaryOp};
 
 use crate::{DType, Result};

@@ -12,14 +12,15 @@ use crate::backend::{BinaryOp, Strided, UnaryOp};
 use crate::{DType, Error, Result};
 use std::sync::LazyLock;
 
-/// The kernels of `shaders/elementwise.wgsl`, followed by the op codes generated from the table
-/// in `backend/elementwise_ops.rs` (built once per process).
+/// The kernels of `shaders/elementwise.wgsl`, followed by the op codes and the `apply_unary` /
+/// `apply_binary` functions generated from the table in `backend/elementwise_ops.rs` (built
+/// once per process).
 pub(crate) static ELEMENTWISE: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "elementwise",
     source: String::leak(format!(
         "{}{}",
         include_str!("../../../shaders/elementwise.wgsl"),
-        crate::backend::wgsl_op_consts()
+        crate::backend::wgsl_elementwise_ops()
     )),
 });
 
@@ -198,17 +199,21 @@ mod tests {
     use super::*;
     use crate::backend::elementwise_ops::{binary_wgsl_name, unary_wgsl_name};
 
-    /// Every op of the table in `backend/elementwise_ops.rs` is a `case` of the shader's switch,
-    /// and the shader file declares no op constant of its own (they are generated).
+    /// The shader file holds neither the op functions nor the op constants (they are generated
+    /// from the table in `backend/elementwise_ops.rs`), and the compiled source has a `case` for
+    /// every op of the table, with the table's codes.
     #[test]
-    fn every_op_has_a_wgsl_case() {
+    fn the_op_functions_and_codes_come_from_the_table_only() {
         let file = include_str!("../../../shaders/elementwise.wgsl");
-        let names = UnaryOp::NAMES.iter().map(|n| unary_wgsl_name(n));
-        let names = names.chain(BinaryOp::NAMES.iter().map(|n| binary_wgsl_name(n)));
-        for name in names {
+        for generated in [
+            "fn apply_unary",
+            "fn apply_binary",
+            "case UNARY_",
+            "case BINARY_",
+        ] {
             assert!(
-                file.contains(&format!("case {name}:")),
-                "shaders/elementwise.wgsl has no `case {name}:`"
+                !file.contains(generated),
+                "shaders/elementwise.wgsl has `{generated}`; it is generated from the op table"
             );
         }
         let own = super::super::kernels::wgsl_u32_consts(file);
@@ -220,5 +225,17 @@ mod tests {
         let compiled = super::super::kernels::wgsl_u32_consts(ELEMENTWISE.source);
         assert_eq!(compiled.get("UNARY_NEG"), Some(&UnaryOp::Neg.code()));
         assert_eq!(compiled.get("BINARY_NE"), Some(&BinaryOp::Ne.code()));
+        for name in UnaryOp::NAMES.iter().map(|n| unary_wgsl_name(n)) {
+            assert!(
+                ELEMENTWISE.source.contains(&format!("case {name}:")),
+                "{name}"
+            );
+        }
+        for name in BinaryOp::NAMES.iter().map(|n| binary_wgsl_name(n)) {
+            assert!(
+                ELEMENTWISE.source.contains(&format!("case {name}:")),
+                "{name}"
+            );
+        }
     }
 }
