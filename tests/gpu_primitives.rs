@@ -803,6 +803,30 @@ fn one_dimensional_launch_beyond_65535_workgroups() {
     let y = f32s(g_down(&g, &g.unary(UnaryOp::MulScalar(2.0), &x).unwrap()));
     assert_eq!(y.len(), len);
     assert!(y.iter().all(|&v| v == 3.0), "every folded workgroup ran");
+    drop(y);
+    // the newest op of the table (softsign) on the folded grid, against the CPU, over values of
+    // both signs
+    let gx = g
+        .unary(
+            UnaryOp::AddScalar(-0.5),
+            &g.random_uniform(len, seed, DType::F32).unwrap(),
+        )
+        .unwrap();
+    let cx = CPU
+        .unary(
+            UnaryOp::AddScalar(-0.5),
+            &CPU.random_uniform(len, seed, DType::F32).unwrap(),
+        )
+        .unwrap();
+    let got = f32s(g_down(&g, &g.unary(UnaryOp::Softsign, &gx).unwrap()));
+    let want = f32s(c_down(&CPU.unary(UnaryOp::Softsign, &cx).unwrap()));
+    assert_eq!(got.len(), len);
+    for (i, (a, b)) in got.iter().zip(&want).enumerate() {
+        assert!(
+            (a - b).abs() <= 1e-6,
+            "softsign beyond 65535 workgroups: element {i}: got {a}, expected {b}"
+        );
+    }
 }
 
 // ---- optimizers -------------------------------------------------------------------------------
