@@ -1,5 +1,5 @@
-// layer_norm.wgsl: layer normalisation of each row, the GPU end of `Tensor::layer_norm` (forward)
-// and of its backward rule. Launchers: src/backend/gpu/layer_norm.rs, one function per entry
+// layer_norm.wgsl: layer normalisation (or RMSNorm) of each row, the GPU end of
+// `Tensor::layer_norm` and `Tensor::rms_norm` (forward) and of their backward rule. Launchers: src/backend/gpu/layer_norm.rs, one function per entry
 // point family.
 //
 // Layout (f32, contiguous): x, y, g (the upstream gradient) and dx are [rows, dim], element
@@ -8,6 +8,8 @@
 // rstd_r = 1/√(var_r + eps), x̂_rj = (x_rj − mean_r)·rstd_r, y_rj = x̂_rj·gamma_j + beta_j.
 // Backward with h_rj = g_rj·gamma_j: dx_rj = rstd_r·(h_rj − mean_j(h_r) − x̂_rj·mean_j(h_r·x̂_r)),
 // dgamma_j = Σ_r g_rj·x̂_rj, dbeta_j = Σ_r g_rj.
+// RMSNorm (p.centered = 0): mean_r is 0 (so var_r is the mean square), beta is not read (y_rj =
+// x̂_rj·gamma_j) and dx_rj = rstd_r·(h_rj − x̂_rj·mean_j(h_r·x̂_r)).
 //
 // ---- entry point `layer_norm_forward` ---------------------------------------------------------
 //   binding 1 x, 2 gamma, 3 beta (read), 4 y, 5 mean, 6 rstd (written). One workgroup of WG = 64
@@ -24,9 +26,9 @@
 //   column j (workgroup 64, grid folded into x/y over dim invocations) walks the rows in order,
 //   so the sums are deterministic (the CPU walks them in the same order).
 //
-// params (binding 0, LnParams): rows, dim, eps (f32 bits).
+// params (binding 0, LnParams): rows, dim, eps (f32 bits), centered (1 layer norm, 0 RMSNorm).
 
-struct LnParams { rows: u32, dim: u32, eps: f32 }
+struct LnParams { rows: u32, dim: u32, eps: f32, centered: u32 }
 
 const WG: u32 = 64u;
 
@@ -69,11 +71,14 @@ fn layer_norm_forward(@builtin(workgroup_id) wid: vec3<u32>,
     if (r >= p.rows) { return; }
     let base = r * p.dim;
     let n = f32(p.dim);
-    var s = 0.0;
-    for (var j = lid; j < p.dim; j = j + WG) { s = s + f_x[base + j]; }
-    partial[lid] = s;
-    partial2[lid] = 0.0;
-    let mean = tree_sum2(lid).x / n;
+    var mean = 0.0;
+    if (p.centered != 0u) {
+        var s = 0.0;
+        for (var j = lid; j < p.dim; j = j + WG) { s = s + f_x[base + j]; }
+        partial[lid] = s;
+        partial2[lid] = 0.0;
+        mean = tree_sum2(lid).x / n;
+    }
     var q = 0.0;
     for (var j = lid; j < p.dim; j = j + WG) {
         let c = f_x[base + j] - mean;
@@ -83,7 +88,9 @@ fn layer_norm_forward(@builtin(workgroup_id) wid: vec3<u32>,
     partial2[lid] = 0.0;
     let rstd = 1.0 / sqrt(tree_sum2(lid).x / n + p.eps);
     for (var j = lid; j < p.dim; j = j + WG) {
-        f_y[base + j] = (f_x[base + j] - mean) * rstd * f_gamma[j] + f_beta[j];
+        var y = (f_x[base + j] - mean) * rstd * f_gamma[j];
+        if (p.centered != 0u) { y = y + f_beta[j]; }
+        f_y[base + j] = y;
     }
     if (lid == 0u) {
         f_mean[r] = mean;
@@ -118,7 +125,8 @@ fn layer_norm_backward_x(@builtin(workgroup_id) wid: vec3<u32>,
     }
     partial[lid] = sh;
     partial2[lid] = shx;
-    let sums = tree_sum2(lid) / f32(p.dim);
+    var sums = tree_sum2(lid) / f32(p.dim);
+    if (p.centered == 0u) { sums.x = 0.0; }
     for (var j = lid; j < p.dim; j = j + WG) {
         let h = b_g[base + j] * b_gamma[j];
         let xhat = (b_x[base + j] - mean) * rstd;

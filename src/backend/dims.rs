@@ -100,7 +100,9 @@ impl<B: ?Sized> Clone for AttentionGradOperands<'_, B> {
 impl<B: ?Sized> Copy for AttentionGradOperands<'_, B> {}
 
 /// Sizes of a layer normalisation: `rows` rows of `dim` values, each row normalised on its own,
-/// with `eps` added to the variance (see `ops/layer_norm.rs` for the math).
+/// with `eps` added to the variance (see `ops/layer_norm.rs` for the math). With `centered`
+/// false the same kernels compute RMSNorm: the mean is taken as 0 (so the "variance" is the mean
+/// square) and `beta` is not read.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LayerNormDims {
     /// number of rows (the product of every axis but the last)
@@ -109,6 +111,9 @@ pub struct LayerNormDims {
     pub dim: usize,
     /// added to the variance before the square root
     pub eps: f64,
+    /// true: layer norm (subtract each row's mean, add `beta`); false: RMSNorm (no mean, no
+    /// `beta`)
+    pub centered: bool,
 }
 
 /// Geometry of a 2-D convolution (cross-correlation, as in PyTorch) over a batch of images, the

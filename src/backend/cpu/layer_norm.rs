@@ -1,5 +1,6 @@
-//! The CPU kernels of `Tensor::layer_norm` (`NnOps::layer_norm_forward` / `_backward`), generic
-//! over f32 and f64: each row's statistics in two passes over it.
+//! The CPU kernels of `Tensor::layer_norm` and `Tensor::rms_norm` (`NnOps::layer_norm_forward` /
+//! `_backward`, RMSNorm when `LayerNormDims::centered` is false), generic over f32 and f64: each
+//! row's statistics in two passes over it (one for RMSNorm).
 //!
 //! Each row's sums run in eight lanes ([`lane_sum`]), so they vectorise; groups of rows run in
 //! parallel, and the parameters' gradients split their columns over the threads.
@@ -15,10 +16,15 @@ use num_traits::Float;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 
-/// `(mean_r, rstd_r)` of row `x` (two passes: the mean, then the centred squares).
-fn row_stats<T: Float>(x: &[T], eps: T) -> (T, T) {
+/// `(mean_r, rstd_r)` of row `x` (two passes: the mean, then the centred squares); uncentred
+/// (RMSNorm), the mean is 0 and one pass takes the mean square.
+fn row_stats<T: Float>(x: &[T], eps: T, centered: bool) -> (T, T) {
     let n = T::from(x.len()).unwrap_or_else(T::one);
-    let mean = lane_sum(x, x, x, |v, _, _| v) / n;
+    let mean = if centered {
+        lane_sum(x, x, x, |v, _, _| v) / n
+    } else {
+        T::zero()
+    };
     let var = lane_sum(x, x, x, |v, _, _| (v - mean) * (v - mean)) / n;
     (mean, T::one() / (var + eps).sqrt())
 }
@@ -28,7 +34,8 @@ fn rows_per_task(dim: usize) -> usize {
     (MAP_CHUNK / dim.max(1)).max(1)
 }
 
-/// `(y, mean, rstd)`; see `NnOps::layer_norm_forward`. Lengths were checked by the caller.
+/// `(y, mean, rstd)`; see `NnOps::layer_norm_forward` (`beta` unread when `d.centered` is false).
+/// Lengths were checked by the caller.
 pub(crate) fn forward<T: Float + Send + Sync>(
     x: &[T],
     gamma: &[T],
@@ -47,9 +54,15 @@ pub(crate) fn forward<T: Float + Send + Sync>(
             .enumerate()
         {
             let x_r = &x[(first + r) * dim..(first + r + 1) * dim];
-            (*m, *s) = row_stats(x_r, eps);
-            for (((o, &v), &g), &b) in y_r.iter_mut().zip(x_r).zip(gamma).zip(beta) {
-                *o = (v - *m) * *s * g + b;
+            (*m, *s) = row_stats(x_r, eps, d.centered);
+            if d.centered {
+                for (((o, &v), &g), &b) in y_r.iter_mut().zip(x_r).zip(gamma).zip(beta) {
+                    *o = (v - *m) * *s * g + b;
+                }
+            } else {
+                for ((o, &v), &g) in y_r.iter_mut().zip(x_r).zip(gamma) {
+                    *o = v * *s * g;
+                }
             }
         }
     };
@@ -79,8 +92,12 @@ pub(crate) fn backward<T: Float + Send + Sync>(
     let fill = |r: usize, out: &mut [MaybeUninit<T>]| {
         let (gr, xr) = (&g[r * dim..(r + 1) * dim], &x[r * dim..(r + 1) * dim]);
         let (m, s) = (mean[r], rstd[r]);
-        // mean_j(h) and mean_j(h·x̂), h = g·gamma
-        let sh = lane_sum(gr, gamma, gamma, |gv, w, _| gv * w) / n;
+        // mean_j(h) (layer norm only: RMSNorm subtracts no mean) and mean_j(h·x̂), h = g·gamma
+        let sh = if d.centered {
+            lane_sum(gr, gamma, gamma, |gv, w, _| gv * w) / n
+        } else {
+            T::zero()
+        };
         let shx = lane_sum(gr, gamma, xr, |gv, w, xv| gv * w * (xv - m) * s) / n;
         for (((o, &gv), &xv), &w) in out.iter_mut().zip(gr).zip(xr).zip(gamma) {
             o.write(s * (gv * w - sh - (xv - m) * s * shx));

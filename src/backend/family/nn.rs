@@ -36,7 +36,9 @@ pub trait NnOps: BufferOps {
     /// Layer normalisation, forward: for each row `r` of `x` `[rows, dim]`, `mean_r`, the biased
     /// variance `var_r` (two passes), `rstd_r = 1/√(var_r + eps)` and
     /// `y_rj = (x_rj − mean_r)·rstd_r·gamma_j + beta_j`. Returns `(y [rows, dim], mean [rows],
-    /// rstd [rows])`; `gamma` and `beta` are `[dim]`. Sizes ≥ 1.
+    /// rstd [rows])`; `gamma` and `beta` are `[dim]`. Sizes ≥ 1. With `dims.centered` false it
+    /// is RMSNorm: `mean_r = 0` (returned as zeros), `var_r` the mean square and
+    /// `y_rj = x_rj·rstd_r·gamma_j`, `beta` unread (callers pass `gamma` again).
     fn layer_norm_forward(
         &self,
         x: &Self::Buffer,
@@ -48,7 +50,8 @@ pub trait NnOps: BufferOps {
     /// upstream gradient `g`, from the input `x`, `gamma` and the forward's `mean` and `rstd`.
     /// With `x̂ = (x − mean)·rstd` and `h = g·gamma`:
     /// `dx = rstd·(h − mean_j(h) − x̂·mean_j(h·x̂))`, `dgamma = Σ_r g·x̂`, `dbeta = Σ_r g`, the
-    /// column sums taken over the rows in order.
+    /// column sums taken over the rows in order. RMSNorm (`dims.centered` false) drops the
+    /// `mean_j(h)` term (`dbeta` is still returned, and unused).
     fn layer_norm_backward(
         &self,
         g: &Self::Buffer,

@@ -1,4 +1,6 @@
-//! Launchers of `shaders/layer_norm.wgsl`, the GPU end of `Tensor::layer_norm`:
+//! Launchers of `shaders/layer_norm.wgsl`, the GPU end of `Tensor::layer_norm` and
+//! `Tensor::rms_norm` (`LayerNormDims::centered` false; RMSNorm passes `gamma` again for the
+//! unread `beta` binding):
 //!
 //! - [`layer_norm_forward`] (entry `layer_norm_forward`): `y`, `mean`, `rstd`, one workgroup per
 //!   row;
@@ -25,13 +27,18 @@ pub(crate) static LAYER_NORM_SHADER: Shader = Shader {
 const WG: u32 = 64;
 
 /// Checks f32 and the lengths of `[rows, dim]`, `[dim]` and `[rows]` operands; returns the
-/// kernel parameters `[rows, dim, eps bits]`.
+/// kernel parameters `[rows, dim, eps bits, centered]`.
 fn check(
     what: &str,
     groups: [(&[(&str, &GpuBuffer)], &str); 3],
     d: LayerNormDims,
-) -> Result<[u32; 3]> {
-    let LayerNormDims { rows, dim, eps } = d;
+) -> Result<[u32; 4]> {
+    let LayerNormDims {
+        rows,
+        dim,
+        eps,
+        centered,
+    } = d;
     rows.checked_mul(dim)
         .filter(|&n| n > 0 && n <= u32::MAX as usize)
         .ok_or_else(|| {
@@ -56,6 +63,7 @@ fn check(
         u32_param(rows, "layer_norm rows")?,
         u32_param(dim, "layer_norm dim")?,
         (eps as f32).to_bits(),
+        u32::from(centered),
     ])
 }
 
