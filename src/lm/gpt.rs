@@ -245,7 +245,7 @@ impl Gpt {
         let linear = |i: usize, o: usize, std: f64, rng: &mut ChaCha8Rng| -> Result<Linear> {
             Ok(Linear {
                 weight: Param::new(normal(&[i, o], std, rng, device)?)?,
-                bias: Param::new(Tensor::zeros(&[o], crate::DType::F32, device)?)?,
+                bias: Some(Param::new(Tensor::zeros(&[o], crate::DType::F32, device)?)?),
             })
         };
         let tok_emb = Embedding {

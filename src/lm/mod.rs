@@ -1,15 +1,20 @@
-//! Character-level language models: a GPT whose feed-forward blocks may be MoE layers
-//! ([`Gpt`]), sampling text from it ([`generate()`]), and training by iterations on a text corpus
+//! Language models: a GPT whose feed-forward blocks may be MoE layers ([`Gpt`]), the Llama-style
+//! decoder of the Llama, Mixtral, Qwen2-MoE and OLMoE families ([`Decoder`], [`DecoderConfig`]),
+//! sampling text from it ([`generate()`]), and training by iterations on a text corpus
 //! ([`run()`], which `moegrad train --model gpt|moe-gpt` runs). The data side (vocabulary, split,
 //! windows) is `data/text.rs`; the attention op is `ops/attention.rs`.
 //!
 //! Every item has one path, `moegrad::lm::Item`; the files are private.
 
+mod decoder;
+mod decoder_config;
 mod generate;
 mod gpt;
 mod task;
 mod train;
 
+pub use decoder::Decoder;
+pub use decoder_config::{DecoderConfig, Family, SparseLayers};
 pub use generate::{MAX_TOKENS, SampleOptions, generate};
 pub use gpt::{FeedForward, Gpt, GptConfig, GptOutput};
 pub(crate) use train::make_optimizer;

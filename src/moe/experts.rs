@@ -1,6 +1,8 @@
 //! The expert bank: `n` two-layer MLP experts stored stacked (`W1: [n, d, h]`, `b1: [n, h]`,
 //! `W2: [n, h, d_out]`, `b2: [n, d_out]`) and run with the grouped matmul, each expert only on
-//! the rows the dispatch plan gave it.
+//! the rows the dispatch plan gave it. SwiGLU experts (Mixtral, Qwen-MoE, OLMoE, DeepSeek) hold
+//! their gate and up projections side by side in `W1: [n, d, 2h]` (gate first, transformers
+//! v5's `gate_up_proj` transposed) and compute `silu(x·W_gate) ⊙ (x·W_up)` between the products.
 //!
 //! Rows that were dropped or invalid are replaced by exact zeros with `where` (never multiplied
 //! by a zero weight), so whatever an unselected expert's parameters hold — even NaN — cannot
@@ -32,7 +34,7 @@ pub struct ExpertBank {
     pub w2: Param,
     /// `[n, d_out]` (None: no output bias)
     pub b2: Option<Param>,
-    /// ReLU or GELU
+    /// ReLU, GELU or SwiGLU (gated: `w1` is `[n, d, 2h]`)
     pub activation: Activation,
 }
 
@@ -47,7 +49,7 @@ pub struct ExpertBankConfig {
     pub hidden: usize,
     /// the output width
     pub d_out: usize,
-    /// the activation between the two layers (ReLU or GELU)
+    /// the activation between the two layers (ReLU, GELU, or the gated SwiGLU)
     pub activation: Activation,
     /// whether each layer has a bias (without: `x → act(x·W1)·W2`, as in Mixtral-style experts)
     pub bias: bool,
@@ -87,15 +89,17 @@ impl ExpertBank {
                 "expert bank needs positive sizes, got {experts} experts of {d} → {hidden} → {d_out}"
             )));
         }
+        // a gated activation (SwiGLU) reads gate and up halves side by side: W1 is twice as wide
+        let wide = activation.input_width(hidden);
         Ok(ExpertBank {
             w1: Param::new(uniform(
-                &[experts, d, hidden],
+                &[experts, d, wide],
                 (6.0 / d as f64).sqrt(),
                 rng,
                 device,
             )?)?,
             b1: bias
-                .then(|| Param::new(Tensor::zeros(&[experts, hidden], DType::F32, device)?))
+                .then(|| Param::new(Tensor::zeros(&[experts, wide], DType::F32, device)?))
                 .transpose()?,
             w2: Param::new(uniform(
                 &[experts, hidden, d_out],

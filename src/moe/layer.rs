@@ -15,6 +15,7 @@ use super::cnn_experts::CnnExpertBank;
 use super::dispatch::{Capacity, DispatchPlan};
 use super::experts::{ExpertBank, ExpertBankConfig, ExpertNet};
 use super::score_function::ScoreTerm;
+use super::shared_experts::{SharedExperts, SharedExpertsConfig};
 use super::stats::RoutingStats;
 use super::{Router, RouterConfig, build_router};
 use super::{Routing, aux_loss};
@@ -43,7 +44,7 @@ pub struct MoeConfig {
     pub capacity: Capacity,
     /// capacity in evaluation
     pub eval_capacity: Capacity,
-    /// expert activation (ReLU or GELU)
+    /// expert activation (ReLU, GELU or the gated SwiGLU)
     pub activation: Activation,
     /// Switch balance-loss coefficient α (0: off)
     pub balance_loss: f64,
@@ -59,6 +60,11 @@ pub struct MoeConfig {
     pub router_options: std::collections::BTreeMap<String, String>,
     /// whether MLP experts have biases (default true)
     pub expert_bias: bool,
+    /// whether the router's linear gate has a bias (default true; false in the transformers
+    /// families)
+    pub gate_bias: bool,
+    /// the experts every token uses besides its routed ones (none by default)
+    pub shared: SharedExpertsConfig,
 }
 
 /// The expert architecture.
@@ -93,6 +99,22 @@ impl MoeConfig {
             expert_kind: ExpertKind::Mlp,
             router_options: Default::default(),
             expert_bias: true,
+            gate_bias: true,
+            shared: SharedExpertsConfig::default(),
+        }
+    }
+
+    /// The router's settings from these, with the router seeded by `seed` (the layer's own
+    /// seed, or another for the extra gates of a multi-gate MoE).
+    pub fn router_config(&self, seed: u64) -> RouterConfig {
+        RouterConfig {
+            d: self.d,
+            experts: self.experts,
+            k: self.k,
+            jitter: self.jitter,
+            seed,
+            gate_bias: self.gate_bias,
+            options: self.router_options.clone(),
         }
     }
 }
@@ -126,21 +148,15 @@ pub struct MoeLayer {
     /// the trainable per-channel output scale ω `[d_out]` of routers that ask for one
     /// ([`Router::output_scale`], SparseMixer), named `router.omega`; None for the others
     omega: Option<Param>,
+    /// the experts every token uses besides its routed ones, when configured
+    shared: Option<SharedExperts>,
     training: AtomicBool,
 }
 
 impl MoeLayer {
     /// Builds the router and the experts from the config.
     pub fn new(cfg: &MoeConfig, device: Device) -> Result<MoeLayer> {
-        let rcfg = RouterConfig {
-            d: cfg.d,
-            experts: cfg.experts,
-            k: cfg.k,
-            jitter: cfg.jitter,
-            seed: cfg.seed,
-            options: cfg.router_options.clone(),
-        };
-        let router = build_router(&cfg.router, &rcfg, device)?;
+        let router = build_router(&cfg.router, &cfg.router_config(cfg.seed), device)?;
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let experts: Box<dyn ExpertNet> = match cfg.expert_kind {
             ExpertKind::Mlp => {
@@ -174,10 +190,23 @@ impl MoeLayer {
             )?)?),
             None => None,
         };
+        let shared = if cfg.shared.count > 0 {
+            Some(SharedExperts::new(
+                cfg.shared,
+                (cfg.d, cfg.d_out),
+                cfg.activation,
+                cfg.expert_bias,
+                &mut rng,
+                device,
+            )?)
+        } else {
+            None
+        };
         Ok(MoeLayer {
             router,
             experts,
             omega,
+            shared,
             config: cfg.clone(),
             training: AtomicBool::new(true),
         })
@@ -326,6 +355,10 @@ impl MoeLayer {
             // y = ω ⊙ Σ w·f: the same as scaling every expert output by ω before the combine
             y = y.mul(&omega.get().to_dtype(y.dtype())?)?;
         }
+        if let Some(shared) = &self.shared {
+            // every token (of every task) also passes through the shared experts
+            y = y.add(&shared.forward(&source)?)?;
+        }
 
         let mut aux = Tensor::zeros(&[], out.dtype(), out.device())?;
         for r in routings {
@@ -445,6 +478,9 @@ impl Parameters for MoeLayer {
             f(join(&join(prefix, "router"), "omega"), omega);
         }
         self.experts.visit_params(&join(prefix, "experts"), f);
+        if let Some(shared) = &self.shared {
+            shared.visit_params(&join(prefix, "shared"), f);
+        }
     }
 
     /// Switches router noise and capacity between training and evaluation.

@@ -19,6 +19,7 @@ mod router_trait;
 pub mod routers;
 mod routing_output;
 mod score_function;
+mod shared_experts;
 mod stats;
 
 pub use aux_loss::{balance_loss, z_loss};
@@ -37,4 +38,5 @@ pub use router_trait::{
 pub use routing_output::Routing;
 pub(crate) use routing_output::{arange_f, slot_tables};
 pub use score_function::{RunningBaseline, ScoreTerm, add_surrogates};
+pub use shared_experts::{SharedExperts, SharedExpertsConfig};
 pub use stats::{RoutingStats, RoutingSummary};

@@ -26,6 +26,9 @@ pub struct RouterConfig {
     pub jitter: f64,
     /// seed of the router's initialisation and of its noise
     pub seed: u64,
+    /// whether the linear gate has a bias (true by default; false in the transformers families,
+    /// whose `gate` is `Linear(d, n, bias=False)`)
+    pub gate_bias: bool,
     /// router-specific settings by name (`--router-opt key=value` on the command line), read
     /// with [`RouterConfig::opt_f64`] and friends; a router rejects keys it does not know with
     /// [`RouterConfig::check_options`]
@@ -41,6 +44,7 @@ impl RouterConfig {
             k,
             jitter: 0.1,
             seed: 0,
+            gate_bias: true,
             options: Default::default(),
         }
     }
@@ -157,8 +161,8 @@ pub trait Router: Parameters {
 pub struct LinearGate {
     /// `[d, n]`
     pub weight: Param,
-    /// `[n]`
-    pub bias: Param,
+    /// `[n]`, None without a bias ([`RouterConfig::gate_bias`])
+    pub bias: Option<Param>,
     training: AtomicBool,
     calls: AtomicU64,
     seed: u64,
@@ -184,13 +188,16 @@ impl LinearGate {
                 &mut rng,
                 device,
             )?)?,
-            bias: Param::new(Tensor::zeros(&[cfg.experts], DType::F32, device)?)?,
+            bias: cfg
+                .gate_bias
+                .then(|| Param::new(Tensor::zeros(&[cfg.experts], DType::F32, device)?))
+                .transpose()?,
             training: AtomicBool::new(true),
             calls: AtomicU64::new(0),
             seed: cfg.seed,
         })
     }
-    /// `x·W + b`, `[T, n]`.
+    /// `x·W + b` (or `x·W` without a bias), `[T, n]`.
     pub fn logits(&self, x: &Tensor) -> Result<Tensor> {
         let w = self.weight.get();
         if x.rank() != 2 || x.shape()[1] != w.shape()[0] {
@@ -200,7 +207,11 @@ impl LinearGate {
                 x.shape()
             )));
         }
-        x.matmul(&w)?.add(&self.bias.get())
+        let logits = x.matmul(&w)?;
+        match &self.bias {
+            Some(b) => logits.add(&b.get()),
+            None => Ok(logits),
+        }
     }
     /// Whether the router is in training mode.
     pub fn training(&self) -> bool {
@@ -217,10 +228,12 @@ impl LinearGate {
             .wrapping_mul(0x9E37_79B9_7F4A_7C15)
             .wrapping_add(c.wrapping_mul(0xD1B5_4A32_D192_ED03))
     }
-    /// Names `<prefix>.weight`, `<prefix>.bias`.
+    /// Names `<prefix>.weight` and, with a bias, `<prefix>.bias`.
     pub fn visit(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         f(crate::nn::join(prefix, "weight"), &self.weight);
-        f(crate::nn::join(prefix, "bias"), &self.bias);
+        if let Some(b) = &self.bias {
+            f(crate::nn::join(prefix, "bias"), b);
+        }
     }
     /// The gate's step-to-step state for [`Parameters::state`]: the number of noise draws so far
     /// ([`LinearGate::noise_seed`] calls), as a scalar f64 CPU tensor named

@@ -9,12 +9,13 @@ use crate::nn::Parameters;
 use crate::{DType, Device, Error, Result, Tensor};
 use rand_chacha::ChaCha8Rng;
 
-/// `y = x·W + b`, with `W: [in, out]` and `b: [out]`; `x` is `[..., in]`.
+/// `y = x·W + b`, with `W: [in, out]` and `b: [out]` (or `y = x·W` without a bias, as in the
+/// projections of Llama-style blocks); `x` is `[..., in]`.
 pub struct Linear {
     /// weight `[in, out]`
     pub weight: Param,
-    /// bias `[out]`
-    pub bias: Param,
+    /// bias `[out]`, None for a layer without one
+    pub bias: Option<Param>,
 }
 
 impl Linear {
@@ -35,8 +36,27 @@ impl Linear {
                 rng,
                 device,
             )?)?,
-            bias: Param::new(Tensor::zeros(&[outputs], DType::F32, device)?)?,
+            bias: Some(Param::new(Tensor::zeros(&[outputs], DType::F32, device)?)?),
         })
+    }
+
+    /// A linear layer `W: [in, out]` without a bias, its weight drawn N(0, std²).
+    pub fn normal_without_bias(
+        inputs: usize,
+        outputs: usize,
+        std: f64,
+        rng: &mut ChaCha8Rng,
+        device: Device,
+    ) -> Result<Linear> {
+        Ok(Linear {
+            weight: Param::new(super::normal(&[inputs, outputs], std, rng, device)?)?,
+            bias: None,
+        })
+    }
+
+    /// The output width.
+    pub fn outputs(&self) -> usize {
+        self.weight.get().shape()[1]
     }
 }
 
@@ -52,10 +72,11 @@ impl Module for Linear {
         }
         let lead = &x.shape()[..x.rank() - 1];
         let rows: usize = lead.iter().product();
-        let y = x
-            .reshape(&[rows, inputs])?
-            .matmul(&w)?
-            .add(&self.bias.get())?;
+        let y = x.reshape(&[rows, inputs])?.matmul(&w)?;
+        let y = match &self.bias {
+            Some(b) => y.add(&b.get())?,
+            None => y,
+        };
         let mut shape = lead.to_vec();
         shape.push(outputs);
         y.reshape(&shape)
@@ -63,9 +84,12 @@ impl Module for Linear {
 }
 
 impl Parameters for Linear {
+    /// Names `<prefix>.weight` and, with a bias, `<prefix>.bias`.
     fn visit_params(&self, prefix: &str, f: &mut dyn FnMut(String, &Param)) {
         f(join(prefix, "weight"), &self.weight);
-        f(join(prefix, "bias"), &self.bias);
+        if let Some(b) = &self.bias {
+            f(join(prefix, "bias"), b);
+        }
     }
 }
 
@@ -275,6 +299,10 @@ pub enum Activation {
     Tanh,
     /// logistic σ
     Sigmoid,
+    /// the gated unit of Llama-style MLPs: `silu(a) ⊙ b` over the two halves `[a | b]` of its
+    /// input, so the layer before it is twice as wide as the hidden width
+    /// ([`Activation::input_width`], [`Tensor::swiglu`])
+    SwiGlu,
 }
 
 impl Activation {
@@ -286,9 +314,18 @@ impl Activation {
             Activation::Silu => x.silu(),
             Activation::Tanh => x.tanh(),
             Activation::Sigmoid => x.sigmoid(),
+            Activation::SwiGlu => x.swiglu(),
         }
     }
-    /// Parses `relu`, `gelu`, `silu`, `tanh` or `sigmoid`.
+    /// The width of the input that gives `hidden` outputs: `2·hidden` for the gated
+    /// [`Activation::SwiGlu`] (gate and up side by side), `hidden` for the elementwise ones.
+    pub fn input_width(self, hidden: usize) -> usize {
+        match self {
+            Activation::SwiGlu => 2 * hidden,
+            _ => hidden,
+        }
+    }
+    /// Parses `relu`, `gelu`, `silu`, `tanh`, `sigmoid` or `swiglu`.
     pub fn from_name(name: &str) -> Result<Activation> {
         Ok(match name {
             "relu" => Activation::Relu,
@@ -296,9 +333,10 @@ impl Activation {
             "silu" => Activation::Silu,
             "tanh" => Activation::Tanh,
             "sigmoid" => Activation::Sigmoid,
+            "swiglu" => Activation::SwiGlu,
             other => {
                 return Err(Error::Invalid(format!(
-                    "unknown activation {other:?} (relu, gelu, silu, tanh, sigmoid)"
+                    "unknown activation {other:?} (relu, gelu, silu, tanh, sigmoid, swiglu)"
                 )));
             }
         })

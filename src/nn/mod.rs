@@ -6,18 +6,24 @@
 
 mod attention;
 mod dropout;
+mod grouped_query_attention;
 mod init;
 mod layers;
 mod mlp;
 mod module;
 mod param;
 mod parameters;
+mod rms_norm;
+mod rotary;
 
 pub use attention::CausalSelfAttention;
 pub use dropout::Dropout;
+pub use grouped_query_attention::GroupedQueryAttention;
 pub use init::{Init, normal, uniform, weight};
 pub use layers::{Activation, AvgPool2d, Conv2d, Embedding, Flatten, LayerNorm, Linear, MaxPool2d};
-pub use mlp::mlp;
+pub use mlp::{Mlp, mlp};
 pub use module::{Module, Sequential, join, within};
 pub use param::Param;
 pub use parameters::Parameters;
+pub use rms_norm::RmsNorm;
+pub use rotary::Rotary;

@@ -18,6 +18,7 @@ mod matmul;
 mod reduce;
 mod softmax;
 mod sort;
+mod swiglu;
 mod topk_gate;
 
 pub use topk_gate::TopkGate;

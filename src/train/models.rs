@@ -11,8 +11,7 @@
 
 use super::config::{DataKind, ModelKind, OptimizerKind, TrainConfig};
 use crate::moe::{
-    Capacity, ExpertKind, MoeConfig, MoeLayer, Router, RouterConfig, RoutingStats, ScoreTerm,
-    build_router,
+    Capacity, ExpertKind, MoeConfig, MoeLayer, Router, RoutingStats, ScoreTerm, build_router,
 };
 use crate::nn::{
     Activation, Conv2d, Flatten, Init, Linear, MaxPool2d, Module, Param, Parameters, Sequential,
@@ -521,15 +520,7 @@ pub fn build(
             let extra_gates = if multi_gate {
                 (1..tasks)
                     .map(|t| {
-                        let rc = RouterConfig {
-                            d: mc.d,
-                            experts: mc.experts,
-                            k: mc.k,
-                            jitter: mc.jitter,
-                            seed: cfg.seed + t as u64,
-                            options: mc.router_options.clone(),
-                        };
-                        build_router(&cfg.router, &rc, device)
+                        build_router(&cfg.router, &mc.router_config(cfg.seed + t as u64), device)
                     })
                     .collect::<Result<Vec<_>>>()?
             } else {

@@ -1,0 +1,122 @@
+//! [`Rotary`]: rotary position embedding (RoPE; Su et al., 2021, "RoFormer: Enhanced Transformer
+//! with Rotary Position Embedding"), in the half-split form transformers' Llama-style models use.
+//!
+//! For a head vector `x` of even width `Dh` at position `p`, with `h = Dh/2`,
+//! `θ_i = theta^(−2i/Dh)` (`i < h`) and the angle of column `j` being `p·θ_(j mod h)`:
+//!
+//! ```text
+//! rope(x)_j = x_j·cos(angle_j) + rotate_half(x)_j·sin(angle_j),   rotate_half(x) = [−x_(h..Dh) | x_(0..h)]
+//! ```
+//!
+//! i.e. column `i` of the first half and column `i + h` of the second are rotated together by the
+//! angle `p·θ_i`. The tables `cos` and `sin` `[block, Dh]` are computed once; the rotation is
+//! three tensor ops, `x ⊙ cos + x[:, swap] ⊙ sin±`, where `swap` exchanges the halves and `sin±`
+//! carries the sign of `rotate_half` (−sin on the first half). Its backward rule is that of
+//! those ops (a rotation's transpose: the angle negated).
+//!
+//! The angles are computed as transformers does, in f32: `θ_i` rounded to f32, the product
+//! `p·θ_i` in f32, its cosine and sine rounded to f32, so imported models see the same tables.
+
+use crate::{DType, Device, Error, Result, Tensor};
+
+/// The rotary tables of one head width and context length.
+pub struct Rotary {
+    /// `cos(p·θ)` `[block, Dh]`
+    cos: Tensor,
+    /// `±sin(p·θ)` `[block, Dh]`, negative on the first half (the sign of `rotate_half`)
+    sin_signed: Tensor,
+    /// `[h, …, Dh−1, 0, …, h−1]`: the column each output column reads in `rotate_half`
+    swap: Tensor,
+    block: usize,
+}
+
+impl Rotary {
+    /// Tables for heads of width `head_dim` (even) at positions `0..block`, base `theta`
+    /// (transformers' `rope_theta`, 10 000 by default in Llama).
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for an odd or zero `head_dim`, a zero `block`, or a `theta` that is not
+    /// a finite number above 1.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::nn::Rotary;
+    /// use moegrad::{Device, Tensor};
+    /// # fn main() -> moegrad::Result<()> {
+    /// let rope = Rotary::new(2, 4, 10_000.0, Device::cpu())?;
+    /// // one head of width 2 at positions 0 and 1: position 0 is unchanged, position 1 turns by 1 radian
+    /// let x = Tensor::from_f32(vec![1.0, 0.0, 1.0, 0.0], &[1, 1, 2, 2], Device::cpu())?;
+    /// let y = rope.apply(&x)?.to_vec_f32()?;
+    /// assert_eq!(&y[..2], &[1.0, 0.0]);
+    /// assert!((y[2] - 1f32.cos()).abs() < 1e-6 && (y[3] - 1f32.sin()).abs() < 1e-6);
+    /// # Ok(()) }
+    /// ```
+    pub fn new(head_dim: usize, block: usize, theta: f64, device: Device) -> Result<Rotary> {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) || block == 0 {
+            return Err(Error::Invalid(format!(
+                "rotary embedding needs an even head width and a context of at least 1, got head \
+                 width {head_dim} and context {block}"
+            )));
+        }
+        if !(theta.is_finite() && theta > 1.0) {
+            return Err(Error::Invalid(format!(
+                "rope_theta must be a finite number above 1, got {theta}"
+            )));
+        }
+        let half = head_dim / 2;
+        // θ_i in f32, as transformers computes inv_freq
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| (1.0 / theta.powf(2.0 * i as f64 / head_dim as f64)) as f32)
+            .collect();
+        let mut cos = Vec::with_capacity(block * head_dim);
+        let mut sin_signed = Vec::with_capacity(block * head_dim);
+        for p in 0..block {
+            for j in 0..head_dim {
+                let angle = (p as f32 * inv_freq[j % half]) as f64;
+                cos.push(angle.cos() as f32);
+                let sin = angle.sin() as f32;
+                sin_signed.push(if j < half { -sin } else { sin });
+            }
+        }
+        let swap: Vec<i32> = (0..head_dim)
+            .map(|j| ((j + half) % head_dim) as i32)
+            .collect();
+        Ok(Rotary {
+            cos: Tensor::from_f32(cos, &[block, head_dim], device)?,
+            sin_signed: Tensor::from_f32(sin_signed, &[block, head_dim], device)?,
+            swap: Tensor::from_i32(swap, &[head_dim], device)?,
+            block,
+        })
+    }
+
+    /// Rotates `x` `[.., T, Dh]` (positions `0..T` along the second-to-last axis, `T ≤ block`).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for a rank below 2, another head width, or `T` beyond the tables;
+    /// errors of the ops (device or dtype mismatch).
+    pub fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        let dh = self.cos.shape()[1];
+        let rank = x.rank();
+        if rank < 2 || x.shape()[rank - 1] != dh || x.shape()[rank - 2] > self.block {
+            return Err(Error::Shape(format!(
+                "rotary embedding of head width {dh} over at most {} positions got {:?} \
+                 (expects [.., T, {dh}])",
+                self.block,
+                x.shape()
+            )));
+        }
+        let t = x.shape()[rank - 2];
+        let (cos, sin) = if t == self.block {
+            (self.cos.clone(), self.sin_signed.clone())
+        } else {
+            (self.cos.slice(0, 0, t)?, self.sin_signed.slice(0, 0, t)?)
+        };
+        let (cos, sin) = if x.dtype() == DType::F32 {
+            (cos, sin)
+        } else {
+            (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?)
+        };
+        x.mul(&cos)?
+            .add(&x.index_select(-1, &self.swap)?.mul(&sin)?)
+    }
+}
