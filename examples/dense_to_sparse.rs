@@ -150,12 +150,13 @@ fn main() -> Result<()> {
     );
 
     // 2. Split its FFN into EXPERTS experts of hidden HIDDEN/EXPERTS; zero router, t = 1.
-    let (w1, b1, w2, b2) = (
-        fc1.weight.get(),
-        fc1.bias.get(),
-        fc2.weight.get(),
-        fc2.bias.get(),
-    );
+    let bias = |l: &Linear| {
+        l.bias
+            .as_ref()
+            .map(|b| b.get())
+            .ok_or_else(|| moegrad::Error::Invalid("the dense FFN's layers have biases".into()))
+    };
+    let (w1, b1, w2, b2) = (fc1.weight.get(), bias(&fc1)?, fc2.weight.get(), bias(&fc2)?);
     let ffn = DenseFfn {
         w1: &w1,
         b1: Some(&b1),

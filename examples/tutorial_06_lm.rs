@@ -43,7 +43,7 @@ fn main() -> moegrad::Result<()> {
         heads: 2,
         d_model: 32,
         ffn: FeedForward::Moe {
-            layer: moe,
+            layer: Box::new(moe),
             every: 1,
             dense_hidden: 128,
         },

@@ -37,7 +37,7 @@ pub enum FeedForward {
     /// width `dense_hidden` in the others
     Moe {
         /// the MoE layer's settings (`d`, `d_out` and `seed` are set per block)
-        layer: MoeConfig,
+        layer: Box<MoeConfig>,
         /// one MoE block in this many (1: all)
         every: usize,
         /// hidden width of the dense blocks between MoE blocks

@@ -10,6 +10,8 @@ mod decoder;
 mod decoder_config;
 mod generate;
 mod gpt;
+mod hf_import;
+mod hf_names;
 mod task;
 mod train;
 
@@ -17,5 +19,6 @@ pub use decoder::Decoder;
 pub use decoder_config::{DecoderConfig, Family, SparseLayers};
 pub use generate::{MAX_TOKENS, SampleOptions, generate};
 pub use gpt::{FeedForward, Gpt, GptConfig, GptOutput};
+pub use hf_import::{HfImport, import_hf};
 pub(crate) use train::make_optimizer;
 pub use train::{LmSummary, gpt_config, load_model, run, run_observed};

@@ -106,7 +106,7 @@ pub fn gpt_config(cfg: &TrainConfig, vocab: usize) -> GptConfig {
             layer.z_loss = cfg.z_loss;
             layer.router_options = cfg.router_options.clone();
             FeedForward::Moe {
-                layer,
+                layer: Box::new(layer),
                 every: cfg.moe_every,
                 dense_hidden: 4 * cfg.d_model,
             }
