@@ -31,7 +31,7 @@ fn swiglu_gradcheck_and_definition() {
         let x = common::f64t(&values(n, i as u64), shape);
         gradcheck(
             |t| t[0].swiglu(),
-            &[x.clone()],
+            std::slice::from_ref(&x),
             &GradcheckOptions::default(),
         )
         .unwrap_or_else(|e| panic!("{shape:?}: {e}"));
@@ -81,7 +81,7 @@ fn rotary_gradcheck_and_definition() {
         let x = common::f64t(&values(b * heads * t * dh, 10 + i as u64), &shape);
         gradcheck(
             |v| rope.apply(&v[0]),
-            &[x.clone()],
+            std::slice::from_ref(&x),
             &GradcheckOptions::default(),
         )
         .unwrap_or_else(|e| panic!("{shape:?}: {e}"));
@@ -218,7 +218,7 @@ fn grouped_query_attention_matches_the_definition() {
         // and the gradient of every projection against finite differences
         gradcheck(
             |v| attn.forward(&v[0], b, t, &rope),
-            &[x.clone()],
+            std::slice::from_ref(&x),
             &GradcheckOptions::default(),
         )
         .unwrap_or_else(|e| panic!("gqa {i}: {e}"));
