@@ -10,7 +10,7 @@
 //! ```
 //!
 //! The same computation as transformers' `LlamaForCausalLM`, `MixtralForCausalLM`,
-//! `Qwen2MoeForCausalLM` and `OlmoeForCausalLM` (pre-norm residual blocks, RMSNorm, half-split
+//! `Qwen2MoeForCausalLM`, `OlmoeForCausalLM` and `DeepseekV3ForCausalLM` (pre-norm residual blocks, RMSNorm, half-split
 //! rotary positions, grouped-query attention, SwiGLU), so their weights import and give the same
 //! logits. Every MoE layer routes the `B·T` tokens of the batch independently with its own
 //! router (any token-choice router of the crate). Weights start N(0, 0.02²) (transformers'
@@ -20,8 +20,8 @@ use super::decoder_config::DecoderConfig;
 use super::gpt::GptOutput;
 use crate::moe::MoeLayer;
 use crate::nn::{
-    Embedding, GroupedQueryAttention, Linear, Mlp, Module, Param, Parameters, RmsNorm, Rotary,
-    join, within,
+    Embedding, GroupedQueryAttention, LatentAttention, Linear, Mlp, Module, Param, Parameters,
+    QueryProjection, RmsNorm, Rotary, join, within,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 use rand::SeedableRng;
@@ -33,10 +33,16 @@ enum Ffn {
     Moe(Box<MoeLayer>),
 }
 
+/// The attention of a layer: grouped-query, or DeepSeek's latent attention.
+enum Attention {
+    Grouped(GroupedQueryAttention),
+    Latent(LatentAttention),
+}
+
 /// One decoder layer.
 struct Layer {
     attn_norm: RmsNorm,
-    attn: GroupedQueryAttention,
+    attn: Attention,
     ffn_norm: RmsNorm,
     ffn: Ffn,
 }
@@ -96,15 +102,39 @@ impl Decoder {
         for i in 0..cfg.layers {
             let (hq, hkv) = (cfg.heads * dh, cfg.kv_heads * dh);
             let norm = |width: usize| RmsNorm::new(width, cfg.rms_eps, device);
-            let attn = GroupedQueryAttention {
-                q: linear(d, hq, cfg.qkv_bias, &mut rng)?,
-                k: linear(d, hkv, cfg.qkv_bias, &mut rng)?,
-                v: linear(d, hkv, cfg.qkv_bias, &mut rng)?,
-                o: linear(hq, d, false, &mut rng)?,
-                heads: cfg.heads,
-                kv_heads: cfg.kv_heads,
-                q_norm: cfg.qk_norm.then(|| norm(hq)).transpose()?,
-                k_norm: cfg.qk_norm.then(|| norm(hkv)).transpose()?,
+            let attn = match &cfg.latent {
+                None => Attention::Grouped(GroupedQueryAttention {
+                    q: linear(d, hq, cfg.qkv_bias, &mut rng)?,
+                    k: linear(d, hkv, cfg.qkv_bias, &mut rng)?,
+                    v: linear(d, hkv, cfg.qkv_bias, &mut rng)?,
+                    o: linear(hq, d, false, &mut rng)?,
+                    heads: cfg.heads,
+                    kv_heads: cfg.kv_heads,
+                    q_norm: cfg.qk_norm.then(|| norm(hq)).transpose()?,
+                    k_norm: cfg.qk_norm.then(|| norm(hkv)).transpose()?,
+                }),
+                Some(l) => {
+                    let (h, qk) = (cfg.heads, l.nope_dim + l.rope_dim);
+                    let q = match l.q_rank {
+                        None => QueryProjection::Direct(linear(d, h * qk, false, &mut rng)?),
+                        Some(rank) => QueryProjection::LowRank {
+                            down: linear(d, rank, false, &mut rng)?,
+                            norm: norm(rank)?,
+                            up: linear(rank, h * qk, false, &mut rng)?,
+                        },
+                    };
+                    Attention::Latent(LatentAttention {
+                        q,
+                        kv_down: linear(d, l.kv_rank + l.rope_dim, false, &mut rng)?,
+                        kv_norm: norm(l.kv_rank)?,
+                        kv_up: linear(l.kv_rank, h * (l.nope_dim + l.v_dim), false, &mut rng)?,
+                        o: linear(h * l.v_dim, d, false, &mut rng)?,
+                        heads: h,
+                        nope_dim: l.nope_dim,
+                        rope_dim: l.rope_dim,
+                        v_dim: l.v_dim,
+                    })
+                }
             };
             let ffn = match &cfg.moe {
                 Some(m) if cfg.is_moe_layer(i) => {
@@ -138,7 +168,12 @@ impl Decoder {
             layers,
             norm: RmsNorm::new(d, cfg.rms_eps, device)?,
             head,
-            rotary: Rotary::new(dh, cfg.block, cfg.rope_theta, device)?,
+            rotary: Rotary::new(
+                cfg.latent.map_or(dh, |l| l.rope_dim),
+                cfg.block,
+                cfg.rope_theta,
+                device,
+            )?,
         })
     }
 
@@ -171,9 +206,11 @@ impl Decoder {
         let mut aux: Option<Tensor> = None;
         let (mut routing, mut score_terms) = (Vec::new(), Vec::new());
         for layer in &self.layers {
-            let a = layer
-                .attn
-                .forward(&layer.attn_norm.forward(&h)?, b, t, &self.rotary)?;
+            let x = layer.attn_norm.forward(&h)?;
+            let a = match &layer.attn {
+                Attention::Grouped(attn) => attn.forward(&x, b, t, &self.rotary)?,
+                Attention::Latent(attn) => attn.forward(&x, b, t, &self.rotary)?,
+            };
             h = h.add(&a)?;
             let x = layer.ffn_norm.forward(&h)?;
             let f = match &layer.ffn {
@@ -249,7 +286,10 @@ impl Parameters for Decoder {
         for (i, layer) in self.layers.iter().enumerate() {
             let scope = join(prefix, &format!("layers.{i}"));
             layer.attn_norm.visit_params(&join(&scope, "attn_norm"), f);
-            layer.attn.visit_params(&join(&scope, "attn"), f);
+            match &layer.attn {
+                Attention::Grouped(attn) => attn.visit_params(&join(&scope, "attn"), f),
+                Attention::Latent(attn) => attn.visit_params(&join(&scope, "attn"), f),
+            }
             layer.ffn_norm.visit_params(&join(&scope, "ffn_norm"), f);
             match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.visit_params(&join(&scope, "mlp"), f),

@@ -9,9 +9,11 @@
 //! | `mixtral`   | MoE of SwiGLU experts in every layer| `topk` (renormalised)     | —                 |
 //! | `qwen2-moe` | MoE + a shared expert with a σ gate | `topk-unnorm` (off)       | q, k, v biases    |
 //! | `olmoe`     | MoE of SwiGLU experts               | `topk-unnorm` (off)       | q/k RMSNorm       |
+//! | `deepseek-moe` | dense first layer, then MoE + a shared expert | `deepseek-v3` (sigmoid, groups, on) | latent attention (MLA) |
 //!
-//! Every family uses RMSNorm, rotary positions and grouped-query attention; routers' gates have
-//! no bias, and experts none.
+//! Every family uses RMSNorm and rotary positions, and grouped-query attention except DeepSeek's
+//! Multi-head Latent Attention (`DeepseekV3ForCausalLM`); routers' gates have no bias, and
+//! experts none.
 
 use crate::moe::{MoeConfig, SharedExpertsConfig};
 use crate::nn::Activation;
@@ -28,15 +30,19 @@ pub enum Family {
     Qwen2Moe,
     /// `OlmoeForCausalLM`: MoE blocks, RMSNorm on the query and key projections
     Olmoe,
+    /// `DeepseekV3ForCausalLM`: dense first layers, then MoE blocks with shared experts routed by
+    /// DeepSeek-V3's sigmoid, group-limited router; Multi-head Latent Attention
+    DeepseekMoe,
 }
 
 impl Family {
     /// Every family, in the order of the table above.
-    pub const ALL: [Family; 4] = [
+    pub const ALL: [Family; 5] = [
         Family::Llama,
         Family::Mixtral,
         Family::Qwen2Moe,
         Family::Olmoe,
+        Family::DeepseekMoe,
     ];
 
     /// The `--model` name.
@@ -46,6 +52,7 @@ impl Family {
             Family::Mixtral => "mixtral",
             Family::Qwen2Moe => "qwen2-moe",
             Family::Olmoe => "olmoe",
+            Family::DeepseekMoe => "deepseek-moe",
         }
     }
 
@@ -83,6 +90,21 @@ impl Default for SparseLayers {
     }
 }
 
+/// The sizes of Multi-head Latent Attention (transformers' DeepSeek-V3 names in brackets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LatentConfig {
+    /// the rank of the query bottleneck (`q_lora_rank`); None: a direct query projection
+    pub q_rank: Option<usize>,
+    /// the width of the key/value latent (`kv_lora_rank`)
+    pub kv_rank: usize,
+    /// the part of each query and key without positions (`qk_nope_head_dim`)
+    pub nope_dim: usize,
+    /// the part with rotary positions (`qk_rope_head_dim`, even)
+    pub rope_dim: usize,
+    /// the width of each head's value (`v_head_dim`)
+    pub v_dim: usize,
+}
+
 /// The shape of a Llama-style decoder (see the module docs for the families).
 #[derive(Clone, Debug, PartialEq)]
 pub struct DecoderConfig {
@@ -118,6 +140,8 @@ pub struct DecoderConfig {
     pub moe: Option<MoeConfig>,
     /// which feed-forward blocks are MoE layers
     pub sparse_layers: SparseLayers,
+    /// Multi-head Latent Attention in place of grouped-query attention (DeepSeek)
+    pub latent: Option<LatentConfig>,
     /// seed of the initialisation (and of the routers' noise)
     pub seed: u64,
 }
@@ -157,6 +181,7 @@ impl DecoderConfig {
             tie_embeddings: false,
             moe: None,
             sparse_layers: SparseLayers::default(),
+            latent: None,
             seed: 0,
         };
         match family {
@@ -180,6 +205,31 @@ impl DecoderConfig {
                 cfg.rms_eps = 1e-5;
                 cfg.qk_norm = true;
                 cfg.moe = Some(moe(d, 16, 4, "topk-unnorm", 0.01));
+            }
+            Family::DeepseekMoe => {
+                let mut m = moe(d / 2, 16, 4, "deepseek-v3", 0.0);
+                for (key, value) in [
+                    ("n_group", "4"),
+                    ("topk_group", "2"),
+                    ("norm_topk_prob", "true"),
+                    ("routed_scaling_factor", "2.5"),
+                ] {
+                    m.router_options.insert(key.into(), value.into());
+                }
+                m.shared = SharedExpertsConfig {
+                    count: 1,
+                    hidden: d / 2,
+                    gate: false,
+                };
+                cfg.moe = Some(m);
+                cfg.sparse_layers.first_dense = 1;
+                cfg.latent = Some(LatentConfig {
+                    q_rank: None,
+                    kv_rank: 32,
+                    nope_dim: 16,
+                    rope_dim: 16,
+                    v_dim: 32,
+                });
             }
         }
         cfg
@@ -214,7 +264,18 @@ impl DecoderConfig {
                 self.heads, self.kv_heads
             ));
         }
-        if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
+        if let Some(l) = &self.latent {
+            if l.rope_dim == 0
+                || !l.rope_dim.is_multiple_of(2)
+                || l.kv_rank == 0
+                || l.v_dim == 0
+                || l.q_rank == Some(0)
+            {
+                return bad(format!(
+                    "latent attention needs an even rotary width and positive latent and value widths, got {l:?}"
+                ));
+            }
+        } else if self.head_dim == 0 || !self.head_dim.is_multiple_of(2) {
             return bad(format!(
                 "the head width (--d-model {} / --heads {} = {}) must be even and at least 2: rotary positions turn pairs of columns",
                 self.d_model, self.heads, self.head_dim
@@ -252,10 +313,24 @@ impl DecoderConfig {
         let mlp = |width: u64| -> Option<u64> { d.checked_mul(width)?.checked_mul(3) };
         let bias = if self.qkv_bias { (h + 2 * g) * dh } else { 0 };
         let norms = if self.qk_norm { (h + g) * dh } else { 0 };
-        let attn = d
-            .checked_mul((h + 2 * g) * dh)?
-            .checked_add(h * dh * d)?
-            .checked_add(bias + norms)?;
+        let attn = match &self.latent {
+            Some(l) => {
+                let (q, kv) = ((l.nope_dim + l.rope_dim) as u64, l.kv_rank as u64);
+                let query = match l.q_rank {
+                    Some(rank) => (rank as u64).checked_mul(d + 1 + h * q)?,
+                    None => d.checked_mul(h * q)?,
+                };
+                query
+                    .checked_add(d.checked_mul(kv + l.rope_dim as u64)?)?
+                    .checked_add(kv)?
+                    .checked_add(kv.checked_mul(h * (l.nope_dim + l.v_dim) as u64)?)?
+                    .checked_add(h * l.v_dim as u64 * d)?
+            }
+            None => d
+                .checked_mul((h + 2 * g) * dh)?
+                .checked_add(h * dh * d)?
+                .checked_add(bias + norms)?,
+        };
         let mut total = v.checked_mul(d)?;
         if !self.tie_embeddings {
             total = total.checked_add(v.checked_mul(d)?)?;

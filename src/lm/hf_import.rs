@@ -17,7 +17,7 @@
 //! it, before any parameter is written.
 
 use super::decoder::Decoder;
-use super::decoder_config::{DecoderConfig, Family, SparseLayers};
+use super::decoder_config::{DecoderConfig, Family, LatentConfig, SparseLayers};
 use super::hf_names;
 use crate::moe::{MoeConfig, SharedExpertsConfig};
 use crate::nn::{Activation, Parameters};
@@ -56,10 +56,16 @@ pub fn import_hf(dir: &Path, device: Device) -> Result<HfImport> {
         .map_err(|e| Error::Io(format!("{}: not valid JSON: {e}", config_path.display())))?;
     let cfg = config_from_hf(&json)
         .map_err(|e| Error::Invalid(format!("{}: {e}", config_path.display())))?;
+    // DeepSeek-V3 lays its rotary columns out in interleaved pairs unless told otherwise
+    let interleaved = cfg.family == Family::DeepseekMoe
+        && json
+            .get("rope_interleave")
+            .and_then(Value::as_bool)
+            .unwrap_or(true);
     cfg.check_memory(1)?;
     let tensors = read_checkpoint(dir)?;
     let model = Decoder::new(&cfg, device)?;
-    load_weights(&model, &cfg, tensors, device)?;
+    load_weights(&model, &cfg, tensors, interleaved, device)?;
     let tokenizer_path = dir.join("tokenizer.json");
     let tokenizer_json = if tokenizer_path.is_file() {
         Some(
@@ -131,9 +137,10 @@ fn config_from_hf(json: &Value) -> Result<DecoderConfig> {
         "mixtral" => Family::Mixtral,
         "qwen2_moe" => Family::Qwen2Moe,
         "olmoe" => Family::Olmoe,
+        "deepseek_v3" => Family::DeepseekMoe,
         other => {
             return Err(Error::Invalid(format!(
-                "model_type {other:?} is not one moegrad imports (llama, mixtral, qwen2_moe, olmoe)"
+                "model_type {other:?} is not one moegrad imports (llama, mixtral, qwen2_moe, olmoe, deepseek_v3)"
             )));
         }
     };
@@ -260,6 +267,51 @@ fn config_from_hf(json: &Value) -> Result<DecoderConfig> {
                 dense,
             };
         }
+        Family::DeepseekMoe => {
+            f.refuse_unless(
+                "attention_bias",
+                &[false.into()],
+                "moegrad's latent attention has no biases",
+            )?;
+            cfg.ffn_hidden = f.usize("intermediate_size", None)?;
+            let hidden = expert_width("moe_intermediate_size")?;
+            let mut m = moe(hidden, "n_routed_experts", "deepseek-v3", 0.0)?;
+            let options = [
+                ("n_group", f.usize("n_group", Some(1))?.to_string()),
+                ("topk_group", f.usize("topk_group", Some(1))?.to_string()),
+                (
+                    "norm_topk_prob",
+                    f.bool("norm_topk_prob", true)?.to_string(),
+                ),
+                (
+                    "routed_scaling_factor",
+                    f.f64("routed_scaling_factor", 1.0)?.to_string(),
+                ),
+            ];
+            for (key, value) in options {
+                m.router_options.insert(key.into(), value);
+            }
+            m.shared = SharedExpertsConfig {
+                count: f.usize("n_shared_experts", Some(0))?,
+                hidden,
+                gate: false,
+            };
+            cfg.moe = Some(m);
+            cfg.sparse_layers = SparseLayers {
+                first_dense: f.usize("first_k_dense_replace", Some(0))?,
+                ..SparseLayers::default()
+            };
+            cfg.latent = Some(LatentConfig {
+                q_rank: match f.get("q_lora_rank") {
+                    Some(_) => Some(f.usize("q_lora_rank", None)?),
+                    None => None,
+                },
+                kv_rank: f.usize("kv_lora_rank", None)?,
+                nope_dim: f.usize("qk_nope_head_dim", None)?,
+                rope_dim: f.usize("qk_rope_head_dim", None)?,
+                v_dim: f.usize("v_head_dim", None)?,
+            });
+        }
         Family::Olmoe => {
             f.refuse_unless("clip_qkv", &[], "moegrad does not clip q, k and v")?;
             f.refuse_unless(
@@ -380,9 +432,10 @@ fn load_weights(
     model: &Decoder,
     cfg: &DecoderConfig,
     tensors: BTreeMap<String, HostTensor>,
+    interleaved: bool,
     device: Device,
 ) -> Result<()> {
-    let mut source = hf_names::Source::new(tensors, cfg);
+    let mut source = hf_names::Source::new(tensors, cfg, interleaved);
     let mut values = Vec::new();
     for (name, p) in model.named_params() {
         let want = p.get().shape().to_vec();

@@ -22,7 +22,7 @@
 //! Per-expert names: Mixtral `block_sparse_moe.experts.E.{w1, w3, w2}.weight` (gate, up, down),
 //! the others `mlp.experts.E.{gate_proj, up_proj, down_proj}.weight`.
 
-use super::decoder_config::{DecoderConfig, Family};
+use super::decoder_config::{DecoderConfig, Family, LatentConfig};
 use super::hf_import::HostTensor;
 use crate::{Error, Result};
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,19 +33,74 @@ pub(super) struct Source {
     used: BTreeSet<String>,
     family: Family,
     experts: usize,
+    /// latent attention's sizes, and whether its rotary columns come interleaved
+    latent: Option<(LatentConfig, usize, bool)>,
 }
 
 /// A tensor as `(shape, values)`.
 type Values = (Vec<usize>, Vec<f32>);
 
 impl Source {
-    pub(super) fn new(tensors: BTreeMap<String, HostTensor>, cfg: &DecoderConfig) -> Source {
+    pub(super) fn new(
+        tensors: BTreeMap<String, HostTensor>,
+        cfg: &DecoderConfig,
+        interleaved: bool,
+    ) -> Source {
         Source {
             tensors,
             used: BTreeSet::new(),
             family: cfg.family,
             experts: cfg.moe.as_ref().map_or(0, |m| m.experts),
+            latent: cfg.latent.map(|l| (l, cfg.heads, interleaved)),
         }
+    }
+
+    /// `name`ᵀ after reordering its rows (`[out, in]`: output features) so that new row `i` is
+    /// old row `order[i]`.
+    fn transposed_reordered(
+        &mut self,
+        name: &str,
+        for_param: &str,
+        order: &[usize],
+    ) -> Result<Values> {
+        let (r, c, v) = self.matrix(name, for_param)?;
+        if order.len() != r {
+            return Err(Error::Io(format!(
+                "{name} has {r} rows, expected {} for moegrad's {for_param}",
+                order.len()
+            )));
+        }
+        let rows: Vec<f32> = order
+            .iter()
+            .flat_map(|&i| v[i * c..(i + 1) * c].to_vec())
+            .collect();
+        Ok((vec![c, r], transpose(&rows, r, c)))
+    }
+
+    /// The row order that turns DeepSeek's interleaved rotary pairs `(x0, x1), (x2, x3), …` into
+    /// moegrad's half-split ones `(x0, x_{r/2}), …`: within each block of `block` rows, the last
+    /// `r` (the rotary part) are taken even rows first, then odd; identity when not interleaved.
+    fn rope_order(&self, rows: usize, block: usize) -> Vec<usize> {
+        let Some((l, _, true)) = self.latent else {
+            return (0..rows).collect();
+        };
+        let (r, keep) = (l.rope_dim, block - l.rope_dim);
+        (0..rows)
+            .map(|i| {
+                let (base, j) = (i - i % block, i % block);
+                if j < keep {
+                    i
+                } else {
+                    let k = j - keep;
+                    let from = if k < r / 2 {
+                        2 * k
+                    } else {
+                        2 * (k - r / 2) + 1
+                    };
+                    base + keep + from
+                }
+            })
+            .collect()
     }
 
     /// The tensor `name`, marked used.
@@ -121,6 +176,45 @@ impl Source {
         } else {
             format!("{p}.mlp")
         };
+        if let Some((l, heads, _)) = self.latent
+            && let Some(part) = rest.strip_prefix("attn.")
+        {
+            let a = format!("{p}.self_attn");
+            let qk = l.nope_dim + l.rope_dim;
+            return match part {
+                "q.weight" => {
+                    let order = self.rope_order(heads * qk, qk);
+                    self.transposed_reordered(&format!("{a}.q_proj.weight"), name, &order)
+                }
+                "q_down.weight" => self.transposed(&format!("{a}.q_a_proj.weight"), name),
+                "q_norm.weight" => same(self, &format!("{a}.q_a_layernorm.weight")),
+                "q_up.weight" => {
+                    let order = self.rope_order(heads * qk, qk);
+                    self.transposed_reordered(&format!("{a}.q_b_proj.weight"), name, &order)
+                }
+                "kv_down.weight" => {
+                    let rows = l.kv_rank + l.rope_dim;
+                    let order = self.rope_order(rows, rows);
+                    self.transposed_reordered(
+                        &format!("{a}.kv_a_proj_with_mqa.weight"),
+                        name,
+                        &order,
+                    )
+                }
+                "kv_norm.weight" => same(self, &format!("{a}.kv_a_layernorm.weight")),
+                "kv_up.weight" => self.transposed(&format!("{a}.kv_b_proj.weight"), name),
+                "o.weight" => self.transposed(&format!("{a}.o_proj.weight"), name),
+                _ => Err(Error::Io(format!(
+                    "moegrad's parameter {name} has no transformers counterpart"
+                ))),
+            };
+        }
+        // DeepSeek names its shared experts in the plural
+        let shared = if self.family == Family::DeepseekMoe {
+            format!("{p}.mlp.shared_experts")
+        } else {
+            format!("{p}.mlp.shared_expert")
+        };
         match rest {
             "attn_norm.weight" => same(self, &format!("{p}.input_layernorm.weight")),
             "ffn_norm.weight" => same(self, &format!("{p}.post_attention_layernorm.weight")),
@@ -134,12 +228,12 @@ impl Source {
             ),
             "mlp.down.weight" => self.transposed(&format!("{p}.mlp.down_proj.weight"), name),
             "moe.shared.up.weight" => self.side_by_side(
-                &format!("{p}.mlp.shared_expert.gate_proj.weight"),
-                &format!("{p}.mlp.shared_expert.up_proj.weight"),
+                &format!("{shared}.gate_proj.weight"),
+                &format!("{shared}.up_proj.weight"),
                 name,
             ),
             "moe.shared.down.weight" => {
-                self.transposed(&format!("{p}.mlp.shared_expert.down_proj.weight"), name)
+                self.transposed(&format!("{shared}.down_proj.weight"), name)
             }
             "moe.shared.gate.weight" => {
                 self.transposed(&format!("{p}.mlp.shared_expert_gate.weight"), name)

@@ -16,7 +16,7 @@ mod task;
 mod train;
 
 pub use decoder::Decoder;
-pub use decoder_config::{DecoderConfig, Family, SparseLayers};
+pub use decoder_config::{DecoderConfig, Family, LatentConfig, SparseLayers};
 pub use generate::{MAX_TOKENS, SampleOptions, generate};
 pub use gpt::{FeedForward, Gpt, GptConfig, GptOutput};
 pub use hf_import::{HfImport, import_hf};
