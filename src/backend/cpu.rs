@@ -121,7 +121,7 @@ macro_rules! any_map {
 // The family files come after the macros above, which they use (a `macro_rules!` is visible
 // to the modules declared below it).
 mod attention;
-pub mod buffer_pool;
+pub(crate) mod buffer_pool;
 mod conv2d;
 mod cross_entropy;
 mod elementwise;
@@ -138,9 +138,12 @@ mod reduce;
 mod routing;
 mod sort;
 mod worker;
-pub use attention::ATTENTION_BLOCK;
-pub use buffer_pool::PooledVec;
-pub use conv2d::WEIGHT_GRAD_IMAGES;
+// the block sizes the backend's own tests (backend/tests/) pick their sizes around
+#[cfg(test)]
+pub(crate) use attention::ATTENTION_BLOCK;
+use buffer_pool::PooledVec;
+#[cfg(test)]
+pub(crate) use conv2d::WEIGHT_GRAD_IMAGES;
 use fast_math::exp_f32;
 pub(crate) use worker::on_pool;
 pub(crate) use worker::on_worker_thread;

@@ -231,4 +231,6 @@ pub fn uniform_hash(seed: u64, index: u32) -> f32 {
 }
 
 mod storage;
+#[cfg(test)]
+mod tests;
 pub use storage::Storage;

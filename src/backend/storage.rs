@@ -168,10 +168,6 @@ impl Storage {
             Storage::Gpu(b) => b.len(),
         }
     }
-    /// True when the storage holds no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
     /// Uploads host data to the CPU or GPU.
     pub fn upload(data: &HostData, gpu: bool) -> Result<Storage> {
         if gpu {

@@ -31,8 +31,8 @@
 //! carries a ∇₁-sized bias, like ST and REINFORCE. `bias_nabla0` in the report shows how well it
 //! does what it sets out to do.
 
+use super::GradientProbe;
 use crate::moe::RouterConfig;
-use crate::moe::routers::GradientProbe;
 use crate::{Device, Error, Result, Tensor};
 
 /// The estimators `moegrad estimators` runs by default, in table order: the routers whose

@@ -12,5 +12,4 @@ mod train;
 
 pub use generate::{MAX_TOKENS, SampleOptions, generate};
 pub use gpt::{FeedForward, Gpt, GptConfig, GptOutput};
-pub(crate) use train::make_optimizer;
-pub use train::{LmSummary, gpt_config, load_model, run, run_observed};
+pub use train::{LmSummary, gpt_config, load_model, make_optimizer, run, run_observed};

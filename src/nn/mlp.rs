@@ -1,6 +1,6 @@
 //! An MLP builder: `Linear → activation → ... → Linear` from a list of widths.
 
-use super::layers::{Activation, Linear};
+use super::{Activation, Linear};
 use super::{Init, Sequential};
 use crate::{Device, Error, Result};
 use rand_chacha::ChaCha8Rng;

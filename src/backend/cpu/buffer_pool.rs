@@ -59,7 +59,9 @@ static HITS: AtomicU64 = AtomicU64::new(0);
 static MISSES: AtomicU64 = AtomicU64::new(0);
 static HELD: AtomicUsize = AtomicUsize::new(0);
 
-/// How the pool has served requests since the process started (or the last [`reset_stats`]).
+/// How the CPU buffer pool has served requests since the process started or the counters were
+/// last reset (`moegrad::memory::buffer_pool_stats`). Hits and misses count requests of at least
+/// 16 KiB (smaller buffers are left to the allocator).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
     /// buffers handed out from the pool
@@ -180,13 +182,6 @@ pub fn give<T: Copy>(v: Vec<T>) {
 /// `Vec` it wraps.
 #[derive(Debug, Default)]
 pub struct PooledVec<T: Copy>(Vec<T>);
-
-impl<T: Copy> PooledVec<T> {
-    /// The wrapped vector, taken out of the pool's care (its allocation is then freed normally).
-    pub fn into_vec(mut self) -> Vec<T> {
-        std::mem::take(&mut self.0)
-    }
-}
 
 impl<T: Copy> From<Vec<T>> for PooledVec<T> {
     fn from(v: Vec<T>) -> Self {

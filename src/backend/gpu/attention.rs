@@ -59,7 +59,9 @@ pub(crate) const TILED_ENTRIES: [&str; 3] = [
 ];
 
 /// Every set of override constants [`launch_tiles`] can pass: one per head dimension
-/// `1..=ATTENTION_MAX_HEAD_DIM` (what `tests/shader_backends.rs` compiles for each backend).
+/// `1..=ATTENTION_MAX_HEAD_DIM` (what `backend/tests/shader_backends.rs` compiles for each
+/// backend).
+#[cfg(test)]
 pub(crate) fn specialisations() -> impl Iterator<Item = [(&'static str, f64); 2]> {
     (1..=ATTENTION_MAX_HEAD_DIM).map(specialisation)
 }

@@ -201,12 +201,14 @@ impl Pool {
     }
 
     /// Bytes sitting on the free lists (storage and staging).
+    #[cfg(test)]
     pub fn free_bytes(&self) -> u64 {
         let g = self.free.lock().unwrap_or_else(|p| p.into_inner());
         g.0.iter().map(|(&(_, c), v)| c * v.len() as u64).sum()
     }
 
     /// Releases every free buffer to the driver (buffers in use are untouched).
+    #[cfg(test)]
     pub fn trim(&self) {
         let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
         g.0.clear();

@@ -50,15 +50,19 @@ mod stats;
 mod strided;
 pub(crate) mod timing;
 
-pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
-pub use conv2d::CONV2D_MAX_TAPS;
+// limits and tiles the backend's own tests (backend/tests/) pick their sizes around, and the
+// shader list backend/tests/shader_backends.rs translates
+#[cfg(test)]
+pub(crate) use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
 pub use info::{GpuInfo, info};
 /// the WGSL source a launch names (user kernels are made in `crate::wgsl`)
 pub(crate) use kernels::Shader;
-#[doc(hidden)]
-pub use kernels::{BuiltinShader, builtin_shaders};
+#[cfg(test)]
+pub(crate) use kernels::{BuiltinShader, builtin_shaders};
 pub use matmul::MatmulKernel;
-pub use optim::{ADAM_MULTI_SLOTS, AdamSlot, NORM_SLOTS};
+pub use optim::AdamSlot;
+#[cfg(test)]
+pub(crate) use optim::{ADAM_MULTI_SLOTS, NORM_SLOTS};
 pub use stats::GpuStats;
 
 use super::{BufferOps, HostData};
@@ -231,6 +235,7 @@ impl GpuBackend {
     }
 
     /// Bytes held on the pool's free lists, ready for reuse.
+    #[cfg(test)]
     pub fn pool_free_bytes(&self) -> u64 {
         self.inner.pool.free_bytes()
     }
@@ -276,6 +281,7 @@ impl GpuBackend {
     }
 
     /// Gives the pool's free buffers back to the driver (buffers in use are kept).
+    #[cfg(test)]
     pub fn trim_pool(&self) {
         self.inner.pool.trim();
     }
