@@ -85,7 +85,7 @@ fn draw_loss(
             .label(name)
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
     }
-    series_labels(&mut chart, SeriesLabelPosition::UpperRight, path)
+    series_labels(&mut chart, SeriesLabelPosition::MiddleRight, path)
 }
 
 /// Draws the legend box of `chart` (black border, white ground) at `position`.

@@ -133,7 +133,7 @@ fn draw_accuracy(
             })
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
     }
-    series_labels(&mut chart, SeriesLabelPosition::UpperRight, path)
+    series_labels(&mut chart, SeriesLabelPosition::MiddleRight, path)
 }
 
 /// Draws each expert's share of the kept assignments against the epoch (`expert_load.svg`).
@@ -199,5 +199,5 @@ fn draw_loads(
         .map_err(|e| plot_err(path, e))?
         .label("uniform")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
-    series_labels(&mut chart, SeriesLabelPosition::UpperRight, path)
+    series_labels(&mut chart, SeriesLabelPosition::MiddleRight, path)
 }
