@@ -43,7 +43,7 @@ pub const ESTIMATOR_NAMES: &[&str] = crate::moe::LAB_ROUTER_NAMES;
 pub const EXTRA_ESTIMATOR_NAMES: &[&str] = &["switch-jitter"];
 
 /// Every estimator name the lab accepts, comma-separated (for error messages).
-pub fn known_estimators() -> String {
+pub(super) fn known_estimators() -> String {
     ESTIMATOR_NAMES
         .iter()
         .chain(EXTRA_ESTIMATOR_NAMES)

@@ -26,11 +26,11 @@ pub(crate) static ATTENTION_SHADER: Shader = Shader {
 };
 
 /// Rows of queries (or keys) per workgroup of the GPU kernels, one invocation per row.
-pub const ATTENTION_TILE: usize = 64;
+pub(crate) const ATTENTION_TILE: usize = 64;
 
 /// The largest head dimension the GPU kernels take: each invocation keeps its row's vectors
 /// (up to four of `Dh` floats) in registers.
-pub const ATTENTION_MAX_HEAD_DIM: usize = 128;
+pub(crate) const ATTENTION_MAX_HEAD_DIM: usize = 128;
 
 /// Floats of one staged matrix in workgroup memory (the shader's `STAGE_FLOATS`).
 const STAGE_FLOATS: usize = 1984;
