@@ -19,8 +19,8 @@
 //!
 //! Run with `cargo run --release --example custom_op`.
 
+use moegrad::HostData;
 use moegrad::autograd::custom_op;
-use moegrad::backend::HostData;
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
 use moegrad::wgsl::WgslKernel;
 use moegrad::{DType, Device, Error, Result, Tensor};

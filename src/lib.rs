@@ -8,7 +8,10 @@
 //! device, the MoE layer, the router trait, the optimizers, ...).
 //!
 //! The layers, bottom to top (see `docs/architecture.md`):
-//! - [`backend`]: the [`backend::Backend`] trait of primitive kernels; CPU and GPU implementations.
+//! - the backend (private): the primitive kernels on flat buffers, split by op family, with a
+//!   CPU and a GPU implementation. What a user needs of it has one public place each:
+//!   [`HostData`] (a tensor's values on the host), [`gpu`] (the adapter, its counters and
+//!   memory, the matmul kernel choice) and [`memory`] (host memory and the CPU buffer pool).
 //! - [`Tensor`]: shared storage + shape + device, and the autograd node that produced it.
 //! - [`autograd`]: the graph, the backward walk, [`no_grad`], and [`autograd::custom_op`], the
 //!   public way to add an op with a backward rule of one's own.
@@ -36,14 +39,14 @@
 #![warn(missing_docs)]
 
 pub mod autograd;
-pub mod backend;
-pub mod bench;
+mod backend;
 pub mod checkpoint;
 pub mod data;
 mod device;
 mod dtype;
 mod error;
 pub mod estimator_lab;
+pub mod gpu;
 pub mod gradcheck;
 pub mod info;
 pub mod lm;
@@ -59,7 +62,25 @@ mod tensor;
 pub mod train;
 pub mod wgsl;
 
+// The backend's own tests (backend/tests/) share the helpers of the integration tests
+// (tests/common/), which name this crate `moegrad` and find one another at the crate root.
+#[cfg(test)]
+extern crate self as moegrad;
+#[cfg(test)]
+#[path = "../tests/common/mod.rs"]
+mod common;
+#[cfg(test)]
+#[path = "../tests/common/fold.rs"]
+mod fold;
+#[cfg(test)]
+#[path = "../tests/common/parity.rs"]
+mod parity;
+#[cfg(test)]
+#[path = "../tests/common/property.rs"]
+mod property;
+
 pub use autograd::no_grad::{NoGradGuard, is_grad_enabled, no_grad};
+pub use backend::HostData;
 pub use device::Device;
 pub use dtype::DType;
 pub use error::{Error, Result};

@@ -226,6 +226,39 @@ unsafe impl GlobalAlloc for CountingAllocator {
     }
 }
 
+/// The CPU backend's buffer pool: a tensor's freed buffer is kept and handed out again to the
+/// next tensor of its size class, so a steady training step allocates no buffer (unlike the
+/// cache above, it works without the counting allocator). The counters of
+/// [`buffer_pool_stats`], set back by [`reset_buffer_pool_stats`], are process-wide.
+pub use crate::backend::cpu::buffer_pool::PoolStats as BufferPoolStats;
+
+/// The CPU buffer pool's counters: buffers served from the pool (hits), buffers it had to
+/// allocate (misses), and the bytes it holds now.
+///
+/// # Example
+/// ```
+/// use moegrad::{DType, Device, Tensor};
+/// let x = Tensor::full(&[1 << 16], 1.0, DType::F32, Device::cpu()).unwrap();
+/// drop(x.add(&x).unwrap()); // its buffer goes back to the pool
+/// moegrad::memory::reset_buffer_pool_stats();
+/// let _y = x.add(&x).unwrap(); // the same size again: served from the pool
+/// assert!(moegrad::memory::buffer_pool_stats().hits >= 1);
+/// ```
+pub fn buffer_pool_stats() -> BufferPoolStats {
+    crate::backend::cpu::buffer_pool::stats()
+}
+
+/// Sets the hit and miss counters of [`buffer_pool_stats`] back to zero.
+pub fn reset_buffer_pool_stats() {
+    crate::backend::cpu::buffer_pool::reset_stats();
+}
+
+/// Gives every buffer the CPU pool holds back to the allocator (after training, say); the
+/// next tensors allocate afresh.
+pub fn trim_buffer_pool() {
+    crate::backend::cpu::buffer_pool::trim();
+}
+
 /// Bytes held in the cache of freed large blocks (not counted in [`live_bytes`]).
 pub fn cached_bytes() -> usize {
     CACHED.load(Ordering::Relaxed)

@@ -1,9 +1,9 @@
-//! The CPU buffer pool (`backend/cpu/buffer_pool.rs`): a steady training step allocates no buffer.
+//! The CPU buffer pool (`backend/cpu/buffer_pool.rs`, its counters read through
+//! `moegrad::memory::buffer_pool_stats`): a steady training step allocates no buffer.
 //!
 //! One test in its own binary, because the pool and its counters are process-wide: other tests
 //! running beside it in the same process would allocate too.
 
-use moegrad::backend::cpu::buffer_pool as pool;
 use moegrad::lm::{Gpt, GptConfig};
 use moegrad::nn::Parameters;
 use moegrad::optim::{Adam, Optimizer, clip_grad_norm};
@@ -34,21 +34,21 @@ fn a_steady_gpt_training_step_takes_every_buffer_from_the_pool() {
     for _ in 0..3 {
         step(&mut opt);
     }
-    pool::reset_stats();
+    moegrad::memory::reset_buffer_pool_stats();
     step(&mut opt);
     step(&mut opt);
-    let s = pool::stats();
+    let s = moegrad::memory::buffer_pool_stats();
     assert!(
         s.hits > 50,
         "the step's big buffers come from the pool: {s:?}"
     );
     assert_eq!(s.misses, 0, "a steady step allocated buffers: {s:?}");
-    pool::trim();
-    assert_eq!(pool::stats().held_bytes, 0);
-    pool::reset_stats();
+    moegrad::memory::trim_buffer_pool();
+    assert_eq!(moegrad::memory::buffer_pool_stats().held_bytes, 0);
+    moegrad::memory::reset_buffer_pool_stats();
     step(&mut opt);
     assert!(
-        pool::stats().misses > 0,
+        moegrad::memory::buffer_pool_stats().misses > 0,
         "after trim the pool is empty and the step allocates"
     );
 }

@@ -66,7 +66,7 @@ fn run(layer: &MoeLayer, x: &Tensor, up: &Tensor) -> Outcome {
     } else {
         routing.len()
     };
-    let plan = DispatchPlan::build_sized(&routing, layer.config.capacity, counted).unwrap();
+    let plan = DispatchPlan::build_sized(&routing, layer.config().capacity, counted).unwrap();
     let mut exact = vec![
         ("routing.token".to_string(), ints(&routing.token)),
         ("routing.expert".into(), ints(&routing.expert)),

@@ -70,7 +70,7 @@ fn set_logits(l: &MoeLayer, logits: &[f64]) {
 
 fn dense_reference(l: &MoeLayer, x: &Tensor, r: &Routing) -> Vec<f64> {
     let all = l.experts().forward(x).unwrap().to_vec_f64().unwrap(); // [n, T, d_out]
-    let (t, d_out) = (x.shape()[0], l.config.d_out);
+    let (t, d_out) = (x.shape()[0], l.config().d_out);
     let (tok, ex, w) = (
         r.token.to_vec_i32().unwrap(),
         r.expert.to_vec_i32().unwrap(),
@@ -671,7 +671,7 @@ fn priority_and_capacity() {
     // Dropped rows contribute nothing: with capacity 1 token 1 and 3... all second choices go.
     let l = layer("topk", 2, 2, 101);
     to_f64(&l);
-    let mut cfg = l.config.clone();
+    let mut cfg = l.config().clone();
     cfg.capacity = Capacity::Factor {
         factor: 0.25,
         min_capacity: 0,
@@ -791,7 +791,7 @@ fn gpu_parity_of_the_moe_layer() {
         let cpu_layer = layer(name, 6, 2, 111);
         to_f64(&cpu_layer);
         cpu_layer.set_training(false);
-        let mut cfg = cpu_layer.config.clone();
+        let mut cfg = cpu_layer.config().clone();
         cfg.capacity = Capacity::Dropless;
         let gpu_layer = MoeLayer::new(&cfg, gpu).unwrap();
         gpu_layer.set_training(false);

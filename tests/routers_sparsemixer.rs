@@ -8,12 +8,12 @@
 
 mod common;
 
+use moegrad::estimator_lab::{GradientProbe, estimate_router_gradient};
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
 use moegrad::moe::RouterConfig;
 use moegrad::moe::routers::{
     EstimatorRouter, MaskRule, gumbel_argmax, gumbel_softmax, masked_softmax, sparsemixer_mask,
 };
-use moegrad::moe::routers::{GradientProbe, estimate_router_gradient};
 use moegrad::moe::{MoeConfig, MoeLayer, build_router};
 use moegrad::nn::Param;
 use moegrad::nn::Parameters;

@@ -19,8 +19,8 @@
 //! Two kinds of token with distinct logits make the first and second masks differ, so a second
 //! choice sampled with the first mask, or from the unmasked softmax, is caught.
 
+use moegrad::estimator_lab::GradientProbe;
 use moegrad::moe::RouterConfig;
-use moegrad::moe::routers::GradientProbe;
 use moegrad::{Device, Result, Tensor};
 use std::collections::BTreeMap;
 

@@ -322,7 +322,7 @@ fn factor(gamma: f64) -> Capacity {
 /// ordered by (rank, −p) — XMoE's priority `p − rank` — keep the first `c`.
 fn reference_layer(l: &MoeLayer, x: &Tensor, r: &Routing, c: Option<usize>) -> Vec<f64> {
     let all = l.experts().forward(x).unwrap().to_vec_f64().unwrap(); // [n, T, d_out]
-    let (t, d_out, n) = (x.shape()[0], l.config.d_out, l.config.experts);
+    let (t, d_out, n) = (x.shape()[0], l.config().d_out, l.config().experts);
     let (tok, ex, w, v, rank) = (
         r.token.to_vec_i32().unwrap(),
         r.expert.to_vec_i32().unwrap(),
@@ -482,7 +482,8 @@ fn balance_loss_counts_first_choices() {
     // top-1 assignment, so with every token preferring expert 0, f = (1, 0, 0, 0).
     let n = 4;
     let mut l = layer(n, &[("t", "1")], Capacity::Dropless, 43);
-    l.config.balance_loss = 0.01;
+    let z_loss = l.config().z_loss;
+    l.set_loss_weights(0.01, z_loss).unwrap();
     let mut w = vec![0.0; 5 * n];
     for i in 0..5 {
         w[i * n] = 2.0;
@@ -736,7 +737,7 @@ fn decomposed_layer_with_a_zero_router_and_t1_is_the_dense_ffn() {
 /// Routes and back-propagates a threshold layer on `device` (f32 there) from the parameters of
 /// the f64 CPU layer `reference`; returns the kept mask, the output and every gradient.
 fn run_on(reference: &MoeLayer, device: Device, x: &Tensor) -> (Vec<f64>, Vec<Vec<f64>>) {
-    let l = MoeLayer::new(&reference.config, device).unwrap();
+    let l = MoeLayer::new(reference.config(), device).unwrap();
     let dtype = if device == Device::cpu() {
         DType::F64
     } else {

@@ -1,7 +1,7 @@
 //! The GPU training step made cheap (issue 15), checked on whatever adapter there is (Mesa's
 //! lavapipe in CI):
 //!
-//! * a steady-state step (`moegrad::bench::gpu_step::count_step`) of `moe-mlp`, `cnn` and `gpt`
+//! * a steady-state step (`moegrad_cli::bench::gpu_step::count_step`) of `moe-mlp`, `cnn` and `gpt`
 //!   never waits for the device and creates no buffer; `moe-mlp` dispatches at most half of the
 //!   206 kernels it took before this work, and uploads its batch plus a few kilobytes;
 //! * every fused kernel against the CPU: the top-k gate (forward and both backward rules), the
@@ -19,13 +19,13 @@
 #[path = "../../tests/common/mod.rs"]
 mod common;
 
-use moegrad::backend::gpu::{GpuBackend, MatmulKernel};
-use moegrad::bench::gpu_step::{count_step, count_step_with, step_config};
+use moegrad::gpu::MatmulKernel;
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
 use moegrad::moe::{Capacity, DispatchPlan, Routing};
 use moegrad::nn::Param;
 use moegrad::optim::{Adam, Optimizer, clip_grad_norm};
 use moegrad::{DType, Device, Tensor};
+use moegrad_cli::bench::gpu_step::{count_step, count_step_with, step_config};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use std::sync::{Mutex, MutexGuard};
@@ -381,7 +381,7 @@ fn multi_tensor_adam_with_clipping_matches_the_cpu() {
     let Some((dev, _lock)) = gpu("multi_tensor_adam_with_clipping_matches_the_cpu") else {
         return;
     };
-    assert!(GpuBackend::get().unwrap().adam_multi_supported());
+    assert!(moegrad::gpu::adam_multi_supported().unwrap());
     let (cpu, cpu_state) = adam_run(Device::cpu());
     let (gpu, gpu_state) = adam_run(dev);
     for (i, (g, c)) in gpu.iter().zip(&cpu).enumerate() {
@@ -441,9 +441,8 @@ fn matmul_kernels_with_and_without_subgroups_match_the_cpu() {
     let Some((dev, _lock)) = gpu("matmul_kernels_with_and_without_subgroups_match_the_cpu") else {
         return;
     };
-    let be = GpuBackend::get().unwrap();
-    let info = moegrad::backend::gpu::info().unwrap();
-    let kernels = if be.subgroup_matmul_available() {
+    let info = moegrad::gpu::info().unwrap();
+    let kernels = if moegrad::gpu::subgroup_matmul_available().unwrap() {
         vec![MatmulKernel::Plain, MatmulKernel::Subgroup]
     } else {
         // CI's adapter (lavapipe) offers subgroups of 8, so under MOEGRAD_REQUIRE_GPU=1 a missing
@@ -461,12 +460,14 @@ fn matmul_kernels_with_and_without_subgroups_match_the_cpu() {
              (optional features {:?}, subgroup sizes {:?}); only the plain matmul is checked",
             info.name, info.features, info.subgroup_sizes
         );
-        assert!(be.set_matmul_kernel(MatmulKernel::Subgroup).is_err());
+        assert!(moegrad::gpu::set_matmul_kernel(MatmulKernel::Subgroup).is_err());
         vec![MatmulKernel::Plain]
     };
-    let before = be.matmul_kernel();
+    let before = moegrad::gpu::matmul_kernel().unwrap();
     // where the adapter has subgroups, matmul runs the subgroup kernel unless told otherwise
-    if be.subgroup_matmul_available() && std::env::var_os("MOEGRAD_MATMUL").is_none() {
+    if moegrad::gpu::subgroup_matmul_available().unwrap()
+        && std::env::var_os("MOEGRAD_MATMUL").is_none()
+    {
         assert_eq!(before, MatmulKernel::Subgroup, "the default matmul kernel");
         assert_eq!(info.matmul_kernel, "subgroup");
     }
@@ -478,8 +479,8 @@ fn matmul_kernels_with_and_without_subgroups_match_the_cpu() {
     ];
     let mut results: Vec<Vec<Vec<f64>>> = Vec::new();
     for &kernel in &kernels {
-        be.set_matmul_kernel(kernel).unwrap();
-        assert_eq!(be.matmul_kernel(), kernel);
+        moegrad::gpu::set_matmul_kernel(kernel).unwrap();
+        assert_eq!(moegrad::gpu::matmul_kernel().unwrap(), kernel);
         let mut per_shape = Vec::new();
         for (i, &(b, m, k, n)) in shapes.iter().enumerate() {
             let av = values(b * m * k, 1.0, 300 + i as u64);
@@ -504,7 +505,7 @@ fn matmul_kernels_with_and_without_subgroups_match_the_cpu() {
         }
         results.push(per_shape);
     }
-    be.set_matmul_kernel(before).unwrap();
+    moegrad::gpu::set_matmul_kernel(before).unwrap();
     if let [plain, subgroup] = &results[..] {
         assert_eq!(
             plain, subgroup,
@@ -639,11 +640,11 @@ fn bench_gpu_step_times_the_step_where_the_adapter_has_timestamps() {
     else {
         return;
     };
-    let r = moegrad::bench::gpu_step::bench_gpu_step(&["moe-mlp"]).unwrap();
+    let r = moegrad_cli::bench::gpu_step::bench_gpu_step(&["moe-mlp"]).unwrap();
     let rec = &r.gpu_step[0];
     // the timed step is not the counted one: the counts keep their zeros
     assert_eq!((rec.host_waits, rec.buffers_created), (0, 0), "{rec:?}");
-    let timestamps = moegrad::backend::gpu::info()
+    let timestamps = moegrad::gpu::info()
         .unwrap()
         .features
         .contains(&"timestamp-query".to_string());

@@ -379,7 +379,7 @@ fn gpu_kernels_are_timed_where_the_adapter_has_timestamps() {
     else {
         return;
     };
-    let info = moegrad::backend::gpu::info().unwrap();
+    let info = moegrad::gpu::info().unwrap();
     profile::enable();
     three_matmuls(gpu);
     // another thread recording its own profile meanwhile, in the same batches: each profile has

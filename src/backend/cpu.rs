@@ -41,7 +41,7 @@ const PAR_MIN: usize = 1 << 15;
 /// A CPU buffer: a shared, immutable vector of one dtype (whose allocation returns to the
 /// [`buffer_pool`] when the last handle drops).
 #[derive(Clone, Debug)]
-pub enum CpuBuffer {
+pub(crate) enum CpuBuffer {
     /// f32 values
     F32(Arc<PooledVec<f32>>),
     /// f64 values
@@ -52,7 +52,7 @@ pub enum CpuBuffer {
 
 impl CpuBuffer {
     /// The dtype of the elements.
-    pub fn dtype(&self) -> DType {
+    pub(crate) fn dtype(&self) -> DType {
         match self {
             CpuBuffer::F32(_) => DType::F32,
             CpuBuffer::F64(_) => DType::F64,
@@ -60,7 +60,7 @@ impl CpuBuffer {
         }
     }
     /// Number of elements.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             CpuBuffer::F32(v) => v.len(),
             CpuBuffer::F64(v) => v.len(),
@@ -68,7 +68,7 @@ impl CpuBuffer {
         }
     }
     /// True when empty.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len() == 0
     }
     pub(crate) fn indices(&self, what: &str) -> Result<&[i32]> {
@@ -121,7 +121,7 @@ macro_rules! any_map {
 // The family files come after the macros above, which they use (a `macro_rules!` is visible
 // to the modules declared below it).
 mod attention;
-pub mod buffer_pool;
+pub(crate) mod buffer_pool;
 mod conv2d;
 mod cross_entropy;
 mod elementwise;
@@ -138,9 +138,12 @@ mod reduce;
 mod routing;
 mod sort;
 mod worker;
-pub use attention::ATTENTION_BLOCK;
-pub use buffer_pool::PooledVec;
-pub use conv2d::WEIGHT_GRAD_IMAGES;
+// the block sizes the backend's own tests (backend/tests/) pick their sizes around
+#[cfg(test)]
+pub(crate) use attention::ATTENTION_BLOCK;
+use buffer_pool::PooledVec;
+#[cfg(test)]
+pub(crate) use conv2d::WEIGHT_GRAD_IMAGES;
 use fast_math::exp_f32;
 pub(crate) use worker::on_pool;
 pub(crate) use worker::on_worker_thread;
@@ -222,7 +225,7 @@ const MAP_CHUNK: usize = 1 << 14;
 
 /// The CPU backend (stateless; rayon's global pool does the threading).
 #[derive(Clone, Copy, Debug, Default)]
-pub struct CpuBackend;
+pub(crate) struct CpuBackend;
 
 impl BufferOps for CpuBackend {
     type Buffer = CpuBuffer;

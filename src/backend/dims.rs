@@ -318,13 +318,6 @@ impl Pool2dDims {
 /// Sizes of a grouped (per-expert) matmul ([`super::MatmulOps::grouped_matmul`]): `x` is
 /// `[rows, k]`, the expert bank `w` is `[experts, k, m]` (`[experts, m, k]` with
 /// `transpose_w`, read transposed), the output `[rows, m]`.
-///
-/// ```
-/// use moegrad::backend::GroupedMatmulDims;
-/// // 6 rows of 4 inputs through a bank of 3 experts of 4 → 8
-/// let dims = GroupedMatmulDims { rows: 6, k: 4, m: 8, experts: 3, transpose_w: false };
-/// assert_eq!(dims.bank(), moegrad::backend::ExpertBankDims { k: 4, m: 8, experts: 3 });
-/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GroupedMatmulDims {
     /// rows of `x` (and of the output)
@@ -338,17 +331,6 @@ pub struct GroupedMatmulDims {
     /// whether the bank is stored `[experts, m, k]` and multiplied transposed (the backward
     /// pass's `dx = dy·Wᵀ`)
     pub transpose_w: bool,
-}
-
-impl GroupedMatmulDims {
-    /// The bank's sizes, `[experts, k, m]`.
-    pub fn bank(&self) -> ExpertBankDims {
-        ExpertBankDims {
-            k: self.k,
-            m: self.m,
-            experts: self.experts,
-        }
-    }
 }
 
 /// Sizes of an MoE expert bank's weights `[experts, k, m]`, as its weight gradient

@@ -197,7 +197,9 @@ binary_ops! {
     Max => |a, b| a.max(b), wgsl "return rmax(a, b);";
     /// `min(a, b)`
     Min => |a, b| a.min(b), wgsl "return rmin(a, b);";
-    /// `a^b`
+    /// `a^b` (no tensor op uses it yet: `Tensor::powf` is the unary `Powf`; the backend's own
+    /// tests check it on both devices)
+    #[cfg_attr(not(test), allow(dead_code))]
     Pow => |a, b| a.powf(b), wgsl "return powf(a, b);";
     /// `a > b`
     Gt => |a, b| flag(a > b), wgsl "return select(0.0, 1.0, a > b);";

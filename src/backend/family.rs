@@ -17,14 +17,14 @@ mod optim;
 mod reduce;
 mod routing;
 
-pub use buffer::BufferOps;
-pub use elementwise::ElementwiseOps;
-pub use layout::LayoutOps;
-pub use matmul::MatmulOps;
-pub use nn::NnOps;
-pub use optim::OptimOps;
-pub use reduce::ReduceOps;
-pub use routing::RoutingOps;
+pub(crate) use buffer::BufferOps;
+pub(crate) use elementwise::ElementwiseOps;
+pub(crate) use layout::LayoutOps;
+pub(crate) use matmul::MatmulOps;
+pub(crate) use nn::NnOps;
+pub(crate) use optim::OptimOps;
+pub(crate) use reduce::ReduceOps;
+pub(crate) use routing::RoutingOps;
 
 /// The primitives a device provides: every family trait. Buffers are flat and contiguous; each
 /// knows its dtype and length.
@@ -37,7 +37,7 @@ pub use routing::RoutingOps;
 /// (the blanket impl below), so a new backend implements the family traits and nothing else.
 ///
 /// [`DType::I32`]: crate::DType::I32
-pub trait Backend:
+pub(crate) trait Backend:
     BufferOps + ElementwiseOps + ReduceOps + LayoutOps + MatmulOps + NnOps + RoutingOps + OptimOps
 {
 }

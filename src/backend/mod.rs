@@ -15,30 +15,30 @@
 //! holds; its methods dispatch to the right backend.
 
 mod checks;
-pub mod cpu;
+pub(crate) mod cpu;
 mod dims;
 mod elementwise_ops;
 mod family;
-pub mod gpu;
+pub(crate) mod gpu;
 
-pub use dims::{
+pub(crate) use dims::{
     AttentionDims, AttentionGradOperands, AxisView, Conv2dDims, ExpertBankDims, GroupedMatmulDims,
     LayerNormDims, MatLayout, MatmulDims, Pool2dDims, PoolKind, ScatterDims, Strided,
 };
 
-pub use family::{
+pub(crate) use family::{
     Backend, BufferOps, ElementwiseOps, LayoutOps, MatmulOps, NnOps, OptimOps, ReduceOps,
     RoutingOps,
 };
 
 pub(crate) use elementwise_ops::wgsl_elementwise_ops;
-pub use elementwise_ops::{BinaryOp, UnaryOp};
+pub(crate) use elementwise_ops::{BinaryOp, UnaryOp};
 
 use crate::{DType, Result};
 
 /// Reductions along one axis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ReduceOp {
+pub(crate) enum ReduceOp {
     /// sum
     Sum,
     /// maximum
@@ -51,7 +51,7 @@ pub enum ReduceOp {
 
 /// Hyper-parameters of one fused Adam/AdamW update (see `optim::Adam` for the formulas).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct AdamHyper {
+pub(crate) struct AdamHyper {
     /// learning rate at this step
     pub lr: f64,
     /// first-moment decay β₁
@@ -72,7 +72,7 @@ pub struct AdamHyper {
 
 /// Hyper-parameters of one fused SGD update (see `optim::Sgd`).
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct SgdHyper {
+pub(crate) struct SgdHyper {
     /// learning rate at this step
     pub lr: f64,
     /// momentum μ (0 for plain SGD)
@@ -131,7 +131,7 @@ impl HostData {
 /// The fused optimizer steps (`grouped_weight_grad_adam_mut`) take it to compute the gradient
 /// inside the update instead of storing it.
 #[derive(Debug)]
-pub struct BankGradOperands<'a, B> {
+pub(crate) struct BankGradOperands<'a, B> {
     /// the rows `[R, k]`
     pub x: &'a B,
     /// the upstream gradient `[R, m]`
@@ -147,7 +147,7 @@ pub struct BankGradOperands<'a, B> {
 /// The buffers of an MoE dispatch plan ([`RoutingOps::dispatch_plan`]; `moe::DispatchPlan` wraps
 /// them as tensors). `A` is the number of assignments, `n` the number of experts.
 #[derive(Clone, Debug)]
-pub struct PlanBuffers<B> {
+pub(crate) struct PlanBuffers<B> {
     /// `[A]` I32: sorted position → assignment
     pub order: B,
     /// `[A]` I32: the token of each sorted row
@@ -216,7 +216,7 @@ pub(crate) fn check_gate_backward_lengths(
 /// The counter-based generator behind [`ElementwiseOps::random_uniform`], written once here and
 /// mirrored in `shaders/random.wgsl`: two rounds of the MurmurHash3 32-bit finaliser over the
 /// element index mixed with the two halves of the seed; the top 24 bits give a float in [0, 1).
-pub fn uniform_hash(seed: u64, index: u32) -> f32 {
+pub(crate) fn uniform_hash(seed: u64, index: u32) -> f32 {
     fn fmix(mut x: u32) -> u32 {
         x ^= x >> 16;
         x = x.wrapping_mul(0x85eb_ca6b);
@@ -231,4 +231,6 @@ pub fn uniform_hash(seed: u64, index: u32) -> f32 {
 }
 
 mod storage;
-pub use storage::Storage;
+#[cfg(test)]
+mod tests;
+pub(crate) use storage::Storage;

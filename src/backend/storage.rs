@@ -13,7 +13,7 @@ use crate::Result;
 
 /// A buffer on some device: what a tensor holds. Cloning is cheap (shared).
 #[derive(Clone, Debug)]
-pub enum Storage {
+pub(crate) enum Storage {
     /// on the CPU
     Cpu(cpu::CpuBuffer),
     /// on the GPU
@@ -151,29 +151,25 @@ mod optim;
 
 impl Storage {
     /// The storage's device kind.
-    pub fn is_gpu(&self) -> bool {
+    pub(crate) fn is_gpu(&self) -> bool {
         matches!(self, Storage::Gpu(_))
     }
     /// The dtype of the elements.
-    pub fn dtype(&self) -> DType {
+    pub(crate) fn dtype(&self) -> DType {
         match self {
             Storage::Cpu(b) => b.dtype(),
             Storage::Gpu(b) => b.dtype(),
         }
     }
     /// Number of elements.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match self {
             Storage::Cpu(b) => b.len(),
             Storage::Gpu(b) => b.len(),
         }
     }
-    /// True when the storage holds no elements.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
     /// Uploads host data to the CPU or GPU.
-    pub fn upload(data: &HostData, gpu: bool) -> Result<Storage> {
+    pub(crate) fn upload(data: &HostData, gpu: bool) -> Result<Storage> {
         if gpu {
             Ok(Storage::Gpu(gpu::GpuBackend::get()?.upload(data)?))
         } else {
@@ -181,7 +177,7 @@ impl Storage {
         }
     }
     /// Takes host data to the CPU (keeping its vector, no copy) or uploads it to the GPU.
-    pub fn from_host(data: HostData, gpu: bool) -> Result<Storage> {
+    pub(crate) fn from_host(data: HostData, gpu: bool) -> Result<Storage> {
         if gpu {
             return Storage::upload(&data, true);
         }
@@ -192,7 +188,7 @@ impl Storage {
         }))
     }
     /// A filled buffer on the CPU or GPU.
-    pub fn full(len: usize, value: f64, dtype: DType, gpu: bool) -> Result<Storage> {
+    pub(crate) fn full(len: usize, value: f64, dtype: DType, gpu: bool) -> Result<Storage> {
         if gpu {
             Ok(Storage::Gpu(
                 gpu::GpuBackend::get()?.full(len, value, dtype)?,
@@ -202,25 +198,25 @@ impl Storage {
         }
     }
     /// Reads the values back to the host.
-    pub fn download(&self) -> Result<HostData> {
+    pub(crate) fn download(&self) -> Result<HostData> {
         match self {
             Storage::Cpu(b) => cpu::CpuBackend.download(b),
             Storage::Gpu(b) => gpu::GpuBackend::get()?.download(b),
         }
     }
     /// See [`ElementwiseOps::cast`].
-    pub fn cast(&self, dtype: DType) -> Result<Storage> {
+    pub(crate) fn cast(&self, dtype: DType) -> Result<Storage> {
         on_device!(self, |be| be.cast(be.buf(self, "cast")?, dtype))
     }
     /// See [`ElementwiseOps::unary`].
-    pub fn unary(&self, op: UnaryOp) -> Result<Storage> {
+    pub(crate) fn unary(&self, op: UnaryOp) -> Result<Storage> {
         on_device!(self, |be| be.unary(op, be.buf(self, "unary op")?))
     }
     /// GELU and its slope in one pass where the backend has that kernel: the CPU in f32, where
     /// both come from one exponential and backward becomes a plain product. `None` elsewhere
     /// (on the GPU a second output would cost a buffer per layer, and backward's fused pass
     /// recomputes the slope instead).
-    pub fn gelu_and_slope(&self) -> Option<(Storage, Storage)> {
+    pub(crate) fn gelu_and_slope(&self) -> Option<(Storage, Storage)> {
         match self {
             Storage::Cpu(x) => cpu::on_pool(self.len(), || cpu::CpuBackend.gelu_and_slope(x))
                 .map(|(y, s)| (Storage::Cpu(y), Storage::Cpu(s))),
@@ -228,7 +224,7 @@ impl Storage {
         }
     }
     /// See [`ElementwiseOps::binary`].
-    pub fn binary(
+    pub(crate) fn binary(
         &self,
         op: BinaryOp,
         a_strides: &[usize],
@@ -247,7 +243,7 @@ impl Storage {
         ))
     }
     /// See [`ElementwiseOps::where_cond`]; `self` is the condition.
-    pub fn where_cond(
+    pub(crate) fn where_cond(
         &self,
         c_strides: &[usize],
         a: &Storage,
@@ -273,11 +269,11 @@ impl Storage {
         })
     }
     /// See [`ReduceOps::reduce`].
-    pub fn reduce(&self, op: ReduceOp, view: AxisView) -> Result<Storage> {
+    pub(crate) fn reduce(&self, op: ReduceOp, view: AxisView) -> Result<Storage> {
         on_device!(self, |be| be.reduce(op, be.buf(self, "reduce")?, view))
     }
     /// See [`MatmulOps::matmul`].
-    pub fn matmul(
+    pub(crate) fn matmul(
         &self,
         a_layout: MatLayout,
         b: &Storage,
@@ -294,7 +290,7 @@ impl Storage {
         ))
     }
     /// See [`LayoutOps::copy_strided`].
-    pub fn copy_strided(
+    pub(crate) fn copy_strided(
         &self,
         shape: &[usize],
         strides: &[usize],
@@ -308,7 +304,7 @@ impl Storage {
         ))
     }
     /// See [`LayoutOps::concat`].
-    pub fn concat(
+    pub(crate) fn concat(
         parts: &[&Storage],
         lens: &[usize],
         outer: usize,
@@ -327,7 +323,7 @@ impl Storage {
         })
     }
     /// See [`LayoutOps::gather`].
-    pub fn gather(
+    pub(crate) fn gather(
         &self,
         view: AxisView,
         idx: &Storage,
@@ -344,7 +340,7 @@ impl Storage {
         ))
     }
     /// See [`LayoutOps::scatter_add`]; `self` is the source.
-    pub fn scatter_add(
+    pub(crate) fn scatter_add(
         &self,
         idx: &Storage,
         idx_strides: [usize; 3],
@@ -368,11 +364,11 @@ impl Storage {
         ))
     }
     /// See [`ReduceOps::cumsum`].
-    pub fn cumsum(&self, view: AxisView, reverse: bool) -> Result<Storage> {
+    pub(crate) fn cumsum(&self, view: AxisView, reverse: bool) -> Result<Storage> {
         on_device!(self, |be| be.cumsum(be.buf(self, "cumsum")?, view, reverse))
     }
     /// See [`ReduceOps::argsort`].
-    pub fn argsort(&self, rows: usize, len: usize, descending: bool) -> Result<Storage> {
+    pub(crate) fn argsort(&self, rows: usize, len: usize, descending: bool) -> Result<Storage> {
         on_device!(self, |be| be.argsort(
             be.buf(self, "argsort")?,
             rows,
@@ -381,7 +377,7 @@ impl Storage {
         ))
     }
     /// See [`ReduceOps::argsort_top`].
-    pub fn argsort_top(
+    pub(crate) fn argsort_top(
         &self,
         rows: usize,
         len: usize,
@@ -397,7 +393,12 @@ impl Storage {
         ))
     }
     /// See [`ElementwiseOps::random_uniform`].
-    pub fn random_uniform(len: usize, seed: u64, dtype: DType, gpu: bool) -> Result<Storage> {
+    pub(crate) fn random_uniform(
+        len: usize,
+        seed: u64,
+        dtype: DType,
+        gpu: bool,
+    ) -> Result<Storage> {
         on_device!(gpu: gpu, len, |be| be.random_uniform(len, seed, dtype))
     }
 }

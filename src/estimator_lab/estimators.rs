@@ -31,8 +31,8 @@
 //! carries a ∇₁-sized bias, like ST and REINFORCE. `bias_nabla0` in the report shows how well it
 //! does what it sets out to do.
 
+use super::GradientProbe;
 use crate::moe::RouterConfig;
-use crate::moe::routers::GradientProbe;
 use crate::{Device, Error, Result, Tensor};
 
 /// The estimators `moegrad estimators` runs by default, in table order: the routers whose
@@ -43,7 +43,7 @@ pub const ESTIMATOR_NAMES: &[&str] = crate::moe::LAB_ROUTER_NAMES;
 pub const EXTRA_ESTIMATOR_NAMES: &[&str] = &["switch-jitter"];
 
 /// Every estimator name the lab accepts, comma-separated (for error messages).
-pub fn known_estimators() -> String {
+pub(super) fn known_estimators() -> String {
     ESTIMATOR_NAMES
         .iter()
         .chain(EXTRA_ESTIMATOR_NAMES)

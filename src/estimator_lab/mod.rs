@@ -10,7 +10,7 @@
 //!    parts ∇₀ and ∇₁ (SparseMixer Eq. 2; Liu et al., "Sparse Backpropagation for MoE
 //!    Training", 2023).
 //! 3. [`LabEstimator`] (`estimators.rs`): each estimator's draws, made by
-//!    [`crate::moe::routers::GradientProbe`] (f64 on the CPU, fixed seed).
+//!    [`GradientProbe`] (f64 on the CPU, fixed seed).
 //! 4. [`run_lab`]: M draws per estimator, reduced to the statistics of [`EstimatorStats`]
 //!    ([`run_lab_with_progress`] reports each draw to a [`LabProgress`]); the command line
 //!    (`moegrad-cli`) draws them.
@@ -34,11 +34,13 @@
 mod estimators;
 mod exact;
 mod loss;
+mod probe;
 mod problem;
 
 pub use estimators::{ESTIMATOR_NAMES, EXTRA_ESTIMATOR_NAMES, LabEstimator, Target};
 pub use exact::{ExactGradient, exact_gradient, expected_loss};
 pub use loss::{LOSS_NAMES, Loss, LossKind};
+pub use probe::{GradientEstimate, GradientProbe, estimate_router_gradient};
 pub use problem::{Problem, ProblemConfig};
 
 use crate::moe::routers::{MaskRule, sparsemixer_mask};

@@ -20,5 +20,4 @@ pub use decoder_config::{DecoderConfig, Family, LatentConfig, SparseLayers};
 pub use generate::{MAX_TOKENS, SampleOptions, generate};
 pub use gpt::{FeedForward, Gpt, GptConfig, GptOutput};
 pub use hf_import::{HfImport, import_hf};
-pub(crate) use train::make_optimizer;
-pub use train::{LmSummary, gpt_config, load_model, run, run_observed};
+pub use train::{LmSummary, gpt_config, load_model, make_optimizer, run, run_observed};

@@ -141,7 +141,10 @@ impl TaskModel for Gpt {
 
 /// AdamW (or Adam with L2 decay, `--optimizer adam`) as nanoGPT sets it up: betas (0.9, 0.99),
 /// weight decay on the matrices only ([`Gpt::decays`]).
-pub(crate) fn make_optimizer(cfg: &TrainConfig, model: &Gpt) -> Result<Adam> {
+///
+/// # Errors
+/// A learning rate or weight decay Adam rejects (named in the message).
+pub fn make_optimizer(cfg: &TrainConfig, model: &Gpt) -> Result<Adam> {
     let mut opt = Adam::new(cfg.lr)?;
     opt.weight_decay = cfg.weight_decay;
     opt.decoupled = cfg.optimizer == crate::train::OptimizerKind::Adamw;

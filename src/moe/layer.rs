@@ -143,8 +143,9 @@ pub struct MoeLayer {
     router: Box<dyn Router>,
     /// the experts (their number and widths are the router's and the config's)
     experts: Box<dyn ExpertNet>,
-    /// the settings
-    pub config: MoeConfig,
+    /// the settings (read through [`MoeLayer::config`]; changed only through the setters of the
+    /// settings that may change after construction)
+    config: MoeConfig,
     /// the trainable per-channel output scale ω `[d_out]` of routers that ask for one
     /// ([`Router::output_scale`], SparseMixer), named `router.omega`; None for the others
     omega: Option<Param>,
@@ -210,6 +211,63 @@ impl MoeLayer {
             config: cfg.clone(),
             training: AtomicBool::new(true),
         })
+    }
+
+    /// The settings the layer was built from (the router, the experts' sizes, the capacity and
+    /// the auxiliary-loss weights). Sizes and the router are fixed once built; the capacity and
+    /// the loss weights may change with [`MoeLayer::set_capacity`] and
+    /// [`MoeLayer::set_loss_weights`].
+    pub fn config(&self) -> &MoeConfig {
+        &self.config
+    }
+
+    /// Sets the capacity in training (`capacity`) and in evaluation (`eval_capacity`): they
+    /// take effect from the next [`MoeLayer::forward`].
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a capacity factor that is not a positive finite number.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::moe::{Capacity, MoeConfig, MoeLayer};
+    /// # fn main() -> moegrad::Result<()> {
+    /// let mut layer = MoeLayer::new(&MoeConfig::new(8, 16, 4, 2), moegrad::Device::cpu())?;
+    /// layer.set_capacity(Capacity::Factor { factor: 1.25, min_capacity: 4 }, Capacity::Dropless)?;
+    /// assert_eq!(layer.config().eval_capacity, Capacity::Dropless);
+    /// assert!(layer.set_capacity(Capacity::Factor { factor: 0.0, min_capacity: 0 }, Capacity::Dropless).is_err());
+    /// # Ok(()) }
+    /// ```
+    pub fn set_capacity(&mut self, capacity: Capacity, eval_capacity: Capacity) -> Result<()> {
+        for (name, c) in [("capacity", capacity), ("eval_capacity", eval_capacity)] {
+            if let Capacity::Factor { factor, .. } = c
+                && !(factor.is_finite() && factor > 0.0)
+            {
+                return Err(Error::Invalid(format!(
+                    "MoE {name}: the capacity factor must be a positive number, got {factor}"
+                )));
+            }
+        }
+        self.config.capacity = capacity;
+        self.config.eval_capacity = eval_capacity;
+        Ok(())
+    }
+
+    /// Sets the weights of the auxiliary losses added to [`MoeOutput::aux_loss`]: the
+    /// load-balancing loss (`balance_loss`) and the router z-loss (`z_loss`); 0 turns one off.
+    ///
+    /// # Errors
+    /// [`Error::Invalid`] for a weight that is negative or not finite.
+    pub fn set_loss_weights(&mut self, balance_loss: f64, z_loss: f64) -> Result<()> {
+        for (name, w) in [("balance_loss", balance_loss), ("z_loss", z_loss)] {
+            if !(w.is_finite() && w >= 0.0) {
+                return Err(Error::Invalid(format!(
+                    "MoE {name}: the weight must be a finite number of at least 0, got {w}"
+                )));
+            }
+        }
+        self.config.balance_loss = balance_loss;
+        self.config.z_loss = z_loss;
+        Ok(())
     }
 
     /// The router: call [`Router::route`] on it to see how tokens would be routed without

@@ -1,8 +1,8 @@
 //! MLPs: the builder [`mlp`] (`Linear → activation → ... → Linear` from a list of widths) and
 //! [`Mlp`], the two-layer feed-forward block of transformers (dense or shared experts).
 
-use super::layers::{Activation, Linear};
 use super::module::join;
+use super::{Activation, Linear};
 use super::{Init, Module, Param, Parameters, Sequential};
 use crate::{Device, Error, Result, Tensor};
 use rand_chacha::ChaCha8Rng;

@@ -26,8 +26,8 @@ impl Tensor {
     /// rule is one backend kernel, not tensor ops, so it is not itself differentiable: second
     /// derivatives through this op are not available.
     ///
-    /// f32 or f64 on the CPU, f32 on the GPU (where `Dh` is at most
-    /// [`crate::backend::gpu::ATTENTION_MAX_HEAD_DIM`]). A tensor with a zero-sized dimension
+    /// f32 or f64 on the CPU, f32 on the GPU (where `Dh` is at most 128, the GPU kernel's
+    /// `ATTENTION_MAX_HEAD_DIM`; a larger one is an error naming it). A tensor with a zero-sized dimension
     /// gives an empty result of the same shape (no kernel runs).
     ///
     /// # Errors

@@ -49,9 +49,7 @@ use crate::{DType, Device, Error, Result, Tensor};
 pub use observer::{Period, PeriodEnd, Silent, TrainObserver};
 use serde::Serialize;
 use std::path::Path;
-pub(crate) use step::task_loss;
-pub use step::{StepOutput, train_step};
-#[doc(hidden)]
+pub use step::{StepOutput, task_loss, train_step};
 pub use worker::on_worker_thread;
 
 /// The final figures of a run (`--json` prints this object).
@@ -146,17 +144,28 @@ impl RunOptions {
     }
 }
 
-/// The data of an image run (also read by `bench train`).
-pub(crate) struct Splits {
-    pub(crate) train: Dataset,
-    pub(crate) test: Dataset,
-    pub(crate) side: usize,
-    pub(crate) tasks: usize,
+/// The data of an image run, as [`run`] loads it ([`load_data`]; `moegrad bench train` reads it
+/// too).
+pub struct Splits {
+    /// the training examples (the first `train_limit` of them when that is set)
+    pub train: Dataset,
+    /// the test examples (the first `test_limit` of them when that is set)
+    pub test: Dataset,
+    /// the side of the square images (0 for synthetic-b, whose examples are vectors)
+    pub side: usize,
+    /// the number of classification tasks (2 for MultiMNIST, else 1)
+    pub tasks: usize,
     /// generator B's frozen expert bank (synthetic-b only)
-    pub(crate) bank: Option<SyntheticB>,
+    pub bank: Option<SyntheticB>,
 }
 
-pub(crate) fn load_data(cfg: &TrainConfig) -> Result<Splits> {
+/// Loads the image data `cfg` names (`data`, `data_dir`, `seed`, `experts`, `train_limit`,
+/// `test_limit`).
+///
+/// # Errors
+/// Text data (for [`crate::lm::run`]), missing or malformed files (naming the file), or
+/// non-square images.
+pub fn load_data(cfg: &TrainConfig) -> Result<Splits> {
     let mnist = || Mnist::load(&cfg.data_dir);
     let mut bank = None;
     let limit = |d: Dataset, n: usize| -> Result<Dataset> {
@@ -223,7 +232,10 @@ pub(crate) fn load_data(cfg: &TrainConfig) -> Result<Splits> {
 }
 
 /// The optimizer a run's settings ask for (`--optimizer`, `--lr`, `--weight-decay`).
-pub(crate) fn make_optimizer(cfg: &TrainConfig) -> Result<Box<dyn Optimizer>> {
+///
+/// # Errors
+/// A learning rate or weight decay the optimizer rejects (named in the message).
+pub fn make_optimizer(cfg: &TrainConfig) -> Result<Box<dyn Optimizer>> {
     Ok(match cfg.optimizer {
         OptimizerKind::Sgd => {
             let mut s = Sgd::with_momentum(cfg.lr, 0.9)?;

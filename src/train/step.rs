@@ -9,8 +9,12 @@ use crate::moe::RoutingStats;
 use crate::optim::{Optimizer, clip_grad_norm};
 use crate::{Error, Result, Tensor};
 
-/// Summed cross-entropy over the tasks (each a mean over the batch).
-pub(crate) fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
+/// Summed cross-entropy over the tasks (each a mean over the batch): the task loss of a
+/// [`TaskModel`]'s logits, one tensor per task, against the targets of each task.
+///
+/// # Errors
+/// No logits (a model without task heads), or targets [`Tensor::cross_entropy`] rejects.
+pub fn task_loss(logits: &[Tensor], targets: &[Tensor]) -> Result<Tensor> {
     sum_over_tasks(logits, targets, Tensor::cross_entropy)
 }
 

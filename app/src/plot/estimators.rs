@@ -3,17 +3,15 @@
 //! token or all n). The dashed line is the Monte Carlo noise floor `bias = 2·√(variance/M)`:
 //! a point on or below it has no bias the M draws could resolve.
 
+use super::{plot_err, series_labels};
 use moegrad::estimator_lab::LabReport;
 use moegrad::{Error, Result};
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
 
 /// Values below this are drawn at it (an exact estimator has bias and spread 0).
 const FLOOR: f64 = 1e-6;
-
-fn plot_err(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::Io(format!("{}: could not draw the plot: {e}", path.display()))
-}
 
 /// Checks, before a long run, that the figure can be written at `path`, changing nothing the
 /// user has: an existing file is opened for appending (not truncated) and must not be a
@@ -69,13 +67,24 @@ pub fn draw_estimators(path: &Path, report: &LabReport) -> Result<()> {
     };
     let (x0, x1) = span(&mut pts.iter().map(|p| p.0));
     let (y0, y1) = span(&mut pts.iter().map(|p| p.1));
+    super::svg(path, (900, 620), |root| {
+        draw_points(root, path, report, &pts, (x0..x1, y0..y1))
+    })
+}
+
+/// The estimators' figure of [`draw_estimators`] on `root`: the points `(spread, bias, name,
+/// dense)` over the log-scaled ranges.
+fn draw_points(
+    root: &DrawingArea<SVGBackend<'_>, Shift>,
+    path: &Path,
+    report: &LabReport,
+    pts: &[(f64, f64, &str, bool)],
+    (xs, ys): (std::ops::Range<f64>, std::ops::Range<f64>),
+) -> Result<()> {
+    let (x0, x1, y0, y1) = (xs.start, xs.end, ys.start, ys.end);
     let c = &report.config;
     let p = &c.problem;
-    let file = moegrad::checkpoint::AtomicFile::new(path)?;
-    let tmp = file.tmp().to_path_buf();
-    let root = SVGBackend::new(&tmp, (900, 620)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(root)
         .caption(
             format!(
                 "router-gradient estimators: {} loss, n = {}, T = {}, d = {}, M = {}, jitter {}",
@@ -134,7 +143,7 @@ pub fn draw_estimators(path: &Path, report: &LabReport) -> Result<()> {
     // names beside the points, moved down or up until they overlap no name placed before
     let mut placed: Vec<(i32, i32, i32)> = Vec::new(); // (left, top, width) in pixels
     let line_h = 14;
-    for &(x, y, name, _) in &pts {
+    for &(x, y, name, _) in pts {
         let (px, py) = chart.backend_coord(&(x, y));
         let width = 8 * name.chars().count() as i32;
         let left = px + 10;
@@ -155,15 +164,5 @@ pub fn draw_estimators(path: &Path, report: &LabReport) -> Result<()> {
         ))
         .map_err(|e| plot_err(path, e))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
-    root.present().map_err(|e| plot_err(path, e))?;
-    drop(root);
-    file.commit()?;
-    Ok(())
+    series_labels(&mut chart, SeriesLabelPosition::LowerRight, path)
 }

@@ -2,7 +2,9 @@
 //! `curves.svg`, train and test loss (left) and test accuracy per task (right) against the
 //! epoch, and for MoE models `expert_load.svg`, each expert's share of the kept assignments.
 
-use moegrad::{Error, Result};
+use super::{plot_err, series_labels};
+use moegrad::Result;
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use std::path::Path;
 
@@ -66,76 +68,43 @@ fn read_loads(path: &Path) -> Vec<(usize, Vec<f64>)> {
         .collect()
 }
 
-fn plot_err(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::Io(format!("{}: could not draw the plot: {e}", path.display()))
-}
-
 /// Draws the curves to an SVG file.
 pub fn draw_curves(path: &Path, points: &[EpochPoint], title: &str) -> Result<()> {
     if points.is_empty() {
         return Ok(());
     }
-    let file = moegrad::checkpoint::AtomicFile::new(path)?;
-    let tmp = file.tmp().to_path_buf();
-    let root = SVGBackend::new(&tmp, (960, 400)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
-    let (left, right) = root.split_horizontally(480);
-    let last = points.last().map(|p| p.epoch).unwrap_or(1).max(2) as f64;
-    let first = points[0].epoch.min(1) as f64;
+    super::svg(path, (960, 400), |root| {
+        let (left, right) = root.split_horizontally(480);
+        let last = points.last().map(|p| p.epoch).unwrap_or(1).max(2) as f64;
+        let first = points[0].epoch.min(1) as f64;
+        let losses: Vec<(f64, f64, f64)> = points
+            .iter()
+            .map(|p| (p.epoch as f64, p.train_loss, p.test_loss))
+            .collect();
+        let axes = ("epoch", "cross-entropy");
+        super::draw_loss(&left, path, title, first..last, axes, "test", &losses)?;
+        draw_accuracy(&right, path, points, title, first..last)
+    })
+}
 
-    let max_loss = points
-        .iter()
-        .flat_map(|p| [p.train_loss, p.test_loss])
-        .filter(|x| x.is_finite())
-        .fold(0.0, f64::max)
-        * 1.1;
-    let mut chart = ChartBuilder::on(&left)
-        .caption(format!("{title}: loss"), ("sans-serif", 18))
-        .margin(12)
-        .x_label_area_size(32)
-        .y_label_area_size(48)
-        .build_cartesian_2d(first..last, 0.0..max_loss.max(1e-3))
-        .map_err(|e| plot_err(path, e))?;
-    chart
-        .configure_mesh()
-        .x_desc("epoch")
-        .y_desc("cross-entropy")
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
-    for (name, color, pick) in [
-        (
-            "train",
-            BLUE,
-            (|p: &EpochPoint| p.train_loss) as fn(&EpochPoint) -> f64,
-        ),
-        ("test", RED, |p: &EpochPoint| p.test_loss),
-    ] {
-        chart
-            .draw_series(LineSeries::new(
-                points.iter().map(|p| (p.epoch as f64, pick(p))),
-                color.stroke_width(2),
-            ))
-            .map_err(|e| plot_err(path, e))?
-            .label(name)
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
-    }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
-
+/// The right panel of `curves.svg`: the test accuracy of each task against the epoch.
+fn draw_accuracy(
+    area: &DrawingArea<SVGBackend<'_>, Shift>,
+    path: &Path,
+    points: &[EpochPoint],
+    title: &str,
+    x_range: std::ops::Range<f64>,
+) -> Result<()> {
     let lo = points
         .iter()
         .flat_map(|p| p.test_accuracy.iter().copied())
         .fold(1.0, f64::min);
-    let mut chart = ChartBuilder::on(&right)
+    let mut chart = ChartBuilder::on(area)
         .caption(format!("{title}: test accuracy"), ("sans-serif", 18))
         .margin(12)
         .x_label_area_size(32)
         .y_label_area_size(48)
-        .build_cartesian_2d(first..last, (lo - 0.02).clamp(0.0, 0.99)..1.0)
+        .build_cartesian_2d(x_range, (lo - 0.02).clamp(0.0, 0.99)..1.0)
         .map_err(|e| plot_err(path, e))?;
     chart
         .configure_mesh()
@@ -164,16 +133,7 @@ pub fn draw_curves(path: &Path, points: &[EpochPoint], title: &str) -> Result<()
             })
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], color));
     }
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
-    root.present().map_err(|e| plot_err(path, e))?;
-    drop(root);
-    file.commit()?;
-    Ok(())
+    series_labels(&mut chart, SeriesLabelPosition::MiddleRight, path)
 }
 
 /// Draws each expert's share of the kept assignments against the epoch (`expert_load.svg`).
@@ -182,10 +142,18 @@ pub fn draw_expert_load(path: &Path, loads: &[(usize, Vec<f64>)]) -> Result<()> 
         return Ok(());
     };
     let experts = first.len();
-    let file = moegrad::checkpoint::AtomicFile::new(path)?;
-    let tmp = file.tmp().to_path_buf();
-    let root = SVGBackend::new(&tmp, (640, 400)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| plot_err(path, e))?;
+    super::svg(path, (640, 400), |root| {
+        draw_loads(root, path, loads, experts)
+    })
+}
+
+/// The expert-load figure of [`draw_expert_load`] on `root`.
+fn draw_loads(
+    root: &DrawingArea<SVGBackend<'_>, Shift>,
+    path: &Path,
+    loads: &[(usize, Vec<f64>)],
+    experts: usize,
+) -> Result<()> {
     let last = loads.last().map(|l| l.0).unwrap_or(1).max(2) as f64;
     let top = loads
         .iter()
@@ -193,7 +161,7 @@ pub fn draw_expert_load(path: &Path, loads: &[(usize, Vec<f64>)]) -> Result<()> 
         .fold(0.0, f64::max)
         .max(1.0 / experts.max(1) as f64)
         * 1.15;
-    let mut chart = ChartBuilder::on(&root)
+    let mut chart = ChartBuilder::on(root)
         .caption(
             "expert load (share of kept assignments)",
             ("sans-serif", 18),
@@ -231,14 +199,5 @@ pub fn draw_expert_load(path: &Path, loads: &[(usize, Vec<f64>)]) -> Result<()> 
         .map_err(|e| plot_err(path, e))?
         .label("uniform")
         .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 16, y)], BLACK));
-    chart
-        .configure_series_labels()
-        .border_style(BLACK)
-        .background_style(WHITE)
-        .draw()
-        .map_err(|e| plot_err(path, e))?;
-    root.present().map_err(|e| plot_err(path, e))?;
-    drop(root);
-    file.commit()?;
-    Ok(())
+    series_labels(&mut chart, SeriesLabelPosition::MiddleRight, path)
 }

@@ -34,7 +34,7 @@ use rayon::prelude::*;
 
 /// Rows of queries (and of keys) per block of the CPU kernels: the scores are computed
 /// `ATTENTION_BLOCK × ATTENTION_BLOCK` at a time.
-pub const ATTENTION_BLOCK: usize = 32;
+pub(crate) const ATTENTION_BLOCK: usize = 32;
 
 /// The float types the kernels run in, with the exponential they use: the vectorisable
 /// [`super::exp_f32`] in f32 (a call to the C library per score cost more than the block

@@ -27,9 +27,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
 /// Smaller blocks go straight back to the allocator.
-pub const MIN_POOLED_BYTES: usize = 16 << 10;
+pub(crate) const MIN_POOLED_BYTES: usize = 16 << 10;
 /// The most the pool keeps (freed blocks beyond it are returned to the allocator).
-pub const MAX_POOLED_BYTES: usize = 1 << 30;
+pub(crate) const MAX_POOLED_BYTES: usize = 1 << 30;
 
 /// One free allocation: its address and the layout it was allocated with.
 struct Block {
@@ -59,7 +59,9 @@ static HITS: AtomicU64 = AtomicU64::new(0);
 static MISSES: AtomicU64 = AtomicU64::new(0);
 static HELD: AtomicUsize = AtomicUsize::new(0);
 
-/// How the pool has served requests since the process started (or the last [`reset_stats`]).
+/// How the CPU buffer pool has served requests since the process started or the counters were
+/// last reset (`moegrad::memory::buffer_pool_stats`). Hits and misses count requests of at least
+/// 16 KiB (smaller buffers are left to the allocator).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolStats {
     /// buffers handed out from the pool
@@ -71,7 +73,7 @@ pub struct PoolStats {
 }
 
 /// The counters (hits and misses count only requests of at least [`MIN_POOLED_BYTES`]).
-pub fn stats() -> PoolStats {
+pub(crate) fn stats() -> PoolStats {
     PoolStats {
         hits: HITS.load(Ordering::Relaxed),
         misses: MISSES.load(Ordering::Relaxed),
@@ -80,13 +82,13 @@ pub fn stats() -> PoolStats {
 }
 
 /// Zeroes the hit and miss counters.
-pub fn reset_stats() {
+pub(crate) fn reset_stats() {
     HITS.store(0, Ordering::Relaxed);
     MISSES.store(0, Ordering::Relaxed);
 }
 
 /// Returns every pooled block to the allocator.
-pub fn trim() {
+pub(crate) fn trim() {
     if let Ok(mut pool) = POOL.lock() {
         *pool = None;
     }
@@ -107,7 +109,7 @@ fn size_class(n: usize) -> usize {
 /// An empty vector with capacity for at least `n` values of `T`, from the pool when it holds a
 /// block of the right size class, else freshly allocated (fallibly: a buffer larger than memory
 /// is an error).
-pub fn take<T: Copy>(n: usize) -> crate::Result<Vec<T>> {
+pub(crate) fn take<T: Copy>(n: usize) -> crate::Result<Vec<T>> {
     let elem = std::mem::size_of::<T>();
     if elem == 0 || n.saturating_mul(elem) < MIN_POOLED_BYTES {
         return crate::memory::try_vec(n);
@@ -143,7 +145,7 @@ pub fn take<T: Copy>(n: usize) -> crate::Result<Vec<T>> {
 
 /// Gives a vector's allocation to the pool (or back to the allocator when it is small, or when
 /// the pool is full).
-pub fn give<T: Copy>(v: Vec<T>) {
+pub(crate) fn give<T: Copy>(v: Vec<T>) {
     let elem = std::mem::size_of::<T>();
     let cap = v.capacity();
     if elem == 0 || cap.saturating_mul(elem) < MIN_POOLED_BYTES || cap != size_class(cap) {
@@ -179,14 +181,7 @@ pub fn give<T: Copy>(v: Vec<T>) {
 /// A `Vec` whose allocation returns to the pool when it is dropped; reads and writes as the
 /// `Vec` it wraps.
 #[derive(Debug, Default)]
-pub struct PooledVec<T: Copy>(Vec<T>);
-
-impl<T: Copy> PooledVec<T> {
-    /// The wrapped vector, taken out of the pool's care (its allocation is then freed normally).
-    pub fn into_vec(mut self) -> Vec<T> {
-        std::mem::take(&mut self.0)
-    }
-}
+pub(crate) struct PooledVec<T: Copy>(Vec<T>);
 
 impl<T: Copy> From<Vec<T>> for PooledVec<T> {
     fn from(v: Vec<T>) -> Self {

@@ -34,7 +34,7 @@ use std::thread::LocalKey;
 
 /// Images per partial sum of the weight gradient: fixed, so the partials (and the order they are
 /// added in) do not depend on the thread count.
-pub const WEIGHT_GRAD_IMAGES: usize = 8;
+pub(crate) const WEIGHT_GRAD_IMAGES: usize = 8;
 
 /// One image's geometry as the kernels use it.
 #[derive(Clone, Copy, Debug)]

@@ -17,7 +17,7 @@ use std::mem::MaybeUninit;
 /// ulp of the correctly rounded value (`tests/cpu_kernels.rs` checks 4 ulp over the whole
 /// range); `+inf` above ln(f32::MAX), `0` below ln of the smallest subnormal, NaN stays NaN.
 #[inline(always)]
-pub fn exp_f32(x: f32) -> f32 {
+pub(super) fn exp_f32(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4; // 355/512: 9 significant bits, so n·LN2_HI is exact
     const LN2_LO: f32 = -2.121_944_4e-4; // ln 2 − LN2_HI
@@ -58,7 +58,7 @@ pub fn exp_f32(x: f32) -> f32 {
 /// rounded value (`tests/cpu_kernels.rs` checks 4 ulp over every positive f32); `ln 0 = −∞`,
 /// `ln x = NaN` for `x < 0` and NaN, `ln ∞ = ∞`.
 #[inline(always)]
-pub fn ln_f32(x: f32) -> f32 {
+pub(super) fn ln_f32(x: f32) -> f32 {
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     const SQRT_HALF_BITS: i32 = 0x3f35_04f3;
@@ -260,7 +260,7 @@ pub(super) fn gelu_and_slope_f32(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
 impl CpuBackend {
     /// GELU (tanh form) and its slope at `x` in one pass (`gelu_and_slope_f32`), for f32 `x`;
     /// `None` for other dtypes.
-    pub fn gelu_and_slope(&self, x: &CpuBuffer) -> Option<(CpuBuffer, CpuBuffer)> {
+    pub(crate) fn gelu_and_slope(&self, x: &CpuBuffer) -> Option<(CpuBuffer, CpuBuffer)> {
         match x {
             CpuBuffer::F32(v) => {
                 let (y, s) = gelu_and_slope_f32(v);

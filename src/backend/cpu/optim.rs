@@ -161,7 +161,7 @@ impl CpuBackend {
     /// [`OptimOps::adam_step`] in place: the parameter and moment buffers are updated where they
     /// are when nothing else shares them (copied first otherwise), so a steady-state optimizer
     /// step allocates nothing and touches each element once.
-    pub fn adam_step_mut(
+    pub(crate) fn adam_step_mut(
         &self,
         param: &mut CpuBuffer,
         grad: &CpuBuffer,
@@ -217,7 +217,7 @@ impl CpuBackend {
     /// [`MatmulOps::grouped_weight_grad`](crate::backend::MatmulOps::grouped_weight_grad)), in place and without storing that gradient: each
     /// expert's block is applied while still in cache. The result equals
     /// `grouped_weight_grad` followed by [`CpuBackend::adam_step_mut`], element for element.
-    pub fn grouped_weight_grad_adam_mut(
+    pub(crate) fn grouped_weight_grad_adam_mut(
         &self,
         grad: BankGradOperands<'_, CpuBuffer>,
         param: &mut CpuBuffer,
@@ -308,7 +308,7 @@ impl CpuBackend {
     }
 
     /// [`OptimOps::sgd_step`] in place (see [`CpuBackend::adam_step_mut`]).
-    pub fn sgd_step_mut(
+    pub(crate) fn sgd_step_mut(
         &self,
         param: &mut CpuBuffer,
         grad: &CpuBuffer,
@@ -382,7 +382,7 @@ impl CpuBackend {
     /// `OPT_CHUNK`, each summed in eight running sums so that the loop vectorises and no
     /// addition waits for the one before it. The CPU end of `optim::clip_grad_norm`, as
     /// `GpuBackend::grad_norm_clip` is the GPU's.
-    pub fn grad_sum_of_squares(&self, grads: &[&CpuBuffer]) -> Option<f64> {
+    pub(crate) fn grad_sum_of_squares(&self, grads: &[&CpuBuffer]) -> Option<f64> {
         fn sum_sq<T: Copy + Into<f64> + Sync>(v: &[T]) -> f64 {
             let chunk_sum = |c: &[T]| {
                 let mut lanes = [0.0f64; 8];

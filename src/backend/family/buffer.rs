@@ -6,7 +6,7 @@ use crate::backend::HostData;
 
 /// A device's buffers: the buffer type every family trait computes on, and the copies between the
 /// host and the device. Buffers are flat and contiguous; each knows its dtype and length.
-pub trait BufferOps {
+pub(crate) trait BufferOps {
     /// A device buffer.
     type Buffer: Clone;
     /// Copies host data to the device.

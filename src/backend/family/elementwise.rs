@@ -7,7 +7,7 @@ use crate::{DType, Result};
 
 /// Element-by-element primitives: fills, casts, unary and binary maps, selection and random
 /// fills.
-pub trait ElementwiseOps: BufferOps {
+pub(crate) trait ElementwiseOps: BufferOps {
     /// A new buffer of `len` elements all equal to `value`.
     fn full(&self, len: usize, value: f64, dtype: DType) -> Result<Self::Buffer>;
     /// Converts every element to `dtype` (floats to I32 truncate toward zero).

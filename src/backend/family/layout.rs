@@ -5,7 +5,7 @@ use crate::Result;
 use crate::backend::{AxisView, BufferOps, ScatterDims};
 
 /// Data-movement primitives: strided copies, concatenation, gather and scatter-add.
-pub trait LayoutOps: BufferOps {
+pub(crate) trait LayoutOps: BufferOps {
     /// Makes a contiguous copy of the strided view `(shape, strides, offset)` of `x`
     /// (transpose, permute, expand and slice all end here). Any dtype.
     fn copy_strided(

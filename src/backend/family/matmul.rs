@@ -5,7 +5,7 @@ use crate::Result;
 use crate::backend::{BufferOps, ExpertBankDims, GroupedMatmulDims, MatLayout, MatmulDims};
 
 /// Matrix products: dense batched, grouped per expert, and the grouped weight gradient.
-pub trait MatmulOps: BufferOps {
+pub(crate) trait MatmulOps: BufferOps {
     /// Batched matrix product, output contiguous `[batch, m, n]`.
     fn matmul(
         &self,

@@ -5,7 +5,7 @@ use crate::Result;
 use crate::backend::{AdamHyper, BufferOps, SgdHyper};
 
 /// Fused optimiser steps: one Adam/AdamW or SGD update per call.
-pub trait OptimOps: BufferOps {
+pub(crate) trait OptimOps: BufferOps {
     /// One fused Adam/AdamW step over a parameter buffer. `grad_scale`, when given, is a
     /// one-element buffer multiplying the gradient first (gradient clipping without a read-back).
     /// Returns the new `(param, m, v)`.

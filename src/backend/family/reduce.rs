@@ -6,7 +6,7 @@ use crate::backend::{AxisView, LayoutOps, ReduceOp};
 
 /// Primitives along one axis: reductions, prefix sums, argsort. It builds on [`LayoutOps`]
 /// because the provided [`ReduceOps::argsort_top`] keeps `k` columns with a strided copy.
-pub trait ReduceOps: LayoutOps {
+pub(crate) trait ReduceOps: LayoutOps {
     /// Reduces the middle axis of `x` viewed as `view`; output `[outer, inner]` (I32 for ArgMax).
     fn reduce(&self, op: ReduceOp, x: &Self::Buffer, view: AxisView) -> Result<Self::Buffer>;
     /// Inclusive prefix sum along the middle axis of `view` (from the end when `reverse`).

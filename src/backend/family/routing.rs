@@ -5,7 +5,7 @@ use crate::Result;
 use crate::backend::{BufferOps, PlanBuffers};
 
 /// MoE routing primitives: the top-k gate, its backward and the dispatch plan.
-pub trait RoutingOps: BufferOps {
+pub(crate) trait RoutingOps: BufferOps {
     /// The fused gate of a top-k router, one row of `[rows, n]` at a time: `probs = softmax(logits)`;
     /// `idx` (I32 `[rows, k]`) the `k` largest `scores` (the logits when `scores` is `None`) in
     /// descending order, ties by the lowest index, NaN as the smallest value (as

@@ -26,11 +26,11 @@ pub(crate) static ATTENTION_SHADER: Shader = Shader {
 };
 
 /// Rows of queries (or keys) per workgroup of the GPU kernels, one invocation per row.
-pub const ATTENTION_TILE: usize = 64;
+pub(crate) const ATTENTION_TILE: usize = 64;
 
 /// The largest head dimension the GPU kernels take: each invocation keeps its row's vectors
 /// (up to four of `Dh` floats) in registers.
-pub const ATTENTION_MAX_HEAD_DIM: usize = 128;
+pub(crate) const ATTENTION_MAX_HEAD_DIM: usize = 128;
 
 /// Floats of one staged matrix in workgroup memory (the shader's `STAGE_FLOATS`).
 const STAGE_FLOATS: usize = 1984;
@@ -59,7 +59,9 @@ pub(crate) const TILED_ENTRIES: [&str; 3] = [
 ];
 
 /// Every set of override constants [`launch_tiles`] can pass: one per head dimension
-/// `1..=ATTENTION_MAX_HEAD_DIM` (what `tests/shader_backends.rs` compiles for each backend).
+/// `1..=ATTENTION_MAX_HEAD_DIM` (what `backend/tests/shader_backends.rs` compiles for each
+/// backend).
+#[cfg(test)]
 pub(crate) fn specialisations() -> impl Iterator<Item = [(&'static str, f64); 2]> {
     (1..=ATTENTION_MAX_HEAD_DIM).map(specialisation)
 }

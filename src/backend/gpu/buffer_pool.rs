@@ -68,12 +68,12 @@ pub(crate) struct PooledBuffer {
 
 impl PooledBuffer {
     /// What it is for and its size class: the free list it returns to.
-    pub fn slot(&self) -> (Kind, u64) {
+    pub(super) fn slot(&self) -> (Kind, u64) {
         (self.kind, self.class)
     }
 
     /// The wgpu buffer (its size is the class size, at least the bytes asked for).
-    pub fn raw(&self) -> &wgpu::Buffer {
+    pub(super) fn raw(&self) -> &wgpu::Buffer {
         self.buffer
             .as_ref()
             .expect("a pooled buffer holds its wgpu buffer until dropped")
@@ -90,7 +90,7 @@ impl Drop for PooledBuffer {
 
 impl Pool {
     /// An empty pool for `device`, counting the buffers it creates in `counters`.
-    pub fn new(
+    pub(super) fn new(
         device: wgpu::Device,
         max_buffer_size: u64,
         counters: Arc<GpuCounters>,
@@ -104,7 +104,7 @@ impl Pool {
     }
 
     /// The size class serving a request of `bytes`.
-    pub fn class_of(&self, bytes: u64) -> u64 {
+    pub(super) fn class_of(&self, bytes: u64) -> u64 {
         let c = bytes
             .max(MIN_CLASS)
             .checked_next_power_of_two()
@@ -114,7 +114,7 @@ impl Pool {
 
     /// A buffer of at least `bytes` bytes, from the free list or newly created. Its contents are
     /// whatever the last user left (uninitialised).
-    pub fn take(self: &Arc<Pool>, kind: Kind, bytes: u64) -> Result<Arc<PooledBuffer>> {
+    pub(super) fn take(self: &Arc<Pool>, kind: Kind, bytes: u64) -> Result<Arc<PooledBuffer>> {
         if bytes > self.max_buffer_size {
             return Err(Error::Invalid(format!(
                 "a GPU buffer of {bytes} bytes exceeds the device's max_buffer_size ({})",
@@ -153,7 +153,7 @@ impl Pool {
     }
 
     /// Whether a request of `bytes` would be served from a free list (not created).
-    pub fn has_free(&self, kind: Kind, bytes: u64) -> bool {
+    pub(super) fn has_free(&self, kind: Kind, bytes: u64) -> bool {
         let class = self.class_of(bytes);
         let g = self.free.lock().unwrap_or_else(|p| p.into_inner());
         g.0.get(&(kind, class)).is_some_and(|v| !v.is_empty())
@@ -189,24 +189,26 @@ impl Pool {
     }
 
     /// `(in_use_bytes, peak_bytes)` of the storage pool.
-    pub fn stats(&self) -> (u64, u64) {
+    pub(super) fn stats(&self) -> (u64, u64) {
         let g = self.free.lock().unwrap_or_else(|p| p.into_inner());
         (g.1.in_use, g.1.peak)
     }
 
     /// Restarts the peak counter at the bytes in use now.
-    pub fn reset_peak(&self) {
+    pub(super) fn reset_peak(&self) {
         let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
         g.1.peak = g.1.in_use;
     }
 
     /// Bytes sitting on the free lists (storage and staging).
+    #[cfg(test)]
     pub fn free_bytes(&self) -> u64 {
         let g = self.free.lock().unwrap_or_else(|p| p.into_inner());
         g.0.iter().map(|(&(_, c), v)| c * v.len() as u64).sum()
     }
 
     /// Releases every free buffer to the driver (buffers in use are untouched).
+    #[cfg(test)]
     pub fn trim(&self) {
         let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
         g.0.clear();

@@ -39,7 +39,7 @@ pub(crate) struct Context {
 
 impl Context {
     /// Returns (and clears) the first wgpu error recorded since the last call.
-    pub fn take_error(&self) -> Result<()> {
+    pub(crate) fn take_error(&self) -> Result<()> {
         let mut slot = self.errors.lock().unwrap_or_else(|p| p.into_inner());
         match slot.take() {
             Some(msg) => Err(Error::Gpu(msg)),

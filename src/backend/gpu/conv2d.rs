@@ -25,7 +25,7 @@ pub(crate) static CONV2D_SHADER: Shader = Shader {
 
 /// The most kernel taps (`KH·KW`) of one channel the input-gradient kernel stages (the shader's
 /// `TAP_STAGE`).
-pub const CONV2D_MAX_TAPS: usize = 1024;
+pub(super) const CONV2D_MAX_TAPS: usize = 1024;
 
 /// Workgroups a dispatch may have in one dimension (WebGPU's guaranteed minimum).
 const MAX_GROUPS: usize = 65_535;

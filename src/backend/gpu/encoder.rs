@@ -99,7 +99,7 @@ pub(crate) struct Batcher {
 
 impl Batcher {
     /// A batcher with an empty batch and a uniform arena of [`MAX_BATCH`] slots.
-    pub fn new(ctx: &Context, counters: Arc<Counters>) -> Batcher {
+    pub(super) fn new(ctx: &Context, counters: Arc<Counters>) -> Batcher {
         let align = (ctx.limits.min_uniform_buffer_offset_alignment as u64).max(16);
         let arena_size = MAX_PARAMS.next_multiple_of(align) * MAX_BATCH as u64;
         let arena = ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -125,7 +125,7 @@ impl Batcher {
 
     /// Records one [`Dispatch`] with bind group 0 = params slot (binding 0, dynamic offset) plus
     /// its storage bindings, submitting first if the batch is full.
-    pub fn record(&self, ctx: &Context, dispatch: Dispatch<'_>) -> Result<()> {
+    pub(super) fn record(&self, ctx: &Context, dispatch: Dispatch<'_>) -> Result<()> {
         let Dispatch {
             name,
             pipeline,
@@ -258,7 +258,7 @@ impl Batcher {
     /// Whether `buf` is referenced only by the caller's handle and by the pending batch (whose
     /// kernels were recorded earlier and so run before anything recorded next): a kernel may
     /// then overwrite it in place. Counted under the batch's lock, so no hold is added meanwhile.
-    pub fn only_held_by_batch(&self, buf: &Arc<PooledBuffer>) -> bool {
+    pub(super) fn only_held_by_batch(&self, buf: &Arc<PooledBuffer>) -> bool {
         let b = self.lock();
         let held = b.hold.iter().filter(|h| Arc::ptr_eq(h, buf)).count();
         Arc::strong_count(buf) == held + 1
@@ -267,7 +267,7 @@ impl Batcher {
     /// `(bytes, of_slot)`: the bytes of the buffers that only the pending batch still
     /// references (submitting it returns them to the pool), and whether one of them is of the
     /// pool's free list `slot`.
-    pub fn freeable(&self, slot: (super::buffer_pool::Kind, u64)) -> (u64, bool) {
+    pub(super) fn freeable(&self, slot: (super::buffer_pool::Kind, u64)) -> (u64, bool) {
         let b = self.lock();
         let mut held: std::collections::HashMap<*const PooledBuffer, (usize, &Arc<PooledBuffer>)> =
             std::collections::HashMap::with_capacity(b.hold.len());
@@ -285,14 +285,14 @@ impl Batcher {
     }
 
     /// Submits whatever is pending.
-    pub fn flush(&self, ctx: &Context) {
+    pub(super) fn flush(&self, ctx: &Context) {
         let mut b = self.lock();
         self.submit_locked(ctx, &mut b);
     }
 
     /// Appends a copy of the first `bytes` bytes of `src` into `dst` to the batch and submits
     /// it; returns the submission to wait for.
-    pub fn copy_and_submit(
+    pub(super) fn copy_and_submit(
         &self,
         ctx: &Context,
         src: &Arc<PooledBuffer>,

@@ -36,8 +36,8 @@ pub(crate) struct Shader {
 }
 
 /// A built-in WGSL module as the launchers compile it, with each set of override constants they
-/// pass: what `tests/shader_backends.rs` translates for Metal, DX12 and Vulkan. Not an API.
-#[doc(hidden)]
+/// pass: what `backend/tests/shader_backends.rs` translates for Metal, DX12 and Vulkan.
+#[cfg(test)]
 #[derive(Clone, Debug)]
 pub struct BuiltinShader {
     /// the pipeline cache's name: the file name without `.wgsl` (`matmul_subgroup` is
@@ -54,7 +54,7 @@ pub struct BuiltinShader {
 }
 
 /// Every shader the GPU backend compiles, with its specialisations (see [`BuiltinShader`]).
-#[doc(hidden)]
+#[cfg(test)]
 pub fn builtin_shaders() -> Vec<BuiltinShader> {
     use super::{
         attention, conv2d, cross_entropy, elementwise, layer_norm, layout, matmul, optim, pool2d,

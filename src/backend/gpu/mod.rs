@@ -50,15 +50,19 @@ mod stats;
 mod strided;
 pub(crate) mod timing;
 
-pub use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
-pub use conv2d::CONV2D_MAX_TAPS;
+// limits and tiles the backend's own tests (backend/tests/) pick their sizes around, and the
+// shader list backend/tests/shader_backends.rs translates
+#[cfg(test)]
+pub(crate) use attention::{ATTENTION_MAX_HEAD_DIM, ATTENTION_TILE};
 pub use info::{GpuInfo, info};
 /// the WGSL source a launch names (user kernels are made in `crate::wgsl`)
 pub(crate) use kernels::Shader;
-#[doc(hidden)]
-pub use kernels::{BuiltinShader, builtin_shaders};
+#[cfg(test)]
+pub(crate) use kernels::{BuiltinShader, builtin_shaders};
 pub use matmul::MatmulKernel;
-pub use optim::{ADAM_MULTI_SLOTS, AdamSlot, NORM_SLOTS};
+pub(crate) use optim::AdamSlot;
+#[cfg(test)]
+pub(crate) use optim::{ADAM_MULTI_SLOTS, NORM_SLOTS};
 pub use stats::GpuStats;
 
 use super::{BufferOps, HostData};
@@ -80,7 +84,7 @@ pub(crate) struct Inner {
 /// A handle to the process-wide GPU context (device, queue, buffer pool, pipeline cache,
 /// pending batch). Cloning is cheap; every clone drives the same device.
 #[derive(Clone)]
-pub struct GpuBackend {
+pub(crate) struct GpuBackend {
     inner: Arc<Inner>,
 }
 
@@ -90,7 +94,7 @@ static GPU: OnceLock<std::result::Result<GpuBackend, String>> = OnceLock::new();
 /// A buffer on the GPU: a shared handle to one pooled wgpu buffer, with its dtype (F32 or I32)
 /// and length in elements. The pooled buffer goes back to the pool when the last clone drops.
 #[derive(Clone)]
-pub struct GpuBuffer {
+pub(crate) struct GpuBuffer {
     buf: Arc<buffer_pool::PooledBuffer>,
     dtype: DType,
     len: usize,
@@ -98,15 +102,15 @@ pub struct GpuBuffer {
 
 impl GpuBuffer {
     /// The dtype of the elements (F32 or I32).
-    pub fn dtype(&self) -> DType {
+    pub(crate) fn dtype(&self) -> DType {
         self.dtype
     }
     /// Number of elements.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.len
     }
     /// True when the buffer holds no elements.
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
 }
@@ -119,7 +123,7 @@ impl std::fmt::Debug for GpuBuffer {
 
 /// Byte counters of the GPU buffer pool.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PoolStats {
+pub(crate) struct PoolStats {
     /// bytes of storage buffers checked out now (by size class)
     pub in_use_bytes: u64,
     /// the most checked out at once since the context opened or [`GpuBackend::reset_peak`]
@@ -132,7 +136,7 @@ impl GpuBackend {
     /// # Errors
     /// [`Error::Device`] when no adapter can be opened; the message names the backends tried.
     /// The failure is remembered, so later calls answer at once.
-    pub fn get() -> Result<GpuBackend> {
+    pub(crate) fn get() -> Result<GpuBackend> {
         GPU.get_or_init(|| {
             let ctx = context::open().map_err(|e| match e {
                 Error::Device(msg) => msg,
@@ -183,7 +187,7 @@ impl GpuBackend {
     ///
     /// # Errors
     /// [`Error::Gpu`] when wgpu reported an error since the last check.
-    pub fn flush(&self) -> Result<()> {
+    pub(crate) fn flush(&self) -> Result<()> {
         self.inner.batcher.flush(&self.inner.ctx);
         self.inner.ctx.take_error()
     }
@@ -193,7 +197,7 @@ impl GpuBackend {
     ///
     /// # Errors
     /// [`Error::Gpu`] when wgpu reported an error or the wait failed.
-    pub fn synchronize(&self) -> Result<()> {
+    pub(crate) fn synchronize(&self) -> Result<()> {
         self.inner.batcher.flush(&self.inner.ctx);
         self.inner.counters.host_wait();
         self.inner
@@ -207,17 +211,17 @@ impl GpuBackend {
     /// The counters of dispatches, submissions, host waits, buffers created and bytes moved
     /// since the context opened or the last [`GpuBackend::reset_stats`]. They are
     /// process-wide: work from every thread counts.
-    pub fn stats(&self) -> GpuStats {
+    pub(crate) fn stats(&self) -> GpuStats {
         self.inner.counters.snapshot()
     }
 
     /// Sets the counters of [`GpuBackend::stats`] back to zero.
-    pub fn reset_stats(&self) {
+    pub(crate) fn reset_stats(&self) {
         self.inner.counters.reset();
     }
 
     /// Bytes of pooled storage buffers in use now and at the peak.
-    pub fn pool_stats(&self) -> PoolStats {
+    pub(crate) fn pool_stats(&self) -> PoolStats {
         let (in_use_bytes, peak_bytes) = self.inner.pool.stats();
         PoolStats {
             in_use_bytes,
@@ -226,11 +230,12 @@ impl GpuBackend {
     }
 
     /// Restarts the peak counter of [`GpuBackend::pool_stats`] at the bytes in use now.
-    pub fn reset_peak(&self) {
+    pub(crate) fn reset_peak(&self) {
         self.inner.pool.reset_peak();
     }
 
     /// Bytes held on the pool's free lists, ready for reuse.
+    #[cfg(test)]
     pub fn pool_free_bytes(&self) -> u64 {
         self.inner.pool.free_bytes()
     }
@@ -243,13 +248,13 @@ impl GpuBackend {
 
     /// Whether the adapter can run [`MatmulKernel::Subgroup`]: it has the SUBGROUP feature with
     /// subgroups of 4 to 128 invocations (lavapipe: 8; NVIDIA 32; AMD 32 or 64).
-    pub fn subgroup_matmul_available(&self) -> bool {
+    pub(crate) fn subgroup_matmul_available(&self) -> bool {
         subgroup_matmul_possible(&self.inner.ctx)
     }
 
     /// The kernel `matmul` runs now: [`MatmulKernel::Subgroup`] where available unless
     /// `MOEGRAD_MATMUL=plain`, else [`MatmulKernel::Plain`].
-    pub fn matmul_kernel(&self) -> MatmulKernel {
+    pub(crate) fn matmul_kernel(&self) -> MatmulKernel {
         if self.inner.subgroup_matmul.load(Ordering::Relaxed) {
             MatmulKernel::Subgroup
         } else {
@@ -262,7 +267,7 @@ impl GpuBackend {
     ///
     /// # Errors
     /// [`Error::Invalid`] for [`MatmulKernel::Subgroup`] on an adapter without it.
-    pub fn set_matmul_kernel(&self, kernel: MatmulKernel) -> Result<()> {
+    pub(crate) fn set_matmul_kernel(&self, kernel: MatmulKernel) -> Result<()> {
         if kernel == MatmulKernel::Subgroup && !self.subgroup_matmul_available() {
             return Err(Error::Invalid(format!(
                 "the subgroup matmul needs subgroups of 4 to 128 invocations; the adapter \"{}\" has none",
@@ -276,6 +281,7 @@ impl GpuBackend {
     }
 
     /// Gives the pool's free buffers back to the driver (buffers in use are kept).
+    #[cfg(test)]
     pub fn trim_pool(&self) {
         self.inner.pool.trim();
     }

@@ -220,7 +220,7 @@ pub(crate) fn sgd_step(
 }
 
 /// Parameters one `adam_multi` dispatch updates (matches `ADAM_SLOTS` in the shader).
-pub const ADAM_MULTI_SLOTS: usize = 12;
+pub(crate) const ADAM_MULTI_SLOTS: usize = 12;
 
 /// Storage buffers `adam_multi` binds: the scale, the two moment buffers and a (gradient,
 /// parameter) pair per slot.
@@ -228,7 +228,7 @@ const ADAM_MULTI_BINDINGS: u32 = 3 + 2 * ADAM_MULTI_SLOTS as u32;
 
 /// One parameter of a multi-tensor Adam step: its buffer (updated in place), its gradient, where
 /// its moments start in the optimizer's flat moment buffers, and whether it takes weight decay.
-pub struct AdamSlot<'a> {
+pub(crate) struct AdamSlot<'a> {
     /// the parameter, f32
     pub param: &'a mut GpuBuffer,
     /// its gradient, f32, as long as the parameter
@@ -352,7 +352,7 @@ pub(crate) fn adam_multi_mut(
 }
 
 /// Gradients one `grad_sumsq` dispatch reads (matches `NORM_SLOTS` in the shader).
-pub const NORM_SLOTS: usize = 24;
+pub(crate) const NORM_SLOTS: usize = 24;
 
 /// Elements one `grad_sumsq` workgroup sums (matches `NORM_CHUNK`).
 const NORM_CHUNK: usize = 4096;
@@ -463,7 +463,7 @@ impl GpuBackend {
     /// # Errors
     /// As [`crate::backend::OptimOps::adam_step`]: dtypes other than f32, unequal lengths, or a
     /// gradient scale that is not one f32.
-    pub fn adam_step_mut(
+    pub(crate) fn adam_step_mut(
         &self,
         param: &mut GpuBuffer,
         grad: &GpuBuffer,
@@ -480,7 +480,7 @@ impl GpuBackend {
     ///
     /// # Errors
     /// As [`crate::backend::OptimOps::sgd_step`].
-    pub fn sgd_step_mut(
+    pub(crate) fn sgd_step_mut(
         &self,
         param: &mut GpuBuffer,
         grad: &GpuBuffer,
@@ -493,7 +493,7 @@ impl GpuBackend {
 
     /// Whether this device can run [`GpuBackend::adam_multi_mut`] (it binds 27 storage buffers
     /// per shader stage; WebGPU's minimum is 8).
-    pub fn adam_multi_supported(&self) -> bool {
+    pub(crate) fn adam_multi_supported(&self) -> bool {
         adam_multi_supported(self)
     }
 
@@ -505,7 +505,7 @@ impl GpuBackend {
     /// Dtypes other than f32, a gradient of another length than its parameter, moments that do
     /// not hold a slot's segment, or a device without the bindings
     /// ([`GpuBackend::adam_multi_supported`]).
-    pub fn adam_multi_mut(
+    pub(crate) fn adam_multi_mut(
         &self,
         slots: &mut [AdamSlot<'_>],
         m: &mut GpuBuffer,
@@ -518,7 +518,7 @@ impl GpuBackend {
 
     /// Whether this device can run [`GpuBackend::grad_norm_clip`] (it binds 25 storage buffers
     /// per shader stage).
-    pub fn grad_norm_supported(&self) -> bool {
+    pub(crate) fn grad_norm_supported(&self) -> bool {
         grad_norm_supported(self)
     }
 
@@ -529,7 +529,7 @@ impl GpuBackend {
     /// # Errors
     /// A gradient that is not f32, or a device without the bindings
     /// ([`GpuBackend::grad_norm_supported`]).
-    pub fn grad_norm_clip(
+    pub(crate) fn grad_norm_clip(
         &self,
         grads: &[&GpuBuffer],
         max_norm: f64,

@@ -53,37 +53,37 @@ fn add(c: &AtomicU64, n: u64) {
 
 impl Counters {
     /// One dispatch recorded.
-    pub fn dispatch(&self) {
+    pub(super) fn dispatch(&self) {
         add(&self.dispatches, 1);
     }
     /// One command buffer submitted.
-    pub fn submit(&self) {
+    pub(super) fn submit(&self) {
         add(&self.submits, 1);
     }
     /// The host waited for the device once.
-    pub fn host_wait(&self) {
+    pub(super) fn host_wait(&self) {
         add(&self.host_waits, 1);
     }
     /// The driver created one buffer.
-    pub fn buffer_created(&self) {
+    pub(super) fn buffer_created(&self) {
         add(&self.buffers_created, 1);
     }
     /// `bytes` of tensor data written to the device.
-    pub fn uploaded(&self, bytes: u64) {
+    pub(super) fn uploaded(&self, bytes: u64) {
         add(&self.uploaded_bytes, bytes);
     }
     /// `bytes` of kernel parameters written to the device (counted in the uploads too).
-    pub fn params_uploaded(&self, bytes: u64) {
+    pub(super) fn params_uploaded(&self, bytes: u64) {
         add(&self.uploaded_bytes, bytes);
         add(&self.param_bytes, bytes);
     }
     /// `bytes` read back to the host.
-    pub fn downloaded(&self, bytes: u64) {
+    pub(super) fn downloaded(&self, bytes: u64) {
         add(&self.downloaded_bytes, bytes);
     }
 
     /// The counts now.
-    pub fn snapshot(&self) -> GpuStats {
+    pub(super) fn snapshot(&self) -> GpuStats {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         GpuStats {
             dispatches: get(&self.dispatches),
@@ -97,7 +97,7 @@ impl Counters {
     }
 
     /// Sets every counter back to zero.
-    pub fn reset(&self) {
+    pub(super) fn reset(&self) {
         for c in [
             &self.dispatches,
             &self.submits,

@@ -25,7 +25,7 @@ pub(crate) struct Plan {
 impl Plan {
     /// The 4-word header `[n, rank, extra, 0]` followed by the shape and each operand's strides,
     /// each padded to [`MAX_RANK`] words: the `w` array of the kernels' params.
-    pub fn words(&self, extra: u32) -> Vec<u32> {
+    pub(super) fn words(&self, extra: u32) -> Vec<u32> {
         let mut w = vec![self.n as u32, self.shape.len() as u32, extra, 0];
         let pad = |w: &mut Vec<u32>, v: &[u32]| {
             w.extend_from_slice(v);

@@ -6,7 +6,7 @@ use crate::backend::AttentionGradOperands;
 
 impl Storage {
     /// See [`NnOps::attention_forward`]; `self` is `q`. Returns `(o, lse)`.
-    pub fn attention_forward(
+    pub(crate) fn attention_forward(
         &self,
         k: &Storage,
         v: &Storage,
@@ -21,7 +21,7 @@ impl Storage {
         ))
     }
     /// See [`NnOps::attention_backward`]; `self` is `q`. Returns `(dq, dk, dv)`.
-    pub fn attention_backward(
+    pub(crate) fn attention_backward(
         &self,
         (k, v, o, lse, d_o): (&Storage, &Storage, &Storage, &Storage, &Storage),
         dims: AttentionDims,
@@ -40,7 +40,7 @@ impl Storage {
         })
     }
     /// See [`NnOps::layer_norm_forward`]; `self` is `x`. Returns `(y, mean, rstd)`.
-    pub fn layer_norm_forward(
+    pub(crate) fn layer_norm_forward(
         &self,
         gamma: &Storage,
         beta: &Storage,
@@ -56,7 +56,7 @@ impl Storage {
     }
     /// See [`NnOps::layer_norm_backward`]; `self` is the upstream gradient. Returns
     /// `(dx, dgamma, dbeta)`.
-    pub fn layer_norm_backward(
+    pub(crate) fn layer_norm_backward(
         &self,
         (x, gamma, mean, rstd): (&Storage, &Storage, &Storage, &Storage),
         dims: LayerNormDims,
@@ -71,7 +71,7 @@ impl Storage {
         ))
     }
     /// See [`NnOps::cross_entropy_forward`]; `self` is the logits. Returns `(loss, lse)`.
-    pub fn cross_entropy_forward(
+    pub(crate) fn cross_entropy_forward(
         &self,
         targets: &Storage,
         classes: usize,
@@ -84,7 +84,7 @@ impl Storage {
         ))
     }
     /// See [`NnOps::cross_entropy_backward`]; `self` is the upstream gradient `[rows]`.
-    pub fn cross_entropy_backward(
+    pub(crate) fn cross_entropy_backward(
         &self,
         logits: &Storage,
         targets: &Storage,
@@ -100,7 +100,7 @@ impl Storage {
     }
 
     /// See [`NnOps::conv2d_forward`]; `self` is the input `x`.
-    pub fn conv2d_forward(
+    pub(crate) fn conv2d_forward(
         &self,
         w: &Storage,
         image_bank: Option<&Storage>,
@@ -115,7 +115,7 @@ impl Storage {
         ))
     }
     /// See [`NnOps::conv2d_input_grad`]; `self` is the output gradient `dy`.
-    pub fn conv2d_input_grad(
+    pub(crate) fn conv2d_input_grad(
         &self,
         w: &Storage,
         image_bank: Option<&Storage>,
@@ -130,7 +130,7 @@ impl Storage {
         ))
     }
     /// See [`NnOps::conv2d_weight_grad`]; `self` is the input `x`.
-    pub fn conv2d_weight_grad(
+    pub(crate) fn conv2d_weight_grad(
         &self,
         dy: &Storage,
         image_bank: Option<&Storage>,
@@ -145,7 +145,7 @@ impl Storage {
         ))
     }
     /// See [`NnOps::pool2d_forward`]; returns `(y, argmax)` (argmax for max pooling only).
-    pub fn pool2d_forward(
+    pub(crate) fn pool2d_forward(
         &self,
         kind: PoolKind,
         dims: Pool2dDims,
@@ -157,7 +157,7 @@ impl Storage {
         ))
     }
     /// See [`NnOps::pool2d_backward`]; `self` is the output gradient `dy`.
-    pub fn pool2d_backward(
+    pub(crate) fn pool2d_backward(
         &self,
         kind: PoolKind,
         argmax: Option<&Storage>,

@@ -6,7 +6,7 @@ use super::*;
 
 impl Storage {
     /// See [`MatmulOps::grouped_matmul`]; `self` is `x`.
-    pub fn grouped_matmul(
+    pub(crate) fn grouped_matmul(
         &self,
         w: &Storage,
         bias: Option<&Storage>,
@@ -23,7 +23,7 @@ impl Storage {
         ))
     }
     /// See [`MatmulOps::grouped_weight_grad`]; `self` is `x`.
-    pub fn grouped_weight_grad(
+    pub(crate) fn grouped_weight_grad(
         &self,
         dy: &Storage,
         row_expert: &Storage,
@@ -42,7 +42,7 @@ impl Storage {
 
     /// See [`RoutingOps::topk_gate`]; `self` is the logits `[rows, n]`. Returns `(probs, idx,
     /// weights)`.
-    pub fn topk_gate(
+    pub(crate) fn topk_gate(
         &self,
         scores: Option<&Storage>,
         (rows, n, k): (usize, usize, usize),
@@ -59,7 +59,7 @@ impl Storage {
         ))
     }
     /// See [`RoutingOps::topk_gate_backward`]; `self` is the gate's weights `[rows, k]`.
-    pub fn topk_gate_backward(
+    pub(crate) fn topk_gate_backward(
         &self,
         idx: &Storage,
         d_weights: &Storage,
@@ -76,7 +76,7 @@ impl Storage {
         ))
     }
     /// See [`NnOps::softmax_backward`]; `self` is the softmax output `y` `[rows, n]`.
-    pub fn softmax_backward(&self, dy: &Storage, rows: usize, n: usize) -> Result<Storage> {
+    pub(crate) fn softmax_backward(&self, dy: &Storage, rows: usize, n: usize) -> Result<Storage> {
         const WHAT: &str = "softmax backward";
         on_device!(self, |be| be.softmax_backward(
             be.buf(self, WHAT)?,
@@ -86,7 +86,7 @@ impl Storage {
         ))
     }
     /// See [`RoutingOps::dispatch_plan`]; `self` is the token of each assignment.
-    pub fn dispatch_plan(
+    pub(crate) fn dispatch_plan(
         &self,
         (expert, weight, rank, valid): (&Storage, &Storage, &Storage, &Storage),
         experts: usize,

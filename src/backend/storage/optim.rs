@@ -6,7 +6,7 @@ use super::*;
 
 impl Storage {
     /// See [`OptimOps::adam_step`]; `self` is the parameter.
-    pub fn adam_step(
+    pub(crate) fn adam_step(
         &self,
         grad: &Storage,
         scale: Option<&Storage>,
@@ -25,7 +25,7 @@ impl Storage {
         ))
     }
     /// See [`OptimOps::sgd_step`]; `self` is the parameter.
-    pub fn sgd_step(
+    pub(crate) fn sgd_step(
         &self,
         grad: &Storage,
         scale: Option<&Storage>,
@@ -44,7 +44,7 @@ impl Storage {
     /// [`Storage::adam_step`] updating `self` (the parameter), `m` and `v` where they are: in
     /// place, on either device, when nothing else shares the buffers; otherwise fresh buffers
     /// replace them (the shared ones keep their old values).
-    pub fn adam_step_mut(
+    pub(crate) fn adam_step_mut(
         &mut self,
         grad: &Storage,
         scale: Option<&Storage>,
@@ -75,7 +75,7 @@ impl Storage {
     /// [`Storage::adam_step_mut`] does. On the CPU the gradient is never stored: each expert's
     /// block is applied while still in cache. On the GPU it is the two kernels one after the
     /// other.
-    pub fn grouped_weight_grad_adam_mut(
+    pub(crate) fn grouped_weight_grad_adam_mut(
         grad: BankGradOperands<'_, Storage>,
         param: &mut Storage,
         scale: Option<&Storage>,
@@ -119,7 +119,7 @@ impl Storage {
     }
     /// [`Storage::sgd_step`] updating `self` and `buf` where they are (see
     /// [`Storage::adam_step_mut`]).
-    pub fn sgd_step_mut(
+    pub(crate) fn sgd_step_mut(
         &mut self,
         grad: &Storage,
         scale: Option<&Storage>,

@@ -72,7 +72,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 /// The registry entry of `dselect-k` (see [`crate::moe::ROUTERS`]).
-pub const SPEC: RouterSpec = RouterSpec {
+pub(crate) const SPEC: RouterSpec = RouterSpec {
     name: "dselect-k",
     summary: "DSelect-k: k differentiable binary-code selectors per example",
     options: DSELECT_K_OPTION_SPECS,
@@ -87,7 +87,7 @@ pub const SPEC: RouterSpec = RouterSpec {
 };
 
 /// The registry entry of `dselect-k-static`.
-pub const SPEC_STATIC: RouterSpec = RouterSpec {
+pub(crate) const SPEC_STATIC: RouterSpec = RouterSpec {
     name: "dselect-k-static",
     summary: "DSelect-k static: the same k selectors for every example",
     options: DSELECT_K_OPTION_SPECS,

@@ -45,7 +45,7 @@ use crate::{Device, Error, Result, Tensor};
 use std::sync::Arc;
 
 /// The registry entry of `st` (see [`crate::moe::ROUTERS`]).
-pub const SPEC_ST: RouterSpec = RouterSpec {
+pub(crate) const SPEC_ST: RouterSpec = RouterSpec {
     name: "st",
     summary: "straight-through: hard Gumbel-max top-1 forward, softmax backward",
     options: &[],
@@ -54,7 +54,7 @@ pub const SPEC_ST: RouterSpec = RouterSpec {
 };
 
 /// The registry entry of `gumbel-st`.
-pub const SPEC_GUMBEL_ST: RouterSpec = RouterSpec {
+pub(crate) const SPEC_GUMBEL_ST: RouterSpec = RouterSpec {
     name: "gumbel-st",
     summary: "Gumbel straight-through: hard top-1 forward, tempered Gumbel-softmax backward",
     options: &[RouterOption {
@@ -68,7 +68,7 @@ pub const SPEC_GUMBEL_ST: RouterSpec = RouterSpec {
 };
 
 /// The registry entry of `reinforce`.
-pub const SPEC_REINFORCE: RouterSpec = RouterSpec {
+pub(crate) const SPEC_REINFORCE: RouterSpec = RouterSpec {
     name: "reinforce",
     summary: "REINFORCE: sampled top-1, score-function gradient",
     options: &[RouterOption {
@@ -82,7 +82,7 @@ pub const SPEC_REINFORCE: RouterSpec = RouterSpec {
 };
 
 /// The registry entry of `reinmax`.
-pub const SPEC_REINMAX: RouterSpec = RouterSpec {
+pub(crate) const SPEC_REINMAX: RouterSpec = RouterSpec {
     name: "reinmax",
     summary: "ReinMax: hard top-1 forward, second-order (Heun) straight-through backward",
     options: &[RouterOption {

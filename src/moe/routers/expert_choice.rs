@@ -12,7 +12,7 @@ use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// The registry entry of `expert-choice` (see [`crate::moe::ROUTERS`]).
-pub const SPEC: RouterSpec = RouterSpec {
+pub(crate) const SPEC: RouterSpec = RouterSpec {
     name: "expert-choice",
     summary: "Expert Choice: each expert picks its top tokens (k per token on average)",
     options: &[],

@@ -14,7 +14,7 @@ use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
 /// The registry entry of `hash` (see [`crate::moe::ROUTERS`]).
-pub const SPEC: RouterSpec = RouterSpec {
+pub(crate) const SPEC: RouterSpec = RouterSpec {
     name: "hash",
     summary: "hash routing: a fixed random expert per token, weight 1, no parameters",
     options: &[],

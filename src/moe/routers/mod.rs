@@ -4,9 +4,6 @@
 //! `router_registry.rs` serves to the rest of the crate ([`crate::moe::ROUTERS`]). The math of each is in its doc comment, with the paper it comes from;
 //! `docs/routers.md` collects them.
 
-mod probe;
-pub use probe::{GradientEstimate, GradientProbe, estimate_router_gradient};
-
 /// Declares each router file as a module of `routers` and lists its registry entries, in order,
 /// as [`ROUTER_SPECS`]: `file => [SPEC, ...]` is the one line a router file needs.
 macro_rules! router_files {

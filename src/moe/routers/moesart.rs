@@ -81,7 +81,7 @@ use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// The registry entry of `moesart` (see [`crate::moe::ROUTERS`]).
-pub const SPEC: RouterSpec = RouterSpec {
+pub(crate) const SPEC: RouterSpec = RouterSpec {
     name: "moesart",
     summary: "MOESART: k experts sampled without replacement, weights adjusted by eq. 3",
     options: &[

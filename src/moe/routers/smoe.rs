@@ -10,7 +10,7 @@ use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
 /// The registry entry of `smoe` (see [`crate::moe::ROUTERS`]).
-pub const SPEC: RouterSpec = RouterSpec {
+pub(crate) const SPEC: RouterSpec = RouterSpec {
     name: "smoe",
     summary: "SMoE: top-k of the softmax with multiplicative noise on the input",
     options: &[],

@@ -10,7 +10,7 @@ use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
 /// The registry entry of `softmax` (see [`crate::moe::ROUTERS`]).
-pub const SPEC: RouterSpec = RouterSpec {
+pub(crate) const SPEC: RouterSpec = RouterSpec {
     name: "softmax",
     summary: "dense baseline: every expert, weighted by the softmax of the logits",
     options: &[],

@@ -117,7 +117,7 @@ const OPT_TOP: RouterOption = RouterOption {
 };
 
 /// The registry entry of `sparsemixer` (see [`crate::moe::ROUTERS`]).
-pub const SPEC_HYBRID: RouterSpec = RouterSpec {
+pub(crate) const SPEC_HYBRID: RouterSpec = RouterSpec {
     name: "sparsemixer",
     summary: "SparseMixer (hybrid): Gumbel-max top-1 under a mask, forward scale 1 at the argmax, else 1/2",
     options: &[
@@ -138,7 +138,7 @@ pub const SPEC_HYBRID: RouterSpec = RouterSpec {
 };
 
 /// The registry entry of `sparsemixer-1st`.
-pub const SPEC_FIRST_ORDER: RouterSpec = RouterSpec {
+pub(crate) const SPEC_FIRST_ORDER: RouterSpec = RouterSpec {
     name: "sparsemixer-1st",
     summary: "SparseMixer with forward scale c = 1 (first-order estimate)",
     options: &[
@@ -158,7 +158,7 @@ pub const SPEC_FIRST_ORDER: RouterSpec = RouterSpec {
 };
 
 /// The registry entry of `sparsemixer-2rd`.
-pub const SPEC_SECOND_ORDER: RouterSpec = RouterSpec {
+pub(crate) const SPEC_SECOND_ORDER: RouterSpec = RouterSpec {
     name: "sparsemixer-2rd",
     summary: "SparseMixer with forward scale c = 1/2 (the mid-point, second-order estimate)",
     options: &[
@@ -178,7 +178,7 @@ pub const SPEC_SECOND_ORDER: RouterSpec = RouterSpec {
 };
 
 /// The registry entry of `sparsemixer-v2`.
-pub const SPEC_V2: RouterSpec = RouterSpec {
+pub(crate) const SPEC_V2: RouterSpec = RouterSpec {
     name: "sparsemixer-v2",
     summary: "SparseMixer v2: top-1 or top-2 sampling, third-order rule",
     options: &[

@@ -12,7 +12,7 @@ use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
 /// The registry entry of `switch` (see [`crate::moe::ROUTERS`]).
-pub const SPEC: RouterSpec = RouterSpec {
+pub(crate) const SPEC: RouterSpec = RouterSpec {
     name: "switch",
     summary: "Switch Transformer top-1 with multiplicative jitter on the logits",
     options: &[],

@@ -72,7 +72,7 @@ use crate::nn::{Param, join};
 use crate::{Device, Error, Result, Tensor};
 
 /// The registry entry of `threshold` (see [`crate::moe::ROUTERS`]).
-pub const SPEC: RouterSpec = RouterSpec {
+pub(crate) const SPEC: RouterSpec = RouterSpec {
     name: "threshold",
     summary: "XMoE threshold routing: experts by probability until their mass reaches t",
     options: &[

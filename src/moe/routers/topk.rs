@@ -20,7 +20,7 @@ use crate::nn::{Param, join};
 use crate::{Device, Result, Tensor};
 
 /// The registry entry of `topk` (see [`crate::moe::ROUTERS`]).
-pub const SPEC_TOPK: RouterSpec = RouterSpec {
+pub(crate) const SPEC_TOPK: RouterSpec = RouterSpec {
     name: "topk",
     summary: "Shazeer's Top-k: softmax over the k largest logits",
     options: &[],
@@ -29,7 +29,7 @@ pub const SPEC_TOPK: RouterSpec = RouterSpec {
 };
 
 /// The registry entry of `topk-noisy`.
-pub const SPEC_TOPK_NOISY: RouterSpec = RouterSpec {
+pub(crate) const SPEC_TOPK_NOISY: RouterSpec = RouterSpec {
     name: "topk-noisy",
     summary: "Shazeer's noisy Top-k gating: learned Gaussian noise on the logits in training",
     options: &[],
@@ -38,7 +38,7 @@ pub const SPEC_TOPK_NOISY: RouterSpec = RouterSpec {
 };
 
 /// The registry entry of `topk-unnorm`.
-pub const SPEC_TOPK_UNNORM: RouterSpec = RouterSpec {
+pub(crate) const SPEC_TOPK_UNNORM: RouterSpec = RouterSpec {
     name: "topk-unnorm",
     summary: "softmax over all n, keep the top k, not renormalised (XMoE Eq. 1-2)",
     options: &[],

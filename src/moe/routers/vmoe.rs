@@ -11,7 +11,7 @@ use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
 /// The registry entry of `vmoe` (see [`crate::moe::ROUTERS`]).
-pub const SPEC: RouterSpec = RouterSpec {
+pub(crate) const SPEC: RouterSpec = RouterSpec {
     name: "vmoe",
     summary: "V-MoE: top-k of the softmax with additive N(0, 1/n^2) noise",
     options: &[],

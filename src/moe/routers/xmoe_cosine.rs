@@ -16,7 +16,7 @@ use rand_chacha::ChaCha8Rng;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The registry entry of `xmoe-cosine` (see [`crate::moe::ROUTERS`]).
-pub const SPEC: RouterSpec = RouterSpec {
+pub(crate) const SPEC: RouterSpec = RouterSpec {
     name: "xmoe-cosine",
     summary: "XMoE cosine router: top-k of scaled cosine scores in a low-dimensional space",
     options: &[],

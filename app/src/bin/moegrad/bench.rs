@@ -55,13 +55,13 @@ pub(super) enum Workload {
 const MOE_BENCH_EXPERTS: (&[usize], &[usize]) = (&[2, 4, 8, 16, 32, 64], &[2, 8, 64]);
 
 /// The MoE benchmark's workload for `--tokens`.
-fn moe_workload(tokens: usize) -> Result<moegrad::bench::MoeWorkload> {
+fn moe_workload(tokens: usize) -> Result<moegrad_cli::bench::MoeWorkload> {
     if tokens == 0 {
         return Err(moegrad::Error::Invalid(
             "--tokens must be at least 1".into(),
         ));
     }
-    Ok(moegrad::bench::MoeWorkload {
+    Ok(moegrad_cli::bench::MoeWorkload {
         tokens,
         d: 256,
         hidden: 512,
@@ -116,7 +116,7 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
     match workload {
         Workload::Moe => {
             let w = moe_workload(tokens)?;
-            let r = moegrad::bench::bench_moe(
+            let r = moegrad_cli::bench::bench_moe(
                 &bench_devices(&device)?,
                 MOE_BENCH_EXPERTS.0,
                 MOE_BENCH_EXPERTS.1,
@@ -161,8 +161,12 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
             }
         }
         Workload::Train => {
-            let r =
-                moegrad::bench::bench_train(&bench_devices(&device)?, &data_dir, examples, batch)?;
+            let r = moegrad_cli::bench::bench_train(
+                &bench_devices(&device)?,
+                &data_dir,
+                examples,
+                batch,
+            )?;
             if json {
                 print_json(&r)?;
             } else {
@@ -187,7 +191,7 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
         }
         Workload::Matmul => {
             check_sizes(&sizes)?;
-            let r = moegrad::bench::bench_matmul(&bench_devices(&device)?, &sizes)?;
+            let r = moegrad_cli::bench::bench_matmul(&bench_devices(&device)?, &sizes)?;
             if json {
                 print_json(&r)?;
             } else {
@@ -206,8 +210,8 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
                     "bench gpu-step counts GPU work: --device {device} does not apply (use gpu or leave it out)"
                 )));
             }
-            let r = moegrad::bench::gpu_step::bench_gpu_step(
-                &moegrad::bench::gpu_step::GPU_STEP_MODELS,
+            let r = moegrad_cli::bench::gpu_step::bench_gpu_step(
+                &moegrad_cli::bench::gpu_step::GPU_STEP_MODELS,
             )?;
             if json {
                 print_json(&r)?;
@@ -241,7 +245,7 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
         Workload::All => {
             check_sizes(&sizes)?;
             let w = moe_workload(tokens)?;
-            let r = moegrad::bench::bench_all(
+            let r = moegrad_cli::bench::bench_all(
                 &bench_devices(&device)?,
                 &sizes,
                 MOE_BENCH_EXPERTS.0,

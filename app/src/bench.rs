@@ -8,8 +8,8 @@
 
 pub mod gpu_step;
 
-use crate::nn::Parameters;
-use crate::{DType, Device, Error, Result, Tensor};
+use moegrad::nn::Parameters;
+use moegrad::{DType, Device, Error, Result, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -51,7 +51,7 @@ pub fn random_f32(shape: &[usize], seed: u64, device: Device) -> Result<Tensor> 
         .iter()
         .try_fold(1usize, |n, &d| n.checked_mul(d))
         .ok_or_else(|| Error::Invalid(format!("shape {shape:?}: too many elements to count")))?;
-    let mut values = crate::memory::try_vec(n)?;
+    let mut values = moegrad::memory::try_vec(n)?;
     values.extend((0..n).map(|_| rng.random_range(-1.0f32..1.0)));
     Tensor::from_f32(values, shape, device)
 }
@@ -108,11 +108,11 @@ pub fn matmul_bytes(n: usize) -> Option<u64> {
 /// `moegrad bench matmul` on every given device and size.
 ///
 /// # Errors
-/// A size whose matrices do not fit in memory ([`crate::memory::check_fits`], checked for every
+/// A size whose matrices do not fit in memory ([`moegrad::memory::check_fits`], checked for every
 /// size before anything is measured), or an error of a device.
 pub fn bench_matmul(devices: &[Device], sizes: &[usize]) -> Result<MatmulBench> {
     for &n in sizes {
-        crate::memory::check_fits(
+        moegrad::memory::check_fits(
             &format!("bench matmul --sizes {n} (three {n}×{n} f32 matrices)"),
             matmul_bytes(n),
         )?;
@@ -184,29 +184,28 @@ pub struct MoeBench {
 /// Heap bytes held now (CPU) or bytes checked out of the GPU pool.
 fn bytes_in_use(device: Device) -> usize {
     match device {
-        Device::Cpu => crate::memory::live_bytes(),
-        Device::Gpu => crate::backend::gpu::GpuBackend::get()
-            .map(|g| g.pool_stats().in_use_bytes as usize)
+        Device::Cpu => moegrad::memory::live_bytes(),
+        Device::Gpu => moegrad::gpu::memory()
+            .map(|m| m.in_use_bytes as usize)
             .unwrap_or(0),
     }
 }
 
 fn peak_in_use(device: Device) -> usize {
     match device {
-        Device::Cpu => crate::memory::peak_bytes(),
-        Device::Gpu => crate::backend::gpu::GpuBackend::get()
-            .map(|g| g.pool_stats().peak_bytes as usize)
+        Device::Cpu => moegrad::memory::peak_bytes(),
+        Device::Gpu => moegrad::gpu::memory()
+            .map(|m| m.peak_bytes as usize)
             .unwrap_or(0),
     }
 }
 
 fn reset_peak(device: Device) {
     match device {
-        Device::Cpu => crate::memory::reset_peak(),
+        Device::Cpu => moegrad::memory::reset_peak(),
         Device::Gpu => {
-            if let Ok(g) = crate::backend::gpu::GpuBackend::get() {
-                g.reset_peak();
-            }
+            // without an adapter there is no GPU peak to reset
+            let _ = moegrad::gpu::reset_peak_memory();
         }
     }
 }
@@ -277,8 +276,8 @@ pub fn moe_step(
     reps: usize,
 ) -> Result<MoeStepTimes> {
     let (tokens, d, hidden) = (w.tokens, w.d, w.hidden);
-    use crate::moe::{MoeConfig, MoeLayer};
-    use crate::optim::{Adam, Optimizer};
+    use moegrad::moe::{MoeConfig, MoeLayer};
+    use moegrad::optim::{Adam, Optimizer};
     let mut cfg = MoeConfig::new(d, hidden, n, k);
     cfg.router = router.into();
     // bias-free experts, like the PyTorch peer's
@@ -368,7 +367,7 @@ pub fn bench_moe(
     for (dense, list) in [(false, ns), (true, dense_ns)] {
         for &n in list {
             let k = if dense { n } else { w.k.min(n) };
-            crate::memory::check_fits(
+            moegrad::memory::check_fits(
                 &format!(
                     "bench moe --tokens {} (n = {n} experts, k = {k}, d = {}, hidden {})",
                     w.tokens, w.d, w.hidden
@@ -417,17 +416,16 @@ pub struct KernelRecord {
 /// GFLOP/s of the GPU matmul with each kernel the adapter can run, at each of `sizes`; the
 /// kernel in use before is restored.
 pub fn gpu_matmul_kernels(sizes: &[usize]) -> Result<Vec<KernelRecord>> {
-    use crate::backend::gpu::{GpuBackend, MatmulKernel};
-    let be = GpuBackend::get()?;
-    let before = be.matmul_kernel();
+    use moegrad::gpu::{self, MatmulKernel};
+    let before = gpu::matmul_kernel()?;
     let mut kernels = vec![MatmulKernel::Plain];
-    if be.subgroup_matmul_available() {
+    if gpu::subgroup_matmul_available()? {
         kernels.push(MatmulKernel::Subgroup);
     }
     let mut out = Vec::new();
     let mut run = || -> Result<()> {
         for &kernel in &kernels {
-            be.set_matmul_kernel(kernel)?;
+            gpu::set_matmul_kernel(kernel)?;
             for &n in sizes {
                 out.push(KernelRecord {
                     kernel: kernel.name().to_string(),
@@ -439,7 +437,7 @@ pub fn gpu_matmul_kernels(sizes: &[usize]) -> Result<Vec<KernelRecord>> {
         Ok(())
     };
     let result = run();
-    be.set_matmul_kernel(before)?;
+    gpu::set_matmul_kernel(before)?;
     result.map(|()| out)
 }
 
@@ -472,9 +470,9 @@ pub struct TrainBench {
 #[derive(Clone, Copy, Debug)]
 pub struct TrainWorkload {
     /// the model
-    pub model: crate::train::ModelKind,
+    pub model: moegrad::train::ModelKind,
     /// its dataset
-    pub data: crate::train::DataKind,
+    pub data: moegrad::train::DataKind,
     /// MoE: experts (ignored by dense models)
     pub experts: usize,
     /// MoE: experts per example
@@ -485,7 +483,7 @@ pub struct TrainWorkload {
 /// (`pytorch_cnn_epoch.py`): `cnn` on MNIST, `moe-mlp` on MNIST (top-k, 8 experts, k = 2) and
 /// `mmoe-cnn` on MultiMNIST (top-k, 8 experts, k = 4).
 pub const TRAIN_WORKLOADS: [TrainWorkload; 3] = {
-    use crate::train::{DataKind, ModelKind};
+    use moegrad::train::{DataKind, ModelKind};
     [
         TrainWorkload {
             model: ModelKind::Cnn,
@@ -517,8 +515,8 @@ impl TrainWorkload {
         examples: usize,
         batch: usize,
         device: Device,
-    ) -> crate::train::TrainConfig {
-        crate::train::TrainConfig {
+    ) -> moegrad::train::TrainConfig {
+        moegrad::train::TrainConfig {
             data: self.data,
             data_dir: data_dir.to_path_buf(),
             model: self.model,
@@ -528,7 +526,7 @@ impl TrainWorkload {
             train_limit: examples,
             experts: self.experts,
             k: self.k,
-            ..crate::train::TrainConfig::default()
+            ..moegrad::train::TrainConfig::default()
         }
     }
 }
@@ -545,11 +543,11 @@ pub fn train_epoch(
     examples: usize,
     batch: usize,
 ) -> Result<TrainRecord> {
-    use crate::optim::{Adam, Optimizer};
-    use crate::train::{build_model, check_memory};
+    use moegrad::optim::{Adam, Optimizer};
+    use moegrad::train::{build_model, check_memory};
     let cfg = w.config(data_dir, examples, batch, device);
     cfg.validate()?;
-    let data = crate::train::load_data(&cfg)?;
+    let data = moegrad::train::load_data(&cfg)?;
     let train = &data.train;
     if train.is_empty() {
         return Err(Error::Invalid(format!(
@@ -570,14 +568,14 @@ pub fn train_epoch(
     let start = Instant::now();
     let mut last_loss = None;
     for b in &batches {
-        let _step = crate::profile::step();
+        let _step = moegrad::profile::step();
         let out = model.forward(&b.x)?;
         if !out.score_terms.is_empty() {
             return Err(Error::Invalid(
                 "bench train times routers trained by backpropagation, not REINFORCE".into(),
             ));
         }
-        let task = crate::train::task_loss(&out.logits, &b.y)?;
+        let task = moegrad::train::task_loss(&out.logits, &b.y)?;
         let loss = match &out.aux_loss {
             Some(aux) => task.add(aux)?,
             None => task,
@@ -635,7 +633,7 @@ pub fn bench_train(
 #[derive(Clone, Debug, Serialize)]
 pub struct AllBench {
     /// the GPU adapter measured (`null` when there is none)
-    pub adapter: Option<crate::backend::gpu::GpuInfo>,
+    pub adapter: Option<moegrad::gpu::GpuInfo>,
     /// `bench matmul` on the devices measured
     pub matmul: MatmulBench,
     /// `bench moe` on the devices measured
@@ -667,14 +665,14 @@ pub fn bench_all(
     train: (&std::path::Path, usize, usize),
 ) -> Result<AllBench> {
     let mut skipped = Vec::new();
-    let adapter = crate::backend::gpu::info().ok();
+    let adapter = moegrad::gpu::info().ok();
     let matmul = bench_matmul(devices, sizes)?;
     let gpu_matmul_kernels = match devices.contains(&Device::Gpu) {
         true => Some(gpu_matmul_kernels(sizes)?),
         false => None,
     };
     let moe = bench_moe(devices, ns, dense_ns, w)?;
-    let gpu_step = match crate::backend::gpu::GpuBackend::get() {
+    let gpu_step = match Device::gpu() {
         Ok(_) => Some(gpu_step::bench_gpu_step(&gpu_step::GPU_STEP_MODELS)?.gpu_step),
         Err(e) => {
             skipped.push(format!("gpu_step: no GPU adapter ({e})"));

@@ -5,7 +5,7 @@
 //! same WGSL with naga's MSL and HLSL writers, so a construct either writer rejects, or a
 //! pipeline that needs more than an adapter offers, would otherwise be found only by a user on
 //! that platform. Here each pipeline the crate can create, every shader × compute entry point ×
-//! set of override constants its launchers pass (`moegrad::backend::gpu::builtin_shaders`: the
+//! set of override constants its launchers pass (`backend::gpu::builtin_shaders`: the
 //! `Shader` statics the launchers compile, attention's constants from the function its launcher
 //! calls), goes through what wgpu does before the driver: `process_overrides` for that entry
 //! point, then the MSL writer (what wgpu's Metal backend hands to the Metal compiler), the HLSL
@@ -17,7 +17,7 @@
 //! What this does not check: that the Metal or DX12 driver compiles the text (no such driver is
 //! here), nor anything about results on those backends (docs/gpu.md).
 
-use moegrad::backend::gpu::{ADAM_MULTI_SLOTS, BuiltinShader, NORM_SLOTS, builtin_shaders};
+use crate::backend::gpu::{ADAM_MULTI_SLOTS, BuiltinShader, NORM_SLOTS, builtin_shaders};
 use naga::back::{hlsl, msl, spv};
 use naga::valid::{Capabilities, ModuleInfo, ShaderStages, SubgroupOperationSet, Validator};
 use naga::{AddressSpace, Module, ResourceBinding, ShaderStage};
@@ -631,7 +631,7 @@ fn every_shader_file_is_checked() {
         let text = std::fs::read_to_string(&path).expect("a WGSL file");
         assert!(
             shaders.iter().any(|s| s.source.contains(text.as_str())),
-            "{} is in no shader of moegrad::backend::gpu::builtin_shaders",
+            "{} is in no shader of backend::gpu::builtin_shaders",
             path.display()
         );
     }

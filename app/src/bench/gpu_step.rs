@@ -5,7 +5,7 @@
 //! runs two warm-up steps (pipelines compile, the buffer pool fills, the optimizer creates its
 //! state), then counts one more step with the GPU backend's counters ([`GpuStats`]): kernel
 //! dispatches, queue submissions, host waits, buffers the driver created, bytes uploaded and
-//! downloaded. The step is the one the training loop runs ([`crate::train::train_step`],
+//! downloaded. The step is the one the training loop runs ([`moegrad::train::train_step`],
 //! plus the loop's on-device running sums), without the
 //! loss read-back of a `--log-every` step. Each step ends with a flush, so its last batch of
 //! kernels is submitted (and counted) within it.
@@ -17,12 +17,12 @@
 //! the step's kernel times from timestamp queries (the profile's, `backend/gpu/timing.rs`),
 //! taken on one more step so that timing does not disturb the counts; `null` without them.
 
-use crate::backend::gpu::{GpuBackend, GpuStats};
-use crate::data::Dataset;
-use crate::data::text::CharCorpus;
-use crate::nn::Parameters;
-use crate::train::{ModelKind, TrainConfig};
-use crate::{DType, Device, Error, Result, Tensor};
+use moegrad::data::Dataset;
+use moegrad::data::text::CharCorpus;
+use moegrad::gpu::GpuStats;
+use moegrad::nn::Parameters;
+use moegrad::train::{ModelKind, TrainConfig};
+use moegrad::{DType, Device, Error, Result, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 use serde::Serialize;
@@ -63,8 +63,8 @@ pub struct GpuStepBench {
 }
 
 /// The GPU, or an error that says `bench gpu-step` needs one.
-fn gpu() -> Result<GpuBackend> {
-    GpuBackend::get().map_err(|e| {
+fn gpu() -> Result<Device> {
+    Device::gpu().map_err(|e| {
         Error::Device(format!(
             "bench gpu-step counts the work of a GPU training step and needs a GPU adapter \
              (a software one such as Mesa's lavapipe will do): {e}"
@@ -107,9 +107,9 @@ trait Stepper {
 
 /// An image model (`moe-mlp`, `cnn`) on random MNIST-shaped batches.
 struct ImageStepper {
-    model: Box<dyn crate::train::TaskModel>,
-    params: Vec<(String, crate::nn::Param)>,
-    opt: Box<dyn crate::optim::Optimizer>,
+    model: Box<dyn moegrad::train::TaskModel>,
+    params: Vec<(String, moegrad::nn::Param)>,
+    opt: Box<dyn moegrad::optim::Optimizer>,
     data: Dataset,
     cfg: TrainConfig,
     /// the loop's running sums: training loss, kept and routed assignments per expert
@@ -127,9 +127,9 @@ impl ImageStepper {
             .collect();
         let labels = (0..samples).map(|_| rng.random_range(0..10)).collect();
         let data = Dataset::new(features, vec![1, SIDE, SIDE], vec![labels])?;
-        let model = crate::train::build_model(&cfg, SIDE, 1, device)?;
+        let model = moegrad::train::build_model(&cfg, SIDE, 1, device)?;
         let params = model.named_params();
-        let opt = crate::train::make_optimizer(&cfg)?;
+        let opt = moegrad::train::make_optimizer(&cfg)?;
         Ok(ImageStepper {
             model,
             params,
@@ -148,7 +148,7 @@ impl Stepper for ImageStepper {
         let first = (step as usize % (self.data.len() / b)) * b;
         let ids: Vec<usize> = (first..first + b).collect();
         let batch = self.data.batch(&ids, Device::Gpu)?;
-        let out = crate::train::train_step(
+        let out = moegrad::train::train_step(
             self.model.as_ref(),
             &self.params,
             self.opt.as_mut(),
@@ -157,7 +157,7 @@ impl Stepper for ImageStepper {
             self.cfg.clip_grad_norm,
         )?;
         // the loop's on-device bookkeeping (see train::run)
-        self.loss_sum = crate::no_grad(|| {
+        self.loss_sum = moegrad::no_grad(|| {
             self.loss_sum
                 .add(&out.task_loss.detach().mul_scalar(b as f64)?)
         })?;
@@ -179,9 +179,9 @@ impl Stepper for ImageStepper {
 
 /// A language model (`gpt`, `moe-gpt`) on windows of a synthetic text.
 struct LmStepper {
-    model: crate::lm::Gpt,
-    params: Vec<(String, crate::nn::Param)>,
-    opt: crate::optim::Adam,
+    model: moegrad::lm::Gpt,
+    params: Vec<(String, moegrad::nn::Param)>,
+    opt: moegrad::optim::Adam,
     corpus: CharCorpus,
     cfg: TrainConfig,
     /// the loop's running sums: training loss, kept and routed assignments per MoE layer
@@ -204,11 +204,11 @@ impl LmStepper {
             cfg.block,
             std::path::Path::new("(bench gpu-step text)"),
         )?;
-        let gpt = crate::lm::gpt_config(&cfg, corpus.vocab_size());
+        let gpt = moegrad::lm::gpt_config(&cfg, corpus.vocab_size());
         gpt.validate()?;
-        let model = crate::lm::Gpt::new(&gpt, device)?;
+        let model = moegrad::lm::Gpt::new(&gpt, device)?;
         let params = model.named_params();
-        let opt = crate::lm::make_optimizer(&cfg, &model)?;
+        let opt = moegrad::lm::make_optimizer(&cfg, &model)?;
         Ok(LmStepper {
             model,
             params,
@@ -227,7 +227,7 @@ impl Stepper for LmStepper {
         let (x, y) = self.corpus.train_batch(b, t, self.cfg.seed, step);
         let x = Tensor::from_i32(x, &[b, t], Device::Gpu)?;
         let y = Tensor::from_i32(y, &[b * t], Device::Gpu)?;
-        let out = crate::train::train_step(
+        let out = moegrad::train::train_step(
             &self.model,
             &self.params,
             &mut self.opt,
@@ -236,7 +236,7 @@ impl Stepper for LmStepper {
             self.cfg.clip_grad_norm,
         )?;
         // the loop's on-device bookkeeping (see lm::run)
-        self.loss_sum = crate::no_grad(|| {
+        self.loss_sum = moegrad::no_grad(|| {
             self.loss_sum
                 .add(&out.task_loss.detach().to_dtype(DType::F32)?)
         })?;
@@ -283,7 +283,7 @@ pub fn count_step_with(cfg: TrainConfig) -> Result<GpuStats> {
 /// # Errors
 /// As [`count_step_with`].
 pub fn measure_step_with(cfg: TrainConfig, time: bool) -> Result<(GpuStats, Option<f64>)> {
-    let be = gpu()?;
+    let gpu = gpu()?;
     let mut stepper: Box<dyn Stepper> = if cfg.model.is_lm() {
         Box::new(LmStepper::new(cfg, Device::Gpu)?)
     } else {
@@ -291,19 +291,20 @@ pub fn measure_step_with(cfg: TrainConfig, time: bool) -> Result<(GpuStats, Opti
     };
     for s in 0..WARMUP_STEPS as u64 {
         stepper.step(s)?;
-        be.flush()?;
+        moegrad::gpu::flush()?;
     }
-    let before = be.stats();
+    let counters = || gpu.gpu_stats().expect("the GPU's counters");
+    let before = counters();
     stepper.step(WARMUP_STEPS as u64)?;
-    be.flush()?;
-    let counted = be.stats().since(&before);
+    moegrad::gpu::flush()?;
+    let counted = counters().since(&before);
     // errors the driver reported late surface here, after the counting
-    be.synchronize()?;
-    let timestamps = be.features().contains(wgpu::Features::TIMESTAMP_QUERY);
-    let gpu_ms = if time && timestamps && !crate::profile::is_enabled() {
-        let recording = crate::profile::start();
+    gpu.synchronize()?;
+    let timestamps = moegrad::gpu::has_timestamps()?;
+    let gpu_ms = if time && timestamps && !moegrad::profile::is_enabled() {
+        let recording = moegrad::profile::start();
         {
-            let _step = crate::profile::step();
+            let _step = moegrad::profile::step();
             stepper.step(WARMUP_STEPS as u64 + 1)?;
         }
         recording

@@ -1,0 +1,586 @@
+//! Every kernel whose launch can exceed 65,535 workgroups in one dimension, run once on the
+//! smallest shape that does (see `tests/common/fold.rs`; each case asserts that it crosses the
+//! limit, from the launcher's own formula), through the backend's family traits, against the CPU
+//! backend in f32. Before each launch a buffer of the output's size is filled with NaN and
+//! returned to the pool, so an output element a folded workgroup failed to write reads as NaN
+//! instead of a lucky zero. Two fused kernels are here too, because their cheapest folding shape
+//! goes through the backend: the grouped matmul and its weight gradient (past 65,535 column
+//! tiles) and `attention_delta` (through `attention_backward`, with random `o` and `lse` instead
+//! of a forward pass). Left out: matmul's z split (`gpu_matmul::matmul_grid_split`) and the
+//! grouped matmul's row split (4.2 million rows, minutes on lavapipe; it shares the base tile
+//! with the column split); `reduce_rows` and `cumsum_rows` cannot fold (their launcher takes
+//! them only for fewer than 4096 lines).
+//!
+//! Without a GPU adapter the tests print "skipping" and pass, unless `MOEGRAD_REQUIRE_GPU=1`.
+
+use crate::backend::cpu::{CpuBackend, CpuBuffer};
+use crate::backend::gpu::{GpuBackend, GpuBuffer, MatmulKernel};
+use crate::backend::{
+    AttentionDims, AttentionGradOperands, AxisView, BinaryOp, BufferOps, ElementwiseOps,
+    ExpertBankDims, GroupedMatmulDims, HostData, LayoutOps, MatLayout, MatmulDims, MatmulOps,
+    NnOps, ReduceOp, ReduceOps, ScatterDims, Strided, UnaryOp,
+};
+use crate::parity::{Gen, V};
+use crate::{DType, common, fold};
+use std::sync::MutexGuard;
+
+/// The values of host data as f64.
+pub(super) fn host_f64(h: HostData) -> Vec<f64> {
+    match h {
+        HostData::F32(v) => v.into_iter().map(f64::from).collect(),
+        HostData::F64(v) => v,
+        HostData::I32(v) => v.into_iter().map(f64::from).collect(),
+    }
+}
+
+/// The matmul kernels `gpu` offers.
+fn matmul_kernels(gpu: &GpuBackend) -> Vec<MatmulKernel> {
+    let mut kernels = vec![MatmulKernel::Plain];
+    if gpu.subgroup_matmul_available() {
+        kernels.push(MatmulKernel::Subgroup);
+    }
+    kernels
+}
+
+/// Invocations per workgroup of the 1-D kernels (elementwise, layout, reduce, sort, random).
+const WG: usize = 256;
+
+/// The GPU and the lock of the backend's GPU tests (the large fold cases each hold a few hundred
+/// MB), or `None` when skipping.
+fn fold_gpu(test: &str) -> Option<(GpuBackend, MutexGuard<'static, ()>)> {
+    common::gpu_or_skip(test)?;
+    let guard = super::gpu_lock();
+    let be = GpuBackend::get().expect("Device::gpu succeeded");
+    be.synchronize().unwrap();
+    be.trim_pool();
+    Some((be, guard))
+}
+
+/// Leaves a NaN-filled buffer of `len` elements as the pool's only free one, so the next output
+/// of that size starts as NaN wherever the kernel does not write (a fresh buffer reads as zeros).
+/// Also bounds memory: the pool's other free buffers go back to the driver.
+fn poison_pool(be: &GpuBackend, len: usize) {
+    be.synchronize().unwrap();
+    be.trim_pool();
+    drop(be.full(len, f64::NAN, DType::F32).unwrap());
+    be.flush().unwrap();
+}
+
+fn up_f32(be: &GpuBackend, v: &[f32]) -> GpuBuffer {
+    be.upload(&HostData::F32(v.to_vec())).unwrap()
+}
+fn up_i32(be: &GpuBackend, v: &[i32]) -> GpuBuffer {
+    be.upload(&HostData::I32(v.to_vec())).unwrap()
+}
+fn cpu_f32(v: &[f32]) -> CpuBuffer {
+    CpuBackend.upload(&HostData::F32(v.to_vec())).unwrap()
+}
+fn cpu_i32(v: &[i32]) -> CpuBuffer {
+    CpuBackend.upload(&HostData::I32(v.to_vec())).unwrap()
+}
+
+/// Asserts the GPU's output equals the CPU backend's, exactly for integers and within f32
+/// rounding of transcendental functions for floats (NaN never matches a number).
+fn assert_same(what: &str, gpu: HostData, cpu: HostData) {
+    match (gpu, cpu) {
+        (HostData::I32(g), HostData::I32(c)) => {
+            assert_eq!(g.len(), c.len(), "{what}: lengths differ");
+            if let Some(i) = (0..g.len()).find(|&i| g[i] != c[i]) {
+                panic!(
+                    "{what}: element {i} of {}: got {}, expected {}",
+                    g.len(),
+                    g[i],
+                    c[i]
+                );
+            }
+        }
+        (g, c) => common::assert_close(what, &host_f64(g), &host_f64(c), 1e-6, 1e-5),
+    }
+}
+
+/// `buf` read through `strides`.
+fn strided<'a, B>(buf: &'a B, strides: &'a [usize]) -> Strided<'a, B> {
+    Strided { buf, strides }
+}
+
+fn random_f32(seed: u64, n: usize) -> Vec<f32> {
+    let mut g = Gen::from_seed(seed);
+    g.vals(n, V::Smooth).into_iter().map(|v| v as f32).collect()
+}
+
+fn random_i32(seed: u64, n: usize, hi: usize) -> Vec<i32> {
+    let mut g = Gen::from_seed(seed);
+    (0..n).map(|_| g.dim(0, hi - 1) as i32).collect()
+}
+
+/// `fill`, `cast_dtype`, `unary`, `binary` (a broadcast operand) and `where_cond` (two broadcast
+/// operands) on the smallest output that needs more than 65,535 workgroups of 256.
+#[test]
+fn folded_elementwise_kernels() {
+    let Some((be, _lock)) = fold_gpu("folded_elementwise_kernels") else {
+        return;
+    };
+    let n = fold::smallest_folding(WG);
+    fold::assert_past_limit("elementwise", fold::groups(n, WG));
+    let cpu = CpuBackend;
+
+    poison_pool(&be, n);
+    let filled = be.download(&be.full(n, -2.5, DType::F32).unwrap()).unwrap();
+    assert_same(
+        "fill",
+        filled,
+        cpu.download(&cpu.full(n, -2.5, DType::F32).unwrap())
+            .unwrap(),
+    );
+
+    let x = random_f32(1, n);
+    let (gx, cx) = (up_f32(&be, &x), cpu_f32(&x));
+    poison_pool(&be, n);
+    let cast = be.download(&be.cast(&gx, DType::I32).unwrap()).unwrap();
+    assert_same(
+        "cast_dtype",
+        cast,
+        cpu.download(&cpu.cast(&cx, DType::I32).unwrap()).unwrap(),
+    );
+
+    poison_pool(&be, n);
+    let exp = be.download(&be.unary(UnaryOp::Exp, &gx).unwrap()).unwrap();
+    assert_same(
+        "unary exp",
+        exp,
+        cpu.download(&cpu.unary(UnaryOp::Exp, &cx).unwrap())
+            .unwrap(),
+    );
+
+    // [rows, 3] op [3], and where([rows, 1], [rows, 3], [3]): rows·3 ≥ n.
+    let rows = n.div_ceil(3);
+    let shape = [rows, 3];
+    fold::assert_past_limit("broadcast elementwise", fold::groups(rows * 3, WG));
+    let a = random_f32(2, rows * 3);
+    let b = random_f32(3, 3);
+    let cond: Vec<f32> = random_i32(4, rows, 2)
+        .into_iter()
+        .map(|c| c as f32)
+        .collect();
+    let (ga, gb, gc) = (up_f32(&be, &a), up_f32(&be, &b), up_f32(&be, &cond));
+    let (ca, cb, cc) = (cpu_f32(&a), cpu_f32(&b), cpu_f32(&cond));
+    let (full, row, col) = ([3usize, 1], [0usize, 1], [1usize, 0]);
+    poison_pool(&be, rows * 3);
+    let sub = be
+        .binary(BinaryOp::Sub, &ga, &full, &gb, &row, &shape)
+        .unwrap();
+    let want = cpu
+        .binary(BinaryOp::Sub, &ca, &full, &cb, &row, &shape)
+        .unwrap();
+    assert_same(
+        "binary sub, broadcast",
+        be.download(&sub).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+    poison_pool(&be, rows * 3);
+    let got = be
+        .where_cond(
+            strided(&gc, &col),
+            strided(&ga, &full),
+            strided(&gb, &row),
+            &shape,
+        )
+        .unwrap();
+    let want = cpu
+        .where_cond(
+            strided(&cc, &col),
+            strided(&ca, &full),
+            strided(&cb, &row),
+            &shape,
+        )
+        .unwrap();
+    assert_same(
+        "where_cond, broadcast",
+        be.download(&got).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+}
+
+/// `copy_strided` (a transposed view), `concat_part`, `gather`, and both scatter kernels
+/// (`scatter_add_loop` for few source rows, `scatter_add_sorted` for more than 32 with a large
+/// output), each writing more than 65,535·256 elements.
+#[test]
+fn folded_layout_kernels() {
+    let Some((be, _lock)) = fold_gpu("folded_layout_kernels") else {
+        return;
+    };
+    let n = fold::smallest_folding(WG);
+    let cpu = CpuBackend;
+
+    // [rows, 2] read as its transpose [2, rows].
+    let rows = n.div_ceil(2);
+    fold::assert_past_limit("copy_strided", fold::groups(2 * rows, WG));
+    let x = random_f32(5, 2 * rows);
+    let (gx, cx) = (up_f32(&be, &x), cpu_f32(&x));
+    let (shape, strides) = ([2, rows], [1, 2]);
+    poison_pool(&be, 2 * rows);
+    let got = be.copy_strided(&gx, &shape, &strides, 0).unwrap();
+    let want = cpu.copy_strided(&cx, &shape, &strides, 0).unwrap();
+    assert_same(
+        "copy_strided",
+        be.download(&got).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+
+    // [2, rows, 1] ++ [2, 3, 1] along the middle axis: the first part's launch folds.
+    let small = random_f32(6, 6);
+    let (gs, cs) = (up_f32(&be, &small), cpu_f32(&small));
+    poison_pool(&be, 2 * (rows + 3));
+    let got = be.concat(&[&gx, &gs], &[rows, 3], 2, 1).unwrap();
+    let want = cpu.concat(&[&cx, &cs], &[rows, 3], 2, 1).unwrap();
+    assert_same(
+        "concat_part",
+        be.download(&got).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+
+    // n picks from 10 values.
+    fold::assert_past_limit("gather", fold::groups(n, WG));
+    let table = random_f32(7, 10);
+    let idx = random_i32(8, n, 10);
+    let (gt, ct) = (up_f32(&be, &table), cpu_f32(&table));
+    let (gi, ci) = (up_i32(&be, &idx), cpu_i32(&idx));
+    let view = AxisView {
+        outer: 1,
+        len: 10,
+        inner: 1,
+    };
+    poison_pool(&be, n);
+    let got = be.gather(&gt, view, &gi, [0, 1, 0], n).unwrap();
+    let want = cpu.gather(&ct, view, &ci, [0, 1, 0], n).unwrap();
+    assert_same(
+        "gather",
+        be.download(&got).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+
+    // m rows scattered into n (an index_scatter): one invocation per output element. With
+    // m ≤ 32 the loop kernel runs; with m = 40 and m·n > 2^24 the sorted one. Targets spread
+    // over the whole output (the last element included) and repeat.
+    for (kernel, m) in [("scatter_add_loop", 2usize), ("scatter_add_sorted", 40)] {
+        fold::assert_past_limit(kernel, fold::groups(n, WG));
+        let src = random_f32(9, m);
+        let mut idx = random_i32(10, m, n);
+        idx[0] = (n - 1) as i32;
+        idx[m - 1] = idx[0];
+        let (gs, cs) = (up_f32(&be, &src), cpu_f32(&src));
+        let (gi, ci) = (up_i32(&be, &idx), cpu_i32(&idx));
+        let dims = ScatterDims {
+            outer: 1,
+            m,
+            inner: 1,
+            len: n,
+        };
+        poison_pool(&be, n);
+        let got = be.scatter_add(&gs, &gi, [0, 1, 0], dims).unwrap();
+        let want = cpu.scatter_add(&cs, &ci, [0, 1, 0], dims).unwrap();
+        assert_same(
+            kernel,
+            be.download(&got).unwrap(),
+            cpu.download(&want).unwrap(),
+        );
+    }
+}
+
+/// `reduce_serial` and `cumsum_serial` over more than 65,535·256 lines (one invocation a line).
+/// Their workgroup-per-line siblings never fold: the launcher picks them only below 4096 lines.
+#[test]
+fn folded_reduce_kernels() {
+    let Some((be, _lock)) = fold_gpu("folded_reduce_kernels") else {
+        return;
+    };
+    let cpu = CpuBackend;
+    let lines = fold::smallest_folding(WG);
+    fold::assert_past_limit("reduce_serial", fold::groups(lines, WG));
+    // lines of 2 along the middle axis, inner lines interleaved: [1, 2, lines]
+    let view = AxisView {
+        outer: 1,
+        len: 2,
+        inner: lines,
+    };
+    let x = random_f32(11, 2 * lines);
+    let (gx, cx) = (up_f32(&be, &x), cpu_f32(&x));
+    for op in [ReduceOp::Sum, ReduceOp::ArgMax] {
+        poison_pool(&be, lines);
+        let got = be.reduce(op, &gx, view).unwrap();
+        let want = cpu.reduce(op, &cx, view).unwrap();
+        let what = format!("reduce_serial {op:?}");
+        assert_same(
+            &what,
+            be.download(&got).unwrap(),
+            cpu.download(&want).unwrap(),
+        );
+    }
+    poison_pool(&be, 2 * lines);
+    let got = be.cumsum(&gx, view, false).unwrap();
+    let want = cpu.cumsum(&cx, view, false).unwrap();
+    assert_same(
+        "cumsum_serial",
+        be.download(&got).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+}
+
+/// The sort kernels past 65,535 workgroups: `sort_local` (one workgroup per row of 2, 65,536
+/// rows) and `sort_init`/`sort_finish` (one invocation per element of 16,385 rows of 1024).
+#[test]
+fn folded_sort_kernels() {
+    let Some((be, _lock)) = fold_gpu("folded_sort_kernels") else {
+        return;
+    };
+    let cpu = CpuBackend;
+    // Workgroups of the launch that folds, by the launcher's formulas: sort_local runs one
+    // workgroup per block of min(p, 1024) of each row padded to p; init and finish one
+    // invocation per (padded) element; sort_global_step (rows longer than 1024 only) one per
+    // pair of padded elements, so rows of 1025 (padded to 2048) reach it with the fewest data.
+    let local_rows = fold::MAX_GROUPS + 1;
+    let local_groups = local_rows; // rows of 2: one block, so one workgroup, per row
+    let flat_rows = fold::smallest_folding(WG).div_ceil(1024);
+    let flat_groups = fold::groups(flat_rows * 1024, WG);
+    let global_pairs = |rows: usize| rows * 2048 / 2;
+    let global_rows = fold::smallest_past_limit("sort_global_step rows", |r| {
+        fold::groups(global_pairs(r), WG)
+    });
+    let global_groups = fold::groups(global_pairs(global_rows), WG);
+    // (the kernels that fold, rows, row length, their workgroups, descending)
+    let cases = [
+        ("sort_local", local_rows, 2, local_groups, true),
+        (
+            "sort_init and sort_finish",
+            flat_rows,
+            1024,
+            flat_groups,
+            false,
+        ),
+        ("sort_global_step", global_rows, 1025, global_groups, true),
+    ];
+    for (kernels, rows, len, workgroups, descending) in cases {
+        fold::assert_past_limit(kernels, workgroups);
+        let x = random_f32(12, rows * len);
+        let (gx, cx) = (up_f32(&be, &x), cpu_f32(&x));
+        poison_pool(&be, rows * len);
+        let got = be.argsort(&gx, rows, len, descending).unwrap();
+        let want = cpu.argsort(&cx, rows, len, descending).unwrap();
+        let what = format!("{kernels}: argsort of {rows} rows of {len}, descending {descending}");
+        assert_same(
+            &what,
+            be.download(&got).unwrap(),
+            cpu.download(&want).unwrap(),
+        );
+    }
+}
+
+/// The grouped matmul (with its bias) and its weight gradient with more than 65,535 column
+/// tiles of 64: both launchers split x (`tiles(m)`) into launches that each start at a tile
+/// offset. The cheapest axis to split: two rows, one input, two experts, so each workgroup runs
+/// one one-row expert run of one slab (the row split, 4.2 million rows, takes minutes).
+#[test]
+fn split_grouped_matmul_columns() {
+    let Some((be, _lock)) = fold_gpu("split_grouped_matmul_columns") else {
+        return;
+    };
+    let cpu = CpuBackend;
+    let m = fold::smallest_folding(64);
+    fold::assert_past_limit("grouped_matmul column tiles", fold::groups(m, 64));
+    let (rows, k, experts) = (2, 1, 2);
+    let x = random_f32(21, rows * k);
+    let w = random_f32(22, experts * k * m);
+    let bias = random_f32(23, experts * m);
+    let row_expert = [0, 1];
+    let dims = GroupedMatmulDims {
+        rows,
+        k,
+        m,
+        experts,
+        transpose_w: false,
+    };
+    // uploaded before poisoning the pool: w and the bias have the output's size
+    let (gx, gw, gbias, gexpert) = (
+        up_f32(&be, &x),
+        up_f32(&be, &w),
+        up_f32(&be, &bias),
+        up_i32(&be, &row_expert),
+    );
+    poison_pool(&be, rows * m);
+    let got = be
+        .grouped_matmul(&gx, &gw, Some(&gbias), &gexpert, dims)
+        .unwrap();
+    let want = cpu
+        .grouped_matmul(
+            &cpu_f32(&x),
+            &cpu_f32(&w),
+            Some(&cpu_f32(&bias)),
+            &cpu_i32(&row_expert),
+            dims,
+        )
+        .unwrap();
+    assert_same(
+        &format!("grouped_matmul [{rows}, {k}]·[{experts}, {k}, {m}] with bias"),
+        be.download(&got).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+    drop((got, want, gw, gbias));
+
+    let dy = random_f32(24, rows * m);
+    let offsets = [0, 1, 2];
+    let bank = ExpertBankDims { k, m, experts };
+    // dy has the output's size too
+    let (gdy, goffsets) = (up_f32(&be, &dy), up_i32(&be, &offsets));
+    poison_pool(&be, experts * k * m);
+    let got = be
+        .grouped_weight_grad(&gx, &gdy, &gexpert, &goffsets, bank)
+        .unwrap();
+    let want = cpu
+        .grouped_weight_grad(
+            &cpu_f32(&x),
+            &cpu_f32(&dy),
+            &cpu_i32(&row_expert),
+            &cpu_i32(&offsets),
+            bank,
+        )
+        .unwrap();
+    assert_same(
+        &format!("grouped_weight_grad of {rows} rows into [{experts}, {k}, {m}]"),
+        be.download(&got).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+}
+
+/// The operands of `attention_backward` from `[q, k, v, o, lse, dO]`.
+fn attention_grad_operands<B>(b: &[B; 6]) -> AttentionGradOperands<'_, B> {
+    AttentionGradOperands {
+        q: &b[0],
+        k: &b[1],
+        v: &b[2],
+        o: &b[3],
+        lse: &b[4],
+        d_o: &b[5],
+    }
+}
+
+/// `attention_delta` (`D = rowsum(dO ∘ O)`, one invocation per row of `heads·seq`) past
+/// 65,535 workgroups of 256 rows, through `attention_backward`, whose tiled kernels read `D`:
+/// a row the folded grid missed stays NaN (the poisoned pool hands its buffer to `D`, the first
+/// allocation) and turns that row's dq and dk into NaN. At 64 rows a head (one tile each, the
+/// fewest tiled workgroups for the rows) and head dimension 1. `o` and `lse` are random rather
+/// than the forward's: the backward is a function of them either way.
+#[test]
+fn folded_attention_delta() {
+    let Some((be, _lock)) = fold_gpu("folded_attention_delta") else {
+        return;
+    };
+    let cpu = CpuBackend;
+    let seq = 64;
+    let heads = fold::smallest_past_limit("attention_delta rows", |h| fold::groups(h * seq, WG));
+    let dims = AttentionDims {
+        heads,
+        seq,
+        head_dim: 1,
+    };
+    let rows = heads * seq;
+    let [q, k, v, o, d_o] = [31, 32, 33, 34, 35].map(|seed| random_f32(seed, rows));
+    // a log-sum-exp at least the largest score, as the forward's is
+    let lse: Vec<f32> = random_f32(36, rows).iter().map(|z| 2.0 + z.abs()).collect();
+    let gpu_in = [&q, &k, &v, &o, &lse, &d_o].map(|a| up_f32(&be, a));
+    let cpu_in = [&q, &k, &v, &o, &lse, &d_o].map(|a| cpu_f32(a));
+    poison_pool(&be, rows);
+    let got = be
+        .attention_backward(attention_grad_operands(&gpu_in), dims)
+        .unwrap();
+    let want = cpu
+        .attention_backward(attention_grad_operands(&cpu_in), dims)
+        .unwrap();
+    for (name, g, c) in [
+        ("dq", &got.0, &want.0),
+        ("dk", &got.1, &want.1),
+        ("dv", &got.2, &want.2),
+    ] {
+        common::assert_close(
+            &format!("attention_backward {name} of [{heads}, {seq}, 1]"),
+            &host_f64(be.download(g).unwrap()),
+            &host_f64(cpu.download(c).unwrap()),
+            1e-5,
+            1e-4,
+        );
+    }
+}
+
+/// `random_uniform` past 65,535 workgroups: bit for bit the CPU's stream.
+#[test]
+fn folded_random_uniform() {
+    let Some((be, _lock)) = fold_gpu("folded_random_uniform") else {
+        return;
+    };
+    let n = fold::smallest_folding(WG);
+    fold::assert_past_limit("random_uniform", fold::groups(n, WG));
+    poison_pool(&be, n);
+    let got = be
+        .download(&be.random_uniform(n, 77, DType::F32).unwrap())
+        .unwrap();
+    let want = CpuBackend
+        .download(&CpuBackend.random_uniform(n, 77, DType::F32).unwrap())
+        .unwrap();
+    assert_eq!(got, want, "random_uniform of {n}");
+}
+
+/// matmul with more than 65,535 column tiles (x) or row tiles (y) of 64: the launcher splits the
+/// grid into launches that each start at a tile offset. Both splits under the adapter's default
+/// kernel, the x split under the other one where the adapter offers two.
+/// (More than 65,535 batch entries, the z split, is `gpu_matmul::matmul_grid_split`.)
+#[test]
+fn split_matmul_grids() {
+    let Some((be, _lock)) = fold_gpu("split_matmul_grids") else {
+        return;
+    };
+    let before = be.matmul_kernel();
+    let cpu = CpuBackend;
+    let long = fold::smallest_folding(64);
+    fold::assert_past_limit("matmul tiles", fold::groups(long, 64));
+    let k = 2;
+    let row_major = |cols: usize| MatLayout {
+        offset: 0,
+        batch_stride: 0,
+        row_stride: cols,
+        col_stride: 1,
+    };
+    for kernel in matmul_kernels(&be) {
+        be.set_matmul_kernel(kernel).unwrap();
+        // [1, k]·[k, long] (x split), and under the adapter's default kernel also
+        // [long, k]·[k, 1] (y split): each split costs seconds on a software rasterizer.
+        let splits: &[(usize, usize)] = if kernel == before {
+            &[(1, long), (long, 1)]
+        } else {
+            &[(1, long)]
+        };
+        for &(m, n) in splits {
+            let a = random_f32(13, m * k);
+            let b = random_f32(14, k * n);
+            let dims = MatmulDims { batch: 1, m, k, n };
+            poison_pool(&be, m * n);
+            let got = be
+                .matmul(
+                    &up_f32(&be, &a),
+                    row_major(k),
+                    &up_f32(&be, &b),
+                    row_major(n),
+                    dims,
+                )
+                .unwrap();
+            let want = cpu
+                .matmul(&cpu_f32(&a), row_major(k), &cpu_f32(&b), row_major(n), dims)
+                .unwrap();
+            let what = format!("matmul ({kernel:?}) [{m}, {k}]·[{k}, {n}]");
+            assert_same(
+                &what,
+                be.download(&got).unwrap(),
+                cpu.download(&want).unwrap(),
+            );
+        }
+    }
+    be.set_matmul_kernel(before).unwrap();
+}

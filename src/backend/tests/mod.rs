@@ -1,0 +1,35 @@
+//! The backend's own tests: they call the CPU and GPU backends through the family traits, with
+//! buffers, layouts and operands a tensor op would never pass (unsorted experts, odd strides and
+//! offsets, launches past 65,535 workgroups, codes no op uses), so they live inside the crate,
+//! where the backend is visible. What goes through the public tensor API is tested in `tests/`.
+//! They share the integration tests' helpers (`tests/common/`, included at the crate root for
+//! tests), among them the GPU rule: without an adapter a GPU test prints "skipping ..." and
+//! passes, unless `MOEGRAD_REQUIRE_GPU=1`, which turns a missing adapter into a failure.
+//!
+//! - `cpu_kernels.rs`, `cpu_math.rs`: the CPU's fast kernels against plain loops.
+//! - `gpu_primitives.rs`, `gpu_sort_optim.rs`: each GPU primitive against the CPU backend.
+//! - `gpu_matmul.rs`: the matrix-product kernels' layouts, grid splits and bad inputs.
+//! - `folded_grids.rs`: every launch past 65,535 workgroups in one dimension.
+//! - `backend_codes.rs`: the codes no tensor op reaches, as a property.
+//! - `shader_backends.rs`: every built-in WGSL kernel translated for Metal, DX12 and Vulkan.
+//! - `constants.rs`: the block sizes and limits the integration tests pick sizes around.
+
+use std::sync::{Mutex, MutexGuard};
+
+mod backend_codes;
+mod constants;
+mod cpu_kernels;
+mod cpu_math;
+mod folded_grids;
+mod gpu_matmul;
+mod gpu_primitives;
+mod gpu_sort_optim;
+mod shader_backends;
+
+/// Held by every GPU test of these modules, so they run one at a time in the test process: the
+/// GPU's counters and buffer pool are process-wide (the pool-reuse and dispatch-count tests read
+/// them), and the folding cases each hold a few hundred MB.
+pub(super) fn gpu_lock() -> MutexGuard<'static, ()> {
+    static GPU: Mutex<()> = Mutex::new(());
+    GPU.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,138 @@
+//! The GPU as a user of the library sees it: what the adapter is ([`info`]), what the backend
+//! has done ([`GpuStats`], read with [`crate::Device::gpu_stats`]), the device memory moegrad's
+//! buffers hold ([`memory`]), and the choices and capabilities a benchmark or a test needs (the
+//! matmul kernel, [`MatmulKernel`]; whether Adam's multi-tensor kernel and timestamp queries are
+//! available). Tensors on the GPU need none of it: `Device::gpu()` and the `Tensor` API are
+//! enough. The GPU backend itself (buffers, pipelines, the command batches) is internal.
+//!
+//! Every function opens the process-wide GPU context on its first call, and returns
+//! [`crate::Error::Device`] (naming the backends tried) when there is no adapter.
+//!
+//! # Example
+//! ```
+//! if let Ok(info) = moegrad::gpu::info() {
+//!     println!("{} ({}), matmul kernel {}", info.name, info.backend, info.matmul_kernel);
+//!     let mem = moegrad::gpu::memory().unwrap();
+//!     assert!(mem.peak_bytes >= mem.in_use_bytes);
+//! }
+//! ```
+
+use crate::Result;
+use crate::backend::gpu::GpuBackend;
+
+pub use crate::backend::gpu::{GpuInfo, GpuStats, MatmulKernel, info};
+
+/// Bytes of device memory held by moegrad's storage buffers (the GPU buffer pool): checked out
+/// now, and the most checked out at once since the context opened or [`reset_peak_memory`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GpuMemory {
+    /// bytes of storage buffers in use now (counted by the pool's size classes)
+    pub in_use_bytes: u64,
+    /// the most bytes in use at once
+    pub peak_bytes: u64,
+}
+
+/// The device memory in use now and at the peak (see [`GpuMemory`]).
+///
+/// # Errors
+/// [`crate::Error::Device`] when no GPU adapter is available.
+pub fn memory() -> Result<GpuMemory> {
+    let s = GpuBackend::get()?.pool_stats();
+    Ok(GpuMemory {
+        in_use_bytes: s.in_use_bytes,
+        peak_bytes: s.peak_bytes,
+    })
+}
+
+/// Restarts the peak of [`memory`] at the bytes in use now (before the part of a run to measure).
+///
+/// # Errors
+/// [`crate::Error::Device`] when no GPU adapter is available.
+pub fn reset_peak_memory() -> Result<()> {
+    GpuBackend::get()?.reset_peak();
+    Ok(())
+}
+
+/// Submits the kernels queued so far without waiting for them ([`crate::Device::synchronize`]
+/// waits). Counting the work of one step with [`crate::Device::gpu_stats`] flushes before and
+/// after it, so that the submission it causes is counted where it belongs.
+///
+/// # Errors
+/// [`crate::Error::Device`] without an adapter; [`crate::Error::Gpu`] when wgpu reported an error.
+///
+/// # Example
+/// ```
+/// use moegrad::{DType, Device, Tensor};
+/// if let Ok(gpu) = Device::gpu() {
+///     let x = Tensor::full(&[8], 2.0, DType::F32, gpu).unwrap();
+///     moegrad::gpu::flush().unwrap();
+///     let before = gpu.gpu_stats().unwrap();
+///     let _y = x.mul(&x).unwrap();
+///     moegrad::gpu::flush().unwrap();
+///     let step = gpu.gpu_stats().unwrap().since(&before);
+///     assert_eq!((step.dispatches, step.submits), (1, 1));
+/// }
+/// ```
+pub fn flush() -> Result<()> {
+    GpuBackend::get()?.flush()
+}
+
+/// The kernel the GPU `matmul` runs now: [`MatmulKernel::Subgroup`] where the adapter has it
+/// (unless `MOEGRAD_MATMUL=plain`), else [`MatmulKernel::Plain`].
+///
+/// # Errors
+/// [`crate::Error::Device`] when no GPU adapter is available.
+pub fn matmul_kernel() -> Result<MatmulKernel> {
+    Ok(GpuBackend::get()?.matmul_kernel())
+}
+
+/// Chooses the GPU `matmul` kernel for the whole process. Both compute the same products; the
+/// choice is for measuring and testing them (`moegrad bench matmul` times each).
+///
+/// # Errors
+/// [`crate::Error::Device`] without an adapter; [`crate::Error::Invalid`] for
+/// [`MatmulKernel::Subgroup`] on an adapter without subgroups (see
+/// [`subgroup_matmul_available`]).
+///
+/// # Example
+/// ```
+/// use moegrad::gpu::{self, MatmulKernel};
+/// if let Ok(before) = gpu::matmul_kernel() {
+///     gpu::set_matmul_kernel(MatmulKernel::Plain).unwrap();
+///     assert_eq!(gpu::matmul_kernel().unwrap(), MatmulKernel::Plain);
+///     gpu::set_matmul_kernel(before).unwrap();
+/// }
+/// ```
+pub fn set_matmul_kernel(kernel: MatmulKernel) -> Result<()> {
+    GpuBackend::get()?.set_matmul_kernel(kernel)
+}
+
+/// Whether the adapter can run [`MatmulKernel::Subgroup`]: it has subgroups of 4 to 128
+/// invocations (lavapipe: 8; NVIDIA 32; AMD 32 or 64).
+///
+/// # Errors
+/// [`crate::Error::Device`] when no GPU adapter is available.
+pub fn subgroup_matmul_available() -> Result<bool> {
+    Ok(GpuBackend::get()?.subgroup_matmul_available())
+}
+
+/// Whether Adam updates several parameters per dispatch on this adapter (its multi-tensor
+/// kernel binds a dozen parameters' buffers at once, which the adapter's storage-buffer limit
+/// must allow); otherwise each parameter takes a dispatch of its own.
+///
+/// # Errors
+/// [`crate::Error::Device`] when no GPU adapter is available.
+pub fn adam_multi_supported() -> Result<bool> {
+    Ok(GpuBackend::get()?.adam_multi_supported())
+}
+
+/// Whether the device was opened with timestamp queries, which a profile (`train --profile`,
+/// `MOEGRAD_PROFILE=1`) and `moegrad bench gpu-step` need to time each kernel.
+///
+/// # Errors
+/// [`crate::Error::Device`] when no GPU adapter is available.
+pub fn has_timestamps() -> Result<bool> {
+    Ok(GpuBackend::get()?
+        .features()
+        .contains(wgpu::Features::TIMESTAMP_QUERY))
+}
