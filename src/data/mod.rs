@@ -24,5 +24,6 @@ pub use mnist::{ImageSet, Mnist};
 pub use synthetic::{SYNTHETIC_B_EXPERT_OUT, SYNTHETIC_B_INPUT, SYNTHETIC_B_TRUE, SyntheticB};
 pub use token_corpus::TokenCorpus;
 pub use tokenizer::{
-    MAX_BPE_VOCAB, MAX_FILE_VOCAB, MIN_BPE_VOCAB, TextStream, Tokenizer, TokenizerSpec, pieces,
+    MAX_BPE_VOCAB, MAX_FILE_VOCAB, MIN_BPE_VOCAB, TOKENIZER_KEY, TextStream, Tokenizer,
+    TokenizerSpec, VOCAB_KEY, pieces,
 };
