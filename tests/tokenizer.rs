@@ -221,3 +221,18 @@ fn bad_tokenizer_values_are_refused_with_the_value() {
         "{err}"
     );
 }
+
+#[test]
+fn bits_per_character_count_the_characters_of_the_target_tokens() {
+    let c = TokenCorpus {
+        tokenizer: Tokenizer::chars(vec!['a']),
+        train: vec![0; 8],
+        val: vec![0; 5],
+        val_chars: vec![1, 2, 3, 4, 5],
+        source: PathBuf::from("t"),
+    };
+    // a window at s predicts ids s+1 ..= s+block: the characters of those
+    assert_eq!(c.chars_in_windows(&[0], 2), 2 + 3);
+    assert_eq!(c.chars_in_windows(&[2], 2), 4 + 5);
+    assert_eq!(c.chars_in_windows(&[0, 1, 2], 2), 5 + 7 + 9);
+}

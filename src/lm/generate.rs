@@ -108,6 +108,7 @@ pub fn generate(
         )));
     }
     let mut stream = tokenizer.stream();
+    let mut emitted = String::new();
     let block = model.config.block;
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     let mut out = Vec::new();
@@ -135,7 +136,17 @@ pub fn generate(
             ids.drain(..ids.len() - block);
         }
         out.push(next as i32);
-        emit(&stream.step(next as i32)?);
+        let piece = stream.step(next as i32)?;
+        emitted.push_str(&piece);
+        emit(&piece);
     }
-    tokenizer.decode(&out)
+    // bytes that never completed a character (a byte-level sample can end inside one) come
+    // out as the decoder writes them
+    let text = tokenizer.decode(&out)?;
+    if let Some(rest) = text.strip_prefix(emitted.as_str())
+        && !rest.is_empty()
+    {
+        emit(rest);
+    }
+    Ok(text)
 }
