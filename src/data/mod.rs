@@ -1,7 +1,7 @@
 //! Data: the MNIST IDX reader, the MultiMNIST composer, the synthetic generators with a known
-//! mixture of experts, batching, and text for the language models (characters, or subword tokens from a
-//! tokenizer: [`Tokenizer`], [`TokenCorpus`]); the bundled
-//! datasets are built into the binary ([`bundled`]).
+//! mixture of experts, batching, and text for the language models (characters, or subword
+//! tokens from a tokenizer: [`Tokenizer`], [`TokenCorpus`]); the bundled datasets are built
+//! into the binary ([`bundled`]).
 //!
 //! Every item has one path. Most are `moegrad::data::Item`; three groups keep a module as their
 //! namespace because their names read as that module's: [`text`] (`text::encode`,
