@@ -286,3 +286,26 @@ fn bad_tokenizer_values_are_refused_on_the_command_line() {
     );
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn checkpoints_written_before_tokenizers_load_and_resume() {
+    let out = tmp("old");
+    let mut cfg = tiny(&out, "char");
+    cfg.iters = 10;
+    cfg.schedule_epochs = 2;
+    run(&cfg, RunOptions::default()).unwrap();
+    // rewrite the checkpoint as an older moegrad wrote it: no `tokenizer` in its settings
+    let path = out.join("checkpoint.safetensors");
+    let mut ck = moegrad::checkpoint::Checkpoint::load(&path, Device::cpu()).unwrap();
+    let mut config: serde_json::Value = serde_json::from_str(&ck.metadata["config"]).unwrap();
+    assert_eq!(config["tokenizer"], "char");
+    config.as_object_mut().unwrap().remove("tokenizer");
+    ck.metadata.insert("config".into(), config.to_string());
+    ck.save(&path).unwrap();
+    let (_, tokenizer) = load_model(&path, Device::cpu()).unwrap();
+    assert_eq!(tokenizer.vocab_size(), 80);
+    let mut more = cfg.clone();
+    more.iters = 20;
+    assert_eq!(run(&more, resume()).unwrap().iters, 20);
+    let _ = std::fs::remove_dir_all(&out);
+}
