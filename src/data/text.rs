@@ -12,6 +12,10 @@
 //! `--data shakespeare` is `data/shakespeare-10-plays.txt.gz` (1,271,402 characters, 80 symbols;
 //! built into the binary, see [`crate::data::bundled`]); `--data text --data-file PATH` is any
 //! UTF-8 file, read with at most [`BYTES_PER_TEXT_BYTE`] bytes of memory per byte of text.
+//!
+//! This is `--tokenizer char`; the other tokenizers (`data/tokenizer.rs`) split the text at the
+//! same character ([`split_chars`]) and draw their windows, counted in tokens, with the same
+//! functions (`train_starts`, `val_starts`, `windows`; see `data/token_corpus.rs`).
 
 use crate::{Error, Result};
 use rand::{RngExt, SeedableRng};

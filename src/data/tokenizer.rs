@@ -20,6 +20,9 @@
 //! * **a `tokenizer.json` file** (any path ending in `.json`): a Hugging Face tokenizer as
 //!   `tokenizers` saves it (GPT-2's, Llama's, one trained elsewhere), loaded with
 //!   [`tokenizers::Tokenizer::from_file`]. Special tokens are not added when text is encoded.
+//!   A tokenizer whose normalizer changes the text (lowercasing, Unicode normalization) or
+//!   that maps unknown characters to an unknown token decodes to the text as it saw it, not
+//!   to the original.
 //!
 //! A checkpoint holds its tokenizer, so sampling needs nothing else ([`Tokenizer::annotate`],
 //! [`Tokenizer::from_metadata`]): a character model's vocabulary under the metadata key

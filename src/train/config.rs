@@ -217,6 +217,7 @@ pub const LM_FLAGS: &[&str] = &[
     "--d-model",
     "--block",
     "--moe-every",
+    "--tokenizer",
 ];
 
 /// The flags that only the image models read (a language model counts iterations and reads
