@@ -38,6 +38,7 @@ fn bpe_on_shakespeare_is_small_exact_deterministic_and_fast() {
     assert_eq!(c.tokenizer.decode(&c.val).unwrap(), val_text);
     let train_text: String = text.chars().take(n * 9 / 10).collect();
     assert_eq!(c.tokenizer.decode(&c.train).unwrap(), train_text);
+    drop(train_text);
     // each validation token's characters sum to the validation text's
     assert_eq!(c.val_chars.len(), c.val.len());
     assert_eq!(
@@ -47,6 +48,14 @@ fn bpe_on_shakespeare_is_small_exact_deterministic_and_fast() {
     // several characters per token: BPE merged something
     let per_token = val_text.chars().count() as f64 / c.val.len() as f64;
     assert!(per_token > 1.7, "{per_token} characters per token");
+    // the BPE's training alone, on the training split
+    let train_text: String = text.chars().take(n * 9 / 10).collect();
+    let started = std::time::Instant::now();
+    Tokenizer::train_bpe(&train_text, 512).unwrap();
+    eprintln!(
+        "bpe:512 trained on the training split in {:.2} s",
+        started.elapsed().as_secs_f64()
+    );
     // the same text and size give the same tokenizer
     let again = TokenCorpus::load(&shakespeare(), &TokenizerSpec::Bpe(512), 64).unwrap();
     assert_eq!(

@@ -64,8 +64,9 @@ pub const VOCAB_KEY: &str = "vocab";
 /// bookkeeping never holds more than a piece (see [`pieces`]).
 const PIECE_BYTES: usize = 1 << 16;
 
-/// Pieces encoded by one call (in parallel by `tokenizers`).
-const PIECES_PER_BATCH: usize = 64;
+/// Pieces encoded by one call (in parallel by `tokenizers`): 1 MiB of text, whose encodings
+/// (about 100 bytes per token while they are built) take some tens of megabytes.
+const PIECES_PER_BATCH: usize = 16;
 
 /// What `--tokenizer` asks for.
 #[derive(Clone, Debug, PartialEq, Eq)]
