@@ -6,6 +6,7 @@
 //!
 //! Run with `cargo run --release --example tutorial_06_lm`.
 
+use moegrad::data::Tokenizer;
 use moegrad::data::text::CharCorpus;
 use moegrad::lm::{FeedForward, Gpt, GptConfig, SampleOptions, generate};
 use moegrad::moe::MoeConfig;
@@ -102,12 +103,13 @@ fn main() -> moegrad::Result<()> {
         tokens: 80,
         ..SampleOptions::default()
     };
-    let text = generate(&model, &corpus.vocab, "ROMEO:", &opts, cpu, |_| {})?;
+    let tokenizer = Tokenizer::chars(corpus.vocab.clone());
+    let text = generate(&model, &tokenizer, "ROMEO:", &opts, cpu, |_| {})?;
     assert_eq!(text.chars().count(), 80);
     assert!(text.chars().all(|c| corpus.vocab.contains(&c)));
     println!("ROMEO:{text}");
     // The same seed gives the same text.
-    let again = generate(&model, &corpus.vocab, "ROMEO:", &opts, cpu, |_| {})?;
+    let again = generate(&model, &tokenizer, "ROMEO:", &opts, cpu, |_| {})?;
     assert_eq!(
         text, again,
         "sampling with a fixed seed must be reproducible"

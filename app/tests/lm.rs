@@ -456,14 +456,15 @@ fn generate_is_deterministic_and_refuses_bad_prompts() {
     cfg.iters = 20;
     run(&cfg, quiet()).unwrap();
     let (model, vocab) = load_model(&out.join("checkpoint.safetensors"), Device::cpu()).unwrap();
-    assert_eq!(vocab.len(), 80);
+    assert_eq!(vocab.vocab_size(), 80);
+    assert_eq!(vocab.char_vocab().map(<[char]>::len), Some(80));
     let opts = SampleOptions {
         tokens: 40,
         ..SampleOptions::default()
     };
     let mut streamed = String::new();
     let a = generate(&model, &vocab, "ROMEO:", &opts, Device::cpu(), |c| {
-        streamed.push(c)
+        streamed.push_str(c)
     })
     .unwrap();
     let b = generate(&model, &vocab, "ROMEO:", &opts, Device::cpu(), |_| {}).unwrap();

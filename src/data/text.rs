@@ -12,6 +12,10 @@
 //! `--data shakespeare` is `data/shakespeare-10-plays.txt.gz` (1,271,402 characters, 80 symbols;
 //! built into the binary, see [`crate::data::bundled`]); `--data text --data-file PATH` is any
 //! UTF-8 file, read with at most [`BYTES_PER_TEXT_BYTE`] bytes of memory per byte of text.
+//!
+//! This is `--tokenizer char`; the other tokenizers (`data/tokenizer.rs`) split the text at the
+//! same character ([`split_chars`]) and draw their windows, counted in tokens, with the same
+//! functions (`train_starts`, `val_starts`, `windows`; see `data/token_corpus.rs`).
 
 use crate::{Error, Result};
 use rand::{RngExt, SeedableRng};
@@ -124,10 +128,7 @@ impl CharCorpus {
     /// A file that cannot be read, corrupt gzip, more than [`MAX_TEXT_BYTES`], text that is not
     /// UTF-8, and everything [`CharCorpus::from_text`] refuses; each names the file.
     pub fn load(path: &Path, block: usize) -> Result<CharCorpus> {
-        // the text, then one id per character: about 5 bytes of memory per byte of text
-        let limit = crate::memory::memory_limit()?;
-        let cap = MAX_TEXT_BYTES.min(limit.bytes / BYTES_PER_TEXT_BYTE);
-        let text = read_text(path, cap)?;
+        let text = load_text(path)?;
         CharCorpus::from_text(&text, block, path)
     }
 
@@ -170,7 +171,7 @@ impl CharCorpus {
             text.chars()
                 .map(|c| vocab.binary_search(&c).map(|i| i as i32).unwrap_or(0)),
         );
-        let split = count * 9 / 10;
+        let split = split_chars(count);
         let val = ids.split_off(split);
         let train = ids;
         let shortest = train.len().min(val.len());
@@ -221,22 +222,14 @@ impl CharCorpus {
         seed: u64,
         step: u64,
     ) -> (Vec<i32>, Vec<i32>) {
-        let mut rng = ChaCha8Rng::seed_from_u64(
-            seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ step.wrapping_add(0x7472_6169_6e00),
-        );
-        let starts: Vec<usize> = (0..batch)
-            .map(|_| rng.random_range(0..self.train.len() - block))
-            .collect();
+        let starts = train_starts(self.train.len(), batch, block, seed, step);
         windows(&self.train, &starts, block)
     }
 
     /// The fixed validation windows: `count` start positions drawn once from `seed` (the same
     /// for every evaluation of every run with this seed).
     pub fn val_windows(&self, count: usize, block: usize, seed: u64) -> Vec<usize> {
-        let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7661_6c69_6400);
-        (0..count)
-            .map(|_| rng.random_range(0..self.val.len() - block))
-            .collect()
+        val_starts(self.val.len(), count, block, seed)
     }
 
     /// The validation batch of windows starting at `starts`: `(x, y)` as in
@@ -278,8 +271,54 @@ pub fn decode(vocab: &[char], ids: &[i32]) -> String {
         .collect()
 }
 
+/// Reads the UTF-8 text of `path` (plain or gzip) for a corpus: at most [`MAX_TEXT_BYTES`],
+/// and at most the memory limit divided by [`BYTES_PER_TEXT_BYTE`] (the text, then one 4-byte
+/// id per character).
+///
+/// # Errors
+/// A file that cannot be read, corrupt gzip, a text over the cap, text that is not UTF-8 or
+/// holds a NUL byte; each names the file.
+pub fn load_text(path: &Path) -> Result<String> {
+    let limit = crate::memory::memory_limit()?;
+    let cap = MAX_TEXT_BYTES.min(limit.bytes / BYTES_PER_TEXT_BYTE);
+    read_text(path, cap)
+}
+
+/// Where the training split of a text of `chars` characters ends: the first 90% of its
+/// characters train, the rest validate (every tokenizer splits here, so the validation text is
+/// the same whatever the tokens; see `data/token_corpus.rs`).
+pub fn split_chars(chars: usize) -> usize {
+    chars * 9 / 10
+}
+
+/// The starts of training batch `step`'s `batch` windows of `block` ids in a split of `len`
+/// ids, drawn from `(seed, step)`.
+pub(crate) fn train_starts(
+    len: usize,
+    batch: usize,
+    block: usize,
+    seed: u64,
+    step: u64,
+) -> Vec<usize> {
+    let mut rng = ChaCha8Rng::seed_from_u64(
+        seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ step.wrapping_add(0x7472_6169_6e00),
+    );
+    (0..batch)
+        .map(|_| rng.random_range(0..len - block))
+        .collect()
+}
+
+/// The starts of `count` fixed validation windows of `block` ids in a split of `len` ids,
+/// drawn once from `seed`.
+pub(crate) fn val_starts(len: usize, count: usize, block: usize, seed: u64) -> Vec<usize> {
+    let mut rng = ChaCha8Rng::seed_from_u64(seed ^ 0x7661_6c69_6400);
+    (0..count)
+        .map(|_| rng.random_range(0..len - block))
+        .collect()
+}
+
 /// Inputs and next-character targets of the windows of `data` at `starts`.
-fn windows(data: &[i32], starts: &[usize], block: usize) -> (Vec<i32>, Vec<i32>) {
+pub(crate) fn windows(data: &[i32], starts: &[usize], block: usize) -> (Vec<i32>, Vec<i32>) {
     let mut x = Vec::with_capacity(starts.len() * block);
     let mut y = Vec::with_capacity(starts.len() * block);
     for &s in starts {

@@ -1,29 +1,31 @@
-//! Sampling text from a trained character model (`moegrad generate`).
+//! Sampling text from a trained language model (`moegrad generate`).
 //!
-//! Each step runs the model on the last `block` characters, takes the logits of the last
-//! position, divides them by the temperature, keeps the `top_k` largest (0: all), and draws the
-//! next character from their softmax with a generator seeded by `seed`: the same model, prompt and
-//! seed give the same text on the same device.
+//! The prompt is encoded with the model's tokenizer. Each step runs the model on the last
+//! `block` tokens, takes the logits of the last position, divides them by the temperature,
+//! keeps the `top_k` largest (0: all), and draws the next token from their softmax with a
+//! generator seeded by `seed`: the same model, prompt and seed give the same text on the same
+//! device. Tokens are decoded as they are drawn (a byte-level token may end inside a
+//! character; its text comes with the token that completes it).
 
 use super::gpt::Gpt;
-use crate::data::text::{decode, encode};
+use crate::data::Tokenizer;
 use crate::nn::Parameters;
 use crate::{Device, Error, Result, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-/// The most characters one call generates (`--tokens`): a million, a few megabytes of text,
-/// far more than a character model of this size writes coherently.
+/// The most tokens one call generates (`--tokens`): a million, a few megabytes of text, far
+/// more than a model of this size writes coherently.
 pub const MAX_TOKENS: usize = 1_000_000;
 
 /// How to sample.
 #[derive(Clone, Debug, PartialEq)]
 pub struct SampleOptions {
-    /// characters to generate
+    /// tokens to generate
     pub tokens: usize,
     /// softmax temperature (> 0; below 1 sharpens, above 1 flattens)
     pub temperature: f64,
-    /// keep only the k most likely characters (0: all)
+    /// keep only the k most likely tokens (0: all)
     pub top_k: usize,
     /// seed of the draws
     pub seed: u64,
@@ -67,20 +69,20 @@ pub fn sample_index(logits: &[f64], temperature: f64, top_k: usize, u: f64) -> u
     kept[keep - 1]
 }
 
-/// Generates `opts.tokens` characters after `prompt`, calling `emit` with each one as it is
-/// drawn, and returns them. The model is switched to evaluation mode.
+/// Generates `opts.tokens` tokens after `prompt`, calling `emit` with the text of each as it
+/// is drawn, and returns their text. The model is switched to evaluation mode.
 ///
 /// # Errors
-/// More than [`MAX_TOKENS`] tokens, an empty prompt, a prompt character outside `vocab`
-/// (named), a temperature that is not a positive finite number, logits that are not finite
+/// More than [`MAX_TOKENS`] tokens, an empty prompt, a prompt character outside a character
+/// model's vocabulary (named), a temperature that is not a positive finite number, logits that are not finite
 /// (weights too large for f32), or an error of the model.
 pub fn generate(
     model: &Gpt,
-    vocab: &[char],
+    tokenizer: &Tokenizer,
     prompt: &str,
     opts: &SampleOptions,
     device: Device,
-    mut emit: impl FnMut(char),
+    mut emit: impl FnMut(&str),
 ) -> Result<String> {
     if !(opts.temperature.is_finite() && opts.temperature > 0.0) {
         return Err(Error::Invalid(format!(
@@ -90,7 +92,7 @@ pub fn generate(
     }
     if opts.tokens > MAX_TOKENS {
         return Err(Error::Invalid(format!(
-            "--tokens {} is more than the {MAX_TOKENS} characters generate writes in one call",
+            "--tokens {} is more than the {MAX_TOKENS} tokens generate writes in one call",
             opts.tokens
         )));
     }
@@ -99,7 +101,14 @@ pub fn generate(
             "--prompt is empty: give at least one character to start from".into(),
         ));
     }
-    let mut ids = encode(vocab, prompt)?;
+    let mut ids = tokenizer.encode(prompt)?;
+    if ids.is_empty() {
+        return Err(Error::Invalid(format!(
+            "--prompt {prompt:?} gives no tokens: the tokenizer drops all of it"
+        )));
+    }
+    let mut stream = tokenizer.stream();
+    let mut emitted = String::new();
     let block = model.config.block;
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     let mut out = Vec::new();
@@ -112,7 +121,7 @@ pub fn generate(
         let logits = model.forward(&x)?.logits.slice(0, t - 1, t)?.to_vec_f64()?;
         if let Some(bad) = logits.iter().find(|l| !l.is_finite()) {
             return Err(Error::Invalid(format!(
-                "the model's logits for character {} are not finite ({bad}): its weights overflow f32 arithmetic, so nothing can be sampled (is the checkpoint corrupt?)",
+                "the model's logits for token {} are not finite ({bad}): its weights overflow f32 arithmetic, so nothing can be sampled (is the checkpoint corrupt?)",
                 out.len() + 1
             )));
         }
@@ -127,9 +136,17 @@ pub fn generate(
             ids.drain(..ids.len() - block);
         }
         out.push(next as i32);
-        if let Some(c) = vocab.get(next) {
-            emit(*c);
-        }
+        let piece = stream.step(next as i32)?;
+        emitted.push_str(&piece);
+        emit(&piece);
     }
-    Ok(decode(vocab, &out))
+    // bytes that never completed a character (a byte-level sample can end inside one) come
+    // out as the decoder writes them
+    let text = tokenizer.decode(&out)?;
+    if let Some(rest) = text.strip_prefix(emitted.as_str())
+        && !rest.is_empty()
+    {
+        emit(rest);
+    }
+    Ok(text)
 }

@@ -1,8 +1,10 @@
 //! Language models: a GPT whose feed-forward blocks may be MoE layers ([`Gpt`]), the Llama-style
-//! decoder of the Llama, Mixtral, Qwen2-MoE and OLMoE families ([`Decoder`], [`DecoderConfig`]),
-//! sampling text from it ([`generate()`]), and training by iterations on a text corpus
-//! ([`run()`], which `moegrad train --model gpt|moe-gpt` runs). The data side (vocabulary, split,
-//! windows) is `data/text.rs`; the attention op is `ops/attention.rs`.
+//! decoder of the Llama, Mixtral, Qwen2-MoE, OLMoE and DeepSeek-V3 families ([`Decoder`],
+//! [`DecoderConfig`], imported from Hugging Face by [`import_hf`]), sampling text from it
+//! ([`generate()`]), and training by iterations on a text corpus ([`run()`], which
+//! `moegrad train --model gpt|moe-gpt` runs), on characters or subword tokens. The data side
+//! (tokenizers, split, windows) is `data/tokenizer.rs`, `data/token_corpus.rs` and
+//! `data/text.rs`; the attention op is `ops/attention.rs`.
 //!
 //! Every item has one path, `moegrad::lm::Item`; the files are private.
 

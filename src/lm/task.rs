@@ -1,17 +1,20 @@
-//! The language models as a [`Task`] of the one training loop (`train/trainer.rs`): a
-//! character-level GPT trained by iterations on random windows of a text, one evaluation
-//! interval (`--eval-every` iterations) per period, evaluated on fixed validation windows,
-//! with the vocabulary stored in each checkpoint, summarised as an [`LmSummary`].
+//! The language models as a [`Task`] of the one training loop (`train/trainer.rs`): a GPT
+//! trained by iterations on random windows of a tokenized text (`--tokenizer`: characters or
+//! subword tokens, `data/token_corpus.rs`), one evaluation interval (`--eval-every`
+//! iterations) per period, evaluated on fixed validation windows in nats per token and in bits
+//! per character, with the tokenizer stored in each checkpoint, summarised as an
+//! [`LmSummary`].
 
 use super::gpt::Gpt;
 use super::train::{LmSummary, evaluate, gpt_config, make_optimizer, text_path};
 use crate::checkpoint::Checkpoint;
-use crate::data::text::CharCorpus;
+use crate::data::{TokenCorpus, TokenizerSpec};
 use crate::optim::Optimizer;
 use crate::train::TaskModel;
 use crate::train::task::{Batch, Evaluation, PeriodResult, RunEnd, Task};
 use crate::train::{Period, TrainConfig};
 use crate::{Device, Error, Result, Tensor};
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Instant;
 
@@ -19,19 +22,22 @@ use std::time::Instant;
 pub(super) struct LmTask<'a> {
     cfg: &'a TrainConfig,
     device: Device,
-    corpus: CharCorpus,
+    corpus: TokenCorpus,
     model: Gpt,
-    /// the vocabulary, stored in each checkpoint's metadata
-    vocab: String,
+    /// the tokenizer as each checkpoint's metadata stores it (`vocab` or `tokenizer`)
+    tokenizer_meta: BTreeMap<String, String>,
     /// the starts of the fixed validation windows
     val_starts: Vec<usize>,
+    /// target tokens of the validation windows per character they stand for: bits per
+    /// character = loss per token · this / ln 2 (exactly 1 for `--tokenizer char`)
+    tokens_per_char: f64,
     /// the batch size of evaluation
     eval_batch: usize,
 }
 
 impl<'a> LmTask<'a> {
-    /// Loads the corpus and builds the model (checking its settings and memory). `cfg` is
-    /// already validated as a language-model run.
+    /// Loads and tokenizes the corpus and builds the model (checking its settings and memory).
+    /// `cfg` is already validated as a language-model run.
     pub(super) fn new(cfg: &'a TrainConfig) -> Result<LmTask<'a>> {
         let device = Device::from_name(&cfg.device)?;
         if cfg.optimizer == crate::train::OptimizerKind::Sgd {
@@ -39,20 +45,25 @@ impl<'a> LmTask<'a> {
                 "the language models train with --optimizer adamw (the default) or adam".into(),
             ));
         }
-        let corpus = CharCorpus::load(&text_path(cfg)?, cfg.block)?;
+        let spec = TokenizerSpec::parse(&cfg.tokenizer)?;
+        let corpus = TokenCorpus::load(&text_path(cfg)?, &spec, cfg.block)?;
         let gpt = gpt_config(cfg, corpus.vocab_size());
         gpt.validate()?;
         gpt.check_memory(cfg.batch)?;
         let model = Gpt::new(&gpt, device)?;
-        let vocab: String = corpus.vocab.iter().collect();
+        let mut tokenizer_meta = BTreeMap::new();
+        corpus.tokenizer.annotate(&mut tokenizer_meta)?;
         let val_starts = corpus.val_windows(cfg.eval_windows, cfg.block, cfg.seed);
+        let targets = (val_starts.len() * cfg.block) as f64;
+        let tokens_per_char = targets / corpus.chars_in_windows(&val_starts, cfg.block) as f64;
         Ok(LmTask {
             cfg,
             device,
             corpus,
             model,
-            vocab,
+            tokenizer_meta,
             val_starts,
+            tokens_per_char,
             eval_batch: cfg.batch.max(32),
         })
     }
@@ -67,6 +78,38 @@ impl<'a> LmTask<'a> {
             self.eval_batch,
             self.device,
         )
+    }
+
+    /// Bits per character of a validation loss in nats per token.
+    fn bits_per_char(&self, loss: f64) -> f64 {
+        loss * self.tokens_per_char / std::f64::consts::LN_2
+    }
+
+    /// A resumed character model's text must have the checkpoint's vocabulary (its
+    /// embedding and output layer are sized by it): says so, with both sizes and the new
+    /// symbols, when it changed.
+    fn check_vocab(&self, ckpt: &Path, saved: &str, now: &str) -> Result<()> {
+        if saved == now {
+            return Ok(());
+        }
+        let added: String = now.chars().filter(|c| !saved.contains(*c)).collect();
+        let removed: String = saved.chars().filter(|c| !now.contains(*c)).collect();
+        Err(Error::Invalid(format!(
+            "--resume: the data's vocabulary changed since {} was written ({} → {} symbols{}{}): a character model cannot continue on other characters; train a new run on this text",
+            ckpt.display(),
+            saved.chars().count(),
+            now.chars().count(),
+            if added.is_empty() {
+                String::new()
+            } else {
+                format!(", new: {added:?}")
+            },
+            if removed.is_empty() {
+                String::new()
+            } else {
+                format!(", gone: {removed:?}")
+            }
+        )))
     }
 }
 
@@ -93,36 +136,44 @@ impl Task for LmTask<'_> {
         format!("{} on {}", self.cfg.model.name(), self.cfg.data.name())
     }
 
-    /// A resumed run's text must have the checkpoint's vocabulary (its embedding and output
-    /// layer are sized by it): says so, with both sizes and the new symbols, when it changed.
+    /// A resumed run must read the same tokens as the checkpoint's: the same characters
+    /// (`char`), or the same tokenizer (a BPE trained on a changed text differs; so may a
+    /// `tokenizer.json` rewritten in place). A changed `--tokenizer` setting is left to the
+    /// settings check (`resume::check_config`), which lists it with the others.
     fn check_resume(&self, ckpt: &Path) -> Result<()> {
         let Ok(meta) = Checkpoint::read_metadata(ckpt) else {
             return Ok(()); // no checkpoint: resume::restore says so
         };
-        let Some(saved) = meta.get("vocab") else {
-            return Ok(());
-        };
-        if *saved == self.vocab {
+        let saved_setting = meta
+            .get("config")
+            .and_then(|c| serde_json::from_str::<TrainConfig>(c).ok())
+            .map(|c| c.tokenizer);
+        if saved_setting.is_some_and(|t| t != self.cfg.tokenizer) {
             return Ok(());
         }
-        let added: String = self.vocab.chars().filter(|c| !saved.contains(*c)).collect();
-        let removed: String = saved.chars().filter(|c| !self.vocab.contains(*c)).collect();
-        Err(Error::Invalid(format!(
-            "--resume: the data's vocabulary changed since {} was written ({} → {} symbols{}{}): a character model cannot continue on other characters; train a new run on this text",
-            ckpt.display(),
-            saved.chars().count(),
-            self.vocab.chars().count(),
-            if added.is_empty() {
-                String::new()
-            } else {
-                format!(", new: {added:?}")
-            },
-            if removed.is_empty() {
-                String::new()
-            } else {
-                format!(", gone: {removed:?}")
+        for (key, now) in &self.tokenizer_meta {
+            let Some(saved) = meta.get(key) else {
+                continue;
+            };
+            if key == crate::data::VOCAB_KEY {
+                self.check_vocab(ckpt, saved, now)?;
+            } else if saved != now {
+                return Err(Error::Invalid(format!(
+                    "--resume: --tokenizer {} gives another tokenizer than the one {} was trained with ({} → {} tokens{}): a model cannot continue on other tokens; train a new run",
+                    self.cfg.tokenizer,
+                    ckpt.display(),
+                    crate::data::Tokenizer::from_json(saved, "the checkpoint's tokenizer")
+                        .map_or("?".into(), |t| t.vocab_size().to_string()),
+                    self.corpus.vocab_size(),
+                    if self.cfg.tokenizer.starts_with("bpe:") {
+                        ", trained on a text that changed"
+                    } else {
+                        ", the file changed"
+                    }
+                )));
             }
-        )))
+        }
+        Ok(())
     }
 
     fn start_period(&mut self, _period: usize) {}
@@ -150,7 +201,7 @@ impl Task for LmTask<'_> {
         })
     }
     fn annotate(&self, ck: &mut Checkpoint) {
-        ck.metadata.insert("vocab".into(), self.vocab.clone());
+        ck.metadata.extend(self.tokenizer_meta.clone());
     }
     fn after_checkpoint(&self) {
         // The evaluation's batches (its last one of another size) and the checkpoint's host
@@ -168,15 +219,17 @@ impl Task for LmTask<'_> {
         serde_json::json!({
             "iter": step, "lr": lr, "train_loss": r.train_loss,
             "val_loss": r.eval.loss, "val_ppl": r.eval.loss.exp(),
+            "val_bpc": self.bits_per_char(r.eval.loss),
             "interval_seconds": r.started.elapsed().as_secs_f64(),
         })
     }
     fn report_line(&self, r: &PeriodResult, _number: usize, step: u64) -> String {
         format!(
-            "iter {step}: train loss {:.4}, val loss {:.4} (ppl {:.2}), {:.1} s",
+            "iter {step}: train loss {:.4}, val loss {:.4} (ppl {:.2}, {:.4} bits/char), {:.1} s",
             r.train_loss,
             r.eval.loss,
             r.eval.loss.exp(),
+            self.bits_per_char(r.eval.loss),
             r.started.elapsed().as_secs_f64()
         )
     }
@@ -201,6 +254,7 @@ impl Task for LmTask<'_> {
             train_loss: last.train_loss,
             val_loss,
             val_ppl: val_loss.exp(),
+            val_bpc: self.bits_per_char(val_loss),
             ms_per_iter,
             tokens_per_s: tokens_per_iter / (ms_per_iter / 1e3),
             params: run.params,

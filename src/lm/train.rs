@@ -1,12 +1,14 @@
-//! `moegrad train --model gpt|moe-gpt`: training a character-level GPT by iterations.
+//! `moegrad train --model gpt|moe-gpt`: training a GPT by iterations, on characters or subword
+//! tokens (`--tokenizer`, `data/tokenizer.rs`).
 //!
-//! Each iteration draws `--batch` random windows of `--block` characters from the training split
+//! Each iteration draws `--batch` random windows of `--block` tokens from the training split
 //! (the windows depend only on the seed and the iteration number, see `data/text.rs`), computes
-//! the mean next-character cross-entropy plus the MoE layers' auxiliary losses (and the
+//! the mean next-token cross-entropy plus the MoE layers' auxiliary losses (and the
 //! REINFORCE surrogate for a score-function router), clips the global gradient norm and takes an
 //! AdamW step. Every `--eval-every` iterations it measures the validation loss on a fixed set of
-//! `--eval-windows` windows, appends a line to `metrics.jsonl`, and writes the checkpoint
-//! (parameters, optimizer state, router state, the run's settings and the vocabulary, so
+//! `--eval-windows` windows (in nats per token and bits per character), appends a line to
+//! `metrics.jsonl`, and writes the checkpoint (parameters, optimizer state, router state, the
+//! run's settings and the tokenizer: a character vocabulary or a tokenizer's JSON, so
 //! `moegrad generate` needs nothing else). Within an evaluation interval nothing is read back
 //! but the loss every `--log-every` iterations.
 //!
@@ -21,7 +23,7 @@
 
 use super::gpt::{FeedForward, Gpt, GptConfig};
 use super::task::LmTask;
-use crate::data::text::CharCorpus;
+use crate::data::{TokenCorpus, Tokenizer};
 use crate::moe::MoeConfig;
 use crate::nn::Parameters;
 use crate::optim::Adam;
@@ -42,13 +44,17 @@ pub struct LmSummary {
     pub seconds: f64,
     /// mean training loss over the last evaluation interval
     pub train_loss: f64,
-    /// validation loss (mean cross-entropy, nats per character) at the end
+    /// validation loss (mean cross-entropy, nats per token) at the end
     pub val_loss: f64,
     /// validation perplexity, `exp(val_loss)`
     pub val_ppl: f64,
+    /// validation bits per character: the validation windows' nats over the characters their
+    /// target tokens stand for, / ln 2 (`val_loss / ln 2` for `--tokenizer char`), so models
+    /// with different tokenizers compare
+    pub val_bpc: f64,
     /// milliseconds per training iteration (evaluation excluded)
     pub ms_per_iter: f64,
-    /// training tokens (characters) per second
+    /// training tokens per second
     pub tokens_per_s: f64,
     /// trainable parameters
     pub params: usize,
@@ -65,7 +71,7 @@ pub struct LmSummary {
     /// training steps (k for top-k without drops; variable for threshold routing)
     #[serde(skip_serializing_if = "Option::is_none")]
     pub experts_per_token: Option<f64>,
-    /// vocabulary size
+    /// vocabulary size (tokens)
     pub vocab: usize,
     /// with `RunOptions::profile`: wall time per op and pass, summed over the training
     /// iterations, longest first, then `other` (see [`crate::profile`])
@@ -93,7 +99,7 @@ pub fn text_path(cfg: &TrainConfig) -> Result<PathBuf> {
     }
 }
 
-/// The model a run's settings describe, for a vocabulary of `vocab` characters.
+/// The model a run's settings describe, for a vocabulary of `vocab` tokens.
 pub fn gpt_config(cfg: &TrainConfig, vocab: usize) -> GptConfig {
     let ffn = match cfg.model {
         ModelKind::MoeGpt => {
@@ -161,7 +167,7 @@ pub fn make_optimizer(cfg: &TrainConfig, model: &Gpt) -> Result<Adam> {
 /// Mean validation loss over the fixed windows at `starts`, in batches of `batch`.
 pub(super) fn evaluate(
     model: &Gpt,
-    corpus: &CharCorpus,
+    corpus: &TokenCorpus,
     starts: &[usize],
     block: usize,
     batch: usize,
@@ -218,13 +224,14 @@ fn run_on_this_thread(
     crate::train::trainer::run_task(cfg, opts, || LmTask::new(cfg), obs)
 }
 
-/// Loads a language model from a checkpoint written by [`run`]: its settings and vocabulary
-/// from the metadata, its parameters (checked finite), on `device`.
+/// Loads a language model from a checkpoint written by [`run`]: its settings and tokenizer
+/// from the metadata (a character vocabulary, or a tokenizer's JSON; checkpoints written
+/// before tokenizers existed hold the first), its parameters (checked finite), on `device`.
 ///
 /// # Errors
 /// A file that is not a moegrad language-model checkpoint, or whose tensors do not fit the model
 /// its metadata describes (each names the file and the item).
-pub fn load_model(path: &Path, device: Device) -> Result<(Gpt, Vec<char>)> {
+pub fn load_model(path: &Path, device: Device) -> Result<(Gpt, Tokenizer)> {
     let ck = crate::checkpoint::Checkpoint::load(path, device)?;
     let meta = |key: &str| {
         ck.metadata.get(key).ok_or_else(|| {
@@ -247,13 +254,7 @@ pub fn load_model(path: &Path, device: Device) -> Result<(Gpt, Vec<char>)> {
             cfg.model.name()
         )));
     }
-    let vocab: Vec<char> = meta("vocab")?.chars().collect();
-    if vocab.is_empty() || vocab.windows(2).any(|w| w[0] >= w[1]) {
-        return Err(Error::Io(format!(
-            "{}: the vocabulary in the metadata is not a sorted list of distinct characters",
-            path.display()
-        )));
-    }
+    let tokenizer = Tokenizer::from_metadata(&ck.metadata, path)?;
     if let Some(bad) = ck.first_non_finite()? {
         return Err(Error::Io(format!("{}: {bad}", path.display())));
     }
@@ -266,7 +267,7 @@ pub fn load_model(path: &Path, device: Device) -> Result<(Gpt, Vec<char>)> {
         ))
     };
     cfg.validate().map_err(in_checkpoint)?;
-    let gpt_cfg = gpt_config(&cfg, vocab.len());
+    let gpt_cfg = gpt_config(&cfg, tokenizer.vocab_size());
     let described = gpt_cfg.parameter_count();
     let held: u64 = ck
         .tensors
@@ -302,5 +303,5 @@ pub fn load_model(path: &Path, device: Device) -> Result<(Gpt, Vec<char>)> {
         }
         p.set(t.to_dtype(DType::F32)?)?;
     }
-    Ok((model, vocab))
+    Ok((model, tokenizer))
 }

@@ -197,6 +197,10 @@ pub struct TrainConfig {
     /// the cosine schedule's final learning rate
     #[serde(default)]
     pub min_lr: f64,
+    /// language models: `char`, `bpe:N` or the path of a `tokenizer.json`
+    /// ([`crate::data::TokenizerSpec`]); `char` for metadata written before the setting existed
+    #[serde(default = "default_tokenizer")]
+    pub tokenizer: String,
 }
 
 /// Below this learning rate [`TrainConfig::warnings`] warns that training will barely move the
@@ -213,6 +217,7 @@ pub const LM_FLAGS: &[&str] = &[
     "--d-model",
     "--block",
     "--moe-every",
+    "--tokenizer",
 ];
 
 /// The flags that only the image models read (a language model counts iterations and reads
@@ -241,6 +246,11 @@ pub const MOE_FLAGS: [&str; 9] = [
 /// before the setting existed).
 fn default_expert_hidden() -> usize {
     128
+}
+
+/// The tokenizer when none is given: one id per character.
+fn default_tokenizer() -> String {
+    "char".into()
 }
 
 impl Default for TrainConfig {
@@ -283,6 +293,7 @@ impl Default for TrainConfig {
             block: 0,
             moe_every: 1,
             min_lr: 0.0,
+            tokenizer: default_tokenizer(),
         }
     }
 }
@@ -492,6 +503,14 @@ impl TrainConfig {
                     self.model.name()
                 )
             });
+        }
+        crate::data::TokenizerSpec::parse(&self.tokenizer)?;
+        if !self.model.is_lm() && self.tokenizer != "char" {
+            return bad(format!(
+                "--tokenizer {} sets how a language model (gpt, moe-gpt) reads text; --model {} reads images",
+                self.tokenizer,
+                self.model.name()
+            ));
         }
         if self.model.is_lm() {
             if self.data == DataKind::Text && self.data_file.is_none() {

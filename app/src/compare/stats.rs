@@ -134,14 +134,15 @@ pub struct CurvePoint {
     pub step: f64,
     /// epochs so far (a language model: evaluations so far)
     pub epoch: f64,
-    /// `train_loss`, `test_loss`, `test_accuracy` (`_1`, `_2` per task), `val_loss`, `val_ppl`
+    /// `train_loss`, `test_loss`, `test_accuracy` (`_1`, `_2` per task), `val_loss`, `val_ppl`,
+    /// `val_bpc`
     pub values: BTreeMap<String, f64>,
 }
 
 /// The curve metrics a run of `cfg` writes to each line of `metrics.jsonl`.
 pub fn curve_metrics(cfg: &TrainConfig) -> Vec<String> {
     let names: &[&str] = if cfg.model.is_lm() {
-        &["train_loss", "val_loss", "val_ppl"]
+        &["train_loss", "val_loss", "val_ppl", "val_bpc"]
     } else if cfg.data == DataKind::Multimnist {
         &[
             "train_loss",
@@ -200,7 +201,7 @@ pub fn read_curve(path: &Path) -> Result<Vec<CurvePoint>> {
         .enumerate()
         .map(|(i, v)| {
             let mut values = BTreeMap::new();
-            for key in ["train_loss", "test_loss", "val_loss", "val_ppl"] {
+            for key in ["train_loss", "test_loss", "val_loss", "val_ppl", "val_bpc"] {
                 if let Some(x) = v[key].as_f64() {
                     values.insert(key.to_string(), x);
                 }

@@ -19,6 +19,7 @@ use std::path::PathBuf;
 const METRIC_ORDER: &[&str] = &[
     "test_loss",
     "val_loss",
+    "val_bpc",
     "test_accuracy",
     "test_accuracy_1",
     "test_accuracy_2",

@@ -8,17 +8,17 @@ pub(super) struct GenerateArgs {
     /// The checkpoint of a language-model run (its out/checkpoint.safetensors).
     #[arg(long)]
     checkpoint: PathBuf,
-    /// The text to continue (every character must be in the model's vocabulary; `\n` and
-    /// `\t` stand for a newline and a tab) [default: a newline].
+    /// The text to continue (for a character model every character must be in its
+    /// vocabulary; `\n` and `\t` stand for a newline and a tab) [default: a newline].
     #[arg(long, default_value = "\\n")]
     prompt: String,
-    /// Characters to generate.
+    /// Tokens to generate (characters for a character model).
     #[arg(long, default_value_t = 300)]
     tokens: usize,
     /// Softmax temperature (> 0).
     #[arg(long, default_value_t = 0.8, allow_negative_numbers = true)]
     temperature: f64,
-    /// Sample among the K most likely characters (0: all).
+    /// Sample among the K most likely tokens (0: all).
     #[arg(long, default_value_t = 40)]
     top_k: usize,
     /// Seed of the draws: the same seed gives the same text.
@@ -33,7 +33,7 @@ pub(super) struct GenerateArgs {
 pub(super) fn run_generate(args: &GenerateArgs) -> Result<()> {
     use std::io::Write;
     let device = Device::from_name(&args.device)?;
-    let (model, vocab) = moegrad::lm::load_model(&args.checkpoint, device)?;
+    let (model, tokenizer) = moegrad::lm::load_model(&args.checkpoint, device)?;
     // `--prompt` takes the escapes \n and \t, so a newline can be typed
     let prompt = args.prompt.replace("\\n", "\n").replace("\\t", "\t");
     let opts = moegrad::lm::SampleOptions {
@@ -43,12 +43,12 @@ pub(super) fn run_generate(args: &GenerateArgs) -> Result<()> {
         seed: args.seed,
     };
     // refuse a bad prompt before anything is printed
-    moegrad::data::text::encode(&vocab, &prompt)?;
+    tokenizer.encode(&prompt)?;
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     let _ = write!(out, "{prompt}");
-    moegrad::lm::generate(&model, &vocab, &prompt, &opts, device, |c| {
-        let _ = write!(out, "{c}");
+    moegrad::lm::generate(&model, &tokenizer, &prompt, &opts, device, |text| {
+        let _ = write!(out, "{text}");
         let _ = out.flush();
     })?;
     let _ = writeln!(out);

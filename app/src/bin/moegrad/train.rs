@@ -147,9 +147,17 @@ pub(super) struct TrainArgs {
     /// Language models: model width.
     #[arg(long, default_value_t = 128)]
     d_model: usize,
-    /// Language models: context length in characters.
+    /// Language models: context length in tokens.
     #[arg(long, default_value_t = 64)]
     block: usize,
+    /// Language models: how text becomes tokens. `char`: one token per character (the sorted
+    /// distinct characters of the text); `bpe:N`: a byte-level BPE of at most N tokens
+    /// (257 to 65536), trained with Hugging Face's tokenizers on the training split (the first
+    /// 90% of the characters) at the start of the run; or the path of a Hugging Face
+    /// tokenizer.json. The checkpoint holds the tokenizer, and the validation loss is also
+    /// reported in bits per character, which compares across tokenizers.
+    #[arg(long, default_value = "char", value_name = "char|bpe:N|PATH.json")]
+    tokenizer: String,
     /// moe-gpt: an MoE feed-forward in every N-th block (1: every block; 2 alternates dense
     /// and MoE as Switch and GShard do).
     #[arg(long, default_value_t = 1)]
@@ -230,6 +238,7 @@ impl TrainArgs {
         c.d_model = self.d_model;
         c.block = self.block;
         c.moe_every = self.moe_every;
+        c.tokenizer = image.tokenizer.clone();
         if let Some(m) = self.min_lr {
             c.min_lr = m;
         }
@@ -318,6 +327,7 @@ impl TrainArgs {
             z_loss: self.z_loss,
             router_options: moegrad::moe::parse_router_options(&self.router_opt)?,
             min_lr: self.min_lr.unwrap_or(0.0),
+            tokenizer: self.tokenizer.clone(),
             ..TrainConfig::default()
         })
     }
@@ -386,13 +396,14 @@ pub(super) fn run_train(args: TrainArgs, matches: &ArgMatches) -> Result<()> {
             print_json(&summary)?;
         } else {
             println!(
-                "trained {} iterations on {} in {:.1} s ({:.1} ms/iter): validation loss {:.4} (perplexity {:.2}); outputs in {}",
+                "trained {} iterations on {} in {:.1} s ({:.1} ms/iter): validation loss {:.4} per token (perplexity {:.2}), {:.4} bits per character; outputs in {}",
                 summary.iters,
                 summary.device,
                 summary.seconds,
                 summary.ms_per_iter,
                 summary.val_loss,
                 summary.val_ppl,
+                summary.val_bpc,
                 cfg.out.display()
             );
             print_profile(summary.profile.as_deref(), summary.gpu_profile.as_ref());
