@@ -62,6 +62,18 @@ pub enum ModelKind {
     /// a GPT whose feed-forward blocks are MoE layers
     #[serde(rename = "moe-gpt")]
     MoeGpt,
+    /// the Llama-style decoder, dense (`lm/decoder.rs`, transformers' `LlamaForCausalLM`)
+    Llama,
+    /// every feed-forward block an MoE of SwiGLU experts (`MixtralForCausalLM`)
+    Mixtral,
+    /// MoE blocks with a gated shared expert, q/k/v biases (`Qwen2MoeForCausalLM`)
+    #[serde(rename = "qwen2-moe")]
+    Qwen2Moe,
+    /// MoE blocks, q/k RMSNorm (`OlmoeForCausalLM`)
+    Olmoe,
+    /// DeepSeek-V3's routing, shared experts and latent attention (`DeepseekV3ForCausalLM`)
+    #[serde(rename = "deepseek-moe")]
+    DeepseekMoe,
 }
 
 impl ModelKind {
@@ -75,12 +87,22 @@ impl ModelKind {
             ModelKind::MmoeCnn => "mmoe-cnn",
             ModelKind::Gpt => "gpt",
             ModelKind::MoeGpt => "moe-gpt",
+            ModelKind::Llama => "llama",
+            ModelKind::Mixtral => "mixtral",
+            ModelKind::Qwen2Moe => "qwen2-moe",
+            ModelKind::Olmoe => "olmoe",
+            ModelKind::DeepseekMoe => "deepseek-moe",
         }
+    }
+
+    /// The decoder family of the Llama-style models (None for the others).
+    pub fn family(self) -> Option<crate::lm::Family> {
+        crate::lm::Family::from_name(self.name())
     }
 
     /// True for the language models, trained by iterations on text (`lm/train.rs`).
     pub fn is_lm(self) -> bool {
-        matches!(self, ModelKind::Gpt | ModelKind::MoeGpt)
+        matches!(self, ModelKind::Gpt | ModelKind::MoeGpt) || self.family().is_some()
     }
 
     /// True for the MoE models.
@@ -88,7 +110,7 @@ impl ModelKind {
         matches!(
             self,
             ModelKind::MoeMlp | ModelKind::MoeCnn | ModelKind::MmoeCnn | ModelKind::MoeGpt
-        )
+        ) || self.family().is_some_and(|f| f.is_moe())
     }
 }
 
@@ -201,6 +223,18 @@ pub struct TrainConfig {
     /// ([`crate::data::TokenizerSpec`]); `char` for metadata written before the setting existed
     #[serde(default = "default_tokenizer")]
     pub tokenizer: String,
+    /// Llama-style models: key/value heads (0: as many as `heads`)
+    #[serde(default)]
+    pub kv_heads: usize,
+    /// MoE layers: shared experts every token uses (0: none)
+    #[serde(default)]
+    pub shared_experts: usize,
+    /// MoE layers: hidden width of each shared expert (0: `expert_hidden`)
+    #[serde(default)]
+    pub shared_hidden: usize,
+    /// MoE layers: scale the shared experts by a sigmoid gate (Qwen2-MoE)
+    #[serde(default)]
+    pub shared_gate: bool,
 }
 
 /// Below this learning rate [`TrainConfig::warnings`] warns that training will barely move the
@@ -294,6 +328,10 @@ impl Default for TrainConfig {
             moe_every: 1,
             min_lr: 0.0,
             tokenizer: default_tokenizer(),
+            kv_heads: 0,
+            shared_experts: 0,
+            shared_hidden: 0,
+            shared_gate: false,
         }
     }
 }
@@ -328,6 +366,28 @@ impl TrainConfig {
             min_lr: 1e-4,
             ..TrainConfig::default()
         }
+        .with_family_preset()
+    }
+
+    /// For a Llama-style family, the MoE settings of its preset ([`crate::lm::DecoderConfig::baby`]):
+    /// router and its options, experts, k, expert width, balance loss, shared experts. Other
+    /// models are returned unchanged.
+    fn with_family_preset(mut self) -> TrainConfig {
+        let Some(family) = self.model.family() else {
+            return self;
+        };
+        if let Some(m) = crate::lm::DecoderConfig::baby(family, 1).moe {
+            self.router = m.router;
+            self.router_options = m.router_options;
+            self.experts = m.experts;
+            self.k = m.k;
+            self.expert_hidden = m.hidden;
+            self.balance_loss = m.balance_loss;
+            self.shared_experts = m.shared.count;
+            self.shared_hidden = m.shared.hidden;
+            self.shared_gate = m.shared.gate;
+        }
+        self
     }
 
     /// For a language model, `epochs` is the number of evaluation intervals
@@ -539,6 +599,12 @@ impl TrainConfig {
                     self.layers, self.block, self.d_model, self.heads
                 ));
             }
+            if self.kv_heads > 0 && !self.heads.is_multiple_of(self.kv_heads) {
+                return bad(format!(
+                    "--heads {} must be a multiple of --kv-heads {}",
+                    self.heads, self.kv_heads
+                ));
+            }
             if !self.d_model.is_multiple_of(self.heads) {
                 return bad(format!(
                     "--d-model {} must be a multiple of --heads {}",
@@ -553,7 +619,7 @@ impl TrainConfig {
                     self.moe_every, self.layers
                 ));
             }
-            if self.model == ModelKind::MoeGpt && self.router == "expert-choice" {
+            if self.model.is_moe() && self.router == "expert-choice" {
                 return bad("--router expert-choice cannot train a causal language model: it picks each expert's tokens from the whole batch, so a position's output would depend on later positions of its own sequence; use a token-choice router such as topk or switch".into());
             }
         }

@@ -316,8 +316,18 @@ pub fn memory_estimate(
     let linear = |i: usize, o: usize| sum_of_products(&[&[i, o], &[o]]);
     // (parameters, trainable, activation floats per example)
     let (params, trainable, acts): (u64, u64, u64) = match (cfg.data, cfg.model) {
-        // the language models are sized by `GptConfig::check_memory`
-        (_, ModelKind::Gpt | ModelKind::MoeGpt) => (0, 0, 0),
+        // the language models are sized by `GptConfig::check_memory` and
+        // `DecoderConfig::check_memory`
+        (
+            _,
+            ModelKind::Gpt
+            | ModelKind::MoeGpt
+            | ModelKind::Llama
+            | ModelKind::Mixtral
+            | ModelKind::Qwen2Moe
+            | ModelKind::Olmoe
+            | ModelKind::DeepseekMoe,
+        ) => (0, 0, 0),
         (DataKind::SyntheticB, _) => {
             use crate::data::{SYNTHETIC_B_EXPERT_OUT as OUT, SYNTHETIC_B_INPUT as IN};
             let bank = sum_of_products(&[&[n, IN, OUT], &[n, OUT, OUT]])?;
@@ -444,9 +454,15 @@ pub fn build(
             .collect()
     };
     Ok(match cfg.model {
-        ModelKind::Gpt | ModelKind::MoeGpt => {
+        ModelKind::Gpt
+        | ModelKind::MoeGpt
+        | ModelKind::Llama
+        | ModelKind::Mixtral
+        | ModelKind::Qwen2Moe
+        | ModelKind::Olmoe
+        | ModelKind::DeepseekMoe => {
             return Err(crate::Error::Invalid(format!(
-                "--model {} is a language model: lm::Gpt builds it",
+                "--model {} is a language model: lm::run builds it",
                 cfg.model.name()
             )));
         }
