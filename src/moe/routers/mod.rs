@@ -31,8 +31,10 @@ router_files! {
     moesart => [SPEC],
     dselect_k => [SPEC, SPEC_STATIC],
     threshold => [SPEC],
+    deepseek_v3 => [SPEC],
 }
 
+pub use deepseek_v3::DeepSeekV3Router;
 pub use dselect_k::{
     DSELECT_K_OPTIONS, DSelectKKind, DSelectKOptions, DSelectKRouter, UnusedCodes, selector_bits,
     selector_probs, smooth_step,
