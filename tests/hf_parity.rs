@@ -7,7 +7,9 @@
 //!
 //! The fixtures' settings are awkward on purpose: grouped-query and multi-query attention, odd
 //! widths, tied and untied embeddings, `norm_topk_prob` both ways, a gated shared expert, q/k/v
-//! biases, q/k RMSNorm, a dense layer among MoE layers, non-default `rope_theta`.
+//! biases, q/k RMSNorm, a dense layer among MoE layers, non-default `rope_theta`, and DeepSeek-V3's
+//! sigmoid group-limited routing with a nonzero correction bias, a low-rank query and latent
+//! attention with values wider than the query/key heads and interleaved rotary columns.
 
 mod common;
 
@@ -16,7 +18,7 @@ use moegrad::{Device, Tensor};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-const FAMILIES: [&str; 4] = ["llama", "mixtral", "qwen2_moe", "olmoe"];
+const FAMILIES: [&str; 5] = ["llama", "mixtral", "qwen2_moe", "olmoe", "deepseek_v3"];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -447,9 +447,19 @@ fn load_weights(
         }
         values.push((p, shape, v));
     }
+    let mut biases = Vec::new();
+    if cfg.family == Family::DeepseekMoe {
+        for (scope, _) in model.moe_layers_named() {
+            let (shape, v) = source.correction_bias(&scope)?;
+            biases.push((format!("{scope}.router.e_score_correction_bias"), shape, v));
+        }
+    }
     source.check_all_used()?;
     for (p, shape, v) in values {
         p.set(Tensor::from_f32(v, &shape, device)?)?;
+    }
+    for (name, shape, v) in biases {
+        model.load_state(&name, &Tensor::from_f32(v, &shape, device)?)?;
     }
     Ok(())
 }

@@ -19,6 +19,13 @@
 //! | `norm.weight`                         | `model.norm.weight`                                            |
 //! | `head.weight` `[d, V]`                | `lm_head.weight`ᵀ (absent when tied)                           |
 //!
+//! DeepSeek-V3's `model.layers.L.mlp.gate.e_score_correction_bias` becomes the `deepseek-v3`
+//! router's state `layers.L.moe.router.e_score_correction_bias`; its latent attention's
+//! `self_attn.{q_proj, q_a_proj, q_a_layernorm, q_b_proj, kv_a_proj_with_mqa, kv_a_layernorm,
+//! kv_b_proj, o_proj}` become `attn.{q, q_down, q_norm, q_up, kv_down, kv_norm, kv_up, o}`, the
+//! rotary rows reordered from interleaved to half-split pairs; its shared experts are
+//! `mlp.shared_experts.*`.
+//!
 //! Per-expert names: Mixtral `block_sparse_moe.experts.E.{w1, w3, w2}.weight` (gate, up, down),
 //! the others `mlp.experts.E.{gate_proj, up_proj, down_proj}.weight`.
 
@@ -147,6 +154,18 @@ impl Source {
             out.extend_from_slice(&ut[row * ui..(row + 1) * ui]);
         }
         Ok((vec![gd, 2 * gi], out))
+    }
+
+    /// DeepSeek's selection bias of MoE layer prefix `layers.L.moe` (`[E]`), which moegrad keeps
+    /// as router state `layers.L.moe.router.e_score_correction_bias`.
+    pub(super) fn correction_bias(&mut self, moe_scope: &str) -> Result<Values> {
+        let layer = moe_scope
+            .strip_prefix("layers.")
+            .and_then(|r| r.strip_suffix(".moe"))
+            .unwrap_or(moe_scope);
+        let name = format!("model.layers.{layer}.mlp.gate.e_score_correction_bias");
+        let t = self.get(&name, &format!("{moe_scope}.router state"))?;
+        Ok((t.shape.clone(), t.values.clone()))
     }
 
     /// The values of moegrad's parameter `name` (see the module docs).

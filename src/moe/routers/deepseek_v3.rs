@@ -156,7 +156,7 @@ impl DeepSeekV3Router {
                 bias.shape()
             )));
         }
-        let values = bias.to_dtype(DType::F64)?.to_vec_f64()?;
+        let values = bias.to_device(Device::Cpu)?.to_dtype(DType::F64)?.to_vec_f64()?;
         if values.iter().any(|v| !v.is_finite()) {
             return Err(Error::Invalid(format!(
                 "deepseek-v3: {} has a value that is not finite",
