@@ -7,7 +7,7 @@
 //! device. Tokens are decoded as they are drawn (a byte-level token may end inside a
 //! character; its text comes with the token that completes it).
 
-use super::gpt::Gpt;
+use super::language_model::LanguageModel;
 use crate::data::Tokenizer;
 use crate::nn::Parameters;
 use crate::{Device, Error, Result, Tensor};
@@ -77,7 +77,7 @@ pub fn sample_index(logits: &[f64], temperature: f64, top_k: usize, u: f64) -> u
 /// model's vocabulary (named), a temperature that is not a positive finite number, logits that are not finite
 /// (weights too large for f32), or an error of the model.
 pub fn generate(
-    model: &Gpt,
+    model: &LanguageModel,
     tokenizer: &Tokenizer,
     prompt: &str,
     opts: &SampleOptions,
@@ -109,7 +109,7 @@ pub fn generate(
     }
     let mut stream = tokenizer.stream();
     let mut emitted = String::new();
-    let block = model.config.block;
+    let block = model.block();
     let mut rng = ChaCha8Rng::seed_from_u64(opts.seed);
     let mut out = Vec::new();
     model.set_training(false);

@@ -14,6 +14,7 @@ mod generate;
 mod gpt;
 mod hf_import;
 mod hf_names;
+mod language_model;
 mod task;
 mod train;
 
@@ -22,4 +23,5 @@ pub use decoder_config::{DecoderConfig, Family, LatentConfig, SparseLayers};
 pub use generate::{MAX_TOKENS, SampleOptions, generate};
 pub use gpt::{FeedForward, Gpt, GptConfig, GptOutput};
 pub use hf_import::{HfImport, import_hf};
+pub use language_model::{LanguageModel, decoder_config};
 pub use train::{LmSummary, gpt_config, load_model, make_optimizer, run, run_observed};

@@ -1,12 +1,12 @@
-//! The language models as a [`Task`] of the one training loop (`train/trainer.rs`): a GPT
-//! trained by iterations on random windows of a tokenized text (`--tokenizer`: characters or
+//! The language models as a [`Task`] of the one training loop (`train/trainer.rs`): a GPT or a
+//! Llama-style decoder ([`LanguageModel`]) trained by iterations on random windows of a tokenized text (`--tokenizer`: characters or
 //! subword tokens, `data/token_corpus.rs`), one evaluation interval (`--eval-every`
 //! iterations) per period, evaluated on fixed validation windows in nats per token and in bits
 //! per character, with the tokenizer stored in each checkpoint, summarised as an
 //! [`LmSummary`].
 
-use super::gpt::Gpt;
-use super::train::{LmSummary, evaluate, gpt_config, make_optimizer, text_path};
+use super::language_model::LanguageModel;
+use super::train::{LmSummary, evaluate, make_optimizer, text_path};
 use crate::checkpoint::Checkpoint;
 use crate::data::{TokenCorpus, TokenizerSpec};
 use crate::optim::Optimizer;
@@ -23,7 +23,7 @@ pub(super) struct LmTask<'a> {
     cfg: &'a TrainConfig,
     device: Device,
     corpus: TokenCorpus,
-    model: Gpt,
+    model: LanguageModel,
     /// the tokenizer as each checkpoint's metadata stores it (`vocab` or `tokenizer`)
     tokenizer_meta: BTreeMap<String, String>,
     /// the starts of the fixed validation windows
@@ -47,10 +47,7 @@ impl<'a> LmTask<'a> {
         }
         let spec = TokenizerSpec::parse(&cfg.tokenizer)?;
         let corpus = TokenCorpus::load(&text_path(cfg)?, &spec, cfg.block)?;
-        let gpt = gpt_config(cfg, corpus.vocab_size());
-        gpt.validate()?;
-        gpt.check_memory(cfg.batch)?;
-        let model = Gpt::new(&gpt, device)?;
+        let model = LanguageModel::build(cfg, corpus.vocab_size(), device)?;
         let mut tokenizer_meta = BTreeMap::new();
         corpus.tokenizer.annotate(&mut tokenizer_meta)?;
         let val_starts = corpus.val_windows(cfg.eval_windows, cfg.block, cfg.seed);

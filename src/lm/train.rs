@@ -22,6 +22,7 @@
 //! settings, the optimizer, the validation loss) and [`load_model`].
 
 use super::gpt::{FeedForward, Gpt, GptConfig};
+use super::language_model::LanguageModel;
 use super::task::LmTask;
 use crate::data::{TokenCorpus, Tokenizer};
 use crate::moe::MoeConfig;
@@ -146,11 +147,11 @@ impl TaskModel for Gpt {
 }
 
 /// AdamW (or Adam with L2 decay, `--optimizer adam`) as nanoGPT sets it up: betas (0.9, 0.99),
-/// weight decay on the matrices only ([`Gpt::decays`]).
+/// weight decay on the matrices only ([`LanguageModel::decays`]).
 ///
 /// # Errors
 /// A learning rate or weight decay Adam rejects (named in the message).
-pub fn make_optimizer(cfg: &TrainConfig, model: &Gpt) -> Result<Adam> {
+pub fn make_optimizer(cfg: &TrainConfig, model: &LanguageModel) -> Result<Adam> {
     let mut opt = Adam::new(cfg.lr)?;
     opt.weight_decay = cfg.weight_decay;
     opt.decoupled = cfg.optimizer == crate::train::OptimizerKind::Adamw;
@@ -158,7 +159,7 @@ pub fn make_optimizer(cfg: &TrainConfig, model: &Gpt) -> Result<Adam> {
     opt.no_decay = model
         .named_params()
         .iter()
-        .filter(|(n, p)| !Gpt::decays(n, p.get().shape()))
+        .filter(|(n, p)| !LanguageModel::decays(n, p.get().shape()))
         .map(|(n, _)| n.clone())
         .collect();
     Ok(opt)
@@ -166,7 +167,7 @@ pub fn make_optimizer(cfg: &TrainConfig, model: &Gpt) -> Result<Adam> {
 
 /// Mean validation loss over the fixed windows at `starts`, in batches of `batch`.
 pub(super) fn evaluate(
-    model: &Gpt,
+    model: &LanguageModel,
     corpus: &TokenCorpus,
     starts: &[usize],
     block: usize,
@@ -181,7 +182,7 @@ pub(super) fn evaluate(
         let b = chunk.len();
         let x = Tensor::from_i32(x, &[b, block], device)?;
         let y = Tensor::from_i32(y, &[b * block], device)?;
-        let ce = Gpt::forward(model, &x)?.logits.cross_entropy(&y)?;
+        let ce = model.forward(&x)?.logits.cross_entropy(&y)?;
         sum = sum.add(&ce.to_dtype(DType::F32)?.mul_scalar(b as f64)?)?;
     }
     model.set_training(true);
@@ -231,7 +232,7 @@ fn run_on_this_thread(
 /// # Errors
 /// A file that is not a moegrad language-model checkpoint, or whose tensors do not fit the model
 /// its metadata describes (each names the file and the item).
-pub fn load_model(path: &Path, device: Device) -> Result<(Gpt, Tokenizer)> {
+pub fn load_model(path: &Path, device: Device) -> Result<(LanguageModel, Tokenizer)> {
     let ck = crate::checkpoint::Checkpoint::load(path, device)?;
     let meta = |key: &str| {
         ck.metadata.get(key).ok_or_else(|| {
@@ -267,8 +268,7 @@ pub fn load_model(path: &Path, device: Device) -> Result<(Gpt, Tokenizer)> {
         ))
     };
     cfg.validate().map_err(in_checkpoint)?;
-    let gpt_cfg = gpt_config(&cfg, tokenizer.vocab_size());
-    let described = gpt_cfg.parameter_count();
+    let described = LanguageModel::parameter_count(&cfg, tokenizer.vocab_size());
     let held: u64 = ck
         .tensors
         .iter()
@@ -287,7 +287,10 @@ pub fn load_model(path: &Path, device: Device) -> Result<(Gpt, Tokenizer)> {
             cfg.d_model
         )));
     }
-    let model = Gpt::new(&gpt_cfg, device)?;
+    // the model is built for one sequence: the run's batch does not matter here
+    let mut one = cfg.clone();
+    one.batch = 1;
+    let model = LanguageModel::build(&one, tokenizer.vocab_size(), device)?;
     for (name, p) in model.named_params() {
         let t = ck
             .tensors

@@ -179,7 +179,7 @@ impl Stepper for ImageStepper {
 
 /// A language model (`gpt`, `moe-gpt`) on windows of a synthetic text.
 struct LmStepper {
-    model: moegrad::lm::Gpt,
+    model: moegrad::lm::LanguageModel,
     params: Vec<(String, moegrad::nn::Param)>,
     opt: moegrad::optim::Adam,
     corpus: CharCorpus,
@@ -204,9 +204,7 @@ impl LmStepper {
             cfg.block,
             std::path::Path::new("(bench gpu-step text)"),
         )?;
-        let gpt = moegrad::lm::gpt_config(&cfg, corpus.vocab_size());
-        gpt.validate()?;
-        let model = moegrad::lm::Gpt::new(&gpt, device)?;
+        let model = moegrad::lm::LanguageModel::build(&cfg, corpus.vocab_size(), device)?;
         let params = model.named_params();
         let opt = moegrad::lm::make_optimizer(&cfg, &model)?;
         Ok(LmStepper {

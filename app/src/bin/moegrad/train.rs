@@ -25,7 +25,11 @@ pub(super) struct TrainArgs {
     /// [default: cnn; moe-mlp for synthetic-b; gpt for text]. The language models take nanoGPT's
     /// "baby" Shakespeare defaults for every setting not given: --batch 12, --lr 1e-3,
     /// --optimizer adamw, --weight-decay 0.1 (matrices only), --schedule cosine to --min-lr
-    /// 1e-4, --warmup-steps 100, --clip-grad-norm 1, --expert-hidden 256.
+    /// 1e-4, --warmup-steps 100, --clip-grad-norm 1, --expert-hidden 256. The Llama-style
+    /// families llama, mixtral, qwen2-moe, olmoe and deepseek-moe (transformers' architectures:
+    /// RMSNorm, rotary positions, grouped-query or latent attention, SwiGLU) take the same, and
+    /// their family's MoE settings (router, experts, k, expert width, balance loss, shared
+    /// experts; docs/families.md) for the MoE flags not given.
     #[arg(long, value_enum)]
     model: Option<ModelArg>,
     /// Passes over the training set (with --resume: the total, counting the epochs already
@@ -162,6 +166,21 @@ pub(super) struct TrainArgs {
     /// and MoE as Switch and GShard do).
     #[arg(long, default_value_t = 1)]
     moe_every: usize,
+    /// Llama-style models: key/value heads, dividing --heads (grouped-query attention)
+    /// [default: --heads].
+    #[arg(long, default_value_t = 0)]
+    kv_heads: usize,
+    /// MoE layers of the Llama-style models: shared experts every token uses besides its routed
+    /// ones [default: the family's: 1 for qwen2-moe and deepseek-moe, else 0].
+    #[arg(long)]
+    shared_experts: Option<usize>,
+    /// Hidden width of each shared expert [default: the family's].
+    #[arg(long)]
+    shared_hidden: Option<usize>,
+    /// Scale the shared experts by a sigmoid gate, true or false [default: the family's: true
+    /// for qwen2-moe].
+    #[arg(long)]
+    shared_gate: Option<bool>,
     /// The final learning rate of the cosine schedule [default: 0; 1e-4 for the language models].
     #[arg(long, allow_negative_numbers = true)]
     min_lr: Option<f64>,
@@ -195,6 +214,11 @@ enum ModelArg {
     MmoeCnn,
     Gpt,
     MoeGpt,
+    Llama,
+    Mixtral,
+    Qwen2Moe,
+    Olmoe,
+    DeepseekMoe,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -221,13 +245,36 @@ impl TrainArgs {
         c.device = image.device.clone();
         c.out = image.out.clone();
         c.log_every = image.log_every;
-        c.router = image.router.clone();
-        c.router_options = image.router_options.clone();
-        c.experts = image.experts;
-        c.k = image.k;
+        // the Llama-style families keep their preset's MoE settings unless a flag says otherwise
+        let family = image.model.family().is_some();
+        if !family || has("--router") {
+            c.router = image.router.clone();
+        }
+        // a router's options belong to it: another router starts from none
+        if !family || has("--router") || has("--router-opt") {
+            c.router_options = image.router_options.clone();
+        }
+        if !family || has("--experts") {
+            c.experts = image.experts;
+        }
+        if !family || has("--k") {
+            c.k = image.k;
+        }
+        if !family || has("--balance-loss") {
+            c.balance_loss = image.balance_loss;
+        }
+        c.kv_heads = self.kv_heads;
+        if let Some(n) = self.shared_experts {
+            c.shared_experts = n;
+        }
+        if let Some(h) = self.shared_hidden {
+            c.shared_hidden = h;
+        }
+        if let Some(g) = self.shared_gate {
+            c.shared_gate = g;
+        }
         c.capacity_factor = image.capacity_factor;
         c.eval_capacity_factor = image.eval_capacity_factor;
-        c.balance_loss = image.balance_loss;
         c.z_loss = image.z_loss;
         c.schedule_epochs = image.schedule_epochs;
         c.iters = self.iters;
@@ -294,6 +341,11 @@ impl TrainArgs {
                 ModelArg::MmoeCnn => ModelKind::MmoeCnn,
                 ModelArg::Gpt => ModelKind::Gpt,
                 ModelArg::MoeGpt => ModelKind::MoeGpt,
+                ModelArg::Llama => ModelKind::Llama,
+                ModelArg::Mixtral => ModelKind::Mixtral,
+                ModelArg::Qwen2Moe => ModelKind::Qwen2Moe,
+                ModelArg::Olmoe => ModelKind::Olmoe,
+                ModelArg::DeepseekMoe => ModelKind::DeepseekMoe,
             },
             epochs: self.epochs,
             batch: self.batch,
