@@ -8,7 +8,7 @@
 
 use moegrad::data::Tokenizer;
 use moegrad::data::text::CharCorpus;
-use moegrad::lm::{FeedForward, Gpt, GptConfig, SampleOptions, generate};
+use moegrad::lm::{FeedForward, Gpt, GptConfig, LanguageModel, SampleOptions, generate};
 use moegrad::moe::MoeConfig;
 use moegrad::nn::Parameters;
 use moegrad::optim::Adam;
@@ -51,7 +51,8 @@ fn main() -> moegrad::Result<()> {
         seed: 0,
     };
     cfg.validate()?;
-    let model = Gpt::new(&cfg, cpu)?;
+    // LanguageModel holds either architecture (the GPT here, or a Llama-style Decoder)
+    let model = LanguageModel::Gpt(Gpt::new(&cfg, cpu)?);
     println!(
         "moe-gpt: {} parameters, {} active per token",
         model.num_params(),
