@@ -21,7 +21,7 @@ use super::gpt::GptOutput;
 use crate::moe::MoeLayer;
 use crate::nn::{
     Embedding, GroupedQueryAttention, LatentAttention, Linear, Mlp, Module, Param, Parameters,
-    QueryProjection, RmsNorm, Rotary, join, within,
+    QueryProjection, RmsNorm, Rotary, join,
 };
 use crate::{DType, Device, Error, Result, Tensor};
 use rand::SeedableRng;
@@ -311,25 +311,16 @@ impl Parameters for Decoder {
 
     /// The MoE layers' router state, named `layers.<i>.moe.router.<name>`.
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = Vec::new();
-        for (scope, layer) in self.moe_layers_named() {
-            for (name, t) in layer.state()? {
-                out.push((join(&scope, &name), t));
-            }
-        }
-        Ok(out)
+        super::moe_state::state(&self.moe_layers_named())
     }
 
     /// Restores one entry of [`Parameters::state`] by its full name.
     fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
-        for (scope, layer) in self.moe_layers_named() {
-            if let Some(rest) = within(&scope, name) {
-                return layer.load_state(rest, value);
-            }
-        }
-        Err(Error::Invalid(format!(
-            "the {} model has no state named {name:?}",
-            self.config.family.name()
-        )))
+        super::moe_state::load_state(
+            &self.moe_layers_named(),
+            name,
+            value,
+            &format!("the {} model", self.config.family.name()),
+        )
     }
 }

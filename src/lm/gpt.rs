@@ -19,7 +19,7 @@
 
 use crate::moe::{MoeConfig, MoeLayer, RoutingStats, ScoreTerm};
 use crate::nn::{
-    CausalSelfAttention, Embedding, LayerNorm, Linear, Module, Param, Parameters, join, within,
+    CausalSelfAttention, Embedding, LayerNorm, Linear, Module, Param, Parameters, join,
 };
 use crate::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
@@ -459,24 +459,11 @@ impl Parameters for Gpt {
 
     /// The MoE layers' router state, named `blocks.<i>.moe.router.<name>`.
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
-        let mut out = Vec::new();
-        for (scope, layer) in self.moe_layers_named() {
-            for (name, t) in layer.state()? {
-                out.push((join(&scope, &name), t));
-            }
-        }
-        Ok(out)
+        super::moe_state::state(&self.moe_layers_named())
     }
 
     /// Restores one entry of [`Parameters::state`] by its full name.
     fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
-        for (scope, layer) in self.moe_layers_named() {
-            if let Some(rest) = within(&scope, name) {
-                return layer.load_state(rest, value);
-            }
-        }
-        Err(crate::Error::Invalid(format!(
-            "the language model has no state named {name:?}"
-        )))
+        super::moe_state::load_state(&self.moe_layers_named(), name, value, "the language model")
     }
 }

@@ -15,6 +15,7 @@ mod gpt;
 mod hf_import;
 mod hf_names;
 mod language_model;
+mod moe_state;
 mod task;
 mod train;
 
