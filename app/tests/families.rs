@@ -148,3 +148,46 @@ fn every_family_trains_on_the_gpu_as_on_the_cpu() {
         }
     }
 }
+
+#[test]
+fn shared_experts_work_in_moe_gpt_and_are_counted() {
+    let out = tmp("moe-gpt-shared");
+    let mut cfg = TrainConfig {
+        out: out.clone(),
+        device: "cpu".into(),
+        layers: 1,
+        heads: 2,
+        d_model: 32,
+        block: 16,
+        batch: 8,
+        iters: 4,
+        eval_every: 2,
+        eval_windows: 4,
+        experts: 4,
+        k: 2,
+        expert_hidden: 16,
+        ..TrainConfig::language_model(ModelKind::MoeGpt)
+    };
+    (cfg.shared_experts, cfg.shared_hidden, cfg.shared_gate) = (2, 8, true);
+    let vocab = 65;
+    let model = moegrad::lm::LanguageModel::build(&cfg, vocab, Device::cpu()).unwrap();
+    use moegrad::nn::Parameters;
+    let names: Vec<String> = model.named_params().into_iter().map(|(n, _)| n).collect();
+    for part in [
+        "moe.shared.up.weight",
+        "moe.shared.down.weight",
+        "moe.shared.gate.weight",
+    ] {
+        assert!(
+            names.iter().any(|n| n.ends_with(part)),
+            "{part} in {names:?}"
+        );
+    }
+    assert_eq!(
+        moegrad::lm::LanguageModel::parameter_count(&cfg, vocab),
+        Some(model.num_params() as u64)
+    );
+    let s = run(&cfg, RunOptions::default()).unwrap();
+    assert!(s.val_loss.is_finite());
+    let _ = std::fs::remove_dir_all(&out);
+}

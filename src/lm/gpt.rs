@@ -126,7 +126,17 @@ impl GptConfig {
                 FeedForward::Moe { layer, .. } if self.is_moe_block(i) => {
                     let (n, h) = (layer.experts as u64, layer.hidden as u64);
                     let expert = linear(d, h)?.checked_add(linear(h, d)?)?;
-                    n.checked_mul(expert)?.checked_add(linear(d, n)?)?
+                    let s = (layer.shared.count * layer.shared.hidden) as u64;
+                    let shared = if s > 0 {
+                        linear(d, s)?
+                            .checked_add(linear(s, d)?)?
+                            .checked_add(if layer.shared.gate { d } else { 0 })?
+                    } else {
+                        0
+                    };
+                    n.checked_mul(expert)?
+                        .checked_add(linear(d, n)?)?
+                        .checked_add(shared)?
                 }
                 FeedForward::Moe { dense_hidden, .. } => {
                     let h = *dense_hidden as u64;

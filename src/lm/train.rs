@@ -112,6 +112,15 @@ pub fn gpt_config(cfg: &TrainConfig, vocab: usize) -> GptConfig {
             layer.balance_loss = cfg.balance_loss;
             layer.z_loss = cfg.z_loss;
             layer.router_options = cfg.router_options.clone();
+            layer.shared = crate::moe::SharedExpertsConfig {
+                count: cfg.shared_experts,
+                hidden: if cfg.shared_hidden == 0 {
+                    cfg.expert_hidden
+                } else {
+                    cfg.shared_hidden
+                },
+                gate: cfg.shared_gate,
+            };
             FeedForward::Moe {
                 layer: Box::new(layer),
                 every: cfg.moe_every,
