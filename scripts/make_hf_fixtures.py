@@ -3,7 +3,9 @@ transformers defines, with awkward settings, saved by transformers itself, and t
 fixed token ids. Run once, in a throw-away venv (CI has no Python; the outputs are committed):
 
     python3 -m venv /tmp/v && /tmp/v/bin/pip install torch numpy transformers safetensors
-    /tmp/v/bin/python scripts/make_hf_fixtures.py tests/fixtures/hf
+    /tmp/v/bin/python scripts/make_hf_fixtures.py tests/fixtures/hf [FAMILY ...]
+
+(naming families writes only those; `gpt2` was added later, with `... tests/fixtures/hf gpt2`).
 
 Each fixture directory holds what `save_pretrained` writes (config.json, model.safetensors: with
 transformers 5.x, the per-expert names the Hub's checkpoints use, e.g.
@@ -24,6 +26,7 @@ import transformers as tf
 from safetensors.torch import load_file, save_file
 
 OUT = sys.argv[1] if len(sys.argv) > 1 else "tests/fixtures/hf"
+ONLY = set(sys.argv[2:])
 B, T = 2, 7
 
 
@@ -61,13 +64,32 @@ def fixtures():
         n_group=4, topk_group=2, first_k_dense_replace=1, norm_topk_prob=True, routed_scaling_factor=2.5,
         q_lora_rank=12, kv_lora_rank=10, qk_rope_head_dim=4, qk_nope_head_dim=6, v_head_dim=14,
         max_position_embeddings=16, rope_theta=10000.0, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    # GPT-2 (moegrad's --model gpt): odd widths, 3 heads, an MLP width that is not 4d, and a
+    # byte-level BPE tokenizer.json (trained below) whose 262 tokens are the vocabulary
+    yield "gpt2", tf.GPT2LMHeadModel, tf.GPT2Config(
+        vocab_size=262, n_embd=24, n_layer=2, n_head=3, n_inner=40, n_positions=16,
+        activation_function="gelu_new", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+
+
+def write_tokenizer(d, vocab):
+    """A byte-level BPE of `vocab` tokens trained on a few lines, saved as d/tokenizer.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, decoders, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    text = ["To be, or not to be, that is the question:", "Whether 'tis nobler in the mind to suffer"]
+    tok.train_from_iterator(text, trainer)
+    assert tok.get_vocab_size() == vocab, tok.get_vocab_size()
+    tok.save(os.path.join(d, "tokenizer.json"))
 
 
 def redraw(model, seed):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
+            if "norm" in name or ".ln_" in name:
                 p.copy_(1.0 + 0.2 * (torch.rand(p.shape, generator=g) * 2 - 1))
             elif name.endswith("bias"):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
@@ -105,7 +127,9 @@ def routing_margin(model, cfg, logits_seen):
 
 def main():
     for name, cls, cfg in fixtures():
-        k = getattr(cfg, "num_experts_per_tok", 0) if name != "llama" else 0
+        if ONLY and name not in ONLY:
+            continue
+        k = getattr(cfg, "num_experts_per_tok", 0) if name not in ("llama", "gpt2") else 0
         for seed in range(100):
             torch.manual_seed(seed)
             model = cls(cfg).eval()
@@ -126,6 +150,8 @@ def main():
         for extra in ("generation_config.json",):
             if os.path.exists(os.path.join(d, extra)):
                 os.remove(os.path.join(d, extra))
+        if name == "gpt2":
+            write_tokenizer(d, cfg.vocab_size)
         tensors = load_file(os.path.join(d, "model.safetensors"))
         if k:
             state = {n: t.contiguous() for n, t in model.state_dict().items()}

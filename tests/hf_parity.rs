@@ -18,7 +18,14 @@ use moegrad::{Device, Tensor};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-const FAMILIES: [&str; 5] = ["llama", "mixtral", "qwen2_moe", "olmoe", "deepseek_v3"];
+const FAMILIES: [&str; 6] = [
+    "llama",
+    "mixtral",
+    "qwen2_moe",
+    "olmoe",
+    "deepseek_v3",
+    "gpt2",
+];
 
 fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

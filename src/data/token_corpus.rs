@@ -78,6 +78,50 @@ impl TokenCorpus {
                 text, block, source,
             )?));
         }
+        let tokenizer = Tokenizer::build(spec, split_train(text))?;
+        TokenCorpus::with_tokenizer(text, tokenizer, block, source)
+    }
+
+    /// [`TokenCorpus::from_text`] with a tokenizer already made (a checkpoint's, for
+    /// `--init-from`): a non-character one encodes both splits; a character one must hold every
+    /// character of the text.
+    ///
+    /// # Errors
+    /// As [`TokenCorpus::load`]; a character the character tokenizer lacks (named).
+    pub fn with_tokenizer(
+        text: &str,
+        tokenizer: Tokenizer,
+        block: usize,
+        source: &Path,
+    ) -> Result<TokenCorpus> {
+        if let Some(vocab) = tokenizer.char_vocab() {
+            let corpus = CharCorpus::from_text(text, block, source)?;
+            if let Some(c) = corpus.vocab.iter().find(|c| !vocab.contains(c)) {
+                return Err(err(
+                    source,
+                    format!(
+                        "the character {c:?} is not in the model's vocabulary of {} characters: a character model reads only the characters it was trained on",
+                        vocab.len()
+                    ),
+                ));
+            }
+            // the model's ids: each character's place in its own vocabulary
+            let remap = |ids: &[i32]| -> Vec<i32> {
+                ids.iter()
+                    .map(|&i| {
+                        let c = corpus.vocab[i as usize];
+                        vocab.iter().position(|&v| v == c).unwrap_or(0) as i32
+                    })
+                    .collect()
+            };
+            return Ok(TokenCorpus {
+                val_chars: vec![1; corpus.val.len()],
+                train: remap(&corpus.train),
+                val: remap(&corpus.val),
+                tokenizer,
+                source: corpus.source,
+            });
+        }
         if block == 0 {
             return Err(Error::Invalid("--block must be at least 1".into()));
         }
@@ -85,12 +129,8 @@ impl TokenCorpus {
         if count == 0 {
             return Err(err(source, "the text is empty"));
         }
-        let at = text
-            .char_indices()
-            .nth(text::split_chars(count))
-            .map_or(text.len(), |(i, _)| i);
-        let (train_text, val_text) = text.split_at(at);
-        let tokenizer = Tokenizer::build(spec, train_text)?;
+        let train_text = split_train(text);
+        let val_text = &text[train_text.len()..];
         let train = tokenizer.encode(train_text)?;
         let (val, val_chars) = tokenizer.encode_counting_chars(val_text)?;
         let shortest = train.len().min(val.len());
@@ -158,4 +198,14 @@ impl TokenCorpus {
             })
             .sum()
     }
+}
+
+/// The training split of a text: its first 90% of characters (`text::split_chars`).
+fn split_train(text: &str) -> &str {
+    let count = text.chars().count();
+    let at = text
+        .char_indices()
+        .nth(crate::data::text::split_chars(count))
+        .map_or(text.len(), |(i, _)| i);
+    &text[..at]
 }

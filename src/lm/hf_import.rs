@@ -1,6 +1,8 @@
-//! Importing a Hugging Face transformers checkpoint into a [`Decoder`]: `config.json` becomes a
-//! [`DecoderConfig`], `model.safetensors` (or the shards `model.safetensors.index.json` lists)
-//! becomes its parameters, in either tensor layout transformers writes:
+//! Importing a Hugging Face transformers checkpoint into a moegrad language model: `config.json`
+//! becomes a [`DecoderConfig`] (`llama`, `mixtral`, `qwen2_moe`, `olmoe`, `deepseek_v3`) or a
+//! GPT's settings (`gpt2`, see `hf_config.rs`), `model.safetensors` (or the shards
+//! `model.safetensors.index.json` lists) becomes its parameters (`hf_names.rs`, `hf_gpt2.rs`),
+//! in either tensor layout transformers writes:
 //!
 //! * the per-expert names of the Hub's checkpoints and of `save_pretrained`
 //!   (`model.layers.L.block_sparse_moe.experts.E.w1.weight` for Mixtral, with `w1` the gate,
@@ -17,10 +19,12 @@
 //! it, before any parameter is written.
 
 use super::decoder::Decoder;
-use super::decoder_config::{DecoderConfig, Family, LatentConfig, SparseLayers};
+use super::decoder_config::{DecoderConfig, Family};
+use super::gpt::Gpt;
+use super::hf_config::{Architecture, architecture_from_hf};
 use super::hf_names;
-use crate::moe::{MoeConfig, SharedExpertsConfig};
-use crate::nn::{Activation, Parameters};
+use super::language_model::LanguageModel;
+use crate::nn::Parameters;
 use crate::{Device, Error, Result, Tensor};
 use safetensors::{Dtype, SafeTensors};
 use serde_json::Value;
@@ -33,11 +37,13 @@ pub(super) struct HostTensor {
     pub(super) values: Vec<f32>,
 }
 
-/// A Hugging Face checkpoint read into a [`Decoder`]: the model, and the `tokenizer.json` text
-/// when the directory has one.
+/// A Hugging Face checkpoint read into a moegrad language model: the model, its `config.json`
+/// and the `tokenizer.json` text when the directory has one.
 pub struct HfImport {
-    /// the model, with the checkpoint's parameters
-    pub model: Decoder,
+    /// the model, with the checkpoint's parameters (a [`Decoder`], or a GPT for `gpt2`)
+    pub model: LanguageModel,
+    /// the `config.json` as read: the model's architecture (`TrainConfig::architecture`)
+    pub config_json: Value,
     /// the directory's `tokenizer.json`, if any
     pub tokenizer_json: Option<String>,
 }
@@ -54,18 +60,30 @@ pub fn import_hf(dir: &Path, device: Device) -> Result<HfImport> {
         .map_err(|e| Error::Io(format!("{}: {e}", config_path.display())))?;
     let json: Value = serde_json::from_str(&text)
         .map_err(|e| Error::Io(format!("{}: not valid JSON: {e}", config_path.display())))?;
-    let cfg = config_from_hf(&json)
+    let arch = architecture_from_hf(&json)
         .map_err(|e| Error::Invalid(format!("{}: {e}", config_path.display())))?;
-    // DeepSeek-V3 lays its rotary columns out in interleaved pairs unless told otherwise
-    let interleaved = cfg.family == Family::DeepseekMoe
-        && json
-            .get("rope_interleave")
-            .and_then(Value::as_bool)
-            .unwrap_or(true);
-    cfg.check_memory(1)?;
-    let tensors = read_checkpoint(dir)?;
-    let model = Decoder::new(&cfg, device)?;
-    load_weights(&model, &cfg, tensors, interleaved, device)?;
+    let model = match arch {
+        Architecture::Decoder(cfg) => {
+            // DeepSeek-V3 lays its rotary columns out in interleaved pairs unless told otherwise
+            let interleaved = cfg.family == Family::DeepseekMoe
+                && json
+                    .get("rope_interleave")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(true);
+            cfg.check_memory(1)?;
+            let tensors = read_checkpoint(dir)?;
+            let model = Decoder::new(&cfg, device)?;
+            load_weights(&model, &cfg, tensors, interleaved, device)?;
+            LanguageModel::Decoder(Box::new(model))
+        }
+        Architecture::Gpt(cfg) => {
+            cfg.check_memory(1)?;
+            let tensors = read_checkpoint(dir)?;
+            let model = Gpt::new(&cfg, device)?;
+            super::hf_gpt2::load_weights(&model, tensors, device)?;
+            LanguageModel::Gpt(model)
+        }
+    };
     let tokenizer_path = dir.join("tokenizer.json");
     let tokenizer_json = if tokenizer_path.is_file() {
         Some(
@@ -77,259 +95,9 @@ pub fn import_hf(dir: &Path, device: Device) -> Result<HfImport> {
     };
     Ok(HfImport {
         model,
+        config_json: json,
         tokenizer_json,
     })
-}
-
-/// The config fields read as a number, a whole number or a flag; a missing field takes
-/// `default` (None: required).
-struct Fields<'a>(&'a Value);
-
-impl Fields<'_> {
-    fn get(&self, key: &str) -> Option<&Value> {
-        self.0.get(key).filter(|v| !v.is_null())
-    }
-    fn usize(&self, key: &str, default: Option<usize>) -> Result<usize> {
-        match self.get(key) {
-            Some(v) => v
-                .as_u64()
-                .map(|n| n as usize)
-                .ok_or_else(|| Error::Invalid(format!("{key} = {v} is not a whole number"))),
-            None => default.ok_or_else(|| Error::Invalid(format!("{key} is missing"))),
-        }
-    }
-    fn f64(&self, key: &str, default: f64) -> Result<f64> {
-        match self.get(key) {
-            Some(v) => v
-                .as_f64()
-                .ok_or_else(|| Error::Invalid(format!("{key} = {v} is not a number"))),
-            None => Ok(default),
-        }
-    }
-    fn bool(&self, key: &str, default: bool) -> Result<bool> {
-        match self.get(key) {
-            Some(v) => v
-                .as_bool()
-                .ok_or_else(|| Error::Invalid(format!("{key} = {v} is not true or false"))),
-            None => Ok(default),
-        }
-    }
-    /// Refuses `key` when set to anything but `allowed` values (or null).
-    fn refuse_unless(&self, key: &str, allowed: &[Value], why: &str) -> Result<()> {
-        match self.get(key) {
-            Some(v) if !allowed.contains(v) => Err(Error::Invalid(format!(
-                "{key} = {v} is not supported: {why}"
-            ))),
-            _ => Ok(()),
-        }
-    }
-}
-
-/// The [`DecoderConfig`] of a transformers `config.json`.
-fn config_from_hf(json: &Value) -> Result<DecoderConfig> {
-    let f = Fields(json);
-    let model_type = json
-        .get("model_type")
-        .and_then(Value::as_str)
-        .ok_or_else(|| Error::Invalid("model_type is missing".into()))?;
-    let family = match model_type {
-        "llama" => Family::Llama,
-        "mixtral" => Family::Mixtral,
-        "qwen2_moe" => Family::Qwen2Moe,
-        "olmoe" => Family::Olmoe,
-        "deepseek_v3" => Family::DeepseekMoe,
-        other => {
-            return Err(Error::Invalid(format!(
-                "model_type {other:?} is not one moegrad imports (llama, mixtral, qwen2_moe, olmoe, deepseek_v3)"
-            )));
-        }
-    };
-    let vocab = f.usize("vocab_size", None)?;
-    let mut cfg = DecoderConfig::baby(family, vocab);
-    cfg.d_model = f.usize("hidden_size", None)?;
-    cfg.layers = f.usize("num_hidden_layers", None)?;
-    cfg.heads = f.usize("num_attention_heads", None)?;
-    cfg.kv_heads = f.usize("num_key_value_heads", Some(cfg.heads))?;
-    cfg.head_dim = f.usize("head_dim", Some(cfg.d_model / cfg.heads.max(1)))?;
-    cfg.block = f.usize("max_position_embeddings", None)?;
-    cfg.rms_eps = f.f64("rms_norm_eps", 1e-6)?;
-    cfg.tie_embeddings = f.bool("tie_word_embeddings", false)?;
-    // rope: transformers 5 nests it in rope_parameters, 4.x has rope_theta and rope_scaling
-    let rope = json.get("rope_parameters").filter(|v| !v.is_null());
-    let rope_type = rope
-        .and_then(|r| r.get("rope_type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    if rope_type != "default" {
-        return Err(Error::Invalid(format!(
-            "rope_parameters.rope_type = {rope_type:?} is not supported: moegrad's rotary positions are the default (unscaled) kind"
-        )));
-    }
-    f.refuse_unless(
-        "rope_scaling",
-        &[],
-        "moegrad's rotary positions are unscaled",
-    )?;
-    cfg.rope_theta = match rope
-        .and_then(|r| r.get("rope_theta"))
-        .and_then(Value::as_f64)
-    {
-        Some(theta) => theta,
-        None => f.f64("rope_theta", 10_000.0)?,
-    };
-    f.refuse_unless("hidden_act", &["silu".into()], "moegrad's SwiGLU uses SiLU")?;
-    f.refuse_unless("mlp_bias", &[false.into()], "moegrad's MLPs have no bias")?;
-    let expert_width = |key: &str| f.usize(key, None);
-    let moe = |hidden: usize, experts_key: &str, router: &str, balance: f64| -> Result<MoeConfig> {
-        let mut m = MoeConfig::new(cfg.d_model, hidden, f.usize(experts_key, None)?, 1);
-        m.k = f.usize("num_experts_per_tok", None)?;
-        m.router = router.into();
-        m.activation = Activation::SwiGlu;
-        m.expert_bias = false;
-        m.gate_bias = false;
-        m.balance_loss = f.f64("router_aux_loss_coef", balance)?;
-        Ok(m)
-    };
-    let norm_topk = |default: bool| -> Result<&'static str> {
-        Ok(if f.bool("norm_topk_prob", default)? {
-            "topk"
-        } else {
-            "topk-unnorm"
-        })
-    };
-    match family {
-        Family::Llama => {
-            f.refuse_unless(
-                "attention_bias",
-                &[false.into()],
-                "moegrad's llama attention has no biases",
-            )?;
-            cfg.ffn_hidden = f.usize("intermediate_size", None)?;
-        }
-        Family::Mixtral => {
-            if let Some(w) = f.get("sliding_window").and_then(Value::as_u64)
-                && w > 0
-                && (w as usize) < cfg.block
-            {
-                return Err(Error::Invalid(format!(
-                    "sliding_window = {w} is not supported: moegrad attends over the whole context (max_position_embeddings {})",
-                    cfg.block
-                )));
-            }
-            cfg.moe = Some(moe(
-                expert_width("intermediate_size")?,
-                "num_local_experts",
-                "topk",
-                0.01,
-            )?);
-        }
-        Family::Qwen2Moe => {
-            if f.bool("use_sliding_window", false)? {
-                return Err(Error::Invalid(
-                    "use_sliding_window = true is not supported: moegrad attends over the whole context".into(),
-                ));
-            }
-            cfg.ffn_hidden = f.usize("intermediate_size", None)?;
-            cfg.qkv_bias = f.bool("qkv_bias", true)?;
-            let mut m = moe(
-                expert_width("moe_intermediate_size")?,
-                "num_experts",
-                norm_topk(false)?,
-                0.001,
-            )?;
-            let shared = f.usize("shared_expert_intermediate_size", Some(0))?;
-            if shared > 0 {
-                m.shared = SharedExpertsConfig {
-                    count: 1,
-                    hidden: shared,
-                    gate: true,
-                };
-            }
-            cfg.moe = Some(m);
-            let dense: Vec<usize> = match f.get("mlp_only_layers") {
-                Some(Value::Array(items)) => items
-                    .iter()
-                    .map(|v| v.as_u64().map(|n| n as usize))
-                    .collect::<Option<_>>()
-                    .ok_or_else(|| {
-                        Error::Invalid("mlp_only_layers is not a list of layer numbers".into())
-                    })?,
-                Some(v) => {
-                    return Err(Error::Invalid(format!(
-                        "mlp_only_layers = {v} is not a list"
-                    )));
-                }
-                None => Vec::new(),
-            };
-            cfg.sparse_layers = SparseLayers {
-                first_dense: 0,
-                step: f.usize("decoder_sparse_step", Some(1))?,
-                dense,
-            };
-        }
-        Family::DeepseekMoe => {
-            f.refuse_unless(
-                "attention_bias",
-                &[false.into()],
-                "moegrad's latent attention has no biases",
-            )?;
-            cfg.ffn_hidden = f.usize("intermediate_size", None)?;
-            let hidden = expert_width("moe_intermediate_size")?;
-            let mut m = moe(hidden, "n_routed_experts", "deepseek-v3", 0.0)?;
-            let options = [
-                ("n_group", f.usize("n_group", Some(1))?.to_string()),
-                ("topk_group", f.usize("topk_group", Some(1))?.to_string()),
-                (
-                    "norm_topk_prob",
-                    f.bool("norm_topk_prob", true)?.to_string(),
-                ),
-                (
-                    "routed_scaling_factor",
-                    f.f64("routed_scaling_factor", 1.0)?.to_string(),
-                ),
-            ];
-            for (key, value) in options {
-                m.router_options.insert(key.into(), value);
-            }
-            m.shared = SharedExpertsConfig {
-                count: f.usize("n_shared_experts", Some(0))?,
-                hidden,
-                gate: false,
-            };
-            cfg.moe = Some(m);
-            cfg.sparse_layers = SparseLayers {
-                first_dense: f.usize("first_k_dense_replace", Some(0))?,
-                ..SparseLayers::default()
-            };
-            cfg.latent = Some(LatentConfig {
-                q_rank: match f.get("q_lora_rank") {
-                    Some(_) => Some(f.usize("q_lora_rank", None)?),
-                    None => None,
-                },
-                kv_rank: f.usize("kv_lora_rank", None)?,
-                nope_dim: f.usize("qk_nope_head_dim", None)?,
-                rope_dim: f.usize("qk_rope_head_dim", None)?,
-                v_dim: f.usize("v_head_dim", None)?,
-            });
-        }
-        Family::Olmoe => {
-            f.refuse_unless("clip_qkv", &[], "moegrad does not clip q, k and v")?;
-            f.refuse_unless(
-                "attention_bias",
-                &[false.into()],
-                "moegrad's OLMoE attention has no biases",
-            )?;
-            cfg.qk_norm = true;
-            cfg.moe = Some(moe(
-                expert_width("intermediate_size")?,
-                "num_experts",
-                norm_topk(false)?,
-                0.01,
-            )?);
-        }
-    }
-    cfg.validate()?;
-    Ok(cfg)
 }
 
 /// Every tensor of `model.safetensors`, or of the shards `model.safetensors.index.json` lists.

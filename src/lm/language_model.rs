@@ -6,11 +6,12 @@
 use super::decoder::Decoder;
 use super::decoder_config::{DecoderConfig, Family};
 use super::gpt::{Gpt, GptOutput};
+use super::hf_config::{Architecture, architecture_from_hf};
 use super::train::gpt_config;
 use crate::moe::{MoeConfig, MoeLayer, SharedExpertsConfig};
 use crate::nn::{Param, Parameters};
 use crate::train::{ModelOutput, TaskModel, TrainConfig};
-use crate::{Device, Result, Tensor};
+use crate::{Device, Error, Result, Tensor};
 
 /// A language model of either architecture.
 pub enum LanguageModel {
@@ -79,6 +80,90 @@ pub fn decoder_config(cfg: &TrainConfig, vocab: usize) -> Option<DecoderConfig> 
     Some(d)
 }
 
+/// The model a run's settings describe for a tokenizer of `vocab` tokens: the family's preset at
+/// the run's sizes ([`decoder_config`], [`gpt_config`]), or, when the run carries an
+/// architecture (`TrainConfig::architecture`: an imported or inherited model), that
+/// architecture with the run's training settings (router and options, capacities, balance and
+/// z-loss weights, seed).
+///
+/// # Errors
+/// An architecture that does not parse, is not the run's `--model`, has fewer tokens than the
+/// tokenizer, or disagrees with `--layers`, `--heads`, `--kv-heads` or `--d-model` (named).
+pub fn model_config(cfg: &TrainConfig, vocab: usize) -> Result<Architecture> {
+    let Some(json) = &cfg.architecture else {
+        return Ok(match decoder_config(cfg, vocab) {
+            Some(d) => Architecture::Decoder(d),
+            None => Architecture::Gpt(gpt_config(cfg, vocab)),
+        });
+    };
+    let arch = architecture_from_hf(json)
+        .map_err(|e| Error::Invalid(format!("the run's architecture: {e}")))?;
+    let (name, model_vocab, sizes) = match &arch {
+        Architecture::Gpt(g) => (
+            "gpt",
+            g.vocab,
+            [g.layers, g.heads, g.heads, g.d_model, g.block],
+        ),
+        Architecture::Decoder(d) => (
+            d.family.name(),
+            d.vocab,
+            [d.layers, d.heads, d.kv_heads, d.d_model, d.block],
+        ),
+    };
+    if name != cfg.model.name() {
+        return Err(Error::Invalid(format!(
+            "the run's architecture is a {name} model, not --model {}",
+            cfg.model.name()
+        )));
+    }
+    if vocab > model_vocab {
+        return Err(Error::Invalid(format!(
+            "the tokenizer has {vocab} tokens, but the model's vocabulary is {model_vocab}"
+        )));
+    }
+    let kv = if cfg.kv_heads == 0 {
+        cfg.heads
+    } else {
+        cfg.kv_heads
+    };
+    let given = [cfg.layers, cfg.heads, kv, cfg.d_model];
+    for (i, flag) in ["--layers", "--heads", "--kv-heads", "--d-model"]
+        .iter()
+        .enumerate()
+    {
+        if given[i] != sizes[i] && !(i == 2 && name == "gpt") {
+            return Err(Error::Invalid(format!(
+                "{flag} {} differs from the model's architecture, which has {}",
+                given[i], sizes[i]
+            )));
+        }
+    }
+    if cfg.block > sizes[4] {
+        return Err(Error::Invalid(format!(
+            "--block {} is longer than the model's context ({} positions)",
+            cfg.block, sizes[4]
+        )));
+    }
+    Ok(match arch {
+        Architecture::Gpt(mut g) => {
+            g.seed = cfg.seed;
+            Architecture::Gpt(g)
+        }
+        Architecture::Decoder(mut d) => {
+            d.seed = cfg.seed;
+            if let Some(m) = d.moe.as_mut() {
+                m.router = cfg.router.clone();
+                m.router_options = cfg.router_options.clone();
+                m.capacity = crate::train::capacity(cfg.capacity_factor);
+                m.eval_capacity = crate::train::capacity(cfg.eval_capacity_factor);
+                m.balance_loss = cfg.balance_loss;
+                m.z_loss = cfg.z_loss;
+            }
+            Architecture::Decoder(d)
+        }
+    })
+}
+
 impl LanguageModel {
     /// The model a run's settings describe, checked (settings and memory for `batch`) before
     /// anything is allocated.
@@ -86,14 +171,13 @@ impl LanguageModel {
     /// # Errors
     /// Settings the model refuses, or a model and batch that do not fit in memory.
     pub fn build(cfg: &TrainConfig, vocab: usize, device: Device) -> Result<LanguageModel> {
-        match decoder_config(cfg, vocab) {
-            Some(d) => {
+        match model_config(cfg, vocab)? {
+            Architecture::Decoder(d) => {
                 d.validate()?;
                 d.check_memory(cfg.batch)?;
                 Ok(LanguageModel::Decoder(Box::new(Decoder::new(&d, device)?)))
             }
-            None => {
-                let g = gpt_config(cfg, vocab);
+            Architecture::Gpt(g) => {
                 g.validate()?;
                 g.check_memory(cfg.batch)?;
                 Ok(LanguageModel::Gpt(Gpt::new(&g, device)?))
@@ -101,12 +185,38 @@ impl LanguageModel {
         }
     }
 
+    /// [`LanguageModel::build`], then, when the run starts from a checkpoint
+    /// (`TrainConfig::init_from`), its parameters and routers' state taken from there: copied,
+    /// or upcycled from a dense model (see `lm/init_from.rs`). What a training run starts from.
+    ///
+    /// # Errors
+    /// Those of [`LanguageModel::build`]; an unreadable checkpoint or a parameter it has no
+    /// value for (named).
+    pub fn build_initialised(
+        cfg: &TrainConfig,
+        vocab: usize,
+        device: Device,
+    ) -> Result<LanguageModel> {
+        let model = LanguageModel::build(cfg, vocab, device)?;
+        super::init_from::init_parameters(&model, cfg, device)?;
+        Ok(model)
+    }
+
     /// Trainable parameters the settings describe, counted before building (an estimate for
-    /// routers with extra parameters; None on overflow).
+    /// routers with extra parameters; None on overflow or settings that describe no model).
     pub fn parameter_count(cfg: &TrainConfig, vocab: usize) -> Option<u64> {
-        match decoder_config(cfg, vocab) {
-            Some(d) => d.parameter_count(),
-            None => gpt_config(cfg, vocab).parameter_count(),
+        match model_config(cfg, vocab).ok()? {
+            Architecture::Decoder(d) => d.parameter_count(),
+            Architecture::Gpt(g) => g.parameter_count(),
+        }
+    }
+
+    /// The settings of the model built: its architecture as a transformers config would say
+    /// it ([`crate::lm::architecture_to_hf`] writes that config).
+    pub fn architecture(&self) -> Architecture {
+        match self {
+            LanguageModel::Gpt(m) => Architecture::Gpt(m.config.clone()),
+            LanguageModel::Decoder(m) => Architecture::Decoder(m.config().clone()),
         }
     }
 

@@ -12,8 +12,12 @@ mod decoder;
 mod decoder_config;
 mod generate;
 mod gpt;
+mod hf_config;
+mod hf_gpt2;
 mod hf_import;
 mod hf_names;
+mod import_run;
+mod init_from;
 mod language_model;
 mod moe_state;
 mod task;
@@ -23,6 +27,11 @@ pub use decoder::Decoder;
 pub use decoder_config::{DecoderConfig, Family, LatentConfig, SparseLayers};
 pub use generate::{MAX_TOKENS, SampleOptions, generate};
 pub use gpt::{FeedForward, Gpt, GptConfig, GptOutput};
+pub use hf_config::{Architecture, MODEL_TYPES, architecture_from_hf, architecture_to_hf};
 pub use hf_import::{HfImport, import_hf};
-pub use language_model::{LanguageModel, decoder_config};
-pub use train::{LmSummary, gpt_config, load_model, make_optimizer, run, run_observed};
+pub use import_run::{ImportReport, import_run};
+pub use init_from::{checkpoint_settings, inherit_settings};
+pub use language_model::{LanguageModel, decoder_config, model_config};
+pub use train::{
+    LmSummary, gpt_config, load_checkpoint, load_model, make_optimizer, run, run_observed,
+};

@@ -45,9 +45,26 @@ impl<'a> LmTask<'a> {
                 "the language models train with --optimizer adamw (the default) or adam".into(),
             ));
         }
-        let spec = TokenizerSpec::parse(&cfg.tokenizer)?;
-        let corpus = TokenCorpus::load(&text_path(cfg)?, &spec, cfg.block)?;
-        let model = LanguageModel::build(cfg, corpus.vocab_size(), device)?;
+        let corpus = match &cfg.init_from {
+            // the checkpoint's own tokenizer, whatever --tokenizer says (see lm/init_from.rs)
+            Some(path) => {
+                let (_, tokenizer) = super::init_from::checkpoint_settings(path)?;
+                let tokenizer = tokenizer.ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "--init-from {}: the checkpoint has no tokenizer, so it cannot be trained on text",
+                        path.display()
+                    ))
+                })?;
+                let source = text_path(cfg)?;
+                let text = crate::data::text::load_text(&source)?;
+                TokenCorpus::with_tokenizer(&text, tokenizer, cfg.block, &source)?
+            }
+            None => {
+                let spec = TokenizerSpec::parse(&cfg.tokenizer)?;
+                TokenCorpus::load(&text_path(cfg)?, &spec, cfg.block)?
+            }
+        };
+        let model = LanguageModel::build_initialised(cfg, corpus.vocab_size(), device)?;
         let mut tokenizer_meta = BTreeMap::new();
         corpus.tokenizer.annotate(&mut tokenizer_meta)?;
         let val_starts = corpus.val_windows(cfg.eval_windows, cfg.block, cfg.seed);

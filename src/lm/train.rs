@@ -234,37 +234,33 @@ fn run_on_this_thread(
     crate::train::trainer::run_task(cfg, opts, || LmTask::new(cfg), obs)
 }
 
-/// Loads a language model from a checkpoint written by [`run`]: its settings and tokenizer
-/// from the metadata (a character vocabulary, or a tokenizer's JSON; checkpoints written
-/// before tokenizers existed hold the first), its parameters (checked finite), on `device`.
+/// Loads a language model from a checkpoint written by [`run`] or `moegrad import`: its
+/// settings and tokenizer from the metadata (a character vocabulary, or a tokenizer's JSON;
+/// checkpoints written before tokenizers existed hold the first), its parameters (checked
+/// finite) and its routers' state, on `device`.
 ///
 /// # Errors
-/// A file that is not a moegrad language-model checkpoint, or whose tensors do not fit the model
-/// its metadata describes (each names the file and the item).
+/// A file that is not a moegrad language-model checkpoint, one without a tokenizer (an import
+/// without `tokenizer.json`: [`load_checkpoint`] reads it), or whose tensors do not fit the
+/// model its metadata describes (each names the file and the item).
 pub fn load_model(path: &Path, device: Device) -> Result<(LanguageModel, Tokenizer)> {
-    let ck = crate::checkpoint::Checkpoint::load(path, device)?;
-    let meta = |key: &str| {
-        ck.metadata.get(key).ok_or_else(|| {
-            Error::Io(format!(
-                "{}: no {key} in the metadata: not a checkpoint of moegrad train --model gpt|moe-gpt",
-                path.display()
-            ))
-        })
-    };
-    let cfg: TrainConfig = serde_json::from_str(meta("config")?).map_err(|e| {
+    let (model, tokenizer) = load_checkpoint(path, device)?;
+    let tokenizer = tokenizer.ok_or_else(|| {
         Error::Io(format!(
-            "{}: the run configuration in the metadata is malformed: {e}",
+            "{}: the checkpoint has no tokenizer (imported without a tokenizer.json), so it cannot turn text into ids: use moegrad logits with token ids, or import again with --tokenizer PATH/tokenizer.json",
             path.display()
         ))
     })?;
-    if !cfg.model.is_lm() {
-        return Err(Error::Io(format!(
-            "{}: a checkpoint of --model {}, not of a language model",
-            path.display(),
-            cfg.model.name()
-        )));
-    }
-    let tokenizer = Tokenizer::from_metadata(&ck.metadata, path)?;
+    Ok((model, tokenizer))
+}
+
+/// [`load_model`] for checkpoints with or without a tokenizer.
+///
+/// # Errors
+/// As [`load_model`], but for the missing tokenizer.
+pub fn load_checkpoint(path: &Path, device: Device) -> Result<(LanguageModel, Option<Tokenizer>)> {
+    let ck = crate::checkpoint::Checkpoint::load(path, device)?;
+    let (cfg, tokenizer) = super::init_from::settings_from_metadata(&ck.metadata, path)?;
     if let Some(bad) = ck.first_non_finite()? {
         return Err(Error::Io(format!("{}: {bad}", path.display())));
     }
@@ -277,7 +273,19 @@ pub fn load_model(path: &Path, device: Device) -> Result<(LanguageModel, Tokeniz
         ))
     };
     cfg.validate().map_err(in_checkpoint)?;
-    let described = LanguageModel::parameter_count(&cfg, tokenizer.vocab_size());
+    // without a tokenizer, the vocabulary is the model's own (an imported architecture)
+    let vocab = tokenizer.as_ref().map_or(0, Tokenizer::vocab_size);
+    let model_cfg = super::language_model::model_config(&cfg, vocab).map_err(in_checkpoint)?;
+    if tokenizer.is_none() && cfg.architecture.is_none() {
+        return Err(Error::Io(format!(
+            "{}: no vocab or tokenizer in the metadata: not a checkpoint of a moegrad language model",
+            path.display()
+        )));
+    }
+    let described = match &model_cfg {
+        super::hf_config::Architecture::Decoder(d) => d.parameter_count(),
+        super::hf_config::Architecture::Gpt(g) => g.parameter_count(),
+    };
     let held: u64 = ck
         .tensors
         .iter()
@@ -299,7 +307,7 @@ pub fn load_model(path: &Path, device: Device) -> Result<(LanguageModel, Tokeniz
     // the model is built for one sequence: the run's batch does not matter here
     let mut one = cfg.clone();
     one.batch = 1;
-    let model = LanguageModel::build(&one, tokenizer.vocab_size(), device)?;
+    let model = LanguageModel::build(&one, vocab, device)?;
     for (name, p) in model.named_params() {
         let t = ck
             .tensors
@@ -314,6 +322,14 @@ pub fn load_model(path: &Path, device: Device) -> Result<(LanguageModel, Tokeniz
             )));
         }
         p.set(t.to_dtype(DType::F32)?)?;
+    }
+    // the routers' state (DeepSeek-V3's correction bias, noise counters)
+    for (name, t) in &ck.tensors {
+        if let Some(state) = name.strip_prefix("state.") {
+            model
+                .load_state(state, t)
+                .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
+        }
     }
     Ok((model, tokenizer))
 }

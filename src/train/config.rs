@@ -235,6 +235,19 @@ pub struct TrainConfig {
     /// MoE layers: scale the shared experts by a sigmoid gate (Qwen2-MoE)
     #[serde(default)]
     pub shared_gate: bool,
+    /// language models: the model's architecture as a transformers `config.json`, for a model
+    /// imported from Hugging Face (`moegrad import`) or one whose shape comes from another
+    /// checkpoint (`--init-from`). When set, it fixes the sizes, norms, rotary base and MoE
+    /// layout (and `--layers`, `--heads`, `--kv-heads`, `--d-model` must agree with it); the
+    /// router and its options, capacities, balance and z-loss weights and the seed still come
+    /// from the settings above. None: the family's preset at the sizes above.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<serde_json::Value>,
+    /// language models: start from this checkpoint's parameters (a moegrad run or a `moegrad
+    /// import`): the same family continues from it, a dense `llama` becomes an MoE model
+    /// (`mixtral`, `qwen2-moe`) whose experts are copies of its FFNs (sparse upcycling)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub init_from: Option<PathBuf>,
 }
 
 /// Below this learning rate [`TrainConfig::warnings`] warns that training will barely move the
@@ -332,6 +345,8 @@ impl Default for TrainConfig {
             shared_experts: 0,
             shared_hidden: 0,
             shared_gate: false,
+            architecture: None,
+            init_from: None,
         }
     }
 }
@@ -565,6 +580,12 @@ impl TrainConfig {
             });
         }
         crate::data::TokenizerSpec::parse(&self.tokenizer)?;
+        if !self.model.is_lm() && (self.init_from.is_some() || self.architecture.is_some()) {
+            return bad(format!(
+                "--init-from starts a language model from a checkpoint; --model {} is an image model",
+                self.model.name()
+            ));
+        }
         if !self.model.is_lm() && self.tokenizer != "char" {
             return bad(format!(
                 "--tokenizer {} sets how a language model (gpt, moe-gpt) reads text; --model {} reads images",
@@ -605,7 +626,8 @@ impl TrainConfig {
                     self.heads, self.kv_heads
                 ));
             }
-            if !self.d_model.is_multiple_of(self.heads) {
+            // (an architecture sets its own head width)
+            if self.architecture.is_none() && !self.d_model.is_multiple_of(self.heads) {
                 return bad(format!(
                     "--d-model {} must be a multiple of --heads {}",
                     self.d_model, self.heads

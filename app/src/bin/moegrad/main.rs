@@ -1,6 +1,7 @@
 //! The `moegrad` command line: `info` (device report), `train` (a training run), `compare` (a
 //! grid of training runs aggregated into one table of mean ± standard error), `generate`
-//! (text from a language model), `bench` (measured workloads), `estimators` (the estimator
+//! (text from a language model), `import` (a Hugging Face checkpoint as a run), `logits` (a
+//! language model's logits for token ids), `bench` (measured workloads), `estimators` (the estimator
 //! lab: router-gradient estimators against the exact gradient of a small problem) and
 //! `routers` (every router with its options, from the registry).
 //! Every error is printed as one line on stderr with a non-zero exit status.
@@ -12,6 +13,7 @@ mod bench;
 mod compare;
 mod estimators;
 mod generate;
+mod import;
 mod info;
 mod routers;
 mod train;
@@ -27,6 +29,7 @@ use bench::{BenchArgs, run_bench};
 use compare::{CompareArgs, compare_words_first, run_compare};
 use estimators::{EstimatorArgs, run_estimators};
 use generate::{GenerateArgs, run_generate};
+use import::{ImportArgs, LogitsArgs, run_import, run_logits};
 use info::run_info;
 use routers::run_routers;
 use train::{TrainArgs, run_train};
@@ -71,6 +74,13 @@ enum Command {
     /// Sample text from a language model trained with `train --model gpt|moe-gpt` (the
     /// vocabulary and the model's settings come from the checkpoint).
     Generate(GenerateArgs),
+    /// Import a Hugging Face transformers checkpoint (llama, mixtral, qwen2_moe, olmoe,
+    /// deepseek_v3, gpt2) as a moegrad run: its checkpoint samples with `generate`, scores
+    /// with `logits` and trains further with `train --init-from`.
+    Import(ImportArgs),
+    /// Print a language model's logits for token ids (a JSON file), e.g. to compare with
+    /// another implementation.
+    Logits(LogitsArgs),
     /// Measure router-gradient estimators (bias, variance, cosine, cost) against the exact
     /// gradient of a small MoE problem, found by enumerating every expert choice
     /// (docs/estimators.md).
@@ -183,6 +193,8 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
         Command::Estimators(args) => run_estimators(&args),
         Command::Compare(args) => run_compare(&args),
         Command::Generate(args) => run_generate(&args),
+        Command::Import(args) => run_import(&args),
+        Command::Logits(args) => run_logits(&args),
         Command::Bench(args) => run_bench(args),
         Command::Routers { json } => run_routers(json),
     }

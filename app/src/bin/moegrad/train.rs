@@ -181,6 +181,14 @@ pub(super) struct TrainArgs {
     /// for qwen2-moe].
     #[arg(long)]
     shared_gate: Option<bool>,
+    /// Language models: start from this checkpoint's parameters (a training run's or a
+    /// `moegrad import`'s checkpoint.safetensors) instead of a random draw, with its tokenizer
+    /// and shape. With the checkpoint's --model (the default) the model trains on; from a dense
+    /// llama, --model mixtral or qwen2-moe upcycles it: each expert a copy (or a slice, when
+    /// --expert-hidden divides the dense width) of its layer's FFN, the router drawn fresh
+    /// (docs/families.md).
+    #[arg(long, value_name = "CHECKPOINT")]
+    init_from: Option<PathBuf>,
     /// The final learning rate of the cosine schedule [default: 0; 1e-4 for the language models].
     #[arg(long, allow_negative_numbers = true)]
     min_lr: Option<f64>,
@@ -286,6 +294,7 @@ impl TrainArgs {
         c.block = self.block;
         c.moe_every = self.moe_every;
         c.tokenizer = image.tokenizer.clone();
+        c.init_from = self.init_from.clone();
         if let Some(m) = self.min_lr {
             c.min_lr = m;
         }
@@ -423,8 +432,13 @@ fn stop_on_ctrl_c() {
 pub(super) fn run_train(args: TrainArgs, matches: &ArgMatches) -> Result<()> {
     let given = flags_given(matches.subcommand_matches("train"));
     let mut cfg = args.config(&given)?;
-    cfg.validate()?;
     let given: Vec<&str> = given.iter().map(String::as_str).collect();
+    if cfg.model.is_lm() {
+        moegrad::lm::inherit_settings(&mut cfg, &given)?;
+    } else if args.init_from.is_some() {
+        cfg.init_from = args.init_from.clone();
+    }
+    cfg.validate()?;
     for w in cfg.warnings(&given) {
         eprintln!("moegrad: warning: {w}");
     }
