@@ -146,15 +146,7 @@ fn run_settings(
                 (d.layers, d.heads, d.kv_heads, d.d_model);
             cfg.block = cfg.block.min(d.block);
             if let Some(m) = &d.moe {
-                cfg.router = m.router.clone();
-                cfg.router_options = m.router_options.clone();
-                cfg.experts = m.experts;
-                cfg.k = m.k;
-                cfg.expert_hidden = m.hidden;
-                cfg.balance_loss = m.balance_loss;
-                cfg.shared_experts = m.shared.count;
-                cfg.shared_hidden = m.shared.hidden;
-                cfg.shared_gate = m.shared.gate;
+                cfg.set_moe(m);
             }
         }
     }

@@ -392,17 +392,23 @@ impl TrainConfig {
             return self;
         };
         if let Some(m) = crate::lm::DecoderConfig::baby(family, 1).moe {
-            self.router = m.router;
-            self.router_options = m.router_options;
-            self.experts = m.experts;
-            self.k = m.k;
-            self.expert_hidden = m.hidden;
-            self.balance_loss = m.balance_loss;
-            self.shared_experts = m.shared.count;
-            self.shared_hidden = m.shared.hidden;
-            self.shared_gate = m.shared.gate;
+            self.set_moe(&m);
         }
         self
+    }
+
+    /// Takes an MoE layer's settings as the run's MoE flags: router and options, experts, k,
+    /// expert width, balance-loss weight and shared experts.
+    pub(crate) fn set_moe(&mut self, m: &crate::moe::MoeConfig) {
+        self.router = m.router.clone();
+        self.router_options = m.router_options.clone();
+        self.experts = m.experts;
+        self.k = m.k;
+        self.expert_hidden = m.hidden;
+        self.balance_loss = m.balance_loss;
+        self.shared_experts = m.shared.count;
+        self.shared_hidden = m.shared.hidden;
+        self.shared_gate = m.shared.gate;
     }
 
     /// For a language model, `epochs` is the number of evaluation intervals

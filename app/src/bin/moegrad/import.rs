@@ -64,8 +64,12 @@ pub(super) struct LogitsArgs {
     checkpoint: PathBuf,
     /// A JSON file of token ids: one sequence `[1, 2, 3]` or several of one length
     /// `[[1, 2], [3, 4]]`.
+    #[arg(long, required_unless_present = "text", conflicts_with = "text")]
+    ids: Option<PathBuf>,
+    /// A text to encode with the checkpoint's tokenizer instead of --ids (`\n` stands for a
+    /// newline); the JSON output's `ids` are its tokens.
     #[arg(long)]
-    ids: PathBuf,
+    text: Option<String>,
     /// Print every logit as one JSON object `{"shape": [B, T, V], "logits": [[[...]]]}`;
     /// without it, each position's five most likely next tokens.
     #[arg(long)]
@@ -133,7 +137,27 @@ pub(super) fn run_logits(args: &LogitsArgs) -> Result<()> {
         moegrad::lm::Architecture::Gpt(g) => g.vocab,
         moegrad::lm::Architecture::Decoder(d) => d.vocab,
     };
-    let rows = read_ids(&args.ids, vocab, model.block())?;
+    let rows = match (&args.ids, &args.text) {
+        (Some(path), _) => read_ids(path, vocab, model.block())?,
+        (None, text) => {
+            let text = text.as_deref().unwrap_or("").replace("\\n", "\n");
+            let tokenizer = tokenizer.as_ref().ok_or_else(|| {
+                moegrad::Error::Invalid(format!(
+                    "{}: the checkpoint has no tokenizer to encode --text with: give --ids",
+                    args.checkpoint.display()
+                ))
+            })?;
+            let ids = tokenizer.encode(&text)?;
+            if ids.is_empty() || ids.len() > model.block() {
+                return Err(moegrad::Error::Invalid(format!(
+                    "--text encodes to {} tokens; the model takes 1 to {}",
+                    ids.len(),
+                    model.block()
+                )));
+            }
+            vec![ids]
+        }
+    };
     let (b, t) = (rows.len(), rows[0].len());
     let idx = moegrad::Tensor::from_i32(rows.concat(), &[b, t], device)?;
     model.set_training(false);
@@ -171,5 +195,62 @@ pub(super) fn run_logits(args: &LogitsArgs) -> Result<()> {
             );
         }
     }
+    Ok(())
+}
+
+/// `moegrad export` options.
+#[derive(clap::Args)]
+pub(super) struct ExportArgs {
+    /// A language-model checkpoint (a training run's or an import's checkpoint.safetensors).
+    #[arg(long)]
+    checkpoint: PathBuf,
+    /// hf: a Hugging Face transformers model directory (config.json, model.safetensors,
+    /// generation_config.json, tokenizer.json, tokenizer_config.json) that
+    /// AutoModelForCausalLM.from_pretrained and AutoTokenizer load.
+    #[arg(long, value_enum)]
+    format: ExportFormat,
+    /// The directory to write: new, or empty (written under a temporary name and renamed, so a
+    /// failure leaves nothing behind).
+    #[arg(long)]
+    out: PathBuf,
+    /// How experts are stored: legacy (one tensor per expert and projection, as the Hub's
+    /// checkpoints) or stacked (transformers v5's mlp.experts.gate_up_proj / down_proj).
+    #[arg(long, value_enum, default_value = "legacy")]
+    hf_layout: LayoutArg,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum ExportFormat {
+    Hf,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum LayoutArg {
+    Legacy,
+    Stacked,
+}
+
+/// Runs `moegrad export`.
+pub(super) fn run_export(args: &ExportArgs) -> Result<()> {
+    let ExportFormat::Hf = args.format;
+    let layout = match args.hf_layout {
+        LayoutArg::Legacy => moegrad::lm::HfLayout::Legacy,
+        LayoutArg::Stacked => moegrad::lm::HfLayout::Stacked,
+    };
+    let report = moegrad::lm::export_checkpoint(&args.checkpoint, &args.out, layout)?;
+    if args.json {
+        return print_json(&report);
+    }
+    println!(
+        "exported {} as {} ({}): {} tensors in {}",
+        args.checkpoint.display(),
+        report.class,
+        report.model_type,
+        report.tensors,
+        report.dir.display()
+    );
     Ok(())
 }

@@ -1,6 +1,6 @@
 //! The `moegrad` command line: `info` (device report), `train` (a training run), `compare` (a
 //! grid of training runs aggregated into one table of mean ± standard error), `generate`
-//! (text from a language model), `import` (a Hugging Face checkpoint as a run), `logits` (a
+//! (text from a language model), `import` (a Hugging Face checkpoint as a run), `export` (a run as one), `logits` (a
 //! language model's logits for token ids), `bench` (measured workloads), `estimators` (the estimator
 //! lab: router-gradient estimators against the exact gradient of a small problem) and
 //! `routers` (every router with its options, from the registry).
@@ -29,7 +29,7 @@ use bench::{BenchArgs, run_bench};
 use compare::{CompareArgs, compare_words_first, run_compare};
 use estimators::{EstimatorArgs, run_estimators};
 use generate::{GenerateArgs, run_generate};
-use import::{ImportArgs, LogitsArgs, run_import, run_logits};
+use import::{ExportArgs, ImportArgs, LogitsArgs, run_export, run_import, run_logits};
 use info::run_info;
 use routers::run_routers;
 use train::{TrainArgs, run_train};
@@ -78,6 +78,9 @@ enum Command {
     /// deepseek_v3, gpt2) as a moegrad run: its checkpoint samples with `generate`, scores
     /// with `logits` and trains further with `train --init-from`.
     Import(ImportArgs),
+    /// Export a language model as a Hugging Face transformers directory
+    /// (AutoModelForCausalLM.from_pretrained loads it; docs/interop.md).
+    Export(ExportArgs),
     /// Print a language model's logits for token ids (a JSON file), e.g. to compare with
     /// another implementation.
     Logits(LogitsArgs),
@@ -195,6 +198,7 @@ fn run(cli: Cli, matches: &ArgMatches) -> Result<()> {
         Command::Generate(args) => run_generate(&args),
         Command::Import(args) => run_import(&args),
         Command::Logits(args) => run_logits(&args),
+        Command::Export(args) => run_export(&args),
         Command::Bench(args) => run_bench(args),
         Command::Routers { json } => run_routers(json),
     }
