@@ -188,11 +188,11 @@ pub(super) fn run_logits(args: &LogitsArgs) -> Result<()> {
                 .take(5)
                 .map(|&i| format!("{} {:.3}", show(i), row[i]))
                 .collect();
-            println!(
+            print_line(&format!(
                 "sequence {s}, position {p} (id {}): next {}",
                 rows[s][p],
                 top.join(", ")
-            );
+            ));
         }
     }
     Ok(())

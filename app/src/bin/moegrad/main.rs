@@ -116,8 +116,15 @@ fn flags_given(matches: Option<&ArgMatches>) -> Vec<String> {
 fn print_json(summary: &impl serde::Serialize) -> Result<()> {
     let text =
         serde_json::to_string(summary).map_err(|e| moegrad::Error::Invalid(e.to_string()))?;
-    println!("{text}");
+    print_line(&text);
     Ok(())
+}
+
+/// Prints one line on stdout; a reader that has gone away (`moegrad logits --json | head`) ends
+/// the output quietly instead of panicking as `println!` would.
+fn print_line(text: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout().lock(), "{text}");
 }
 
 /// Ops shown by `--profile` (the JSON has them all).
