@@ -286,6 +286,25 @@ fn an_upcycled_mixtral_computes_the_dense_logits_at_step_0_and_improves_on_them(
         "upcycled logits differ from the dense model's by {err}"
     );
 
+    // the same on the GPU: the upcycled experts are built on the device of the checkpoint
+    if let Some(gpu) = common::gpu_or_skip("upcycling on the GPU") {
+        let up_gpu = LanguageModel::build_initialised(&cfg, vocab, gpu).unwrap();
+        let idx = Tensor::from_i32(ids.concat(), &[ids.len(), ids[0].len()], gpu).unwrap();
+        up_gpu.set_training(false);
+        let on_gpu = moegrad::no_grad(|| up_gpu.forward(&idx))
+            .unwrap()
+            .logits
+            .to_vec_f32()
+            .unwrap();
+        let err = on_gpu
+            .iter()
+            .zip(&want)
+            .map(|(g, w)| (g - w).abs())
+            .fold(0.0f32, f32::max);
+        println!("upcycled mixtral on the GPU vs dense llama on the CPU: {err:.2e}");
+        assert!(err < 1e-4, "GPU upcycled logits differ by {err}");
+    }
+
     // slices (64 of the 128 columns each) are another function
     let sliced = upcycle(&dense_dir, ModelKind::Mixtral, 64, None, &tmp("sliced"));
     let sliced = LanguageModel::build_initialised(&sliced, vocab, Device::cpu()).unwrap();
