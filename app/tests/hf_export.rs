@@ -128,6 +128,14 @@ fn import_of_export_gives_every_family_back_bit_for_bit_in_both_layouts() {
             let dir = tmp(&format!("rt-{name}-{layout:?}"));
             export_hf(model, None, None, layout, &dir).unwrap_or_else(|e| panic!("{name}: {e}"));
             let back = import_hf(&dir, Device::cpu()).unwrap_or_else(|e| panic!("{name}: {e}"));
+            // what transformers reads that moegrad's import does not: DeepSeek-V3 sizes its
+            // rotary tables by head_dim (found by scripts/check_hf_export.py)
+            let config: Value =
+                serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap())
+                    .unwrap();
+            if config["model_type"] == "deepseek_v3" {
+                assert_eq!(config["head_dim"], config["qk_rope_head_dim"], "{config}");
+            }
             assert!(
                 contents(&back.model) == contents(model),
                 "{name} ({layout:?}): parameters or state differ after the round trip"

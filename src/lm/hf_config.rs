@@ -124,7 +124,13 @@ pub(super) fn decoder_from_hf(json: &Value) -> Result<DecoderConfig> {
     cfg.layers = f.usize("num_hidden_layers", None)?;
     cfg.heads = f.usize("num_attention_heads", None)?;
     cfg.kv_heads = f.usize("num_key_value_heads", Some(cfg.heads))?;
-    cfg.head_dim = f.usize("head_dim", Some(cfg.d_model / cfg.heads.max(1)))?;
+    // (DeepSeek-V3's head_dim is its rotary width, which latent attention reads from
+    // qk_rope_head_dim: moegrad keeps d/H there, as for its own DeepSeek models)
+    cfg.head_dim = if family == Family::DeepseekMoe {
+        cfg.d_model / cfg.heads.max(1)
+    } else {
+        f.usize("head_dim", Some(cfg.d_model / cfg.heads.max(1)))?
+    };
     cfg.block = f.usize("max_position_embeddings", None)?;
     cfg.rms_eps = f.f64("rms_norm_eps", 1e-6)?;
     cfg.tie_embeddings = f.bool("tie_word_embeddings", false)?;
@@ -507,6 +513,8 @@ fn decoder_to_hf(d: &DecoderConfig) -> Result<Value> {
             put("qk_nope_head_dim", l.nope_dim.into());
             put("qk_rope_head_dim", l.rope_dim.into());
             put("v_head_dim", l.v_dim.into());
+            // transformers sizes DeepSeek's rotary tables by head_dim
+            put("head_dim", l.rope_dim.into());
             put("rope_interleave", false.into());
             put("attention_bias", false.into());
         }
