@@ -17,7 +17,7 @@
 //! `initializer_range`), norms at 1.
 
 use super::decoder_config::DecoderConfig;
-use super::gpt::GptOutput;
+use super::gpt::{GptOutput, MoeTally};
 use crate::moe::MoeLayer;
 use crate::nn::{
     Embedding, GroupedQueryAttention, LatentAttention, Linear, Mlp, Module, Param, Parameters,
@@ -203,8 +203,7 @@ impl Decoder {
         }
         let (b, t, d) = (idx.shape()[0], idx.shape()[1], cfg.d_model);
         let mut h = self.embed.forward(idx)?.reshape(&[b * t, d])?;
-        let mut aux: Option<Tensor> = None;
-        let (mut routing, mut score_terms) = (Vec::new(), Vec::new());
+        let mut moe = MoeTally::default();
         for layer in &self.layers {
             let x = layer.attn_norm.forward(&h)?;
             let a = match &layer.attn {
@@ -215,16 +214,7 @@ impl Decoder {
             let x = layer.ffn_norm.forward(&h)?;
             let f = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(&x)?,
-                Ffn::Moe(moe) => {
-                    let out = moe.forward(&x)?;
-                    aux = Some(match aux {
-                        Some(s) => s.add(&out.aux_loss)?,
-                        None => out.aux_loss,
-                    });
-                    routing.push(out.stats);
-                    score_terms.extend(out.score_terms);
-                    out.y
-                }
+                Ffn::Moe(layer) => moe.add(layer.forward(&x)?)?,
             };
             h = h.add(&f)?;
         }
@@ -233,12 +223,7 @@ impl Decoder {
             Some(head) => head.forward(&h)?,
             None => h.matmul(&self.embed.weight.get().transpose(0, 1)?)?,
         };
-        Ok(GptOutput {
-            logits,
-            aux_loss: aux,
-            routing,
-            score_terms,
-        })
+        Ok(moe.finish(logits))
     }
 
     /// The MoE layers with their parameter prefixes (`layers.<i>.moe`), in layer order.

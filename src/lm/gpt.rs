@@ -229,6 +229,50 @@ pub struct GptOutput {
     pub score_terms: Vec<ScoreTerm>,
 }
 
+/// What a forward pass gathers from its MoE layers, in layer order (used by the GPT and the
+/// Llama-style decoder): the summed auxiliary losses, each layer's routing and score terms.
+#[derive(Default)]
+pub(super) struct MoeTally {
+    aux: Option<Tensor>,
+    routing: Vec<RoutingStats>,
+    score_terms: Vec<ScoreTerm>,
+}
+
+impl MoeTally {
+    /// Takes one MoE layer's output and returns its `y`.
+    pub(super) fn add(&mut self, out: crate::moe::MoeOutput) -> Result<Tensor> {
+        self.aux = Some(match self.aux.take() {
+            Some(s) => s.add(&out.aux_loss)?,
+            None => out.aux_loss,
+        });
+        self.routing.push(out.stats);
+        self.score_terms.extend(out.score_terms);
+        Ok(out.y)
+    }
+
+    /// The forward pass's output with these logits.
+    pub(super) fn finish(self, logits: Tensor) -> GptOutput {
+        GptOutput {
+            logits,
+            aux_loss: self.aux,
+            routing: self.routing,
+            score_terms: self.score_terms,
+        }
+    }
+}
+
+impl From<GptOutput> for crate::train::ModelOutput {
+    /// One task: the logits `[B·T, V]`.
+    fn from(out: GptOutput) -> Self {
+        crate::train::ModelOutput {
+            logits: vec![out.logits],
+            aux_loss: out.aux_loss,
+            routing: out.routing,
+            score_terms: out.score_terms,
+        }
+    }
+}
+
 /// The model.
 pub struct Gpt {
     /// the settings it was built with
@@ -344,36 +388,20 @@ impl Gpt {
         let tok = self.tok_emb.forward(idx)?; // [B, T, d]
         let pos = self.pos_emb.get().slice(0, 0, t)?; // [T, d]
         let mut h = tok.add(&pos)?.reshape(&[b * t, d])?;
-        let mut aux: Option<Tensor> = None;
-        let mut routing = Vec::new();
-        let mut score_terms = Vec::new();
+        let mut moe = MoeTally::default();
         for block in &self.blocks {
             let a = block.attn.forward(&block.ln1.forward(&h)?, b, t)?;
             h = h.add(&a)?;
             let x = block.ln2.forward(&h)?;
             let f = match &block.ffn {
                 Ffn::Dense { fc, proj } => proj.forward(&fc.forward(&x)?.gelu()?)?,
-                Ffn::Moe(moe) => {
-                    let out = moe.forward(&x)?;
-                    aux = Some(match aux {
-                        Some(s) => s.add(&out.aux_loss)?,
-                        None => out.aux_loss,
-                    });
-                    routing.push(out.stats);
-                    score_terms.extend(out.score_terms);
-                    out.y
-                }
+                Ffn::Moe(layer) => moe.add(layer.forward(&x)?)?,
             };
             h = h.add(&f)?;
         }
         let h = self.ln_f.forward(&h)?;
         let logits = h.matmul(&self.tok_emb.weight.get().transpose(0, 1)?)?;
-        Ok(GptOutput {
-            logits,
-            aux_loss: aux,
-            routing,
-            score_terms,
-        })
+        Ok(moe.finish(logits))
     }
 
     /// The MoE layers, in block order (empty for a dense model).

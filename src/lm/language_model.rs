@@ -313,12 +313,6 @@ impl Parameters for LanguageModel {
 impl TaskModel for LanguageModel {
     /// `x`: I32 ids `[B, T]`; one task, the logits `[B·T, V]`.
     fn forward(&self, x: &Tensor) -> Result<ModelOutput> {
-        let out = LanguageModel::forward(self, x)?;
-        Ok(ModelOutput {
-            logits: vec![out.logits],
-            aux_loss: out.aux_loss,
-            routing: out.routing,
-            score_terms: out.score_terms,
-        })
+        Ok(LanguageModel::forward(self, x)?.into())
     }
 }

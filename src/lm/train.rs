@@ -145,13 +145,7 @@ pub fn gpt_config(cfg: &TrainConfig, vocab: usize) -> GptConfig {
 impl TaskModel for Gpt {
     /// `x`: I32 ids `[B, T]`; one task, the logits `[B·T, V]`.
     fn forward(&self, x: &Tensor) -> Result<ModelOutput> {
-        let out = Gpt::forward(self, x)?;
-        Ok(ModelOutput {
-            logits: vec![out.logits],
-            aux_loss: out.aux_loss,
-            routing: out.routing,
-            score_terms: out.score_terms,
-        })
+        Ok(Gpt::forward(self, x)?.into())
     }
 }
 
