@@ -18,20 +18,7 @@ use moegrad::{Device, Tensor};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
-const FAMILIES: [&str; 6] = [
-    "llama",
-    "mixtral",
-    "qwen2_moe",
-    "olmoe",
-    "deepseek_v3",
-    "gpt2",
-];
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/fixtures/hf")
-        .join(name)
-}
+use common::{HF_FIXTURES as FAMILIES, hf_fixture as fixture};
 
 /// The fixture's ids `[B, T]` and transformers' logits `[B·T·V]`.
 fn expected(dir: &Path) -> (Vec<i32>, [usize; 2], Vec<f64>) {

@@ -25,20 +25,7 @@ use serde_json::Value;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-const FIXTURES: [&str; 6] = [
-    "llama",
-    "mixtral",
-    "qwen2_moe",
-    "olmoe",
-    "deepseek_v3",
-    "gpt2",
-];
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../tests/fixtures/hf")
-        .join(name)
-}
+use common::{HF_FIXTURES as FIXTURES, hf_fixture as fixture};
 
 fn tmp(name: &str) -> PathBuf {
     let p = std::env::temp_dir().join(format!("moegrad-imp-{}-{name}", std::process::id()));

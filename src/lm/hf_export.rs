@@ -37,6 +37,7 @@ use super::decoder_config::{DecoderConfig, Family};
 use super::hf_config::{
     Architecture, architecture_differences, architecture_from_hf, architecture_to_hf,
 };
+use super::hf_names::transpose;
 use super::language_model::LanguageModel;
 use crate::checkpoint::write_atomic;
 use crate::data::Tokenizer;
@@ -267,17 +268,6 @@ fn exportable(arch: Architecture) -> Result<Architecture> {
 /// A tensor's values on the host as f32.
 fn host(t: &Tensor) -> Result<Values> {
     Ok((t.shape().to_vec(), t.to_vec_f32()?))
-}
-
-/// `[r, c]` row-major → `[c, r]`.
-fn transpose(v: &[f32], r: usize, c: usize) -> Vec<f32> {
-    let mut out = vec![0.0; r * c];
-    for i in 0..r {
-        for j in 0..c {
-            out[j * r + i] = v[i * c + j];
-        }
-    }
-    out
 }
 
 /// Columns `[from, to)` of a row-major `[r, c]` matrix.

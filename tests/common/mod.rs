@@ -169,3 +169,25 @@ pub fn run3(
     let grads = leaves.map(|t| t.grad().expect("a gradient").to_vec_f64().unwrap());
     (y.to_vec_f64().unwrap(), grads)
 }
+
+/// The transformers fixtures of `tests/fixtures/hf` (written by `scripts/make_hf_fixtures.py`).
+pub const HF_FIXTURES: [&str; 6] = [
+    "llama",
+    "mixtral",
+    "qwen2_moe",
+    "olmoe",
+    "deepseek_v3",
+    "gpt2",
+];
+
+/// The directory of the transformers fixture `name`, from either crate of the workspace.
+pub fn hf_fixture(name: &str) -> std::path::PathBuf {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let here = root.join("tests/fixtures/hf");
+    let dir = if here.is_dir() {
+        here
+    } else {
+        root.join("../tests/fixtures/hf")
+    };
+    dir.join(name)
+}
