@@ -301,6 +301,39 @@ impl Checkpoint {
         Ok(None)
     }
 
+    /// Sets every parameter of `model` from the tensor of the same name (as f32), then loads
+    /// the `state.` tensors as its step-to-step state (routers' correction bias, noise counters).
+    /// `path` names the file in the errors.
+    ///
+    /// # Errors
+    /// A parameter missing or of another shape than the model's (named); a state tensor the
+    /// model does not hold.
+    pub fn load_into(&self, model: &dyn crate::nn::Parameters, path: &Path) -> Result<()> {
+        for (name, p) in model.named_params() {
+            let t = self
+                .tensors
+                .get(&name)
+                .ok_or_else(|| io(path, format!("parameter {name} is missing")))?;
+            if t.shape() != p.get().shape() {
+                return Err(io(
+                    path,
+                    format!(
+                        "{name} has shape {:?}, but the model its metadata describes needs {:?}",
+                        t.shape(),
+                        p.get().shape()
+                    ),
+                ));
+            }
+            p.set(t.to_dtype(crate::DType::F32)?)?;
+        }
+        for (name, t) in &self.tensors {
+            if let Some(state) = name.strip_prefix(crate::train::resume::STATE_PREFIX) {
+                model.load_state(state, t).map_err(|e| io(path, e))?;
+            }
+        }
+        Ok(())
+    }
+
     /// Saves to `path` atomically.
     pub fn save(&self, path: &Path) -> Result<()> {
         let mut owned = Vec::with_capacity(self.tensors.len());

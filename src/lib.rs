@@ -46,6 +46,7 @@ mod device;
 mod dtype;
 mod error;
 pub mod estimator_lab;
+mod export_dir;
 pub mod gpu;
 pub mod gradcheck;
 pub mod info;

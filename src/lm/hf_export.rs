@@ -39,12 +39,11 @@ use super::hf_config::{
 };
 use super::hf_names::transpose;
 use super::language_model::LanguageModel;
-use crate::checkpoint::write_atomic;
 use crate::data::Tokenizer;
+use crate::export_dir::{Values, safetensors_bytes, write_dir};
 use crate::moe::Capacity;
 use crate::nn::Parameters;
 use crate::{Error, Result, Tensor};
-use safetensors::Dtype;
 use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
@@ -71,9 +70,6 @@ pub struct ExportReport {
     /// the directory written
     pub dir: PathBuf,
 }
-
-/// A tensor to write: shape and f32 values.
-type Values = (Vec<usize>, Vec<f32>);
 
 /// Exports the language model of `model` (with the run settings' architecture JSON, if any, and
 /// its tokenizer) as a transformers directory `out` (see the module docs).
@@ -513,30 +509,6 @@ fn decoder_tensor(
     Ok(())
 }
 
-/// The safetensors bytes of `tensors` (F32), with transformers' `format: pt` metadata.
-fn safetensors_bytes(tensors: &BTreeMap<String, Values>) -> Result<Vec<u8>> {
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
-        .iter()
-        .map(|(n, (shape, v))| {
-            (
-                n.clone(),
-                shape.clone(),
-                v.iter().flat_map(|x| x.to_le_bytes()).collect(),
-            )
-        })
-        .collect();
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = bytes
-        .iter()
-        .map(|(n, shape, b)| {
-            safetensors::tensor::TensorView::new(Dtype::F32, shape.clone(), b)
-                .map(|view| (n.clone(), view))
-                .map_err(|e| Error::Invalid(format!("tensor {n}: {e}")))
-        })
-        .collect::<Result<_>>()?;
-    let meta = std::collections::HashMap::from([("format".to_string(), "pt".to_string())]);
-    safetensors::serialize(views, Some(meta)).map_err(|e| Error::Invalid(e.to_string()))
-}
-
 /// The `tokenizer.json` of a tokenizer: a Hugging Face one as it is; a character one as a BPE
 /// with no merges over the characters (each character one token, ids equal to moegrad's),
 /// decoded by concatenation (`Fuse`).
@@ -573,56 +545,4 @@ pub fn tokenizer_json(t: &Tokenizer) -> Result<String> {
         }
     });
     serde_json::to_string(&j).map_err(|e| Error::Invalid(e.to_string()))
-}
-
-/// Writes `files` into a new directory `out`: under a temporary name beside it first, renamed
-/// into place once every file is written (an existing empty `out` is replaced).
-fn write_dir(out: &Path, files: &[(&str, Vec<u8>)]) -> Result<()> {
-    let io = |p: &Path, e: std::io::Error| Error::Io(format!("{}: {e}", p.display()));
-    if out.exists() {
-        let empty = std::fs::read_dir(out)
-            .map_err(|e| io(out, e))?
-            .next()
-            .is_none();
-        if !out.is_dir() || !empty {
-            return Err(Error::Invalid(format!(
-                "--out {} exists and is not an empty directory: choose a new directory (an export never mixes its files with others)",
-                out.display()
-            )));
-        }
-    }
-    let name = out
-        .file_name()
-        .ok_or_else(|| Error::Invalid(format!("--out {}: not a directory name", out.display())))?;
-    let parent = match out.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if !parent.is_dir() {
-        return Err(Error::Io(format!(
-            "--out {}: the directory {} does not exist",
-            out.display(),
-            parent.display()
-        )));
-    }
-    let tmp = parent.join(format!(
-        ".{}.tmp-{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let result = (|| {
-        std::fs::create_dir(&tmp).map_err(|e| io(&tmp, e))?;
-        for (file, bytes) in files {
-            write_atomic(&tmp.join(file), bytes)?;
-        }
-        if out.exists() {
-            std::fs::remove_dir(out).map_err(|e| io(out, e))?;
-        }
-        std::fs::rename(&tmp, out).map_err(|e| io(out, e))
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
-    }
-    result
 }

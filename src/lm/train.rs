@@ -302,28 +302,6 @@ pub fn load_checkpoint(path: &Path, device: Device) -> Result<(LanguageModel, Op
     let mut one = cfg.clone();
     one.batch = 1;
     let model = LanguageModel::build(&one, vocab, device)?;
-    for (name, p) in model.named_params() {
-        let t = ck
-            .tensors
-            .get(&name)
-            .ok_or_else(|| Error::Io(format!("{}: parameter {name} is missing", path.display())))?;
-        if t.shape() != p.get().shape() {
-            return Err(Error::Io(format!(
-                "{}: {name} has shape {:?}, but the model its metadata describes needs {:?}",
-                path.display(),
-                t.shape(),
-                p.get().shape()
-            )));
-        }
-        p.set(t.to_dtype(DType::F32)?)?;
-    }
-    // the routers' state (DeepSeek-V3's correction bias, noise counters)
-    for (name, t) in &ck.tensors {
-        if let Some(state) = name.strip_prefix("state.") {
-            model
-                .load_state(state, t)
-                .map_err(|e| Error::Io(format!("{}: {e}", path.display())))?;
-        }
-    }
+    ck.load_into(&model, path)?;
     Ok((model, tokenizer))
 }

@@ -30,6 +30,7 @@ pub mod out_dir;
 pub mod resume;
 mod step;
 pub(crate) mod task;
+mod torch_export;
 pub(crate) mod trainer;
 mod worker;
 
@@ -50,6 +51,7 @@ pub use observer::{Period, PeriodEnd, Silent, TrainObserver};
 use serde::Serialize;
 use std::path::Path;
 pub use step::{StepOutput, task_loss, train_step};
+pub use torch_export::{TORCH_MODEL_PY, TORCH_ROUTERS, TorchExportReport, export_torch};
 pub use worker::on_worker_thread;
 
 /// The final figures of a run (`--json` prints this object).

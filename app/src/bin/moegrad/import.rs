@@ -201,12 +201,15 @@ pub(super) fn run_logits(args: &LogitsArgs) -> Result<()> {
 /// `moegrad export` options.
 #[derive(clap::Args)]
 pub(super) struct ExportArgs {
-    /// A language-model checkpoint (a training run's or an import's checkpoint.safetensors).
+    /// A run's checkpoint.safetensors (or an import's): a language model for --format hf, an
+    /// image model for --format torch.
     #[arg(long)]
     checkpoint: PathBuf,
-    /// hf: a Hugging Face transformers model directory (config.json, model.safetensors,
-    /// generation_config.json, tokenizer.json, tokenizer_config.json) that
-    /// AutoModelForCausalLM.from_pretrained and AutoTokenizer load.
+    /// hf: a language model as a Hugging Face transformers model directory (config.json,
+    /// model.safetensors, generation_config.json, tokenizer.json, tokenizer_config.json) that
+    /// AutoModelForCausalLM.from_pretrained and AutoTokenizer load. torch: an image model (mlp,
+    /// cnn, moe-mlp, moe-cnn, mmoe-cnn) as model.py (its nn.Module, routers at inference),
+    /// config.json and model.safetensors with PyTorch's names and [out, in] layouts.
     #[arg(long, value_enum)]
     format: ExportFormat,
     /// The directory to write: new, or empty (written under a temporary name and renamed, so a
@@ -217,6 +220,11 @@ pub(super) struct ExportArgs {
     /// checkpoints) or stacked (transformers v5's mlp.experts.gate_up_proj / down_proj).
     #[arg(long, value_enum, default_value = "legacy")]
     hf_layout: LayoutArg,
+    /// --format torch: also write test_data.safetensors (the test split as the model sees it)
+    /// and moegrad_eval.json (moegrad's test accuracy on it), for
+    /// scripts/check_torch_export.py; reads the run's data.
+    #[arg(long)]
+    test_data: bool,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -225,6 +233,7 @@ pub(super) struct ExportArgs {
 #[derive(Clone, Copy, ValueEnum)]
 enum ExportFormat {
     Hf,
+    Torch,
 }
 
 #[derive(Clone, Copy, ValueEnum)]
@@ -235,7 +244,41 @@ enum LayoutArg {
 
 /// Runs `moegrad export`.
 pub(super) fn run_export(args: &ExportArgs) -> Result<()> {
-    let ExportFormat::Hf = args.format;
+    if let ExportFormat::Torch = args.format {
+        let report = moegrad::train::export_torch(&args.checkpoint, &args.out, args.test_data)?;
+        if args.json {
+            return print_json(&report);
+        }
+        let accuracy = match &report.test_accuracy {
+            Some(acc) => format!(
+                "; moegrad's test accuracy on the {} examples of test_data.safetensors: {}",
+                report.test_examples.unwrap_or(0),
+                acc.iter()
+                    .map(|a| format!("{:.2}%", 100.0 * a))
+                    .collect::<Vec<_>>()
+                    .join(" / ")
+            ),
+            None => String::new(),
+        };
+        println!(
+            "exported {} (--model {}{}) for PyTorch: {} tensors, model.py and config.json in {}{accuracy}",
+            args.checkpoint.display(),
+            report.model,
+            report
+                .router
+                .as_ref()
+                .map(|r| format!(", --router {r}"))
+                .unwrap_or_default(),
+            report.tensors,
+            report.dir.display()
+        );
+        return Ok(());
+    }
+    if args.test_data {
+        return Err(moegrad::Error::Invalid(
+            "--test-data goes with --format torch (an image model's test split)".into(),
+        ));
+    }
     let layout = match args.hf_layout {
         LayoutArg::Legacy => moegrad::lm::HfLayout::Legacy,
         LayoutArg::Stacked => moegrad::lm::HfLayout::Stacked,

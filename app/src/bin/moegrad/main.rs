@@ -78,8 +78,9 @@ enum Command {
     /// deepseek_v3, gpt2) as a moegrad run: its checkpoint samples with `generate`, scores
     /// with `logits` and trains further with `train --init-from`.
     Import(ImportArgs),
-    /// Export a language model as a Hugging Face transformers directory
-    /// (AutoModelForCausalLM.from_pretrained loads it; docs/interop.md).
+    /// Export a language model as a Hugging Face transformers directory (--format hf, which
+    /// AutoModelForCausalLM.from_pretrained loads) or an image model for PyTorch (--format
+    /// torch: model.py and safetensors); docs/interop.md.
     Export(ExportArgs),
     /// Print a language model's logits for token ids (a JSON file), e.g. to compare with
     /// another implementation.
