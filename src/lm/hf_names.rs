@@ -369,7 +369,7 @@ impl Source {
 }
 
 /// `[r, c]` row-major → `[c, r]`.
-pub(super) fn transpose(v: &[f32], r: usize, c: usize) -> Vec<f32> {
+pub(crate) fn transpose(v: &[f32], r: usize, c: usize) -> Vec<f32> {
     let mut out = vec![0.0; r * c];
     for i in 0..r {
         for j in 0..c {

@@ -31,6 +31,7 @@ pub use gpt::{FeedForward, Gpt, GptConfig, GptOutput};
 pub use hf_config::{Architecture, MODEL_TYPES, architecture_from_hf, architecture_to_hf};
 pub use hf_export::{ExportReport, HfLayout, export_checkpoint, export_hf, tokenizer_json};
 pub use hf_import::{HfImport, import_hf};
+pub(crate) use hf_names::transpose;
 pub use import_run::{ImportReport, import_run};
 pub use init_from::{checkpoint_settings, inherit_settings};
 pub use language_model::{LanguageModel, decoder_config, model_config};

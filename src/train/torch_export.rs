@@ -285,13 +285,7 @@ fn torch_config(
 /// A `[r, c]` matrix transposed to `[c, r]`.
 fn transposed(shape: &[usize], v: &[f32]) -> Values {
     let (r, c) = (shape[0], shape[1]);
-    let mut out = vec![0.0; v.len()];
-    for i in 0..r {
-        for j in 0..c {
-            out[j * r + i] = v[i * c + j];
-        }
-    }
-    (vec![c, r], out)
+    (vec![c, r], crate::lm::transpose(v, r, c))
 }
 
 /// Expert `e`'s `[r, c]` slice of a stacked `[n, r, c]` bank, transposed to `[c, r]`.
