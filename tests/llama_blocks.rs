@@ -48,6 +48,79 @@ fn swiglu_gradcheck_and_definition() {
     assert!(odd.swiglu().is_err(), "an odd last axis is an error");
 }
 
+/// `silu'(x)` from the definition `x·σ(x)`.
+fn silu_slope(x: f64) -> f64 {
+    let s = 1.0 / (1.0 + (-x).exp());
+    s * (1.0 + x * (1.0 - s))
+}
+
+/// In f32 on the CPU, `silu` and `swiglu` keep the slope from the forward pass (one exponential
+/// for value and slope, `fast_math`); their values and gradients against the f64 definition,
+/// over ordinary values and the extremes where σ saturates (±30, ±100, ±1e30).
+#[test]
+fn f32_silu_and_swiglu_with_the_kept_slope_match_the_f64_definition() {
+    let mut xs: Vec<f64> = values(2 * 1000, 7).iter().map(|v| v * 4.0).collect();
+    xs.extend([
+        -1e30, -100.0, -30.0, -1e-20, 0.0, 1e-20, 30.0, 100.0, 1e30, 3.5,
+    ]);
+    let n = xs.len();
+    let up: Vec<f64> = values(n, 8);
+    let dev = Device::cpu();
+    // silu: y and dy/dx (the gradient of sum(y))
+    let x = Tensor::from_f32(xs.iter().map(|&v| v as f32).collect(), &[n], dev)
+        .unwrap()
+        .with_grad()
+        .unwrap();
+    let y = x.silu().unwrap();
+    y.sum_all().unwrap().backward().unwrap();
+    let (got_y, got_g) = (
+        y.to_vec_f64().unwrap(),
+        x.grad().unwrap().to_vec_f64().unwrap(),
+    );
+    for i in 0..n {
+        let v = xs[i] as f32 as f64;
+        let (wy, wg) = (silu(v), silu_slope(v));
+        assert!(
+            (got_y[i] - wy).abs() <= 1e-6 * (1.0 + wy.abs()),
+            "silu({v}) = {} not {wy}",
+            got_y[i]
+        );
+        assert!(
+            (got_g[i] - wg).abs() <= 1e-6 * (1.0 + wg.abs()),
+            "silu'({v}) = {} not {wg}",
+            got_g[i]
+        );
+    }
+    // swiglu on rows [a | b]: y = silu(a)·b, d/da = b·silu'(a), d/db = silu(a)
+    let rows: Vec<f32> = xs
+        .iter()
+        .zip(&up)
+        .flat_map(|(&a, &b)| [a as f32, b as f32])
+        .collect();
+    // [n, 2] with gate column 0 and up column 1
+    let x = Tensor::from_f32(rows, &[n, 2], dev)
+        .unwrap()
+        .with_grad()
+        .unwrap();
+    let y = x.swiglu().unwrap();
+    y.sum_all().unwrap().backward().unwrap();
+    let (got_y, got_g) = (
+        y.to_vec_f64().unwrap(),
+        x.grad().unwrap().to_vec_f64().unwrap(),
+    );
+    for i in 0..n {
+        let (a, b) = (xs[i] as f32 as f64, up[i] as f32 as f64);
+        let want = [silu(a) * b, b * silu_slope(a), silu(a)];
+        let got = [got_y[i], got_g[2 * i], got_g[2 * i + 1]];
+        for (what, (g, w)) in ["y", "d/da", "d/db"].iter().zip(got.iter().zip(want)) {
+            assert!(
+                (g - w).abs() <= 1e-6 * (1.0 + w.abs()),
+                "swiglu {what} at a = {a}, b = {b}: {g} not {w}"
+            );
+        }
+    }
+}
+
 /// RoPE from the definition: columns `i` and `i + h` of position `p` turned together by
 /// `p·θ_i`, `θ_i = theta^(−2i/Dh)` (computed in f64 here; the tables are f32 as transformers').
 fn rope_reference(x: &[f64], t: usize, dh: usize, theta: f64) -> Vec<f64> {

@@ -212,14 +212,16 @@ impl Storage {
     pub(crate) fn unary(&self, op: UnaryOp) -> Result<Storage> {
         on_device!(self, |be| be.unary(op, be.buf(self, "unary op")?))
     }
-    /// GELU and its slope in one pass where the backend has that kernel: the CPU in f32, where
-    /// both come from one exponential and backward becomes a plain product. `None` elsewhere
-    /// (on the GPU a second output would cost a buffer per layer, and backward's fused pass
-    /// recomputes the slope instead).
-    pub(crate) fn gelu_and_slope(&self) -> Option<(Storage, Storage)> {
+    /// GELU (or, with `silu`, SiLU) and its slope in one pass where the backend has that
+    /// kernel: the CPU in f32, where both come from one exponential and backward becomes a
+    /// plain product. `None` elsewhere (on the GPU a second output would cost a buffer per
+    /// layer, and backward's fused pass recomputes the slope instead).
+    pub(crate) fn value_and_slope(&self, silu: bool) -> Option<(Storage, Storage)> {
         match self {
-            Storage::Cpu(x) => cpu::on_pool(self.len(), || cpu::CpuBackend.gelu_and_slope(x))
-                .map(|(y, s)| (Storage::Cpu(y), Storage::Cpu(s))),
+            Storage::Cpu(x) => {
+                cpu::on_pool(self.len(), || cpu::CpuBackend.value_and_slope(x, silu))
+                    .map(|(y, s)| (Storage::Cpu(y), Storage::Cpu(s)))
+            }
             Storage::Gpu(_) => None,
         }
     }

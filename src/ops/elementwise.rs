@@ -100,7 +100,7 @@ impl Tensor {
         let _profile = crate::profile::op("gelu");
         if crate::is_grad_enabled()
             && self.requires_grad()
-            && let Some((y, slope)) = self.storage().gelu_and_slope()
+            && let Some((y, slope)) = self.storage().value_and_slope(false)
         {
             let y = Tensor::from_storage(y, self.shape().to_vec());
             let slope = Tensor::from_storage(slope, self.shape().to_vec());
@@ -112,8 +112,22 @@ impl Tensor {
             g.map_binary(x, BinaryOp::GeluBackward)
         })
     }
-    /// `x·σ(x)`; d/dx = σ(x)·(1 + x·(1 − σ(x)))
+    /// `x·σ(x)`; d/dx = σ(x)·(1 + x·(1 − σ(x))).
+    ///
+    /// As [`Tensor::gelu`]: where the backend computes the slope with the value (the CPU in
+    /// f32), the forward pass keeps it and backward is one product.
     pub fn silu(&self) -> Result<Tensor> {
+        if crate::is_grad_enabled()
+            && self.requires_grad()
+            && let Some((y, slope)) = self.storage().value_and_slope(true)
+        {
+            let _profile = crate::profile::op("silu");
+            let y = Tensor::from_storage(y, self.shape().to_vec());
+            let slope = Tensor::from_storage(slope, self.shape().to_vec());
+            return Ok(Tensor::record(y, "silu", &[self], move |g| {
+                Ok(vec![Some(g.mul(&slope)?)])
+            }));
+        }
         self.unary_with_rule(UnaryOp::Silu, "silu", |g, x, _| {
             let s = x.map_unary(UnaryOp::Sigmoid)?;
             let one_minus_s = s

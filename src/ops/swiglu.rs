@@ -6,9 +6,17 @@
 //!
 //! (Shazeer, 2020, "GLU Variants Improve Transformer"). A SwiGLU MLP `down(silu(gate·x) ⊙ up·x)`
 //! computes `gate·x` and `up·x` with one matmul against the weights side by side (`[d, 2h]`,
-//! gate first, as transformers v5 stores `gate_up_proj`) and then this op. Its backward rule is
-//! that of the ops it is made of (two slices, `silu`, a product): `da = g ⊙ b ⊙ silu'(a)`,
-//! `db = g ⊙ silu(a)`.
+//! gate first, as transformers v5 stores `gate_up_proj`) and then this op.
+//!
+//! The forward pass runs the ops untracked and keeps `b`, `silu(a)` and the slope `silu'(a)`;
+//! the tape holds one node whose backward is the chain rule through them,
+//!
+//! ```text
+//! d[a | b] = [g ⊙ b ⊙ silu'(a) | g ⊙ silu(a)]
+//! ```
+//!
+//! one concatenation instead of the two zero-padded slice gradients, the product's two sides and
+//! `silu`'s own backward (five nodes, each a pass over `[.., h]` or `[.., 2h]`).
 
 use crate::{Error, Result, Tensor};
 
@@ -39,8 +47,33 @@ impl Tensor {
             )));
         }
         let h = width / 2;
-        let gate = self.slice(-1, 0, h)?;
-        let up = self.slice(-1, h, width)?;
-        gate.silu()?.mul(&up)
+        let _profile = crate::profile::op("swiglu");
+        let (silu_a, slope, up) = crate::no_grad(|| -> Result<_> {
+            let gate = self.slice(-1, 0, h)?;
+            let up = self.slice(-1, h, width)?;
+            // silu(a) and silu'(a) = σ(a)·(1 + a·(1 − σ(a))), in one pass where the backend can
+            let (silu_a, slope) = match gate.storage().value_and_slope(true) {
+                Some((y, s)) => (
+                    Tensor::from_storage(y, gate.shape().to_vec()),
+                    Tensor::from_storage(s, gate.shape().to_vec()),
+                ),
+                None => {
+                    let s = gate.sigmoid()?;
+                    let slope = gate
+                        .mul(&s.neg()?.add_scalar(1.0)?)?
+                        .add_scalar(1.0)?
+                        .mul(&s)?;
+                    (gate.mul(&s)?, slope)
+                }
+            };
+            Ok((silu_a, slope, up))
+        })?;
+        let y = crate::no_grad(|| silu_a.mul(&up))?;
+        let last = self.rank() as isize - 1;
+        Ok(Tensor::record(y, "swiglu", &[self], move |g| {
+            let da = g.mul(&up)?.mul(&slope)?;
+            let db = g.mul(&silu_a)?;
+            Ok(vec![Some(Tensor::concat(&[da, db], last)?)])
+        }))
     }
 }

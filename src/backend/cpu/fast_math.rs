@@ -104,6 +104,15 @@ pub(super) fn gelu_and_grad_f32(x: f32) -> (f32, f32) {
     (x * s, s + slope)
 }
 
+/// SiLU and its slope at `x`: `silu(x) = x·σ(x)`, `silu'(x) = σ(x)·(1 + x·(1 − σ(x)))`, both
+/// from one exponential. Very negative `x` give `σ = 0` (`e^{−x}` overflows to ∞): value −0,
+/// slope 0.
+#[inline(always)]
+pub(super) fn silu_and_grad_f32(x: f32) -> (f32, f32) {
+    let s = 1.0 / (1.0 + exp_f32(-x));
+    (x * s, s * (1.0 + x * (1.0 - s)))
+}
+
 /// Whether the processor has AVX2, for which the wide loops below are also compiled (eight
 /// lanes instead of the four of SSE2, which the baseline x86-64 build targets); `false` off
 /// x86-64.
@@ -204,23 +213,36 @@ pub(super) fn gelu_backward_f32(g: &[f32], x: &[f32]) -> Vec<f32> {
     unsafe { write_chunks(n, MAP_CHUNK, body) }
 }
 
-/// GELU and its slope, `(gelu(x[i]), gelu'(x[i]))`, in one pass: both come from one
-/// exponential ([`gelu_and_grad_f32`]), so a forward pass that keeps the slope makes GELU's
-/// backward a plain product (`Tensor::gelu` on the CPU in f32). AVX2 and threads as in
-/// [`map1_f32_wide`].
-pub(super) fn gelu_and_slope_f32(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
+/// A function and its slope, `(f(x[i]), f'(x[i]))`, in one pass for GELU
+/// ([`gelu_and_grad_f32`]) or SiLU ([`silu_and_grad_f32`]): both come from one exponential, so
+/// a forward pass that keeps the slope makes the backward a plain product (`Tensor::gelu`,
+/// `Tensor::silu` on the CPU in f32). AVX2 and threads as in [`map1_f32_wide`].
+pub(super) fn value_and_slope_f32(x: &[f32], silu: bool) -> (Vec<f32>, Vec<f32>) {
     #[inline(always)]
-    fn chunk_loop(x: &[f32], y: &mut [MaybeUninit<f32>], s: &mut [MaybeUninit<f32>]) {
-        for ((y, s), &x) in y.iter_mut().zip(s.iter_mut()).zip(x) {
-            let (value, slope) = gelu_and_grad_f32(x);
-            y.write(value);
-            s.write(slope);
+    fn chunk_loop(x: &[f32], y: &mut [MaybeUninit<f32>], s: &mut [MaybeUninit<f32>], silu: bool) {
+        if silu {
+            for ((y, s), &x) in y.iter_mut().zip(s.iter_mut()).zip(x) {
+                let (value, slope) = silu_and_grad_f32(x);
+                y.write(value);
+                s.write(slope);
+            }
+        } else {
+            for ((y, s), &x) in y.iter_mut().zip(s.iter_mut()).zip(x) {
+                let (value, slope) = gelu_and_grad_f32(x);
+                y.write(value);
+                s.write(slope);
+            }
         }
     }
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
-    fn chunk_loop_avx2(x: &[f32], y: &mut [MaybeUninit<f32>], s: &mut [MaybeUninit<f32>]) {
-        chunk_loop(x, y, s)
+    fn chunk_loop_avx2(
+        x: &[f32],
+        y: &mut [MaybeUninit<f32>],
+        s: &mut [MaybeUninit<f32>],
+        silu: bool,
+    ) {
+        chunk_loop(x, y, s, silu)
     }
     let avx2 = has_avx2();
     let n = x.len();
@@ -231,10 +253,10 @@ pub(super) fn gelu_and_slope_f32(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
         #[cfg(target_arch = "x86_64")]
         if avx2 {
             // SAFETY: AVX2 was detected on this processor.
-            return unsafe { chunk_loop_avx2(x, y, s) };
+            return unsafe { chunk_loop_avx2(x, y, s, silu) };
         }
         let _ = avx2;
-        chunk_loop(x, y, s)
+        chunk_loop(x, y, s, silu)
     };
     let (ys, ss) = (
         &mut y.spare_capacity_mut()[..n],
@@ -258,12 +280,16 @@ pub(super) fn gelu_and_slope_f32(x: &[f32]) -> (Vec<f32>, Vec<f32>) {
 }
 
 impl CpuBackend {
-    /// GELU (tanh form) and its slope at `x` in one pass (`gelu_and_slope_f32`), for f32 `x`;
-    /// `None` for other dtypes.
-    pub(crate) fn gelu_and_slope(&self, x: &CpuBuffer) -> Option<(CpuBuffer, CpuBuffer)> {
+    /// GELU (tanh form) or SiLU and its slope at `x` in one pass (`value_and_slope_f32`), for
+    /// f32 `x`; `None` for other dtypes.
+    pub(crate) fn value_and_slope(
+        &self,
+        x: &CpuBuffer,
+        silu: bool,
+    ) -> Option<(CpuBuffer, CpuBuffer)> {
         match x {
             CpuBuffer::F32(v) => {
-                let (y, s) = gelu_and_slope_f32(v);
+                let (y, s) = value_and_slope_f32(v, silu);
                 Some((f32b(y), f32b(s)))
             }
             _ => None,
