@@ -10,9 +10,11 @@
 //!
 //! i.e. column `i` of the first half and column `i + h` of the second are rotated together by the
 //! angle `p·θ_i`. The tables `cos` and `sin` `[block, Dh]` are computed once; the rotation is
-//! three tensor ops, `x ⊙ cos + x[:, swap] ⊙ sin±`, where `swap` exchanges the halves and `sin±`
-//! carries the sign of `rotate_half` (−sin on the first half). Its backward rule is that of
-//! those ops (a rotation's transpose: the angle negated).
+//! `x ⊙ cos + swap(x) ⊙ sin±`, where `swap` exchanges the halves and `sin±` carries the sign of
+//! `rotate_half` (−sin on the first half). It is one node on the tape: with `swap` its own
+//! transpose (exchanging the halves twice is the identity), the backward rule is the rotation
+//! by the negated angle, `dx = g ⊙ cos + swap(g ⊙ sin±)`, composed from the same ops (so it is
+//! differentiable again).
 //!
 //! The angles are computed as transformers does, in f32: `θ_i` rounded to f32, the product
 //! `p·θ_i` in f32, its cosine and sine rounded to f32, so imported models see the same tables.
@@ -25,8 +27,6 @@ pub struct Rotary {
     cos: Tensor,
     /// `±sin(p·θ)` `[block, Dh]`, negative on the first half (the sign of `rotate_half`)
     sin_signed: Tensor,
-    /// `[h, …, Dh−1, 0, …, h−1]`: the column each output column reads in `rotate_half`
-    swap: Tensor,
     block: usize,
 }
 
@@ -78,13 +78,9 @@ impl Rotary {
                 sin_signed.push(if j < half { -sin } else { sin });
             }
         }
-        let swap: Vec<i32> = (0..head_dim)
-            .map(|j| ((j + half) % head_dim) as i32)
-            .collect();
         Ok(Rotary {
             cos: Tensor::from_f32(cos, &[block, head_dim], device)?,
             sin_signed: Tensor::from_f32(sin_signed, &[block, head_dim], device)?,
-            swap: Tensor::from_i32(swap, &[head_dim], device)?,
             block,
         })
     }
@@ -116,7 +112,18 @@ impl Rotary {
         } else {
             (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?)
         };
-        x.mul(&cos)?
-            .add(&x.index_select(-1, &self.swap)?.mul(&sin)?)
+        let _profile = crate::profile::op("rotary");
+        let y = crate::no_grad(|| x.mul(&cos)?.add(&swap_halves(x)?.mul(&sin)?))?;
+        Ok(Tensor::record(y, "rotary", &[x], move |g| {
+            Ok(vec![Some(g.mul(&cos)?.add(&swap_halves(&g.mul(&sin)?)?)?)])
+        }))
     }
+}
+
+/// `[x_(h..Dh) | x_(0..h)]`: the two halves of the last axis exchanged (its own inverse and
+/// transpose).
+fn swap_halves(x: &Tensor) -> Result<Tensor> {
+    let dh = x.shape()[x.rank() - 1];
+    let h = dh / 2;
+    Tensor::concat(&[x.slice(-1, h, dh)?, x.slice(-1, 0, h)?], x.rank() as isize - 1)
 }
