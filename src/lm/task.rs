@@ -280,6 +280,7 @@ impl Task for LmTask<'_> {
                     self.model.active_params_at(e)
                 }),
             expert_load: last.routing.as_ref().map(|r| r.0.clone()),
+            routing: last.diagnostics.clone(),
             drop_rate: last.routing.map(|r| r.1),
             experts_per_token: last.experts_per_token,
             vocab: self.corpus.vocab_size(),

@@ -65,6 +65,10 @@ pub struct LmSummary {
     /// per MoE layer, the fraction of kept assignments per expert over the last interval
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expert_load: Option<Vec<Vec<f64>>>,
+    /// MoE: the routing diagnostics of the last evaluation interval (`moe::RoutingDiagnostics`: load/ideal,
+    /// dead experts, entropy, logits, per layer and across layers)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routing: Option<crate::moe::RoutingDiagnostics>,
     /// fraction of routed assignments dropped by capacity over the last interval (all layers)
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drop_rate: Option<f64>,

@@ -455,6 +455,7 @@ impl MoeLayer {
             weight_per_expert,
             routed_per_expert: plan.routed_per_expert.clone(),
             probs: routing.probs.detach(),
+            logits: routing.logits.detach(),
             tokens: t * routings.len(),
             metrics: routings.iter().flat_map(|r| r.metrics.clone()).collect(),
         };

@@ -11,6 +11,7 @@
 mod aux_loss;
 mod cnn_experts;
 mod dense_to_sparse;
+mod diagnostics;
 mod dispatch;
 mod experts;
 mod layer;
@@ -25,6 +26,7 @@ mod stats;
 pub use aux_loss::{balance_loss, z_loss};
 pub use cnn_experts::{CNN_EXPERT_OUT, CnnExpertBank};
 pub use dense_to_sparse::{DenseFfn, SplitScale, decompose_ffn};
+pub use diagnostics::{CollapseAlarm, LayerDiagnostics, RoutingDiagnostics, RoutingWindow, Spread};
 pub use dispatch::{Capacity, DispatchPlan};
 pub use experts::{ExpertBank, ExpertBankConfig, ExpertNet};
 pub use layer::{ExpertKind, MoeConfig, MoeLayer, MoeOutput};

@@ -15,6 +15,8 @@ pub struct RoutingStats {
     /// `[T, n]` the router's distribution over experts for each token (detached); the mean
     /// entropy is computed from it only when asked for ([`RoutingStats::entropy`])
     pub probs: Tensor,
+    /// `[T, n]` the router's logits (detached), for the diagnostics' logit RMS and maximum
+    pub logits: Tensor,
     /// tokens in the batch
     pub tokens: usize,
     /// the router's own scalar metrics (see `Routing::metrics`)

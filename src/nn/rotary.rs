@@ -125,5 +125,8 @@ impl Rotary {
 fn swap_halves(x: &Tensor) -> Result<Tensor> {
     let dh = x.shape()[x.rank() - 1];
     let h = dh / 2;
-    Tensor::concat(&[x.slice(-1, h, dh)?, x.slice(-1, 0, h)?], x.rank() as isize - 1)
+    Tensor::concat(
+        &[x.slice(-1, h, dh)?, x.slice(-1, 0, h)?],
+        x.rank() as isize - 1,
+    )
 }

@@ -189,6 +189,14 @@ pub struct TrainConfig {
     pub z_loss: f64,
     /// MoE: router-specific options (`--router-opt key=value`)
     pub router_options: std::collections::BTreeMap<String, String>,
+    /// MoE: warn of collapsed routing when a layer's dead experts (no token over an epoch or
+    /// evaluation interval) reach this fraction of its experts (default 0.5; above 1: never)
+    #[serde(default = "default_collapse_dead")]
+    pub collapse_dead: f64,
+    /// MoE: warn of collapsed routing when one expert serves more than this fraction of a
+    /// layer's tokens over an epoch or evaluation interval (default 0.9; 1 or more: never)
+    #[serde(default = "default_collapse_share")]
+    pub collapse_share: f64,
     /// `--data text`: the text file
     #[serde(default)]
     pub data_file: Option<PathBuf>,
@@ -295,6 +303,14 @@ fn default_expert_hidden() -> usize {
     128
 }
 
+fn default_collapse_dead() -> f64 {
+    0.5
+}
+
+fn default_collapse_share() -> f64 {
+    0.9
+}
+
 /// The tokenizer when none is given: one id per character.
 fn default_tokenizer() -> String {
     "char".into()
@@ -330,6 +346,8 @@ impl Default for TrainConfig {
             balance_loss: 0.01,
             z_loss: 0.0,
             router_options: Default::default(),
+            collapse_dead: default_collapse_dead(),
+            collapse_share: default_collapse_share(),
             data_file: None,
             iters: 0,
             eval_every: 0,
@@ -570,6 +588,16 @@ impl TrainConfig {
     /// Checks every setting; the error names the one at fault.
     pub fn validate(&self) -> Result<()> {
         let bad = |m: String| Err(Error::Invalid(m));
+        for (flag, v) in [
+            ("--collapse-dead", self.collapse_dead),
+            ("--collapse-share", self.collapse_share),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return bad(format!(
+                    "{flag} {v} is not a fraction ≥ 0 (a value above 1 turns the warning off)"
+                ));
+            }
+        }
         if self.model.is_lm() != self.data.is_text() {
             return bad(if self.model.is_lm() {
                 format!(

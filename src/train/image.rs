@@ -177,6 +177,7 @@ impl Task for ImageTask<'_> {
                 }
                 None => (None, None, None, None),
             };
+        let routing = last.diagnostics.clone();
         let (expert_load, drop_rate) = match last.routing {
             Some((loads, drop)) => (loads.into_iter().next(), Some(drop)),
             None => (None, None),
@@ -191,6 +192,7 @@ impl Task for ImageTask<'_> {
             steps: run.steps,
             params: run.params,
             expert_load,
+            routing,
             drop_rate,
             experts_per_token: last.experts_per_token,
             expert_selection_rate,

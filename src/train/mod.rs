@@ -76,6 +76,10 @@ pub struct TrainSummary {
     /// MoE: fraction of kept assignments per expert over the last epoch
     #[serde(skip_serializing_if = "Option::is_none")]
     pub expert_load: Option<Vec<f64>>,
+    /// MoE: the routing diagnostics of the last epoch (`moe::RoutingDiagnostics`: load/ideal,
+    /// dead experts, entropy, logits, per layer and across layers)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub routing: Option<crate::moe::RoutingDiagnostics>,
     /// MoE: fraction of routed assignments dropped by capacity over the last epoch
     #[serde(skip_serializing_if = "Option::is_none")]
     pub drop_rate: Option<f64>,

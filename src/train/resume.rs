@@ -52,6 +52,8 @@ pub const CHANGEABLE_SETTINGS: &[&str] = &[
     "z_loss",
     "capacity_factor",
     "eval_capacity_factor",
+    "collapse_dead",
+    "collapse_share",
 ];
 
 /// The command-line flag of a [`TrainConfig`] field (`train_limit` → `--train-limit`).

@@ -43,6 +43,8 @@ pub(crate) struct PeriodResult {
     /// the routers' own metrics (e.g. DSelect-k's saturated fraction), each a mean over the
     /// period's steps and layers
     pub(crate) router_metrics: Vec<(&'static str, f64)>,
+    /// MoE models: the routing diagnostics over the period (`moe::RoutingDiagnostics`)
+    pub(crate) diagnostics: Option<crate::moe::RoutingDiagnostics>,
 }
 
 impl PeriodResult {
@@ -58,6 +60,7 @@ impl PeriodResult {
             routing: None,
             experts_per_token: None,
             router_metrics: Vec::new(),
+            diagnostics: None,
         }
     }
 }

@@ -10,7 +10,7 @@ use super::out_dir::OutDir;
 use super::task::{PeriodResult, RunEnd, Task};
 use super::{RunOptions, TrainConfig, interrupt, resume, train_step, truncate_metrics};
 use crate::checkpoint::Checkpoint;
-use crate::moe::RoutingStats;
+use crate::moe::{CollapseAlarm, RoutingDiagnostics, RoutingStats, RoutingWindow};
 use crate::nn::Param;
 use crate::optim::{Optimizer, Schedule};
 use crate::{DType, Device, Error, Result, Tensor};
@@ -95,10 +95,8 @@ struct PeriodTotals {
     started: Instant,
     /// the task loss summed over the period's batches, each weighted by [`super::task::Batch`]
     loss_sum: Tensor,
-    /// per MoE layer, kept and routed assignments per expert, summed over the period
-    routing_sums: Vec<(Tensor, Tensor)>,
-    /// tokens routed over the period, summed over the layers (for experts per token)
-    routed_tokens: usize,
+    /// per MoE layer, the routing statistics summed over the period (`moe::RoutingWindow`)
+    routing: RoutingWindow,
     /// the routers' own metrics: summed on the device, with a count of values
     router_metric_sums: Vec<(&'static str, Tensor, usize)>,
 }
@@ -106,7 +104,7 @@ struct PeriodTotals {
 impl PeriodTotals {
     /// Adds one step's routing statistics (one entry per MoE layer).
     fn add_routing(&mut self, stats: &[RoutingStats]) -> Result<()> {
-        for (layer, s) in stats.iter().enumerate() {
+        for s in stats {
             for (name, v) in &s.metrics {
                 let v = v.detach().to_dtype(DType::F32)?;
                 match self
@@ -121,42 +119,21 @@ impl PeriodTotals {
                     None => self.router_metric_sums.push((name, v, 1)),
                 }
             }
-            self.routed_tokens += s.tokens;
-            match self.routing_sums.get_mut(layer) {
-                Some((k, r)) => {
-                    *k = s.kept_per_expert.add(k)?;
-                    *r = s.routed_per_expert.add(r)?;
-                }
-                None => self
-                    .routing_sums
-                    .push((s.kept_per_expert.clone(), s.routed_per_expert.clone())),
-            }
         }
-        Ok(())
+        self.routing.add(stats)
     }
 }
 
-/// Expert load per layer and the overall drop rate from the period's per-layer sums.
-fn load_and_drop(sums: &[(Tensor, Tensor)]) -> Result<(Vec<Vec<f64>>, f64)> {
-    let (mut kept_all, mut routed_all) = (0.0, 0.0);
-    let mut loads = Vec::with_capacity(sums.len());
-    for (k, r) in sums {
-        let k = k.to_vec_f64()?;
-        let kept: f64 = k.iter().sum();
-        kept_all += kept;
-        routed_all += r.to_vec_f64()?.iter().sum::<f64>();
-        loads.push(
-            k.iter()
-                .map(|v| if kept > 0.0 { v / kept } else { 0.0 })
-                .collect(),
-        );
-    }
-    let drop = if routed_all > 0.0 {
-        1.0 - kept_all / routed_all
+/// Expert load per layer and the drop rate over all of them, from the period's diagnostics.
+fn load_and_drop(d: &RoutingDiagnostics) -> (Vec<Vec<f64>>, f64) {
+    let kept: f64 = d.layers.iter().map(|l| l.kept_assignments).sum();
+    let routed: f64 = d.layers.iter().map(|l| l.routed_assignments).sum();
+    let drop = if routed > 0.0 {
+        1.0 - kept / routed
     } else {
         0.0
     };
-    Ok((loads, drop))
+    (d.layers.iter().map(|l| l.load.clone()).collect(), drop)
 }
 
 impl<'a, T: Task> Trainer<'a, T> {
@@ -280,8 +257,7 @@ impl<'a, T: Task> Trainer<'a, T> {
         let mut totals = PeriodTotals {
             started: Instant::now(),
             loss_sum: Tensor::zeros(&[], DType::F32, self.device)?,
-            routing_sums: Vec::new(),
-            routed_tokens: 0,
+            routing: RoutingWindow::new(),
             router_metric_sums: Vec::new(),
         };
         for i in 0..steps as usize {
@@ -406,18 +382,18 @@ impl<'a, T: Task> Trainer<'a, T> {
             )));
         }
         self.task.annotate(&mut ck);
-        let sums = &totals.routing_sums;
-        let (routing, experts_per_token) = if sums.is_empty() {
-            (None, None)
+        let diagnostics = if totals.routing.is_empty() {
+            None
         } else {
-            let mut kept = 0.0;
-            for (k, _) in sums {
-                kept += k.to_vec_f64()?.iter().sum::<f64>();
+            Some(totals.routing.read()?)
+        };
+        let (routing, experts_per_token) = match &diagnostics {
+            None => (None, None),
+            Some(d) => {
+                let kept: f64 = d.layers.iter().map(|l| l.kept_assignments).sum();
+                let tokens: usize = d.layers.iter().map(|l| l.tokens).sum();
+                (Some(load_and_drop(d)), Some(kept / tokens.max(1) as f64))
             }
-            (
-                Some(load_and_drop(sums)?),
-                Some(kept / totals.routed_tokens.max(1) as f64),
-            )
         };
         let mut router_metrics = Vec::with_capacity(totals.router_metric_sums.len());
         for (name, sum, count) in &totals.router_metric_sums {
@@ -430,6 +406,7 @@ impl<'a, T: Task> Trainer<'a, T> {
             routing,
             experts_per_token,
             router_metrics,
+            diagnostics,
         };
         Ok((result, ck))
     }
@@ -449,6 +426,9 @@ impl<'a, T: Task> Trainer<'a, T> {
         }
         if let Some(e) = r.experts_per_token {
             line["experts_per_token"] = serde_json::json!(e);
+        }
+        if let Some(d) = &r.diagnostics {
+            line["routing"] = serde_json::to_value(d).map_err(|e| Error::Invalid(e.to_string()))?;
         }
         if !r.router_metrics.is_empty() {
             let metrics: serde_json::Map<String, serde_json::Value> = r
@@ -479,7 +459,21 @@ impl<'a, T: Task> Trainer<'a, T> {
     /// Tells the observer the period is finished, with its line of figures (the command line
     /// prints it and redraws the plots from `metrics.jsonl`).
     fn report(&mut self, period: usize, r: &PeriodResult) -> Result<()> {
-        let line = self.task.report_line(r, period + 1, self.step);
+        let mut line = self.task.report_line(r, period + 1, self.step);
+        if let Some(d) = &r.diagnostics {
+            line.push_str(&format!(" · {}", d.short()));
+            let alarm = CollapseAlarm {
+                dead_fraction: self.cfg.collapse_dead,
+                top_share: self.cfg.collapse_share,
+            };
+            if let Some(warning) = alarm.check(d) {
+                self.obs.note(&format!(
+                    "moegrad: warning: {} {}: {warning}",
+                    T::PERIOD.name(),
+                    period + 1
+                ));
+            }
+        }
         let title = self.task.title();
         self.obs.period_end(&PeriodEnd {
             period: T::PERIOD,

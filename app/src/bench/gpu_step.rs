@@ -20,6 +20,7 @@
 use moegrad::data::Dataset;
 use moegrad::data::text::CharCorpus;
 use moegrad::gpu::GpuStats;
+use moegrad::moe::RoutingWindow;
 use moegrad::nn::Parameters;
 use moegrad::train::{ModelKind, TrainConfig};
 use moegrad::{DType, Device, Error, Result, Tensor};
@@ -112,9 +113,9 @@ struct ImageStepper {
     opt: Box<dyn moegrad::optim::Optimizer>,
     data: Dataset,
     cfg: TrainConfig,
-    /// the loop's running sums: training loss, kept and routed assignments per expert
+    /// the loop's running sums: training loss and the routing diagnostics' window
     loss_sum: Tensor,
-    kept_sum: Option<(Tensor, Tensor)>,
+    routing: RoutingWindow,
 }
 
 impl ImageStepper {
@@ -136,7 +137,7 @@ impl ImageStepper {
             opt,
             data,
             loss_sum: Tensor::zeros(&[], DType::F32, device)?,
-            kept_sum: None,
+            routing: RoutingWindow::new(),
             cfg,
         })
     }
@@ -161,19 +162,7 @@ impl Stepper for ImageStepper {
             self.loss_sum
                 .add(&out.task_loss.detach().mul_scalar(b as f64)?)
         })?;
-        if let Some(stats) = out.routing.first() {
-            self.kept_sum = Some(match self.kept_sum.take() {
-                Some((k, r)) => (
-                    stats.kept_per_expert.add(&k)?,
-                    stats.routed_per_expert.add(&r)?,
-                ),
-                None => (
-                    stats.kept_per_expert.clone(),
-                    stats.routed_per_expert.clone(),
-                ),
-            });
-        }
-        Ok(())
+        self.routing.add(&out.routing)
     }
 }
 
@@ -184,9 +173,9 @@ struct LmStepper {
     opt: moegrad::optim::Adam,
     corpus: CharCorpus,
     cfg: TrainConfig,
-    /// the loop's running sums: training loss, kept and routed assignments per MoE layer
+    /// the loop's running sums: training loss and the routing diagnostics' window
     loss_sum: Tensor,
-    routing_sums: Vec<(Tensor, Tensor)>,
+    routing: RoutingWindow,
 }
 
 impl LmStepper {
@@ -213,7 +202,7 @@ impl LmStepper {
             opt,
             corpus,
             loss_sum: Tensor::zeros(&[], DType::F32, device)?,
-            routing_sums: Vec::new(),
+            routing: RoutingWindow::new(),
             cfg,
         })
     }
@@ -238,19 +227,7 @@ impl Stepper for LmStepper {
             self.loss_sum
                 .add(&out.task_loss.detach().to_dtype(DType::F32)?)
         })?;
-        if self.routing_sums.is_empty() {
-            self.routing_sums = out
-                .routing
-                .iter()
-                .map(|s| (s.kept_per_expert.clone(), s.routed_per_expert.clone()))
-                .collect();
-        } else {
-            for ((k, r), s) in self.routing_sums.iter_mut().zip(&out.routing) {
-                *k = k.add(&s.kept_per_expert)?;
-                *r = r.add(&s.routed_per_expert)?;
-            }
-        }
-        Ok(())
+        self.routing.add(&out.routing)
     }
 }
 

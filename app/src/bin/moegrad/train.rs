@@ -112,6 +112,15 @@ pub(super) struct TrainArgs {
     /// MoE: router z-loss coefficient.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     z_loss: f64,
+    /// MoE: warn (on stderr, each epoch or evaluation interval) that routing has collapsed when
+    /// a layer's dead experts, which received no token over the interval, reach this fraction
+    /// of its experts; above 1 never warns.
+    #[arg(long, default_value_t = 0.5)]
+    collapse_dead: f64,
+    /// MoE: warn that routing has collapsed when one expert serves more than this fraction of
+    /// a layer's tokens over the interval (balanced: k/n); 1 or more never warns.
+    #[arg(long, default_value_t = 0.9)]
+    collapse_share: f64,
     /// MoE: a router-specific setting as key=value (repeatable), e.g. `--router-opt tau=0.5`;
     /// docs/routers.md lists each router's options.
     #[arg(long = "router-opt", value_name = "KEY=VALUE")]
@@ -284,6 +293,8 @@ impl TrainArgs {
         c.capacity_factor = image.capacity_factor;
         c.eval_capacity_factor = image.eval_capacity_factor;
         c.z_loss = image.z_loss;
+        c.collapse_dead = image.collapse_dead;
+        c.collapse_share = image.collapse_share;
         c.schedule_epochs = image.schedule_epochs;
         c.iters = self.iters;
         c.eval_every = self.eval_every;
@@ -386,6 +397,8 @@ impl TrainArgs {
             eval_capacity_factor: self.eval_capacity_factor,
             balance_loss: self.balance_loss,
             z_loss: self.z_loss,
+            collapse_dead: self.collapse_dead,
+            collapse_share: self.collapse_share,
             router_options: moegrad::moe::parse_router_options(&self.router_opt)?,
             min_lr: self.min_lr.unwrap_or(0.0),
             tokenizer: self.tokenizer.clone(),

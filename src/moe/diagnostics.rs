@@ -1,0 +1,297 @@
+//! Routing diagnostics: the figures that show an MoE layer's routing balanced or collapsing,
+//! summed on the device over a window of training steps ([`RoutingWindow::add`], no host wait)
+//! and read back once per window ([`RoutingWindow::read`]); and the collapse alarm
+//! ([`CollapseAlarm`]) that the training loop prints when they cross a threshold.
+//!
+//! Per MoE layer, over the window's `T` tokens, `n` experts, `k` slots per token:
+//!
+//! | figure | definition | perfectly balanced |
+//! |---|---|---|
+//! | `load` | kept assignments of expert `e` / all kept assignments (after capacity) | `1/n` each |
+//! | `load_before_capacity` | routed assignments of `e` / all routed assignments | `1/n` each |
+//! | `load_max_over_ideal` | `n · max_e load_e` | 1 |
+//! | `dead_experts` | experts that kept no assignment in the window | 0 |
+//! | `top_share` | the most-used expert's kept assignments / `T`: the fraction of tokens that use it | `k/n` |
+//! | `routing_entropy_ratio` | `exp(H(p̄))/n`, `p̄` the router's distribution averaged over tokens | 1 |
+//! | `token_entropy` | the mean over tokens of `H(p_t)`, nats (low: confident routing) | — |
+//! | `logit_rms`, `logit_max` | `√(mean logit²)` and `max |logit|` (what the z-loss bounds) | — |
+//! | `drop_rate` | `1 − kept/routed` | 0 |
+//!
+//! A multi-gate layer counts each task's routing of a token as a token of its own.
+
+use super::RoutingStats;
+use crate::{DType, Result, Tensor};
+use serde::Serialize;
+
+/// One layer's sums over the window, on the device.
+struct LayerSums {
+    routed: Tensor,
+    kept: Tensor,
+    prob_sum: Tensor,
+    entropy_sum: Tensor,
+    logit_sq_sum: Tensor,
+    logit_max: Tensor,
+    tokens: usize,
+    logits: usize,
+}
+
+/// The routing statistics of the steps of a window, summed per MoE layer on the device.
+#[derive(Default)]
+pub struct RoutingWindow {
+    layers: Vec<LayerSums>,
+}
+
+/// One MoE layer's diagnostics over a window (see the module docs for each figure).
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct LayerDiagnostics {
+    /// kept assignments per expert as fractions of all kept (after capacity)
+    pub load: Vec<f64>,
+    /// routed assignments per expert as fractions of all routed (before capacity)
+    pub load_before_capacity: Vec<f64>,
+    /// `n · max load` (1: perfectly balanced; `n`: one expert takes everything)
+    pub load_max_over_ideal: f64,
+    /// experts that kept no assignment in the window
+    pub dead_experts: usize,
+    /// the fraction of tokens that use the most-used expert (`k/n` when balanced)
+    pub top_share: f64,
+    /// `exp(H(mean routing distribution)) / n` (1: uniform on average)
+    pub routing_entropy_ratio: f64,
+    /// the mean per-token entropy of the routing distribution, nats
+    pub token_entropy: f64,
+    /// root mean square of the router's logits
+    pub logit_rms: f64,
+    /// largest absolute router logit
+    pub logit_max: f64,
+    /// fraction of routed assignments dropped by capacity
+    pub drop_rate: f64,
+    /// tokens routed in the window
+    pub tokens: usize,
+    /// assignments kept (after capacity) in the window
+    pub kept_assignments: f64,
+    /// assignments routed (before capacity) in the window
+    pub routed_assignments: f64,
+}
+
+/// The smallest, median and largest value of a figure across the MoE layers.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
+pub struct Spread {
+    /// the smallest
+    pub min: f64,
+    /// the median (the mean of the middle two for an even count)
+    pub median: f64,
+    /// the largest
+    pub max: f64,
+}
+
+impl Spread {
+    /// The spread of `values` (zeros for none).
+    pub fn of(values: impl IntoIterator<Item = f64>) -> Spread {
+        let mut v: Vec<f64> = values.into_iter().collect();
+        if v.is_empty() {
+            return Spread::default();
+        }
+        v.sort_by(f64::total_cmp);
+        let m = v.len();
+        Spread {
+            min: v[0],
+            median: if m % 2 == 1 {
+                v[m / 2]
+            } else {
+                (v[m / 2 - 1] + v[m / 2]) / 2.0
+            },
+            max: v[m - 1],
+        }
+    }
+}
+
+/// Every MoE layer's diagnostics over a window, and their spreads across layers.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct RoutingDiagnostics {
+    /// one entry per MoE layer, in order
+    pub layers: Vec<LayerDiagnostics>,
+    /// `load_max_over_ideal` across layers
+    pub load_max_over_ideal: Spread,
+    /// `dead_experts` across layers
+    pub dead_experts: Spread,
+    /// `top_share` across layers
+    pub top_share: Spread,
+    /// `routing_entropy_ratio` across layers
+    pub routing_entropy_ratio: Spread,
+    /// `drop_rate` across layers
+    pub drop_rate: Spread,
+    /// `logit_max` across layers
+    pub logit_max: Spread,
+}
+
+impl RoutingDiagnostics {
+    fn from_layers(layers: Vec<LayerDiagnostics>) -> RoutingDiagnostics {
+        let spread = |f: fn(&LayerDiagnostics) -> f64| Spread::of(layers.iter().map(f));
+        RoutingDiagnostics {
+            load_max_over_ideal: spread(|l| l.load_max_over_ideal),
+            dead_experts: spread(|l| l.dead_experts as f64),
+            top_share: spread(|l| l.top_share),
+            routing_entropy_ratio: spread(|l| l.routing_entropy_ratio),
+            drop_rate: spread(|l| l.drop_rate),
+            logit_max: spread(|l| l.logit_max),
+            layers,
+        }
+    }
+
+    /// A short form for a progress line: `load/ideal 1.3 · dead 0/8 · H 0.97` (worst layer).
+    pub fn short(&self) -> String {
+        let n = self.layers.first().map_or(0, |l| l.load.len());
+        format!(
+            "load/ideal {:.2} · dead {}/{n} · H {:.2}",
+            self.load_max_over_ideal.max,
+            self.dead_experts.max as usize,
+            self.routing_entropy_ratio.min
+        )
+    }
+}
+
+impl RoutingWindow {
+    /// An empty window.
+    pub fn new() -> RoutingWindow {
+        RoutingWindow::default()
+    }
+
+    /// Whether no step has been added since the window began.
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+
+    /// Adds one step's statistics (one entry per MoE layer): a few reductions over the routing
+    /// distribution and the logits, summed into the window on the device.
+    pub fn add(&mut self, stats: &[RoutingStats]) -> Result<()> {
+        crate::no_grad(|| {
+            for (i, s) in stats.iter().enumerate() {
+                let f32 = |t: &Tensor| t.detach().to_dtype(DType::F32);
+                let probs = f32(&s.probs)?;
+                let prob_sum = probs.sum(&[0], false)?;
+                let entropy = probs
+                    .mul(&probs.add_scalar(1e-12)?.log()?)?
+                    .sum_all()?
+                    .neg()?;
+                let logits = f32(&s.logits)?;
+                let logit_sq = logits.mul(&logits)?.sum_all()?;
+                let logit_max = logits.abs()?.reshape(&[logits.numel()])?.max(0, false)?;
+                let (routed, kept) = (f32(&s.routed_per_expert)?, f32(&s.kept_per_expert)?);
+                match self.layers.get_mut(i) {
+                    Some(l) => {
+                        l.routed = l.routed.add(&routed)?;
+                        l.kept = l.kept.add(&kept)?;
+                        l.prob_sum = l.prob_sum.add(&prob_sum)?;
+                        l.entropy_sum = l.entropy_sum.add(&entropy)?;
+                        l.logit_sq_sum = l.logit_sq_sum.add(&logit_sq)?;
+                        l.logit_max = l.logit_max.maximum(&logit_max)?;
+                        l.tokens += s.tokens;
+                        l.logits += logits.numel();
+                    }
+                    None => self.layers.push(LayerSums {
+                        routed,
+                        kept,
+                        prob_sum,
+                        entropy_sum: entropy,
+                        logit_sq_sum: logit_sq,
+                        logit_max,
+                        tokens: s.tokens,
+                        logits: logits.numel(),
+                    }),
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Reads the window back (a few small transfers per layer: call it once per window).
+    pub fn read(&self) -> Result<RoutingDiagnostics> {
+        let mut layers = Vec::with_capacity(self.layers.len());
+        for l in &self.layers {
+            let kept = l.kept.to_vec_f64()?;
+            let routed = l.routed.to_vec_f64()?;
+            let p_mean: Vec<f64> = l
+                .prob_sum
+                .to_vec_f64()?
+                .iter()
+                .map(|p| p / l.tokens.max(1) as f64)
+                .collect();
+            let n = kept.len();
+            let (kept_all, routed_all) = (kept.iter().sum::<f64>(), routed.iter().sum::<f64>());
+            let share = |v: &[f64], all: f64| -> Vec<f64> {
+                v.iter()
+                    .map(|x| if all > 0.0 { x / all } else { 0.0 })
+                    .collect()
+            };
+            let load = share(&kept, kept_all);
+            let max_load = load.iter().cloned().fold(0.0, f64::max);
+            let max_kept = kept.iter().cloned().fold(0.0, f64::max);
+            let h_mean: f64 = -p_mean
+                .iter()
+                .filter(|&&p| p > 0.0)
+                .map(|p| p * p.ln())
+                .sum::<f64>();
+            layers.push(LayerDiagnostics {
+                load_before_capacity: share(&routed, routed_all),
+                load_max_over_ideal: max_load * n as f64,
+                dead_experts: kept.iter().filter(|&&x| x == 0.0).count(),
+                top_share: max_kept / l.tokens.max(1) as f64,
+                routing_entropy_ratio: h_mean.exp() / n.max(1) as f64,
+                token_entropy: l.entropy_sum.item()? / l.tokens.max(1) as f64,
+                logit_rms: (l.logit_sq_sum.item()? / l.logits.max(1) as f64).sqrt(),
+                logit_max: l.logit_max.item()?,
+                drop_rate: if routed_all > 0.0 {
+                    1.0 - kept_all / routed_all
+                } else {
+                    0.0
+                },
+                tokens: l.tokens,
+                kept_assignments: kept_all,
+                routed_assignments: routed_all,
+                load,
+            });
+        }
+        Ok(RoutingDiagnostics::from_layers(layers))
+    }
+}
+
+/// When routing counts as collapsed over a window: too many dead experts, or one expert used
+/// by too large a share of the tokens.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CollapseAlarm {
+    /// alarm when a layer's dead experts are at least this fraction of its experts (> 1: never)
+    pub dead_fraction: f64,
+    /// alarm when a layer's most-used expert serves more than this fraction of the tokens
+    /// (≥ 1: never)
+    pub top_share: f64,
+}
+
+impl CollapseAlarm {
+    /// The alarm's message for `d`, or None when no layer crosses a threshold.
+    pub fn check(&self, d: &RoutingDiagnostics) -> Option<String> {
+        let bad: Vec<String> = d
+            .layers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, l)| {
+                let n = l.load.len().max(1);
+                let dead = l.dead_experts as f64 >= self.dead_fraction * n as f64 && l.dead_experts > 0;
+                let top = l.top_share > self.top_share;
+                (dead || top).then(|| {
+                    format!(
+                        "MoE layer {i}: {} of {n} experts dead, the busiest serves {:.0}% of the tokens",
+                        l.dead_experts,
+                        100.0 * l.top_share
+                    )
+                })
+            })
+            .collect();
+        (!bad.is_empty()).then(|| {
+            format!(
+                "routing has collapsed ({}); a balancing loss (--balance-loss) or a router with noise may help (thresholds: --collapse-dead {}, --collapse-share {})",
+                bad.join("; "),
+                self.dead_fraction,
+                self.top_share
+            )
+        })
+    }
+}

@@ -1,0 +1,152 @@
+//! The routing diagnostics (`moe::RoutingWindow`, `moe::RoutingDiagnostics`) against values
+//! worked out by hand from their definitions (docs: `src/moe/diagnostics.rs`), on two steps of
+//! two MoE layers, one with a dead expert and a capacity drop, the other perfectly balanced; on
+//! the CPU and on the GPU (skipped with a printed reason without an adapter unless
+//! `MOEGRAD_REQUIRE_GPU=1`); and the collapse alarm's thresholds.
+
+mod common;
+
+use moegrad::moe::{CollapseAlarm, RoutingStats, RoutingWindow, Spread};
+use moegrad::{DType, Device, Tensor};
+
+fn t(v: &[f64], shape: &[usize], dev: Device) -> Tensor {
+    Tensor::from_f32(v.iter().map(|&x| x as f32).collect(), shape, dev).unwrap()
+}
+
+/// One layer's statistics of one step: 2 tokens, 4 experts.
+fn stats(probs: &[f64], logits: &[f64], routed: &[f64], kept: &[f64], dev: Device) -> RoutingStats {
+    RoutingStats {
+        kept_per_expert: t(kept, &[4], dev),
+        weight_per_expert: Tensor::zeros(&[4], DType::F32, dev).unwrap(),
+        routed_per_expert: t(routed, &[4], dev),
+        probs: t(probs, &[2, 4], dev),
+        logits: t(logits, &[2, 4], dev),
+        tokens: 2,
+        metrics: Vec::new(),
+    }
+}
+
+fn entropy(p: &[f64]) -> f64 {
+    -p.iter()
+        .filter(|&&x| x > 0.0)
+        .map(|x| x * x.ln())
+        .sum::<f64>()
+}
+
+fn close(what: &str, got: f64, want: f64) {
+    assert!(
+        (got - want).abs() <= 1e-5 * (1.0 + want.abs()),
+        "{what}: {got} not {want}"
+    );
+}
+
+#[test]
+fn diagnostics_match_hand_computed_values_with_a_dead_expert_and_a_drop() {
+    for dev in
+        common::devices("diagnostics_match_hand_computed_values_with_a_dead_expert_and_a_drop")
+    {
+        let uniform = [0.25; 8];
+        let balanced = |dev| stats(&uniform, &[0.0; 8], &[1.0; 4], &[1.0; 4], dev);
+        // layer 0, step 1: 4 assignments routed (k = 2), one dropped by capacity, expert 3 unused
+        let p1 = [0.7, 0.1, 0.1, 0.1, 0.25, 0.25, 0.25, 0.25];
+        let l1 = [2.0, -1.0, 0.0, 0.5, 1.0, 1.0, 1.0, -3.0];
+        // step 2: nothing dropped, expert 3 unused again
+        let p2 = [0.1, 0.6, 0.2, 0.1, 0.4, 0.4, 0.1, 0.1];
+        let l2 = [0.0, 3.0, 0.0, 0.0, -4.0, 0.0, 0.0, 0.0];
+        let mut w = RoutingWindow::new();
+        assert!(w.is_empty());
+        w.add(&[
+            stats(&p1, &l1, &[2.0, 1.0, 1.0, 0.0], &[1.0, 1.0, 1.0, 0.0], dev),
+            balanced(dev),
+        ])
+        .unwrap();
+        w.add(&[
+            stats(&p2, &l2, &[1.0, 2.0, 1.0, 0.0], &[1.0, 2.0, 1.0, 0.0], dev),
+            balanced(dev),
+        ])
+        .unwrap();
+        let d = w.read().unwrap();
+        let (a, b) = (&d.layers[0], &d.layers[1]);
+        // kept [2, 3, 2, 0] of 7, routed [3, 3, 2, 0] of 8, over 4 tokens
+        let want_load = [2.0 / 7.0, 3.0 / 7.0, 2.0 / 7.0, 0.0];
+        let want_before = [3.0 / 8.0, 3.0 / 8.0, 2.0 / 8.0, 0.0];
+        for e in 0..4 {
+            close("load", a.load[e], want_load[e]);
+            close(
+                "load before capacity",
+                a.load_before_capacity[e],
+                want_before[e],
+            );
+        }
+        close("load/ideal", a.load_max_over_ideal, 4.0 * 3.0 / 7.0);
+        assert_eq!(a.dead_experts, 1, "{dev}");
+        close("top share", a.top_share, 3.0 / 4.0);
+        close("drop rate", a.drop_rate, 1.0 / 8.0);
+        assert_eq!(
+            (a.tokens, a.kept_assignments, a.routed_assignments),
+            (4, 7.0, 8.0)
+        );
+        let rows: Vec<&[f64]> = p1.chunks(4).chain(p2.chunks(4)).collect();
+        let mean: Vec<f64> = (0..4)
+            .map(|e| rows.iter().map(|r| r[e]).sum::<f64>() / 4.0)
+            .collect();
+        close(
+            "exp(H)/n",
+            a.routing_entropy_ratio,
+            entropy(&mean).exp() / 4.0,
+        );
+        let token_h = rows.iter().map(|r| entropy(r)).sum::<f64>() / 4.0;
+        close("token entropy", a.token_entropy, token_h);
+        let sq: f64 = l1.iter().chain(&l2).map(|x| x * x).sum();
+        close("logit rms", a.logit_rms, (sq / 16.0).sqrt());
+        close("logit max", a.logit_max, 4.0);
+        // the balanced layer
+        assert_eq!(b.dead_experts, 0);
+        close("balanced load/ideal", b.load_max_over_ideal, 1.0);
+        close("balanced exp(H)/n", b.routing_entropy_ratio, 1.0);
+        close("balanced top share", b.top_share, 2.0 / 4.0);
+        close("balanced logit rms", b.logit_rms, 0.0);
+        // spreads across the two layers
+        assert_eq!(
+            d.dead_experts,
+            Spread {
+                min: 0.0,
+                median: 0.5,
+                max: 1.0
+            }
+        );
+        close("spread max", d.load_max_over_ideal.max, 12.0 / 7.0);
+        close(
+            "spread median",
+            d.load_max_over_ideal.median,
+            (1.0 + 12.0 / 7.0) / 2.0,
+        );
+        assert!(d.short().contains("dead 1/4"), "{}", d.short());
+
+        // the alarm: one dead expert of four is a quarter; the busiest serves 3/4 of the tokens
+        let alarm = |dead_fraction, top_share| {
+            CollapseAlarm {
+                dead_fraction,
+                top_share,
+            }
+            .check(&d)
+        };
+        let fired = alarm(0.25, 2.0).expect("a quarter dead at --collapse-dead 0.25");
+        assert!(
+            fired.contains("MoE layer 0: 1 of 4 experts dead") && !fired.contains("layer 1"),
+            "{fired}"
+        );
+        assert!(
+            alarm(0.5, 2.0).is_none(),
+            "a quarter dead is below --collapse-dead 0.5"
+        );
+        assert!(
+            alarm(2.0, 0.7).is_some(),
+            "75% of the tokens is above --collapse-share 0.7"
+        );
+        assert!(
+            alarm(2.0, 0.8).is_none(),
+            "75% of the tokens is below --collapse-share 0.8"
+        );
+    }
+}
