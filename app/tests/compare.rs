@@ -502,6 +502,29 @@ fn targets_curves_and_flattened_metrics() {
     }))
     .unwrap();
     assert_eq!(wrong["true_experts_recovered"], 0.0);
+    // an MoE run's routing diagnostics, at the worst layer
+    let moe = final_metrics(&serde_json::json!({
+        "test_loss": 0.3,
+        "routing": {
+            "layers": [],
+            "dead_experts": {"min": 0.0, "median": 1.0, "max": 3.0},
+            "load_max_over_ideal": {"min": 1.1, "median": 1.5, "max": 2.5},
+            "top_share": {"min": 0.2, "median": 0.3, "max": 0.6},
+            "routing_entropy_ratio": {"min": 0.4, "median": 0.8, "max": 0.9},
+            "drop_rate": {"min": 0.0, "median": 0.0, "max": 0.0},
+            "logit_max": {"min": 1.0, "median": 2.0, "max": 7.0}
+        }
+    }))
+    .unwrap();
+    assert_eq!(
+        (
+            moe["dead_experts"],
+            moe["load_max_over_ideal"],
+            moe["top_share"]
+        ),
+        (3.0, 2.5, 0.6)
+    );
+    assert_eq!((moe["routing_entropy_ratio"], moe["logit_max"]), (0.4, 7.0));
     // a diverged run's loss comes back as null: not a result
     assert!(final_metrics(&serde_json::json!({"val_loss": null})).is_err());
 }

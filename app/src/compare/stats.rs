@@ -82,6 +82,14 @@ pub fn final_metrics(summary: &serde_json::Value) -> Result<BTreeMap<String, f64
             _ => {}
         }
     }
+    // the routing diagnostics of an MoE run, at its worst layer (`moe::RoutingDiagnostics`)
+    if let Some(routing) = obj.get("routing") {
+        for (metric, side) in ROUTING_METRICS {
+            if let Some(x) = routing[*metric][*side].as_f64() {
+                out.insert((*metric).to_string(), x);
+            }
+        }
+    }
     for loss in ["test_loss", "val_loss"] {
         if obj.contains_key(loss) && !out.get(loss).is_some_and(|x| x.is_finite()) {
             return Err(Error::Invalid(format!(
@@ -183,6 +191,22 @@ pub const SUMMARY_METRICS: &[&str] = &[
     "true_experts_recovered",
     "true_expert_mass",
     "experts_run",
+    "dead_experts",
+    "load_max_over_ideal",
+    "top_share",
+    "routing_entropy_ratio",
+    "logit_max",
+];
+
+/// The routing diagnostics [`final_metrics`] takes from an MoE run's summary, each at the worst
+/// layer: the most dead experts, the largest load/ideal, busiest share and logit, the lowest
+/// exp(H)/n.
+const ROUTING_METRICS: &[(&str, &str)] = &[
+    ("dead_experts", "max"),
+    ("load_max_over_ideal", "max"),
+    ("top_share", "max"),
+    ("routing_entropy_ratio", "min"),
+    ("logit_max", "max"),
 ];
 
 /// Reads a run's `metrics.jsonl` (lines that do not parse are skipped: a run killed mid-line).

@@ -29,6 +29,8 @@ const METRIC_ORDER: &[&str] = &[
     "train_loss",
     "experts_per_token",
     "drop_rate",
+    "dead_experts",
+    "load_max_over_ideal",
     "ms_per_iter",
     "seconds",
 ];
