@@ -54,6 +54,25 @@ fn silu_slope(x: f64) -> f64 {
     s * (1.0 + x * (1.0 - s))
 }
 
+/// `f(x)` and the gradient of `sum(f(x))` with respect to `x`, both read back as f64.
+fn value_and_gradient(
+    data: Vec<f32>,
+    shape: &[usize],
+    dev: Device,
+    f: impl Fn(&Tensor) -> Tensor,
+) -> (Vec<f64>, Vec<f64>) {
+    let x = Tensor::from_f32(data, shape, dev)
+        .unwrap()
+        .with_grad()
+        .unwrap();
+    let y = f(&x);
+    y.sum_all().unwrap().backward().unwrap();
+    (
+        y.to_vec_f64().unwrap(),
+        x.grad().unwrap().to_vec_f64().unwrap(),
+    )
+}
+
 /// In f32 on the CPU, `silu` and `swiglu` keep the slope from the forward pass (one exponential
 /// for value and slope, `fast_math`); their values and gradients against the f64 definition,
 /// over ordinary values and the extremes where σ saturates (±30, ±100, ±1e30).
@@ -67,16 +86,10 @@ fn f32_silu_and_swiglu_with_the_kept_slope_match_the_f64_definition() {
     let up: Vec<f64> = values(n, 8);
     let dev = Device::cpu();
     // silu: y and dy/dx (the gradient of sum(y))
-    let x = Tensor::from_f32(xs.iter().map(|&v| v as f32).collect(), &[n], dev)
-        .unwrap()
-        .with_grad()
-        .unwrap();
-    let y = x.silu().unwrap();
-    y.sum_all().unwrap().backward().unwrap();
-    let (got_y, got_g) = (
-        y.to_vec_f64().unwrap(),
-        x.grad().unwrap().to_vec_f64().unwrap(),
-    );
+    let (got_y, got_g) =
+        value_and_gradient(xs.iter().map(|&v| v as f32).collect(), &[n], dev, |x| {
+            x.silu().unwrap()
+        });
     for i in 0..n {
         let v = xs[i] as f32 as f64;
         let (wy, wg) = (silu(v), silu_slope(v));
@@ -98,16 +111,7 @@ fn f32_silu_and_swiglu_with_the_kept_slope_match_the_f64_definition() {
         .flat_map(|(&a, &b)| [a as f32, b as f32])
         .collect();
     // [n, 2] with gate column 0 and up column 1
-    let x = Tensor::from_f32(rows, &[n, 2], dev)
-        .unwrap()
-        .with_grad()
-        .unwrap();
-    let y = x.swiglu().unwrap();
-    y.sum_all().unwrap().backward().unwrap();
-    let (got_y, got_g) = (
-        y.to_vec_f64().unwrap(),
-        x.grad().unwrap().to_vec_f64().unwrap(),
-    );
+    let (got_y, got_g) = value_and_gradient(rows, &[n, 2], dev, |x| x.swiglu().unwrap());
     for i in 0..n {
         let (a, b) = (xs[i] as f32 as f64, up[i] as f32 as f64);
         let want = [silu(a) * b, b * silu_slope(a), silu(a)];
