@@ -684,6 +684,7 @@ fn random_routing(
         aux_loss: None,
         metrics: Vec::new(),
         score: None,
+        selection: None,
     }
 }
 

@@ -634,6 +634,7 @@ fn manual_routing(
         aux_loss: None,
         metrics: Vec::new(),
         score: None,
+        selection: None,
     }
 }
 

@@ -214,7 +214,7 @@ impl Decoder {
             let x = layer.ffn_norm.forward(&h)?;
             let f = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(&x)?,
-                Ffn::Moe(layer) => moe.add(layer.forward(&x)?)?,
+                Ffn::Moe(layer) => moe.add(layer.forward_sequences(&x, t)?)?,
             };
             h = h.add(&f)?;
         }

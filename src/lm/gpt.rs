@@ -395,7 +395,7 @@ impl Gpt {
             let x = block.ln2.forward(&h)?;
             let f = match &block.ffn {
                 Ffn::Dense { fc, proj } => proj.forward(&fc.forward(&x)?.gelu()?)?,
-                Ffn::Moe(layer) => moe.add(layer.forward(&x)?)?,
+                Ffn::Moe(layer) => moe.add(layer.forward_sequences(&x, t)?)?,
             };
             h = h.add(&f)?;
         }

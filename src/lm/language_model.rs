@@ -54,6 +54,7 @@ pub fn decoder_config(cfg: &TrainConfig, vocab: usize) -> Option<DecoderConfig> 
             capacity: crate::train::capacity(cfg.capacity_factor),
             eval_capacity: crate::train::capacity(cfg.eval_capacity_factor),
             balance_loss: cfg.balance_loss,
+            balancing: cfg.balancing,
             z_loss: cfg.z_loss,
             shared: SharedExpertsConfig {
                 count: cfg.shared_experts,
@@ -157,6 +158,7 @@ pub fn model_config(cfg: &TrainConfig, vocab: usize) -> Result<Architecture> {
                 m.capacity = crate::train::capacity(cfg.capacity_factor);
                 m.eval_capacity = crate::train::capacity(cfg.eval_capacity_factor);
                 m.balance_loss = cfg.balance_loss;
+                m.balancing = cfg.balancing;
                 m.z_loss = cfg.z_loss;
             }
             Architecture::Decoder(d)

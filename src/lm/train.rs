@@ -114,6 +114,7 @@ pub fn gpt_config(cfg: &TrainConfig, vocab: usize) -> GptConfig {
             layer.eval_capacity = crate::train::capacity(cfg.eval_capacity_factor);
             layer.activation = crate::nn::Activation::Gelu;
             layer.balance_loss = cfg.balance_loss;
+            layer.balancing = cfg.balancing;
             layer.z_loss = cfg.z_loss;
             layer.router_options = cfg.router_options.clone();
             layer.shared = crate::moe::SharedExpertsConfig {

@@ -7,10 +7,14 @@
 //!   asserts it cannot. (Mixtral's and the Switch library's top-k code count the tokens whose
 //!   top-k includes expert i, `Σ f_i = k`, so their loss is k times this one; docs/routers.md.)
 //!   `∂/∂θ_k(x) = (αn/T) · p_k(x) · (f_k − Σ_i f_i p_i(x))`.
+//! * The same loss per sequence (DeepSeek-V3's sequence-wise balance loss, arXiv 2412.19437
+//!   Eq. 17–20, in Switch's normalisation): `f_i` and `P_i` of each sequence of L tokens, the
+//!   sequences' losses averaged ([`sequence_balance_loss`]); with one sequence it is the loss
+//!   above.
 //! * Router z-loss (ST-MoE, Zoph et al. 2022): `β · (1/T) Σ_x (log Σ_j e^{θ_j(x)})²`.
 
 use super::Routing;
-use crate::{Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 /// `α · n · Σ f_i P_i` for one routing, given the per-expert assignment counts (`[n]`, constant).
 pub fn balance_loss(routing: &Routing, routed_per_expert: &Tensor, alpha: f64) -> Result<Tensor> {
@@ -24,6 +28,59 @@ pub fn balance_loss(routing: &Routing, routed_per_expert: &Tensor, alpha: f64) -
         .mul(&f.to_dtype(p_mean.dtype())?)?
         .sum_all()?
         .mul_scalar(alpha * n)
+}
+
+/// [`balance_loss`] of each sequence of `seq_len` consecutive tokens, averaged over the
+/// sequences: `α · n · (1/S) Σ_s Σ_i f_i^s P_i^s`. `first_only` counts only first choices (as
+/// the layer does for routers whose experts per token vary).
+///
+/// # Errors
+/// [`Error::Shape`] when the routing's tokens are not a whole number of sequences.
+pub fn sequence_balance_loss(
+    routing: &Routing,
+    seq_len: usize,
+    alpha: f64,
+    first_only: bool,
+) -> Result<Tensor> {
+    let (t, n) = (routing.tokens, routing.experts);
+    if seq_len == 0 || !t.is_multiple_of(seq_len) {
+        return Err(Error::Shape(format!(
+            "sequence-wise balance loss: {t} tokens are not a whole number of sequences of {seq_len}"
+        )));
+    }
+    let s = t / seq_len;
+    let f = crate::no_grad(|| {
+        let valid = valid_assignments(routing, first_only)?;
+        // the (token, expert) cell of each assignment, counted per cell, then per sequence
+        let cell = routing
+            .token
+            .to_dtype(DType::F32)?
+            .mul_scalar(n as f64)?
+            .add(&routing.expert.to_dtype(DType::F32)?)?
+            .to_dtype(DType::I32)?;
+        let counts = Tensor::zeros(&[t * n], DType::F32, valid.device())?
+            .scatter_add(0, &cell, &valid)?
+            .reshape(&[s, seq_len, n])?
+            .sum(&[1], false)?; // [S, n]
+        let total = counts.sum(&[1], true)?.clamp(1.0, f64::INFINITY)?;
+        counts.div(&total)
+    })?;
+    let p_mean = routing.probs.reshape(&[s, seq_len, n])?.mean(&[1], false)?; // [S, n]
+    p_mean
+        .mul(&f.to_dtype(p_mean.dtype())?)?
+        .sum_all()?
+        .mul_scalar(alpha * n as f64 / s as f64)
+}
+
+/// `[A]` F32: 1 for each valid assignment (only first choices, rank 0, with `first_only`).
+pub(crate) fn valid_assignments(r: &Routing, first_only: bool) -> Result<Tensor> {
+    let mut valid = r.valid.to_dtype(DType::F32)?;
+    if first_only {
+        let rank = r.rank.to_dtype(DType::F32)?;
+        let first = rank.lt(&Tensor::scalar(0.5, DType::F32, r.token.device())?)?;
+        valid = valid.mul(&first)?;
+    }
+    Ok(valid)
 }
 
 /// `β · mean_x (logsumexp θ(x))²`.

@@ -17,12 +17,14 @@ use super::experts::{ExpertBank, ExpertBankConfig, ExpertNet};
 use super::score_function::ScoreTerm;
 use super::shared_experts::{SharedExperts, SharedExpertsConfig};
 use super::stats::RoutingStats;
+use super::{BalanceMethod, BalanceScope, Balancing};
 use super::{Router, RouterConfig, build_router};
 use super::{Routing, aux_loss};
 use crate::nn::{Activation, Param, Parameters, join};
 use crate::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 /// Settings of an MoE layer.
@@ -46,8 +48,11 @@ pub struct MoeConfig {
     pub eval_capacity: Capacity,
     /// expert activation (ReLU, GELU or the gated SwiGLU)
     pub activation: Activation,
-    /// Switch balance-loss coefficient α (0: off)
+    /// Switch balance-loss coefficient α (0: off; used by `balancing.method` aux only)
     pub balance_loss: f64,
+    /// how the layer balances its experts' load (the auxiliary loss and its scope, a
+    /// selection-only bias, or nothing; `balancing.rs`)
+    pub balancing: Balancing,
     /// router z-loss coefficient β (0: off)
     pub z_loss: f64,
     /// Switch jitter r
@@ -93,6 +98,7 @@ impl MoeConfig {
             eval_capacity: Capacity::Dropless,
             activation: Activation::Relu,
             balance_loss: 0.0,
+            balancing: Balancing::default(),
             z_loss: 0.0,
             jitter: 0.1,
             seed: 0,
@@ -114,6 +120,7 @@ impl MoeConfig {
             jitter: self.jitter,
             seed,
             gate_bias: self.gate_bias,
+            selection_bias: self.balancing.uses_selection_bias(),
             options: self.router_options.clone(),
         }
     }
@@ -151,6 +158,9 @@ pub struct MoeLayer {
     omega: Option<Param>,
     /// the experts every token uses besides its routed ones, when configured
     shared: Option<SharedExperts>,
+    /// the `global` balance scope's window: assignments per expert over its batches so far and
+    /// how many batches that is (None before the first training batch)
+    window: Mutex<Option<(Tensor, usize)>>,
     training: AtomicBool,
 }
 
@@ -158,6 +168,7 @@ impl MoeLayer {
     /// Builds the router and the experts from the config.
     pub fn new(cfg: &MoeConfig, device: Device) -> Result<MoeLayer> {
         let router = build_router(&cfg.router, &cfg.router_config(cfg.seed), device)?;
+        check_balancing(&cfg.balancing, router.as_ref(), cfg.k, cfg.experts)?;
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let experts: Box<dyn ExpertNet> = match cfg.expert_kind {
             ExpertKind::Mlp => {
@@ -209,6 +220,7 @@ impl MoeLayer {
             omega,
             shared,
             config: cfg.clone(),
+            window: Mutex::new(None),
             training: AtomicBool::new(true),
         })
     }
@@ -326,7 +338,8 @@ impl MoeLayer {
     /// checks when it combines the routing.
     ///
     /// # Errors
-    /// Whatever making ω fails with.
+    /// A router without a selection bias when the layer balances with one (`aux-free`,
+    /// `quantile`); whatever making ω fails with.
     ///
     /// # Example
     /// ```
@@ -341,6 +354,12 @@ impl MoeLayer {
     /// # Ok(()) }
     /// ```
     pub fn set_router(&mut self, router: Box<dyn Router>) -> Result<()> {
+        check_balancing(
+            &self.config.balancing,
+            router.as_ref(),
+            self.config.k,
+            self.config.experts,
+        )?;
         // the experts' device (the layer keeps no device of its own)
         let mut device = Device::Cpu;
         self.experts
@@ -357,6 +376,35 @@ impl MoeLayer {
         router.set_training(self.training.load(Ordering::Relaxed));
         self.router = router;
         Ok(())
+    }
+
+    /// The `global` scope's counts: in training, this batch's added to the window's (a new
+    /// window every `balancing.window` batches); in evaluation, this batch's alone.
+    fn window_counts(&self, routed: &[Tensor], training: bool) -> Result<Tensor> {
+        let batch = crate::no_grad(|| {
+            routed
+                .iter()
+                .skip(1)
+                .try_fold(routed[0].to_dtype(crate::DType::F32)?, |acc, c| {
+                    acc.add(&c.to_dtype(crate::DType::F32)?)
+                })
+        })?;
+        if !training {
+            return Ok(batch);
+        }
+        let mut slot = self
+            .window
+            .lock()
+            .map_err(|_| Error::Invalid("MoE balance window lock poisoned".into()))?;
+        let next = match slot.take() {
+            Some((sum, steps)) if steps < self.config.balancing.window => {
+                (crate::no_grad(|| sum.add(&batch))?, steps + 1)
+            }
+            _ => (batch, 1),
+        };
+        let counts = next.0.clone();
+        *slot = Some(next);
+        Ok(counts)
     }
 
     fn capacity(&self) -> Capacity {
@@ -380,10 +428,38 @@ impl MoeLayer {
         self.forward_routed(x, &[routing])
     }
 
+    /// [`MoeLayer::forward`] for tokens that are `T / seq_len` sequences of `seq_len` each (a
+    /// language model's `[B·L, d]`): the same output, with the balance loss of
+    /// `--balance-scope sequence` taken per sequence.
+    ///
+    /// # Errors
+    /// Those of `forward`; with the sequence scope, T not a multiple of `seq_len`.
+    pub fn forward_sequences(&self, x: &Tensor, seq_len: usize) -> Result<MoeOutput> {
+        if x.rank() != 2 || x.shape()[1] != self.config.d {
+            return Err(Error::Shape(format!(
+                "MoE layer expects tokens [T, {}], got {:?}",
+                self.config.d,
+                x.shape()
+            )));
+        }
+        let routing = self.router.route(x)?;
+        self.forward_routed_in(x, &[routing], Some(seq_len))
+    }
+
     /// Runs the experts for one or more routings of the same tokens (several routings: one
     /// per task of a multi-gate MoE, dispatched together so each expert runs once on all its
     /// rows). Output rows are `task·T + t`.
     pub fn forward_routed(&self, x: &Tensor, routings: &[Routing]) -> Result<MoeOutput> {
+        self.forward_routed_in(x, routings, None)
+    }
+
+    /// `forward_routed` with the tokens' sequence length (None: one sequence).
+    fn forward_routed_in(
+        &self,
+        x: &Tensor,
+        routings: &[Routing],
+        seq_len: Option<usize>,
+    ) -> Result<MoeOutput> {
         let t = x.shape()[0];
         let routing = Routing::concat(routings)?;
         // Capacity counts slots, or tokens for routers whose experts per token vary (XMoE).
@@ -418,20 +494,52 @@ impl MoeLayer {
             y = y.add(&shared.forward(&source)?)?;
         }
 
+        let training = self.training.load(Ordering::Relaxed);
+        let balancing = self.config.balancing;
+        // valid assignments per expert of each routing, before capacity (no gradient)
+        let routed: Vec<Tensor> = if routings.len() == 1 && !variable {
+            // one routing counting every slot: the plan has counted them
+            vec![plan.routed_per_expert.clone()]
+        } else {
+            crate::no_grad(|| {
+                routings
+                    .iter()
+                    .map(|r| count_per_expert(r, variable))
+                    .collect::<Result<Vec<_>>>()
+            })?
+        };
+        let alpha = self.config.balance_loss;
+        let aux_on = balancing.method == BalanceMethod::Aux && alpha > 0.0;
+        let window = if aux_on && balancing.scope == BalanceScope::Global {
+            Some(self.window_counts(&routed, training)?)
+        } else {
+            None
+        };
         let mut aux = Tensor::zeros(&[], out.dtype(), out.device())?;
-        for r in routings {
-            if self.config.balance_loss > 0.0 {
-                // one routing counting every slot: the plan has counted its valid assignments
-                let routed = if routings.len() == 1 && !variable {
-                    plan.routed_per_expert.clone()
-                } else {
-                    crate::no_grad(|| count_per_expert(r, variable))?
+        for (r, counts) in routings.iter().zip(&routed) {
+            if aux_on {
+                let loss = match (balancing.scope, seq_len, &window) {
+                    (BalanceScope::Sequence, Some(l), _) => {
+                        aux_loss::sequence_balance_loss(r, l, alpha, variable)?
+                    }
+                    (_, _, Some(w)) => aux_loss::balance_loss(r, w, alpha)?,
+                    _ => aux_loss::balance_loss(r, counts, alpha)?,
                 };
-                aux = aux.add(&aux_loss::balance_loss(
-                    r,
-                    &routed,
-                    self.config.balance_loss,
-                )?)?;
+                aux = aux.add(&loss.to_dtype(aux.dtype())?)?;
+            }
+            if training && balancing.uses_selection_bias() {
+                let sel = r.selection.as_ref().ok_or_else(|| {
+                    Error::Invalid(format!(
+                        "--balance {} needs routers that keep a selection bias; a routing of this layer has none",
+                        balancing.method.name()
+                    ))
+                })?;
+                match balancing.method {
+                    BalanceMethod::AuxFree => sel.bias.update_aux_free(counts, balancing.rate)?,
+                    _ => sel
+                        .bias
+                        .update_quantile(&sel.scores, r.len() / r.tokens.max(1))?,
+                }
             }
             if self.config.z_loss > 0.0 {
                 aux = aux.add(&aux_loss::z_loss(r, self.config.z_loss)?)?;
@@ -468,15 +576,38 @@ impl MoeLayer {
     }
 }
 
+/// Fails unless `router` can be balanced as `balancing` asks (a selection bias for `aux-free`
+/// and `quantile`; `1 ≤ k < n` for `quantile`), naming the router and the setting.
+pub(crate) fn check_balancing(
+    balancing: &Balancing,
+    router: &dyn Router,
+    k: usize,
+    n: usize,
+) -> Result<()> {
+    balancing.validate()?;
+    if !balancing.uses_selection_bias() {
+        return Ok(());
+    }
+    if router.selection_bias().is_none() {
+        return Err(Error::Invalid(format!(
+            "--balance {} moves a selection-only bias, which router {} does not take (it does not choose its experts as the top k of a score); use a top-k router ({}) or --balance aux",
+            balancing.method.name(),
+            router.name(),
+            super::BIASABLE_ROUTERS.join(", ")
+        )));
+    }
+    if balancing.method == BalanceMethod::Quantile && k >= n {
+        return Err(Error::Invalid(format!(
+            "--balance quantile needs k < n (a token's cutoff is its (k+1)-th score); got k = {k} of n = {n} experts"
+        )));
+    }
+    Ok(())
+}
+
 /// Valid assignments per expert of one routing (`[n]`, float); with `first_only`, only the first
 /// choices (rank 0) are counted (XMoE's balance loss on the top-1 assignment).
 fn count_per_expert(r: &Routing, first_only: bool) -> Result<Tensor> {
-    let mut valid = r.valid.to_dtype(crate::DType::F32)?;
-    if first_only {
-        let rank = r.rank.to_dtype(crate::DType::F32)?;
-        let first = rank.lt(&Tensor::scalar(0.5, crate::DType::F32, r.token.device())?)?;
-        valid = valid.mul(&first)?;
-    }
+    let valid = aux_loss::valid_assignments(r, first_only)?;
     Tensor::zeros(&[r.experts], crate::DType::F32, r.token.device())?
         .scatter_add(0, &r.expert, &valid)
 }
@@ -525,7 +656,51 @@ impl Routing {
             // each task's router has its own score term and baseline: the layer reads them from
             // the parts (`MoeOutput::score_terms`), not from the joined routing
             score: None,
+            selection: None,
         })
+    }
+}
+
+impl MoeLayer {
+    /// The state name of the `global` balance window's counts (`[n]` F32).
+    pub const WINDOW_COUNTS: &'static str = "balance.window_counts";
+    /// The state name of the number of batches in the `global` balance window.
+    pub const WINDOW_STEPS: &'static str = "balance.window_steps";
+
+    /// Restores one of the two window entries (the other keeps its value until it arrives).
+    fn load_window(&self, name: &str, value: &Tensor) -> Result<()> {
+        let n = self.config.experts;
+        let mut device = Device::Cpu;
+        self.experts
+            .visit_params("", &mut |_, p| device = p.get().device());
+        let mut slot = self
+            .window
+            .lock()
+            .map_err(|_| Error::Invalid("MoE balance window lock poisoned".into()))?;
+        let (mut counts, mut steps) = slot
+            .take()
+            .unwrap_or((Tensor::zeros(&[n], crate::DType::F32, device)?, 0));
+        if name == Self::WINDOW_COUNTS {
+            if value.shape() != [n] {
+                return Err(Error::Shape(format!(
+                    "MoE state {name}: expected [{n}], got {:?}",
+                    value.shape()
+                )));
+            }
+            counts = value.to_dtype(crate::DType::F32)?.to_device(device)?;
+        } else {
+            let v = value.to_vec_f64()?;
+            match v.as_slice() {
+                [x] if x.is_finite() && *x >= 0.0 && x.fract() == 0.0 => steps = *x as usize,
+                _ => {
+                    return Err(Error::Invalid(format!(
+                        "MoE state {name}: expected one whole number, got {v:?}"
+                    )));
+                }
+            }
+        }
+        *slot = Some((counts, steps));
+        Ok(())
     }
 }
 
@@ -549,18 +724,34 @@ impl Parameters for MoeLayer {
     }
 
     /// The router's step-to-step state (see [`Router`]), named `router.<name>`.
+    /// With the `global` balance scope, also `balance.window_counts` and `balance.window_steps`.
     fn state(&self) -> Result<Vec<(String, Tensor)>> {
-        Ok(self
+        let mut out: Vec<(String, Tensor)> = self
             .router
             .state()?
             .into_iter()
             .map(|(name, t)| (join("router", &name), t))
-            .collect())
+            .collect();
+        let window = self
+            .window
+            .lock()
+            .map_err(|_| Error::Invalid("MoE balance window lock poisoned".into()))?;
+        if let Some((counts, steps)) = window.as_ref() {
+            out.push((Self::WINDOW_COUNTS.into(), counts.to_device(Device::Cpu)?));
+            out.push((
+                Self::WINDOW_STEPS.into(),
+                Tensor::scalar(*steps as f64, crate::DType::F64, Device::Cpu)?,
+            ));
+        }
+        Ok(out)
     }
 
     /// Restores one entry of [`Parameters::state`] (`router.<name>`); a name this layer does not
     /// hold is an error naming it.
     fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
+        if name == Self::WINDOW_COUNTS || name == Self::WINDOW_STEPS {
+            return self.load_window(name, value);
+        }
         match crate::nn::within("router", name) {
             Some(rest) => self.router.load_state(rest, value),
             None => Err(Error::Invalid(format!(

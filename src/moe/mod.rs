@@ -9,6 +9,7 @@
 //! the files are private.
 
 mod aux_loss;
+mod balancing;
 mod cnn_experts;
 mod dense_to_sparse;
 mod diagnostics;
@@ -20,10 +21,12 @@ mod router_trait;
 pub mod routers;
 mod routing_output;
 mod score_function;
+mod selection_bias;
 mod shared_experts;
 mod stats;
 
-pub use aux_loss::{balance_loss, z_loss};
+pub use aux_loss::{balance_loss, sequence_balance_loss, z_loss};
+pub use balancing::{BalanceMethod, BalanceScope, Balancing};
 pub use cnn_experts::{CNN_EXPERT_OUT, CnnExpertBank};
 pub use dense_to_sparse::{DenseFfn, SplitScale, decompose_ffn};
 pub use diagnostics::{CollapseAlarm, LayerDiagnostics, RoutingDiagnostics, RoutingWindow, Spread};
@@ -31,14 +34,15 @@ pub use dispatch::{Capacity, DispatchPlan};
 pub use experts::{ExpertBank, ExpertBankConfig, ExpertNet};
 pub use layer::{ExpertKind, MoeConfig, MoeLayer, MoeOutput};
 pub use router_registry::{
-    LAB_ROUTER_NAMES, OptionKind, ROUTER_NAMES, ROUTERS, RouterOption, RouterSpec, build_router,
-    find_router,
+    BIASABLE_ROUTERS, LAB_ROUTER_NAMES, OptionKind, ROUTER_NAMES, ROUTERS, RouterOption,
+    RouterSpec, build_router, find_router,
 };
 pub use router_trait::{
     LinearGate, Router, RouterConfig, normal_noise, parse_router_options, uniform_noise,
 };
-pub use routing_output::Routing;
+pub use routing_output::{Routing, Selection};
 pub(crate) use routing_output::{arange_f, slot_tables};
 pub use score_function::{RunningBaseline, ScoreTerm, add_surrogates};
+pub use selection_bias::SelectionBias;
 pub use shared_experts::{SharedExperts, SharedExpertsConfig};
 pub use stats::{RoutingStats, RoutingSummary};

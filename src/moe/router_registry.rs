@@ -157,6 +157,21 @@ const LAB_NAMES: [&str; LAB_COUNT] = {
 /// entries with `estimator_lab: Some(row)`).
 pub const LAB_ROUTER_NAMES: &[&str] = &LAB_NAMES;
 
+/// The routers that keep a selection-only bias when asked ([`crate::moe::Router::selection_bias`]),
+/// so `--balance aux-free` and `quantile` work with them: the ones that choose their experts as
+/// the top k of a score. (The others sample, threshold, or do not choose per token; a test
+/// holds this list to what each router does.)
+pub const BIASABLE_ROUTERS: &[&str] = &[
+    "topk",
+    "topk-noisy",
+    "topk-unnorm",
+    "switch",
+    "vmoe",
+    "smoe",
+    "xmoe-cosine",
+    "deepseek-v3",
+];
+
 /// The spec of router `name`; an unknown name is an error listing the valid ones.
 pub fn find_router(name: &str) -> Result<&'static RouterSpec> {
     ROUTERS.iter().find(|r| r.name == name).ok_or_else(|| {

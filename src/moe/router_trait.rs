@@ -6,7 +6,7 @@
 //! adding one file with a struct that implements `Router` and its `RouterSpec`, and one line in
 //! the registry list of `routers/mod.rs` (docs/adding-a-router.md).
 
-use super::Routing;
+use super::{Routing, SelectionBias};
 use crate::nn::{Param, Parameters};
 use crate::{DType, Device, Error, Result, Tensor};
 use rand::SeedableRng;
@@ -29,6 +29,9 @@ pub struct RouterConfig {
     /// whether the linear gate has a bias (true by default; false in the transformers families,
     /// whose `gate` is `Linear(d, n, bias=False)`)
     pub gate_bias: bool,
+    /// whether the router keeps a selection-only bias for auxiliary-loss-free balancing
+    /// (`--balance aux-free` or `quantile` set it; see `selection_bias.rs`); false by default
+    pub selection_bias: bool,
     /// router-specific settings by name (`--router-opt key=value` on the command line), read
     /// with [`RouterConfig::opt_f64`] and friends; a router rejects keys it does not know with
     /// [`RouterConfig::check_options`]
@@ -45,6 +48,7 @@ impl RouterConfig {
             jitter: 0.1,
             seed: 0,
             gate_bias: true,
+            selection_bias: false,
             options: Default::default(),
         }
     }
@@ -155,6 +159,13 @@ pub trait Router: Parameters {
     fn variable_experts_per_token(&self) -> bool {
         false
     }
+    /// The selection-only bias this router adds to the scores it chooses experts by, which
+    /// `--balance aux-free` and `quantile` move (`selection_bias.rs`); None (the default) for
+    /// routers that keep none. A router that keeps one marks each [`Routing`] with the biased
+    /// scores ([`Routing::with_selection`]).
+    fn selection_bias(&self) -> Option<&SelectionBias> {
+        None
+    }
 }
 
 /// What most routers share: a linear map to logits, a training flag and a noise counter.
@@ -163,6 +174,8 @@ pub struct LinearGate {
     pub weight: Param,
     /// `[n]`, None without a bias ([`RouterConfig::gate_bias`])
     pub bias: Option<Param>,
+    /// the selection-only bias, when the config asks for one ([`RouterConfig::selection_bias`])
+    pub selection: Option<SelectionBias>,
     training: AtomicBool,
     calls: AtomicU64,
     seed: u64,
@@ -171,6 +184,8 @@ pub struct LinearGate {
 impl LinearGate {
     /// The name of the noise counter in [`LinearGate::state`].
     pub const NOISE_CALLS: &'static str = "noise_calls";
+    /// The name of the selection-only bias in [`LinearGate::state`].
+    pub const SELECTION_BIAS: &'static str = "selection_bias";
 
     /// A gate `d → n` initialised `U(−1/√d, 1/√d)` (PyTorch's Linear default) with zero bias.
     pub fn new(cfg: &RouterConfig, device: Device) -> Result<LinearGate> {
@@ -192,6 +207,7 @@ impl LinearGate {
                 .gate_bias
                 .then(|| Param::new(Tensor::zeros(&[cfg.experts], DType::F32, device)?))
                 .transpose()?,
+            selection: SelectionBias::for_config(cfg, device)?,
             training: AtomicBool::new(true),
             calls: AtomicU64::new(0),
             seed: cfg.seed,
@@ -211,6 +227,21 @@ impl LinearGate {
         match &self.bias {
             Some(b) => logits.add(&b.get()),
             None => Ok(logits),
+        }
+    }
+    /// The scores to choose experts by: `sg(scores) + b` with a selection bias, else `scores`
+    /// detached.
+    pub fn selection_scores(&self, scores: &Tensor) -> Result<Tensor> {
+        match &self.selection {
+            Some(b) => b.add_to(scores),
+            None => Ok(scores.detach()),
+        }
+    }
+    /// Marks a routing with the biased scores it was chosen by (a no-op without a bias).
+    pub fn mark(&self, routing: Routing, chosen: &Tensor) -> Routing {
+        match &self.selection {
+            Some(b) => routing.with_selection(b, chosen),
+            None => routing,
         }
     }
     /// Whether the router is in training mode.
@@ -238,16 +269,32 @@ impl LinearGate {
     /// The gate's step-to-step state for [`Parameters::state`]: the number of noise draws so far
     /// ([`LinearGate::noise_seed`] calls), as a scalar f64 CPU tensor named
     /// [`LinearGate::NOISE_CALLS`] (f64 holds every count below 2⁵³ exactly).
+    /// With a selection bias, also [`LinearGate::SELECTION_BIAS`] (`[n]` F32).
     pub fn state(&self) -> Result<Vec<(String, Tensor)>> {
         let calls = self.calls.load(Ordering::Relaxed) as f64;
-        Ok(vec![(
+        let mut s = vec![(
             Self::NOISE_CALLS.to_string(),
             Tensor::from_f64(vec![calls], &[], Device::Cpu)?,
-        )])
+        )];
+        if let Some(b) = &self.selection {
+            s.push((
+                Self::SELECTION_BIAS.to_string(),
+                b.get()?.to_device(Device::Cpu)?,
+            ));
+        }
+        Ok(s)
     }
     /// Restores an entry of [`LinearGate::state`]. Errors name what is wrong: a name other
     /// than [`LinearGate::NOISE_CALLS`], or a value that is not one whole number in `0..2⁵³`.
     pub fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
+        if name == Self::SELECTION_BIAS {
+            return match &self.selection {
+                Some(b) => b.set(value, "router state selection_bias"),
+                None => Err(Error::Invalid(
+                    "the checkpoint has a router selection bias (a run balanced with --balance aux-free or quantile) but this router keeps none; resume with the same --balance".into(),
+                )),
+            };
+        }
         if name != Self::NOISE_CALLS {
             return Err(Error::Invalid(format!(
                 "a router gate has no state named {name:?} (it has {})",

@@ -7,6 +7,7 @@
 //! backward rule); indices never do.
 
 use super::score_function::ScoreTerm;
+use super::selection_bias::SelectionBias;
 use crate::{DType, Device, Result, Tensor};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
@@ -42,6 +43,19 @@ pub struct Routing {
     /// each token's sampled expert, which the loss turns into the REINFORCE estimate
     /// ([`ScoreTerm::surrogate`]); None for the others
     pub score: Option<ScoreTerm>,
+    /// for routers that keep a selection-only bias: the biased scores the experts were chosen
+    /// by and the bias itself, which aux-free and quantile balancing update
+    /// ([`Routing::with_selection`]); None for the others
+    pub selection: Option<Selection>,
+}
+
+/// How a router with a selection-only bias chose its experts.
+#[derive(Clone, Debug)]
+pub struct Selection {
+    /// `[T, n]` detached: the scores plus the bias, as the router ranked them
+    pub scores: Tensor,
+    /// the router's bias (a shared handle: updating it updates the router)
+    pub bias: SelectionBias,
 }
 
 impl Routing {
@@ -85,7 +99,17 @@ impl Routing {
             aux_loss: None,
             metrics: Vec::new(),
             score: None,
+            selection: None,
         })
+    }
+
+    /// The same routing, marked as chosen by the biased scores `chosen` (`[T, n]`) of `bias`.
+    pub fn with_selection(mut self, bias: &SelectionBias, chosen: &Tensor) -> Routing {
+        self.selection = Some(Selection {
+            scores: chosen.detach(),
+            bias: bias.clone(),
+        });
+        self
     }
 }
 

@@ -185,6 +185,10 @@ pub struct TrainConfig {
     pub eval_capacity_factor: f64,
     /// MoE: Switch balance-loss coefficient α
     pub balance_loss: f64,
+    /// MoE: how the load is balanced (`--balance`, `--balance-scope`, `--balance-window`,
+    /// `--balance-rate`; the Switch loss at batch scope for metadata written before it existed)
+    #[serde(default)]
+    pub balancing: crate::moe::Balancing,
     /// MoE: router z-loss coefficient
     pub z_loss: f64,
     /// MoE: router-specific options (`--router-opt key=value`)
@@ -285,7 +289,7 @@ pub const IMAGE_FLAGS: &[&str] = &["--epochs", "--train-limit", "--test-limit"];
 pub const MAX_EVAL_WINDOWS: usize = 100_000;
 
 /// The flags that only a model with an MoE layer reads, as the command line spells them.
-pub const MOE_FLAGS: [&str; 9] = [
+pub const MOE_FLAGS: [&str; 13] = [
     "--router",
     "--experts",
     "--k",
@@ -293,6 +297,10 @@ pub const MOE_FLAGS: [&str; 9] = [
     "--capacity-factor",
     "--eval-capacity-factor",
     "--balance-loss",
+    "--balance",
+    "--balance-scope",
+    "--balance-window",
+    "--balance-rate",
     "--z-loss",
     "--router-opt",
 ];
@@ -344,6 +352,7 @@ impl Default for TrainConfig {
             capacity_factor: 0.0,
             eval_capacity_factor: 0.0,
             balance_loss: 0.01,
+            balancing: Default::default(),
             z_loss: 0.0,
             router_options: Default::default(),
             collapse_dead: default_collapse_dead(),
@@ -424,6 +433,7 @@ impl TrainConfig {
         self.k = m.k;
         self.expert_hidden = m.hidden;
         self.balance_loss = m.balance_loss;
+        self.balancing = m.balancing;
         self.shared_experts = m.shared.count;
         self.shared_hidden = m.shared.hidden;
         self.shared_gate = m.shared.gate;
@@ -751,6 +761,31 @@ impl TrainConfig {
             }
             if self.expert_hidden == 0 {
                 return bad("--expert-hidden must be at least 1, got 0".into());
+            }
+            self.balancing.validate()?;
+            if self.balancing.scope == crate::moe::BalanceScope::Sequence && !self.model.is_lm() {
+                return bad(format!(
+                    "--balance-scope sequence balances each sequence of a language model; --model {} sees one token per example (use batch or global)",
+                    self.model.name()
+                ));
+            }
+            if self.balancing.method == crate::moe::BalanceMethod::Quantile
+                && self.k >= self.experts
+            {
+                return bad(format!(
+                    "--balance quantile needs --k below --experts (a token's cutoff is its (k+1)-th score); got --k {} of --experts {}",
+                    self.k, self.experts
+                ));
+            }
+            if self.balancing.uses_selection_bias()
+                && !crate::moe::BIASABLE_ROUTERS.contains(&self.router.as_str())
+            {
+                return bad(format!(
+                    "--balance {} moves a selection-only bias, which --router {} does not take (it does not choose its experts as the top k of a score); use one of {} or --balance aux",
+                    self.balancing.method.name(),
+                    self.router,
+                    crate::moe::BIASABLE_ROUTERS.join(", ")
+                ));
             }
             for (name, v) in [
                 ("--capacity-factor", self.capacity_factor),

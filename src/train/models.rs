@@ -237,6 +237,7 @@ fn moe_config(cfg: &TrainConfig, d: usize, hidden: usize, experts: usize) -> Moe
     mc.capacity = capacity(cfg.capacity_factor);
     mc.eval_capacity = capacity(cfg.eval_capacity_factor);
     mc.balance_loss = cfg.balance_loss;
+    mc.balancing = cfg.balancing;
     mc.z_loss = cfg.z_loss;
     mc.router_options = cfg.router_options.clone();
     mc.seed = cfg.seed;

@@ -60,6 +60,7 @@ pub const CHANGEABLE_SETTINGS: &[&str] = &[
 fn flag(field: &str) -> String {
     match field {
         "router_options" => "--router-opt".into(),
+        "balancing" => "--balance (with --balance-scope, --balance-window, --balance-rate)".into(),
         other => format!("--{}", other.replace('_', "-")),
     }
 }

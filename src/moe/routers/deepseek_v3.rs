@@ -26,13 +26,15 @@
 //! starts at zero, is saved in checkpoints ([`Parameters::state`] entry
 //! [`DeepSeekV3Router::CORRECTION_BIAS`]) and restored on resume, and is set from outside with
 //! [`DeepSeekV3Router::set_correction_bias`] (import from Hugging Face loads
-//! `mlp.gate.e_score_correction_bias` into it; the paper updates it by ±γ after each step
-//! according to the load, which a trainer does through the same setter).
+//! `mlp.gate.e_score_correction_bias` into it; `--balance aux-free` updates it by ±u after each
+//! training batch according to the load, as the paper does, and `--balance quantile` solves it;
+//! see `moe/selection_bias.rs`).
 
-use crate::moe::{LinearGate, OptionKind, Router, RouterConfig, RouterOption, RouterSpec, Routing};
+use crate::moe::{
+    LinearGate, OptionKind, Router, RouterConfig, RouterOption, RouterSpec, Routing, SelectionBias,
+};
 use crate::nn::{Param, Parameters};
-use crate::{DType, Device, Error, Result, Tensor};
-use std::sync::Mutex;
+use crate::{Device, Error, Result, Tensor};
 
 /// The registry entry of `deepseek-v3`.
 pub const SPEC: RouterSpec = RouterSpec {
@@ -77,9 +79,9 @@ pub struct DeepSeekV3Router {
     topk_group: usize,
     norm_topk_prob: bool,
     routed_scaling_factor: f64,
-    /// `[n]` F32 on the router's device: the selection-only correction bias
-    bias: Mutex<Tensor>,
-    device: Device,
+    /// `[n]` F32 on the router's device: the selection-only correction bias (always kept: the
+    /// imported models carry one; `--balance aux-free` or `quantile` move it)
+    bias: SelectionBias,
 }
 
 impl DeepSeekV3Router {
@@ -126,8 +128,7 @@ impl DeepSeekV3Router {
             topk_group,
             norm_topk_prob,
             routed_scaling_factor,
-            bias: Mutex::new(Tensor::zeros(&[n], DType::F32, device)?),
-            device,
+            bias: SelectionBias::zeros(n, device)?,
         })
     }
 
@@ -138,40 +139,15 @@ impl DeepSeekV3Router {
 
     /// The selection-only correction bias `[n]` (F32, on the router's device).
     pub fn correction_bias(&self) -> Result<Tensor> {
-        self.bias
-            .lock()
-            .map(|b| b.clone())
-            .map_err(|_| Error::Invalid("deepseek-v3: correction bias lock poisoned".into()))
+        self.bias.get()
     }
 
     /// Sets the selection-only correction bias (`e_score_correction_bias`, `[n]`, any float
     /// dtype, any device; stored as F32 on the router's device). Not a parameter: no gradient,
     /// no optimiser; saved in checkpoints as router state.
     pub fn set_correction_bias(&self, bias: &Tensor) -> Result<()> {
-        if bias.shape() != [self.n] {
-            return Err(Error::Shape(format!(
-                "deepseek-v3: {} must have shape [{}], got {:?}",
-                Self::CORRECTION_BIAS,
-                self.n,
-                bias.shape()
-            )));
-        }
-        let values = bias.to_device(Device::Cpu)?.to_dtype(DType::F64)?.to_vec_f64()?;
-        if values.iter().any(|v| !v.is_finite()) {
-            return Err(Error::Invalid(format!(
-                "deepseek-v3: {} has a value that is not finite",
-                Self::CORRECTION_BIAS
-            )));
-        }
-        let b = Tensor::from_f64(values, &[self.n], Device::Cpu)?
-            .to_dtype(DType::F32)?
-            .to_device(self.device)?;
-        let mut slot = self
-            .bias
-            .lock()
-            .map_err(|_| Error::Invalid("deepseek-v3: correction bias lock poisoned".into()))?;
-        *slot = b;
-        Ok(())
+        self.bias
+            .set(bias, &format!("deepseek-v3: {}", Self::CORRECTION_BIAS))
     }
 
     /// `[T, n]` 0/1 mask of the experts in each token's `topk_group` best groups.
@@ -201,8 +177,8 @@ impl Router for DeepSeekV3Router {
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
         let scores = logits.sigmoid()?; // [T, n], tracked
-        let bias = self.correction_bias()?.to_dtype(scores.dtype())?;
-        let mut choice = scores.detach().add(&bias.reshape(&[1, self.n])?)?;
+        let biased = self.bias.add_to(&scores)?;
+        let mut choice = biased.clone();
         if self.n_group > 1 {
             let keep = self.group_mask(&choice)?;
             let drop = keep.eq(&Tensor::scalar(0.0, keep.dtype(), keep.device())?)?;
@@ -217,7 +193,11 @@ impl Router for DeepSeekV3Router {
             w = w.mul_scalar(self.routed_scaling_factor)?;
         }
         let probs = scores.div(&scores.sum(&[1], true)?)?;
-        Routing::token_choice(&idx, &w, None, probs, logits)
+        // quantile balancing reads the cutoffs from the biased scores before the group mask
+        Ok(Routing::token_choice(&idx, &w, None, probs, logits)?.with_selection(&self.bias, &biased))
+    }
+    fn selection_bias(&self) -> Option<&SelectionBias> {
+        Some(&self.bias)
     }
 }
 

@@ -70,6 +70,7 @@ impl Router for ExpertChoiceRouter {
             aux_loss: None,
             metrics: Vec::new(),
             score: None,
+            selection: None,
         })
     }
 }

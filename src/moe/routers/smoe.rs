@@ -5,7 +5,7 @@
 use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::RouterSpec;
-use crate::moe::{LinearGate, Router, RouterConfig, uniform_noise};
+use crate::moe::{LinearGate, Router, RouterConfig, SelectionBias, uniform_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
@@ -46,9 +46,15 @@ impl Router for SMoeRouter {
         };
         let logits = self.gate.logits(&xin)?;
         let p = logits.softmax(-1)?;
-        let (_, idx) = p.topk(self.k)?;
+        let chosen = self.gate.selection_scores(&p)?;
+        let (_, idx) = chosen.topk(self.k)?;
         let g = p.gather(1, &idx)?;
-        Routing::token_choice(&idx, &g, None, p, logits)
+        Ok(self
+            .gate
+            .mark(Routing::token_choice(&idx, &g, None, p, logits)?, &chosen))
+    }
+    fn selection_bias(&self) -> Option<&SelectionBias> {
+        self.gate.selection.as_ref()
     }
 }
 

@@ -7,7 +7,7 @@
 use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::RouterSpec;
-use crate::moe::{LinearGate, Router, RouterConfig, uniform_noise};
+use crate::moe::{LinearGate, Router, RouterConfig, SelectionBias, uniform_noise};
 use crate::nn::Param;
 use crate::{Device, Result, Tensor};
 
@@ -60,9 +60,15 @@ impl Router for SwitchRouter {
             logits.clone()
         };
         let p = jittered.softmax(-1)?;
-        let (_, idx) = jittered.topk(1)?;
+        let chosen = self.gate.selection_scores(&jittered)?;
+        let (_, idx) = chosen.topk(1)?;
         let g = p.gather(1, &idx)?;
-        Routing::token_choice(&idx, &g, None, p, logits)
+        Ok(self
+            .gate
+            .mark(Routing::token_choice(&idx, &g, None, p, logits)?, &chosen))
+    }
+    fn selection_bias(&self) -> Option<&SelectionBias> {
+        self.gate.selection.as_ref()
     }
 }
 

@@ -15,7 +15,7 @@
 use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::RouterSpec;
-use crate::moe::{LinearGate, Router, RouterConfig, normal_noise};
+use crate::moe::{LinearGate, Router, RouterConfig, SelectionBias, normal_noise};
 use crate::nn::{Param, join};
 use crate::{Device, Result, Tensor};
 
@@ -102,22 +102,39 @@ impl Router for TopKRouter {
     }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
-        // softmax, selection and normalisation are one fused op (one kernel on the GPU)
-        let gate = match self.kind {
-            TopKKind::Shazeer | TopKKind::Noisy => {
-                let noisy = match (&self.noise, self.gate.training()) {
-                    (Some(w_noise), true) => {
-                        let scale = x.matmul(&w_noise.get())?.softplus()?;
-                        let xi = normal_noise(&logits, self.gate.noise_seed())?;
-                        Some(logits.add(&xi.mul(&scale)?)?)
-                    }
-                    _ => None,
-                };
-                logits.topk_gate(noisy.as_ref(), self.k, true)?
+        let noisy = match (&self.noise, self.gate.training()) {
+            (Some(w_noise), true) => {
+                let scale = x.matmul(&w_noise.get())?.softplus()?;
+                let xi = normal_noise(&logits, self.gate.noise_seed())?;
+                Some(logits.add(&xi.mul(&scale)?)?)
             }
-            TopKKind::Unnormalised => logits.topk_gate(None, self.k, false)?,
+            _ => None,
+        };
+        let renormalise = self.kind != TopKKind::Unnormalised;
+        if self.gate.selection.is_some() {
+            // balancing's bias moves the choice only: select by sg(h) + b, weigh by h as below
+            let h = noisy.unwrap_or_else(|| logits.clone());
+            let chosen = self.gate.selection_scores(&h)?;
+            let (_, idx) = chosen.topk(self.k)?;
+            let probs = logits.softmax(-1)?;
+            let weights = if renormalise {
+                h.gather(1, &idx)?.softmax(-1)?
+            } else {
+                probs.gather(1, &idx)?
+            };
+            let routing = Routing::token_choice(&idx, &weights, None, probs, logits)?;
+            return Ok(self.gate.mark(routing, &chosen));
+        }
+        // softmax, selection and normalisation are one fused op (one kernel on the GPU)
+        let gate = if renormalise {
+            logits.topk_gate(noisy.as_ref(), self.k, true)?
+        } else {
+            logits.topk_gate(None, self.k, false)?
         };
         Routing::token_choice(&gate.idx, &gate.weights, None, gate.probs, logits)
+    }
+    fn selection_bias(&self) -> Option<&SelectionBias> {
+        self.gate.selection.as_ref()
     }
 }
 

@@ -8,7 +8,7 @@
 use crate::nn::Parameters;
 use crate::moe::Routing;
 use crate::moe::RouterSpec;
-use crate::moe::{Router, RouterConfig};
+use crate::moe::{Router, RouterConfig, SelectionBias};
 use crate::nn::{Param, join, uniform};
 use crate::{DType, Device, Result, Tensor};
 use rand::SeedableRng;
@@ -33,6 +33,8 @@ pub struct XMoeCosineRouter {
     /// log τ, `[1]`
     pub log_temp: Param,
     k: usize,
+    /// the selection-only bias, when balancing asks for one
+    selection: Option<SelectionBias>,
     training: AtomicBool,
 }
 
@@ -56,6 +58,7 @@ impl XMoeCosineRouter {
             )?)?,
             log_temp: Param::new(Tensor::full(&[1], 0.07f64.ln(), DType::F32, device)?)?,
             k: cfg.k,
+            selection: SelectionBias::for_config(cfg, device)?,
             training: AtomicBool::new(true),
         })
     }
@@ -73,9 +76,20 @@ impl Router for XMoeCosineRouter {
         let cos = h.matmul(&a)?.div(&h_norm)?.div(&a_norm)?;
         let logits = cos.div(&self.log_temp.get().exp()?)?;
         let p = logits.softmax(-1)?;
-        let (_, idx) = p.topk(self.k)?;
+        let chosen = match &self.selection {
+            Some(b) => b.add_to(&p)?,
+            None => p.detach(),
+        };
+        let (_, idx) = chosen.topk(self.k)?;
         let g = p.gather(1, &idx)?;
-        Routing::token_choice(&idx, &g, None, p, logits)
+        let routing = Routing::token_choice(&idx, &g, None, p, logits)?;
+        Ok(match &self.selection {
+            Some(b) => routing.with_selection(b, &chosen),
+            None => routing,
+        })
+    }
+    fn selection_bias(&self) -> Option<&SelectionBias> {
+        self.selection.as_ref()
     }
 }
 
@@ -87,5 +101,24 @@ impl Parameters for XMoeCosineRouter {
     }
     fn set_training(&self, training: bool) {
         self.training.store(training, Ordering::Relaxed)
+    }
+    fn state(&self) -> Result<Vec<(String, Tensor)>> {
+        Ok(match &self.selection {
+            Some(b) => vec![(
+                crate::moe::LinearGate::SELECTION_BIAS.to_string(),
+                b.get()?.to_device(Device::Cpu)?,
+            )],
+            None => Vec::new(),
+        })
+    }
+    fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
+        match &self.selection {
+            Some(b) if name == crate::moe::LinearGate::SELECTION_BIAS => {
+                b.set(value, "router state selection_bias")
+            }
+            _ => Err(crate::Error::Invalid(format!(
+                "router xmoe-cosine has no state named {name:?}"
+            ))),
+        }
     }
 }

@@ -109,6 +109,23 @@ pub(super) struct TrainArgs {
     /// MoE: Switch load-balancing loss coefficient α.
     #[arg(long, default_value_t = 0.01, allow_negative_numbers = true)]
     balance_loss: f64,
+    /// MoE: how the experts' load is balanced: aux (the Switch loss, weight --balance-loss),
+    /// aux-free (DeepSeek-V3's selection-only bias, moved by ±--balance-rate after each batch),
+    /// quantile (Quantile Balancing: the bias solved from each batch), none. docs/routers.md,
+    /// "Balancing".
+    #[arg(long, default_value = "aux", value_parser = moegrad::moe::BalanceMethod::NAMES)]
+    balance: String,
+    /// MoE: the tokens the aux loss counts over: batch, sequence (each sequence of a language
+    /// model on its own, averaged) or global (counts over --balance-window batches).
+    #[arg(long, default_value = "batch", value_parser = ["batch", "sequence", "global"])]
+    balance_scope: String,
+    /// MoE: training batches per window of --balance-scope global.
+    #[arg(long, default_value_t = 8)]
+    balance_window: usize,
+    /// MoE: the aux-free bias's update rate u (DeepSeek-V3's 0.001; in the units of the scores
+    /// the router selects by).
+    #[arg(long, default_value_t = 1e-3, allow_negative_numbers = true)]
+    balance_rate: f64,
     /// MoE: router z-loss coefficient.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     z_loss: f64,
@@ -280,6 +297,18 @@ impl TrainArgs {
         if !family || has("--balance-loss") {
             c.balance_loss = image.balance_loss;
         }
+        if !family
+            || [
+                "--balance",
+                "--balance-scope",
+                "--balance-window",
+                "--balance-rate",
+            ]
+            .iter()
+            .any(|f| has(f))
+        {
+            c.balancing = image.balancing;
+        }
         c.kv_heads = self.kv_heads;
         if let Some(n) = self.shared_experts {
             c.shared_experts = n;
@@ -396,6 +425,12 @@ impl TrainArgs {
             capacity_factor: self.capacity_factor,
             eval_capacity_factor: self.eval_capacity_factor,
             balance_loss: self.balance_loss,
+            balancing: moegrad::moe::Balancing {
+                method: moegrad::moe::BalanceMethod::parse(&self.balance)?,
+                scope: moegrad::moe::BalanceScope::parse(&self.balance_scope)?,
+                window: self.balance_window,
+                rate: self.balance_rate,
+            },
             z_loss: self.z_loss,
             collapse_dead: self.collapse_dead,
             collapse_share: self.collapse_share,
