@@ -320,6 +320,77 @@ fn resumed_language_model_runs_continue_bit_for_bit() {
     }
 }
 
+/// Each balancer on a language model: the sequence-wise loss, aux-free and quantile train
+/// `moe-gpt` (the validation loss falls) and resume bit for bit; `mixtral` takes aux-free too.
+#[test]
+fn language_models_train_and_resume_with_every_balancer() {
+    use moegrad::moe::{BalanceMethod, BalanceScope, Balancing};
+    let cases = [
+        (
+            ModelKind::MoeGpt,
+            BalanceMethod::Aux,
+            BalanceScope::Sequence,
+        ),
+        (
+            ModelKind::MoeGpt,
+            BalanceMethod::AuxFree,
+            BalanceScope::Batch,
+        ),
+        (
+            ModelKind::MoeGpt,
+            BalanceMethod::Quantile,
+            BalanceScope::Batch,
+        ),
+        (
+            ModelKind::Mixtral,
+            BalanceMethod::AuxFree,
+            BalanceScope::Batch,
+        ),
+    ];
+    for (model, method, scope) in cases {
+        let what = format!("{} {method:?} {scope:?}", model.name());
+        let (a, b) = (tmp("bal-straight"), tmp("bal-resumed"));
+        let mut cfg = tiny(model, &a);
+        cfg.experts = 4;
+        cfg.k = 2;
+        cfg.balancing = Balancing {
+            method,
+            scope,
+            rate: 0.01,
+            ..Balancing::default()
+        };
+        cfg.schedule_epochs = 2;
+        let straight = run(&cfg, quiet()).unwrap();
+        assert!(straight.val_loss.is_finite(), "{what}");
+        let mut first = cfg.clone();
+        first.out = b.clone();
+        first.iters = 20;
+        let mut second = first.clone();
+        second.iters = 40;
+        let half = run(&first, quiet()).unwrap();
+        assert!(
+            straight.val_loss < half.val_loss,
+            "{what}: the loss did not fall"
+        );
+        let resumed = run(
+            &second,
+            RunOptions {
+                resume: true,
+                ..quiet()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (resumed.val_loss, resumed.train_loss),
+            (straight.val_loss, straight.train_loss),
+            "{what}"
+        );
+        for d in [a, b] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
 /// How far below `ln(vocab)` (the loss of a uniform guess, about the untrained model's: its first
 /// interval's training loss is a little above it) every router's validation loss must be after
 /// [`ROUTER_RUN_ITERS`] iterations. Measured with the seed of `tiny`: 0.17 nats (reinforce) to

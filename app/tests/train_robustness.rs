@@ -190,6 +190,71 @@ fn every_router_resumes_bit_for_bit() {
     );
 }
 
+/// Every balancer resumes bit for bit: the aux-free and quantile biases (router state) and the
+/// global scope's window (layer state) are in the checkpoint; the multi-gate MoE's second
+/// router keeps a bias of its own.
+#[test]
+fn every_balancer_resumes_bit_for_bit() {
+    use moegrad::moe::{BalanceMethod, BalanceScope, Balancing};
+    let mut failures = Vec::new();
+    let cases = [
+        ("aux-free", BalanceMethod::AuxFree, BalanceScope::Batch),
+        ("quantile", BalanceMethod::Quantile, BalanceScope::Batch),
+        ("global", BalanceMethod::Aux, BalanceScope::Global),
+    ];
+    for (name, method, scope) in cases {
+        let mut straight = tiny("topk", &format!("straight-{name}"));
+        straight.balancing = Balancing {
+            method,
+            scope,
+            window: 4,
+            rate: 0.05,
+        };
+        let diffs = resume_differences(&straight, &format!("split-{name}"));
+        if !diffs.is_empty() {
+            failures.push(format!("{name}: {}", diffs.join(", ")));
+        }
+        let ck =
+            Checkpoint::load(&straight.out.join("checkpoint.safetensors"), Device::cpu()).unwrap();
+        let key = if scope == BalanceScope::Global {
+            "state.moe.balance.window_counts"
+        } else {
+            "state.moe.router.selection_bias"
+        };
+        match ck.tensors.get(key) {
+            Some(t) if t.to_vec_f64().unwrap().iter().any(|v| *v != 0.0) => {}
+            other => failures.push(format!("{name}: {key} is {other:?}")),
+        }
+    }
+    let mut mmoe = TrainConfig {
+        data: DataKind::Multimnist,
+        model: ModelKind::MmoeCnn,
+        experts: 2,
+        k: 1,
+        train_limit: 32,
+        ..tiny("switch", "straight-mmoe-free")
+    };
+    mmoe.balancing.method = BalanceMethod::AuxFree;
+    let diffs = resume_differences(&mmoe, "split-mmoe-free");
+    if !diffs.is_empty() {
+        failures.push(format!("mmoe-cnn aux-free: {}", diffs.join(", ")));
+    }
+    let ck = Checkpoint::load(&mmoe.out.join("checkpoint.safetensors"), Device::cpu()).unwrap();
+    for key in [
+        "state.moe.router.selection_bias",
+        "state.moe.router1.selection_bias",
+    ] {
+        if !ck.tensors.contains_key(key) {
+            failures.push(format!("mmoe-cnn aux-free: no {key}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "1 epoch + --resume differs from 2 epochs straight:\n{}",
+        failures.join("\n")
+    );
+}
+
 #[test]
 fn a_cosine_trained_in_parts_follows_the_cosine_of_one_run() {
     let straight = TrainConfig {

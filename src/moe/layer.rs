@@ -736,11 +736,20 @@ impl Parameters for MoeLayer {
             .window
             .lock()
             .map_err(|_| Error::Invalid("MoE balance window lock poisoned".into()))?;
-        if let Some((counts, steps)) = window.as_ref() {
-            out.push((Self::WINDOW_COUNTS.into(), counts.to_device(Device::Cpu)?));
+        let b = self.config.balancing;
+        if b.method == BalanceMethod::Aux && b.scope == BalanceScope::Global {
+            // present from the start (zero counts, no batches) so a checkpoint's names are fixed
+            let (counts, steps) = match window.as_ref() {
+                Some((c, s)) => (c.to_device(Device::Cpu)?, *s),
+                None => (
+                    Tensor::zeros(&[self.config.experts], crate::DType::F32, Device::Cpu)?,
+                    0,
+                ),
+            };
+            out.push((Self::WINDOW_COUNTS.into(), counts));
             out.push((
                 Self::WINDOW_STEPS.into(),
-                Tensor::scalar(*steps as f64, crate::DType::F64, Device::Cpu)?,
+                Tensor::scalar(steps as f64, crate::DType::F64, Device::Cpu)?,
             ));
         }
         Ok(out)

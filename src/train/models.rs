@@ -194,15 +194,14 @@ impl Parameters for MoeModel {
         Ok(out)
     }
     fn load_state(&self, name: &str, value: &Tensor) -> Result<()> {
-        if within("moe.router", name).is_some() {
-            return self
-                .moe
-                .load_state(within("moe", name).unwrap_or(name), value);
-        }
         for (t, g) in self.extra_gates.iter().enumerate() {
             if let Some(rest) = within(&extra_gate_scope(t), name) {
                 return g.load_state(rest, value);
             }
+        }
+        // the layer's router and its balance window
+        if let Some(rest) = within("moe", name) {
+            return self.moe.load_state(rest, value);
         }
         for (t, tower) in self.towers.iter().enumerate() {
             if let Some(rest) = within(&join("towers", &t.to_string()), name) {
