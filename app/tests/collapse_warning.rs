@@ -1,5 +1,5 @@
 //! The collapse warning of `moegrad train` (`moe::CollapseAlarm`, thresholds `--collapse-dead`
-//! and `--collapse-share`): it fires on a run that collapses (`switch` without a balance loss,
+//! and `--collapse-share`): it fires on a run that collapses (`switch` with `--balance none`,
 //! whose routing ends on one of eight experts) and not on a balanced one (`topk` with the
 //! default balance loss), and the flags silence it. The routing diagnostics land in
 //! `metrics.jsonl` (`routing`) and the `--json` summary.
@@ -48,10 +48,10 @@ fn warned(o: &Output) -> bool {
 
 #[test]
 fn the_warning_fires_on_a_collapsing_run_only_and_the_flags_silence_it() {
-    let (o, dir) = train("switch", &["--router", "switch", "--balance-loss", "0"]);
+    let (o, dir) = train("switch", &["--router", "switch", "--balance", "none"]);
     assert!(
         warned(&o),
-        "switch without a balance loss: {}",
+        "switch with --balance none: {}",
         String::from_utf8_lossy(&o.stderr)
     );
     let summary: serde_json::Value =
@@ -70,8 +70,8 @@ fn the_warning_fires_on_a_collapsing_run_only_and_the_flags_silence_it() {
         &[
             "--router",
             "switch",
-            "--balance-loss",
-            "0",
+            "--balance",
+            "none",
             "--collapse-dead",
             "2",
             "--collapse-share",
@@ -81,6 +81,17 @@ fn the_warning_fires_on_a_collapsing_run_only_and_the_flags_silence_it() {
     assert!(
         !warned(&o),
         "silenced: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+
+    // the same switch run balanced by the quantile bias instead of a loss
+    let (o, _) = train(
+        "switch-quantile",
+        &["--router", "switch", "--balance", "quantile"],
+    );
+    assert!(
+        !warned(&o),
+        "switch with --balance quantile: {}",
         String::from_utf8_lossy(&o.stderr)
     );
 

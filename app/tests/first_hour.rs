@@ -454,6 +454,33 @@ fn messages_say_what_is_wrong() {
         assert!(!o.status.success());
         assert!(e.contains(flag) && e.contains(says), "{flag} {value}: {e}");
     }
+    // balancing settings that cannot work are refused before training, naming the flag
+    for (extra, says) in [
+        (
+            &["--router", "sparsemixer", "--balance", "aux-free"][..],
+            &["--balance aux-free", "sparsemixer", "topk"][..],
+        ),
+        (
+            &["--balance", "quantile", "--experts", "2", "--k", "2"],
+            &["--balance quantile", "--k"],
+        ),
+        (
+            &["--balance-scope", "sequence"],
+            &["--balance-scope sequence", "language model"],
+        ),
+        (
+            &["--balance", "aux-free", "--balance-scope", "global"],
+            &["--balance-scope global", "aux-free"],
+        ),
+        (&["--balance-rate", "0"], &["--balance-rate"]),
+        (&["--balance", "sinkhorn"], &["--balance", "aux-free"]),
+    ] {
+        let mut a = vec!["train", "--model", "moe-mlp", "--epochs", "1", "--out"];
+        a.push("balance-refused");
+        a.extend_from_slice(extra);
+        fails_with(&extra.join(" "), &moegrad(&dir, &a), says);
+    }
+    assert!(!dir.join("balance-refused").exists());
     std::fs::write(dir.join("afile"), "x").unwrap();
     for out in ["afile", "/dev/null"] {
         let mut a = TINY_MLP.to_vec();

@@ -287,7 +287,7 @@ impl CollapseAlarm {
             .collect();
         (!bad.is_empty()).then(|| {
             format!(
-                "routing has collapsed ({}); a balancing loss (--balance-loss) or a router with noise may help (thresholds: --collapse-dead {}, --collapse-share {})",
+                "routing has collapsed ({}); balancing (--balance aux with a --balance-loss weight, aux-free or quantile) or a router with noise may help (thresholds: --collapse-dead {}, --collapse-share {})",
                 bad.join("; "),
                 self.dead_fraction,
                 self.top_share
