@@ -170,6 +170,8 @@ pub const BIASABLE_ROUTERS: &[&str] = &[
     "smoe",
     "xmoe-cosine",
     "deepseek-v3",
+    "sigmoid-topk",
+    "softplus-topk",
 ];
 
 /// The spec of router `name`; an unknown name is an error listing the valid ones.

@@ -32,6 +32,7 @@ router_files! {
     dselect_k => [SPEC, SPEC_STATIC],
     threshold => [SPEC],
     deepseek_v3 => [SPEC],
+    scored_topk => [SPEC_SIGMOID, SPEC_SOFTPLUS],
 }
 
 pub use deepseek_v3::DeepSeekV3Router;
@@ -43,6 +44,7 @@ pub use estimators::{Estimator, EstimatorRouter, gumbel_softmax, jvp_softmax};
 pub use expert_choice::ExpertChoiceRouter;
 pub use hash::HashRouter;
 pub use moesart::{MOESART_OPTIONS, MoesartDraw, MoesartOptions, MoesartRouter, MoesartStrategy};
+pub use scored_topk::{Affinity, ScoredTopK};
 pub use smoe::SMoeRouter;
 pub use softmax::SoftmaxRouter;
 pub use sparsemixer::{
