@@ -29,6 +29,7 @@ pub const RUN_FILES: &[&str] = &[
     "checkpoint.safetensors",
     "curves.svg",
     "expert_load.svg",
+    "routing_heatmap.svg",
 ];
 
 /// The lock file's name inside the output directory.

@@ -77,5 +77,6 @@ pub fn draw(dir: &Path, metrics: &Path, title: &str) -> Result<()> {
             &loads,
         )?;
     }
-    Ok(())
+    let loads = super::routing::read(metrics);
+    super::routing::draw_heatmap(&dir.join("routing_heatmap.svg"), &loads, title, "iteration")
 }

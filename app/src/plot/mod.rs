@@ -1,11 +1,13 @@
 //! The SVG figures the command line draws (plotters): a training run's curves and expert load
 //! ([`train`], epochs of image models; [`lm`], evaluation intervals of language models), and
-//! the estimator lab's bias–spread figure ([`estimators`]). Each is redrawn from the run's
+//! each MoE layer's load over the run as a heat map ([`routing`]), and the estimator lab's
+//! bias–spread figure ([`estimators`]). Each is redrawn from the run's
 //! `metrics.jsonl` or report and written atomically (one SVG writer, `svg`, for every figure);
 //! the loss panel of both kinds of run is one function (`draw_loss`).
 
 pub mod estimators;
 pub mod lm;
+pub mod routing;
 pub mod train;
 
 use moegrad::{Error, Result};

@@ -27,6 +27,8 @@ pub fn draw(dir: &Path, metrics: &Path, title: &str, moe: bool) -> Result<()> {
     draw_curves(&dir.join("curves.svg"), &read_points(metrics), title)?;
     if moe {
         draw_expert_load(&dir.join("expert_load.svg"), &read_loads(metrics))?;
+        let loads = super::routing::read(metrics);
+        super::routing::draw_heatmap(&dir.join("routing_heatmap.svg"), &loads, title, "epoch")?;
     }
     Ok(())
 }
