@@ -33,6 +33,7 @@ router_files! {
     threshold => [SPEC],
     deepseek_v3 => [SPEC],
     scored_topk => [SPEC_SIGMOID, SPEC_SOFTPLUS],
+    remoe => [SPEC],
 }
 
 pub use deepseek_v3::DeepSeekV3Router;
@@ -44,6 +45,7 @@ pub use estimators::{Estimator, EstimatorRouter, gumbel_softmax, jvp_softmax};
 pub use expert_choice::ExpertChoiceRouter;
 pub use hash::HashRouter;
 pub use moesart::{MOESART_OPTIONS, MoesartDraw, MoesartOptions, MoesartRouter, MoesartStrategy};
+pub use remoe::ReMoeRouter;
 pub use scored_topk::{Affinity, ScoredTopK};
 pub use smoe::SMoeRouter;
 pub use softmax::SoftmaxRouter;
