@@ -71,7 +71,7 @@ fn p1_routing_and_penalty_match_the_definition() {
         );
         let mut open = vec![0.0; n];
         for tok in 0..t {
-            for i in 0..n {
+            for (i, open_i) in open.iter_mut().enumerate() {
                 let a = tok * n + i;
                 let g = o[a].max(0.0);
                 assert_eq!(e[a], i as f64);
@@ -82,7 +82,7 @@ fn p1_routing_and_penalty_match_the_definition() {
                     "token {tok} expert {i}"
                 );
                 if g > 0.0 {
-                    open[i] += 1.0;
+                    *open_i += 1.0;
                 }
             }
         }
