@@ -148,5 +148,21 @@ fn diagnostics_match_hand_computed_values_with_a_dead_expert_and_a_drop() {
             alarm(2.0, 0.8).is_none(),
             "75% of the tokens is below --collapse-share 0.8"
         );
+        // an expert on every token is no collapse when it takes no more than its share of the
+        // assignments (every expert on every token: k = n, or remoe with its gates open)
+        let mut even = d.clone();
+        even.layers[0].top_share = 1.0;
+        even.layers[0].load_max_over_ideal = 1.0;
+        even.layers[0].dead_experts = 0;
+        let even_alarm = CollapseAlarm {
+            dead_fraction: 2.0,
+            top_share: 0.7,
+        };
+        assert!(even_alarm.check(&even).is_none(), "an even dense layer");
+        even.layers[0].load_max_over_ideal = 1.6;
+        assert!(
+            even_alarm.check(&even).is_some(),
+            "1.6 times the fair share"
+        );
     }
 }

@@ -260,8 +260,8 @@ impl RoutingWindow {
 pub struct CollapseAlarm {
     /// alarm when a layer's dead experts are at least this fraction of its experts (> 1: never)
     pub dead_fraction: f64,
-    /// alarm when a layer's most-used expert serves more than this fraction of the tokens
-    /// (≥ 1: never)
+    /// alarm when a layer's most-used expert serves more than this fraction of the tokens while
+    /// taking at least 1.5 times its fair share 1/n of the assignments (≥ 1: never)
     pub top_share: f64,
 }
 
@@ -275,7 +275,10 @@ impl CollapseAlarm {
             .filter_map(|(i, l)| {
                 let n = l.load.len().max(1);
                 let dead = l.dead_experts as f64 >= self.dead_fraction * n as f64 && l.dead_experts > 0;
-                let top = l.top_share > self.top_share;
+                // an expert on most tokens is a collapse only if it also takes at least
+                // its fair share of the assignments times 1.5: with many experts per token (a router
+                // such as remoe early on, or k = n) every expert can serve every token evenly
+                let top = l.top_share > self.top_share && l.load_max_over_ideal >= 1.5;
                 (dead || top).then(|| {
                     format!(
                         "MoE layer {i}: {} of {n} experts dead, the busiest serves {:.0}% of the tokens",
