@@ -391,6 +391,36 @@ fn language_models_train_and_resume_with_every_balancer() {
     }
 }
 
+/// The routing diagnostics are read at `--log-every` with the loss: each step message of an MoE
+/// run ends with their short form, a dense run's does not.
+#[test]
+fn step_messages_carry_the_routing_at_log_every() {
+    struct Messages(Vec<String>);
+    impl moegrad::train::TrainObserver for Messages {
+        fn step(&mut self, loss: Option<&str>) {
+            self.0.extend(loss.map(str::to_string));
+        }
+    }
+    for (model, routed) in [(ModelKind::MoeGpt, true), (ModelKind::Gpt, false)] {
+        let out = tmp(&format!("log-every-{}", model.name()));
+        let mut cfg = tiny(model, &out);
+        cfg.iters = 20;
+        cfg.eval_every = 20;
+        let mut seen = Messages(Vec::new());
+        run_observed(&cfg, quiet(), &mut seen).unwrap();
+        // one message every --log-every 5 steps
+        assert_eq!(seen.0.len(), 4, "{:?}", seen.0);
+        for m in &seen.0 {
+            assert_eq!(
+                m.contains("load/ideal") && m.contains("dead "),
+                routed,
+                "{m}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&out);
+    }
+}
+
 /// How far below `ln(vocab)` (the loss of a uniform guess, about the untrained model's: its first
 /// interval's training loss is a little above it) every router's validation loss must be after
 /// [`ROUTER_RUN_ITERS`] iterations. Measured with the seed of `tiny`: 0.17 nats (reinforce) to

@@ -300,7 +300,11 @@ impl<'a, T: Task> Trainer<'a, T> {
                     return Err(self.non_finite_loss(l, period, i));
                 }
                 self.last_finite_read = self.step;
-                let message = self.task.step_message(l, i, totals.started);
+                let mut message = self.task.step_message(l, i, totals.started);
+                if !totals.routing.is_empty() {
+                    // the routing so far in this period, read at the same cadence as the loss
+                    message = format!("{message} · {}", totals.routing.read()?.short());
+                }
                 self.obs.step(Some(&message));
             } else {
                 self.obs.step(None);
