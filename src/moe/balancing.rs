@@ -129,6 +129,27 @@ impl Balancing {
         )
     }
 
+    /// Checks the settings for a layer of `n` experts, `k` per token, routed by `router`, which
+    /// takes a selection bias or not (`takes_bias`): [`Balancing::validate`], a bias-moving
+    /// method needs a router that takes one, and `quantile` needs `k < n`. Each error names the
+    /// flag and the router.
+    pub fn check(&self, router: &str, takes_bias: bool, k: usize, n: usize) -> Result<()> {
+        self.validate()?;
+        if self.uses_selection_bias() && !takes_bias {
+            return Err(Error::Invalid(format!(
+                "--balance {} moves a selection-only bias, which router {router} does not take (it does not choose its experts as the top k of a score); use a top-k router ({}) or --balance aux",
+                self.method.name(),
+                crate::moe::BIASABLE_ROUTERS.join(", ")
+            )));
+        }
+        if self.method == BalanceMethod::Quantile && k >= n {
+            return Err(Error::Invalid(format!(
+                "--balance quantile needs k < n (a token's cutoff is its (k+1)-th score); got --k {k} of {n} experts"
+            )));
+        }
+        Ok(())
+    }
+
     /// Checks the settings (each error names the flag at fault).
     pub fn validate(&self) -> Result<()> {
         if self.window == 0 {

@@ -576,32 +576,14 @@ impl MoeLayer {
     }
 }
 
-/// Fails unless `router` can be balanced as `balancing` asks (a selection bias for `aux-free`
-/// and `quantile`; `1 ≤ k < n` for `quantile`), naming the router and the setting.
+/// Fails unless `router` can be balanced as `balancing` asks ([`Balancing::check`]).
 pub(crate) fn check_balancing(
     balancing: &Balancing,
     router: &dyn Router,
     k: usize,
     n: usize,
 ) -> Result<()> {
-    balancing.validate()?;
-    if !balancing.uses_selection_bias() {
-        return Ok(());
-    }
-    if router.selection_bias().is_none() {
-        return Err(Error::Invalid(format!(
-            "--balance {} moves a selection-only bias, which router {} does not take (it does not choose its experts as the top k of a score); use a top-k router ({}) or --balance aux",
-            balancing.method.name(),
-            router.name(),
-            super::BIASABLE_ROUTERS.join(", ")
-        )));
-    }
-    if balancing.method == BalanceMethod::Quantile && k >= n {
-        return Err(Error::Invalid(format!(
-            "--balance quantile needs k < n (a token's cutoff is its (k+1)-th score); got k = {k} of n = {n} experts"
-        )));
-    }
-    Ok(())
+    balancing.check(router.name(), router.selection_bias().is_some(), k, n)
 }
 
 /// Valid assignments per expert of one routing (`[n]`, float); with `first_only`, only the first

@@ -746,57 +746,7 @@ impl TrainConfig {
             ));
         }
         if self.model.is_moe() {
-            if !crate::moe::ROUTER_NAMES.contains(&self.router.as_str()) {
-                return bad(format!(
-                    "--router {:?}: expected one of {}",
-                    self.router,
-                    crate::moe::ROUTER_NAMES.join(", ")
-                ));
-            }
-            if self.experts == 0 || self.k == 0 || self.k > self.experts {
-                return bad(format!(
-                    "--k {} must be between 1 and --experts {}",
-                    self.k, self.experts
-                ));
-            }
-            if self.expert_hidden == 0 {
-                return bad("--expert-hidden must be at least 1, got 0".into());
-            }
-            self.balancing.validate()?;
-            if self.balancing.scope == crate::moe::BalanceScope::Sequence && !self.model.is_lm() {
-                return bad(format!(
-                    "--balance-scope sequence balances each sequence of a language model; --model {} sees one token per example (use batch or global)",
-                    self.model.name()
-                ));
-            }
-            if self.balancing.method == crate::moe::BalanceMethod::Quantile
-                && self.k >= self.experts
-            {
-                return bad(format!(
-                    "--balance quantile needs --k below --experts (a token's cutoff is its (k+1)-th score); got --k {} of --experts {}",
-                    self.k, self.experts
-                ));
-            }
-            if self.balancing.uses_selection_bias()
-                && !crate::moe::BIASABLE_ROUTERS.contains(&self.router.as_str())
-            {
-                return bad(format!(
-                    "--balance {} moves a selection-only bias, which --router {} does not take (it does not choose its experts as the top k of a score); use one of {} or --balance aux",
-                    self.balancing.method.name(),
-                    self.router,
-                    crate::moe::BIASABLE_ROUTERS.join(", ")
-                ));
-            }
-            for (name, v) in [
-                ("--capacity-factor", self.capacity_factor),
-                ("--eval-capacity-factor", self.eval_capacity_factor),
-                ("--balance-loss", self.balance_loss),
-                ("--z-loss", self.z_loss),
-            ] {
-                if !(v.is_finite() && v >= 0.0) {
-                    return bad(format!("{name} must be finite and non-negative, got {v}"));
-                }
-            }
+            super::moe_settings::validate(self)?;
         }
         if self.data == DataKind::SyntheticB {
             if self.model != ModelKind::MoeMlp {

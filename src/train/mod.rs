@@ -25,6 +25,7 @@ mod config;
 mod image;
 pub mod interrupt;
 mod models;
+mod moe_settings;
 mod observer;
 pub mod out_dir;
 pub mod resume;
