@@ -32,6 +32,12 @@ fn routers_json_lists_every_router_with_its_options() {
         let opts = r["options"].as_array().unwrap();
         let keys: Vec<&str> = opts.iter().map(|o| o["key"].as_str().unwrap()).collect();
         assert_eq!(keys, spec.option_keys(), "options of {}", spec.name);
+        assert_eq!(
+            r["selection_bias"].as_bool(),
+            Some(moegrad::moe::BIASABLE_ROUTERS.contains(&spec.name)),
+            "{}",
+            spec.name
+        );
         for o in opts {
             for field in ["type", "default", "help"] {
                 assert!(

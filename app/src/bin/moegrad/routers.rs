@@ -10,6 +10,8 @@ struct RouterEntry {
     name: &'static str,
     summary: &'static str,
     options: Vec<OptionEntry>,
+    /// whether `--balance aux-free` and `quantile` work with it (`moe::BIASABLE_ROUTERS`)
+    selection_bias: bool,
 }
 
 /// One `--router-opt` option as `moegrad routers --json` prints it.
@@ -37,13 +39,14 @@ impl RouterEntry {
                     help: o.help,
                 })
                 .collect(),
+            selection_bias: moegrad::moe::BIASABLE_ROUTERS.contains(&spec.name),
         }
     }
 }
 
 /// Prints the routers: a list (name, summary, then one indented line per option), or with
 /// `json` one object `{"routers": [{"name", "summary", "options": [{"key", "type", "default",
-/// "help"}]}]}`.
+/// "help"}], "selection_bias"}]}`.
 pub(super) fn run_routers(json: bool) -> Result<()> {
     let entries: Vec<RouterEntry> = ROUTERS.iter().map(RouterEntry::from_spec).collect();
     if json {
@@ -64,5 +67,14 @@ pub(super) fn run_routers(json: bool) -> Result<()> {
         }
     }
     println!("options go after `moegrad train --router NAME` as `--router-opt key=value`");
+    let biased: Vec<&str> = entries
+        .iter()
+        .filter(|e| e.selection_bias)
+        .map(|e| e.name)
+        .collect();
+    println!(
+        "--balance aux-free and quantile work with: {}",
+        biased.join(", ")
+    );
     Ok(())
 }
