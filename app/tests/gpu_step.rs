@@ -53,6 +53,43 @@ fn f32_on(v: &[f64], shape: &[usize], d: Device) -> Tensor {
 
 // ---- the steady step ---------------------------------------------------------------------------
 
+/// The balancers keep the steady step free of waits and new buffers: the aux-free and quantile
+/// bias updates and the sequence-wise and windowed losses all stay on the device.
+#[test]
+fn a_steady_step_with_each_balancer_never_waits_and_creates_no_buffer() {
+    use moegrad::moe::{BalanceMethod, BalanceScope, Balancing};
+    let Some((_, _lock)) = gpu("a_steady_step_with_each_balancer_never_waits") else {
+        return;
+    };
+    let cases = [
+        ("moe-gpt", BalanceMethod::AuxFree, BalanceScope::Batch),
+        ("moe-gpt", BalanceMethod::Quantile, BalanceScope::Batch),
+        ("moe-gpt", BalanceMethod::Aux, BalanceScope::Sequence),
+        ("moe-mlp", BalanceMethod::Aux, BalanceScope::Global),
+    ];
+    for (model, method, scope) in cases {
+        let mut cfg = step_config(model).unwrap();
+        if model == "moe-gpt" {
+            (cfg.batch, cfg.block) = (4, 16);
+        }
+        cfg.balancing = Balancing {
+            method,
+            scope,
+            window: 3,
+            ..Balancing::default()
+        };
+        let s = count_step_with(cfg).unwrap();
+        let what = format!("{model} {method:?} {scope:?}");
+        assert_eq!(s.host_waits, 0, "{what}: the step waited: {s:?}");
+        assert_eq!(
+            s.buffers_created, 0,
+            "{what}: the step created buffers: {s:?}"
+        );
+        assert_eq!(s.downloaded_bytes, 0, "{what}: the step read back: {s:?}");
+        assert!(s.dispatches > 0, "{what}: nothing counted: {s:?}");
+    }
+}
+
 /// Dispatches of moe-mlp's steady step before this work (docs/benchmarks.md).
 const MOE_MLP_DISPATCHES_BEFORE: u64 = 206;
 
