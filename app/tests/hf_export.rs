@@ -262,6 +262,26 @@ fn what_transformers_cannot_represent_is_refused_and_leaves_nothing() {
         }
         let _ = std::fs::remove_dir_all(&dir);
     }
+    // a selection bias (aux-free, quantile) has no place in transformers' Mixtral gate; in
+    // DeepSeek-V3's it is the e_score_correction_bias
+    for (family, ok) in [(Family::Mixtral, false), (Family::DeepseekMoe, true)] {
+        let mut d = DecoderConfig::baby(family, 41);
+        (d.layers, d.d_model, d.head_dim, d.block) = (2, 32, 8, 8);
+        d.moe.as_mut().unwrap().balancing.method = moegrad::moe::BalanceMethod::AuxFree;
+        let model = LanguageModel::Decoder(Box::new(Decoder::new(&d, Device::cpu()).unwrap()));
+        let dir = tmp(&format!("biased-{}", family.name()));
+        let r = export_hf(&model, None, None, HfLayout::Legacy, &dir);
+        assert_eq!(r.is_ok(), ok, "{}: {r:?}", family.name());
+        if let Err(e) = r {
+            let e = e.to_string();
+            assert!(
+                e.contains("--balance aux-free") && e.contains("selection bias"),
+                "{e}"
+            );
+            assert!(!dir.exists());
+        }
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     // an MoE GPT has no transformers class
     let mut cfg = moegrad::train::TrainConfig::language_model(moegrad::train::ModelKind::MoeGpt);
     (cfg.layers, cfg.d_model, cfg.block) = (1, 16, 8);

@@ -474,7 +474,7 @@ fn fails_with(what: &str, o: &Output, parts: &[&str]) {
 fn what_model_py_cannot_represent_is_refused_naming_it_and_leaves_no_directory() {
     // (name, model, data, training flags, what the one-line error must say)
     type Case<'a> = (&'a str, &'a str, &'a str, &'a [&'a str], &'a [&'a str]);
-    let cases: [Case; 4] = [
+    let cases: [Case; 5] = [
         (
             "ec",
             "moe-mlp",
@@ -502,6 +502,13 @@ fn what_model_py_cannot_represent_is_refused_naming_it_and_leaves_no_directory()
             "mnist",
             &["--router", "topk", "--eval-capacity-factor", "1.0"],
             &["--eval-capacity-factor 1", "drops tokens"],
+        ),
+        (
+            "bias",
+            "moe-mlp",
+            "mnist",
+            &["--router", "topk", "--balance", "quantile"],
+            &["--balance quantile", "selection bias"],
         ),
     ];
     for (name, model, data, extra, parts) in cases {

@@ -247,6 +247,13 @@ fn exportable(arch: Architecture) -> Result<Architecture> {
                 )));
             }
         };
+        if router != "deepseek-v3" && m.balancing.uses_selection_bias() {
+            return Err(Error::Invalid(format!(
+                "--balance {}: the run chooses its experts with a selection bias, which transformers' {} gate does not have (only DeepSeek-V3's e_score_correction_bias is one), so the exported model would choose other experts; export a run balanced with --balance aux or none",
+                m.balancing.method.name(),
+                family.name()
+            )));
+        }
         m.router = router.into();
         if router != "deepseek-v3" {
             m.router_options.clear();

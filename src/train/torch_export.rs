@@ -229,6 +229,12 @@ fn exportable(cfg: &TrainConfig) -> Result<()> {
             cfg.eval_capacity_factor
         )));
     }
+    if cfg.balancing.uses_selection_bias() {
+        return Err(Error::Invalid(format!(
+            "--balance {}: the run chooses its experts with a selection bias that model.py's routers do not add, so the exported model would choose other experts (export a run balanced with --balance aux or none)",
+            cfg.balancing.method.name()
+        )));
+    }
     Ok(())
 }
 
