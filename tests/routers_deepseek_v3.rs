@@ -19,18 +19,13 @@ mod common;
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
 use moegrad::moe::routers::DeepSeekV3Router;
 use moegrad::moe::{MoeConfig, MoeLayer, Router, RouterConfig, Routing, build_router};
-use moegrad::nn::{Param, Parameters};
+use moegrad::nn::Parameters;
 use moegrad::{DType, Device, Result, Tensor};
 use proptest::prelude::*;
-use rand::{RngExt, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 const BIAS: &str = DeepSeekV3Router::CORRECTION_BIAS;
 
-fn uniform_vec(len: usize, lo: f64, hi: f64, seed: u64) -> Vec<f64> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..len).map(|_| rng.random_range(lo..hi)).collect()
-}
+use common::uniform_vec;
 
 fn options(opts: &[(&str, &str)]) -> std::collections::BTreeMap<String, String> {
     opts.iter()
@@ -277,12 +272,6 @@ fn layer_config(opts: &[(&str, &str)]) -> MoeConfig {
     cfg
 }
 
-fn params_of(l: &MoeLayer) -> Vec<(String, Param)> {
-    let mut v = Vec::new();
-    l.visit_params("", &mut |name, p| v.push((name, p.clone())));
-    v
-}
-
 fn loss_of(y: &Tensor) -> Result<Tensor> {
     let c = Tensor::from_f64(
         uniform_vec(y.numel(), -1.0, 1.0, 99),
@@ -319,7 +308,7 @@ fn p5_layer_gradcheck_in_f64() {
         };
         let proto = make();
         let mut inputs = vec![common::f64t(&uniform_vec(7 * 5, -1.0, 1.0, 47), &[7, 5])];
-        for (i, (name, p)) in params_of(&proto).into_iter().enumerate() {
+        for (i, (name, p)) in proto.named_params().into_iter().enumerate() {
             // nonzero biases so no hidden unit sits at the ReLU kink
             let value = match name.ends_with("b1") || name.ends_with("b2") {
                 true => Tensor::from_f64(
@@ -333,12 +322,12 @@ fn p5_layer_gradcheck_in_f64() {
             inputs.push(value);
         }
         assert!(
-            params_of(&proto).iter().any(|(n, _)| n.contains("router")),
+            proto.named_params().iter().any(|(n, _)| n.contains("router")),
             "the gate must be among the checked inputs"
         );
         let f = |v: &[Tensor]| -> Result<Tensor> {
             let l = make();
-            for ((_, p), value) in params_of(&l).iter().zip(&v[1..]) {
+            for ((_, p), value) in l.named_params().iter().zip(&v[1..]) {
                 p.set(value.clone())?;
             }
             loss_of(&l.forward(&v[0])?.y)
@@ -371,7 +360,7 @@ fn p6_bias_round_trips_through_state_and_is_not_a_parameter() {
         assert!((s - b).abs() < 1e-7, "stored as f32: {s} vs {b}");
     }
     assert!(
-        params_of(&a).iter().all(|(n, _)| !n.contains(BIAS)),
+        a.named_params().iter().all(|(n, _)| !n.contains(BIAS)),
         "the correction bias must not be a parameter"
     );
     let b = MoeLayer::new(&cfg, Device::cpu()).unwrap();
@@ -508,7 +497,7 @@ fn gpu_matches_cpu() {
     let run = |dev: Device, dtype: DType| -> Vec<Vec<f64>> {
         let l = MoeLayer::new(&cfg, dev).unwrap();
         l.load_state(&format!("router.{BIAS}"), &bias).unwrap();
-        for (_, p) in params_of(&l) {
+        for (_, p) in l.named_params() {
             p.set(p.get().to_dtype(dtype).unwrap()).unwrap();
         }
         let xd = common::tensor_on(x.clone(), &[33, 5], dtype, dev)
@@ -525,7 +514,7 @@ fn gpu_matches_cpu() {
             xd.grad().unwrap().to_vec_f64().unwrap(),
         ];
         v.extend(
-            params_of(&l)
+            l.named_params()
                 .iter()
                 .map(|(_, p)| p.grad().unwrap().to_vec_f64().unwrap()),
         );

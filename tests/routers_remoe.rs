@@ -12,16 +12,11 @@ mod common;
 
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
 use moegrad::moe::{MoeConfig, MoeLayer, RouterConfig, build_router};
-use moegrad::nn::{Param, Parameters};
+use moegrad::nn::Parameters;
 use moegrad::optim::Optimizer;
 use moegrad::{DType, Device, Result, Tensor};
-use rand::{RngExt, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
-fn uniform_vec(len: usize, lo: f64, hi: f64, seed: u64) -> Vec<f64> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..len).map(|_| rng.random_range(lo..hi)).collect()
-}
+use common::uniform_vec;
 
 fn rcfg(d: usize, n: usize, k: usize, opts: &[(&str, &str)]) -> RouterConfig {
     let mut c = RouterConfig::new(d, n, k);
@@ -190,12 +185,6 @@ fn layer_config() -> MoeConfig {
     c
 }
 
-fn params_of(l: &MoeLayer) -> Vec<(String, Param)> {
-    let mut v = Vec::new();
-    l.visit_params("", &mut |name, p| v.push((name, p.clone())));
-    v
-}
-
 fn loss_of(out: &moegrad::moe::MoeOutput) -> Result<Tensor> {
     let y = &out.y;
     let c = Tensor::from_f64(
@@ -220,7 +209,7 @@ fn p3_layer_gradcheck_in_f64_and_closed_gates_get_no_output_gradient() {
     };
     let proto = make();
     let mut inputs = vec![common::f64t(&uniform_vec(7 * 5, -1.0, 1.0, 47), &[7, 5])];
-    for (i, (name, p)) in params_of(&proto).into_iter().enumerate() {
+    for (i, (name, p)) in proto.named_params().into_iter().enumerate() {
         let value = if name.ends_with("b1") || name.ends_with("b2") || name.ends_with("bias") {
             Tensor::from_f64(
                 uniform_vec(p.get().numel(), -0.3, 0.3, 60 + i as u64),
@@ -235,7 +224,7 @@ fn p3_layer_gradcheck_in_f64_and_closed_gates_get_no_output_gradient() {
     }
     let f = |v: &[Tensor]| -> Result<Tensor> {
         let l = make();
-        for ((_, p), value) in params_of(&l).iter().zip(&v[1..]) {
+        for ((_, p), value) in l.named_params().iter().zip(&v[1..]) {
             p.set(value.clone())?;
         }
         loss_of(&l.forward(&v[0])?)
@@ -288,7 +277,7 @@ fn p4_training_settles_the_open_gates_near_k() {
     c.seed = 2;
     c.router_options.insert("lambda0".into(), "1e-4".into());
     let l = MoeLayer::new(&c, Device::cpu()).unwrap();
-    let params = params_of(&l);
+    let params = l.named_params();
     let mut opt = moegrad::optim::Adam::new(1e-2).unwrap();
     let target = common::f64t(&uniform_vec(64 * 6, -1.0, 1.0, 9), &[64, 6])
         .to_dtype(DType::F32)
@@ -338,7 +327,7 @@ fn gpu_matches_cpu() {
     let run = |dev: Device, dtype: DType| -> Vec<Vec<f64>> {
         let l = MoeLayer::new(&cfg, dev).unwrap();
         l.set_training(false);
-        for (_, p) in params_of(&l) {
+        for (_, p) in l.named_params() {
             p.set(p.get().to_dtype(dtype).unwrap()).unwrap();
         }
         let xd = common::tensor_on(x.clone(), &[33, 5], dtype, dev)
@@ -352,7 +341,7 @@ fn gpu_matches_cpu() {
             xd.grad().unwrap().to_vec_f64().unwrap(),
         ];
         v.extend(
-            params_of(&l)
+            l.named_params()
                 .iter()
                 .map(|(_, p)| p.grad().unwrap().to_vec_f64().unwrap()),
         );

@@ -14,17 +14,12 @@ mod common;
 
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
 use moegrad::moe::{BalanceMethod, Balancing, MoeConfig, MoeLayer, RouterConfig, build_router};
-use moegrad::nn::{Param, Parameters};
+use moegrad::nn::Parameters;
 use moegrad::{DType, Device, Result, Tensor};
-use rand::{RngExt, SeedableRng};
-use rand_chacha::ChaCha8Rng;
 
 const ROUTERS: [&str; 2] = ["sigmoid-topk", "softplus-topk"];
 
-fn uniform_vec(len: usize, lo: f64, hi: f64, seed: u64) -> Vec<f64> {
-    let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    (0..len).map(|_| rng.random_range(lo..hi)).collect()
-}
+use common::uniform_vec;
 
 fn affinity(router: &str, o: f64) -> f64 {
     if router == "sigmoid-topk" {
@@ -184,12 +179,6 @@ fn layer_config(router: &str, norm: bool) -> MoeConfig {
     cfg
 }
 
-fn params_of(l: &MoeLayer) -> Vec<(String, Param)> {
-    let mut v = Vec::new();
-    l.visit_params("", &mut |name, p| v.push((name, p.clone())));
-    v
-}
-
 fn loss_of(y: &Tensor) -> Result<Tensor> {
     let c = Tensor::from_f64(
         uniform_vec(y.numel(), -1.0, 1.0, 99),
@@ -218,7 +207,7 @@ fn p4_layer_gradcheck_in_f64() {
             };
             let proto = make();
             let mut inputs = vec![common::f64t(&uniform_vec(7 * 5, -1.0, 1.0, 47), &[7, 5])];
-            for (i, (name, p)) in params_of(&proto).into_iter().enumerate() {
+            for (i, (name, p)) in proto.named_params().into_iter().enumerate() {
                 let value = if name.ends_with("b1") || name.ends_with("b2") {
                     Tensor::from_f64(
                         uniform_vec(p.get().numel(), -0.3, 0.3, 60 + i as u64),
@@ -233,7 +222,7 @@ fn p4_layer_gradcheck_in_f64() {
             }
             let f = |v: &[Tensor]| -> Result<Tensor> {
                 let l = make();
-                for ((_, p), value) in params_of(&l).iter().zip(&v[1..]) {
+                for ((_, p), value) in l.named_params().iter().zip(&v[1..]) {
                     p.set(value.clone())?;
                 }
                 loss_of(&l.forward(&v[0])?.y)
@@ -289,7 +278,7 @@ fn gpu_matches_cpu() {
             let l = MoeLayer::new(&cfg, dev).unwrap();
             l.load_state("router.selection_bias", &bias).unwrap();
             l.set_training(false);
-            for (_, p) in params_of(&l) {
+            for (_, p) in l.named_params() {
                 p.set(p.get().to_dtype(dtype).unwrap()).unwrap();
             }
             let xd = common::tensor_on(x.clone(), &[33, 5], dtype, dev)
@@ -306,7 +295,7 @@ fn gpu_matches_cpu() {
                 xd.grad().unwrap().to_vec_f64().unwrap(),
             ];
             v.extend(
-                params_of(&l)
+                l.named_params()
                     .iter()
                     .map(|(_, p)| p.grad().unwrap().to_vec_f64().unwrap()),
             );

@@ -8,6 +8,13 @@ use moegrad::data::{Dataset, Mnist, SyntheticB, multimnist};
 use moegrad::train::{DataKind, TrainConfig, build_model, build_synthetic_b};
 use moegrad::{DType, Device, Result, Tensor};
 
+/// `len` values drawn uniformly from `[lo, hi)` with a fixed seed.
+pub fn uniform_vec(len: usize, lo: f64, hi: f64, seed: u64) -> Vec<f64> {
+    use rand::{RngExt, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+    (0..len).map(|_| rng.random_range(lo..hi)).collect()
+}
+
 /// The GPU, or `None` (after printing why) when there is no adapter and the GPU is not required.
 pub fn gpu_or_skip(test: &str) -> Option<Device> {
     match Device::gpu() {
