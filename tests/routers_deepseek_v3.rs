@@ -322,7 +322,10 @@ fn p5_layer_gradcheck_in_f64() {
             inputs.push(value);
         }
         assert!(
-            proto.named_params().iter().any(|(n, _)| n.contains("router")),
+            proto
+                .named_params()
+                .iter()
+                .any(|(n, _)| n.contains("router")),
             "the gate must be among the checked inputs"
         );
         let f = |v: &[Tensor]| -> Result<Tensor> {
