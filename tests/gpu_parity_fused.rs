@@ -685,6 +685,7 @@ fn random_routing(
         metrics: Vec::new(),
         score: None,
         selection: None,
+        defaults: None,
     }
 }
 

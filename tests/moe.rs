@@ -635,6 +635,7 @@ fn manual_routing(
         metrics: Vec::new(),
         score: None,
         selection: None,
+        defaults: None,
     }
 }
 

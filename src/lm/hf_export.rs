@@ -21,7 +21,7 @@
 //! | family | routers | transformers' rule |
 //! |---|---|---|
 //! | `mixtral` | `topk`, `topk-noisy` | softmax, top-k, renormalised (the noise is training-only; its weights are dropped) |
-//! | `qwen2-moe`, `olmoe` | `topk`, `topk-noisy` (`norm_topk_prob` true); `topk-unnorm`, `switch` at k = 1 (false) | softmax, top-k, renormalised or not |
+//! | `qwen2-moe`, `olmoe` | `topk`, `topk-noisy` (`norm_topk_prob` true); `topk-unnorm`, `default-moe`, `switch` at k = 1 (false) | softmax, top-k, renormalised or not |
 //! | `deepseek-moe` | `deepseek-v3` | sigmoid, correction bias, group-limited top-k |
 //!
 //! Every other router (`moesart`, `sparsemixer`, `dselect-k`, `hash`, `threshold`, …) routes by
@@ -231,14 +231,14 @@ fn exportable(arch: Architecture) -> Result<Architecture> {
             (Family::Mixtral | Family::Qwen2Moe | Family::Olmoe, "topk" | "topk-noisy", _) => {
                 "topk"
             }
-            (_, "topk-unnorm", _) if unnormalised => "topk-unnorm",
+            (_, "topk-unnorm" | "default-moe", _) if unnormalised => "topk-unnorm",
             (_, "switch", 1) if unnormalised => "topk-unnorm",
             (_, other, k) => {
                 let allowed = match family {
                     Family::Mixtral => "topk or topk-noisy (softmax, top-k, renormalised)",
                     Family::DeepseekMoe => "deepseek-v3",
                     _ => {
-                        "topk, topk-noisy, topk-unnorm or switch at k = 1 (softmax, top-k, renormalised or not)"
+                        "topk, topk-noisy, topk-unnorm, default-moe or switch at k = 1 (softmax, top-k, renormalised or not)"
                     }
                 };
                 return Err(Error::Invalid(format!(
@@ -251,6 +251,13 @@ fn exportable(arch: Architecture) -> Result<Architecture> {
             return Err(Error::Invalid(format!(
                 "--balance {}: the run chooses its experts with a selection bias, which transformers' {} gate does not have (only DeepSeek-V3's e_score_correction_bias is one), so the exported model would choose other experts; export a run balanced with --balance aux or none",
                 m.balancing.method.name(),
+                family.name()
+            )));
+        }
+        if m.null_experts > 0 {
+            return Err(Error::Invalid(format!(
+                "--null-experts {}: transformers' {} has no null experts (its gate scores only real ones), so the exported model would route differently; export a run without them",
+                m.null_experts,
                 family.name()
             )));
         }

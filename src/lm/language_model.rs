@@ -56,6 +56,7 @@ pub fn decoder_config(cfg: &TrainConfig, vocab: usize) -> Option<DecoderConfig> 
             balance_loss: cfg.balance_loss,
             balancing: cfg.balancing,
             z_loss: cfg.z_loss,
+            null_experts: cfg.null_experts,
             shared: SharedExpertsConfig {
                 count: cfg.shared_experts,
                 hidden: if cfg.shared_hidden == 0 {
@@ -160,6 +161,7 @@ pub fn model_config(cfg: &TrainConfig, vocab: usize) -> Result<Architecture> {
                 m.balance_loss = cfg.balance_loss;
                 m.balancing = cfg.balancing;
                 m.z_loss = cfg.z_loss;
+                m.null_experts = cfg.null_experts;
             }
             Architecture::Decoder(d)
         }

@@ -116,6 +116,7 @@ pub fn gpt_config(cfg: &TrainConfig, vocab: usize) -> GptConfig {
             layer.balance_loss = cfg.balance_loss;
             layer.balancing = cfg.balancing;
             layer.z_loss = cfg.z_loss;
+            layer.null_experts = cfg.null_experts;
             layer.router_options = cfg.router_options.clone();
             layer.shared = crate::moe::SharedExpertsConfig {
                 count: cfg.shared_experts,

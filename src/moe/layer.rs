@@ -18,8 +18,8 @@ use super::score_function::ScoreTerm;
 use super::shared_experts::{SharedExperts, SharedExpertsConfig};
 use super::stats::RoutingStats;
 use super::{BalanceMethod, BalanceScope, Balancing};
+use super::{DefaultTerm, Routing, aux_loss};
 use super::{Router, RouterConfig, build_router};
-use super::{Routing, aux_loss};
 use crate::nn::{Activation, Param, Parameters, join};
 use crate::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
@@ -70,6 +70,10 @@ pub struct MoeConfig {
     pub gate_bias: bool,
     /// the experts every token uses besides its routed ones (none by default)
     pub shared: SharedExpertsConfig,
+    /// null experts (AdaMoE, MoE++): `N` extra router outputs whose expert outputs zero at no
+    /// cost, so a token that picks some of them uses fewer real experts (0 by default; see
+    /// [`MoeLayer::routed_experts`] and docs/routers.md, "Null experts")
+    pub null_experts: usize,
 }
 
 /// The expert architecture.
@@ -107,6 +111,7 @@ impl MoeConfig {
             expert_bias: true,
             gate_bias: true,
             shared: SharedExpertsConfig::default(),
+            null_experts: 0,
         }
     }
 
@@ -115,7 +120,9 @@ impl MoeConfig {
     pub fn router_config(&self, seed: u64) -> RouterConfig {
         RouterConfig {
             d: self.d,
-            experts: self.experts,
+            d_out: self.d_out,
+            // the router scores the null experts too
+            experts: self.experts + self.null_experts,
             k: self.k,
             jitter: self.jitter,
             seed,
@@ -168,7 +175,13 @@ impl MoeLayer {
     /// Builds the router and the experts from the config.
     pub fn new(cfg: &MoeConfig, device: Device) -> Result<MoeLayer> {
         let router = build_router(&cfg.router, &cfg.router_config(cfg.seed), device)?;
-        check_balancing(&cfg.balancing, router.as_ref(), cfg.k, cfg.experts)?;
+        check_balancing(
+            &cfg.balancing,
+            router.as_ref(),
+            cfg.k,
+            cfg.experts + cfg.null_experts,
+        )?;
+        check_null_experts(cfg, router.as_ref())?;
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let experts: Box<dyn ExpertNet> = match cfg.expert_kind {
             ExpertKind::Mlp => {
@@ -231,6 +244,13 @@ impl MoeLayer {
     /// [`MoeLayer::set_loss_weights`].
     pub fn config(&self) -> &MoeConfig {
         &self.config
+    }
+
+    /// The experts the router scores: the real ones plus the null experts
+    /// ([`MoeConfig::null_experts`]). Balance counts, the selection bias and Default MoE's
+    /// vectors have this size; the experts, the dispatch and the diagnostics have `n`.
+    pub fn routed_experts(&self) -> usize {
+        self.config.experts + self.config.null_experts
     }
 
     /// Sets the capacity in training (`capacity`) and in evaluation (`eval_capacity`): they
@@ -461,7 +481,15 @@ impl MoeLayer {
         seq_len: Option<usize>,
     ) -> Result<MoeOutput> {
         let t = x.shape()[0];
+        let n = self.config.experts;
+        let nulls = self.config.null_experts;
+        // the routers score n + N experts; only the n real ones are dispatched
         let routing = Routing::concat(routings)?;
+        let routing = if nulls > 0 {
+            routing.without_null_experts(n)?
+        } else {
+            routing
+        };
         // Capacity counts slots, or tokens for routers whose experts per token vary (XMoE).
         let variable = self.router.variable_experts_per_token();
         let counted = if variable {
@@ -485,6 +513,9 @@ impl MoeLayer {
             .reshape(&[a, 1])?;
         let contrib = out.mul(&w)?;
         let mut y = contrib.index_scatter(0, &plan.row_token, t * routings.len())?;
+        if self.training.load(Ordering::Relaxed) {
+            y = add_default_terms(y, routings, &out, &plan, (n, nulls))?;
+        }
         if let Some(omega) = &self.omega {
             // y = ω ⊙ Σ w·f: the same as scaling every expert output by ω before the combine
             y = y.mul(&omega.get().to_dtype(y.dtype())?)?;
@@ -497,7 +528,7 @@ impl MoeLayer {
         let training = self.training.load(Ordering::Relaxed);
         let balancing = self.config.balancing;
         // valid assignments per expert of each routing, before capacity (no gradient)
-        let routed: Vec<Tensor> = if routings.len() == 1 && !variable {
+        let routed: Vec<Tensor> = if routings.len() == 1 && !variable && nulls == 0 {
             // one routing counting every slot: the plan has counted them
             vec![plan.routed_per_expert.clone()]
         } else {
@@ -558,14 +589,28 @@ impl MoeLayer {
                 &kept_w,
             )
         })?;
+        let mut metrics: Vec<(&'static str, Tensor)> =
+            routings.iter().flat_map(|r| r.metrics.clone()).collect();
+        if nulls > 0 {
+            // real experts per token: the valid assignments left after removing the null ones
+            let per_token = crate::no_grad(|| {
+                routing
+                    .valid
+                    .to_dtype(crate::DType::F32)?
+                    .sum_all()?
+                    .mul_scalar(1.0 / routing.tokens.max(1) as f64)
+            })?;
+            metrics.push(("real_experts_per_token", per_token));
+        }
         let stats = RoutingStats {
             kept_per_expert: plan.kept_per_expert.clone(),
             weight_per_expert,
             routed_per_expert: plan.routed_per_expert.clone(),
+            // the diagnostics describe the real experts (`without_null_experts`)
             probs: routing.probs.detach(),
             logits: routing.logits.detach(),
             tokens: t * routings.len(),
-            metrics: routings.iter().flat_map(|r| r.metrics.clone()).collect(),
+            metrics,
         };
         Ok(MoeOutput {
             y,
@@ -574,6 +619,86 @@ impl MoeLayer {
             score_terms: routings.iter().filter_map(|r| r.score.clone()).collect(),
         })
     }
+}
+
+/// Default MoE's step (`default_outputs.rs`), for the routings that carry a [`DefaultTerm`]:
+/// updates their default outputs from the rows the experts just computed (`out`, kept rows
+/// only) and adds `d − sg(d)`, `d = U·Ê`, to their tokens' rows of `y` — zero in value, the
+/// unselected experts' share of the router gradient in the backward pass.
+fn add_default_terms(
+    y: Tensor,
+    routings: &[Routing],
+    out: &Tensor,
+    plan: &DispatchPlan,
+    (n, nulls): (usize, usize),
+) -> Result<Tensor> {
+    if routings.iter().all(|r| r.defaults.is_none()) {
+        return Ok(y);
+    }
+    let (a, m) = (out.shape()[0], out.shape()[1]);
+    // per routed expert; a null expert never computes a row, so its default stays 0
+    let (sums, counts) = crate::no_grad(|| {
+        let kept = plan.row_kept.to_dtype(out.dtype())?.reshape(&[a, 1])?;
+        let sums = out
+            .detach()
+            .mul(&kept)?
+            .index_scatter(0, &plan.row_expert_clamped, n)?;
+        if nulls == 0 {
+            return Ok((sums, plan.kept_per_expert.clone()));
+        }
+        let zeros =
+            |shape: &[usize], like: &Tensor| Tensor::zeros(shape, like.dtype(), like.device());
+        Ok::<_, Error>((
+            Tensor::concat(&[sums.clone(), zeros(&[nulls, m], &sums)?], 0)?,
+            Tensor::concat(
+                &[
+                    plan.kept_per_expert.clone(),
+                    zeros(&[nulls], &plan.kept_per_expert)?,
+                ],
+                0,
+            )?,
+        ))
+    })?;
+    let mut parts = Vec::with_capacity(routings.len());
+    for r in routings {
+        parts.push(match &r.defaults {
+            Some(DefaultTerm {
+                unselected,
+                outputs,
+            }) => {
+                outputs.update(&sums, &counts)?;
+                let d = outputs.dense_term(unselected)?.to_dtype(y.dtype())?;
+                d.sub(&d.detach())?
+            }
+            None => Tensor::zeros(&[r.tokens, m], y.dtype(), y.device())?,
+        });
+    }
+    let straight_through = if parts.len() == 1 {
+        parts.remove(0)
+    } else {
+        Tensor::concat(&parts, 0)?
+    };
+    y.add(&straight_through)
+}
+
+/// Fails unless `router` can route to null experts (when the config has any): a token-choice
+/// router that scores every expert; not `expert-choice` (experts choose tokens), `hash` (a
+/// fixed table) or `softmax` (every expert runs, so no token can skip one).
+fn check_null_experts(cfg: &MoeConfig, router: &dyn Router) -> Result<()> {
+    let name = router.name();
+    if cfg.null_experts > 0 && matches!(name, "expert-choice" | "hash" | "softmax") {
+        return Err(Error::Invalid(format!(
+            "--null-experts {} needs a token-choice router that picks experts per token; {name} {}",
+            cfg.null_experts,
+            match name {
+                "expert-choice" =>
+                    "lets each expert choose its tokens, so no token picks a null expert",
+                "hash" => "assigns tokens by a fixed table, not by scores",
+                _ => "runs every expert for every token",
+            }
+        )));
+    }
+    Ok(())
 }
 
 /// Fails unless `router` can be balanced as `balancing` asks ([`Balancing::check`]).
@@ -639,6 +764,8 @@ impl Routing {
             // the parts (`MoeOutput::score_terms`), not from the joined routing
             score: None,
             selection: None,
+            // the layer reads each part's defaults itself (`add_default_terms`)
+            defaults: None,
         })
     }
 }
@@ -651,7 +778,7 @@ impl MoeLayer {
 
     /// Restores one of the two window entries (the other keeps its value until it arrives).
     fn load_window(&self, name: &str, value: &Tensor) -> Result<()> {
-        let n = self.config.experts;
+        let n = self.routed_experts();
         let mut device = Device::Cpu;
         self.experts
             .visit_params("", &mut |_, p| device = p.get().device());

@@ -11,6 +11,7 @@
 mod aux_loss;
 mod balancing;
 mod cnn_experts;
+mod default_outputs;
 mod dense_to_sparse;
 mod diagnostics;
 mod dispatch;
@@ -28,6 +29,7 @@ mod stats;
 pub use aux_loss::{balance_loss, sequence_balance_loss, z_loss};
 pub use balancing::{BalanceMethod, BalanceScope, Balancing};
 pub use cnn_experts::{CNN_EXPERT_OUT, CnnExpertBank};
+pub use default_outputs::DefaultOutputs;
 pub use dense_to_sparse::{DenseFfn, SplitScale, decompose_ffn};
 pub use diagnostics::{CollapseAlarm, LayerDiagnostics, RoutingDiagnostics, RoutingWindow, Spread};
 pub use dispatch::{Capacity, DispatchPlan};
@@ -40,7 +42,7 @@ pub use router_registry::{
 pub use router_trait::{
     LinearGate, Router, RouterConfig, normal_noise, parse_router_options, uniform_noise,
 };
-pub use routing_output::{Routing, Selection};
+pub use routing_output::{DefaultTerm, Routing, Selection};
 pub(crate) use routing_output::{arange_f, slot_tables};
 pub use score_function::{RunningBaseline, ScoreTerm, add_surrogates};
 pub use selection_bias::SelectionBias;

@@ -172,6 +172,7 @@ pub const BIASABLE_ROUTERS: &[&str] = &[
     "deepseek-v3",
     "sigmoid-topk",
     "softplus-topk",
+    "default-moe",
 ];
 
 /// The spec of router `name`; an unknown name is an error listing the valid ones.

@@ -18,6 +18,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 pub struct RouterConfig {
     /// input width d
     pub d: usize,
+    /// the experts' output width (`d` unless the layer says otherwise; Default MoE's vectors
+    /// have it)
+    pub d_out: usize,
     /// number of experts n
     pub experts: usize,
     /// experts per token k (Expert Choice: average experts per token, k' = round(T·k/n))
@@ -43,6 +46,7 @@ impl RouterConfig {
     pub fn new(d: usize, experts: usize, k: usize) -> RouterConfig {
         RouterConfig {
             d,
+            d_out: d,
             experts,
             k,
             jitter: 0.1,

@@ -6,6 +6,7 @@
 //! dispatch plan sees the same list. Only `weight` carries gradient (through the router's own
 //! backward rule); indices never do.
 
+use super::default_outputs::DefaultOutputs;
 use super::score_function::ScoreTerm;
 use super::selection_bias::SelectionBias;
 use crate::{DType, Device, Result, Tensor};
@@ -47,6 +48,19 @@ pub struct Routing {
     /// by and the bias itself, which aux-free and quantile balancing update
     /// ([`Routing::with_selection`]); None for the others
     pub selection: Option<Selection>,
+    /// for `default-moe`, in training: the probabilities of the experts each token did not use
+    /// and the default outputs that answer for them, which the layer turns into the dense
+    /// router gradient ([`DefaultTerm`]); None for the others
+    pub defaults: Option<DefaultTerm>,
+}
+
+/// What Default MoE's layer step needs from its router (`default_outputs.rs`).
+#[derive(Clone, Debug)]
+pub struct DefaultTerm {
+    /// `[T, n]` tracked: `π` with each token's chosen experts zeroed
+    pub unselected: Tensor,
+    /// the router's default outputs (a shared handle: updating it updates the router)
+    pub outputs: DefaultOutputs,
 }
 
 /// How a router with a selection-only bias chose its experts.
@@ -100,7 +114,41 @@ impl Routing {
             metrics: Vec::new(),
             score: None,
             selection: None,
+            defaults: None,
         })
+    }
+
+    /// The routing the experts run, for a router that also scores `N` null experts (indices
+    /// `n..n+N`, [`crate::moe::MoeConfig::null_experts`]): an assignment to a null expert
+    /// becomes invalid (it computes nothing and adds nothing; its weight stays, multiplying a
+    /// zero output), `experts` becomes `n`, and `probs`/`logits` keep the real experts' columns,
+    /// `probs` renormalised per token, for the diagnostics. No gradient flows through the
+    /// changes (the weights are untouched).
+    pub fn without_null_experts(mut self, n: usize) -> Result<Routing> {
+        let routed = self.experts;
+        if n == 0 || n > routed {
+            return Err(crate::Error::Invalid(format!(
+                "a routing over {routed} experts has no {n} real ones"
+            )));
+        }
+        if n == routed {
+            return Ok(self);
+        }
+        crate::no_grad(|| {
+            let ft = self.valid.dtype();
+            let e = self.expert.to_dtype(ft)?;
+            let real = e.lt(&Tensor::scalar(n as f64, ft, e.device())?)?; // 1 for a real expert
+            self.valid = self.valid.mul(&real)?;
+            // a null assignment points at expert 0, invalid (the plan skips it)
+            self.expert = e.mul(&real)?.to_dtype(DType::I32)?;
+            let p = self.probs.detach().slice(1, 0, n)?;
+            let mass = p.sum(&[1], true)?.add_scalar(1e-12)?;
+            self.probs = p.div(&mass)?;
+            self.logits = self.logits.detach().slice(1, 0, n)?;
+            Ok::<_, crate::Error>(())
+        })?;
+        self.experts = n;
+        Ok(self)
     }
 
     /// The same routing, marked as chosen by the biased scores `chosen` (`[T, n]`) of `bias`.

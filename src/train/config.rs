@@ -241,6 +241,9 @@ pub struct TrainConfig {
     /// MoE layers: shared experts every token uses (0: none)
     #[serde(default)]
     pub shared_experts: usize,
+    /// MoE layers: null experts, which output zero at no cost (0: none; `MoeConfig::null_experts`)
+    #[serde(default)]
+    pub null_experts: usize,
     /// MoE layers: hidden width of each shared expert (0: `expert_hidden`)
     #[serde(default)]
     pub shared_hidden: usize,
@@ -289,7 +292,7 @@ pub const IMAGE_FLAGS: &[&str] = &["--epochs", "--train-limit", "--test-limit"];
 pub const MAX_EVAL_WINDOWS: usize = 100_000;
 
 /// The flags that only a model with an MoE layer reads, as the command line spells them.
-pub const MOE_FLAGS: [&str; 13] = [
+pub const MOE_FLAGS: [&str; 14] = [
     "--router",
     "--experts",
     "--k",
@@ -303,6 +306,7 @@ pub const MOE_FLAGS: [&str; 13] = [
     "--balance-rate",
     "--z-loss",
     "--router-opt",
+    "--null-experts",
 ];
 
 /// The hidden width of `moe-mlp`'s experts when none is given (also for metadata written
@@ -370,6 +374,7 @@ impl Default for TrainConfig {
             tokenizer: default_tokenizer(),
             kv_heads: 0,
             shared_experts: 0,
+            null_experts: 0,
             shared_hidden: 0,
             shared_gate: false,
             architecture: None,
@@ -435,6 +440,7 @@ impl TrainConfig {
         self.balance_loss = m.balance_loss;
         self.balancing = m.balancing;
         self.shared_experts = m.shared.count;
+        self.null_experts = m.null_experts;
         self.shared_hidden = m.shared.hidden;
         self.shared_gate = m.shared.gate;
     }

@@ -238,6 +238,7 @@ fn moe_config(cfg: &TrainConfig, d: usize, hidden: usize, experts: usize) -> Moe
     mc.balance_loss = cfg.balance_loss;
     mc.balancing = cfg.balancing;
     mc.z_loss = cfg.z_loss;
+    mc.null_experts = cfg.null_experts;
     mc.router_options = cfg.router_options.clone();
     mc.seed = cfg.seed;
     mc

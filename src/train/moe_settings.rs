@@ -27,7 +27,13 @@ pub(super) fn validate(cfg: &TrainConfig) -> Result<()> {
     let router = cfg.router.as_str();
     let takes_bias = crate::moe::BIASABLE_ROUTERS.contains(&router);
     cfg.balancing
-        .check(router, takes_bias, cfg.k, cfg.experts)?;
+        .check(router, takes_bias, cfg.k, cfg.experts + cfg.null_experts)?;
+    if cfg.null_experts > 0 && matches!(router, "expert-choice" | "hash" | "softmax") {
+        return bad(format!(
+            "--null-experts {} needs a router that picks experts per token by their scores; --router {router} does not (use topk, switch, deepseek-v3, ...)",
+            cfg.null_experts
+        ));
+    }
     if cfg.balancing.scope == crate::moe::BalanceScope::Sequence && !cfg.model.is_lm() {
         return bad(format!(
             "--balance-scope sequence balances each sequence of a language model; --model {} sees one token per example (use batch or global)",

@@ -48,6 +48,7 @@ pub const TORCH_ROUTERS: &[&str] = &[
     "topk",
     "topk-noisy",
     "topk-unnorm",
+    "default-moe",
     "smoe",
     "vmoe",
     "switch",
@@ -233,6 +234,12 @@ fn exportable(cfg: &TrainConfig) -> Result<()> {
         return Err(Error::Invalid(format!(
             "--balance {}: the run chooses its experts with a selection bias that model.py's routers do not add, so the exported model would choose other experts (export a run balanced with --balance aux or none)",
             cfg.balancing.method.name()
+        )));
+    }
+    if cfg.null_experts > 0 {
+        return Err(Error::Invalid(format!(
+            "--null-experts {}: model.py's routers score only the real experts (export a run without null experts)",
+            cfg.null_experts
         )));
     }
     Ok(())

@@ -113,7 +113,7 @@ class LinearRouter(nn.Module):
     * `softmax`: every expert, g = softmax(logits) (dense MoE);
     * `topk`, `topk-noisy`: p = softmax(logits), the k largest, renormalised (Shazeer et al.
       2017; the noise is training-only);
-    * `topk-unnorm`, `smoe`, `vmoe`: the k largest of p, weights p (not renormalised);
+    * `topk-unnorm`, `default-moe`, `smoe`, `vmoe`: the k largest of p, weights p (not renormalised);
     * `switch`, `st`, `gumbel-st`, `reinforce`, `reinmax`: the argmax, weight p of it (Switch;
       the estimators sample only in training);
     * `moesart`: the k largest logits, weights 1/k (MOESART's inference, its strategy (iii)
@@ -136,7 +136,7 @@ class LinearRouter(nn.Module):
         if rule in ("topk", "topk-noisy"):
             w, idx = p.topk(k, dim=-1)
             return dense_gates(n, idx, w / w.sum(-1, keepdim=True))
-        if rule in ("topk-unnorm", "smoe", "vmoe"):
+        if rule in ("topk-unnorm", "default-moe", "smoe", "vmoe"):
             w, idx = p.topk(k, dim=-1)
             return dense_gates(n, idx, w)
         if rule in ("switch", "st", "gumbel-st", "reinforce", "reinmax"):

@@ -71,6 +71,7 @@ impl Router for ExpertChoiceRouter {
             metrics: Vec::new(),
             score: None,
             selection: None,
+            defaults: None,
         })
     }
 }

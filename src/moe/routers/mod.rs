@@ -34,9 +34,11 @@ router_files! {
     deepseek_v3 => [SPEC],
     scored_topk => [SPEC_SIGMOID, SPEC_SOFTPLUS],
     remoe => [SPEC],
+    default_moe => [SPEC],
 }
 
 pub use deepseek_v3::DeepSeekV3Router;
+pub use default_moe::DefaultMoeRouter;
 pub use dselect_k::{
     DSELECT_K_OPTIONS, DSelectKKind, DSelectKOptions, DSelectKRouter, UnusedCodes, selector_bits,
     selector_probs, smooth_step,

@@ -126,6 +126,11 @@ pub(super) struct TrainArgs {
     /// the router selects by).
     #[arg(long, default_value_t = 1e-3, allow_negative_numbers = true)]
     balance_rate: f64,
+    /// MoE: null experts (AdaMoE, MoE++): N extra experts the router may pick that output zero
+    /// at no cost, so tokens use between 0 and k real experts (reported as
+    /// real_experts_per_token); token-choice routers only.
+    #[arg(long, default_value_t = 0)]
+    null_experts: usize,
     /// MoE: router z-loss coefficient.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     z_loss: f64,
@@ -310,6 +315,7 @@ impl TrainArgs {
             c.balancing = image.balancing;
         }
         c.kv_heads = self.kv_heads;
+        c.null_experts = image.null_experts;
         if let Some(n) = self.shared_experts {
             c.shared_experts = n;
         }
@@ -432,6 +438,7 @@ impl TrainArgs {
                 rate: self.balance_rate,
             },
             z_loss: self.z_loss,
+            null_experts: self.null_experts,
             collapse_dead: self.collapse_dead,
             collapse_share: self.collapse_share,
             router_options: moegrad::moe::parse_router_options(&self.router_opt)?,
