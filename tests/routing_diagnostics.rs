@@ -82,6 +82,8 @@ fn diagnostics_match_hand_computed_values_with_a_dead_expert_and_a_drop() {
         assert_eq!(a.dead_experts, 1, "{dev}");
         close("top share", a.top_share, 3.0 / 4.0);
         close("drop rate", a.drop_rate, 1.0 / 8.0);
+        // 8 routed assignments over 4 tokens: k = 2 each
+        close("experts per token", a.experts_per_token, 2.0);
         assert_eq!(
             (a.tokens, a.kept_assignments, a.routed_assignments),
             (4, 7.0, 8.0)

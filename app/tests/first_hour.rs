@@ -474,6 +474,10 @@ fn messages_say_what_is_wrong() {
         ),
         (&["--balance-rate", "0"], &["--balance-rate"]),
         (&["--balance", "sinkhorn"], &["--balance", "aux-free"]),
+        (
+            &["--router", "expert-choice", "--null-experts", "2"],
+            &["--null-experts 2", "expert-choice"],
+        ),
     ] {
         let mut a = vec!["train", "--model", "moe-mlp", "--epochs", "1", "--out"];
         a.push("balance-refused");

@@ -391,6 +391,68 @@ fn language_models_train_and_resume_with_every_balancer() {
     }
 }
 
+/// `--null-experts`: `mixtral` and `moe-gpt` with two null experts train, resume bit for bit,
+/// route fewer than k real experts per token (the diagnostics and the summary say how many), and
+/// refuse to export to transformers, which has no null experts.
+#[test]
+fn null_experts_train_resume_and_are_counted() {
+    for model in [ModelKind::Mixtral, ModelKind::MoeGpt] {
+        let what = model.name();
+        let (a, b) = (tmp("null-straight"), tmp("null-resumed"));
+        let mut cfg = tiny(model, &a);
+        cfg.null_experts = 2;
+        cfg.schedule_epochs = 2;
+        let straight = run(&cfg, quiet()).unwrap();
+        let mut first = cfg.clone();
+        first.out = b.clone();
+        first.iters = 20;
+        let half = run(&first, quiet()).unwrap();
+        assert!(
+            straight.val_loss < half.val_loss,
+            "{what}: the loss did not fall"
+        );
+        let mut second = first.clone();
+        second.iters = 40;
+        let resumed = run(
+            &second,
+            RunOptions {
+                resume: true,
+                ..quiet()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (resumed.val_loss, resumed.train_loss),
+            (straight.val_loss, straight.train_loss),
+            "{what}"
+        );
+        let routing = straight.routing.as_ref().expect("routing diagnostics");
+        let per_token = routing.experts_per_token.median;
+        assert!(
+            per_token > 0.0 && per_token < 2.0,
+            "{what}: {per_token} real experts per token with 2 null experts at k = 2"
+        );
+        assert_eq!(
+            routing.layers[0].load.len(),
+            4,
+            "{what}: diagnostics over the real experts"
+        );
+        if model == ModelKind::Mixtral {
+            let err = moegrad::lm::export_checkpoint(
+                &a.join("checkpoint.safetensors"),
+                &tmp("null-hf"),
+                moegrad::lm::HfLayout::Legacy,
+            )
+            .unwrap_err()
+            .to_string();
+            assert!(err.contains("--null-experts"), "{err}");
+        }
+        for d in [a, b] {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
 /// The routing diagnostics are read at `--log-every` with the loss: each step message of an MoE
 /// run ends with their short form, a dense run's does not.
 #[test]

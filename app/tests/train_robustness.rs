@@ -255,6 +255,35 @@ fn every_balancer_resumes_bit_for_bit() {
     );
 }
 
+/// `--null-experts` on an image model: trains and resumes bit for bit (the router scores the
+/// null experts, the aux-free bias covers them), and the PyTorch export refuses it.
+#[test]
+fn null_experts_resume_bit_for_bit() {
+    use moegrad::moe::BalanceMethod;
+    for (name, method) in [
+        ("null-aux", BalanceMethod::Aux),
+        ("null-free", BalanceMethod::AuxFree),
+    ] {
+        let mut straight = tiny("topk", &format!("straight-{name}"));
+        straight.null_experts = 2;
+        straight.balancing.method = method;
+        straight.balancing.rate = 0.05;
+        let diffs = resume_differences(&straight, &format!("split-{name}"));
+        assert!(diffs.is_empty(), "{name}: {}", diffs.join(", "));
+        let err = moegrad::train::export_torch(
+            &straight.out.join("checkpoint.safetensors"),
+            &outdir(&format!("torch-{name}")),
+            false,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("--null-experts") || err.contains("--balance"),
+            "{err}"
+        );
+    }
+}
+
 #[test]
 fn a_cosine_trained_in_parts_follows_the_cosine_of_one_run() {
     let straight = TrainConfig {

@@ -16,6 +16,7 @@
 //! | `token_entropy` | the mean over tokens of `H(p_t)`, nats (low: confident routing) | — |
 //! | `logit_rms`, `logit_max` | `√(mean logit²)` and `max |logit|` (what the z-loss bounds) | — |
 //! | `drop_rate` | `1 − kept/routed` | 0 |
+//! | `experts_per_token` | routed assignments / `T`: the real experts a token is routed to (fewer than k with null experts; varies with `threshold`, `remoe`) | k |
 //!
 //! A multi-gate layer counts each task's routing of a token as a token of its own.
 
@@ -64,6 +65,9 @@ pub struct LayerDiagnostics {
     pub logit_max: f64,
     /// fraction of routed assignments dropped by capacity
     pub drop_rate: f64,
+    /// real experts each token was routed to, on average (before capacity; null experts do
+    /// not count)
+    pub experts_per_token: f64,
     /// tokens routed in the window
     pub tokens: usize,
     /// assignments kept (after capacity) in the window
@@ -121,6 +125,8 @@ pub struct RoutingDiagnostics {
     pub drop_rate: Spread,
     /// `logit_max` across layers
     pub logit_max: Spread,
+    /// `experts_per_token` across layers
+    pub experts_per_token: Spread,
 }
 
 impl RoutingDiagnostics {
@@ -133,6 +139,7 @@ impl RoutingDiagnostics {
             routing_entropy_ratio: spread(|l| l.routing_entropy_ratio),
             drop_rate: spread(|l| l.drop_rate),
             logit_max: spread(|l| l.logit_max),
+            experts_per_token: spread(|l| l.experts_per_token),
             layers,
         }
     }
@@ -244,6 +251,7 @@ impl RoutingWindow {
                 } else {
                     0.0
                 },
+                experts_per_token: routed_all / l.tokens.max(1) as f64,
                 tokens: l.tokens,
                 kept_assignments: kept_all,
                 routed_assignments: routed_all,

@@ -589,19 +589,6 @@ impl MoeLayer {
                 &kept_w,
             )
         })?;
-        let mut metrics: Vec<(&'static str, Tensor)> =
-            routings.iter().flat_map(|r| r.metrics.clone()).collect();
-        if nulls > 0 {
-            // real experts per token: the valid assignments left after removing the null ones
-            let per_token = crate::no_grad(|| {
-                routing
-                    .valid
-                    .to_dtype(crate::DType::F32)?
-                    .sum_all()?
-                    .mul_scalar(1.0 / routing.tokens.max(1) as f64)
-            })?;
-            metrics.push(("real_experts_per_token", per_token));
-        }
         let stats = RoutingStats {
             kept_per_expert: plan.kept_per_expert.clone(),
             weight_per_expert,
@@ -610,7 +597,7 @@ impl MoeLayer {
             probs: routing.probs.detach(),
             logits: routing.logits.detach(),
             tokens: t * routings.len(),
-            metrics,
+            metrics: routings.iter().flat_map(|r| r.metrics.clone()).collect(),
         };
         Ok(MoeOutput {
             y,

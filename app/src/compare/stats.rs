@@ -196,17 +196,19 @@ pub const SUMMARY_METRICS: &[&str] = &[
     "top_share",
     "routing_entropy_ratio",
     "logit_max",
+    "experts_per_token",
 ];
 
 /// The routing diagnostics [`final_metrics`] takes from an MoE run's summary, each at the worst
 /// layer: the most dead experts, the largest load/ideal, busiest share and logit, the lowest
-/// exp(H)/n.
+/// exp(H)/n; and the median layer's real experts per token.
 const ROUTING_METRICS: &[(&str, &str)] = &[
     ("dead_experts", "max"),
     ("load_max_over_ideal", "max"),
     ("top_share", "max"),
     ("routing_entropy_ratio", "min"),
     ("logit_max", "max"),
+    ("experts_per_token", "median"),
 ];
 
 /// Reads a run's `metrics.jsonl` (lines that do not parse are skipped: a run killed mid-line).
