@@ -86,6 +86,7 @@ fn lab_problem(loss: LossKind, seed: u64) -> Problem {
         scale: 1.0,
         offset: 0.0,
         eps: 1.0,
+        shared: 0.0,
         seed,
     })
 }

@@ -610,3 +610,124 @@ fn the_progress_bar_counts_every_draw_of_every_estimator() {
     moegrad::estimator_lab::run_lab_with_progress(&cfg, &mut bar).unwrap();
     assert_eq!((bar.0.position(), bar.0.length()), (14, Some(14)));
 }
+
+/// The dense problem (`--problem dense`): its reference gradients are the gradients of their
+/// losses (finite differences of `Σ_t g(Σ_i w_i f_i)` with w = π, and w = ReLU(θ) for remoe).
+#[test]
+fn dense_and_relu_gradients_are_the_gradients_of_their_losses() {
+    use moegrad::estimator_lab::{dense_gradient, relu_gradient};
+    for loss in [LossKind::Linear, LossKind::Quadratic, LossKind::Logistic] {
+        let p = problem(loss, 3, 5, 3, 13);
+        let mixture = |logits: &[f64], relu: bool| -> f64 {
+            let (n, d) = (5, 3);
+            (0..3)
+                .map(|t| {
+                    let w: Vec<f64> = if relu {
+                        logits[t * n..(t + 1) * n]
+                            .iter()
+                            .map(|v| v.max(0.0))
+                            .collect()
+                    } else {
+                        p.probs(logits, t)
+                    };
+                    let y: Vec<f64> = (0..d)
+                        .map(|j| (0..n).map(|i| w[i] * p.output(t, i)[j]).sum())
+                        .collect();
+                    p.loss.value(&y)
+                })
+                .sum()
+        };
+        for (relu, exact) in [(false, dense_gradient(&p)), (true, relu_gradient(&p))] {
+            let h = 1e-6;
+            let fd: Vec<f64> = (0..p.logits.len())
+                .map(|j| {
+                    let (mut up, mut down) = (p.logits.clone(), p.logits.clone());
+                    up[j] += h;
+                    down[j] -= h;
+                    (mixture(&up, relu) - mixture(&down, relu)) / (2.0 * h)
+                })
+                .collect();
+            common::assert_close(
+                &format!("{loss}, relu = {relu}"),
+                &exact.total,
+                &fd,
+                1e-7,
+                1e-6,
+            );
+            assert!((exact.loss - mixture(&p.logits, relu)).abs() < 1e-12);
+        }
+    }
+}
+
+/// On the dense problem: `softmax` is the reference itself, `remoe` the exact gradient of its
+/// own loss, `topk-unnorm` at k = n the dense MoE; `default-moe` is exact when every token's
+/// output of an expert is the same (its running mean is then the output it stands in for) and
+/// the loss is linear, while `topk-unnorm` is not; sparsemixer-v2 runs top-2.
+#[test]
+fn dense_problem_facts() {
+    let dense = |estimators: &[&str], k: usize, tune: &dyn Fn(&mut ProblemConfig)| {
+        let mut problem = ProblemConfig {
+            tokens: 48,
+            experts: 5,
+            dim: 3,
+            loss: LossKind::Logistic,
+            scale: 2.0,
+            seed: 21,
+            ..ProblemConfig::default()
+        };
+        tune(&mut problem);
+        run_lab(&LabConfig {
+            problem,
+            samples: 200,
+            estimators: estimators.iter().map(|s| s.to_string()).collect(),
+            objective: moegrad::estimator_lab::Objective::Dense,
+            k,
+            ..LabConfig::default()
+        })
+        .unwrap()
+    };
+    let r = dense(&["softmax", "remoe", "topk-unnorm"], 5, &|_| {});
+    for name in ["softmax", "remoe", "topk-unnorm"] {
+        assert!(
+            stats(&r, name).bias < 1e-12,
+            "{name}: {}",
+            stats(&r, name).bias
+        );
+    }
+    assert!(stats(&r, "remoe").experts_per_token < 5.0);
+    // outputs shared by every token (ε tiny): Default MoE's defaults are the outputs themselves,
+    // and with a linear loss (∇g the same at the sparse and the dense output) its gradient is
+    // the dense one
+    let r = dense(&["default-moe", "topk-unnorm", "sparsemixer-v2"], 2, &|p| {
+        p.shared = 1.0;
+        p.eps = 1e-9;
+        p.loss = LossKind::Linear;
+    });
+    let (dm, tk) = (stats(&r, "default-moe"), stats(&r, "topk-unnorm"));
+    assert!(dm.bias < 1e-6, "default-moe: {}", dm.bias);
+    assert!(tk.bias > 0.1, "topk-unnorm: {}", tk.bias);
+    assert!((dm.experts_per_token - 2.0).abs() < 1e-12);
+    let v2 = stats(&r, "sparsemixer-v2");
+    assert!(
+        v2.experts_per_token > 1.0 && v2.experts_per_token <= 2.0,
+        "{}",
+        v2.experts_per_token
+    );
+    assert!(v2.bias_nabla0.is_nan(), "no ∇₀ on the dense problem");
+    // refusals name the setting
+    for (estimators, k, says) in [
+        (vec!["st"], 2, "--problem dense"),
+        (vec!["topk"], 9, "--k 9"),
+    ] {
+        let err = run_lab(&LabConfig {
+            estimators: estimators.iter().map(|s| s.to_string()).collect(),
+            objective: moegrad::estimator_lab::Objective::Dense,
+            k,
+            ..LabConfig::default()
+        })
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains(says), "{err}");
+    }
+}

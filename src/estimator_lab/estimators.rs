@@ -30,6 +30,19 @@
 //! without SparseMixer's ×2 its expectation approximates ∇₀ alone, so against ∇ = ∇₀ + ∇₁ it
 //! carries a ∇₁-sized bias, like ST and REINFORCE. `bias_nabla0` in the report shows how well it
 //! does what it sets out to do.
+//!
+//! **The dense problem** (`--problem dense`, [`Objective::Dense`]) asks another question of the
+//! routers that run k experts per token: how close does each one's router gradient come to the
+//! gradient of the MoE that runs all n (`L = Σ_t g(Σ_i π_{t,i} f_{t,i})`, [`super::dense_gradient`])?
+//!
+//! | name | router run by the probe | reference | experts per token |
+//! |---|---|---|---|
+//! | `softmax` | itself (dense) | ∇ dense (exact: a check) | n |
+//! | `topk-unnorm` | itself, k | ∇ dense | k |
+//! | `topk` | itself, k (renormalised over the k) | ∇ dense | k |
+//! | `default-moe` | itself, k, β = 0: each unselected expert answers the mean of its outputs over the tokens that chose it (the EMA's fixed point on a fixed problem) | ∇ dense | k |
+//! | `sparsemixer-v2` | itself, `top=2` (GRIN's production setting) | ∇ dense | ≤ 2 |
+//! | `remoe` | itself (ReLU gates) | its own loss's exact gradient ([`super::relu_gradient`]) | the open gates |
 
 use super::GradientProbe;
 use crate::moe::RouterConfig;
@@ -41,6 +54,68 @@ pub const ESTIMATOR_NAMES: &[&str] = crate::moe::LAB_ROUTER_NAMES;
 
 /// Estimators the lab also accepts, outside the default list.
 pub const EXTRA_ESTIMATOR_NAMES: &[&str] = &["switch-jitter"];
+
+/// The estimators of the dense problem (`--problem dense`), in table order (its default list).
+pub const DENSE_ESTIMATOR_NAMES: &[&str] = &[
+    "softmax",
+    "topk-unnorm",
+    "topk",
+    "default-moe",
+    "sparsemixer-v2",
+    "remoe",
+];
+
+/// Which objective the lab measures the estimators against.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Objective {
+    /// SparseMixer's sampled top-1 layer, `L = Σ_t Σ_i π_i g(π_i f_i)` (the default)
+    #[default]
+    Sampled,
+    /// the dense mixture `L = Σ_t g(Σ_i π_i f_i)`, for routers running k experts per token
+    Dense,
+}
+
+impl Objective {
+    /// Reads `sampled` or `dense`.
+    pub fn parse(s: &str) -> Result<Objective> {
+        match s {
+            "sampled" => Ok(Objective::Sampled),
+            "dense" => Ok(Objective::Dense),
+            other => Err(Error::Invalid(format!(
+                "--problem {other:?}: expected sampled or dense"
+            ))),
+        }
+    }
+    /// The command-line name.
+    pub fn name(self) -> &'static str {
+        match self {
+            Objective::Sampled => "sampled",
+            Objective::Dense => "dense",
+        }
+    }
+    /// The estimators this objective accepts, in table order.
+    pub fn estimators(self) -> Vec<&'static str> {
+        match self {
+            Objective::Sampled => ESTIMATOR_NAMES
+                .iter()
+                .chain(EXTRA_ESTIMATOR_NAMES)
+                .copied()
+                .collect(),
+            Objective::Dense => DENSE_ESTIMATOR_NAMES.to_vec(),
+        }
+    }
+    /// Its default list.
+    pub fn default_estimators(self) -> Vec<String> {
+        match self {
+            Objective::Sampled => ESTIMATOR_NAMES.iter().map(|s| s.to_string()).collect(),
+            Objective::Dense => DENSE_ESTIMATOR_NAMES
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+        }
+    }
+}
 
 /// Every estimator name the lab accepts, comma-separated (for error messages).
 pub(super) fn known_estimators() -> String {
@@ -64,6 +139,10 @@ pub enum Target {
     Nabla1,
     /// none of them (`switch-jitter` samples from another distribution)
     Other,
+    /// the dense problem's gradient (`--problem dense`)
+    Dense,
+    /// the exact gradient of the router's own loss on the dense problem (`remoe`)
+    Own,
 }
 
 impl Target {
@@ -74,6 +153,8 @@ impl Target {
             Target::Nabla0 => "∇₀",
             Target::Nabla1 => "∇₁",
             Target::Other => "-",
+            Target::Dense => "∇ dense",
+            Target::Own => "own ∇",
         }
     }
 }
@@ -90,7 +171,7 @@ pub struct LabEstimator {
 }
 
 impl LabEstimator {
-    /// The estimator `name` for a problem with `experts` experts and logits `logits`
+    /// The estimator `name` of the sampled problem with `experts` experts and logits `logits`
     /// (`[T·n]`, to size `switch`'s shift), SparseMixer jitter `jitter`, noise seed `seed`.
     ///
     /// # Errors
@@ -105,6 +186,57 @@ impl LabEstimator {
         let mut cfg = RouterConfig::new(experts, experts, 1);
         cfg.seed = seed;
         cfg.jitter = jitter;
+        LabEstimator::sampled(name, cfg, logits)
+    }
+
+    /// The estimator `name` of the dense problem (see the module docs): `experts` experts of
+    /// output width `dim`, `k` per token, SparseMixer jitter `jitter`, noise seed `seed`.
+    ///
+    /// # Errors
+    /// A name outside [`DENSE_ESTIMATOR_NAMES`], or an error of the router (e.g. k > n).
+    pub fn dense(
+        name: &str,
+        experts: usize,
+        dim: usize,
+        k: usize,
+        jitter: f64,
+        seed: u64,
+    ) -> Result<LabEstimator> {
+        let mut cfg = RouterConfig::new(experts, experts, k);
+        cfg.d_out = dim;
+        cfg.seed = seed;
+        cfg.jitter = jitter;
+        let target = match name {
+            "softmax" | "topk-unnorm" | "topk" | "default-moe" | "sparsemixer-v2" => Target::Dense,
+            "remoe" => Target::Own,
+            other => {
+                return Err(Error::Invalid(format!(
+                    "unknown estimator {other:?} for --problem dense; expected one of {}",
+                    DENSE_ESTIMATOR_NAMES.join(", ")
+                )));
+            }
+        };
+        match name {
+            // β = 0: the defaults are this draw's means, the EMA's fixed point on a fixed problem
+            "default-moe" => {
+                cfg.options.insert("beta".into(), "0".into());
+            }
+            // GRIN's production setting
+            "sparsemixer-v2" => {
+                cfg.options.insert("top".into(), "2".into());
+            }
+            _ => {}
+        }
+        Ok(LabEstimator {
+            name: name.to_string(),
+            target,
+            probe: GradientProbe::new(name, &cfg, Device::cpu())?,
+            shift: 0.0,
+            factor: 1.0,
+        })
+    }
+
+    fn sampled(name: &str, mut cfg: RouterConfig, logits: &[f64]) -> Result<LabEstimator> {
         let (router, target, shift, factor) = match name {
             "sparsemixer" | "sparsemixer-1st" | "sparsemixer-2rd" | "reinmax" => {
                 (name, Target::Total, 0.0, 1.0)

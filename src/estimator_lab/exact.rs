@@ -81,3 +81,67 @@ pub fn exact_gradient(problem: &Problem) -> ExactGradient {
 fn scaled(f: &[f64], s: f64) -> Vec<f64> {
     f.iter().map(|v| v * s).collect()
 }
+
+/// The exact gradient of the **dense** problem's loss `L(θ) = Σ_t g(Σ_i π_{t,i} f_{t,i})`: the
+/// loss of the MoE that runs every expert, whose gradient k-sparse routers approximate
+/// (`--problem dense`, docs/estimators.md). Per token, with `a_i = ⟨∇g(y), f_i⟩`,
+/// `∂L/∂θ_k = π_k (a_k − Σ_i π_i a_i)`. ∇₀ and ∇₁ belong to the sampled problem: they are left
+/// empty.
+pub fn dense_gradient(problem: &Problem) -> ExactGradient {
+    mixture_gradient(
+        problem,
+        |pi, _| pi.to_vec(),
+        |pi, theta, a| {
+            let pa: f64 = pi.iter().zip(a).map(|(p, a)| p * a).sum();
+            (0..theta.len()).map(|k| pi[k] * (a[k] - pa)).collect()
+        },
+    )
+}
+
+/// The exact gradient of ReMoE's own loss on the problem, `L(θ) = Σ_t g(Σ_i ReLU(θ_{t,i})
+/// f_{t,i})`: `∂L/∂θ_k = 1[θ_k > 0] ⟨∇g(y), f_k⟩` (`remoe` is differentiable: its router gradient
+/// should equal this exactly). ∇₀ and ∇₁ are left empty.
+pub fn relu_gradient(problem: &Problem) -> ExactGradient {
+    mixture_gradient(
+        problem,
+        |_, theta| theta.iter().map(|v| v.max(0.0)).collect(),
+        |_, theta, a| {
+            theta
+                .iter()
+                .zip(a)
+                .map(|(v, a)| if *v > 0.0 { *a } else { 0.0 })
+                .collect()
+        },
+    )
+}
+
+/// `L = Σ_t g(Σ_i w_i f_i)` with weights `w = weights(π_t, θ_t)` and its gradient
+/// `grad(π_t, θ_t, a)` per token, `a_i = ⟨∇g(y_t), f_{t,i}⟩`.
+fn mixture_gradient(
+    problem: &Problem,
+    weights: impl Fn(&[f64], &[f64]) -> Vec<f64>,
+    grad: impl Fn(&[f64], &[f64], &[f64]) -> Vec<f64>,
+) -> ExactGradient {
+    let c = &problem.config;
+    let (n, d) = (c.experts, c.dim);
+    let mut total = Vec::with_capacity(c.tokens * n);
+    let mut loss = 0.0;
+    for t in 0..c.tokens {
+        let pi = problem.probs(&problem.logits, t);
+        let theta = &problem.logits[t * n..(t + 1) * n];
+        let w = weights(&pi, theta);
+        let y: Vec<f64> = (0..d)
+            .map(|j| (0..n).map(|i| w[i] * problem.output(t, i)[j]).sum())
+            .collect();
+        loss += problem.loss.value(&y);
+        let gy = problem.loss.gradient(&y);
+        let a: Vec<f64> = (0..n).map(|i| dot(&gy, problem.output(t, i))).collect();
+        total.extend(grad(&pi, theta, &a));
+    }
+    ExactGradient {
+        loss,
+        total,
+        nabla0: Vec::new(),
+        nabla1: Vec::new(),
+    }
+}

@@ -37,8 +37,10 @@ mod loss;
 mod probe;
 mod problem;
 
-pub use estimators::{ESTIMATOR_NAMES, EXTRA_ESTIMATOR_NAMES, LabEstimator, Target};
-pub use exact::{ExactGradient, exact_gradient, expected_loss};
+pub use estimators::{
+    DENSE_ESTIMATOR_NAMES, ESTIMATOR_NAMES, EXTRA_ESTIMATOR_NAMES, LabEstimator, Objective, Target,
+};
+pub use exact::{ExactGradient, dense_gradient, exact_gradient, expected_loss, relu_gradient};
 pub use loss::{LOSS_NAMES, Loss, LossKind};
 pub use probe::{GradientEstimate, GradientProbe, estimate_router_gradient};
 pub use problem::{Problem, ProblemConfig};
@@ -61,8 +63,14 @@ pub struct LabConfig {
     /// SparseMixer's jitter r in [0, 1) (default 0.1, the router default): its mask keeps expert
     /// j iff `θ* − θ_j ≤ r(|θ*| + |θ_j|)`; also the jitter of `switch-jitter`
     pub jitter: f64,
-    /// the estimators to run, in order (default [`ESTIMATOR_NAMES`])
+    /// the estimators to run, in order (default [`ESTIMATOR_NAMES`]; for the dense problem
+    /// [`DENSE_ESTIMATOR_NAMES`])
     pub estimators: Vec<String>,
+    /// the objective: SparseMixer's sampled top-1 layer (default) or the dense mixture
+    /// (`--problem`; see `estimators.rs`)
+    pub objective: Objective,
+    /// the dense problem: experts per token k of the sparse routers (default 2)
+    pub k: usize,
 }
 
 impl Default for LabConfig {
@@ -72,6 +80,8 @@ impl Default for LabConfig {
             samples: 4000,
             jitter: 0.1,
             estimators: ESTIMATOR_NAMES.iter().map(|s| s.to_string()).collect(),
+            objective: Objective::Sampled,
+            k: 2,
         }
     }
 }
@@ -121,21 +131,30 @@ impl LabConfig {
         if !(p.eps.is_finite() && p.eps > 0.0) {
             return bad(format!("--eps {}: must be finite and > 0", p.eps));
         }
+        if !(p.shared.is_finite() && p.shared >= 0.0) {
+            return bad(format!("--shared {}: must be finite and ≥ 0", p.shared));
+        }
         if !(0.0..1.0).contains(&self.jitter) {
             return bad(format!("--jitter {}: must be in [0, 1)", self.jitter));
         }
         if self.estimators.is_empty() {
             return bad("--estimators: name at least one estimator".into());
         }
+        let known = self.objective.estimators();
         for e in &self.estimators {
-            if !ESTIMATOR_NAMES.contains(&e.as_str())
-                && !EXTRA_ESTIMATOR_NAMES.contains(&e.as_str())
-            {
+            if !known.contains(&e.as_str()) {
                 return bad(format!(
-                    "--estimators: unknown estimator {e:?}; expected one of {}",
-                    estimators::known_estimators()
+                    "--estimators: unknown estimator {e:?} for --problem {}; expected one of {}",
+                    self.objective.name(),
+                    known.join(", ")
                 ));
             }
+        }
+        if self.objective == Objective::Dense && !(1..=p.experts).contains(&self.k) {
+            return bad(format!(
+                "--k {}: the dense problem's routers run between 1 and --experts {} experts per token",
+                self.k, p.experts
+            ));
         }
         Ok(())
     }
@@ -158,9 +177,9 @@ pub struct EstimatorStats {
     pub cosine: f64,
     /// mean over draws of `cos(ĝ_m, ∇)`
     pub mean_cosine: f64,
-    /// `‖ḡ − ∇₀‖ / ‖∇‖`
+    /// `‖ḡ − ∇₀‖ / ‖∇‖` (NaN, `null` in JSON, on the dense problem)
     pub bias_nabla0: f64,
-    /// `‖ḡ − ∇₁‖ / ‖∇‖`
+    /// `‖ḡ − ∇₁‖ / ‖∇‖` (NaN, `null` in JSON, on the dense problem)
     pub bias_nabla1: f64,
     /// experts evaluated per token (1 for sparse estimators, n for dense ones)
     pub experts_per_token: f64,
@@ -233,7 +252,12 @@ pub fn run_lab_with_progress(cfg: &LabConfig, progress: &mut dyn LabProgress) ->
     cfg.validate()?;
     progress.start((cfg.estimators.len() as u64).saturating_mul(cfg.samples as u64));
     let problem = Problem::new(&cfg.problem);
-    let exact = exact_gradient(&problem);
+    let exact = match cfg.objective {
+        Objective::Sampled => exact_gradient(&problem),
+        Objective::Dense => dense_gradient(&problem),
+    };
+    // `remoe`'s reference on the dense problem: its own loss's gradient
+    let own = (cfg.objective == Objective::Dense).then(|| relu_gradient(&problem));
     let exact_norm = norm(&exact.total);
     if !(exact_norm > 0.0 && exact_norm.is_finite()) {
         return Err(Error::Invalid(format!(
@@ -247,17 +271,31 @@ pub fn run_lab_with_progress(cfg: &LabConfig, progress: &mut dyn LabProgress) ->
     let mut estimators = Vec::with_capacity(cfg.estimators.len());
     for name in &cfg.estimators {
         progress.estimator(name);
-        let est = LabEstimator::new(
-            name,
-            cfg.problem.experts,
-            &problem.logits,
-            cfg.jitter,
-            cfg.problem.seed,
-        )?;
+        let est = match cfg.objective {
+            Objective::Sampled => LabEstimator::new(
+                name,
+                cfg.problem.experts,
+                &problem.logits,
+                cfg.jitter,
+                cfg.problem.seed,
+            )?,
+            Objective::Dense => LabEstimator::dense(
+                name,
+                cfg.problem.experts,
+                cfg.problem.dim,
+                cfg.k,
+                cfg.jitter,
+                cfg.problem.seed,
+            )?,
+        };
+        let reference = match (&own, est.target()) {
+            (Some(own), Target::Own) => own,
+            _ => &exact,
+        };
         estimators.push(measure(
             &est,
             cfg.samples,
-            &exact,
+            reference,
             &logits,
             &outputs,
             &loss,
@@ -319,8 +357,17 @@ fn measure(
         variance,
         cosine: cosine(&mean, &exact.total),
         mean_cosine: cos_sum / m,
-        bias_nabla0: rel(&exact.nabla0),
-        bias_nabla1: rel(&exact.nabla1),
+        // the dense problem has no ∇₀/∇₁ split
+        bias_nabla0: if exact.nabla0.is_empty() {
+            f64::NAN
+        } else {
+            rel(&exact.nabla0)
+        },
+        bias_nabla1: if exact.nabla1.is_empty() {
+            f64::NAN
+        } else {
+            rel(&exact.nabla1)
+        },
         experts_per_token: experts / m,
         ms_per_draw,
         mean,

@@ -12,7 +12,9 @@
 //! It works for every router whose logits come from a `LinearGate` (`x·W + b`, parameters named
 //! `weight` `[d, n]` and `bias` `[n]`): the probe builds the router with `d = n`, sets
 //! `W = I` and `b = 0`, and feeds the logits in as x, so `∂L/∂x = ∂L/∂o`. Other parameters are
-//! left as initialised. Layer-level extras are not applied (SparseMixer's ω is 1).
+//! left as initialised. Layer-level extras are not applied (SparseMixer's ω is 1), except Default
+//! MoE's dense term, which the probe adds as the layer does (its router's `d_out` must be the
+//! outputs' width d).
 //!
 //! The loss may be given per token (`[T]`, the loss being their sum). Routers whose gradient is
 //! the score function (`reinforce`) need that: the probe adds the router's own surrogate
@@ -158,7 +160,28 @@ impl GradientProbe {
             .to_dtype(dtype)?
             .mul(&routing.valid.to_dtype(dtype)?)?
             .reshape(&[a, 1])?;
-        let y = f.mul(&w)?.index_scatter(0, &routing.token, t)?;
+        let mut y = f.mul(&w)?.index_scatter(0, &routing.token, t)?;
+        if let Some(term) = &routing.defaults {
+            // Default MoE's layer step on the fixed expert outputs (`moe::MoeLayer`): the running
+            // means from this draw's rows, then `d − sg(d)` for the unselected experts
+            let valid = routing.valid.to_dtype(dtype)?;
+            let (sums, counts) = crate::no_grad(|| {
+                let sums = f.detach().mul(&valid.reshape(&[a, 1])?)?.index_scatter(
+                    0,
+                    &routing.expert,
+                    n,
+                )?;
+                let counts = Tensor::zeros(&[n], dtype, logits.device())?.scatter_add(
+                    0,
+                    &routing.expert,
+                    &valid,
+                )?;
+                Ok::<_, Error>((sums, counts))
+            })?;
+            term.outputs.update(&sums, &counts)?;
+            let d = term.outputs.dense_term(&term.unselected)?.to_dtype(dtype)?;
+            y = y.add(&d.sub(&d.detach())?)?;
+        }
         let l = loss(&y)?;
         let per_token = match l.shape() {
             [n] if *n == t && t != 1 => Some(l.clone()),

@@ -5,7 +5,8 @@
 //! and outputs `y_t = π_{t,D} f_{t,D}`; the loss is `g(y_t)` summed over tokens (see
 //! [`super::loss`]). The lab studies the gradient of the expected loss with respect to θ.
 //!
-//! Logits are `offset + scale·z`, expert outputs `ε·z`, z iid standard normal. The `offset`
+//! Logits are `offset + scale·z`, expert outputs `ε·z` (plus `shared·m_i`, one vector per
+//! expert common to all tokens, when `shared` is set), z iid standard normal. The `offset`
 //! changes nothing in the objective (the softmax is shift-invariant) but SparseMixer's mask
 //! `θ* − θ_j ≤ r(|θ*| + |θ_j|)` is not shift-invariant: a large offset keeps every expert.
 
@@ -31,6 +32,10 @@ pub struct ProblemConfig {
     pub offset: f64,
     /// standard deviation ε of the expert outputs (default 1)
     pub eps: f64,
+    /// standard deviation of a per-expert component every token's output of that expert shares
+    /// (default 0: outputs independent across tokens): `f_{t,i} = shared·m_i + ε·z_{t,i}`
+    #[serde(default)]
+    pub shared: f64,
     /// seed of the logits, the expert outputs and the loss coefficients
     pub seed: u64,
 }
@@ -45,6 +50,7 @@ impl Default for ProblemConfig {
             scale: 1.0,
             offset: 0.0,
             eps: 1.0,
+            shared: 0.0,
             seed: 0,
         }
     }
@@ -72,9 +78,17 @@ impl Problem {
         let logits = (0..t * n)
             .map(|_| config.offset + config.scale * std_normal(&mut rng))
             .collect();
-        let outputs = (0..t * n * d)
+        let mut outputs: Vec<f64> = (0..t * n * d)
             .map(|_| config.eps * std_normal(&mut rng))
             .collect();
+        if config.shared != 0.0 {
+            // drawn after everything else, so shared = 0 leaves the problem as it was
+            let m: Vec<f64> = (0..n * d).map(|_| std_normal(&mut rng)).collect();
+            for (at, f) in outputs.iter_mut().enumerate() {
+                let (i, j) = ((at / d) % n, at % d);
+                *f += config.shared * m[i * d + j];
+            }
+        }
         Problem {
             config: config.clone(),
             logits,

@@ -34,13 +34,25 @@ pub(super) struct EstimatorArgs {
     /// Standard deviation ε of the expert outputs.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     eps: f64,
+    /// Standard deviation of a per-expert output component shared by every token (the part of
+    /// an expert's output a running mean can stand in for, as Default MoE's does).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    shared: f64,
     /// SparseMixer's jitter r in [0, 1): its mask keeps expert j iff θ* − θ_j ≤ r(|θ*| + |θ_j|).
     #[arg(long, default_value_t = 0.1, allow_negative_numbers = true)]
     jitter: f64,
-    /// Comma-separated estimators (default: all but switch-jitter).
-    #[arg(long, value_delimiter = ',',
-          default_values_t = moegrad::estimator_lab::ESTIMATOR_NAMES.iter().map(|s| s.to_string()))]
+    /// Comma-separated estimators (default: for the sampled problem all but switch-jitter; for
+    /// the dense problem softmax, topk-unnorm, topk, default-moe, sparsemixer-v2, remoe).
+    #[arg(long, value_delimiter = ',')]
     estimators: Vec<String>,
+    /// The objective: sampled (SparseMixer's top-1 layer, y = π_D f_D, D ~ π) or dense (the
+    /// MoE that runs every expert, y = Σ π_i f_i, against which routers running --k experts are
+    /// measured).
+    #[arg(long, default_value = "sampled", value_parser = ["sampled", "dense"])]
+    problem: String,
+    /// The dense problem: experts per token of the sparse routers.
+    #[arg(long, default_value_t = 2)]
+    k: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -55,7 +67,8 @@ pub(super) struct EstimatorArgs {
 
 impl EstimatorArgs {
     fn config(&self) -> moegrad::Result<moegrad::estimator_lab::LabConfig> {
-        use moegrad::estimator_lab::{LabConfig, ProblemConfig};
+        use moegrad::estimator_lab::{LabConfig, Objective, ProblemConfig};
+        let objective = Objective::parse(&self.problem)?;
         Ok(LabConfig {
             problem: ProblemConfig {
                 tokens: self.tokens,
@@ -65,16 +78,31 @@ impl EstimatorArgs {
                 scale: self.scale,
                 offset: self.logit_offset,
                 eps: self.eps,
+                shared: self.shared,
                 seed: self.seed,
             },
             samples: self.samples,
             jitter: self.jitter,
-            estimators: self
-                .estimators
-                .iter()
-                .map(|s| s.trim().to_string())
-                .collect(),
+            estimators: if self.estimators.is_empty() {
+                objective.default_estimators()
+            } else {
+                self.estimators
+                    .iter()
+                    .map(|s| s.trim().to_string())
+                    .collect()
+            },
+            objective,
+            k: self.k,
         })
+    }
+}
+
+/// A figure with four decimals, or `-` where it is not defined (NaN).
+fn dash(x: f64) -> String {
+    if x.is_nan() {
+        "-".into()
+    } else {
+        format!("{x:.4}")
     }
 }
 
@@ -86,18 +114,25 @@ fn print_lab(r: &moegrad::estimator_lab::LabReport) {
         "estimator lab: T = {} tokens, n = {} experts, d = {}, loss {}, logits {} + {}·z, experts {}·z, seed {}, M = {} draws",
         p.tokens, p.experts, p.dim, p.loss, p.offset, p.scale, p.eps, p.seed, c.samples
     );
+    if c.objective == moegrad::estimator_lab::Objective::Dense {
+        println!(
+            "dense problem (y = Σ π_i f_i, every expert): L = {:.6}, |∇| = {:.4e}; the sparse routers run k = {} of {} experts per token (remoe: its own ReLU loss's gradient)",
+            r.exact_loss, r.exact_norm, c.k, p.experts
+        );
+    } else {
+        println!(
+            "exact gradient (enumerated): L = {:.6}, |∇| = {:.4e}, |∇₀| = {:.4e}, |∇₁| = {:.4e}; SparseMixer's mask (jitter {}) keeps {:.2} of {} experts per token",
+            r.exact_loss,
+            r.exact_norm,
+            r.nabla0_norm,
+            r.nabla1_norm,
+            c.jitter,
+            r.mask_kept_per_token,
+            p.experts
+        );
+    }
     println!(
-        "exact gradient (enumerated): L = {:.6}, |∇| = {:.4e}, |∇₀| = {:.4e}, |∇₁| = {:.4e}; SparseMixer's mask (jitter {}) keeps {:.2} of {} experts per token",
-        r.exact_loss,
-        r.exact_norm,
-        r.nabla0_norm,
-        r.nabla1_norm,
-        c.jitter,
-        r.mask_kept_per_token,
-        p.experts
-    );
-    println!(
-        "{:<16} {:>6} {:>9} {:>9} {:>10} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8}",
+        "{:<16} {:>7} {:>9} {:>9} {:>10} {:>8} {:>9} {:>9} {:>9} {:>8} {:>8}",
         "estimator",
         "aims",
         "bias",
@@ -112,7 +147,7 @@ fn print_lab(r: &moegrad::estimator_lab::LabReport) {
     );
     for e in &r.estimators {
         println!(
-            "{:<16} {:>6} {:>9.4} {:>9.4} {:>10.4e} {:>8.4} {:>9.4} {:>9.4} {:>9.4} {:>8.2} {:>8.3}",
+            "{:<16} {:>7} {:>9.4} {:>9.4} {:>10.4e} {:>8.4} {:>9.4} {:>9} {:>9} {:>8.2} {:>8.3}",
             e.name,
             e.target.label(),
             e.bias,
@@ -120,8 +155,8 @@ fn print_lab(r: &moegrad::estimator_lab::LabReport) {
             e.variance,
             e.cosine,
             e.mean_cosine,
-            e.bias_nabla0,
-            e.bias_nabla1,
+            dash(e.bias_nabla0),
+            dash(e.bias_nabla1),
             e.experts_per_token,
             e.ms_per_draw
         );
