@@ -731,3 +731,52 @@ fn dense_problem_facts() {
         assert!(err.contains(says), "{err}");
     }
 }
+
+/// The top-2 sampled problem (`--problem top2`): with two experts the second draw is the other
+/// one (π' = 1), so `L = p(g(p f₀ + f₁)) + (1 − p)(g((1 − p) f₁ + f₀))`, p = π₀, and for a
+/// linear g its gradient is written out by hand; `sparsemixer-v2` at top 2, mask off, runs two
+/// experts and points along its objective's gradient.
+#[test]
+fn top2_problem_matches_the_hand_computed_case_and_v2_follows_it() {
+    use moegrad::estimator_lab::{Objective, top2_expected_loss, top2_gradient};
+    let p = problem(LossKind::Linear, 3, 2, 3, 17);
+    let g = |y: &[f64]| p.loss.value(y);
+    let zero = g(&[0.0; 3]);
+    let mut want_loss = 0.0;
+    let mut want_grad = Vec::new();
+    for t in 0..3 {
+        let pi = p.probs(&p.logits, t);
+        let (f0, f1) = (p.output(t, 0), p.output(t, 1));
+        let mix = |a: f64, fa: &[f64], fb: &[f64]| -> Vec<f64> {
+            fa.iter().zip(fb).map(|(x, y)| a * x + y).collect()
+        };
+        let q = pi[0];
+        want_loss += q * g(&mix(q, f0, f1)) + (1.0 - q) * g(&mix(1.0 - q, f1, f0));
+        // linear g: g(y) = ⟨b, y⟩ + c, B_i = ⟨b, f_i⟩ = g(f_i) − g(0)
+        let (b0, b1) = (g(f0) - zero, g(f1) - zero);
+        let dl_dq = 2.0 * q * b0 + b1 - 2.0 * (1.0 - q) * b1 - b0;
+        let s = q * (1.0 - q);
+        want_grad.extend([dl_dq * s, -dl_dq * s]);
+    }
+    assert!((top2_expected_loss(&p, &p.logits) - want_loss).abs() < 1e-12);
+    let ex = top2_gradient(&p);
+    common::assert_close("top-2 gradient", &ex.total, &want_grad, 1e-8, 1e-7);
+    let r = run_lab(&LabConfig {
+        problem: ProblemConfig {
+            tokens: 8,
+            experts: 5,
+            dim: 3,
+            offset: 50.0,
+            seed: 5,
+            ..ProblemConfig::default()
+        },
+        samples: 2000,
+        estimators: vec!["sparsemixer-v2".into()],
+        objective: Objective::Top2,
+        ..LabConfig::default()
+    })
+    .unwrap();
+    let v2 = stats(&r, "sparsemixer-v2");
+    assert_eq!(v2.experts_per_token, 2.0);
+    assert!(v2.cosine > 0.95, "cosine {}", v2.cosine);
+}

@@ -43,6 +43,15 @@
 //! | `default-moe` | itself, k, β = 0: each unselected expert answers the mean of its outputs over the tokens that chose it (the EMA's fixed point on a fixed problem) | ∇ dense | k |
 //! | `sparsemixer-v2` | itself, `top=2` (GRIN's production setting) | ∇ dense | ≤ 2 |
 //! | `remoe` | itself (ReLU gates) | its own loss's exact gradient ([`super::relu_gradient`]) | the open gates |
+//!
+//! **The top-2 sampled problem** (`--problem top2`, [`Objective::Top2`]) is the sampled layer at
+//! top 2: two experts drawn without replacement, the second from the softmax over the rest, each
+//! weighted by its own probability ([`super::top2_expected_loss`], enumerated over the n(n−1)
+//! ordered pairs; its gradient by central differences, [`super::top2_gradient`]). Its estimator
+//! is `sparsemixer-v2` with `top=2`, GRIN's production setting: the same layer drawn under
+//! SparseMixer's mask, each draw with the third-order rule and no factor 2, so, as at top 1, its
+//! expectation aims at the part of the gradient through the choices (no ∇₀/∇₁ split is computed
+//! for two draws: `bias` is against the whole gradient).
 
 use super::GradientProbe;
 use crate::moe::RouterConfig;
@@ -65,6 +74,9 @@ pub const DENSE_ESTIMATOR_NAMES: &[&str] = &[
     "remoe",
 ];
 
+/// The estimators of the top-2 sampled problem (`--problem top2`).
+pub const TOP2_ESTIMATOR_NAMES: &[&str] = &["sparsemixer-v2"];
+
 /// Which objective the lab measures the estimators against.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -74,6 +86,9 @@ pub enum Objective {
     Sampled,
     /// the dense mixture `L = Σ_t g(Σ_i π_i f_i)`, for routers running k experts per token
     Dense,
+    /// two experts sampled without replacement, `L = Σ_t Σ_{i≠j} π_i π'_j g(π_i f_i + π'_j f_j)`
+    /// ([`super::top2_expected_loss`]), for SparseMixer-v2 at top 2
+    Top2,
 }
 
 impl Objective {
@@ -82,8 +97,9 @@ impl Objective {
         match s {
             "sampled" => Ok(Objective::Sampled),
             "dense" => Ok(Objective::Dense),
+            "top2" => Ok(Objective::Top2),
             other => Err(Error::Invalid(format!(
-                "--problem {other:?}: expected sampled or dense"
+                "--problem {other:?}: expected sampled, dense or top2"
             ))),
         }
     }
@@ -92,6 +108,7 @@ impl Objective {
         match self {
             Objective::Sampled => "sampled",
             Objective::Dense => "dense",
+            Objective::Top2 => "top2",
         }
     }
     /// The estimators this objective accepts, in table order.
@@ -103,6 +120,7 @@ impl Objective {
                 .copied()
                 .collect(),
             Objective::Dense => DENSE_ESTIMATOR_NAMES.to_vec(),
+            Objective::Top2 => TOP2_ESTIMATOR_NAMES.to_vec(),
         }
     }
     /// Its default list.
@@ -113,6 +131,7 @@ impl Objective {
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
+            Objective::Top2 => TOP2_ESTIMATOR_NAMES.iter().map(|s| s.to_string()).collect(),
         }
     }
 }
@@ -230,6 +249,32 @@ impl LabEstimator {
         Ok(LabEstimator {
             name: name.to_string(),
             target,
+            probe: GradientProbe::new(name, &cfg, Device::cpu())?,
+            shift: 0.0,
+            factor: 1.0,
+        })
+    }
+
+    /// The estimator `name` of the top-2 sampled problem: `sparsemixer-v2` with `top=2`, whose
+    /// backward (the third-order rule for each of its two draws, no factor 2) aims at the part of
+    /// the gradient through the choices, as at top 1.
+    ///
+    /// # Errors
+    /// A name outside [`TOP2_ESTIMATOR_NAMES`], or an error of the router.
+    pub fn top2(name: &str, experts: usize, jitter: f64, seed: u64) -> Result<LabEstimator> {
+        if !TOP2_ESTIMATOR_NAMES.contains(&name) {
+            return Err(Error::Invalid(format!(
+                "unknown estimator {name:?} for --problem top2; expected one of {}",
+                TOP2_ESTIMATOR_NAMES.join(", ")
+            )));
+        }
+        let mut cfg = RouterConfig::new(experts, experts, 2);
+        cfg.seed = seed;
+        cfg.jitter = jitter;
+        cfg.options.insert("top".into(), "2".into());
+        Ok(LabEstimator {
+            name: name.to_string(),
+            target: Target::Nabla0,
             probe: GradientProbe::new(name, &cfg, Device::cpu())?,
             shift: 0.0,
             factor: 1.0,

@@ -40,7 +40,10 @@ mod problem;
 pub use estimators::{
     DENSE_ESTIMATOR_NAMES, ESTIMATOR_NAMES, EXTRA_ESTIMATOR_NAMES, LabEstimator, Objective, Target,
 };
-pub use exact::{ExactGradient, dense_gradient, exact_gradient, expected_loss, relu_gradient};
+pub use exact::{
+    ExactGradient, dense_gradient, exact_gradient, expected_loss, relu_gradient,
+    top2_expected_loss, top2_gradient,
+};
 pub use loss::{LOSS_NAMES, Loss, LossKind};
 pub use probe::{GradientEstimate, GradientProbe, estimate_router_gradient};
 pub use problem::{Problem, ProblemConfig};
@@ -66,8 +69,8 @@ pub struct LabConfig {
     /// the estimators to run, in order (default [`ESTIMATOR_NAMES`]; for the dense problem
     /// [`DENSE_ESTIMATOR_NAMES`])
     pub estimators: Vec<String>,
-    /// the objective: SparseMixer's sampled top-1 layer (default) or the dense mixture
-    /// (`--problem`; see `estimators.rs`)
+    /// the objective: SparseMixer's sampled top-1 layer (default), the dense mixture or the
+    /// sampled top-2 layer (`--problem`; see `estimators.rs`)
     pub objective: Objective,
     /// the dense problem: experts per token k of the sparse routers (default 2)
     pub k: usize,
@@ -255,6 +258,7 @@ pub fn run_lab_with_progress(cfg: &LabConfig, progress: &mut dyn LabProgress) ->
     let exact = match cfg.objective {
         Objective::Sampled => exact_gradient(&problem),
         Objective::Dense => dense_gradient(&problem),
+        Objective::Top2 => top2_gradient(&problem),
     };
     // `remoe`'s reference on the dense problem: its own loss's gradient
     let own = (cfg.objective == Objective::Dense).then(|| relu_gradient(&problem));
@@ -287,6 +291,9 @@ pub fn run_lab_with_progress(cfg: &LabConfig, progress: &mut dyn LabProgress) ->
                 cfg.jitter,
                 cfg.problem.seed,
             )?,
+            Objective::Top2 => {
+                LabEstimator::top2(name, cfg.problem.experts, cfg.jitter, cfg.problem.seed)?
+            }
         };
         let reference = match (&own, est.target()) {
             (Some(own), Target::Own) => own,

@@ -45,10 +45,10 @@ pub(super) struct EstimatorArgs {
     /// the dense problem softmax, topk-unnorm, topk, default-moe, sparsemixer-v2, remoe).
     #[arg(long, value_delimiter = ',')]
     estimators: Vec<String>,
-    /// The objective: sampled (SparseMixer's top-1 layer, y = π_D f_D, D ~ π) or dense (the
-    /// MoE that runs every expert, y = Σ π_i f_i, against which routers running --k experts are
-    /// measured).
-    #[arg(long, default_value = "sampled", value_parser = ["sampled", "dense"])]
+    /// The objective: sampled (SparseMixer's top-1 layer, y = π_D f_D, D ~ π), dense (the MoE
+    /// that runs every expert, y = Σ π_i f_i, against which routers running --k experts are
+    /// measured) or top2 (two experts sampled without replacement: sparsemixer-v2 at top 2).
+    #[arg(long, default_value = "sampled", value_parser = ["sampled", "dense", "top2"])]
     problem: String,
     /// The dense problem: experts per token of the sparse routers.
     #[arg(long, default_value_t = 2)]
@@ -118,6 +118,11 @@ fn print_lab(r: &moegrad::estimator_lab::LabReport) {
         println!(
             "dense problem (y = Σ π_i f_i, every expert): L = {:.6}, |∇| = {:.4e}; the sparse routers run k = {} of {} experts per token (remoe: its own ReLU loss's gradient)",
             r.exact_loss, r.exact_norm, c.k, p.experts
+        );
+    } else if c.objective == moegrad::estimator_lab::Objective::Top2 {
+        println!(
+            "top-2 sampled problem (two experts drawn without replacement, enumerated over the n(n-1) pairs; gradient by central differences): L = {:.6}, |∇| = {:.4e}; SparseMixer's mask (jitter {}) keeps {:.2} of {} experts per token",
+            r.exact_loss, r.exact_norm, c.jitter, r.mask_kept_per_token, p.experts
         );
     } else {
         println!(
