@@ -90,6 +90,37 @@ fn a_steady_step_with_each_balancer_never_waits_and_creates_no_buffer() {
     }
 }
 
+/// Default MoE's running means and straight-through term, and null experts, stay on the device
+/// too: a steady step with either waits for nothing, creates no buffer and reads nothing back.
+#[test]
+fn a_steady_step_with_default_moe_or_null_experts_never_waits_and_creates_no_buffer() {
+    let Some((_, _lock)) = gpu("a_steady_step_with_default_moe_or_null_experts") else {
+        return;
+    };
+    for (model, router, nulls) in [
+        ("moe-mlp", "default-moe", 0),
+        ("moe-gpt", "default-moe", 0),
+        ("moe-mlp", "topk", 2),
+        ("moe-gpt", "default-moe", 2),
+    ] {
+        let mut cfg = step_config(model).unwrap();
+        if model == "moe-gpt" {
+            (cfg.batch, cfg.block) = (4, 16);
+        }
+        cfg.router = router.into();
+        cfg.null_experts = nulls;
+        let s = count_step_with(cfg).unwrap();
+        let what = format!("{model} {router} with {nulls} null experts");
+        assert_eq!(s.host_waits, 0, "{what}: the step waited: {s:?}");
+        assert_eq!(
+            s.buffers_created, 0,
+            "{what}: the step created buffers: {s:?}"
+        );
+        assert_eq!(s.downloaded_bytes, 0, "{what}: the step read back: {s:?}");
+        assert!(s.dispatches > 0, "{what}: nothing counted: {s:?}");
+    }
+}
+
 /// Dispatches of moe-mlp's steady step before this work (docs/benchmarks.md).
 const MOE_MLP_DISPATCHES_BEFORE: u64 = 206;
 
