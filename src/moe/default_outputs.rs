@@ -20,10 +20,11 @@
 //! which is zero in the forward pass (the output is exactly the top-k output) and gives the
 //! router's probabilities the dense gradient `∂L/∂π_ti = g_t · Ê_i` for the experts the token did
 //! not use, beside the exact `g_t · E_i(x_t)` for the ones it did. The router that produces
-//! `π` and `Ā` is `default-moe` (`routers/default_moe.rs`); the layer calls
-//! [`DefaultOutputs::update`] and [`DefaultOutputs::dense_term`]. Everything runs on the device,
+//! `π` and `Ā` is `default-moe` (`routers/default_moe.rs`); the layer's step is
+//! [`add_default_terms`], which calls [`DefaultOutputs::update`] and [`DefaultOutputs::dense_term`]. Everything runs on the device,
 //! in training mode only; the vectors are router state (saved in checkpoints), not parameters.
 
+use super::{DefaultTerm, DispatchPlan, Routing};
 use crate::{DType, Device, Error, Result, Tensor};
 use std::sync::{Arc, Mutex};
 
@@ -143,4 +144,64 @@ impl DefaultOutputs {
         let table = self.get()?;
         unselected.matmul(&table.to_dtype(unselected.dtype())?)
     }
+}
+
+/// Default MoE's step (`default_outputs.rs`), for the routings that carry a [`DefaultTerm`]:
+/// updates their default outputs from the rows the experts just computed (`out`, kept rows
+/// only) and adds `d − sg(d)`, `d = U·Ê`, to their tokens' rows of `y` — zero in value, the
+/// unselected experts' share of the router gradient in the backward pass.
+pub(crate) fn add_default_terms(
+    y: Tensor,
+    routings: &[Routing],
+    out: &Tensor,
+    plan: &DispatchPlan,
+    (n, nulls): (usize, usize),
+) -> Result<Tensor> {
+    if routings.iter().all(|r| r.defaults.is_none()) {
+        return Ok(y);
+    }
+    let (a, m) = (out.shape()[0], out.shape()[1]);
+    // per routed expert; a null expert never computes a row, so its default stays 0
+    let (sums, counts) = crate::no_grad(|| {
+        let kept = plan.row_kept.to_dtype(out.dtype())?.reshape(&[a, 1])?;
+        let sums = out
+            .detach()
+            .mul(&kept)?
+            .index_scatter(0, &plan.row_expert_clamped, n)?;
+        if nulls == 0 {
+            return Ok((sums, plan.kept_per_expert.clone()));
+        }
+        let zeros =
+            |shape: &[usize], like: &Tensor| Tensor::zeros(shape, like.dtype(), like.device());
+        Ok::<_, Error>((
+            Tensor::concat(&[sums.clone(), zeros(&[nulls, m], &sums)?], 0)?,
+            Tensor::concat(
+                &[
+                    plan.kept_per_expert.clone(),
+                    zeros(&[nulls], &plan.kept_per_expert)?,
+                ],
+                0,
+            )?,
+        ))
+    })?;
+    let mut parts = Vec::with_capacity(routings.len());
+    for r in routings {
+        parts.push(match &r.defaults {
+            Some(DefaultTerm {
+                unselected,
+                outputs,
+            }) => {
+                outputs.update(&sums, &counts)?;
+                let d = outputs.dense_term(unselected)?.to_dtype(y.dtype())?;
+                d.sub(&d.detach())?
+            }
+            None => Tensor::zeros(&[r.tokens, m], y.dtype(), y.device())?,
+        });
+    }
+    let straight_through = if parts.len() == 1 {
+        parts.remove(0)
+    } else {
+        Tensor::concat(&parts, 0)?
+    };
+    y.add(&straight_through)
 }

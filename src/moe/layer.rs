@@ -18,8 +18,8 @@ use super::score_function::ScoreTerm;
 use super::shared_experts::{SharedExperts, SharedExpertsConfig};
 use super::stats::RoutingStats;
 use super::{BalanceMethod, BalanceScope, Balancing};
-use super::{DefaultTerm, Routing, aux_loss};
 use super::{Router, RouterConfig, build_router};
+use super::{Routing, aux_loss};
 use crate::nn::{Activation, Param, Parameters, join};
 use crate::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
@@ -181,7 +181,7 @@ impl MoeLayer {
             cfg.k,
             cfg.experts + cfg.null_experts,
         )?;
-        check_null_experts(cfg, router.as_ref())?;
+        super::null_experts::check_null_experts(cfg, router.as_ref())?;
         let mut rng = ChaCha8Rng::seed_from_u64(cfg.seed);
         let experts: Box<dyn ExpertNet> = match cfg.expert_kind {
             ExpertKind::Mlp => {
@@ -514,7 +514,7 @@ impl MoeLayer {
         let contrib = out.mul(&w)?;
         let mut y = contrib.index_scatter(0, &plan.row_token, t * routings.len())?;
         if self.training.load(Ordering::Relaxed) {
-            y = add_default_terms(y, routings, &out, &plan, (n, nulls))?;
+            y = super::default_outputs::add_default_terms(y, routings, &out, &plan, (n, nulls))?;
         }
         if let Some(omega) = &self.omega {
             // y = ω ⊙ Σ w·f: the same as scaling every expert output by ω before the combine
@@ -608,86 +608,6 @@ impl MoeLayer {
     }
 }
 
-/// Default MoE's step (`default_outputs.rs`), for the routings that carry a [`DefaultTerm`]:
-/// updates their default outputs from the rows the experts just computed (`out`, kept rows
-/// only) and adds `d − sg(d)`, `d = U·Ê`, to their tokens' rows of `y` — zero in value, the
-/// unselected experts' share of the router gradient in the backward pass.
-fn add_default_terms(
-    y: Tensor,
-    routings: &[Routing],
-    out: &Tensor,
-    plan: &DispatchPlan,
-    (n, nulls): (usize, usize),
-) -> Result<Tensor> {
-    if routings.iter().all(|r| r.defaults.is_none()) {
-        return Ok(y);
-    }
-    let (a, m) = (out.shape()[0], out.shape()[1]);
-    // per routed expert; a null expert never computes a row, so its default stays 0
-    let (sums, counts) = crate::no_grad(|| {
-        let kept = plan.row_kept.to_dtype(out.dtype())?.reshape(&[a, 1])?;
-        let sums = out
-            .detach()
-            .mul(&kept)?
-            .index_scatter(0, &plan.row_expert_clamped, n)?;
-        if nulls == 0 {
-            return Ok((sums, plan.kept_per_expert.clone()));
-        }
-        let zeros =
-            |shape: &[usize], like: &Tensor| Tensor::zeros(shape, like.dtype(), like.device());
-        Ok::<_, Error>((
-            Tensor::concat(&[sums.clone(), zeros(&[nulls, m], &sums)?], 0)?,
-            Tensor::concat(
-                &[
-                    plan.kept_per_expert.clone(),
-                    zeros(&[nulls], &plan.kept_per_expert)?,
-                ],
-                0,
-            )?,
-        ))
-    })?;
-    let mut parts = Vec::with_capacity(routings.len());
-    for r in routings {
-        parts.push(match &r.defaults {
-            Some(DefaultTerm {
-                unselected,
-                outputs,
-            }) => {
-                outputs.update(&sums, &counts)?;
-                let d = outputs.dense_term(unselected)?.to_dtype(y.dtype())?;
-                d.sub(&d.detach())?
-            }
-            None => Tensor::zeros(&[r.tokens, m], y.dtype(), y.device())?,
-        });
-    }
-    let straight_through = if parts.len() == 1 {
-        parts.remove(0)
-    } else {
-        Tensor::concat(&parts, 0)?
-    };
-    y.add(&straight_through)
-}
-
-/// Fails unless `router` can route to null experts (when the config has any): a token-choice
-/// router that scores every expert; not `expert-choice` (experts choose tokens), `hash` (a
-/// fixed table) or `softmax` (every expert runs, so no token can skip one).
-fn check_null_experts(cfg: &MoeConfig, router: &dyn Router) -> Result<()> {
-    let name = router.name();
-    if cfg.null_experts > 0 && matches!(name, "expert-choice" | "hash" | "softmax") {
-        return Err(Error::Invalid(format!(
-            "--null-experts {} needs a token-choice router that picks experts per token; {name} {}",
-            cfg.null_experts,
-            match name {
-                "expert-choice" =>
-                    "lets each expert choose its tokens, so no token picks a null expert",
-                "hash" => "assigns tokens by a fixed table, not by scores",
-                _ => "runs every expert for every token",
-            }
-        )));
-    }
-    Ok(())
-}
-
 /// Fails unless `router` can be balanced as `balancing` asks ([`Balancing::check`]).
 pub(crate) fn check_balancing(
     balancing: &Balancing,
@@ -704,57 +624,6 @@ fn count_per_expert(r: &Routing, first_only: bool) -> Result<Tensor> {
     let valid = aux_loss::valid_assignments(r, first_only)?;
     Tensor::zeros(&[r.experts], crate::DType::F32, r.token.device())?
         .scatter_add(0, &r.expert, &valid)
-}
-
-impl Routing {
-    /// Joins routings of the same `T` tokens (one per task): task `i`'s tokens become `i·T + t`.
-    pub fn concat(parts: &[Routing]) -> Result<Routing> {
-        let first = parts
-            .first()
-            .ok_or_else(|| Error::Invalid("no routing to dispatch".into()))?;
-        if parts.len() == 1 {
-            return Ok(first.clone());
-        }
-        let t = first.tokens;
-        let cat = |f: &dyn Fn(&Routing) -> Tensor| {
-            Tensor::concat(&parts.iter().map(f).collect::<Vec<_>>(), 0)
-        };
-        let shifted: Vec<Tensor> = parts
-            .iter()
-            .enumerate()
-            .map(|(i, r)| {
-                r.token
-                    .to_dtype(crate::DType::F32)?
-                    .add_scalar((i * t) as f64)?
-                    .to_dtype(crate::DType::I32)
-            })
-            .collect::<Result<_>>()?;
-        Ok(Routing {
-            token: Tensor::concat(&shifted, 0)?,
-            expert: cat(&|r| r.expert.clone())?,
-            weight: cat(&|r| r.weight.clone())?,
-            valid: cat(&|r| r.valid.clone())?,
-            rank: cat(&|r| r.rank.clone())?,
-            probs: cat(&|r| r.probs.clone())?,
-            logits: cat(&|r| r.logits.clone())?,
-            tokens: t * parts.len(),
-            experts: first.experts,
-            aux_loss: parts.iter().filter_map(|r| r.aux_loss.clone()).try_fold(
-                None::<Tensor>,
-                |acc, a| match acc {
-                    None => Ok::<_, Error>(Some(a)),
-                    Some(s) => Ok(Some(s.add(&a)?)),
-                },
-            )?,
-            metrics: parts.iter().flat_map(|r| r.metrics.clone()).collect(),
-            // each task's router has its own score term and baseline: the layer reads them from
-            // the parts (`MoeOutput::score_terms`), not from the joined routing
-            score: None,
-            selection: None,
-            // the layer reads each part's defaults itself (`add_default_terms`)
-            defaults: None,
-        })
-    }
 }
 
 impl MoeLayer {

@@ -17,6 +17,7 @@ mod diagnostics;
 mod dispatch;
 mod experts;
 mod layer;
+mod null_experts;
 mod router_registry;
 mod router_trait;
 pub mod routers;

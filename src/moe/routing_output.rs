@@ -4,12 +4,13 @@
 //! Token-choice routers produce `K` slots per token, flattened so that assignment `a` belongs to
 //! token `a / K` and slot `a % K`; Expert Choice produces `k'` tokens per expert. Either way the
 //! dispatch plan sees the same list. Only `weight` carries gradient (through the router's own
-//! backward rule); indices never do.
+//! backward rule); indices never do. [`Routing::concat`] joins the routings of a multi-gate
+//! layer's tasks into one dispatch.
 
 use super::default_outputs::DefaultOutputs;
 use super::score_function::ScoreTerm;
 use super::selection_bias::SelectionBias;
-use crate::{DType, Device, Result, Tensor};
+use crate::{DType, Device, Error, Result, Tensor};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
@@ -118,39 +119,6 @@ impl Routing {
         })
     }
 
-    /// The routing the experts run, for a router that also scores `N` null experts (indices
-    /// `n..n+N`, [`crate::moe::MoeConfig::null_experts`]): an assignment to a null expert
-    /// becomes invalid (it computes nothing and adds nothing; its weight stays, multiplying a
-    /// zero output), `experts` becomes `n`, and `probs`/`logits` keep the real experts' columns,
-    /// `probs` renormalised per token, for the diagnostics. No gradient flows through the
-    /// changes (the weights are untouched).
-    pub fn without_null_experts(mut self, n: usize) -> Result<Routing> {
-        let routed = self.experts;
-        if n == 0 || n > routed {
-            return Err(crate::Error::Invalid(format!(
-                "a routing over {routed} experts has no {n} real ones"
-            )));
-        }
-        if n == routed {
-            return Ok(self);
-        }
-        crate::no_grad(|| {
-            let ft = self.valid.dtype();
-            let e = self.expert.to_dtype(ft)?;
-            let real = e.lt(&Tensor::scalar(n as f64, ft, e.device())?)?; // 1 for a real expert
-            self.valid = self.valid.mul(&real)?;
-            // a null assignment points at expert 0, invalid (the plan skips it)
-            self.expert = e.mul(&real)?.to_dtype(DType::I32)?;
-            let p = self.probs.detach().slice(1, 0, n)?;
-            let mass = p.sum(&[1], true)?.add_scalar(1e-12)?;
-            self.probs = p.div(&mass)?;
-            self.logits = self.logits.detach().slice(1, 0, n)?;
-            Ok::<_, crate::Error>(())
-        })?;
-        self.experts = n;
-        Ok(self)
-    }
-
     /// The same routing, marked as chosen by the biased scores `chosen` (`[T, n]`) of `bias`.
     pub fn with_selection(mut self, bias: &SelectionBias, chosen: &Tensor) -> Routing {
         self.selection = Some(Selection {
@@ -225,4 +193,55 @@ pub(crate) fn arange_f(n: usize, dtype: DType, device: Device) -> Result<Tensor>
     Tensor::ones(&[n], dtype, device)?
         .cumsum(0)?
         .add_scalar(-1.0)
+}
+
+impl Routing {
+    /// Joins routings of the same `T` tokens (one per task): task `i`'s tokens become `i·T + t`.
+    pub fn concat(parts: &[Routing]) -> Result<Routing> {
+        let first = parts
+            .first()
+            .ok_or_else(|| Error::Invalid("no routing to dispatch".into()))?;
+        if parts.len() == 1 {
+            return Ok(first.clone());
+        }
+        let t = first.tokens;
+        let cat = |f: &dyn Fn(&Routing) -> Tensor| {
+            Tensor::concat(&parts.iter().map(f).collect::<Vec<_>>(), 0)
+        };
+        let shifted: Vec<Tensor> = parts
+            .iter()
+            .enumerate()
+            .map(|(i, r)| {
+                r.token
+                    .to_dtype(crate::DType::F32)?
+                    .add_scalar((i * t) as f64)?
+                    .to_dtype(crate::DType::I32)
+            })
+            .collect::<Result<_>>()?;
+        Ok(Routing {
+            token: Tensor::concat(&shifted, 0)?,
+            expert: cat(&|r| r.expert.clone())?,
+            weight: cat(&|r| r.weight.clone())?,
+            valid: cat(&|r| r.valid.clone())?,
+            rank: cat(&|r| r.rank.clone())?,
+            probs: cat(&|r| r.probs.clone())?,
+            logits: cat(&|r| r.logits.clone())?,
+            tokens: t * parts.len(),
+            experts: first.experts,
+            aux_loss: parts.iter().filter_map(|r| r.aux_loss.clone()).try_fold(
+                None::<Tensor>,
+                |acc, a| match acc {
+                    None => Ok::<_, Error>(Some(a)),
+                    Some(s) => Ok(Some(s.add(&a)?)),
+                },
+            )?,
+            metrics: parts.iter().flat_map(|r| r.metrics.clone()).collect(),
+            // each task's router has its own score term and baseline: the layer reads them from
+            // the parts (`MoeOutput::score_terms`), not from the joined routing
+            score: None,
+            selection: None,
+            // the layer reads each part's defaults itself (`add_default_terms`)
+            defaults: None,
+        })
+    }
 }
