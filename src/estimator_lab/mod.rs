@@ -38,7 +38,8 @@ mod probe;
 mod problem;
 
 pub use estimators::{
-    DENSE_ESTIMATOR_NAMES, ESTIMATOR_NAMES, EXTRA_ESTIMATOR_NAMES, LabEstimator, Objective, Target,
+    DENSE_ESTIMATOR_NAMES, ESTIMATOR_NAMES, EXTRA_ESTIMATOR_NAMES, LabEstimator, Objective,
+    TOP2_ESTIMATOR_NAMES, Target,
 };
 pub use exact::{
     ExactGradient, dense_gradient, exact_gradient, expected_loss, relu_gradient,
