@@ -13,8 +13,11 @@
 //! * GPU (f32) against CPU (f64).
 
 mod common;
+#[path = "common/moe_f64.rs"]
+mod moe_f64;
 
 use common::uniform_vec;
+use moe_f64::MoeF64;
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
 use moegrad::moe::{BalanceMethod, Balancing, MoeConfig, MoeLayer};
 use moegrad::nn::Parameters;
@@ -46,23 +49,8 @@ fn aux() -> Balancing {
 
 fn layer(dev: Device, dtype: DType, seed: u64) -> MoeLayer {
     let l = MoeLayer::new(&config("topk", aux()), dev).unwrap();
-    for (i, (_, p)) in l.named_params().into_iter().enumerate() {
-        let v = uniform_vec(p.get().numel(), -0.9, 0.9, seed + i as u64);
-        p.set(common::tensor_on(v, p.get().shape(), dtype, dev))
-            .unwrap();
-    }
+    common::fill_params_uniform(&l, (-0.9, 0.9), seed, dtype, dev);
     l
-}
-
-fn param(l: &MoeLayer, name: &str) -> Vec<f64> {
-    l.named_params()
-        .into_iter()
-        .find(|(n, _)| n == name)
-        .unwrap_or_else(|| panic!("no parameter {name}"))
-        .1
-        .get()
-        .to_vec_f64()
-        .unwrap()
 }
 
 fn x_values(seed: u64) -> Vec<f64> {
@@ -78,10 +66,7 @@ struct Reference {
 }
 
 fn reference(l: &MoeLayer, x: &[f64]) -> Reference {
-    let r = N + NULLS;
-    let (w, b) = (param(l, "router.weight"), param(l, "router.bias"));
-    let (w1, b1) = (param(l, "experts.w1"), param(l, "experts.b1"));
-    let (w2, b2) = (param(l, "experts.w2"), param(l, "experts.b2"));
+    let layer = MoeF64::of(l, (D, H, D), N + NULLS);
     let mut out = Reference {
         chosen: vec![],
         pi: vec![],
@@ -89,38 +74,21 @@ fn reference(l: &MoeLayer, x: &[f64]) -> Reference {
     };
     for t in 0..T {
         let xt = &x[t * D..(t + 1) * D];
-        let o: Vec<f64> = (0..r)
-            .map(|i| b[i] + (0..D).map(|j| xt[j] * w[j * r + i]).sum::<f64>())
-            .collect();
-        let m = o.iter().cloned().fold(f64::MIN, f64::max);
-        let z: f64 = o.iter().map(|v| (v - m).exp()).sum();
-        out.pi.push(o.iter().map(|v| (v - m).exp() / z).collect());
-        let mut order: Vec<usize> = (0..r).collect();
+        let o = layer.logits(xt);
+        out.pi.push(moe_f64::softmax(&o));
+        let mut order: Vec<usize> = (0..N + NULLS).collect();
         order.sort_by(|&a, &c| o[c].total_cmp(&o[a]));
-        let top = &order[..K];
-        let zk: f64 = top.iter().map(|&i| (o[i] - m).exp()).sum();
-        let chosen: Vec<(usize, f64)> = top.iter().map(|&i| (i, (o[i] - m).exp() / zk)).collect();
-        for c in 0..D {
-            let mut y = 0.0;
-            for &(i, wt) in &chosen {
-                if i >= N {
-                    continue; // a null expert outputs zero
-                }
-                let hid: Vec<f64> = (0..H)
-                    .map(|h| {
-                        (b1[i * H + h]
-                            + (0..D).map(|j| xt[j] * w1[(i * D + j) * H + h]).sum::<f64>())
-                        .max(0.0)
-                    })
-                    .collect();
-                let e = b2[i * D + c]
-                    + (0..H)
-                        .map(|h| hid[h] * w2[(i * H + h) * D + c])
-                        .sum::<f64>();
-                y += wt * e;
+        let top: Vec<f64> = order[..K].iter().map(|&i| o[i]).collect();
+        let w = moe_f64::softmax(&top);
+        let chosen: Vec<(usize, f64)> = order[..K].iter().copied().zip(w).collect();
+        let mut y = vec![0.0; D];
+        // a null expert (index ≥ N) outputs zero
+        for &(i, wt) in chosen.iter().filter(|(i, _)| *i < N) {
+            for (yc, e) in y.iter_mut().zip(layer.expert(i, xt)) {
+                *yc += wt * e;
             }
-            out.y.push(y);
         }
+        out.y.extend(y);
         out.chosen.push(chosen);
     }
     out
@@ -207,19 +175,6 @@ fn n3_switch_loss_counts_every_routed_expert() {
     assert!((got - want).abs() < 1e-12, "{got} vs {want}");
 }
 
-fn loss_of(y: &Tensor) -> Result<Tensor> {
-    let c = Tensor::from_f64(
-        uniform_vec(y.numel(), -1.0, 1.0, 99),
-        y.shape(),
-        Device::cpu(),
-    )?
-    .to_dtype(y.dtype())?
-    .to_device(y.device())?;
-    y.mul(&c)?
-        .sum_all()?
-        .add(&y.mul(y)?.sum_all()?.mul_scalar(0.1)?)
-}
-
 #[test]
 fn n4_layer_gradcheck_in_f64() {
     let proto = layer(Device::cpu(), DType::F64, 40);
@@ -231,7 +186,7 @@ fn n4_layer_gradcheck_in_f64() {
             p.set(value.clone())?;
         }
         let out = l.forward(&v[0])?;
-        loss_of(&out.y)?.add(&out.aux_loss)
+        common::test_loss(&out.y)?.add(&out.aux_loss)
     };
     gradcheck(f, &inputs, &GradcheckOptions::default()).unwrap();
 }

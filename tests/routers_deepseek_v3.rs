@@ -272,19 +272,6 @@ fn layer_config(opts: &[(&str, &str)]) -> MoeConfig {
     cfg
 }
 
-fn loss_of(y: &Tensor) -> Result<Tensor> {
-    let c = Tensor::from_f64(
-        uniform_vec(y.numel(), -1.0, 1.0, 99),
-        y.shape(),
-        Device::cpu(),
-    )?
-    .to_dtype(y.dtype())?
-    .to_device(y.device())?;
-    y.mul(&c)?
-        .sum_all()?
-        .add(&y.mul(y)?.sum_all()?.mul_scalar(0.1)?)
-}
-
 const LAYER_OPTS: [(&str, &str); 4] = [
     ("n_group", "4"),
     ("topk_group", "2"),
@@ -333,7 +320,7 @@ fn p5_layer_gradcheck_in_f64() {
             for ((_, p), value) in l.named_params().iter().zip(&v[1..]) {
                 p.set(value.clone())?;
             }
-            loss_of(&l.forward(&v[0])?.y)
+            common::test_loss(&l.forward(&v[0])?.y)
         };
         if let Err(e) = gradcheck(f, &inputs, &GradcheckOptions::default()) {
             panic!("norm_topk_prob = {norm}: {e}");
@@ -508,7 +495,7 @@ fn gpu_matches_cpu() {
             .unwrap();
         let r = l.router().route(&xd).unwrap();
         let out = l.forward_routed(&xd, std::slice::from_ref(&r)).unwrap();
-        loss_of(&out.y).unwrap().backward().unwrap();
+        common::test_loss(&out.y).unwrap().backward().unwrap();
         let mut v = vec![
             r.expert.to_dtype(DType::F32).unwrap().to_vec_f64().unwrap(),
             r.weight.to_vec_f64().unwrap(),

@@ -15,8 +15,11 @@
 //! * GPU (f32) against CPU (f64): output, every gradient and the updated vectors.
 
 mod common;
+#[path = "common/moe_f64.rs"]
+mod moe_f64;
 
 use common::uniform_vec;
+use moe_f64::MoeF64;
 use moegrad::gradcheck::{GradcheckOptions, gradcheck};
 use moegrad::moe::{BalanceMethod, Balancing, MoeConfig, MoeLayer};
 use moegrad::nn::Parameters;
@@ -45,48 +48,14 @@ fn config(router: &str, beta: f64) -> MoeConfig {
 /// A layer on `dev` in `dtype` with every parameter (biases too) drawn from `seed`.
 fn layer(router: &str, beta: f64, dev: Device, dtype: DType, seed: u64) -> MoeLayer {
     let l = MoeLayer::new(&config(router, beta), dev).unwrap();
-    for (i, (_, p)) in l.named_params().into_iter().enumerate() {
-        let v = uniform_vec(p.get().numel(), -0.8, 0.8, seed + i as u64);
-        p.set(common::tensor_on(v, p.get().shape(), dtype, dev))
-            .unwrap();
-    }
+    common::fill_params_uniform(&l, (-0.8, 0.8), seed, dtype, dev);
     l
 }
 
-fn param(l: &MoeLayer, name: &str) -> Vec<f64> {
-    l.named_params()
-        .into_iter()
-        .find(|(n, _)| n == name)
-        .unwrap_or_else(|| panic!("no parameter {name}"))
-        .1
-        .get()
-        .to_vec_f64()
-        .unwrap()
-}
-
-fn grad(l: &MoeLayer, name: &str) -> Vec<f64> {
-    l.named_params()
-        .into_iter()
-        .find(|(n, _)| n == name)
-        .unwrap()
-        .1
-        .grad()
-        .unwrap()
-        .to_vec_f64()
-        .unwrap()
-}
-
-/// `L = Σ c⊙y + 0.1·Σ y²`, so `g = ∂L/∂y = c + 0.2·y`.
+/// The `c` of `common::test_loss` (`L = Σ c⊙y + 0.1·Σ y²`, so `g = ∂L/∂y = c + 0.2·y`) for
+/// outputs `[T, D]`.
 fn coefficients() -> Vec<f64> {
     uniform_vec(T * D, -1.0, 1.0, 99)
-}
-fn loss_of(y: &Tensor) -> Result<Tensor> {
-    let c = Tensor::from_f64(coefficients(), y.shape(), Device::cpu())?
-        .to_dtype(y.dtype())?
-        .to_device(y.device())?;
-    y.mul(&c)?
-        .sum_all()?
-        .add(&y.mul(y)?.sum_all()?.mul_scalar(0.1)?)
 }
 
 /// The definition in f64, from a layer's parameters: per token the logits, π, the chosen
@@ -99,9 +68,7 @@ struct Reference {
 }
 
 fn reference(l: &MoeLayer, x: &[f64]) -> Reference {
-    let (w, b) = (param(l, "router.weight"), param(l, "router.bias"));
-    let (w1, b1) = (param(l, "experts.w1"), param(l, "experts.b1"));
-    let (w2, b2) = (param(l, "experts.w2"), param(l, "experts.b2"));
+    let layer = MoeF64::of(l, (D, H, D), N);
     let mut r = Reference {
         pi: vec![],
         chosen: vec![],
@@ -110,33 +77,10 @@ fn reference(l: &MoeLayer, x: &[f64]) -> Reference {
     };
     for t in 0..T {
         let xt = &x[t * D..(t + 1) * D];
-        let o: Vec<f64> = (0..N)
-            .map(|i| b[i] + (0..D).map(|j| xt[j] * w[j * N + i]).sum::<f64>())
-            .collect();
-        let m = o.iter().cloned().fold(f64::MIN, f64::max);
-        let z: f64 = o.iter().map(|v| (v - m).exp()).sum();
-        let pi: Vec<f64> = o.iter().map(|v| (v - m).exp() / z).collect();
+        let pi = moe_f64::softmax(&layer.logits(xt));
         let mut order: Vec<usize> = (0..N).collect();
         order.sort_by(|&a, &b| pi[b].total_cmp(&pi[a]));
-        let outs: Vec<Vec<f64>> = (0..N)
-            .map(|i| {
-                let hid: Vec<f64> = (0..H)
-                    .map(|h| {
-                        let s = b1[i * H + h]
-                            + (0..D).map(|j| xt[j] * w1[(i * D + j) * H + h]).sum::<f64>();
-                        s.max(0.0)
-                    })
-                    .collect();
-                (0..D)
-                    .map(|c| {
-                        b2[i * D + c]
-                            + (0..H)
-                                .map(|h| hid[h] * w2[(i * H + h) * D + c])
-                                .sum::<f64>()
-                    })
-                    .collect()
-            })
-            .collect();
+        let outs: Vec<Vec<f64>> = (0..N).map(|i| layer.expert(i, xt)).collect();
         let chosen = order[..K].to_vec();
         let y = (0..D)
             .map(|c| chosen.iter().map(|&i| pi[i] * outs[i][c]).sum())
@@ -290,10 +234,22 @@ fn p3_router_gradient_is_the_dense_one_with_defaults_for_unselected_experts() {
     let r = reference(&l, &x);
     defaults = ema(&r, &defaults, beta); // the batch's own means are in Ê when it backpropagates
     let out = l.forward(&common::f64t(&x, &[T, D])).unwrap();
-    loss_of(&out.y).unwrap().backward().unwrap();
+    common::test_loss(&out.y).unwrap().backward().unwrap();
     let (dw, db) = reference_gate_grad(&r, &x, &defaults);
-    common::assert_close("∂L/∂W_gate", &grad(&l, "router.weight"), &dw, 1e-6, 1e-5);
-    common::assert_close("∂L/∂b_gate", &grad(&l, "router.bias"), &db, 1e-6, 1e-5);
+    common::assert_close(
+        "∂L/∂W_gate",
+        &common::param_grad(&l, "router.weight"),
+        &dw,
+        1e-6,
+        1e-5,
+    );
+    common::assert_close(
+        "∂L/∂b_gate",
+        &common::param_grad(&l, "router.bias"),
+        &db,
+        1e-6,
+        1e-5,
+    );
     // the unselected experts' term is really there: plain top-k's gradient differs
     let (dw_topk, _) = reference_gate_grad(&r, &x, &vec![vec![0.0; D]; N]);
     let gap = dw
@@ -308,9 +264,15 @@ fn p3_router_gradient_is_the_dense_one_with_defaults_for_unselected_experts() {
     // the experts' gradients are top-k's (same parameters, same batch)
     let plain = layer("topk-unnorm", beta, Device::cpu(), DType::F64, 70);
     let out = plain.forward(&common::f64t(&x, &[T, D])).unwrap();
-    loss_of(&out.y).unwrap().backward().unwrap();
+    common::test_loss(&out.y).unwrap().backward().unwrap();
     for name in ["experts.w1", "experts.b1", "experts.w2", "experts.b2"] {
-        common::assert_close(name, &grad(&l, name), &grad(&plain, name), 1e-12, 1e-10);
+        common::assert_close(
+            name,
+            &common::param_grad(&l, name),
+            &common::param_grad(&plain, name),
+            1e-12,
+            1e-10,
+        );
     }
 }
 
@@ -349,18 +311,18 @@ fn p4_constant_experts_with_beta_zero_give_the_dense_gradient() {
     let x = x_values(82);
     let out = l.forward(&common::f64t(&x, &[T, D])).unwrap();
     // the dense MoE's loss, with the same y in value: L(y_sparse + Σ_{i∉A} π_i b2_i − sg(·))
-    loss_of(&out.y).unwrap().backward().unwrap();
+    common::test_loss(&out.y).unwrap().backward().unwrap();
     let dense = make("softmax");
     let xt = common::f64t(&x, &[T, D]);
     let yd = dense.forward(&xt).unwrap().y;
     let ys = make("topk-unnorm").forward(&xt).unwrap().y;
     // loss at the sparse output, gradient through the dense one: g is evaluated at y_sparse
     let surrogate = yd.sub(&yd.detach()).unwrap().add(&ys.detach()).unwrap();
-    loss_of(&surrogate).unwrap().backward().unwrap();
+    common::test_loss(&surrogate).unwrap().backward().unwrap();
     common::assert_close(
         "∂L/∂W_gate (dense)",
-        &grad(&l, "router.weight"),
-        &grad(&dense, "router.weight"),
+        &common::param_grad(&l, "router.weight"),
+        &common::param_grad(&dense, "router.weight"),
         1e-6,
         1e-5,
     );
@@ -387,8 +349,8 @@ fn p5_default_outputs_are_saved_and_restored() {
     let step = |l: &MoeLayer| {
         let x = common::tensor_on(x_values(93), &[T, D], DType::F32, Device::cpu());
         let out = l.forward(&x).unwrap();
-        loss_of(&out.y).unwrap().backward().unwrap();
-        (grad(l, "router.weight"), table(l))
+        common::test_loss(&out.y).unwrap().backward().unwrap();
+        (common::param_grad(l, "router.weight"), table(l))
     };
     assert_eq!(step(&a), step(&b));
     let err = b
@@ -428,7 +390,7 @@ fn p6_evaluation_gradient_is_exact() {
         for ((_, p), value) in l.named_params().iter().zip(&v[1..]) {
             p.set(value.clone())?;
         }
-        loss_of(&l.forward(&v[0])?.y)
+        common::test_loss(&l.forward(&v[0])?.y)
     };
     gradcheck(f, &inputs, &GradcheckOptions::default()).unwrap();
 }

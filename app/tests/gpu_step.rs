@@ -53,6 +53,19 @@ fn f32_on(v: &[f64], shape: &[usize], d: Device) -> Tensor {
 
 // ---- the steady step ---------------------------------------------------------------------------
 
+/// Counts one steady step of `cfg` and asserts it waited for nothing, created no buffer and read
+/// nothing back (`what` names the case).
+fn assert_steady(what: &str, cfg: moegrad::train::TrainConfig) {
+    let s = count_step_with(cfg).unwrap();
+    assert_eq!(s.host_waits, 0, "{what}: the step waited: {s:?}");
+    assert_eq!(
+        s.buffers_created, 0,
+        "{what}: the step created buffers: {s:?}"
+    );
+    assert_eq!(s.downloaded_bytes, 0, "{what}: the step read back: {s:?}");
+    assert!(s.dispatches > 0, "{what}: nothing counted: {s:?}");
+}
+
 /// The balancers keep the steady step free of waits and new buffers: the aux-free and quantile
 /// bias updates and the sequence-wise and windowed losses all stay on the device.
 #[test]
@@ -78,15 +91,7 @@ fn a_steady_step_with_each_balancer_never_waits_and_creates_no_buffer() {
             window: 3,
             ..Balancing::default()
         };
-        let s = count_step_with(cfg).unwrap();
-        let what = format!("{model} {method:?} {scope:?}");
-        assert_eq!(s.host_waits, 0, "{what}: the step waited: {s:?}");
-        assert_eq!(
-            s.buffers_created, 0,
-            "{what}: the step created buffers: {s:?}"
-        );
-        assert_eq!(s.downloaded_bytes, 0, "{what}: the step read back: {s:?}");
-        assert!(s.dispatches > 0, "{what}: nothing counted: {s:?}");
+        assert_steady(&format!("{model} {method:?} {scope:?}"), cfg);
     }
 }
 
@@ -109,15 +114,7 @@ fn a_steady_step_with_default_moe_or_null_experts_never_waits_and_creates_no_buf
         }
         cfg.router = router.into();
         cfg.null_experts = nulls;
-        let s = count_step_with(cfg).unwrap();
-        let what = format!("{model} {router} with {nulls} null experts");
-        assert_eq!(s.host_waits, 0, "{what}: the step waited: {s:?}");
-        assert_eq!(
-            s.buffers_created, 0,
-            "{what}: the step created buffers: {s:?}"
-        );
-        assert_eq!(s.downloaded_bytes, 0, "{what}: the step read back: {s:?}");
-        assert!(s.dispatches > 0, "{what}: nothing counted: {s:?}");
+        assert_steady(&format!("{model} {router} with {nulls} null experts"), cfg);
     }
 }
 

@@ -320,6 +320,37 @@ fn resumed_language_model_runs_continue_bit_for_bit() {
     }
 }
 
+/// Trains `cfg` (40 iterations) straight, then the same run in `split` as 20 iterations and a
+/// `--resume` to 40; asserts the validation loss fell between 20 and 40 iterations and that the
+/// resumed run ends bit for bit where the straight one did. Returns the straight run's summary.
+fn learns_and_resumes(cfg: &TrainConfig, split: &Path, what: &str) -> moegrad::lm::LmSummary {
+    let mut cfg = cfg.clone();
+    cfg.schedule_epochs = 2;
+    let straight = run(&cfg, quiet()).unwrap();
+    let mut first = cfg.clone();
+    first.out = split.to_path_buf();
+    first.iters = 20;
+    let half = run(&first, quiet()).unwrap();
+    assert!(
+        straight.val_loss < half.val_loss,
+        "{what}: the loss did not fall"
+    );
+    let resumed = run(
+        &TrainConfig { iters: 40, ..first },
+        RunOptions {
+            resume: true,
+            ..quiet()
+        },
+    )
+    .unwrap();
+    assert_eq!(
+        (resumed.val_loss, resumed.train_loss),
+        (straight.val_loss, straight.train_loss),
+        "{what}"
+    );
+    straight
+}
+
 /// Each balancer on a language model: the sequence-wise loss, aux-free and quantile train
 /// `moe-gpt` (the validation loss falls) and resume bit for bit; `mixtral` takes aux-free too.
 #[test]
@@ -359,32 +390,8 @@ fn language_models_train_and_resume_with_every_balancer() {
             rate: 0.01,
             ..Balancing::default()
         };
-        cfg.schedule_epochs = 2;
-        let straight = run(&cfg, quiet()).unwrap();
+        let straight = learns_and_resumes(&cfg, &b, &what);
         assert!(straight.val_loss.is_finite(), "{what}");
-        let mut first = cfg.clone();
-        first.out = b.clone();
-        first.iters = 20;
-        let mut second = first.clone();
-        second.iters = 40;
-        let half = run(&first, quiet()).unwrap();
-        assert!(
-            straight.val_loss < half.val_loss,
-            "{what}: the loss did not fall"
-        );
-        let resumed = run(
-            &second,
-            RunOptions {
-                resume: true,
-                ..quiet()
-            },
-        )
-        .unwrap();
-        assert_eq!(
-            (resumed.val_loss, resumed.train_loss),
-            (straight.val_loss, straight.train_loss),
-            "{what}"
-        );
         for d in [a, b] {
             let _ = std::fs::remove_dir_all(d);
         }
@@ -401,31 +408,7 @@ fn null_experts_train_resume_and_are_counted() {
         let (a, b) = (tmp("null-straight"), tmp("null-resumed"));
         let mut cfg = tiny(model, &a);
         cfg.null_experts = 2;
-        cfg.schedule_epochs = 2;
-        let straight = run(&cfg, quiet()).unwrap();
-        let mut first = cfg.clone();
-        first.out = b.clone();
-        first.iters = 20;
-        let half = run(&first, quiet()).unwrap();
-        assert!(
-            straight.val_loss < half.val_loss,
-            "{what}: the loss did not fall"
-        );
-        let mut second = first.clone();
-        second.iters = 40;
-        let resumed = run(
-            &second,
-            RunOptions {
-                resume: true,
-                ..quiet()
-            },
-        )
-        .unwrap();
-        assert_eq!(
-            (resumed.val_loss, resumed.train_loss),
-            (straight.val_loss, straight.train_loss),
-            "{what}"
-        );
+        let straight = learns_and_resumes(&cfg, &b, what);
         let routing = straight.routing.as_ref().expect("routing diagnostics");
         let per_token = routing.experts_per_token.median;
         assert!(

@@ -81,26 +81,7 @@ impl DefaultOutputs {
     /// Replaces the vectors (`[n, m]`, any float dtype and device; stored as F32 on the
     /// router's device). Errors name a wrong shape or a value that is not finite.
     pub fn set(&self, table: &Tensor, what: &str) -> Result<()> {
-        if table.shape() != [self.n, self.m] {
-            return Err(Error::Shape(format!(
-                "{what} must have shape [{}, {}], got {:?}",
-                self.n,
-                self.m,
-                table.shape()
-            )));
-        }
-        let values = table
-            .to_device(Device::Cpu)?
-            .to_dtype(DType::F64)?
-            .to_vec_f64()?;
-        if values.iter().any(|v| !v.is_finite()) {
-            return Err(Error::Invalid(format!(
-                "{what} has a value that is not finite"
-            )));
-        }
-        let t = Tensor::from_f64(values, table.shape(), Device::Cpu)?
-            .to_dtype(DType::F32)?
-            .to_device(self.device)?;
+        let t = super::selection_bias::checked_state(table, &[self.n, self.m], what, self.device)?;
         *self.lock()? = t;
         Ok(())
     }
@@ -125,11 +106,11 @@ impl DefaultOutputs {
             let mean = sums
                 .detach()
                 .to_dtype(DType::F32)?
-                .div(&c.maximum(&Tensor::scalar(1.0, DType::F32, c.device())?)?)?;
+                .div(&c.clamp(1.0, f64::INFINITY)?)?;
             let moved = old
                 .mul_scalar(self.beta)?
                 .add(&mean.mul_scalar(1.0 - self.beta)?)?;
-            let ran = c.gt(&Tensor::scalar(0.0, DType::F32, c.device())?)?; // [n, 1]
+            let ran = c.clamp(0.0, 1.0)?; // [n, 1]: 1 where the expert ran (counts are whole numbers)
             // ran·moved + (1 − ran)·old, broadcast over the m columns
             moved.sub(&old)?.mul(&ran)?.add(&old)
         })?;

@@ -8,7 +8,7 @@
 //! `n + N`; the experts, capacity and diagnostics see `n` (docs/routers.md, "Null experts").
 
 use super::{MoeConfig, Router, Routing};
-use crate::{DType, Error, Result, Tensor};
+use crate::{DType, Error, Result};
 
 impl Routing {
     /// The routing the experts run, for a router that also scores `N` null experts (indices
@@ -30,7 +30,8 @@ impl Routing {
         crate::no_grad(|| {
             let ft = self.valid.dtype();
             let e = self.expert.to_dtype(ft)?;
-            let real = e.lt(&Tensor::scalar(n as f64, ft, e.device())?)?; // 1 for a real expert
+            // 1 for a real expert (e < n), 0 for a null one: min(max(n − e, 0), 1) on whole numbers
+            let real = e.neg()?.add_scalar(n as f64)?.clamp(0.0, 1.0)?;
             self.valid = self.valid.mul(&real)?;
             // a null assignment points at expert 0, invalid (the plan skips it)
             self.expert = e.mul(&real)?.to_dtype(DType::I32)?;

@@ -73,25 +73,7 @@ impl SelectionBias {
     /// Replaces the bias (`[n]`, any float dtype and device; stored as F32 on the router's
     /// device). Errors name a wrong shape or a value that is not finite (`what` names the bias).
     pub fn set(&self, bias: &Tensor, what: &str) -> Result<()> {
-        if bias.shape() != [self.n] {
-            return Err(Error::Shape(format!(
-                "{what} must have shape [{}], got {:?}",
-                self.n,
-                bias.shape()
-            )));
-        }
-        let values = bias
-            .to_device(Device::Cpu)?
-            .to_dtype(DType::F64)?
-            .to_vec_f64()?;
-        if values.iter().any(|v| !v.is_finite()) {
-            return Err(Error::Invalid(format!(
-                "{what} has a value that is not finite"
-            )));
-        }
-        let b = Tensor::from_f64(values, &[self.n], Device::Cpu)?
-            .to_dtype(DType::F32)?
-            .to_device(self.device)?;
+        let b = checked_state(bias, &[self.n], what, self.device)?;
         *self.lock()? = b;
         Ok(())
     }
@@ -166,4 +148,33 @@ impl SelectionBias {
 /// `b − mean(b)`.
 fn centre(b: &Tensor) -> Result<Tensor> {
     b.sub(&b.mean_all()?)
+}
+
+/// A router's step-to-step state restored from `value` (any float dtype and device): checked to
+/// have `shape` and finite values (errors name `what`), stored as F32 on `device`. The selection
+/// bias and Default MoE's outputs (`default_outputs.rs`) restore through it.
+pub(crate) fn checked_state(
+    value: &Tensor,
+    shape: &[usize],
+    what: &str,
+    device: Device,
+) -> Result<Tensor> {
+    if value.shape() != shape {
+        return Err(Error::Shape(format!(
+            "{what} must have shape {shape:?}, got {:?}",
+            value.shape()
+        )));
+    }
+    let values = value
+        .to_device(Device::Cpu)?
+        .to_dtype(DType::F64)?
+        .to_vec_f64()?;
+    if values.iter().any(|v| !v.is_finite()) {
+        return Err(Error::Invalid(format!(
+            "{what} has a value that is not finite"
+        )));
+    }
+    Tensor::from_f64(values, shape, Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .to_device(device)
 }

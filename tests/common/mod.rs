@@ -198,3 +198,58 @@ pub fn hf_fixture(name: &str) -> std::path::PathBuf {
     };
     dir.join(name)
 }
+
+/// The test loss of a layer's output `y`, `Σ c⊙y + 0.1·Σ y²` with `c` drawn uniformly from
+/// `[−1, 1)` (seed 99, one per element), in y's dtype and on its device; its gradient is
+/// `g = c + 0.2·y`.
+pub fn test_loss(y: &Tensor) -> Result<Tensor> {
+    let c = Tensor::from_f64(
+        uniform_vec(y.numel(), -1.0, 1.0, 99),
+        y.shape(),
+        Device::cpu(),
+    )?
+    .to_dtype(y.dtype())?
+    .to_device(y.device())?;
+    y.mul(&c)?
+        .sum_all()?
+        .add(&y.mul(y)?.sum_all()?.mul_scalar(0.1)?)
+}
+
+/// Sets every parameter of `model` to values drawn uniformly from `[lo, hi)` (parameter `i` in
+/// visiting order from seed `seed + i`), in `dtype` on `dev`.
+pub fn fill_params_uniform(
+    model: &dyn moegrad::nn::Parameters,
+    (lo, hi): (f64, f64),
+    seed: u64,
+    dtype: DType,
+    dev: Device,
+) {
+    for (i, (_, p)) in model.named_params().into_iter().enumerate() {
+        let v = uniform_vec(p.get().numel(), lo, hi, seed + i as u64);
+        p.set(tensor_on(v, p.get().shape(), dtype, dev))
+            .expect("a parameter of the same shape");
+    }
+}
+
+/// The value of `model`'s parameter `name`, on the host.
+pub fn param_values(model: &dyn moegrad::nn::Parameters, name: &str) -> Vec<f64> {
+    named_param(model, name).get().to_vec_f64().unwrap()
+}
+
+/// The gradient of `model`'s parameter `name`, on the host (panics when it has none).
+pub fn param_grad(model: &dyn moegrad::nn::Parameters, name: &str) -> Vec<f64> {
+    named_param(model, name)
+        .grad()
+        .unwrap()
+        .to_vec_f64()
+        .unwrap()
+}
+
+fn named_param(model: &dyn moegrad::nn::Parameters, name: &str) -> moegrad::nn::Param {
+    model
+        .named_params()
+        .into_iter()
+        .find(|(n, _)| n == name)
+        .unwrap_or_else(|| panic!("no parameter {name}"))
+        .1
+}

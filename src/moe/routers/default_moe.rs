@@ -110,14 +110,13 @@ impl Router for DefaultMoeRouter {
             // U = π with the chosen experts zeroed: the probabilities the defaults answer for
             let unselected = crate::no_grad(|| {
                 let (t, n) = (probs.shape()[0], probs.shape()[1]);
-                let ones = Tensor::ones(&[t, self.k], probs.dtype(), probs.device())?;
-                Tensor::ones(&[t, n], probs.dtype(), probs.device())?.sub(
-                    &Tensor::zeros(&[t, n], probs.dtype(), probs.device())?.scatter_add(
-                        1,
-                        &idx,
-                        &ones,
-                    )?,
-                )
+                let (dt, dev) = (probs.dtype(), probs.device());
+                let chosen = Tensor::zeros(&[t, n], dt, dev)?.scatter_add(
+                    1,
+                    &idx,
+                    &Tensor::ones(&[t, self.k], dt, dev)?,
+                )?;
+                chosen.neg()?.add_scalar(1.0)
             })?;
             routing.defaults = Some(crate::moe::DefaultTerm {
                 unselected: probs.mul(&unselected)?,
