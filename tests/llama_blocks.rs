@@ -333,3 +333,58 @@ fn gpu_matches_cpu() {
         common::assert_close(&format!("case {i}: dx"), &dx_gpu, &dx_cpu, 1e-4, 1e-3);
     }
 }
+
+/// The fused SwiGLU and rotary primitives on the GPU against the CPU over random shapes (odd
+/// widths, a single row, sequences shorter than the tables), forward and backward with a random
+/// upstream gradient. The folded grids are in the backend's own tests (`folded_llama_kernels`).
+#[test]
+fn swiglu_and_rotary_gpu_parity_over_random_shapes() {
+    let Some(gpu) = common::gpu_or_skip("swiglu and rotary on the GPU") else {
+        return;
+    };
+    let cpu = Device::cpu();
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    // y = f(x), then (y ⊙ w).sum() backward: (y, dx) on one device
+    let run = |f: &dyn Fn(&Tensor) -> Tensor, xv: &[f64], shape: &[usize], wv: &[f64], device| {
+        let x = common::tensor_on(xv.to_vec(), shape, DType::F32, device)
+            .with_grad()
+            .unwrap();
+        let y = f(&x);
+        let w = common::tensor_on(wv.to_vec(), y.shape(), DType::F32, device);
+        y.mul(&w).unwrap().sum_all().unwrap().backward().unwrap();
+        (
+            y.to_vec_f64().unwrap(),
+            x.grad().unwrap().to_vec_f64().unwrap(),
+        )
+    };
+    for case in 0..12u64 {
+        let (rows, half) = (rng.random_range(1..40usize), rng.random_range(1..70usize));
+        let xv = values(rows * 2 * half, 100 + case);
+        let wv = values(rows * half, 200 + case);
+        let swiglu = |x: &Tensor| x.swiglu().unwrap();
+        let (y_gpu, dx_gpu) = run(&swiglu, &xv, &[rows, 2 * half], &wv, gpu);
+        let (y_cpu, dx_cpu) = run(&swiglu, &xv, &[rows, 2 * half], &wv, cpu);
+        let what = format!("swiglu [{rows}, 2·{half}]");
+        common::assert_close(&format!("{what}: y"), &y_gpu, &y_cpu, 1e-5, 1e-5);
+        common::assert_close(&format!("{what}: dx"), &dx_gpu, &dx_cpu, 1e-5, 1e-5);
+
+        let (b, heads) = (rng.random_range(1..4usize), rng.random_range(1..4usize));
+        let (t, dh) = (
+            rng.random_range(1..20usize),
+            2 * rng.random_range(1..20usize),
+        );
+        let block = t + rng.random_range(0..5usize);
+        let shape = [b, heads, t, dh];
+        let n = b * heads * t * dh;
+        let (xv, wv) = (values(n, 300 + case), values(n, 400 + case));
+        let rotate = |device| {
+            let rope = Rotary::new(dh, block, 1e4, device).unwrap();
+            move |x: &Tensor| rope.apply(x).unwrap()
+        };
+        let (y_gpu, dx_gpu) = run(&rotate(gpu), &xv, &shape, &wv, gpu);
+        let (y_cpu, dx_cpu) = run(&rotate(cpu), &xv, &shape, &wv, cpu);
+        let what = format!("rotary {shape:?} of {block} positions");
+        common::assert_close(&format!("{what}: y"), &y_gpu, &y_cpu, 1e-5, 1e-5);
+        common::assert_close(&format!("{what}: dx"), &dx_gpu, &dx_cpu, 1e-5, 1e-5);
+    }
+}

@@ -1,12 +1,14 @@
 //! Device-neutral argument checks of the fused primitives (cross-entropy, layer norm,
-//! attention, the grouped matmul's bias, convolution and pooling): buffer lengths against the
+//! attention, SwiGLU, the rotary embedding, the grouped matmul's bias, convolution and pooling): buffer lengths against the
 //! geometry they are called with, so that a mismatch is an [`crate::Error`] before any kernel
 //! indexes a buffer. Both backends call these, generic over [`Operand`], so each message is
 //! written once; what only one device needs (the GPU's f32-only dtype, its 32-bit indexing and
 //! workgroup limits) stays in that device's launcher.
 
 use super::{cpu::CpuBuffer, gpu::GpuBuffer};
-use crate::backend::{AttentionDims, Conv2dDims, GroupedMatmulDims, LayerNormDims};
+use crate::backend::{
+    AttentionDims, Conv2dDims, GroupedMatmulDims, LayerNormDims, RotaryDims, SwiGluDims,
+};
 use crate::{DType, Error, Result};
 use std::fmt::Debug;
 
@@ -139,6 +141,66 @@ pub(crate) fn check_layer_norm_lengths<B: Operand>(
         }
     }
     Ok(())
+}
+
+/// Checks a SwiGLU's operands: `[rows, 2·half]` ones (the input and its gradient) and
+/// `[rows, half]` ones (the output's gradient), and that no size is zero.
+pub(crate) fn check_swiglu_lengths<B: Operand>(
+    what: &str,
+    inputs: &[(&str, &B)],
+    outputs: &[(&str, &B)],
+    dims: SwiGluDims,
+) -> Result<()> {
+    let SwiGluDims { rows, half } = dims;
+    let n = rows
+        .checked_mul(half)
+        .and_then(|n| n.checked_mul(2))
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            Error::Shape(format!(
+                "{what}: [{rows}, 2·{half}] must have sizes of at least 1 and fit in memory"
+            ))
+        })?;
+    let mut operands: Vec<(&str, &B, usize)> = inputs.iter().map(|&(w, b)| (w, b, n)).collect();
+    operands.extend(outputs.iter().map(|&(w, b)| (w, b, n / 2)));
+    check_lengths(what, &operands, &dims)
+}
+
+/// Checks a rotary embedding's operands: `x` of `batch·seq·head_dim` elements, the tables of
+/// `table_rows·head_dim`, an even head width, `seq ≤ table_rows` and no zero size.
+pub(crate) fn check_rotary_lengths<B: Operand>(
+    what: &str,
+    x: &B,
+    (cos, sin): (&B, &B),
+    dims: RotaryDims,
+) -> Result<()> {
+    let RotaryDims {
+        batch,
+        seq,
+        head_dim,
+        table_rows,
+        ..
+    } = dims;
+    let n = batch
+        .checked_mul(seq)
+        .and_then(|n| n.checked_mul(head_dim))
+        .filter(|&n| n > 0);
+    let table = table_rows.checked_mul(head_dim);
+    let (Some(n), Some(table)) = (n, table) else {
+        return Err(Error::Shape(format!(
+            "{what}: {dims:?} must have sizes of at least 1 and fit in memory"
+        )));
+    };
+    if !head_dim.is_multiple_of(2) || seq > table_rows {
+        return Err(Error::Shape(format!(
+            "{what}: {dims:?} needs an even head width and at most table_rows positions"
+        )));
+    }
+    check_lengths(
+        what,
+        &[("x", x, n), ("cos", cos, table), ("sin", sin, table)],
+        &dims,
+    )
 }
 
 /// Checks that each `[heads, seq, head_dim]` operand of an attention kernel holds exactly

@@ -22,7 +22,8 @@
 //!   and the expert bank's weight gradient);
 //! * `optim.rs` (fused Adam, AdamW and SGD steps, in place; [`OptimOps`](crate::backend::OptimOps));
 //! * `routing.rs` (top-k gate, dispatch plan; [`RoutingOps`](crate::backend::RoutingOps)) and `nn.rs`, the [`NnOps`](crate::backend::NnOps) impl
-//!   over the fused kernels `attention.rs`, `layer_norm.rs`, `cross_entropy.rs`, `conv2d.rs`,
+//!   over the fused kernels `attention.rs`, `layer_norm.rs`, `swiglu.rs`, `rotary.rs`,
+//!   `cross_entropy.rs`, `conv2d.rs`,
 //!   `pool2d.rs` (pooling layers), whose argument checks are the device-neutral ones of
 //!   `backend/checks.rs`;
 //! * `buffer_pool.rs` (recycled allocations) and `worker.rs` (how a kernel reaches rayon's
@@ -135,8 +136,10 @@ mod nn;
 mod optim;
 mod pool2d;
 mod reduce;
+mod rotary;
 mod routing;
 mod sort;
+mod swiglu;
 mod worker;
 // the block sizes the backend's own tests (backend/tests/) pick their sizes around
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! The geometry structs the primitives of [`super::Backend`] take: how a tensor is seen around one
 //! axis ([`AxisView`]), how a matmul operand sits in its buffer ([`MatLayout`]), and the sizes of
-//! a matmul, an attention, a layer norm, a 2-D convolution and a 2-D pooling, one strided operand
+//! a matmul, an attention, a layer norm, a SwiGLU, a rotary embedding, a 2-D convolution and a 2-D pooling, one strided operand
 //! of an elementwise primitive ([`Strided`]) and the sizes of a scatter ([`ScatterDims`]). Plain `Copy`
 //! structs, checked once by the `Tensor` layer (or by their own `check`), so that a kernel gets
 //! one argument per concept instead of a long list of sizes.
@@ -114,6 +114,36 @@ pub struct LayerNormDims {
     /// true: layer norm (subtract each row's mean, add `beta`); false: RMSNorm (no mean, no
     /// `beta`)
     pub centered: bool,
+}
+
+/// Sizes of a SwiGLU (`Tensor::swiglu`): `rows` rows of `2·half` values, the gate `a` in the
+/// first `half` columns and the up projection `b` in the last `half`; the output has `rows` rows
+/// of `half` values, `silu(a)·b`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SwiGluDims {
+    /// number of rows (the product of every axis but the last)
+    pub rows: usize,
+    /// the width of each half (the output's last axis)
+    pub half: usize,
+}
+
+/// Sizes of a rotary position embedding (`nn::Rotary`): `batch` contiguous `[seq, head_dim]`
+/// matrices (every axis before the last two folded into `batch`), rotated by the rows `0..seq`
+/// of `[table_rows, head_dim]` tables `cos` and `±sin`; with `transpose`, the transposed
+/// rotation (the backward rule).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RotaryDims {
+    /// the product of every axis before the last two
+    pub batch: usize,
+    /// positions (the second-to-last axis), at most `table_rows`
+    pub seq: usize,
+    /// the head width (the last axis), even
+    pub head_dim: usize,
+    /// rows of the `cos` and `sin` tables (the context they were built for)
+    pub table_rows: usize,
+    /// apply the transposed rotation `dx_j = g_j·cos_j + g_j'·sin_j'` (`j'` the column `j` is
+    /// paired with) instead of `y_j = x_j·cos_j + x_j'·sin_j`
+    pub transpose: bool,
 }
 
 /// Geometry of a 2-D convolution (cross-correlation, as in PyTorch) over a batch of images, the

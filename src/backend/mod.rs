@@ -23,7 +23,8 @@ pub(crate) mod gpu;
 
 pub(crate) use dims::{
     AttentionDims, AttentionGradOperands, AxisView, Conv2dDims, ExpertBankDims, GroupedMatmulDims,
-    LayerNormDims, MatLayout, MatmulDims, Pool2dDims, PoolKind, ScatterDims, Strided,
+    LayerNormDims, MatLayout, MatmulDims, Pool2dDims, PoolKind, RotaryDims, ScatterDims, Strided,
+    SwiGluDims,
 };
 
 pub(crate) use family::{

@@ -9,16 +9,20 @@
 //! ```
 //!
 //! i.e. column `i` of the first half and column `i + h` of the second are rotated together by the
-//! angle `p·θ_i`. The tables `cos` and `sin` `[block, Dh]` are computed once; the rotation is
-//! `x ⊙ cos + swap(x) ⊙ sin±`, where `swap` exchanges the halves and `sin±` carries the sign of
-//! `rotate_half` (−sin on the first half). It is one node on the tape: with `swap` its own
-//! transpose (exchanging the halves twice is the identity), the backward rule is the rotation
-//! by the negated angle, `dx = g ⊙ cos + swap(g ⊙ sin±)`, composed from the same ops (so it is
-//! differentiable again).
+//! angle `p·θ_i`. The tables `cos` and `sin` `[block, Dh]` are computed once (`sin` carrying the
+//! sign of `rotate_half`: −sin on the first half), and the rotation is one backend primitive
+//! (`NnOps::rotary`: `src/backend/cpu/rotary.rs`, `shaders/rotary.wgsl`),
+//! `y_j = x_j·cos_j + x_j'·sin_j` with `j'` the column paired with `j`. Its backward rule is the
+//! transposed rotation (the rotation by the negated angle), `dx_j = g_j·cos_j + g_j'·sin_j'`, the
+//! same primitive with `transpose` set (recorded as a node whose own backward is the forward
+//! rotation again). Composed from slices, a
+//! concatenation, products and a sum, it took six passes each way (the composed form is the
+//! reference in `tests/llama_blocks.rs`).
 //!
 //! The angles are computed as transformers does, in f32: `θ_i` rounded to f32, the product
 //! `p·θ_i` in f32, its cosine and sine rounded to f32, so imported models see the same tables.
 
+use crate::backend::RotaryDims;
 use crate::{DType, Device, Error, Result, Tensor};
 
 /// The rotary tables of one head width and context length.
@@ -102,31 +106,39 @@ impl Rotary {
             )));
         }
         let t = x.shape()[rank - 2];
-        let (cos, sin) = if t == self.block {
+        let (cos, sin) = if x.dtype() == DType::F32 {
             (self.cos.clone(), self.sin_signed.clone())
         } else {
-            (self.cos.slice(0, 0, t)?, self.sin_signed.slice(0, 0, t)?)
+            (
+                self.cos.to_dtype(x.dtype())?,
+                self.sin_signed.to_dtype(x.dtype())?,
+            )
         };
-        let (cos, sin) = if x.dtype() == DType::F32 {
-            (cos, sin)
-        } else {
-            (cos.to_dtype(x.dtype())?, sin.to_dtype(x.dtype())?)
+        let dims = RotaryDims {
+            batch: x.shape()[..rank - 2].iter().product(),
+            seq: t,
+            head_dim: dh,
+            table_rows: self.block,
+            transpose: false,
         };
         let _profile = crate::profile::op("rotary");
-        let y = crate::no_grad(|| x.mul(&cos)?.add(&swap_halves(x)?.mul(&sin)?))?;
-        Ok(Tensor::record(y, "rotary", &[x], move |g| {
-            Ok(vec![Some(g.mul(&cos)?.add(&swap_halves(&g.mul(&sin)?)?)?)])
-        }))
+        rotate(x, cos, sin, dims)
     }
 }
 
-/// `[x_(h..Dh) | x_(0..h)]`: the two halves of the last axis exchanged (its own inverse and
-/// transpose).
-fn swap_halves(x: &Tensor) -> Result<Tensor> {
-    let dh = x.shape()[x.rank() - 1];
-    let h = dh / 2;
-    Tensor::concat(
-        &[x.slice(-1, h, dh)?, x.slice(-1, 0, h)?],
-        x.rank() as isize - 1,
-    )
+/// `x` rotated by the tables (`dims.transpose`: the transposed rotation), recorded as one node
+/// whose backward is the rotation with `transpose` flipped.
+fn rotate(x: &Tensor, cos: Tensor, sin: Tensor, dims: RotaryDims) -> Result<Tensor> {
+    if x.numel() == 0 {
+        return x.zeros_like();
+    }
+    let y = x.storage().rotary(cos.storage(), sin.storage(), dims)?;
+    let y = Tensor::from_storage(y, x.shape().to_vec());
+    Ok(Tensor::record(y, "rotary", &[x], move |g| {
+        let back = RotaryDims {
+            transpose: !dims.transpose,
+            ..dims
+        };
+        Ok(vec![Some(rotate(g, cos.clone(), sin.clone(), back)?)])
+    }))
 }

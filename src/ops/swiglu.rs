@@ -8,24 +8,32 @@
 //! computes `gate·x` and `up·x` with one matmul against the weights side by side (`[d, 2h]`,
 //! gate first, as transformers v5 stores `gate_up_proj`) and then this op.
 //!
-//! The forward pass runs the ops untracked and keeps `b`, `silu(a)` and the slope `silu'(a)`;
-//! the tape holds one node whose backward is the chain rule through them,
+//! Both passes are backend primitives (`NnOps::swiglu_forward` / `_backward`):
+//! `src/backend/cpu/swiglu.rs` on the CPU, `shaders/swiglu.wgsl` on the GPU. The tape holds one
+//! node that keeps only its input; the backward recomputes `σ(a)` and writes
 //!
 //! ```text
-//! d[a | b] = [g ⊙ b ⊙ silu'(a) | g ⊙ silu(a)]
+//! d[a | b] = [g ⊙ b ⊙ silu'(a) | g ⊙ silu(a)],    silu'(a) = σ(a)·(1 + a·(1 − σ(a)))
 //! ```
 //!
-//! one concatenation instead of the two zero-padded slice gradients, the product's two sides and
-//! `silu`'s own backward (five nodes, each a pass over `[.., h]` or `[.., 2h]`).
+//! in one pass. Composed from elementwise ops (two slices, `silu`, a product; backward two
+//! products and a concatenation) it took a pass and a buffer per op: on the CPU about a seventh
+//! of a `llama` training step (docs/benchmarks.md). The composed form is the reference in
+//! `tests/llama_blocks.rs`.
 
+use crate::backend::SwiGluDims;
 use crate::{Error, Result, Tensor};
 
 impl Tensor {
     /// `silu(a) ⊙ b` for the halves `a = self[.., :h]`, `b = self[.., h:]` of the last axis
     /// (`[.., 2h]` → `[.., h]`).
     ///
+    /// The backward rule is one backend kernel, not tensor ops, so it is not itself
+    /// differentiable (as `Tensor::layer_norm`).
+    ///
     /// # Errors
-    /// [`Error::Shape`] when the last axis is missing or odd; errors of the ops.
+    /// [`Error::Shape`] when the last axis is missing or odd; [`Error::DType`] for a non-float
+    /// tensor (or f64 on the GPU).
     ///
     /// # Example
     /// ```
@@ -46,34 +54,22 @@ impl Tensor {
                 self.shape()
             )));
         }
-        let h = width / 2;
+        self.check_float("swiglu")?;
+        let dims = SwiGluDims {
+            rows: self.numel() / width.max(1),
+            half: width / 2,
+        };
+        let mut out_shape = self.shape().to_vec();
+        *out_shape.last_mut().expect("rank checked above") = dims.half;
+        if dims.rows == 0 || dims.half == 0 {
+            return Tensor::zeros(&out_shape, self.dtype(), self.device());
+        }
         let _profile = crate::profile::op("swiglu");
-        let (silu_a, slope, up) = crate::no_grad(|| -> Result<_> {
-            let gate = self.slice(-1, 0, h)?;
-            let up = self.slice(-1, h, width)?;
-            // silu(a) and silu'(a) = σ(a)·(1 + a·(1 − σ(a))), in one pass where the backend can
-            let (silu_a, slope) = match gate.storage().value_and_slope(true) {
-                Some((y, s)) => (
-                    Tensor::from_storage(y, gate.shape().to_vec()),
-                    Tensor::from_storage(s, gate.shape().to_vec()),
-                ),
-                None => {
-                    let s = gate.sigmoid()?;
-                    let slope = gate
-                        .mul(&s.neg()?.add_scalar(1.0)?)?
-                        .add_scalar(1.0)?
-                        .mul(&s)?;
-                    (gate.mul(&s)?, slope)
-                }
-            };
-            Ok((silu_a, slope, up))
-        })?;
-        let y = crate::no_grad(|| silu_a.mul(&up))?;
-        let last = self.rank() as isize - 1;
+        let y = Tensor::from_storage(self.storage().swiglu_forward(dims)?, out_shape);
+        let x = self.detach();
         Ok(Tensor::record(y, "swiglu", &[self], move |g| {
-            let da = g.mul(&up)?.mul(&slope)?;
-            let db = g.mul(&silu_a)?;
-            Ok(vec![Some(Tensor::concat(&[da, db], last)?)])
+            let dx = x.storage().swiglu_backward(g.storage(), dims)?;
+            Ok(vec![Some(Tensor::from_storage(dx, x.shape().to_vec()))])
         }))
     }
 }

@@ -116,7 +116,7 @@ pub(super) fn silu_and_grad_f32(x: f32) -> (f32, f32) {
 /// Whether the processor has AVX2, for which the wide loops below are also compiled (eight
 /// lanes instead of the four of SSE2, which the baseline x86-64 build targets); `false` off
 /// x86-64.
-fn has_avx2() -> bool {
+pub(super) fn has_avx2() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::arch::is_x86_feature_detected!("avx2")

@@ -1,19 +1,22 @@
 //! The CPU's [`NnOps`]: checks each fused primitive's operands, matches on their dtype and
-//! calls the kernel of its file (`attention.rs`, `layer_norm.rs`, `cross_entropy.rs`,
+//! calls the kernel of its file (`attention.rs`, `layer_norm.rs`, `swiglu.rs`, `rotary.rs`,
+//! `cross_entropy.rs`,
 //! `routing.rs` for the softmax backward, `conv2d.rs`, `pool2d.rs`).
 
 use super::{
     CpuBackend, CpuBuffer, attention, conv2d, cross_entropy, f32b, f64b, layer_norm, pool2d,
-    routing,
+    rotary, routing, swiglu,
 };
 use crate::Error;
 use crate::Result;
 use crate::backend::checks::check_softmax_backward;
 use crate::backend::checks::{
-    check_attention_lengths, check_cross_entropy, check_layer_norm_lengths,
+    check_attention_lengths, check_cross_entropy, check_layer_norm_lengths, check_rotary_lengths,
+    check_swiglu_lengths,
 };
 use crate::backend::{
     AttentionDims, AttentionGradOperands, Conv2dDims, LayerNormDims, NnOps, Pool2dDims, PoolKind,
+    RotaryDims, SwiGluDims,
 };
 
 impl NnOps for CpuBackend {
@@ -128,6 +131,51 @@ impl NnOps for CpuBackend {
                 gamma.dtype(),
                 mean.dtype(),
                 rstd.dtype()
+            ))),
+        }
+    }
+
+    fn swiglu_forward(&self, x: &CpuBuffer, dims: SwiGluDims) -> Result<CpuBuffer> {
+        const WHAT: &str = "swiglu";
+        check_swiglu_lengths(WHAT, &[("x", x)], &[], dims)?;
+        float_map!(x, WHAT, x => swiglu::forward(x, dims))
+    }
+
+    fn swiglu_backward(&self, x: &CpuBuffer, g: &CpuBuffer, dims: SwiGluDims) -> Result<CpuBuffer> {
+        const WHAT: &str = "swiglu backward";
+        check_swiglu_lengths(WHAT, &[("x", x)], &[("g", g)], dims)?;
+        match (x, g) {
+            (CpuBuffer::F32(x), CpuBuffer::F32(g)) => Ok(f32b(swiglu::backward(x, g, dims))),
+            (CpuBuffer::F64(x), CpuBuffer::F64(g)) => Ok(f64b(swiglu::backward(x, g, dims))),
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float buffers of one dtype, got x {}, g {}",
+                x.dtype(),
+                g.dtype()
+            ))),
+        }
+    }
+
+    fn rotary(
+        &self,
+        x: &CpuBuffer,
+        cos: &CpuBuffer,
+        sin: &CpuBuffer,
+        dims: RotaryDims,
+    ) -> Result<CpuBuffer> {
+        const WHAT: &str = "rotary";
+        check_rotary_lengths(WHAT, x, (cos, sin), dims)?;
+        match (x, cos, sin) {
+            (CpuBuffer::F32(x), CpuBuffer::F32(c), CpuBuffer::F32(s)) => {
+                Ok(f32b(rotary::rotary(x, c, s, dims)))
+            }
+            (CpuBuffer::F64(x), CpuBuffer::F64(c), CpuBuffer::F64(s)) => {
+                Ok(f64b(rotary::rotary(x, c, s, dims)))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT} needs float buffers of one dtype, got x {}, cos {}, sin {}",
+                x.dtype(),
+                cos.dtype(),
+                sin.dtype()
             ))),
         }
     }

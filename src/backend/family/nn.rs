@@ -1,15 +1,15 @@
 //! [`NnOps`]: the fused neural-network primitives, each a forward and its backward written as
-//! one kernel: causal attention, layer normalisation, softmax cross-entropy, the softmax
-//! backward, 2-D convolution and 2-D pooling.
+//! one kernel: causal attention, layer normalisation, SwiGLU, the rotary embedding, softmax
+//! cross-entropy, the softmax backward, 2-D convolution and 2-D pooling.
 
 use crate::Result;
 use crate::backend::{
     AttentionDims, AttentionGradOperands, BufferOps, Conv2dDims, LayerNormDims, Pool2dDims,
-    PoolKind,
+    PoolKind, RotaryDims, SwiGluDims,
 };
 
-/// Fused neural-network primitives: attention, layer norm, cross-entropy, softmax backward,
-/// convolution and pooling.
+/// Fused neural-network primitives: attention, layer norm, SwiGLU, the rotary embedding,
+/// cross-entropy, softmax backward, convolution and pooling.
 pub trait NnOps: BufferOps {
     /// Causal self-attention, forward: for each of `dims.heads` pairs, `o = softmax(q·kᵀ·s +
     /// mask)·v` with `s = 1/√Dh` and the mask hiding keys after the query, and the row
@@ -60,6 +60,32 @@ pub trait NnOps: BufferOps {
         stats: (&Self::Buffer, &Self::Buffer),
         dims: LayerNormDims,
     ) -> Result<(Self::Buffer, Self::Buffer, Self::Buffer)>;
+    /// SwiGLU, forward: for `x` `[rows, 2·half]` with gate `a_rj = x_rj` and up projection
+    /// `b_rj = x_r,half+j`, `y_rj = silu(a_rj)·b_rj` with `silu(a) = a·σ(a)`; `y` is
+    /// `[rows, half]`. Sizes ≥ 1.
+    fn swiglu_forward(&self, x: &Self::Buffer, dims: SwiGluDims) -> Result<Self::Buffer>;
+    /// SwiGLU, backward: `dx` `[rows, 2·half]` for the upstream gradient `g` `[rows, half]`,
+    /// from the input `x`: `dx_rj = g_rj·b_rj·silu'(a_rj)` in the gate half and
+    /// `dx_r,half+j = g_rj·silu(a_rj)` in the up half, `silu'(a) = σ(a)·(1 + a·(1 − σ(a)))`
+    /// (recomputed, so only `x` is kept between the passes).
+    fn swiglu_backward(
+        &self,
+        x: &Self::Buffer,
+        g: &Self::Buffer,
+        dims: SwiGluDims,
+    ) -> Result<Self::Buffer>;
+    /// Rotary position embedding: `x` is `batch` contiguous `[seq, head_dim]` matrices, `cos`
+    /// and `sin` `[table_rows, head_dim]` tables of which rows `0..seq` are read. With `h =
+    /// head_dim/2` and `j'` the column paired with `j` (`j ± h`), row `p` of each matrix becomes
+    /// `y_pj = x_pj·cos_pj + x_pj'·sin_pj`, or with `dims.transpose` (the backward rule)
+    /// `y_pj = x_pj·cos_pj + x_pj'·sin_pj'`. Sizes ≥ 1, `head_dim` even, `seq ≤ table_rows`.
+    fn rotary(
+        &self,
+        x: &Self::Buffer,
+        cos: &Self::Buffer,
+        sin: &Self::Buffer,
+        dims: RotaryDims,
+    ) -> Result<Self::Buffer>;
     /// Softmax cross-entropy of each row of `logits` `[rows, classes]` against the I32 class
     /// `targets` `[rows]`: `(loss [rows], lse [rows])` with `lse_r = ln Σ_c e^{x_rc}` (computed
     /// after subtracting the row's maximum) and `loss_r = lse_r − x_{r,t_r}`. A target outside

@@ -58,7 +58,7 @@ pub struct BuiltinShader {
 pub fn builtin_shaders() -> Vec<BuiltinShader> {
     use super::{
         attention, conv2d, cross_entropy, elementwise, layer_norm, layout, matmul, optim, pool2d,
-        random, reduce, routing, sort,
+        random, reduce, rotary, routing, sort, swiglu,
     };
     let plain = |s: &Shader| BuiltinShader {
         name: s.name,
@@ -82,6 +82,8 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         plain(&optim::OPTIM),
         attention,
         plain(&layer_norm::LAYER_NORM_SHADER),
+        plain(&swiglu::SWIGLU_SHADER),
+        plain(&rotary::ROTARY_SHADER),
         plain(&cross_entropy::CROSS_ENTROPY_SHADER),
         plain(&routing::ROUTING),
         plain(&conv2d::CONV2D_SHADER),
@@ -529,7 +531,7 @@ mod tests {
     fn shaders_validate_and_follow_the_binding_convention() {
         use super::super::{
             attention, conv2d, cross_entropy, elementwise, layer_norm, layout, optim, pool2d,
-            random, reduce, routing, sort,
+            random, reduce, rotary, routing, sort, swiglu,
         };
         let files = [
             (&*elementwise::ELEMENTWISE, 5usize),
@@ -540,6 +542,8 @@ mod tests {
             (&optim::OPTIM, 9),
             (&attention::ATTENTION_SHADER, 4),
             (&layer_norm::LAYER_NORM_SHADER, 3),
+            (&swiglu::SWIGLU_SHADER, 2),
+            (&rotary::ROTARY_SHADER, 1),
             (&cross_entropy::CROSS_ENTROPY_SHADER, 2),
             (&routing::ROUTING, 5),
             (&conv2d::CONV2D_SHADER, 3),

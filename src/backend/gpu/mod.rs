@@ -44,10 +44,12 @@ mod optim;
 mod pool2d;
 mod random;
 mod reduce;
+mod rotary;
 mod routing;
 mod sort;
 mod stats;
 mod strided;
+mod swiglu;
 pub(crate) mod timing;
 
 // limits and tiles the backend's own tests (backend/tests/) pick their sizes around, and the

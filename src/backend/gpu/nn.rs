@@ -1,11 +1,12 @@
 //! The GPU's [`NnOps`]: each fused primitive forwards to the launcher of its shader's file
-//! (`attention.rs`, `layer_norm.rs`, `cross_entropy.rs`, `routing.rs` for the softmax backward,
+//! (`attention.rs`, `layer_norm.rs`, `swiglu.rs`, `rotary.rs`, `cross_entropy.rs`, `routing.rs` for the softmax backward,
 //! `conv2d.rs`, `pool2d.rs`), which checks the operands and records the kernels.
 
 use super::{GpuBackend, GpuBuffer};
 use crate::Result;
 use crate::backend::{
     AttentionDims, AttentionGradOperands, Conv2dDims, LayerNormDims, NnOps, Pool2dDims, PoolKind,
+    RotaryDims, SwiGluDims,
 };
 
 impl NnOps for GpuBackend {
@@ -46,6 +47,24 @@ impl NnOps for GpuBackend {
         dims: LayerNormDims,
     ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
         super::layer_norm::layer_norm_backward(self, g, x, gamma, stats, dims)
+    }
+
+    fn swiglu_forward(&self, x: &GpuBuffer, dims: SwiGluDims) -> Result<GpuBuffer> {
+        super::swiglu::swiglu_forward(self, x, dims)
+    }
+
+    fn swiglu_backward(&self, x: &GpuBuffer, g: &GpuBuffer, dims: SwiGluDims) -> Result<GpuBuffer> {
+        super::swiglu::swiglu_backward(self, x, g, dims)
+    }
+
+    fn rotary(
+        &self,
+        x: &GpuBuffer,
+        cos: &GpuBuffer,
+        sin: &GpuBuffer,
+        dims: RotaryDims,
+    ) -> Result<GpuBuffer> {
+        super::rotary::rotary(self, x, cos, sin, dims)
     }
 
     fn cross_entropy_forward(

@@ -1,5 +1,5 @@
 //! [`Storage`]'s fused layer primitives, forwarded to the owning backend: causal attention,
-//! layer normalisation, cross-entropy, 2-D convolution and 2-D pooling (forward and backward).
+//! layer normalisation, SwiGLU, the rotary embedding, cross-entropy, 2-D convolution and 2-D pooling (forward and backward).
 
 use super::*;
 use crate::backend::AttentionGradOperands;
@@ -67,6 +67,29 @@ impl Storage {
             be.buf(x, WHAT)?,
             be.buf(gamma, WHAT)?,
             (be.buf(mean, WHAT)?, be.buf(rstd, WHAT)?),
+            dims
+        ))
+    }
+    /// See [`NnOps::swiglu_forward`]; `self` is `x`.
+    pub(crate) fn swiglu_forward(&self, dims: SwiGluDims) -> Result<Storage> {
+        on_device!(self, |be| be.swiglu_forward(be.buf(self, "swiglu")?, dims))
+    }
+    /// See [`NnOps::swiglu_backward`]; `self` is `x`, `g` the upstream gradient.
+    pub(crate) fn swiglu_backward(&self, g: &Storage, dims: SwiGluDims) -> Result<Storage> {
+        const WHAT: &str = "swiglu backward";
+        on_device!(self, |be| be.swiglu_backward(
+            be.buf(self, WHAT)?,
+            be.buf(g, WHAT)?,
+            dims
+        ))
+    }
+    /// See [`NnOps::rotary`]; `self` is `x`.
+    pub(crate) fn rotary(&self, cos: &Storage, sin: &Storage, dims: RotaryDims) -> Result<Storage> {
+        const WHAT: &str = "rotary";
+        on_device!(self, |be| be.rotary(
+            be.buf(self, WHAT)?,
+            be.buf(cos, WHAT)?,
+            be.buf(sin, WHAT)?,
             dims
         ))
     }

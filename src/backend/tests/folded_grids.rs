@@ -18,7 +18,7 @@ use crate::backend::gpu::{GpuBackend, GpuBuffer, MatmulKernel};
 use crate::backend::{
     AttentionDims, AttentionGradOperands, AxisView, BinaryOp, BufferOps, ElementwiseOps,
     ExpertBankDims, GroupedMatmulDims, HostData, LayoutOps, MatLayout, MatmulDims, MatmulOps,
-    NnOps, ReduceOp, ReduceOps, ScatterDims, Strided, UnaryOp,
+    NnOps, ReduceOp, ReduceOps, RotaryDims, ScatterDims, Strided, SwiGluDims, UnaryOp,
 };
 use crate::parity::{Gen, V};
 use crate::{DType, common, fold};
@@ -199,6 +199,70 @@ fn folded_elementwise_kernels() {
         be.download(&got).unwrap(),
         cpu.download(&want).unwrap(),
     );
+}
+
+/// `swiglu_forward`, `swiglu_backward` (one invocation per `[rows, half]` element, the
+/// backward writing both halves of `dx`) and `rotary` (forward and transposed, with tables
+/// longer than the sequence) on the smallest shapes past 65,535 workgroups of 256.
+#[test]
+fn folded_llama_kernels() {
+    let Some((be, _lock)) = fold_gpu("folded_llama_kernels") else {
+        return;
+    };
+    let cpu = CpuBackend;
+    // swiglu: rows·half = the smallest folding count, half = 5 (odd, so rows are not aligned)
+    let half = 5;
+    let rows = fold::smallest_folding(WG).div_ceil(half);
+    fold::assert_past_limit("swiglu", fold::groups(rows * half, WG));
+    let dims = SwiGluDims { rows, half };
+    let x = random_f32(11, rows * 2 * half);
+    let g = random_f32(12, rows * half);
+    let (gx, cx, gg, cg) = (up_f32(&be, &x), cpu_f32(&x), up_f32(&be, &g), cpu_f32(&g));
+    poison_pool(&be, rows * half);
+    let y = be.download(&be.swiglu_forward(&gx, dims).unwrap()).unwrap();
+    let want = cpu
+        .download(&cpu.swiglu_forward(&cx, dims).unwrap())
+        .unwrap();
+    assert_same("swiglu_forward", y, want);
+    poison_pool(&be, rows * 2 * half);
+    let dx = be.swiglu_backward(&gx, &gg, dims).unwrap();
+    let want = cpu.swiglu_backward(&cx, &cg, dims).unwrap();
+    assert_same(
+        "swiglu_backward",
+        be.download(&dx).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+    drop((gx, gg, dx));
+
+    // rotary: batch·seq·head_dim past the limit, seq 7 of tables with 9 rows, head width 6
+    let (seq, head_dim, table_rows) = (7, 6, 9);
+    let batch = fold::smallest_folding(WG).div_ceil(seq * head_dim);
+    let n = batch * seq * head_dim;
+    fold::assert_past_limit("rotary", fold::groups(n, WG));
+    let x = random_f32(13, n);
+    let (c, s) = (
+        random_f32(14, table_rows * head_dim),
+        random_f32(15, table_rows * head_dim),
+    );
+    let (gx, cx) = (up_f32(&be, &x), cpu_f32(&x));
+    let (gc, gs, cc, cs) = (up_f32(&be, &c), up_f32(&be, &s), cpu_f32(&c), cpu_f32(&s));
+    for transpose in [false, true] {
+        let dims = RotaryDims {
+            batch,
+            seq,
+            head_dim,
+            table_rows,
+            transpose,
+        };
+        poison_pool(&be, n);
+        let y = be
+            .download(&be.rotary(&gx, &gc, &gs, dims).unwrap())
+            .unwrap();
+        let want = cpu
+            .download(&cpu.rotary(&cx, &cc, &cs, dims).unwrap())
+            .unwrap();
+        assert_same(&format!("rotary (transpose {transpose})"), y, want);
+    }
 }
 
 /// `copy_strided` (a transposed view), `concat_part`, `gather`, and both scatter kernels

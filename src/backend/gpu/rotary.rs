@@ -1,0 +1,58 @@
+//! Launcher of `shaders/rotary.wgsl`, the GPU end of `nn::Rotary`: [`rotary`], one invocation
+//! per element of `[batch, seq, head_dim]`, forward or (with `RotaryDims::transpose`) the
+//! backward rule. It checks dtypes and lengths (an [`Error`] naming them, never a panic or a
+//! wgpu validation error) and encodes one kernel; nothing is read back.
+
+use super::kernels::{Shader, grid_1d, u32_param};
+use super::{GpuBackend, GpuBuffer};
+use crate::backend::RotaryDims;
+use crate::backend::checks::check_rotary_lengths;
+use crate::{DType, Error, Result};
+
+/// The kernel of `shaders/rotary.wgsl`.
+pub(crate) static ROTARY_SHADER: Shader = Shader {
+    name: "rotary",
+    source: include_str!("../../../shaders/rotary.wgsl"),
+};
+
+/// `NnOps::rotary`: `y [batch, seq, head_dim]`.
+///
+/// # Errors
+/// [`Error::DType`] unless every buffer is f32; [`Error::Shape`] for lengths that do not match
+/// the sizes, an odd head width, more positions than the tables hold or a zero size; a GPU
+/// error from the launch.
+pub(crate) fn rotary(
+    be: &GpuBackend,
+    x: &GpuBuffer,
+    cos: &GpuBuffer,
+    sin: &GpuBuffer,
+    d: RotaryDims,
+) -> Result<GpuBuffer> {
+    const WHAT: &str = "rotary";
+    for (name, b) in [("x", x), ("cos", cos), ("sin", sin)] {
+        if b.dtype() != DType::F32 {
+            return Err(Error::DType(format!(
+                "{WHAT}: {name} must be f32 on the GPU, got {}",
+                b.dtype()
+            )));
+        }
+    }
+    check_rotary_lengths(WHAT, x, (cos, sin), d)?;
+    let n = x.len();
+    let params = [
+        u32_param(n, "rotary elements")?,
+        u32_param(d.seq, "rotary positions")?,
+        u32_param(d.head_dim, "rotary head width")?,
+        u32::from(d.transpose),
+    ];
+    u32_param(cos.len(), "rotary table elements")?;
+    let y = be.alloc(n, DType::F32)?;
+    be.launch(
+        &ROTARY_SHADER,
+        "rotary",
+        &[x, cos, sin, &y],
+        &params,
+        grid_1d(n, 256)?,
+    )?;
+    Ok(y)
+}
