@@ -6,6 +6,12 @@
 //!
 //! `gemm` takes arbitrary row and column strides, so transposed operands (`Mat::t`) and blocks
 //! of larger matrices need no copy.
+//!
+//! [`gemm_uninit_threaded`] picks how one product uses the threads: the crate's own threading
+//! for large products (it shares the packed operands between threads), and for the mid-sized
+//! ones of small models (`[768, 128]·[128, 512]`, a weight gradient `[128, 768]·[768, 128]`) one
+//! single-threaded call per thread on a strip of the output, which measured 10–80% faster on
+//! those shapes than the crate's split of them (docs/benchmarks.md).
 
 use crate::backend::MatLayout;
 use num_traits::Float;
@@ -167,4 +173,111 @@ pub(super) unsafe fn gemm_uninit<T: Float + 'static>(
             par,
         );
     }
+}
+
+/// Products of at least this many multiply-adds use the threads (smaller ones run on one).
+const THREADED_MIN_MACS: usize = 64 * 64 * 64;
+
+/// Products of at most this many multiply-adds are split into strips by
+/// [`gemm_uninit_threaded`]; larger ones use the crate's threading.
+const STRIPS_MAX_MACS: usize = 1 << 28;
+
+/// A pointer moved into the strips' tasks (each writes its own elements through it).
+#[derive(Clone, Copy)]
+struct SendPtr<T>(*mut T);
+// SAFETY: the strips write disjoint elements of one output and read shared inputs.
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+
+impl<T> SendPtr<T> {
+    /// The pointer (a method, so that a closure captures the whole `SendPtr`, not its field).
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// [`gemm_uninit`] (no accumulation, `beta = 1`) with the threads used as suits the size: one
+/// thread below [`THREADED_MIN_MACS`]; above it, the output's longer side cut into one strip per
+/// thread (at least 32 rows or columns each), each strip a single-threaded product, up to
+/// [`STRIPS_MAX_MACS`]; the crate's own threading beyond. Every output element is computed by
+/// the same sequence of operations whichever way it is cut.
+///
+/// # Safety
+/// None beyond [`gemm_uninit`]'s: the output may be uninitialised (it is only written).
+///
+/// # Panics
+/// As [`gemm`].
+pub(super) unsafe fn gemm_uninit_threaded<T: Float + Send + Sync + 'static>(
+    (dst, dm): (&mut [MaybeUninit<T>], Mat),
+    a: MatIn<'_, T>,
+    b: MatIn<'_, T>,
+    (m, k, n): (usize, usize, usize),
+) {
+    use ::gemm::Parallelism;
+    use rayon::prelude::*;
+    let macs = m.saturating_mul(k).saturating_mul(n);
+    let threads = rayon::current_num_threads();
+    let whole = |dst: &mut [MaybeUninit<T>], par| {
+        // SAFETY: as the caller's: no accumulation, the output is only written.
+        unsafe { gemm_uninit((dst, dm), a, b, (m, k, n), false, T::one(), par) }
+    };
+    if macs < THREADED_MIN_MACS || threads < 2 {
+        return whole(dst, Parallelism::None);
+    }
+    if macs > STRIPS_MAX_MACS {
+        return whole(dst, Parallelism::Rayon(0));
+    }
+    let (MatIn { data: ad, view: am }, MatIn { data: bd, view: bm }) = (a, b);
+    assert!(
+        dm.fits(m, n, dst.len()) && am.fits(m, k, ad.len()) && bm.fits(k, n, bd.len()),
+        "GEMM operand out of bounds: [{m}, {k}]·[{k}, {n}] with views {dm:?} (of {}), {am:?} \
+         (of {}), {bm:?} (of {})",
+        dst.len(),
+        ad.len(),
+        bd.len()
+    );
+    // cut the longer side of the output: rows of `a` and `dst`, or columns of `b` and `dst`
+    let by_rows = m >= n;
+    let side = if by_rows { m } else { n };
+    let strips = threads.min(side.div_ceil(32));
+    let width = side.div_ceil(strips).next_multiple_of(16);
+    let out = SendPtr(dst.as_mut_ptr().cast::<T>());
+    (0..strips).into_par_iter().for_each(|i| {
+        let (first, end) = (i * width, ((i + 1) * width).min(side));
+        if first >= end {
+            return;
+        }
+        let (dst_at, a_at, b_at, rows, cols) = if by_rows {
+            let shift = (first * dm.rs, first * am.rs, 0);
+            (shift.0, shift.1, shift.2, end - first, n)
+        } else {
+            (first * dm.cs, 0, first * bm.cs, m, end - first)
+        };
+        // SAFETY: the assertion above put the whole product inside the slices, and each strip
+        // is a block of it; the strips write disjoint elements of the output, which no
+        // reference aliases while they run (the caller's `&mut` is only used through `out`).
+        unsafe {
+            ::gemm::gemm(
+                rows,
+                cols,
+                k,
+                out.get().add(dm.offset + dst_at),
+                dm.cs as isize,
+                dm.rs as isize,
+                false,
+                ad.as_ptr().add(am.offset + a_at),
+                am.cs as isize,
+                am.rs as isize,
+                bd.as_ptr().add(bm.offset + b_at),
+                bm.cs as isize,
+                bm.rs as isize,
+                T::one(),
+                T::one(),
+                false,
+                false,
+                false,
+                Parallelism::None,
+            );
+        }
+    });
 }
