@@ -84,6 +84,24 @@ impl<'a, T> MatIn<'a, T> {
     }
 }
 
+/// Panics unless every element an `[m, k]·[k, n]` product reads or writes through the views
+/// lies inside its slice (the output given as its length and view).
+fn assert_in_bounds<T>(
+    (dst_len, dm): (usize, Mat),
+    a: MatIn<'_, T>,
+    b: MatIn<'_, T>,
+    (m, k, n): (usize, usize, usize),
+) {
+    let (am, bm) = (a.view, b.view);
+    assert!(
+        dm.fits(m, n, dst_len) && am.fits(m, k, a.data.len()) && bm.fits(k, n, b.data.len()),
+        "GEMM operand out of bounds: [{m}, {k}]·[{k}, {n}] with views {dm:?} (of {dst_len}), \
+         {am:?} (of {}), {bm:?} (of {})",
+        a.data.len(),
+        b.data.len()
+    );
+}
+
 /// `dst = beta·a·b` (or `dst += beta·a·b` with `accumulate`) for `a: m×k`, `b: k×n` and the
 /// output `(dst, dm)`, an `m×n` matrix in `dst` at the view `dm`; `k = 0` gives zeros (or leaves
 /// `dst` as it is).
@@ -124,15 +142,8 @@ pub(super) unsafe fn gemm_uninit<T: Float + 'static>(
     beta: T,
     par: ::gemm::Parallelism,
 ) {
+    assert_in_bounds((dst.len(), dm), a, b, (m, k, n));
     let (MatIn { data: a, view: am }, MatIn { data: b, view: bm }) = (a, b);
-    assert!(
-        dm.fits(m, n, dst.len()) && am.fits(m, k, a.len()) && bm.fits(k, n, b.len()),
-        "GEMM operand out of bounds: [{m}, {k}]·[{k}, {n}] with views {dm:?} (of {}), {am:?} \
-         (of {}), {bm:?} (of {})",
-        dst.len(),
-        a.len(),
-        b.len()
-    );
     if m == 0 || n == 0 {
         return;
     }
@@ -227,15 +238,8 @@ pub(super) unsafe fn gemm_uninit_threaded<T: Float + Send + Sync + 'static>(
     if macs > STRIPS_MAX_MACS {
         return whole(dst, Parallelism::Rayon(0));
     }
+    assert_in_bounds((dst.len(), dm), a, b, (m, k, n));
     let (MatIn { data: ad, view: am }, MatIn { data: bd, view: bm }) = (a, b);
-    assert!(
-        dm.fits(m, n, dst.len()) && am.fits(m, k, ad.len()) && bm.fits(k, n, bd.len()),
-        "GEMM operand out of bounds: [{m}, {k}]·[{k}, {n}] with views {dm:?} (of {}), {am:?} \
-         (of {}), {bm:?} (of {})",
-        dst.len(),
-        ad.len(),
-        bd.len()
-    );
     // cut the longer side of the output: rows of `a` and `dst`, or columns of `b` and `dst`
     let by_rows = m >= n;
     let side = if by_rows { m } else { n };
