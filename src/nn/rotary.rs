@@ -13,11 +13,10 @@
 //! sign of `rotate_half`: −sin on the first half), and the rotation is one backend primitive
 //! (`NnOps::rotary`: `src/backend/cpu/rotary.rs`, `shaders/rotary.wgsl`),
 //! `y_j = x_j·cos_j + x_j'·sin_j` with `j'` the column paired with `j`. Its backward rule is the
-//! transposed rotation (the rotation by the negated angle), `dx_j = g_j·cos_j + g_j'·sin_j'`, the
-//! same primitive with `transpose` set (recorded as a node whose own backward is the forward
-//! rotation again). Composed from slices, a
-//! concatenation, products and a sum, it took six passes each way (the composed form is the
-//! reference in `tests/llama_blocks.rs`).
+//! transposed rotation (the rotation by the negated angle), `dx_j = g_j·cos_j + g_j'·sin_j'`: the
+//! same primitive with `transpose` set. Composed from slices, a concatenation, products and a
+//! sum, it took six passes each way; `tests/llama_blocks.rs` checks it against an f64 reference
+//! written from the definition.
 //!
 //! The angles are computed as transformers does, in f32: `θ_i` rounded to f32, the product
 //! `p·θ_i` in f32, its cosine and sine rounded to f32, so imported models see the same tables.
@@ -126,8 +125,7 @@ impl Rotary {
     }
 }
 
-/// `x` rotated by the tables (`dims.transpose`: the transposed rotation), recorded as one node
-/// whose backward is the rotation with `transpose` flipped.
+/// `x` rotated by the tables, recorded as one node whose backward is the transposed rotation.
 fn rotate(x: &Tensor, cos: Tensor, sin: Tensor, dims: RotaryDims) -> Result<Tensor> {
     if x.numel() == 0 {
         return x.zeros_like();
@@ -136,9 +134,10 @@ fn rotate(x: &Tensor, cos: Tensor, sin: Tensor, dims: RotaryDims) -> Result<Tens
     let y = Tensor::from_storage(y, x.shape().to_vec());
     Ok(Tensor::record(y, "rotary", &[x], move |g| {
         let back = RotaryDims {
-            transpose: !dims.transpose,
+            transpose: true,
             ..dims
         };
-        Ok(vec![Some(rotate(g, cos.clone(), sin.clone(), back)?)])
+        let dx = g.storage().rotary(cos.storage(), sin.storage(), back)?;
+        Ok(vec![Some(Tensor::from_storage(dx, g.shape().to_vec()))])
     }))
 }
