@@ -8,8 +8,8 @@
 //! * GPU (f32) against CPU (f64) for rows shorter than the workgroup of 64, not a multiple of it
 //!   and several times it; an out-of-range target on the GPU gives loss 0 and gradient 0 for
 //!   its row; skipped with a printed reason without an adapter unless `MOEGRAD_REQUIRE_GPU=1`;
-//! * f32 on the CPU against an f64 reference, with a NaN row and a row of −∞ among ordinary
-//!   ones, below and above the size where rows run in parallel;
+//! * f32 on the CPU against an f64 reference, forward and backward, with a NaN row and a row of
+//!   −∞ among ordinary ones, below and above the size where rows run in parallel;
 //! * bad shapes, dtypes, devices and targets give an `Error`.
 
 mod common;
@@ -117,12 +117,15 @@ fn matches_the_composed_path() {
     }
 }
 
-/// The CPU's f32 path (vectorised exponential, lanes) against the definition in f64, with a NaN
-/// row (loss NaN) and a row of −∞ (loss NaN: lse = −∞ minus the target's −∞) among ordinary
-/// rows, at sizes on both sides of the parallel threshold.
+/// The CPU's f32 path (vectorised exponential in blocks, lanes, AVX2 where the processor has
+/// it) against the definition in f64, forward and backward with a random upstream gradient,
+/// with a NaN row (loss NaN) and a row of −∞ (loss NaN: lse = −∞ minus the target's −∞) among
+/// ordinary rows, at sizes on both sides of the parallel threshold, with rows shorter than a
+/// block of exponentials, several blocks long and with a tail that is not a whole number of
+/// lanes.
 #[test]
 fn f32_rows_match_the_definition_with_special_rows() {
-    for (rows, classes) in [(7usize, 13usize), (600, 80)] {
+    for (rows, classes) in [(7usize, 13usize), (600, 80), (300, 517)] {
         let mut x = values(rows * classes, 0.0, 4.0, rows as u64);
         x[2 * classes + 5] = f64::NAN;
         for v in &mut x[4 * classes..5 * classes] {
@@ -130,13 +133,14 @@ fn f32_rows_match_the_definition_with_special_rows() {
         }
         let t = targets(rows, classes, 3, Device::cpu());
         let tv = t.to_vec_f64().unwrap();
+        let up = values(rows, 0.0, 1.0, 7);
         let xs = Tensor::from_f32(
             x.iter().map(|&v| v as f32).collect(),
             &[rows, classes],
             Device::cpu(),
         )
         .unwrap();
-        let got = xs.cross_entropy_per_row(&t).unwrap().to_vec_f64().unwrap();
+        let (got, grad) = run(|x, t| x.cross_entropy_per_row(t), &xs, &t, &up);
         for r in 0..rows {
             let row = &x[r * classes..(r + 1) * classes];
             let m = row.iter().fold(f64::NEG_INFINITY, |a, &b| a.max(b));
@@ -148,11 +152,20 @@ fn f32_rows_match_the_definition_with_special_rows() {
                     "[{rows}, {classes}] row {r}: {} (want NaN)",
                     got[r]
                 );
-            } else {
+                continue;
+            }
+            assert!(
+                (got[r] - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "[{rows}, {classes}] row {r}: {} against {want}",
+                got[r]
+            );
+            for (c, &v) in row.iter().enumerate() {
+                let onehot = if c == tv[r] as usize { 1.0 } else { 0.0 };
+                let want = up[r] * ((v - lse).exp() - onehot);
+                let got = grad[r * classes + c];
                 assert!(
-                    (got[r] - want).abs() <= 1e-5 * want.abs().max(1.0),
-                    "[{rows}, {classes}] row {r}: {} against {want}",
-                    got[r]
+                    (got - want).abs() <= 1e-6 + 1e-5 * want.abs(),
+                    "[{rows}, {classes}] dlogits[{r}, {c}]: {got} against {want}"
                 );
             }
         }

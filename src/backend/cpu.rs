@@ -147,7 +147,6 @@ pub(crate) use attention::ATTENTION_BLOCK;
 use buffer_pool::PooledVec;
 #[cfg(test)]
 pub(crate) use conv2d::WEIGHT_GRAD_IMAGES;
-use fast_math::exp_f32;
 pub(crate) use worker::on_pool;
 pub(crate) use worker::on_worker_thread;
 // read by the fused kernels' files as `super::…`

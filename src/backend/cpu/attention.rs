@@ -24,6 +24,7 @@
 //! were no faster than 32 (measured again on its AVX-512 processor: 1.28, 1.00 and 0.97 ms for
 //! blocks of 16, 64 and 32). Scale `s = 1/√Dh`.
 
+use super::fast_math::ExpFloat;
 use super::gemm::{Mat, MatIn, gemm};
 use super::{CpuBuffer, f32b, f64b};
 use crate::backend::checks::{check_attention_lengths, check_lse_length};
@@ -35,28 +36,6 @@ use rayon::prelude::*;
 /// Rows of queries (and of keys) per block of the CPU kernels: the scores are computed
 /// `ATTENTION_BLOCK × ATTENTION_BLOCK` at a time.
 pub(crate) const ATTENTION_BLOCK: usize = 32;
-
-/// The float types the kernels run in, with the exponential they use: the vectorisable
-/// [`super::exp_f32`] in f32 (a call to the C library per score cost more than the block
-/// products at T = 256), the standard one in f64.
-pub(super) trait AttentionFloat: Float + Send + Sync + 'static {
-    /// `e^self`
-    fn exp_fast(self) -> Self;
-}
-
-impl AttentionFloat for f32 {
-    #[inline(always)]
-    fn exp_fast(self) -> f32 {
-        super::exp_f32(self)
-    }
-}
-
-impl AttentionFloat for f64 {
-    #[inline(always)]
-    fn exp_fast(self) -> f64 {
-        self.exp()
-    }
-}
 
 /// `dst = beta·A·B` (or `dst += beta·A·B` with `accumulate`), `A: m×k`, `B: k×n`, `dst` row-major
 /// `m×n` with rows `n` apart. Single-threaded: the callers already run one block per thread.
@@ -156,7 +135,7 @@ fn scale_of<T: Float>(d: AttentionDims) -> T {
 
 /// Forward: `(o [heads, seq, dh], lse [heads, seq])`. Inputs are `[heads, seq, dh]` slices of
 /// exactly `d.elements()` elements (checked by the caller); sizes ≥ 1.
-pub(super) fn forward<T: AttentionFloat>(
+pub(super) fn forward<T: ExpFloat>(
     q: &[T],
     k: &[T],
     v: &[T],
@@ -194,7 +173,7 @@ pub(super) fn forward<T: AttentionFloat>(
 }
 
 /// One query block of the forward pass: `o_i` (zeroed, `[rows, dh]`) and `lse_i` (`[rows]`).
-fn forward_block<T: AttentionFloat>(
+fn forward_block<T: ExpFloat>(
     hd: &Head<T>,
     qb: usize,
     o_i: &mut [T],
@@ -327,7 +306,7 @@ pub(super) fn backward_buffers(
 
 /// Backward: `(dq, dk, dv)`, each `[heads, seq, dh]`. Inputs are slices of exactly the sizes
 /// `d` gives (checked by the caller); sizes ≥ 1.
-pub(super) fn backward<T: AttentionFloat>(
+pub(super) fn backward<T: ExpFloat>(
     operands: AttentionGradOperands<'_, [T]>,
     d: AttentionDims,
 ) -> (Vec<T>, Vec<T>, Vec<T>) {
@@ -423,7 +402,7 @@ pub(super) fn backward<T: AttentionFloat>(
 /// masked) into `s.p` and its score gradient `dS = s·P ∘ (dO_i·V_jᵀ − D_i)` into `s.ds`, both
 /// `[rows, cols]`. The scale of the scores is folded into `dS`, so the products that use it need
 /// none.
-fn block_grads<T: AttentionFloat>(hd: &Head<T>, qb: usize, kb: usize, s: &mut Scratch<T>) -> Block {
+fn block_grads<T: ExpFloat>(hd: &Head<T>, qb: usize, kb: usize, s: &mut Scratch<T>) -> Block {
     let b = Block::new(qb, kb, hd.seq);
     let (rows, cols, dh) = (b.rows, b.cols, hd.dh);
     let p = &mut s.p[..rows * cols];

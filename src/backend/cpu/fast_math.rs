@@ -127,6 +127,49 @@ pub(super) fn has_avx2() -> bool {
     }
 }
 
+/// Runs `body` compiled for AVX2 where `avx2` says the processor has it ([`has_avx2`]: the f32
+/// functions above vectorise eight wide there instead of four), else as the baseline build.
+/// Everything `body` calls inline is compiled for AVX2 with it, so a kernel's generic row loop
+/// becomes a wide loop by being called through here.
+#[inline(always)]
+pub(super) fn with_avx2<R>(avx2: bool, body: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn wide<R>(body: impl FnOnce() -> R) -> R {
+        body()
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2 {
+        // SAFETY: AVX2 was detected on this processor.
+        return unsafe { wide(body) };
+    }
+    let _ = avx2;
+    body()
+}
+
+/// The float types of the fused kernels that exponentiate (attention's scores, the
+/// cross-entropy's log-sum-exp), with the exponential they use: the vectorisable [`exp_f32`] in
+/// f32 (one call to the C library per element cost more than the rest of those kernels), the
+/// standard one in f64 (the references the tests compare with).
+pub(super) trait ExpFloat: num_traits::Float + Send + Sync + 'static {
+    /// `e^self`
+    fn exp_fast(self) -> Self;
+}
+
+impl ExpFloat for f32 {
+    #[inline(always)]
+    fn exp_fast(self) -> f32 {
+        exp_f32(self)
+    }
+}
+
+impl ExpFloat for f64 {
+    #[inline(always)]
+    fn exp_fast(self) -> f64 {
+        self.exp()
+    }
+}
+
 /// The f32 functions with a vectorisable implementation here.
 #[derive(Clone, Copy)]
 pub(super) enum WideF32 {

@@ -8,7 +8,7 @@
 //! pass (`[g·b·silu'(a) | g·silu(a)]`), where the composed op took a slice, a SiLU, a product
 //! and, backward, two products and a concatenation, each a pass and a buffer.
 
-use super::fast_math::{has_avx2, silu_and_grad_f32};
+use super::fast_math::{has_avx2, silu_and_grad_f32, with_avx2};
 use super::{MAP_CHUNK, write_chunks};
 use crate::backend::SwiGluDims;
 use num_traits::Float;
@@ -52,24 +52,6 @@ fn backward_row<T: SiluFloat>(a: &[T], b: &[T], g: &[T], dx: &mut [MaybeUninit<T
         da.write(g * b * slope);
         db.write(g * value);
     }
-}
-
-/// Runs `body` compiled for AVX2 where the processor has it (the f32 exponential vectorises
-/// eight wide there), else as the baseline build.
-#[inline(always)]
-fn with_avx2(avx2: bool, body: impl FnOnce()) {
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    fn wide(body: impl FnOnce()) {
-        body()
-    }
-    #[cfg(target_arch = "x86_64")]
-    if avx2 {
-        // SAFETY: AVX2 was detected on this processor.
-        return unsafe { wide(body) };
-    }
-    let _ = avx2;
-    body()
 }
 
 /// `y [rows, half]`; see `NnOps::swiglu_forward`. Lengths were checked by the caller.
