@@ -20,11 +20,12 @@
 // launchers check every addressed element against its buffer's length first.
 //
 // ---- entry point `matmul` ---------------------------------------------------------------------
-// Batched C[b] = A[b]·B[b], A[b]: m×k, B[b]: k×n, f32.
+// Batched C[b] = A[b]·B[b], A[b]: m×k, B[b]: k×n, f32 (or f16 in the f16 build: see mm_elem;
+// the products are summed in f32 either way).
 //   binding 0  uniform MatmulParams
-//   binding 1  a: array<f32>, read: A(b, r, c) = a[a_offset + b·a_batch_stride + r·a_row_stride + c·a_col_stride]
-//   binding 2  b: array<f32>, read: B(b, r, c) likewise with the b_* params
-//   binding 3  c: array<f32>, written: contiguous [batch, m, n]
+//   binding 1  a: array<mm_elem>, read: A(b, r, c) = a[a_offset + b·a_batch_stride + r·a_row_stride + c·a_col_stride]
+//   binding 2  b: array<mm_elem>, read: B(b, r, c) likewise with the b_* params
+//   binding 3  c: array<mm_elem>, written: contiguous [batch, m, n]
 // A transposed operand just swaps its two strides; a broadcast batch has batch stride 0.
 // `a_k_fast` (1 when a_col_stride ≤ a_row_stride) and `b_n_fast` (1 when b_col_stride ≤
 // b_row_stride) say which index walks memory fastest, so that neighbouring invocations read
@@ -168,10 +169,19 @@ struct MatmulParams {
     _pad2: u32,
 }
 
+// The element type of the `matmul` entry's A, B and C: f32 here. The f16 build
+// (src/backend/gpu/half.rs) replaces the alias and the function below, exactly as written, with
+// `f16` and a conversion that rounds once per stored element; loads widen to f32 (`f32(...)`) and
+// the sums stay f32 either way.
+alias mm_elem = f32;
+fn mm_store_value(v: f32) -> mm_elem {
+    return v;
+}
+
 @group(0) @binding(0) var<uniform> mp: MatmulParams;
-@group(0) @binding(1) var<storage, read> mm_a: array<f32>;
-@group(0) @binding(2) var<storage, read> mm_b: array<f32>;
-@group(0) @binding(3) var<storage, read_write> mm_c: array<f32>;
+@group(0) @binding(1) var<storage, read> mm_a: array<mm_elem>;
+@group(0) @binding(2) var<storage, read> mm_b: array<mm_elem>;
+@group(0) @binding(3) var<storage, read_write> mm_c: array<mm_elem>;
 
 fn mm_load_a(lid: u32, m0: u32, k0: u32, base: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
@@ -180,7 +190,7 @@ fn mm_load_a(lid: u32, m0: u32, k0: u32, base: u32) -> vec4<f32> {
         let row = m0 + p.x;
         let kc = k0 + p.y;
         if row < mp.m && kc < mp.k {
-            v[l] = mm_a[base + row * mp.a_row_stride + kc * mp.a_col_stride];
+            v[l] = f32(mm_a[base + row * mp.a_row_stride + kc * mp.a_col_stride]);
         }
     }
     return v;
@@ -193,7 +203,7 @@ fn mm_load_b(lid: u32, k0: u32, n0: u32, base: u32) -> vec4<f32> {
         let kc = k0 + q.x;
         let col = n0 + q.y;
         if kc < mp.k && col < mp.n {
-            v[l] = mm_b[base + kc * mp.b_row_stride + col * mp.b_col_stride];
+            v[l] = f32(mm_b[base + kc * mp.b_row_stride + col * mp.b_col_stride]);
         }
     }
     return v;
@@ -237,7 +247,7 @@ fn matmul(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
             for (var j = 0u; j < 4u; j++) {
                 let col = n0 + tx * 4u + j;
                 if col < mp.n {
-                    mm_c[c_base + row * mp.n + col] = v[j];
+                    mm_c[c_base + row * mp.n + col] = mm_store_value(v[j]);
                 }
             }
         }

@@ -94,7 +94,7 @@ impl Tensor {
         check_len(shape, data.len())?;
         if device.is_gpu() && data.dtype() == DType::F64 {
             return Err(Error::DType(
-                "the GPU backend is f32-only; f64 tensors live on the CPU".into(),
+                "the GPU computes in f32 (and stores f16); f64 tensors live on the CPU".into(),
             ));
         }
         Ok(Tensor::from_storage(
@@ -129,7 +129,7 @@ impl Tensor {
     pub fn full(shape: &[usize], value: f64, dtype: DType, device: Device) -> Result<Tensor> {
         if device.is_gpu() && dtype == DType::F64 {
             return Err(Error::DType(
-                "the GPU backend is f32-only; f64 tensors live on the CPU".into(),
+                "the GPU computes in f32 (and stores f16); f64 tensors live on the CPU".into(),
             ));
         }
         let n = shape

@@ -39,6 +39,14 @@ use std::sync::Arc;
 /// Below this many elements a loop runs on one thread (spawning costs more than it saves).
 const PAR_MIN: usize = 1 << 15;
 
+/// The error of an f16 request on the CPU, which has no f16 buffers.
+fn f16_error(what: &str) -> crate::Error {
+    crate::Error::DType(format!(
+        "{what}: f16 tensors live on the GPU (half precision is a GPU storage format); on the \
+         CPU use f32"
+    ))
+}
+
 /// A CPU buffer: a shared, immutable vector of one dtype (whose allocation returns to the
 /// [`buffer_pool`] when the last handle drops).
 #[derive(Clone, Debug)]

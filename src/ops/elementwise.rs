@@ -186,7 +186,7 @@ impl Tensor {
         }
         if self.device().is_gpu() && dtype == crate::DType::F64 {
             return Err(crate::Error::DType(
-                "the GPU backend is f32-only; f64 tensors live on the CPU".into(),
+                "the GPU computes in f32 (and stores f16); f64 tensors live on the CPU".into(),
             ));
         }
         let y = Tensor::from_storage(self.storage().cast(dtype)?, self.shape().to_vec());

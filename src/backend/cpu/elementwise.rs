@@ -337,6 +337,7 @@ impl ElementwiseOps for CpuBackend {
             DType::F32 => f32b(filled(len, value as f32)?),
             DType::F64 => f64b(filled(len, value)?),
             DType::I32 => i32b(filled(len, value as i32)?),
+            DType::F16 => return Err(super::f16_error("full")),
         })
     }
 
@@ -346,6 +347,7 @@ impl ElementwiseOps for CpuBackend {
             DType::F32 => f32b(v.iter().map(|&e| e as f32).collect()),
             DType::F64 => f64b(v),
             DType::I32 => i32b(v.iter().map(|&e| e as i32).collect()),
+            DType::F16 => return Err(super::f16_error("to_dtype")),
         })
     }
 

@@ -246,6 +246,7 @@ impl LayoutOps for CpuBackend {
             DType::F32 => join!(F32, f32b),
             DType::F64 => join!(F64, f64b),
             DType::I32 => join!(I32, i32b),
+            DType::F16 => return Err(super::f16_error("concat")),
         })
     }
 

@@ -3,6 +3,7 @@
 //! strided operands with [`super::strided::plan`], and records one launch of 256-invocation
 //! workgroups over the output.
 
+use super::half::no_f16_kernel;
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::strided::plan;
 use super::{GpuBackend, GpuBuffer, f64_error};
@@ -31,6 +32,7 @@ const WG: u32 = 256;
 pub(crate) fn expect_f32(what: &str, b: &GpuBuffer) -> Result<()> {
     match b.dtype() {
         DType::F32 => Ok(()),
+        DType::F16 => Err(no_f16_kernel(what)),
         d => Err(Error::DType(format!(
             "{what} needs a float tensor, got {d}"
         ))),
@@ -39,14 +41,25 @@ pub(crate) fn expect_f32(what: &str, b: &GpuBuffer) -> Result<()> {
 
 /// `ElementwiseOps::full`: `len` copies of `value` rounded to `dtype` (entry `fill`).
 pub(crate) fn full(be: &GpuBackend, len: usize, value: f64, dtype: DType) -> Result<GpuBuffer> {
-    let bits = match dtype {
-        DType::F32 => (value as f32).to_bits(),
-        DType::I32 => (value as i32) as u32,
+    // the kernel fills 32-bit words: an f16 value twice per word
+    let (bits, words) = match dtype {
+        DType::F32 => ((value as f32).to_bits(), len),
+        DType::I32 => ((value as i32) as u32, len),
+        DType::F16 => {
+            let h = ::half::f16::from_f64(value).to_bits() as u32;
+            (h | (h << 16), len.div_ceil(2))
+        }
         DType::F64 => return Err(f64_error("full")),
     };
     let out = be.alloc(len, dtype)?;
-    let n = u32_param(len, "full: length")?;
-    be.launch(&ELEMENTWISE, "fill", &[&out], &[n, bits], grid_1d(len, WG)?)?;
+    let n = u32_param(words, "full: length")?;
+    be.launch(
+        &ELEMENTWISE,
+        "fill",
+        &[&out],
+        &[n, bits],
+        grid_1d(words, WG)?,
+    )?;
     Ok(out)
 }
 
@@ -56,6 +69,10 @@ pub(crate) fn cast(be: &GpuBackend, x: &GpuBuffer, dtype: DType) -> Result<GpuBu
     let mode = match (x.dtype(), dtype) {
         (_, DType::F64) | (DType::F64, _) => return Err(f64_error("cast")),
         (a, b) if a == b => return Ok(x.clone()),
+        (DType::F32, DType::F16) => return super::half::to_f16(be, x),
+        (DType::F16, DType::F32) => return super::half::to_f32(be, x),
+        (DType::F16, DType::I32) => return cast(be, &super::half::to_f32(be, x)?, dtype),
+        (DType::I32, DType::F16) => return super::half::to_f16(be, &cast(be, x, DType::F32)?),
         (DType::F32, DType::I32) => 0,
         _ => 1,
     };
@@ -97,6 +114,9 @@ pub(crate) fn binary(
     sb: &[usize],
     shape: &[usize],
 ) -> Result<GpuBuffer> {
+    if a.dtype() == DType::F16 || b.dtype() == DType::F16 {
+        return Err(no_f16_kernel(&format!("{op:?}")));
+    }
     if a.dtype() != DType::F32 || b.dtype() != DType::F32 {
         return Err(binary_dtype_error(&format!("{op:?}"), a.dtype(), b.dtype()));
     }
@@ -135,6 +155,9 @@ pub(crate) fn where_cond(
         buf: b,
         strides: sb,
     } = b;
+    if [cond, a, b].iter().any(|t| t.dtype() == DType::F16) {
+        return Err(no_f16_kernel("where"));
+    }
     if [cond, a, b].iter().any(|t| t.dtype() != DType::F32) {
         return Err(where_dtype_error(cond.dtype(), a.dtype(), b.dtype()));
     }

@@ -24,6 +24,8 @@ pub struct GpuInfo {
     pub subgroup_sizes: [u32; 2],
     /// the kernel `matmul` runs: "subgroup" or "plain" (see [`super::MatmulKernel`])
     pub matmul_kernel: String,
+    /// whether the device stores f16 (wgpu's `SHADER_F16`), which `DType::F16` tensors need
+    pub f16: bool,
 }
 
 /// Facts about the GPU adapter, opening the context if needed.
@@ -90,5 +92,6 @@ pub fn info() -> Result<GpuInfo> {
             [0, 0]
         },
         matmul_kernel: be.matmul_kernel().name().to_string(),
+        f16: be.has_f16(),
     })
 }

@@ -47,6 +47,8 @@ pub struct BuiltinShader {
     pub source: &'static str,
     /// whether it is compiled only on adapters with wgpu's SUBGROUP feature
     pub needs_subgroups: bool,
+    /// whether it is compiled only on adapters with wgpu's SHADER_F16 feature
+    pub needs_f16: bool,
     /// (entry point, override constants) for every specialised pipeline a launcher creates;
     /// an entry point not listed is compiled with none (the shader's defaults), as
     /// [`GpuBackend::launch`] does
@@ -57,13 +59,14 @@ pub struct BuiltinShader {
 #[cfg(test)]
 pub fn builtin_shaders() -> Vec<BuiltinShader> {
     use super::{
-        attention, conv2d, cross_entropy, elementwise, layer_norm, layout, matmul, optim, pool2d,
-        random, reduce, rotary, routing, sort, swiglu,
+        attention, conv2d, cross_entropy, elementwise, half, layer_norm, layout, matmul, optim,
+        pool2d, random, reduce, rotary, routing, sort, swiglu,
     };
     let plain = |s: &Shader| BuiltinShader {
         name: s.name,
         source: s.source,
         needs_subgroups: false,
+        needs_f16: false,
         specialisations: Vec::new(),
     };
     let attention = BuiltinShader {
@@ -93,6 +96,14 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
             needs_subgroups: true,
             ..plain(&matmul::MATMUL_SUBGROUP_SHADER)
         },
+        BuiltinShader {
+            needs_f16: true,
+            ..plain(&half::HALF_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
+            ..plain(&half::MATMUL_F16_SHADER)
+        },
     ]
 }
 
@@ -120,6 +131,17 @@ pub(crate) struct Kernel {
 pub(crate) struct KernelCache {
     modules: Mutex<HashMap<&'static str, Arc<Module>>>,
     kernels: Mutex<HashMap<String, Arc<Kernel>>>,
+}
+
+/// Whether kernel `shader.entry` takes f16 buffers: those of `shaders/half.wgsl`, `matmul.wgsl`
+/// built with f16 operands, and `fill`, which writes 32-bit words (two f16 values each, see
+/// `elementwise::full`). [`GpuBackend::launch`] refuses an f16 buffer to every other kernel, so
+/// that an op without an f16 kernel is an error naming it, never f32 code reading half-words.
+fn takes_f16(shader: &str, entry: &str) -> bool {
+    matches!(
+        (shader, entry),
+        ("half", _) | ("matmul_f16", _) | ("elementwise", "fill")
+    )
 }
 
 /// Bytes of buffers only the pending batch references from which a pool miss submits the batch
@@ -404,6 +426,12 @@ impl GpuBackend {
         if groups.contains(&0) {
             return Ok(());
         }
+        if !takes_f16(shader.name, entry) && buffers.iter().any(|b| b.dtype() == DType::F16) {
+            return Err(super::half::no_f16_kernel(&format!(
+                "kernel {}.{entry}",
+                shader.name
+            )));
+        }
         let kernel = inner
             .kernels
             .kernel(&inner.ctx.device, shader, entry, constants)?;
@@ -433,7 +461,7 @@ impl GpuBackend {
             storage.push(StorageBinding {
                 binding: i as u32 + 1,
                 buffer: &buf.buf,
-                size: (buf.len as u64 * 4).max(4),
+                size: buf.byte_len().max(4),
             });
         }
         let dispatch = Dispatch {
@@ -448,15 +476,19 @@ impl GpuBackend {
         inner.batcher.record(&inner.ctx, dispatch)
     }
 
-    /// A pooled device buffer of `len` elements of `dtype` (F32 or I32), contents undefined.
+    /// A pooled device buffer of `len` elements of `dtype` (F32, I32, or F16 where the adapter
+    /// has `shader-f16`), contents undefined.
     pub(crate) fn alloc(&self, len: usize, dtype: DType) -> Result<GpuBuffer> {
         if dtype == DType::F64 {
             return Err(Error::DType(
                 "the GPU computes in f32; f64 tensors stay on the CPU".into(),
             ));
         }
+        if dtype == DType::F16 {
+            self.check_f16("an f16 tensor")?;
+        }
         let inner = self.inner();
-        let bytes = (len as u64).saturating_mul(4);
+        let bytes = super::byte_len(len, dtype);
         let max = inner.ctx.limits.max_storage_buffer_binding_size;
         if bytes > max || len > u32::MAX as usize {
             return Err(Error::Invalid(format!(

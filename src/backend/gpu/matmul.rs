@@ -18,6 +18,7 @@
 //! `matmul` otherwise; [`MatmulKernel`] names the two, `MOEGRAD_MATMUL=plain|subgroup` chooses
 //! at start-up and `GpuBackend::set_matmul_kernel` at run time.
 
+use super::half::MATMUL_F16_SHADER;
 use super::kernels::Shader;
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::MatmulOps;
@@ -214,8 +215,11 @@ fn operand(
 /// Batched matrix product `C[b] = A[b]·B[b]` (entry point `matmul`), `A[b]: m×k` and `B[b]: k×n`
 /// read through their layouts, output contiguous `[batch, m, n]`.
 ///
+/// Both operands f16 (adapters with `shader-f16`) run the f16 build of the same kernel
+/// ([`MATMUL_F16_SHADER`]): f16 reads, f32 sums, an f16 output.
+///
 /// # Errors
-/// [`Error::DType`] unless both operands are f32; [`Error::Shape`] when a layout addresses an
+/// [`Error::DType`] unless both operands are f32 or both f16; [`Error::Shape`] when a layout addresses an
 /// element outside its buffer or a size exceeds 32-bit indexing; a GPU error from the launch.
 pub(crate) fn matmul(
     be: &GpuBackend,
@@ -226,8 +230,23 @@ pub(crate) fn matmul(
     dims: MatmulDims,
 ) -> Result<GpuBuffer> {
     const WHAT: &str = "matmul";
-    check_f32(WHAT, "A", a)?;
-    check_f32(WHAT, "B", b)?;
+    // f32 operands, or both f16 (the f16 build of the kernel: f16 output, f32 sums)
+    let dtype = match (a.dtype(), b.dtype()) {
+        (DType::F16, DType::F16) => DType::F16,
+        (DType::F16, other) | (other, DType::F16) => {
+            return Err(Error::DType(format!(
+                "{WHAT}: A is {} and B {}: an f16 product needs both operands in f16 (cast the \
+                 {other} one with Tensor::to_dtype)",
+                a.dtype(),
+                b.dtype()
+            )));
+        }
+        _ => {
+            check_f32(WHAT, "A", a)?;
+            check_f32(WHAT, "B", b)?;
+            DType::F32
+        }
+    };
     let MatmulDims { batch, m, k, n } = dims;
     let out_len = product(&[batch, m, n]).ok_or_else(|| {
         Error::Shape(format!(
@@ -236,10 +255,10 @@ pub(crate) fn matmul(
     })?;
     to_u32(WHAT, "batch·m·n", out_len)?;
     if out_len == 0 {
-        return be.alloc(0, DType::F32);
+        return be.alloc(0, dtype);
     }
     if k == 0 {
-        return be.full(out_len, 0.0, DType::F32);
+        return be.full(out_len, 0.0, dtype);
     }
     let la = operand("A", a, a_layout, [batch, m, k])?;
     let lb = operand("B", b, b_layout, [batch, k, n])?;
@@ -248,10 +267,11 @@ pub(crate) fn matmul(
     let b_n_fast = k == 1 || (n > 1 && b_layout.col_stride <= b_layout.row_stride);
     let (m32, k32, n32, batch32) = (m as u32, k as u32, n as u32, batch as u32);
 
-    let c = be.alloc(out_len, DType::F32)?;
-    let kernel = match be.matmul_kernel() {
-        MatmulKernel::Plain => (&MATMUL_SHADER, "matmul"),
-        MatmulKernel::Subgroup => (&MATMUL_SUBGROUP_SHADER, "matmul_subgroup"),
+    let c = be.alloc(out_len, dtype)?;
+    let kernel = match (dtype, be.matmul_kernel()) {
+        (DType::F16, _) => (&*MATMUL_F16_SHADER, "matmul"),
+        (_, MatmulKernel::Plain) => (&MATMUL_SHADER, "matmul"),
+        (_, MatmulKernel::Subgroup) => (&MATMUL_SUBGROUP_SHADER, "matmul_subgroup"),
     };
     launch_grid(
         be,

@@ -34,6 +34,7 @@ mod conv2d;
 mod cross_entropy;
 mod elementwise;
 mod encoder;
+mod half;
 mod info;
 mod kernels;
 mod layer_norm;
@@ -103,9 +104,14 @@ pub(crate) struct GpuBuffer {
 }
 
 impl GpuBuffer {
-    /// The dtype of the elements (F32 or I32).
+    /// The dtype of the elements (F32, I32, or F16 on adapters with `shader-f16`).
     pub(crate) fn dtype(&self) -> DType {
         self.dtype
+    }
+    /// Bytes the elements occupy, rounded up to whole 4-byte words (what wgpu copies and binds):
+    /// an f16 buffer of odd length ends with half a word of padding.
+    pub(crate) fn byte_len(&self) -> u64 {
+        byte_len(self.len, self.dtype)
     }
     /// Number of elements.
     pub(crate) fn len(&self) -> usize {
@@ -302,7 +308,7 @@ impl GpuBackend {
 
     /// Copies `x` into a pooled staging buffer, waits for it and reads it back.
     fn read_back(&self, x: &GpuBuffer) -> Result<Vec<u8>> {
-        let bytes = x.len as u64 * 4;
+        let bytes = x.byte_len();
         if bytes == 0 {
             self.flush()?;
             return Ok(Vec::new());
@@ -375,6 +381,13 @@ fn subgroup_matmul_possible(ctx: &context::Context) -> bool {
         && info.subgroup_min_size <= info.subgroup_max_size
 }
 
+/// Bytes of `len` elements of `dtype` in a device buffer, rounded up to whole 4-byte words.
+pub(crate) fn byte_len(len: usize, dtype: DType) -> u64 {
+    (len as u64)
+        .saturating_mul(dtype.size_in_bytes() as u64)
+        .next_multiple_of(4)
+}
+
 /// An `Error::DType` for an f64 request on the GPU.
 fn f64_error(what: &str) -> Error {
     Error::DType(format!(
@@ -405,6 +418,12 @@ impl BufferOps for GpuBackend {
             DType::F32 => HostData::F32(bytemuck::pod_collect_to_vec(&bytes)),
             DType::I32 => HostData::I32(bytemuck::pod_collect_to_vec(&bytes)),
             DType::F64 => return Err(f64_error("download")),
+            // f16 is read back as f32 (every f16 value is one), the host's float type
+            DType::F16 => HostData::F32(
+                (bytes.chunks_exact(2).take(x.len))
+                    .map(|h| ::half::f16::from_le_bytes([h[0], h[1]]).to_f32())
+                    .collect(),
+            ),
         })
     }
 }

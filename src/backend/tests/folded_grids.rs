@@ -648,3 +648,38 @@ fn split_matmul_grids() {
     }
     be.set_matmul_kernel(before).unwrap();
 }
+
+/// The f32 → f16 → f32 casts (`half.wgsl`) on the smallest length past 65,535 workgroups of
+/// 256 (plus 3, so the f16 buffer ends on half a word), each into a NaN-poisoned output; skipped
+/// with a printed reason where the adapter has no `shader-f16`.
+#[test]
+fn folded_f16_casts() {
+    let Some((be, _lock)) = fold_gpu("folded_f16_casts") else {
+        return;
+    };
+    if !be.has_f16() {
+        eprintln!("skipping folded_f16_casts: this adapter has no shader-f16");
+        return;
+    }
+    let n = fold::smallest_folding(WG) + 3;
+    fold::assert_past_limit("f16 casts", fold::groups(n, WG));
+    let x = random_f32(21, n);
+    let gx = up_f32(&be, &x);
+    be.synchronize().unwrap();
+    be.trim_pool();
+    drop(be.full(n, f64::NAN, DType::F16).unwrap());
+    be.flush().unwrap();
+    let h = be.cast(&gx, DType::F16).unwrap();
+    drop(gx);
+    poison_pool(&be, n);
+    let back = be.download(&be.cast(&h, DType::F32).unwrap()).unwrap();
+    let got = host_f64(back);
+    assert_eq!(got.len(), n);
+    for (i, (&g, &v)) in got.iter().zip(&x).enumerate() {
+        let tol = (v as f64).abs() * 2f64.powi(-11) + 2f64.powi(-25);
+        assert!(
+            (g - v as f64).abs() <= tol,
+            "f16 casts: element {i} of {n}: {v} came back as {g}"
+        );
+    }
+}

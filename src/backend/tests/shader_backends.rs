@@ -39,7 +39,16 @@ struct Targets {
 }
 
 fn targets(shader: &BuiltinShader) -> Targets {
-    if shader.needs_subgroups {
+    if shader.needs_f16 {
+        // 16-bit types: MSL 2.1's `half`, HLSL's native 16-bit types from SM 6.2, SPIR-V's
+        // 16-bit storage (core in 1.3)
+        Targets {
+            msl: (2, 1),
+            hlsl: hlsl::ShaderModel::V6_2,
+            spirv: (1, 3),
+            spirv_val_env: "vulkan1.1",
+        }
+    } else if shader.needs_subgroups {
         Targets {
             msl: (2, 2),
             hlsl: hlsl::ShaderModel::V6_0,
@@ -73,6 +82,11 @@ fn validated(shader: &BuiltinShader) -> (Module, ModuleInfo) {
         v.subgroup_stages(ShaderStages::COMPUTE)
             .subgroup_operations(SubgroupOperationSet::all());
         v
+    } else if shader.needs_f16 {
+        Validator::new(
+            naga::valid::ValidationFlags::all(),
+            Capabilities::SHADER_FLOAT16,
+        )
     } else {
         Validator::new(naga::valid::ValidationFlags::all(), Capabilities::empty())
     };
@@ -352,6 +366,13 @@ fn write_spirv(
     use spv::Capability as C;
     let t = targets(p.shader);
     let mut capabilities = vec![C::Shader];
+    if p.shader.needs_f16 {
+        capabilities.extend([
+            C::Float16,
+            C::StorageBuffer16BitAccess,
+            C::UniformAndStorageBuffer16BitAccess,
+        ]);
+    }
     if p.shader.needs_subgroups {
         capabilities.extend([
             C::GroupNonUniform,

@@ -34,6 +34,14 @@ pub(super) fn run_info(json: bool) -> Result<()> {
                     "gpu matmul kernel:     {} (subgroups of {}..{} invocations)",
                     g.matmul_kernel, g.subgroup_sizes[0], g.subgroup_sizes[1]
                 );
+                println!(
+                    "gpu half precision:    {}",
+                    if g.f16 {
+                        "yes (shader-f16): f16 tensors, their casts and f16 matmul"
+                    } else {
+                        "no: the adapter does not offer shader-f16, so f16 tensors are refused"
+                    }
+                );
             }
             (None, Some(e)) => println!("gpu adapter: none ({e})"),
             (None, None) => println!("gpu adapter: none"),

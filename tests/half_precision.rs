@@ -1,0 +1,294 @@
+//! f16 tensors on the GPU (`DType::F16`): the casts to and from f32, the f16 build of the matmul
+//! kernel (f16 operands and output, f32 sums) forward and backward, and the errors around them.
+//!
+//! * casts: every value lands on one of the two f16 values around it (the one IEEE's
+//!   round-to-nearest-even picks, or its neighbour: WGSL does not fix the rounding direction),
+//!   exactly on values f16 holds; ±inf past the largest f16, NaN kept; back to f32 exactly;
+//!   lengths of 1, odd and even (f16 buffers end on half a word);
+//! * matmul in f16 against the f64 product of the same f16-rounded operands over random shapes
+//!   (batched, one row, one column, widths that are not multiples of the 64-wide tiles), within
+//!   the f16 output's rounding plus the f32 sum's error; its backward (the transposed layouts)
+//!   through `to_dtype` against the f32 gradients within f16's tolerance;
+//! * errors, not panics or validation failures: an f16 tensor on the CPU, an op that has no f16
+//!   kernel, a product of an f16 and an f32 operand.
+//!
+//! Skipped with a printed reason without an adapter unless `MOEGRAD_REQUIRE_GPU=1`; on an
+//! adapter without `shader-f16` every f16 request must be an error naming it.
+
+mod common;
+
+use half::f16;
+use moegrad::{DType, Device, Error, Tensor};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+/// The GPU when it has `shader-f16`; `None` (after checking that f16 is refused with a clear
+/// error) when it has not, or when there is no adapter.
+fn f16_gpu(test: &str) -> Option<Device> {
+    let dev = common::gpu_or_skip(test)?;
+    let features = moegrad::gpu::info().expect("adapter info").features;
+    if features.iter().any(|f| f == "shader-f16") {
+        return Some(dev);
+    }
+    let x = Tensor::from_f32(vec![1.0; 4], &[4], dev).unwrap();
+    match x.to_dtype(DType::F16) {
+        Err(Error::DType(m)) => assert!(m.contains("SHADER_F16"), "{m}"),
+        other => panic!("{test}: f16 without shader-f16 gave {other:?}"),
+    }
+    eprintln!("skipping {test}: this adapter has no shader-f16 (refused with an error, checked)");
+    None
+}
+
+/// The two f16 values around `x` (equal when f16 holds `x`), as f32.
+fn f16_neighbours(x: f32) -> (f32, f32) {
+    let nearest = f16::from_f32(x);
+    let r = nearest.to_f32();
+    if r == x || !x.is_finite() || !r.is_finite() {
+        return (r, r);
+    }
+    // the neighbour on the other side of x
+    let bits = nearest.to_bits();
+    let toward_x = if (x > r) == (r >= 0.0) {
+        bits + 1
+    } else if bits & 0x7fff == 0 {
+        // ±0: the other side is the smallest subnormal of the opposite sign
+        (bits ^ 0x8000) + 1
+    } else {
+        bits - 1
+    };
+    (r, f16::from_bits(toward_x).to_f32())
+}
+
+#[test]
+fn casts_round_to_a_neighbouring_f16_and_return_exactly() {
+    let Some(gpu) = f16_gpu("casts_round_to_a_neighbouring_f16_and_return_exactly") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    let mut values: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        1.0,
+        -2.5,
+        65504.0,   // the largest f16
+        65519.0,   // rounds down to it
+        65520.0,   // rounds past it: inf
+        -1.0e6,    // -inf
+        6.0e-8,    // about the smallest subnormal
+        1.0e-9,    // below half of it: 0
+        3.0e-5,    // a subnormal
+        1.0 / 3.0, // not representable
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+    ];
+    // every binade f16 covers, and beyond
+    values.extend((0..4000).map(|_| {
+        let e = rng.random_range(-30.0f32..18.0);
+        let s = if rng.random_bool(0.5) { -1.0 } else { 1.0 };
+        s * rng.random_range(1.0f32..2.0) * e.exp2()
+    }));
+    for len in [1, 2, 7, values.len()] {
+        let x = &values[..len];
+        let t = Tensor::from_f32(x.to_vec(), &[len], gpu).unwrap();
+        let h = t.to_dtype(DType::F16).unwrap();
+        assert_eq!(h.dtype(), DType::F16);
+        let read = h.to_vec_f32().unwrap();
+        let back = h.to_dtype(DType::F32).unwrap().to_vec_f32().unwrap();
+        for (i, ((&v, &got), &b)) in x.iter().zip(&read).zip(&back).enumerate() {
+            assert!(
+                got.to_bits() == b.to_bits() || (got.is_nan() && b.is_nan()),
+                "element {i}: read back {got}, cast back {b}"
+            );
+            if v.is_nan() {
+                assert!(got.is_nan(), "NaN became {got}");
+                continue;
+            }
+            if v.abs() >= 65520.0 {
+                assert_eq!(got, v.signum() * f32::INFINITY, "{v} past the largest f16");
+                continue;
+            }
+            let (near, other) = f16_neighbours(v);
+            assert!(
+                got == near || got == other,
+                "element {i}: {v} became {got}, not {near} or {other}"
+            );
+        }
+    }
+}
+
+#[test]
+fn full_and_zeros_in_f16() {
+    let Some(gpu) = f16_gpu("full_and_zeros_in_f16") else {
+        return;
+    };
+    for len in [1usize, 2, 5, 1000] {
+        let z = Tensor::zeros(&[len], DType::F16, gpu).unwrap();
+        assert_eq!(z.to_vec_f32().unwrap(), vec![0.0; len]);
+        let f = Tensor::full(&[len], -1.5, DType::F16, gpu).unwrap();
+        assert_eq!(f.to_vec_f32().unwrap(), vec![-1.5; len]);
+        let third = Tensor::full(&[len], 1.0 / 3.0, DType::F16, gpu).unwrap();
+        let want = f16::from_f64(1.0 / 3.0).to_f32();
+        assert_eq!(third.to_vec_f32().unwrap(), vec![want; len]);
+    }
+}
+
+/// Random values rounded to f16, as f32.
+fn f16_values(n: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
+    (0..n)
+        .map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0)).to_f32())
+        .collect()
+}
+
+/// `|got − want| ≤` the f16 output's rounding (half an f16 ulp, relative 2⁻¹¹, or half the
+/// smallest subnormal) plus the f32 sum's error (`k·2⁻²³·Σ|a·b|`, generous), per element.
+fn assert_f16_product(what: &str, got: &[f32], want: &[f64], abs_sums: &[f64], k: usize) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, ((&g, &w), &s)) in got.iter().zip(want).zip(abs_sums).enumerate() {
+        let tol = w.abs() * 2f64.powi(-11) + 2f64.powi(-25) + k as f64 * 2f64.powi(-23) * s;
+        assert!(
+            (g as f64 - w).abs() <= tol,
+            "{what}: element {i} is {g}, the f16-rounded operands' product {w} (tolerance {tol:e})"
+        );
+    }
+}
+
+#[test]
+fn f16_matmul_matches_the_f64_product_of_its_operands() {
+    let Some(gpu) = f16_gpu("f16_matmul_matches_the_f64_product_of_its_operands") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(29);
+    let mut shapes: Vec<(usize, usize, usize, usize)> = vec![
+        (1, 1, 1, 1),
+        (1, 1, 7, 1),
+        (1, 5, 1, 3),
+        (2, 65, 17, 129),
+        (1, 64, 64, 64),
+    ];
+    shapes.extend((0..10).map(|_| {
+        (
+            rng.random_range(1..=3),
+            rng.random_range(1..=150),
+            rng.random_range(1..=90),
+            rng.random_range(1..=150),
+        )
+    }));
+    for (batch, m, k, n) in shapes {
+        let a = f16_values(batch * m * k, &mut rng);
+        let b = f16_values(batch * k * n, &mut rng);
+        let to16 = |v: &[f32], shape: &[usize]| {
+            Tensor::from_f32(v.to_vec(), shape, gpu)
+                .and_then(|t| t.to_dtype(DType::F16))
+                .unwrap()
+        };
+        let c = to16(&a, &[batch, m, k])
+            .matmul(&to16(&b, &[batch, k, n]))
+            .unwrap();
+        assert_eq!((c.dtype(), c.shape()), (DType::F16, &[batch, m, n][..]));
+        let (mut want, mut sums) = (Vec::new(), Vec::new());
+        for bi in 0..batch {
+            for i in 0..m {
+                for j in 0..n {
+                    let terms = (0..k)
+                        .map(|l| a[(bi * m + i) * k + l] as f64 * b[(bi * k + l) * n + j] as f64);
+                    want.push(terms.clone().sum::<f64>());
+                    sums.push(terms.map(f64::abs).sum::<f64>());
+                }
+            }
+        }
+        let what = format!("[{batch}, {m}, {k}]·[{batch}, {k}, {n}]");
+        assert_f16_product(&what, &c.to_vec_f32().unwrap(), &want, &sums, k);
+    }
+}
+
+#[test]
+fn f16_matmul_backward_through_the_casts_matches_f32() {
+    let Some(gpu) = f16_gpu("f16_matmul_backward_through_the_casts_matches_f32") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    for (m, k, n) in [(1, 1, 1), (33, 70, 5), (130, 64, 97)] {
+        let (a, b) = (f16_values(m * k, &mut rng), f16_values(k * n, &mut rng));
+        let up = f16_values(m * n, &mut rng);
+        let run = |half: bool| {
+            let x = Tensor::from_f32(a.clone(), &[m, k], gpu)
+                .unwrap()
+                .with_grad()
+                .unwrap();
+            let w = Tensor::from_f32(b.clone(), &[k, n], gpu)
+                .unwrap()
+                .with_grad()
+                .unwrap();
+            let y = if half {
+                let (x16, w16) = (
+                    x.to_dtype(DType::F16).unwrap(),
+                    w.to_dtype(DType::F16).unwrap(),
+                );
+                let y16 = x16.matmul(&w16).unwrap();
+                assert_eq!(y16.dtype(), DType::F16);
+                y16.to_dtype(DType::F32).unwrap()
+            } else {
+                x.matmul(&w).unwrap()
+            };
+            let g = Tensor::from_f32(up.clone(), &[m, n], gpu).unwrap();
+            y.backward_with(&g).unwrap();
+            let grad = |t: &Tensor| {
+                let g = t.grad().expect("a gradient");
+                assert_eq!(g.dtype(), DType::F32, "the f32 leaf's gradient is f32");
+                g.to_vec_f64().unwrap()
+            };
+            (y.to_vec_f64().unwrap(), grad(&x), grad(&w))
+        };
+        let (y16, dx16, dw16) = run(true);
+        let (y32, dx32, dw32) = run(false);
+        // every operand and upstream value is an f16 value: the f16 path differs only by
+        // rounding each product's output to f16 (and the f32 sums' order)
+        let close = |what: &str, got: &[f64], want: &[f64], inner: usize| {
+            for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+                let tol = w.abs() * 2f64.powi(-10) + inner as f64 * 4.0 * 2f64.powi(-23) + 1e-6;
+                assert!(
+                    (g - w).abs() <= tol,
+                    "[{m}, {k}]·[{k}, {n}] {what}[{i}]: f16 {g}, f32 {w}"
+                );
+            }
+        };
+        close("y", &y16, &y32, k);
+        close("dx", &dx16, &dx32, n);
+        close("dw", &dw16, &dw32, m);
+    }
+}
+
+#[test]
+fn f16_requests_that_cannot_run_are_errors() {
+    // the CPU has no f16 buffers
+    let cpu = Tensor::from_f32(vec![1.0, 2.0], &[2], Device::cpu()).unwrap();
+    match cpu.to_dtype(DType::F16) {
+        Err(Error::DType(m)) => assert!(m.contains("f16 tensors live on the GPU"), "{m}"),
+        other => panic!("f16 on the CPU gave {other:?}"),
+    }
+    assert!(matches!(
+        Tensor::zeros(&[3], DType::F16, Device::cpu()),
+        Err(Error::DType(_))
+    ));
+    let Some(gpu) = f16_gpu("f16_requests_that_cannot_run_are_errors") else {
+        return;
+    };
+    let x = Tensor::from_f32(vec![1.0; 6], &[2, 3], gpu).unwrap();
+    let h = x.to_dtype(DType::F16).unwrap();
+    // an op without an f16 kernel names the kernel and says what to do
+    match h.add(&h) {
+        Err(Error::DType(m)) => {
+            assert!(m.contains("no f16 kernel") && m.contains("to_dtype"), "{m}")
+        }
+        other => panic!("an f16 add gave {other:?}"),
+    }
+    // f16 times f32
+    let w = Tensor::from_f32(vec![1.0; 6], &[3, 2], gpu).unwrap();
+    match h.matmul(&w) {
+        Err(Error::DType(m)) => assert!(m.contains("f16") && m.contains("f32"), "{m}"),
+        other => panic!("an f16·f32 product gave {other:?}"),
+    }
+    // the device still works afterwards
+    assert_eq!(h.to_vec_f32().unwrap(), vec![1.0; 6]);
+}
