@@ -11,6 +11,7 @@
 // cast_dtype  Tensor::to_dtype. params CastParams { n, mode }: mode 0 f32 -> i32 (truncation
 //             toward zero, saturating, NaN -> 0, as Rust's `as`), 1 i32 -> f32, 2 copy.
 //             x (binding 1, read, array<u32>) -> out (binding 2, read_write, array<u32>).
+// (unary, binary and where_cond read and write `ew_elem`: f32, or f16 in the f16 build.)
 // unary       neg, exp, log, relu, gelu, ... (backend::UnaryOp). params UnaryParams { n, op, p0, p1 }
 //             with op the UnaryOp's code (its row in src/backend/elementwise_ops.rs) and p0, p1
 //             its f32 parameters (Powf p; Clamp lo, hi; AddScalar c; MulScalar c).
@@ -27,6 +28,17 @@
 //             cond, a, b (bindings 1-3, read, f32) -> out (binding 4): cond != 0 ? a : b.
 
 const WG: u32 = 256u;
+
+// The element type of the float tensors of `unary`, `binary` and `where_cond`: f32 here. The f16
+// build (src/backend/gpu/half.rs, `f16_build`) makes the alias between the markers `f16` and the
+// store a conversion that rounds once; loads widen to f32 (`f32(...)`), so every op computes in
+// f32 in both builds. `fill` and `cast_dtype` move 32-bit words and are the same in both.
+// f16 build: element type
+alias ew_elem = f32;
+fn ew_store(v: f32) -> ew_elem {
+    return v;
+}
+// f16 build: end
 
 // Bit patterns made at run time (a NaN or infinite constant expression is a WGSL error).
 var<private> NAN_BITS: u32 = 0x7fc00000u;
@@ -164,14 +176,14 @@ fn cast_dtype(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
 struct UnaryParams { n: u32, op: u32, p0: f32, p1: f32 }
 
 @group(0) @binding(0) var<uniform> un_p: UnaryParams;
-@group(0) @binding(1) var<storage, read> un_x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> un_out: array<f32>;
+@group(0) @binding(1) var<storage, read> un_x: array<ew_elem>;
+@group(0) @binding(2) var<storage, read_write> un_out: array<ew_elem>;
 
 @compute @workgroup_size(256)
 fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
          @builtin(local_invocation_index) lid: u32) {
     let i = flat_index(wid, nwg, lid);
-    if (i < un_p.n) { un_out[i] = apply_unary(un_p.op, un_x[i], un_p.p0, un_p.p1); }
+    if (i < un_p.n) { un_out[i] = ew_store(apply_unary(un_p.op, f32(un_x[i]), un_p.p0, un_p.p1)); }
 }
 
 // ---- binary ---------------------------------------------------------------------------------
@@ -179,9 +191,9 @@ fn unary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: ve
 struct BinaryParams { w: array<vec4<u32>, 7> }
 
 @group(0) @binding(0) var<uniform> bin_p: BinaryParams;
-@group(0) @binding(1) var<storage, read> bin_a: array<f32>;
-@group(0) @binding(2) var<storage, read> bin_b: array<f32>;
-@group(0) @binding(3) var<storage, read_write> bin_out: array<f32>;
+@group(0) @binding(1) var<storage, read> bin_a: array<ew_elem>;
+@group(0) @binding(2) var<storage, read> bin_b: array<ew_elem>;
+@group(0) @binding(3) var<storage, read_write> bin_out: array<ew_elem>;
 
 fn bin_w(i: u32) -> u32 { return bin_p.w[i >> 2u][i & 3u]; }
 
@@ -200,7 +212,7 @@ fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
         oa = oa + c * bin_w(11u + d);
         ob = ob + c * bin_w(19u + d);
     }
-    bin_out[i] = apply_binary(bin_w(2u), bin_a[oa], bin_b[ob]);
+    bin_out[i] = ew_store(apply_binary(bin_w(2u), f32(bin_a[oa]), f32(bin_b[ob])));
 }
 
 // ---- where_cond -----------------------------------------------------------------------------
@@ -208,10 +220,10 @@ fn binary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
 struct WhereParams { w: array<vec4<u32>, 9> }
 
 @group(0) @binding(0) var<uniform> wh_p: WhereParams;
-@group(0) @binding(1) var<storage, read> wh_c: array<f32>;
-@group(0) @binding(2) var<storage, read> wh_a: array<f32>;
-@group(0) @binding(3) var<storage, read> wh_b: array<f32>;
-@group(0) @binding(4) var<storage, read_write> wh_out: array<f32>;
+@group(0) @binding(1) var<storage, read> wh_c: array<ew_elem>;
+@group(0) @binding(2) var<storage, read> wh_a: array<ew_elem>;
+@group(0) @binding(3) var<storage, read> wh_b: array<ew_elem>;
+@group(0) @binding(4) var<storage, read_write> wh_out: array<ew_elem>;
 
 fn wh_w(i: u32) -> u32 { return wh_p.w[i >> 2u][i & 3u]; }
 
@@ -232,5 +244,5 @@ fn where_cond(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
         oa = oa + c * wh_w(19u + d);
         ob = ob + c * wh_w(27u + d);
     }
-    wh_out[i] = select(wh_b[ob], wh_a[oa], !(wh_c[oc] == 0.0));
+    wh_out[i] = select(wh_b[ob], wh_a[oa], !(f32(wh_c[oc]) == 0.0));
 }

@@ -170,13 +170,15 @@ struct MatmulParams {
 }
 
 // The element type of the `matmul` entry's A, B and C: f32 here. The f16 build
-// (src/backend/gpu/half.rs) replaces the alias and the function below, exactly as written, with
-// `f16` and a conversion that rounds once per stored element; loads widen to f32 (`f32(...)`) and
-// the sums stay f32 either way.
+// (src/backend/gpu/half.rs, `f16_build`) makes the alias between the markers `f16` and the store
+// a conversion that rounds once per stored element; loads widen to f32 (`f32(...)`) and the sums
+// stay f32 either way.
+// f16 build: element type
 alias mm_elem = f32;
 fn mm_store_value(v: f32) -> mm_elem {
     return v;
 }
+// f16 build: end
 
 @group(0) @binding(0) var<uniform> mp: MatmulParams;
 @group(0) @binding(1) var<storage, read> mm_a: array<mm_elem>;

@@ -9,6 +9,9 @@
 //!   (batched, one row, one column, widths that are not multiples of the 64-wide tiles), within
 //!   the f16 output's rounding plus the f32 sum's error; its backward (the transposed layouts)
 //!   through `to_dtype` against the f32 gradients within f16's tolerance;
+//! * the elementwise kernels in f16 (unary, binary with broadcasting, where) compute exactly what
+//!   the f32 ones compute from the same operands and round it once: each element is a
+//!   neighbouring f16 of the f32 kernel's result (±inf past the largest f16);
 //! * errors, not panics or validation failures: an f16 tensor on the CPU, an op that has no f16
 //!   kernel, a product of an f16 and an f32 operand.
 //!
@@ -276,12 +279,12 @@ fn f16_requests_that_cannot_run_are_errors() {
     };
     let x = Tensor::from_f32(vec![1.0; 6], &[2, 3], gpu).unwrap();
     let h = x.to_dtype(DType::F16).unwrap();
-    // an op without an f16 kernel names the kernel and says what to do
-    match h.add(&h) {
+    // an op without an f16 kernel names it and says what to do
+    match h.sum_all() {
         Err(Error::DType(m)) => {
             assert!(m.contains("no f16 kernel") && m.contains("to_dtype"), "{m}")
         }
-        other => panic!("an f16 add gave {other:?}"),
+        other => panic!("an f16 sum gave {other:?}"),
     }
     // f16 times f32
     let w = Tensor::from_f32(vec![1.0; 6], &[3, 2], gpu).unwrap();
@@ -291,4 +294,75 @@ fn f16_requests_that_cannot_run_are_errors() {
     }
     // the device still works afterwards
     assert_eq!(h.to_vec_f32().unwrap(), vec![1.0; 6]);
+}
+
+/// `got` (an f16 kernel's output, as f32) is a neighbouring f16 of `want` (the f32 kernel's
+/// output for the same operands) at every element.
+fn assert_rounded_once(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        if w.is_nan() {
+            assert!(g.is_nan(), "{what}[{i}]: {g}, the f32 kernel NaN");
+            continue;
+        }
+        if w.abs() >= 65520.0 {
+            assert_eq!(
+                g,
+                w.signum() * f32::INFINITY,
+                "{what}[{i}]: {w} past the largest f16"
+            );
+            continue;
+        }
+        let (near, other) = f16_neighbours(w);
+        assert!(
+            g == near || g == other,
+            "{what}[{i}]: {g}, not an f16 neighbour of the f32 kernel's {w}"
+        );
+    }
+}
+
+#[test]
+fn f16_elementwise_rounds_the_f32_result_once() {
+    let Some(gpu) = f16_gpu("f16_elementwise_rounds_the_f32_result_once") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(17);
+    for _ in 0..6 {
+        let (r, c) = (rng.random_range(1..=40), rng.random_range(1..=300));
+        let a = f16_values(r * c, &mut rng);
+        let b = f16_values(c, &mut rng);
+        let mask: Vec<f32> = (0..r * c)
+            .map(|_| f32::from(rng.random_bool(0.5)))
+            .collect();
+        let up = |v: &[f32], shape: &[usize]| Tensor::from_f32(v.to_vec(), shape, gpu).unwrap();
+        let (a32, b32, m32) = (up(&a, &[r, c]), up(&b, &[c]), up(&mask, &[r, c]));
+        let half = |t: &Tensor| t.to_dtype(DType::F16).unwrap();
+        let (a16, b16, m16) = (half(&a32), half(&b32), half(&m32));
+        type Op = fn(&Tensor, &Tensor, &Tensor) -> moegrad::Result<Tensor>;
+        let ops: [(&str, Op); 10] = [
+            ("exp", |a, _, _| a.exp()),
+            ("neg", |a, _, _| a.neg()),
+            ("gelu", |a, _, _| a.gelu()),
+            ("relu", |a, _, _| a.relu()),
+            ("mul_scalar 3e4 (overflows f16)", |a, _, _| {
+                a.mul_scalar(3e4)
+            }),
+            ("a + b (b broadcast)", |a, b, _| a.add(b)),
+            ("a · b", |a, b, _| a.mul(b)),
+            ("a / b", |a, b, _| a.div(b)),
+            ("a < b", |a, b, _| a.lt(b)),
+            ("where(mask, a, b)", |a, b, m| Tensor::where_cond(m, a, b)),
+        ];
+        for (name, op) in ops {
+            let y16 = op(&a16, &b16, &m16).unwrap();
+            assert_eq!(y16.dtype(), DType::F16, "{name}");
+            let y32 = op(&a32, &b32, &m32).unwrap();
+            let what = format!("{name} on [{r}, {c}]");
+            assert_rounded_once(
+                &what,
+                &y16.to_vec_f32().unwrap(),
+                &y32.to_vec_f32().unwrap(),
+            );
+        }
+    }
 }

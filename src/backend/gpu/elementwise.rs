@@ -3,7 +3,7 @@
 //! strided operands with [`super::strided::plan`], and records one launch of 256-invocation
 //! workgroups over the output.
 
-use super::half::no_f16_kernel;
+use super::half::ELEMENTWISE_F16_SHADER;
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::strided::plan;
 use super::{GpuBackend, GpuBuffer, f64_error};
@@ -27,17 +27,6 @@ pub(crate) static ELEMENTWISE: LazyLock<Shader> = LazyLock::new(|| Shader {
 
 /// Invocations per workgroup of every kernel in the file.
 const WG: u32 = 256;
-
-/// An error unless `b` holds f32 (the GPU's float dtype).
-pub(crate) fn expect_f32(what: &str, b: &GpuBuffer) -> Result<()> {
-    match b.dtype() {
-        DType::F32 => Ok(()),
-        DType::F16 => Err(no_f16_kernel(what)),
-        d => Err(Error::DType(format!(
-            "{what} needs a float tensor, got {d}"
-        ))),
-    }
-}
 
 /// `ElementwiseOps::full`: `len` copies of `value` rounded to `dtype` (entry `fill`).
 pub(crate) fn full(be: &GpuBackend, len: usize, value: f64, dtype: DType) -> Result<GpuBuffer> {
@@ -88,14 +77,33 @@ pub(crate) fn cast(be: &GpuBackend, x: &GpuBuffer, dtype: DType) -> Result<GpuBu
     Ok(out)
 }
 
-/// `ElementwiseOps::unary` (entry `unary`).
+/// The float dtype all of `bufs` share (f32, or f16 for the f16 build of the kernels) and the
+/// shader of that build, or `None` when they are not all f32 or all f16.
+fn float_build(bufs: &[&GpuBuffer]) -> Option<(DType, &'static Shader)> {
+    let dtype = bufs.first()?.dtype();
+    if bufs.iter().any(|b| b.dtype() != dtype) {
+        return None;
+    }
+    match dtype {
+        DType::F32 => Some((DType::F32, &*ELEMENTWISE)),
+        DType::F16 => Some((DType::F16, &*ELEMENTWISE_F16_SHADER)),
+        _ => None,
+    }
+}
+
+/// `ElementwiseOps::unary` (entry `unary`), f32 or f16 (computed in f32, stored in f16).
 pub(crate) fn unary(be: &GpuBackend, op: UnaryOp, x: &GpuBuffer) -> Result<GpuBuffer> {
-    expect_f32(&format!("{op:?}"), x)?;
+    let Some((dtype, shader)) = float_build(&[x]) else {
+        return Err(Error::DType(format!(
+            "{op:?} needs a float tensor, got {}",
+            x.dtype()
+        )));
+    };
     let [p0, p1] = op.params().map(|p| p as f32);
-    let out = be.alloc(x.len(), DType::F32)?;
+    let out = be.alloc(x.len(), dtype)?;
     let n = u32_param(x.len(), "unary: length")?;
     be.launch(
-        &ELEMENTWISE,
+        shader,
         "unary",
         &[x, &out],
         &[n, op.code(), p0.to_bits(), p1.to_bits()],
@@ -104,7 +112,8 @@ pub(crate) fn unary(be: &GpuBackend, op: UnaryOp, x: &GpuBuffer) -> Result<GpuBu
     Ok(out)
 }
 
-/// `ElementwiseOps::binary` with broadcasting strides (entry `binary`).
+/// `ElementwiseOps::binary` with broadcasting strides (entry `binary`), both operands f32 or
+/// both f16.
 pub(crate) fn binary(
     be: &GpuBackend,
     op: BinaryOp,
@@ -114,17 +123,14 @@ pub(crate) fn binary(
     sb: &[usize],
     shape: &[usize],
 ) -> Result<GpuBuffer> {
-    if a.dtype() == DType::F16 || b.dtype() == DType::F16 {
-        return Err(no_f16_kernel(&format!("{op:?}")));
-    }
-    if a.dtype() != DType::F32 || b.dtype() != DType::F32 {
+    let Some((dtype, shader)) = float_build(&[a, b]) else {
         return Err(binary_dtype_error(&format!("{op:?}"), a.dtype(), b.dtype()));
-    }
+    };
     let what = format!("{op:?}");
     let p = plan(&what, shape, &[(sa, 0, a.len()), (sb, 0, b.len())])?;
-    let out = be.alloc(p.n, DType::F32)?;
+    let out = be.alloc(p.n, dtype)?;
     be.launch(
-        &ELEMENTWISE,
+        shader,
         "binary",
         &[a, b, &out],
         &p.words(op.code()),
@@ -133,7 +139,7 @@ pub(crate) fn binary(
     Ok(out)
 }
 
-/// `ElementwiseOps::where_cond` (entry `where_cond`).
+/// `ElementwiseOps::where_cond` (entry `where_cond`), all three f32 or all three f16.
 pub(crate) fn where_cond(
     be: &GpuBackend,
     cond: Strided<'_, GpuBuffer>,
@@ -155,20 +161,17 @@ pub(crate) fn where_cond(
         buf: b,
         strides: sb,
     } = b;
-    if [cond, a, b].iter().any(|t| t.dtype() == DType::F16) {
-        return Err(no_f16_kernel("where"));
-    }
-    if [cond, a, b].iter().any(|t| t.dtype() != DType::F32) {
+    let Some((dtype, shader)) = float_build(&[cond, a, b]) else {
         return Err(where_dtype_error(cond.dtype(), a.dtype(), b.dtype()));
-    }
+    };
     let p = plan(
         "where",
         shape,
         &[(sc, 0, cond.len()), (sa, 0, a.len()), (sb, 0, b.len())],
     )?;
-    let out = be.alloc(p.n, DType::F32)?;
+    let out = be.alloc(p.n, dtype)?;
     be.launch(
-        &ELEMENTWISE,
+        shader,
         "where_cond",
         &[cond, a, b, &out],
         &p.words(0),

@@ -1,7 +1,8 @@
 //! Half precision on the GPU: whether the adapter can store f16 ([`GpuBackend::check_f16`]),
 //! the launchers of `shaders/half.wgsl` that convert between f32 and f16 buffers ([`to_f16`],
 //! [`to_f32`]: the device end of `Tensor::to_dtype` to and from `DType::F16`), and the f16
-//! build of `shaders/matmul.wgsl` ([`MATMUL_F16_SHADER`]).
+//! builds of `shaders/matmul.wgsl` and `shaders/elementwise.wgsl` ([`MATMUL_F16_SHADER`],
+//! [`ELEMENTWISE_F16_SHADER`]), made from the same sources by [`f16_build`].
 //!
 //! f16 is a storage format here: every f16 kernel computes in f32 and converts once on the way
 //! in and once on the way out, with `f16_of` (`shaders/f16_convert.wgsl`), which rounds to a
@@ -29,27 +30,48 @@ pub(crate) static HALF_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     )),
 });
 
-/// The line of `shaders/matmul.wgsl` that makes its `matmul` entry's operands f32, and the block
-/// of f32 conversions after it, which the f16 build replaces.
-const MATMUL_F32_ELEMENT: &str =
-    "alias mm_elem = f32;\nfn mm_store_value(v: f32) -> mm_elem {\n    return v;\n}\n";
+/// The marker lines around a shader's element block: the alias of its float tensors' element
+/// type (`alias X = f32;`) and the function that stores an f32 value as one (`return v;`).
+const ELEMENT_BEGIN: &str = "// f16 build: element type\n";
+const ELEMENT_END: &str = "// f16 build: end\n";
 
-/// The same for f16 operands: reads widen to f32 in the loads (`f32(mm_a[i])`), the f32 sums
-/// are converted once, when stored.
-const MATMUL_F16_ELEMENT: &str =
-    "alias mm_elem = f16;\nfn mm_store_value(v: f32) -> mm_elem {\n    return f16_of(v);\n}\n";
+/// The f16 build of a shader whose float tensors are declared through an element block (see
+/// `shaders/matmul.wgsl`): [`F16_PRELUDE`], then the source with the block's alias made `f16`
+/// and its store made [`f16_of`]-rounding. Everything else (the f32 arithmetic, the f32 loads
+/// through `f32(...)`) is the same text. A source without the block comes back unchanged after
+/// the prelude, which the tests of every f16 kernel would catch (its tensors would be read as
+/// f32).
+fn f16_build(source: &str) -> String {
+    let block = source.find(ELEMENT_BEGIN).and_then(|b| {
+        let e = b + source[b..].find(ELEMENT_END)?;
+        Some((b, e))
+    });
+    let body = match block {
+        Some((b, e)) => {
+            let f16_block = source[b..e].replacen(" = f32;", " = f16;", 1).replacen(
+                "return v;",
+                "return f16_of(v);",
+                1,
+            );
+            format!("{}{f16_block}{}", &source[..b], &source[e..])
+        }
+        None => source.to_string(),
+    };
+    format!("{F16_PRELUDE}\n{body}")
+}
 
 /// `shaders/matmul.wgsl` built with f16 operands and output for its `matmul` entry (the other
 /// entries are unchanged and not launched from it), accumulating in f32 as the f32 build does.
-pub(crate) static MATMUL_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| {
-    let f32_source = include_str!("../../../shaders/matmul.wgsl");
-    Shader {
-        name: "matmul_f16",
-        source: String::leak(format!(
-            "{F16_PRELUDE}\n{}",
-            f32_source.replacen(MATMUL_F32_ELEMENT, MATMUL_F16_ELEMENT, 1)
-        )),
-    }
+pub(crate) static MATMUL_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "matmul_f16",
+    source: String::leak(f16_build(include_str!("../../../shaders/matmul.wgsl"))),
+});
+
+/// The elementwise kernels (with their generated op table) built for f16 tensors: `unary`,
+/// `binary` and `where_cond` read and write f16 and compute in f32.
+pub(crate) static ELEMENTWISE_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "elementwise_f16",
+    source: String::leak(f16_build(super::elementwise::ELEMENTWISE.source)),
 });
 
 /// Invocations per workgroup of both kernels of `half.wgsl`.

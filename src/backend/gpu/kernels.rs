@@ -104,6 +104,10 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
             needs_f16: true,
             ..plain(&half::MATMUL_F16_SHADER)
         },
+        BuiltinShader {
+            needs_f16: true,
+            ..plain(&half::ELEMENTWISE_F16_SHADER)
+        },
     ]
 }
 
@@ -133,14 +137,14 @@ pub(crate) struct KernelCache {
     kernels: Mutex<HashMap<String, Arc<Kernel>>>,
 }
 
-/// Whether kernel `shader.entry` takes f16 buffers: those of `shaders/half.wgsl`, `matmul.wgsl`
-/// built with f16 operands, and `fill`, which writes 32-bit words (two f16 values each, see
+/// Whether kernel `shader.entry` takes f16 buffers: those of `shaders/half.wgsl`, the f16 builds
+/// of `matmul.wgsl` and `elementwise.wgsl`, and `fill`, which writes 32-bit words (two f16 values each, see
 /// `elementwise::full`). [`GpuBackend::launch`] refuses an f16 buffer to every other kernel, so
 /// that an op without an f16 kernel is an error naming it, never f32 code reading half-words.
 fn takes_f16(shader: &str, entry: &str) -> bool {
     matches!(
         (shader, entry),
-        ("half", _) | ("matmul_f16", _) | ("elementwise", "fill")
+        ("half", _) | ("matmul_f16", _) | ("elementwise_f16", _) | ("elementwise", "fill")
     )
 }
 

@@ -85,6 +85,7 @@ const MAX_GROUPS: usize = 65_535;
 fn check_f32(what: &str, name: &str, b: &GpuBuffer) -> Result<()> {
     match b.dtype() {
         DType::F32 => Ok(()),
+        DType::F16 => Err(super::half::no_f16_kernel(what)),
         d => Err(Error::DType(format!(
             "{what}: {name} must be f32 on the GPU, got {d}"
         ))),

@@ -25,6 +25,9 @@ fn use_rows(lines: usize, len: usize) -> bool {
 
 /// Checks a float input against its view; returns `(outer, len, inner, lines)` as kernel words.
 fn check_view(what: &str, x: &GpuBuffer, view: AxisView) -> Result<[u32; 4]> {
+    if x.dtype() == DType::F16 {
+        return Err(super::half::no_f16_kernel(what));
+    }
     if x.dtype() != DType::F32 {
         return Err(Error::DType(format!(
             "{what} needs a float tensor, got {}",

@@ -26,6 +26,9 @@ const PLAN_WG: u32 = 256;
 fn expect_f32(what: &str, bufs: &[(&str, &GpuBuffer)]) -> Result<()> {
     match bufs.iter().find(|(_, b)| b.dtype() != DType::F32) {
         None => Ok(()),
+        Some(_) if bufs.iter().any(|(_, b)| b.dtype() == DType::F16) => {
+            Err(super::half::no_f16_kernel(what))
+        }
         Some((name, b)) => Err(Error::DType(format!(
             "{what}: {name} must be f32 on the GPU, got {}",
             b.dtype()
