@@ -3,7 +3,7 @@
 // Every entry runs 256 invocations per workgroup, one output element per invocation, over a 1-D
 // grid the host folds into x/y: i = (workgroup_id.y * num_workgroups.x + workgroup_id.x) * 256
 // + local index; invocations with i >= n do nothing. copy_strided, concat and gather move raw 32-bit
-// words, so they serve f32 and i32 alike. Gathered/scattered tensors are viewed as
+// words, so they serve f32 and i32 alike (and f16 values in the f16 build, see lay_elem). Gathered/scattered tensors are viewed as
 // [outer, len, inner] (backend::AxisView); an index tensor is read at o*s0 + j*s1 + i*s2.
 //
 // copy_strided         Tensor::contiguous (transpose, permute, expand, slice). params
@@ -39,6 +39,13 @@
 
 const WG: u32 = 256u;
 
+// The element copy_strided, concat_part and gather move: a 32-bit word (f32 or i32) here. The
+// f16 build (src/backend/gpu/half.rs, `f16_build`) makes the alias between the markers `f16`, so
+// the same kernels move f16 values; nothing is converted either way.
+// f16 build: element type
+alias lay_elem = u32;
+// f16 build: end
+
 fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
     return (wid.y * nwg.x + wid.x) * WG + lid;
 }
@@ -48,8 +55,8 @@ fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
 struct CopyParams { w: array<vec4<u32>, 5> }
 
 @group(0) @binding(0) var<uniform> cp: CopyParams;
-@group(0) @binding(1) var<storage, read> copy_x: array<u32>;
-@group(0) @binding(2) var<storage, read_write> copy_out: array<u32>;
+@group(0) @binding(1) var<storage, read> copy_x: array<lay_elem>;
+@group(0) @binding(2) var<storage, read_write> copy_out: array<lay_elem>;
 
 fn cp_w(i: u32) -> u32 { return cp.w[i >> 2u][i & 3u]; }
 
@@ -73,8 +80,8 @@ fn copy_strided(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 struct ConcatParams { outer: u32, part_len: u32, inner: u32, total_len: u32, start: u32 }
 
 @group(0) @binding(0) var<uniform> ccp: ConcatParams;
-@group(0) @binding(1) var<storage, read> cat_part: array<u32>;
-@group(0) @binding(2) var<storage, read_write> cat_out: array<u32>;
+@group(0) @binding(1) var<storage, read> cat_part: array<lay_elem>;
+@group(0) @binding(2) var<storage, read_write> cat_out: array<lay_elem>;
 
 @compute @workgroup_size(256)
 fn concat_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -92,9 +99,9 @@ fn concat_part(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
 struct GatherParams { outer: u32, len: u32, inner: u32, m: u32, s0: u32, s1: u32, s2: u32 }
 
 @group(0) @binding(0) var<uniform> gp: GatherParams;
-@group(0) @binding(1) var<storage, read> gather_x: array<u32>;
+@group(0) @binding(1) var<storage, read> gather_x: array<lay_elem>;
 @group(0) @binding(2) var<storage, read> gather_idx: array<i32>;
-@group(0) @binding(3) var<storage, read_write> gather_out: array<u32>;
+@group(0) @binding(3) var<storage, read_write> gather_out: array<lay_elem>;
 
 @compute @workgroup_size(256)
 fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -105,7 +112,7 @@ fn gather(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let j = (t / gp.inner) % gp.m;
     let o = t / (gp.inner * gp.m);
     let k = gather_idx[o * gp.s0 + j * gp.s1 + i * gp.s2];
-    var v = 0u;
+    var v = lay_elem(0);
     if (k >= 0 && u32(k) < gp.len) { v = gather_x[(o * gp.len + u32(k)) * gp.inner + i]; }
     gather_out[t] = v;
 }

@@ -366,3 +366,37 @@ fn f16_elementwise_rounds_the_f32_result_once() {
         }
     }
 }
+
+#[test]
+fn f16_layout_ops_move_values_exactly() {
+    let Some(gpu) = f16_gpu("f16_layout_ops_move_values_exactly") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(23);
+    for (a, b, c) in [(1, 1, 1), (3, 5, 7), (4, 33, 9)] {
+        let v = f16_values(a * b * c, &mut rng);
+        let x32 = Tensor::from_f32(v.clone(), &[a, b, c], gpu).unwrap();
+        let x16 = x32.to_dtype(DType::F16).unwrap();
+        let idx: Vec<i32> = (0..2 * b).map(|_| rng.random_range(0..b as i32)).collect();
+        let idx = Tensor::from_i32(idx, &[2 * b], gpu).unwrap();
+        type Op = fn(&Tensor, &Tensor) -> moegrad::Result<Tensor>;
+        let ops: [(&str, Op); 5] = [
+            ("permute", |x, _| x.permute(&[2, 0, 1])),
+            ("transpose", |x, _| x.transpose(0, 1)),
+            ("slice", |x, _| x.slice(1, 1, x.shape()[1])),
+            ("concat", |x, _| Tensor::concat(&[x.clone(), x.clone()], 1)),
+            ("index_select", |x, i| x.index_select(1, i)),
+        ];
+        for (name, op) in ops {
+            let y16 = op(&x16, &idx).unwrap();
+            assert_eq!(y16.dtype(), DType::F16, "{name}");
+            // the values are f16 values: moving them in f16 or in f32 gives the same numbers
+            let y32 = op(&x32, &idx).unwrap();
+            assert_eq!(
+                y16.to_vec_f32().unwrap(),
+                y32.to_vec_f32().unwrap(),
+                "{name} of [{a}, {b}, {c}]"
+            );
+        }
+    }
+}

@@ -30,8 +30,9 @@ pub(crate) static HALF_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     )),
 });
 
-/// The marker lines around a shader's element block: the alias of its float tensors' element
-/// type (`alias X = f32;`) and the function that stores an f32 value as one (`return v;`).
+/// The marker lines around a shader's element block: the alias of its tensors' element type
+/// (`alias X = f32;`, or `u32` for kernels that only move words) and, where the kernel
+/// computes, the function that stores an f32 value as one (`return v;`).
 const ELEMENT_BEGIN: &str = "// f16 build: element type\n";
 const ELEMENT_END: &str = "// f16 build: end\n";
 
@@ -48,11 +49,17 @@ fn f16_build(source: &str) -> String {
     });
     let body = match block {
         Some((b, e)) => {
-            let f16_block = source[b..e].replacen(" = f32;", " = f16;", 1).replacen(
-                "return v;",
-                "return f16_of(v);",
-                1,
-            );
+            let f16_block: String = source[b..e]
+                .lines()
+                .map(|line| match line.strip_prefix("alias ") {
+                    // `alias X = f32;` (or `u32;` for word copies) becomes `alias X = f16;`
+                    Some(rest) => match rest.split_once(" = ") {
+                        Some((name, _)) => format!("alias {name} = f16;\n"),
+                        None => format!("{line}\n"),
+                    },
+                    None => format!("{}\n", line.replace("return v;", "return f16_of(v);")),
+                })
+                .collect();
             format!("{}{f16_block}{}", &source[..b], &source[e..])
         }
         None => source.to_string(),
@@ -65,6 +72,12 @@ fn f16_build(source: &str) -> String {
 pub(crate) static MATMUL_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "matmul_f16",
     source: String::leak(f16_build(include_str!("../../../shaders/matmul.wgsl"))),
+});
+
+/// The layout kernels (`copy_strided`, `concat_part`, `gather`) built to move f16 values.
+pub(crate) static LAYOUT_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "layout_f16",
+    source: String::leak(f16_build(super::layout::LAYOUT.source)),
 });
 
 /// The elementwise kernels (with their generated op table) built for f16 tensors: `unary`,

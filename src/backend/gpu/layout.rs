@@ -14,6 +14,7 @@
 //! Index values outside `0..len` are not checked on the GPU (that would need a read-back): gather
 //! yields 0 for them and scatter_add ignores them, where the CPU returns an error.
 
+use super::half::LAYOUT_F16_SHADER;
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::sort::sort_rows;
 use super::strided::plan;
@@ -43,6 +44,15 @@ const SCATTER_LOOP_MAX_WORK: usize = 1 << 24;
 /// The longest loop one `scatter_add_loop` invocation runs under [`SCATTER_LOOP_MAX_WORK`].
 const SCATTER_LOOP_LONGEST: usize = 4096;
 
+/// The build of `layout.wgsl` whose copies move elements of `dtype`: 32-bit words (f32, i32),
+/// or f16 values (the f16 build, [`LAYOUT_F16_SHADER`]).
+fn word_build(dtype: DType) -> &'static Shader {
+    match dtype {
+        DType::F16 => &LAYOUT_F16_SHADER,
+        _ => &LAYOUT,
+    }
+}
+
 /// `LayoutOps::copy_strided` (entry `copy_strided`): a contiguous copy of a strided view, any dtype.
 pub(crate) fn copy_strided(
     be: &GpuBackend,
@@ -58,7 +68,7 @@ pub(crate) fn copy_strided(
     }
     let off = u32_param(offset, "copy_strided: offset")?;
     be.launch(
-        &LAYOUT,
+        word_build(x.dtype()),
         "copy_strided",
         &[x, &out],
         &p.words(off),
@@ -101,7 +111,7 @@ pub(crate) fn concat(
     for (p, &l) in parts.iter().zip(lens) {
         if !p.is_empty() {
             be.launch(
-                &LAYOUT,
+                word_build(dtype),
                 "concat_part",
                 &[p, &out],
                 &[
@@ -190,7 +200,13 @@ pub(crate) fn gather(
         stride_word(m, s[1], "gather: index stride")?,
         stride_word(inner, s[2], "gather: index stride")?,
     ];
-    be.launch(&LAYOUT, "gather", &[x, idx, &out], &params, grid_1d(n, WG)?)?;
+    be.launch(
+        word_build(x.dtype()),
+        "gather",
+        &[x, idx, &out],
+        &params,
+        grid_1d(n, WG)?,
+    )?;
     Ok(out)
 }
 
