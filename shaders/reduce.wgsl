@@ -30,6 +30,18 @@ fn is_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u
 fn rmax(a: f32, b: f32) -> f32 { return select(b, a, a > b || is_nan(b)); }
 fn rmin(a: f32, b: f32) -> f32 { return select(b, a, a < b || is_nan(b)); }
 
+// The element type of the reduced and scanned tensors: f32 here. The f16 build
+// (src/backend/gpu/half.rs, `f16_build`) makes the alias between the markers `f16` and the
+// cumulative sums' store a conversion; reads widen to f32, so the sums run in f32 either way.
+// reduce_serial / reduce_rows write f32 bits (or i32 for argmax) in both builds: the launcher
+// converts an f16 tensor's reduction to f16 afterwards.
+// f16 build: element type
+alias rd_elem = f32;
+fn rd_store(v: f32) -> rd_elem {
+    return v;
+}
+// f16 build: end
+
 struct ReduceParams { outer: u32, len: u32, inner: u32, op: u32 }
 
 // A partial result: a value and, for argmax, its index (0xffffffff when empty).
@@ -84,7 +96,7 @@ fn finish(op: u32, a: Acc) -> u32 {
 // ---- reduce_serial --------------------------------------------------------------------------
 
 @group(0) @binding(0) var<uniform> rs_p: ReduceParams;
-@group(0) @binding(1) var<storage, read> rs_x: array<f32>;
+@group(0) @binding(1) var<storage, read> rs_x: array<rd_elem>;
 @group(0) @binding(2) var<storage, read_write> rs_out: array<u32>;
 
 @compute @workgroup_size(256)
@@ -97,7 +109,7 @@ fn reduce_serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     let base = o * rs_p.len * rs_p.inner + i;
     var acc = identity(rs_p.op);
     for (var j = 0u; j < rs_p.len; j = j + 1u) {
-        acc = combine(rs_p.op, acc, Acc(rs_x[base + j * rs_p.inner], j));
+        acc = combine(rs_p.op, acc, Acc(f32(rs_x[base + j * rs_p.inner]), j));
     }
     rs_out[r] = finish(rs_p.op, acc);
 }
@@ -105,7 +117,7 @@ fn reduce_serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
 // ---- reduce_rows ----------------------------------------------------------------------------
 
 @group(0) @binding(0) var<uniform> rr_p: ReduceParams;
-@group(0) @binding(1) var<storage, read> rr_x: array<f32>;
+@group(0) @binding(1) var<storage, read> rr_x: array<rd_elem>;
 @group(0) @binding(2) var<storage, read_write> rr_out: array<u32>;
 
 var<workgroup> rr_v: array<f32, 256>;
@@ -122,7 +134,7 @@ fn reduce_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
     let op = rr_p.op;
     var acc = identity(op);
     for (var j = lid; j < rr_p.len; j = j + WG) {
-        acc = combine(op, acc, Acc(rr_x[base + j * rr_p.inner], j));
+        acc = combine(op, acc, Acc(f32(rr_x[base + j * rr_p.inner]), j));
     }
     rr_v[lid] = acc.v;
     rr_i[lid] = acc.idx;
@@ -143,8 +155,8 @@ fn reduce_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
 struct ScanParams { outer: u32, len: u32, inner: u32, reverse: u32 }
 
 @group(0) @binding(0) var<uniform> cs_p: ScanParams;
-@group(0) @binding(1) var<storage, read> cs_x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> cs_out: array<f32>;
+@group(0) @binding(1) var<storage, read> cs_x: array<rd_elem>;
+@group(0) @binding(2) var<storage, read_write> cs_out: array<rd_elem>;
 
 @compute @workgroup_size(256)
 fn cumsum_serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -158,16 +170,16 @@ fn cumsum_serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     for (var step = 0u; step < cs_p.len; step = step + 1u) {
         let j = select(step, cs_p.len - 1u - step, cs_p.reverse != 0u);
         let at = base + j * cs_p.inner;
-        acc = acc + cs_x[at];
-        cs_out[at] = acc;
+        acc = acc + f32(cs_x[at]);
+        cs_out[at] = rd_store(acc);
     }
 }
 
 // ---- cumsum_rows ----------------------------------------------------------------------------
 
 @group(0) @binding(0) var<uniform> cr_p: ScanParams;
-@group(0) @binding(1) var<storage, read> cr_x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> cr_out: array<f32>;
+@group(0) @binding(1) var<storage, read> cr_x: array<rd_elem>;
+@group(0) @binding(2) var<storage, read_write> cr_out: array<rd_elem>;
 
 var<workgroup> cr_s: array<f32, 256>;
 
@@ -185,7 +197,7 @@ fn cumsum_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         let step = start + lid;
         let j = select(step, len - 1u - step, cr_p.reverse != 0u);
         var v = 0.0;
-        if (step < len) { v = cr_x[base + j * cr_p.inner]; }
+        if (step < len) { v = f32(cr_x[base + j * cr_p.inner]); }
         cr_s[lid] = v;
         workgroupBarrier();
         for (var off = 1u; off < WG; off = off * 2u) {
@@ -195,7 +207,7 @@ fn cumsum_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
             cr_s[lid] = t;
             workgroupBarrier();
         }
-        if (step < len) { cr_out[base + j * cr_p.inner] = carry + cr_s[lid]; }
+        if (step < len) { cr_out[base + j * cr_p.inner] = rd_store(carry + cr_s[lid]); }
         carry = carry + cr_s[WG - 1u];
         workgroupBarrier();
     }

@@ -12,6 +12,8 @@
 //! * the elementwise kernels in f16 (unary, binary with broadcasting, where) compute exactly what
 //!   the f32 ones compute from the same operands and round it once: each element is a
 //!   neighbouring f16 of the f32 kernel's result (±inf past the largest f16);
+//! * the layout copies in f16 move exactly the values the f32 ones move; reductions (sum, max,
+//!   over one axis or two, cumulative sums, argmax) sum in f32 and round once;
 //! * errors, not panics or validation failures: an f16 tensor on the CPU, an op that has no f16
 //!   kernel, a product of an f16 and an f32 operand.
 //!
@@ -280,11 +282,12 @@ fn f16_requests_that_cannot_run_are_errors() {
     let x = Tensor::from_f32(vec![1.0; 6], &[2, 3], gpu).unwrap();
     let h = x.to_dtype(DType::F16).unwrap();
     // an op without an f16 kernel names it and says what to do
-    match h.sum_all() {
+    let weight = Tensor::from_f32(vec![1.0; 3], &[3], gpu).unwrap();
+    match h.rms_norm(&weight.to_dtype(DType::F16).unwrap(), 1e-6) {
         Err(Error::DType(m)) => {
             assert!(m.contains("no f16 kernel") && m.contains("to_dtype"), "{m}")
         }
-        other => panic!("an f16 sum gave {other:?}"),
+        other => panic!("an f16 RMSNorm gave {other:?}"),
     }
     // f16 times f32
     let w = Tensor::from_f32(vec![1.0; 6], &[3, 2], gpu).unwrap();
@@ -398,5 +401,45 @@ fn f16_layout_ops_move_values_exactly() {
                 "{name} of [{a}, {b}, {c}]"
             );
         }
+    }
+}
+
+#[test]
+fn f16_reductions_sum_in_f32_and_round_once() {
+    let Some(gpu) = f16_gpu("f16_reductions_sum_in_f32_and_round_once") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    // rows short and long (the one-invocation and the one-workgroup-per-row kernels)
+    for (r, c) in [(1, 1), (3, 7), (5, 300), (2, 2000)] {
+        let v = f16_values(r * c, &mut rng);
+        let x32 = Tensor::from_f32(v.clone(), &[r, c], gpu).unwrap();
+        let x16 = x32.to_dtype(DType::F16).unwrap();
+        type Op = fn(&Tensor) -> moegrad::Result<Tensor>;
+        let ops: [(&str, Op); 5] = [
+            ("sum(-1)", |x| x.sum(&[-1], false)),
+            ("sum(0)", |x| x.sum(&[0], false)),
+            ("max(-1)", |x| x.max(-1, false)),
+            ("sum over both axes", |x| x.sum(&[0, 1], false)),
+            ("cumsum(-1)", |x| x.cumsum(-1)),
+        ];
+        for (name, op) in ops {
+            let y16 = op(&x16).unwrap();
+            assert_eq!(y16.dtype(), DType::F16, "{name}");
+            let y32 = op(&x32).unwrap();
+            let what = format!("{name} of [{r}, {c}]");
+            assert_rounded_once(
+                &what,
+                &y16.to_vec_f32().unwrap(),
+                &y32.to_vec_f32().unwrap(),
+            );
+        }
+        let am16 = x16.argmax(-1, false).unwrap();
+        assert_eq!(am16.dtype(), DType::I32);
+        assert_eq!(
+            am16.to_vec_f64().unwrap(),
+            x32.argmax(-1, false).unwrap().to_vec_f64().unwrap(),
+            "argmax of [{r}, {c}]"
+        );
     }
 }

@@ -80,6 +80,12 @@ pub(crate) static LAYOUT_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader 
     source: String::leak(f16_build(super::layout::LAYOUT.source)),
 });
 
+/// The reductions and cumulative sums built to read f16 tensors (and write f16 cumulative sums).
+pub(crate) static REDUCE_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "reduce_f16",
+    source: String::leak(f16_build(super::reduce::REDUCE.source)),
+});
+
 /// The elementwise kernels (with their generated op table) built for f16 tensors: `unary`,
 /// `binary` and `where_cond` read and write f16 and compute in f32.
 pub(crate) static ELEMENTWISE_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {

@@ -112,6 +112,10 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
             needs_f16: true,
             ..plain(&half::LAYOUT_F16_SHADER)
         },
+        BuiltinShader {
+            needs_f16: true,
+            ..plain(&half::REDUCE_F16_SHADER)
+        },
     ]
 }
 
@@ -142,7 +146,7 @@ pub(crate) struct KernelCache {
 }
 
 /// Whether kernel `shader.entry` takes f16 buffers: those of `shaders/half.wgsl`, the f16 builds
-/// of `matmul.wgsl`, `elementwise.wgsl` and `layout.wgsl` (its copies), and `fill`, which writes 32-bit words (two f16 values each, see
+/// of `matmul.wgsl`, `elementwise.wgsl`, `reduce.wgsl` and `layout.wgsl` (its copies), and `fill`, which writes 32-bit words (two f16 values each, see
 /// `elementwise::full`). [`GpuBackend::launch`] refuses an f16 buffer to every other kernel, so
 /// that an op without an f16 kernel is an error naming it, never f32 code reading half-words.
 fn takes_f16(shader: &str, entry: &str) -> bool {
@@ -152,6 +156,7 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
             | ("matmul_f16", _)
             | ("elementwise_f16", _)
             | ("layout_f16", "copy_strided" | "concat_part" | "gather")
+            | ("reduce_f16", _)
             | ("elementwise", "fill")
     )
 }

@@ -49,6 +49,9 @@ fn check(
         })?;
     for (operands, _) in groups {
         for (name, b) in operands {
+            if b.dtype() == DType::F16 {
+                return Err(super::half::no_f16_kernel(what));
+            }
             if b.dtype() != DType::F32 {
                 return Err(Error::DType(format!(
                     "{what}: {name} must be f32 on the GPU, got {}",

@@ -3,6 +3,7 @@
 //! additions) when lines are short or there are many of them, and the workgroup kernel (256
 //! invocations share one line) for few long lines.
 
+use super::half::REDUCE_F16_SHADER;
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::ReduceOps;
@@ -25,10 +26,7 @@ fn use_rows(lines: usize, len: usize) -> bool {
 
 /// Checks a float input against its view; returns `(outer, len, inner, lines)` as kernel words.
 fn check_view(what: &str, x: &GpuBuffer, view: AxisView) -> Result<[u32; 4]> {
-    if x.dtype() == DType::F16 {
-        return Err(super::half::no_f16_kernel(what));
-    }
-    if x.dtype() != DType::F32 {
+    if x.dtype() != DType::F32 && x.dtype() != DType::F16 {
         return Err(Error::DType(format!(
             "{what} needs a float tensor, got {}",
             x.dtype()
@@ -62,6 +60,14 @@ fn reduce_code(op: ReduceOp) -> (u32, &'static str, DType) {
     }
 }
 
+/// The build of `reduce.wgsl` that reads elements of `dtype` (f32, or f16: [`REDUCE_F16_SHADER`]).
+fn float_build(dtype: DType) -> &'static Shader {
+    match dtype {
+        DType::F16 => &REDUCE_F16_SHADER,
+        _ => &REDUCE,
+    }
+}
+
 /// `ReduceOps::reduce` (entries `reduce_serial` / `reduce_rows`): output `[outer, inner]`, I32 for
 /// argmax.
 pub(crate) fn reduce(
@@ -75,12 +81,17 @@ pub(crate) fn reduce(
     let (code, _, dtype) = reduce_code(op);
     let out = be.alloc(lines as usize, dtype)?;
     let params = [outer, len, inner, code];
+    let shader = float_build(x.dtype());
     if use_rows(lines as usize, len as usize) {
         let groups = grid_1d(lines as usize * WG as usize, WG)?;
-        be.launch(&REDUCE, "reduce_rows", &[x, &out], &params, groups)?;
+        be.launch(shader, "reduce_rows", &[x, &out], &params, groups)?;
     } else {
         let groups = grid_1d(lines as usize, WG)?;
-        be.launch(&REDUCE, "reduce_serial", &[x, &out], &params, groups)?;
+        be.launch(shader, "reduce_serial", &[x, &out], &params, groups)?;
+    }
+    // an f16 tensor's sum, maximum or minimum (taken in f32) is an f16 value again
+    if x.dtype() == DType::F16 && dtype == DType::F32 {
+        return super::half::to_f16(be, &out);
     }
     Ok(out)
 }
@@ -93,14 +104,15 @@ pub(crate) fn cumsum(
     reverse: bool,
 ) -> Result<GpuBuffer> {
     let [outer, len, inner, lines] = check_view("cumsum", x, view)?;
-    let out = be.alloc(x.len(), DType::F32)?;
+    let out = be.alloc(x.len(), x.dtype())?;
     let params = [outer, len, inner, reverse as u32];
+    let shader = float_build(x.dtype());
     if use_rows(lines as usize, len as usize) {
         let groups = grid_1d(lines as usize * WG as usize, WG)?;
-        be.launch(&REDUCE, "cumsum_rows", &[x, &out], &params, groups)?;
+        be.launch(shader, "cumsum_rows", &[x, &out], &params, groups)?;
     } else {
         let groups = grid_1d(lines as usize, WG)?;
-        be.launch(&REDUCE, "cumsum_serial", &[x, &out], &params, groups)?;
+        be.launch(shader, "cumsum_serial", &[x, &out], &params, groups)?;
     }
     Ok(out)
 }
