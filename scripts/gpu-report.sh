@@ -1,58 +1,96 @@
 #!/usr/bin/env bash
 # One command for whoever has a real GPU (docs/gpu.md, "Measuring on a real GPU"): builds moegrad,
-# runs `moegrad bench all --json` and the matmul sizes 1024-8192, and, when Python's torch sees a
-# CUDA GPU, the PyTorch peers on it in the same session (torch.matmul, the MoE layer step, the
-# char-LM steps of gpt and moe-gpt, the transformers families), alternating moegrad and peer
-# rounds; writes everything to one JSON file.
+# runs `moegrad bench all --json` with the matmul sizes 1024-8192, times the `gpt` and `moe-gpt`
+# training steps on the GPU, and, when Python's torch sees a CUDA GPU, the PyTorch peers on it in
+# the same session (torch.matmul with TF32 off and on, the MoE layer step, the char-LM steps of
+# gpt and moe-gpt, the CNN epochs), alternating moegrad and peer rounds; writes everything to one
+# JSON file.
 #
 #   scripts/gpu-report.sh [OUT.json]          (default: gpu-report.json)
 #
-# Environment: PYTHON (default python3) with torch, numpy, transformers installed (a throw-away
-# venv: python3 -m venv /tmp/v && /tmp/v/bin/pip install torch numpy transformers safetensors),
-# PEERS (default ../shared/peers, the peer scripts), ROUNDS (default 2). Without torch or without
-# a CUDA GPU the peers are skipped and the report says so. Nothing is downloaded at run time
-# beyond what cargo and pip fetch when you set them up.
-set -euo pipefail
+# Environment: PYTHON (default python3) with torch and numpy installed (a throw-away venv:
+# python3 -m venv /tmp/v && /tmp/v/bin/pip install torch numpy), PEERS (default ../shared/peers,
+# the peer scripts), ROUNDS (default 2), MOEGRAD_BIN (a moegrad binary built elsewhere: skips
+# the build), STEP_TIMEOUT (seconds any one measurement may take, default 300: a step that runs
+# past it, or fails, is recorded as an error and the report goes on). Without torch or without a
+# CUDA GPU the peers are skipped and the report says so. Nothing is downloaded at run time beyond
+# what cargo and pip fetch when you set them up.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-report.json}
 PYTHON=${PYTHON:-python3}
 PEERS=${PEERS:-../shared/peers}
 ROUNDS=${ROUNDS:-2}
+STEP_TIMEOUT=${STEP_TIMEOUT:-300}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
-cargo build --release -p moegrad-cli >&2
-BIN=./target/release/moegrad
-"$BIN" info --json > "$TMP/info.json" 2>/dev/null || "$BIN" info > "$TMP/info.txt" 2>&1 || true
+if [ -n "${MOEGRAD_BIN:-}" ]; then
+  BIN=$MOEGRAD_BIN
+else
+  cargo build --release -p moegrad-cli >&2 || exit 1
+  BIN=./target/release/moegrad
+fi
+
+# measure NAME CMD...: runs CMD under the step timeout, its stdout into $TMP/NAME.json; a failure
+# leaves the command's last words in the file instead, for the report to show.
+measure() {
+  local name=$1; shift
+  local t0=$SECONDS
+  echo "gpu-report: $name" >&2
+  if ! timeout "$STEP_TIMEOUT" "$@" > "$TMP/$name.json" 2> "$TMP/$name.err"; then
+    printf '{"error": %s}\n' "$("$PYTHON" -c 'import json,sys; print(json.dumps(sys.stdin.read()[-2000:]))' < "$TMP/$name.err")" > "$TMP/$name.json"
+  fi
+  # the figures go to stderr as well, so that a log of a run cut short still holds them
+  echo "gpu-report: $name took $((SECONDS - t0)) s: $(tail -n 1 "$TMP/$name.json")" >&2
+}
+
+"$BIN" info > "$TMP/info.txt" 2>&1 || true
 
 have_cuda=0
 if "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
   have_cuda=1
 fi
 
+# the moegrad side of pytorch_charlm_step.py: a run of 50 and one of 250 iterations (ms_per_iter
+# excludes the one evaluation at the end); the report's steady-state step is their difference
+# over 200 iterations, which leaves out the first steps' pipeline compilation
+TRAIN=(train --data shakespeare --device gpu --eval-windows 12 --warmup-steps 10 --overwrite --json)
+
 for round in $(seq 1 "$ROUNDS"); do
-  echo "gpu-report: round $round/$ROUNDS: moegrad" >&2
-  "$BIN" bench all --json > "$TMP/moegrad-all-$round.json"
-  "$BIN" bench matmul --device gpu --sizes 1024,2048,4096,8192 --json > "$TMP/moegrad-matmul-$round.json"
+  echo "gpu-report: round $round/$ROUNDS" >&2
+  if [ "$round" = 1 ]; then
+    measure "moegrad-all-$round" "$BIN" bench all --device gpu --sizes 1024,2048,4096,8192 --json
+  else
+    measure "moegrad-matmul-$round" "$BIN" bench matmul --device gpu --sizes 1024,2048,4096,8192 --json
+    measure "moegrad-moe-$round" "$BIN" bench moe --device gpu --json
+  fi
+  for model in gpt moe-gpt; do
+    for iters in 50 250; do
+      measure "moegrad-$model-$iters-$round" "$BIN" "${TRAIN[@]}" --model "$model" \
+        --iters "$iters" --eval-every "$iters" --out "$TMP/run-$model"
+    done
+  done
   if [ "$have_cuda" = 1 ]; then
-    echo "gpu-report: round $round/$ROUNDS: PyTorch CUDA peers" >&2
-    "$PYTHON" - > "$TMP/torch-matmul-$round.json" <<'PY'
-import json, time, torch
+    measure "torch-matmul-$round" "$PYTHON" - <<'PY'
+import json, torch
 rows = []
-for n in (1024, 2048, 4096, 8192):
-    a = torch.randn(n, n, device="cuda"); b = torch.randn(n, n, device="cuda")
-    torch.backends.cuda.matmul.allow_tf32 = False  # f32, as moegrad's WGSL kernels
-    for _ in range(3): a @ b
-    torch.cuda.synchronize(); reps = 10; t = time.perf_counter()
-    for _ in range(reps): a @ b
-    torch.cuda.synchronize(); dt = (time.perf_counter() - t) / reps
-    rows.append({"n": n, "gflops": 2 * n**3 / dt / 1e9, "ms": dt * 1e3})
-print(json.dumps({"torch_matmul_f32": rows, "gpu": torch.cuda.get_device_name(0),
+for tf32 in (False, True):  # f32 as moegrad's WGSL kernels; then TF32, what torch users often get
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    for n in (1024, 2048, 4096, 8192):
+        a = torch.randn(n, n, device="cuda"); b = torch.randn(n, n, device="cuda")
+        for _ in range(3): a @ b
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        reps = 20; start.record()
+        for _ in range(reps): a @ b
+        end.record(); torch.cuda.synchronize(); ms = start.elapsed_time(end) / reps
+        rows.append({"n": n, "tf32": tf32, "gflops": 2 * n**3 / ms / 1e6, "ms": ms})
+print(json.dumps({"torch_matmul": rows, "gpu": torch.cuda.get_device_name(0),
                   "torch": torch.__version__, "cuda": torch.version.cuda}))
 PY
-    PEER_DEVICE=cuda "$PYTHON" "$PEERS/pytorch_moe_step.py" > "$TMP/torch-moe-$round.json"
-    PEER_DEVICE=cuda "$PYTHON" "$PEERS/pytorch_charlm_step.py" 1 50 > "$TMP/torch-charlm-$round.json"
-    PEER_DEVICE=cuda "$PYTHON" "$PEERS/pytorch_hf_moe_step.py" 1 20 > "$TMP/torch-hf-$round.json" || true
+    measure "torch-moe-$round" env PEER_DEVICE=cuda "$PYTHON" "$PEERS/pytorch_moe_step.py"
+    measure "torch-charlm-$round" env PEER_DEVICE=cuda "$PYTHON" "$PEERS/pytorch_charlm_step.py" 1 50
+    measure "torch-cnn-$round" env PEER_DEVICE=cuda "$PYTHON" "$PEERS/pytorch_cnn_epoch.py" 1 64
   fi
 done
 
@@ -64,16 +102,22 @@ def load(path):
         with open(path) as f:
             text = f.read().strip()
         return json.loads(text.splitlines()[-1]) if text else None
-    except Exception as e:  # a peer that failed: say so in the report
+    except Exception as e:  # a measurement that printed no JSON: say so in the report
         return {"error": f"{os.path.basename(path)}: {e}"}
 report = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
           "peers": "PyTorch CUDA eager" if cuda else "skipped: torch sees no CUDA GPU",
-          "rounds": {}}
-info = os.path.join(tmp, "info.json")
-report["moegrad_info"] = load(info) if os.path.exists(info) else open(os.path.join(tmp, "info.txt")).read()
+          "moegrad_info": open(os.path.join(tmp, "info.txt")).read(), "rounds": {}}
 for path in sorted(glob.glob(os.path.join(tmp, "*-[0-9]*.json"))):
     name, rnd = os.path.basename(path)[:-5].rsplit("-", 1)
     report["rounds"].setdefault(rnd, {})[name] = load(path)
+for rnd in report["rounds"].values():  # the steady-state char-LM steps (see TRAIN above)
+    for model in ("gpt", "moe-gpt"):
+        short, long = rnd.get(f"moegrad-{model}-50"), rnd.get(f"moegrad-{model}-250")
+        try:
+            ms = (long["ms_per_iter"] * 250 - short["ms_per_iter"] * 50) / 200
+            rnd[f"moegrad-{model}-steady"] = {"ms_per_iter": ms}
+        except (TypeError, KeyError):
+            pass
 with open(out, "w") as f:
     json.dump(report, f, indent=1)
 print(f"gpu-report: wrote {out}", file=sys.stderr)

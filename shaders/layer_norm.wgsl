@@ -22,9 +22,12 @@
 //   the forward: two tree sums (Σ h and Σ h·x̂), then every invocation writes its elements of dx.
 //
 // ---- entry point `layer_norm_backward_params` -------------------------------------------------
-//   binding 1 g, 2 x, 3 mean, 4 rstd (read), 5 dgamma, 6 dbeta (written). One invocation per
-//   column j (workgroup 64, grid folded into x/y over dim invocations) walks the rows in order,
-//   so the sums are deterministic (the CPU walks them in the same order).
+//   binding 1 g, 2 x, 3 mean, 4 rstd (read), 5 dgamma, 6 dbeta (written). One workgroup of 256
+//   per PCOLS = 8 neighbouring columns: invocation (c, s) = (lid % 8, lid / 8) sums column c's
+//   rows s, s + 32, s + 64, … (32 strands, so a column's rows are walked 32 at a time rather
+//   than one by one), then the 32 strands are added in a fixed tree in workgroup memory: the
+//   sums are deterministic (though not in the CPU's row order). Grid: ⌈dim/8⌉ workgroups,
+//   folded into x/y.
 //
 // params (binding 0, LnParams): rows, dim, eps (f32 bits), centered (1 layer norm, 0 RMSNorm).
 
@@ -143,18 +146,44 @@ fn layer_norm_backward_x(@builtin(workgroup_id) wid: vec3<u32>,
 @group(0) @binding(5) var<storage, read_write> c_dgamma: array<f32>;
 @group(0) @binding(6) var<storage, read_write> c_dbeta: array<f32>;
 
-@compute @workgroup_size(64)
-fn layer_norm_backward_params(@builtin(global_invocation_id) gid: vec3<u32>,
-                              @builtin(num_workgroups) nwg: vec3<u32>) {
-    let j = gid.y * nwg.x * WG + gid.x;
-    if (j >= p.dim) { return; }
+// columns per workgroup, and strands of rows per column (PCOLS · STRANDS = 256)
+const PCOLS: u32 = 8u;
+const STRANDS: u32 = 32u;
+
+var<workgroup> strand_dg: array<f32, 256>;
+var<workgroup> strand_db: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn layer_norm_backward_params(@builtin(workgroup_id) wid: vec3<u32>,
+                              @builtin(num_workgroups) nwg: vec3<u32>,
+                              @builtin(local_invocation_index) lid: u32) {
+    let first = (wid.y * nwg.x + wid.x) * PCOLS;
+    // `first` is uniform across the workgroup, so every invocation leaves together
+    if (first >= p.dim) { return; }
+    let c = lid % PCOLS;
+    let s = lid / PCOLS;
+    let j = first + c;
     var dg = 0.0;
     var db = 0.0;
-    for (var r = 0u; r < p.rows; r = r + 1u) {
-        let g = c_g[r * p.dim + j];
-        dg = dg + g * (c_x[r * p.dim + j] - c_mean[r]) * c_rstd[r];
-        db = db + g;
+    if (j < p.dim) {
+        for (var r = s; r < p.rows; r = r + STRANDS) {
+            let g = c_g[r * p.dim + j];
+            dg = dg + g * (c_x[r * p.dim + j] - c_mean[r]) * c_rstd[r];
+            db = db + g;
+        }
     }
-    c_dgamma[j] = dg;
-    c_dbeta[j] = db;
+    strand_dg[lid] = dg;
+    strand_db[lid] = db;
+    workgroupBarrier();
+    for (var half = STRANDS / 2u; half > 0u; half = half / 2u) {
+        if (s < half) {
+            strand_dg[lid] = strand_dg[lid] + strand_dg[lid + half * PCOLS];
+            strand_db[lid] = strand_db[lid] + strand_db[lid + half * PCOLS];
+        }
+        workgroupBarrier();
+    }
+    if (s == 0u && j < p.dim) {
+        c_dgamma[j] = strand_dg[c];
+        c_dbeta[j] = strand_db[c];
+    }
 }

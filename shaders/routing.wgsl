@@ -27,12 +27,14 @@
 // softmax_backward     one invocation per row of [rows, n]: out = y ⊙ (dy − Σ dy ⊙ y).
 //                      params BackParams { rows, n } (k and has_probs unused); y (binding 1),
 //                      dy (binding 3), out (binding 5) (binding 2 unused, binding 4 unused).
-// plan_sort            the order of the dispatch plan, its offsets and counts. Assignment i has
-//                      key e = expert[i] when valid[i] ≠ 0 and 0 ≤ e < n, else n (the trash
-//                      group). Invocation i < A counts, over every assignment j, the keys below
-//                      its own and the assignments of its key sorted before it by (rank
-//                      ascending, weight descending, index), and writes order[below + before] = i
-//                      (O(A) per invocation, tiles of 256 assignments staged in workgroup memory).
+// plan_sort            the order of the dispatch plan, its offsets and counts, for a plan of at
+//                      most PLAN_SORT_MAX assignments (src/backend/gpu/routing.rs; larger plans
+//                      sort with sort.wgsl, below). Assignment i has key e = expert[i] when
+//                      valid[i] ≠ 0 and 0 ≤ e < n, else n (the trash group). Invocation i < A
+//                      counts, over every assignment j, the keys below its own and the
+//                      assignments of its key sorted before it by (rank ascending, weight
+//                      descending, index), and writes order[below + before] = i (O(A) per
+//                      invocation, tiles of 256 assignments staged in workgroup memory).
 //                      Invocation A + e (e ≤ n) counts the keys below e and equal to e: offsets[e],
 //                      routed[e] and kept[e] = min(routed[e], capacity).
 //                      params PlanParams { a, n, capacity (0xffffffff: none) }; expert (binding
@@ -41,6 +43,18 @@
 //                      [A]), offsets (binding 6, read_write, i32 [n + 1]), routed (binding 7,
 //                      read_write, f32 [n]), kept (binding 8, read_write, f32 [n]).
 //                      256 invocations per workgroup over A + n + 1, grid folded into x/y.
+// plan_keys            for a larger plan, the same order comes from three stable sorts
+//                      (sort.wgsl): by weight descending, then by rank, then by key. This entry
+//                      writes the key of each assignment: key[i] = expert[i] when valid[i] ≠ 0
+//                      and 0 ≤ expert[i] < n, else n. params PlanParams; expert (binding 1,
+//                      read, i32 [A]), valid (binding 2, read, f32 [A]) -> key (binding 3,
+//                      read_write, i32 [A]). One invocation per assignment.
+// plan_counts          from the keys in sorted order, invocation e ≤ n binary-searches the first
+//                      position of key e: offsets[e]; for e < n, routed[e] = offsets[e + 1] −
+//                      offsets[e] and kept[e] = min(routed[e], capacity) (plan_sort's outputs).
+//                      params PlanParams; sorted keys (binding 1, read, i32 [A]) -> offsets
+//                      (binding 2, read_write, i32 [n + 1]), routed (binding 3, read_write,
+//                      f32 [n]), kept (binding 4, read_write, f32 [n]). One invocation per key.
 // plan_rows            one invocation per sorted row s < A: its assignment i = order[s], its key
 //                      (the last e with offsets[e] ≤ s, by binary search), its position within
 //                      the key s − offsets[key] and whether it is kept.
@@ -262,6 +276,55 @@ fn plan_sort(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             plan_routed[key] = f32(same);
             plan_kept[key] = f32(min(same, pp.capacity));
         }
+    }
+}
+
+// ---- plan_keys ------------------------------------------------------------------------------
+
+@group(0) @binding(1) var<storage, read> keys_expert: array<i32>;
+@group(0) @binding(2) var<storage, read> keys_valid: array<f32>;
+@group(0) @binding(3) var<storage, read_write> keys_out: array<i32>;
+
+@compute @workgroup_size(256)
+fn plan_keys(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid, WG);
+    if (i >= pp.a) { return; }
+    let e = keys_expert[i];
+    var key = pp.n;
+    if (keys_valid[i] != 0.0 && e >= 0 && u32(e) < pp.n) { key = u32(e); }
+    keys_out[i] = i32(key);
+}
+
+// ---- plan_counts ----------------------------------------------------------------------------
+
+@group(0) @binding(1) var<storage, read> counts_sorted: array<i32>;
+@group(0) @binding(2) var<storage, read_write> counts_offsets: array<i32>;
+@group(0) @binding(3) var<storage, read_write> counts_routed: array<f32>;
+@group(0) @binding(4) var<storage, read_write> counts_kept: array<f32>;
+
+// The first position of the sorted keys holding a key ≥ e (A when there is none).
+fn first_at_least(e: u32) -> u32 {
+    var lo = 0u;
+    var hi = pp.a;
+    while (lo < hi) {
+        let mid = (lo + hi) / 2u;
+        if (u32(counts_sorted[mid]) < e) { lo = mid + 1u; } else { hi = mid; }
+    }
+    return lo;
+}
+
+@compute @workgroup_size(256)
+fn plan_counts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+               @builtin(local_invocation_index) lid: u32) {
+    let e = flat_index(wid, nwg, lid, WG);
+    if (e > pp.n) { return; }
+    let start = first_at_least(e);
+    counts_offsets[e] = i32(start);
+    if (e < pp.n) {
+        let routed = first_at_least(e + 1u) - start;
+        counts_routed[e] = f32(routed);
+        counts_kept[e] = f32(min(routed, pp.capacity));
     }
 }
 

@@ -77,8 +77,9 @@ pub fn flush() -> Result<()> {
     GpuBackend::get()?.flush()
 }
 
-/// The kernel the GPU `matmul` runs now: [`MatmulKernel::Subgroup`] where the adapter has it
-/// (unless `MOEGRAD_MATMUL=plain`), else [`MatmulKernel::Plain`].
+/// The kernel choice of the GPU `matmul` now: [`MatmulKernel::Auto`] (the wide kernel for large
+/// products, the plain one otherwise) unless `MOEGRAD_MATMUL` or [`set_matmul_kernel`] chose
+/// another.
 ///
 /// # Errors
 /// [`crate::Error::Device`] when no GPU adapter is available.
@@ -86,8 +87,8 @@ pub fn matmul_kernel() -> Result<MatmulKernel> {
     Ok(GpuBackend::get()?.matmul_kernel())
 }
 
-/// Chooses the GPU `matmul` kernel for the whole process. Both compute the same products; the
-/// choice is for measuring and testing them (`moegrad bench matmul` times each).
+/// Chooses the GPU `matmul` kernel for the whole process. All compute the same products (to the
+/// bit); the choice is for measuring and testing them (`moegrad bench matmul` times each).
 ///
 /// # Errors
 /// [`crate::Error::Device`] without an adapter; [`crate::Error::Invalid`] for

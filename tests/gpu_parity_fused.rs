@@ -710,9 +710,10 @@ fn dispatch_plan_matches_over_random_sizes_and_capacities() {
     let Some(dev) = gpu("dispatch_plan_matches_over_random_sizes_and_capacities") else {
         return;
     };
+    // up to 1024 assignments the plan is one kernel (`plan_sort`), past it three sorts
     let sizes = (
         1usize..=40,
-        size_near(&[256, 512]),
+        size_near(&[256, 512, 1024, 3000]),
         1usize..=9,
         1usize..=4,
         prop_oneof![Just(None), (0.2f64..2.5, 0usize..=4).prop_map(Some),],
@@ -720,7 +721,7 @@ fn dispatch_plan_matches_over_random_sizes_and_capacities() {
     );
     check_property(
         "dispatch_plan",
-        16,
+        24,
         sizes,
         |(tokens, a, n, k, cap, seed)| {
             let capacity = match cap {

@@ -454,12 +454,12 @@ mod props {
     }
 
     /// Dense, batched, broadcast-batch and transposed-operand products, dims 1–70 with the
-    /// 64-wide tile's edges, under every matmul kernel the adapter offers.
+    /// edges of the 64-wide and 128-wide tiles, under every matmul kernel the adapter offers.
     pub fn matmul(dev: Device) {
         let side = || {
             prop_oneof![
                 3 => 1usize..=70,
-                1 => prop::sample::select(vec![63usize, 64, 65]),
+                1 => prop::sample::select(vec![63usize, 64, 65, 127, 128, 129]),
             ]
         };
         let strategy = (side(), side(), side(), 1usize..=3, 0usize..7, any::<u64>());
@@ -593,6 +593,9 @@ fn lock(m: &'static Mutex<()>) -> MutexGuard<'static, ()> {
 /// The matmul kernels of the GPU when `gpu` (the plain one alone stands for the CPU's).
 fn matmul_kernels(gpu: bool) -> Vec<moegrad::gpu::MatmulKernel> {
     let mut kernels = vec![moegrad::gpu::MatmulKernel::Plain];
+    if gpu {
+        kernels.push(moegrad::gpu::MatmulKernel::Wide);
+    }
     if gpu && moegrad::gpu::subgroup_matmul_available().expect("the GPU opened") {
         kernels.push(moegrad::gpu::MatmulKernel::Subgroup);
     }

@@ -405,7 +405,7 @@ pub fn bench_moe(
 /// One GPU matmul measurement with a given kernel.
 #[derive(Clone, Debug, Serialize)]
 pub struct KernelRecord {
-    /// "plain" or "subgroup"
+    /// "auto", "plain", "wide" or "subgroup" ([`moegrad::gpu::MatmulKernel`])
     pub kernel: String,
     /// square matrix size n
     pub size: usize,
@@ -418,7 +418,7 @@ pub struct KernelRecord {
 pub fn gpu_matmul_kernels(sizes: &[usize]) -> Result<Vec<KernelRecord>> {
     use moegrad::gpu::{self, MatmulKernel};
     let before = gpu::matmul_kernel()?;
-    let mut kernels = vec![MatmulKernel::Plain];
+    let mut kernels = vec![MatmulKernel::Auto, MatmulKernel::Plain, MatmulKernel::Wide];
     if gpu::subgroup_matmul_available()? {
         kernels.push(MatmulKernel::Subgroup);
     }

@@ -22,7 +22,8 @@ pub struct GpuInfo {
     pub features: Vec<String>,
     /// the smallest and largest subgroup the adapter reports (`[0, 0]` without subgroups)
     pub subgroup_sizes: [u32; 2],
-    /// the kernel `matmul` runs: "subgroup" or "plain" (see [`super::MatmulKernel`])
+    /// the kernel choice of `matmul`: "auto", "plain", "wide" or "subgroup" (see
+    /// [`super::MatmulKernel`])
     pub matmul_kernel: String,
     /// whether the device stores f16 (wgpu's `SHADER_F16`), which `DType::F16` tensors need
     pub f16: bool,

@@ -5,8 +5,8 @@
 //! - [`layer_norm_forward`] (entry `layer_norm_forward`): `y`, `mean`, `rstd`, one workgroup per
 //!   row;
 //! - [`layer_norm_backward`]: `layer_norm_backward_x` (`dx`, one workgroup per row) and
-//!   `layer_norm_backward_params` (`dgamma`, `dbeta`, one invocation per column walking the rows
-//!   in order: deterministic, no atomics).
+//!   `layer_norm_backward_params` (`dgamma`, `dbeta`, one workgroup per 8 columns, 32 strands
+//!   of rows each, added in a fixed tree: deterministic, no atomics).
 //!
 //! Each launcher checks dtypes and lengths against the sizes (an [`Error`] naming them, never a
 //! panic or a wgpu validation error) and encodes the kernels; nothing is read back.
@@ -140,7 +140,8 @@ pub(crate) fn layer_norm_backward(
         "layer_norm_backward_params",
         &[g, x, mean, rstd, &dgamma, &dbeta],
         &params,
-        grid_1d(d.dim, WG)?,
+        // one workgroup of 256 per PCOLS = 8 columns
+        grid_1d(d.dim.div_ceil(8) * 256, 256)?,
     )?;
     Ok((dx, dgamma, dbeta))
 }

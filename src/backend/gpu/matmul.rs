@@ -13,10 +13,14 @@
 //! 65535 workgroups, and encodes the kernel; nothing is read back. The kernels compute one 64×64
 //! output tile per 256-invocation workgroup; the shader's header describes the tiling.
 //!
-//! [`matmul`] runs `matmul_subgroup` (`shaders/matmul_subgroup.wgsl`, its A operand shared by
-//! subgroup shuffles) when the adapter offers subgroups of 4 to 128 invocations, and the plain
-//! `matmul` otherwise; [`MatmulKernel`] names the two, `MOEGRAD_MATMUL=plain|subgroup` chooses
-//! at start-up and `GpuBackend::set_matmul_kernel` at run time.
+//! [`matmul`] has three kernels, [`MatmulKernel`] names them: the plain `matmul`, `matmul_wide`
+//! (`shaders/matmul_wide.wgsl`: 128×128 output tiles, 8×8 per invocation) and `matmul_subgroup`
+//! (`shaders/matmul_subgroup.wgsl`: A shared by subgroup shuffles, on adapters with subgroups of 4
+//! to 128 invocations). By default ([`MatmulKernel::Auto`]) a product with at least
+//! [`WIDE_MIN_GROUPS`] 128×128 tiles runs `matmul_wide` and a smaller one `matmul`: on the one
+//! real GPU measured (docs/gpu.md) the plain kernel ran 1.8× the subgroup one.
+//! `MOEGRAD_MATMUL=auto|plain|wide|subgroup` chooses at start-up and
+//! `GpuBackend::set_matmul_kernel` at run time.
 
 use super::half::MATMUL_F16_SHADER;
 use super::kernels::Shader;
@@ -43,40 +47,76 @@ pub(crate) static MATMUL_SUBGROUP_SHADER: Shader = Shader {
     ),
 };
 
-/// Which kernel computes `matmul` on the GPU.
+/// `matmul.wgsl` with the wide entry point appended (`matmul_wide`: 128×128 output tiles).
+pub(crate) static MATMUL_WIDE_SHADER: Shader = Shader {
+    name: "matmul_wide",
+    source: concat!(
+        include_str!("../../../shaders/matmul.wgsl"),
+        "\n",
+        include_str!("../../../shaders/matmul_wide.wgsl")
+    ),
+};
+
+/// Which kernel computes `matmul` on the GPU (f32 operands; f16 ones always run the f16 build
+/// of `matmul`). All compute each element as the same chain of FMAs, so they agree to the bit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MatmulKernel {
-    /// `matmul`: A and B staged in workgroup memory (every adapter)
+    /// chosen per product: [`MatmulKernel::Wide`] when it has at least [`WIDE_MIN_GROUPS`]
+    /// 128×128 output tiles, [`MatmulKernel::Plain`] otherwise (the default)
+    Auto,
+    /// `matmul`: 64×64 output tiles, A and B staged in workgroup memory (every adapter)
     Plain,
+    /// `matmul_wide`: 128×128 output tiles, 8×8 per invocation (every adapter)
+    Wide,
     /// `matmul_subgroup`: B staged, A shared through subgroup shuffles (adapters with subgroups
     /// of 4 to 128 invocations)
     Subgroup,
 }
 
 impl MatmulKernel {
-    /// Parses `plain` or `subgroup` (`MOEGRAD_MATMUL`).
+    /// Every choice, in the order `MOEGRAD_MATMUL` lists them.
+    pub const ALL: [MatmulKernel; 4] = [
+        MatmulKernel::Auto,
+        MatmulKernel::Plain,
+        MatmulKernel::Wide,
+        MatmulKernel::Subgroup,
+    ];
+
+    /// Parses `auto`, `plain`, `wide` or `subgroup` (`MOEGRAD_MATMUL`).
     pub fn from_name(name: &str) -> Result<MatmulKernel> {
-        match name.trim() {
-            "plain" => Ok(MatmulKernel::Plain),
-            "subgroup" => Ok(MatmulKernel::Subgroup),
-            other => Err(Error::Invalid(format!(
-                "MOEGRAD_MATMUL={other:?} is not plain or subgroup"
-            ))),
-        }
+        let name = name.trim();
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| {
+                Error::Invalid(format!(
+                    "MOEGRAD_MATMUL={name:?} is not auto, plain, wide or subgroup"
+                ))
+            })
     }
 
     /// The name, as `MOEGRAD_MATMUL` spells it.
     pub fn name(self) -> &'static str {
         match self {
+            MatmulKernel::Auto => "auto",
             MatmulKernel::Plain => "plain",
+            MatmulKernel::Wide => "wide",
             MatmulKernel::Subgroup => "subgroup",
         }
     }
 }
 
-/// Output tile edge of every kernel in the shader (rows and columns per workgroup).
+/// Output tile edge of the kernels of `matmul.wgsl` itself (rows and columns per workgroup).
 const TILE: usize = 64;
+
+/// Output tile edge of `matmul_wide`.
+const WIDE_TILE: usize = 128;
+
+/// The fewest 128×128 output tiles (times the batch) for which [`MatmulKernel::Auto`] runs
+/// `matmul_wide`: below it the 64×64 tiles of `matmul` keep more of the GPU busy (a 1024×1024
+/// product is 64 wide tiles, against 132 multiprocessors on an H200).
+pub const WIDE_MIN_GROUPS: usize = 128;
 
 /// Workgroups a dispatch may have in one dimension (WebGPU's guaranteed minimum).
 const MAX_GROUPS: usize = 65_535;
@@ -269,16 +309,24 @@ pub(crate) fn matmul(
     let (m32, k32, n32, batch32) = (m as u32, k as u32, n as u32, batch as u32);
 
     let c = be.alloc(out_len, dtype)?;
+    let wide_groups = n.div_ceil(WIDE_TILE) * m.div_ceil(WIDE_TILE) * batch;
     let kernel = match (dtype, be.matmul_kernel()) {
-        (DType::F16, _) => (&*MATMUL_F16_SHADER, "matmul"),
-        (_, MatmulKernel::Plain) => (&MATMUL_SHADER, "matmul"),
-        (_, MatmulKernel::Subgroup) => (&MATMUL_SUBGROUP_SHADER, "matmul_subgroup"),
+        (DType::F16, _) => MatmulKernel::Plain,
+        (_, MatmulKernel::Auto) if wide_groups >= WIDE_MIN_GROUPS => MatmulKernel::Wide,
+        (_, MatmulKernel::Auto) => MatmulKernel::Plain,
+        (_, chosen) => chosen,
+    };
+    let (entry, tile) = match (dtype, kernel) {
+        (DType::F16, _) => ((&*MATMUL_F16_SHADER, "matmul"), TILE),
+        (_, MatmulKernel::Wide) => ((&MATMUL_WIDE_SHADER, "matmul_wide"), WIDE_TILE),
+        (_, MatmulKernel::Subgroup) => ((&MATMUL_SUBGROUP_SHADER, "matmul_subgroup"), TILE),
+        _ => ((&MATMUL_SHADER, "matmul"), TILE),
     };
     launch_grid(
         be,
-        kernel,
+        entry,
         &[a, b, &c],
-        [tiles(n), tiles(m), batch],
+        [n.div_ceil(tile), m.div_ceil(tile), batch],
         |[x0, y0, z0]| {
             vec![
                 m32,

@@ -70,7 +70,7 @@ pub use stats::GpuStats;
 
 use super::{BufferOps, HostData};
 use crate::{DType, Error, Result};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, OnceLock};
 
 /// The process-wide GPU context and its caches.
@@ -80,8 +80,8 @@ pub(crate) struct Inner {
     batcher: encoder::Batcher,
     kernels: kernels::KernelCache,
     counters: Arc<stats::Counters>,
-    /// whether `matmul` runs the subgroup kernel ([`MatmulKernel::Subgroup`])
-    subgroup_matmul: AtomicBool,
+    /// the kernel `matmul` runs, a [`MatmulKernel`] as its discriminant
+    matmul_kernel: AtomicU8,
 }
 
 /// A handle to the process-wide GPU context (device, queue, buffer pool, pipeline cache,
@@ -158,17 +158,16 @@ impl GpuBackend {
             );
             let batcher = encoder::Batcher::new(&ctx, counters.clone());
             let subgroups = subgroup_matmul_possible(&ctx);
-            let subgroup_matmul = match std::env::var("MOEGRAD_MATMUL") {
-                Err(_) => subgroups,
+            let matmul_kernel = match std::env::var("MOEGRAD_MATMUL") {
+                Err(_) => MatmulKernel::Auto,
                 Ok(name) => match matmul::MatmulKernel::from_name(&name).map_err(|e| e.to_string())? {
-                    MatmulKernel::Plain => false,
-                    MatmulKernel::Subgroup if subgroups => true,
-                    MatmulKernel::Subgroup => {
+                    MatmulKernel::Subgroup if !subgroups => {
                         return Err(format!(
                             "MOEGRAD_MATMUL=subgroup, but the adapter \"{}\" offers no subgroups of 4 to 128 invocations",
                             ctx.adapter_info.name
                         ));
                     }
+                    chosen => chosen,
                 },
             };
             Ok(GpuBackend {
@@ -178,7 +177,7 @@ impl GpuBackend {
                     batcher,
                     kernels: kernels::KernelCache::default(),
                     counters,
-                    subgroup_matmul: AtomicBool::new(subgroup_matmul),
+                    matmul_kernel: AtomicU8::new(matmul_kernel as u8),
                 }),
             })
         })
@@ -260,14 +259,14 @@ impl GpuBackend {
         subgroup_matmul_possible(&self.inner.ctx)
     }
 
-    /// The kernel `matmul` runs now: [`MatmulKernel::Subgroup`] where available unless
-    /// `MOEGRAD_MATMUL=plain`, else [`MatmulKernel::Plain`].
+    /// The kernel `matmul` runs now: [`MatmulKernel::Auto`] unless `MOEGRAD_MATMUL` or
+    /// [`GpuBackend::set_matmul_kernel`] chose another.
     pub(crate) fn matmul_kernel(&self) -> MatmulKernel {
-        if self.inner.subgroup_matmul.load(Ordering::Relaxed) {
-            MatmulKernel::Subgroup
-        } else {
-            MatmulKernel::Plain
-        }
+        let chosen = self.inner.matmul_kernel.load(Ordering::Relaxed);
+        MatmulKernel::ALL
+            .into_iter()
+            .find(|&k| k as u8 == chosen)
+            .unwrap_or(MatmulKernel::Auto)
     }
 
     /// Chooses the kernel of `matmul` for the whole process (both compute the same products; the
@@ -283,8 +282,8 @@ impl GpuBackend {
             )));
         }
         self.inner
-            .subgroup_matmul
-            .store(kernel == MatmulKernel::Subgroup, Ordering::Relaxed);
+            .matmul_kernel
+            .store(kernel as u8, Ordering::Relaxed);
         Ok(())
     }
 

@@ -1,13 +1,17 @@
 //! Launchers of `shaders/routing.wgsl`, the MoE routing kernels: [`topk_gate`] (a top-k router's
 //! softmax, selection and normalisation in one dispatch), [`topk_gate_backward`] and
 //! [`softmax_backward`] (its backward rules, one dispatch each), and [`dispatch_plan`] (the
-//! whole dispatch plan of an MoE layer in two dispatches, `plan_sort` and `plan_rows`, where the
-//! composed version took about fifty).
+//! whole dispatch plan of an MoE layer: up to [`PLAN_SORT_MAX`] assignments in two dispatches,
+//! `plan_sort` and `plan_rows`, where the composed version took about fifty; larger plans by
+//! three stable sorts of `sort.wgsl`, since `plan_sort`'s work grows with the square of the
+//! assignments).
 
 use super::kernels::{Shader, grid_1d, u32_param};
+use super::layout::gather;
+use super::sort::sort_rows;
 use super::{GpuBackend, GpuBuffer};
-use crate::backend::RoutingOps;
 use crate::backend::checks::{check_dispatch_plan, check_softmax_backward, check_topk_gate};
+use crate::backend::{AxisView, RoutingOps};
 use crate::backend::{PlanBuffers, check_gate_backward_lengths, check_gate_sizes};
 use crate::{DType, Error, Result};
 
@@ -21,6 +25,12 @@ pub(crate) static ROUTING: Shader = Shader {
 const ROW_WG: u32 = 64;
 /// Invocations per workgroup of the plan kernels.
 const PLAN_WG: u32 = 256;
+
+/// The most assignments whose dispatch plan `plan_sort` orders (O(A²) comparisons, in one
+/// dispatch); a larger plan is ordered by three stable sorts (O(A log² A), about 3 + 3·log₂A
+/// dispatches). On an H200, `plan_sort` took 0.29 ms for 1536 assignments and about 130 ms for
+/// 262,144 (docs/benchmarks.md).
+pub(crate) const PLAN_SORT_MAX: usize = 1024;
 
 /// An error unless every buffer holds f32 (the GPU's float dtype).
 fn expect_f32(what: &str, bufs: &[(&str, &GpuBuffer)]) -> Result<()> {
@@ -146,7 +156,61 @@ pub(crate) fn softmax_backward(
     Ok(out)
 }
 
-/// `RoutingOps::dispatch_plan` (entries `plan_sort`, then `plan_rows`).
+/// The order, offsets and counts of a plan of `params[0]` assignments by three stable sorts
+/// (`sort.wgsl`), least significant first: by weight descending, then by rank, then by key, each
+/// sort permuting the previous order (the keys from `plan_keys`, the counts from
+/// `plan_counts`). The same order as `plan_sort`'s: key, then rank ascending, then weight
+/// descending, then index.
+fn plan_by_sorting(
+    be: &GpuBackend,
+    (expert, weight, rank, valid): (&GpuBuffer, &GpuBuffer, &GpuBuffer, &GpuBuffer),
+    params: &[u32; 3],
+    out: &PlanBuffers<GpuBuffer>,
+) -> Result<GpuBuffer> {
+    let (a, n) = (params[0] as usize, params[1] as usize);
+    let keys = be.alloc(a, DType::I32)?;
+    be.launch(
+        &ROUTING,
+        "plan_keys",
+        &[expert, valid, &keys],
+        params,
+        grid_1d(a, PLAN_WG)?,
+    )?;
+    // values[perm[i]] for i < a
+    let permute = |values: &GpuBuffer, perm: &GpuBuffer| {
+        let view = AxisView {
+            outer: 1,
+            len: a,
+            inner: 1,
+        };
+        gather(be, values, view, perm, [0, 1, 0], a)
+    };
+    let by_weight = sort_rows(be, weight, 1, a, true)?;
+    let by_rank = permute(
+        &by_weight,
+        &sort_rows(be, &permute(rank, &by_weight)?, 1, a, false)?,
+    )?;
+    let keys_by_rank = permute(&keys, &by_rank)?;
+    let by_key = sort_rows(be, &keys_by_rank, 1, a, false)?;
+    let sorted_keys = permute(&keys_by_rank, &by_key)?;
+    let order = permute(&by_rank, &by_key)?;
+    be.launch(
+        &ROUTING,
+        "plan_counts",
+        &[
+            &sorted_keys,
+            &out.offsets,
+            &out.routed_per_expert,
+            &out.kept_per_expert,
+        ],
+        params,
+        grid_1d(n + 1, PLAN_WG)?,
+    )?;
+    Ok(order)
+}
+
+/// `RoutingOps::dispatch_plan` (entries `plan_sort`, or [`plan_by_sorting`] past
+/// [`PLAN_SORT_MAX`] assignments, then `plan_rows`).
 pub(crate) fn dispatch_plan(
     be: &GpuBackend,
     token: &GpuBuffer,
@@ -171,8 +235,10 @@ pub(crate) fn dispatch_plan(
     let params = [u32_param(a, "dispatch_plan: assignments")?, n, cap];
     let i32_buf = |len: usize| be.alloc(len, DType::I32);
     let f32_buf = |len: usize| be.alloc(len, DType::F32);
-    let out = PlanBuffers {
-        order: i32_buf(a)?,
+    let by_sorting = a > PLAN_SORT_MAX;
+    let mut out = PlanBuffers {
+        // the sorts make the order buffer themselves
+        order: i32_buf(if by_sorting { 0 } else { a })?,
         row_token: i32_buf(a)?,
         row_expert: i32_buf(a)?,
         row_expert_clamped: i32_buf(a)?,
@@ -181,22 +247,26 @@ pub(crate) fn dispatch_plan(
         kept_per_expert: f32_buf(experts)?,
         routed_per_expert: f32_buf(experts)?,
     };
-    be.launch(
-        &ROUTING,
-        "plan_sort",
-        &[
-            expert,
-            weight,
-            rank,
-            valid,
-            &out.order,
-            &out.offsets,
-            &out.routed_per_expert,
-            &out.kept_per_expert,
-        ],
-        &params,
-        grid_1d(a + experts + 1, PLAN_WG)?,
-    )?;
+    if !by_sorting {
+        be.launch(
+            &ROUTING,
+            "plan_sort",
+            &[
+                expert,
+                weight,
+                rank,
+                valid,
+                &out.order,
+                &out.offsets,
+                &out.routed_per_expert,
+                &out.kept_per_expert,
+            ],
+            &params,
+            grid_1d(a + experts + 1, PLAN_WG)?,
+        )?;
+    } else {
+        out.order = plan_by_sorting(be, (expert, weight, rank, valid), &params, &out)?;
+    }
     be.launch(
         &ROUTING,
         "plan_rows",

@@ -35,7 +35,7 @@ pub(super) fn host_f64(h: HostData) -> Vec<f64> {
 
 /// The matmul kernels `gpu` offers.
 fn matmul_kernels(gpu: &GpuBackend) -> Vec<MatmulKernel> {
-    let mut kernels = vec![MatmulKernel::Plain];
+    let mut kernels = vec![MatmulKernel::Plain, MatmulKernel::Wide];
     if gpu.subgroup_matmul_available() {
         kernels.push(MatmulKernel::Subgroup);
     }
@@ -592,9 +592,9 @@ fn folded_random_uniform() {
     assert_eq!(got, want, "random_uniform of {n}");
 }
 
-/// matmul with more than 65,535 column tiles (x) or row tiles (y) of 64: the launcher splits the
-/// grid into launches that each start at a tile offset. Both splits under the adapter's default
-/// kernel, the x split under the other one where the adapter offers two.
+/// matmul with more than 65,535 column tiles (x) or row tiles (y): the launcher splits the grid
+/// into launches that each start at a tile offset. The x split under every kernel the adapter
+/// offers (tiles of 64, or 128 for the wide one), the y split under the plain kernel.
 /// (More than 65,535 batch entries, the z split, is `gpu_matmul::matmul_grid_split`.)
 #[test]
 fn split_matmul_grids() {
@@ -603,8 +603,6 @@ fn split_matmul_grids() {
     };
     let before = be.matmul_kernel();
     let cpu = CpuBackend;
-    let long = fold::smallest_folding(64);
-    fold::assert_past_limit("matmul tiles", fold::groups(long, 64));
     let k = 2;
     let row_major = |cols: usize| MatLayout {
         offset: 0,
@@ -614,9 +612,16 @@ fn split_matmul_grids() {
     };
     for kernel in matmul_kernels(&be) {
         be.set_matmul_kernel(kernel).unwrap();
-        // [1, k]·[k, long] (x split), and under the adapter's default kernel also
-        // [long, k]·[k, 1] (y split): each split costs seconds on a software rasterizer.
-        let splits: &[(usize, usize)] = if kernel == before {
+        let tile = if kernel == MatmulKernel::Wide {
+            128
+        } else {
+            64
+        };
+        let long = fold::smallest_folding(tile);
+        fold::assert_past_limit("matmul tiles", fold::groups(long, tile));
+        // [1, k]·[k, long] (x split), and under the plain kernel also [long, k]·[k, 1] (y
+        // split): each split costs seconds on a software rasterizer.
+        let splits: &[(usize, usize)] = if kernel == MatmulKernel::Plain {
             &[(1, long), (long, 1)]
         } else {
             &[(1, long)]

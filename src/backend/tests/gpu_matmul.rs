@@ -175,6 +175,57 @@ fn matmul_shapes() {
     }
 }
 
+/// Every matmul kernel the adapter offers computes each element as the same chain of FMAs over
+/// k, so all agree to the bit (the kernel choice changes speed, never results): shapes that
+/// span several tiles of 64 and of 128, with tails, transposed operands and a batch.
+#[test]
+fn matmul_kernels_agree_to_the_bit() {
+    use crate::backend::gpu::MatmulKernel;
+    let Some((be, _lock)) = gpu("matmul_kernels_agree_to_the_bit") else {
+        return;
+    };
+    let before = be.matmul_kernel();
+    let mut kernels = vec![MatmulKernel::Plain, MatmulKernel::Wide];
+    if be.subgroup_matmul_available() {
+        kernels.push(MatmulKernel::Subgroup);
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    for ([batch, m, k, n], (ta, tb)) in [
+        ([1, 300, 257, 129], (false, false)),
+        ([2, 129, 15, 260], (true, false)),
+        ([1, 131, 70, 200], (false, true)),
+        ([3, 64, 9, 127], (true, true)),
+    ] {
+        let (la, a_len) = contiguous(batch, m, k, ta, false);
+        let (lb, b_len) = contiguous(batch, k, n, tb, false);
+        let a = be.upload(&f32_data(&values(&mut rng, a_len))).unwrap();
+        let b = be.upload(&f32_data(&values(&mut rng, b_len))).unwrap();
+        let dims = MatmulDims { batch, m, k, n };
+        let mut results = Vec::new();
+        for &kernel in &kernels {
+            be.set_matmul_kernel(kernel).unwrap();
+            let c = be.matmul(&a, la, &b, lb, dims).unwrap();
+            match be.download(&c).unwrap() {
+                HostData::F32(v) => results.push((kernel, v)),
+                other => panic!("matmul gave {other:?}"),
+            }
+        }
+        let (first, want) = &results[0];
+        for (kernel, got) in &results[1..] {
+            let differ = got
+                .iter()
+                .zip(want)
+                .position(|(g, w)| g.to_bits() != w.to_bits());
+            assert!(
+                differ.is_none() && got.len() == want.len(),
+                "matmul {dims:?} transposed ({ta}, {tb}): {kernel:?} and {first:?} differ at \
+                 element {differ:?}"
+            );
+        }
+    }
+    be.set_matmul_kernel(before).unwrap();
+}
+
 #[test]
 fn matmul_transposed_operands() {
     let Some((be, _lock)) = gpu("matmul_transposed_operands") else {

@@ -1,0 +1,170 @@
+// matmul_wide.wgsl: entry point `matmul_wide`, the batched matmul of matmul.wgsl with a 128×128
+// output tile and an 8×8 micro-tile per invocation, for products large enough to fill a GPU with
+// such tiles. Not a module of its own: the launcher (src/backend/gpu/matmul.rs) compiles
+// matmul.wgsl + this file, and runs it when the product has enough 128×128 tiles (`Auto`,
+// `WIDE_MIN_GROUPS` there) or when MOEGRAD_MATMUL=wide.
+//
+// Same params, bindings and element type as `matmul` (MatmulParams, mm_a, mm_b, mm_c; f32 only:
+// the f16 build keeps `matmul`). What differs is the tiling:
+//   * a workgroup of 256 invocations computes one 128×128 tile of the output;
+//   * invocation (tx, ty) = (lid % 16, lid / 16) owns an 8×8 micro-tile: rows 4·ty..4·ty+3 and
+//     64+4·ty..64+4·ty+3 of the tile, columns 4·tx..4·tx+3 and 64+4·tx..64+4·tx+3, in sixteen
+//     vec4 registers: acc[2·i + h] is micro-tile row i (the first four rows, then the four 64
+//     further down) and column half h (h = 1: 64 columns to the right);
+//   * the reduction runs in slabs of 8: each invocation loads 4 elements of the 128×8 A slab and
+//     4 of the 8×128 B slab into registers (the next slab is fetched while the current one is
+//     multiplied), stores them into workgroup memory, and then does 8 steps of "two vec4 of A,
+//     two vec4 of B, 64 FMAs": twice `matmul`'s FMAs per value read from workgroup memory;
+//   * workgroup memory holds each slab k-major as rows of 33 vec4 (128 floats and one vec4 of
+//     padding); 2 × 8 × 33 × 16 B = 8.25 KiB;
+//   * out-of-range elements load as 0 and are never stored (any m, n, k).
+// Each output element is the same chain of FMAs over k = 0, 1, 2, … as in `matmul`, so the two
+// kernels agree to the bit on the same adapter (tests/gpu_matmul.rs checks it).
+// Grid: (⌈n/128⌉, ⌈m/128⌉, batch) workgroups, split on the host past 65535 per dimension (the
+// `*_base` params).
+
+const WIDE: u32 = 128u;
+const WIDE_SLAB: u32 = 8u;
+// vec4s per staged row: 128 floats and one vec4 of padding
+const WIDE_ROW4: u32 = 33u;
+
+// Staged slabs: wa_tile[kk·WIDE_ROW4 + r/4][r%4] = A(r, kk), wb_tile[kk·WIDE_ROW4 + c/4][c%4] = B(kk, c).
+var<workgroup> wa_tile: array<vec4<f32>, 264>;
+var<workgroup> wb_tile: array<vec4<f32>, 264>;
+
+// Element l (0..3) of invocation lid's share of a 128×8 A slab, as (row, kk). With k_fast,
+// 8 neighbouring invocations walk along k; otherwise 128 walk down the rows.
+fn wa_slot(lid: u32, l: u32, k_fast: bool) -> vec2<u32> {
+    let i = lid + l * 256u;
+    if k_fast {
+        return vec2<u32>(i >> 3u, i & 7u);
+    }
+    return vec2<u32>(i & 127u, i >> 7u);
+}
+
+// Element l (0..3) of invocation lid's share of an 8×128 B slab, as (kk, col). With n_fast,
+// 128 neighbouring invocations walk along the columns; otherwise 8 walk along k.
+fn wb_slot(lid: u32, l: u32, n_fast: bool) -> vec2<u32> {
+    let i = lid + l * 256u;
+    if n_fast {
+        return vec2<u32>(i >> 7u, i & 127u);
+    }
+    return vec2<u32>(i & 7u, i >> 3u);
+}
+
+fn wide_load_a(lid: u32, m0: u32, k0: u32, base: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var l = 0u; l < 4u; l++) {
+        let p = wa_slot(lid, l, mp.a_k_fast != 0u);
+        let row = m0 + p.x;
+        let kc = k0 + p.y;
+        if row < mp.m && kc < mp.k {
+            v[l] = f32(mm_a[base + row * mp.a_row_stride + kc * mp.a_col_stride]);
+        }
+    }
+    return v;
+}
+
+fn wide_load_b(lid: u32, k0: u32, n0: u32, base: u32) -> vec4<f32> {
+    var v = vec4<f32>(0.0);
+    for (var l = 0u; l < 4u; l++) {
+        let q = wb_slot(lid, l, mp.b_n_fast != 0u);
+        let kc = k0 + q.x;
+        let col = n0 + q.y;
+        if kc < mp.k && col < mp.n {
+            v[l] = f32(mm_b[base + kc * mp.b_row_stride + col * mp.b_col_stride]);
+        }
+    }
+    return v;
+}
+
+// Stores the registers loaded through wa_slot / wb_slot into the staged slabs.
+fn wide_stage(lid: u32, a_k_fast: bool, a: vec4<f32>, b_n_fast: bool, b: vec4<f32>) {
+    for (var l = 0u; l < 4u; l++) {
+        let p = wa_slot(lid, l, a_k_fast);
+        wa_tile[p.y * WIDE_ROW4 + (p.x >> 2u)][p.x & 3u] = a[l];
+        let q = wb_slot(lid, l, b_n_fast);
+        wb_tile[q.x * WIDE_ROW4 + (q.y >> 2u)][q.y & 3u] = b[l];
+    }
+}
+
+@compute @workgroup_size(256)
+fn matmul_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
+    let bi = mp.batch_base + wid.z;
+    if bi >= mp.batch {
+        return;
+    }
+    let tx = lid & 15u;
+    let ty = lid >> 4u;
+    let n0 = (mp.tile_n_base + wid.x) * WIDE;
+    let m0 = (mp.tile_m_base + wid.y) * WIDE;
+    let a_base = mp.a_offset + bi * mp.a_batch_stride;
+    let b_base = mp.b_offset + bi * mp.b_batch_stride;
+    let a_fast = mp.a_k_fast != 0u;
+    let b_fast = mp.b_n_fast != 0u;
+
+    var acc: array<vec4<f32>, 16>;
+    var ra = wide_load_a(lid, m0, 0u, a_base);
+    var rb = wide_load_b(lid, 0u, n0, b_base);
+    let slabs = (mp.k + WIDE_SLAB - 1u) / WIDE_SLAB;
+    for (var s = 0u; s < slabs; s++) {
+        wide_stage(lid, a_fast, ra, b_fast, rb);
+        workgroupBarrier();
+        if s + 1u < slabs {
+            ra = wide_load_a(lid, m0, (s + 1u) * WIDE_SLAB, a_base);
+            rb = wide_load_b(lid, (s + 1u) * WIDE_SLAB, n0, b_base);
+        }
+        for (var kk = 0u; kk < WIDE_SLAB; kk++) {
+            let a0 = wa_tile[kk * WIDE_ROW4 + ty];
+            let a1 = wa_tile[kk * WIDE_ROW4 + ty + 16u];
+            let b0 = wb_tile[kk * WIDE_ROW4 + tx];
+            let b1 = wb_tile[kk * WIDE_ROW4 + tx + 16u];
+            acc[0] = fma(vec4<f32>(a0.x), b0, acc[0]);
+            acc[1] = fma(vec4<f32>(a0.x), b1, acc[1]);
+            acc[2] = fma(vec4<f32>(a0.y), b0, acc[2]);
+            acc[3] = fma(vec4<f32>(a0.y), b1, acc[3]);
+            acc[4] = fma(vec4<f32>(a0.z), b0, acc[4]);
+            acc[5] = fma(vec4<f32>(a0.z), b1, acc[5]);
+            acc[6] = fma(vec4<f32>(a0.w), b0, acc[6]);
+            acc[7] = fma(vec4<f32>(a0.w), b1, acc[7]);
+            acc[8] = fma(vec4<f32>(a1.x), b0, acc[8]);
+            acc[9] = fma(vec4<f32>(a1.x), b1, acc[9]);
+            acc[10] = fma(vec4<f32>(a1.y), b0, acc[10]);
+            acc[11] = fma(vec4<f32>(a1.y), b1, acc[11]);
+            acc[12] = fma(vec4<f32>(a1.z), b0, acc[12]);
+            acc[13] = fma(vec4<f32>(a1.z), b1, acc[13]);
+            acc[14] = fma(vec4<f32>(a1.w), b0, acc[14]);
+            acc[15] = fma(vec4<f32>(a1.w), b1, acc[15]);
+        }
+        workgroupBarrier();
+    }
+
+    // constant indices into acc throughout, so that it can stay in registers
+    let c_base = bi * mp.m * mp.n;
+    let r0 = m0 + ty * 4u;
+    let c0 = n0 + tx * 4u;
+    wide_store_row(c_base, r0, c0, acc[0], acc[1]);
+    wide_store_row(c_base, r0 + 1u, c0, acc[2], acc[3]);
+    wide_store_row(c_base, r0 + 2u, c0, acc[4], acc[5]);
+    wide_store_row(c_base, r0 + 3u, c0, acc[6], acc[7]);
+    wide_store_row(c_base, r0 + 64u, c0, acc[8], acc[9]);
+    wide_store_row(c_base, r0 + 65u, c0, acc[10], acc[11]);
+    wide_store_row(c_base, r0 + 66u, c0, acc[12], acc[13]);
+    wide_store_row(c_base, r0 + 67u, c0, acc[14], acc[15]);
+}
+
+// Stores one micro-tile row: columns c0..c0+3 from `left`, c0+64..c0+67 from `right`, those
+// inside the matrix.
+fn wide_store_row(c_base: u32, row: u32, c0: u32, left: vec4<f32>, right: vec4<f32>) {
+    if row >= mp.m {
+        return;
+    }
+    for (var j = 0u; j < 4u; j++) {
+        if c0 + j < mp.n {
+            mm_c[c_base + row * mp.n + c0 + j] = mm_store_value(left[j]);
+        }
+        if c0 + 64u + j < mp.n {
+            mm_c[c_base + row * mp.n + c0 + 64u + j] = mm_store_value(right[j]);
+        }
+    }
+}
