@@ -31,6 +31,11 @@
 // b_row_stride) say which index walks memory fastest, so that neighbouring invocations read
 // neighbouring addresses whether or not the operand is transposed.
 // Grid: (⌈n/64⌉, ⌈m/64⌉, batch) workgroups, x over column tiles, y over row tiles, z over batch.
+// Split-k (`matmul` only, for products with few tiles and a long reduction): with k_splits = S
+// > 1 the grid's z runs over batch·S, z = b·S + s; workgroup (…, z) sums k in
+// [s·k_chunk, min(k, (s+1)·k_chunk)) and writes c[s, b, m, n] ([S, batch, m, n]); the launcher
+// then adds the S slices in order (a reduction kernel). With S = 1 (every other case) it is the
+// plain product.
 //
 // ---- entry point `grouped_matmul` -------------------------------------------------------------
 // The MoE expert bank: out[r] = x[r]·W[e_r] (or x[r]·W[e_r]ᵀ when transpose_w = 1), plus the
@@ -164,9 +169,12 @@ struct MatmulParams {
     tile_n_base: u32,
     tile_m_base: u32,
     batch_base: u32,
+    // split-k (entry `matmul` only; 1 and ≥ k elsewhere): the reduction is cut into k_splits
+    // ranges of k_chunk (a multiple of SLAB), each summed by its own workgroups into its own
+    // slice of c
+    k_splits: u32,
+    k_chunk: u32,
     _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 // The element type of the `matmul` entry's A, B and C: f32 here. The f16 build
@@ -185,26 +193,28 @@ fn mm_store_value(v: f32) -> mm_elem {
 @group(0) @binding(2) var<storage, read> mm_b: array<mm_elem>;
 @group(0) @binding(3) var<storage, read_write> mm_c: array<mm_elem>;
 
-fn mm_load_a(lid: u32, m0: u32, k0: u32, base: u32) -> vec4<f32> {
+// A slab of A: rows m0.., k from k0, elements at k_end or past read as 0.
+fn mm_load_a(lid: u32, m0: u32, k0: u32, k_end: u32, base: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     for (var l = 0u; l < 4u; l++) {
         let p = a_slot(lid, l, mp.a_k_fast != 0u);
         let row = m0 + p.x;
         let kc = k0 + p.y;
-        if row < mp.m && kc < mp.k {
+        if row < mp.m && kc < k_end {
             v[l] = f32(mm_a[base + row * mp.a_row_stride + kc * mp.a_col_stride]);
         }
     }
     return v;
 }
 
-fn mm_load_b(lid: u32, k0: u32, n0: u32, base: u32) -> vec4<f32> {
+// A slab of B: k from k0, columns n0.., elements at k_end or past read as 0.
+fn mm_load_b(lid: u32, k0: u32, k_end: u32, n0: u32, base: u32) -> vec4<f32> {
     var v = vec4<f32>(0.0);
     for (var l = 0u; l < 4u; l++) {
         let q = b_slot(lid, l, mp.b_n_fast != 0u);
         let kc = k0 + q.x;
         let col = n0 + q.y;
-        if kc < mp.k && col < mp.n {
+        if kc < k_end && col < mp.n {
             v[l] = f32(mm_b[base + kc * mp.b_row_stride + col * mp.b_col_stride]);
         }
     }
@@ -213,10 +223,14 @@ fn mm_load_b(lid: u32, k0: u32, n0: u32, base: u32) -> vec4<f32> {
 
 @compute @workgroup_size(16, 16, 1)
 fn matmul(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let bi = mp.batch_base + wid.z;
+    let z = mp.batch_base + wid.z;
+    let bi = z / mp.k_splits;
+    let split = z % mp.k_splits;
     if bi >= mp.batch {
         return;
     }
+    let k_begin = split * mp.k_chunk;
+    let k_end = min(mp.k, k_begin + mp.k_chunk);
     let tx = lid & 15u;
     let ty = lid >> 4u;
     let n0 = (mp.tile_n_base + wid.x) * TILE;
@@ -227,21 +241,24 @@ fn matmul(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     let b_fast = mp.b_n_fast != 0u;
 
     var acc = acc_zero();
-    var ra = mm_load_a(lid, m0, 0u, a_base);
-    var rb = mm_load_b(lid, 0u, n0, b_base);
-    let slabs = (mp.k + SLAB - 1u) / SLAB;
+    var ra = mm_load_a(lid, m0, k_begin, k_end, a_base);
+    var rb = mm_load_b(lid, k_begin, k_end, n0, b_base);
+    let slabs = (k_end - k_begin + SLAB - 1u) / SLAB;
     for (var s = 0u; s < slabs; s++) {
         stage(lid, a_fast, ra, b_fast, rb);
         workgroupBarrier();
         if s + 1u < slabs {
-            ra = mm_load_a(lid, m0, (s + 1u) * SLAB, a_base);
-            rb = mm_load_b(lid, (s + 1u) * SLAB, n0, b_base);
+            let k0 = k_begin + (s + 1u) * SLAB;
+            ra = mm_load_a(lid, m0, k0, k_end, a_base);
+            rb = mm_load_b(lid, k0, k_end, n0, b_base);
         }
         multiply_slab(tx, ty, &acc);
         workgroupBarrier();
     }
 
-    let c_base = bi * mp.m * mp.n;
+    // slice `split` of a split-k product's [k_splits, batch, m, n] partial sums (the product
+    // itself when k_splits = 1)
+    let c_base = (split * mp.batch + bi) * mp.m * mp.n;
     for (var i = 0u; i < 4u; i++) {
         let row = m0 + ty * 4u + i;
         if row < mp.m {

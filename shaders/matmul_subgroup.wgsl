@@ -42,7 +42,7 @@ fn matmul_subgroup(@builtin(workgroup_id) wid: vec3<u32>,
     let b_fast = mp.b_n_fast != 0u;
 
     var acc = acc_zero();
-    var rb = mm_load_b(v, 0u, n0, b_base);
+    var rb = mm_load_b(v, 0u, mp.k, n0, b_base);
     var ra: array<f32, 16>;
     let slabs = (mp.k + SLAB - 1u) / SLAB;
     for (var s = 0u; s < slabs; s++) {
@@ -65,7 +65,7 @@ fn matmul_subgroup(@builtin(workgroup_id) wid: vec3<u32>,
         }
         workgroupBarrier();
         if s + 1u < slabs {
-            rb = mm_load_b(v, (s + 1u) * SLAB, n0, b_base);
+            rb = mm_load_b(v, (s + 1u) * SLAB, mp.k, n0, b_base);
         }
         for (var kk = 0u; kk < SLAB; kk++) {
             let b = b_tile[kk * ROW4 + tx];

@@ -92,6 +92,7 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         plain(&conv2d::CONV2D_SHADER),
         plain(&pool2d::POOL2D_SHADER),
         plain(&matmul::MATMUL_SHADER),
+        plain(&matmul::MATMUL_WIDE_SHADER),
         BuiltinShader {
             needs_subgroups: true,
             ..plain(&matmul::MATMUL_SUBGROUP_SHADER)
@@ -594,7 +595,7 @@ mod tests {
             (&swiglu::SWIGLU_SHADER, 2),
             (&rotary::ROTARY_SHADER, 1),
             (&cross_entropy::CROSS_ENTROPY_SHADER, 2),
-            (&routing::ROUTING, 5),
+            (&routing::ROUTING, 7),
             (&conv2d::CONV2D_SHADER, 3),
             (&pool2d::POOL2D_SHADER, 4),
         ];

@@ -26,7 +26,9 @@ use super::half::MATMUL_F16_SHADER;
 use super::kernels::Shader;
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::MatmulOps;
-use crate::backend::{ElementwiseOps, ExpertBankDims, GroupedMatmulDims, MatLayout, MatmulDims};
+use crate::backend::{
+    AxisView, ElementwiseOps, ExpertBankDims, GroupedMatmulDims, MatLayout, MatmulDims, ReduceOp,
+};
 use crate::{DType, Error, Result};
 
 /// The kernels of `shaders/matmul.wgsl`.
@@ -58,12 +60,15 @@ pub(crate) static MATMUL_WIDE_SHADER: Shader = Shader {
 };
 
 /// Which kernel computes `matmul` on the GPU (f32 operands; f16 ones always run the f16 build
-/// of `matmul`). All compute each element as the same chain of FMAs, so they agree to the bit.
+/// of `matmul`). The three kernels compute each element as the same chain of FMAs, so they
+/// agree to the bit; `Auto` may also split a long reduction (split-k, below), whose partial
+/// sums are then added in a fixed order: deterministic, but not the same bits as one chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MatmulKernel {
     /// chosen per product: [`MatmulKernel::Wide`] when it has at least [`WIDE_MIN_GROUPS`]
-    /// 128×128 output tiles, [`MatmulKernel::Plain`] otherwise (the default)
+    /// 128×128 output tiles, [`MatmulKernel::Plain`] otherwise, with its reduction split into
+    /// ranges (split-k) when the product has few tiles and a long `k` (the default)
     Auto,
     /// `matmul`: 64×64 output tiles, A and B staged in workgroup memory (every adapter)
     Plain,
@@ -117,6 +122,11 @@ const WIDE_TILE: usize = 128;
 /// `matmul_wide`: below it the 64×64 tiles of `matmul` keep more of the GPU busy (a 1024×1024
 /// product is 64 wide tiles, against 132 multiprocessors on an H200).
 pub const WIDE_MIN_GROUPS: usize = 128;
+
+/// The workgroups split-k aims for (about one per multiprocessor of a large GPU; an H200 has
+/// 132), and the shortest range of k a split walks.
+const SPLIT_K_GROUPS: usize = 128;
+const SPLIT_K_MIN_CHUNK: usize = 128;
 
 /// Workgroups a dispatch may have in one dimension (WebGPU's guaranteed minimum).
 const MAX_GROUPS: usize = 65_535;
@@ -308,14 +318,28 @@ pub(crate) fn matmul(
     let b_n_fast = k == 1 || (n > 1 && b_layout.col_stride <= b_layout.row_stride);
     let (m32, k32, n32, batch32) = (m as u32, k as u32, n as u32, batch as u32);
 
-    let c = be.alloc(out_len, dtype)?;
     let wide_groups = n.div_ceil(WIDE_TILE) * m.div_ceil(WIDE_TILE) * batch;
-    let kernel = match (dtype, be.matmul_kernel()) {
+    let chosen = be.matmul_kernel();
+    let kernel = match (dtype, chosen) {
         (DType::F16, _) => MatmulKernel::Plain,
         (_, MatmulKernel::Auto) if wide_groups >= WIDE_MIN_GROUPS => MatmulKernel::Wide,
         (_, MatmulKernel::Auto) => MatmulKernel::Plain,
         (_, chosen) => chosen,
     };
+    // split-k: only where Auto chose the plain kernel for f32 operands
+    let (splits, chunk) = match (dtype, chosen, kernel) {
+        (DType::F32, MatmulKernel::Auto, MatmulKernel::Plain) => {
+            split_k(tiles(n) * tiles(m) * batch, k)
+        }
+        _ => (1, k),
+    };
+    // (a split product whose slices would pass 32-bit indexing is not split)
+    let fits = |l: Option<usize>| l.is_some_and(|l| u32::try_from(l).is_ok());
+    let (splits, chunk) = match fits(out_len.checked_mul(splits)) {
+        true => (splits, chunk),
+        false => (1, k),
+    };
+    let c = be.alloc(out_len * splits, dtype)?;
     let (entry, tile) = match (dtype, kernel) {
         (DType::F16, _) => ((&*MATMUL_F16_SHADER, "matmul"), TILE),
         (_, MatmulKernel::Wide) => ((&MATMUL_WIDE_SHADER, "matmul_wide"), WIDE_TILE),
@@ -326,7 +350,7 @@ pub(crate) fn matmul(
         be,
         entry,
         &[a, b, &c],
-        [n.div_ceil(tile), m.div_ceil(tile), batch],
+        [n.div_ceil(tile), m.div_ceil(tile), batch * splits],
         |[x0, y0, z0]| {
             vec![
                 m32,
@@ -346,13 +370,40 @@ pub(crate) fn matmul(
                 x0,
                 y0,
                 z0,
-                0,
-                0,
+                splits as u32,
+                chunk as u32,
                 0,
             ]
         },
     )?;
-    Ok(c)
+    if splits == 1 {
+        return Ok(c);
+    }
+    // the slices' sum, in slice order (deterministic)
+    let view = AxisView {
+        outer: 1,
+        len: splits,
+        inner: out_len,
+    };
+    super::reduce::reduce(be, ReduceOp::Sum, &c, view)
+}
+
+/// Split-k for a product of `groups` 64×64 output tiles and reduction length `k`: `(splits,
+/// chunk)`, `splits` ranges of `chunk` (a multiple of 16) covering `0..k`. A product with fewer
+/// tiles than [`SPLIT_K_GROUPS`] leaves most of a GPU idle while each workgroup walks all of `k`
+/// (a weight gradient `[128, 768]·[768, 512]` is 16 tiles walking 768); cutting `k` into ranges
+/// of at least [`SPLIT_K_MIN_CHUNK`] gives about [`SPLIT_K_GROUPS`] workgroups, each walking a
+/// range, then one reduction adds the ranges. `(1, k)`: no split.
+fn split_k(groups: usize, k: usize) -> (usize, usize) {
+    if groups == 0 || groups >= SPLIT_K_GROUPS || k < 2 * SPLIT_K_MIN_CHUNK {
+        return (1, k);
+    }
+    let splits = SPLIT_K_GROUPS
+        .div_ceil(groups)
+        .min(k / SPLIT_K_MIN_CHUNK)
+        .max(1);
+    let chunk = k.div_ceil(splits).next_multiple_of(16);
+    (k.div_ceil(chunk), chunk)
 }
 
 /// The MoE expert bank's grouped matmul (entry point `grouped_matmul`): `out[r] = x[r]·W[e_r]`,
@@ -551,6 +602,39 @@ impl MatmulOps for GpuBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Split-k covers 0..k with whole slabs, never leaves a range empty, aims for about
+    /// SPLIT_K_GROUPS workgroups, and leaves products with many tiles or a short k alone.
+    #[test]
+    fn split_k_ranges_cover_k() {
+        assert_eq!(split_k(16, 768), (6, 128));
+        assert_eq!(split_k(24, 512), (4, 128));
+        assert_eq!(split_k(96, 128), (1, 128));
+        assert_eq!(split_k(200, 4096), (1, 4096));
+        assert_eq!(split_k(1, 255), (1, 255));
+        for groups in [1, 2, 7, 16, 64, 127] {
+            for k in [256, 257, 300, 1000, 4097, 100_000] {
+                let (splits, chunk) = split_k(groups, k);
+                assert_eq!(chunk % 16, 0, "{groups} groups, k {k}");
+                assert!(
+                    chunk >= SPLIT_K_MIN_CHUNK,
+                    "{groups} groups, k {k}: chunk {chunk}"
+                );
+                assert!(
+                    splits * chunk >= k,
+                    "{groups} groups, k {k}: {splits} × {chunk}"
+                );
+                assert!(
+                    (splits - 1) * chunk < k,
+                    "{groups} groups, k {k}: an empty range"
+                );
+                assert!(
+                    groups * splits < 2 * SPLIT_K_GROUPS,
+                    "{groups} groups, k {k}"
+                );
+            }
+        }
+    }
 
     /// The shader parses and validates, and has the three entry points the launchers name.
     #[test]

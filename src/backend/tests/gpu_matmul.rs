@@ -226,6 +226,47 @@ fn matmul_kernels_agree_to_the_bit() {
     be.set_matmul_kernel(before).unwrap();
 }
 
+/// Products with few output tiles and a long reduction (the weight gradients of a small model),
+/// which the default kernel choice splits along k and sums in a second pass: against the CPU in
+/// f64, transposed operands and a batch included, and the same bits when run twice.
+#[test]
+fn matmul_split_k() {
+    use crate::backend::gpu::MatmulKernel;
+    let Some((be, _lock)) = gpu("matmul_split_k") else {
+        return;
+    };
+    let before = be.matmul_kernel();
+    be.set_matmul_kernel(MatmulKernel::Auto).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(13);
+    for ([batch, m, k, n], t) in [
+        ([1, 128, 768, 512], (true, false)),
+        ([1, 70, 1000, 33], (false, false)),
+        ([3, 64, 300, 64], (false, true)),
+        ([1, 1, 4100, 1], (true, true)),
+        ([2, 65, 257, 130], (false, false)),
+    ] {
+        check_contiguous(&be, &mut rng, [batch, m, k, n], t, (false, false));
+    }
+    let (la, a_len) = contiguous(1, 96, 700, false, false);
+    let (lb, b_len) = contiguous(1, 700, 80, false, false);
+    let a = be.upload(&f32_data(&values(&mut rng, a_len))).unwrap();
+    let b = be.upload(&f32_data(&values(&mut rng, b_len))).unwrap();
+    let dims = MatmulDims {
+        batch: 1,
+        m: 96,
+        k: 700,
+        n: 80,
+    };
+    let once = be
+        .download(&be.matmul(&a, la, &b, lb, dims).unwrap())
+        .unwrap();
+    let twice = be
+        .download(&be.matmul(&a, la, &b, lb, dims).unwrap())
+        .unwrap();
+    assert_eq!(once, twice, "split-k matmul: two runs differ");
+    be.set_matmul_kernel(before).unwrap();
+}
+
 #[test]
 fn matmul_transposed_operands() {
     let Some((be, _lock)) = gpu("matmul_transposed_operands") else {
