@@ -30,8 +30,12 @@ pub(super) fn run_info(json: bool) -> Result<()> {
                         g.features.join(", ")
                     }
                 );
+                let choice = match g.matmul_kernel.as_str() {
+                    "auto" => " (wide tiles for large products, split-k for small ones)",
+                    _ => "",
+                };
                 println!(
-                    "gpu matmul kernel:     {} (subgroups of {}..{} invocations)",
+                    "gpu matmul kernel:     {}{choice}; subgroups of {}..{} invocations",
                     g.matmul_kernel, g.subgroup_sizes[0], g.subgroup_sizes[1]
                 );
                 println!(
