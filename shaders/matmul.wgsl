@@ -39,7 +39,7 @@
 //
 // ---- entry point `grouped_matmul` -------------------------------------------------------------
 // The MoE expert bank: out[r] = x[r]·W[e_r] (or x[r]·W[e_r]ᵀ when transpose_w = 1), plus the
-// expert's bias b[e_r] when has_bias = 1, f32.
+// expert's bias b[e_r] when has_bias = 1, f32 (or f16 in the f16 build, as `matmul`: f32 sums).
 //   binding 0  uniform GroupedParams (rows = R, k, m, experts = n, transpose_w, bases, has_bias)
 //   binding 1  x: array<f32>, read, [R, k] row-major
 //   binding 2  w: array<f32>, read, [n, k, m] (transpose_w = 0) or [n, m, k] (transpose_w = 1)
@@ -54,7 +54,7 @@
 //
 // ---- entry point `grouped_weight_grad` --------------------------------------------------------
 // The expert bank's weight gradient: dW[e] = Σ_{r in offsets[e]..offsets[e+1], row_expert[r] = e}
-// x[r]ᵀ·dy[r], f32.
+// x[r]ᵀ·dy[r], f32 (or f16 in the f16 build, as `matmul`: f32 sums).
 //   binding 0  uniform WeightGradParams (rows = R, k, m, experts = n, bases)
 //   binding 1  x: array<f32>, read, [R, k]
 //   binding 2  dy: array<f32>, read, [R, m]
@@ -290,11 +290,11 @@ struct GroupedParams {
 }
 
 @group(0) @binding(0) var<uniform> gp: GroupedParams;
-@group(0) @binding(1) var<storage, read> gm_x: array<f32>;
-@group(0) @binding(2) var<storage, read> gm_w: array<f32>;
+@group(0) @binding(1) var<storage, read> gm_x: array<mm_elem>;
+@group(0) @binding(2) var<storage, read> gm_w: array<mm_elem>;
 @group(0) @binding(3) var<storage, read> gm_expert: array<i32>;
-@group(0) @binding(4) var<storage, read_write> gm_out: array<f32>;
-@group(0) @binding(5) var<storage, read> gm_bias: array<f32>;
+@group(0) @binding(4) var<storage, read_write> gm_out: array<mm_elem>;
+@group(0) @binding(5) var<storage, read> gm_bias: array<mm_elem>;
 
 // Expert of each of the tile's rows (-1 for an expert outside 0..n), and for each row the end of
 // the run of equal experts it starts.
@@ -308,7 +308,7 @@ fn gm_load_x(lid: u32, r0: u32, lo: u32, hi: u32, k0: u32) -> vec4<f32> {
         let p = a_slot(lid, l, true);
         let kc = k0 + p.y;
         if p.x >= lo && p.x < hi && kc < gp.k {
-            v[l] = gm_x[(r0 + p.x) * gp.k + kc];
+            v[l] = f32(gm_x[(r0 + p.x) * gp.k + kc]);
         }
     }
     return v;
@@ -324,9 +324,9 @@ fn gm_load_w(lid: u32, k0: u32, c0: u32, base: u32) -> vec4<f32> {
         let col = c0 + q.y;
         if kc < gp.k && col < gp.m {
             if n_fast {
-                v[l] = gm_w[base + kc * gp.m + col];
+                v[l] = f32(gm_w[base + kc * gp.m + col]);
             } else {
-                v[l] = gm_w[base + col * gp.k + kc];
+                v[l] = f32(gm_w[base + col * gp.k + kc]);
             }
         }
     }
@@ -399,9 +399,9 @@ fn grouped_matmul(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_
                     if col < gp.m {
                         var out = v[j];
                         if with_bias {
-                            out += gm_bias[u32(e) * gp.m + col];
+                            out += f32(gm_bias[u32(e) * gp.m + col]);
                         }
-                        gm_out[(r0 + tr) * gp.m + col] = out;
+                        gm_out[(r0 + tr) * gp.m + col] = mm_store_value(out);
                     }
                 }
             }
@@ -426,11 +426,11 @@ struct WeightGradParams {
 }
 
 @group(0) @binding(0) var<uniform> wp: WeightGradParams;
-@group(0) @binding(1) var<storage, read> wg_x: array<f32>;
-@group(0) @binding(2) var<storage, read> wg_dy: array<f32>;
+@group(0) @binding(1) var<storage, read> wg_x: array<mm_elem>;
+@group(0) @binding(2) var<storage, read> wg_dy: array<mm_elem>;
 @group(0) @binding(3) var<storage, read> wg_expert: array<i32>;
 @group(0) @binding(4) var<storage, read> wg_offsets: array<i32>;
-@group(0) @binding(5) var<storage, read_write> wg_dw: array<f32>;
+@group(0) @binding(5) var<storage, read_write> wg_dw: array<mm_elem>;
 
 // Loads one slab: A(i, rr) = x[row, k0 + i] and B(rr, c) = dy[row, c0 + c] for the 16 rows
 // row = first + rr, both 0 unless row < hi and row_expert[row] = e. The A slot (rows fast) and
@@ -444,10 +444,10 @@ fn wg_load(lid: u32, first: u32, hi: u32, e: i32, k0: u32, c0: u32) -> array<vec
         let row = first + p.y;
         if row < hi && wg_expert[row] == e {
             if k0 + p.x < wp.k {
-                a[l] = wg_x[row * wp.k + k0 + p.x];
+                a[l] = f32(wg_x[row * wp.k + k0 + p.x]);
             }
             if c0 + q.y < wp.m {
-                b[l] = wg_dy[row * wp.m + c0 + q.y];
+                b[l] = f32(wg_dy[row * wp.m + c0 + q.y]);
             }
         }
     }
@@ -489,7 +489,7 @@ fn grouped_weight_grad(@builtin(local_invocation_index) lid: u32, @builtin(workg
             for (var j = 0u; j < 4u; j++) {
                 let col = c0 + tx * 4u + j;
                 if col < wp.m {
-                    wg_dw[base + row * wp.m + col] = v[j];
+                    wg_dw[base + row * wp.m + col] = mm_store_value(v[j]);
                 }
             }
         }

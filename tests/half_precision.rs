@@ -252,6 +252,91 @@ fn f16_matmul_backward_through_the_casts_matches_f32() {
     }
 }
 
+/// The expert bank in f16: `grouped_matmul`'s output against the f64 products of its f16
+/// operands (each row by its own expert's weights), and its backward (`grouped_matmul` with the
+/// weights transposed for `dx`, `grouped_weight_grad` for `dW`) through the casts against the
+/// same steps in f32: experts with no rows, one row, and runs across the 64-row tiles.
+#[test]
+fn f16_grouped_matmul_and_its_backward_match_f32() {
+    let Some(gpu) = f16_gpu("f16_grouped_matmul_and_its_backward_match_f32") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    for (counts, k, m) in [
+        (vec![1usize], 1usize, 1usize),
+        (vec![3, 0, 70, 1], 17, 33),
+        (vec![64, 65], 64, 130),
+    ] {
+        let (n, rows) = (counts.len(), counts.iter().sum::<usize>());
+        let experts: Vec<i32> = (0..n)
+            .flat_map(|e| std::iter::repeat_n(e as i32, counts[e]))
+            .collect();
+        let offsets: Vec<i32> = std::iter::once(0)
+            .chain(counts.iter().scan(0, |acc, &c| {
+                *acc += c as i32;
+                Some(*acc)
+            }))
+            .collect();
+        let (xv, wv) = (
+            f16_values(rows * k, &mut rng),
+            f16_values(n * k * m, &mut rng),
+        );
+        let up = f16_values(rows * m, &mut rng);
+        let row_expert = Tensor::from_i32(experts.clone(), &[rows], gpu).unwrap();
+        let offsets = Tensor::from_i32(offsets, &[n + 1], gpu).unwrap();
+        let what = format!("experts {counts:?}, k {k}, m {m}");
+        let run = |half: bool| {
+            let x = Tensor::from_f32(xv.clone(), &[rows, k], gpu)
+                .unwrap()
+                .with_grad()
+                .unwrap();
+            let w = Tensor::from_f32(wv.clone(), &[n, k, m], gpu)
+                .unwrap()
+                .with_grad()
+                .unwrap();
+            let y = if half {
+                let (x16, w16) = (
+                    x.to_dtype(DType::F16).unwrap(),
+                    w.to_dtype(DType::F16).unwrap(),
+                );
+                let y16 = x16.grouped_matmul(&w16, &row_expert, &offsets).unwrap();
+                assert_eq!(y16.dtype(), DType::F16, "{what}: the f16 product's dtype");
+                y16.to_dtype(DType::F32).unwrap()
+            } else {
+                x.grouped_matmul(&w, &row_expert, &offsets).unwrap()
+            };
+            y.backward_with(&Tensor::from_f32(up.clone(), &[rows, m], gpu).unwrap())
+                .unwrap();
+            let grad = |t: &Tensor| t.grad().expect("a gradient").to_vec_f64().unwrap();
+            (y.to_vec_f64().unwrap(), grad(&x), grad(&w))
+        };
+        let (y16, dx16, dw16) = run(true);
+        let (y32, dx32, dw32) = run(false);
+        // the forward against the exact products of the f16 operands
+        let (mut want, mut sums) = (Vec::new(), Vec::new());
+        for (r, &e) in experts.iter().enumerate() {
+            for c in 0..m {
+                let terms =
+                    (0..k).map(|l| xv[r * k + l] as f64 * wv[(e as usize * k + l) * m + c] as f64);
+                want.push(terms.clone().sum::<f64>());
+                sums.push(terms.map(f64::abs).sum::<f64>());
+            }
+        }
+        let y16_f32: Vec<f32> = y16.iter().map(|&v| v as f32).collect();
+        assert_f16_product(&what, &y16_f32, &want, &sums, k);
+        // the backward: each f16 step rounds its output once, the sums stay f32
+        let close = |name: &str, got: &[f64], want: &[f64], inner: usize| {
+            for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+                let tol = w.abs() * 2f64.powi(-10) + inner as f64 * 4.0 * 2f64.powi(-23) + 1e-6;
+                assert!((g - w).abs() <= tol, "{what} {name}[{i}]: f16 {g}, f32 {w}");
+            }
+        };
+        close("y", &y16, &y32, k);
+        close("dx", &dx16, &dx32, m);
+        close("dw", &dw16, &dw32, rows);
+    }
+}
+
 #[test]
 fn f16_requests_that_cannot_run_are_errors() {
     // the CPU has no f16 buffers

@@ -1,8 +1,9 @@
 //! Half precision on the GPU: whether the adapter can store f16 ([`GpuBackend::check_f16`]),
 //! the launchers of `shaders/half.wgsl` that convert between f32 and f16 buffers ([`to_f16`],
 //! [`to_f32`]: the device end of `Tensor::to_dtype` to and from `DType::F16`), and the f16
-//! builds of `shaders/matmul.wgsl`, `elementwise.wgsl`, `layout.wgsl` and `reduce.wgsl`
-//! ([`MATMUL_F16_SHADER`], [`ELEMENTWISE_F16_SHADER`], [`LAYOUT_F16_SHADER`],
+//! builds of `shaders/matmul.wgsl` (all three entries: `matmul` and the expert bank's
+//! `grouped_matmul` and `grouped_weight_grad`), `elementwise.wgsl`, `layout.wgsl` and
+//! `reduce.wgsl` ([`MATMUL_F16_SHADER`], [`ELEMENTWISE_F16_SHADER`], [`LAYOUT_F16_SHADER`],
 //! [`REDUCE_F16_SHADER`]), made from the f32 builds' sources by [`f16_build`].
 //!
 //! f16 is a storage format here: every f16 kernel computes in f32 and converts once on the way
@@ -68,8 +69,8 @@ fn f16_build(source: &str) -> String {
     format!("{F16_PRELUDE}\n{body}")
 }
 
-/// `shaders/matmul.wgsl` built with f16 operands and output for its `matmul` entry (the other
-/// entries are unchanged and not launched from it), accumulating in f32 as the f32 build does.
+/// `shaders/matmul.wgsl` built with f16 operands and outputs for its three entries (`matmul`,
+/// `grouped_matmul`, `grouped_weight_grad`), accumulating in f32 as the f32 build does.
 pub(crate) static MATMUL_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "matmul_f16",
     source: String::leak(f16_build(super::matmul::MATMUL_SHADER.source)),

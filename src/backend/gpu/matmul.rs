@@ -66,8 +66,8 @@ pub(crate) static MATMUL_WIDE_SHADER: Shader = Shader {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MatmulKernel {
-    /// chosen per product: [`MatmulKernel::Wide`] when it has at least [`WIDE_MIN_GROUPS`]
-    /// 128×128 output tiles, [`MatmulKernel::Plain`] otherwise, with its reduction split into
+    /// chosen per product: [`MatmulKernel::Wide`] when it has at least 128 output tiles of
+    /// 128×128 (`WIDE_MIN_GROUPS` in the launcher), [`MatmulKernel::Plain`] otherwise, with its reduction split into
     /// ranges (split-k) when the product has few tiles and a long `k` (the default)
     Auto,
     /// `matmul`: 64×64 output tiles, A and B staged in workgroup memory (every adapter)
@@ -139,6 +139,39 @@ fn check_f32(what: &str, name: &str, b: &GpuBuffer) -> Result<()> {
         d => Err(Error::DType(format!(
             "{what}: {name} must be f32 on the GPU, got {d}"
         ))),
+    }
+}
+
+/// The dtype of a kernel's float operands: all f32, or all f16 (the f16 build of the same
+/// kernel: f16 reads and writes, f32 sums); anything else is an error naming the operands.
+fn float_operands(what: &str, operands: &[(&str, &GpuBuffer)]) -> Result<DType> {
+    let dtype = operands.first().map_or(DType::F32, |(_, b)| b.dtype());
+    if dtype == DType::F16 && operands.iter().all(|(_, b)| b.dtype() == DType::F16) {
+        return Ok(DType::F16);
+    }
+    if let Some((name, b)) = operands.iter().find(|(_, b)| b.dtype() == DType::F16) {
+        let names: Vec<String> = operands
+            .iter()
+            .map(|(n, b)| format!("{n} is {}", b.dtype()))
+            .collect();
+        return Err(Error::DType(format!(
+            "{what}: {}: an f16 kernel needs every float operand in f16 ({name} is {}; cast the \
+             others with Tensor::to_dtype)",
+            names.join(", "),
+            b.dtype()
+        )));
+    }
+    for (name, b) in operands {
+        check_f32(what, name, b)?;
+    }
+    Ok(DType::F32)
+}
+
+/// The build of `matmul.wgsl` for operands of `dtype`.
+fn matmul_build(dtype: DType) -> &'static Shader {
+    match dtype {
+        DType::F16 => &MATMUL_F16_SHADER,
+        _ => &MATMUL_SHADER,
     }
 }
 
@@ -282,22 +315,7 @@ pub(crate) fn matmul(
 ) -> Result<GpuBuffer> {
     const WHAT: &str = "matmul";
     // f32 operands, or both f16 (the f16 build of the kernel: f16 output, f32 sums)
-    let dtype = match (a.dtype(), b.dtype()) {
-        (DType::F16, DType::F16) => DType::F16,
-        (DType::F16, other) | (other, DType::F16) => {
-            return Err(Error::DType(format!(
-                "{WHAT}: A is {} and B {}: an f16 product needs both operands in f16 (cast the \
-                 {other} one with Tensor::to_dtype)",
-                a.dtype(),
-                b.dtype()
-            )));
-        }
-        _ => {
-            check_f32(WHAT, "A", a)?;
-            check_f32(WHAT, "B", b)?;
-            DType::F32
-        }
-    };
+    let dtype = float_operands(WHAT, &[("A", a), ("B", b)])?;
     let MatmulDims { batch, m, k, n } = dims;
     let out_len = product(&[batch, m, n]).ok_or_else(|| {
         Error::Shape(format!(
@@ -341,7 +359,7 @@ pub(crate) fn matmul(
     };
     let c = be.alloc(out_len * splits, dtype)?;
     let (entry, tile) = match (dtype, kernel) {
-        (DType::F16, _) => ((&*MATMUL_F16_SHADER, "matmul"), TILE),
+        (DType::F16, _) => ((matmul_build(dtype), "matmul"), TILE),
         (_, MatmulKernel::Wide) => ((&MATMUL_WIDE_SHADER, "matmul_wide"), WIDE_TILE),
         (_, MatmulKernel::Subgroup) => ((&MATMUL_SUBGROUP_SHADER, "matmul_subgroup"), TILE),
         _ => ((&MATMUL_SHADER, "matmul"), TILE),
@@ -412,7 +430,8 @@ fn split_k(groups: usize, k: usize) -> (usize, usize) {
 /// outside `0..experts`. Rows should be sorted by expert; the result does not depend on it.
 ///
 /// # Errors
-/// [`Error::DType`] for non-f32 data or non-i32 experts; [`Error::Shape`] when a buffer's length
+/// [`Error::DType`] unless x, w (and the bias) are all f32 or all f16 (the f16 build), or for
+/// non-i32 experts; [`Error::Shape`] when a buffer's length
 /// does not match the sizes or a size exceeds 32-bit indexing; a GPU error from the launch.
 pub(crate) fn grouped_matmul(
     be: &GpuBackend,
@@ -430,8 +449,9 @@ pub(crate) fn grouped_matmul(
         transpose_w,
     } = dims;
     const WHAT: &str = "grouped_matmul";
-    check_f32(WHAT, "x", x)?;
-    check_f32(WHAT, "w", w)?;
+    let mut floats = vec![("x", x), ("w", w)];
+    floats.extend(bias.map(|b| ("bias", b)));
+    let dtype = float_operands(WHAT, &floats)?;
     check_i32(WHAT, "row_expert", row_expert)?;
     check_len(WHAT, "x", x, product(&[rows, k]), &format!("[{rows}, {k}]"))?;
     let w_shape = if transpose_w {
@@ -447,9 +467,6 @@ pub(crate) fn grouped_matmul(
         Some(rows),
         &format!("[{rows}]"),
     )?;
-    if let Some(b) = bias {
-        check_f32(WHAT, "bias", b)?;
-    }
     crate::backend::checks::check_grouped_bias(WHAT, bias, dims)?;
     let out_len = product(&[rows, m]).ok_or_else(|| {
         Error::Shape(format!(
@@ -458,10 +475,10 @@ pub(crate) fn grouped_matmul(
     })?;
     to_u32(WHAT, "rows·m", out_len)?;
     if out_len == 0 {
-        return be.alloc(0, DType::F32);
+        return be.alloc(0, dtype);
     }
     if experts == 0 || (k == 0 && bias.is_none()) {
-        return be.full(out_len, 0.0, DType::F32);
+        return be.full(out_len, 0.0, dtype);
     }
     // both products were checked not to overflow above
     to_u32(WHAT, "rows·k", rows * k)?;
@@ -469,10 +486,10 @@ pub(crate) fn grouped_matmul(
     to_u32(WHAT, "experts", experts)?;
     let (rows32, k32, m32, experts32) = (rows as u32, k as u32, m as u32, experts as u32);
 
-    let out = be.alloc(out_len, DType::F32)?;
+    let out = be.alloc(out_len, dtype)?;
     launch_grid(
         be,
-        (&MATMUL_SHADER, "grouped_matmul"),
+        (matmul_build(dtype), "grouped_matmul"),
         // without a bias, `w` stands in for the unread bias binding
         &[x, w, row_expert, &out, bias.unwrap_or(w)],
         [tiles(m), tiles(rows), 1],
@@ -500,7 +517,8 @@ pub(crate) fn grouped_matmul(
 /// expert without rows getting exactly zero.
 ///
 /// # Errors
-/// [`Error::DType`] for non-f32 data or non-i32 indices; [`Error::Shape`] when a buffer's length
+/// [`Error::DType`] unless x and dy are both f32 or both f16 (the f16 build), or for non-i32
+/// indices; [`Error::Shape`] when a buffer's length
 /// does not match the sizes or a size exceeds 32-bit indexing; a GPU error from the launch.
 pub(crate) fn grouped_weight_grad(
     be: &GpuBackend,
@@ -512,8 +530,7 @@ pub(crate) fn grouped_weight_grad(
 ) -> Result<GpuBuffer> {
     let ExpertBankDims { k, m, experts } = bank;
     const WHAT: &str = "grouped_weight_grad";
-    check_f32(WHAT, "x", x)?;
-    check_f32(WHAT, "dy", dy)?;
+    let dtype = float_operands(WHAT, &[("x", x), ("dy", dy)])?;
     check_i32(WHAT, "row_expert", row_expert)?;
     check_i32(WHAT, "offsets", offsets)?;
     let rows = row_expert.len();
@@ -538,10 +555,10 @@ pub(crate) fn grouped_weight_grad(
     })?;
     to_u32(WHAT, "experts·k·m", out_len)?;
     if out_len == 0 {
-        return be.alloc(0, DType::F32);
+        return be.alloc(0, dtype);
     }
     if rows == 0 {
-        return be.full(out_len, 0.0, DType::F32);
+        return be.full(out_len, 0.0, dtype);
     }
     // both products were checked not to overflow above
     to_u32(WHAT, "rows·k", rows * k)?;
@@ -553,10 +570,10 @@ pub(crate) fn grouped_weight_grad(
     }
     let (rows32, k32, m32, experts32) = (rows as u32, k as u32, m as u32, experts as u32);
 
-    let dw = be.alloc(out_len, DType::F32)?;
+    let dw = be.alloc(out_len, dtype)?;
     launch_grid(
         be,
-        (&MATMUL_SHADER, "grouped_weight_grad"),
+        (matmul_build(dtype), "grouped_weight_grad"),
         &[x, dy, row_expert, offsets, &dw],
         [tiles(m), tiles(k), experts],
         |[x0, y0, z0]| vec![rows32, k32, m32, experts32, x0, y0, z0, 0],
