@@ -2,7 +2,8 @@
 // `Tensor::layer_norm` and `Tensor::rms_norm` (forward) and of their backward rule. Launchers: src/backend/gpu/layer_norm.rs, one function per entry
 // point family.
 //
-// Layout (f32, contiguous): x, y, g (the upstream gradient) and dx are [rows, dim], element
+// Layout (contiguous; f32, or f16 in the f16 build for all but mean and rstd, which stay f32;
+// see ln_elem): x, y, g (the upstream gradient) and dx are [rows, dim], element
 // (r, j) at r·dim + j; gamma, beta, dgamma, dbeta are [dim]; mean and rstd are [rows].
 // Math: mean_r = Σ_j x_rj / dim, var_r = Σ_j (x_rj − mean_r)² / dim (biased, two passes),
 // rstd_r = 1/√(var_r + eps), x̂_rj = (x_rj − mean_r)·rstd_r, y_rj = x̂_rj·gamma_j + beta_j.
@@ -33,6 +34,16 @@
 
 struct LnParams { rows: u32, dim: u32, eps: f32, centered: u32 }
 
+// The element type of x, gamma, beta, y, g, dx, dgamma and dbeta: f32 here. The f16 build
+// (src/backend/gpu/half.rs, `f16_build`) makes the alias `f16` and the store a conversion that
+// rounds once; loads widen to f32, every sum stays f32, and mean and rstd are f32 in both.
+// f16 build: element type
+alias ln_elem = f32;
+fn ln_store(v: f32) -> ln_elem {
+    return v;
+}
+// f16 build: end
+
 const WG: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> p: LnParams;
@@ -57,10 +68,10 @@ fn tree_sum2(lid: u32) -> vec2<f32> {
 
 // ---- layer_norm_forward -----------------------------------------------------------------------
 
-@group(0) @binding(1) var<storage, read> f_x: array<f32>;
-@group(0) @binding(2) var<storage, read> f_gamma: array<f32>;
-@group(0) @binding(3) var<storage, read> f_beta: array<f32>;
-@group(0) @binding(4) var<storage, read_write> f_y: array<f32>;
+@group(0) @binding(1) var<storage, read> f_x: array<ln_elem>;
+@group(0) @binding(2) var<storage, read> f_gamma: array<ln_elem>;
+@group(0) @binding(3) var<storage, read> f_beta: array<ln_elem>;
+@group(0) @binding(4) var<storage, read_write> f_y: array<ln_elem>;
 @group(0) @binding(5) var<storage, read_write> f_mean: array<f32>;
 @group(0) @binding(6) var<storage, read_write> f_rstd: array<f32>;
 
@@ -77,23 +88,23 @@ fn layer_norm_forward(@builtin(workgroup_id) wid: vec3<u32>,
     var mean = 0.0;
     if (p.centered != 0u) {
         var s = 0.0;
-        for (var j = lid; j < p.dim; j = j + WG) { s = s + f_x[base + j]; }
+        for (var j = lid; j < p.dim; j = j + WG) { s = s + f32(f_x[base + j]); }
         partial[lid] = s;
         partial2[lid] = 0.0;
         mean = tree_sum2(lid).x / n;
     }
     var q = 0.0;
     for (var j = lid; j < p.dim; j = j + WG) {
-        let c = f_x[base + j] - mean;
+        let c = f32(f_x[base + j]) - mean;
         q = q + c * c;
     }
     partial[lid] = q;
     partial2[lid] = 0.0;
     let rstd = 1.0 / sqrt(tree_sum2(lid).x / n + p.eps);
     for (var j = lid; j < p.dim; j = j + WG) {
-        var y = (f_x[base + j] - mean) * rstd * f_gamma[j];
-        if (p.centered != 0u) { y = y + f_beta[j]; }
-        f_y[base + j] = y;
+        var y = (f32(f_x[base + j]) - mean) * rstd * f32(f_gamma[j]);
+        if (p.centered != 0u) { y = y + f32(f_beta[j]); }
+        f_y[base + j] = ln_store(y);
     }
     if (lid == 0u) {
         f_mean[r] = mean;
@@ -103,12 +114,12 @@ fn layer_norm_forward(@builtin(workgroup_id) wid: vec3<u32>,
 
 // ---- layer_norm_backward_x --------------------------------------------------------------------
 
-@group(0) @binding(1) var<storage, read> b_g: array<f32>;
-@group(0) @binding(2) var<storage, read> b_x: array<f32>;
-@group(0) @binding(3) var<storage, read> b_gamma: array<f32>;
+@group(0) @binding(1) var<storage, read> b_g: array<ln_elem>;
+@group(0) @binding(2) var<storage, read> b_x: array<ln_elem>;
+@group(0) @binding(3) var<storage, read> b_gamma: array<ln_elem>;
 @group(0) @binding(4) var<storage, read> b_mean: array<f32>;
 @group(0) @binding(5) var<storage, read> b_rstd: array<f32>;
-@group(0) @binding(6) var<storage, read_write> b_dx: array<f32>;
+@group(0) @binding(6) var<storage, read_write> b_dx: array<ln_elem>;
 
 @compute @workgroup_size(64)
 fn layer_norm_backward_x(@builtin(workgroup_id) wid: vec3<u32>,
@@ -122,29 +133,29 @@ fn layer_norm_backward_x(@builtin(workgroup_id) wid: vec3<u32>,
     var sh = 0.0;
     var shx = 0.0;
     for (var j = lid; j < p.dim; j = j + WG) {
-        let h = b_g[base + j] * b_gamma[j];
+        let h = f32(b_g[base + j]) * f32(b_gamma[j]);
         sh = sh + h;
-        shx = shx + h * (b_x[base + j] - mean) * rstd;
+        shx = shx + h * (f32(b_x[base + j]) - mean) * rstd;
     }
     partial[lid] = sh;
     partial2[lid] = shx;
     var sums = tree_sum2(lid) / f32(p.dim);
     if (p.centered == 0u) { sums.x = 0.0; }
     for (var j = lid; j < p.dim; j = j + WG) {
-        let h = b_g[base + j] * b_gamma[j];
-        let xhat = (b_x[base + j] - mean) * rstd;
-        b_dx[base + j] = rstd * (h - sums.x - xhat * sums.y);
+        let h = f32(b_g[base + j]) * f32(b_gamma[j]);
+        let xhat = (f32(b_x[base + j]) - mean) * rstd;
+        b_dx[base + j] = ln_store(rstd * (h - sums.x - xhat * sums.y));
     }
 }
 
 // ---- layer_norm_backward_params ---------------------------------------------------------------
 
-@group(0) @binding(1) var<storage, read> c_g: array<f32>;
-@group(0) @binding(2) var<storage, read> c_x: array<f32>;
+@group(0) @binding(1) var<storage, read> c_g: array<ln_elem>;
+@group(0) @binding(2) var<storage, read> c_x: array<ln_elem>;
 @group(0) @binding(3) var<storage, read> c_mean: array<f32>;
 @group(0) @binding(4) var<storage, read> c_rstd: array<f32>;
-@group(0) @binding(5) var<storage, read_write> c_dgamma: array<f32>;
-@group(0) @binding(6) var<storage, read_write> c_dbeta: array<f32>;
+@group(0) @binding(5) var<storage, read_write> c_dgamma: array<ln_elem>;
+@group(0) @binding(6) var<storage, read_write> c_dbeta: array<ln_elem>;
 
 // columns per workgroup, and strands of rows per column (PCOLS · STRANDS = 256)
 const PCOLS: u32 = 8u;
@@ -167,8 +178,8 @@ fn layer_norm_backward_params(@builtin(workgroup_id) wid: vec3<u32>,
     var db = 0.0;
     if (j < p.dim) {
         for (var r = s; r < p.rows; r = r + STRANDS) {
-            let g = c_g[r * p.dim + j];
-            dg = dg + g * (c_x[r * p.dim + j] - c_mean[r]) * c_rstd[r];
+            let g = f32(c_g[r * p.dim + j]);
+            dg = dg + g * (f32(c_x[r * p.dim + j]) - c_mean[r]) * c_rstd[r];
             db = db + g;
         }
     }
@@ -183,7 +194,7 @@ fn layer_norm_backward_params(@builtin(workgroup_id) wid: vec3<u32>,
         workgroupBarrier();
     }
     if (s == 0u && j < p.dim) {
-        c_dgamma[j] = strand_dg[c];
-        c_dbeta[j] = strand_db[c];
+        c_dgamma[j] = ln_store(strand_dg[c]);
+        c_dbeta[j] = ln_store(strand_db[c]);
     }
 }

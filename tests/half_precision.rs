@@ -195,6 +195,56 @@ fn f16_matmul_matches_the_f64_product_of_its_operands() {
     }
 }
 
+/// `op(x, w)` and the gradients for `x` and `w` of `Σ op(x, w) ⊙ up`, twice: `[f16, f32]`. The
+/// f16 run casts the f32 leaves to f16, applies `op` there (checking that it gives f16) and casts
+/// the result back, so its gradients come back through the casts as f32.
+fn through_f16_and_f32(
+    gpu: Device,
+    (x, x_shape): (&[f32], &[usize]),
+    (w, w_shape): (&[f32], &[usize]),
+    (up, up_shape): (&[f32], &[usize]),
+    op: impl Fn(&Tensor, &Tensor) -> Tensor,
+) -> [[Vec<f64>; 3]; 2] {
+    let run = |half: bool| {
+        let leaf = |v: &[f32], shape: &[usize]| {
+            Tensor::from_f32(v.to_vec(), shape, gpu)
+                .unwrap()
+                .with_grad()
+                .unwrap()
+        };
+        let (x, w) = (leaf(x, x_shape), leaf(w, w_shape));
+        let y = if half {
+            let y16 = op(
+                &x.to_dtype(DType::F16).unwrap(),
+                &w.to_dtype(DType::F16).unwrap(),
+            );
+            assert_eq!(y16.dtype(), DType::F16, "the f16 operation's dtype");
+            y16.to_dtype(DType::F32).unwrap()
+        } else {
+            op(&x, &w)
+        };
+        y.backward_with(&Tensor::from_f32(up.to_vec(), up_shape, gpu).unwrap())
+            .unwrap();
+        let grad = |t: &Tensor| {
+            let g = t.grad().expect("a gradient");
+            assert_eq!(g.dtype(), DType::F32, "the f32 leaf's gradient is f32");
+            g.to_vec_f64().unwrap()
+        };
+        [y.to_vec_f64().unwrap(), grad(&x), grad(&w)]
+    };
+    [run(true), run(false)]
+}
+
+/// Every operand and upstream value being an f16 value, an f16 step differs from the f32 one only
+/// by rounding its output to f16 (and the order of its f32 sums of `inner` terms).
+fn assert_rounded_output(what: &str, got: &[f64], want: &[f64], inner: usize) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let tol = w.abs() * 2f64.powi(-10) + inner as f64 * 4.0 * 2f64.powi(-23) + 1e-6;
+        assert!((g - w).abs() <= tol, "{what}[{i}]: f16 {g}, f32 {w}");
+    }
+}
+
 #[test]
 fn f16_matmul_backward_through_the_casts_matches_f32() {
     let Some(gpu) = f16_gpu("f16_matmul_backward_through_the_casts_matches_f32") else {
@@ -204,51 +254,14 @@ fn f16_matmul_backward_through_the_casts_matches_f32() {
     for (m, k, n) in [(1, 1, 1), (33, 70, 5), (130, 64, 97)] {
         let (a, b) = (f16_values(m * k, &mut rng), f16_values(k * n, &mut rng));
         let up = f16_values(m * n, &mut rng);
-        let run = |half: bool| {
-            let x = Tensor::from_f32(a.clone(), &[m, k], gpu)
-                .unwrap()
-                .with_grad()
-                .unwrap();
-            let w = Tensor::from_f32(b.clone(), &[k, n], gpu)
-                .unwrap()
-                .with_grad()
-                .unwrap();
-            let y = if half {
-                let (x16, w16) = (
-                    x.to_dtype(DType::F16).unwrap(),
-                    w.to_dtype(DType::F16).unwrap(),
-                );
-                let y16 = x16.matmul(&w16).unwrap();
-                assert_eq!(y16.dtype(), DType::F16);
-                y16.to_dtype(DType::F32).unwrap()
-            } else {
-                x.matmul(&w).unwrap()
-            };
-            let g = Tensor::from_f32(up.clone(), &[m, n], gpu).unwrap();
-            y.backward_with(&g).unwrap();
-            let grad = |t: &Tensor| {
-                let g = t.grad().expect("a gradient");
-                assert_eq!(g.dtype(), DType::F32, "the f32 leaf's gradient is f32");
-                g.to_vec_f64().unwrap()
-            };
-            (y.to_vec_f64().unwrap(), grad(&x), grad(&w))
-        };
-        let (y16, dx16, dw16) = run(true);
-        let (y32, dx32, dw32) = run(false);
-        // every operand and upstream value is an f16 value: the f16 path differs only by
-        // rounding each product's output to f16 (and the f32 sums' order)
-        let close = |what: &str, got: &[f64], want: &[f64], inner: usize| {
-            for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-                let tol = w.abs() * 2f64.powi(-10) + inner as f64 * 4.0 * 2f64.powi(-23) + 1e-6;
-                assert!(
-                    (g - w).abs() <= tol,
-                    "[{m}, {k}]·[{k}, {n}] {what}[{i}]: f16 {g}, f32 {w}"
-                );
-            }
-        };
-        close("y", &y16, &y32, k);
-        close("dx", &dx16, &dx32, n);
-        close("dw", &dw16, &dw32, m);
+        let [[y16, dx16, dw16], [y32, dx32, dw32]] =
+            through_f16_and_f32(gpu, (&a, &[m, k]), (&b, &[k, n]), (&up, &[m, n]), |x, w| {
+                x.matmul(w).unwrap()
+            });
+        let what = format!("[{m}, {k}]·[{k}, {n}]");
+        assert_rounded_output(&format!("{what} y"), &y16, &y32, k);
+        assert_rounded_output(&format!("{what} dx"), &dx16, &dx32, n);
+        assert_rounded_output(&format!("{what} dw"), &dw16, &dw32, m);
     }
 }
 
@@ -285,33 +298,13 @@ fn f16_grouped_matmul_and_its_backward_match_f32() {
         let row_expert = Tensor::from_i32(experts.clone(), &[rows], gpu).unwrap();
         let offsets = Tensor::from_i32(offsets, &[n + 1], gpu).unwrap();
         let what = format!("experts {counts:?}, k {k}, m {m}");
-        let run = |half: bool| {
-            let x = Tensor::from_f32(xv.clone(), &[rows, k], gpu)
-                .unwrap()
-                .with_grad()
-                .unwrap();
-            let w = Tensor::from_f32(wv.clone(), &[n, k, m], gpu)
-                .unwrap()
-                .with_grad()
-                .unwrap();
-            let y = if half {
-                let (x16, w16) = (
-                    x.to_dtype(DType::F16).unwrap(),
-                    w.to_dtype(DType::F16).unwrap(),
-                );
-                let y16 = x16.grouped_matmul(&w16, &row_expert, &offsets).unwrap();
-                assert_eq!(y16.dtype(), DType::F16, "{what}: the f16 product's dtype");
-                y16.to_dtype(DType::F32).unwrap()
-            } else {
-                x.grouped_matmul(&w, &row_expert, &offsets).unwrap()
-            };
-            y.backward_with(&Tensor::from_f32(up.clone(), &[rows, m], gpu).unwrap())
-                .unwrap();
-            let grad = |t: &Tensor| t.grad().expect("a gradient").to_vec_f64().unwrap();
-            (y.to_vec_f64().unwrap(), grad(&x), grad(&w))
-        };
-        let (y16, dx16, dw16) = run(true);
-        let (y32, dx32, dw32) = run(false);
+        let [[y16, dx16, dw16], [y32, dx32, dw32]] = through_f16_and_f32(
+            gpu,
+            (&xv, &[rows, k]),
+            (&wv, &[n, k, m]),
+            (&up, &[rows, m]),
+            |x, w| x.grouped_matmul(w, &row_expert, &offsets).unwrap(),
+        );
         // the forward against the exact products of the f16 operands
         let (mut want, mut sums) = (Vec::new(), Vec::new());
         for (r, &e) in experts.iter().enumerate() {
@@ -325,15 +318,73 @@ fn f16_grouped_matmul_and_its_backward_match_f32() {
         let y16_f32: Vec<f32> = y16.iter().map(|&v| v as f32).collect();
         assert_f16_product(&what, &y16_f32, &want, &sums, k);
         // the backward: each f16 step rounds its output once, the sums stay f32
-        let close = |name: &str, got: &[f64], want: &[f64], inner: usize| {
-            for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-                let tol = w.abs() * 2f64.powi(-10) + inner as f64 * 4.0 * 2f64.powi(-23) + 1e-6;
-                assert!((g - w).abs() <= tol, "{what} {name}[{i}]: f16 {g}, f32 {w}");
+        assert_rounded_output(&format!("{what} y"), &y16, &y32, k);
+        assert_rounded_output(&format!("{what} dx"), &dx16, &dx32, m);
+        assert_rounded_output(&format!("{what} dw"), &dw16, &dw32, rows);
+    }
+}
+
+/// Layer norm and RMSNorm in f16: the forward output and the three gradients (`dx`, `dγ`, `dβ`)
+/// of the f16 build are each a neighbouring f16 of the f32 kernel's result on the same
+/// f16-valued operands (the same f32 arithmetic, rounded once), over rows and widths on both
+/// sides of the kernels' 64-wide and 8-column blocks.
+#[test]
+fn f16_layer_norm_and_rms_norm_round_the_f32_result_once() {
+    let Some(gpu) = f16_gpu("f16_layer_norm_and_rms_norm_round_the_f32_result_once") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(37);
+    for (rows, dim) in [(1, 1), (3, 7), (70, 65), (5, 200), (130, 9)] {
+        let x = f16_values(rows * dim, &mut rng);
+        let (gamma, beta) = (f16_values(dim, &mut rng), f16_values(dim, &mut rng));
+        let up = f16_values(rows * dim, &mut rng);
+        for centered in [true, false] {
+            let run = |dtype: DType| {
+                let leaf = |v: &[f32], shape: &[usize]| {
+                    Tensor::from_f32(v.to_vec(), shape, gpu)
+                        .and_then(|t| t.to_dtype(dtype))
+                        .unwrap()
+                        .with_grad()
+                        .unwrap()
+                };
+                let (xt, gt, bt) = (
+                    leaf(&x, &[rows, dim]),
+                    leaf(&gamma, &[dim]),
+                    leaf(&beta, &[dim]),
+                );
+                let y = if centered {
+                    xt.layer_norm(&gt, &bt, 1e-5).unwrap()
+                } else {
+                    xt.rms_norm(&gt, 1e-5).unwrap()
+                };
+                assert_eq!(y.dtype(), dtype);
+                let g = Tensor::from_f32(up.clone(), &[rows, dim], gpu)
+                    .and_then(|t| t.to_dtype(dtype))
+                    .unwrap();
+                y.backward_with(&g).unwrap();
+                let f32s = |t: &Tensor| t.to_vec_f32().unwrap();
+                let mut out = vec![
+                    f32s(&y),
+                    f32s(&xt.grad().unwrap()),
+                    f32s(&gt.grad().unwrap()),
+                ];
+                if centered {
+                    out.push(f32s(&bt.grad().unwrap()));
+                }
+                out
+            };
+            let (half, single) = (run(DType::F16), run(DType::F32));
+            for (name, (h, s)) in ["y", "dx", "dgamma", "dbeta"]
+                .iter()
+                .zip(half.iter().zip(&single))
+            {
+                let what = format!(
+                    "{} [{rows}, {dim}] {name}",
+                    if centered { "layer_norm" } else { "rms_norm" }
+                );
+                assert_rounded_once(&what, h, s);
             }
-        };
-        close("y", &y16, &y32, k);
-        close("dx", &dx16, &dx32, m);
-        close("dw", &dw16, &dw32, rows);
+        }
     }
 }
 
@@ -355,12 +406,20 @@ fn f16_requests_that_cannot_run_are_errors() {
     let x = Tensor::from_f32(vec![1.0; 6], &[2, 3], gpu).unwrap();
     let h = x.to_dtype(DType::F16).unwrap();
     // an op without an f16 kernel names it and says what to do
-    let weight = Tensor::from_f32(vec![1.0; 3], &[3], gpu).unwrap();
-    match h.rms_norm(&weight.to_dtype(DType::F16).unwrap(), 1e-6) {
+    let h4 = Tensor::from_f32(vec![1.0; 8], &[2, 4], gpu)
+        .and_then(|t| t.to_dtype(DType::F16))
+        .unwrap();
+    match h4.swiglu() {
         Err(Error::DType(m)) => {
             assert!(m.contains("no f16 kernel") && m.contains("to_dtype"), "{m}")
         }
-        other => panic!("an f16 RMSNorm gave {other:?}"),
+        other => panic!("an f16 SwiGLU gave {other:?}"),
+    }
+    // RMSNorm in f16 needs its weight in f16 too
+    let weight = Tensor::from_f32(vec![1.0; 3], &[3], gpu).unwrap();
+    match h.rms_norm(&weight, 1e-6) {
+        Err(Error::DType(m)) => assert!(m.contains("f16") && m.contains("f32"), "{m}"),
+        other => panic!("an f16 RMSNorm with an f32 weight gave {other:?}"),
     }
     // f16 times f32
     let w = Tensor::from_f32(vec![1.0; 6], &[3, 2], gpu).unwrap();

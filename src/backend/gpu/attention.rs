@@ -98,14 +98,7 @@ fn check(what: &str, operands: &[(&str, &GpuBuffer)], d: AttentionDims) -> Resul
             "{what}: sequence length {seq} needs more than {MAX_GROUPS} workgroups of {ATTENTION_TILE} rows"
         )));
     }
-    for (name, b) in operands {
-        if b.dtype() != DType::F32 {
-            return Err(Error::DType(format!(
-                "{what}: {name} must be f32 on the GPU, got {}",
-                b.dtype()
-            )));
-        }
-    }
+    super::half::expect_f32(what, operands)?;
     check_attention_lengths(what, operands, d)
 }
 

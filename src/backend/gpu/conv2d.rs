@@ -62,14 +62,8 @@ fn check(what: &str, operands: &[(&str, &GpuBuffer, usize)], d: &Conv2dDims) -> 
             "{what}: more than {MAX_GROUPS} banks or channels in one launch ({d:?})"
         )));
     }
-    for (name, b, _) in operands {
-        if b.dtype() != DType::F32 {
-            return Err(Error::DType(format!(
-                "{what}: {name} must be f32 on the GPU, got {}",
-                b.dtype()
-            )));
-        }
-    }
+    let buffers: Vec<(&str, &GpuBuffer)> = operands.iter().map(|(n, b, _)| (*n, *b)).collect();
+    super::half::expect_f32(what, &buffers)?;
     let lengths: Vec<_> = operands.iter().map(|&(n, b, e)| (n, b, e)).collect();
     crate::backend::checks::check_lengths(what, &lengths, d)
 }

@@ -95,6 +95,13 @@ pub(crate) static ELEMENTWISE_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Sh
     source: String::leak(f16_build(super::elementwise::ELEMENTWISE.source)),
 });
 
+/// Layer norm and RMSNorm (forward, input and parameter gradients) built for f16 tensors, with
+/// f32 sums and f32 per-row statistics.
+pub(crate) static LAYER_NORM_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "layer_norm_f16",
+    source: String::leak(f16_build(super::layer_norm::LAYER_NORM_SHADER.source)),
+});
+
 /// Invocations per workgroup of both kernels of `half.wgsl`.
 const WG: u32 = 256;
 
@@ -121,8 +128,23 @@ impl GpuBackend {
 pub(crate) fn no_f16_kernel(op: &str) -> Error {
     Error::DType(format!(
         "{op} has no f16 kernel: cast its f16 operands to f32 first (Tensor::to_dtype); f16 \
-         kernels exist for the casts and matmul"
+         kernels exist for the casts, matmul and the expert bank, the elementwise, layout and \
+         reduction kernels, and layer norm / RMSNorm"
     ))
+}
+
+/// An error unless every buffer holds f32: for an f16 one, [`no_f16_kernel`] (the kernel has no
+/// f16 build; say what to do), for another dtype one naming the buffer. The check of every
+/// f32-only launcher.
+pub(crate) fn expect_f32(what: &str, bufs: &[(&str, &GpuBuffer)]) -> Result<()> {
+    match bufs.iter().find(|(_, b)| b.dtype() != DType::F32) {
+        None => Ok(()),
+        Some(_) if bufs.iter().any(|(_, b)| b.dtype() == DType::F16) => Err(no_f16_kernel(what)),
+        Some((name, b)) => Err(Error::DType(format!(
+            "{what}: {name} must be f32 on the GPU, got {}",
+            b.dtype()
+        ))),
+    }
 }
 
 /// One launch of `entry` from `x` into a new buffer of `dtype`.

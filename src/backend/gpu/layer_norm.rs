@@ -26,13 +26,15 @@ pub(crate) static LAYER_NORM_SHADER: Shader = Shader {
 /// Invocations per workgroup (the shader's `WG`).
 const WG: u32 = 64;
 
-/// Checks f32 and the lengths of `[rows, dim]`, `[dim]` and `[rows]` operands; returns the
-/// kernel parameters `[rows, dim, eps bits, centered]`.
+/// Checks the dtypes and the lengths of `[rows, dim]`, `[dim]` and `[rows]` operands; returns
+/// the kernel parameters `[rows, dim, eps bits, centered]` and the dtype of the tensors: the
+/// `[rows, dim]` and `[dim]` ones all f32, or all f16 (the f16 build), the `[rows]` statistics
+/// f32 in both.
 fn check(
     what: &str,
     groups: [(&[(&str, &GpuBuffer)], &str); 3],
     d: LayerNormDims,
-) -> Result<[u32; 4]> {
+) -> Result<([u32; 4], DType)> {
     let LayerNormDims {
         rows,
         dim,
@@ -47,27 +49,48 @@ fn check(
                  32-bit indexing"
             ))
         })?;
-    for (operands, _) in groups {
-        for (name, b) in operands {
-            if b.dtype() == DType::F16 {
-                return Err(super::half::no_f16_kernel(what));
-            }
-            if b.dtype() != DType::F32 {
-                return Err(Error::DType(format!(
-                    "{what}: {name} must be f32 on the GPU, got {}",
-                    b.dtype()
-                )));
-            }
+    let [(matrices, _), (vectors, _), (per_row, _)] = groups;
+    let elements: Vec<&(&str, &GpuBuffer)> = matrices.iter().chain(vectors).collect();
+    let dtype = elements.first().map_or(DType::F32, |(_, b)| b.dtype());
+    let expected = |b: &GpuBuffer, want: DType| b.dtype() == want;
+    for (name, b) in &elements {
+        if !matches!(dtype, DType::F32 | DType::F16) || !expected(b, dtype) {
+            return Err(Error::DType(format!(
+                "{what}: {name} is {}: x, gamma, beta and the gradient must be all f32 or all \
+                 f16 on the GPU (cast with Tensor::to_dtype), here {}",
+                b.dtype(),
+                elements
+                    .iter()
+                    .map(|(n, b)| format!("{n} {}", b.dtype()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
         }
     }
-    let [(matrices, _), (vectors, _), (per_row, _)] = groups;
+    for (name, b) in per_row {
+        if !expected(b, DType::F32) {
+            return Err(Error::DType(format!(
+                "{what}: {name} must be f32 on the GPU (the per-row statistics stay f32), got {}",
+                b.dtype()
+            )));
+        }
+    }
     check_layer_norm_lengths(what, matrices, vectors, per_row, d)?;
-    Ok([
+    let params = [
         u32_param(rows, "layer_norm rows")?,
         u32_param(dim, "layer_norm dim")?,
         (eps as f32).to_bits(),
         u32::from(centered),
-    ])
+    ];
+    Ok((params, dtype))
+}
+
+/// The build of `layer_norm.wgsl` for tensors of `dtype`.
+fn build(dtype: DType) -> &'static Shader {
+    match dtype {
+        DType::F16 => &super::half::LAYER_NORM_F16_SHADER,
+        _ => &LAYER_NORM_SHADER,
+    }
 }
 
 /// `NnOps::layer_norm_forward`: `(y [rows, dim], mean [rows], rstd [rows])`.
@@ -82,7 +105,7 @@ pub(crate) fn layer_norm_forward(
     beta: &GpuBuffer,
     d: LayerNormDims,
 ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
-    let params = check(
+    let (params, dtype) = check(
         "layer_norm_forward",
         [
             (&[("x", x)], "[rows, dim]"),
@@ -91,11 +114,11 @@ pub(crate) fn layer_norm_forward(
         ],
         d,
     )?;
-    let y = be.alloc(x.len(), DType::F32)?;
+    let y = be.alloc(x.len(), dtype)?;
     let mean = be.alloc(d.rows, DType::F32)?;
     let rstd = be.alloc(d.rows, DType::F32)?;
     be.launch(
-        &LAYER_NORM_SHADER,
+        build(dtype),
         "layer_norm_forward",
         &[x, gamma, beta, &y, &mean, &rstd],
         &params,
@@ -116,7 +139,7 @@ pub(crate) fn layer_norm_backward(
     (mean, rstd): (&GpuBuffer, &GpuBuffer),
     d: LayerNormDims,
 ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
-    let params = check(
+    let (params, dtype) = check(
         "layer_norm_backward",
         [
             (&[("g", g), ("x", x)], "[rows, dim]"),
@@ -125,18 +148,18 @@ pub(crate) fn layer_norm_backward(
         ],
         d,
     )?;
-    let dx = be.alloc(x.len(), DType::F32)?;
+    let dx = be.alloc(x.len(), dtype)?;
     be.launch(
-        &LAYER_NORM_SHADER,
+        build(dtype),
         "layer_norm_backward_x",
         &[g, x, gamma, mean, rstd, &dx],
         &params,
         grid_1d(d.rows * WG as usize, WG)?,
     )?;
-    let dgamma = be.alloc(d.dim, DType::F32)?;
-    let dbeta = be.alloc(d.dim, DType::F32)?;
+    let dgamma = be.alloc(d.dim, dtype)?;
+    let dbeta = be.alloc(d.dim, dtype)?;
     be.launch(
-        &LAYER_NORM_SHADER,
+        build(dtype),
         "layer_norm_backward_params",
         &[g, x, mean, rstd, &dgamma, &dbeta],
         &params,

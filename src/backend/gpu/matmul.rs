@@ -66,7 +66,7 @@ pub(crate) static MATMUL_WIDE_SHADER: Shader = Shader {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum MatmulKernel {
-    /// chosen per product: [`MatmulKernel::Wide`] when it has at least 128 output tiles of
+    /// chosen per product: [`MatmulKernel::Wide`] when it has at least 64 output tiles of
     /// 128×128 (`WIDE_MIN_GROUPS` in the launcher), [`MatmulKernel::Plain`] otherwise, with its reduction split into
     /// ranges (split-k) when the product has few tiles and a long `k` (the default)
     Auto,
@@ -119,9 +119,10 @@ const TILE: usize = 64;
 const WIDE_TILE: usize = 128;
 
 /// The fewest 128×128 output tiles (times the batch) for which [`MatmulKernel::Auto`] runs
-/// `matmul_wide`: below it the 64×64 tiles of `matmul` keep more of the GPU busy (a 1024×1024
-/// product is 64 wide tiles, against 132 multiprocessors on an H200).
-pub const WIDE_MIN_GROUPS: usize = 128;
+/// `matmul_wide`; below it the 64×64 tiles of `matmul` (with split-k) keep more of the GPU busy.
+/// On the H200 the wide kernel was faster at every size measured, 1024 (64 wide tiles) included:
+/// 12.7 against 10.9 TFLOP/s there, 13.0 against 12.0 at 2048 (docs/benchmarks.md).
+pub const WIDE_MIN_GROUPS: usize = 64;
 
 /// The workgroups split-k aims for (about one per multiprocessor of a large GPU; an H200 has
 /// 132), and the shortest range of k a split walks.

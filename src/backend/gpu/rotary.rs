@@ -7,7 +7,7 @@ use super::kernels::{Shader, grid_1d, u32_param};
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::RotaryDims;
 use crate::backend::checks::check_rotary_lengths;
-use crate::{DType, Error, Result};
+use crate::{DType, Result};
 
 /// The kernel of `shaders/rotary.wgsl`.
 pub(crate) static ROTARY_SHADER: Shader = Shader {
@@ -29,14 +29,7 @@ pub(crate) fn rotary(
     d: RotaryDims,
 ) -> Result<GpuBuffer> {
     const WHAT: &str = "rotary";
-    for (name, b) in [("x", x), ("cos", cos), ("sin", sin)] {
-        if b.dtype() != DType::F32 {
-            return Err(Error::DType(format!(
-                "{WHAT}: {name} must be f32 on the GPU, got {}",
-                b.dtype()
-            )));
-        }
-    }
+    super::half::expect_f32(WHAT, &[("x", x), ("cos", cos), ("sin", sin)])?;
     check_rotary_lengths(WHAT, x, (cos, sin), d)?;
     let n = x.len();
     let params = [

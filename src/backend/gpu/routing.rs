@@ -6,6 +6,7 @@
 //! three stable sorts of `sort.wgsl`, since `plan_sort`'s work grows with the square of the
 //! assignments).
 
+use super::half::expect_f32;
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::layout::gather;
 use super::sort::sort_rows;
@@ -31,20 +32,6 @@ const PLAN_WG: u32 = 256;
 /// dispatches). On an H200, `plan_sort` took 0.29 ms for 1536 assignments and about 130 ms for
 /// 262,144 (docs/benchmarks.md).
 pub(crate) const PLAN_SORT_MAX: usize = 1024;
-
-/// An error unless every buffer holds f32 (the GPU's float dtype).
-fn expect_f32(what: &str, bufs: &[(&str, &GpuBuffer)]) -> Result<()> {
-    match bufs.iter().find(|(_, b)| b.dtype() != DType::F32) {
-        None => Ok(()),
-        Some(_) if bufs.iter().any(|(_, b)| b.dtype() == DType::F16) => {
-            Err(super::half::no_f16_kernel(what))
-        }
-        Some((name, b)) => Err(Error::DType(format!(
-            "{what}: {name} must be f32 on the GPU, got {}",
-            b.dtype()
-        ))),
-    }
-}
 
 /// An error unless every buffer holds i32 indices.
 fn expect_i32(what: &str, bufs: &[(&str, &GpuBuffer)]) -> Result<()> {

@@ -7,7 +7,7 @@ use super::kernels::{Shader, grid_1d, u32_param};
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::SwiGluDims;
 use crate::backend::checks::check_swiglu_lengths;
-use crate::{DType, Error, Result};
+use crate::{DType, Result};
 
 /// The kernels of `shaders/swiglu.wgsl`.
 pub(crate) static SWIGLU_SHADER: Shader = Shader {
@@ -22,14 +22,8 @@ fn check(
     outputs: &[(&str, &GpuBuffer)],
     d: SwiGluDims,
 ) -> Result<[u32; 2]> {
-    for (name, b) in inputs.iter().chain(outputs) {
-        if b.dtype() != DType::F32 {
-            return Err(Error::DType(format!(
-                "{what}: {name} must be f32 on the GPU, got {}",
-                b.dtype()
-            )));
-        }
-    }
+    let all: Vec<(&str, &GpuBuffer)> = inputs.iter().chain(outputs).copied().collect();
+    super::half::expect_f32(what, &all)?;
     check_swiglu_lengths(what, inputs, outputs, d)?;
     // the input's 2·rows·half elements are indexed in 32 bits
     u32_param(2 * d.rows * d.half, "swiglu elements")?;
