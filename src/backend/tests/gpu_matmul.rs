@@ -46,7 +46,7 @@ fn grouped_dims(
 
 /// The GPU backend and the lock of the backend's GPU tests, or `None` after printing why the
 /// test is skipped.
-fn gpu(test: &str) -> Option<(GpuBackend, MutexGuard<'static, ()>)> {
+pub(super) fn gpu(test: &str) -> Option<(GpuBackend, MutexGuard<'static, ()>)> {
     common::gpu_or_skip(test)?;
     let guard = super::gpu_lock();
     let be = GpuBackend::get().expect("Device::gpu() succeeded, so GpuBackend::get() must");
@@ -54,11 +54,11 @@ fn gpu(test: &str) -> Option<(GpuBackend, MutexGuard<'static, ()>)> {
 }
 
 /// `n` values uniform in [-1, 1), exactly representable in f32.
-fn values(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
+pub(super) fn values(rng: &mut ChaCha8Rng, n: usize) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect()
 }
 
-fn f32_data(v: &[f32]) -> HostData {
+pub(super) fn f32_data(v: &[f32]) -> HostData {
     HostData::F32(v.to_vec())
 }
 
@@ -74,7 +74,7 @@ fn tol(terms: usize) -> (f64, f64) {
 
 /// A contiguous `[batch, rows, cols]` operand (`[batch, cols, rows]` in memory when `transposed`;
 /// one matrix shared by every batch entry when `shared`): its layout and buffer length.
-fn contiguous(
+pub(super) fn contiguous(
     batch: usize,
     rows: usize,
     cols: usize,
@@ -136,7 +136,7 @@ fn check_matmul(
 }
 
 /// Contiguous operands, optionally transposed or shared across the batch.
-fn check_contiguous(
+pub(super) fn check_contiguous(
     be: &GpuBackend,
     rng: &mut ChaCha8Rng,
     [batch, m, k, n]: [usize; 4],
@@ -173,98 +173,6 @@ fn matmul_shapes() {
     for s in shapes {
         check_contiguous(&be, &mut rng, s, (false, false), (false, false));
     }
-}
-
-/// Every matmul kernel the adapter offers computes each element as the same chain of FMAs over
-/// k, so all agree to the bit (the kernel choice changes speed, never results): shapes that
-/// span several tiles of 64 and of 128, with tails, transposed operands and a batch.
-#[test]
-fn matmul_kernels_agree_to_the_bit() {
-    use crate::backend::gpu::MatmulKernel;
-    let Some((be, _lock)) = gpu("matmul_kernels_agree_to_the_bit") else {
-        return;
-    };
-    let before = be.matmul_kernel();
-    let mut kernels = vec![MatmulKernel::Plain, MatmulKernel::Wide];
-    if be.subgroup_matmul_available() {
-        kernels.push(MatmulKernel::Subgroup);
-    }
-    let mut rng = ChaCha8Rng::seed_from_u64(12);
-    for ([batch, m, k, n], (ta, tb)) in [
-        ([1, 300, 257, 129], (false, false)),
-        ([2, 129, 15, 260], (true, false)),
-        ([1, 131, 70, 200], (false, true)),
-        ([3, 64, 9, 127], (true, true)),
-    ] {
-        let (la, a_len) = contiguous(batch, m, k, ta, false);
-        let (lb, b_len) = contiguous(batch, k, n, tb, false);
-        let a = be.upload(&f32_data(&values(&mut rng, a_len))).unwrap();
-        let b = be.upload(&f32_data(&values(&mut rng, b_len))).unwrap();
-        let dims = MatmulDims { batch, m, k, n };
-        let mut results = Vec::new();
-        for &kernel in &kernels {
-            be.set_matmul_kernel(kernel).unwrap();
-            let c = be.matmul(&a, la, &b, lb, dims).unwrap();
-            match be.download(&c).unwrap() {
-                HostData::F32(v) => results.push((kernel, v)),
-                other => panic!("matmul gave {other:?}"),
-            }
-        }
-        let (first, want) = &results[0];
-        for (kernel, got) in &results[1..] {
-            let differ = got
-                .iter()
-                .zip(want)
-                .position(|(g, w)| g.to_bits() != w.to_bits());
-            assert!(
-                differ.is_none() && got.len() == want.len(),
-                "matmul {dims:?} transposed ({ta}, {tb}): {kernel:?} and {first:?} differ at \
-                 element {differ:?}"
-            );
-        }
-    }
-    be.set_matmul_kernel(before).unwrap();
-}
-
-/// Products with few output tiles and a long reduction (the weight gradients of a small model),
-/// which the default kernel choice splits along k and sums in a second pass: against the CPU in
-/// f64, transposed operands and a batch included, and the same bits when run twice.
-#[test]
-fn matmul_split_k() {
-    use crate::backend::gpu::MatmulKernel;
-    let Some((be, _lock)) = gpu("matmul_split_k") else {
-        return;
-    };
-    let before = be.matmul_kernel();
-    be.set_matmul_kernel(MatmulKernel::Auto).unwrap();
-    let mut rng = ChaCha8Rng::seed_from_u64(13);
-    for ([batch, m, k, n], t) in [
-        ([1, 128, 768, 512], (true, false)),
-        ([1, 70, 1000, 33], (false, false)),
-        ([3, 64, 300, 64], (false, true)),
-        ([1, 1, 4100, 1], (true, true)),
-        ([2, 65, 257, 130], (false, false)),
-    ] {
-        check_contiguous(&be, &mut rng, [batch, m, k, n], t, (false, false));
-    }
-    let (la, a_len) = contiguous(1, 96, 700, false, false);
-    let (lb, b_len) = contiguous(1, 700, 80, false, false);
-    let a = be.upload(&f32_data(&values(&mut rng, a_len))).unwrap();
-    let b = be.upload(&f32_data(&values(&mut rng, b_len))).unwrap();
-    let dims = MatmulDims {
-        batch: 1,
-        m: 96,
-        k: 700,
-        n: 80,
-    };
-    let once = be
-        .download(&be.matmul(&a, la, &b, lb, dims).unwrap())
-        .unwrap();
-    let twice = be
-        .download(&be.matmul(&a, la, &b, lb, dims).unwrap())
-        .unwrap();
-    assert_eq!(once, twice, "split-k matmul: two runs differ");
-    be.set_matmul_kernel(before).unwrap();
 }
 
 #[test]

@@ -8,7 +8,8 @@
 //!
 //! - `cpu_kernels.rs`, `cpu_math.rs`: the CPU's fast kernels against plain loops.
 //! - `gpu_primitives.rs`, `gpu_sort_optim.rs`: each GPU primitive against the CPU backend.
-//! - `gpu_matmul.rs`: the matrix-product kernels' layouts, grid splits and bad inputs.
+//! - `gpu_matmul.rs`: the matrix-product kernels' layouts, grid splits and bad inputs;
+//!   `gpu_matmul_kernels.rs`: the kernel choices agree, split-k.
 //! - `folded_grids.rs`: every launch past 65,535 workgroups in one dimension.
 //! - `backend_codes.rs`: the codes no tensor op reaches, as a property.
 //! - `shader_backends.rs`: every built-in WGSL kernel translated for Metal, DX12 and Vulkan.
@@ -22,6 +23,7 @@ mod cpu_kernels;
 mod cpu_math;
 mod folded_grids;
 mod gpu_matmul;
+mod gpu_matmul_kernels;
 mod gpu_primitives;
 mod gpu_sort_optim;
 mod shader_backends;
