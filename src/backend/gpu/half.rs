@@ -102,6 +102,12 @@ pub(crate) static LAYER_NORM_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Sha
     source: String::leak(f16_build(super::layer_norm::LAYER_NORM_SHADER.source)),
 });
 
+/// The fused SwiGLU (forward and backward) built for f16 tensors, computing in f32.
+pub(crate) static SWIGLU_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "swiglu_f16",
+    source: String::leak(f16_build(super::swiglu::SWIGLU_SHADER.source)),
+});
+
 /// Invocations per workgroup of both kernels of `half.wgsl`.
 const WG: u32 = 256;
 
@@ -129,7 +135,7 @@ pub(crate) fn no_f16_kernel(op: &str) -> Error {
     Error::DType(format!(
         "{op} has no f16 kernel: cast its f16 operands to f32 first (Tensor::to_dtype); f16 \
          kernels exist for the casts, matmul and the expert bank, the elementwise, layout and \
-         reduction kernels, and layer norm / RMSNorm"
+         reduction kernels, layer norm / RMSNorm and SwiGLU"
     ))
 }
 
@@ -145,6 +151,29 @@ pub(crate) fn expect_f32(what: &str, bufs: &[(&str, &GpuBuffer)]) -> Result<()> 
             b.dtype()
         ))),
     }
+}
+
+/// The dtype of a kernel's float operands: all f32, or all f16 (the f16 build of the same
+/// kernel: f16 reads and writes, f32 sums); anything else is an error naming the operands.
+pub(crate) fn float_operands(what: &str, operands: &[(&str, &GpuBuffer)]) -> Result<DType> {
+    let dtype = operands.first().map_or(DType::F32, |(_, b)| b.dtype());
+    if dtype == DType::F16 && operands.iter().all(|(_, b)| b.dtype() == DType::F16) {
+        return Ok(DType::F16);
+    }
+    if let Some((name, b)) = operands.iter().find(|(_, b)| b.dtype() == DType::F16) {
+        let names: Vec<String> = operands
+            .iter()
+            .map(|(n, b)| format!("{n} is {}", b.dtype()))
+            .collect();
+        return Err(Error::DType(format!(
+            "{what}: {}: an f16 kernel needs every float operand in f16 ({name} is {}; cast the \
+             others with Tensor::to_dtype)",
+            names.join(", "),
+            b.dtype()
+        )));
+    }
+    expect_f32(what, operands)?;
+    Ok(DType::F32)
 }
 
 /// One launch of `entry` from `x` into a new buffer of `dtype`.

@@ -121,6 +121,10 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
             needs_f16: true,
             ..plain(&half::LAYER_NORM_F16_SHADER)
         },
+        BuiltinShader {
+            needs_f16: true,
+            ..plain(&half::SWIGLU_F16_SHADER)
+        },
     ]
 }
 
@@ -163,6 +167,7 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
             | ("layout_f16", "copy_strided" | "concat_part" | "gather")
             | ("reduce_f16", _)
             | ("layer_norm_f16", _)
+            | ("swiglu_f16", _)
             | ("elementwise", "fill")
     )
 }

@@ -22,7 +22,7 @@
 //! `MOEGRAD_MATMUL=auto|plain|wide|subgroup` chooses at start-up and
 //! `GpuBackend::set_matmul_kernel` at run time.
 
-use super::half::MATMUL_F16_SHADER;
+use super::half::{MATMUL_F16_SHADER, float_operands};
 use super::kernels::Shader;
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::MatmulOps;
@@ -131,42 +131,6 @@ const SPLIT_K_MIN_CHUNK: usize = 128;
 
 /// Workgroups a dispatch may have in one dimension (WebGPU's guaranteed minimum).
 const MAX_GROUPS: usize = 65_535;
-
-/// Checks that a buffer holds f32 data.
-fn check_f32(what: &str, name: &str, b: &GpuBuffer) -> Result<()> {
-    match b.dtype() {
-        DType::F32 => Ok(()),
-        DType::F16 => Err(super::half::no_f16_kernel(what)),
-        d => Err(Error::DType(format!(
-            "{what}: {name} must be f32 on the GPU, got {d}"
-        ))),
-    }
-}
-
-/// The dtype of a kernel's float operands: all f32, or all f16 (the f16 build of the same
-/// kernel: f16 reads and writes, f32 sums); anything else is an error naming the operands.
-fn float_operands(what: &str, operands: &[(&str, &GpuBuffer)]) -> Result<DType> {
-    let dtype = operands.first().map_or(DType::F32, |(_, b)| b.dtype());
-    if dtype == DType::F16 && operands.iter().all(|(_, b)| b.dtype() == DType::F16) {
-        return Ok(DType::F16);
-    }
-    if let Some((name, b)) = operands.iter().find(|(_, b)| b.dtype() == DType::F16) {
-        let names: Vec<String> = operands
-            .iter()
-            .map(|(n, b)| format!("{n} is {}", b.dtype()))
-            .collect();
-        return Err(Error::DType(format!(
-            "{what}: {}: an f16 kernel needs every float operand in f16 ({name} is {}; cast the \
-             others with Tensor::to_dtype)",
-            names.join(", "),
-            b.dtype()
-        )));
-    }
-    for (name, b) in operands {
-        check_f32(what, name, b)?;
-    }
-    Ok(DType::F32)
-}
 
 /// The build of `matmul.wgsl` for operands of `dtype`.
 fn matmul_build(dtype: DType) -> &'static Shader {

@@ -29,12 +29,7 @@ pub(crate) fn argsort(
     len: usize,
     descending: bool,
 ) -> Result<GpuBuffer> {
-    if x.dtype() != DType::F32 {
-        return Err(Error::DType(format!(
-            "argsort needs a float tensor, got {}",
-            x.dtype()
-        )));
-    }
+    super::half::expect_f32("argsort", &[("x", x)])?;
     sort_rows(be, x, rows, len, descending)
 }
 

@@ -15,31 +15,40 @@ pub(crate) static SWIGLU_SHADER: Shader = Shader {
     source: include_str!("../../../shaders/swiglu.wgsl"),
 };
 
-/// Checks f32 and the lengths; returns the kernel parameters `[rows·half, half]`.
+/// Checks the dtypes (all f32, or all f16: the f16 build) and the lengths; returns the kernel
+/// parameters `[rows·half, half]` and the build to run.
 fn check(
     what: &str,
     inputs: &[(&str, &GpuBuffer)],
     outputs: &[(&str, &GpuBuffer)],
     d: SwiGluDims,
-) -> Result<[u32; 2]> {
+) -> Result<([u32; 2], DType)> {
     let all: Vec<(&str, &GpuBuffer)> = inputs.iter().chain(outputs).copied().collect();
-    super::half::expect_f32(what, &all)?;
+    let dtype = super::half::float_operands(what, &all)?;
     check_swiglu_lengths(what, inputs, outputs, d)?;
     // the input's 2·rows·half elements are indexed in 32 bits
     u32_param(2 * d.rows * d.half, "swiglu elements")?;
-    Ok([d.rows as u32 * d.half as u32, d.half as u32])
+    Ok(([d.rows as u32 * d.half as u32, d.half as u32], dtype))
+}
+
+/// The build of `swiglu.wgsl` for tensors of `dtype`.
+fn build(dtype: DType) -> &'static Shader {
+    match dtype {
+        DType::F16 => &super::half::SWIGLU_F16_SHADER,
+        _ => &SWIGLU_SHADER,
+    }
 }
 
 /// `NnOps::swiglu_forward`: `y [rows, half]`.
 ///
 /// # Errors
-/// [`Error::DType`] unless `x` is f32; [`Error::Shape`] for a length that does not match the
+/// [`Error::DType`] unless `x` is f32 or f16; [`Error::Shape`] for a length that does not match the
 /// sizes or a zero size; a GPU error from the launch.
 pub(crate) fn swiglu_forward(be: &GpuBackend, x: &GpuBuffer, d: SwiGluDims) -> Result<GpuBuffer> {
-    let params = check("swiglu", &[("x", x)], &[], d)?;
-    let y = be.alloc(d.rows * d.half, DType::F32)?;
+    let (params, dtype) = check("swiglu", &[("x", x)], &[], d)?;
+    let y = be.alloc(d.rows * d.half, dtype)?;
     be.launch(
-        &SWIGLU_SHADER,
+        build(dtype),
         "swiglu_forward",
         &[x, &y],
         &params,
@@ -58,10 +67,10 @@ pub(crate) fn swiglu_backward(
     g: &GpuBuffer,
     d: SwiGluDims,
 ) -> Result<GpuBuffer> {
-    let params = check("swiglu backward", &[("x", x)], &[("g", g)], d)?;
-    let dx = be.alloc(x.len(), DType::F32)?;
+    let (params, dtype) = check("swiglu backward", &[("x", x)], &[("g", g)], d)?;
+    let dx = be.alloc(x.len(), dtype)?;
     be.launch(
-        &SWIGLU_SHADER,
+        build(dtype),
         "swiglu_backward",
         &[x, g, &dx],
         &params,
