@@ -424,6 +424,52 @@ fn f16_swiglu_rounds_the_f32_result_once() {
     }
 }
 
+/// The rotary embedding in f16 (`nn::Rotary` casts its tables to the input's dtype): output and
+/// input gradient against the f32 path, within the rounding of the tables and of the output
+/// (the tables' cos and sin are rounded to f16 too, so this is not one rounding of the f32
+/// result).
+#[test]
+fn f16_rotary_matches_f32_within_the_tables_rounding() {
+    let Some(gpu) = f16_gpu("f16_rotary_matches_f32_within_the_tables_rounding") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(43);
+    for (batch, seq, dh) in [(1, 1, 2), (2, 5, 8), (3, 64, 32)] {
+        let rope = moegrad::nn::Rotary::new(dh, 64, 1e4, gpu).unwrap();
+        let x = f16_values(batch * seq * dh, &mut rng);
+        let up = f16_values(batch * seq * dh, &mut rng);
+        let run = |dtype: DType| {
+            let xt = Tensor::from_f32(x.clone(), &[batch, seq, dh], gpu)
+                .and_then(|t| t.to_dtype(dtype))
+                .unwrap()
+                .with_grad()
+                .unwrap();
+            let y = rope.apply(&xt).unwrap();
+            assert_eq!(y.dtype(), dtype);
+            let g = Tensor::from_f32(up.clone(), &[batch, seq, dh], gpu)
+                .and_then(|t| t.to_dtype(dtype))
+                .unwrap();
+            y.backward_with(&g).unwrap();
+            [
+                y.to_vec_f64().unwrap(),
+                xt.grad().unwrap().to_vec_f64().unwrap(),
+            ]
+        };
+        let ([y16, dx16], [y32, dx32]) = (run(DType::F16), run(DType::F32));
+        // each output mixes two inputs (|v| ≤ 2) through cos and sin (each within 2⁻¹¹ relative
+        // of their f32 values), then rounds once (2⁻¹¹ relative)
+        for (name, got, want) in [("y", &y16, &y32), ("dx", &dx16, &dx32)] {
+            for (i, (&g, &w)) in got.iter().zip(want.iter()).enumerate() {
+                let tol = 2.0 * 2.0 * 2f64.powi(-11) + w.abs() * 2f64.powi(-11) + 1e-7;
+                assert!(
+                    (g - w).abs() <= tol,
+                    "rotary [{batch}, {seq}, {dh}] {name}[{i}]: f16 {g}, f32 {w}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn f16_requests_that_cannot_run_are_errors() {
     // the CPU has no f16 buffers

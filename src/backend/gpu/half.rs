@@ -108,6 +108,13 @@ pub(crate) static SWIGLU_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader 
     source: String::leak(f16_build(super::swiglu::SWIGLU_SHADER.source)),
 });
 
+/// The rotary position embedding built for f16 tensors (x and its tables in f16), computing in
+/// f32.
+pub(crate) static ROTARY_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "rotary_f16",
+    source: String::leak(f16_build(super::rotary::ROTARY_SHADER.source)),
+});
+
 /// Invocations per workgroup of both kernels of `half.wgsl`.
 const WG: u32 = 256;
 
@@ -135,7 +142,7 @@ pub(crate) fn no_f16_kernel(op: &str) -> Error {
     Error::DType(format!(
         "{op} has no f16 kernel: cast its f16 operands to f32 first (Tensor::to_dtype); f16 \
          kernels exist for the casts, matmul and the expert bank, the elementwise, layout and \
-         reduction kernels, layer norm / RMSNorm and SwiGLU"
+         reduction kernels, layer norm / RMSNorm, SwiGLU and the rotary embedding"
     ))
 }
 

@@ -125,6 +125,10 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
             needs_f16: true,
             ..plain(&half::SWIGLU_F16_SHADER)
         },
+        BuiltinShader {
+            needs_f16: true,
+            ..plain(&half::ROTARY_F16_SHADER)
+        },
     ]
 }
 
@@ -168,6 +172,7 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
             | ("reduce_f16", _)
             | ("layer_norm_f16", _)
             | ("swiglu_f16", _)
+            | ("rotary_f16", _)
             | ("elementwise", "fill")
     )
 }

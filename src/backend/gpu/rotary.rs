@@ -29,7 +29,7 @@ pub(crate) fn rotary(
     d: RotaryDims,
 ) -> Result<GpuBuffer> {
     const WHAT: &str = "rotary";
-    super::half::expect_f32(WHAT, &[("x", x), ("cos", cos), ("sin", sin)])?;
+    let dtype = super::half::float_operands(WHAT, &[("x", x), ("cos", cos), ("sin", sin)])?;
     check_rotary_lengths(WHAT, x, (cos, sin), d)?;
     let n = x.len();
     let params = [
@@ -39,9 +39,13 @@ pub(crate) fn rotary(
         u32::from(d.transpose),
     ];
     u32_param(cos.len(), "rotary table elements")?;
-    let y = be.alloc(n, DType::F32)?;
+    let y = be.alloc(n, dtype)?;
+    let shader = match dtype {
+        DType::F16 => &*super::half::ROTARY_F16_SHADER,
+        _ => &ROTARY_SHADER,
+    };
     be.launch(
-        &ROTARY_SHADER,
+        shader,
         "rotary",
         &[x, cos, sin, &y],
         &params,
