@@ -50,25 +50,10 @@ fn check(
             ))
         })?;
     let [(matrices, _), (vectors, _), (per_row, _)] = groups;
-    let elements: Vec<&(&str, &GpuBuffer)> = matrices.iter().chain(vectors).collect();
-    let dtype = elements.first().map_or(DType::F32, |(_, b)| b.dtype());
-    let expected = |b: &GpuBuffer, want: DType| b.dtype() == want;
-    for (name, b) in &elements {
-        if !matches!(dtype, DType::F32 | DType::F16) || !expected(b, dtype) {
-            return Err(Error::DType(format!(
-                "{what}: {name} is {}: x, gamma, beta and the gradient must be all f32 or all \
-                 f16 on the GPU (cast with Tensor::to_dtype), here {}",
-                b.dtype(),
-                elements
-                    .iter()
-                    .map(|(n, b)| format!("{n} {}", b.dtype()))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )));
-        }
-    }
+    let elements: Vec<(&str, &GpuBuffer)> = matrices.iter().chain(vectors).copied().collect();
+    let dtype = super::half::float_operands(what, &elements)?;
     for (name, b) in per_row {
-        if !expected(b, DType::F32) {
+        if b.dtype() != DType::F32 {
             return Err(Error::DType(format!(
                 "{what}: {name} must be f32 on the GPU (the per-row statistics stay f32), got {}",
                 b.dtype()
