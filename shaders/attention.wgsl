@@ -2,7 +2,8 @@
 // (forward) and of its backward rule. Launchers: src/backend/gpu/attention.rs, one function per
 // entry point, same names.
 //
-// Layout (f32, contiguous, element indices): Q, K, V, O, dO, dQ, dK, dV are [heads, seq, HEAD_DIM]
+// Layout (contiguous, element indices; Q, K, V, O, dO, dQ, dK, dV are at_elem: f32, or f16 in
+// the f16 build; lse and delta are f32 in both): Q, K, V, O, dO, dQ, dK, dV are [heads, seq, HEAD_DIM]
 // with heads = B·H, element (h, t, c) at (h·seq + t)·HEAD_DIM + c; lse and delta are [heads, seq],
 // element (h, t) at h·seq + t. The score of query i and key j is s_ij = scale·q_i·k_j with
 // scale = 1/√HEAD_DIM; key j is visible to query i when j ≤ i (the causal mask).
@@ -69,10 +70,20 @@ struct AttnParams {
     head_dim: u32,
 }
 
+// The element type of the tensors (not of lse and delta): f32 here. The f16 build
+// (src/backend/gpu/half.rs, `f16_build`) makes the alias `f16` and the store a conversion that
+// rounds once; every load goes through f32(...), so the arithmetic is f32 in both.
+// f16 build: element type
+alias at_elem = f32;
+fn at_store(v: f32) -> at_elem {
+    return v;
+}
+// f16 build: end
+
 @group(0) @binding(0) var<uniform> ap: AttnParams;
-@group(0) @binding(1) var<storage, read> at_q: array<f32>;
-@group(0) @binding(2) var<storage, read> at_k: array<f32>;
-@group(0) @binding(3) var<storage, read> at_v: array<f32>;
+@group(0) @binding(1) var<storage, read> at_q: array<at_elem>;
+@group(0) @binding(2) var<storage, read> at_k: array<at_elem>;
+@group(0) @binding(3) var<storage, read> at_v: array<at_elem>;
 
 // two staged matrices (row j at j·HEAD_DIM) and two staged row vectors
 var<workgroup> stage_a: array<f32, STAGE_FLOATS>;
@@ -87,7 +98,7 @@ fn stage_keys(base: u32, first: u32, lid: u32) {
         var kv = vec2<f32>(0.0);
         if (first + e / HEAD_DIM < ap.seq) {
             let at = base + first * HEAD_DIM + e;
-            kv = vec2<f32>(at_k[at], at_v[at]);
+            kv = vec2<f32>(f32(at_k[at]), f32(at_v[at]));
         }
         stage_a[e] = kv.x;
         stage_b[e] = kv.y;
@@ -102,7 +113,7 @@ fn visible_keys(query: u32, first: u32) -> u32 {
 
 // ---- forward ----------------------------------------------------------------------------------
 
-@group(0) @binding(4) var<storage, read_write> fw_o: array<f32>;
+@group(0) @binding(4) var<storage, read_write> fw_o: array<at_elem>;
 @group(0) @binding(5) var<storage, read_write> fw_lse: array<f32>;
 
 @compute @workgroup_size(64)
@@ -116,7 +127,7 @@ fn attention_forward(@builtin(local_invocation_index) lid: u32,
     var q: array<f32, MAX_DIM>;
     var acc: array<f32, MAX_DIM>;
     if (query < ap.seq) {
-        for (var c = 0u; c < HEAD_DIM; c++) { q[c] = at_q[base + query * HEAD_DIM + c] * ap.scale; }
+        for (var c = 0u; c < HEAD_DIM; c++) { q[c] = f32(at_q[base + query * HEAD_DIM + c]) * ap.scale; }
     }
     var m = NEG_BIG;
     var l = 0.0;
@@ -149,15 +160,15 @@ fn attention_forward(@builtin(local_invocation_index) lid: u32,
     }
     if (query < ap.seq) {
         let inv = 1.0 / l;
-        for (var c = 0u; c < HEAD_DIM; c++) { fw_o[base + query * HEAD_DIM + c] = acc[c] * inv; }
+        for (var c = 0u; c < HEAD_DIM; c++) { fw_o[base + query * HEAD_DIM + c] = at_store(acc[c] * inv); }
         fw_lse[head * ap.seq + query] = m + log(l);
     }
 }
 
 // ---- delta = rowsum(dO ∘ O) ------------------------------------------------------------------
 
-@group(0) @binding(1) var<storage, read> dl_o: array<f32>;
-@group(0) @binding(2) var<storage, read> dl_do: array<f32>;
+@group(0) @binding(1) var<storage, read> dl_o: array<at_elem>;
+@group(0) @binding(2) var<storage, read> dl_do: array<at_elem>;
 @group(0) @binding(3) var<storage, read_write> dl_delta: array<f32>;
 
 @compute @workgroup_size(256)
@@ -168,18 +179,18 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>,
     if (row >= ap.rows) { return; }
     var s = 0.0;
     let base = row * ap.head_dim;
-    for (var c = 0u; c < ap.head_dim; c++) { s += dl_do[base + c] * dl_o[base + c]; }
+    for (var c = 0u; c < ap.head_dim; c++) { s += f32(dl_do[base + c]) * f32(dl_o[base + c]); }
     dl_delta[row] = s;
 }
 
 // ---- backward ---------------------------------------------------------------------------------
 
-@group(0) @binding(4) var<storage, read> bw_do: array<f32>;
+@group(0) @binding(4) var<storage, read> bw_do: array<at_elem>;
 @group(0) @binding(5) var<storage, read> bw_lse: array<f32>;
 @group(0) @binding(6) var<storage, read> bw_delta: array<f32>;
-@group(0) @binding(7) var<storage, read_write> bw_dk: array<f32>;
-@group(0) @binding(8) var<storage, read_write> bw_dv: array<f32>;
-@group(0) @binding(7) var<storage, read_write> bw_dq: array<f32>;
+@group(0) @binding(7) var<storage, read_write> bw_dk: array<at_elem>;
+@group(0) @binding(8) var<storage, read_write> bw_dv: array<at_elem>;
+@group(0) @binding(7) var<storage, read_write> bw_dq: array<at_elem>;
 
 @compute @workgroup_size(64)
 fn attention_backward_kv(@builtin(local_invocation_index) lid: u32,
@@ -195,8 +206,8 @@ fn attention_backward_kv(@builtin(local_invocation_index) lid: u32,
     var dv: array<f32, MAX_DIM>;
     if (key < ap.seq) {
         for (var c = 0u; c < HEAD_DIM; c++) {
-            k[c] = at_k[base + key * HEAD_DIM + c] * ap.scale;
-            v[c] = at_v[base + key * HEAD_DIM + c];
+            k[c] = f32(at_k[base + key * HEAD_DIM + c]) * ap.scale;
+            v[c] = f32(at_v[base + key * HEAD_DIM + c]);
         }
     }
     // queries before the workgroup's first key see none of its keys
@@ -206,7 +217,7 @@ fn attention_backward_kv(@builtin(local_invocation_index) lid: u32,
             var qd = vec2<f32>(0.0);
             if (first + e / HEAD_DIM < ap.seq) {
                 let at = base + first * HEAD_DIM + e;
-                qd = vec2<f32>(at_q[at], bw_do[at]);
+                qd = vec2<f32>(f32(at_q[at]), f32(bw_do[at]));
             }
             stage_a[e] = qd.x;
             stage_b[e] = qd.y;
@@ -244,8 +255,8 @@ fn attention_backward_kv(@builtin(local_invocation_index) lid: u32,
     }
     if (key < ap.seq) {
         for (var c = 0u; c < HEAD_DIM; c++) {
-            bw_dk[base + key * HEAD_DIM + c] = dk[c];
-            bw_dv[base + key * HEAD_DIM + c] = dv[c];
+            bw_dk[base + key * HEAD_DIM + c] = at_store(dk[c]);
+            bw_dv[base + key * HEAD_DIM + c] = at_store(dv[c]);
         }
     }
 }
@@ -265,8 +276,8 @@ fn attention_backward_q(@builtin(local_invocation_index) lid: u32,
     var delta = 0.0;
     if (query < ap.seq) {
         for (var c = 0u; c < HEAD_DIM; c++) {
-            q[c] = at_q[base + query * HEAD_DIM + c] * ap.scale;
-            g[c] = bw_do[base + query * HEAD_DIM + c];
+            q[c] = f32(at_q[base + query * HEAD_DIM + c]) * ap.scale;
+            g[c] = f32(bw_do[base + query * HEAD_DIM + c]);
         }
         lse = bw_lse[head * ap.seq + query];
         delta = bw_delta[head * ap.seq + query];
@@ -290,6 +301,6 @@ fn attention_backward_q(@builtin(local_invocation_index) lid: u32,
         workgroupBarrier();
     }
     if (query < ap.seq) {
-        for (var c = 0u; c < HEAD_DIM; c++) { bw_dq[base + query * HEAD_DIM + c] = dq[c]; }
+        for (var c = 0u; c < HEAD_DIM; c++) { bw_dq[base + query * HEAD_DIM + c] = at_store(dq[c]); }
     }
 }

@@ -27,8 +27,8 @@
 //                      Cost m per output: used when m is small, when outputs × m is small, or
 //                      when the index varies along i.
 //                      params ScatterParams { outer, len, inner, m, s0, s1, s2, key_row };
-//                      src (binding 1, read, f32) [outer, m, inner], idx (binding 2, read, i32)
-//                      -> out (binding 3, read_write, f32) [outer, len, inner].
+//                      src (binding 1, read, sc_elem) [outer, m, inner], idx (binding 2, read,
+//                      i32) -> out (binding 3, read_write, sc_elem) [outer, len, inner].
 // scatter_add_sorted   the same result when the index is one per source row (s2 = 0), in
 //                      O(log m + hits) per output: keys (binding 4, read, i32) holds row o's
 //                      indices contiguously at o*key_row (key_row = 0 when every o shares one
@@ -40,10 +40,16 @@
 const WG: u32 = 256u;
 
 // The element copy_strided, concat_part and gather move: a 32-bit word (f32 or i32) here. The
-// f16 build (src/backend/gpu/half.rs, `f16_build`) makes the alias between the markers `f16`, so
-// the same kernels move f16 values; nothing is converted either way.
+// f16 build (src/backend/gpu/half.rs, `f16_build`) makes the aliases between the markers `f16`, so
+// the same kernels move f16 values; nothing is converted either way. scatter_add adds, so its
+// element is f32 here (sc_elem), f16 in the f16 build, where it sums in f32 and rounds once
+// (sc_store).
 // f16 build: element type
 alias lay_elem = u32;
+alias sc_elem = f32;
+fn sc_store(v: f32) -> sc_elem {
+    return v;
+}
 // f16 build: end
 
 fn flat_index(wid: vec3<u32>, nwg: vec3<u32>, lid: u32) -> u32 {
@@ -125,9 +131,9 @@ struct ScatterParams {
 }
 
 @group(0) @binding(0) var<uniform> sp: ScatterParams;
-@group(0) @binding(1) var<storage, read> sc_src: array<f32>;
+@group(0) @binding(1) var<storage, read> sc_src: array<sc_elem>;
 @group(0) @binding(2) var<storage, read> sc_idx: array<i32>;
-@group(0) @binding(3) var<storage, read_write> sc_out: array<f32>;
+@group(0) @binding(3) var<storage, read_write> sc_out: array<sc_elem>;
 @group(0) @binding(4) var<storage, read> sc_keys: array<i32>;
 @group(0) @binding(5) var<storage, read> sc_perm: array<i32>;
 
@@ -142,10 +148,10 @@ fn scatter_add_loop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     var acc = 0.0;
     for (var j = 0u; j < sp.m; j = j + 1u) {
         if (sc_idx[o * sp.s0 + j * sp.s1 + i * sp.s2] == k) {
-            acc = acc + sc_src[(o * sp.m + j) * sp.inner + i];
+            acc = acc + f32(sc_src[(o * sp.m + j) * sp.inner + i]);
         }
     }
-    sc_out[t] = acc;
+    sc_out[t] = sc_store(acc);
 }
 
 // The key at sorted position p of key row `row`.
@@ -173,7 +179,7 @@ fn scatter_add_sorted(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
     for (var p = lo; p < sp.m; p = p + 1u) {
         let j = sc_perm[row + p];
         if (sc_keys[row + u32(j)] != k) { break; }
-        acc = acc + sc_src[(o * sp.m + u32(j)) * sp.inner + i];
+        acc = acc + f32(sc_src[(o * sp.m + u32(j)) * sp.inner + i]);
     }
-    sc_out[t] = acc;
+    sc_out[t] = sc_store(acc);
 }

@@ -5,6 +5,8 @@
 // i = (workgroup_id.y * num_workgroups.x + workgroup_id.x) * 256 + local index, i < n.
 // `scale` is a one-element buffer multiplying the gradient first (gradient clipping without a
 // read-back); when has_scale is 0 the host binds the gradient there and the kernel ignores it.
+// A negative scale skips the step: every value is written back unchanged (mixed precision's
+// overflowed step, see loss_scale_factor below; the same rule as CpuBackend's updates).
 // Every buffer is f32 [n]; hyper-parameters are f32 (computed in f64 on the host, then rounded).
 //
 // adam_step     Adam / AdamW, the formulas of CpuBackend::adam_step_mut:
@@ -94,6 +96,7 @@ fn adam_math(h: AdamParams, decay: bool, p: f32, grad: f32, scale: f32, m_old: f
              v_old: f32) -> vec3<f32> {
     let wd = select(0.0, h.weight_decay, decay);
     let lr_wd = select(0.0, h.lr_wd, decay);
+    if (h.has_scale != 0u && scale < 0.0) { return vec3<f32>(p, m_old, v_old); }
     var g = grad;
     if (h.has_scale != 0u) { g = g * scale; }
     if (h.decoupled == 0u) { g = g + wd * p; }
@@ -363,6 +366,60 @@ fn grad_clip_scale(@builtin(local_invocation_index) lid: u32) {
     }
 }
 
+// ---- loss_scale_factor ----------------------------------------------------------------------
+// Mixed precision's dynamic loss scale (optim::LossScale), decided on the device after
+// grad_sumsq summed the squares of the *scaled* gradients. One workgroup sums partials[0..total]
+// (params NormParams: total, max_norm (0: no clipping), growth interval in the 4th word) and
+// writes, from the current scale s = scale[0]:
+//   sum not finite (an f16 overflow reached a gradient): factor = -1 (the update kernels skip
+//     the step), norm = +inf, s ← max(s/2, 1), counts = (0 good steps, skipped + 1);
+//   else: norm = √sum / s (the unscaled gradients' norm), factor = (1/s)·clip with
+//     clip = clamp(max_norm / (norm + 1e-6), 0, 1) (1 without clipping); after `growth`
+//     consecutive good steps s ← min(2s, 2^24) and the count restarts.
+// Bindings: partials (1, read), norm (2, read_write [1]), factor (3, read_write [1]),
+// scale (4, read_write [1]), counts (5, read_write [2]: good steps in a row, skipped steps).
+
+@group(0) @binding(1) var<storage, read> ls_partials: array<f32>;
+@group(0) @binding(2) var<storage, read_write> ls_norm: array<f32>;
+@group(0) @binding(3) var<storage, read_write> ls_factor: array<f32>;
+@group(0) @binding(4) var<storage, read_write> ls_scale: array<f32>;
+@group(0) @binding(5) var<storage, read_write> ls_counts: array<f32>;
+
+@compute @workgroup_size(256)
+fn loss_scale_factor(@builtin(local_invocation_index) lid: u32) {
+    var acc = 0.0;
+    for (var i = lid; i < np.total; i = i + 256u) { acc = acc + ls_partials[i]; }
+    gn_sums[lid] = acc;
+    workgroupBarrier();
+    gn_tree(lid);
+    if (lid == 0u) {
+        let sum = gn_sums[0];
+        let s = ls_scale[0];
+        // inf or NaN: all exponent bits set (a bit test, which no compiler folds away)
+        let overflow = (bitcast<u32>(sum) & 0x7f800000u) == 0x7f800000u;
+        if (overflow) {
+            ls_factor[0] = -1.0;
+            ls_norm[0] = bitcast<f32>(0x7f800000u);
+            ls_scale[0] = max(s * 0.5, 1.0);
+            ls_counts[0] = 0.0;
+            ls_counts[1] = ls_counts[1] + 1.0;
+        } else {
+            let norm = sqrt(sum) / s;
+            var clip = 1.0;
+            if (np.max_norm > 0.0) { clip = clamp(np.max_norm * (1.0 / (norm + 1e-6)), 0.0, 1.0); }
+            ls_factor[0] = clip / s;
+            ls_norm[0] = norm;
+            let good = ls_counts[0] + 1.0;
+            if (good >= f32(np._pad)) {
+                ls_scale[0] = min(s * 2.0, 16777216.0);
+                ls_counts[0] = 0.0;
+            } else {
+                ls_counts[0] = good;
+            }
+        }
+    }
+}
+
 // ---- sgd_plain ------------------------------------------------------------------------------
 
 @group(0) @binding(0) var<uniform> sp: SgdParams;
@@ -381,6 +438,7 @@ fn sgd_plain(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 
 // One plain SGD update of one element: the new param.
 fn sgd_plain_update(p: f32, grad: f32, scale: f32) -> f32 {
+    if (sp.has_scale != 0u && scale < 0.0) { return p; }
     var g = grad;
     if (sp.has_scale != 0u) { g = g * scale; }
     g = g + sp.weight_decay * p;
@@ -423,6 +481,7 @@ fn sgd_momentum(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) 
 
 // One momentum SGD update of one element: returns (new param, new buf).
 fn sgd_momentum_update(p: f32, grad: f32, scale: f32, buf: f32) -> vec2<f32> {
+    if (smp.has_scale != 0u && scale < 0.0) { return vec2<f32>(p, buf); }
     var g = grad;
     if (smp.has_scale != 0u) { g = g * scale; }
     g = g + smp.weight_decay * p;

@@ -38,6 +38,7 @@
 
 #![warn(missing_docs)]
 
+pub mod autocast;
 pub mod autograd;
 mod backend;
 pub mod checkpoint;
@@ -80,6 +81,7 @@ mod parity;
 #[path = "../tests/common/property.rs"]
 mod property;
 
+pub use autocast::{autocast_f16, full_precision};
 pub use autograd::no_grad::{NoGradGuard, is_grad_enabled, no_grad};
 pub use backend::HostData;
 pub use device::Device;

@@ -435,6 +435,17 @@ impl MoeLayer {
         }
     }
 
+    /// The router's decision for `x`, in f32 even under mixed precision (Switch's selective
+    /// precision, see `autocast.rs`): f16 tokens are cast up and the router's products,
+    /// softmax, top-k and auxiliary losses run in f32.
+    pub fn route(&self, x: &Tensor) -> Result<Routing> {
+        if crate::autocast::low_precision().is_none() && x.dtype() != crate::DType::F16 {
+            return self.router.route(x);
+        }
+        let x = crate::autocast::full_precision_operand(x)?;
+        crate::full_precision(|| self.router.route(&x))
+    }
+
     /// Routes `x: [T, d]` and runs the experts.
     pub fn forward(&self, x: &Tensor) -> Result<MoeOutput> {
         if x.rank() != 2 || x.shape()[1] != self.config.d {
@@ -444,7 +455,7 @@ impl MoeLayer {
                 x.shape()
             )));
         }
-        let routing = self.router.route(x)?;
+        let routing = self.route(x)?;
         self.forward_routed(x, &[routing])
     }
 
@@ -462,7 +473,7 @@ impl MoeLayer {
                 x.shape()
             )));
         }
-        let routing = self.router.route(x)?;
+        let routing = self.route(x)?;
         self.forward_routed_in(x, &[routing], Some(seq_len))
     }
 
@@ -546,7 +557,12 @@ impl MoeLayer {
         } else {
             None
         };
-        let mut aux = Tensor::zeros(&[], out.dtype(), out.device())?;
+        // the auxiliary losses are of the f32 class (see `autocast.rs`): f32 under mixed precision
+        let aux_dtype = match out.dtype() {
+            crate::DType::F16 => crate::DType::F32,
+            dtype => dtype,
+        };
+        let mut aux = Tensor::zeros(&[], aux_dtype, out.device())?;
         for (r, counts) in routings.iter().zip(&routed) {
             if aux_on {
                 let loss = match (balancing.scope, seq_len, &window) {

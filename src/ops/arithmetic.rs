@@ -14,6 +14,9 @@ impl Tensor {
         name: &'static str,
         rule: impl FnOnce(&Tensor, &Tensor, &Tensor) -> Result<(Tensor, Tensor)> + Send + 'static,
     ) -> Result<Tensor> {
+        if let Some((a, b)) = crate::autocast::matched_operands(self, other)? {
+            return a.binary_with_rule(&b, op, name, rule);
+        }
         let _profile = crate::profile::op(name);
         let y = self.map_binary(other, op)?;
         let (a, b) = (self.detach(), other.detach());

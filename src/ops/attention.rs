@@ -48,6 +48,9 @@ impl Tensor {
     /// # Ok(()) }
     /// ```
     pub fn causal_attention(&self, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        if let Some([q, k, v]) = crate::autocast::low_precision_operands([self, k, v])? {
+            return q.causal_attention(&k, &v);
+        }
         let _profile = crate::profile::op("causal_attention");
         const WHAT: &str = "causal_attention";
         let q = self;
@@ -129,6 +132,9 @@ impl Tensor {
     /// # Ok(()) }
     /// ```
     pub fn causal_attention_packed(&self) -> Result<Tensor> {
+        if let Some([qkv]) = crate::autocast::low_precision_operands([self])? {
+            return qkv.causal_attention_packed();
+        }
         let _profile = crate::profile::op("causal_attention");
         const WHAT: &str = "causal_attention_packed";
         if self.rank() != 5 || self.shape()[0] != 3 {

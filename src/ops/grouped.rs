@@ -40,6 +40,12 @@ impl Tensor {
         row_expert: &Tensor,
         offsets: &Tensor,
     ) -> Result<Tensor> {
+        if let Some([x, w, b]) =
+            crate::autocast::low_precision_operands([self, w, bias.unwrap_or(self)])?
+        {
+            let bias = bias.map(|_| b);
+            return x.grouped_matmul_with_bias(&w, bias.as_ref(), row_expert, offsets);
+        }
         let _profile = crate::profile::op("grouped_matmul");
         self.check_compatible(w, "grouped_matmul")?;
         self.check_float("grouped_matmul")?;

@@ -148,6 +148,9 @@ impl Tensor {
     /// `src` share a shape that matches `self` on every other axis; repeated indices accumulate.
     /// Differentiable in `self` (identity) and `src` (a gather of the gradient).
     pub fn scatter_add(&self, axis: isize, idx: &Tensor, src: &Tensor) -> Result<Tensor> {
+        if let Some((base, src)) = crate::autocast::matched_operands(self, src)? {
+            return base.scatter_add(axis, idx, &src);
+        }
         let _profile = crate::profile::op("scatter_add");
         self.check_index_tensor(idx, "scatter_add")?;
         self.check_compatible(src, "scatter_add")?;

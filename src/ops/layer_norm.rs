@@ -107,6 +107,11 @@ impl Tensor {
                 "{what}: eps must be finite and at least 0, got {eps}"
             )));
         }
+        if let Some([x, g, b]) =
+            crate::autocast::low_precision_operands([self, gamma, beta.unwrap_or(gamma)])?
+        {
+            return x.normalize_last_axis(what, &g, beta.map(|_| &b), eps);
+        }
         self.check_float(what)?;
         self.check_compatible(gamma, what)?;
         if let Some(beta) = beta {

@@ -89,6 +89,9 @@ impl Tensor {
     /// assert_eq!(a.matmul(&i).unwrap().to_vec_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
     /// ```
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        if let Some([a, b]) = crate::autocast::low_precision_operands([self, other])? {
+            return a.matmul(&b);
+        }
         let _profile = crate::profile::op("matmul");
         self.check_compatible(other, "matmul")?;
         self.check_float("matmul")?;

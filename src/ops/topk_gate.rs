@@ -55,6 +55,16 @@ impl Tensor {
         renormalise: bool,
     ) -> Result<TopkGate> {
         const WHAT: &str = "topk_gate";
+        if self.dtype() == crate::DType::F16
+            || scores.is_some_and(|s| s.dtype() == crate::DType::F16)
+        {
+            // the router is of the f32 class (see `autocast.rs`): f16 logits are cast up
+            let logits = crate::autocast::full_precision_operand(self)?;
+            let scores = scores
+                .map(crate::autocast::full_precision_operand)
+                .transpose()?;
+            return logits.topk_gate(scores.as_ref(), k, renormalise);
+        }
         self.check_float(WHAT)?;
         if self.rank() != 2 {
             return Err(Error::Shape(format!(

@@ -6,11 +6,13 @@
 mod adam;
 mod clip;
 mod lazy_grad;
+mod loss_scale;
 mod schedule;
 mod sgd;
 
 pub use adam::Adam;
 pub use clip::clip_grad_norm;
+pub use loss_scale::LossScale;
 pub use schedule::{Schedule, ScheduleKind};
 pub use sgd::Sgd;
 

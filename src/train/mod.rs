@@ -51,7 +51,7 @@ use crate::{DType, Device, Error, Result, Tensor};
 pub use observer::{Period, PeriodEnd, Silent, TrainObserver};
 use serde::Serialize;
 use std::path::Path;
-pub use step::{StepOutput, task_loss, train_step};
+pub use step::{StepOutput, task_loss, train_step, train_step_mixed};
 pub use torch_export::{TORCH_MODEL_PY, TORCH_ROUTERS, TorchExportReport, export_torch};
 pub use worker::on_worker_thread;
 

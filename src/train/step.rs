@@ -6,7 +6,7 @@
 
 use super::models::TaskModel;
 use crate::moe::RoutingStats;
-use crate::optim::{Optimizer, clip_grad_norm};
+use crate::optim::{LossScale, Optimizer, clip_grad_norm};
 use crate::{Error, Result, Tensor};
 
 /// Summed cross-entropy over the tasks (each a mean over the batch): the task loss of a
@@ -74,21 +74,71 @@ pub fn train_step(
     y: &[Tensor],
     max_grad_norm: f64,
 ) -> Result<StepOutput> {
-    let out = model.forward(x)?;
-    let task = task_loss(&out.logits, y)?;
-    let loss = match &out.aux_loss {
-        Some(aux) => task.add(&aux.to_dtype(task.dtype())?)?,
-        None => task.clone(),
+    step(model, params, opt, x, y, max_grad_norm, None)
+}
+
+/// [`train_step`] in mixed precision (`--precision f16-mixed`, GPU only): the forward pass runs
+/// inside [`crate::autocast_f16`] (activations and the big products in f16, the router and the
+/// losses in f32), backward starts from the loss times `loss_scale`'s scale, and
+/// [`LossScale::unscale`] turns the f32 parameter gradients into the optimizer's factor (unscale,
+/// clip, or skip the step on an overflow), all on the device. Parameters and the optimizer's
+/// state stay f32.
+///
+/// # Errors
+/// As [`train_step`], and an adapter without `SHADER_F16`.
+pub fn train_step_mixed(
+    model: &dyn TaskModel,
+    params: &[(String, crate::nn::Param)],
+    opt: &mut dyn Optimizer,
+    x: &Tensor,
+    y: &[Tensor],
+    max_grad_norm: f64,
+    loss_scale: &LossScale,
+) -> Result<StepOutput> {
+    step(model, params, opt, x, y, max_grad_norm, Some(loss_scale))
+}
+
+/// The body of [`train_step`] and [`train_step_mixed`].
+fn step(
+    model: &dyn TaskModel,
+    params: &[(String, crate::nn::Param)],
+    opt: &mut dyn Optimizer,
+    x: &Tensor,
+    y: &[Tensor],
+    max_grad_norm: f64,
+    loss_scale: Option<&LossScale>,
+) -> Result<StepOutput> {
+    let forward = || -> Result<_> {
+        let out = model.forward(x)?;
+        let task = task_loss(&out.logits, y)?;
+        let loss = match &out.aux_loss {
+            Some(aux) => task.add(&aux.to_dtype(task.dtype())?)?,
+            None => task.clone(),
+        };
+        let objective = if out.score_terms.is_empty() {
+            loss.clone()
+        } else {
+            with_score_terms(&loss, &out.score_terms, &out.logits, y)?
+        };
+        Ok((out, task, loss, objective))
     };
-    if out.score_terms.is_empty() {
-        loss.backward()?;
-    } else {
-        with_score_terms(&loss, &out.score_terms, &out.logits, y)?.backward()?;
-    }
-    let scale = if max_grad_norm > 0.0 {
-        clip_grad_norm(params, max_grad_norm)?
-    } else {
-        None
+    let (out, task, loss, objective) = match loss_scale {
+        Some(_) => crate::autocast_f16(forward)?,
+        None => forward()?,
+    };
+    let scale = match loss_scale {
+        Some(ls) => {
+            ls.scale_loss(&objective)?.backward()?;
+            ls.unscale(params, max_grad_norm)?
+        }
+        None => {
+            objective.backward()?;
+            if max_grad_norm > 0.0 {
+                clip_grad_norm(params, max_grad_norm)?
+            } else {
+                None
+            }
+        }
     };
     opt.step(params, scale.as_ref().map(|(_, s)| s))?;
     Ok(StepOutput {

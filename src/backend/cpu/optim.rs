@@ -171,6 +171,9 @@ impl CpuBackend {
         h: AdamHyper,
     ) -> Result<()> {
         let scale = scale_of(grad_scale)?;
+        if scale < 0.0 {
+            return Ok(()); // a skipped step (see `scale_of`)
+        }
         check_same_lengths("adam_step", &[param, grad, m, v])?;
         fn run<T: Float + Send + Sync + Clone>(
             p: &mut Arc<PooledVec<T>>,
@@ -252,6 +255,9 @@ impl CpuBackend {
         }
         check_same_lengths(what, &[param, m_state, v_state])?;
         let scale = scale_of(grad_scale)?;
+        if scale < 0.0 {
+            return Ok(()); // a skipped step (see `scale_of`)
+        }
         fn run<T: Float + Send + Sync + Clone + 'static>(
             prob: WeightGradProblem<'_, T>,
             p: &mut Arc<PooledVec<T>>,
@@ -317,6 +323,9 @@ impl CpuBackend {
         h: SgdHyper,
     ) -> Result<()> {
         let scale = scale_of(grad_scale)?;
+        if scale < 0.0 {
+            return Ok(()); // a skipped step (see `scale_of`)
+        }
         check_same_lengths("sgd_step", &[param, grad, buf])?;
         fn run<T: Float + Send + Sync + Clone>(
             p: &mut Arc<PooledVec<T>>,
@@ -368,6 +377,9 @@ impl CpuBackend {
     }
 }
 
+/// The gradient scale of an update: 1 without one, else its one value. A negative scale means
+/// "skip this step" (mixed precision's overflowed step, `optim::LossScale`): the updates
+/// return without writing, as the GPU kernels do.
 pub(super) fn scale_of(grad_scale: Option<&CpuBuffer>) -> Result<f64> {
     match grad_scale {
         None => Ok(1.0),

@@ -70,7 +70,7 @@ pub(crate) fn specialisations() -> impl Iterator<Item = [(&'static str, f64); 2]
 const MAX_GROUPS: usize = 65_535;
 
 /// Checks the sizes and that every `[heads, seq, head_dim]` operand is f32 of the right length.
-fn check(what: &str, operands: &[(&str, &GpuBuffer)], d: AttentionDims) -> Result<()> {
+fn check(what: &str, operands: &[(&str, &GpuBuffer)], d: AttentionDims) -> Result<DType> {
     let AttentionDims {
         heads,
         seq,
@@ -85,7 +85,8 @@ fn check(what: &str, operands: &[(&str, &GpuBuffer)], d: AttentionDims) -> Resul
             ))
         })?;
     if n == 0 {
-        return check_attention_lengths(what, operands, d);
+        check_attention_lengths(what, operands, d)?;
+        return Ok(operands.first().map_or(DType::F32, |(_, b)| b.dtype()));
     }
     if head_dim > ATTENTION_MAX_HEAD_DIM {
         return Err(Error::Invalid(format!(
@@ -98,8 +99,17 @@ fn check(what: &str, operands: &[(&str, &GpuBuffer)], d: AttentionDims) -> Resul
             "{what}: sequence length {seq} needs more than {MAX_GROUPS} workgroups of {ATTENTION_TILE} rows"
         )));
     }
-    super::half::expect_f32(what, operands)?;
-    check_attention_lengths(what, operands, d)
+    let dtype = super::half::float_operands(what, operands)?;
+    check_attention_lengths(what, operands, d)?;
+    Ok(dtype)
+}
+
+/// The build of `attention.wgsl` for tensors of `dtype` (f32, or f16 with f32 arithmetic).
+fn shader(dtype: DType) -> &'static Shader {
+    match dtype {
+        DType::F16 => &super::half::ATTENTION_F16_SHADER,
+        _ => &ATTENTION_SHADER,
+    }
 }
 
 /// Launches a tiled entry point, specialised for the head dimension, over
@@ -110,6 +120,7 @@ fn launch_tiles(
     entry: &str,
     buffers: &[&GpuBuffer],
     d: AttentionDims,
+    dtype: DType,
 ) -> Result<()> {
     debug_assert!(
         TILED_ENTRIES.contains(&entry),
@@ -122,7 +133,7 @@ fn launch_tiles(
         let count = MAX_GROUPS.min(d.heads - first) as u32;
         let params = [d.seq as u32, scale, first as u32, 0, d.head_dim as u32];
         be.launch_specialised(
-            &ATTENTION_SHADER,
+            shader(dtype),
             entry,
             &constants,
             buffers,
@@ -147,10 +158,10 @@ pub(crate) fn attention_forward(
     v: &GpuBuffer,
     d: AttentionDims,
 ) -> Result<(GpuBuffer, GpuBuffer)> {
-    check("attention_forward", &[("q", q), ("k", k), ("v", v)], d)?;
-    let o = be.alloc(q.len(), DType::F32)?;
+    let dtype = check("attention_forward", &[("q", q), ("k", k), ("v", v)], d)?;
+    let o = be.alloc(q.len(), dtype)?;
     let lse = be.alloc(d.heads * d.seq, DType::F32)?;
-    launch_tiles(be, "attention_forward", &[q, k, v, &o, &lse], d)?;
+    launch_tiles(be, "attention_forward", &[q, k, v, &o, &lse], d, dtype)?;
     Ok((o, lse))
 }
 
@@ -173,7 +184,7 @@ pub(crate) fn attention_backward(
         d_o,
     } = operands;
     const WHAT: &str = "attention_backward";
-    check(
+    let dtype = check(
         WHAT,
         &[("q", q), ("k", k), ("v", v), ("o", o), ("dO", d_o)],
         d,
@@ -188,28 +199,30 @@ pub(crate) fn attention_backward(
     check_lse_length(WHAT, lse, d)?;
     let delta = be.alloc(rows, DType::F32)?;
     be.launch(
-        &ATTENTION_SHADER,
+        shader(dtype),
         "attention_delta",
         &[o, d_o, &delta],
         &[d.seq as u32, 0, 0, rows as u32, d.head_dim as u32],
         grid_1d(rows, 256)?,
     )?;
     let (dq, dk, dv) = (
-        be.alloc(q.len(), DType::F32)?,
-        be.alloc(q.len(), DType::F32)?,
-        be.alloc(q.len(), DType::F32)?,
+        be.alloc(q.len(), dtype)?,
+        be.alloc(q.len(), dtype)?,
+        be.alloc(q.len(), dtype)?,
     );
     launch_tiles(
         be,
         "attention_backward_kv",
         &[q, k, v, d_o, lse, &delta, &dk, &dv],
         d,
+        dtype,
     )?;
     launch_tiles(
         be,
         "attention_backward_q",
         &[q, k, v, d_o, lse, &delta, &dq],
         d,
+        dtype,
     )?;
     Ok((dq, dk, dv))
 }

@@ -115,6 +115,13 @@ pub(crate) static ROTARY_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader 
     source: String::leak(f16_build(super::rotary::ROTARY_SHADER.source)),
 });
 
+/// Causal attention (`attention.wgsl`, forward and backward) built for f16 queries, keys,
+/// values, outputs and gradients, computing in f32; the row log-sum-exp and `delta` stay f32.
+pub(crate) static ATTENTION_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "attention_f16",
+    source: String::leak(f16_build(super::attention::ATTENTION_SHADER.source)),
+});
+
 /// Invocations per workgroup of both kernels of `half.wgsl`.
 const WG: u32 = 256;
 
@@ -142,7 +149,8 @@ pub(crate) fn no_f16_kernel(op: &str) -> Error {
     Error::DType(format!(
         "{op} has no f16 kernel: cast its f16 operands to f32 first (Tensor::to_dtype); f16 \
          kernels exist for the casts, matmul and the expert bank, the elementwise, layout and \
-         reduction kernels, layer norm / RMSNorm, SwiGLU and the rotary embedding"
+         reduction kernels, layer norm / RMSNorm, SwiGLU, the rotary embedding \
+         and causal attention"
     ))
 }
 

@@ -69,11 +69,12 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         needs_f16: false,
         specialisations: Vec::new(),
     };
+    let attention_specialisations: Vec<_> = attention::TILED_ENTRIES
+        .iter()
+        .flat_map(|&entry| attention::specialisations().map(move |c| (entry, c.to_vec())))
+        .collect();
     let attention = BuiltinShader {
-        specialisations: attention::TILED_ENTRIES
-            .iter()
-            .flat_map(|&entry| attention::specialisations().map(move |c| (entry, c.to_vec())))
-            .collect(),
+        specialisations: attention_specialisations.clone(),
         ..plain(&attention::ATTENTION_SHADER)
     };
     vec![
@@ -129,6 +130,11 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
             needs_f16: true,
             ..plain(&half::ROTARY_F16_SHADER)
         },
+        BuiltinShader {
+            needs_f16: true,
+            specialisations: attention_specialisations,
+            ..plain(&half::ATTENTION_F16_SHADER)
+        },
     ]
 }
 
@@ -168,11 +174,19 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
         ("half", _)
             | ("matmul_f16", _)
             | ("elementwise_f16", _)
-            | ("layout_f16", "copy_strided" | "concat_part" | "gather")
+            | (
+                "layout_f16",
+                "copy_strided"
+                    | "concat_part"
+                    | "gather"
+                    | "scatter_add_loop"
+                    | "scatter_add_sorted"
+            )
             | ("reduce_f16", _)
             | ("layer_norm_f16", _)
             | ("swiglu_f16", _)
             | ("rotary_f16", _)
+            | ("attention_f16", _)
             | ("elementwise", "fill")
     )
 }
@@ -604,7 +618,7 @@ mod tests {
             (&layout::LAYOUT, 5),
             (&sort::SORT, 4),
             (&random::RANDOM, 1),
-            (&optim::OPTIM, 9),
+            (&optim::OPTIM, 10),
             (&attention::ATTENTION_SHADER, 4),
             (&layer_norm::LAYER_NORM_SHADER, 3),
             (&swiglu::SWIGLU_SHADER, 2),

@@ -225,7 +225,7 @@ pub(crate) fn scatter_add(
         inner,
         len,
     } = dims;
-    if src.dtype() != DType::F32 {
+    if !matches!(src.dtype(), DType::F32 | DType::F16) {
         return Err(Error::DType(format!(
             "scatter_add needs a float source, got {}",
             src.dtype()
@@ -242,7 +242,7 @@ pub(crate) fn scatter_add(
         .checked_mul(len)
         .and_then(|v| v.checked_mul(inner))
         .ok_or_else(|| Error::Invalid("scatter_add: output too large".into()))?;
-    let out = be.alloc(n, DType::F32)?;
+    let out = be.alloc(n, src.dtype())?;
     if n == 0 {
         return Ok(out);
     }
@@ -265,7 +265,7 @@ pub(crate) fn scatter_add(
     let small_work = m <= SCATTER_LOOP_LONGEST && n.saturating_mul(m) <= SCATTER_LOOP_MAX_WORK;
     if s2 != 0 || m <= SCATTER_LOOP_MAX_M || small_work {
         be.launch(
-            &LAYOUT,
+            word_build(src.dtype()),
             "scatter_add_loop",
             &[src, idx, &out],
             &params,
@@ -280,7 +280,7 @@ pub(crate) fn scatter_add(
     let perm = sort_rows(be, &keys, key_rows, m, false)?;
     params[7] = if s0 == 0 { 0 } else { params[3] };
     be.launch(
-        &LAYOUT,
+        word_build(src.dtype()),
         "scatter_add_sorted",
         &[src, idx, &out, &keys, &perm],
         &params,

@@ -365,27 +365,23 @@ pub(crate) fn grad_norm_supported(be: &GpuBackend) -> bool {
         && l.max_buffers_and_acceleration_structures_per_shader_stage > storage
 }
 
-/// The global norm `‖g‖ = √Σ‖g_i‖²` of `grads` and the clip factor
-/// `clamp(max_norm / (‖g‖ + 1e-6), 0, 1)`, as two one-element buffers (entries `grad_sumsq`, one
-/// dispatch per [`NORM_SLOTS`] gradients, and `grad_clip_scale`). Nothing is read back.
-///
-/// # Errors
-/// A gradient that is not f32, or a device without the bindings ([`grad_norm_supported`]).
-pub(crate) fn grad_norm_clip(
+/// The partial sums of squares of `grads` (entry `grad_sumsq`, one dispatch per
+/// [`NORM_SLOTS`] gradients) and how many there are: the first half of [`grad_norm_clip`] and
+/// [`loss_scale_factor`].
+fn grad_sumsq_partials(
     be: &GpuBackend,
     grads: &[&GpuBuffer],
-    max_norm: f64,
-) -> Result<(GpuBuffer, GpuBuffer)> {
-    const WHAT: &str = "clip_grad_norm";
+    what: &str,
+) -> Result<(GpuBuffer, usize)> {
     if let Some(g) = grads.iter().find(|g| g.dtype() != DType::F32) {
         return Err(Error::DType(format!(
-            "{WHAT}: gradients must be f32 on the GPU, got {}",
+            "{what}: gradients must be f32 on the GPU, got {}",
             g.dtype()
         )));
     }
     if !grad_norm_supported(be) {
         return Err(Error::Invalid(format!(
-            "{WHAT}: the device binds {} storage buffers per shader stage, the fused norm needs {}",
+            "{what}: the device binds {} storage buffers per shader stage, the fused norm needs {}",
             be.limits().max_storage_buffers_per_shader_stage,
             NORM_SLOTS + 1
         )));
@@ -397,7 +393,6 @@ pub(crate) fn grad_norm_clip(
         .collect();
     let partial_count: usize = totals.iter().map(|t| t.div_ceil(NORM_CHUNK)).sum();
     let partials = be.alloc(partial_count.max(1), DType::F32)?;
-    let max_norm_bits = (max_norm as f32).to_bits();
     let mut written = 0usize;
     for (group, &total) in groups.iter().zip(&totals) {
         if total == 0 {
@@ -406,7 +401,7 @@ pub(crate) fn grad_norm_clip(
         let mut params = vec![
             u32_param(total, "clip_grad_norm: elements")?,
             u32_param(written, "clip_grad_norm: partial sums")?,
-            max_norm_bits,
+            0,
             0,
         ];
         let mut start = 0usize;
@@ -437,6 +432,21 @@ pub(crate) fn grad_norm_clip(
         )?;
         written += workgroups;
     }
+    Ok((partials, written))
+}
+
+/// The global norm `‖g‖ = √Σ‖g_i‖²` of `grads` and the clip factor
+/// `clamp(max_norm / (‖g‖ + 1e-6), 0, 1)`, as two one-element buffers (entries `grad_sumsq`, one
+/// dispatch per [`NORM_SLOTS`] gradients, and `grad_clip_scale`). Nothing is read back.
+///
+/// # Errors
+/// A gradient that is not f32, or a device without the bindings ([`grad_norm_supported`]).
+pub(crate) fn grad_norm_clip(
+    be: &GpuBackend,
+    grads: &[&GpuBuffer],
+    max_norm: f64,
+) -> Result<(GpuBuffer, GpuBuffer)> {
+    let (partials, written) = grad_sumsq_partials(be, grads, "clip_grad_norm")?;
     let norm = be.alloc(1, DType::F32)?;
     let scale = be.alloc(1, DType::F32)?;
     be.launch(
@@ -446,12 +456,55 @@ pub(crate) fn grad_norm_clip(
         &[
             u32_param(written, "clip_grad_norm: partial sums")?,
             0,
-            max_norm_bits,
+            (max_norm as f32).to_bits(),
             0,
         ],
         [1, 1, 1],
     )?;
     Ok((norm, scale))
+}
+
+/// Mixed precision's step decision (entry `loss_scale_factor`): from the *scaled* gradients
+/// `grads`, the unscaled global norm and the factor the optimizer multiplies them by
+/// (`clip / scale`, or −1, "skip", when a gradient is inf or NaN), as two one-element
+/// buffers; the loss scale `scale` ([1]) and `counts` ([2]: good steps in a row, skipped
+/// steps) are updated in place. `max_norm` 0 clips nothing. Nothing is read back.
+///
+/// # Errors
+/// As [`grad_norm_clip`], and state buffers of the wrong length or dtype.
+pub(crate) fn loss_scale_factor(
+    be: &GpuBackend,
+    grads: &[&GpuBuffer],
+    max_norm: f64,
+    growth_interval: u32,
+    scale: &GpuBuffer,
+    counts: &GpuBuffer,
+) -> Result<(GpuBuffer, GpuBuffer)> {
+    const WHAT: &str = "loss_scale";
+    if scale.len() != 1 || counts.len() != 2 || scale.dtype() != DType::F32 {
+        return Err(Error::Shape(format!(
+            "{WHAT}: the state is an f32 scale [1] and counts [2], got {} [{}] and [{}]",
+            scale.dtype(),
+            scale.len(),
+            counts.len()
+        )));
+    }
+    let (partials, written) = grad_sumsq_partials(be, grads, WHAT)?;
+    let norm = be.alloc(1, DType::F32)?;
+    let factor = be.alloc(1, DType::F32)?;
+    be.launch(
+        &OPTIM,
+        "loss_scale_factor",
+        &[&partials, &norm, &factor, scale, counts],
+        &[
+            u32_param(written, "loss_scale: partial sums")?,
+            0,
+            (max_norm as f32).to_bits(),
+            growth_interval.max(1),
+        ],
+        [1, 1, 1],
+    )?;
+    Ok((norm, factor))
 }
 
 /// The optimizers' entry points on the handle (the fused steps above, and the multi-tensor
@@ -535,6 +588,18 @@ impl GpuBackend {
         max_norm: f64,
     ) -> Result<(GpuBuffer, GpuBuffer)> {
         grad_norm_clip(self, grads, max_norm)
+    }
+
+    /// [`loss_scale_factor`]: mixed precision's step decision, on the device.
+    pub(crate) fn loss_scale_factor(
+        &self,
+        grads: &[&GpuBuffer],
+        max_norm: f64,
+        growth_interval: u32,
+        scale: &GpuBuffer,
+        counts: &GpuBuffer,
+    ) -> Result<(GpuBuffer, GpuBuffer)> {
+        loss_scale_factor(self, grads, max_norm, growth_interval, scale, counts)
     }
 }
 

@@ -1,0 +1,160 @@
+//! [`LossScale`]: dynamic loss scaling for mixed-precision training, decided on the device.
+//!
+//! In f16 a gradient below 2⁻²⁴ flushes to zero and one above 65504 overflows to infinity.
+//! Multiplying the loss by a scale `s` before backward lifts the small gradients into f16's
+//! range; the optimizer then multiplies the f32 parameter gradients by `1/s` (Micikevicius et
+//! al. 2018, "Mixed Precision Training", §3.2). The scale is dynamic, as in PyTorch's
+//! `GradScaler`: a step whose gradients hold an inf or NaN is skipped and `s` halves; after
+//! `growth_interval` good steps in a row `s` doubles (at most 2²⁴, at least 1).
+//!
+//! Everything stays on the GPU: one kernel (`loss_scale_factor` in `shaders/optim.wgsl`) sums
+//! the squared gradients (the same partial sums gradient clipping uses), detects the overflow
+//! by the sum's bits, updates `s` and the counts in place, and writes the factor the update
+//! kernels multiply the gradients by: `clip / s`, or −1, which makes every update kernel leave
+//! the parameters and the optimizer's moments as they are. The host never waits; the skipped
+//! steps are read when the trainer logs ([`LossScale::skipped_steps`]).
+//!
+//! One difference from PyTorch's `GradScaler`, which skips `optimizer.step()` on the host: here
+//! the host never learns that a step was skipped, so the optimizer's step count (Adam's bias
+//! correction) and the learning-rate schedule still advance by one. Skips are rare after the
+//! first steps (the scale settles within a few halvings), and a skipped step changes nothing
+//! else.
+
+use crate::backend::Storage;
+use crate::backend::gpu::GpuBackend;
+use crate::nn::Param;
+use crate::{DType, Device, Error, Result, Tensor};
+
+/// The dynamic loss scale and its counts, on the GPU.
+pub struct LossScale {
+    /// `[]` f32: the current scale `s`, written in place by the update kernel
+    scale: Tensor,
+    /// `[2]` f32: good steps in a row, skipped steps
+    counts: Tensor,
+    growth_interval: u32,
+}
+
+impl LossScale {
+    /// PyTorch `GradScaler`'s defaults: start at 2¹⁶, double after 2000 good steps.
+    pub const INITIAL: f64 = 65536.0;
+    /// Good steps in a row before the scale doubles.
+    pub const GROWTH_INTERVAL: u32 = 2000;
+
+    /// A loss scale starting at [`LossScale::INITIAL`] on `device`.
+    ///
+    /// # Errors
+    /// A device other than the GPU (half precision is a GPU storage format).
+    pub fn new(device: Device) -> Result<LossScale> {
+        LossScale::with(Self::INITIAL, Self::GROWTH_INTERVAL, device)
+    }
+
+    /// A loss scale starting at `initial` that doubles after `growth_interval` good steps.
+    ///
+    /// # Errors
+    /// A device other than the GPU, or `initial` not a finite number ≥ 1.
+    pub fn with(initial: f64, growth_interval: u32, device: Device) -> Result<LossScale> {
+        if !device.is_gpu() {
+            return Err(Error::Device(
+                "loss scaling is for f16-mixed training, which runs on the GPU only".into(),
+            ));
+        }
+        if !(initial.is_finite() && initial >= 1.0) {
+            return Err(Error::Invalid(format!(
+                "the initial loss scale must be a finite number of at least 1, got {initial}"
+            )));
+        }
+        Ok(LossScale {
+            scale: Tensor::from_f32(vec![initial as f32], &[], device)?,
+            counts: Tensor::zeros(&[2], DType::F32, device)?,
+            growth_interval: growth_interval.max(1),
+        })
+    }
+
+    /// `loss · s`, the objective to call `backward` on (no gradient flows to `s`).
+    ///
+    /// # Errors
+    /// A loss that is not a scalar on the GPU.
+    pub fn scale_loss(&self, loss: &Tensor) -> Result<Tensor> {
+        if loss.numel() != 1 || !loss.device().is_gpu() {
+            return Err(Error::Shape(format!(
+                "loss scaling: the loss must be one value on the GPU, got {:?} on {}",
+                loss.shape(),
+                loss.device()
+            )));
+        }
+        loss.mul(&self.scale.to_dtype(loss.dtype())?)
+    }
+
+    /// After `backward` of [`LossScale::scale_loss`]: the unscaled global gradient norm and the
+    /// factor the optimizer multiplies the gradients by (`clip / s`, clipping to
+    /// `max_grad_norm` when it is > 0; −1, a skipped step, when a gradient overflowed), both
+    /// one-element tensors on the device; the scale and counts are updated. `None` when no
+    /// parameter has a gradient.
+    ///
+    /// # Errors
+    /// Gradients not f32 on the GPU, or an error computing one.
+    pub fn unscale(
+        &self,
+        params: &[(String, Param)],
+        max_grad_norm: f64,
+    ) -> Result<Option<(Tensor, Tensor)>> {
+        let _guard = crate::NoGradGuard::new();
+        let _profile = crate::profile::scope("loss scale", crate::profile::Pass::Optimizer);
+        let mut grads = Vec::with_capacity(params.len());
+        for (name, p) in params {
+            if let Some(g) = p.try_grad()? {
+                if !matches!(g.storage(), Storage::Gpu(_)) || g.dtype() != DType::F32 {
+                    return Err(Error::Device(format!(
+                        "loss scaling: the gradient of {name} is {} on {}; f16-mixed keeps \
+                         f32 parameters on the GPU",
+                        g.dtype(),
+                        g.device()
+                    )));
+                }
+                grads.push(g);
+            }
+        }
+        if grads.is_empty() {
+            return Ok(None);
+        }
+        let bufs: Vec<_> = grads
+            .iter()
+            .filter_map(|g| match g.storage() {
+                Storage::Gpu(b) => Some(b),
+                Storage::Cpu(_) => None,
+            })
+            .collect();
+        let (Storage::Gpu(scale), Storage::Gpu(counts)) =
+            (self.scale.storage(), self.counts.storage())
+        else {
+            return Err(Error::Device("loss scaling: the state left the GPU".into()));
+        };
+        let (norm, factor) = GpuBackend::get()?.loss_scale_factor(
+            &bufs,
+            max_grad_norm.max(0.0),
+            self.growth_interval,
+            scale,
+            counts,
+        )?;
+        Ok(Some((
+            Tensor::from_storage(Storage::Gpu(norm), vec![1]),
+            Tensor::from_storage(Storage::Gpu(factor), vec![1]),
+        )))
+    }
+
+    /// The current scale (reads it back: for logs and tests, not for every step).
+    ///
+    /// # Errors
+    /// A failed read-back.
+    pub fn scale(&self) -> Result<f64> {
+        self.scale.item()
+    }
+
+    /// The steps skipped so far because a gradient overflowed (reads it back).
+    ///
+    /// # Errors
+    /// A failed read-back.
+    pub fn skipped_steps(&self) -> Result<u64> {
+        Ok(self.counts.to_vec_f32()?[1] as u64)
+    }
+}

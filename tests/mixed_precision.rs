@@ -1,0 +1,332 @@
+//! `--precision f16-mixed` (see `src/autocast.rs` and `src/optim/loss_scale.rs`): training with
+//! f16 activations and f32 master weights on the GPU against the same training in f32.
+//!
+//! * a 50-step `moe-gpt` run (smaller than the baby size, so lavapipe runs it in seconds) in
+//!   f16-mixed follows f32's losses within 1e-2 relative at every step, with no step skipped;
+//! * the activations really are f16 (the matmuls of a block take f16 operands) while the
+//!   router's logits and the loss stay f32;
+//! * the loss scale: a gradient that overflows skips the step on the device (parameters and
+//!   moments unchanged, the scale halved, the skip counted), and good steps grow the scale.
+//!
+//! Skipped with a printed reason without an adapter (unless `MOEGRAD_REQUIRE_GPU=1`) or
+//! without `shader-f16`, where f16-mixed must be refused with an error saying so.
+
+mod common;
+
+use moegrad::data::text::CharCorpus;
+use moegrad::nn::Parameters;
+use moegrad::train::{ModelKind, TrainConfig};
+use moegrad::{Device, Tensor};
+
+/// The GPU when it has `shader-f16`, else `None` (skipped with a printed reason).
+fn f16_gpu(test: &str) -> Option<Device> {
+    let dev = common::gpu_or_skip(test)?;
+    let features = moegrad::gpu::info().expect("adapter info").features;
+    if features.iter().any(|f| f == "shader-f16") {
+        return Some(dev);
+    }
+    eprintln!("skipping {test}: this adapter has no shader-f16");
+    None
+}
+
+/// A small `moe-gpt`: 2 layers, d = 64, 4 experts of width 128, top-2, context 32, batch 8.
+fn small_moe_gpt() -> TrainConfig {
+    TrainConfig {
+        layers: 2,
+        heads: 4,
+        d_model: 64,
+        block: 32,
+        batch: 8,
+        experts: 4,
+        k: 2,
+        expert_hidden: 128,
+        warmup_steps: 5,
+        iters: 50,
+        device: "gpu".into(),
+        ..TrainConfig::language_model(ModelKind::MoeGpt)
+    }
+}
+
+fn corpus(cfg: &TrainConfig) -> CharCorpus {
+    let path = moegrad::data::bundled::dir().join("shakespeare-10-plays.txt.gz");
+    CharCorpus::load(&path, cfg.block).expect("the bundled Shakespeare text")
+}
+
+/// The training losses of `steps` steps of `cfg` on the GPU, in f32 or in f16-mixed; with the
+/// loss scale's skipped steps.
+fn losses(cfg: &TrainConfig, mixed: bool, steps: u64) -> (Vec<f32>, u64) {
+    let corpus = corpus(cfg);
+    let model = moegrad::lm::LanguageModel::build(cfg, corpus.vocab_size(), Device::Gpu).unwrap();
+    let params = model.named_params();
+    let mut opt = moegrad::lm::make_optimizer(cfg, &model).unwrap();
+    let scale = mixed.then(|| moegrad::optim::LossScale::new(Device::Gpu).unwrap());
+    let mut out = Vec::new();
+    for step in 0..steps {
+        let (b, t) = (cfg.batch, cfg.block);
+        let (x, y) = corpus.train_batch(b, t, cfg.seed, step);
+        let x = Tensor::from_i32(x, &[b, t], Device::Gpu).unwrap();
+        let y = Tensor::from_i32(y, &[b * t], Device::Gpu).unwrap();
+        let o = match &scale {
+            Some(s) => moegrad::train::train_step_mixed(
+                &model,
+                &params,
+                &mut opt,
+                &x,
+                &[y],
+                cfg.clip_grad_norm,
+                s,
+            ),
+            None => {
+                moegrad::train::train_step(&model, &params, &mut opt, &x, &[y], cfg.clip_grad_norm)
+            }
+        }
+        .unwrap();
+        out.push(o.task_loss.item().unwrap() as f32);
+    }
+    let skipped = scale.map(|s| s.skipped_steps().unwrap()).unwrap_or(0);
+    (out, skipped)
+}
+
+#[test]
+fn fifty_moe_gpt_steps_in_f16_mixed_follow_f32() {
+    let Some(_) = f16_gpu("fifty_moe_gpt_steps_in_f16_mixed_follow_f32") else {
+        return;
+    };
+    let cfg = small_moe_gpt();
+    let (f32_losses, _) = losses(&cfg, false, 50);
+    let (mixed, skipped) = losses(&cfg, true, 50);
+    eprintln!("f32   {f32_losses:?}\nmixed {mixed:?}");
+    assert_eq!(skipped, 0, "no step should overflow at this size");
+    for (i, (a, b)) in f32_losses.iter().zip(&mixed).enumerate() {
+        let rel = (a - b).abs() / a.abs();
+        assert!(
+            rel <= 1e-2,
+            "step {i}: f32 loss {a}, f16-mixed {b} (relative {rel})"
+        );
+    }
+    assert!(
+        mixed[49] < mixed[0] - 0.5,
+        "the mixed run learned: {mixed:?}"
+    );
+}
+
+/// The kernels one training step of `cfg` runs (`shader.entry` names, from the profile).
+fn step_kernels(cfg: &TrainConfig, mixed: bool) -> Vec<String> {
+    let corpus = corpus(cfg);
+    let model = moegrad::lm::LanguageModel::build(cfg, corpus.vocab_size(), Device::Gpu).unwrap();
+    let params = model.named_params();
+    let mut opt = moegrad::lm::make_optimizer(cfg, &model).unwrap();
+    let scale = moegrad::optim::LossScale::new(Device::Gpu).unwrap();
+    let (b, t) = (cfg.batch, cfg.block);
+    let (x, y) = corpus.train_batch(b, t, cfg.seed, 0);
+    let x = Tensor::from_i32(x, &[b, t], Device::Gpu).unwrap();
+    let y = Tensor::from_i32(y, &[b * t], Device::Gpu).unwrap();
+    let recording = moegrad::profile::start();
+    {
+        let _step = moegrad::profile::step();
+        let clip = cfg.clip_grad_norm;
+        if mixed {
+            moegrad::train::train_step_mixed(&model, &params, &mut opt, &x, &[y], clip, &scale)
+        } else {
+            moegrad::train::train_step(&model, &params, &mut opt, &x, &[y], clip)
+        }
+        .unwrap();
+    }
+    let report = recording.finish().expect("a profile");
+    report
+        .gpu
+        .expect("the GPU's kernels")
+        .kernels
+        .into_iter()
+        .map(|k| k.kernel)
+        .collect()
+}
+
+#[test]
+fn f16_mixed_runs_the_block_in_f16_and_the_router_and_loss_in_f32() {
+    let Some(_) = f16_gpu("f16_mixed_runs_the_block_in_f16_and_the_router_and_loss_in_f32") else {
+        return;
+    };
+    let cfg = small_moe_gpt();
+    let mixed = step_kernels(&cfg, true);
+    let has = |name: &str| mixed.iter().any(|k| k.starts_with(name));
+    for f16_kernel in [
+        "matmul_f16.matmul",
+        "matmul_f16.grouped_matmul",
+        "attention_f16.attention_forward",
+        "attention_f16.attention_backward_q",
+        "layer_norm_f16",
+        "elementwise_f16",
+        "layout_f16.scatter_add",
+    ] {
+        assert!(
+            has(f16_kernel),
+            "no {f16_kernel} in the mixed step: {mixed:?}"
+        );
+    }
+    // the router (its product, softmax and top-k), the loss and the optimizer in f32
+    for f32_kernel in [
+        "matmul.matmul",
+        "routing.topk_gate",
+        "cross_entropy.",
+        "optim.adam_multi",
+        "optim.loss_scale_factor",
+    ] {
+        assert!(
+            has(f32_kernel),
+            "no {f32_kernel} in the mixed step: {mixed:?}"
+        );
+    }
+    let plain = step_kernels(&cfg, false);
+    assert!(
+        !plain
+            .iter()
+            .any(|k| k.contains("_f16") || k.starts_with("half.")),
+        "an f16 kernel in the f32 step: {plain:?}"
+    );
+}
+
+/// `params` as named parameters (the optimizer's and the loss scale's input).
+fn named(params: &[&moegrad::nn::Param]) -> Vec<(String, moegrad::nn::Param)> {
+    params
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("p{i}"), (*p).clone()))
+        .collect()
+}
+
+/// One step of `opt` on `loss(p)` through the loss scale (scale the loss, backward, unscale,
+/// update with the factor); returns the factor.
+fn scaled_step(
+    scale: &moegrad::optim::LossScale,
+    params: &[(String, moegrad::nn::Param)],
+    opt: &mut dyn moegrad::optim::Optimizer,
+    loss: &Tensor,
+) -> f32 {
+    scale.scale_loss(loss).unwrap().backward().unwrap();
+    let (_, factor) = scale.unscale(params, 0.0).unwrap().expect("gradients");
+    opt.step(params, Some(&factor)).unwrap();
+    factor.to_vec_f32().unwrap()[0]
+}
+
+#[test]
+fn an_overflowing_gradient_skips_the_step_on_the_device() {
+    use moegrad::optim::{Adam, LossScale, Optimizer, Sgd};
+    let Some(gpu) = common::gpu_or_skip("an_overflowing_gradient_skips_the_step_on_the_device")
+    else {
+        return;
+    };
+    let start = vec![1.0f32, -2.0, 0.5];
+    for momentum in [false, true] {
+        // Adam, and SGD with and without momentum: every update kernel honours the skip
+        let p =
+            moegrad::nn::Param::new(Tensor::from_f32(start.clone(), &[3], gpu).unwrap()).unwrap();
+        let q =
+            moegrad::nn::Param::new(Tensor::from_f32(start.clone(), &[3], gpu).unwrap()).unwrap();
+        let params = named(&[&p, &q]);
+        let mut adam = Adam::new(0.1).unwrap();
+        let mut sgd = if momentum {
+            Sgd::with_momentum(0.1, 0.9).unwrap()
+        } else {
+            Sgd::new(0.1).unwrap()
+        };
+        let scale = LossScale::new(gpu).unwrap();
+        // scaled gradients of 1e30·2¹⁶ are finite f32, their squares are not: an overflow
+        let huge = |t: &Tensor| t.mul_scalar(1e30).unwrap().sum_all().unwrap();
+        let loss = huge(&p.get()).add(&huge(&q.get())).unwrap();
+        scale.scale_loss(&loss).unwrap().backward().unwrap();
+        let (norm, factor) = scale.unscale(&params, 1.0).unwrap().expect("gradients");
+        assert_eq!(factor.to_vec_f32().unwrap(), vec![-1.0], "the skip factor");
+        assert!(norm.to_vec_f32().unwrap()[0].is_infinite());
+        adam.step(&params[..1], Some(&factor)).unwrap();
+        sgd.step(&params[1..], Some(&factor)).unwrap();
+        assert_eq!(
+            p.get().to_vec_f32().unwrap(),
+            start,
+            "Adam skipped the step"
+        );
+        assert_eq!(q.get().to_vec_f32().unwrap(), start, "SGD skipped the step");
+        for (name, m) in adam.state().into_iter().chain(sgd.state()) {
+            let m = m.to_vec_f32().unwrap();
+            assert!(
+                m.iter().all(|&v| v == 0.0),
+                "{name} moved on a skipped step: {m:?}"
+            );
+        }
+        assert_eq!(scale.scale().unwrap(), LossScale::INITIAL / 2.0, "halved");
+        assert_eq!(scale.skipped_steps().unwrap(), 1);
+
+        // a good step after it: the same update as without scaling. The skipped step still
+        // counted as one of Adam's steps (its bias correction; the decision never reaches the
+        // host), so the plain run takes a zero-gradient step first: from zero moments and
+        // without weight decay that moves nothing either.
+        let plain =
+            moegrad::nn::Param::new(Tensor::from_f32(start.clone(), &[3], gpu).unwrap()).unwrap();
+        let plain_params = named(&[&plain]);
+        let mut plain_adam = Adam::new(0.1).unwrap();
+        plain
+            .get()
+            .mul_scalar(0.0)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        plain_adam.step(&plain_params, None).unwrap();
+        assert_eq!(plain.get().to_vec_f32().unwrap(), start);
+        let quadratic = |t: &Tensor| t.mul(t).unwrap().sum_all().unwrap();
+        quadratic(&plain.get()).backward().unwrap();
+        plain_adam.step(&plain_params, None).unwrap();
+        let factor = scaled_step(&scale, &params[..1], &mut adam, &quadratic(&p.get()));
+        assert_eq!(factor as f64, 1.0 / scale.scale().unwrap());
+        let (a, b) = (
+            p.get().to_vec_f32().unwrap(),
+            plain.get().to_vec_f32().unwrap(),
+        );
+        for (x, y) in a.iter().zip(&b) {
+            assert!((x - y).abs() <= 1e-6, "scaled Adam {a:?}, plain Adam {b:?}");
+        }
+        assert_eq!(scale.skipped_steps().unwrap(), 1);
+    }
+}
+
+#[test]
+fn good_steps_grow_the_scale_and_an_overflow_restarts_the_count() {
+    use moegrad::optim::{LossScale, Sgd};
+    let Some(gpu) =
+        common::gpu_or_skip("good_steps_grow_the_scale_and_an_overflow_restarts_the_count")
+    else {
+        return;
+    };
+    let p = moegrad::nn::Param::new(Tensor::from_f32(vec![1.0, 2.0], &[2], gpu).unwrap()).unwrap();
+    let params = named(&[&p]);
+    let mut sgd = Sgd::new(1e-3).unwrap();
+    let scale = LossScale::with(4.0, 3, gpu).unwrap();
+    let good = || p.get().sum_all().unwrap();
+    let bad = || p.get().mul_scalar(1e38).unwrap().sum_all().unwrap();
+    let mut seen = Vec::new();
+    for overflow in [false, false, false, false, true, false, false, false] {
+        let loss = if overflow { bad() } else { good() };
+        let factor = scaled_step(&scale, &params, &mut sgd, &loss);
+        seen.push((scale.scale().unwrap(), factor < 0.0));
+    }
+    // three good steps double 4 → 8; one more good; the overflow halves 8 → 4 and restarts
+    // the count, so three more good steps are needed before 8 again
+    let want = [
+        (4.0, false),
+        (4.0, false),
+        (8.0, false),
+        (8.0, false),
+        (4.0, true),
+        (4.0, false),
+        (4.0, false),
+        (8.0, false),
+    ];
+    assert_eq!(seen, want);
+    assert_eq!(scale.skipped_steps().unwrap(), 1);
+    assert!(
+        LossScale::new(Device::Cpu).is_err(),
+        "the CPU has no f16-mixed"
+    );
+    assert!(LossScale::with(f64::NAN, 3, gpu).is_err());
+}
