@@ -725,3 +725,56 @@ fn bench_gpu_step_times_the_step_where_the_adapter_has_timestamps() {
         "timing the step left a profile recording"
     );
 }
+
+#[test]
+fn f16_mixed_steps_keep_the_counts_and_halve_the_activation_bytes() {
+    use moegrad::train::Precision;
+    let Some((_, _lock)) = gpu("f16_mixed_steps_keep_the_counts_and_halve_the_activation_bytes")
+    else {
+        return;
+    };
+    let f16 = moegrad::gpu::info()
+        .unwrap()
+        .features
+        .contains(&"shader-f16".to_string());
+    // `gpt` at the baby size: the activations dominate, so f16 halves them (the f16 copies of
+    // the weights the products save count against f16-mixed)
+    let cfg = step_config("gpt").unwrap();
+    if !f16 {
+        let cfg = moegrad::train::TrainConfig {
+            precision: Precision::F16Mixed,
+            ..cfg
+        };
+        let err = moegrad_cli::bench::gpu_step::measure(cfg, false).err();
+        assert!(
+            err.is_some_and(|e| e.to_string().contains("SHADER_F16")),
+            "f16-mixed without shader-f16 must be refused"
+        );
+        eprintln!(
+            "skipping the f16-mixed figures: this adapter has no shader-f16 (refused, checked)"
+        );
+        return;
+    }
+    let run = |precision| {
+        let cfg = moegrad::train::TrainConfig {
+            precision,
+            ..cfg.clone()
+        };
+        moegrad_cli::bench::gpu_step::measure(cfg, false).unwrap()
+    };
+    let (full, mixed) = (run(Precision::F32), run(Precision::F16Mixed));
+    let s = mixed.stats;
+    assert_eq!(
+        (s.host_waits, s.buffers_created, s.downloaded_bytes),
+        (0, 0, 0),
+        "{s:?}"
+    );
+    let ratio = |a: u64, b: u64| a as f64 / b as f64;
+    let act = ratio(mixed.activation_bytes, full.activation_bytes);
+    let bound = ratio(s.bound_bytes, full.stats.bound_bytes);
+    let peak = ratio(mixed.peak_bytes, full.peak_bytes);
+    eprintln!("gpt f16-mixed / f32: activations {act:.3}, bound bytes {bound:.3}, peak {peak:.3}");
+    assert!(act <= 0.6, "activation bytes {act:.3}× f32's");
+    assert!(bound <= 0.6, "bound bytes {bound:.3}× f32's");
+    assert!(peak < 0.75, "peak bytes {peak:.3}× f32's");
+}

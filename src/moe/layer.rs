@@ -439,11 +439,7 @@ impl MoeLayer {
     /// precision, see `autocast.rs`): f16 tokens are cast up and the router's products,
     /// softmax, top-k and auxiliary losses run in f32.
     pub fn route(&self, x: &Tensor) -> Result<Routing> {
-        if crate::autocast::low_precision().is_none() && x.dtype() != crate::DType::F16 {
-            return self.router.route(x);
-        }
-        let x = crate::autocast::full_precision_operand(x)?;
-        crate::full_precision(|| self.router.route(&x))
+        super::router_trait::route_in_f32(self.router.as_ref(), x)
     }
 
     /// Routes `x: [T, d]` and runs the experts.

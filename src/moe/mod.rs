@@ -41,7 +41,8 @@ pub use router_registry::{
     RouterSpec, build_router, find_router,
 };
 pub use router_trait::{
-    LinearGate, Router, RouterConfig, normal_noise, parse_router_options, uniform_noise,
+    LinearGate, Router, RouterConfig, normal_noise, parse_router_options, route_in_f32,
+    uniform_noise,
 };
 pub use routing_output::{DefaultTerm, Routing, Selection};
 pub(crate) use routing_output::{arange_f, slot_tables};

@@ -128,6 +128,21 @@ pub fn parse_router_options(
         .collect()
 }
 
+/// `router.route(x)` in f32 even under mixed precision (Switch's selective precision, see
+/// `autocast.rs`): f16 tokens are cast up, and the router's products, softmax, top-k and
+/// auxiliary losses run in f32. Every model routes through this (or [`crate::moe::MoeLayer`]'s
+/// `route`, which calls it); outside [`crate::autocast_f16`] it is `router.route(x)`.
+///
+/// # Errors
+/// The router's own errors.
+pub fn route_in_f32(router: &dyn Router, x: &Tensor) -> Result<Routing> {
+    if crate::autocast::low_precision().is_none() && x.dtype() != crate::DType::F16 {
+        return router.route(x);
+    }
+    let x = crate::autocast::full_precision_operand(x)?;
+    crate::full_precision(|| router.route(&x))
+}
+
 /// A router: maps token representations `[T, d]` to a [`Routing`]. Its parameters, training
 /// flag (noise on or off) and step-to-step state (a noise counter, a running baseline, saved in
 /// checkpoints so a resumed run continues exactly) are the [`Parameters`] protocol every part of

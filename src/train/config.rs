@@ -157,6 +157,9 @@ pub struct TrainConfig {
     pub warmup_steps: u64,
     /// clip the global gradient norm to this value (0: off)
     pub clip_grad_norm: f64,
+    /// `f32`, or `f16-mixed` (GPU only: see [`super::Precision`])
+    #[serde(default)]
+    pub precision: super::Precision,
     /// seed of initialisation, shuffling and data composition
     pub seed: u64,
     /// auto, cpu or gpu
@@ -343,6 +346,7 @@ impl Default for TrainConfig {
             schedule_epochs: 0,
             warmup_steps: 0,
             clip_grad_norm: 0.0,
+            precision: super::Precision::F32,
             seed: 0,
             device: "auto".into(),
             out: PathBuf::from("runs/latest"),

@@ -28,6 +28,7 @@ mod models;
 mod moe_settings;
 mod observer;
 pub mod out_dir;
+mod precision;
 pub mod resume;
 mod step;
 pub(crate) mod task;
@@ -44,6 +45,7 @@ pub use models::{
     MemoryEstimate, ModelOutput, MoeModel, MultiHead, TaskModel, build as build_model,
     build_synthetic_b, check_memory, memory_estimate,
 };
+pub use precision::Precision;
 
 use crate::data::{Dataset, Mnist, SyntheticB, multimnist};
 use crate::optim::{Adam, Optimizer, Sgd};

@@ -126,9 +126,9 @@ impl TaskModel for MoeModel {
     fn forward(&self, x: &Tensor) -> Result<ModelOutput> {
         let b = x.shape()[0];
         let flat = x.reshape(&[b, x.numel() / b.max(1)])?;
-        let mut routings = vec![self.moe.router().route(&flat)?];
+        let mut routings = vec![self.moe.route(&flat)?];
         for g in &self.extra_gates {
-            routings.push(g.route(&flat)?);
+            routings.push(crate::moe::route_in_f32(g.as_ref(), &flat)?);
         }
         let out = self.moe.forward_routed(&flat, &routings)?;
         let mut h = out.y;

@@ -28,9 +28,10 @@ pub const FORMAT: &str = "moegrad-checkpoint-2";
 /// The prefix of the model's step-to-step state in a checkpoint (`state.moe.router.noise_calls`).
 pub const STATE_PREFIX: &str = "state.";
 
-/// Settings that say where things are or how often the loss is read, not what is computed:
-/// a resumed run may change them freely.
-const FREE_SETTINGS: &[&str] = &["out", "device", "data_dir", "log_every"];
+/// Settings that say where things are or how often the loss is read, not what is computed, and
+/// the precision (the master weights and the optimizer's state are f32 either way): a resumed
+/// run may change them freely.
+const FREE_SETTINGS: &[&str] = &["out", "device", "data_dir", "log_every", "precision"];
 
 /// Settings a resumed run may change when they are named in `--allow-config-change`: learning
 /// rate and schedule, regularisation, and how much is trained and evaluated. (`epochs` itself

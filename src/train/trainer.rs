@@ -8,11 +8,13 @@
 use super::observer::{Period, PeriodEnd, TrainObserver};
 use super::out_dir::OutDir;
 use super::task::{PeriodResult, RunEnd, Task};
-use super::{RunOptions, TrainConfig, interrupt, resume, train_step, truncate_metrics};
+use super::{
+    RunOptions, TrainConfig, interrupt, resume, train_step, train_step_mixed, truncate_metrics,
+};
 use crate::checkpoint::Checkpoint;
 use crate::moe::{CollapseAlarm, RoutingDiagnostics, RoutingStats, RoutingWindow};
 use crate::nn::Param;
-use crate::optim::{Optimizer, Schedule};
+use crate::optim::{LossScale, Optimizer, Schedule};
 use crate::{DType, Device, Error, Result, Tensor};
 use std::io::Write;
 use std::path::PathBuf;
@@ -88,6 +90,8 @@ struct Trainer<'a, T: Task> {
     /// time spent in training steps (not evaluation or checkpoints), and their number
     train_seconds: f64,
     trained_steps: u64,
+    /// `--precision f16-mixed`: the loss scale on the device (None in f32)
+    loss_scale: Option<LossScale>,
 }
 
 /// What one period's steps leave on the device (read back once, by [`Trainer::evaluate`]).
@@ -146,6 +150,11 @@ impl<'a, T: Task> Trainer<'a, T> {
         obs: &'a mut dyn TrainObserver,
     ) -> Result<Trainer<'a, T>> {
         let device = Device::from_name(&cfg.device)?;
+        cfg.precision.check(device)?;
+        let loss_scale = match cfg.precision {
+            super::Precision::F16Mixed => Some(LossScale::new(device)?),
+            super::Precision::F32 => None,
+        };
         let params = task.model().named_params();
         let opt = task.optimizer()?;
         let steps_per_period = task.steps_per_period();
@@ -188,6 +197,7 @@ impl<'a, T: Task> Trainer<'a, T> {
             last_finite_read: 0,
             train_seconds: 0.0,
             trained_steps: 0,
+            loss_scale,
         })
     }
 
@@ -274,14 +284,19 @@ impl<'a, T: Task> Trainer<'a, T> {
             let _step = crate::profile::step();
             self.opt.set_lr(self.schedule.lr(self.step));
             let b = self.task.batch(i, self.step)?;
-            let out = train_step(
-                self.task.model(),
-                &self.params,
-                self.opt.as_mut(),
-                &b.x,
-                &b.y,
-                cfg.clip_grad_norm,
-            )?;
+            let (model, opt) = (self.task.model(), self.opt.as_mut());
+            let out = match &self.loss_scale {
+                Some(scale) => train_step_mixed(
+                    model,
+                    &self.params,
+                    opt,
+                    &b.x,
+                    &b.y,
+                    cfg.clip_grad_norm,
+                    scale,
+                )?,
+                None => train_step(model, &self.params, opt, &b.x, &b.y, cfg.clip_grad_norm)?,
+            };
             totals.add_routing(&out.routing)?;
             self.step += 1;
             let task = out.task_loss.detach().to_dtype(DType::F32)?;
@@ -304,6 +319,13 @@ impl<'a, T: Task> Trainer<'a, T> {
                 if !totals.routing.is_empty() {
                     // the routing so far in this period, read at the same cadence as the loss
                     message = format!("{message} · {}", totals.routing.read()?.short());
+                }
+                if let Some(scale) = &self.loss_scale {
+                    message = format!(
+                        "{message} · loss scale {} ({} skipped)",
+                        scale.scale()?,
+                        scale.skipped_steps()?
+                    );
                 }
                 self.obs.step(Some(&message));
             } else {
@@ -430,6 +452,11 @@ impl<'a, T: Task> Trainer<'a, T> {
         }
         if let Some(e) = r.experts_per_token {
             line["experts_per_token"] = serde_json::json!(e);
+        }
+        if let Some(scale) = &self.loss_scale {
+            // f16-mixed: the loss scale now and the steps skipped on an overflow so far
+            line["loss_scale"] = serde_json::json!(scale.scale()?);
+            line["skipped_steps"] = serde_json::json!(scale.skipped_steps()?);
         }
         if let Some(d) = &r.diagnostics {
             line["routing"] = serde_json::to_value(d).map_err(|e| Error::Invalid(e.to_string()))?;

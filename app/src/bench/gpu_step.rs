@@ -22,7 +22,8 @@ use moegrad::data::text::CharCorpus;
 use moegrad::gpu::GpuStats;
 use moegrad::moe::RoutingWindow;
 use moegrad::nn::Parameters;
-use moegrad::train::{ModelKind, TrainConfig};
+use moegrad::optim::LossScale;
+use moegrad::train::{ModelKind, Precision, TrainConfig};
 use moegrad::{DType, Device, Error, Result, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -39,6 +40,8 @@ pub const WARMUP_STEPS: usize = 2;
 pub struct GpuStepRecord {
     /// the model, as `--model` names it
     pub model: String,
+    /// `f32` or `f16-mixed` (`--precision`)
+    pub precision: String,
     /// compute dispatches (kernel launches) in the step
     pub dispatches: u64,
     /// command buffers submitted to the queue
@@ -51,6 +54,13 @@ pub struct GpuStepRecord {
     pub uploaded_bytes: u64,
     /// bytes read back to the host
     pub downloaded_bytes: u64,
+    /// bytes of the buffers bound to the step's dispatches (each kernel's operands and outputs,
+    /// once per dispatch): the traffic the kernels ask of device memory
+    pub bound_bytes: u64,
+    /// device bytes the forward pass and the loss keep for backward (saved activations)
+    pub activation_bytes: u64,
+    /// the most device bytes in use during the step beyond those in use before it
+    pub peak_bytes: u64,
     /// GPU milliseconds of the step's kernels from timestamp queries (measured on one more step,
     /// each kernel in a pass of its own); `null` where the adapter has no timestamp queries
     pub gpu_ms: Option<f64>,
@@ -59,8 +69,10 @@ pub struct GpuStepRecord {
 /// The result of `moegrad bench gpu-step`.
 #[derive(Clone, Debug, Serialize)]
 pub struct GpuStepBench {
-    /// one record per model
+    /// one record per model and precision (f16-mixed where the adapter has `shader-f16`)
     pub gpu_step: Vec<GpuStepRecord>,
+    /// the precisions not measured, and why
+    pub skipped: Vec<String>,
 }
 
 /// The GPU, or an error that says `bench gpu-step` needs one.
@@ -104,6 +116,34 @@ pub fn step_config(model: &str) -> Result<TrainConfig> {
 trait Stepper {
     /// Runs training step number `step` (uploading its batch).
     fn step(&mut self, step: u64) -> Result<()>;
+    /// The model, and the batch of step `step` on the GPU (inputs, one target per task).
+    fn batch(&self, step: u64) -> Result<(&dyn moegrad::train::TaskModel, Tensor, Vec<Tensor>)>;
+}
+
+/// One step of `model` in the run's precision: [`moegrad::train::train_step`], or
+/// [`moegrad::train::train_step_mixed`] with the loss scale under `--precision f16-mixed`.
+fn run_step(
+    model: &dyn moegrad::train::TaskModel,
+    params: &[(String, moegrad::nn::Param)],
+    opt: &mut dyn moegrad::optim::Optimizer,
+    batch: (&Tensor, &[Tensor]),
+    clip: f64,
+    scale: Option<&LossScale>,
+) -> Result<moegrad::train::StepOutput> {
+    let (x, y) = batch;
+    match scale {
+        Some(s) => moegrad::train::train_step_mixed(model, params, opt, x, y, clip, s),
+        None => moegrad::train::train_step(model, params, opt, x, y, clip),
+    }
+}
+
+/// The loss scale of `--precision f16-mixed` (None in f32), after checking the adapter can.
+fn loss_scale(cfg: &TrainConfig, device: Device) -> Result<Option<LossScale>> {
+    cfg.precision.check(device)?;
+    Ok(match cfg.precision {
+        Precision::F16Mixed => Some(LossScale::new(device)?),
+        Precision::F32 => None,
+    })
 }
 
 /// An image model (`moe-mlp`, `cnn`) on random MNIST-shaped batches.
@@ -113,6 +153,7 @@ struct ImageStepper {
     opt: Box<dyn moegrad::optim::Optimizer>,
     data: Dataset,
     cfg: TrainConfig,
+    scale: Option<LossScale>,
     /// the loop's running sums: training loss and the routing diagnostics' window
     loss_sum: Tensor,
     routing: RoutingWindow,
@@ -136,6 +177,7 @@ impl ImageStepper {
             params,
             opt,
             data,
+            scale: loss_scale(&cfg, device)?,
             loss_sum: Tensor::zeros(&[], DType::F32, device)?,
             routing: RoutingWindow::new(),
             cfg,
@@ -146,16 +188,14 @@ impl ImageStepper {
 impl Stepper for ImageStepper {
     fn step(&mut self, step: u64) -> Result<()> {
         let b = self.cfg.batch;
-        let first = (step as usize % (self.data.len() / b)) * b;
-        let ids: Vec<usize> = (first..first + b).collect();
-        let batch = self.data.batch(&ids, Device::Gpu)?;
-        let out = moegrad::train::train_step(
+        let (_, x, y) = self.batch(step)?;
+        let out = run_step(
             self.model.as_ref(),
             &self.params,
             self.opt.as_mut(),
-            &batch.x,
-            &batch.y,
+            (&x, &y),
             self.cfg.clip_grad_norm,
+            self.scale.as_ref(),
         )?;
         // the loop's on-device bookkeeping (see train::run)
         self.loss_sum = moegrad::no_grad(|| {
@@ -163,6 +203,14 @@ impl Stepper for ImageStepper {
                 .add(&out.task_loss.detach().mul_scalar(b as f64)?)
         })?;
         self.routing.add(&out.routing)
+    }
+
+    fn batch(&self, step: u64) -> Result<(&dyn moegrad::train::TaskModel, Tensor, Vec<Tensor>)> {
+        let b = self.cfg.batch;
+        let first = (step as usize % (self.data.len() / b)) * b;
+        let ids: Vec<usize> = (first..first + b).collect();
+        let batch = self.data.batch(&ids, Device::Gpu)?;
+        Ok((self.model.as_ref(), batch.x, batch.y))
     }
 }
 
@@ -173,6 +221,7 @@ struct LmStepper {
     opt: moegrad::optim::Adam,
     corpus: CharCorpus,
     cfg: TrainConfig,
+    scale: Option<LossScale>,
     /// the loop's running sums: training loss and the routing diagnostics' window
     loss_sum: Tensor,
     routing: RoutingWindow,
@@ -201,6 +250,7 @@ impl LmStepper {
             params,
             opt,
             corpus,
+            scale: loss_scale(&cfg, device)?,
             loss_sum: Tensor::zeros(&[], DType::F32, device)?,
             routing: RoutingWindow::new(),
             cfg,
@@ -210,17 +260,14 @@ impl LmStepper {
 
 impl Stepper for LmStepper {
     fn step(&mut self, step: u64) -> Result<()> {
-        let (b, t) = (self.cfg.batch, self.cfg.block);
-        let (x, y) = self.corpus.train_batch(b, t, self.cfg.seed, step);
-        let x = Tensor::from_i32(x, &[b, t], Device::Gpu)?;
-        let y = Tensor::from_i32(y, &[b * t], Device::Gpu)?;
-        let out = moegrad::train::train_step(
+        let (_, x, y) = self.batch(step)?;
+        let out = run_step(
             &self.model,
             &self.params,
             &mut self.opt,
-            &x,
-            &[y],
+            (&x, &y),
             self.cfg.clip_grad_norm,
+            self.scale.as_ref(),
         )?;
         // the loop's on-device bookkeeping (see lm::run)
         self.loss_sum = moegrad::no_grad(|| {
@@ -228,6 +275,14 @@ impl Stepper for LmStepper {
                 .add(&out.task_loss.detach().to_dtype(DType::F32)?)
         })?;
         self.routing.add(&out.routing)
+    }
+
+    fn batch(&self, step: u64) -> Result<(&dyn moegrad::train::TaskModel, Tensor, Vec<Tensor>)> {
+        let (b, t) = (self.cfg.batch, self.cfg.block);
+        let (x, y) = self.corpus.train_batch(b, t, self.cfg.seed, step);
+        let x = Tensor::from_i32(x, &[b, t], Device::Gpu)?;
+        let y = Tensor::from_i32(y, &[b * t], Device::Gpu)?;
+        Ok((&self.model, x, vec![y]))
     }
 }
 
@@ -258,7 +313,36 @@ pub fn count_step_with(cfg: TrainConfig) -> Result<GpuStats> {
 /// # Errors
 /// As [`count_step_with`].
 pub fn measure_step_with(cfg: TrainConfig, time: bool) -> Result<(GpuStats, Option<f64>)> {
+    let m = measure(cfg, time)?;
+    Ok((m.stats, m.gpu_ms))
+}
+
+/// What [`measure`] finds out about one steady-state step.
+pub struct StepFigures {
+    /// the counters of the counted step
+    pub stats: GpuStats,
+    /// its kernels' GPU milliseconds (see [`measure_step_with`])
+    pub gpu_ms: Option<f64>,
+    /// the most device bytes in use during a step, beyond those in use before it
+    pub peak_bytes: u64,
+    /// device bytes the forward pass and the loss leave in use for backward: the saved
+    /// activations (with f16-mixed, also the f16 copies of the weights the products saved)
+    pub activation_bytes: u64,
+}
+
+/// Device bytes in use now.
+fn in_use() -> Result<u64> {
+    Ok(moegrad::gpu::memory()?.in_use_bytes)
+}
+
+/// The counts, time and memory of one steady-state training step of `cfg` on the GPU (in its
+/// `precision`), after [`WARMUP_STEPS`] warm-up steps.
+///
+/// # Errors
+/// As [`count_step_with`]; `--precision f16-mixed` on an adapter without `shader-f16`.
+pub fn measure(cfg: TrainConfig, time: bool) -> Result<StepFigures> {
     let gpu = gpu()?;
+    let mixed = cfg.precision == Precision::F16Mixed;
     let mut stepper: Box<dyn Stepper> = if cfg.model.is_lm() {
         Box::new(LmStepper::new(cfg, Device::Gpu)?)
     } else {
@@ -275,12 +359,37 @@ pub fn measure_step_with(cfg: TrainConfig, time: bool) -> Result<(GpuStats, Opti
     let counted = counters().since(&before);
     // errors the driver reported late surface here, after the counting
     gpu.synchronize()?;
+    // the memory of one more step: its peak, and what its forward pass keeps for backward
+    let step = WARMUP_STEPS as u64 + 1;
+    let resting = in_use()?;
+    moegrad::gpu::reset_peak_memory()?;
+    stepper.step(step)?;
+    gpu.synchronize()?;
+    let peak_bytes = moegrad::gpu::memory()?.peak_bytes.saturating_sub(resting);
+    let activation_bytes = {
+        let (model, x, y) = stepper.batch(step)?;
+        let start = in_use()?;
+        let forward = || -> Result<_> {
+            let out = model.forward(&x)?;
+            let loss = moegrad::train::task_loss(&out.logits, &y)?;
+            Ok((out, loss))
+        };
+        let kept = if mixed {
+            moegrad::autocast_f16(forward)?
+        } else {
+            forward()?
+        };
+        let held = in_use()?.saturating_sub(start);
+        drop(kept);
+        held
+    };
+    gpu.synchronize()?;
     let timestamps = moegrad::gpu::has_timestamps()?;
     let gpu_ms = if time && timestamps && !moegrad::profile::is_enabled() {
         let recording = moegrad::profile::start();
         {
             let _step = moegrad::profile::step();
-            stepper.step(WARMUP_STEPS as u64 + 1)?;
+            stepper.step(step + 1)?;
         }
         recording
             .finish()
@@ -290,7 +399,12 @@ pub fn measure_step_with(cfg: TrainConfig, time: bool) -> Result<(GpuStats, Opti
     } else {
         None
     };
-    Ok((counted, gpu_ms))
+    Ok(StepFigures {
+        stats: counted,
+        gpu_ms,
+        peak_bytes,
+        activation_bytes,
+    })
 }
 
 /// `moegrad bench gpu-step` over `models` (names from [`GPU_STEP_MODELS`]).
@@ -304,19 +418,36 @@ pub fn bench_gpu_step(models: &[&str]) -> Result<GpuStepBench> {
     }
     let mut out = GpuStepBench {
         gpu_step: Vec::new(),
+        skipped: Vec::new(),
     };
+    let mut precisions = vec![Precision::F32];
+    match Precision::F16Mixed.check(Device::Gpu) {
+        Ok(()) => precisions.push(Precision::F16Mixed),
+        Err(e) => out.skipped.push(format!("f16-mixed: {e}")),
+    }
     for &m in models {
-        let (s, gpu_ms) = measure_step_with(step_config(m)?, true)?;
-        out.gpu_step.push(GpuStepRecord {
-            model: m.to_string(),
-            dispatches: s.dispatches,
-            submits: s.submits,
-            host_waits: s.host_waits,
-            buffers_created: s.buffers_created,
-            uploaded_bytes: s.uploaded_bytes,
-            downloaded_bytes: s.downloaded_bytes,
-            gpu_ms,
-        });
+        for &precision in &precisions {
+            let cfg = TrainConfig {
+                precision,
+                ..step_config(m)?
+            };
+            let f = measure(cfg, true)?;
+            let s = f.stats;
+            out.gpu_step.push(GpuStepRecord {
+                model: m.to_string(),
+                precision: precision.name().to_string(),
+                dispatches: s.dispatches,
+                submits: s.submits,
+                host_waits: s.host_waits,
+                buffers_created: s.buffers_created,
+                uploaded_bytes: s.uploaded_bytes,
+                downloaded_bytes: s.downloaded_bytes,
+                bound_bytes: s.bound_bytes,
+                activation_bytes: f.activation_bytes,
+                peak_bytes: f.peak_bytes,
+                gpu_ms: f.gpu_ms,
+            });
+        }
     }
     Ok(out)
 }

@@ -221,11 +221,13 @@ impl Batcher {
             pass.set_bind_group(0, &bind_group, &[offset as u32]);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
+        let mut bound = 0;
         for s in storage {
             b.hold.push(s.buffer.clone());
+            bound += s.size;
         }
         b.dispatches += 1;
-        self.counters.dispatch();
+        self.counters.dispatch(bound);
         if b.dispatches >= MAX_BATCH {
             self.submit_locked(ctx, &mut b);
         }

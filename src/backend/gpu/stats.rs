@@ -32,6 +32,11 @@ pub struct GpuStats {
     pub param_bytes: u64,
     /// bytes read back from the device to the host
     pub downloaded_bytes: u64,
+    /// bytes of the storage buffers bound to the dispatches (every kernel's operands and
+    /// outputs, counted once per dispatch): the memory traffic the kernels ask for, an upper
+    /// bound on what they move (a kernel may read part of a buffer, or read it through a
+    /// cache); halved where tensors are f16
+    pub bound_bytes: u64,
 }
 
 /// The live counters (one per [`GpuStats`] field).
@@ -44,6 +49,7 @@ pub(crate) struct Counters {
     uploaded_bytes: AtomicU64,
     param_bytes: AtomicU64,
     downloaded_bytes: AtomicU64,
+    bound_bytes: AtomicU64,
 }
 
 /// Adds `n` to `c`.
@@ -52,9 +58,10 @@ fn add(c: &AtomicU64, n: u64) {
 }
 
 impl Counters {
-    /// One dispatch recorded.
-    pub(super) fn dispatch(&self) {
+    /// One dispatch recorded, binding storage buffers of `bound` bytes in all.
+    pub(super) fn dispatch(&self, bound: u64) {
         add(&self.dispatches, 1);
+        add(&self.bound_bytes, bound);
     }
     /// One command buffer submitted.
     pub(super) fn submit(&self) {
@@ -93,6 +100,7 @@ impl Counters {
             uploaded_bytes: get(&self.uploaded_bytes),
             param_bytes: get(&self.param_bytes),
             downloaded_bytes: get(&self.downloaded_bytes),
+            bound_bytes: get(&self.bound_bytes),
         }
     }
 
@@ -106,6 +114,7 @@ impl Counters {
             &self.uploaded_bytes,
             &self.param_bytes,
             &self.downloaded_bytes,
+            &self.bound_bytes,
         ] {
             c.store(0, Ordering::Relaxed);
         }
@@ -125,6 +134,7 @@ impl GpuStats {
             downloaded_bytes: self
                 .downloaded_bytes
                 .saturating_sub(before.downloaded_bytes),
+            bound_bytes: self.bound_bytes.saturating_sub(before.bound_bytes),
         }
     }
 }
@@ -136,8 +146,8 @@ mod tests {
     #[test]
     fn counters_add_snapshot_and_reset() {
         let c = Counters::default();
-        c.dispatch();
-        c.dispatch();
+        c.dispatch(64);
+        c.dispatch(16);
         c.submit();
         c.host_wait();
         c.buffer_created();
@@ -155,9 +165,10 @@ mod tests {
                 uploaded_bytes: 132,
                 param_bytes: 32,
                 downloaded_bytes: 8,
+                bound_bytes: 80,
             }
         );
-        c.dispatch();
+        c.dispatch(4);
         assert_eq!(c.snapshot().since(&s).dispatches, 1);
         assert_eq!(c.snapshot().since(&s).uploaded_bytes, 0);
         c.reset();

@@ -217,28 +217,40 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
                 print_json(&r)?;
             } else {
                 println!(
-                    "{:<8} {:>10} {:>8} {:>10} {:>15} {:>14} {:>16} {:>10}",
+                    "{:<8} {:<9} {:>10} {:>8} {:>10} {:>15} {:>14} {:>16} {:>10} {:>8} {:>8} {:>10}",
                     "model",
+                    "precision",
                     "dispatches",
                     "submits",
                     "host waits",
                     "buffers created",
                     "uploaded bytes",
                     "downloaded bytes",
+                    "bound MB",
+                    "act MB",
+                    "peak MB",
                     "GPU ms"
                 );
+                let mb = |b: u64| format!("{:.1}", b as f64 / 1e6);
                 for m in &r.gpu_step {
                     println!(
-                        "{:<8} {:>10} {:>8} {:>10} {:>15} {:>14} {:>16} {:>10}",
+                        "{:<8} {:<9} {:>10} {:>8} {:>10} {:>15} {:>14} {:>16} {:>10} {:>8} {:>8} {:>10}",
                         m.model,
+                        m.precision,
                         m.dispatches,
                         m.submits,
                         m.host_waits,
                         m.buffers_created,
                         m.uploaded_bytes,
                         m.downloaded_bytes,
+                        mb(m.bound_bytes),
+                        mb(m.activation_bytes),
+                        mb(m.peak_bytes),
                         m.gpu_ms.map_or("-".to_string(), |ms| format!("{ms:.2}"))
                     );
+                }
+                for s in &r.skipped {
+                    println!("not measured: {s}");
                 }
             }
         }

@@ -41,9 +41,10 @@ pub(super) fn run_info(json: bool) -> Result<()> {
                 println!(
                     "gpu half precision:    {}",
                     if g.f16 {
-                        "yes (shader-f16): f16 tensors, their casts and f16 matmul"
+                        "yes (shader-f16): f16 tensors, and `train --precision f16-mixed`"
                     } else {
-                        "no: the adapter does not offer shader-f16, so f16 tensors are refused"
+                        "no: the adapter does not offer shader-f16, so f16 tensors and \
+                         `train --precision f16-mixed` are refused"
                     }
                 );
             }

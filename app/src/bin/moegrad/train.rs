@@ -65,6 +65,11 @@ pub(super) struct TrainArgs {
     /// Clip the global gradient norm to this value (0 turns clipping off).
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
     clip_grad_norm: f64,
+    /// Arithmetic: f32, or f16-mixed (GPU only, on adapters with shader-f16, which `moegrad
+    /// info` lists): activations and the big products in f16 with f32 sums, parameters,
+    /// optimizer, router and losses in f32, and a dynamic loss scale on the device.
+    #[arg(long, default_value = "f32", value_parser = ["f32", "f16-mixed"])]
+    precision: String,
     /// Seed of initialisation, shuffling and MultiMNIST composition.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -282,6 +287,7 @@ impl TrainArgs {
         c.data_file = self.data_file.clone();
         c.seed = image.seed;
         c.device = image.device.clone();
+        c.precision = image.precision;
         c.out = image.out.clone();
         c.log_every = image.log_every;
         // the Llama-style families keep their preset's MoE settings unless a flag says otherwise
@@ -415,6 +421,7 @@ impl TrainArgs {
             schedule_epochs: self.schedule_epochs,
             warmup_steps: self.warmup_steps,
             clip_grad_norm: self.clip_grad_norm,
+            precision: moegrad::train::Precision::from_name(&self.precision)?,
             seed: self.seed,
             device: self.device.clone(),
             out: self
