@@ -289,12 +289,20 @@ struct GroupedParams {
     has_bias: u32,
 }
 
+// The element type of the expert weights and biases `grouped_matmul` reads: f32 here, f16 in the
+// f16 build (like mm_elem), and f32 in the f16-rows build (`MATMUL_F16_ROWS_SHADER` in
+// src/backend/gpu/half.rs: f16 rows and outputs, f32 weights, as mixed precision's expert banks
+// are read straight from their f32 master copies instead of an f16 copy of the whole bank).
+// f16 build: weight type
+alias mm_weight = f32;
+// f16 build: end
+
 @group(0) @binding(0) var<uniform> gp: GroupedParams;
 @group(0) @binding(1) var<storage, read> gm_x: array<mm_elem>;
-@group(0) @binding(2) var<storage, read> gm_w: array<mm_elem>;
+@group(0) @binding(2) var<storage, read> gm_w: array<mm_weight>;
 @group(0) @binding(3) var<storage, read> gm_expert: array<i32>;
 @group(0) @binding(4) var<storage, read_write> gm_out: array<mm_elem>;
-@group(0) @binding(5) var<storage, read> gm_bias: array<mm_elem>;
+@group(0) @binding(5) var<storage, read> gm_bias: array<mm_weight>;
 
 // Expert of each of the tile's rows (-1 for an expert outside 0..n), and for each row the end of
 // the run of equal experts it starts.

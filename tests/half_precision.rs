@@ -14,6 +14,21 @@
 //!   neighbouring f16 of the f32 kernel's result (±inf past the largest f16);
 //! * the layout copies in f16 move exactly the values the f32 ones move; reductions (sum, max,
 //!   over one axis or two, cumulative sums, argmax) sum in f32 and round once;
+//! * causal attention in f16 (`[B, H, T, Dh]`) against the f32 kernel on the same f16-rounded
+//!   queries, keys, values and upstream gradient over random shapes (one position, head
+//!   dimensions 1, odd, 32 and 64, sequences inside, at the end of and across the 64-row tiles,
+//!   several batches and heads), forward and backward through `to_dtype`: within the output's
+//!   f16 rounding, plus for `dq` and `dk` the rounding of the saved output carried in by the
+//!   backward's `D = rowsum(dO ∘ O)`;
+//! * the packed form (`[3, B, H, T, Dh]`, one gradient) in f16 against f32 the same way;
+//! * scatter_add in f16 (`Tensor::scatter_add`, `index_scatter`) sums the f16 source in f32 and
+//!   rounds once: each output a neighbouring f16 of the f32 kernel's, through both kernels (the
+//!   per-output loop over few source rows, the sorted index over more than 4096), with repeated
+//!   indices and outputs nothing hits;
+//! * the backward of `index_select` (on both scatter kernels) and of `gather` in f16, a
+//!   scatter_add of the gradient, through the casts: a neighbouring f16 of the f32 gradient;
+//! * f16 rows against f32 expert weights and biases (mixed precision's expert bank) against the
+//!   f32 kernel, forward and backward, the weight and bias gradients back in f32;
 //! * errors, not panics or validation failures: an f16 tensor on the CPU, an op that has no f16
 //!   kernel, a product of an f16 and an f32 operand.
 //!
@@ -324,6 +339,104 @@ fn f16_grouped_matmul_and_its_backward_match_f32() {
     }
 }
 
+/// Mixed precision's expert bank: f16 rows against f32 weights and biases read where they are
+/// (`grouped_matmul`'s f16-rows build, no f16 copy of the bank). The weights are arbitrary f32
+/// values (not f16 ones), so this is exactly the f32 kernel's arithmetic on the same values with
+/// the output rounded once: `y` and `dx` (f16) within their rounding of the f32 results, and the
+/// gradients of the f32 weight and bias back in f32 within one f16 rounding (the weight-gradient
+/// kernel sums in f32 and stores f16, then the cast widens).
+#[test]
+fn f16_rows_with_f32_expert_weights_match_f32() {
+    let Some(gpu) = f16_gpu("f16_rows_with_f32_expert_weights_match_f32") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(37);
+    for (counts, k, m) in [
+        (vec![1usize], 1usize, 1usize),
+        (vec![3, 0, 70, 1], 17, 33),
+        (vec![64, 65], 64, 130),
+    ] {
+        let (n, rows) = (counts.len(), counts.iter().sum::<usize>());
+        let experts: Vec<i32> = (0..n)
+            .flat_map(|e| std::iter::repeat_n(e as i32, counts[e]))
+            .collect();
+        let offsets: Vec<i32> = std::iter::once(0)
+            .chain(counts.iter().scan(0, |acc, &c| {
+                *acc += c as i32;
+                Some(*acc)
+            }))
+            .collect();
+        let xv = f16_values(rows * k, &mut rng);
+        let wv: Vec<f32> = (0..n * k * m)
+            .map(|_| rng.random_range(-1.0f32..1.0))
+            .collect();
+        let bv: Vec<f32> = (0..n * m).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+        let up = f16_values(rows * m, &mut rng);
+        let row_expert = Tensor::from_i32(experts, &[rows], gpu).unwrap();
+        let offsets = Tensor::from_i32(offsets, &[n + 1], gpu).unwrap();
+        let run = |half: bool| {
+            let leaf = |v: &[f32], shape: &[usize]| {
+                Tensor::from_f32(v.to_vec(), shape, gpu)
+                    .unwrap()
+                    .with_grad()
+                    .unwrap()
+            };
+            let (x, w, b) = (
+                leaf(&xv, &[rows, k]),
+                leaf(&wv, &[n, k, m]),
+                leaf(&bv, &[n, m]),
+            );
+            let y = if half {
+                let y16 = x
+                    .to_dtype(DType::F16)
+                    .unwrap()
+                    .grouped_matmul_with_bias(&w, Some(&b), &row_expert, &offsets)
+                    .unwrap();
+                assert_eq!(y16.dtype(), DType::F16, "f16 rows give f16 outputs");
+                y16.to_dtype(DType::F32).unwrap()
+            } else {
+                x.grouped_matmul_with_bias(&w, Some(&b), &row_expert, &offsets)
+                    .unwrap()
+            };
+            y.backward_with(&Tensor::from_f32(up.clone(), &[rows, m], gpu).unwrap())
+                .unwrap();
+            let grad = |t: &Tensor| {
+                let g = t.grad().expect("a gradient");
+                assert_eq!(g.dtype(), DType::F32, "an f32 leaf's gradient is f32");
+                g.to_vec_f64().unwrap()
+            };
+            [y.to_vec_f64().unwrap(), grad(&x), grad(&w), grad(&b)]
+        };
+        let ([y16, dx16, dw16, db16], [y32, dx32, dw32, db32]) = (run(true), run(false));
+        let what = format!("f16 rows, f32 weights: experts {counts:?}, k {k}, m {m}");
+        assert_rounded_output(&format!("{what} y"), &y16, &y32, k + 1);
+        assert_rounded_output(&format!("{what} dx"), &dx16, &dx32, m);
+        assert_rounded_output(&format!("{what} dw"), &dw16, &dw32, rows);
+        assert_rounded_output(&format!("{what} db"), &db16, &db32, rows);
+    }
+    // mismatched devices and dtypes are errors, not panics
+    let x16 = Tensor::from_f32(vec![1.0; 2], &[1, 2], gpu)
+        .unwrap()
+        .to_dtype(DType::F16)
+        .unwrap();
+    let re = Tensor::from_i32(vec![0], &[1], gpu).unwrap();
+    let off = Tensor::from_i32(vec![0, 1], &[2], gpu).unwrap();
+    let w_cpu = Tensor::from_f32(vec![1.0; 2], &[1, 2, 1], Device::Cpu).unwrap();
+    assert!(matches!(
+        x16.grouped_matmul(&w_cpu, &re, &off),
+        Err(Error::Device(_))
+    ));
+    let w = Tensor::from_f32(vec![1.0; 2], &[1, 2, 1], gpu).unwrap();
+    let b16 = Tensor::from_f32(vec![1.0], &[1, 1], gpu)
+        .unwrap()
+        .to_dtype(DType::F16)
+        .unwrap();
+    assert!(matches!(
+        x16.grouped_matmul_with_bias(&w, Some(&b16), &re, &off),
+        Err(Error::DType(_))
+    ));
+}
+
 /// Layer norm and RMSNorm in f16: the forward output and the three gradients (`dx`, `dγ`, `dβ`)
 /// of the f16 build are each a neighbouring f16 of the f32 kernel's result on the same
 /// f16-valued operands (the same f32 arithmetic, rounded once), over rows and widths on both
@@ -467,6 +580,194 @@ fn f16_rotary_matches_f32_within_the_tables_rounding() {
                 );
             }
         }
+    }
+}
+
+/// Causal attention on queries, keys and values `[B, H, T, Dh]` given as one f32 buffer `qkv`
+/// (`q`, then `k`, then `v`), as f32 leaves: the output and the gradients `dq`, `dk`, `dv` of
+/// `Σ y ⊙ up`, twice: `[f16, f32]`. The f16 run casts the leaves to f16, attends there (checking
+/// the output is f16) and casts the output back, so its gradients come back through the casts as
+/// f32. `packed` attends with `causal_attention_packed` on one `[3, B, H, T, Dh]` leaf instead
+/// of three.
+fn attention_f16_and_f32(
+    gpu: Device,
+    dims: [usize; 4],
+    qkv: &[f32],
+    up: &[f32],
+    packed: bool,
+) -> [[Vec<f64>; 4]; 2] {
+    let n = dims.iter().product::<usize>();
+    let run = |half: bool| {
+        let leaf = |v: &[f32], shape: &[usize]| {
+            Tensor::from_f32(v.to_vec(), shape, gpu)
+                .unwrap()
+                .with_grad()
+                .unwrap()
+        };
+        let cast = |t: &Tensor| match half {
+            true => t.to_dtype(DType::F16).unwrap(),
+            false => t.clone(),
+        };
+        let (y, leaves) = if packed {
+            let x = leaf(qkv, &[[3].as_slice(), &dims].concat());
+            (cast(&x).causal_attention_packed().unwrap(), vec![x])
+        } else {
+            let [q, k, v] = [0, 1, 2].map(|i| leaf(&qkv[i * n..(i + 1) * n], &dims));
+            let y = cast(&q).causal_attention(&cast(&k), &cast(&v)).unwrap();
+            (y, vec![q, k, v])
+        };
+        let want = if half { DType::F16 } else { DType::F32 };
+        assert_eq!(y.dtype(), want, "the attention's dtype");
+        let y = if half {
+            y.to_dtype(DType::F32).unwrap()
+        } else {
+            y
+        };
+        y.backward_with(&Tensor::from_f32(up.to_vec(), &dims, gpu).unwrap())
+            .unwrap();
+        // dq, dk, dv one after the other, from three leaves or from the packed one
+        let grads: Vec<f64> = leaves
+            .iter()
+            .flat_map(|l| {
+                let g = l.grad().expect("a gradient");
+                assert_eq!(g.dtype(), DType::F32, "the f32 leaf's gradient is f32");
+                g.to_vec_f64().unwrap()
+            })
+            .collect();
+        let part = |i: usize| grads[i * n..(i + 1) * n].to_vec();
+        [y.to_vec_f64().unwrap(), part(0), part(1), part(2)]
+    };
+    [run(true), run(false)]
+}
+
+/// `|got − want| ≤ 2⁻¹⁰·(|want| + extra) + extra + inner·4·2⁻²³ + 10⁻⁶` per element: the
+/// rounding of the f16 output (as in [`assert_rounded_output`]) of a value that may differ from
+/// the f32 kernel's by up to `extra` (an error the f16 run carries in from an earlier rounding).
+fn assert_rounded_output_within(
+    what: &str,
+    got: &[f64],
+    want: &[f64],
+    inner: usize,
+    extra: &[f64],
+) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for (i, ((&g, &w), &e)) in got.iter().zip(want).zip(extra).enumerate() {
+        let tol = (w.abs() + e) * 2f64.powi(-10) + e + inner as f64 * 4.0 * 2f64.powi(-23) + 1e-6;
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}[{i}]: f16 {g}, f32 {w} (tolerance {tol:e}, of which {e:e} carried in)"
+        );
+    }
+}
+
+/// Checks causal attention in f16 against the f32 kernel on the same f16-valued `q`, `k`, `v`
+/// and upstream gradient (both builds run the same f32 operations in the same order; the f16
+/// build reads f16 and rounds each output once):
+///
+/// * `y` and `dv` differ only by that rounding: one f16 ulp, 2⁻¹⁰ relative (WGSL does not fix
+///   the rounding direction, so either neighbour, not half an ulp), and near zero, where the
+///   relative bound vanishes, f16's subnormal spacing 2⁻²⁴ and the f32 sums' rounding over the
+///   `T` keys or queries (`T·4·2⁻²³ + 10⁻⁶`, as [`assert_rounded_output`] allows);
+/// * `dq` and `dk` also carry the rounding of the saved output: the backward's
+///   `D_i = Σ_c dO_ic·O_ic` reads the f16 `O`, so it is off by `Δ_i = Σ_c dO_ic·(O16 − O32)_ic`
+///   (computed here from the two outputs, plus `2·Dh·2⁻²⁴·Σ_c |dO_ic·O_ic|` for the two f32
+///   sums), and `dS_ij = P_ij·(dP_ij − D_i)` passes it on: `dq_i` is off by
+///   `Δ_i·Σ_j P_ij·k_j/√Dh`, `dk_j` by `Σ_i P_ij·Δ_i·q_i/√Dh`, bounded with `|·|` and `P`
+///   recomputed here in f64.
+fn check_f16_attention(gpu: Device, dims: [usize; 4], packed: bool, rng: &mut ChaCha8Rng) {
+    let [b, h, t, dh] = dims;
+    let n = b * h * t * dh;
+    let (qkv, up) = (f16_values(3 * n, rng), f16_values(n, rng));
+    let [[y16, dq16, dk16, dv16], [y32, dq32, dk32, dv32]] =
+        attention_f16_and_f32(gpu, dims, &qkv, &up, packed);
+    let (q, k) = (&qkv[..n], &qkv[n..2 * n]);
+    let scale = 1.0 / (dh as f64).sqrt();
+    let (mut extra_q, mut extra_k) = (vec![0.0; n], vec![0.0; n]);
+    for head in 0..b * h {
+        let at = |row: usize, c: usize| (head * t + row) * dh + c;
+        // the error of each row's D, then P row by row (softmax of the visible scores)
+        let delta_err: Vec<f64> = (0..t)
+            .map(|i| {
+                let (mut d, mut mag) = (0.0, 0.0);
+                for c in 0..dh {
+                    d += up[at(i, c)] as f64 * (y16[at(i, c)] - y32[at(i, c)]);
+                    mag += (up[at(i, c)] as f64 * y32[at(i, c)]).abs();
+                }
+                d.abs() + 2.0 * dh as f64 * 2f64.powi(-24) * mag
+            })
+            .collect();
+        for i in 0..t {
+            let scores: Vec<f64> = (0..=i)
+                .map(|j| {
+                    let dot = (0..dh).map(|c| q[at(i, c)] as f64 * k[at(j, c)] as f64);
+                    dot.sum::<f64>() * scale
+                })
+                .collect();
+            let top = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let total: f64 = scores.iter().map(|s| (s - top).exp()).sum();
+            for (j, s) in scores.iter().enumerate() {
+                let p = (s - top).exp() / total;
+                for c in 0..dh {
+                    extra_q[at(i, c)] += p * delta_err[i] * (k[at(j, c)] as f64).abs() * scale;
+                    extra_k[at(j, c)] += p * delta_err[i] * (q[at(i, c)] as f64).abs() * scale;
+                }
+            }
+        }
+    }
+    let what = format!("{}attention {dims:?}", if packed { "packed " } else { "" });
+    let none = vec![0.0; n];
+    for (name, got, want, extra) in [
+        ("y", &y16, &y32, &none),
+        ("dq", &dq16, &dq32, &extra_q),
+        ("dk", &dk16, &dk32, &extra_k),
+        ("dv", &dv16, &dv32, &none),
+    ] {
+        assert_rounded_output_within(&format!("{what} {name}"), got, want, t, extra);
+    }
+}
+
+/// Causal attention in f16 (`[B, H, T, Dh]` queries, keys and values): output and gradients
+/// against the f32 kernel on the same f16-valued operands (see [`check_f16_attention`] for the
+/// tolerance), over one position, head dimensions 1, odd, 32 and 64, sequences that fill one
+/// 64-row tile exactly, end inside one, and span three, several heads and batches, and random
+/// shapes.
+#[test]
+fn f16_causal_attention_and_its_backward_match_f32() {
+    let Some(gpu) = f16_gpu("f16_causal_attention_and_its_backward_match_f32") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(47);
+    let mut shapes = vec![
+        [1, 1, 1, 1],
+        [1, 1, 1, 64],
+        [2, 1, 5, 7],
+        [1, 3, 70, 32],
+        [1, 2, 64, 1],
+        [2, 1, 130, 64],
+    ];
+    shapes.extend((0..4).map(|_| {
+        [
+            rng.random_range(1..=2),
+            rng.random_range(1..=3),
+            rng.random_range(1..=150),
+            rng.random_range(1..=64),
+        ]
+    }));
+    for dims in shapes {
+        check_f16_attention(gpu, dims, false, &mut rng);
+    }
+}
+
+/// The packed form (`[3, B, H, T, Dh]`, one leaf whose gradient packs `dq`, `dk`, `dv`) in f16
+/// against f32, as [`f16_causal_attention_and_its_backward_match_f32`].
+#[test]
+fn f16_packed_causal_attention_matches_f32() {
+    let Some(gpu) = f16_gpu("f16_packed_causal_attention_matches_f32") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(53);
+    for dims in [[1, 1, 1, 1], [2, 2, 67, 7], [1, 1, 129, 64]] {
+        check_f16_attention(gpu, dims, true, &mut rng);
     }
 }
 
@@ -653,5 +954,127 @@ fn f16_reductions_sum_in_f32_and_round_once() {
             x32.argmax(-1, false).unwrap().to_vec_f64().unwrap(),
             "argmax of [{r}, {c}]"
         );
+    }
+}
+
+/// An I32 index of `shape` on the GPU, random in `0..hit` (with `hit` below the output length,
+/// the last outputs get no source value).
+fn random_index(shape: &[usize], hit: usize, gpu: Device, rng: &mut ChaCha8Rng) -> Tensor {
+    let n = shape.iter().product();
+    let v = (0..n).map(|_| rng.random_range(0..hit as i32)).collect();
+    Tensor::from_i32(v, shape, gpu).unwrap()
+}
+
+/// scatter_add in f16 adds the f16 source in f32, in the f32 kernel's order, and rounds once:
+/// every output is a neighbouring f16 of the f32 kernel's sum of the same f16-valued source.
+/// Both kernels of the launcher, with repeated indices and outputs no index hits:
+/// `scatter_add_loop` (at most 32 source rows, or an index that varies along the inner axis) and
+/// `scatter_add_sorted` (one index per source row and more than the 4096 source rows
+/// `SCATTER_LOOP_LONGEST` lets one invocation loop over), through `Tensor::scatter_add` and
+/// `index_scatter`.
+#[test]
+fn f16_scatter_add_rounds_the_f32_sum_once() {
+    let Some(gpu) = f16_gpu("f16_scatter_add_rounds_the_f32_sum_once") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(59);
+    // the source in f16 and in f32
+    let both = |v: &[f32], shape: &[usize]| {
+        let t = Tensor::from_f32(v.to_vec(), shape, gpu).unwrap();
+        [t.to_dtype(DType::F16).unwrap(), t]
+    };
+    // `Tensor::scatter_add` into zeros: (source and index shape, axis, output length on it);
+    // the index has the source's shape, so its inner stride is 0 only when inner is 1
+    for (shape, axis, len) in [
+        (vec![20, 7], 0, 5), // loop: 20 rows, and the index varies along the inner axis
+        (vec![3, 30], 1, 4), // loop: 30 rows each of 3 outer slices
+        (vec![5000], 0, 37), // sorted: 5000 rows of one element
+    ] {
+        let n: usize = shape.iter().product();
+        let src = f16_values(n, &mut rng);
+        let idx = random_index(&shape, len - 1, gpu, &mut rng);
+        let mut out_shape = shape.clone();
+        out_shape[axis] = len;
+        let [y16, y32] = both(&src, &shape).map(|s| {
+            Tensor::zeros(&out_shape, s.dtype(), gpu)
+                .unwrap()
+                .scatter_add(axis as isize, &idx, &s)
+                .unwrap()
+        });
+        assert_eq!(y16.dtype(), DType::F16);
+        assert_rounded_once(
+            &format!("scatter_add of {shape:?} along {axis} into {len}"),
+            &y16.to_vec_f32().unwrap(),
+            &y32.to_vec_f32().unwrap(),
+        );
+    }
+    // `index_scatter`: one index per source row (source shape, axis, output length on it)
+    for (shape, axis, len) in [
+        (vec![9, 3], 0, 4),        // loop: 9 rows
+        (vec![4200, 3], 0, 50),    // sorted: 4200 rows of 3
+        (vec![2, 4100, 2], 1, 30), // sorted: 2 outer slices sharing one sorted index
+    ] {
+        let n: usize = shape.iter().product();
+        let src = f16_values(n, &mut rng);
+        let idx = random_index(&[shape[axis]], len - 1, gpu, &mut rng);
+        let [y16, y32] =
+            both(&src, &shape).map(|s| s.index_scatter(axis as isize, &idx, len).unwrap());
+        assert_eq!(y16.dtype(), DType::F16);
+        assert_rounded_once(
+            &format!("index_scatter of {shape:?} along {axis} into {len}"),
+            &y16.to_vec_f32().unwrap(),
+            &y32.to_vec_f32().unwrap(),
+        );
+    }
+}
+
+/// The backward of `index_select` (and of `gather`) in f16 is a scatter_add of the f16 upstream
+/// gradient: through the casts, the gradient of the f32 leaf is a neighbouring f16 of the f32
+/// run's, for a few picked rows (`scatter_add_loop`) and for more than 4096 (`scatter_add_sorted`),
+/// rows picked many times and rows never picked.
+#[test]
+fn f16_index_select_and_gather_backward_round_the_f32_gradient_once() {
+    let Some(gpu) = f16_gpu("f16_index_select_and_gather_backward_round_the_f32_gradient_once")
+    else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(61);
+    // x [len, cols] picked along axis 0: (len, cols, picks)
+    for (len, cols, picks) in [(6, 5, 20), (40, 3, 4500)] {
+        let x = f16_values(len * cols, &mut rng);
+        let upstream = f16_values(picks * cols, &mut rng);
+        let selected = random_index(&[picks], len - 1, gpu, &mut rng);
+        // gather along axis 0 with an index of the output's shape (inner stride 1: the loop)
+        let gathered = random_index(&[picks, cols], len - 1, gpu, &mut rng);
+        type Op = fn(&Tensor, &Tensor) -> Tensor;
+        let ops: [(&str, &Tensor, Op); 2] = [
+            ("index_select", &selected, |x, i| {
+                x.index_select(0, i).unwrap()
+            }),
+            ("gather", &gathered, |x, i| x.gather(0, i).unwrap()),
+        ];
+        for (name, idx, op) in ops {
+            let grad = |half: bool| {
+                let leaf = Tensor::from_f32(x.clone(), &[len, cols], gpu)
+                    .unwrap()
+                    .with_grad()
+                    .unwrap();
+                let y = if half {
+                    let y16 = op(&leaf.to_dtype(DType::F16).unwrap(), idx);
+                    assert_eq!(y16.dtype(), DType::F16, "{name}");
+                    y16.to_dtype(DType::F32).unwrap()
+                } else {
+                    op(&leaf, idx)
+                };
+                let g = Tensor::from_f32(upstream.clone(), &[picks, cols], gpu).unwrap();
+                y.backward_with(&g).unwrap();
+                leaf.grad().expect("a gradient").to_vec_f32().unwrap()
+            };
+            assert_rounded_once(
+                &format!("the gradient of {name} of {picks} rows of [{len}, {cols}]"),
+                &grad(true),
+                &grad(false),
+            );
+        }
     }
 }

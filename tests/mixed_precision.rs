@@ -152,7 +152,8 @@ fn f16_mixed_runs_the_block_in_f16_and_the_router_and_loss_in_f32() {
     let has = |name: &str| mixed.iter().any(|k| k.starts_with(name));
     for f16_kernel in [
         "matmul_f16.matmul",
-        "matmul_f16.grouped_matmul",
+        "matmul_f16_rows.grouped_matmul",
+        "matmul_f16.grouped_weight_grad",
         "attention_f16.attention_forward",
         "attention_f16.attention_backward_q",
         "layer_norm_f16",

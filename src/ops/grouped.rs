@@ -40,14 +40,24 @@ impl Tensor {
         row_expert: &Tensor,
         offsets: &Tensor,
     ) -> Result<Tensor> {
-        if let Some([x, w, b]) =
-            crate::autocast::low_precision_operands([self, w, bias.unwrap_or(self)])?
-        {
-            let bias = bias.map(|_| b);
-            return x.grouped_matmul_with_bias(&w, bias.as_ref(), row_expert, offsets);
+        // Under mixed precision only the rows are cast: the kernel reads f32 expert weights
+        // where they are (the f16-rows build), so no f16 copy of the whole bank is made and
+        // the step's bytes grow with the experts used, not the experts owned.
+        if let Some([x]) = crate::autocast::low_precision_operands([self])? {
+            return x.grouped_matmul_with_bias(w, bias, row_expert, offsets);
         }
         let _profile = crate::profile::op("grouped_matmul");
-        self.check_compatible(w, "grouped_matmul")?;
+        // f16 rows may meet f32 weights (mixed precision); otherwise the dtypes must agree
+        let f16_rows = self.dtype() == DType::F16 && w.dtype() == DType::F32;
+        if !f16_rows {
+            self.check_compatible(w, "grouped_matmul")?;
+        } else if self.device() != w.device() {
+            return Err(Error::Device(format!(
+                "grouped_matmul: rows on {} and expert weights on {}",
+                self.device(),
+                w.device()
+            )));
+        }
         self.check_float("grouped_matmul")?;
         if self.rank() != 2 || w.rank() != 3 || self.shape()[1] != w.shape()[1] {
             return Err(Error::Shape(format!(
@@ -72,7 +82,7 @@ impl Tensor {
             ));
         }
         if let Some(b) = bias {
-            self.check_compatible(b, "grouped_matmul")?;
+            w.check_compatible(b, "grouped_matmul")?;
             if b.shape() != [n, m] {
                 return Err(Error::Shape(format!(
                     "grouped_matmul: bias {:?} must be [{n}, {m}], one row per expert of w {:?}",
@@ -112,6 +122,7 @@ impl Tensor {
             && GroupedWeightGrad::worth_deferring(w.device(), rows, (k, m, n));
         let leaf = if defer { Some(w.clone()) } else { None };
         let (bias_given, need_b) = (bias.is_some(), bias.is_some_and(|b| b.requires_grad()));
+        let (w_dtype, bias_dtype) = (w.dtype(), bias.map_or(w.dtype(), |b| b.dtype()));
         let mut inputs = vec![self, w];
         inputs.extend(bias);
         Ok(Tensor::record(y, "grouped_matmul", &inputs, move |g| {
@@ -128,7 +139,8 @@ impl Tensor {
                         experts: n,
                     },
                 )?;
-                Some(Tensor::from_storage(db, vec![n, m]))
+                // an f32 bias of f16 rows gets its gradient in f32 (see below)
+                Some(Tensor::from_storage(db, vec![n, m]).to_dtype(bias_dtype)?)
             } else {
                 None
             };
@@ -164,7 +176,9 @@ impl Tensor {
                         leaf.accumulate_deferred(recipe)?;
                         None
                     }
-                    None => Some(recipe.materialize()?),
+                    // the f16 rows' weight gradient, summed in f32 and stored in f16, goes back
+                    // to the f32 bank in f32
+                    None => Some(recipe.materialize()?.to_dtype(w_dtype)?),
                 }
             } else {
                 None

@@ -34,39 +34,66 @@ pub(crate) static HALF_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
 
 /// The marker lines around a shader's element block: the alias of its tensors' element type
 /// (`alias X = f32;`, or `u32` for kernels that only move words) and, where the kernel
-/// computes, the function that stores an f32 value as one (`return v;`).
+/// computes, the function that stores an f32 value as one (`return v;`). A shader may also have
+/// a weight block (`shaders/matmul.wgsl`'s `mm_weight`), made f16 by [`f16_build`] and left
+/// f32 by [`f16_rows_build`].
 const ELEMENT_BEGIN: &str = "// f16 build: element type\n";
-const ELEMENT_END: &str = "// f16 build: end\n";
+const WEIGHT_BEGIN: &str = "// f16 build: weight type\n";
+const BLOCK_END: &str = "// f16 build: end\n";
+
+/// `source` with every block that starts with one of `begins` (and ends at [`BLOCK_END`])
+/// rewritten for f16: each `alias X = …;` made `alias X = f16;` and each `return v;` made
+/// [`f16_of`]-rounding.
+fn rewrite_blocks(source: &str, begins: &[&str]) -> String {
+    let mut out = String::with_capacity(source.len() + 64);
+    let mut rest = source;
+    loop {
+        let next = begins
+            .iter()
+            .filter_map(|b| rest.find(b))
+            .min()
+            .and_then(|b| Some((b, b + rest[b..].find(BLOCK_END)?)));
+        let Some((b, e)) = next else {
+            out.push_str(rest);
+            return out;
+        };
+        out.push_str(&rest[..b]);
+        for line in rest[b..e].lines() {
+            match line
+                .strip_prefix("alias ")
+                .and_then(|r| r.split_once(" = "))
+            {
+                // `alias X = f32;` (or `u32;` for word copies) becomes `alias X = f16;`
+                Some((name, _)) => out.push_str(&format!("alias {name} = f16;\n")),
+                None => out.push_str(&format!(
+                    "{}\n",
+                    line.replace("return v;", "return f16_of(v);")
+                )),
+            }
+        }
+        rest = &rest[e..];
+    }
+}
 
 /// The f16 build of a shader whose float tensors are declared through an element block (see
-/// `shaders/matmul.wgsl`): [`F16_PRELUDE`], then the source with the block's alias made `f16`
-/// and its store made [`f16_of`]-rounding. Everything else (the f32 arithmetic, the f32 loads
-/// through `f32(...)`) is the same text. A source without the block comes back unchanged after
-/// the prelude, which the tests of every f16 kernel would catch (its tensors would be read as
-/// f32).
+/// `shaders/matmul.wgsl`): [`F16_PRELUDE`], then the source with the element (and weight)
+/// blocks' aliases made `f16` and their stores made [`f16_of`]-rounding. Everything else (the
+/// f32 arithmetic, the f32 loads through `f32(...)`) is the same text. A source without the
+/// block comes back unchanged after the prelude, which the tests of every f16 kernel would
+/// catch (its tensors would be read as f32).
 fn f16_build(source: &str) -> String {
-    let block = source.find(ELEMENT_BEGIN).and_then(|b| {
-        let e = b + source[b..].find(ELEMENT_END)?;
-        Some((b, e))
-    });
-    let body = match block {
-        Some((b, e)) => {
-            let f16_block: String = source[b..e]
-                .lines()
-                .map(|line| match line.strip_prefix("alias ") {
-                    // `alias X = f32;` (or `u32;` for word copies) becomes `alias X = f16;`
-                    Some(rest) => match rest.split_once(" = ") {
-                        Some((name, _)) => format!("alias {name} = f16;\n"),
-                        None => format!("{line}\n"),
-                    },
-                    None => format!("{}\n", line.replace("return v;", "return f16_of(v);")),
-                })
-                .collect();
-            format!("{}{f16_block}{}", &source[..b], &source[e..])
-        }
-        None => source.to_string(),
-    };
-    format!("{F16_PRELUDE}\n{body}")
+    format!(
+        "{F16_PRELUDE}\n{}",
+        rewrite_blocks(source, &[ELEMENT_BEGIN, WEIGHT_BEGIN])
+    )
+}
+
+/// [`f16_build`] without the weight block: f16 tensors, f32 weights.
+fn f16_rows_build(source: &str) -> String {
+    format!(
+        "{F16_PRELUDE}\n{}",
+        rewrite_blocks(source, &[ELEMENT_BEGIN])
+    )
 }
 
 /// `shaders/matmul.wgsl` built with f16 operands and outputs for its three entries (`matmul`,
@@ -113,6 +140,13 @@ pub(crate) static SWIGLU_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader 
 pub(crate) static ROTARY_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "rotary_f16",
     source: String::leak(f16_build(super::rotary::ROTARY_SHADER.source)),
+});
+
+/// `shaders/matmul.wgsl`'s `grouped_matmul` with f16 rows and outputs and f32 expert weights
+/// and biases (mixed precision's expert banks, read from their f32 master copies); f32 sums.
+pub(crate) static MATMUL_F16_ROWS_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "matmul_f16_rows",
+    source: String::leak(f16_rows_build(super::matmul::MATMUL_SHADER.source)),
 });
 
 /// Causal attention (`attention.wgsl`, forward and backward) built for f16 queries, keys,

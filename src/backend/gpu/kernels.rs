@@ -132,6 +132,10 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         },
         BuiltinShader {
             needs_f16: true,
+            ..plain(&half::MATMUL_F16_ROWS_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
             specialisations: attention_specialisations,
             ..plain(&half::ATTENTION_F16_SHADER)
         },
@@ -187,6 +191,7 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
             | ("swiglu_f16", _)
             | ("rotary_f16", _)
             | ("attention_f16", _)
+            | ("matmul_f16_rows", "grouped_matmul")
             | ("elementwise", "fill")
     )
 }

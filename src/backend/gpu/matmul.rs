@@ -414,9 +414,18 @@ pub(crate) fn grouped_matmul(
         transpose_w,
     } = dims;
     const WHAT: &str = "grouped_matmul";
-    let mut floats = vec![("x", x), ("w", w)];
-    floats.extend(bias.map(|b| ("bias", b)));
-    let dtype = float_operands(WHAT, &floats)?;
+    let mut weights = vec![("w", w)];
+    weights.extend(bias.map(|b| ("bias", b)));
+    // f16 rows with f32 weights: mixed precision's expert banks, read in f32 where they are
+    let f16_rows = x.dtype() == DType::F16 && float_operands(WHAT, &weights)? == DType::F32;
+    let dtype = if f16_rows {
+        be.check_f16(WHAT)?;
+        DType::F16
+    } else {
+        let mut floats = vec![("x", x)];
+        floats.extend(weights);
+        float_operands(WHAT, &floats)?
+    };
     check_i32(WHAT, "row_expert", row_expert)?;
     check_len(WHAT, "x", x, product(&[rows, k]), &format!("[{rows}, {k}]"))?;
     let w_shape = if transpose_w {
@@ -454,7 +463,14 @@ pub(crate) fn grouped_matmul(
     let out = be.alloc(out_len, dtype)?;
     launch_grid(
         be,
-        (matmul_build(dtype), "grouped_matmul"),
+        (
+            if f16_rows {
+                &super::half::MATMUL_F16_ROWS_SHADER
+            } else {
+                matmul_build(dtype)
+            },
+            "grouped_matmul",
+        ),
         // without a bias, `w` stands in for the unread bias binding
         &[x, w, row_expert, &out, bias.unwrap_or(w)],
         [tiles(m), tiles(rows), 1],
