@@ -17,6 +17,8 @@ use moegrad::data::text::CharCorpus;
 use moegrad::nn::Parameters;
 use moegrad::train::{ModelKind, TrainConfig};
 use moegrad::{Device, Tensor};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
 
 /// The GPU when it has `shader-f16`, else `None` (skipped with a printed reason).
 fn f16_gpu(test: &str) -> Option<Device> {
@@ -330,4 +332,72 @@ fn good_steps_grow_the_scale_and_an_overflow_restarts_the_count() {
         "the CPU has no f16-mixed"
     );
     assert!(LossScale::with(f64::NAN, 3, gpu).is_err());
+}
+
+#[test]
+fn every_language_model_and_every_router_trains_in_f16_mixed() {
+    let Some(gpu) = f16_gpu("every_language_model_and_every_router_trains_in_f16_mixed") else {
+        return;
+    };
+    for kind in [
+        ModelKind::Gpt,
+        ModelKind::MoeGpt,
+        ModelKind::Llama,
+        ModelKind::Mixtral,
+        ModelKind::Qwen2Moe,
+        ModelKind::Olmoe,
+        ModelKind::DeepseekMoe,
+    ] {
+        let cfg = TrainConfig {
+            layers: 2,
+            d_model: 64,
+            block: 16,
+            batch: 2,
+            device: "gpu".into(),
+            ..TrainConfig::language_model(kind)
+        };
+        let (l, skipped) = losses(&cfg, true, 3);
+        assert!(
+            l.iter().all(|v| v.is_finite()) && skipped == 0,
+            "{}: losses {l:?}, {skipped} skipped",
+            kind.name()
+        );
+    }
+    // every router, in the image MoE (its gate in f32, the experts in f16)
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    let pixels: Vec<f32> = (0..4 * 28 * 28)
+        .map(|_| rng.random_range(0.0..1.0))
+        .collect();
+    let x = Tensor::from_f32(pixels, &[4, 1, 28, 28], gpu).unwrap();
+    let y = Tensor::from_i32(vec![1, 7, 3, 0], &[4], gpu).unwrap();
+    for router in moegrad::moe::ROUTER_NAMES {
+        let cfg = TrainConfig {
+            model: ModelKind::MoeMlp,
+            router: router.to_string(),
+            experts: 4,
+            k: 2,
+            expert_hidden: 32,
+            batch: 4,
+            device: "gpu".into(),
+            ..TrainConfig::default()
+        };
+        let model = moegrad::train::build_model(&cfg, 28, 1, gpu).unwrap();
+        let params = model.named_params();
+        let mut opt = moegrad::train::make_optimizer(&cfg).unwrap();
+        let scale = moegrad::optim::LossScale::new(gpu).unwrap();
+        for _ in 0..2 {
+            let out = moegrad::train::train_step_mixed(
+                model.as_ref(),
+                &params,
+                opt.as_mut(),
+                &x,
+                std::slice::from_ref(&y),
+                1.0,
+                &scale,
+            )
+            .unwrap_or_else(|e| panic!("router {router} in f16-mixed: {e}"));
+            let l = out.loss.item().unwrap();
+            assert!(l.is_finite(), "router {router}: loss {l}");
+        }
+    }
 }

@@ -868,3 +868,30 @@ fn settings_that_would_do_nothing_are_warned_about() {
     assert_eq!(code, Some(0), "{stderr}");
     assert!(!stderr.contains("warning"), "{stderr}");
 }
+
+#[test]
+fn f16_mixed_on_the_cpu_is_refused_before_the_output_directory_is_touched() {
+    let out = fresh_dir("f16-cpu");
+    let (code, _, err) = moegrad_limited(&[
+        "train",
+        "--model",
+        "mlp",
+        "--device",
+        "cpu",
+        "--precision",
+        "f16-mixed",
+        "--epochs",
+        "1",
+        "--out",
+        &out,
+    ]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("--precision f16-mixed trains on the GPU") && err.contains("--device gpu"),
+        "{err}"
+    );
+    assert!(!std::path::Path::new(&out).exists(), "--out was created");
+    let (code, _, err) = moegrad_limited(&["train", "--precision", "bf16", "--out", &out]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("f16-mixed"), "{err}");
+}
