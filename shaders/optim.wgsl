@@ -348,19 +348,27 @@ fn grad_sumsq(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     if (lid == 0u && c0 < np.total) { gn_partials[np.partial_offset + w] = gn_sums[0]; }
 }
 
+// grad_clip_scale and loss_scale_factor: partials (1, read), norm (2), the gradients' factor
+// (3, the `scale` the update kernels read).
 @group(0) @binding(1) var<storage, read> gc_partials: array<f32>;
 @group(0) @binding(2) var<storage, read_write> gc_norm: array<f32>;
 @group(0) @binding(3) var<storage, read_write> gc_scale: array<f32>;
 
-@compute @workgroup_size(256)
-fn grad_clip_scale(@builtin(local_invocation_index) lid: u32) {
+// partials[0..np.total] summed by the one workgroup of 256; every invocation gets the total.
+fn partials_total(lid: u32) -> f32 {
     var acc = 0.0;
     for (var i = lid; i < np.total; i = i + 256u) { acc = acc + gc_partials[i]; }
     gn_sums[lid] = acc;
     workgroupBarrier();
     gn_tree(lid);
+    return gn_sums[0];
+}
+
+@compute @workgroup_size(256)
+fn grad_clip_scale(@builtin(local_invocation_index) lid: u32) {
+    let total = partials_total(lid);
     if (lid == 0u) {
-        let norm = sqrt(gn_sums[0]);
+        let norm = sqrt(total);
         gc_norm[0] = norm;
         gc_scale[0] = clamp(np.max_norm * (1.0 / (norm + 1e-6)), 0.0, 1.0);
     }
@@ -379,27 +387,19 @@ fn grad_clip_scale(@builtin(local_invocation_index) lid: u32) {
 // Bindings: partials (1, read), norm (2, read_write [1]), factor (3, read_write [1]),
 // scale (4, read_write [1]), counts (5, read_write [2]: good steps in a row, skipped steps).
 
-@group(0) @binding(1) var<storage, read> ls_partials: array<f32>;
-@group(0) @binding(2) var<storage, read_write> ls_norm: array<f32>;
-@group(0) @binding(3) var<storage, read_write> ls_factor: array<f32>;
 @group(0) @binding(4) var<storage, read_write> ls_scale: array<f32>;
 @group(0) @binding(5) var<storage, read_write> ls_counts: array<f32>;
 
 @compute @workgroup_size(256)
 fn loss_scale_factor(@builtin(local_invocation_index) lid: u32) {
-    var acc = 0.0;
-    for (var i = lid; i < np.total; i = i + 256u) { acc = acc + ls_partials[i]; }
-    gn_sums[lid] = acc;
-    workgroupBarrier();
-    gn_tree(lid);
+    let sum = partials_total(lid);
     if (lid == 0u) {
-        let sum = gn_sums[0];
         let s = ls_scale[0];
         // inf or NaN: all exponent bits set (a bit test, which no compiler folds away)
         let overflow = (bitcast<u32>(sum) & 0x7f800000u) == 0x7f800000u;
         if (overflow) {
-            ls_factor[0] = -1.0;
-            ls_norm[0] = bitcast<f32>(0x7f800000u);
+            gc_scale[0] = -1.0;
+            gc_norm[0] = bitcast<f32>(0x7f800000u);
             ls_scale[0] = max(s * 0.5, 1.0);
             ls_counts[0] = 0.0;
             ls_counts[1] = ls_counts[1] + 1.0;
@@ -407,8 +407,8 @@ fn loss_scale_factor(@builtin(local_invocation_index) lid: u32) {
             let norm = sqrt(sum) / s;
             var clip = 1.0;
             if (np.max_norm > 0.0) { clip = clamp(np.max_norm * (1.0 / (norm + 1e-6)), 0.0, 1.0); }
-            ls_factor[0] = clip / s;
-            ls_norm[0] = norm;
+            gc_scale[0] = clip / s;
+            gc_norm[0] = norm;
             let good = ls_counts[0] + 1.0;
             if (good >= f32(np._pad)) {
                 ls_scale[0] = min(s * 2.0, 16777216.0);

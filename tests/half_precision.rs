@@ -280,6 +280,21 @@ fn f16_matmul_backward_through_the_casts_matches_f32() {
     }
 }
 
+/// The rows of experts holding `counts[e]` rows each, sorted by expert: each row's expert and
+/// where each expert's rows start (`n + 1` offsets), as `grouped_matmul` takes them.
+fn expert_rows(counts: &[usize]) -> (Vec<i32>, Vec<i32>) {
+    let experts = (0..counts.len())
+        .flat_map(|e| std::iter::repeat_n(e as i32, counts[e]))
+        .collect();
+    let offsets = std::iter::once(0)
+        .chain(counts.iter().scan(0, |acc, &c| {
+            *acc += c as i32;
+            Some(*acc)
+        }))
+        .collect();
+    (experts, offsets)
+}
+
 /// The expert bank in f16: `grouped_matmul`'s output against the f64 products of its f16
 /// operands (each row by its own expert's weights), and its backward (`grouped_matmul` with the
 /// weights transposed for `dx`, `grouped_weight_grad` for `dW`) through the casts against the
@@ -296,15 +311,7 @@ fn f16_grouped_matmul_and_its_backward_match_f32() {
         (vec![64, 65], 64, 130),
     ] {
         let (n, rows) = (counts.len(), counts.iter().sum::<usize>());
-        let experts: Vec<i32> = (0..n)
-            .flat_map(|e| std::iter::repeat_n(e as i32, counts[e]))
-            .collect();
-        let offsets: Vec<i32> = std::iter::once(0)
-            .chain(counts.iter().scan(0, |acc, &c| {
-                *acc += c as i32;
-                Some(*acc)
-            }))
-            .collect();
+        let (experts, offsets) = expert_rows(&counts);
         let (xv, wv) = (
             f16_values(rows * k, &mut rng),
             f16_values(n * k * m, &mut rng),
@@ -357,15 +364,7 @@ fn f16_rows_with_f32_expert_weights_match_f32() {
         (vec![64, 65], 64, 130),
     ] {
         let (n, rows) = (counts.len(), counts.iter().sum::<usize>());
-        let experts: Vec<i32> = (0..n)
-            .flat_map(|e| std::iter::repeat_n(e as i32, counts[e]))
-            .collect();
-        let offsets: Vec<i32> = std::iter::once(0)
-            .chain(counts.iter().scan(0, |acc, &c| {
-                *acc += c as i32;
-                Some(*acc)
-            }))
-            .collect();
+        let (experts, offsets) = expert_rows(&counts);
         let xv = f16_values(rows * k, &mut rng);
         let wv: Vec<f32> = (0..n * k * m)
             .map(|_| rng.random_range(-1.0f32..1.0))
