@@ -6,7 +6,8 @@
 //! policy, and Switch Transformer's "selective precision" (Fedus et al. 2021, §2.4: the router
 //! computes in f32 on f32 inputs while the rest of the layer runs in a 16-bit format).
 //!
-//! How an op applies it (the op calls [`low_precision_operands`] or [`full_precision_operand`]):
+//! How an op applies it (the op calls `low_precision_operands`, `matched_operands` or
+//! [`full_precision_operand`]):
 //! - an op of the f16 class casts its f32 *GPU* operands to f16 (`Tensor::to_dtype`, which is
 //!   differentiable: the gradient of an f32 parameter comes back to it in f32, so parameters,
 //!   their gradients and the optimizer's state stay f32 — the "master weights");
