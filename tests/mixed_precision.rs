@@ -401,3 +401,55 @@ fn every_language_model_and_every_router_trains_in_f16_mixed() {
         }
     }
 }
+
+#[test]
+fn the_loss_scale_state_round_trips_for_checkpoints() {
+    use moegrad::optim::{LossScale, Sgd};
+    let Some(gpu) = common::gpu_or_skip("the_loss_scale_state_round_trips_for_checkpoints") else {
+        return;
+    };
+    let p = moegrad::nn::Param::new(Tensor::from_f32(vec![1.0], &[1], gpu).unwrap()).unwrap();
+    let params = named(&[&p]);
+    let mut sgd = Sgd::new(1e-3).unwrap();
+    let grown = LossScale::with(4.0, 2, gpu).unwrap();
+    for _ in 0..3 {
+        scaled_step(&grown, &params, &mut sgd, &p.get().sum_all().unwrap());
+    }
+    assert_eq!(grown.scale().unwrap(), 8.0);
+    // a checkpoint's tensors (read back, as a file would hold them) into a fresh scale
+    let mut resumed = LossScale::new(gpu).unwrap();
+    for (name, t) in grown.state() {
+        let copy = Tensor::from_f32(t.to_vec_f32().unwrap(), t.shape(), gpu).unwrap();
+        resumed.load_state(&name, &copy).unwrap();
+    }
+    assert_eq!(resumed.scale().unwrap(), 8.0);
+    assert_eq!(resumed.skipped_steps().unwrap(), 0);
+    // it goes on from there: the restored count (one good step since the last growth) plus one
+    // more completes the interval of 2 and doubles the scale
+    assert_eq!(grown.state()[1].1.to_vec_f32().unwrap(), vec![1.0, 0.0]);
+    let mut scale = LossScale::with(1.0, 2, gpu).unwrap();
+    for (name, t) in grown.state() {
+        scale.load_state(&name, &t).unwrap();
+    }
+    scaled_step(&scale, &params, &mut sgd, &p.get().sum_all().unwrap());
+    assert_eq!(scale.scale().unwrap(), 16.0);
+    // bad state is refused
+    let mut bad = |name: &str, t: Tensor| resumed.load_state(name, &t).is_err();
+    assert!(bad(
+        "scale",
+        Tensor::from_f32(vec![f32::NAN], &[], gpu).unwrap()
+    ));
+    assert!(bad("scale", Tensor::from_f32(vec![0.5], &[], gpu).unwrap()));
+    assert!(bad(
+        "scale",
+        Tensor::from_f32(vec![2.0], &[1], gpu).unwrap()
+    ));
+    assert!(bad(
+        "counts",
+        Tensor::from_f32(vec![0.0; 3], &[3], gpu).unwrap()
+    ));
+    assert!(bad(
+        "growth",
+        Tensor::from_f32(vec![0.0], &[], gpu).unwrap()
+    ));
+}

@@ -150,6 +150,48 @@ impl LossScale {
         self.scale.item()
     }
 
+    /// The state a checkpoint keeps, by name: `scale` (`[]`) and `counts` (`[2]`: good steps in
+    /// a row, skipped steps), so that a resumed run goes on with the scale it had reached.
+    pub fn state(&self) -> Vec<(String, Tensor)> {
+        vec![
+            ("scale".into(), self.scale.clone()),
+            ("counts".into(), self.counts.clone()),
+        ]
+    }
+
+    /// Restores one entry of [`LossScale::state`].
+    ///
+    /// # Errors
+    /// An unknown name, a tensor of the wrong shape or dtype, or a scale that is not a finite
+    /// number ≥ 1.
+    pub fn load_state(&mut self, name: &str, value: &Tensor) -> Result<()> {
+        let (slot, shape): (&mut Tensor, &[usize]) = match name {
+            "scale" => (&mut self.scale, &[]),
+            "counts" => (&mut self.counts, &[2]),
+            other => {
+                return Err(Error::Invalid(format!(
+                    "the loss scale has no state {other:?} (it keeps scale and counts)"
+                )));
+            }
+        };
+        if value.shape() != shape || value.dtype() != DType::F32 {
+            return Err(Error::Shape(format!(
+                "loss scale {name}: expected f32 {shape:?}, got {} {:?}",
+                value.dtype(),
+                value.shape()
+            )));
+        }
+        let host = value.to_vec_f32()?;
+        if name == "scale" && !host.iter().all(|s| s.is_finite() && *s >= 1.0) {
+            return Err(Error::Invalid(format!(
+                "loss scale {host:?} is not a finite number of at least 1"
+            )));
+        }
+        // a fresh buffer of its own: the update kernel writes it in place
+        *slot = Tensor::from_f32(host, shape, slot.device())?;
+        Ok(())
+    }
+
     /// The steps skipped so far because a gradient overflowed (reads it back).
     ///
     /// # Errors

@@ -17,7 +17,7 @@ use super::config::{OptimizerKind, TrainConfig};
 use super::models::TaskModel;
 use crate::checkpoint::Checkpoint;
 use crate::nn::Param;
-use crate::optim::Optimizer;
+use crate::optim::{LossScale, Optimizer};
 use crate::{Device, Error, Result, Tensor};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -27,6 +27,10 @@ pub const FORMAT: &str = "moegrad-checkpoint-2";
 
 /// The prefix of the model's step-to-step state in a checkpoint (`state.moe.router.noise_calls`).
 pub const STATE_PREFIX: &str = "state.";
+
+/// The prefix of the loss scale's state (`--precision f16-mixed`: `loss_scale.scale`,
+/// `loss_scale.counts`).
+pub const LOSS_SCALE_PREFIX: &str = "loss_scale.";
 
 /// Settings that say where things are or how often the loss is read, not what is computed, and
 /// the precision (the master weights and the optimizer's state are f32 either way): a resumed
@@ -289,7 +293,12 @@ pub struct ResumeTarget<'a> {
 ///
 /// # Errors
 /// Each refusal names the file and the item at fault (see the module docs).
-pub fn restore(path: &Path, target: &ResumeTarget, opt: &mut dyn Optimizer) -> Result<usize> {
+pub fn restore(
+    path: &Path,
+    target: &ResumeTarget,
+    opt: &mut dyn Optimizer,
+    loss_scale: Option<&mut LossScale>,
+) -> Result<usize> {
     let cfg = target.cfg;
     if !path.is_file() {
         return Err(Error::Io(format!(
@@ -391,9 +400,11 @@ pub fn restore(path: &Path, target: &ResumeTarget, opt: &mut dyn Optimizer) -> R
         .map(|(n, _)| format!("{STATE_PREFIX}{n}"))
         .collect();
     for name in ck.tensors.keys() {
+        // the loss scale of an f16-mixed run (used when this run is one, else ignored)
         let known = param_shapes.contains_key(name.as_str())
             || opt_names.contains(name)
-            || state_names.contains(name);
+            || state_names.contains(name)
+            || name.starts_with(LOSS_SCALE_PREFIX);
         if !known {
             return Err(Error::Io(format!(
                 "{}: tensor {name} is no parameter, optimizer state or model state of this {:?} model",
@@ -454,6 +465,17 @@ pub fn restore(path: &Path, target: &ResumeTarget, opt: &mut dyn Optimizer) -> R
             .model
             .load_state(name, t)
             .map_err(|e| Error::Io(format!("{}: {key}: {e}", path.display())))?;
+    }
+    // an f16-mixed run goes on with the scale it had reached (from an f32 checkpoint, or one
+    // written before this was saved, it starts afresh)
+    if let Some(scale) = loss_scale {
+        for (name, t) in &ck.tensors {
+            if let Some(rest) = name.strip_prefix(LOSS_SCALE_PREFIX) {
+                scale
+                    .load_state(rest, t)
+                    .map_err(|e| Error::Io(format!("{}: {name}: {e}", path.display())))?;
+            }
+        }
     }
     Ok(epoch)
 }

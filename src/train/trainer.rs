@@ -229,7 +229,12 @@ impl<'a, T: Task> Trainer<'a, T> {
                 period: T::PERIOD,
                 steps_per_period: self.steps_per_period,
             };
-            first = resume::restore(&self.ckpt_path, &target, self.opt.as_mut())?;
+            first = resume::restore(
+                &self.ckpt_path,
+                &target,
+                self.opt.as_mut(),
+                self.loss_scale.as_mut(),
+            )?;
             self.saved = Some(first);
             truncate_metrics(&self.metrics_path, first)?;
         } else if opts.overwrite {
@@ -406,6 +411,12 @@ impl<'a, T: Task> Trainer<'a, T> {
                 self.step,
                 self.last_checkpoint()
             )));
+        }
+        if let Some(scale) = &self.loss_scale {
+            for (name, t) in scale.state() {
+                ck.tensors
+                    .insert(format!("{}{name}", resume::LOSS_SCALE_PREFIX), t);
+            }
         }
         self.task.annotate(&mut ck);
         let diagnostics = if totals.routing.is_empty() {
