@@ -52,6 +52,12 @@ if "$PYTHON" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else
   have_cuda=1
 fi
 
+# f16-mixed runs where `moegrad info` says the adapter has shader-f16
+have_f16=0
+if grep -q "half precision: *yes" "$TMP/info.txt" 2>/dev/null; then
+  have_f16=1
+fi
+
 # the moegrad side of pytorch_charlm_step.py: a run of 50 and one of 250 iterations (ms_per_iter
 # excludes the one evaluation at the end); the report's steady-state step is their difference
 # over 200 iterations, which leaves out the first steps' pipeline compilation
@@ -69,6 +75,11 @@ for round in $(seq 1 "$ROUNDS"); do
     for iters in 50 250; do
       measure "moegrad-$model-$iters-$round" "$BIN" "${TRAIN[@]}" --model "$model" \
         --iters "$iters" --eval-every "$iters" --out "$TMP/run-$model"
+      # the same in f16-mixed, where the adapter has shader-f16 (issue 29: f16-mixed vs f32)
+      if [ "$have_f16" = 1 ]; then
+        measure "moegrad-$model-f16-$iters-$round" "$BIN" "${TRAIN[@]}" --model "$model" \
+          --precision f16-mixed --iters "$iters" --eval-every "$iters" --out "$TMP/run-$model-f16"
+      fi
     done
   done
   if [ "$have_cuda" = 1 ]; then
@@ -111,7 +122,7 @@ for path in sorted(glob.glob(os.path.join(tmp, "*-[0-9]*.json"))):
     name, rnd = os.path.basename(path)[:-5].rsplit("-", 1)
     report["rounds"].setdefault(rnd, {})[name] = load(path)
 for rnd in report["rounds"].values():  # the steady-state char-LM steps (see TRAIN above)
-    for model in ("gpt", "moe-gpt"):
+    for model in ("gpt", "moe-gpt", "gpt-f16", "moe-gpt-f16"):
         short, long = rnd.get(f"moegrad-{model}-50"), rnd.get(f"moegrad-{model}-250")
         try:
             ms = (long["ms_per_iter"] * 250 - short["ms_per_iter"] * 50) / 200
