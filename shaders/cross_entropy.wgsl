@@ -2,9 +2,10 @@
 // GPU end of `Tensor::cross_entropy_per_row` (forward) and of its backward rule. Launchers:
 // src/backend/gpu/cross_entropy.rs, one function per entry point, same names.
 //
-// Layout (contiguous): logits and dlogits are f32 [rows, classes], element (r, c) at
-// r·classes + c; targets is i32 [rows]; loss, lse and g (the upstream gradient of the loss) are
-// f32 [rows].
+// Layout (contiguous): logits and dlogits are ce_elem [rows, classes] (f32, or f16 in the f16
+// build: mixed precision's logits, read without an f32 copy), element (r, c) at r·classes + c;
+// targets is i32 [rows]; loss, lse and g (the upstream gradient of the loss) are f32 [rows] in
+// both builds, and the arithmetic is f32.
 // Math: lse_r = m_r + ln Σ_c e^(x_rc − m_r) with m_r = max_c x_rc; loss_r = lse_r − x_r,t_r;
 // dlogits_rc = g_r·(e^(x_rc − lse_r) − [c = t_r]). A target outside 0..classes (which the CPU
 // refuses; checking here would need a read-back) gives loss 0 and a zero gradient for its row.
@@ -25,6 +26,13 @@ struct XentParams { rows: u32, classes: u32 }
 
 const WG: u32 = 64u;
 
+// f16 build: element type
+alias ce_elem = f32;
+fn ce_store(v: f32) -> ce_elem {
+    return v;
+}
+// f16 build: end
+
 @group(0) @binding(0) var<uniform> p: XentParams;
 
 var<workgroup> partial: array<f32, 64>;
@@ -33,7 +41,7 @@ fn is_nan(x: f32) -> bool { return (bitcast<u32>(x) & 0x7fffffffu) > 0x7f800000u
 
 // ---- cross_entropy_forward --------------------------------------------------------------------
 
-@group(0) @binding(1) var<storage, read> f_x: array<f32>;
+@group(0) @binding(1) var<storage, read> f_x: array<ce_elem>;
 @group(0) @binding(2) var<storage, read> f_t: array<i32>;
 @group(0) @binding(3) var<storage, read_write> f_loss: array<f32>;
 @group(0) @binding(4) var<storage, read_write> f_lse: array<f32>;
@@ -50,7 +58,7 @@ fn cross_entropy_forward(@builtin(workgroup_id) wid: vec3<u32>,
     var m = -3.4028235e38;
     var nan = false;
     for (var c = lid; c < p.classes; c = c + WG) {
-        let v = f_x[base + c];
+        let v = f32(f_x[base + c]);
         nan = nan || is_nan(v);
         m = max(m, v);
     }
@@ -67,7 +75,7 @@ fn cross_entropy_forward(@builtin(workgroup_id) wid: vec3<u32>,
     let row_max = partial[0];
     workgroupBarrier();
     var s = 0.0;
-    for (var c = lid; c < p.classes; c = c + WG) { s = s + exp(f_x[base + c] - row_max); }
+    for (var c = lid; c < p.classes; c = c + WG) { s = s + exp(f32(f_x[base + c]) - row_max); }
     partial[lid] = s;
     workgroupBarrier();
     for (var half = WG / 2u; half > 0u; half = half / 2u) {
@@ -78,7 +86,7 @@ fn cross_entropy_forward(@builtin(workgroup_id) wid: vec3<u32>,
         let lse = row_max + log(partial[0]);
         let t = f_t[r];
         var loss = 0.0;
-        if (t >= 0 && u32(t) < p.classes) { loss = lse - f_x[base + u32(t)]; }
+        if (t >= 0 && u32(t) < p.classes) { loss = lse - f32(f_x[base + u32(t)]); }
         f_loss[r] = loss;
         f_lse[r] = lse;
     }
@@ -87,10 +95,10 @@ fn cross_entropy_forward(@builtin(workgroup_id) wid: vec3<u32>,
 // ---- cross_entropy_backward -------------------------------------------------------------------
 
 @group(0) @binding(1) var<storage, read> b_g: array<f32>;
-@group(0) @binding(2) var<storage, read> b_x: array<f32>;
+@group(0) @binding(2) var<storage, read> b_x: array<ce_elem>;
 @group(0) @binding(3) var<storage, read> b_t: array<i32>;
 @group(0) @binding(4) var<storage, read> b_lse: array<f32>;
-@group(0) @binding(5) var<storage, read_write> b_dx: array<f32>;
+@group(0) @binding(5) var<storage, read_write> b_dx: array<ce_elem>;
 
 @compute @workgroup_size(256)
 fn cross_entropy_backward(@builtin(global_invocation_id) gid: vec3<u32>,
@@ -101,9 +109,9 @@ fn cross_entropy_backward(@builtin(global_invocation_id) gid: vec3<u32>,
     let c = i % p.classes;
     let t = b_t[r];
     if (t < 0 || u32(t) >= p.classes) {
-        b_dx[i] = 0.0;
+        b_dx[i] = ce_store(0.0);
         return;
     }
     let onehot = select(0.0, 1.0, u32(t) == c);
-    b_dx[i] = b_g[r] * (exp(b_x[i] - b_lse[r]) - onehot);
+    b_dx[i] = ce_store(b_g[r] * (exp(f32(b_x[i]) - b_lse[r]) - onehot));
 }

@@ -27,6 +27,7 @@
 //!   indices and outputs nothing hits;
 //! * the backward of `index_select` (on both scatter kernels) and of `gather` in f16, a
 //!   scatter_add of the gradient, through the casts: a neighbouring f16 of the f32 gradient;
+//! * cross-entropy on f16 logits: the f32 kernel's loss exactly, the gradient rounded once;
 //! * f16 rows against f32 expert weights and biases (mixed precision's expert bank) against the
 //!   f32 kernel, forward and backward, the weight and bias gradients back in f32;
 //! * errors, not panics or validation failures: an f16 tensor on the CPU, an op that has no f16
@@ -1075,5 +1076,54 @@ fn f16_index_select_and_gather_backward_round_the_f32_gradient_once() {
                 &grad(false),
             );
         }
+    }
+}
+
+/// The softmax cross-entropy on f16 logits (mixed precision's, read without an f32 copy):
+/// the per-row loss and log-sum-exp are f32 and the arithmetic is the f32 kernel's on the same
+/// values, so the loss equals the f32 kernel's on the f16-valued logits exactly; the logits'
+/// gradient is f16, each element a neighbouring f16 of the f32 kernel's. Rows of 1, 63, 64 and
+/// 65 classes (the forward's 64-wide workgroup), a large vocabulary, and a target outside the
+/// classes (loss 0, zero gradient, as in f32).
+#[test]
+fn f16_cross_entropy_matches_f32_on_the_same_logits() {
+    let Some(gpu) = f16_gpu("f16_cross_entropy_matches_f32_on_the_same_logits") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(53);
+    for (rows, classes) in [(1usize, 1usize), (3, 63), (5, 64), (4, 65), (7, 1000)] {
+        let logits: Vec<f32> = f16_values(rows * classes, &mut rng)
+            .into_iter()
+            .map(|v| v * 4.0)
+            .collect();
+        let mut targets: Vec<i32> = (0..rows)
+            .map(|_| rng.random_range(0..classes) as i32)
+            .collect();
+        if rows > 1 {
+            targets[rows - 1] = classes as i32; // outside: contributes nothing
+        }
+        let t = Tensor::from_i32(targets, &[rows], gpu).unwrap();
+        let up: Vec<f32> = (0..rows).map(|r| 0.5 + r as f32 * 0.25).collect();
+        let run = |half: bool| {
+            let x = Tensor::from_f32(logits.clone(), &[rows, classes], gpu).unwrap();
+            let x = if half {
+                x.to_dtype(DType::F16).unwrap()
+            } else {
+                x
+            }
+            .with_grad()
+            .unwrap();
+            let loss = x.cross_entropy_per_row(&t).unwrap();
+            assert_eq!(loss.dtype(), DType::F32, "the loss is f32 either way");
+            loss.backward_with(&Tensor::from_f32(up.clone(), &[rows], gpu).unwrap())
+                .unwrap();
+            let g = x.grad().expect("the logits' gradient");
+            assert_eq!(g.dtype(), x.dtype(), "the gradient has the logits' dtype");
+            (loss.to_vec_f32().unwrap(), g.to_vec_f32().unwrap())
+        };
+        let ((loss16, g16), (loss32, g32)) = (run(true), run(false));
+        let what = format!("cross-entropy [{rows}, {classes}]");
+        assert_eq!(loss16, loss32, "{what}: the loss");
+        assert_rounded_once(&format!("{what} dlogits"), &g16, &g32);
     }
 }

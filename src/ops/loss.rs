@@ -29,10 +29,6 @@ impl Tensor {
     /// [`Error::DType`] for non-float logits or non-I32 targets; [`Error::Invalid`] for a CPU
     /// target outside `0..C`; [`Error::Device`] when they live on different devices.
     pub fn cross_entropy_per_row(&self, targets: &Tensor) -> Result<Tensor> {
-        if self.dtype() == DType::F16 {
-            // the loss is of the f32 class (see `autocast.rs`): f16 logits are cast up
-            return crate::autocast::full_precision_operand(self)?.cross_entropy_per_row(targets);
-        }
         let _profile = crate::profile::op("cross_entropy_per_row");
         const WHAT: &str = "cross_entropy";
         if self.rank() != 2 || targets.rank() != 1 || targets.shape()[0] != self.shape()[0] {

@@ -15,13 +15,22 @@ pub(crate) static CROSS_ENTROPY_SHADER: Shader = Shader {
     source: include_str!("../../../shaders/cross_entropy.wgsl"),
 };
 
+/// The build for logits of `dtype`: f32, or f16 (`half::CROSS_ENTROPY_F16_SHADER`: f16 logits
+/// and their gradient, f32 loss, log-sum-exp and arithmetic).
+fn shader(dtype: DType) -> &'static Shader {
+    match dtype {
+        DType::F16 => &super::half::CROSS_ENTROPY_F16_SHADER,
+        _ => &CROSS_ENTROPY_SHADER,
+    }
+}
+
 /// Checks logits f32 `[rows, classes]` and targets i32 `[rows]`; returns `[rows, classes]` as
 /// kernel parameters.
 fn check(what: &str, logits: &GpuBuffer, targets: &GpuBuffer, classes: usize) -> Result<[u32; 2]> {
     let rows = targets.len();
-    if logits.dtype() != DType::F32 || targets.dtype() != DType::I32 {
+    if !matches!(logits.dtype(), DType::F32 | DType::F16) || targets.dtype() != DType::I32 {
         return Err(Error::DType(format!(
-            "{what}: logits must be f32 and targets i32 on the GPU, got {} and {}",
+            "{what}: logits must be f32 (or f16) and targets i32 on the GPU, got {} and {}",
             logits.dtype(),
             targets.dtype()
         )));
@@ -48,7 +57,7 @@ pub(crate) fn cross_entropy_forward(
     let loss = be.alloc(rows, DType::F32)?;
     let lse = be.alloc(rows, DType::F32)?;
     be.launch(
-        &CROSS_ENTROPY_SHADER,
+        shader(logits.dtype()),
         "cross_entropy_forward",
         &[logits, targets, &loss, &lse],
         &params,
@@ -81,9 +90,9 @@ pub(crate) fn cross_entropy_backward(
             )));
         }
     }
-    let dx = be.alloc(logits.len(), DType::F32)?;
+    let dx = be.alloc(logits.len(), logits.dtype())?;
     be.launch(
-        &CROSS_ENTROPY_SHADER,
+        shader(logits.dtype()),
         "cross_entropy_backward",
         &[g, logits, targets, lse, &dx],
         &params,

@@ -149,6 +149,13 @@ pub(crate) static MATMUL_F16_ROWS_SHADER: LazyLock<Shader> = LazyLock::new(|| Sh
     source: String::leak(f16_rows_build(super::matmul::MATMUL_SHADER.source)),
 });
 
+/// The softmax cross-entropy (`cross_entropy.wgsl`) reading f16 logits and writing their f16
+/// gradient; the loss, the log-sum-exp and the arithmetic stay f32.
+pub(crate) static CROSS_ENTROPY_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "cross_entropy_f16",
+    source: String::leak(f16_build(super::cross_entropy::CROSS_ENTROPY_SHADER.source)),
+});
+
 /// Causal attention (`attention.wgsl`, forward and backward) built for f16 queries, keys,
 /// values, outputs and gradients, computing in f32; the row log-sum-exp and `delta` stay f32.
 pub(crate) static ATTENTION_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {

@@ -136,6 +136,10 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         },
         BuiltinShader {
             needs_f16: true,
+            ..plain(&half::CROSS_ENTROPY_F16_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
             specialisations: attention_specialisations,
             ..plain(&half::ATTENTION_F16_SHADER)
         },
@@ -192,6 +196,7 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
             | ("rotary_f16", _)
             | ("attention_f16", _)
             | ("matmul_f16_rows", "grouped_matmul")
+            | ("cross_entropy_f16", _)
             | ("elementwise", "fill")
     )
 }
