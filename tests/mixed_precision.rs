@@ -337,8 +337,8 @@ fn good_steps_grow_the_scale_and_an_overflow_restarts_the_count() {
 }
 
 #[test]
-fn every_language_model_and_every_router_trains_in_f16_mixed() {
-    let Some(gpu) = f16_gpu("every_language_model_and_every_router_trains_in_f16_mixed") else {
+fn every_model_and_every_router_trains_in_f16_mixed() {
+    let Some(gpu) = f16_gpu("every_model_and_every_router_trains_in_f16_mixed") else {
         return;
     };
     for kind in [
@@ -364,6 +364,46 @@ fn every_language_model_and_every_router_trains_in_f16_mixed() {
             "{}: losses {l:?}, {skipped} skipped",
             kind.name()
         );
+    }
+    // the image models (convolutions stay f32, the dense layers and experts run in f16)
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    for (kind, side, tasks) in [
+        (ModelKind::Mlp, 28, 1),
+        (ModelKind::Cnn, 28, 1),
+        (ModelKind::MoeCnn, 28, 1),
+        (ModelKind::MmoeCnn, 36, 2),
+    ] {
+        let cfg = TrainConfig {
+            model: kind,
+            batch: 4,
+            device: "gpu".into(),
+            ..TrainConfig::default()
+        };
+        let pixels: Vec<f32> = (0..4 * side * side)
+            .map(|_| rng.random_range(0.0..1.0))
+            .collect();
+        let x = Tensor::from_f32(pixels, &[4, 1, side, side], gpu).unwrap();
+        let y: Vec<Tensor> = (0..tasks)
+            .map(|_| Tensor::from_i32(vec![1, 7, 3, 0], &[4], gpu).unwrap())
+            .collect();
+        let model = moegrad::train::build_model(&cfg, side, tasks, gpu).unwrap();
+        let params = model.named_params();
+        let mut opt = moegrad::train::make_optimizer(&cfg).unwrap();
+        let scale = moegrad::optim::LossScale::new(gpu).unwrap();
+        for _ in 0..2 {
+            let out = moegrad::train::train_step_mixed(
+                model.as_ref(),
+                &params,
+                opt.as_mut(),
+                &x,
+                &y,
+                1.0,
+                &scale,
+            )
+            .unwrap_or_else(|e| panic!("{} in f16-mixed: {e}", kind.name()));
+            let l = out.loss.item().unwrap();
+            assert!(l.is_finite(), "{}: loss {l}", kind.name());
+        }
     }
     // every router, in the image MoE (its gate in f32, the experts in f16)
     let mut rng = ChaCha8Rng::seed_from_u64(3);
