@@ -296,6 +296,16 @@ fn expert_rows(counts: &[usize]) -> (Vec<i32>, Vec<i32>) {
     (experts, offsets)
 }
 
+/// The expert banks the grouped tests run, `(rows per expert, k, m)`: one row, experts with
+/// no rows, one row and 70 (a run across the 64-row tiles), and two runs past one tile.
+fn bank_cases() -> [(Vec<usize>, usize, usize); 3] {
+    [
+        (vec![1], 1, 1),
+        (vec![3, 0, 70, 1], 17, 33),
+        (vec![64, 65], 64, 130),
+    ]
+}
+
 /// The expert bank in f16: `grouped_matmul`'s output against the f64 products of its f16
 /// operands (each row by its own expert's weights), and its backward (`grouped_matmul` with the
 /// weights transposed for `dx`, `grouped_weight_grad` for `dW`) through the casts against the
@@ -306,11 +316,7 @@ fn f16_grouped_matmul_and_its_backward_match_f32() {
         return;
     };
     let mut rng = ChaCha8Rng::seed_from_u64(31);
-    for (counts, k, m) in [
-        (vec![1usize], 1usize, 1usize),
-        (vec![3, 0, 70, 1], 17, 33),
-        (vec![64, 65], 64, 130),
-    ] {
+    for (counts, k, m) in bank_cases() {
         let (n, rows) = (counts.len(), counts.iter().sum::<usize>());
         let (experts, offsets) = expert_rows(&counts);
         let (xv, wv) = (
@@ -359,11 +365,7 @@ fn f16_rows_with_f32_expert_weights_match_f32() {
         return;
     };
     let mut rng = ChaCha8Rng::seed_from_u64(37);
-    for (counts, k, m) in [
-        (vec![1usize], 1usize, 1usize),
-        (vec![3, 0, 70, 1], 17, 33),
-        (vec![64, 65], 64, 130),
-    ] {
+    for (counts, k, m) in bank_cases() {
         let (n, rows) = (counts.len(), counts.iter().sum::<usize>());
         let (experts, offsets) = expert_rows(&counts);
         let xv = f16_values(rows * k, &mut rng);

@@ -336,6 +336,36 @@ fn good_steps_grow_the_scale_and_an_overflow_restarts_the_count() {
     assert!(LossScale::with(f64::NAN, 3, gpu).is_err());
 }
 
+/// Two f16-mixed training steps of the image model `cfg` (images `side`² with `tasks` tasks) on
+/// `x`, `y`, each with a finite loss; `what` names the case in a failure.
+fn two_mixed_steps(
+    cfg: &TrainConfig,
+    (side, tasks): (usize, usize),
+    x: &Tensor,
+    y: &[Tensor],
+    what: &str,
+) {
+    let gpu = Device::Gpu;
+    let model = moegrad::train::build_model(cfg, side, tasks, gpu).unwrap();
+    let params = model.named_params();
+    let mut opt = moegrad::train::make_optimizer(cfg).unwrap();
+    let scale = moegrad::optim::LossScale::new(gpu).unwrap();
+    for _ in 0..2 {
+        let out = moegrad::train::train_step_mixed(
+            model.as_ref(),
+            &params,
+            opt.as_mut(),
+            x,
+            y,
+            1.0,
+            &scale,
+        )
+        .unwrap_or_else(|e| panic!("{what} in f16-mixed: {e}"));
+        let l = out.loss.item().unwrap();
+        assert!(l.is_finite(), "{what}: loss {l}");
+    }
+}
+
 #[test]
 fn every_model_and_every_router_trains_in_f16_mixed() {
     let Some(gpu) = f16_gpu("every_model_and_every_router_trains_in_f16_mixed") else {
@@ -386,24 +416,7 @@ fn every_model_and_every_router_trains_in_f16_mixed() {
         let y: Vec<Tensor> = (0..tasks)
             .map(|_| Tensor::from_i32(vec![1, 7, 3, 0], &[4], gpu).unwrap())
             .collect();
-        let model = moegrad::train::build_model(&cfg, side, tasks, gpu).unwrap();
-        let params = model.named_params();
-        let mut opt = moegrad::train::make_optimizer(&cfg).unwrap();
-        let scale = moegrad::optim::LossScale::new(gpu).unwrap();
-        for _ in 0..2 {
-            let out = moegrad::train::train_step_mixed(
-                model.as_ref(),
-                &params,
-                opt.as_mut(),
-                &x,
-                &y,
-                1.0,
-                &scale,
-            )
-            .unwrap_or_else(|e| panic!("{} in f16-mixed: {e}", kind.name()));
-            let l = out.loss.item().unwrap();
-            assert!(l.is_finite(), "{}: loss {l}", kind.name());
-        }
+        two_mixed_steps(&cfg, (side, tasks), &x, &y, kind.name());
     }
     // every router, in the image MoE (its gate in f32, the experts in f16)
     let mut rng = ChaCha8Rng::seed_from_u64(3);
@@ -423,24 +436,7 @@ fn every_model_and_every_router_trains_in_f16_mixed() {
             device: "gpu".into(),
             ..TrainConfig::default()
         };
-        let model = moegrad::train::build_model(&cfg, 28, 1, gpu).unwrap();
-        let params = model.named_params();
-        let mut opt = moegrad::train::make_optimizer(&cfg).unwrap();
-        let scale = moegrad::optim::LossScale::new(gpu).unwrap();
-        for _ in 0..2 {
-            let out = moegrad::train::train_step_mixed(
-                model.as_ref(),
-                &params,
-                opt.as_mut(),
-                &x,
-                std::slice::from_ref(&y),
-                1.0,
-                &scale,
-            )
-            .unwrap_or_else(|e| panic!("router {router} in f16-mixed: {e}"));
-            let l = out.loss.item().unwrap();
-            assert!(l.is_finite(), "router {router}: loss {l}");
-        }
+        two_mixed_steps(&cfg, (28, 1), &x, std::slice::from_ref(&y), router);
     }
 }
 
