@@ -1,8 +1,10 @@
 //! Mixed precision's casting rule, in one place: inside [`autocast_f16`] the ops that carry a
 //! training step's bytes (matrix products, the expert bank's grouped products, attention, the
-//! elementwise arithmetic between activations and parameters, the norms) run in f16 on the GPU,
-//! while the ops that need the range of f32 (the loss, the router's softmax and top-k, and
-//! everything inside [`full_precision`]) run in f32. It is PyTorch's `torch.autocast` with one
+//! elementwise arithmetic between activations and parameters, the norms, scatter-add) run in
+//! f16 on the GPU, while what needs the range of f32 stays f32: the loss (cross-entropy reads
+//! f16 logits but sums and returns in f32), the router's softmax and top-k, and everything
+//! inside [`full_precision`]. The expert bank's grouped product is the one op of the f16 class
+//! that casts only its activations: its f16-rows kernel reads the f32 bank where it is. It is PyTorch's `torch.autocast` with one
 //! policy, and Switch Transformer's "selective precision" (Fedus et al. 2021, §2.4: the router
 //! computes in f32 on f32 inputs while the rest of the layer runs in a 16-bit format).
 //!
