@@ -12,6 +12,17 @@ use crate::backend::gpu::GpuBackend;
 use crate::nn::Param;
 use crate::{DType, Device, Error, Result, Tensor};
 
+/// The GPU buffers of `grads` (those on the GPU; the callers check that all are).
+pub(super) fn gpu_buffers(grads: &[Tensor]) -> Vec<&crate::backend::gpu::GpuBuffer> {
+    grads
+        .iter()
+        .filter_map(|g| match g.storage() {
+            Storage::Gpu(b) => Some(b),
+            Storage::Cpu(_) => None,
+        })
+        .collect()
+}
+
 /// Returns `(norm, scale)` for the gradients of `params` (both one-element tensors on the
 /// parameters' device), or `None` when no parameter has a gradient. An error while computing a
 /// gradient (an expert bank's deferred gradient) is returned, not read as a missing gradient.
@@ -42,14 +53,7 @@ pub fn clip_grad_norm(
         && let Ok(be) = GpuBackend::get()
         && be.grad_norm_supported()
     {
-        let bufs: Vec<_> = grads
-            .iter()
-            .filter_map(|g| match g.storage() {
-                Storage::Gpu(b) => Some(b),
-                Storage::Cpu(_) => None,
-            })
-            .collect();
-        let (norm, scale) = be.grad_norm_clip(&bufs, max_norm)?;
+        let (norm, scale) = be.grad_norm_clip(&gpu_buffers(&grads), max_norm)?;
         return Ok(Some((
             Tensor::from_storage(Storage::Gpu(norm), vec![1]),
             Tensor::from_storage(Storage::Gpu(scale), vec![1]),

@@ -117,13 +117,7 @@ impl LossScale {
         if grads.is_empty() {
             return Ok(None);
         }
-        let bufs: Vec<_> = grads
-            .iter()
-            .filter_map(|g| match g.storage() {
-                Storage::Gpu(b) => Some(b),
-                Storage::Cpu(_) => None,
-            })
-            .collect();
+        let bufs = super::clip::gpu_buffers(&grads);
         let (Storage::Gpu(scale), Storage::Gpu(counts)) =
             (self.scale.storage(), self.counts.storage())
         else {
