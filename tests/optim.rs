@@ -486,3 +486,49 @@ fn adam_on_a_deferred_bank_gradient_matches_adam_on_the_read_gradient() {
         }
     }
 }
+
+/// A negative gradient scale (mixed precision's overflowed step, `optim::LossScale`) skips the
+/// update on every device: Adam, AdamW, and SGD with and without momentum leave the parameter
+/// and their state as they were (on the GPU the loss-scale tests cover it end to end; here the
+/// CPU's updates, and the GPU's with a hand-made factor).
+#[test]
+fn a_negative_gradient_scale_skips_the_update() {
+    for dev in common::devices("a_negative_gradient_scale_skips_the_update") {
+        let skip = Tensor::from_f32(vec![-1.0], &[1], dev).unwrap();
+        let mut optimizers: Vec<(&str, Box<dyn Optimizer>)> = vec![
+            ("adam", Box::new(Adam::new(0.1).unwrap())),
+            ("adamw", Box::new(Adam::adamw(0.1, 0.1).unwrap())),
+            ("sgd", Box::new(Sgd::new(0.1).unwrap())),
+            (
+                "sgd momentum",
+                Box::new(Sgd::with_momentum(0.1, 0.9).unwrap()),
+            ),
+        ];
+        for (name, opt) in optimizers.iter_mut() {
+            let param = Param::new(Tensor::from_f32(vec![0.5, -1.0], &[2], dev).unwrap()).unwrap();
+            let named = vec![("w".to_string(), param.clone())];
+            // one real step first, so the state is not zero
+            grad_step(&param, &[1.0, 2.0]);
+            opt.step(&named, None).unwrap();
+            let before = param.get().to_vec_f64().unwrap();
+            let state: Vec<Vec<f64>> = opt
+                .state()
+                .iter()
+                .map(|(_, t)| t.to_vec_f64().unwrap())
+                .collect();
+            grad_step(&param, &[3.0, -4.0]);
+            opt.step(&named, Some(&skip)).unwrap();
+            assert_eq!(
+                param.get().to_vec_f64().unwrap(),
+                before,
+                "{name} on {dev}: parameter"
+            );
+            let after: Vec<Vec<f64>> = opt
+                .state()
+                .iter()
+                .map(|(_, t)| t.to_vec_f64().unwrap())
+                .collect();
+            assert_eq!(after, state, "{name} on {dev}: optimizer state");
+        }
+    }
+}

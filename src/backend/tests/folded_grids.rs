@@ -6,7 +6,8 @@
 //! instead of a lucky zero. Two fused kernels are here too, because their cheapest folding shape
 //! goes through the backend: the grouped matmul and its weight gradient (past 65,535 column
 //! tiles) and `attention_delta` (through `attention_backward`, with random `o` and `lse` instead
-//! of a forward pass). Left out: matmul's z split (`gpu_matmul::matmul_grid_split`) and the
+//! of a forward pass). The f16 builds of mixed precision's `scatter_add` and cross-entropy
+//! backward fold too (against the CPU on the same f16 values). Left out: matmul's z split (`gpu_matmul::matmul_grid_split`) and the
 //! grouped matmul's row split (4.2 million rows, minutes on lavapipe; it shares the base tile
 //! with the column split); `reduce_rows` and `cumsum_rows` cannot fold (their launcher takes
 //! them only for fewer than 4096 lines).
@@ -687,4 +688,80 @@ fn folded_f16_casts() {
             "f16 casts: element {i} of {n}: {v} came back as {g}"
         );
     }
+}
+
+/// `values` rounded to f16 and back, on the CPU (the values an f16 buffer holds).
+fn f16_rounded(values: &[f32]) -> Vec<f32> {
+    values
+        .iter()
+        .map(|&v| half::f16::from_f32(v).to_f32())
+        .collect()
+}
+
+/// The f16 builds of mixed precision's 1-D kernels past 65,535 workgroups: `scatter_add`
+/// (loop and sorted entries, f16 source and output) and the cross-entropy's backward (f16
+/// logits and gradient), against the CPU in f32 on the same f16 values, within the output's
+/// f16 rounding. The f16 builds share the f32 builds' index arithmetic, but they are separate
+/// pipelines, so their folding is run too.
+#[test]
+fn folded_f16_mixed_precision_kernels() {
+    let Some((be, _lock)) = fold_gpu("folded_f16_mixed_precision_kernels") else {
+        return;
+    };
+    if !be.has_f16() {
+        eprintln!("skipping folded_f16_mixed_precision_kernels: this adapter has no shader-f16");
+        return;
+    }
+    let cpu = CpuBackend;
+    let to_f16 = |b: &GpuBuffer| be.cast(b, DType::F16).unwrap();
+    let back = |b: &GpuBuffer| host_f64(be.download(&be.cast(b, DType::F32).unwrap()).unwrap());
+    let n = fold::smallest_folding(WG);
+    for (kernel, m) in [("scatter_add_loop", 2usize), ("scatter_add_sorted", 40)] {
+        fold::assert_past_limit(kernel, fold::groups(n, WG));
+        let src = f16_rounded(&random_f32(31, m));
+        let mut idx = random_i32(32, m, n);
+        idx[0] = (n - 1) as i32;
+        idx[m - 1] = idx[0];
+        let dims = ScatterDims {
+            outer: 1,
+            m,
+            inner: 1,
+            len: n,
+        };
+        let gs = to_f16(&up_f32(&be, &src));
+        let gi = up_i32(&be, &idx);
+        poison_pool(&be, n);
+        let got = be.scatter_add(&gs, &gi, [0, 1, 0], dims).unwrap();
+        assert_eq!(got.dtype(), DType::F16, "{kernel}: f16 in, f16 out");
+        let want = cpu
+            .scatter_add(&cpu_f32(&src), &cpu_i32(&idx), [0, 1, 0], dims)
+            .unwrap();
+        let want = host_f64(cpu.download(&want).unwrap());
+        common::assert_close(kernel, &back(&got), &want, 1e-7, 2f64.powi(-10));
+    }
+    // one row of n classes: the backward's one invocation per logit folds
+    let classes = fold::smallest_folding(256);
+    fold::assert_past_limit("cross_entropy_backward", fold::groups(classes, 256));
+    let logits = f16_rounded(&random_f32(33, classes));
+    let (cl, ct, cg) = (cpu_f32(&logits), cpu_i32(&[7]), cpu_f32(&[0.75]));
+    let (_, lse) = cpu.cross_entropy_forward(&cl, &ct, classes).unwrap();
+    let want = cpu.cross_entropy_backward(&cg, &cl, &ct, &lse).unwrap();
+    let lse_v: Vec<f32> = host_f64(cpu.download(&lse).unwrap())
+        .iter()
+        .map(|&v| v as f32)
+        .collect();
+    let gl = to_f16(&up_f32(&be, &logits));
+    let (gt, gg, glse) = (up_i32(&be, &[7]), up_f32(&be, &[0.75]), up_f32(&be, &lse_v));
+    poison_pool(&be, classes);
+    let got = be.cross_entropy_backward(&gg, &gl, &gt, &glse).unwrap();
+    assert_eq!(got.dtype(), DType::F16, "the f16 logits' gradient is f16");
+    let want = host_f64(cpu.download(&want).unwrap());
+    // each gradient is about 1/classes: the f16 rounding is relative, plus f16's subnormal step
+    common::assert_close(
+        "cross_entropy_backward (f16)",
+        &back(&got),
+        &want,
+        2f64.powi(-24),
+        2f64.powi(-10),
+    );
 }
