@@ -20,7 +20,7 @@ mod routing;
 pub(crate) use buffer::BufferOps;
 pub(crate) use elementwise::ElementwiseOps;
 pub(crate) use layout::LayoutOps;
-pub(crate) use matmul::MatmulOps;
+pub(crate) use matmul::{MatmulOps, MatmulProduct};
 pub(crate) use nn::NnOps;
 pub(crate) use optim::OptimOps;
 pub(crate) use reduce::ReduceOps;

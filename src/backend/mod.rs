@@ -28,8 +28,8 @@ pub(crate) use dims::{
 };
 
 pub(crate) use family::{
-    Backend, BufferOps, ElementwiseOps, LayoutOps, MatmulOps, NnOps, OptimOps, ReduceOps,
-    RoutingOps,
+    Backend, BufferOps, ElementwiseOps, LayoutOps, MatmulOps, MatmulProduct, NnOps, OptimOps,
+    ReduceOps, RoutingOps,
 };
 
 pub(crate) use elementwise_ops::wgsl_elementwise_ops;

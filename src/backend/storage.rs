@@ -291,6 +291,31 @@ impl Storage {
             dims
         ))
     }
+    /// See [`MatmulOps::matmul_pair`]: `self·b` and `c·d` (operands, then layouts and sizes).
+    pub(crate) fn matmul_pair(
+        &self,
+        (a_layout, b, b_layout, dims): (MatLayout, &Storage, MatLayout, MatmulDims),
+        (c, c_layout, d, d_layout, dims2): (&Storage, MatLayout, &Storage, MatLayout, MatmulDims),
+    ) -> Result<(Storage, Storage)> {
+        const WHAT: &str = "matmul";
+        on_device!(self, |be| {
+            let first = MatmulProduct {
+                a: be.buf(self, WHAT)?,
+                a_layout,
+                b: be.buf(b, WHAT)?,
+                b_layout,
+                dims,
+            };
+            let second = MatmulProduct {
+                a: be.buf(c, WHAT)?,
+                a_layout: c_layout,
+                b: be.buf(d, WHAT)?,
+                b_layout: d_layout,
+                dims: dims2,
+            };
+            be.matmul_pair(first, second)
+        })
+    }
     /// See [`LayoutOps::copy_strided`].
     pub(crate) fn copy_strided(
         &self,

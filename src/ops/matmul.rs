@@ -45,37 +45,58 @@ impl<'a> RawOperand<'a> {
     }
 }
 
+/// A product [`Tensor::matmul_raw`] will compute: `op(a)·op(b)` over `batch` matrices, output
+/// `out_shape`.
+struct RawProduct<'a> {
+    a: RawOperand<'a>,
+    b: RawOperand<'a>,
+    batch: usize,
+    out_shape: Vec<usize>,
+}
+
+impl RawProduct<'_> {
+    /// The operands' layouts and the product's sizes.
+    fn layouts(&self) -> (MatLayout, MatLayout, MatmulDims) {
+        let (a, b) = (self.a, self.b);
+        let (ra, ca) = (a.t.shape()[a.t.rank() - 2], a.t.shape()[a.t.rank() - 1]);
+        let (rb, cb) = (b.t.shape()[b.t.rank() - 2], b.t.shape()[b.t.rank() - 1]);
+        let (m, k) = if a.transposed { (ca, ra) } else { (ra, ca) };
+        let n = if b.transposed { rb } else { cb };
+        let dims = MatmulDims {
+            batch: self.batch,
+            m,
+            k,
+            n,
+        };
+        (
+            layout(ra, ca, a.batched, a.transposed),
+            layout(rb, cb, b.batched, b.transposed),
+            dims,
+        )
+    }
+}
+
 impl Tensor {
     /// Raw product `op(a)·op(b)` of `batch` matrices with explicit transposes (see
     /// [`RawOperand`]), output `out_shape`.
-    fn matmul_raw(
-        a: RawOperand<'_>,
-        b: RawOperand<'_>,
-        batch: usize,
-        out_shape: Vec<usize>,
-    ) -> Result<Tensor> {
-        let RawOperand {
-            t: a,
-            transposed: ta,
-            batched: a_batched,
-        } = a;
-        let RawOperand {
-            t: b,
-            transposed: tb,
-            batched: b_batched,
-        } = b;
-        let (ra, ca) = (a.shape()[a.rank() - 2], a.shape()[a.rank() - 1]);
-        let (rb, cb) = (b.shape()[b.rank() - 2], b.shape()[b.rank() - 1]);
-        let (m, k) = if ta { (ca, ra) } else { (ra, ca) };
-        let n = if tb { rb } else { cb };
-        let dims = MatmulDims { batch, m, k, n };
-        let out = a.storage().matmul(
-            layout(ra, ca, a_batched, ta),
-            b.storage(),
-            layout(rb, cb, b_batched, tb),
-            dims,
+    fn matmul_raw(p: RawProduct<'_>) -> Result<Tensor> {
+        let (la, lb, dims) = p.layouts();
+        let out = p.a.t.storage().matmul(la, p.b.t.storage(), lb, dims)?;
+        Ok(Tensor::from_storage(out, p.out_shape))
+    }
+
+    /// Two independent raw products at once (see `MatmulOps::matmul_pair`: the CPU runs them
+    /// side by side).
+    fn matmul_raw_pair(p: RawProduct<'_>, q: RawProduct<'_>) -> Result<(Tensor, Tensor)> {
+        let ((la, lb, dp), (lc, ld, dq)) = (p.layouts(), q.layouts());
+        let (x, y) = p.a.t.storage().matmul_pair(
+            (la, p.b.t.storage(), lb, dp),
+            (q.a.t.storage(), lc, q.b.t.storage(), ld, dq),
         )?;
-        Ok(Tensor::from_storage(out, out_shape))
+        Ok((
+            Tensor::from_storage(x, p.out_shape),
+            Tensor::from_storage(y, q.out_shape),
+        ))
     }
 
     /// Matrix product. 2-D × 2-D, or batched: both operands `[..., m, k]` and `[..., k, n]` with
@@ -124,58 +145,63 @@ impl Tensor {
         let (a_b, b_b) = (!a_batch.is_empty(), !b_batch.is_empty());
         let mut out_shape = batch_dims.to_vec();
         out_shape.extend([m, n]);
-        let y = Tensor::matmul_raw(
-            RawOperand::plain(a, a_b),
-            RawOperand::plain(b, b_b),
+        let y = Tensor::matmul_raw(RawProduct {
+            a: RawOperand::plain(a, a_b),
+            b: RawOperand::plain(b, b_b),
             batch,
             out_shape,
-        )?;
+        })?;
         let (ad, bd) = (a.detach(), b.detach());
         let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
         Ok(Tensor::record(y, "matmul", &[a, b], move |g| {
             // dA = g·Bᵀ, dB = Aᵀ·g; a shared (2-D) operand sums its gradient over the batch.
-            // Only the gradients someone needs are computed.
-            let ga = if !need_a {
-                None
-            } else if a_b || batch == 1 {
-                let ga = Tensor::matmul_raw(
-                    RawOperand::plain(g, true),
-                    RawOperand::transposed(&bd, b_b),
-                    batch,
-                    ad.shape().to_vec(),
-                )?;
-                Some(ga.reshape(ad.shape())?)
+            // Only the gradients someone needs are computed; both at once when both are.
+            // A shared B with A batched: A's batch stacked into rows, one GEMM of
+            // k×(batch·m)·(batch·m)×n.
+            let stacked = if need_b && !(b_b || batch == 1) {
+                Some((ad.reshape(&[batch * m, k])?, g.reshape(&[batch * m, n])?))
             } else {
-                let per = Tensor::matmul_raw(
-                    RawOperand::plain(g, true),
-                    RawOperand::transposed(&bd, b_b),
-                    batch,
-                    vec![batch, m, k],
-                )?;
-                Some(per.sum(&[0], false)?.reshape(ad.shape())?)
-            };
-            let gb = if !need_b {
                 None
-            } else if b_b || batch == 1 {
-                let gb = Tensor::matmul_raw(
-                    RawOperand::transposed(&ad, a_b),
-                    RawOperand::plain(g, true),
-                    batch,
-                    bd.shape().to_vec(),
-                )?;
-                Some(gb.reshape(bd.shape())?)
-            } else {
-                // B shared and A batched: stack the batch into rows, one GEMM of k×(batch·m)·(batch·m)×n.
-                let a2 = ad.reshape(&[batch * m, k])?;
-                let g2 = g.reshape(&[batch * m, n])?;
-                let gb = Tensor::matmul_raw(
-                    RawOperand::transposed(&a2, false),
-                    RawOperand::plain(&g2, false),
-                    1,
-                    vec![k, n],
-                )?;
-                Some(gb.reshape(bd.shape())?)
             };
+            let ga = need_a.then(|| RawProduct {
+                a: RawOperand::plain(g, true),
+                b: RawOperand::transposed(&bd, b_b),
+                batch,
+                out_shape: if a_b || batch == 1 {
+                    ad.shape().to_vec()
+                } else {
+                    vec![batch, m, k]
+                },
+            });
+            let gb = need_b.then(|| match &stacked {
+                Some((a2, g2)) => RawProduct {
+                    a: RawOperand::transposed(a2, false),
+                    b: RawOperand::plain(g2, false),
+                    batch: 1,
+                    out_shape: vec![k, n],
+                },
+                None => RawProduct {
+                    a: RawOperand::transposed(&ad, a_b),
+                    b: RawOperand::plain(g, true),
+                    batch,
+                    out_shape: bd.shape().to_vec(),
+                },
+            });
+            let (ga, gb) = match (ga, gb) {
+                (Some(p), Some(q)) => {
+                    let (x, y) = Tensor::matmul_raw_pair(p, q)?;
+                    (Some(x), Some(y))
+                }
+                (p, q) => (
+                    p.map(Tensor::matmul_raw).transpose()?,
+                    q.map(Tensor::matmul_raw).transpose()?,
+                ),
+            };
+            let ga = match ga {
+                Some(x) if !(a_b || batch == 1) => Some(x.sum(&[0], false)?.reshape(ad.shape())?),
+                x => x.map(|x| x.reshape(ad.shape())).transpose()?,
+            };
+            let gb = gb.map(|x| x.reshape(bd.shape())).transpose()?;
             Ok(vec![ga, gb])
         }))
     }

@@ -207,10 +207,10 @@ impl<T> SendPtr<T> {
     }
 }
 
-/// [`gemm_uninit`] (no accumulation, `beta = 1`) with the threads used as suits the size: one
-/// thread below [`THREADED_MIN_MACS`]; above it, the output's longer side cut into one strip per
-/// thread (at least 32 rows or columns each), each strip a single-threaded product, up to
-/// [`STRIPS_MAX_MACS`]; the crate's own threading beyond. Every output element is computed by
+/// [`gemm_uninit`] (no accumulation, `beta = 1`) on up to `threads` threads, used as suits the
+/// size: one thread below [`THREADED_MIN_MACS`]; above it, the output's longer side cut into one
+/// strip per thread (at least 32 rows or columns each), each strip a single-threaded product, up
+/// to [`STRIPS_MAX_MACS`]; the crate's own threading beyond. Every output element is computed by
 /// the same sequence of operations whichever way it is cut.
 ///
 /// # Safety
@@ -223,11 +223,11 @@ pub(super) unsafe fn gemm_uninit_threaded<T: Float + Send + Sync + 'static>(
     a: MatIn<'_, T>,
     b: MatIn<'_, T>,
     (m, k, n): (usize, usize, usize),
+    threads: usize,
 ) {
     use ::gemm::Parallelism;
     use rayon::prelude::*;
     let macs = m.saturating_mul(k).saturating_mul(n);
-    let threads = rayon::current_num_threads();
     let whole = |dst: &mut [MaybeUninit<T>], par| {
         // SAFETY: as the caller's: no accumulation, the output is only written.
         unsafe { gemm_uninit((dst, dm), a, b, (m, k, n), false, T::one(), par) }
@@ -236,7 +236,7 @@ pub(super) unsafe fn gemm_uninit_threaded<T: Float + Send + Sync + 'static>(
         return whole(dst, Parallelism::None);
     }
     if macs > STRIPS_MAX_MACS {
-        return whole(dst, Parallelism::Rayon(0));
+        return whole(dst, Parallelism::Rayon(threads));
     }
     assert_in_bounds((dst.len(), dm), a, b, (m, k, n));
     let (MatIn { data: ad, view: am }, MatIn { data: bd, view: bm }) = (a, b);

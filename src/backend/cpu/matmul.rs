@@ -1,6 +1,7 @@
 //! The dense `matmul` kernel: one batched `m×k` by `k×n` product through the `gemm` crate
 //! (`cpu/gemm.rs`), which takes arbitrary row and column strides (transposed operands need no
-//! copy). The grouped (per-expert) products are in `grouped_matmul.rs`.
+//! copy). A pair of products (a matmul's backward pass) runs side by side, each on half the
+//! threads. The grouped (per-expert) products are in `grouped_matmul.rs`.
 
 use super::gemm::{Mat, gemm_uninit_threaded};
 use super::grouped_matmul::{WeightGradProblem, expert_routing, grouped_matmul_kernel};
@@ -9,16 +10,19 @@ use super::{CpuBackend, CpuBuffer, f32b, f64b};
 use crate::Error;
 use crate::Result;
 use crate::backend::checks::{binary_dtype_error, check_grouped_bias};
-use crate::backend::{ExpertBankDims, GroupedMatmulDims, MatmulOps};
+use crate::backend::{ExpertBankDims, GroupedMatmulDims, MatmulOps, MatmulProduct};
 use crate::backend::{MatLayout, MatmulDims};
 use num_traits::Float;
 
+/// `C[b] = A[b]·B[b]` for every batch entry, contiguous `[batch, m, n]`, each product using
+/// up to `threads` threads (see [`gemm_uninit_threaded`]).
 pub(super) fn matmul_kernel<T: Float + Send + Sync + 'static>(
     a: &[T],
     la: MatLayout,
     b: &[T],
     lb: MatLayout,
     d: MatmulDims,
+    threads: usize,
 ) -> Vec<T> {
     let MatmulDims { batch, m, k, n } = d;
     if m == 0 || n == 0 || k == 0 {
@@ -33,27 +37,76 @@ pub(super) fn matmul_kernel<T: Float + Send + Sync + 'static>(
         am.offset += bi * la.batch_stride;
         bm.offset += bi * lb.batch_stride;
         // SAFETY: no accumulation, so `cb` may be uninitialised; gemm writes every element.
-        unsafe { gemm_uninit_threaded((cb, Mat::rows(0, n)), am.over(a), bm.over(b), (m, k, n)) };
+        unsafe {
+            gemm_uninit_threaded(
+                (cb, Mat::rows(0, n)),
+                am.over(a),
+                bm.over(b),
+                (m, k, n),
+                threads,
+            )
+        };
     }
     // SAFETY: every one of the batch·m·n elements was written by its batch's product above.
     unsafe { c.set_len(batch * m * n) };
     c
 }
 
+/// [`matmul_kernel`] on buffers of one float dtype, each product on up to `threads` threads.
+fn matmul_on(p: MatmulProduct<'_, CpuBuffer>, threads: usize) -> Result<CpuBuffer> {
+    let MatmulProduct {
+        a,
+        a_layout: la,
+        b,
+        b_layout: lb,
+        dims: d,
+    } = p;
+    match (a, b) {
+        (CpuBuffer::F32(a), CpuBuffer::F32(b)) => Ok(f32b(matmul_kernel(a, la, b, lb, d, threads))),
+        (CpuBuffer::F64(a), CpuBuffer::F64(b)) => Ok(f64b(matmul_kernel(a, la, b, lb, d, threads))),
+        _ => Err(binary_dtype_error("matmul", a.dtype(), b.dtype())),
+    }
+}
+
 impl MatmulOps for CpuBackend {
     fn matmul(
         &self,
         a: &CpuBuffer,
-        la: MatLayout,
+        a_layout: MatLayout,
         b: &CpuBuffer,
-        lb: MatLayout,
-        d: MatmulDims,
+        b_layout: MatLayout,
+        dims: MatmulDims,
     ) -> Result<CpuBuffer> {
-        match (a, b) {
-            (CpuBuffer::F32(a), CpuBuffer::F32(b)) => Ok(f32b(matmul_kernel(a, la, b, lb, d))),
-            (CpuBuffer::F64(a), CpuBuffer::F64(b)) => Ok(f64b(matmul_kernel(a, la, b, lb, d))),
-            _ => Err(binary_dtype_error("matmul", a.dtype(), b.dtype())),
+        let product = MatmulProduct {
+            a,
+            a_layout,
+            b,
+            b_layout,
+            dims,
+        };
+        matmul_on(product, rayon::current_num_threads())
+    }
+
+    /// The two products side by side, each on half the threads (on two cores: each a
+    /// single-threaded GEMM, instead of each cut in two strips that both pack its shared
+    /// operand; 5–9% faster on a `llama` step's gradient shapes, docs/benchmarks.md). Each
+    /// output has the bits [`MatmulOps::matmul`] gives: a product's elements do not depend on
+    /// how it is cut.
+    fn matmul_pair(
+        &self,
+        first: MatmulProduct<'_, CpuBuffer>,
+        second: MatmulProduct<'_, CpuBuffer>,
+    ) -> Result<(CpuBuffer, CpuBuffer)> {
+        let threads = rayon::current_num_threads();
+        if threads < 2 {
+            return Ok((matmul_on(first, 1)?, matmul_on(second, 1)?));
         }
+        let half = threads / 2;
+        let (x, y) = rayon::join(
+            || matmul_on(first, half),
+            || matmul_on(second, threads - half),
+        );
+        Ok((x?, y?))
     }
 
     fn grouped_matmul(

@@ -1,8 +1,18 @@
-//! [`MatmulOps`]: the matrix products: the batched dense matmul, and the grouped (per-expert)
-//! matmul of an MoE layer with its expert bank's weight gradient.
+//! [`MatmulOps`]: the matrix products: the batched dense matmul (alone, or two independent
+//! ones at once as a matmul's backward pass needs), and the grouped (per-expert) matmul of an MoE
+//! layer with its expert bank's weight gradient.
 
 use crate::Result;
 use crate::backend::{BufferOps, ExpertBankDims, GroupedMatmulDims, MatLayout, MatmulDims};
+
+/// One product of [`MatmulOps::matmul_pair`]: `A·B` with each operand's layout, and the sizes.
+pub(crate) struct MatmulProduct<'a, B> {
+    pub(crate) a: &'a B,
+    pub(crate) a_layout: MatLayout,
+    pub(crate) b: &'a B,
+    pub(crate) b_layout: MatLayout,
+    pub(crate) dims: MatmulDims,
+}
 
 /// Matrix products: dense batched, grouped per expert, and the grouped weight gradient.
 pub(crate) trait MatmulOps: BufferOps {
@@ -15,6 +25,21 @@ pub(crate) trait MatmulOps: BufferOps {
         b_layout: MatLayout,
         dims: MatmulDims,
     ) -> Result<Self::Buffer>;
+    /// Two independent products, each as [`MatmulOps::matmul`] would compute it. A matmul's
+    /// backward pass needs two (`dA = dC·Bᵀ` and `dB = Aᵀ·dC`, always the same number of
+    /// multiply-adds). This default runs them one after the other; a backend may run them side
+    /// by side (the CPU gives each half of its threads, so that no product is cut in strips
+    /// whose threads each pack the same shared operand).
+    fn matmul_pair(
+        &self,
+        first: MatmulProduct<'_, Self::Buffer>,
+        second: MatmulProduct<'_, Self::Buffer>,
+    ) -> Result<(Self::Buffer, Self::Buffer)> {
+        let one = |p: MatmulProduct<'_, Self::Buffer>| {
+            self.matmul(p.a, p.a_layout, p.b, p.b_layout, p.dims)
+        };
+        Ok((one(first)?, one(second)?))
+    }
     /// The grouped (per-expert) matmul of an MoE layer: `out[r] = x[r] · W[e_r]` (or `W[e_r]ᵀ`
     /// with `transpose_w`), `x: [R, k]`, `w: [n, k, m]` (`[n, m, k]` when transposed),
     /// `row_expert: [R]` I32. With `bias` (`[n, m]`, not with `transpose_w`), each row gets its

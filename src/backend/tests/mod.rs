@@ -6,7 +6,8 @@
 //! tests), among them the GPU rule: without an adapter a GPU test prints "skipping ..." and
 //! passes, unless `MOEGRAD_REQUIRE_GPU=1`, which turns a missing adapter into a failure.
 //!
-//! - `cpu_kernels.rs`, `cpu_math.rs`: the CPU's fast kernels against plain loops.
+//! - `cpu_kernels.rs`, `cpu_math.rs`: the CPU's fast kernels against plain loops;
+//!   `cpu_matmul_pair.rs`: a matmul's two backward products run side by side.
 //! - `gpu_primitives.rs`, `gpu_sort_optim.rs`: each GPU primitive against the CPU backend.
 //! - `gpu_matmul.rs`: the matrix-product kernels' layouts, grid splits and bad inputs;
 //!   `gpu_matmul_kernels.rs`: the kernel choices agree, split-k.
@@ -21,6 +22,7 @@ mod backend_codes;
 mod constants;
 mod cpu_kernels;
 mod cpu_math;
+mod cpu_matmul_pair;
 mod folded_grids;
 mod gpu_matmul;
 mod gpu_matmul_kernels;
