@@ -234,4 +234,4 @@ pub(crate) fn uniform_hash(seed: u64, index: u32) -> f32 {
 mod storage;
 #[cfg(test)]
 mod tests;
-pub(crate) use storage::Storage;
+pub(crate) use storage::{Storage, side_by_side};

@@ -149,6 +149,22 @@ mod fused;
 mod moe;
 mod optim;
 
+/// Runs two independent computations on storages of `device`: on the CPU side by side on its
+/// threads (`rayon::join` on a worker of the kernel pool, so each one's kernels share the
+/// threads with the other's), elsewhere one after the other. Only for work that calls storage
+/// ops and builds untracked tensors: the second may run on another thread, without the first
+/// one's thread-local state (grad mode, profile scope).
+pub(crate) fn side_by_side<A: Send, B: Send>(
+    device: crate::Device,
+    a: impl FnOnce() -> A + Send,
+    b: impl FnOnce() -> B + Send,
+) -> (A, B) {
+    match device {
+        crate::Device::Cpu => cpu::on_pool(usize::MAX, || rayon::join(a, b)),
+        _ => (a(), b()),
+    }
+}
+
 impl Storage {
     /// The storage's device kind.
     pub(crate) fn is_gpu(&self) -> bool {

@@ -144,7 +144,7 @@ impl Tensor {
             } else {
                 None
             };
-            let dx = if need_x {
+            let dx_of = || -> Result<Tensor> {
                 let dx = g.storage().grouped_matmul(
                     wd.storage(),
                     None,
@@ -157,31 +157,37 @@ impl Tensor {
                         transpose_w: true,
                     },
                 )?;
-                Some(Tensor::from_storage(dx, vec![rows, k]))
-            } else {
-                None
+                Ok(Tensor::from_storage(dx, vec![rows, k]))
             };
-            let dw = if need_w {
-                let recipe = GroupedWeightGrad {
-                    x,
-                    dy: g.clone(),
-                    row_expert: re,
-                    offsets: off,
-                    experts: n,
-                    k,
-                    m,
-                };
-                match &leaf {
-                    Some(leaf) => {
-                        leaf.accumulate_deferred(recipe)?;
-                        None
-                    }
-                    // the f16 rows' weight gradient, summed in f32 and stored in f16, goes back
-                    // to the f32 bank in f32
-                    None => Some(recipe.materialize()?.to_dtype(w_dtype)?),
+            let recipe = || GroupedWeightGrad {
+                x: x.clone(),
+                dy: g.clone(),
+                row_expert: re.clone(),
+                offsets: off.clone(),
+                experts: n,
+                k,
+                m,
+            };
+            // the f16 rows' weight gradient, summed in f32 and stored in f16, goes back to the
+            // f32 bank in f32
+            let dw_of = || -> Result<Tensor> { recipe().materialize()?.to_dtype(w_dtype) };
+            let (dx, dw) = match (need_x, need_w, &leaf) {
+                // both computed now: side by side on the CPU's threads (independent products)
+                (true, true, None) => {
+                    let (dx, dw) = crate::backend::side_by_side(g.device(), dx_of, dw_of);
+                    (Some(dx?), Some(dw?))
                 }
-            } else {
-                None
+                _ => {
+                    let dx = need_x.then(dx_of).transpose()?;
+                    let dw = match &leaf {
+                        Some(leaf) if need_w => {
+                            leaf.accumulate_deferred(recipe())?;
+                            None
+                        }
+                        _ => need_w.then(dw_of).transpose()?,
+                    };
+                    (dx, dw)
+                }
             };
             let mut grads = vec![dx, dw];
             if bias_given {
