@@ -36,13 +36,16 @@ fn a_pair_of_products_gives_the_bits_of_each_product_alone_on_any_number_of_thre
     };
     let down = |b: &CpuBuffer| CPU.download(b).unwrap().to_f64();
     // (batch, m, k, n, A transposed, B shared by the batch): one-threaded sizes, strips (over
-    // 64³ multiply-adds), a batch sharing B, transposed operands, a single row
+    // 64³ multiply-adds) by rows and by columns, a batch sharing B, transposed operands, a
+    // single row
     let shapes = [
         (1usize, 9usize, 7usize, 5usize, false, false),
         (1, 96, 80, 72, true, false),
         (3, 70, 64, 90, false, true),
         (1, 1, 200, 300, true, false),
         (2, 130, 66, 40, true, true),
+        // wider than tall, but tall enough to be cut by rows on two threads (by columns on three)
+        (1, 520, 16, 600, false, false),
     ];
     for threads in [1usize, 2, 3] {
         let pool = rayon::ThreadPoolBuilder::new()
