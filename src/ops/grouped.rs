@@ -172,10 +172,12 @@ impl Tensor {
             // f32 bank in f32
             let dw_of = || -> Result<Tensor> { recipe().materialize()?.to_dtype(w_dtype) };
             let (dx, dw) = match (need_x, need_w, &leaf) {
-                // both computed now: side by side on the CPU's threads (independent products)
+                // both computed now: side by side on the CPU's threads (independent products;
+                // only storage work crosses threads, the cast stays on this one)
                 (true, true, None) => {
-                    let (dx, dw) = crate::backend::side_by_side(g.device(), dx_of, dw_of);
-                    (Some(dx?), Some(dw?))
+                    let materialize = || recipe().materialize();
+                    let (dx, dw) = crate::backend::side_by_side(g.device(), dx_of, materialize);
+                    (Some(dx?), Some(dw?.to_dtype(w_dtype)?))
                 }
                 _ => {
                     let dx = need_x.then(dx_of).transpose()?;
