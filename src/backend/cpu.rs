@@ -216,8 +216,13 @@ fn filled<T: Copy>(len: usize, value: T) -> Result<Vec<T>> {
 }
 
 /// `len` zeros in a buffer from the [`buffer_pool`] (like `vec![zero; len]`, whose allocation the pool
-/// could not take back).
-pub(crate) fn zeroed<T: Copy + num_traits::Zero>(len: usize) -> Vec<T> {
+/// could not take back). A large buffer is zeroed by all the threads, a block each, instead of
+/// by the caller alone while the others wait for the kernel that follows.
+pub(crate) fn zeroed<T: Copy + Send + num_traits::Zero>(len: usize) -> Vec<T> {
+    if len >= PAR_MIN {
+        // SAFETY: every chunk is written in full with zeros.
+        return unsafe { write_chunks(len, MAP_CHUNK, |_, c| c.fill(MaybeUninit::new(T::zero()))) };
+    }
     let mut v = buffer_pool::take(len).unwrap_or_default();
     v.resize(len, T::zero());
     v

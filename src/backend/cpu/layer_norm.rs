@@ -7,11 +7,11 @@
 //!
 //! Composed from elementwise ops, a layer norm over `[rows, dim]` took eight forward ops and
 //! about twenty backward ones, each a pass over the whole tensor and a buffer; here forward is
-//! one pass for the statistics and one for the output, backward one pass per row for `dx` and
+//! one pass for the statistics and one for the output (into a buffer that is not zeroed first), backward one pass per row for `dx` and
 //! one walk over the rows for `dgamma` and `dbeta`.
 
 use super::reduce::{LANES, lane_sum};
-use super::{LayerNormDims, MAP_CHUNK, PAR_MIN, write_chunks, zeroed};
+use super::{LayerNormDims, MAP_CHUNK, PAR_MIN, buffer_pool, write_chunks, zeroed};
 use num_traits::Float;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -44,9 +44,13 @@ pub(crate) fn forward<T: Float + Send + Sync>(
 ) -> (Vec<T>, Vec<T>, Vec<T>) {
     let dim = d.dim;
     let eps = T::from(d.eps).unwrap_or_else(T::zero);
-    let (mut y, mut mean, mut rstd) = (zeroed(d.rows * dim), zeroed(d.rows), zeroed(d.rows));
+    let n = d.rows * dim;
+    // `y` is not zeroed first: every element is written below (a third of the pass's memory
+    // traffic saved); the statistics are one value per row
+    let mut y: Vec<T> = buffer_pool::take(n).unwrap_or_else(|_| Vec::with_capacity(n));
+    let (mut mean, mut rstd) = (zeroed(d.rows), zeroed(d.rows));
     // one group of rows: statistics, then the normalised rows
-    let group = |first: usize, y: &mut [T], mean: &mut [T], rstd: &mut [T]| {
+    let group = |first: usize, y: &mut [MaybeUninit<T>], mean: &mut [T], rstd: &mut [T]| {
         for (r, ((y_r, m), s)) in y
             .chunks_mut(dim)
             .zip(mean.iter_mut())
@@ -57,25 +61,28 @@ pub(crate) fn forward<T: Float + Send + Sync>(
             (*m, *s) = row_stats(x_r, eps, d.centered);
             if d.centered {
                 for (((o, &v), &g), &b) in y_r.iter_mut().zip(x_r).zip(gamma).zip(beta) {
-                    *o = (v - *m) * *s * g + b;
+                    o.write((v - *m) * *s * g + b);
                 }
             } else {
                 for ((o, &v), &g) in y_r.iter_mut().zip(x_r).zip(gamma) {
-                    *o = v * *s * g;
+                    o.write(v * *s * g);
                 }
             }
         }
     };
-    if d.rows * dim >= PAR_MIN {
+    let out = &mut y.spare_capacity_mut()[..n];
+    if n >= PAR_MIN {
         let per = rows_per_task(dim);
-        y.par_chunks_mut(per * dim)
+        out.par_chunks_mut(per * dim)
             .zip(mean.par_chunks_mut(per))
             .zip(rstd.par_chunks_mut(per))
             .enumerate()
             .for_each(|(t, ((y, m), s))| group(t * per, y, m, s));
     } else {
-        group(0, &mut y, &mut mean, &mut rstd);
+        group(0, out, &mut mean, &mut rstd);
     }
+    // SAFETY: the groups covered all `rows` rows, and each wrote all `dim` elements of its rows.
+    unsafe { y.set_len(n) };
     (y, mean, rstd)
 }
 

@@ -183,7 +183,7 @@ pub(super) fn argmax_kernel<T: Float + Send + Sync>(x: &[T], v: AxisView) -> Vec
     })
 }
 
-pub(super) fn cumsum_kernel<T: Float>(x: &[T], v: AxisView, reverse: bool) -> Vec<T> {
+pub(super) fn cumsum_kernel<T: Float + Send>(x: &[T], v: AxisView, reverse: bool) -> Vec<T> {
     let AxisView { outer, len, inner } = v;
     let mut out = zeroed(x.len());
     for o in 0..outer {

@@ -705,3 +705,19 @@ fn strided_copy_matches_the_definition() {
         );
     }
 }
+
+#[test]
+fn zeroed_buffers_are_all_zero_even_when_recycled_from_dirty_ones() {
+    // sizes on both sides of the parallel threshold; each first fills a buffer of the same size
+    // with ones and drops it, so the pool is likely to hand that block back to `zeroed`
+    for len in [1000usize, 40_000, 100_003, 1 << 20] {
+        for _ in 0..3 {
+            drop(up(HostData::F32(vec![1.0; len])));
+            let z: Vec<f32> = crate::backend::cpu::zeroed(len);
+            assert_eq!(z.len(), len);
+            if let Some(i) = z.iter().position(|&v| v.to_bits() != 0) {
+                panic!("zeroed({len}): element {i} is {}", z[i]);
+            }
+        }
+    }
+}
