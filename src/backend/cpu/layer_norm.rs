@@ -3,15 +3,17 @@
 //! row's statistics in two passes over it (one for RMSNorm).
 //!
 //! Each row's sums run in eight lanes ([`lane_sum`]), so they vectorise; groups of rows run in
-//! parallel, and the parameters' gradients split their columns over the threads.
+//! parallel. Backward adds the parameters' gradients up per block of rows while it writes those
+//! rows of `dx`, then adds the blocks' sums in order (blocks of a fixed size: the same bits on
+//! any number of threads).
 //!
 //! Composed from elementwise ops, a layer norm over `[rows, dim]` took eight forward ops and
 //! about twenty backward ones, each a pass over the whole tensor and a buffer; here forward is
-//! one pass for the statistics and one for the output (into a buffer that is not zeroed first), backward one pass per row for `dx` and
-//! one walk over the rows for `dgamma` and `dbeta`.
+//! one pass for the statistics and one for the output (into a buffer that is not zeroed first),
+//! backward one pass over the rows for `dx`, `dgamma` and `dbeta` together.
 
-use super::reduce::{LANES, lane_sum};
-use super::{LayerNormDims, MAP_CHUNK, PAR_MIN, buffer_pool, write_chunks, zeroed};
+use super::reduce::lane_sum;
+use super::{LayerNormDims, MAP_CHUNK, PAR_MIN, buffer_pool, zeroed};
 use num_traits::Float;
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
@@ -96,7 +98,8 @@ pub(crate) fn backward<T: Float + Send + Sync>(
 ) -> (Vec<T>, Vec<T>, Vec<T>) {
     let dim = d.dim;
     let n = T::from(dim).unwrap_or_else(T::one);
-    let fill = |r: usize, out: &mut [MaybeUninit<T>]| {
+    // one row: its `dx` into `out`, and its terms of dgamma and dbeta added into `dg`, `db`
+    let row = |r: usize, out: &mut [MaybeUninit<T>], dg: &mut [T], db: &mut [T]| {
         let (gr, xr) = (&g[r * dim..(r + 1) * dim], &x[r * dim..(r + 1) * dim]);
         let (m, s) = (mean[r], rstd[r]);
         // mean_j(h) (layer norm only: RMSNorm subtracts no mean) and mean_j(h·x̂), h = g·gamma
@@ -109,34 +112,48 @@ pub(crate) fn backward<T: Float + Send + Sync>(
         for (((o, &gv), &xv), &w) in out.iter_mut().zip(gr).zip(xr).zip(gamma) {
             o.write(s * (gv * w - sh - (xv - m) * s * shx));
         }
-    };
-    // SAFETY: chunk r is row r of dx, and `fill` writes all `dim` of its elements.
-    let dx = unsafe { write_chunks(d.rows * dim, dim, fill) };
-    // the parameters' gradients: each column's sum over the rows in order, the columns split
-    // over threads (the same additions in the same order either way)
-    let (mut dgamma, mut dbeta) = (zeroed::<T>(dim), zeroed::<T>(dim));
-    let columns = |c0: usize, dg: &mut [T], db: &mut [T]| {
-        let width = dg.len();
-        for r in 0..d.rows {
-            let row = r * dim + c0..r * dim + c0 + width;
-            let (gr, xr) = (&g[row.clone()], &x[row]);
-            let (m, s) = (mean[r], rstd[r]);
-            for (((dg, db), &gv), &xv) in dg.iter_mut().zip(db.iter_mut()).zip(gr).zip(xr) {
-                *dg = *dg + gv * (xv - m) * s;
-                *db = *db + gv;
-            }
+        for (((dg, db), &gv), &xv) in dg.iter_mut().zip(db.iter_mut()).zip(gr).zip(xr) {
+            *dg = *dg + gv * (xv - m) * s;
+            *db = *db + gv;
         }
     };
-    let threads = rayon::current_num_threads();
-    if d.rows * dim >= PAR_MIN && threads > 1 && dim >= 2 * LANES {
-        let width = dim.div_ceil(threads).next_multiple_of(LANES);
-        dgamma
-            .par_chunks_mut(width)
-            .zip(dbeta.par_chunks_mut(width))
+    // Rows in blocks of a fixed size (not a function of the threads, so the sums are the same
+    // on any number of them): each block writes its rows of dx and its own partial sums of
+    // dgamma and dbeta while the rows are in cache, and the partial sums are then added in block
+    // order. One pass over g and x, where a separate walk down the columns read both again.
+    let per = rows_per_task(dim);
+    let blocks = d.rows.div_ceil(per);
+    let len = d.rows * dim;
+    let mut dx: Vec<T> = buffer_pool::take(len).unwrap_or_else(|_| Vec::with_capacity(len));
+    let mut partial = zeroed::<T>(blocks * 2 * dim);
+    let block = |b: usize, out: &mut [MaybeUninit<T>], sums: &mut [T]| {
+        let (dg, db) = sums.split_at_mut(dim);
+        for (i, out) in out.chunks_mut(dim).enumerate() {
+            row(b * per + i, out, dg, db);
+        }
+    };
+    let out = &mut dx.spare_capacity_mut()[..len];
+    if len >= PAR_MIN {
+        out.par_chunks_mut(per * dim)
+            .zip(partial.par_chunks_mut(2 * dim))
             .enumerate()
-            .for_each(|(t, (dg, db))| columns(t * width, dg, db));
+            .for_each(|(b, (out, sums))| block(b, out, sums));
     } else {
-        columns(0, &mut dgamma, &mut dbeta);
+        for (b, (out, sums)) in out
+            .chunks_mut(per * dim)
+            .zip(partial.chunks_mut(2 * dim))
+            .enumerate()
+        {
+            block(b, out, sums);
+        }
+    }
+    // SAFETY: the blocks covered all rows, and `row` wrote all `dim` elements of each.
+    unsafe { dx.set_len(len) };
+    let (mut dgamma, mut dbeta) = (zeroed::<T>(dim), zeroed::<T>(dim));
+    for sums in partial.chunks(2 * dim) {
+        let (dg, db) = sums.split_at(dim);
+        dgamma.iter_mut().zip(dg).for_each(|(a, &v)| *a = *a + v);
+        dbeta.iter_mut().zip(db).for_each(|(a, &v)| *a = *a + v);
     }
     (dx, dgamma, dbeta)
 }
