@@ -296,6 +296,16 @@ fn expert_rows(counts: &[usize]) -> (Vec<i32>, Vec<i32>) {
     (experts, offsets)
 }
 
+/// [`expert_rows`] on `device`: each row's expert (also returned on the host) and the experts'
+/// offsets, as the grouped ops take them.
+fn expert_routing(counts: &[usize], device: Device) -> (Vec<i32>, Tensor, Tensor) {
+    let (experts, offsets) = expert_rows(counts);
+    let rows = experts.len();
+    let row_expert = Tensor::from_i32(experts.clone(), &[rows], device).unwrap();
+    let offsets = Tensor::from_i32(offsets, &[counts.len() + 1], device).unwrap();
+    (experts, row_expert, offsets)
+}
+
 /// The expert banks the grouped tests run, `(rows per expert, k, m)`: one row, experts with
 /// no rows, one row and 70 (a run across the 64-row tiles), and two runs past one tile.
 fn bank_cases() -> [(Vec<usize>, usize, usize); 3] {
@@ -318,14 +328,12 @@ fn f16_grouped_matmul_and_its_backward_match_f32() {
     let mut rng = ChaCha8Rng::seed_from_u64(31);
     for (counts, k, m) in bank_cases() {
         let (n, rows) = (counts.len(), counts.iter().sum::<usize>());
-        let (experts, offsets) = expert_rows(&counts);
+        let (experts, row_expert, offsets) = expert_routing(&counts, gpu);
         let (xv, wv) = (
             f16_values(rows * k, &mut rng),
             f16_values(n * k * m, &mut rng),
         );
         let up = f16_values(rows * m, &mut rng);
-        let row_expert = Tensor::from_i32(experts.clone(), &[rows], gpu).unwrap();
-        let offsets = Tensor::from_i32(offsets, &[n + 1], gpu).unwrap();
         let what = format!("experts {counts:?}, k {k}, m {m}");
         let [[y16, dx16, dw16], [y32, dx32, dw32]] = through_f16_and_f32(
             gpu,
@@ -367,15 +375,13 @@ fn f16_rows_with_f32_expert_weights_match_f32() {
     let mut rng = ChaCha8Rng::seed_from_u64(37);
     for (counts, k, m) in bank_cases() {
         let (n, rows) = (counts.len(), counts.iter().sum::<usize>());
-        let (experts, offsets) = expert_rows(&counts);
+        let (_, row_expert, offsets) = expert_routing(&counts, gpu);
         let xv = f16_values(rows * k, &mut rng);
         let wv: Vec<f32> = (0..n * k * m)
             .map(|_| rng.random_range(-1.0f32..1.0))
             .collect();
         let bv: Vec<f32> = (0..n * m).map(|_| rng.random_range(-1.0f32..1.0)).collect();
         let up = f16_values(rows * m, &mut rng);
-        let row_expert = Tensor::from_i32(experts, &[rows], gpu).unwrap();
-        let offsets = Tensor::from_i32(offsets, &[n + 1], gpu).unwrap();
         let run = |half: bool| {
             let leaf = |v: &[f32], shape: &[usize]| {
                 Tensor::from_f32(v.to_vec(), shape, gpu)
