@@ -88,6 +88,7 @@ impl DispatchPlan {
         capacity: Capacity,
         counted: usize,
     ) -> Result<DispatchPlan> {
+        let _profile = crate::profile::op("dispatch_plan");
         let _guard = crate::NoGradGuard::new();
         let n = routing.experts;
         let a = routing.len();

@@ -54,6 +54,7 @@ impl Tensor {
         k: usize,
         renormalise: bool,
     ) -> Result<TopkGate> {
+        let _profile = crate::profile::op("topk_gate");
         const WHAT: &str = "topk_gate";
         if self.dtype() == crate::DType::F16
             || scores.is_some_and(|s| s.dtype() == crate::DType::F16)

@@ -102,8 +102,16 @@ pub(super) fn scatter_rows<T: Float + Send + Sync>(
             }
         }
         [a, rest @ ..] => {
-            for (i, (d, &x)) in dst.iter_mut().zip(source(*a)).enumerate() {
-                d.write(rest.iter().fold(x, |acc, &b| acc + src[b * inner + i]));
+            for (d, &x) in dst.iter_mut().zip(source(*a)) {
+                d.write(x);
+            }
+            // SAFETY: every element of `dst` was written just above.
+            let dst = unsafe { &mut *(dst as *mut [MaybeUninit<T>] as *mut [T]) };
+            // whole rows added in turn (vectorised): per element the same sums in the same order
+            for &b in rest {
+                for (d, &y) in dst.iter_mut().zip(source(b)) {
+                    *d = *d + y;
+                }
             }
         }
     };

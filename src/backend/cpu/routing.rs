@@ -16,7 +16,7 @@ use num_traits::Float;
 use rayon::prelude::*;
 
 /// Rows per rayon task (the per-row work is small: a few passes over `n` values).
-const ROWS_PER_TASK: usize = 256;
+const ROWS_PER_TASK: usize = 64;
 
 /// The order key of a float, as `argsort` orders values (NaN as −∞, −0 as +0): in f32 for f32
 /// buffers (the GPU's key), in f64 otherwise.
@@ -26,6 +26,42 @@ fn order_key<T: Float>(v: T) -> u64 {
     } else {
         sort_key(v.to_f64().unwrap_or(f64::NAN))
     }
+}
+
+/// Up to this k, [`top_k_columns`] keeps a sorted list of the best so far; above it, it sorts.
+const INSERTION_MAX_K: usize = 16;
+
+/// Leaves in `order` the columns of the `k` largest `scores`, descending by [`order_key`], ties
+/// to the lower column: the first `k` of a stable descending sort. `keys` is scratch.
+fn top_k_columns<T: Float>(scores: &[T], k: usize, order: &mut Vec<usize>, keys: &mut Vec<u64>) {
+    order.clear();
+    keys.clear();
+    if k <= INSERTION_MAX_K {
+        // each column in turn goes into the sorted list of the best so far; a later column
+        // never beats an equal key, so only a strictly larger one moves in
+        for (c, &sc) in scores.iter().enumerate() {
+            let key = order_key(sc);
+            if order.len() == k && key <= keys[k - 1] {
+                continue;
+            }
+            let at = keys.iter().position(|&kk| kk < key).unwrap_or(keys.len());
+            if order.len() == k {
+                order.pop();
+                keys.pop();
+            }
+            order.insert(at, c);
+            keys.insert(at, key);
+        }
+        return;
+    }
+    keys.extend(scores.iter().map(|&v| order_key(v)));
+    order.extend(0..scores.len());
+    let cmp = |&a: &usize, &b: &usize| keys[b].cmp(&keys[a]).then_with(|| a.cmp(&b));
+    if k < scores.len() {
+        order.select_nth_unstable_by(k, cmp);
+    }
+    order[..k].sort_unstable_by(cmp);
+    order.truncate(k);
 }
 
 /// `(probs, idx, weights)` of the fused top-k gate (see `RoutingOps::topk_gate`).
@@ -39,7 +75,12 @@ pub(super) fn topk_gate<T: Float + Send + Sync>(
     let mut probs = super::zeroed(rows * n);
     let mut idx = super::zeroed::<i32>(rows * k);
     let mut weights = super::zeroed(rows * k);
-    let row_task = |r: usize, p: &mut [T], ix: &mut [i32], w: &mut [T], order: &mut Vec<usize>| {
+    let row_task = |r: usize,
+                    p: &mut [T],
+                    ix: &mut [i32],
+                    w: &mut [T],
+                    order: &mut Vec<usize>,
+                    keys: &mut Vec<u64>| {
         let x = &logits[r * n..(r + 1) * n];
         let m = x.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
         let mut total = T::zero();
@@ -51,18 +92,7 @@ pub(super) fn topk_gate<T: Float + Send + Sync>(
             *pc = *pc / total;
         }
         let s = &scores[r * n..(r + 1) * n];
-        order.clear();
-        order.extend(0..n);
-        // descending by key, then ascending by index: the first k of a stable descending sort
-        let cmp = |&a: &usize, &b: &usize| {
-            order_key(s[b])
-                .cmp(&order_key(s[a]))
-                .then_with(|| a.cmp(&b))
-        };
-        if k < n {
-            order.select_nth_unstable_by(k, cmp);
-        }
-        order[..k].sort_unstable_by(cmp);
+        top_k_columns(s, k, order, keys);
         for (slot, &c) in ix.iter_mut().zip(order.iter()) {
             *slot = c as i32;
         }
@@ -90,14 +120,14 @@ pub(super) fn topk_gate<T: Float + Send + Sync>(
         .zip(weights.par_chunks_mut(k * ROWS_PER_TASK))
         .enumerate()
         .for_each(|(task, ((p, ix), w))| {
-            let mut order = Vec::with_capacity(n);
+            let (mut order, mut keys) = (Vec::with_capacity(n), Vec::with_capacity(n));
             for (i, ((p, ix), w)) in p
                 .chunks_mut(n)
                 .zip(ix.chunks_mut(k))
                 .zip(w.chunks_mut(k))
                 .enumerate()
             {
-                row_task(task * ROWS_PER_TASK + i, p, ix, w, &mut order);
+                row_task(task * ROWS_PER_TASK + i, p, ix, w, &mut order, &mut keys);
             }
         });
     (probs, idx, weights)
@@ -173,24 +203,42 @@ pub(super) fn dispatch_plan<T: Float>(
         _ => n,
     };
     let keys: Vec<usize> = (0..a).map(key).collect();
-    let mut order: Vec<usize> = (0..a).collect();
-    // expert, then rank ascending, then weight descending (NaN last), then assignment index
-    order.sort_by_key(|&i| {
-        (
-            keys[i],
-            order_key(rank[i]),
-            std::cmp::Reverse(order_key(weight[i])),
-            i,
-        )
-    });
     let mut counts = vec![0usize; n + 1];
     for &k in &keys {
         counts[k] += 1;
     }
-    let mut offsets = vec![0usize; n + 1];
-    for e in 1..=n {
-        offsets[e] = offsets[e - 1] + counts[e - 1];
+    // A counting sort by expert (index order within an expert), then each expert's rows sorted
+    // by rank ascending, weight descending (NaN last), index ascending, with the keys computed
+    // once per row rather than once per comparison. `start[e]` is where expert e's rows begin
+    // (the trash expert n last).
+    let mut start = vec![0usize; n + 2];
+    for e in 0..=n {
+        start[e + 1] = start[e] + counts[e];
     }
+    let mut by_expert: Vec<(u64, std::cmp::Reverse<u64>, usize)> =
+        vec![(0, std::cmp::Reverse(0), 0); a];
+    let mut next = start.clone();
+    for (i, &k) in keys.iter().enumerate() {
+        by_expert[next[k]] = (
+            order_key(rank[i]),
+            std::cmp::Reverse(order_key(weight[i])),
+            i,
+        );
+        next[k] += 1;
+    }
+    // the index is part of the key, so no two keys are equal and an unstable sort is exact
+    let mut segments = Vec::with_capacity(n + 1);
+    let mut rest = by_expert.as_mut_slice();
+    for &count in &counts {
+        let (segment, tail) = rest.split_at_mut(count);
+        segments.push(segment);
+        rest = tail;
+    }
+    segments
+        .into_par_iter()
+        .for_each(|segment| segment.sort_unstable());
+    let order: Vec<usize> = by_expert.iter().map(|&(_, _, i)| i).collect();
+    let offsets = &start[..=n];
     let cap = capacity.unwrap_or(usize::MAX);
     let mut row_token = Vec::with_capacity(a);
     let mut row_expert = Vec::with_capacity(a);
@@ -358,5 +406,31 @@ mod tests {
         assert_eq!(ints(&p.offsets), vec![0, 1, 3]);
         assert_eq!(floats(&p.kept_per_expert), vec![1.0, 1.0]);
         assert_eq!(floats(&p.routed_per_expert), vec![1.0, 2.0]);
+    }
+
+    #[test]
+    fn top_k_columns_are_the_first_k_of_a_stable_descending_sort() {
+        use rand::{RngExt, SeedableRng};
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(7);
+        let (mut order, mut keys) = (Vec::new(), Vec::new());
+        for n in [1usize, 2, 5, 16, 17, 40] {
+            for _ in 0..20 {
+                // few distinct values, so ties are common; NaN and both zeros among them
+                let scores: Vec<f32> = (0..n)
+                    .map(|_| match rng.random_range(0..8) {
+                        0 => f32::NAN,
+                        1 => -0.0,
+                        2 => 0.0,
+                        v => v as f32 - 4.0,
+                    })
+                    .collect();
+                let mut sorted: Vec<usize> = (0..n).collect();
+                sorted.sort_by_key(|&c| std::cmp::Reverse(order_key(scores[c])));
+                for k in 1..=n {
+                    top_k_columns(&scores, k, &mut order, &mut keys);
+                    assert_eq!(order, sorted[..k], "n {n}, k {k}, scores {scores:?}");
+                }
+            }
+        }
     }
 }
