@@ -711,6 +711,103 @@ fn index_scatter_matches_its_definition() {
     }
 }
 
+// ---- weighted_index_scatter ----------------------------------------------------------------
+
+/// The weighted MoE combine from its definition: `y[t] = Σ_{r : idx[r] = t} w[r]·rows[r]`.
+fn weighted_index_scatter_reference(
+    rows: &[f64],
+    w: &[f64],
+    idx: &[i32],
+    d: usize,
+    len: usize,
+) -> Vec<f64> {
+    let mut y = vec![0.0; len * d];
+    for (r, &t) in idx.iter().enumerate() {
+        for i in 0..d {
+            y[t as usize * d + i] += w[r] * rows[r * d + i];
+        }
+    }
+    y
+}
+
+/// Random `(rows [a, d], w [a], idx [a] into len)` for case `case` of test `test`.
+fn weighted_combine_case(test: u64, case: u64) -> (Vec<f64>, Vec<f64>, Vec<i32>, [usize; 3]) {
+    let mut rng = rng_for(test, case);
+    let (a, d) = (rng.random_range(1..=300), rng.random_range(1..=40));
+    // some tokens get several rows, some none
+    let len = rng.random_range(1..=a + 2);
+    let idx: Vec<i32> = (0..a).map(|_| rng.random_range(0..len as i32)).collect();
+    let rows = uniform(&mut rng, a * d, -1.0, 1.0);
+    let w = uniform(&mut rng, a, 0.0, 1.0);
+    (rows, w, idx, [a, d, len])
+}
+
+#[test]
+fn weighted_index_scatter_matches_its_definition() {
+    for case in 0..2 * CASES {
+        let (rows, w, idx, [a, d, len]) = weighted_combine_case(11, case);
+        let got = tensor(&rows, &[a, d])
+            .weighted_index_scatter(&tensor(&w, &[a]), &indices(&idx, &[a]), len)
+            .expect("weighted_index_scatter");
+        let want = weighted_index_scatter_reference(&rows, &w, &idx, d, len);
+        let what = format!("weighted_index_scatter [{a}, {d}] onto {len}");
+        assert_close(&what, &f64s(&got), &want, TOL, TOL);
+    }
+}
+
+/// The fused CPU kernels round as the composition they replace (`rows.mul(w)` then
+/// `index_scatter`, and its backward rules), so a model trains to the same bits with either:
+/// output and both gradients equal in f32, bit for bit.
+#[test]
+fn weighted_index_scatter_rounds_as_its_composition() {
+    let f32t = |v: &[f64], shape: &[usize]| {
+        Tensor::from_f32(v.iter().map(|&x| x as f32).collect(), shape, Device::cpu())
+            .unwrap()
+            .with_grad()
+            .unwrap()
+    };
+    for case in 0..CASES {
+        let (rows, w, idx, [a, d, len]) = weighted_combine_case(12, case);
+        let up = uniform(&mut rng_for(13, case), len * d, -1.0, 1.0);
+        let up = Tensor::from_f32(
+            up.iter().map(|&x| x as f32).collect(),
+            &[len, d],
+            Device::cpu(),
+        )
+        .unwrap();
+        let it = indices(&idx, &[a]);
+        let run = |fused: bool| {
+            let (x, wt) = (f32t(&rows, &[a, d]), f32t(&w, &[a]));
+            let y = if fused {
+                x.weighted_index_scatter(&wt, &it, len)
+            } else {
+                x.mul(&wt.reshape(&[a, 1]).unwrap())
+                    .unwrap()
+                    .index_scatter(0, &it, len)
+            }
+            .unwrap();
+            y.mul(&up).unwrap().sum_all().unwrap().backward().unwrap();
+            let grad = |t: &Tensor| t.grad().unwrap().to_vec_f32().unwrap();
+            (y.to_vec_f32().unwrap(), grad(&x), grad(&wt))
+        };
+        assert_eq!(run(true), run(false), "[{a}, {d}] onto {len}");
+    }
+}
+
+#[test]
+fn weighted_index_scatter_names_what_is_wrong() {
+    let rows = tensor(&[1.0; 6], &[3, 2]);
+    let w = tensor(&[1.0; 3], &[3]);
+    let err = |r: moegrad::Result<Tensor>| r.expect_err("must fail").to_string();
+    let e = err(rows.weighted_index_scatter(&w, &indices(&[0, 1, 5], &[3]), 2));
+    assert!(e.contains("index 5") && e.contains("size 2"), "{e}");
+    let e =
+        err(rows.weighted_index_scatter(&tensor(&[1.0; 2], &[2]), &indices(&[0, 1, 1], &[3]), 2));
+    assert!(e.contains("[3, 2]") && e.contains("[2]"), "{e}");
+    let e = err(rows.weighted_index_scatter(&w, &tensor(&[0.0; 3], &[3]), 2));
+    assert!(e.contains("i32"), "{e}");
+}
+
 // ---- routers: shared pieces ----------------------------------------------------------------
 
 /// A router configuration for `d`-wide tokens, `n` experts, `k`, with the options given.

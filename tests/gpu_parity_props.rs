@@ -406,7 +406,8 @@ mod props {
 
     /// gather, index_select, scatter_add and index_scatter (the adjoint of index_select, the
     /// MoE combine), each once on the drawn shape (the loop kernel) and once with more than 4096
-    /// source rows along the axis (the kernel that sorts the indices first).
+    /// source rows along the axis (the kernel that sorts the indices first); and the weighted
+    /// combine `weighted_index_scatter` (fused on the CPU, composed on the GPU) at both sizes.
     pub fn indexing(dev: Device) {
         check_property("indexing", 16, shape_and_seed(), |(s, seed)| {
             let mut g = Gen::from_seed(seed);
@@ -449,6 +450,18 @@ mod props {
                 let scatter_add = |t: &[Tensor]| t[0].scatter_add(a, &t[1], &t[2]);
                 let what = format!("scatter_add {src_shape:?} into {rows:?} axis {a}");
                 parity(&what, dev, TIGHT, scatter_add, &[x, idx, src]);
+            }
+
+            // the weighted MoE combine, rows [m, d] with one weight each, short and long
+            let d = g.dim(1, 40);
+            for m in [g.dim(1, 70), g.dim(4097, 5000)] {
+                let out_len = g.dim(1, 70);
+                let rows = g.tensor(&[m, d], V::Smooth);
+                let w = g.tensor(&[m], V::Smooth);
+                let idx = g.ints(&[m], out_len);
+                let combine = |t: &[Tensor]| t[0].weighted_index_scatter(&t[1], &t[2], out_len);
+                let what = format!("weighted_index_scatter [{m}, {d}] onto {out_len}");
+                parity(&what, dev, sum_tol(m + d), combine, &[rows, w, idx]);
             }
         });
     }

@@ -750,6 +750,33 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// The weighted MoE combine `y[t] = Σ_{r : idx[r] = t} w[r]·rows[r]`, in the rows and the
+    /// weights, squared so that repeated destinations' sums matter; rows wider and narrower
+    /// than the vector lanes.
+    #[test]
+    fn weighted_index_scatter(
+        (a, d, len) in (1usize..=9, 1usize..=20, 1usize..=6),
+        seed in 0u64..1000
+    ) {
+        let val = |i: usize, salt: u64| ((i as u64 * 37 + seed * 11 + salt) % 23) as f64 * 0.1 - 1.1;
+        let rows = common::f64t(&(0..a * d).map(|i| val(i, 1)).collect::<Vec<_>>(), &[a, d]);
+        let w = common::f64t(&(0..a).map(|i| val(i, 5)).collect::<Vec<_>>(), &[a]);
+        let idx: Vec<i32> = (0..a).map(|i| ((i as u64 * 7 + seed) % len as u64) as i32).collect();
+        let it = i32t(&idx, &[a]);
+        gc(
+            "weighted_index_scatter",
+            |t| {
+                let y = t[0].weighted_index_scatter(&t[1], &it, len)?;
+                y.mul(&y)
+            },
+            &[rows, w],
+        )?;
+    }
+}
+
 /// The MoE combine with repeated destinations (row 2 gets three rows) and destinations nobody
 /// writes (rows 1, 3 and 5): those stay exactly zero, and the gradient is checked through a
 /// square so that the sums matter.

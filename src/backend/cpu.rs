@@ -140,6 +140,7 @@ mod grouped_matmul;
 mod layer_norm;
 mod layout;
 mod matmul;
+pub(crate) mod moe_combine;
 mod nn;
 mod optim;
 mod pool2d;

@@ -4,7 +4,7 @@
 //! x [T, d] ──router──▶ Routing (token, expert, weight) ──DispatchPlan──▶ rows sorted by expert
 //!   rows = x[row_token]                  (index_select; its backward scatter-adds into ∂x)
 //!   out  = ExpertBank(rows)              (grouped matmuls; each expert only on its own rows)
-//!   y[t] = Σ_{rows of t} weight · out    (scatter_add by token)
+//!   y[t] = Σ_{rows of t} weight · out    (weighted_index_scatter by token)
 //! ```
 //!
 //! The sparse backward falls out of the pieces: `∂L/∂weight` of a row is `⟨∂L/∂y_t, out_row⟩`
@@ -512,14 +512,9 @@ impl MoeLayer {
         };
         let rows = source.index_select(0, &plan.row_token)?;
         let out = self.experts.forward_rows(&rows, &plan)?;
-        let a = out.shape()[0];
-        let w = routing
-            .weight
-            .gather(0, &plan.order)?
-            .to_dtype(out.dtype())?
-            .reshape(&[a, 1])?;
-        let contrib = out.mul(&w)?;
-        let mut y = contrib.index_scatter(0, &plan.row_token, t * routings.len())?;
+        // y[t] = Σ over t's rows of weight·output (one fused op; see `weighted_index_scatter`)
+        let w = routing.weight.gather(0, &plan.order)?;
+        let mut y = out.weighted_index_scatter(&w, &plan.row_token, t * routings.len())?;
         if self.training.load(Ordering::Relaxed) {
             y = super::default_outputs::add_default_terms(y, routings, &out, &plan, (n, nulls))?;
         }
@@ -593,7 +588,7 @@ impl MoeLayer {
         }
         // the combine weight each expert received, summed over its kept rows (no gradient)
         let weight_per_expert = crate::no_grad(|| {
-            let kept_w = w.detach().reshape(&[a])?.to_dtype(crate::DType::F32)?;
+            let kept_w = w.detach().to_dtype(crate::DType::F32)?;
             let kept_w = kept_w.mul(&plan.row_kept.to_dtype(crate::DType::F32)?)?;
             Tensor::zeros(&[self.config.experts], crate::DType::F32, out.device())?.scatter_add(
                 0,

@@ -6,7 +6,7 @@ use crate::shape::{axis_view, contiguous_strides, normalize_axis};
 use crate::{DType, Error, Result, Tensor};
 
 impl Tensor {
-    fn check_index_tensor(&self, idx: &Tensor, op: &str) -> Result<()> {
+    pub(super) fn check_index_tensor(&self, idx: &Tensor, op: &str) -> Result<()> {
         if idx.dtype() != DType::I32 {
             return Err(Error::DType(format!(
                 "{op}: indices must be i32, got {} of shape {:?}",

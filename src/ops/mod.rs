@@ -20,6 +20,7 @@ mod softmax;
 mod sort;
 mod swiglu;
 mod topk_gate;
+mod weighted_index_scatter;
 
 pub use topk_gate::TopkGate;
 

@@ -59,8 +59,14 @@ pub(super) fn gather_kernel<T: Copy + Send + Sync + Default>(
 /// row with a counting sort that keeps source order, then every output row is written once, in
 /// parallel, as the in-order sum of its sources. No zeroing pass, no per-thread copies; the
 /// additions happen in the same order as the serial loop's, so the result is deterministic.
+///
+/// With `scale`, source row `i` (of `outer · m`) counts `scale[i]` times (the weighted MoE
+/// combine of `cpu/moe_combine.rs`): each element is `scale[i] · src` rounded, then summed in
+/// the same order, so the result is that of scaling the rows first, bit for bit.
+#[allow(clippy::too_many_arguments)]
 pub(super) fn scatter_rows<T: Float + Send + Sync>(
     src: &[T],
+    scale: Option<&[T]>,
     idx: &[i32],
     s: [usize; 3],
     outer: usize,
@@ -89,34 +95,45 @@ pub(super) fn scatter_rows<T: Float + Send + Sync>(
         }
     }
     let source = |i: usize| &src[i * inner..(i + 1) * inner];
-    let row = |r: usize, dst: &mut [MaybeUninit<T>]| match &order[start[r]..start[r + 1]] {
-        [] => dst.fill(MaybeUninit::new(T::zero())),
-        [a] => {
-            for (d, &x) in dst.iter_mut().zip(source(*a)) {
-                d.write(x);
+    let row = |r: usize, dst: &mut [MaybeUninit<T>]| {
+        let sources = &order[start[r]..start[r + 1]];
+        let Some((&first, rest)) = sources.split_first() else {
+            dst.fill(MaybeUninit::new(T::zero()));
+            return;
+        };
+        match scale {
+            None => {
+                for (d, &x) in dst.iter_mut().zip(source(first)) {
+                    d.write(x);
+                }
+            }
+            Some(w) => {
+                for (d, &x) in dst.iter_mut().zip(source(first)) {
+                    d.write(w[first] * x);
+                }
             }
         }
-        [a, b] => {
-            for ((d, &x), &y) in dst.iter_mut().zip(source(*a)).zip(source(*b)) {
-                d.write(x + y);
-            }
-        }
-        [a, rest @ ..] => {
-            for (d, &x) in dst.iter_mut().zip(source(*a)) {
-                d.write(x);
-            }
-            // SAFETY: every element of `dst` was written just above.
-            let dst = unsafe { &mut *(dst as *mut [MaybeUninit<T>] as *mut [T]) };
-            // whole rows added in turn (vectorised): per element the same sums in the same order
-            for &b in rest {
-                for (d, &y) in dst.iter_mut().zip(source(b)) {
-                    *d = *d + y;
+        // SAFETY: every element of `dst` was written just above.
+        let dst = unsafe { &mut *(dst as *mut [MaybeUninit<T>] as *mut [T]) };
+        // whole rows added in turn (vectorised): per element the sums of the serial loop, in
+        // its order
+        for &b in rest {
+            match scale {
+                None => {
+                    for (d, &y) in dst.iter_mut().zip(source(b)) {
+                        *d = *d + y;
+                    }
+                }
+                Some(w) => {
+                    for (d, &y) in dst.iter_mut().zip(source(b)) {
+                        *d = *d + w[b] * y;
+                    }
                 }
             }
         }
     };
-    // SAFETY: every row is `inner` long and each arm writes all of it (the source rows it zips
-    // with hold `inner` elements).
+    // SAFETY: every row is `inner` long and each path writes all of it (the source rows it
+    // zips with hold `inner` elements).
     unsafe { write_chunks(outer * len * inner, inner, row) }
 }
 
@@ -131,7 +148,7 @@ pub(super) fn scatter_add_kernel<T: Float + Send + Sync>(
 ) -> Result<Vec<T>> {
     check_indices(idx, len, "scatter_add")?;
     if s[2] == 0 && inner >= 16 {
-        return Ok(scatter_rows(src, idx, s, outer, m, inner, len));
+        return Ok(scatter_rows(src, None, idx, s, outer, m, inner, len));
     }
     let mut out = zeroed(outer * len * inner);
     if inner == 0 {

@@ -1,0 +1,141 @@
+//! The MoE combine's fused CPU kernels, behind [`crate::Tensor::weighted_index_scatter`]:
+//!
+//! * forward, `y[t] = Σ_{r : idx[r] = t} w[r]·rows[r]`: the row scatter of `cpu/layout.rs` with
+//!   each source row scaled as it is added, so the `[A, d]` product `w·rows` is never written;
+//! * backward, for each source row r at once: `d_rows[r] = w[r]·dy[idx[r]]` and
+//!   `d_w[r] = Σ_i dy[idx[r], i]·rows[r, i]`, one pass that reads each gradient row where it is,
+//!   without the gathered `[A, d]` gradient and the two products of the composed backward.
+//!
+//! Both round exactly as the composed ops do (`rows.mul(w)` then `index_scatter`, and their
+//! backward rules), so a model trains to the same bits either way.
+
+use super::layout::{check_indices, scatter_rows};
+use super::reduce::sum_lanes;
+use super::{CpuBuffer, buffer_pool, f32b, f64b, zeroed};
+use crate::{Error, Result};
+use num_traits::Float;
+use rayon::prelude::*;
+use std::mem::MaybeUninit;
+
+/// Rows of the backward handled by one task.
+const ROWS_PER_TASK: usize = 64;
+
+/// `y [len, d]` with `y[t] = Σ_{r : idx[r] = t} w[r]·rows[r]` for `rows [A, d]`, `w [A]`.
+fn forward<T: Float + Send + Sync>(
+    rows: &[T],
+    w: &[T],
+    idx: &[i32],
+    d: usize,
+    len: usize,
+) -> Vec<T> {
+    scatter_rows(rows, Some(w), idx, [idx.len(), 1, 0], 1, idx.len(), d, len)
+}
+
+/// `(d_rows [A, d], d_w [A])` for the gradient `dy [len, d]` of [`forward`].
+fn backward<T: Float + Send + Sync>(
+    rows: &[T],
+    w: &[T],
+    idx: &[i32],
+    dy: &[T],
+    d: usize,
+) -> (Vec<T>, Vec<T>) {
+    let a = idx.len();
+    let mut d_w = zeroed(a);
+    if d == 0 {
+        return (Vec::new(), d_w);
+    }
+    let task = |(t, (dr, dw)): (usize, (&mut [MaybeUninit<T>], &mut [T])),
+                products: &mut Vec<T>| {
+        for (i, (dr, dw)) in dr.chunks_mut(d).zip(dw.iter_mut()).enumerate() {
+            let r = t * ROWS_PER_TASK + i;
+            let g = &dy[idx[r] as usize * d..(idx[r] as usize + 1) * d];
+            let x = &rows[r * d..(r + 1) * d];
+            for (o, &gi) in dr.iter_mut().zip(g) {
+                o.write(gi * w[r]);
+            }
+            // the products first, then summed in lanes: the composed rule's `sum_to_shape`
+            products.clear();
+            products.extend(g.iter().zip(x).map(|(&gi, &xi)| gi * xi));
+            *dw = sum_lanes(products);
+        }
+    };
+    let mut d_rows: Vec<T> = buffer_pool::take(a * d).unwrap_or_else(|_| Vec::with_capacity(a * d));
+    d_rows.spare_capacity_mut()[..a * d]
+        .par_chunks_mut(ROWS_PER_TASK * d)
+        .zip(d_w.par_chunks_mut(ROWS_PER_TASK))
+        .enumerate()
+        .for_each_init(
+            || Vec::with_capacity(d),
+            |products, job| task(job, products),
+        );
+    // SAFETY: the tasks wrote every element of all `a` rows.
+    unsafe { d_rows.set_len(a * d) };
+    (d_rows, d_w)
+}
+
+/// Checks the operands' lengths and indices: `rows [A, d]`, `w [A]`, `idx [A]` in `0..len`.
+fn check(rows: usize, w: usize, idx: &[i32], (d, len): (usize, usize), what: &str) -> Result<()> {
+    let a = idx.len();
+    if rows != a * d || w != a {
+        return Err(Error::Shape(format!(
+            "{what}: {rows} row values and {w} weights for {a} rows of width {d}"
+        )));
+    }
+    check_indices(idx, len, what)
+}
+
+/// The fused forward on CPU buffers (f32 or f64; `rows` and `w` of one dtype).
+pub(crate) fn weighted_scatter(
+    rows: &CpuBuffer,
+    w: &CpuBuffer,
+    idx: &CpuBuffer,
+    (d, len): (usize, usize),
+) -> Result<CpuBuffer> {
+    const WHAT: &str = "weighted_index_scatter";
+    let idx = idx.indices(WHAT)?;
+    check(rows.len(), w.len(), idx, (d, len), WHAT)?;
+    match (rows, w) {
+        (CpuBuffer::F32(x), CpuBuffer::F32(w)) => Ok(f32b(forward(x, w, idx, d, len))),
+        (CpuBuffer::F64(x), CpuBuffer::F64(w)) => Ok(f64b(forward(x, w, idx, d, len))),
+        _ => Err(Error::DType(format!(
+            "{WHAT} needs float rows and weights of one dtype, got {} and {}",
+            rows.dtype(),
+            w.dtype()
+        ))),
+    }
+}
+
+/// The fused backward on CPU buffers: `(d_rows, d_w)` for the output gradient `dy [len, d]`.
+pub(crate) fn weighted_scatter_backward(
+    rows: &CpuBuffer,
+    w: &CpuBuffer,
+    idx: &CpuBuffer,
+    dy: &CpuBuffer,
+    (d, len): (usize, usize),
+) -> Result<(CpuBuffer, CpuBuffer)> {
+    const WHAT: &str = "weighted_index_scatter backward";
+    let idx = idx.indices(WHAT)?;
+    check(rows.len(), w.len(), idx, (d, len), WHAT)?;
+    if dy.len() != len * d {
+        return Err(Error::Shape(format!(
+            "{WHAT}: a gradient of {} values for [{len}, {d}]",
+            dy.len()
+        )));
+    }
+    match (rows, w, dy) {
+        (CpuBuffer::F32(x), CpuBuffer::F32(w), CpuBuffer::F32(g)) => {
+            let (dx, dw) = backward(x, w, idx, g, d);
+            Ok((f32b(dx), f32b(dw)))
+        }
+        (CpuBuffer::F64(x), CpuBuffer::F64(w), CpuBuffer::F64(g)) => {
+            let (dx, dw) = backward(x, w, idx, g, d);
+            Ok((f64b(dx), f64b(dw)))
+        }
+        _ => Err(Error::DType(format!(
+            "{WHAT} needs float rows, weights and gradient of one dtype, got {}, {} and {}",
+            rows.dtype(),
+            w.dtype(),
+            dy.dtype()
+        ))),
+    }
+}

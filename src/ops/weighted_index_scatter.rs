@@ -1,0 +1,85 @@
+//! The MoE combine as one op: `y[t] = Σ_{r : idx[r] = t} w[r]·rows[r]`, each expert output row
+//! scaled by its routing weight and added into its token's row.
+//!
+//! It is `rows.mul(w)` followed by `index_scatter`, and on the GPU it is computed exactly so.
+//! On the CPU one fused kernel does the forward without writing the scaled `[A, d]` rows, and
+//! one does the backward, `d_rows[r] = w[r]·dy[idx[r]]` and `d_w[r] = dy[idx[r]]·rows[r]`,
+//! without the gathered gradient and the products of the composed rule (`cpu/moe_combine.rs`);
+//! both round as the composition does.
+
+use crate::{Error, Result, Tensor};
+
+impl Tensor {
+    /// `y [len, d]` with `y[t] = Σ_{r : idx[r] = t} weights[r]·self[r]` for `self: [A, d]`,
+    /// `weights: [A]` (cast to `self`'s dtype) and `idx: [A]` I32 in `0..len`: an MoE layer's
+    /// combine of its expert outputs into tokens. The same as
+    /// `self.mul(&weights.reshape(&[A, 1])?)?.index_scatter(0, idx, len)`, differentiable in
+    /// `self` and `weights`.
+    ///
+    /// ```
+    /// # use moegrad::{Device, Tensor};
+    /// let rows = Tensor::from_f32(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2], Device::cpu())?;
+    /// let w = Tensor::from_f32(vec![0.5, 1.0, 2.0], &[3], Device::cpu())?;
+    /// let idx = Tensor::from_i32(vec![1, 0, 1], &[3], Device::cpu())?;
+    /// let y = rows.weighted_index_scatter(&w, &idx, 2)?;
+    /// assert_eq!(y.to_vec_f64()?, vec![3.0, 4.0, 10.5, 13.0]);
+    /// # Ok::<(), moegrad::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// `self` not `[A, d]` float, `weights` not `[A]` float, `idx` not `[A]` I32, an index
+    /// outside `0..len`, or operands on different devices.
+    pub fn weighted_index_scatter(
+        &self,
+        weights: &Tensor,
+        idx: &Tensor,
+        len: usize,
+    ) -> Result<Tensor> {
+        const WHAT: &str = "weighted_index_scatter";
+        let _profile = crate::profile::op(WHAT);
+        self.check_float(WHAT)?;
+        weights.check_float(WHAT)?;
+        self.check_index_tensor(idx, WHAT)?;
+        if self.rank() != 2
+            || weights.shape() != [self.shape()[0]]
+            || idx.shape() != weights.shape()
+        {
+            return Err(Error::Shape(format!(
+                "{WHAT}: rows {:?} must be [A, d] with weights {:?} and indices {:?} both [A]",
+                self.shape(),
+                weights.shape(),
+                idx.shape()
+            )));
+        }
+        let (a, d) = (self.shape()[0], self.shape()[1]);
+        let w = weights.to_dtype(self.dtype())?;
+        self.check_compatible(&w, WHAT)?;
+        let Some(y) = self
+            .storage()
+            .weighted_scatter(w.storage(), idx.storage(), (d, len))?
+        else {
+            // no fused kernel here (the GPU): the composition it stands for
+            return self.mul(&w.reshape(&[a, 1])?)?.index_scatter(0, idx, len);
+        };
+        let y = Tensor::from_storage(y, vec![len, d]);
+        let (rows, w_saved, idx) = (self.detach(), w.detach(), idx.clone());
+        Ok(Tensor::record(y, WHAT, &[self, &w], move |g| {
+            match rows.storage().weighted_scatter_backward(
+                w_saved.storage(),
+                idx.storage(),
+                g.storage(),
+                (d, len),
+            )? {
+                Some((d_rows, d_w)) => Ok(vec![
+                    Some(Tensor::from_storage(d_rows, vec![a, d])),
+                    Some(Tensor::from_storage(d_w, vec![a])),
+                ]),
+                None => Err(Error::Device(format!(
+                    "{WHAT} backward: the forward ran fused, the gradient {:?} is on {}",
+                    g.shape(),
+                    g.device()
+                ))),
+            }
+        }))
+    }
+}
