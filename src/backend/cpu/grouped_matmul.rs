@@ -300,7 +300,6 @@ impl<'a, T: Float + Send + Sync + 'static> WeightGradProblem<'a, T> {
                 .zip(mo.par_chunks_mut(block))
                 .zip(ve.par_chunks_mut(block))
                 .enumerate()
-                .with_max_len(1)
                 .for_each_init(Vec::new, |scratch, (e, ((p, m), v))| {
                     let g = self.expert_into(e, scratch, ::gemm::Parallelism::None);
                     adam_chunk_wide::<T, DECOUPLED>(wide, p, g, m, v, c);

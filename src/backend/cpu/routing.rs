@@ -226,17 +226,10 @@ pub(super) fn dispatch_plan<T: Float>(
         );
         next[k] += 1;
     }
-    // the index is part of the key, so no two keys are equal and an unstable sort is exact
-    let mut segments = Vec::with_capacity(n + 1);
-    let mut rest = by_expert.as_mut_slice();
-    for &count in &counts {
-        let (segment, tail) = rest.split_at_mut(count);
-        segments.push(segment);
-        rest = tail;
+    for e in 0..=n {
+        // the index is part of the key, so no two keys are equal and an unstable sort is exact
+        by_expert[start[e]..start[e + 1]].sort_unstable();
     }
-    segments
-        .into_par_iter()
-        .for_each(|segment| segment.sort_unstable());
     let order: Vec<usize> = by_expert.iter().map(|&(_, _, i)| i).collect();
     let offsets = &start[..=n];
     let cap = capacity.unwrap_or(usize::MAX);
