@@ -686,6 +686,7 @@ fn random_routing(
         score: None,
         selection: None,
         defaults: None,
+        dense: None,
     }
 }
 

@@ -636,6 +636,7 @@ fn manual_routing(
         score: None,
         selection: None,
         defaults: None,
+        dense: None,
     }
 }
 

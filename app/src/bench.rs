@@ -148,6 +148,10 @@ pub struct MoeRecord {
     pub n: usize,
     /// experts per token (n for the dense router)
     pub k: usize,
+    /// how the layer ran the experts: "plan" (the dispatch plan and grouped products) or
+    /// "all-experts" (the dense router's two wide products, `MoeLayer::set_all_experts_path`);
+    /// the dense router is measured both ways
+    pub path: String,
     /// median milliseconds per step (forward, backward, Adam)
     pub step_ms: f64,
     /// median milliseconds of the forward pass (routing, dispatch, experts, combine, MSE),
@@ -170,6 +174,8 @@ pub struct MoeRecord {
     /// place): the activation memory and temporaries, including the rows a deferred gradient
     /// keeps until the optimizer step
     pub activation_bytes: usize,
+    /// GPU: kernel dispatches per whole step (forward, backward, Adam); None on the CPU
+    pub dispatches: Option<u64>,
 }
 
 /// The result of `moegrad bench moe`.
@@ -257,6 +263,8 @@ pub struct MoeStepTimes {
     pub gradient_bytes: usize,
     /// `peak_bytes` less `gradient_bytes`
     pub activation_bytes: usize,
+    /// GPU kernel dispatches per whole step (None on the CPU)
+    pub dispatches: Option<u64>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -265,13 +273,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Times one MoE layer's training step (MSE against a fixed target, backward, Adam) with
-/// `router` over `n` experts, `k` per token: `reps` whole steps, then `reps` steps timed phase
-/// by phase.
+/// `router` over `n` experts, `k` per token (`all_experts`: the layer's
+/// `set_all_experts_path`): `reps` whole steps, then `reps` steps timed phase by phase.
 pub fn moe_step(
     device: Device,
-    router: &str,
-    n: usize,
-    k: usize,
+    (router, n, k): (&str, usize, usize),
+    all_experts: Option<bool>,
     w: MoeWorkload,
     reps: usize,
 ) -> Result<MoeStepTimes> {
@@ -282,7 +289,8 @@ pub fn moe_step(
     cfg.router = router.into();
     // bias-free experts, like the PyTorch peer's
     cfg.expert_bias = false;
-    let layer = MoeLayer::new(&cfg, device)?;
+    let mut layer = MoeLayer::new(&cfg, device)?;
+    layer.set_all_experts_path(all_experts);
     let mut params = Vec::new();
     layer.visit_params("", &mut |name, p| params.push((name, p.clone())));
     // bytes of the gradients backward stored in the last step (a deferred one stores none)
@@ -324,6 +332,7 @@ pub fn moe_step(
     device.synchronize()?;
     let mut times = Vec::new();
     let mut peak = 0;
+    device.reset_gpu_stats();
     for _ in 0..reps.max(1) {
         let before = bytes_in_use(device);
         reset_peak(device);
@@ -333,6 +342,9 @@ pub fn moe_step(
         times.push(t.elapsed().as_secs_f64() * 1e3);
         peak = peak.max(peak_in_use(device).saturating_sub(before));
     }
+    let dispatches = device
+        .gpu_stats()
+        .map(|s| s.dispatches / reps.max(1) as u64);
     let mut phases = Vec::new();
     for _ in 0..reps.max(1) {
         step(Some(&mut phases))?;
@@ -346,6 +358,7 @@ pub fn moe_step(
         peak_bytes: peak,
         gradient_bytes,
         activation_bytes: peak.saturating_sub(gradient_bytes),
+        dispatches,
     })
 }
 
@@ -377,16 +390,21 @@ pub fn bench_moe(
         }
     }
     for &dev in devices {
-        for (router, list) in [("topk", ns), ("softmax", dense_ns)] {
-            for &n in list {
+        // top-k through the plan; the dense router both ways
+        for (router, list, paths) in [
+            ("topk", ns, &[false][..]),
+            ("softmax", dense_ns, &[true, false][..]),
+        ] {
+            for (&n, &all_experts) in list.iter().flat_map(|n| paths.iter().map(move |p| (n, p))) {
                 let kk = if router == "softmax" { n } else { w.k.min(n) };
                 let reps = if router == "softmax" && n > 8 { 2 } else { 5 };
-                let t = moe_step(dev, router, n, kk, w, reps)?;
+                let t = moe_step(dev, (router, n, kk), Some(all_experts), w, reps)?;
                 out.moe.push(MoeRecord {
                     device: dev.to_string(),
                     router: router.into(),
                     n,
                     k: kk,
+                    path: if all_experts { "all-experts" } else { "plan" }.into(),
                     step_ms: t.step_ms,
                     forward_ms: t.phases_ms[0],
                     backward_ms: t.phases_ms[1],
@@ -395,6 +413,7 @@ pub fn bench_moe(
                     peak_bytes: t.peak_bytes,
                     gradient_bytes: t.gradient_bytes,
                     activation_bytes: t.activation_bytes,
+                    dispatches: t.dispatches,
                 });
             }
         }

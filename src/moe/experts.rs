@@ -22,6 +22,14 @@ pub trait ExpertNet: Module {
     fn experts(&self) -> usize;
     /// Output width.
     fn d_out(&self) -> usize;
+    /// `y[t] = Σ_e weights[t, e] · expert_e(x[t])` with every expert run on every token
+    /// (`x: [T, d]`, `weights: [T, n]` → `[T, d_out]`), for routings in which every token uses
+    /// every expert (see `all_experts.rs`). `None` (the default) when the bank has no such
+    /// path; the layer then dispatches through the plan.
+    fn forward_all_experts(&self, x: &Tensor, weights: &Tensor) -> Result<Option<Tensor>> {
+        let _ = (x, weights);
+        Ok(None)
+    }
 }
 
 /// `n` MLP experts `x → act(x·W1 + b1)·W2 + b2`.
@@ -136,6 +144,42 @@ impl ExpertNet for ExpertBank {
         let h = rows.grouped_matmul_with_bias(&self.w1.get(), b1.as_ref(), re, off)?;
         let h = self.activation.apply(&h)?;
         h.grouped_matmul_with_bias(&self.w2.get(), b2.as_ref(), re, off)
+    }
+
+    /// Two wide products instead of `n` per-expert ones: the experts' first layers side by
+    /// side, `[W1_0 | … | W1_{n−1}]: [d, n·w]`, and their second layers stacked,
+    /// `[W2_0; …; W2_{n−1}]: [n·h, d_out]`. Scaling expert e's hidden columns by `weights[:, e]`
+    /// before the second product makes that product's sum over `n·h` the weighted sum over
+    /// experts: `y_t = Σ_e W_te·(act_te·W2_e) + Σ_e W_te·b2_e`.
+    fn forward_all_experts(&self, x: &Tensor, weights: &Tensor) -> Result<Option<Tensor>> {
+        let w1 = self.w1.get();
+        let (n, d, wide) = (w1.shape()[0], w1.shape()[1], w1.shape()[2]);
+        let t = x.shape()[0];
+        if weights.shape() != [t, n] || x.shape()[1] != d {
+            return Err(Error::Shape(format!(
+                "expert bank of {n} experts on [T, {d}] tokens: got tokens {:?} and weights {:?} \
+                 (want [T, {n}])",
+                x.shape(),
+                weights.shape()
+            )));
+        }
+        let side_by_side = w1.permute(&[1, 0, 2])?.reshape(&[d, n * wide])?;
+        let mut h = x.matmul(&side_by_side)?;
+        if let Some(b1) = &self.b1 {
+            h = h.add(&b1.get().reshape(&[n * wide])?)?;
+        }
+        // the activation per expert (SwiGLU pairs each expert's own gate and up halves)
+        let h = self.activation.apply(&h.reshape(&[t, n, wide])?)?;
+        let hidden = h.shape()[2];
+        let h = h.mul(&weights.reshape(&[t, n, 1])?.to_dtype(h.dtype())?)?;
+        let w2 = self.w2.get();
+        let d_out = w2.shape()[2];
+        let stacked = w2.reshape(&[n * hidden, d_out])?;
+        let y = h.reshape(&[t, n * hidden])?.matmul(&stacked)?;
+        Ok(Some(match &self.b2 {
+            Some(b2) => y.add(&weights.to_dtype(y.dtype())?.matmul(&b2.get())?)?,
+            None => y,
+        }))
     }
 }
 

@@ -15,123 +15,17 @@ use super::cnn_experts::CnnExpertBank;
 use super::dispatch::{Capacity, DispatchPlan};
 use super::experts::{ExpertBank, ExpertBankConfig, ExpertNet};
 use super::score_function::ScoreTerm;
-use super::shared_experts::{SharedExperts, SharedExpertsConfig};
+use super::shared_experts::SharedExperts;
 use super::stats::RoutingStats;
 use super::{BalanceMethod, BalanceScope, Balancing};
-use super::{Router, RouterConfig, build_router};
+use super::{ExpertKind, MoeConfig, Router, build_router};
 use super::{Routing, aux_loss};
-use crate::nn::{Activation, Param, Parameters, join};
+use crate::nn::{Param, Parameters, join};
 use crate::{Device, Error, Result, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-
-/// Settings of an MoE layer.
-#[derive(Clone, Debug, PartialEq)]
-pub struct MoeConfig {
-    /// input width
-    pub d: usize,
-    /// expert hidden width
-    pub hidden: usize,
-    /// output width
-    pub d_out: usize,
-    /// number of experts n
-    pub experts: usize,
-    /// experts per token k
-    pub k: usize,
-    /// router name (see `ROUTER_NAMES`)
-    pub router: String,
-    /// capacity in training
-    pub capacity: Capacity,
-    /// capacity in evaluation
-    pub eval_capacity: Capacity,
-    /// expert activation (ReLU, GELU or the gated SwiGLU)
-    pub activation: Activation,
-    /// Switch balance-loss coefficient α (0: off; used by `balancing.method` aux only)
-    pub balance_loss: f64,
-    /// how the layer balances its experts' load (the auxiliary loss and its scope, a
-    /// selection-only bias, or nothing; `balancing.rs`)
-    pub balancing: Balancing,
-    /// router z-loss coefficient β (0: off)
-    pub z_loss: f64,
-    /// Switch jitter r
-    pub jitter: f64,
-    /// seed of the initialisation and the router noise
-    pub seed: u64,
-    /// what the experts are
-    pub expert_kind: ExpertKind,
-    /// router-specific options (see `RouterConfig::options`)
-    pub router_options: std::collections::BTreeMap<String, String>,
-    /// whether MLP experts have biases (default true)
-    pub expert_bias: bool,
-    /// whether the router's linear gate has a bias (default true; false in the transformers
-    /// families)
-    pub gate_bias: bool,
-    /// the experts every token uses besides its routed ones (none by default)
-    pub shared: SharedExpertsConfig,
-    /// null experts (AdaMoE, MoE++): `N` extra router outputs whose expert outputs zero at no
-    /// cost, so a token that picks some of them uses fewer real experts (0 by default; see
-    /// [`MoeLayer::routed_experts`] and docs/routers.md, "Null experts")
-    pub null_experts: usize,
-}
-
-/// The expert architecture.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ExpertKind {
-    /// two-layer MLPs `d → hidden → d_out`
-    Mlp,
-    /// the MOESART CNN on `side × side` images (`d = side²`, `d_out = 50`)
-    Cnn {
-        /// image side
-        side: usize,
-    },
-}
-
-impl MoeConfig {
-    /// A dropless top-`k` layer `d → hidden → d` with `experts` ReLU experts.
-    pub fn new(d: usize, hidden: usize, experts: usize, k: usize) -> MoeConfig {
-        MoeConfig {
-            d,
-            hidden,
-            d_out: d,
-            experts,
-            k,
-            router: "topk".into(),
-            capacity: Capacity::Dropless,
-            eval_capacity: Capacity::Dropless,
-            activation: Activation::Relu,
-            balance_loss: 0.0,
-            balancing: Balancing::default(),
-            z_loss: 0.0,
-            jitter: 0.1,
-            seed: 0,
-            expert_kind: ExpertKind::Mlp,
-            router_options: Default::default(),
-            expert_bias: true,
-            gate_bias: true,
-            shared: SharedExpertsConfig::default(),
-            null_experts: 0,
-        }
-    }
-
-    /// The router's settings from these, with the router seeded by `seed` (the layer's own
-    /// seed, or another for the extra gates of a multi-gate MoE).
-    pub fn router_config(&self, seed: u64) -> RouterConfig {
-        RouterConfig {
-            d: self.d,
-            d_out: self.d_out,
-            // the router scores the null experts too
-            experts: self.experts + self.null_experts,
-            k: self.k,
-            jitter: self.jitter,
-            seed,
-            gate_bias: self.gate_bias,
-            selection_bias: self.balancing.uses_selection_bias(),
-            options: self.router_options.clone(),
-        }
-    }
-}
 
 /// What a forward pass returns.
 #[derive(Clone, Debug)]
@@ -169,6 +63,9 @@ pub struct MoeLayer {
     /// how many batches that is (None before the first training batch)
     window: Mutex<Option<(Tensor, usize)>>,
     training: AtomicBool,
+    /// whether routings in which every token uses every expert run as two wide products
+    /// (`all_experts.rs`): Some(choice) when set, None for the device's default
+    all_experts_path: Option<bool>,
 }
 
 impl MoeLayer {
@@ -235,6 +132,7 @@ impl MoeLayer {
             config: cfg.clone(),
             window: Mutex::new(None),
             training: AtomicBool::new(true),
+            all_experts_path: None,
         })
     }
 
@@ -435,6 +333,34 @@ impl MoeLayer {
         }
     }
 
+    /// Whether a routing in which every token uses every expert (the dense `softmax` router,
+    /// the straight-through estimators in training) runs as two wide products with no
+    /// dispatch plan (`Some(true)`), through the plan like any other (`Some(false)`), or as the
+    /// device prefers (`None`, the default: the wide products on the GPU, where they save the
+    /// plan's kernels and the `T·n`-row gathers and scatters; the plan on the CPU, where its
+    /// grouped products measured 7–20% faster, docs/benchmarks.md). Both compute the same
+    /// output and gradients.
+    ///
+    /// ```
+    /// # use moegrad::{Device, Tensor};
+    /// # use moegrad::moe::{MoeConfig, MoeLayer};
+    /// # fn main() -> moegrad::Result<()> {
+    /// let mut cfg = MoeConfig::new(8, 16, 4, 4);
+    /// cfg.router = "softmax".into();
+    /// let mut layer = MoeLayer::new(&cfg, Device::cpu())?;
+    /// let x = Tensor::ones(&[3, 8], moegrad::DType::F32, Device::cpu())?;
+    /// layer.set_all_experts_path(Some(true));
+    /// let wide = layer.forward(&x)?.y.to_vec_f64()?;
+    /// layer.set_all_experts_path(Some(false));
+    /// let planned = layer.forward(&x)?.y.to_vec_f64()?;
+    /// assert!(wide.iter().zip(&planned).all(|(a, b)| (a - b).abs() < 1e-5));
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn set_all_experts_path(&mut self, choice: Option<bool>) {
+        self.all_experts_path = choice;
+    }
+
     /// The router's decision for `x`, in f32 even under mixed precision (Switch's selective
     /// precision, see `autocast.rs`): f16 tokens are cast up and the router's products,
     /// softmax, top-k and auxiliary losses run in f32.
@@ -504,20 +430,41 @@ impl MoeLayer {
         } else {
             routing.len()
         };
-        let plan = DispatchPlan::build_sized(&routing, self.capacity(), counted)?;
         let source = if routings.len() == 1 {
             x.clone()
         } else {
             Tensor::concat(&vec![x.clone(); routings.len()], 0)?
         };
-        let rows = source.index_select(0, &plan.row_token)?;
-        let out = self.experts.forward_rows(&rows, &plan)?;
-        // y[t] = Σ over t's rows of weight·output (one fused op; see `weighted_index_scatter`)
-        let w = routing.weight.gather(0, &plan.order)?;
-        let mut y = out.weighted_index_scatter(&w, &plan.row_token, t * routings.len())?;
-        if self.training.load(Ordering::Relaxed) {
-            y = super::default_outputs::add_default_terms(y, routings, &out, &plan, (n, nulls))?;
-        }
+        let plain = routings.len() == 1 && nulls == 0 && !variable;
+        let dense =
+            match super::all_experts::dense_weights(&routing, self.capacity(), counted, plain) {
+                Some(w) if self.all_experts_path.unwrap_or(source.device().is_gpu()) => self
+                    .experts
+                    .forward_all_experts(&source, w)?
+                    .map(|y| (y, w.clone())),
+                _ => None,
+            };
+        let (mut y, combined) = match dense {
+            Some((y, w)) => (y, Combined::AllExperts(w)),
+            None => {
+                let plan = DispatchPlan::build_sized(&routing, self.capacity(), counted)?;
+                let rows = source.index_select(0, &plan.row_token)?;
+                let out = self.experts.forward_rows(&rows, &plan)?;
+                // y[t] = Σ over t's rows of weight·output (one fused op; see `weighted_index_scatter`)
+                let w = routing.weight.gather(0, &plan.order)?;
+                let mut y = out.weighted_index_scatter(&w, &plan.row_token, t * routings.len())?;
+                if self.training.load(Ordering::Relaxed) {
+                    y = super::default_outputs::add_default_terms(
+                        y,
+                        routings,
+                        &out,
+                        &plan,
+                        (n, nulls),
+                    )?;
+                }
+                (y, Combined::Plan(plan, w))
+            }
+        };
         if let Some(omega) = &self.omega {
             // y = ω ⊙ Σ w·f: the same as scaling every expert output by ω before the combine
             y = y.mul(&omega.get().to_dtype(y.dtype())?)?;
@@ -530,7 +477,7 @@ impl MoeLayer {
         let training = self.training.load(Ordering::Relaxed);
         let balancing = self.config.balancing;
         // valid assignments per expert of each routing, before capacity (no gradient)
-        let routed: Vec<Tensor> = if routings.len() == 1 && !variable && nulls == 0 {
+        let routed: Vec<Tensor> = if let (Combined::Plan(plan, _), true) = (&combined, plain) {
             // one routing counting every slot: the plan has counted them
             vec![plan.routed_per_expert.clone()]
         } else {
@@ -549,11 +496,11 @@ impl MoeLayer {
             None
         };
         // the auxiliary losses are of the f32 class (see `autocast.rs`): f32 under mixed precision
-        let aux_dtype = match out.dtype() {
+        let aux_dtype = match y.dtype() {
             crate::DType::F16 => crate::DType::F32,
             dtype => dtype,
         };
-        let mut aux = Tensor::zeros(&[], aux_dtype, out.device())?;
+        let mut aux = Tensor::zeros(&[], aux_dtype, y.device())?;
         for (r, counts) in routings.iter().zip(&routed) {
             if aux_on {
                 let loss = match (balancing.scope, seq_len, &window) {
@@ -587,19 +534,30 @@ impl MoeLayer {
             }
         }
         // the combine weight each expert received, summed over its kept rows (no gradient)
-        let weight_per_expert = crate::no_grad(|| {
-            let kept_w = w.detach().to_dtype(crate::DType::F32)?;
-            let kept_w = kept_w.mul(&plan.row_kept.to_dtype(crate::DType::F32)?)?;
-            Tensor::zeros(&[self.config.experts], crate::DType::F32, out.device())?.scatter_add(
-                0,
-                &plan.row_expert_clamped,
-                &kept_w,
-            )
-        })?;
+        let (kept_per_expert, weight_per_expert) = match &combined {
+            Combined::Plan(plan, w) => (
+                plan.kept_per_expert.clone(),
+                crate::no_grad(|| {
+                    let kept_w = w.detach().to_dtype(crate::DType::F32)?;
+                    let kept_w = kept_w.mul(&plan.row_kept.to_dtype(crate::DType::F32)?)?;
+                    Tensor::zeros(&[self.config.experts], crate::DType::F32, y.device())?
+                        .scatter_add(0, &plan.row_expert_clamped, &kept_w)
+                })?,
+            ),
+            // nothing is dropped on the all-experts path: kept = routed
+            Combined::AllExperts(w) => (
+                routed[0].clone(),
+                crate::no_grad(|| w.detach().to_dtype(crate::DType::F32)?.sum(&[0], false))?,
+            ),
+        };
+        let routed_per_expert = match &combined {
+            Combined::Plan(plan, _) => plan.routed_per_expert.clone(),
+            Combined::AllExperts(_) => routed[0].clone(),
+        };
         let stats = RoutingStats {
-            kept_per_expert: plan.kept_per_expert.clone(),
+            kept_per_expert,
             weight_per_expert,
-            routed_per_expert: plan.routed_per_expert.clone(),
+            routed_per_expert,
             // the diagnostics describe the real experts (`without_null_experts`)
             probs: routing.probs.detach(),
             logits: routing.logits.detach(),
@@ -613,6 +571,13 @@ impl MoeLayer {
             score_terms: routings.iter().filter_map(|r| r.score.clone()).collect(),
         })
     }
+}
+
+/// How a forward pass combined the experts' outputs: through a dispatch plan (with the
+/// weights in the plan's order), or on the all-experts path (with the dense weights `[T, n]`).
+enum Combined {
+    Plan(DispatchPlan, Tensor),
+    AllExperts(Tensor),
 }
 
 /// Fails unless `router` can be balanced as `balancing` asks ([`Balancing::check`]).

@@ -2,12 +2,14 @@
 //! auxiliary losses and routing statistics. Read in the order of the data path:
 //! `router_trait.rs` (the [`Router`] trait) and `routers/` (the routers, one a file, listed in
 //! `router_registry.rs`) → `routing_output.rs` (the [`Routing`] a router returns) →
-//! `dispatch.rs` → `experts.rs` → `layer.rs`. `dense_to_sparse.rs` splits a dense FFN into
+//! `dispatch.rs` → `experts.rs` → `layer.rs` (with `all_experts.rs`, its path when every token
+//! uses every expert). `dense_to_sparse.rs` splits a dense FFN into
 //! experts (XMoE §3.6).
 //!
 //! Every item has one path, `moegrad::moe::Item` (the routers: `moegrad::moe::routers::Item`);
 //! the files are private.
 
+mod all_experts;
 mod aux_loss;
 mod balancing;
 mod cnn_experts;
@@ -17,6 +19,7 @@ mod diagnostics;
 mod dispatch;
 mod experts;
 mod layer;
+mod layer_config;
 mod null_experts;
 mod router_registry;
 mod router_trait;
@@ -35,7 +38,8 @@ pub use dense_to_sparse::{DenseFfn, SplitScale, decompose_ffn};
 pub use diagnostics::{CollapseAlarm, LayerDiagnostics, RoutingDiagnostics, RoutingWindow, Spread};
 pub use dispatch::{Capacity, DispatchPlan};
 pub use experts::{ExpertBank, ExpertBankConfig, ExpertNet};
-pub use layer::{ExpertKind, MoeConfig, MoeLayer, MoeOutput};
+pub use layer::{MoeLayer, MoeOutput};
+pub use layer_config::{ExpertKind, MoeConfig};
 pub use router_registry::{
     BIASABLE_ROUTERS, LAB_ROUTER_NAMES, OptionKind, ROUTER_NAMES, ROUTERS, RouterOption,
     RouterSpec, build_router, find_router,

@@ -42,6 +42,8 @@ impl Routing {
             Ok::<_, crate::Error>(())
         })?;
         self.experts = n;
+        // the real experts alone are no longer every expert of the dense weights
+        self.dense = None;
         Ok(self)
     }
 }

@@ -49,6 +49,11 @@ pub struct Routing {
     /// by and the bias itself, which aux-free and quantile balancing update
     /// ([`Routing::with_selection`]); None for the others
     pub selection: Option<Selection>,
+    /// for routings in which every token uses every expert, in expert order
+    /// ([`Routing::every_expert`]): the combine weights as a matrix `[T, n]`, tracked (`weight`
+    /// is this, flattened), which the layer's all-experts path reads instead of building a
+    /// dispatch plan; None for the others
+    pub dense: Option<Tensor>,
     /// for `default-moe`, in training: the probabilities of the experts each token did not use
     /// and the default outputs that answer for them, which the layer turns into the dense
     /// router gradient ([`DefaultTerm`]); None for the others
@@ -116,6 +121,60 @@ impl Routing {
             score: None,
             selection: None,
             defaults: None,
+            dense: None,
+        })
+    }
+
+    /// The routing of a router that sends every token to every expert (the dense `softmax`
+    /// router, the straight-through estimators in training): `weights: [T, n]` (tracked) become
+    /// `A = T·n` assignments, token `a / n` to expert `a % n`, and are kept as
+    /// [`Routing::dense`] for the layer's all-experts path.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] when `weights` is not `[T, n]` with `probs` and `logits` of its shape.
+    ///
+    /// ```
+    /// # use moegrad::{DType, Device, Tensor};
+    /// # use moegrad::moe::Routing;
+    /// let w = Tensor::from_f32(vec![0.25, 0.75, 0.5, 0.5], &[2, 2], Device::cpu())?;
+    /// let r = Routing::every_expert(&w, w.clone(), w.clone())?;
+    /// assert_eq!(r.expert.to_vec_f64()?, vec![0.0, 1.0, 0.0, 1.0]);
+    /// assert_eq!(r.token.to_vec_f64()?, vec![0.0, 0.0, 1.0, 1.0]);
+    /// assert!(r.dense.is_some());
+    /// # Ok::<(), moegrad::Error>(())
+    /// ```
+    pub fn every_expert(weights: &Tensor, probs: Tensor, logits: Tensor) -> Result<Routing> {
+        if weights.rank() != 2
+            || probs.shape() != weights.shape()
+            || logits.shape() != weights.shape()
+        {
+            return Err(Error::Shape(format!(
+                "every_expert: weights {:?}, probs {:?} and logits {:?} must all be [T, n]",
+                weights.shape(),
+                probs.shape(),
+                logits.shape()
+            )));
+        }
+        let (t, n) = (weights.shape()[0], weights.shape()[1]);
+        let dev = weights.device();
+        let (token, expert) = slot_tables(t, n, dev)?;
+        let (valid, rank) = slot_tables_float(t, n, weights.dtype(), dev)?;
+        Ok(Routing {
+            token,
+            expert,
+            weight: weights.reshape(&[t * n])?,
+            valid,
+            rank,
+            probs,
+            logits,
+            tokens: t,
+            experts: n,
+            aux_loss: None,
+            metrics: Vec::new(),
+            score: None,
+            selection: None,
+            defaults: None,
+            dense: Some(weights.clone()),
         })
     }
 
@@ -242,6 +301,8 @@ impl Routing {
             selection: None,
             // the layer reads each part's defaults itself (`add_default_terms`)
             defaults: None,
+            // several routings take the sparse path
+            dense: None,
         })
     }
 }

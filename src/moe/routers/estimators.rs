@@ -177,7 +177,6 @@ pub struct EstimatorRouter {
     gate: LinearGate,
     estimator: Estimator,
     experts: usize,
-    table: Tensor,
     /// `reinforce`'s running-mean baseline (None for the others and with `baseline=0`)
     baseline: Option<Arc<RunningBaseline>>,
 }
@@ -187,12 +186,10 @@ impl EstimatorRouter {
     /// expert per token).
     pub fn new(name: &str, cfg: &RouterConfig, device: Device) -> Result<EstimatorRouter> {
         let estimator = Estimator::from_config(name, cfg)?;
-        let table = Tensor::from_i32((0..cfg.experts as i32).collect(), &[1, cfg.experts], device)?;
         Ok(EstimatorRouter {
             gate: LinearGate::new(cfg, device)?,
             estimator,
             experts: cfg.experts,
-            table,
             baseline: match estimator {
                 Estimator::Reinforce { baseline: true } => Some(Arc::new(RunningBaseline::new())),
                 _ => None,
@@ -281,8 +278,7 @@ impl EstimatorRouter {
                 Ok(vec![Some(grad)])
             },
         )?;
-        let idx = self.table.expand(&[t, n])?;
-        let mut r = Routing::token_choice(&idx, &w, None, pi, logits.clone())?;
+        let mut r = Routing::every_expert(&w, pi, logits.clone())?;
         r.metrics.push((
             "experts_evaluated_per_token",
             Tensor::scalar(n as f64, dt, dev)?,

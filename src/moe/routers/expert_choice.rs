@@ -72,6 +72,7 @@ impl Router for ExpertChoiceRouter {
             score: None,
             selection: None,
             defaults: None,
+            dense: None,
         })
     }
 }

@@ -21,18 +21,13 @@ pub(crate) const SPEC: RouterSpec = RouterSpec {
 /// Dense softmax gate over all experts.
 pub struct SoftmaxRouter {
     gate: LinearGate,
-    experts: usize,
-    table: Tensor,
 }
 
 impl SoftmaxRouter {
     /// A dense router (k is ignored: every expert runs).
     pub fn new(cfg: &RouterConfig, device: Device) -> Result<SoftmaxRouter> {
-        let table = Tensor::from_i32((0..cfg.experts as i32).collect(), &[1, cfg.experts], device)?;
         Ok(SoftmaxRouter {
             gate: LinearGate::new(cfg, device)?,
-            experts: cfg.experts,
-            table,
         })
     }
 }
@@ -44,9 +39,7 @@ impl Router for SoftmaxRouter {
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
         let g = logits.softmax(-1)?;
-        let t = x.shape()[0];
-        let idx = self.table.expand(&[t, self.experts])?;
-        Routing::token_choice(&idx, &g, None, g.clone(), logits)
+        Routing::every_expert(&g, g.clone(), logits)
     }
     fn runs_all_experts(&self) -> bool {
         true

@@ -127,9 +127,10 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
             } else {
                 println!("{}", r.workload);
                 println!(
-                    "{:<6} {:<8} {:>4} {:>4} {:>10} {:>8} {:>8} {:>8} {:>12} {:>12} {:>8} {:>14}",
+                    "{:<6} {:<8} {:<11} {:>4} {:>4} {:>10} {:>8} {:>8} {:>8} {:>12} {:>12} {:>8} {:>14} {:>10}",
                     "device",
                     "router",
+                    "path",
                     "n",
                     "k",
                     "step ms",
@@ -139,13 +140,15 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
                     "tokens/s",
                     "peak MB",
                     "grad MB",
-                    "activation MB"
+                    "activation MB",
+                    "dispatches"
                 );
                 for m in &r.moe {
                     println!(
-                        "{:<6} {:<8} {:>4} {:>4} {:>10.1} {:>8.1} {:>8.1} {:>8.1} {:>12.0} {:>12.1} {:>8.1} {:>14.1}",
+                        "{:<6} {:<8} {:<11} {:>4} {:>4} {:>10.1} {:>8.1} {:>8.1} {:>8.1} {:>12.0} {:>12.1} {:>8.1} {:>14.1} {:>10}",
                         m.device,
                         m.router,
+                        m.path,
                         m.n,
                         m.k,
                         m.step_ms,
@@ -155,7 +158,8 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
                         m.tokens_per_s,
                         m.peak_bytes as f64 / 1e6,
                         m.gradient_bytes as f64 / 1e6,
-                        m.activation_bytes as f64 / 1e6
+                        m.activation_bytes as f64 / 1e6,
+                        m.dispatches.map_or("-".into(), |d| d.to_string())
                     );
                 }
             }
