@@ -150,32 +150,7 @@ fn acc_row(acc: Acc, i: u32) -> vec4<f32> {
 // ================================================================================================
 // matmul
 
-struct MatmulParams {
-    m: u32,
-    k: u32,
-    n: u32,
-    batch: u32,
-    a_offset: u32,
-    a_batch_stride: u32,
-    a_row_stride: u32,
-    a_col_stride: u32,
-    b_offset: u32,
-    b_batch_stride: u32,
-    b_row_stride: u32,
-    b_col_stride: u32,
-    a_k_fast: u32,
-    b_n_fast: u32,
-    // first column tile, row tile and batch entry of this launch
-    tile_n_base: u32,
-    tile_m_base: u32,
-    batch_base: u32,
-    // split-k (entry `matmul` only; 1 and ≥ k elsewhere): the reduction is cut into k_splits
-    // ranges of k_chunk (a multiple of SLAB), each summed by its own workgroups into its own
-    // slice of c
-    k_splits: u32,
-    k_chunk: u32,
-    _pad0: u32,
-}
+// MatmulParams: shaders/matmul_params.wgsl, which the launcher puts before this file.
 
 // The element type of the `matmul` entry's A, B and C: f32 here. The f16 build
 // (src/backend/gpu/half.rs, `f16_build`) makes the alias between the markers `f16` and the store

@@ -608,6 +608,7 @@ fn matmul_kernels(gpu: bool) -> Vec<moegrad::gpu::MatmulKernel> {
     let mut kernels = vec![moegrad::gpu::MatmulKernel::Plain];
     if gpu {
         kernels.push(moegrad::gpu::MatmulKernel::Wide);
+        kernels.push(moegrad::gpu::MatmulKernel::WideVec4);
     }
     if gpu && moegrad::gpu::subgroup_matmul_available().expect("the GPU opened") {
         kernels.push(moegrad::gpu::MatmulKernel::Subgroup);

@@ -424,7 +424,7 @@ pub fn bench_moe(
 /// One GPU matmul measurement with a given kernel.
 #[derive(Clone, Debug, Serialize)]
 pub struct KernelRecord {
-    /// "auto", "plain", "wide" or "subgroup" ([`moegrad::gpu::MatmulKernel`])
+    /// "auto", "plain", "wide", "wide-vec4" or "subgroup" ([`moegrad::gpu::MatmulKernel`])
     pub kernel: String,
     /// square matrix size n
     pub size: usize,
@@ -437,7 +437,12 @@ pub struct KernelRecord {
 pub fn gpu_matmul_kernels(sizes: &[usize]) -> Result<Vec<KernelRecord>> {
     use moegrad::gpu::{self, MatmulKernel};
     let before = gpu::matmul_kernel()?;
-    let mut kernels = vec![MatmulKernel::Auto, MatmulKernel::Plain, MatmulKernel::Wide];
+    let mut kernels = vec![
+        MatmulKernel::Auto,
+        MatmulKernel::Plain,
+        MatmulKernel::Wide,
+        MatmulKernel::WideVec4,
+    ];
     if gpu::subgroup_matmul_available()? {
         kernels.push(MatmulKernel::Subgroup);
     }

@@ -511,6 +511,7 @@ fn matmul_kernels_match_the_cpu_and_each_other() {
         vec![
             MatmulKernel::Plain,
             MatmulKernel::Wide,
+            MatmulKernel::WideVec4,
             MatmulKernel::Subgroup,
         ]
     } else {
@@ -530,7 +531,11 @@ fn matmul_kernels_match_the_cpu_and_each_other() {
             info.name, info.features, info.subgroup_sizes
         );
         assert!(moegrad::gpu::set_matmul_kernel(MatmulKernel::Subgroup).is_err());
-        vec![MatmulKernel::Plain, MatmulKernel::Wide]
+        vec![
+            MatmulKernel::Plain,
+            MatmulKernel::Wide,
+            MatmulKernel::WideVec4,
+        ]
     };
     let before = moegrad::gpu::matmul_kernel().unwrap();
     // unless told otherwise, matmul chooses per product (the subgroup kernel, 1.8× slower than
@@ -544,6 +549,8 @@ fn matmul_kernels_match_the_cpu_and_each_other() {
         (2, 65, 33, 70),
         (1, 130, 17, 129),
         (3, 5, 300, 2),
+        // vec4 layouts, for the wide-vec4 kernel
+        (2, 131, 24, 136),
     ];
     let mut results: Vec<Vec<Vec<f64>>> = Vec::new();
     for &kernel in &kernels {

@@ -94,6 +94,7 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         plain(&pool2d::POOL2D_SHADER),
         plain(&matmul::MATMUL_SHADER),
         plain(&matmul::MATMUL_WIDE_SHADER),
+        plain(&matmul::MATMUL_WIDE4_SHADER),
         BuiltinShader {
             needs_subgroups: true,
             ..plain(&matmul::MATMUL_SUBGROUP_SHADER)

@@ -13,13 +13,16 @@
 //! 65535 workgroups, and encodes the kernel; nothing is read back. The kernels compute one 64×64
 //! output tile per 256-invocation workgroup; the shader's header describes the tiling.
 //!
-//! [`matmul`] has three kernels, [`MatmulKernel`] names them: the plain `matmul`, `matmul_wide`
+//! [`matmul`] has four kernels, [`MatmulKernel`] names them: the plain `matmul`, `matmul_wide`
 //! (`shaders/matmul_wide.wgsl`: 128×128 output tiles, 8×8 per invocation) and `matmul_subgroup`
 //! (`shaders/matmul_subgroup.wgsl`: A shared by subgroup shuffles, on adapters with subgroups of 4
 //! to 128 invocations). By default ([`MatmulKernel::Auto`]) a product with at least
 //! [`WIDE_MIN_GROUPS`] 128×128 tiles runs `matmul_wide` and a smaller one `matmul`: on the one
 //! real GPU measured (docs/gpu.md) the plain kernel ran 1.8× the subgroup one.
-//! `MOEGRAD_MATMUL=auto|plain|wide|subgroup` chooses at start-up and
+//! A fourth, `matmul_wide4` (`shaders/matmul_wide4.wgsl`, [`MatmulKernel::WideVec4`]), is the wide
+//! kernel with every global read and write a vec4, for operands whose contiguous axes are
+//! multiples of 4 ([`vec4_layouts`]); it runs only when chosen, until a real GPU has measured it.
+//! `MOEGRAD_MATMUL=auto|plain|wide|subgroup|wide-vec4` chooses at start-up and
 //! `GpuBackend::set_matmul_kernel` at run time.
 
 use super::half::{MATMUL_F16_SHADER, float_operands};
@@ -34,7 +37,11 @@ use crate::{DType, Error, Result};
 /// The kernels of `shaders/matmul.wgsl`.
 pub(crate) static MATMUL_SHADER: Shader = Shader {
     name: "matmul",
-    source: include_str!("../../../shaders/matmul.wgsl"),
+    source: concat!(
+        include_str!("../../../shaders/matmul_params.wgsl"),
+        "\n",
+        include_str!("../../../shaders/matmul.wgsl")
+    ),
 };
 
 /// `matmul.wgsl` with the subgroup entry point appended, compiled only where the adapter has the
@@ -43,6 +50,8 @@ pub(crate) static MATMUL_SHADER: Shader = Shader {
 pub(crate) static MATMUL_SUBGROUP_SHADER: Shader = Shader {
     name: "matmul_subgroup",
     source: concat!(
+        include_str!("../../../shaders/matmul_params.wgsl"),
+        "\n",
         include_str!("../../../shaders/matmul.wgsl"),
         "\n",
         include_str!("../../../shaders/matmul_subgroup.wgsl")
@@ -53,9 +62,22 @@ pub(crate) static MATMUL_SUBGROUP_SHADER: Shader = Shader {
 pub(crate) static MATMUL_WIDE_SHADER: Shader = Shader {
     name: "matmul_wide",
     source: concat!(
+        include_str!("../../../shaders/matmul_params.wgsl"),
+        "\n",
         include_str!("../../../shaders/matmul.wgsl"),
         "\n",
         include_str!("../../../shaders/matmul_wide.wgsl")
+    ),
+};
+
+/// `matmul_params.wgsl` with the vec4 entry point (`matmul_wide4`: `matmul_wide`'s tiling with
+/// every global read and write a vec4).
+pub(crate) static MATMUL_WIDE4_SHADER: Shader = Shader {
+    name: "matmul_wide4",
+    source: concat!(
+        include_str!("../../../shaders/matmul_params.wgsl"),
+        "\n",
+        include_str!("../../../shaders/matmul_wide4.wgsl")
     ),
 };
 
@@ -77,18 +99,23 @@ pub enum MatmulKernel {
     /// `matmul_subgroup`: B staged, A shared through subgroup shuffles (adapters with subgroups
     /// of 4 to 128 invocations)
     Subgroup,
+    /// `matmul_wide4`: `matmul_wide` with vec4 reads and writes, for operands whose contiguous
+    /// axes are multiples of 4 (n too), and `matmul_wide` for the others (every adapter; not
+    /// yet measured on a real GPU, so not `Auto`'s choice)
+    WideVec4,
 }
 
 impl MatmulKernel {
     /// Every choice, in the order `MOEGRAD_MATMUL` lists them.
-    pub const ALL: [MatmulKernel; 4] = [
+    pub const ALL: [MatmulKernel; 5] = [
         MatmulKernel::Auto,
         MatmulKernel::Plain,
         MatmulKernel::Wide,
         MatmulKernel::Subgroup,
+        MatmulKernel::WideVec4,
     ];
 
-    /// Parses `auto`, `plain`, `wide` or `subgroup` (`MOEGRAD_MATMUL`).
+    /// Parses `auto`, `plain`, `wide`, `subgroup` or `wide-vec4` (`MOEGRAD_MATMUL`).
     pub fn from_name(name: &str) -> Result<MatmulKernel> {
         let name = name.trim();
         Self::ALL
@@ -96,7 +123,7 @@ impl MatmulKernel {
             .find(|k| k.name() == name)
             .ok_or_else(|| {
                 Error::Invalid(format!(
-                    "MOEGRAD_MATMUL={name:?} is not auto, plain, wide or subgroup"
+                    "MOEGRAD_MATMUL={name:?} is not auto, plain, wide, subgroup or wide-vec4"
                 ))
             })
     }
@@ -108,6 +135,7 @@ impl MatmulKernel {
             MatmulKernel::Plain => "plain",
             MatmulKernel::Wide => "wide",
             MatmulKernel::Subgroup => "subgroup",
+            MatmulKernel::WideVec4 => "wide-vec4",
         }
     }
 }
@@ -296,9 +324,7 @@ pub(crate) fn matmul(
     }
     let la = operand("A", a, a_layout, [batch, m, k])?;
     let lb = operand("B", b, b_layout, [batch, k, n])?;
-    // Which index walks memory fastest (a size-1 dimension never does).
-    let a_k_fast = m == 1 || (k > 1 && a_layout.col_stride <= a_layout.row_stride);
-    let b_n_fast = k == 1 || (n > 1 && b_layout.col_stride <= b_layout.row_stride);
+    let (a_k_fast, b_n_fast) = fast_axes(dims, a_layout, b_layout);
     let (m32, k32, n32, batch32) = (m as u32, k as u32, n as u32, batch as u32);
 
     let wide_groups = n.div_ceil(WIDE_TILE) * m.div_ceil(WIDE_TILE) * batch;
@@ -307,6 +333,15 @@ pub(crate) fn matmul(
         (DType::F16, _) => MatmulKernel::Plain,
         (_, MatmulKernel::Auto) if wide_groups >= WIDE_MIN_GROUPS => MatmulKernel::Wide,
         (_, MatmulKernel::Auto) => MatmulKernel::Plain,
+        (_, MatmulKernel::WideVec4)
+            if !vec4_layouts(
+                [(a, &la, a_k_fast), (b, &lb, b_n_fast)],
+                dims,
+                [a_layout, b_layout],
+            ) =>
+        {
+            MatmulKernel::Wide
+        }
         (_, chosen) => chosen,
     };
     // split-k: only where Auto chose the plain kernel for f32 operands
@@ -326,6 +361,7 @@ pub(crate) fn matmul(
     let (entry, tile) = match (dtype, kernel) {
         (DType::F16, _) => ((matmul_build(dtype), "matmul"), TILE),
         (_, MatmulKernel::Wide) => ((&MATMUL_WIDE_SHADER, "matmul_wide"), WIDE_TILE),
+        (_, MatmulKernel::WideVec4) => ((&MATMUL_WIDE4_SHADER, "matmul_wide4"), WIDE_TILE),
         (_, MatmulKernel::Subgroup) => ((&MATMUL_SUBGROUP_SHADER, "matmul_subgroup"), TILE),
         _ => ((&MATMUL_SHADER, "matmul"), TILE),
     };
@@ -369,6 +405,70 @@ pub(crate) fn matmul(
         inner: out_len,
     };
     super::reduce::reduce(be, ReduceOp::Sum, &c, view)
+}
+
+/// Whether [`matmul`] under [`MatmulKernel::WideVec4`] runs `matmul_wide4` for these operands
+/// (else `matmul_wide`): [`vec4_layouts`] on their checked layouts.
+#[cfg(test)]
+pub(crate) fn takes_vec4(
+    a: &GpuBuffer,
+    a_layout: MatLayout,
+    b: &GpuBuffer,
+    b_layout: MatLayout,
+    dims: MatmulDims,
+) -> bool {
+    let MatmulDims { batch, m, k, n } = dims;
+    let (Ok(la), Ok(lb)) = (
+        operand("A", a, a_layout, [batch, m, k]),
+        operand("B", b, b_layout, [batch, k, n]),
+    ) else {
+        return false;
+    };
+    let (a_k_fast, b_n_fast) = fast_axes(dims, a_layout, b_layout);
+    vec4_layouts(
+        [(a, &la, a_k_fast), (b, &lb, b_n_fast)],
+        dims,
+        [a_layout, b_layout],
+    )
+}
+
+/// Which index of each operand walks memory fastest: `(a_k_fast, b_n_fast)`, k for A and n for
+/// B when true (a size-1 dimension never does).
+fn fast_axes(dims: MatmulDims, a: MatLayout, b: MatLayout) -> (bool, bool) {
+    let MatmulDims { m, k, n, .. } = dims;
+    (
+        m == 1 || (k > 1 && a.col_stride <= a.row_stride),
+        k == 1 || (n > 1 && b.col_stride <= b.row_stride),
+    )
+}
+
+/// Whether `matmul_wide4` may read A and B and write C as aligned vec4s
+/// (`shaders/matmul_wide4.wgsl`): `n` a multiple of 4, and each operand with a contiguous axis
+/// (stride 1) of a length that is a multiple of 4, its offset and other strides multiples of 4,
+/// and its buffer a whole number of vec4s. `operands` pairs each buffer with its checked layout
+/// and whether its second axis (k for A, n for B) is the fast one; `layouts` are the layouts as
+/// given (a size-1 axis's stride is ignored).
+fn vec4_layouts(
+    operands: [(&GpuBuffer, &Operand, bool); 2],
+    dims: MatmulDims,
+    layouts: [MatLayout; 2],
+) -> bool {
+    let MatmulDims { m, k, n, .. } = dims;
+    let four = |v: u32| v.is_multiple_of(4);
+    let fits = |(buf, l, second_fast): (&GpuBuffer, &Operand, bool),
+                layout: MatLayout,
+                (rows, cols): (usize, usize)| {
+        let aligned = buf.len().is_multiple_of(4) && four(l.offset) && four(l.batch_stride);
+        let axes = if second_fast {
+            // the columns contiguous: rows step by a multiple of 4
+            layout.col_stride == 1 && cols.is_multiple_of(4) && (rows == 1 || four(l.row_stride))
+        } else {
+            layout.row_stride == 1 && rows.is_multiple_of(4) && (cols == 1 || four(l.col_stride))
+        };
+        aligned && axes
+    };
+    let [a, b] = operands;
+    n.is_multiple_of(4) && fits(a, layouts[0], (m, k)) && fits(b, layouts[1], (k, n))
 }
 
 /// Split-k for a product of `groups` 64×64 output tiles and reduction length `k`: `(splits,

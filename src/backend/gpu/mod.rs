@@ -39,7 +39,7 @@ mod info;
 mod kernels;
 mod layer_norm;
 mod layout;
-mod matmul;
+pub(crate) mod matmul;
 mod nn;
 mod optim;
 mod pool2d;

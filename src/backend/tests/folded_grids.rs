@@ -36,7 +36,11 @@ pub(super) fn host_f64(h: HostData) -> Vec<f64> {
 
 /// The matmul kernels `gpu` offers.
 fn matmul_kernels(gpu: &GpuBackend) -> Vec<MatmulKernel> {
-    let mut kernels = vec![MatmulKernel::Plain, MatmulKernel::Wide];
+    let mut kernels = vec![
+        MatmulKernel::Plain,
+        MatmulKernel::Wide,
+        MatmulKernel::WideVec4,
+    ];
     if gpu.subgroup_matmul_available() {
         kernels.push(MatmulKernel::Subgroup);
     }
@@ -60,7 +64,7 @@ fn fold_gpu(test: &str) -> Option<(GpuBackend, MutexGuard<'static, ()>)> {
 /// Leaves a NaN-filled buffer of `len` elements as the pool's only free one, so the next output
 /// of that size starts as NaN wherever the kernel does not write (a fresh buffer reads as zeros).
 /// Also bounds memory: the pool's other free buffers go back to the driver.
-fn poison_pool(be: &GpuBackend, len: usize) {
+pub(super) fn poison_pool(be: &GpuBackend, len: usize) {
     be.synchronize().unwrap();
     be.trim_pool();
     drop(be.full(len, f64::NAN, DType::F32).unwrap());
@@ -604,7 +608,6 @@ fn split_matmul_grids() {
     };
     let before = be.matmul_kernel();
     let cpu = CpuBackend;
-    let k = 2;
     let row_major = |cols: usize| MatLayout {
         offset: 0,
         batch_stride: 0,
@@ -613,12 +616,18 @@ fn split_matmul_grids() {
     };
     for kernel in matmul_kernels(&be) {
         be.set_matmul_kernel(kernel).unwrap();
-        let tile = if kernel == MatmulKernel::Wide {
+        let tile = if matches!(kernel, MatmulKernel::Wide | MatmulKernel::WideVec4) {
             128
         } else {
             64
         };
-        let long = fold::smallest_folding(tile);
+        // k = 4 and n a multiple of 4 for the vec4 kernel (contiguous axes of whole vec4s)
+        let vec4 = kernel == MatmulKernel::WideVec4;
+        let k = if vec4 { 4 } else { 2 };
+        let long = match vec4 {
+            true => fold::smallest_folding(tile).next_multiple_of(4),
+            false => fold::smallest_folding(tile),
+        };
         fold::assert_past_limit("matmul tiles", fold::groups(long, tile));
         // [1, k]·[k, long] (x split), and under the plain kernel also [long, k]·[k, 1] (y
         // split): each split costs seconds on a software rasterizer.

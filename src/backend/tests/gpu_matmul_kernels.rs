@@ -1,11 +1,13 @@
-//! The GPU matmul's kernel choices (`MatmulKernel`): the plain, wide and subgroup kernels agree
-//! to the bit, and the default choice's split-k (products with few tiles and a long reduction,
+//! The GPU matmul's kernel choices (`MatmulKernel`): the plain, wide, wide-vec4 and subgroup
+//! kernels agree to the bit (shapes the vec4 kernel takes, with padded strides and offsets, and
+//! shapes it leaves to the wide one), and the default choice's split-k (products with few tiles and a long reduction,
 //! summed in a second pass) matches the CPU and is deterministic. The kernels' layouts, grid
 //! splits and bad inputs are `gpu_matmul.rs`, whose helpers these tests use.
 
+use super::folded_grids::poison_pool;
 use super::gpu_matmul::{check_contiguous, contiguous, f32_data, gpu, values};
 use crate::backend::gpu::MatmulKernel;
-use crate::backend::{BufferOps, HostData, MatmulDims, MatmulOps};
+use crate::backend::{BufferOps, HostData, MatLayout, MatmulDims, MatmulOps};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -18,7 +20,11 @@ fn matmul_kernels_agree_to_the_bit() {
         return;
     };
     let before = be.matmul_kernel();
-    let mut kernels = vec![MatmulKernel::Plain, MatmulKernel::Wide];
+    let mut kernels = vec![
+        MatmulKernel::Plain,
+        MatmulKernel::Wide,
+        MatmulKernel::WideVec4,
+    ];
     if be.subgroup_matmul_available() {
         kernels.push(MatmulKernel::Subgroup);
     }
@@ -28,6 +34,12 @@ fn matmul_kernels_agree_to_the_bit() {
         ([2, 129, 15, 260], (true, false)),
         ([1, 131, 70, 200], (false, true)),
         ([3, 64, 9, 127], (true, true)),
+        // vec4 layouts (n and every contiguous axis a multiple of 4), tails past 128 included
+        ([1, 300, 256, 132], (false, false)),
+        ([2, 260, 20, 264], (true, false)),
+        ([1, 131, 68, 200], (false, true)),
+        ([3, 64, 12, 128], (true, true)),
+        ([1, 1, 8, 4], (false, false)),
     ] {
         let (la, a_len) = contiguous(batch, m, k, ta, false);
         let (lb, b_len) = contiguous(batch, k, n, tb, false);
@@ -37,6 +49,8 @@ fn matmul_kernels_agree_to_the_bit() {
         let mut results = Vec::new();
         for &kernel in &kernels {
             be.set_matmul_kernel(kernel).unwrap();
+            // NaN in the buffer the output will get, so that an element left unwritten shows
+            poison_pool(&be, batch * m * n);
             let c = be.matmul(&a, la, &b, lb, dims).unwrap();
             match be.download(&c).unwrap() {
                 HostData::F32(v) => results.push((kernel, v)),
@@ -57,6 +71,91 @@ fn matmul_kernels_agree_to_the_bit() {
         }
     }
     be.set_matmul_kernel(before).unwrap();
+}
+
+/// The vec4 kernel on padded storage: offsets, row strides and batch strides that are multiples
+/// of 4 (it runs) and ones that are not (it leaves the product to the wide kernel), against the
+/// wide kernel's bits; and which layouts it accepts.
+#[test]
+fn matmul_wide_vec4_with_offsets_and_strides() {
+    let Some((be, _lock)) = gpu("matmul_wide_vec4_with_offsets_and_strides") else {
+        return;
+    };
+    let before = be.matmul_kernel();
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    let (batch, m, k, n) = (2, 133, 40, 136);
+    for pad in [4, 3] {
+        // A: offset pad, rows padded to k + pad, batches padded by pad; B: stored [k, batch, n]
+        let la = MatLayout {
+            offset: pad,
+            batch_stride: m * (k + pad) + pad,
+            row_stride: k + pad,
+            col_stride: 1,
+        };
+        let a_len = (pad + batch * (m * (k + pad) + pad)).next_multiple_of(4);
+        let lb = MatLayout {
+            offset: 2 * pad,
+            batch_stride: n,
+            row_stride: batch * n,
+            col_stride: 1,
+        };
+        let b_len = (2 * pad + k * batch * n).next_multiple_of(4);
+        let a = be.upload(&f32_data(&values(&mut rng, a_len))).unwrap();
+        let b = be.upload(&f32_data(&values(&mut rng, b_len))).unwrap();
+        let dims = MatmulDims { batch, m, k, n };
+        let mut results = Vec::new();
+        for kernel in [MatmulKernel::Wide, MatmulKernel::WideVec4] {
+            be.set_matmul_kernel(kernel).unwrap();
+            poison_pool(&be, batch * m * n);
+            let c = be.matmul(&a, la, &b, lb, dims).unwrap();
+            match be.download(&c).unwrap() {
+                HostData::F32(v) => results.push(v),
+                other => panic!("matmul gave {other:?}"),
+            }
+        }
+        let same = results[0]
+            .iter()
+            .zip(&results[1])
+            .all(|(w, v)| w.to_bits() == v.to_bits());
+        assert!(same, "padding {pad}: wide-vec4 and wide differ");
+    }
+    be.set_matmul_kernel(before).unwrap();
+    // which layouts it takes
+    let row_major = |rows: usize, cols: usize| contiguous(1, rows, cols, false, false);
+    let takes = |(la, a_len): (MatLayout, usize), (lb, b_len): (MatLayout, usize), dims| {
+        let a = be.upload(&f32_data(&vec![0.0; a_len])).unwrap();
+        let b = be.upload(&f32_data(&vec![0.0; b_len])).unwrap();
+        crate::backend::gpu::matmul::takes_vec4(&a, la, &b, lb, dims)
+    };
+    let dims = |m, k, n| MatmulDims { batch: 1, m, k, n };
+    assert!(takes(row_major(5, 8), row_major(8, 12), dims(5, 8, 12)));
+    assert!(
+        !takes(row_major(5, 8), row_major(8, 10), dims(5, 8, 10)),
+        "n = 10"
+    );
+    assert!(
+        !takes(row_major(5, 6), row_major(6, 12), dims(5, 6, 12)),
+        "k = 6, A row-major"
+    );
+    let shifted = MatLayout {
+        offset: 2,
+        ..row_major(5, 8).0
+    };
+    assert!(
+        !takes((shifted, 48), row_major(8, 12), dims(5, 8, 12)),
+        "offset 2"
+    );
+    // A transposed (m contiguous) needs m a multiple of 4
+    assert!(takes(
+        contiguous(1, 8, 6, true, false),
+        row_major(6, 4),
+        dims(8, 6, 4)
+    ));
+    assert!(!takes(
+        contiguous(1, 6, 6, true, false),
+        row_major(6, 4),
+        dims(6, 6, 4)
+    ));
 }
 
 /// Products with few output tiles and a long reduction (the weight gradients of a small model),

@@ -1,0 +1,33 @@
+// matmul_params.wgsl: the uniform parameter block of the dense matrix products, `MatmulParams`,
+// shared by matmul.wgsl's `matmul` (and the `matmul_wide` / `matmul_subgroup` entries appended to
+// it) and by matmul_wide4.wgsl. Not a module of its own: src/backend/gpu/matmul.rs prepends it to
+// each, and fills it alike for every kernel (`matmul` there). Every field is a u32; indices are
+// element indices. A(b, r, c) = a[a_offset + b·a_batch_stride + r·a_row_stride + c·a_col_stride],
+// B likewise with the b_* fields; `a_k_fast` / `b_n_fast` say which index walks memory fastest.
+
+struct MatmulParams {
+    m: u32,
+    k: u32,
+    n: u32,
+    batch: u32,
+    a_offset: u32,
+    a_batch_stride: u32,
+    a_row_stride: u32,
+    a_col_stride: u32,
+    b_offset: u32,
+    b_batch_stride: u32,
+    b_row_stride: u32,
+    b_col_stride: u32,
+    a_k_fast: u32,
+    b_n_fast: u32,
+    // first column tile, row tile and batch entry of this launch
+    tile_n_base: u32,
+    tile_m_base: u32,
+    batch_base: u32,
+    // split-k (entry `matmul` only; 1 and ≥ k elsewhere): the reduction is cut into k_splits
+    // ranges of k_chunk (a multiple of SLAB), each summed by its own workgroups into its own
+    // slice of c
+    k_splits: u32,
+    k_chunk: u32,
+    _pad0: u32,
+}
