@@ -36,6 +36,19 @@
 //                      row. Output (o, k, i) binary-searches the run of k in keys[perm[..]] and
 //                      adds src[o, perm[p], i] over it: the rows that hit k in increasing j, again
 //                      the CPU's order. Bindings: src 1, out 3, keys 4, perm 5 (idx 2 unused).
+// weighted_scatter_loop, weighted_scatter_sorted
+//                      Tensor::weighted_index_scatter (the MoE combine), forward: the two
+//                      scatter_add kernels with outer = 1, s0 = 0, s1 = 1, s2 = 0, each source
+//                      row scaled by its weight as it is added: out[k, i] = Σ_{j : idx[j] = k}
+//                      w[j]·src[j, i], each product rounded to sc_elem first (as the composition
+//                      mul-then-scatter rounds it), the sum in f32 in increasing j. Bindings as
+//                      scatter_add's, plus w (binding 6, read, sc_elem) [m]; the loop entry reads
+//                      idx (2) and not keys or perm (4, 5).
+// weighted_scatter_backward
+//                      its backward, one workgroup per source row j (the workgroup's flat index):
+//                      d_src[j, i] = w[j]·dy[idx[j], i] and d_w[j] = Σ_i dy[idx[j], i]·src[j, i]
+//                      (zero for an index outside 0..len). params ScatterParams (len, inner, m);
+//                      src 1, idx 2, dy 3, w 4 (read), d_src 5 [m, inner], d_w 6 [m] (written).
 
 const WG: u32 = 256u;
 
@@ -182,4 +195,81 @@ fn scatter_add_sorted(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
         acc = acc + f32(sc_src[(o * sp.m + u32(j)) * sp.inner + i]);
     }
     sc_out[t] = sc_store(acc);
+}
+
+// ---- weighted_scatter (the MoE combine) -----------------------------------------------------
+
+@group(0) @binding(6) var<storage, read> ws_w: array<sc_elem>;
+
+// Source row j's element i scaled by its weight, rounded as a stored product.
+fn weighted_term(j: u32, i: u32) -> f32 {
+    return f32(sc_store(f32(ws_w[j]) * f32(sc_src[j * sp.inner + i])));
+}
+
+@compute @workgroup_size(256)
+fn weighted_scatter_loop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+    let t = flat_index(wid, nwg, lid);
+    if (t >= sp.len * sp.inner) { return; }
+    let i = t % sp.inner;
+    let k = i32(t / sp.inner);
+    var acc = 0.0;
+    for (var j = 0u; j < sp.m; j = j + 1u) {
+        if (sc_idx[j] == k) { acc = acc + weighted_term(j, i); }
+    }
+    sc_out[t] = sc_store(acc);
+}
+
+@compute @workgroup_size(256)
+fn weighted_scatter_sorted(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                           @builtin(local_invocation_index) lid: u32) {
+    let t = flat_index(wid, nwg, lid);
+    if (t >= sp.len * sp.inner) { return; }
+    let i = t % sp.inner;
+    let k = i32(t / sp.inner);
+    // first sorted position whose key is >= k
+    var lo = 0u;
+    var hi = sp.m;
+    while (lo < hi) {
+        let mid = (lo + hi) / 2u;
+        if (sorted_key(0u, mid) < k) { lo = mid + 1u; } else { hi = mid; }
+    }
+    var acc = 0.0;
+    for (var p = lo; p < sp.m; p = p + 1u) {
+        let j = u32(sc_perm[p]);
+        if (sc_keys[j] != k) { break; }
+        acc = acc + weighted_term(j, i);
+    }
+    sc_out[t] = sc_store(acc);
+}
+
+@group(0) @binding(3) var<storage, read> wb_dy: array<sc_elem>;
+@group(0) @binding(4) var<storage, read> wb_w: array<sc_elem>;
+@group(0) @binding(5) var<storage, read_write> wb_dsrc: array<sc_elem>;
+@group(0) @binding(6) var<storage, read_write> wb_dw: array<sc_elem>;
+var<workgroup> wb_partial: array<f32, 256>;
+
+@compute @workgroup_size(256)
+fn weighted_scatter_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                             @builtin(local_invocation_index) lid: u32) {
+    // one row per workgroup; j is the same for all its invocations (uniform)
+    let j = wid.y * nwg.x + wid.x;
+    if (j >= sp.m) { return; }
+    let k = sc_idx[j];
+    let hit = k >= 0 && u32(k) < sp.len;
+    let w = f32(wb_w[j]);
+    var acc = 0.0;
+    for (var i = lid; i < sp.inner; i = i + WG) {
+        var g = 0.0;
+        if (hit) { g = f32(wb_dy[u32(k) * sp.inner + i]); }
+        wb_dsrc[j * sp.inner + i] = sc_store(w * g);
+        acc = acc + f32(sc_store(g * f32(sc_src[j * sp.inner + i])));
+    }
+    wb_partial[lid] = acc;
+    workgroupBarrier();
+    for (var s = WG / 2u; s > 0u; s = s / 2u) {
+        if (lid < s) { wb_partial[lid] = wb_partial[lid] + wb_partial[lid + s]; }
+        workgroupBarrier();
+    }
+    if (lid == 0u) { wb_dw[j] = sc_store(wb_partial[0]); }
 }

@@ -407,7 +407,7 @@ mod props {
     /// gather, index_select, scatter_add and index_scatter (the adjoint of index_select, the
     /// MoE combine), each once on the drawn shape (the loop kernel) and once with more than 4096
     /// source rows along the axis (the kernel that sorts the indices first); and the weighted
-    /// combine `weighted_index_scatter` (fused on the CPU, composed on the GPU) at both sizes.
+    /// combine `weighted_index_scatter` (one fused primitive on each device) at both sizes.
     pub fn indexing(dev: Device) {
         check_property("indexing", 16, shape_and_seed(), |(s, seed)| {
             let mut g = Gen::from_seed(seed);

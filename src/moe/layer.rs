@@ -337,9 +337,9 @@ impl MoeLayer {
     /// the straight-through estimators in training) runs as two wide products with no
     /// dispatch plan (`Some(true)`), through the plan like any other (`Some(false)`), or as the
     /// device prefers (`None`, the default: the wide products on the GPU, where they save the
-    /// plan's kernels and the `T·n`-row gathers and scatters; the plan on the CPU, where its
-    /// grouped products measured 7–20% faster, docs/benchmarks.md). Both compute the same
-    /// output and gradients.
+    /// plan's kernels and the `T·n`-row gathers and scatters; the plan on the CPU, where the
+    /// two measured within 10% of each other and the plan held less memory, docs/benchmarks.md).
+    /// Both compute the same output and gradients.
     ///
     /// ```
     /// # use moegrad::{Device, Tensor};

@@ -1,11 +1,12 @@
 //! The MoE combine as one op: `y[t] = Σ_{r : idx[r] = t} w[r]·rows[r]`, each expert output row
 //! scaled by its routing weight and added into its token's row.
 //!
-//! It is `rows.mul(w)` followed by `index_scatter`, and on the GPU it is computed exactly so.
-//! On the CPU one fused kernel does the forward without writing the scaled `[A, d]` rows, and
-//! one does the backward, `d_rows[r] = w[r]·dy[idx[r]]` and `d_w[r] = dy[idx[r]]·rows[r]`,
-//! without the gathered gradient and the products of the composed rule (`cpu/moe_combine.rs`);
-//! both round as the composition does.
+//! It is `rows.mul(w)` followed by `index_scatter`, computed as one backend primitive
+//! (`RoutingOps::weighted_scatter`): one pass does the forward without writing the scaled
+//! `[A, d]` rows, and one does the backward, `d_rows[r] = w[r]·dy[idx[r]]` and
+//! `d_w[r] = dy[idx[r]]·rows[r]`, without the gathered gradient and the products of the composed
+//! rule (`cpu/moe_combine.rs`; on the GPU `gpu/moe_combine.rs`, one kernel each way after the
+//! forward's index sort). Both round as the composition does.
 
 use crate::{Error, Result, Tensor};
 
@@ -54,32 +55,23 @@ impl Tensor {
         let (a, d) = (self.shape()[0], self.shape()[1]);
         let w = weights.to_dtype(self.dtype())?;
         self.check_compatible(&w, WHAT)?;
-        let Some(y) = self
+        let y = self
             .storage()
-            .weighted_scatter(w.storage(), idx.storage(), (d, len))?
-        else {
-            // no fused kernel here (the GPU): the composition it stands for
-            return self.mul(&w.reshape(&[a, 1])?)?.index_scatter(0, idx, len);
-        };
+            .weighted_scatter(w.storage(), idx.storage(), (d, len))?;
         let y = Tensor::from_storage(y, vec![len, d]);
         let (rows, w_saved, idx) = (self.detach(), w.detach(), idx.clone());
         Ok(Tensor::record(y, WHAT, &[self, &w], move |g| {
-            match rows.storage().weighted_scatter_backward(
+            let g = g.to_dtype(rows.dtype())?;
+            let (d_rows, d_w) = rows.storage().weighted_scatter_backward(
                 w_saved.storage(),
                 idx.storage(),
                 g.storage(),
                 (d, len),
-            )? {
-                Some((d_rows, d_w)) => Ok(vec![
-                    Some(Tensor::from_storage(d_rows, vec![a, d])),
-                    Some(Tensor::from_storage(d_w, vec![a])),
-                ]),
-                None => Err(Error::Device(format!(
-                    "{WHAT} backward: the forward ran fused, the gradient {:?} is on {}",
-                    g.shape(),
-                    g.device()
-                ))),
-            }
+            )?;
+            Ok(vec![
+                Some(Tensor::from_storage(d_rows, vec![a, d])),
+                Some(Tensor::from_storage(d_w, vec![a])),
+            ])
         }))
     }
 }

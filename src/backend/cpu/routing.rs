@@ -258,6 +258,27 @@ pub(super) fn dispatch_plan<T: Float>(
 }
 
 impl RoutingOps for CpuBackend {
+    fn weighted_scatter(
+        &self,
+        rows: &CpuBuffer,
+        w: &CpuBuffer,
+        idx: &CpuBuffer,
+        sizes: (usize, usize),
+    ) -> Result<CpuBuffer> {
+        super::moe_combine::weighted_scatter(rows, w, idx, sizes)
+    }
+
+    fn weighted_scatter_backward(
+        &self,
+        rows: &CpuBuffer,
+        w: &CpuBuffer,
+        idx: &CpuBuffer,
+        dy: &CpuBuffer,
+        sizes: (usize, usize),
+    ) -> Result<(CpuBuffer, CpuBuffer)> {
+        super::moe_combine::weighted_scatter_backward(rows, w, idx, dy, sizes)
+    }
+
     fn topk_gate(
         &self,
         logits: &CpuBuffer,

@@ -1,11 +1,34 @@
 //! [`RoutingOps`]: the Mixture-of-Experts routing primitives: the fused top-k gate and its
-//! backward, and the dispatch plan that sorts assignments by expert under a capacity.
+//! backward, the dispatch plan that sorts assignments by expert under a capacity, and the
+//! weighted combine of expert outputs into tokens and its backward.
 
 use crate::Result;
 use crate::backend::{BufferOps, PlanBuffers};
 
-/// MoE routing primitives: the top-k gate, its backward and the dispatch plan.
+/// MoE routing primitives: the top-k gate, its backward, the dispatch plan and the combine.
 pub(crate) trait RoutingOps: BufferOps {
+    /// The weighted combine `y [len, d]`, `y[t] = Σ_{r : idx[r] = t} w[r]·rows[r]` for
+    /// `rows [A, d]`, `w [A]` of the same float dtype and `idx [A]` I32 (`sizes` is `(d, len)`):
+    /// each product rounded to the dtype, the sum in increasing `r` (f32 sums for f16), as the
+    /// composition `rows·w` then `index_scatter` rounds. The CPU rejects an index outside
+    /// `0..len`; the GPU cannot check without a read-back, and ignores it.
+    fn weighted_scatter(
+        &self,
+        rows: &Self::Buffer,
+        w: &Self::Buffer,
+        idx: &Self::Buffer,
+        sizes: (usize, usize),
+    ) -> Result<Self::Buffer>;
+    /// The gradients `(d_rows [A, d], d_w [A])` of [`RoutingOps::weighted_scatter`] for
+    /// `dy [len, d]`: `d_rows[r] = w[r]·dy[idx[r]]`, `d_w[r] = ⟨dy[idx[r]], rows[r]⟩`.
+    fn weighted_scatter_backward(
+        &self,
+        rows: &Self::Buffer,
+        w: &Self::Buffer,
+        idx: &Self::Buffer,
+        dy: &Self::Buffer,
+        sizes: (usize, usize),
+    ) -> Result<(Self::Buffer, Self::Buffer)>;
     /// The fused gate of a top-k router, one row of `[rows, n]` at a time: `probs = softmax(logits)`;
     /// `idx` (I32 `[rows, k]`) the `k` largest `scores` (the logits when `scores` is `None`) in
     /// descending order, ties by the lowest index, NaN as the smallest value (as

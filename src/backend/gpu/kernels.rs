@@ -190,6 +190,9 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
                     | "gather"
                     | "scatter_add_loop"
                     | "scatter_add_sorted"
+                    | "weighted_scatter_loop"
+                    | "weighted_scatter_sorted"
+                    | "weighted_scatter_backward"
             )
             | ("reduce_f16", _)
             | ("layer_norm_f16", _)

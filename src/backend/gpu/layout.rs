@@ -33,20 +33,20 @@ pub(crate) static LAYOUT: Shader = Shader {
 const WG: u32 = 256;
 
 /// Below this many source rows per output, `scatter_add_loop` is cheaper than sorting.
-const SCATTER_LOOP_MAX_M: usize = 32;
+pub(super) const SCATTER_LOOP_MAX_M: usize = 32;
 
 /// `scatter_add_loop` is also taken, instead of sorting the index (four more dispatches: a copy
 /// and the three of a sort), while its whole work, outputs × source rows, stays below this and
 /// each invocation's loop below [`SCATTER_LOOP_LONGEST`]: the small scatters of a training step
 /// (the MoE combine, an expert bias gradient, per-expert counts) are then one dispatch each.
-const SCATTER_LOOP_MAX_WORK: usize = 1 << 24;
+pub(super) const SCATTER_LOOP_MAX_WORK: usize = 1 << 24;
 
 /// The longest loop one `scatter_add_loop` invocation runs under [`SCATTER_LOOP_MAX_WORK`].
-const SCATTER_LOOP_LONGEST: usize = 4096;
+pub(super) const SCATTER_LOOP_LONGEST: usize = 4096;
 
 /// The build of `layout.wgsl` whose copies move elements of `dtype`: 32-bit words (f32, i32),
 /// or f16 values (the f16 build, [`LAYOUT_F16_SHADER`]).
-fn word_build(dtype: DType) -> &'static Shader {
+pub(super) fn word_build(dtype: DType) -> &'static Shader {
     match dtype {
         DType::F16 => &LAYOUT_F16_SHADER,
         _ => &LAYOUT,

@@ -40,6 +40,7 @@ mod kernels;
 mod layer_norm;
 mod layout;
 pub(crate) mod matmul;
+mod moe_combine;
 mod nn;
 mod optim;
 mod pool2d;

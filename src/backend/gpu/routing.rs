@@ -273,6 +273,27 @@ pub(crate) fn dispatch_plan(
 }
 
 impl RoutingOps for GpuBackend {
+    fn weighted_scatter(
+        &self,
+        rows: &GpuBuffer,
+        w: &GpuBuffer,
+        idx: &GpuBuffer,
+        sizes: (usize, usize),
+    ) -> Result<GpuBuffer> {
+        super::moe_combine::weighted_scatter(self, rows, w, idx, sizes)
+    }
+
+    fn weighted_scatter_backward(
+        &self,
+        rows: &GpuBuffer,
+        w: &GpuBuffer,
+        idx: &GpuBuffer,
+        dy: &GpuBuffer,
+        sizes: (usize, usize),
+    ) -> Result<(GpuBuffer, GpuBuffer)> {
+        super::moe_combine::weighted_scatter_backward(self, rows, w, idx, dy, sizes)
+    }
+
     fn topk_gate(
         &self,
         logits: &GpuBuffer,

@@ -1,6 +1,6 @@
 //! [`Storage`]'s Mixture-of-Experts primitives, forwarded to the owning backend: the grouped
 //! (per-expert) matmul and its weight gradient, the top-k gate and its backward, the softmax
-//! backward, the dispatch plan, and the weighted combine's fused CPU kernels.
+//! backward, the dispatch plan, and the weighted combine and its backward.
 
 use super::*;
 
@@ -106,43 +106,36 @@ impl Storage {
         ))
     }
 
-    /// The weighted combine `y[t] = Σ_{r : idx[r] = t} w[r]·rows[r]` (`self` is `rows [A, d]`,
-    /// `w [A]`, `idx [A]`, `y [len, d]`) in one fused pass where there is a kernel for it: the
-    /// CPU, f32 and f64. `None` elsewhere: [`crate::Tensor::weighted_index_scatter`] then
-    /// composes it from a product and an `index_scatter`.
+    /// See [`RoutingOps::weighted_scatter`]; `self` is `rows`.
     pub(crate) fn weighted_scatter(
         &self,
         w: &Storage,
         idx: &Storage,
-        (d, len): (usize, usize),
-    ) -> Result<Option<Storage>> {
-        match (self, w, idx) {
-            (Storage::Cpu(x), Storage::Cpu(w), Storage::Cpu(i)) => {
-                let y = cpu::on_pool(x.len(), || {
-                    cpu::moe_combine::weighted_scatter(x, w, i, (d, len))
-                })?;
-                Ok(Some(Storage::Cpu(y)))
-            }
-            _ => Ok(None),
-        }
+        sizes: (usize, usize),
+    ) -> Result<Storage> {
+        const WHAT: &str = "weighted_index_scatter";
+        on_device!(self, |be| be.weighted_scatter(
+            be.buf(self, WHAT)?,
+            be.buf(w, WHAT)?,
+            be.buf(idx, WHAT)?,
+            sizes
+        ))
     }
-    /// The gradients `(d_rows, d_w)` of [`Storage::weighted_scatter`] for the output gradient
-    /// `dy [len, d]` (`self` is `rows`); `None` where the forward gave `None`.
+    /// See [`RoutingOps::weighted_scatter_backward`]; `self` is `rows`.
     pub(crate) fn weighted_scatter_backward(
         &self,
         w: &Storage,
         idx: &Storage,
         dy: &Storage,
-        (d, len): (usize, usize),
-    ) -> Result<Option<(Storage, Storage)>> {
-        match (self, w, idx, dy) {
-            (Storage::Cpu(x), Storage::Cpu(w), Storage::Cpu(i), Storage::Cpu(g)) => {
-                let (dx, dw) = cpu::on_pool(x.len(), || {
-                    cpu::moe_combine::weighted_scatter_backward(x, w, i, g, (d, len))
-                })?;
-                Ok(Some((Storage::Cpu(dx), Storage::Cpu(dw))))
-            }
-            _ => Ok(None),
-        }
+        sizes: (usize, usize),
+    ) -> Result<(Storage, Storage)> {
+        const WHAT: &str = "weighted_index_scatter backward";
+        on_device!(self, |be| be.weighted_scatter_backward(
+            be.buf(self, WHAT)?,
+            be.buf(w, WHAT)?,
+            be.buf(idx, WHAT)?,
+            be.buf(dy, WHAT)?,
+            sizes
+        ))
     }
 }

@@ -1,0 +1,164 @@
+//! The MoE combine on the GPU, `Tensor::weighted_index_scatter`: `y[t] = Σ_{r : idx[r] = t}
+//! w[r]·rows[r]` and its backward, one pass each (kernels `weighted_scatter_loop`,
+//! `weighted_scatter_sorted` and `weighted_scatter_backward` of `shaders/layout.wgsl`, f32 and
+//! the f16 build). Composed from a product and a scatter it would take two passes forward (and
+//! an `[A, d]` product in memory) and four backward (a gather, two products, a row sum).
+//!
+//! The forward is `scatter_add`'s (see `layout.rs`): no atomics, each output element adds its
+//! rows in increasing order, either by scanning all rows (few of them, or little work in all) or
+//! by binary-searching the stably sorted indices (the sort is three dispatches of `sort.rs`).
+//! The backward runs one workgroup per row: the row's gradient `w[r]·dy[idx[r]]` and its
+//! weight's gradient `⟨dy[idx[r]], rows[r]⟩`, reduced in workgroup memory. Indices outside
+//! `0..len` are not checked here (that would need a read-back): their rows add to no output and
+//! get zero gradients, where the CPU returns an error.
+
+use super::kernels::{grid_1d, u32_param};
+use super::layout::{SCATTER_LOOP_LONGEST, SCATTER_LOOP_MAX_M, SCATTER_LOOP_MAX_WORK, word_build};
+use super::sort::sort_rows;
+use super::{GpuBackend, GpuBuffer};
+use crate::backend::ElementwiseOps;
+use crate::{DType, Error, Result};
+
+/// Invocations per workgroup of the three kernels.
+const WG: u32 = 256;
+
+/// Checks `rows [A, d]`, `w [A]` (the same float dtype) and `idx [A]` I32, and returns the
+/// kernels' params `ScatterParams { outer: 1, len, inner: d, m: A, s0: 0, s1: 1, s2: 0,
+/// key_row: 0 }`.
+fn params(
+    what: &str,
+    rows: &GpuBuffer,
+    w: &GpuBuffer,
+    idx: &GpuBuffer,
+    (d, len): (usize, usize),
+) -> Result<[u32; 8]> {
+    if !matches!(rows.dtype(), DType::F32 | DType::F16) || w.dtype() != rows.dtype() {
+        return Err(Error::DType(format!(
+            "{what}: rows and weights must be one float dtype (f32, or f16), got {} and {}",
+            rows.dtype(),
+            w.dtype()
+        )));
+    }
+    if idx.dtype() != DType::I32 {
+        return Err(crate::backend::checks::indices_dtype_error(
+            what,
+            idx.dtype(),
+        ));
+    }
+    let a = w.len();
+    if idx.len() != a || a.checked_mul(d) != Some(rows.len()) {
+        return Err(Error::Shape(format!(
+            "{what}: rows of {} values, {a} weights and {} indices do not make [A, {d}], [A], [A]",
+            rows.len(),
+            idx.len()
+        )));
+    }
+    let out = len
+        .checked_mul(d)
+        .ok_or_else(|| Error::Invalid(format!("{what}: output [{len}, {d}] too large")))?;
+    u32_param(out, &format!("{what}: output size"))?;
+    Ok([
+        1,
+        u32_param(len, &format!("{what}: output rows"))?,
+        u32_param(d, &format!("{what}: row width"))?,
+        u32_param(a, &format!("{what}: rows"))?,
+        0,
+        1,
+        0,
+        0,
+    ])
+}
+
+/// `y [len, d]`, `y[t] = Σ_{r : idx[r] = t} w[r]·rows[r]`, each product rounded to the dtype and
+/// the sum taken in f32 in increasing `r`.
+///
+/// # Errors
+/// Rows and weights not of one float dtype, indices not I32, lengths that do not make `[A, d]`,
+/// `[A]`, `[A]`, or sizes past 32-bit indexing.
+pub(crate) fn weighted_scatter(
+    be: &GpuBackend,
+    rows: &GpuBuffer,
+    w: &GpuBuffer,
+    idx: &GpuBuffer,
+    (d, len): (usize, usize),
+) -> Result<GpuBuffer> {
+    const WHAT: &str = "weighted_index_scatter";
+    let p = params(WHAT, rows, w, idx, (d, len))?;
+    let (n, m) = (len * d, w.len());
+    let out = be.alloc(n, rows.dtype())?;
+    if n == 0 {
+        return Ok(out);
+    }
+    if m == 0 {
+        return be.full(n, 0.0, rows.dtype());
+    }
+    let build = word_build(rows.dtype());
+    let small_work = m <= SCATTER_LOOP_LONGEST && n.saturating_mul(m) <= SCATTER_LOOP_MAX_WORK;
+    if m <= SCATTER_LOOP_MAX_M || small_work {
+        // bindings 4 and 5 (keys, perm) are unread by the loop entry
+        be.launch(
+            build,
+            "weighted_scatter_loop",
+            &[rows, idx, &out, idx, idx, w],
+            &p,
+            grid_1d(n, WG)?,
+        )?;
+        return Ok(out);
+    }
+    // the indices are one contiguous row: sort it stably, then each output binary-searches
+    let perm = sort_rows(be, idx, 1, m, false)?;
+    be.launch(
+        build,
+        "weighted_scatter_sorted",
+        &[rows, idx, &out, idx, &perm, w],
+        &p,
+        grid_1d(n, WG)?,
+    )?;
+    Ok(out)
+}
+
+/// The gradients `(d_rows [A, d], d_w [A])` of [`weighted_scatter`] for `dy [len, d]`:
+/// `d_rows[r] = w[r]·dy[idx[r]]`, `d_w[r] = ⟨dy[idx[r]], rows[r]⟩` (f32 sums).
+///
+/// # Errors
+/// Those of [`weighted_scatter`], and `dy` of another dtype or length.
+pub(crate) fn weighted_scatter_backward(
+    be: &GpuBackend,
+    rows: &GpuBuffer,
+    w: &GpuBuffer,
+    idx: &GpuBuffer,
+    dy: &GpuBuffer,
+    (d, len): (usize, usize),
+) -> Result<(GpuBuffer, GpuBuffer)> {
+    const WHAT: &str = "weighted_index_scatter backward";
+    let p = params(WHAT, rows, w, idx, (d, len))?;
+    if dy.dtype() != rows.dtype() || dy.len() != len * d {
+        return Err(Error::Shape(format!(
+            "{WHAT}: a gradient of {} {} values for [{len}, {d}] {}",
+            dy.len(),
+            dy.dtype(),
+            rows.dtype()
+        )));
+    }
+    let a = w.len();
+    let d_rows = be.alloc(a * d, rows.dtype())?;
+    let d_w = be.alloc(a, rows.dtype())?;
+    if a == 0 {
+        return Ok((d_rows, d_w));
+    }
+    if d == 0 {
+        return Ok((d_rows, be.full(a, 0.0, rows.dtype())?));
+    }
+    // one workgroup per row: a 1-D grid of a·WG invocations, folded like any other
+    let invocations = a
+        .checked_mul(WG as usize)
+        .ok_or_else(|| Error::Invalid(format!("{WHAT}: {a} rows are too many")))?;
+    be.launch(
+        word_build(rows.dtype()),
+        "weighted_scatter_backward",
+        &[rows, idx, dy, w, &d_rows, &d_w],
+        &p,
+        grid_1d(invocations, WG)?,
+    )?;
+    Ok((d_rows, d_w))
+}
