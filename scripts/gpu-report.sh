@@ -69,6 +69,9 @@ for round in $(seq 1 "$ROUNDS"); do
     measure "moegrad-all-$round" "$BIN" bench all --device gpu --sizes 1024,2048,4096,8192 --json
   else
     measure "moegrad-matmul-$round" "$BIN" bench matmul --device gpu --sizes 1024,2048,4096,8192 --json
+    # the vec4 wide kernel, not yet auto's choice (round 1's bench all times every kernel once)
+    measure "moegrad-matmul-wide-vec4-$round" env MOEGRAD_MATMUL=wide-vec4 "$BIN" bench matmul \
+      --device gpu --sizes 1024,2048,4096,8192 --json
     measure "moegrad-moe-$round" "$BIN" bench moe --device gpu --json
   fi
   for model in gpt moe-gpt; do
