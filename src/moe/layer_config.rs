@@ -51,7 +51,7 @@ pub struct MoeConfig {
     pub shared: SharedExpertsConfig,
     /// null experts (AdaMoE, MoE++): `N` extra router outputs whose expert outputs zero at no
     /// cost, so a token that picks some of them uses fewer real experts (0 by default; see
-    /// [`MoeLayer::routed_experts`] and docs/routers.md, "Null experts")
+    /// [`crate::moe::MoeLayer::routed_experts`] and docs/routers.md, "Null experts")
     pub null_experts: usize,
 }
 
