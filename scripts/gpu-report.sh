@@ -14,7 +14,11 @@
 # the build), STEP_TIMEOUT (seconds any one measurement may take, default 300: a step that runs
 # past it, or fails, is recorded as an error and the report goes on). Without torch or without a
 # CUDA GPU the peers are skipped and the report says so. Nothing is downloaded at run time beyond
-# what cargo and pip fetch when you set them up.
+# what cargo and pip fetch when you set them up. FOCUS=targets measures only what issue 29's open
+# targets need, for a short lease of a GPU (a few minutes on an H200): each round the matmul at
+# 1024-8192 under the default kernel and wide-vec4, `bench moe` (the dense router both ways),
+# the moe-gpt training step, and their peers (torch.matmul, the MoE layer step, the char-LM
+# step); FOCUS=all (the default) measures everything above.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-report.json}
@@ -22,6 +26,12 @@ PYTHON=${PYTHON:-python3}
 PEERS=${PEERS:-../shared/peers}
 ROUNDS=${ROUNDS:-2}
 STEP_TIMEOUT=${STEP_TIMEOUT:-300}
+FOCUS=${FOCUS:-all}
+case "$FOCUS" in
+  all|targets) ;;
+  *) echo "gpu-report: FOCUS=$FOCUS is not all or targets" >&2; exit 2 ;;
+esac
+export FOCUS
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 
@@ -65,7 +75,12 @@ TRAIN=(train --data shakespeare --device gpu --eval-windows 12 --warmup-steps 10
 
 for round in $(seq 1 "$ROUNDS"); do
   echo "gpu-report: round $round/$ROUNDS" >&2
-  if [ "$round" = 1 ]; then
+  if [ "$FOCUS" = targets ]; then
+    measure "moegrad-matmul-$round" "$BIN" bench matmul --device gpu --sizes 1024,2048,4096,8192 --json
+    measure "moegrad-matmul-wide-vec4-$round" env MOEGRAD_MATMUL=wide-vec4 "$BIN" bench matmul \
+      --device gpu --sizes 1024,2048,4096,8192 --json
+    measure "moegrad-moe-$round" "$BIN" bench moe --device gpu --json
+  elif [ "$round" = 1 ]; then
     measure "moegrad-all-$round" "$BIN" bench all --device gpu --sizes 1024,2048,4096,8192 --json
   else
     measure "moegrad-matmul-$round" "$BIN" bench matmul --device gpu --sizes 1024,2048,4096,8192 --json
@@ -74,12 +89,16 @@ for round in $(seq 1 "$ROUNDS"); do
       --device gpu --sizes 1024,2048,4096,8192 --json
     measure "moegrad-moe-$round" "$BIN" bench moe --device gpu --json
   fi
-  for model in gpt moe-gpt; do
+  models=(gpt moe-gpt)
+  if [ "$FOCUS" = targets ]; then
+    models=(moe-gpt)
+  fi
+  for model in "${models[@]}"; do
     for iters in 50 250; do
       measure "moegrad-$model-$iters-$round" "$BIN" "${TRAIN[@]}" --model "$model" \
         --iters "$iters" --eval-every "$iters" --out "$TMP/run-$model"
       # the same in f16-mixed, where the adapter has shader-f16 (issue 29: f16-mixed vs f32)
-      if [ "$have_f16" = 1 ]; then
+      if [ "$have_f16" = 1 ] && [ "$FOCUS" = all ]; then
         measure "moegrad-$model-f16-$iters-$round" "$BIN" "${TRAIN[@]}" --model "$model" \
           --precision f16-mixed --iters "$iters" --eval-every "$iters" --out "$TMP/run-$model-f16"
       fi
@@ -104,7 +123,9 @@ print(json.dumps({"torch_matmul": rows, "gpu": torch.cuda.get_device_name(0),
 PY
     measure "torch-moe-$round" env PEER_DEVICE=cuda "$PYTHON" "$PEERS/pytorch_moe_step.py"
     measure "torch-charlm-$round" env PEER_DEVICE=cuda "$PYTHON" "$PEERS/pytorch_charlm_step.py" 1 50
-    measure "torch-cnn-$round" env PEER_DEVICE=cuda "$PYTHON" "$PEERS/pytorch_cnn_epoch.py" 1 64
+    if [ "$FOCUS" = all ]; then
+      measure "torch-cnn-$round" env PEER_DEVICE=cuda "$PYTHON" "$PEERS/pytorch_cnn_epoch.py" 1 64
+    fi
   fi
 done
 
@@ -119,6 +140,7 @@ def load(path):
     except Exception as e:  # a measurement that printed no JSON: say so in the report
         return {"error": f"{os.path.basename(path)}: {e}"}
 report = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+          "focus": os.environ.get("FOCUS", "all"),
           "peers": "PyTorch CUDA eager" if cuda else "skipped: torch sees no CUDA GPU",
           "moegrad_info": open(os.path.join(tmp, "info.txt")).read(), "rounds": {}}
 for path in sorted(glob.glob(os.path.join(tmp, "*-[0-9]*.json"))):

@@ -4,7 +4,8 @@
 //!
 //! - f32 against the definition in f64 on the CPU, output and both gradients, with rows wider
 //!   than a workgroup (the backward's column loop), repeated indices, outputs nothing hits, and
-//!   more rows than one dispatch dimension holds (the backward's folded grid);
+//!   grids folded past 65,535 workgroups (the backward's rows; the forward's outputs, through
+//!   both of its kernels);
 //! - f16 against the same op composed in f16 (`rows·w`, then `index_scatter`), which the kernels
 //!   round as: the output and the rows' gradient to the bit, the weights' gradient (a sum in
 //!   another order) within the sums' rounding.
@@ -128,6 +129,20 @@ fn f32_combine_on_the_gpu_matches_its_definition() {
             d: 1,
             len: 10,
             hit: 10,
+        },
+        // more outputs than 65,535 workgroups of 256: the forward's grid folds, through the
+        // loop kernel (at most 32 rows) and the sorted one (more, with outputs × rows past 2²⁴)
+        Case {
+            a: 20,
+            d: 256,
+            len: 66_000,
+            hit: 66_000,
+        },
+        Case {
+            a: 40,
+            d: 256,
+            len: 66_000,
+            hit: 66_000,
         },
     ] {
         let v = draw(&c, &mut rng);

@@ -629,7 +629,7 @@ mod tests {
         let files = [
             (&*elementwise::ELEMENTWISE, 5usize),
             (&reduce::REDUCE, 4),
-            (&layout::LAYOUT, 5),
+            (&layout::LAYOUT, 8),
             (&sort::SORT, 4),
             (&random::RANDOM, 1),
             (&optim::OPTIM, 10),
