@@ -10,6 +10,10 @@
 //! The sparse backward falls out of the pieces: `∂L/∂weight` of a row is `⟨∂L/∂y_t, out_row⟩`
 //! for kept rows and 0 for dropped ones; expert parameters get gradient only from their rows;
 //! experts that received no rows are never run and get exactly zero.
+//!
+//! A routing in which every token uses every expert (`Routing::every_expert`: the dense
+//! `softmax` router, the straight-through estimators in training) may skip the plan, the gather
+//! and the scatter: `all_experts.rs` runs it as two wide products instead.
 
 use super::cnn_experts::CnnExpertBank;
 use super::dispatch::{Capacity, DispatchPlan};
