@@ -14,14 +14,14 @@
 //! output tile per 256-invocation workgroup; the shader's header describes the tiling.
 //!
 //! [`matmul`] has four kernels, [`MatmulKernel`] names them: the plain `matmul`, `matmul_wide`
-//! (`shaders/matmul_wide.wgsl`: 128×128 output tiles, 8×8 per invocation) and `matmul_subgroup`
+//! (`shaders/matmul_wide.wgsl`: 128×128 output tiles, 8×8 per invocation), `matmul_subgroup`
 //! (`shaders/matmul_subgroup.wgsl`: A shared by subgroup shuffles, on adapters with subgroups of 4
-//! to 128 invocations). By default ([`MatmulKernel::Auto`]) a product with at least
+//! to 128 invocations) and `matmul_wide4` (`shaders/matmul_wide4.wgsl`: the wide kernel with
+//! every global read and write a vec4, for operands whose contiguous axes are multiples of 4,
+//! [`vec4_layouts`]). By default ([`MatmulKernel::Auto`]) a product with at least
 //! [`WIDE_MIN_GROUPS`] 128×128 tiles runs `matmul_wide` and a smaller one `matmul`: on the one
-//! real GPU measured (docs/gpu.md) the plain kernel ran 1.8× the subgroup one.
-//! A fourth, `matmul_wide4` (`shaders/matmul_wide4.wgsl`, [`MatmulKernel::WideVec4`]), is the wide
-//! kernel with every global read and write a vec4, for operands whose contiguous axes are
-//! multiples of 4 ([`vec4_layouts`]); it runs only when chosen, until a real GPU has measured it.
+//! real GPU measured (docs/gpu.md) the plain kernel ran 1.8× the subgroup one, and
+//! `matmul_wide4` runs only when chosen, until a real GPU has measured it.
 //! `MOEGRAD_MATMUL=auto|plain|wide|subgroup|wide-vec4` chooses at start-up and
 //! `GpuBackend::set_matmul_kernel` at run time.
 
@@ -82,8 +82,8 @@ pub(crate) static MATMUL_WIDE4_SHADER: Shader = Shader {
 };
 
 /// Which kernel computes `matmul` on the GPU (f32 operands; f16 ones always run the f16 build
-/// of `matmul`). The three kernels compute each element as the same chain of FMAs, so they
-/// agree to the bit; `Auto` may also split a long reduction (split-k, below), whose partial
+/// of `matmul`). The kernels compute each element as the same chain of FMAs, so they agree to
+/// the bit; `Auto` may also split a long reduction (split-k, below), whose partial
 /// sums are then added in a fixed order: deterministic, but not the same bits as one chain.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
