@@ -285,3 +285,35 @@ fn the_plan_runs_where_the_wide_path_could_differ_and_by_default_on_the_cpu() {
         assert!(!on_gpu.planned, "the GPU's default is the wide path");
     }
 }
+
+/// Bad input is an error naming the shapes: `Routing::every_expert` with weights that are not
+/// `[T, n]` or probabilities of another shape, and an expert bank's wide products with weights
+/// that are not `[T, n]`.
+#[test]
+fn bad_shapes_are_errors_that_name_them() {
+    use moegrad::moe::{ExpertBank, ExpertBankConfig, ExpertNet, Routing};
+    let cpu = Device::cpu();
+    let t = |shape: &[usize]| Tensor::ones(shape, DType::F32, cpu).unwrap();
+    let e = Routing::every_expert(&t(&[6]), t(&[6]), t(&[6])).unwrap_err();
+    assert!(e.to_string().contains("[6]"), "{e}");
+    let e = Routing::every_expert(&t(&[3, 4]), t(&[3, 5]), t(&[3, 4])).unwrap_err();
+    assert!(e.to_string().contains("[3, 5]"), "{e}");
+    let cfg = ExpertBankConfig {
+        experts: 4,
+        d: 8,
+        hidden: 6,
+        d_out: 8,
+        activation: Activation::Relu,
+        bias: true,
+    };
+    let bank = ExpertBank::new(cfg, &mut ChaCha8Rng::seed_from_u64(0), cpu).unwrap();
+    let e = bank
+        .forward_all_experts(&t(&[3, 8]), &t(&[3, 5]))
+        .unwrap_err();
+    assert!(e.to_string().contains("[3, 5]"), "{e}");
+    assert!(
+        bank.forward_all_experts(&t(&[3, 8]), &t(&[3, 4]))
+            .unwrap()
+            .is_some()
+    );
+}

@@ -155,27 +155,13 @@ impl Routing {
                 logits.shape()
             )));
         }
+        // a token-choice routing whose K = n slots name the experts in order: slot s is expert s
         let (t, n) = (weights.shape()[0], weights.shape()[1]);
-        let dev = weights.device();
-        let (token, expert) = slot_tables(t, n, dev)?;
-        let (valid, rank) = slot_tables_float(t, n, weights.dtype(), dev)?;
-        Ok(Routing {
-            token,
-            expert,
-            weight: weights.reshape(&[t * n])?,
-            valid,
-            rank,
-            probs,
-            logits,
-            tokens: t,
-            experts: n,
-            aux_loss: None,
-            metrics: Vec::new(),
-            score: None,
-            selection: None,
-            defaults: None,
-            dense: Some(weights.clone()),
-        })
+        let (_, slot) = slot_tables(t, n, weights.device())?;
+        let mut routing =
+            Routing::token_choice(&slot.reshape(&[t, n])?, weights, None, probs, logits)?;
+        routing.dense = Some(weights.clone());
+        Ok(routing)
     }
 
     /// The same routing, marked as chosen by the biased scores `chosen` (`[T, n]`) of `bias`.
