@@ -18,7 +18,9 @@
 # targets need, for a short lease of a GPU (a few minutes on an H200): each round the matmul at
 # 1024-8192 under the default kernel and wide-vec4, `bench moe` (the dense router both ways),
 # the moe-gpt training step, and their peers (torch.matmul, the MoE layer step, the char-LM
-# step); FOCUS=all (the default) measures everything above.
+# step); FOCUS=all (the default) measures everything above. In both, the matmul, `bench moe`
+# and the moe-gpt step also run with MOEGRAD_SHADER_CHECKS=full (wgpu's loop counter in every
+# loop, which moegrad's kernels leave out by default: docs/gpu.md), to measure what it costs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-report.json}
@@ -79,7 +81,11 @@ for round in $(seq 1 "$ROUNDS"); do
     measure "moegrad-matmul-$round" "$BIN" bench matmul --device gpu --sizes 1024,2048,4096,8192 --json
     measure "moegrad-matmul-wide-vec4-$round" env MOEGRAD_MATMUL=wide-vec4 "$BIN" bench matmul \
       --device gpu --sizes 1024,2048,4096,8192 --json
+    measure "moegrad-matmul-full-checks-$round" env MOEGRAD_SHADER_CHECKS=full "$BIN" bench \
+      matmul --device gpu --sizes 1024,2048,4096,8192 --json
     measure "moegrad-moe-$round" "$BIN" bench moe --device gpu --json
+    measure "moegrad-moe-full-checks-$round" env MOEGRAD_SHADER_CHECKS=full "$BIN" bench moe \
+      --device gpu --json
   elif [ "$round" = 1 ]; then
     measure "moegrad-all-$round" "$BIN" bench all --device gpu --sizes 1024,2048,4096,8192 --json
   else
@@ -88,6 +94,8 @@ for round in $(seq 1 "$ROUNDS"); do
     measure "moegrad-matmul-wide-vec4-$round" env MOEGRAD_MATMUL=wide-vec4 "$BIN" bench matmul \
       --device gpu --sizes 1024,2048,4096,8192 --json
     measure "moegrad-moe-$round" "$BIN" bench moe --device gpu --json
+    measure "moegrad-moe-full-checks-$round" env MOEGRAD_SHADER_CHECKS=full "$BIN" bench moe \
+      --device gpu --json
   fi
   models=(gpt moe-gpt)
   if [ "$FOCUS" = targets ]; then
@@ -97,6 +105,12 @@ for round in $(seq 1 "$ROUNDS"); do
     for iters in 50 250; do
       measure "moegrad-$model-$iters-$round" "$BIN" "${TRAIN[@]}" --model "$model" \
         --iters "$iters" --eval-every "$iters" --out "$TMP/run-$model"
+      # the moe-gpt step again with wgpu's loop counters compiled in (what leaving them out gains)
+      if [ "$model" = moe-gpt ]; then
+        measure "moegrad-$model-full-checks-$iters-$round" env MOEGRAD_SHADER_CHECKS=full "$BIN" \
+          "${TRAIN[@]}" --model "$model" --iters "$iters" --eval-every "$iters" \
+          --out "$TMP/run-$model-full-checks"
+      fi
       # the same in f16-mixed, where the adapter has shader-f16 (issue 29: f16-mixed vs f32)
       if [ "$have_f16" = 1 ] && [ "$FOCUS" = all ]; then
         measure "moegrad-$model-f16-$iters-$round" "$BIN" "${TRAIN[@]}" --model "$model" \
@@ -147,7 +161,7 @@ for path in sorted(glob.glob(os.path.join(tmp, "*-[0-9]*.json"))):
     name, rnd = os.path.basename(path)[:-5].rsplit("-", 1)
     report["rounds"].setdefault(rnd, {})[name] = load(path)
 for rnd in report["rounds"].values():  # the steady-state char-LM steps (see TRAIN above)
-    for model in ("gpt", "moe-gpt", "gpt-f16", "moe-gpt-f16"):
+    for model in ("gpt", "moe-gpt", "gpt-f16", "moe-gpt-f16", "moe-gpt-full-checks"):
         short, long = rnd.get(f"moegrad-{model}-50"), rnd.get(f"moegrad-{model}-250")
         try:
             ms = (long["ms_per_iter"] * 250 - short["ms_per_iter"] * 50) / 200

@@ -1,7 +1,8 @@
 //! The GPU as a user of the library sees it: what the adapter is ([`info`]), what the backend
 //! has done ([`GpuStats`], read with [`crate::Device::gpu_stats`]), the device memory moegrad's
 //! buffers hold ([`memory`]), and the choices and capabilities a benchmark or a test needs (the
-//! matmul kernel, [`MatmulKernel`]; whether Adam's multi-tensor kernel and timestamp queries are
+//! matmul kernel, [`MatmulKernel`]; the run-time checks compiled into the kernels,
+//! [`ShaderChecks`]; whether Adam's multi-tensor kernel and timestamp queries are
 //! available). Tensors on the GPU need none of it: `Device::gpu()` and the `Tensor` API are
 //! enough. The GPU backend itself (buffers, pipelines, the command batches) is internal.
 //!
@@ -20,7 +21,7 @@
 use crate::Result;
 use crate::backend::gpu::GpuBackend;
 
-pub use crate::backend::gpu::{GpuInfo, GpuStats, MatmulKernel, info};
+pub use crate::backend::gpu::{GpuInfo, GpuStats, MatmulKernel, ShaderChecks, info};
 
 /// Bytes of device memory held by moegrad's storage buffers (the GPU buffer pool): checked out
 /// now, and the most checked out at once since the context opened or [`reset_peak_memory`].
@@ -106,6 +107,39 @@ pub fn matmul_kernel() -> Result<MatmulKernel> {
 /// ```
 pub fn set_matmul_kernel(kernel: MatmulKernel) -> Result<()> {
     GpuBackend::get()?.set_matmul_kernel(kernel)
+}
+
+/// The run-time checks wgpu compiles into moegrad's own kernels now:
+/// [`ShaderChecks::NoLoopCounter`] (bounds checks and integer-division guards, no loop
+/// counter) unless `MOEGRAD_SHADER_CHECKS` or [`set_shader_checks`] chose another. Kernels a
+/// user writes ([`crate::wgsl`]) always keep every check.
+///
+/// # Errors
+/// [`crate::Error::Device`] when no GPU adapter is available.
+pub fn shader_checks() -> Result<ShaderChecks> {
+    Ok(GpuBackend::get()?.shader_checks())
+}
+
+/// Chooses the run-time checks of moegrad's kernels compiled from now on, for the whole
+/// process; each choice has its own cached pipelines, so every kernel compiles at most once
+/// per choice. All compute the same values; the choice is for measuring what the checks cost
+/// (`moegrad bench matmul --shader-checks`).
+///
+/// # Errors
+/// [`crate::Error::Device`] when no GPU adapter is available.
+///
+/// # Example
+/// ```
+/// use moegrad::gpu::{self, ShaderChecks};
+/// if let Ok(before) = gpu::shader_checks() {
+///     gpu::set_shader_checks(ShaderChecks::Full).unwrap();
+///     assert_eq!(gpu::shader_checks().unwrap(), ShaderChecks::Full);
+///     gpu::set_shader_checks(before).unwrap();
+/// }
+/// ```
+pub fn set_shader_checks(checks: ShaderChecks) -> Result<()> {
+    GpuBackend::get()?.set_shader_checks(checks);
+    Ok(())
 }
 
 /// Whether the adapter can run [`MatmulKernel::Subgroup`]: it has subgroups of 4 to 128

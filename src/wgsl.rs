@@ -118,6 +118,8 @@ impl WgslKernel {
                     // unique, and unlike any built-in shader's name
                     name: Box::leak(format!("user{count}.{name}").into_boxed_str()),
                     source: Box::leak(source.to_string().into_boxed_str()),
+                    // a user's kernel keeps every run-time check wgpu compiles in
+                    builtin: false,
                 })
         };
         Ok(WgslKernel {

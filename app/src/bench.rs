@@ -426,17 +426,21 @@ pub fn bench_moe(
 pub struct KernelRecord {
     /// "auto", "plain", "wide", "wide-vec4" or "subgroup" ([`moegrad::gpu::MatmulKernel`])
     pub kernel: String,
+    /// the run-time checks compiled into the kernel: "full", "no-loop-counter" or "none"
+    /// ([`moegrad::gpu::ShaderChecks`])
+    pub checks: String,
     /// square matrix size n
     pub size: usize,
     /// 2n³ floating-point operations per second, in units of 10⁹
     pub gflops: f64,
 }
 
-/// GFLOP/s of the GPU matmul with each kernel the adapter can run, at each of `sizes`; the
-/// kernel in use before is restored.
+/// GFLOP/s of the GPU matmul with each kernel the adapter can run, compiled with each choice of
+/// run-time checks, at each of `sizes`; the kernel and checks in use before are restored.
 pub fn gpu_matmul_kernels(sizes: &[usize]) -> Result<Vec<KernelRecord>> {
-    use moegrad::gpu::{self, MatmulKernel};
+    use moegrad::gpu::{self, MatmulKernel, ShaderChecks};
     let before = gpu::matmul_kernel()?;
+    let checks_before = gpu::shader_checks()?;
     let mut kernels = vec![
         MatmulKernel::Auto,
         MatmulKernel::Plain,
@@ -448,20 +452,25 @@ pub fn gpu_matmul_kernels(sizes: &[usize]) -> Result<Vec<KernelRecord>> {
     }
     let mut out = Vec::new();
     let mut run = || -> Result<()> {
-        for &kernel in &kernels {
-            gpu::set_matmul_kernel(kernel)?;
-            for &n in sizes {
-                out.push(KernelRecord {
-                    kernel: kernel.name().to_string(),
-                    size: n,
-                    gflops: matmul_gflops(Device::Gpu, n)?,
-                });
+        for checks in ShaderChecks::ALL {
+            gpu::set_shader_checks(checks)?;
+            for &kernel in &kernels {
+                gpu::set_matmul_kernel(kernel)?;
+                for &n in sizes {
+                    out.push(KernelRecord {
+                        kernel: kernel.name().to_string(),
+                        checks: checks.name().to_string(),
+                        size: n,
+                        gflops: matmul_gflops(Device::Gpu, n)?,
+                    });
+                }
             }
         }
         Ok(())
     };
     let result = run();
     gpu::set_matmul_kernel(before)?;
+    gpu::set_shader_checks(checks_before)?;
     result.map(|()| out)
 }
 
@@ -664,8 +673,9 @@ pub struct AllBench {
     pub moe: MoeBench,
     /// `bench gpu-step` (`null` without a GPU adapter)
     pub gpu_step: Option<Vec<gpu_step::GpuStepRecord>>,
-    /// the GPU matmul's GFLOP/s per kernel (`plain`, and `subgroup` where the adapter has it)
-    /// at each size, when the GPU is among the devices measured: which kernel should be the
+    /// the GPU matmul's GFLOP/s per kernel (every [`moegrad::gpu::MatmulKernel`] the adapter
+    /// can run) and per choice of run-time checks ([`moegrad::gpu::ShaderChecks`]) at each
+    /// size, when the GPU is among the devices measured: which kernel and checks should be the
     /// default
     pub gpu_matmul_kernels: Option<Vec<KernelRecord>>,
     /// `bench train`

@@ -22,6 +22,7 @@ use crate::{DType, Error, Result};
 /// The kernels of `shaders/attention.wgsl`.
 pub(crate) static ATTENTION_SHADER: Shader = Shader {
     name: "attention",
+    builtin: true,
     source: include_str!("../../../shaders/attention.wgsl"),
 };
 

@@ -20,6 +20,7 @@ use crate::{DType, Error, Result};
 /// The kernels of `shaders/conv2d.wgsl`.
 pub(crate) static CONV2D_SHADER: Shader = Shader {
     name: "conv2d",
+    builtin: true,
     source: include_str!("../../../shaders/conv2d.wgsl"),
 };
 

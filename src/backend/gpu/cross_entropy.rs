@@ -12,6 +12,7 @@ use crate::{DType, Error, Result};
 /// The kernels of `shaders/cross_entropy.wgsl`.
 pub(crate) static CROSS_ENTROPY_SHADER: Shader = Shader {
     name: "cross_entropy",
+    builtin: true,
     source: include_str!("../../../shaders/cross_entropy.wgsl"),
 };
 

@@ -18,6 +18,7 @@ use std::sync::LazyLock;
 /// once per process).
 pub(crate) static ELEMENTWISE: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "elementwise",
+    builtin: true,
     source: String::leak(format!(
         "{}{}",
         include_str!("../../../shaders/elementwise.wgsl"),

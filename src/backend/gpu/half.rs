@@ -26,6 +26,7 @@ const F16_PRELUDE: &str = concat!(
 /// The kernels of `shaders/half.wgsl` after [`F16_PRELUDE`].
 pub(crate) static HALF_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "half",
+    builtin: true,
     source: String::leak(format!(
         "{F16_PRELUDE}\n{}",
         include_str!("../../../shaders/half.wgsl")
@@ -100,18 +101,21 @@ fn f16_rows_build(source: &str) -> String {
 /// `grouped_matmul`, `grouped_weight_grad`), accumulating in f32 as the f32 build does.
 pub(crate) static MATMUL_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "matmul_f16",
+    builtin: true,
     source: String::leak(f16_build(super::matmul::MATMUL_SHADER.source)),
 });
 
 /// The layout kernels (`copy_strided`, `concat_part`, `gather`) built to move f16 values.
 pub(crate) static LAYOUT_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "layout_f16",
+    builtin: true,
     source: String::leak(f16_build(super::layout::LAYOUT.source)),
 });
 
 /// The reductions and cumulative sums built to read f16 tensors (and write f16 cumulative sums).
 pub(crate) static REDUCE_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "reduce_f16",
+    builtin: true,
     source: String::leak(f16_build(super::reduce::REDUCE.source)),
 });
 
@@ -119,6 +123,7 @@ pub(crate) static REDUCE_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader 
 /// `binary` and `where_cond` read and write f16 and compute in f32.
 pub(crate) static ELEMENTWISE_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "elementwise_f16",
+    builtin: true,
     source: String::leak(f16_build(super::elementwise::ELEMENTWISE.source)),
 });
 
@@ -126,12 +131,14 @@ pub(crate) static ELEMENTWISE_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Sh
 /// f32 sums and f32 per-row statistics.
 pub(crate) static LAYER_NORM_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "layer_norm_f16",
+    builtin: true,
     source: String::leak(f16_build(super::layer_norm::LAYER_NORM_SHADER.source)),
 });
 
 /// The fused SwiGLU (forward and backward) built for f16 tensors, computing in f32.
 pub(crate) static SWIGLU_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "swiglu_f16",
+    builtin: true,
     source: String::leak(f16_build(super::swiglu::SWIGLU_SHADER.source)),
 });
 
@@ -139,6 +146,7 @@ pub(crate) static SWIGLU_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader 
 /// f32.
 pub(crate) static ROTARY_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "rotary_f16",
+    builtin: true,
     source: String::leak(f16_build(super::rotary::ROTARY_SHADER.source)),
 });
 
@@ -146,6 +154,7 @@ pub(crate) static ROTARY_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader 
 /// and biases (mixed precision's expert banks, read from their f32 master copies); f32 sums.
 pub(crate) static MATMUL_F16_ROWS_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "matmul_f16_rows",
+    builtin: true,
     source: String::leak(f16_rows_build(super::matmul::MATMUL_SHADER.source)),
 });
 
@@ -153,6 +162,7 @@ pub(crate) static MATMUL_F16_ROWS_SHADER: LazyLock<Shader> = LazyLock::new(|| Sh
 /// gradient; the loss, the log-sum-exp and the arithmetic stay f32.
 pub(crate) static CROSS_ENTROPY_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "cross_entropy_f16",
+    builtin: true,
     source: String::leak(f16_build(super::cross_entropy::CROSS_ENTROPY_SHADER.source)),
 });
 
@@ -160,6 +170,7 @@ pub(crate) static CROSS_ENTROPY_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| 
 /// values, outputs and gradients, computing in f32; the row log-sum-exp and `delta` stay f32.
 pub(crate) static ATTENTION_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "attention_f16",
+    builtin: true,
     source: String::leak(f16_build(super::attention::ATTENTION_SHADER.source)),
 });
 

@@ -25,6 +25,9 @@ pub struct GpuInfo {
     /// the kernel choice of `matmul`: "auto", "plain", "wide" or "subgroup" (see
     /// [`super::MatmulKernel`])
     pub matmul_kernel: String,
+    /// the run-time checks compiled into moegrad's kernels: "full", "no-loop-counter" or
+    /// "none" (see [`super::ShaderChecks`])
+    pub shader_checks: String,
     /// whether the device stores f16 (wgpu's `SHADER_F16`), which `DType::F16` tensors need
     pub f16: bool,
 }
@@ -93,6 +96,7 @@ pub fn info() -> Result<GpuInfo> {
             [0, 0]
         },
         matmul_kernel: be.matmul_kernel().name().to_string(),
+        shader_checks: be.shader_checks().name().to_string(),
         f16: be.has_f16(),
     })
 }

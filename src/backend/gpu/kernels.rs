@@ -20,7 +20,7 @@
 //! `(wg.y · num_workgroups.x + wg.x) · WG + local_index`.
 
 use super::encoder::{Dispatch, StorageBinding};
-use super::{GpuBackend, GpuBuffer, Inner};
+use super::{GpuBackend, GpuBuffer, Inner, ShaderChecks};
 use crate::{DType, Error, Result};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -33,6 +33,9 @@ pub(crate) struct Shader {
     pub name: &'static str,
     /// the WGSL text
     pub source: &'static str,
+    /// one of moegrad's own kernels, compiled with the process's [`ShaderChecks`]; a kernel
+    /// a user writes (`crate::wgsl`) is `false` and always compiled with every check
+    pub builtin: bool,
 }
 
 /// A built-in WGSL module as the launchers compile it, with each set of override constants they
@@ -166,10 +169,11 @@ pub(crate) struct Kernel {
     params_size: u64,
 }
 
-/// Compiled modules by shader name and pipelines by (shader, entry, specialisation).
+/// Compiled modules by (shader name, checks) and pipelines by (shader, entry, specialisation,
+/// checks).
 #[derive(Default)]
 pub(crate) struct KernelCache {
-    modules: Mutex<HashMap<&'static str, Arc<Module>>>,
+    modules: Mutex<HashMap<(&'static str, ShaderChecks), Arc<Module>>>,
     kernels: Mutex<HashMap<String, Arc<Kernel>>>,
 }
 
@@ -241,12 +245,17 @@ fn validation_error<E: std::fmt::Display>(shader: &Shader, e: E) -> Error {
 }
 
 impl KernelCache {
-    fn module(&self, device: &wgpu::Device, shader: &Shader) -> Result<Arc<Module>> {
+    fn module(
+        &self,
+        device: &wgpu::Device,
+        shader: &Shader,
+        checks: ShaderChecks,
+    ) -> Result<Arc<Module>> {
         if let Some(m) = self
             .modules
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(shader.name)
+            .get(&(shader.name, checks))
         {
             return Ok(m.clone());
         }
@@ -270,10 +279,22 @@ impl KernelCache {
             ))
         })?;
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        let descriptor = wgpu::ShaderModuleDescriptor {
             label: Some(shader.name),
             source: wgpu::ShaderSource::Wgsl(shader.source.into()),
-        });
+        };
+        let module = match checks {
+            ShaderChecks::Full => device.create_shader_module(descriptor),
+            // SAFETY: `checks` is `Full` for every shader but moegrad's own (`Shader::builtin`,
+            // see `GpuBackend::launch`). Those have no loop that does not end (the loop
+            // counter's purpose), and with `NoLoopCounter` keep the bounds checks and division
+            // guards; `Unchecked` is chosen by hand to measure what those cost, and vouches
+            // that the built-in kernels index in range and never divide by zero, as their
+            // tests on every adapter check.
+            _ => unsafe {
+                device.create_shader_module_trusted(descriptor, checks.runtime_checks())
+            },
+        };
         if let Some(e) = pollster::block_on(scope.pop()) {
             return Err(validation_error(shader, e));
         }
@@ -285,19 +306,28 @@ impl KernelCache {
         self.modules
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(shader.name, m.clone());
+            .insert((shader.name, checks), m.clone());
         Ok(m)
     }
 
-    /// The compiled pipeline of `entry` in `shader` with the given override constants.
+    /// The (shader name, checks) of every module compiled so far.
+    #[cfg(test)]
+    pub(crate) fn module_keys(&self) -> Vec<(&'static str, ShaderChecks)> {
+        let modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        modules.keys().copied().collect()
+    }
+
+    /// The compiled pipeline of `entry` in `shader` with the given override constants and
+    /// run-time checks.
     pub(crate) fn kernel(
         &self,
         device: &wgpu::Device,
         shader: &Shader,
         entry: &str,
         constants: &[(&str, f64)],
+        checks: ShaderChecks,
     ) -> Result<Arc<Kernel>> {
-        let mut key = format!("{}:{entry}", shader.name);
+        let mut key = format!("{}:{entry}:{}", shader.name, checks.name());
         for (k, v) in constants {
             key.push_str(&format!(":{k}={v}"));
         }
@@ -309,7 +339,7 @@ impl KernelCache {
         {
             return Ok(k.clone());
         }
-        let module = self.module(device, shader)?;
+        let module = self.module(device, shader, checks)?;
         let (bindings, params_size) = reflect_bindings(&module.naga, &module.info, shader, entry)?;
 
         let mut entries = vec![wgpu::BindGroupLayoutEntry {
@@ -353,7 +383,7 @@ impl KernelCache {
             entry_point: Some(entry),
             compilation_options: wgpu::PipelineCompilationOptions {
                 constants,
-                zero_initialize_workgroup_memory: true,
+                zero_initialize_workgroup_memory: checks != ShaderChecks::Unchecked,
             },
             cache: None,
         });
@@ -493,9 +523,14 @@ impl GpuBackend {
                 shader.name
             )));
         }
+        let checks = if shader.builtin {
+            self.shader_checks()
+        } else {
+            ShaderChecks::Full
+        };
         let kernel = inner
             .kernels
-            .kernel(&inner.ctx.device, shader, entry, constants)?;
+            .kernel(&inner.ctx.device, shader, entry, constants, checks)?;
         if buffers.len() != kernel.bindings.len() {
             return Err(Error::Invalid(format!(
                 "{}.{entry} binds {} buffers, {} given",

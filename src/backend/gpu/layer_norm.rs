@@ -20,6 +20,7 @@ use crate::{DType, Error, Result};
 /// The kernels of `shaders/layer_norm.wgsl`.
 pub(crate) static LAYER_NORM_SHADER: Shader = Shader {
     name: "layer_norm",
+    builtin: true,
     source: include_str!("../../../shaders/layer_norm.wgsl"),
 };
 

@@ -26,6 +26,7 @@ use crate::{DType, Error, Result};
 /// The kernels of `shaders/layout.wgsl`.
 pub(crate) static LAYOUT: Shader = Shader {
     name: "layout",
+    builtin: true,
     source: include_str!("../../../shaders/layout.wgsl"),
 };
 

@@ -37,6 +37,7 @@ use crate::{DType, Error, Result};
 /// The kernels of `shaders/matmul.wgsl`.
 pub(crate) static MATMUL_SHADER: Shader = Shader {
     name: "matmul",
+    builtin: true,
     source: concat!(
         include_str!("../../../shaders/matmul_params.wgsl"),
         "\n",
@@ -49,6 +50,7 @@ pub(crate) static MATMUL_SHADER: Shader = Shader {
 /// does not parse yet; wgpu checks the feature instead).
 pub(crate) static MATMUL_SUBGROUP_SHADER: Shader = Shader {
     name: "matmul_subgroup",
+    builtin: true,
     source: concat!(
         include_str!("../../../shaders/matmul_params.wgsl"),
         "\n",
@@ -61,6 +63,7 @@ pub(crate) static MATMUL_SUBGROUP_SHADER: Shader = Shader {
 /// `matmul.wgsl` with the wide entry point appended (`matmul_wide`: 128×128 output tiles).
 pub(crate) static MATMUL_WIDE_SHADER: Shader = Shader {
     name: "matmul_wide",
+    builtin: true,
     source: concat!(
         include_str!("../../../shaders/matmul_params.wgsl"),
         "\n",
@@ -74,6 +77,7 @@ pub(crate) static MATMUL_WIDE_SHADER: Shader = Shader {
 /// every global read and write a vec4).
 pub(crate) static MATMUL_WIDE4_SHADER: Shader = Shader {
     name: "matmul_wide4",
+    builtin: true,
     source: concat!(
         include_str!("../../../shaders/matmul_params.wgsl"),
         "\n",

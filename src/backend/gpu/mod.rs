@@ -8,6 +8,8 @@
 //!   (nothing is read back to the host except by [`BufferOps::download`]);
 //! * `kernels.rs` compiles and caches pipelines and holds the one launch helper,
 //!   `GpuBackend::launch(shader, entry, buffers, params, groups)`, that every op uses;
+//! * `shader_checks.rs` says which of wgpu's run-time checks are compiled into the built-in
+//!   kernels ([`ShaderChecks`]; by default all but the loop counter);
 //! * `info.rs` describes the adapter ([`GpuInfo`], read with [`info`]);
 //! * `stats.rs` counts dispatches, submissions, host waits, buffers created and bytes moved
 //!   ([`GpuStats`], read with [`GpuBackend::stats`]);
@@ -48,6 +50,7 @@ mod random;
 mod reduce;
 mod rotary;
 mod routing;
+mod shader_checks;
 mod sort;
 mod stats;
 mod strided;
@@ -67,6 +70,7 @@ pub use matmul::MatmulKernel;
 pub(crate) use optim::AdamSlot;
 #[cfg(test)]
 pub(crate) use optim::{ADAM_MULTI_SLOTS, NORM_SLOTS};
+pub use shader_checks::ShaderChecks;
 pub use stats::GpuStats;
 
 use super::{BufferOps, HostData};
@@ -83,6 +87,9 @@ pub(crate) struct Inner {
     counters: Arc<stats::Counters>,
     /// the kernel `matmul` runs, a [`MatmulKernel`] as its discriminant
     matmul_kernel: AtomicU8,
+    /// the run-time checks compiled into the built-in kernels, a [`ShaderChecks`] as its
+    /// discriminant
+    shader_checks: AtomicU8,
 }
 
 /// A handle to the process-wide GPU context (device, queue, buffer pool, pipeline cache,
@@ -171,6 +178,7 @@ impl GpuBackend {
                     chosen => chosen,
                 },
             };
+            let shader_checks = ShaderChecks::from_env().map_err(|e| e.to_string())?;
             Ok(GpuBackend {
                 inner: Arc::new(Inner {
                     ctx,
@@ -179,6 +187,7 @@ impl GpuBackend {
                     kernels: kernels::KernelCache::default(),
                     counters,
                     matmul_kernel: AtomicU8::new(matmul_kernel as u8),
+                    shader_checks: AtomicU8::new(shader_checks as u8),
                 }),
             })
         })
@@ -286,6 +295,31 @@ impl GpuBackend {
             .matmul_kernel
             .store(kernel as u8, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The run-time checks compiled into the built-in kernels now:
+    /// [`ShaderChecks::NoLoopCounter`] unless `MOEGRAD_SHADER_CHECKS` or
+    /// [`GpuBackend::set_shader_checks`] chose another.
+    pub(crate) fn shader_checks(&self) -> ShaderChecks {
+        let chosen = self.inner.shader_checks.load(Ordering::Relaxed);
+        ShaderChecks::ALL
+            .into_iter()
+            .find(|&c| c as u8 == chosen)
+            .unwrap_or(ShaderChecks::Full)
+    }
+
+    /// Chooses the run-time checks of the built-in kernels compiled from now on, for the whole
+    /// process (pipelines are cached per choice, so switching back costs no compilation).
+    pub(crate) fn set_shader_checks(&self, checks: ShaderChecks) {
+        self.inner
+            .shader_checks
+            .store(checks as u8, Ordering::Relaxed);
+    }
+
+    /// The (shader name, checks) of every shader module compiled so far.
+    #[cfg(test)]
+    pub fn compiled_modules(&self) -> Vec<(&'static str, ShaderChecks)> {
+        self.inner.kernels.module_keys()
     }
 
     /// Gives the pool's free buffers back to the driver (buffers in use are kept).

@@ -17,6 +17,7 @@ use crate::{DType, Error, Result};
 /// The kernels of `shaders/optim.wgsl`.
 pub(crate) static OPTIM: Shader = Shader {
     name: "optim",
+    builtin: true,
     source: include_str!("../../../shaders/optim.wgsl"),
 };
 

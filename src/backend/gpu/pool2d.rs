@@ -16,6 +16,7 @@ use crate::{DType, Error, Result};
 /// The kernels of `shaders/pool2d.wgsl`.
 pub(crate) static POOL2D_SHADER: Shader = Shader {
     name: "pool2d",
+    builtin: true,
     source: include_str!("../../../shaders/pool2d.wgsl"),
 };
 

@@ -9,6 +9,7 @@ use crate::{DType, Result};
 /// The kernel of `shaders/random.wgsl`.
 pub(crate) static RANDOM: Shader = Shader {
     name: "random",
+    builtin: true,
     source: include_str!("../../../shaders/random.wgsl"),
 };
 

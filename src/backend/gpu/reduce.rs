@@ -13,6 +13,7 @@ use crate::{DType, Error, Result};
 /// The kernels of `shaders/reduce.wgsl`.
 pub(crate) static REDUCE: Shader = Shader {
     name: "reduce",
+    builtin: true,
     source: include_str!("../../../shaders/reduce.wgsl"),
 };
 

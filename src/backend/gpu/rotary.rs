@@ -12,6 +12,7 @@ use crate::{DType, Result};
 /// The kernel of `shaders/rotary.wgsl`.
 pub(crate) static ROTARY_SHADER: Shader = Shader {
     name: "rotary",
+    builtin: true,
     source: include_str!("../../../shaders/rotary.wgsl"),
 };
 

@@ -19,6 +19,7 @@ use crate::{DType, Error, Result};
 /// The kernels of `shaders/routing.wgsl`.
 pub(crate) static ROUTING: Shader = Shader {
     name: "routing",
+    builtin: true,
     source: include_str!("../../../shaders/routing.wgsl"),
 };
 

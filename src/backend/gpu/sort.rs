@@ -12,6 +12,7 @@ use crate::{DType, Error, Result};
 /// The kernels of `shaders/sort.wgsl`.
 pub(crate) static SORT: Shader = Shader {
     name: "sort",
+    builtin: true,
     source: include_str!("../../../shaders/sort.wgsl"),
 };
 

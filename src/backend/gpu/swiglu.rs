@@ -12,6 +12,7 @@ use crate::{DType, Result};
 /// The kernels of `shaders/swiglu.wgsl`.
 pub(crate) static SWIGLU_SHADER: Shader = Shader {
     name: "swiglu",
+    builtin: true,
     source: include_str!("../../../shaders/swiglu.wgsl"),
 };
 

@@ -27,6 +27,7 @@ mod folded_grids;
 mod gpu_matmul;
 mod gpu_matmul_kernels;
 mod gpu_primitives;
+mod gpu_shader_checks;
 mod gpu_sort_optim;
 mod shader_backends;
 

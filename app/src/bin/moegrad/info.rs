@@ -38,6 +38,14 @@ pub(super) fn run_info(json: bool) -> Result<()> {
                     "gpu matmul kernel:     {}{choice}; subgroups of {}..{} invocations",
                     g.matmul_kernel, g.subgroup_sizes[0], g.subgroup_sizes[1]
                 );
+                let checks = match g.shader_checks.as_str() {
+                    "no-loop-counter" => {
+                        " (bounds checks and division guards kept, no loop counter)"
+                    }
+                    "full" => " (wgpu's default: bounds checks, loop counters, division guards)",
+                    _ => " (no bounds checks, loop counters nor division guards: for measuring)",
+                };
+                println!("gpu shader checks:     {}{checks}", g.shader_checks);
                 println!(
                     "gpu half precision:    {}",
                     if g.f16 {
