@@ -7,12 +7,16 @@
 // read-back); when has_scale is 0 the host binds the gradient there and the kernel ignores it.
 // A negative scale skips the step: every value is written back unchanged (mixed precision's
 // overflowed step, see loss_scale_factor below; the same rule as CpuBackend's updates).
+// has_scale = 2: the buffer holds two values, the factor and the steps the loss scale skipped
+// so far; Adam's bias corrections are then for step − skipped steps (PyTorch's GradScaler
+// skips optimizer.step(), so its count leaves them out), computed on the device.
 // Every buffer is f32 [n]; hyper-parameters are f32 (computed in f64 on the host, then rounded).
 //
 // adam_step     Adam / AdamW, the formulas of CpuBackend::adam_step_mut:
 //               g = grad*scale (+ wd*p unless decoupled); m' = b1*m + (1-b1)*g;
 //               v' = b2*v + (1-b2)*g*g; p' = p - lr*(m'/bc1)/(sqrt(v'/bc2) + eps)
-//               (- lr*wd*p when decoupled).
+//               (- lr*wd*p when decoupled); bc1, bc2 = 1 − β₁ᵗ, 1 − β₂ᵗ from the host, or
+//               from t = step − skipped (adam_bias_corrections) after skipped steps.
 //               params AdamParams; param, grad, scale, m, v (bindings 1-5, read) ->
 //               new param, m, v (bindings 6-8, read_write).
 // adam_in_place the same update written where the values are: params AdamParams; param (1,
@@ -47,10 +51,10 @@
 //               scale (2-3, read), and for momentum buf (4, read_write).
 
 struct AdamParams {
-    n: u32, has_scale: u32, decoupled: u32, _pad: u32,
+    n: u32, has_scale: u32, decoupled: u32, step: u32,
     lr: f32, beta1: f32, one_minus_beta1: f32, beta2: f32,
     one_minus_beta2: f32, eps: f32, weight_decay: f32, lr_wd: f32,
-    bias_correction1: f32, bias_correction2: f32,
+    bias_correction1: f32, bias_correction2: f32, ln_beta1: f32, ln_beta2: f32,
 }
 
 struct SgdParams {
@@ -79,30 +83,52 @@ fn adam_step(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
              @builtin(local_invocation_index) lid: u32) {
     let i = flat_index(wid, nwg, lid);
     if (i >= ap.n) { return; }
-    let r = adam_update(adam_p[i], adam_g[i], adam_scale[0], adam_m[i], adam_v[i]);
+    var sc = vec2<f32>(adam_scale[0], 0.0);
+    if (ap.has_scale == 2u) { sc.y = adam_scale[1]; }
+    let r = adam_update(adam_p[i], adam_g[i], sc, adam_m[i], adam_v[i]);
     adam_p_out[i] = r.x;
     adam_m_out[i] = r.y;
     adam_v_out[i] = r.z;
 }
 
-// One Adam update of one element: returns (new param, new m, new v).
-fn adam_update(p: f32, grad: f32, scale: f32, m_old: f32, v_old: f32) -> vec3<f32> {
+// One Adam update of one element: returns (new param, new m, new v). scale = (the factor,
+// the steps skipped so far).
+fn adam_update(p: f32, grad: f32, scale: vec2<f32>, m_old: f32, v_old: f32) -> vec3<f32> {
     return adam_math(ap, true, p, grad, scale, m_old, v_old);
+}
+
+// (1 − β₁ᵗ, 1 − β₂ᵗ) for t = step − skipped, at least 1; the host's values (rounded from f64)
+// when nothing was skipped.
+fn adam_bias_corrections(h: AdamParams, skipped: f32) -> vec2<f32> {
+    if (skipped <= 0.0) { return vec2<f32>(h.bias_correction1, h.bias_correction2); }
+    let t = max(f32(h.step) - skipped, 1.0);
+    return vec2<f32>(one_minus_exp(t * h.ln_beta1), one_minus_exp(t * h.ln_beta2));
+}
+
+// 1 − eˣ for x ≤ 0 (βᵗ = e^(t·ln β)). Near 0, where 1 − exp(x) would lose the digits that
+// matter (β₂ = 0.999: 1 − β₂ = 0.001), the series −x·(1 + x/2 + x²/6 + x³/24 + x⁴/120), whose
+// truncation is below 2e-7 relative for |x| < 0.1.
+fn one_minus_exp(x: f32) -> f32 {
+    if (x > -0.1) {
+        return -x * (1.0 + x * (0.5 + x * (1.0 / 6.0 + x * (1.0 / 24.0 + x * (1.0 / 120.0)))));
+    }
+    return 1.0 - exp(x);
 }
 
 // The Adam update under hyper-parameters h; `decay` false drops the weight decay (the
 // parameters an optimizer exempts from it), exactly as weight_decay = lr_wd = 0 would.
-fn adam_math(h: AdamParams, decay: bool, p: f32, grad: f32, scale: f32, m_old: f32,
+fn adam_math(h: AdamParams, decay: bool, p: f32, grad: f32, scale: vec2<f32>, m_old: f32,
              v_old: f32) -> vec3<f32> {
     let wd = select(0.0, h.weight_decay, decay);
     let lr_wd = select(0.0, h.lr_wd, decay);
-    if (h.has_scale != 0u && scale < 0.0) { return vec3<f32>(p, m_old, v_old); }
+    if (h.has_scale != 0u && scale.x < 0.0) { return vec3<f32>(p, m_old, v_old); }
     var g = grad;
-    if (h.has_scale != 0u) { g = g * scale; }
+    if (h.has_scale != 0u) { g = g * scale.x; }
     if (h.decoupled == 0u) { g = g + wd * p; }
     let m = h.beta1 * m_old + h.one_minus_beta1 * g;
     let v = h.beta2 * v_old + h.one_minus_beta2 * g * g;
-    let update = (m / h.bias_correction1) / (sqrt(v / h.bias_correction2) + h.eps);
+    let bc = adam_bias_corrections(h, scale.y);
+    let update = (m / bc.x) / (sqrt(v / bc.y) + h.eps);
     var np = p - h.lr * update;
     if (h.decoupled != 0u) { np = np - lr_wd * p; }
     return vec3<f32>(np, m, v);
@@ -121,7 +147,9 @@ fn adam_in_place(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
                  @builtin(local_invocation_index) lid: u32) {
     let i = flat_index(wid, nwg, lid);
     if (i >= ap.n) { return; }
-    let r = adam_update(adami_p[i], adami_g[i], adami_scale[0], adami_m[i], adami_v[i]);
+    var sc = vec2<f32>(adami_scale[0], 0.0);
+    if (ap.has_scale == 2u) { sc.y = adami_scale[1]; }
+    let r = adam_update(adami_p[i], adami_g[i], sc, adami_m[i], adami_v[i]);
     adami_p[i] = r.x;
     adami_m[i] = r.y;
     adami_v[i] = r.z;
@@ -234,8 +262,10 @@ fn adam_multi(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nw
     let slot = amp.slots[s];
     let i = t - slot.x;
     let at = slot.z + i;
-    let r = adam_math(amp.h, slot.w != 0u, am_load_p(s, i), am_load_g(s, i), am_scale[0],
-                      am_m[at], am_v[at]);
+    var sc = vec2<f32>(am_scale[0], 0.0);
+    if (amp.h.has_scale == 2u) { sc.y = am_scale[1]; }
+    let r = adam_math(amp.h, slot.w != 0u, am_load_p(s, i), am_load_g(s, i), sc, am_m[at],
+                      am_v[at]);
     am_store_p(s, i, r.x);
     am_m[at] = r.y;
     am_v[at] = r.z;
@@ -383,8 +413,9 @@ fn grad_clip_scale(@builtin(local_invocation_index) lid: u32) {
 //     the step), norm = +inf, s ← max(s/2, 1), counts = (0 good steps, skipped + 1);
 //   else: norm = √sum / s (the unscaled gradients' norm), factor = (1/s)·clip with
 //     clip = clamp(max_norm / (norm + 1e-6), 0, 1) (1 without clipping); after `growth`
-//     consecutive good steps s ← min(2s, 2^24) and the count restarts.
-// Bindings: partials (1, read), norm (2, read_write [1]), factor (3, read_write [1]),
+//     consecutive good steps s ← min(2s, 2^24) and the count restarts;
+//   and factor[1] = the steps skipped so far (this one included), for Adam's bias corrections.
+// Bindings: partials (1, read), norm (2, read_write [1]), factor (3, read_write [2]),
 // scale (4, read_write [1]), counts (5, read_write [2]: good steps in a row, skipped steps).
 
 @group(0) @binding(4) var<storage, read_write> ls_scale: array<f32>;
@@ -403,11 +434,13 @@ fn loss_scale_factor(@builtin(local_invocation_index) lid: u32) {
             ls_scale[0] = max(s * 0.5, 1.0);
             ls_counts[0] = 0.0;
             ls_counts[1] = ls_counts[1] + 1.0;
+            gc_scale[1] = ls_counts[1];
         } else {
             let norm = sqrt(sum) / s;
             var clip = 1.0;
             if (np.max_norm > 0.0) { clip = clamp(np.max_norm * (1.0 / (norm + 1e-6)), 0.0, 1.0); }
             gc_scale[0] = clip / s;
+            gc_scale[1] = ls_counts[1];
             gc_norm[0] = norm;
             let good = ls_counts[0] + 1.0;
             if (good >= f32(np._pad)) {

@@ -302,10 +302,11 @@ pub(crate) fn check_same_lengths<B: Operand>(what: &str, bufs: &[&B]) -> Result<
     Ok(())
 }
 
-/// The error of a gradient scale that is not one value.
+/// The error of a gradient scale that is not one value (a factor) or two (a factor and the
+/// steps a loss scale skipped).
 pub(crate) fn grad_scale_length_error(len: usize) -> Error {
     Error::Shape(format!(
-        "gradient scale must hold one value, it holds {len}"
+        "gradient scale must hold one value (a factor) or two (a factor and the steps skipped), it holds {len}"
     ))
 }
 

@@ -65,10 +65,31 @@ pub(crate) struct AdamHyper {
     pub weight_decay: f64,
     /// AdamW (decoupled: `p −= lr·λ·p`) instead of Adam's L2 (`g += λ·p`)
     pub decoupled: bool,
+    /// the step count `t` (1 at the first step) the bias corrections are for
+    pub step: u64,
     /// `1 − β₁ᵗ`
     pub bias_correction1: f64,
     /// `1 − β₂ᵗ`
     pub bias_correction2: f64,
+}
+
+impl AdamHyper {
+    /// The hyper-parameters for the step count `t − skipped`: a gradient scale of two values
+    /// (`optim::LossScale`'s factor and the steps it skipped so far, see `OptimOps::adam_step`)
+    /// says that `skipped` of the `t` steps changed nothing, so the bias corrections are for
+    /// `t − skipped` steps (at least 1), as with PyTorch's `GradScaler`, which skips
+    /// `optimizer.step()` itself. Unchanged when nothing was skipped.
+    pub(crate) fn after_skipped_steps(self, skipped: f64) -> AdamHyper {
+        if skipped <= 0.0 {
+            return self;
+        }
+        let t = (self.step as f64 - skipped).max(1.0);
+        AdamHyper {
+            bias_correction1: 1.0 - self.beta1.powf(t),
+            bias_correction2: 1.0 - self.beta2.powf(t),
+            ..self
+        }
+    }
 }
 
 /// Hyper-parameters of one fused SGD update (see `optim::Sgd`).

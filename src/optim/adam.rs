@@ -117,6 +117,7 @@ impl Optimizer for Adam {
             eps: self.eps,
             weight_decay: self.weight_decay,
             decoupled: self.decoupled,
+            step: self.steps,
             bias_correction1: 1.0 - self.beta1.powi(t),
             bias_correction2: 1.0 - self.beta2.powi(t),
         };

@@ -14,11 +14,12 @@
 //! the parameters and the optimizer's moments as they are. The host never waits; the skipped
 //! steps are read when the trainer logs ([`LossScale::skipped_steps`]).
 //!
-//! One difference from PyTorch's `GradScaler`, which skips `optimizer.step()` on the host: here
-//! the host never learns that a step was skipped, so the optimizer's step count (Adam's bias
-//! correction) and the learning-rate schedule still advance by one. Skips are rare after the
-//! first steps (the scale settles within a few halvings), and a skipped step changes nothing
-//! else.
+//! PyTorch's `GradScaler` skips `optimizer.step()` on the host, so Adam's step count leaves
+//! the skipped steps out. Here the host never learns that a step was skipped, so the factor
+//! carries the count instead: it holds two values, the factor and the steps skipped so far,
+//! and Adam's kernels take their bias corrections for `t − skipped` steps (computed on the
+//! device). As in a PyTorch loop that calls `scheduler.step()` every iteration, the
+//! learning-rate schedule still advances on a skipped step.
 
 use crate::backend::Storage;
 use crate::backend::gpu::GpuBackend;
@@ -85,11 +86,12 @@ impl LossScale {
         loss.mul(&self.scale.to_dtype(loss.dtype())?)
     }
 
-    /// After `backward` of [`LossScale::scale_loss`]: the unscaled global gradient norm and the
-    /// factor the optimizer multiplies the gradients by (`clip / s`, clipping to
-    /// `max_grad_norm` when it is > 0; −1, a skipped step, when a gradient overflowed), both
-    /// one-element tensors on the device; the scale and counts are updated. `None` when no
-    /// parameter has a gradient.
+    /// After `backward` of [`LossScale::scale_loss`]: the unscaled global gradient norm (`[1]`)
+    /// and the gradient scale to hand the optimizer (`[2]`: the factor the gradients are
+    /// multiplied by, `clip / s` with clipping to `max_grad_norm` when it is > 0, or −1, a
+    /// skipped step, when a gradient overflowed; then the steps skipped so far, which Adam's
+    /// bias corrections leave out), both on the device; the scale and counts are updated.
+    /// `None` when no parameter has a gradient.
     ///
     /// # Errors
     /// Gradients not f32 on the GPU, or an error computing one.
@@ -132,7 +134,7 @@ impl LossScale {
         )?;
         Ok(Some((
             Tensor::from_storage(Storage::Gpu(norm), vec![1]),
-            Tensor::from_storage(Storage::Gpu(factor), vec![1]),
+            Tensor::from_storage(Storage::Gpu(factor), vec![2]),
         )))
     }
 

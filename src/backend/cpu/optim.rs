@@ -170,10 +170,11 @@ impl CpuBackend {
         v: &mut CpuBuffer,
         h: AdamHyper,
     ) -> Result<()> {
-        let scale = scale_of(grad_scale)?;
+        let (scale, skipped) = scale_of(grad_scale)?;
         if scale < 0.0 {
             return Ok(()); // a skipped step (see `scale_of`)
         }
+        let h = h.after_skipped_steps(skipped);
         check_same_lengths("adam_step", &[param, grad, m, v])?;
         fn run<T: Float + Send + Sync + Clone>(
             p: &mut Arc<PooledVec<T>>,
@@ -254,10 +255,11 @@ impl CpuBackend {
             )));
         }
         check_same_lengths(what, &[param, m_state, v_state])?;
-        let scale = scale_of(grad_scale)?;
+        let (scale, skipped) = scale_of(grad_scale)?;
         if scale < 0.0 {
             return Ok(()); // a skipped step (see `scale_of`)
         }
+        let h = h.after_skipped_steps(skipped);
         fn run<T: Float + Send + Sync + Clone + 'static>(
             prob: WeightGradProblem<'_, T>,
             p: &mut Arc<PooledVec<T>>,
@@ -322,7 +324,7 @@ impl CpuBackend {
         buf: &mut CpuBuffer,
         h: SgdHyper,
     ) -> Result<()> {
-        let scale = scale_of(grad_scale)?;
+        let (scale, _) = scale_of(grad_scale)?;
         if scale < 0.0 {
             return Ok(()); // a skipped step (see `scale_of`)
         }
@@ -377,13 +379,18 @@ impl CpuBackend {
     }
 }
 
-/// The gradient scale of an update: 1 without one, else its one value. A negative scale means
-/// "skip this step" (mixed precision's overflowed step, `optim::LossScale`): the updates
-/// return without writing, as the GPU kernels do.
-pub(super) fn scale_of(grad_scale: Option<&CpuBuffer>) -> Result<f64> {
+/// The gradient scale of an update and the steps a loss scale skipped: `(1, 0)` without one,
+/// else its first value and its second (0 for a one-value scale). A negative scale means "skip
+/// this step" (mixed precision's overflowed step, `optim::LossScale`): the updates return
+/// without writing, as the GPU kernels do; Adam's bias corrections leave the skipped steps out
+/// ([`AdamHyper::after_skipped_steps`]).
+pub(super) fn scale_of(grad_scale: Option<&CpuBuffer>) -> Result<(f64, f64)> {
     match grad_scale {
-        None => Ok(1.0),
-        Some(s) if s.len() == 1 => Ok(CpuBackend.download(s)?.to_f64()[0]),
+        None => Ok((1.0, 0.0)),
+        Some(s) if s.len() == 1 || s.len() == 2 => {
+            let v = CpuBackend.download(s)?.to_f64();
+            Ok((v[0], v.get(1).copied().unwrap_or(0.0)))
+        }
         Some(s) => Err(crate::backend::checks::grad_scale_length_error(s.len())),
     }
 }

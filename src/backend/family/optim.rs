@@ -6,9 +6,11 @@ use crate::backend::{AdamHyper, BufferOps, SgdHyper};
 
 /// Fused optimiser steps: one Adam/AdamW or SGD update per call.
 pub(crate) trait OptimOps: BufferOps {
-    /// One fused Adam/AdamW step over a parameter buffer. `grad_scale`, when given, is a
-    /// one-element buffer multiplying the gradient first (gradient clipping without a read-back).
-    /// Returns the new `(param, m, v)`.
+    /// One fused Adam/AdamW step over a parameter buffer. `grad_scale`, when given, multiplies
+    /// the gradient first (gradient clipping without a read-back): one value, or two, the
+    /// factor and the steps a loss scale skipped so far (`optim::LossScale`), whose bias
+    /// corrections are then for `h.step` minus those ([`AdamHyper::after_skipped_steps`]). A
+    /// negative factor skips the step: nothing changes. Returns the new `(param, m, v)`.
     fn adam_step(
         &self,
         param: &Self::Buffer,

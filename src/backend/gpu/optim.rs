@@ -22,7 +22,8 @@ pub(crate) static OPTIM: Shader = Shader {
 };
 
 /// Checks dtypes and lengths; returns the scale buffer to bind (the gradient when there is none)
-/// and the `has_scale` flag.
+/// and the `has_scale` flag: 0, or the scale's length (1: a factor; 2: a factor and the steps a
+/// loss scale skipped, which Adam's bias corrections leave out).
 fn check<'a>(
     what: &str,
     bufs: &[&GpuBuffer],
@@ -37,8 +38,10 @@ fn check<'a>(
     crate::backend::checks::check_same_lengths(what, bufs)?;
     match grad_scale {
         None => Ok((grad, 0)),
-        Some(s) if s.len() == 1 && s.dtype() == DType::F32 => Ok((s, 1)),
-        Some(s) if s.len() == 1 => Err(Error::DType(format!(
+        Some(s) if (s.len() == 1 || s.len() == 2) && s.dtype() == DType::F32 => {
+            Ok((s, s.len() as u32))
+        }
+        Some(s) if s.len() <= 2 => Err(Error::DType(format!(
             "{what}: the gradient scale must be f32, got {}",
             s.dtype()
         ))),
@@ -75,13 +78,13 @@ pub(crate) fn adam_step(
 }
 
 /// `AdamParams` of `shaders/optim.wgsl`.
-fn adam_params(n: u32, has_scale: u32, h: AdamHyper) -> [u32; 14] {
+fn adam_params(n: u32, has_scale: u32, h: AdamHyper) -> [u32; 16] {
     let f = |x: f64| (x as f32).to_bits();
     [
         n,
         has_scale,
         h.decoupled as u32,
-        0,
+        u32::try_from(h.step).unwrap_or(u32::MAX),
         f(h.lr),
         f(h.beta1),
         f(1.0 - h.beta1),
@@ -92,6 +95,8 @@ fn adam_params(n: u32, has_scale: u32, h: AdamHyper) -> [u32; 14] {
         f(h.lr * h.weight_decay),
         f(h.bias_correction1),
         f(h.bias_correction2),
+        f(h.beta1.ln()),
+        f(h.beta2.ln()),
     ]
 }
 
@@ -339,7 +344,6 @@ pub(crate) fn adam_multi_mut(
             buffers.push(p);
         }
         let mut params = adam_params(n, has_scale, h).to_vec();
-        params.extend([0, 0]);
         params.extend(table);
         be.launch(
             &OPTIM,
@@ -466,10 +470,11 @@ pub(crate) fn grad_norm_clip(
 }
 
 /// Mixed precision's step decision (entry `loss_scale_factor`): from the *scaled* gradients
-/// `grads`, the unscaled global norm and the factor the optimizer multiplies them by
-/// (`clip / scale`, or −1, "skip", when a gradient is inf or NaN), as two one-element
-/// buffers; the loss scale `scale` ([1]) and `counts` ([2]: good steps in a row, skipped
-/// steps) are updated in place. `max_norm` 0 clips nothing. Nothing is read back.
+/// `grads`, the unscaled global norm (`[1]`) and the gradient scale the optimizer takes
+/// (`[2]`: the factor `clip / scale`, or −1, "skip", when a gradient is inf or NaN; and the
+/// steps skipped so far, which Adam's bias corrections leave out); the loss scale `scale`
+/// ([1]) and `counts` ([2]: good steps in a row, skipped steps) are updated in place.
+/// `max_norm` 0 clips nothing. Nothing is read back.
 ///
 /// # Errors
 /// As [`grad_norm_clip`], and state buffers of the wrong length or dtype.
@@ -492,7 +497,7 @@ pub(crate) fn loss_scale_factor(
     }
     let (partials, written) = grad_sumsq_partials(be, grads, WHAT)?;
     let norm = be.alloc(1, DType::F32)?;
-    let factor = be.alloc(1, DType::F32)?;
+    let factor = be.alloc(2, DType::F32)?;
     be.launch(
         &OPTIM,
         "loss_scale_factor",

@@ -44,6 +44,7 @@ fn wide_adam_matches_the_scalar_update_bit_for_bit() {
             eps: 1e-8,
             weight_decay: 0.01,
             decoupled,
+            step: 4,
             bias_correction1: 1.0 - 0.9f64.powi(4),
             bias_correction2: 1.0 - 0.999f64.powi(4),
         };
@@ -116,6 +117,7 @@ fn fused_bank_adam_equals_weight_grad_then_adam_bit_for_bit() {
                 eps: 1e-8,
                 weight_decay: 0.05,
                 decoupled,
+                step: 3,
                 bias_correction1: 1.0 - 0.9f64.powi(3),
                 bias_correction2: 1.0 - 0.999f64.powi(3),
             };
@@ -191,6 +193,7 @@ fn fused_bank_adam_names_the_mismatched_sizes() {
         eps: 1e-8,
         weight_decay: 0.0,
         decoupled: false,
+        step: 1,
         bias_correction1: 0.1,
         bias_correction2: 0.001,
     };

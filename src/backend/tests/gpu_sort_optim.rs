@@ -144,8 +144,17 @@ fn adam_and_sgd_steps_match_cpu() {
         let grad = rand_vec(&mut r, n, -1.0, 1.0);
         let m = rand_vec(&mut r, n, -0.1, 0.1);
         let v = rand_vec(&mut r, n, 0.0, 0.01);
-        let scale = [0.37f32];
-        for (decoupled, with_scale) in [(false, false), (true, true), (false, true)] {
+        // a factor; a factor and no skipped step; a factor after two skipped steps (a loss
+        // scale's: the bias corrections are then for step 3 − 2 = 1)
+        let scales: [&[f32]; 3] = [&[0.37], &[0.37, 0.0], &[0.37, 2.0]];
+        for (decoupled, scale) in [
+            (false, None),
+            (true, Some(scales[0])),
+            (false, Some(scales[0])),
+            (true, Some(scales[1])),
+            (false, Some(scales[2])),
+            (true, Some(scales[2])),
+        ] {
             let h = AdamHyper {
                 lr: 1e-3,
                 beta1: 0.9,
@@ -153,11 +162,12 @@ fn adam_and_sgd_steps_match_cpu() {
                 eps: 1e-8,
                 weight_decay: 0.01,
                 decoupled,
+                step: 3,
                 bias_correction1: 1.0 - 0.9f64.powi(3),
                 bias_correction2: 1.0 - 0.999f64.powi(3),
             };
-            let gs = with_scale.then(|| up(&g, &scale));
-            let cs = with_scale.then(|| cpu(&scale));
+            let gs = scale.map(|s| up(&g, s));
+            let cs = scale.map(cpu);
             let (gp, gm, gv) = g
                 .adam_step(
                     &up(&g, &p),
@@ -171,10 +181,39 @@ fn adam_and_sgd_steps_match_cpu() {
             let (cp, cm, cv) = CPU
                 .adam_step(&cpu(&p), &cpu(&grad), cs.as_ref(), &cpu(&m), &cpu(&v), h)
                 .unwrap();
-            let what = format!("adam n={n} decoupled={decoupled} scale={with_scale}");
+            let what = format!("adam n={n} decoupled={decoupled} scale={scale:?}");
             assert_close(&what, &f32s(g_down(&g, &gp)), &f32s(c_down(&cp)), 1e-6, 0.0);
             assert_close(&what, &f32s(g_down(&g, &gm)), &f32s(c_down(&cm)), 1e-6, 0.0);
             assert_close(&what, &f32s(g_down(&g, &gv)), &f32s(c_down(&cv)), 1e-6, 0.0);
+            if scale == Some(scales[2]) {
+                // the CPU's reference: Adam's first step under the factor alone
+                let first = AdamHyper {
+                    step: 1,
+                    bias_correction1: 1.0 - 0.9,
+                    bias_correction2: 1.0 - 0.999,
+                    ..h
+                };
+                let (fp, _, _) = CPU
+                    .adam_step(
+                        &cpu(&p),
+                        &cpu(&grad),
+                        Some(&cpu(scales[0])),
+                        &cpu(&m),
+                        &cpu(&v),
+                        first,
+                    )
+                    .unwrap();
+                assert_eq!(
+                    f32s(c_down(&cp)),
+                    f32s(c_down(&fp)),
+                    "{what}: not step 1's update"
+                );
+                // and the in-place kernel, which the optimizer runs
+                let (mut ip, mut im, mut iv) = (up(&g, &p), up(&g, &m), up(&g, &v));
+                g.adam_step_mut(&mut ip, &up(&g, &grad), gs.as_ref(), &mut im, &mut iv, h)
+                    .unwrap();
+                assert_close(&what, &f32s(g_down(&g, &ip)), &f32s(c_down(&fp)), 1e-6, 0.0);
+            }
         }
         for (momentum, nesterov, with_scale) in
             [(0.0, false, false), (0.9, false, true), (0.9, true, false)]
@@ -185,8 +224,14 @@ fn adam_and_sgd_steps_match_cpu() {
                 weight_decay: 1e-3,
                 nesterov,
             };
-            let gs = with_scale.then(|| up(&g, &scale));
-            let cs = with_scale.then(|| cpu(&scale));
+            // SGD takes a loss scale's two values too, and has no step count to correct
+            let scale: &[f32] = if momentum > 0.0 {
+                &[0.37, 2.0]
+            } else {
+                &[0.37]
+            };
+            let gs = with_scale.then(|| up(&g, scale));
+            let cs = with_scale.then(|| cpu(scale));
             let (gp, gb) = g
                 .sgd_step(&up(&g, &p), &up(&g, &grad), gs.as_ref(), &up(&g, &m), h)
                 .unwrap();
@@ -209,8 +254,10 @@ fn adam_and_sgd_steps_match_cpu() {
         g.sgd_step(&a, &b, None, &a, h),
         Err(Error::Shape(_))
     ));
+    // a gradient scale holds one value or two (a loss scale's factor and skipped steps)
+    let c = up(&g, &[1.0, 2.0, 3.0]);
     assert!(matches!(
-        g.sgd_step(&a, &a, Some(&a), &a, h),
+        g.sgd_step(&c, &c, Some(&c), &c, h),
         Err(Error::Shape(_))
     ));
 }
@@ -241,6 +288,7 @@ fn optimizer_steps_update_in_place_unless_shared() {
         eps: 1e-8,
         weight_decay: 0.01,
         decoupled: true,
+        step: 2,
         bias_correction1: 1.0 - 0.9f64.powi(2),
         bias_correction2: 1.0 - 0.999f64.powi(2),
     };
