@@ -2,9 +2,11 @@
 // `Tensor::layer_norm` and `Tensor::rms_norm` (forward) and of their backward rule. Launchers: src/backend/gpu/layer_norm.rs, one function per entry
 // point family.
 //
-// Layout (contiguous; f32, or f16 in the f16 build for all but mean and rstd, which stay f32;
-// see ln_elem): x, y, g (the upstream gradient) and dx are [rows, dim], element
-// (r, j) at r·dim + j; gamma, beta, dgamma, dbeta are [dim]; mean and rstd are [rows].
+// Layout (contiguous): x, y, g (the upstream gradient) and dx are [rows, dim], element (r, j) at
+// r·dim + j, of ln_elem (f32, or f16 in the f16 and f16-rows builds); gamma, beta, dgamma and
+// dbeta are [dim], of ln_param (f32, f16 in the f16 build, f32 in the f16-rows build: mixed
+// precision's f16 activations with f32 parameters); mean and rstd are [rows], f32 in every
+// build.
 // Math: mean_r = Σ_j x_rj / dim, var_r = Σ_j (x_rj − mean_r)² / dim (biased, two passes),
 // rstd_r = 1/√(var_r + eps), x̂_rj = (x_rj − mean_r)·rstd_r, y_rj = x̂_rj·gamma_j + beta_j.
 // Backward with h_rj = g_rj·gamma_j: dx_rj = rstd_r·(h_rj − mean_j(h_r) − x̂_rj·mean_j(h_r·x̂_r)),
@@ -34,12 +36,20 @@
 
 struct LnParams { rows: u32, dim: u32, eps: f32, centered: u32 }
 
-// The element type of x, gamma, beta, y, g, dx, dgamma and dbeta: f32 here. The f16 build
-// (src/backend/gpu/half.rs, `f16_build`) makes the alias `f16` and the store a conversion that
-// rounds once; loads widen to f32, every sum stays f32, and mean and rstd are f32 in both.
+// The element type of x, y, g and dx: f32 here. The f16 builds (src/backend/gpu/half.rs,
+// `f16_build`, `f16_rows_build`) make the alias `f16` and the store a conversion that rounds
+// once; loads widen to f32, every sum stays f32, and mean and rstd are f32 in every build.
 // f16 build: element type
 alias ln_elem = f32;
 fn ln_store(v: f32) -> ln_elem {
+    return v;
+}
+// f16 build: end
+// The element type of gamma, beta, dgamma and dbeta: f32 here and in the f16-rows build, f16 in
+// the f16 build.
+// f16 build: weight type
+alias ln_param = f32;
+fn ln_param_store(v: f32) -> ln_param {
     return v;
 }
 // f16 build: end
@@ -69,8 +79,8 @@ fn tree_sum2(lid: u32) -> vec2<f32> {
 // ---- layer_norm_forward -----------------------------------------------------------------------
 
 @group(0) @binding(1) var<storage, read> f_x: array<ln_elem>;
-@group(0) @binding(2) var<storage, read> f_gamma: array<ln_elem>;
-@group(0) @binding(3) var<storage, read> f_beta: array<ln_elem>;
+@group(0) @binding(2) var<storage, read> f_gamma: array<ln_param>;
+@group(0) @binding(3) var<storage, read> f_beta: array<ln_param>;
 @group(0) @binding(4) var<storage, read_write> f_y: array<ln_elem>;
 @group(0) @binding(5) var<storage, read_write> f_mean: array<f32>;
 @group(0) @binding(6) var<storage, read_write> f_rstd: array<f32>;
@@ -116,7 +126,7 @@ fn layer_norm_forward(@builtin(workgroup_id) wid: vec3<u32>,
 
 @group(0) @binding(1) var<storage, read> b_g: array<ln_elem>;
 @group(0) @binding(2) var<storage, read> b_x: array<ln_elem>;
-@group(0) @binding(3) var<storage, read> b_gamma: array<ln_elem>;
+@group(0) @binding(3) var<storage, read> b_gamma: array<ln_param>;
 @group(0) @binding(4) var<storage, read> b_mean: array<f32>;
 @group(0) @binding(5) var<storage, read> b_rstd: array<f32>;
 @group(0) @binding(6) var<storage, read_write> b_dx: array<ln_elem>;
@@ -154,8 +164,8 @@ fn layer_norm_backward_x(@builtin(workgroup_id) wid: vec3<u32>,
 @group(0) @binding(2) var<storage, read> c_x: array<ln_elem>;
 @group(0) @binding(3) var<storage, read> c_mean: array<f32>;
 @group(0) @binding(4) var<storage, read> c_rstd: array<f32>;
-@group(0) @binding(5) var<storage, read_write> c_dgamma: array<ln_elem>;
-@group(0) @binding(6) var<storage, read_write> c_dbeta: array<ln_elem>;
+@group(0) @binding(5) var<storage, read_write> c_dgamma: array<ln_param>;
+@group(0) @binding(6) var<storage, read_write> c_dbeta: array<ln_param>;
 
 // columns per workgroup, and strands of rows per column (PCOLS · STRANDS = 256)
 const PCOLS: u32 = 8u;
@@ -194,7 +204,7 @@ fn layer_norm_backward_params(@builtin(workgroup_id) wid: vec3<u32>,
         workgroupBarrier();
     }
     if (s == 0u && j < p.dim) {
-        c_dgamma[j] = ln_store(strand_dg[c]);
-        c_dbeta[j] = ln_store(strand_db[c]);
+        c_dgamma[j] = ln_param_store(strand_dg[c]);
+        c_dbeta[j] = ln_param_store(strand_db[c]);
     }
 }

@@ -3,8 +3,10 @@
 //! elementwise arithmetic between activations and parameters, the norms, scatter-add) run in
 //! f16 on the GPU, while what needs the range of f32 stays f32: the loss (cross-entropy reads
 //! f16 logits but sums and returns in f32), the router's softmax and top-k, and everything
-//! inside [`full_precision`]. The expert bank's grouped product is the one op of the f16 class
-//! that casts only its activations: its f16-rows kernel reads the f32 bank where it is. It is PyTorch's `torch.autocast` with one
+//! inside [`full_precision`]. Two ops of the f16 class cast only their activations: the expert
+//! bank's grouped product, whose f16-rows kernel reads the f32 bank where it is, and layer norm
+//! and RMSNorm, whose f16-rows kernels read f32 `gamma`/`beta` and write their gradients in
+//! f32. It is PyTorch's `torch.autocast` with one
 //! policy, and Switch Transformer's "selective precision" (Fedus et al. 2021, §2.4: the router
 //! computes in f32 on f32 inputs while the rest of the layer runs in a 16-bit format).
 //!

@@ -448,7 +448,9 @@ fn f16_rows_with_f32_expert_weights_match_f32() {
 /// Layer norm and RMSNorm in f16: the forward output and the three gradients (`dx`, `dγ`, `dβ`)
 /// of the f16 build are each a neighbouring f16 of the f32 kernel's result on the same
 /// f16-valued operands (the same f32 arithmetic, rounded once), over rows and widths on both
-/// sides of the kernels' 64-wide and 8-column blocks.
+/// sides of the kernels' 64-wide and 8-column blocks. With f16 rows and f32 parameters (the
+/// f16-rows build, mixed precision's norms) `y` and `dx` are the same rounding of the f32
+/// result, and `dγ`, `dβ` come back in f32 with the f32 kernel's bits.
 #[test]
 fn f16_layer_norm_and_rms_norm_round_the_f32_result_once() {
     let Some(gpu) = f16_gpu("f16_layer_norm_and_rms_norm_round_the_f32_result_once") else {
@@ -460,8 +462,8 @@ fn f16_layer_norm_and_rms_norm_round_the_f32_result_once() {
         let (gamma, beta) = (f16_values(dim, &mut rng), f16_values(dim, &mut rng));
         let up = f16_values(rows * dim, &mut rng);
         for centered in [true, false] {
-            let run = |dtype: DType| {
-                let leaf = |v: &[f32], shape: &[usize]| {
+            let run = |dtype: DType, param_dtype: DType| {
+                let leaf = |v: &[f32], shape: &[usize], dtype: DType| {
                     Tensor::from_f32(v.to_vec(), shape, gpu)
                         .and_then(|t| t.to_dtype(dtype))
                         .unwrap()
@@ -469,9 +471,9 @@ fn f16_layer_norm_and_rms_norm_round_the_f32_result_once() {
                         .unwrap()
                 };
                 let (xt, gt, bt) = (
-                    leaf(&x, &[rows, dim]),
-                    leaf(&gamma, &[dim]),
-                    leaf(&beta, &[dim]),
+                    leaf(&x, &[rows, dim], dtype),
+                    leaf(&gamma, &[dim], param_dtype),
+                    leaf(&beta, &[dim], param_dtype),
                 );
                 let y = if centered {
                     xt.layer_norm(&gt, &bt, 1e-5).unwrap()
@@ -484,26 +486,38 @@ fn f16_layer_norm_and_rms_norm_round_the_f32_result_once() {
                     .unwrap();
                 y.backward_with(&g).unwrap();
                 let f32s = |t: &Tensor| t.to_vec_f32().unwrap();
-                let mut out = vec![
-                    f32s(&y),
-                    f32s(&xt.grad().unwrap()),
-                    f32s(&gt.grad().unwrap()),
-                ];
+                let dgamma = gt.grad().unwrap();
+                assert_eq!(
+                    dgamma.dtype(),
+                    param_dtype,
+                    "dgamma in the parameter's dtype"
+                );
+                let mut out = vec![f32s(&y), f32s(&xt.grad().unwrap()), f32s(&dgamma)];
                 if centered {
                     out.push(f32s(&bt.grad().unwrap()));
                 }
                 out
             };
-            let (half, single) = (run(DType::F16), run(DType::F32));
-            for (name, (h, s)) in ["y", "dx", "dgamma", "dbeta"]
+            let single = run(DType::F32, DType::F32);
+            let half = run(DType::F16, DType::F16);
+            let rows_only = run(DType::F16, DType::F32);
+            let norm = if centered { "layer_norm" } else { "rms_norm" };
+            for (i, name) in ["y", "dx", "dgamma", "dbeta"]
                 .iter()
-                .zip(half.iter().zip(&single))
+                .enumerate()
+                .take(half.len())
             {
-                let what = format!(
-                    "{} [{rows}, {dim}] {name}",
-                    if centered { "layer_norm" } else { "rms_norm" }
-                );
-                assert_rounded_once(&what, h, s);
+                let what = format!("{norm} [{rows}, {dim}] {name}");
+                assert_rounded_once(&what, &half[i], &single[i]);
+                if i < 2 {
+                    assert_rounded_once(
+                        &format!("{what}, f32 parameters"),
+                        &rows_only[i],
+                        &single[i],
+                    );
+                } else {
+                    assert_eq!(rows_only[i], single[i], "{what}, f32 parameters");
+                }
             }
         }
     }
@@ -803,11 +817,13 @@ fn f16_requests_that_cannot_run_are_errors() {
         }
         other => panic!("an f16 argsort gave {other:?}"),
     }
-    // RMSNorm in f16 needs its weight in f16 too
-    let weight = Tensor::from_f32(vec![1.0; 3], &[3], gpu).unwrap();
-    match h.rms_norm(&weight, 1e-6) {
+    // RMSNorm of f32 rows cannot take an f16 weight (f16 rows may take an f32 one)
+    let weight = Tensor::from_f32(vec![1.0; 3], &[3], gpu)
+        .and_then(|w| w.to_dtype(DType::F16))
+        .unwrap();
+    match x.rms_norm(&weight, 1e-6) {
         Err(Error::DType(m)) => assert!(m.contains("f16") && m.contains("f32"), "{m}"),
-        other => panic!("an f16 RMSNorm with an f32 weight gave {other:?}"),
+        other => panic!("an f32 RMSNorm with an f16 weight gave {other:?}"),
     }
     // f16 times f32
     let w = Tensor::from_f32(vec![1.0; 6], &[3, 2], gpu).unwrap();

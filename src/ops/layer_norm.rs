@@ -18,7 +18,7 @@
 //! in `tests/layer_norm.rs`).
 
 use crate::backend::LayerNormDims;
-use crate::{Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 impl Tensor {
     /// Layer normalisation of the last axis with scale `gamma` and shift `beta` (both `[dim]`):
@@ -31,7 +31,9 @@ impl Tensor {
     ///
     /// # Errors
     /// [`Error::Shape`] when the last axis is missing or empty or `gamma`/`beta` are not `[dim]`;
-    /// [`Error::DType`] for non-float or mixed dtypes (or f64 on the GPU); [`Error::Device`] for
+    /// [`Error::DType`] for non-float or mixed dtypes (or f64 on the GPU), but for f16 rows with
+    /// f32 parameters on the GPU (mixed precision's norms, whose parameter gradients come back
+    /// in f32); [`Error::Device`] for
     /// operands on different devices; [`Error::Invalid`] for a negative or non-finite `eps`.
     ///
     /// # Example
@@ -107,15 +109,21 @@ impl Tensor {
                 "{what}: eps must be finite and at least 0, got {eps}"
             )));
         }
-        if let Some([x, g, b]) =
-            crate::autocast::low_precision_operands([self, gamma, beta.unwrap_or(gamma)])?
-        {
-            return x.normalize_last_axis(what, &g, beta.map(|_| &b), eps);
+        // mixed precision casts the rows only: the f16 kernels read f32 parameters where they
+        // are and write their gradients in f32
+        if let Some([x]) = crate::autocast::low_precision_operands([self])? {
+            return x.normalize_last_axis(what, gamma, beta, eps);
         }
         self.check_float(what)?;
-        self.check_compatible(gamma, what)?;
-        if let Some(beta) = beta {
-            self.check_compatible(beta, what)?;
+        for p in [Some(gamma), beta].into_iter().flatten() {
+            // f16 rows with f32 parameters, both on the GPU, is one of the kernels' builds
+            let mixed = self.dtype() == DType::F16
+                && p.dtype() == DType::F32
+                && self.device().is_gpu()
+                && p.device().is_gpu();
+            if !mixed {
+                self.check_compatible(p, what)?;
+            }
         }
         // the tape's inputs: x, gamma and (layer norm) beta
         let inputs: Vec<&Tensor> = [Some(self), Some(gamma), beta]

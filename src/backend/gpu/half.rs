@@ -135,6 +135,14 @@ pub(crate) static LAYER_NORM_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Sha
     source: String::leak(f16_build(super::layer_norm::LAYER_NORM_SHADER.source)),
 });
 
+/// Layer norm and RMSNorm built for f16 rows with f32 parameters (`gamma`, `beta` read and
+/// `dgamma`, `dbeta` written in f32): mixed precision's norms, whose parameters are never cast.
+pub(crate) static LAYER_NORM_F16_ROWS_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "layer_norm_f16_rows",
+    builtin: true,
+    source: String::leak(f16_rows_build(super::layer_norm::LAYER_NORM_SHADER.source)),
+});
+
 /// The fused SwiGLU (forward and backward) built for f16 tensors, computing in f32.
 pub(crate) static SWIGLU_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "swiglu_f16",

@@ -128,6 +128,10 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         },
         BuiltinShader {
             needs_f16: true,
+            ..plain(&half::LAYER_NORM_F16_ROWS_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
             ..plain(&half::SWIGLU_F16_SHADER)
         },
         BuiltinShader {
@@ -199,7 +203,7 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
                     | "weighted_scatter_backward"
             )
             | ("reduce_f16", _)
-            | ("layer_norm_f16", _)
+            | ("layer_norm_f16" | "layer_norm_f16_rows", _)
             | ("swiglu_f16", _)
             | ("rotary_f16", _)
             | ("attention_f16", _)

@@ -9,7 +9,10 @@
 //!   of rows each, added in a fixed tree: deterministic, no atomics).
 //!
 //! Each launcher checks dtypes and lengths against the sizes (an [`Error`] naming them, never a
-//! panic or a wgpu validation error) and encodes the kernels; nothing is read back.
+//! panic or a wgpu validation error) and encodes the kernels; nothing is read back. The rows
+//! (`x`, `y`, `g`, `dx`) and the parameters (`gamma`, `beta` and their gradients) are each f32
+//! or f16, in three builds: all f32, all f16, and f16 rows with f32 parameters (mixed
+//! precision, which then never casts a norm's parameters).
 
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::{GpuBackend, GpuBuffer};
@@ -28,14 +31,14 @@ pub(crate) static LAYER_NORM_SHADER: Shader = Shader {
 const WG: u32 = 64;
 
 /// Checks the dtypes and the lengths of `[rows, dim]`, `[dim]` and `[rows]` operands; returns
-/// the kernel parameters `[rows, dim, eps bits, centered]` and the dtype of the tensors: the
-/// `[rows, dim]` and `[dim]` ones all f32, or all f16 (the f16 build), the `[rows]` statistics
-/// f32 in both.
+/// the kernel parameters `[rows, dim, eps bits, centered]` and the dtypes of the rows and of
+/// the parameters: the `[rows, dim]` ones all f32 or all f16, the `[dim]` ones all f32 or all
+/// f16 (but not f16 parameters with f32 rows), the `[rows]` statistics f32 in every build.
 fn check(
     what: &str,
     groups: [(&[(&str, &GpuBuffer)], &str); 3],
     d: LayerNormDims,
-) -> Result<([u32; 4], DType)> {
+) -> Result<([u32; 4], DType, DType)> {
     let LayerNormDims {
         rows,
         dim,
@@ -51,8 +54,13 @@ fn check(
             ))
         })?;
     let [(matrices, _), (vectors, _), (per_row, _)] = groups;
-    let elements: Vec<(&str, &GpuBuffer)> = matrices.iter().chain(vectors).copied().collect();
-    let dtype = super::half::float_operands(what, &elements)?;
+    let dtype = super::half::float_operands(what, matrices)?;
+    let param_dtype = super::half::float_operands(what, vectors)?;
+    if dtype == DType::F32 && param_dtype == DType::F16 {
+        return Err(Error::DType(format!(
+            "{what}: f16 parameters with f32 rows (cast the parameters to f32, or the rows to f16)"
+        )));
+    }
     for (name, b) in per_row {
         if b.dtype() != DType::F32 {
             return Err(Error::DType(format!(
@@ -68,13 +76,14 @@ fn check(
         (eps as f32).to_bits(),
         u32::from(centered),
     ];
-    Ok((params, dtype))
+    Ok((params, dtype, param_dtype))
 }
 
-/// The build of `layer_norm.wgsl` for tensors of `dtype`.
-fn build(dtype: DType) -> &'static Shader {
-    match dtype {
-        DType::F16 => &super::half::LAYER_NORM_F16_SHADER,
+/// The build of `layer_norm.wgsl` for rows of `dtype` and parameters of `param_dtype`.
+fn build(dtype: DType, param_dtype: DType) -> &'static Shader {
+    match (dtype, param_dtype) {
+        (DType::F16, DType::F16) => &super::half::LAYER_NORM_F16_SHADER,
+        (DType::F16, _) => &super::half::LAYER_NORM_F16_ROWS_SHADER,
         _ => &LAYER_NORM_SHADER,
     }
 }
@@ -82,8 +91,8 @@ fn build(dtype: DType) -> &'static Shader {
 /// `NnOps::layer_norm_forward`: `(y [rows, dim], mean [rows], rstd [rows])`.
 ///
 /// # Errors
-/// [`Error::DType`] unless every buffer is f32; [`Error::Shape`] for a length that does not
-/// match the sizes or a zero size; a GPU error from the launch.
+/// [`Error::DType`] for dtypes other than those of the three builds; [`Error::Shape`] for a
+/// length that does not match the sizes or a zero size; a GPU error from the launch.
 pub(crate) fn layer_norm_forward(
     be: &GpuBackend,
     x: &GpuBuffer,
@@ -91,7 +100,7 @@ pub(crate) fn layer_norm_forward(
     beta: &GpuBuffer,
     d: LayerNormDims,
 ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
-    let (params, dtype) = check(
+    let (params, dtype, param_dtype) = check(
         "layer_norm_forward",
         [
             (&[("x", x)], "[rows, dim]"),
@@ -104,7 +113,7 @@ pub(crate) fn layer_norm_forward(
     let mean = be.alloc(d.rows, DType::F32)?;
     let rstd = be.alloc(d.rows, DType::F32)?;
     be.launch(
-        build(dtype),
+        build(dtype, param_dtype),
         "layer_norm_forward",
         &[x, gamma, beta, &y, &mean, &rstd],
         &params,
@@ -125,7 +134,7 @@ pub(crate) fn layer_norm_backward(
     (mean, rstd): (&GpuBuffer, &GpuBuffer),
     d: LayerNormDims,
 ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
-    let (params, dtype) = check(
+    let (params, dtype, param_dtype) = check(
         "layer_norm_backward",
         [
             (&[("g", g), ("x", x)], "[rows, dim]"),
@@ -136,16 +145,16 @@ pub(crate) fn layer_norm_backward(
     )?;
     let dx = be.alloc(x.len(), dtype)?;
     be.launch(
-        build(dtype),
+        build(dtype, param_dtype),
         "layer_norm_backward_x",
         &[g, x, gamma, mean, rstd, &dx],
         &params,
         grid_1d(d.rows * WG as usize, WG)?,
     )?;
-    let dgamma = be.alloc(d.dim, dtype)?;
-    let dbeta = be.alloc(d.dim, dtype)?;
+    let dgamma = be.alloc(d.dim, param_dtype)?;
+    let dbeta = be.alloc(d.dim, param_dtype)?;
     be.launch(
-        build(dtype),
+        build(dtype, param_dtype),
         "layer_norm_backward_params",
         &[g, x, mean, rstd, &dgamma, &dbeta],
         &params,
