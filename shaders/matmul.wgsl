@@ -106,14 +106,22 @@ fn b_slot(lid: u32, l: u32, n_fast: bool) -> vec2<u32> {
     return vec2<u32>(i & 15u, i >> 4u);
 }
 
-// Stores the registers loaded through a_slot / b_slot into the staged slabs.
+// Stores the registers loaded through a_slot / b_slot into the staged slabs. Written out for
+// l = 0..3 (and the loads and stores of `matmul` below likewise) rather than as a loop over a
+// vec4's components: a component picked by a loop variable is a dynamic index into a register
+// vector, which a driver that does not unroll the loop keeps in local memory.
 fn stage(lid: u32, a_k_fast: bool, a: vec4<f32>, b_n_fast: bool, b: vec4<f32>) {
-    for (var l = 0u; l < 4u; l++) {
-        let p = a_slot(lid, l, a_k_fast);
-        a_tile[p.y * ROW4 + (p.x >> 2u)][p.x & 3u] = a[l];
-        let q = b_slot(lid, l, b_n_fast);
-        b_tile[q.x * ROW4 + (q.y >> 2u)][q.y & 3u] = b[l];
-    }
+    stage_elem(lid, 0u, a_k_fast, a.x, b_n_fast, b.x);
+    stage_elem(lid, 1u, a_k_fast, a.y, b_n_fast, b.y);
+    stage_elem(lid, 2u, a_k_fast, a.z, b_n_fast, b.z);
+    stage_elem(lid, 3u, a_k_fast, a.w, b_n_fast, b.w);
+}
+
+fn stage_elem(lid: u32, l: u32, a_k_fast: bool, a: f32, b_n_fast: bool, b: f32) {
+    let p = a_slot(lid, l, a_k_fast);
+    a_tile[p.y * ROW4 + (p.x >> 2u)][p.x & 3u] = a;
+    let q = b_slot(lid, l, b_n_fast);
+    b_tile[q.x * ROW4 + (q.y >> 2u)][q.y & 3u] = b;
 }
 
 // acc += (staged A rows 4·ty..4·ty+3) · (staged B columns 4·tx..4·tx+3) over one slab.
@@ -170,30 +178,58 @@ fn mm_store_value(v: f32) -> mm_elem {
 
 // A slab of A: rows m0.., k from k0, elements at k_end or past read as 0.
 fn mm_load_a(lid: u32, m0: u32, k0: u32, k_end: u32, base: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var l = 0u; l < 4u; l++) {
-        let p = a_slot(lid, l, mp.a_k_fast != 0u);
-        let row = m0 + p.x;
-        let kc = k0 + p.y;
-        if row < mp.m && kc < k_end {
-            v[l] = f32(mm_a[base + row * mp.a_row_stride + kc * mp.a_col_stride]);
-        }
+    return vec4<f32>(mm_a_elem(lid, 0u, m0, k0, k_end, base),
+                     mm_a_elem(lid, 1u, m0, k0, k_end, base),
+                     mm_a_elem(lid, 2u, m0, k0, k_end, base),
+                     mm_a_elem(lid, 3u, m0, k0, k_end, base));
+}
+
+// Element l of mm_load_a's vector.
+fn mm_a_elem(lid: u32, l: u32, m0: u32, k0: u32, k_end: u32, base: u32) -> f32 {
+    let p = a_slot(lid, l, mp.a_k_fast != 0u);
+    let row = m0 + p.x;
+    let kc = k0 + p.y;
+    if row < mp.m && kc < k_end {
+        return f32(mm_a[base + row * mp.a_row_stride + kc * mp.a_col_stride]);
     }
-    return v;
+    return 0.0;
 }
 
 // A slab of B: k from k0, columns n0.., elements at k_end or past read as 0.
 fn mm_load_b(lid: u32, k0: u32, k_end: u32, n0: u32, base: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var l = 0u; l < 4u; l++) {
-        let q = b_slot(lid, l, mp.b_n_fast != 0u);
-        let kc = k0 + q.x;
-        let col = n0 + q.y;
-        if kc < k_end && col < mp.n {
-            v[l] = f32(mm_b[base + kc * mp.b_row_stride + col * mp.b_col_stride]);
-        }
+    return vec4<f32>(mm_b_elem(lid, 0u, k0, k_end, n0, base),
+                     mm_b_elem(lid, 1u, k0, k_end, n0, base),
+                     mm_b_elem(lid, 2u, k0, k_end, n0, base),
+                     mm_b_elem(lid, 3u, k0, k_end, n0, base));
+}
+
+// Element l of mm_load_b's vector.
+fn mm_b_elem(lid: u32, l: u32, k0: u32, k_end: u32, n0: u32, base: u32) -> f32 {
+    let q = b_slot(lid, l, mp.b_n_fast != 0u);
+    let kc = k0 + q.x;
+    let col = n0 + q.y;
+    if kc < k_end && col < mp.n {
+        return f32(mm_b[base + kc * mp.b_row_stride + col * mp.b_col_stride]);
     }
-    return v;
+    return 0.0;
+}
+
+// Stores the four values of `v` at row `row` (a row index, inside the matrix), columns
+// col0..col0+3, those inside the matrix.
+fn mm_store_quad(c_base: u32, row: u32, col0: u32, v: vec4<f32>) {
+    let r = c_base + row * mp.n;
+    if col0 < mp.n {
+        mm_c[r + col0] = mm_store_value(v.x);
+    }
+    if col0 + 1u < mp.n {
+        mm_c[r + col0 + 1u] = mm_store_value(v.y);
+    }
+    if col0 + 2u < mp.n {
+        mm_c[r + col0 + 2u] = mm_store_value(v.z);
+    }
+    if col0 + 3u < mp.n {
+        mm_c[r + col0 + 3u] = mm_store_value(v.w);
+    }
 }
 
 @compute @workgroup_size(16, 16, 1)
@@ -234,17 +270,19 @@ fn matmul(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     // slice `split` of a split-k product's [k_splits, batch, m, n] partial sums (the product
     // itself when k_splits = 1)
     let c_base = (split * mp.batch + bi) * mp.m * mp.n;
-    for (var i = 0u; i < 4u; i++) {
-        let row = m0 + ty * 4u + i;
-        if row < mp.m {
-            let v = acc_row(acc, i);
-            for (var j = 0u; j < 4u; j++) {
-                let col = n0 + tx * 4u + j;
-                if col < mp.n {
-                    mm_c[c_base + row * mp.n + col] = mm_store_value(v[j]);
-                }
-            }
-        }
+    let row0 = m0 + ty * 4u;
+    let col0 = n0 + tx * 4u;
+    if row0 < mp.m {
+        mm_store_quad(c_base, row0, col0, acc.r0);
+    }
+    if row0 + 1u < mp.m {
+        mm_store_quad(c_base, row0 + 1u, col0, acc.r1);
+    }
+    if row0 + 2u < mp.m {
+        mm_store_quad(c_base, row0 + 2u, col0, acc.r2);
+    }
+    if row0 + 3u < mp.m {
+        mm_store_quad(c_base, row0 + 3u, col0, acc.r3);
     }
 }
 
@@ -284,36 +322,59 @@ alias mm_weight = f32;
 var<workgroup> run_expert: array<i32, 64>;
 var<workgroup> run_end: array<u32, 64>;
 
-// A slab of x: tile rows [lo, hi) only, the others read as 0.
+// A slab of x: tile rows [lo, hi) only, the others read as 0. (Written out for l = 0..3, as
+// `stage` is, and so are the other loads and stores of the grouped kernels.)
 fn gm_load_x(lid: u32, r0: u32, lo: u32, hi: u32, k0: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var l = 0u; l < 4u; l++) {
-        let p = a_slot(lid, l, true);
-        let kc = k0 + p.y;
-        if p.x >= lo && p.x < hi && kc < gp.k {
-            v[l] = f32(gm_x[(r0 + p.x) * gp.k + kc]);
-        }
+    return vec4<f32>(gm_x_elem(lid, 0u, r0, lo, hi, k0), gm_x_elem(lid, 1u, r0, lo, hi, k0),
+                     gm_x_elem(lid, 2u, r0, lo, hi, k0), gm_x_elem(lid, 3u, r0, lo, hi, k0));
+}
+
+fn gm_x_elem(lid: u32, l: u32, r0: u32, lo: u32, hi: u32, k0: u32) -> f32 {
+    let p = a_slot(lid, l, true);
+    let kc = k0 + p.y;
+    if p.x >= lo && p.x < hi && kc < gp.k {
+        return f32(gm_x[(r0 + p.x) * gp.k + kc]);
     }
-    return v;
+    return 0.0;
 }
 
 // A slab of W[e] (or W[e]ᵀ), as the k×m right operand.
 fn gm_load_w(lid: u32, k0: u32, c0: u32, base: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
+    return vec4<f32>(gm_w_elem(lid, 0u, k0, c0, base), gm_w_elem(lid, 1u, k0, c0, base),
+                     gm_w_elem(lid, 2u, k0, c0, base), gm_w_elem(lid, 3u, k0, c0, base));
+}
+
+fn gm_w_elem(lid: u32, l: u32, k0: u32, c0: u32, base: u32) -> f32 {
     let n_fast = gp.transpose_w == 0u;
-    for (var l = 0u; l < 4u; l++) {
-        let q = b_slot(lid, l, n_fast);
-        let kc = k0 + q.x;
-        let col = c0 + q.y;
-        if kc < gp.k && col < gp.m {
-            if n_fast {
-                v[l] = f32(gm_w[base + kc * gp.m + col]);
-            } else {
-                v[l] = f32(gm_w[base + col * gp.k + kc]);
-            }
+    let q = b_slot(lid, l, n_fast);
+    let kc = k0 + q.x;
+    let col = c0 + q.y;
+    if kc < gp.k && col < gp.m {
+        if n_fast {
+            return f32(gm_w[base + kc * gp.m + col]);
         }
+        return f32(gm_w[base + col * gp.k + kc]);
     }
-    return v;
+    return 0.0;
+}
+
+// Stores output row `row` (of the whole output), columns col0..col0+3 from `v` (plus expert
+// e's bias when with_bias), those inside the matrix.
+fn gm_store_quad(row: u32, col0: u32, v: vec4<f32>, with_bias: bool, e: i32) {
+    gm_store_one(row, col0, v.x, with_bias, e);
+    gm_store_one(row, col0 + 1u, v.y, with_bias, e);
+    gm_store_one(row, col0 + 2u, v.z, with_bias, e);
+    gm_store_one(row, col0 + 3u, v.w, with_bias, e);
+}
+
+fn gm_store_one(row: u32, col: u32, value: f32, with_bias: bool, e: i32) {
+    if col < gp.m {
+        var out = value;
+        if with_bias {
+            out += f32(gm_bias[u32(e) * gp.m + col]);
+        }
+        gm_out[row * gp.m + col] = mm_store_value(out);
+    }
 }
 
 @compute @workgroup_size(16, 16, 1)
@@ -376,17 +437,7 @@ fn grouped_matmul(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_
         for (var i = 0u; i < 4u; i++) {
             let tr = ty * 4u + i;
             if tr >= lo && tr < hi {
-                let v = acc_row(acc, i);
-                for (var j = 0u; j < 4u; j++) {
-                    let col = c0 + tx * 4u + j;
-                    if col < gp.m {
-                        var out = v[j];
-                        if with_bias {
-                            out += f32(gm_bias[u32(e) * gp.m + col]);
-                        }
-                        gm_out[(r0 + tr) * gp.m + col] = mm_store_value(out);
-                    }
-                }
+                gm_store_quad(r0 + tr, c0 + tx * 4u, acc_row(acc, i), with_bias, e);
             }
         }
         lo = hi;
@@ -419,22 +470,46 @@ struct WeightGradParams {
 // row = first + rr, both 0 unless row < hi and row_expert[row] = e. The A slot (rows fast) and
 // the B slot (columns fast) of element l name the same rr, so row_expert is read once.
 fn wg_load(lid: u32, first: u32, hi: u32, e: i32, k0: u32, c0: u32) -> array<vec4<f32>, 2> {
-    var a = vec4<f32>(0.0);
-    var b = vec4<f32>(0.0);
-    for (var l = 0u; l < 4u; l++) {
-        let p = a_slot(lid, l, false);
-        let q = b_slot(lid, l, true);
-        let row = first + p.y;
-        if row < hi && wg_expert[row] == e {
-            if k0 + p.x < wp.k {
-                a[l] = f32(wg_x[row * wp.k + k0 + p.x]);
-            }
-            if c0 + q.y < wp.m {
-                b[l] = f32(wg_dy[row * wp.m + c0 + q.y]);
-            }
+    let v0 = wg_elem(lid, 0u, first, hi, e, k0, c0);
+    let v1 = wg_elem(lid, 1u, first, hi, e, k0, c0);
+    let v2 = wg_elem(lid, 2u, first, hi, e, k0, c0);
+    let v3 = wg_elem(lid, 3u, first, hi, e, k0, c0);
+    return array<vec4<f32>, 2>(vec4<f32>(v0.x, v1.x, v2.x, v3.x),
+                               vec4<f32>(v0.y, v1.y, v2.y, v3.y));
+}
+
+// Element l of wg_load's A and B vectors, as (a, b).
+fn wg_elem(lid: u32, l: u32, first: u32, hi: u32, e: i32, k0: u32, c0: u32) -> vec2<f32> {
+    var v = vec2<f32>(0.0);
+    let p = a_slot(lid, l, false);
+    let q = b_slot(lid, l, true);
+    let row = first + p.y;
+    if row < hi && wg_expert[row] == e {
+        if k0 + p.x < wp.k {
+            v.x = f32(wg_x[row * wp.k + k0 + p.x]);
+        }
+        if c0 + q.y < wp.m {
+            v.y = f32(wg_dy[row * wp.m + c0 + q.y]);
         }
     }
-    return array<vec4<f32>, 2>(a, b);
+    return v;
+}
+
+// Stores dW[e] row `row`, columns col0..col0+3 from `v`, those inside the matrix.
+fn wg_store_quad(base: u32, row: u32, col0: u32, v: vec4<f32>) {
+    let r = base + row * wp.m;
+    if col0 < wp.m {
+        wg_dw[r + col0] = mm_store_value(v.x);
+    }
+    if col0 + 1u < wp.m {
+        wg_dw[r + col0 + 1u] = mm_store_value(v.y);
+    }
+    if col0 + 2u < wp.m {
+        wg_dw[r + col0 + 2u] = mm_store_value(v.z);
+    }
+    if col0 + 3u < wp.m {
+        wg_dw[r + col0 + 3u] = mm_store_value(v.w);
+    }
 }
 
 @compute @workgroup_size(16, 16, 1)
@@ -468,13 +543,7 @@ fn grouped_weight_grad(@builtin(local_invocation_index) lid: u32, @builtin(workg
     for (var i = 0u; i < 4u; i++) {
         let row = k0 + ty * 4u + i;
         if row < wp.k {
-            let v = acc_row(acc, i);
-            for (var j = 0u; j < 4u; j++) {
-                let col = c0 + tx * 4u + j;
-                if col < wp.m {
-                    wg_dw[base + row * wp.m + col] = mm_store_value(v[j]);
-                }
-            }
+            wg_store_quad(base, row, c0 + tx * 4u, acc_row(acc, i));
         }
     }
 }

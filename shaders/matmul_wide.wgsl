@@ -52,40 +52,56 @@ fn wb_slot(lid: u32, l: u32, n_fast: bool) -> vec2<u32> {
     return vec2<u32>(i & 7u, i >> 3u);
 }
 
-fn wide_load_a(lid: u32, m0: u32, k0: u32, base: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var l = 0u; l < 4u; l++) {
-        let p = wa_slot(lid, l, mp.a_k_fast != 0u);
-        let row = m0 + p.x;
-        let kc = k0 + p.y;
-        if row < mp.m && kc < mp.k {
-            v[l] = f32(mm_a[base + row * mp.a_row_stride + kc * mp.a_col_stride]);
-        }
+// The loads, the staging and the stores below are written out for l (or j) = 0, 1, 2, 3 rather
+// than as loops over a vec4's components: a component picked by a loop variable is a dynamic
+// index into a register vector, which a driver that does not unroll the loop keeps in local
+// memory. Written out, every index is a constant whatever the driver does (same bits).
+
+// Element l of invocation lid's share of the A slab at k0 (0 outside the matrix).
+fn wide_a_elem(lid: u32, l: u32, m0: u32, k0: u32, base: u32) -> f32 {
+    let p = wa_slot(lid, l, mp.a_k_fast != 0u);
+    let row = m0 + p.x;
+    let kc = k0 + p.y;
+    if row < mp.m && kc < mp.k {
+        return f32(mm_a[base + row * mp.a_row_stride + kc * mp.a_col_stride]);
     }
-    return v;
+    return 0.0;
+}
+
+fn wide_load_a(lid: u32, m0: u32, k0: u32, base: u32) -> vec4<f32> {
+    return vec4<f32>(wide_a_elem(lid, 0u, m0, k0, base), wide_a_elem(lid, 1u, m0, k0, base),
+                     wide_a_elem(lid, 2u, m0, k0, base), wide_a_elem(lid, 3u, m0, k0, base));
+}
+
+// Element l of invocation lid's share of the B slab at k0 (0 outside the matrix).
+fn wide_b_elem(lid: u32, l: u32, k0: u32, n0: u32, base: u32) -> f32 {
+    let q = wb_slot(lid, l, mp.b_n_fast != 0u);
+    let kc = k0 + q.x;
+    let col = n0 + q.y;
+    if kc < mp.k && col < mp.n {
+        return f32(mm_b[base + kc * mp.b_row_stride + col * mp.b_col_stride]);
+    }
+    return 0.0;
 }
 
 fn wide_load_b(lid: u32, k0: u32, n0: u32, base: u32) -> vec4<f32> {
-    var v = vec4<f32>(0.0);
-    for (var l = 0u; l < 4u; l++) {
-        let q = wb_slot(lid, l, mp.b_n_fast != 0u);
-        let kc = k0 + q.x;
-        let col = n0 + q.y;
-        if kc < mp.k && col < mp.n {
-            v[l] = f32(mm_b[base + kc * mp.b_row_stride + col * mp.b_col_stride]);
-        }
-    }
-    return v;
+    return vec4<f32>(wide_b_elem(lid, 0u, k0, n0, base), wide_b_elem(lid, 1u, k0, n0, base),
+                     wide_b_elem(lid, 2u, k0, n0, base), wide_b_elem(lid, 3u, k0, n0, base));
 }
 
-// Stores the registers loaded through wa_slot / wb_slot into the staged slabs.
+// Stores element l of the registers loaded through wa_slot / wb_slot into the staged slabs.
+fn wide_stage_elem(lid: u32, l: u32, a_k_fast: bool, a: f32, b_n_fast: bool, b: f32) {
+    let p = wa_slot(lid, l, a_k_fast);
+    wa_tile[p.y * WIDE_ROW4 + (p.x >> 2u)][p.x & 3u] = a;
+    let q = wb_slot(lid, l, b_n_fast);
+    wb_tile[q.x * WIDE_ROW4 + (q.y >> 2u)][q.y & 3u] = b;
+}
+
 fn wide_stage(lid: u32, a_k_fast: bool, a: vec4<f32>, b_n_fast: bool, b: vec4<f32>) {
-    for (var l = 0u; l < 4u; l++) {
-        let p = wa_slot(lid, l, a_k_fast);
-        wa_tile[p.y * WIDE_ROW4 + (p.x >> 2u)][p.x & 3u] = a[l];
-        let q = wb_slot(lid, l, b_n_fast);
-        wb_tile[q.x * WIDE_ROW4 + (q.y >> 2u)][q.y & 3u] = b[l];
-    }
+    wide_stage_elem(lid, 0u, a_k_fast, a.x, b_n_fast, b.x);
+    wide_stage_elem(lid, 1u, a_k_fast, a.y, b_n_fast, b.y);
+    wide_stage_elem(lid, 2u, a_k_fast, a.z, b_n_fast, b.z);
+    wide_stage_elem(lid, 3u, a_k_fast, a.w, b_n_fast, b.w);
 }
 
 @compute @workgroup_size(256)
@@ -159,12 +175,20 @@ fn wide_store_row(c_base: u32, row: u32, c0: u32, left: vec4<f32>, right: vec4<f
     if row >= mp.m {
         return;
     }
-    for (var j = 0u; j < 4u; j++) {
-        if c0 + j < mp.n {
-            mm_c[c_base + row * mp.n + c0 + j] = mm_store_value(left[j]);
-        }
-        if c0 + 64u + j < mp.n {
-            mm_c[c_base + row * mp.n + c0 + 64u + j] = mm_store_value(right[j]);
-        }
+    let r = c_base + row * mp.n;
+    wide_store_pair(r, c0, left.x, right.x);
+    wide_store_pair(r, c0 + 1u, left.y, right.y);
+    wide_store_pair(r, c0 + 2u, left.z, right.z);
+    wide_store_pair(r, c0 + 3u, left.w, right.w);
+}
+
+// Stores `left` at column col and `right` at col + 64 of the row starting at `row_base`, where
+// inside the matrix.
+fn wide_store_pair(row_base: u32, col: u32, left: f32, right: f32) {
+    if col < mp.n {
+        mm_c[row_base + col] = mm_store_value(left);
+    }
+    if col + 64u < mp.n {
+        mm_c[row_base + col + 64u] = mm_store_value(right);
     }
 }
