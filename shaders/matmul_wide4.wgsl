@@ -79,11 +79,13 @@ fn w4_load_b(lid: u32, k0: u32, n0: u32, base: u32) -> vec4<f32> {
 // Stores the vec4s read by w4_load_a / w4_load_b into the staged slabs.
 fn w4_stage(lid: u32, a: vec4<f32>, b: vec4<f32>) {
     if mp.a_k_fast != 0u {
+        // a column of A's slab: written out per component (no vec4 indexed by a variable)
         let r = lid >> 1u;
-        let q = (lid & 1u) * 4u;
-        for (var j = 0u; j < 4u; j++) {
-            w4a_tile[(q + j) * W4_ROW4 + (r >> 2u)][r & 3u] = a[j];
-        }
+        let at = (lid & 1u) * 4u * W4_ROW4 + (r >> 2u);
+        w4a_tile[at][r & 3u] = a.x;
+        w4a_tile[at + W4_ROW4][r & 3u] = a.y;
+        w4a_tile[at + 2u * W4_ROW4][r & 3u] = a.z;
+        w4a_tile[at + 3u * W4_ROW4][r & 3u] = a.w;
     } else {
         w4a_tile[(lid >> 5u) * W4_ROW4 + (lid & 31u)] = a;
     }
@@ -91,10 +93,11 @@ fn w4_stage(lid: u32, a: vec4<f32>, b: vec4<f32>) {
         w4b_tile[(lid >> 5u) * W4_ROW4 + (lid & 31u)] = b;
     } else {
         let c = lid >> 1u;
-        let q = (lid & 1u) * 4u;
-        for (var j = 0u; j < 4u; j++) {
-            w4b_tile[(q + j) * W4_ROW4 + (c >> 2u)][c & 3u] = b[j];
-        }
+        let bt = (lid & 1u) * 4u * W4_ROW4 + (c >> 2u);
+        w4b_tile[bt][c & 3u] = b.x;
+        w4b_tile[bt + W4_ROW4][c & 3u] = b.y;
+        w4b_tile[bt + 2u * W4_ROW4][c & 3u] = b.z;
+        w4b_tile[bt + 3u * W4_ROW4][c & 3u] = b.w;
     }
 }
 
