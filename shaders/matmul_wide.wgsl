@@ -4,8 +4,9 @@
 // matmul.wgsl + this file, and runs it when the product has enough 128×128 tiles (`Auto`,
 // `WIDE_MIN_GROUPS` there) or when MOEGRAD_MATMUL=wide.
 //
-// Same params, bindings and element type as `matmul` (MatmulParams, mm_a, mm_b, mm_c; f32 only:
-// the f16 build keeps `matmul`). What differs is the tiling:
+// Same params, bindings and element type as `matmul` (MatmulParams, mm_a, mm_b, mm_c; f32, or
+// f16 in the f16 build `matmul_wide_f16`, which reads and stores through matmul.wgsl's element
+// block like the f16 `matmul`). What differs is the tiling:
 //   * a workgroup of 256 invocations computes one 128×128 tile of the output;
 //   * invocation (tx, ty) = (lid % 16, lid / 16) owns an 8×8 micro-tile: rows 4·ty..4·ty+3 and
 //     64+4·ty..64+4·ty+3 of the tile, columns 4·tx..4·tx+3 and 64+4·tx..64+4·tx+3, in sixteen

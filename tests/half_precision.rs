@@ -211,6 +211,69 @@ fn f16_matmul_matches_the_f64_product_of_its_operands() {
     }
 }
 
+/// The GPU kernels one closure ran, by `shader.entry` name (from a profile).
+fn kernels_run(f: impl FnOnce()) -> Vec<String> {
+    let recording = moegrad::profile::start();
+    f();
+    let report = recording.finish().expect("a profile");
+    report
+        .gpu
+        .map(|g| g.kernels.into_iter().map(|k| k.kernel).collect())
+        .unwrap_or_default()
+}
+
+/// Large f16 products run the wide 128×128-tile kernel (its f16 build) under `auto`, and small
+/// ones under `wide`, with the bits of the plain f16 kernel: the same f32 FMA chain, rounded
+/// once to f16.
+#[test]
+fn large_f16_products_run_the_wide_kernel_with_the_plain_kernels_bits() {
+    use moegrad::gpu::MatmulKernel;
+    let Some(gpu) = f16_gpu("large_f16_products_run_the_wide_kernel_with_the_plain_kernels_bits")
+    else {
+        return;
+    };
+    let before = moegrad::gpu::matmul_kernel().unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    // 9 × 9 = 81 wide tiles: auto's choice is the wide kernel; 3 × 3 × 2: only when asked
+    for ((batch, m, k, n), wide) in [
+        ((1, 1030, 9, 1030), MatmulKernel::Auto),
+        ((2, 300, 70, 260), MatmulKernel::Wide),
+    ] {
+        let to16 = |v: Vec<f32>, shape: &[usize]| {
+            Tensor::from_f32(v, shape, gpu)
+                .and_then(|t| t.to_dtype(DType::F16))
+                .unwrap()
+        };
+        let a = to16(f16_values(batch * m * k, &mut rng), &[batch, m, k]);
+        let b = to16(f16_values(batch * k * n, &mut rng), &[batch, k, n]);
+        let run = |kernel: MatmulKernel| {
+            moegrad::gpu::set_matmul_kernel(kernel).unwrap();
+            let mut c = None;
+            let ran = kernels_run(|| c = Some(a.matmul(&b).unwrap().to_vec_f32().unwrap()));
+            (c.unwrap(), ran)
+        };
+        let (plain, plain_ran) = run(MatmulKernel::Plain);
+        let (wide_out, wide_ran) = run(wide);
+        let what = format!("[{batch}, {m}, {k}]·[{batch}, {k}, {n}] under {wide:?}");
+        assert!(
+            plain_ran.iter().any(|k| k == "matmul_f16.matmul"),
+            "{what}: the plain run ran {plain_ran:?}"
+        );
+        assert!(
+            wide_ran.iter().any(|k| k == "matmul_wide_f16.matmul_wide"),
+            "{what}: the wide kernel did not run: {wide_ran:?}"
+        );
+        assert_eq!(plain.len(), wide_out.len());
+        for (i, (p, w)) in plain.iter().zip(&wide_out).enumerate() {
+            assert!(
+                p.to_bits() == w.to_bits(),
+                "{what}: element {i}: wide {w}, plain {p}"
+            );
+        }
+    }
+    moegrad::gpu::set_matmul_kernel(before).unwrap();
+}
+
 /// `op(x, w)` and the gradients for `x` and `w` of `Σ op(x, w) ⊙ up`, twice: `[f16, f32]`. The
 /// f16 run casts the f32 leaves to f16, applies `op` there (checking that it gives f16) and casts
 /// the result back, so its gradients come back through the casts as f32.

@@ -105,6 +105,15 @@ pub(crate) static MATMUL_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader 
     source: String::leak(f16_build(super::matmul::MATMUL_SHADER.source)),
 });
 
+/// `matmul_wide` (with `matmul.wgsl` before it) built with f16 operands and output: the wide
+/// 128×128 tiles for large f16 products, with the same f32 FMA chain as the f16 `matmul`, so
+/// the same bits.
+pub(crate) static MATMUL_WIDE_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "matmul_wide_f16",
+    builtin: true,
+    source: String::leak(f16_build(super::matmul::MATMUL_WIDE_SHADER.source)),
+});
+
 /// The layout kernels (`copy_strided`, `concat_part`, `gather`) built to move f16 values.
 pub(crate) static LAYOUT_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "layout_f16",

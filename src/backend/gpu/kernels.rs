@@ -112,6 +112,10 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         },
         BuiltinShader {
             needs_f16: true,
+            ..plain(&half::MATMUL_WIDE_F16_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
             ..plain(&half::ELEMENTWISE_F16_SHADER)
         },
         BuiltinShader {
@@ -189,7 +193,7 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
     matches!(
         (shader, entry),
         ("half", _)
-            | ("matmul_f16", _)
+            | ("matmul_f16" | "matmul_wide_f16", _)
             | ("elementwise_f16", _)
             | (
                 "layout_f16",

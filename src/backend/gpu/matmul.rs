@@ -25,7 +25,7 @@
 //! `MOEGRAD_MATMUL=auto|plain|wide|subgroup|wide-vec4` chooses at start-up and
 //! `GpuBackend::set_matmul_kernel` at run time.
 
-use super::half::{MATMUL_F16_SHADER, float_operands};
+use super::half::{MATMUL_F16_SHADER, MATMUL_WIDE_F16_SHADER, float_operands};
 use super::kernels::Shader;
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::MatmulOps;
@@ -296,8 +296,10 @@ fn operand(
 /// Batched matrix product `C[b] = A[b]·B[b]` (entry point `matmul`), `A[b]: m×k` and `B[b]: k×n`
 /// read through their layouts, output contiguous `[batch, m, n]`.
 ///
-/// Both operands f16 (adapters with `shader-f16`) run the f16 build of the same kernel
-/// ([`MATMUL_F16_SHADER`]): f16 reads, f32 sums, an f16 output.
+/// Both operands f16 (adapters with `shader-f16`) run the f16 build of the same kernels
+/// ([`MATMUL_F16_SHADER`], and [`MATMUL_WIDE_F16_SHADER`] where `auto` or `wide`, or
+/// `wide-vec4`, which has no f16 build, choose the wide kernel): f16 reads, f32 sums, an f16
+/// output; never split-k (its partial sums would be rounded to f16).
 ///
 /// # Errors
 /// [`Error::DType`] unless both operands are f32 or both f16; [`Error::Shape`] when a layout addresses an
@@ -334,6 +336,8 @@ pub(crate) fn matmul(
     let wide_groups = n.div_ceil(WIDE_TILE) * m.div_ceil(WIDE_TILE) * batch;
     let chosen = be.matmul_kernel();
     let kernel = match (dtype, chosen) {
+        (DType::F16, MatmulKernel::Auto) if wide_groups >= WIDE_MIN_GROUPS => MatmulKernel::Wide,
+        (DType::F16, MatmulKernel::Wide | MatmulKernel::WideVec4) => MatmulKernel::Wide,
         (DType::F16, _) => MatmulKernel::Plain,
         (_, MatmulKernel::Auto) if wide_groups >= WIDE_MIN_GROUPS => MatmulKernel::Wide,
         (_, MatmulKernel::Auto) => MatmulKernel::Plain,
@@ -363,6 +367,7 @@ pub(crate) fn matmul(
     };
     let c = be.alloc(out_len * splits, dtype)?;
     let (entry, tile) = match (dtype, kernel) {
+        (DType::F16, MatmulKernel::Wide) => ((&*MATMUL_WIDE_F16_SHADER, "matmul_wide"), WIDE_TILE),
         (DType::F16, _) => ((matmul_build(dtype), "matmul"), TILE),
         (_, MatmulKernel::Wide) => ((&MATMUL_WIDE_SHADER, "matmul_wide"), WIDE_TILE),
         (_, MatmulKernel::WideVec4) => ((&MATMUL_WIDE4_SHADER, "matmul_wide4"), WIDE_TILE),
