@@ -27,7 +27,7 @@
 
 use super::half::{MATMUL_F16_SHADER, MATMUL_WIDE_F16_SHADER, float_operands};
 use super::kernels::Shader;
-use super::{GpuBackend, GpuBuffer};
+use super::{GpuBackend, GpuBuffer, MatmulKernel};
 use crate::backend::MatmulOps;
 use crate::backend::{
     AxisView, ElementwiseOps, ExpertBankDims, GroupedMatmulDims, MatLayout, MatmulDims, ReduceOp,
@@ -84,65 +84,6 @@ pub(crate) static MATMUL_WIDE4_SHADER: Shader = Shader {
         include_str!("../../../shaders/matmul_wide4.wgsl")
     ),
 };
-
-/// Which kernel computes `matmul` on the GPU (f32 operands; f16 ones always run the f16 build
-/// of `matmul`). The kernels compute each element as the same chain of FMAs, so they agree to
-/// the bit; `Auto` may also split a long reduction (split-k, below), whose partial
-/// sums are then added in a fixed order: deterministic, but not the same bits as one chain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum MatmulKernel {
-    /// chosen per product: [`MatmulKernel::Wide`] when it has at least 64 output tiles of
-    /// 128×128 (`WIDE_MIN_GROUPS` in the launcher), [`MatmulKernel::Plain`] otherwise, with its reduction split into
-    /// ranges (split-k) when the product has few tiles and a long `k` (the default)
-    Auto,
-    /// `matmul`: 64×64 output tiles, A and B staged in workgroup memory (every adapter)
-    Plain,
-    /// `matmul_wide`: 128×128 output tiles, 8×8 per invocation (every adapter)
-    Wide,
-    /// `matmul_subgroup`: B staged, A shared through subgroup shuffles (adapters with subgroups
-    /// of 4 to 128 invocations)
-    Subgroup,
-    /// `matmul_wide4`: `matmul_wide` with vec4 reads and writes, for operands whose contiguous
-    /// axes are multiples of 4 (n too), and `matmul_wide` for the others (every adapter; not
-    /// yet measured on a real GPU, so not `Auto`'s choice)
-    WideVec4,
-}
-
-impl MatmulKernel {
-    /// Every choice, in the order `MOEGRAD_MATMUL` lists them.
-    pub const ALL: [MatmulKernel; 5] = [
-        MatmulKernel::Auto,
-        MatmulKernel::Plain,
-        MatmulKernel::Wide,
-        MatmulKernel::Subgroup,
-        MatmulKernel::WideVec4,
-    ];
-
-    /// Parses `auto`, `plain`, `wide`, `subgroup` or `wide-vec4` (`MOEGRAD_MATMUL`).
-    pub fn from_name(name: &str) -> Result<MatmulKernel> {
-        let name = name.trim();
-        Self::ALL
-            .into_iter()
-            .find(|k| k.name() == name)
-            .ok_or_else(|| {
-                Error::Invalid(format!(
-                    "MOEGRAD_MATMUL={name:?} is not auto, plain, wide, subgroup or wide-vec4"
-                ))
-            })
-    }
-
-    /// The name, as `MOEGRAD_MATMUL` spells it.
-    pub fn name(self) -> &'static str {
-        match self {
-            MatmulKernel::Auto => "auto",
-            MatmulKernel::Plain => "plain",
-            MatmulKernel::Wide => "wide",
-            MatmulKernel::Subgroup => "subgroup",
-            MatmulKernel::WideVec4 => "wide-vec4",
-        }
-    }
-}
 
 /// Output tile edge of the kernels of `matmul.wgsl` itself (rows and columns per workgroup).
 const TILE: usize = 64;

@@ -8,6 +8,7 @@
 //!   (nothing is read back to the host except by [`BufferOps::download`]);
 //! * `kernels.rs` compiles and caches pipelines and holds the one launch helper,
 //!   `GpuBackend::launch(shader, entry, buffers, params, groups)`, that every op uses;
+//! * `matmul_kernel.rs` names the dense matmul's kernel choices ([`MatmulKernel`]);
 //! * `shader_checks.rs` says which of wgpu's run-time checks are compiled into the built-in
 //!   kernels ([`ShaderChecks`]; by default all but the loop counter);
 //! * `info.rs` describes the adapter ([`GpuInfo`], read with [`info`]);
@@ -42,6 +43,7 @@ mod kernels;
 mod layer_norm;
 mod layout;
 pub(crate) mod matmul;
+mod matmul_kernel;
 mod moe_combine;
 mod nn;
 mod optim;
@@ -66,7 +68,7 @@ pub use info::{GpuInfo, info};
 pub(crate) use kernels::Shader;
 #[cfg(test)]
 pub(crate) use kernels::{BuiltinShader, builtin_shaders};
-pub use matmul::MatmulKernel;
+pub use matmul_kernel::MatmulKernel;
 pub(crate) use optim::AdamSlot;
 #[cfg(test)]
 pub(crate) use optim::{ADAM_MULTI_SLOTS, NORM_SLOTS};
@@ -168,7 +170,7 @@ impl GpuBackend {
             let subgroups = subgroup_matmul_possible(&ctx);
             let matmul_kernel = match std::env::var("MOEGRAD_MATMUL") {
                 Err(_) => MatmulKernel::Auto,
-                Ok(name) => match matmul::MatmulKernel::from_name(&name).map_err(|e| e.to_string())? {
+                Ok(name) => match MatmulKernel::from_name(&name).map_err(|e| e.to_string())? {
                     MatmulKernel::Subgroup if !subgroups => {
                         return Err(format!(
                             "MOEGRAD_MATMUL=subgroup, but the adapter \"{}\" offers no subgroups of 4 to 128 invocations",
