@@ -20,7 +20,10 @@
 # the moe-gpt training step, and their peers (torch.matmul, the MoE layer step, the char-LM
 # step); FOCUS=all (the default) measures everything above. In both, the matmul, `bench moe`
 # and the moe-gpt step also run with MOEGRAD_SHADER_CHECKS=full (wgpu's loop counter in every
-# loop, which moegrad's kernels leave out by default: docs/gpu.md), to measure what it costs.
+# loop, which moegrad's kernels leave out by default: docs/gpu.md), to measure what it costs,
+# and `bench moe` once more with MOEGRAD_BIND_GROUPS=create (a bind group created per dispatch,
+# as before bind groups were reused), and `bench gpu-step` (the host's milliseconds per step,
+# bind groups reused and created, beside the kernels' GPU milliseconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-report.json}
@@ -86,6 +89,9 @@ for round in $(seq 1 "$ROUNDS"); do
     measure "moegrad-moe-$round" "$BIN" bench moe --device gpu --json
     measure "moegrad-moe-full-checks-$round" env MOEGRAD_SHADER_CHECKS=full "$BIN" bench moe \
       --device gpu --json
+    measure "moegrad-moe-create-bind-groups-$round" env MOEGRAD_BIND_GROUPS=create "$BIN" bench \
+      moe --device gpu --json
+    measure "moegrad-gpu-step-$round" "$BIN" bench gpu-step --json
   elif [ "$round" = 1 ]; then
     measure "moegrad-all-$round" "$BIN" bench all --device gpu --sizes 1024,2048,4096,8192 --json
   else
@@ -96,6 +102,8 @@ for round in $(seq 1 "$ROUNDS"); do
     measure "moegrad-moe-$round" "$BIN" bench moe --device gpu --json
     measure "moegrad-moe-full-checks-$round" env MOEGRAD_SHADER_CHECKS=full "$BIN" bench moe \
       --device gpu --json
+    measure "moegrad-moe-create-bind-groups-$round" env MOEGRAD_BIND_GROUPS=create "$BIN" bench \
+      moe --device gpu --json
   fi
   models=(gpt moe-gpt)
   if [ "$FOCUS" = targets ]; then

@@ -142,6 +142,37 @@ pub fn set_shader_checks(checks: ShaderChecks) -> Result<()> {
     Ok(())
 }
 
+/// Whether a dispatch reuses the bind group of an earlier dispatch that bound the same buffers
+/// (the default, unless `MOEGRAD_BIND_GROUPS=create`), rather than creating its own; see
+/// [`GpuStats::bind_groups_created`].
+///
+/// # Errors
+/// [`crate::Error::Device`] when no GPU adapter is available.
+pub fn bind_group_reuse() -> Result<bool> {
+    Ok(GpuBackend::get()?.bind_groups().reuse())
+}
+
+/// Turns bind-group reuse on or off for the whole process (off also drops the cached groups).
+/// Both compute the same values; the choice is for measuring what creating a bind group per
+/// dispatch costs the host (`moegrad bench gpu-step` reports both).
+///
+/// # Errors
+/// [`crate::Error::Device`] when no GPU adapter is available.
+///
+/// # Example
+/// ```
+/// use moegrad::gpu;
+/// if let Ok(before) = gpu::bind_group_reuse() {
+///     gpu::set_bind_group_reuse(false).unwrap();
+///     assert!(!gpu::bind_group_reuse().unwrap());
+///     gpu::set_bind_group_reuse(before).unwrap();
+/// }
+/// ```
+pub fn set_bind_group_reuse(reuse: bool) -> Result<()> {
+    GpuBackend::get()?.bind_groups().set_reuse(reuse);
+    Ok(())
+}
+
 /// Whether the adapter can run [`MatmulKernel::Subgroup`]: it has subgroups of 4 to 128
 /// invocations (lavapipe: 8; NVIDIA 32; AMD 32 or 64).
 ///

@@ -33,6 +33,14 @@ pub struct OverheadRecord {
     pub device: String,
     /// microseconds per op (an add of two 64-element f32 tensors)
     pub us: f64,
+    /// GPU: host microseconds to record one such add into the pending batch, nothing submitted
+    /// within the timed span (the least of 8 chains of 200), bind groups reused (the default)
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub record_us: Option<f64>,
+    /// GPU: the same with a bind group created per dispatch (`MOEGRAD_BIND_GROUPS=create`),
+    /// measured alternately with `record_us`
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub record_us_creating_bind_groups: Option<f64>,
 }
 
 /// The result of `moegrad bench matmul`.
@@ -99,6 +107,56 @@ pub fn op_overhead_us(device: Device) -> Result<f64> {
     Ok(secs * 1e6)
 }
 
+/// Adds in each chain [`gpu_record_us`] times: fewer than a batch's 256 dispatches, so that
+/// nothing is submitted while the clock runs.
+const RECORD_CHAIN: usize = 200;
+
+/// Host microseconds to record one `add` of two 64-element f32 tensors on the GPU, with bind
+/// groups reused and with one created per dispatch: chains of [`RECORD_CHAIN`] adds, each timed
+/// from an idle device to the last add recorded (no submission inside), alternating the two
+/// settings over 8 rounds after a warm-up round, the least of each. The setting in force before
+/// is restored.
+///
+/// # Errors
+/// No GPU adapter, or an error of an add.
+pub fn gpu_record_us(device: Device) -> Result<(f64, f64)> {
+    let a = Tensor::full(&[64], 1.0, DType::F32, device)?;
+    let b = Tensor::full(&[64], 2.0, DType::F32, device)?;
+    let chain = || -> Result<Tensor> {
+        let mut x = a.clone();
+        for _ in 0..RECORD_CHAIN {
+            x = x.add(&b)?;
+        }
+        Ok(x)
+    };
+    let before = moegrad::gpu::bind_group_reuse()?;
+    let mut best = [f64::INFINITY; 2];
+    let mut measure = || -> Result<()> {
+        for round in 0..9 {
+            for (i, reuse) in [true, false].into_iter().enumerate() {
+                moegrad::gpu::set_bind_group_reuse(reuse)?;
+                // chains that settle the pool's buffers (and fill the cache when reusing)
+                for _ in 0..3 {
+                    chain()?;
+                    device.synchronize()?;
+                }
+                let t = Instant::now();
+                let x = chain()?;
+                let us = t.elapsed().as_secs_f64() * 1e6 / RECORD_CHAIN as f64;
+                device.synchronize()?;
+                drop(x);
+                if round > 0 {
+                    best[i] = best[i].min(us);
+                }
+            }
+        }
+        Ok(())
+    };
+    let outcome = measure();
+    moegrad::gpu::set_bind_group_reuse(before)?;
+    outcome.map(|()| (best[0], best[1]))
+}
+
 /// Bytes an n×n·n×n f32 matmul holds: its two operands and the product, `3·n²·4` (`None` past
 /// 64 bits).
 pub fn matmul_bytes(n: usize) -> Option<u64> {
@@ -129,9 +187,16 @@ pub fn bench_matmul(devices: &[Device], sizes: &[usize]) -> Result<MatmulBench> 
                 gflops: matmul_gflops(d, n)?,
             });
         }
+        let record = if d.is_gpu() {
+            Some(gpu_record_us(d)?)
+        } else {
+            None
+        };
         out.op_overhead_us.push(OverheadRecord {
             device: d.to_string(),
             us: op_overhead_us(d)?,
+            record_us: record.map(|r| r.0),
+            record_us_creating_bind_groups: record.map(|r| r.1),
         });
     }
     Ok(out)
@@ -176,6 +241,9 @@ pub struct MoeRecord {
     pub activation_bytes: usize,
     /// GPU: kernel dispatches per whole step (forward, backward, Adam); None on the CPU
     pub dispatches: Option<u64>,
+    /// GPU: bind groups created over the timed steps (0 once the warm-up has settled the buffer
+    /// pool: every dispatch reuses one, see docs/gpu.md); None on the CPU
+    pub bind_groups_created: Option<u64>,
 }
 
 /// The result of `moegrad bench moe`.
@@ -265,7 +333,15 @@ pub struct MoeStepTimes {
     pub activation_bytes: usize,
     /// GPU kernel dispatches per whole step (None on the CPU)
     pub dispatches: Option<u64>,
+    /// GPU bind groups created over the timed steps (None on the CPU)
+    pub bind_groups_created: Option<u64>,
 }
+
+/// Warm-up steps of [`moe_step`] on the GPU: the first compiles pipelines, fills the buffer
+/// pool and creates the optimizer's state; the next settle which pooled buffer each tensor
+/// gets, so that the timed steps reuse their bind groups (measured on lavapipe: none created
+/// over the timed steps of any router or n after 8; the CPU takes 2).
+pub const GPU_WARMUP_STEPS: usize = 8;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
@@ -327,9 +403,13 @@ pub fn moe_step(
         }
         Ok(())
     };
-    step(None)?; // warm-up: pipelines, pool, optimizer state
-    step(None)?;
-    device.synchronize()?;
+    // warm-up: pipelines, pool, optimizer state, and on the GPU the steps that settle which
+    // pooled buffer each tensor gets, so the timed steps reuse their bind groups
+    let warmups = if device.is_gpu() { GPU_WARMUP_STEPS } else { 2 };
+    for _ in 0..warmups {
+        step(None)?;
+        device.synchronize()?;
+    }
     let mut times = Vec::new();
     let mut peak = 0;
     device.reset_gpu_stats();
@@ -342,9 +422,9 @@ pub fn moe_step(
         times.push(t.elapsed().as_secs_f64() * 1e3);
         peak = peak.max(peak_in_use(device).saturating_sub(before));
     }
-    let dispatches = device
-        .gpu_stats()
-        .map(|s| s.dispatches / reps.max(1) as u64);
+    let counts = device.gpu_stats();
+    let dispatches = counts.map(|s| s.dispatches / reps.max(1) as u64);
+    let bind_groups_created = counts.map(|s| s.bind_groups_created);
     let mut phases = Vec::new();
     for _ in 0..reps.max(1) {
         step(Some(&mut phases))?;
@@ -359,6 +439,7 @@ pub fn moe_step(
         gradient_bytes,
         activation_bytes: peak.saturating_sub(gradient_bytes),
         dispatches,
+        bind_groups_created,
     })
 }
 
@@ -414,6 +495,7 @@ pub fn bench_moe(
                     gradient_bytes: t.gradient_bytes,
                     activation_bytes: t.activation_bytes,
                     dispatches: t.dispatches,
+                    bind_groups_created: t.bind_groups_created,
                 });
             }
         }

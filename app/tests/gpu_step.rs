@@ -2,7 +2,8 @@
 //! lavapipe in CI):
 //!
 //! * a steady-state step (`moegrad_cli::bench::gpu_step::count_step`) of `moe-mlp`, `cnn` and `gpt`
-//!   never waits for the device and creates no buffer; `moe-mlp` dispatches at most half of the
+//!   never waits for the device and creates no buffer and no bind group (nor does a step of the
+//!   training loop itself, once a few steps have settled the pool); `moe-mlp` dispatches at most half of the
 //!   206 kernels it took before this work, and uploads its batch plus a few kilobytes;
 //! * every fused kernel against the CPU: the top-k gate (forward and both backward rules), the
 //!   dispatch plan, the multi-tensor Adam (and its state saved and restored), the clipping norm,
@@ -10,7 +11,8 @@
 //! * the fused gate's backward rules by f64 gradcheck on the CPU;
 //! * a short `moe-mlp` run on the GPU matches the CPU's losses within 1e-3 relative;
 //! * `bench gpu-step` times the step's kernels where the adapter has timestamp queries, and
-//!   refuses clearly when there is no adapter.
+//!   refuses clearly when there is no adapter; `bench moe`'s timed GPU steps create no bind
+//!   group, and `bench matmul` reports the host's cost of recording an op both ways.
 //!
 //! GPU tests skip with a printed reason without an adapter, and fail when
 //! `MOEGRAD_REQUIRE_GPU=1`. The GPU counters are process-wide, so every GPU test here holds
@@ -63,6 +65,10 @@ fn assert_steady(what: &str, cfg: moegrad::train::TrainConfig) {
         "{what}: the step created buffers: {s:?}"
     );
     assert_eq!(s.downloaded_bytes, 0, "{what}: the step read back: {s:?}");
+    assert_eq!(
+        s.bind_groups_created, 0,
+        "{what}: the step created bind groups: {s:?}"
+    );
     assert!(s.dispatches > 0, "{what}: nothing counted: {s:?}");
 }
 
@@ -145,6 +151,10 @@ fn a_steady_step_never_waits_and_creates_no_buffer() {
             "{model}: the step created buffers: {s:?}"
         );
         assert_eq!(s.downloaded_bytes, 0, "{model}: the step read back: {s:?}");
+        assert_eq!(
+            s.bind_groups_created, 0,
+            "{model}: the step bound buffers no earlier step bound: {s:?}"
+        );
         assert!(
             s.dispatches > 0 && s.submits > 0,
             "{model}: nothing counted: {s:?}"
@@ -718,7 +728,18 @@ fn bench_gpu_step_times_the_step_where_the_adapter_has_timestamps() {
     let r = moegrad_cli::bench::gpu_step::bench_gpu_step(&["moe-mlp"]).unwrap();
     let rec = &r.gpu_step[0];
     // the timed step is not the counted one: the counts keep their zeros
-    assert_eq!((rec.host_waits, rec.buffers_created), (0, 0), "{rec:?}");
+    assert_eq!(
+        (rec.host_waits, rec.buffers_created, rec.bind_groups_created),
+        (0, 0, 0),
+        "{rec:?}"
+    );
+    // the host's share of a step, with bind groups reused and created, and reuse left on
+    let (reused, created) = (
+        rec.host_ms.unwrap(),
+        rec.host_ms_creating_bind_groups.unwrap(),
+    );
+    assert!(reused > 0.0 && created > 0.0, "{rec:?}");
+    assert!(moegrad::gpu::bind_group_reuse().unwrap());
     let timestamps = moegrad::gpu::info()
         .unwrap()
         .features
@@ -772,8 +793,13 @@ fn f16_mixed_steps_keep_the_counts_and_halve_the_activation_bytes() {
     let (full, mixed) = (run(Precision::F32), run(Precision::F16Mixed));
     let s = mixed.stats;
     assert_eq!(
-        (s.host_waits, s.buffers_created, s.downloaded_bytes),
-        (0, 0, 0),
+        (
+            s.host_waits,
+            s.buffers_created,
+            s.downloaded_bytes,
+            s.bind_groups_created
+        ),
+        (0, 0, 0, 0),
         "{s:?}"
     );
     let ratio = |a: u64, b: u64| a as f64 / b as f64;
@@ -784,4 +810,77 @@ fn f16_mixed_steps_keep_the_counts_and_halve_the_activation_bytes() {
     assert!(act <= 0.6, "activation bytes {act:.3}× f32's");
     assert!(bound <= 0.6, "bound bytes {bound:.3}× f32's");
     assert!(peak < 0.75, "peak bytes {peak:.3}× f32's");
+}
+
+/// The training loop itself (not the benchmark's step) reaches the steady state: `moegrad train`
+/// ends each step with a submit, so each step gets the buffers of the step before, and after a
+/// few steps no dispatch creates a bind group (nor a buffer) until the run ends.
+#[test]
+fn training_steps_settle_to_no_new_bind_groups() {
+    let Some((gpu, _lock)) = gpu("training_steps_settle_to_no_new_bind_groups") else {
+        return;
+    };
+    /// The GPU counters after each step.
+    struct Counts(Device, Vec<moegrad::gpu::GpuStats>);
+    impl moegrad::train::TrainObserver for Counts {
+        fn step(&mut self, _loss: Option<&str>) {
+            self.1.push(self.0.gpu_stats().unwrap());
+        }
+    }
+    let out = std::env::temp_dir().join(format!("moegrad-settle-{}", std::process::id()));
+    let cfg = moegrad::train::TrainConfig {
+        out: out.clone(),
+        device: "gpu".into(),
+        layers: 1,
+        heads: 2,
+        d_model: 32,
+        block: 16,
+        batch: 4,
+        iters: 32,
+        eval_every: 32,
+        eval_windows: 4,
+        experts: 4,
+        k: 2,
+        expert_hidden: 32,
+        log_every: 1000,
+        ..moegrad::train::TrainConfig::language_model(moegrad::train::ModelKind::MoeGpt)
+    };
+    let mut counts = Counts(gpu, Vec::new());
+    moegrad::lm::run_observed(&cfg, moegrad::train::RunOptions::default(), &mut counts).unwrap();
+    let _ = std::fs::remove_dir_all(&out);
+    let after = &counts.1;
+    assert!(after.len() >= 31, "{} steps observed", after.len());
+    // steps 17..=31 (the 32nd reads the loss back and evaluates; the bench's warm-up is 16)
+    let s = after[30].since(&after[15]);
+    assert!(s.dispatches > 1000, "{s:?}");
+    assert_eq!(
+        (s.bind_groups_created, s.buffers_created, s.host_waits),
+        (0, 0, 0),
+        "steps 17 to 31 of a run: {s:?}"
+    );
+}
+
+/// `bench moe`'s timed GPU steps come after enough warm-up that they create no bind group (so
+/// the figures are the steady state's), and `bench matmul` reports the host's cost of recording
+/// an op both ways, leaving bind-group reuse as it was.
+#[test]
+fn bench_figures_are_taken_with_settled_bind_groups() {
+    let Some((gpu, _lock)) = gpu("bench_figures_are_taken_with_settled_bind_groups") else {
+        return;
+    };
+    let w = moegrad_cli::bench::MoeWorkload {
+        tokens: 64,
+        d: 16,
+        hidden: 32,
+        k: 2,
+    };
+    for (router, n, all) in [("topk", 4, None), ("softmax", 4, Some(false))] {
+        let t = moegrad_cli::bench::moe_step(gpu, (router, n, 2), all, w, 3).unwrap();
+        assert_eq!(t.bind_groups_created, Some(0), "{router} over {n}: {t:?}");
+        assert!(t.dispatches.is_some_and(|d| d > 0), "{t:?}");
+    }
+    let (reused, created) = moegrad_cli::bench::gpu_record_us(gpu).unwrap();
+    assert!(reused > 0.0 && reused.is_finite(), "{reused}");
+    assert!(created > 0.0 && created.is_finite(), "{created}");
+    assert!(moegrad::gpu::bind_group_reuse().unwrap());
 }

@@ -313,6 +313,14 @@ impl<'a, T: Task> Trainer<'a, T> {
                 };
                 totals.loss_sum.add(&weighted)
             })?;
+            if self.device.is_gpu() {
+                // the step's last kernels go to the queue now, so the device starts on them
+                // while the host prepares the next batch, and every step submits at the same
+                // point: the buffers its batch held return to the pool at the same moment each
+                // step, so each step gets the same buffers and reuses the bind groups of the
+                // step before (backend/gpu/bind_group_cache.rs)
+                crate::gpu::flush()?;
+            }
             if (i + 1) % cfg.log_every == 0 || i + 1 == steps as usize {
                 let l = out.loss.item()?;
                 if !l.is_finite() {

@@ -2,13 +2,13 @@
 //!
 //! For each model (`moe-mlp` on MNIST-shaped input with the top-2-of-8 router, `cnn`, and the
 //! character-level `gpt` and `moe-gpt`), built with the settings `moegrad train` gives it, this
-//! runs two warm-up steps (pipelines compile, the buffer pool fills, the optimizer creates its
-//! state), then counts one more step with the GPU backend's counters ([`GpuStats`]): kernel
-//! dispatches, queue submissions, host waits, buffers the driver created, bytes uploaded and
-//! downloaded. The step is the one the training loop runs ([`moegrad::train::train_step`],
-//! plus the loop's on-device running sums), without the
-//! loss read-back of a `--log-every` step. Each step ends with a flush, so its last batch of
-//! kernels is submitted (and counted) within it.
+//! runs [`WARMUP_STEPS`] warm-up steps (pipelines compile, the buffer pool fills and settles,
+//! the optimizer creates its state), then counts one more step with the GPU backend's counters
+//! ([`GpuStats`]): kernel dispatches, queue submissions, host waits, buffers and bind groups the
+//! driver created, bytes uploaded and downloaded. The step is the one the training loop runs
+//! ([`moegrad::train::train_step`], plus the loop's on-device running sums), without the loss
+//! read-back of a `--log-every` step. Each step ends with a flush, as the training loop's do, so
+//! its last batch of kernels is submitted (and counted) within it.
 //!
 //! The inputs are random (seeded) with the shapes of the real data: MNIST-sized images and
 //! labels, and a synthetic text with Shakespeare's 65-character vocabulary. Routing sizes come
@@ -32,8 +32,16 @@ use serde::Serialize;
 /// The models `bench gpu-step` measures, by their `--model` names.
 pub const GPU_STEP_MODELS: [&str; 4] = ["moe-mlp", "cnn", "gpt", "moe-gpt"];
 
-/// Warm-up steps before the counted one.
-pub const WARMUP_STEPS: usize = 2;
+/// Warm-up steps before the counted one. The first creates the optimizer's state and fills the
+/// buffer pool; the next settle which pooled buffer each tensor gets (the pool hands out the
+/// free buffer it created first, so each step's buffers become those of the step before), and
+/// with them the bind groups: on lavapipe the small `moe-gpt` of the tests created 355, 276,
+/// 187, 139, 62, 33, 21, 14, 11, 5, 5, 3, 2, 1 and then no bind groups in its first steps (the
+/// slowest to settle of the models and balancers tested; `gpt` took 4 steps).
+pub const WARMUP_STEPS: usize = 16;
+
+/// Timed steps of each kind (bind groups reused, created) behind `host_ms`.
+pub const HOST_ROUNDS: usize = 3;
 
 /// The counts of one model's steady-state training step.
 #[derive(Clone, Debug, Serialize)]
@@ -50,6 +58,8 @@ pub struct GpuStepRecord {
     pub host_waits: u64,
     /// device buffers created by the driver (0: every buffer came from the pool)
     pub buffers_created: u64,
+    /// bind groups created (0: every dispatch reused the bind group of an earlier step's)
+    pub bind_groups_created: u64,
     /// bytes written to the device: the batch, plus the kernels' parameter blocks
     pub uploaded_bytes: u64,
     /// bytes read back to the host
@@ -64,6 +74,13 @@ pub struct GpuStepRecord {
     /// GPU milliseconds of the step's kernels from timestamp queries (measured on one more step,
     /// each kernel in a pass of its own); `null` where the adapter has no timestamp queries
     pub gpu_ms: Option<f64>,
+    /// host milliseconds to record and submit one step (from an idle device until the step's
+    /// last batch is submitted; the least of [`HOST_ROUNDS`] steps): the CPU's share, which a
+    /// real GPU's step cannot go below
+    pub host_ms: Option<f64>,
+    /// the same with bind-group reuse off (`MOEGRAD_BIND_GROUPS=create`: every dispatch creates
+    /// its bind group), measured alternately with `host_ms`
+    pub host_ms_creating_bind_groups: Option<f64>,
 }
 
 /// The result of `moegrad bench gpu-step`.
@@ -323,6 +340,9 @@ pub struct StepFigures {
     pub stats: GpuStats,
     /// its kernels' GPU milliseconds (see [`measure_step_with`])
     pub gpu_ms: Option<f64>,
+    /// host milliseconds to record and submit a step, bind groups reused and created
+    /// ([`GpuStepRecord::host_ms`]); measured with `time` only
+    pub host_ms: Option<(f64, f64)>,
     /// the most device bytes in use during a step, beyond those in use before it
     pub peak_bytes: u64,
     /// device bytes the forward pass and the loss leave in use for backward: the saved
@@ -399,12 +419,47 @@ pub fn measure(cfg: TrainConfig, time: bool) -> Result<StepFigures> {
     } else {
         None
     };
+    let host_ms = if time {
+        Some(host_times(stepper.as_mut(), step + 2, &gpu)?)
+    } else {
+        None
+    };
     Ok(StepFigures {
         stats: counted,
         gpu_ms,
+        host_ms,
         peak_bytes,
         activation_bytes,
     })
+}
+
+/// The least host milliseconds to record and submit a step (from an idle device until the
+/// flush returns) over [`HOST_ROUNDS`] steps with bind groups reused, and over as many with them
+/// created per dispatch, alternating; steps are numbered from `first`. Reuse is restored after.
+fn host_times(stepper: &mut dyn Stepper, first: u64, gpu: &Device) -> Result<(f64, f64)> {
+    let before = moegrad::gpu::bind_group_reuse()?;
+    let mut best = [f64::INFINITY; 2];
+    let mut step = first;
+    let mut run = || -> Result<()> {
+        for _ in 0..HOST_ROUNDS {
+            for (i, reuse) in [true, false].into_iter().enumerate() {
+                moegrad::gpu::set_bind_group_reuse(reuse)?;
+                // a step to fill the cache again after a round without it
+                stepper.step(step)?;
+                gpu.synchronize()?;
+                let t = std::time::Instant::now();
+                stepper.step(step + 1)?;
+                moegrad::gpu::flush()?;
+                best[i] = best[i].min(t.elapsed().as_secs_f64() * 1e3);
+                gpu.synchronize()?;
+                step += 2;
+            }
+        }
+        Ok(())
+    };
+    let outcome = run();
+    moegrad::gpu::set_bind_group_reuse(before)?;
+    outcome.map(|()| (best[0], best[1]))
 }
 
 /// `moegrad bench gpu-step` over `models` (names from [`GPU_STEP_MODELS`]).
@@ -440,12 +495,15 @@ pub fn bench_gpu_step(models: &[&str]) -> Result<GpuStepBench> {
                 submits: s.submits,
                 host_waits: s.host_waits,
                 buffers_created: s.buffers_created,
+                bind_groups_created: s.bind_groups_created,
                 uploaded_bytes: s.uploaded_bytes,
                 downloaded_bytes: s.downloaded_bytes,
                 bound_bytes: s.bound_bytes,
                 activation_bytes: f.activation_bytes,
                 peak_bytes: f.peak_bytes,
                 gpu_ms: f.gpu_ms,
+                host_ms: f.host_ms.map(|h| h.0),
+                host_ms_creating_bind_groups: f.host_ms.map(|h| h.1),
             });
         }
     }

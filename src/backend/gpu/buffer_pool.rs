@@ -8,10 +8,20 @@
 //! Two kinds are pooled separately: storage buffers (what kernels read and write) and staging
 //! buffers (mappable, used by `download`). [`Pool::stats`] counts storage bytes checked out now
 //! and the peak since [`Pool::reset_peak`]; [`Pool::trim`] releases the free lists.
+//!
+//! **Which free buffer.** A request takes the free buffer of its class that the pool created
+//! first (the lowest serial number), not the one freed last. The choice never changes how many
+//! buffers a step needs, but it makes the step's buffers the same ones every step: the free
+//! lists at the start of a step then hold the same buffers as at the start of the one before,
+//! and the same requests in the same order get the same answers. A last-in-first-out list would
+//! hand them out in an order that keeps shifting from step to step, and every dispatch would
+//! bind a new combination of buffers: with the same buffers each step, every dispatch finds
+//! its bind group in the cache (`bind_group_cache.rs`; measured in docs/benchmarks.md).
 
 use super::stats::Counters as GpuCounters;
 use crate::{Error, Result};
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// The smallest size class, in bytes.
@@ -46,8 +56,9 @@ struct Counters {
     peak: u64,
 }
 
-/// Free buffers by (kind, size class).
-type FreeLists = HashMap<(Kind, u64), Vec<wgpu::Buffer>>;
+/// Free buffers by (kind, size class), each list by the serial number its buffer was created
+/// with (see [`Pool::take`]).
+type FreeLists = HashMap<(Kind, u64), BTreeMap<u64, wgpu::Buffer>>;
 
 /// Free lists by (kind, size class) and the counters.
 pub(crate) struct Pool {
@@ -56,11 +67,15 @@ pub(crate) struct Pool {
     /// the backend's counters (a creation is a pool miss)
     counters: Arc<GpuCounters>,
     free: Mutex<(FreeLists, Counters)>,
+    /// the serial number of the next buffer created
+    next_serial: AtomicU64,
 }
 
 /// A buffer checked out of the pool; it returns itself to its free list on drop.
 pub(crate) struct PooledBuffer {
     buffer: Option<wgpu::Buffer>,
+    /// the buffer's serial number, in the order the pool created its buffers
+    serial: u64,
     kind: Kind,
     class: u64,
     pool: Arc<Pool>,
@@ -73,7 +88,7 @@ impl PooledBuffer {
     }
 
     /// The wgpu buffer (its size is the class size, at least the bytes asked for).
-    pub(super) fn raw(&self) -> &wgpu::Buffer {
+    pub(crate) fn raw(&self) -> &wgpu::Buffer {
         self.buffer
             .as_ref()
             .expect("a pooled buffer holds its wgpu buffer until dropped")
@@ -83,7 +98,7 @@ impl PooledBuffer {
 impl Drop for PooledBuffer {
     fn drop(&mut self) {
         if let Some(b) = self.buffer.take() {
-            self.pool.give_back(self.kind, self.class, b);
+            self.pool.give_back(self.kind, self.class, self.serial, b);
         }
     }
 }
@@ -100,6 +115,7 @@ impl Pool {
             max_buffer_size,
             counters,
             free: Mutex::new((HashMap::new(), Counters::default())),
+            next_serial: AtomicU64::new(0),
         })
     }
 
@@ -112,9 +128,9 @@ impl Pool {
         c.min(self.max_buffer_size.max(bytes))
     }
 
-    /// A buffer of at least `bytes` bytes, from the free list or newly created. Its contents are
-    /// whatever the last user left (uninitialised).
-    pub(super) fn take(self: &Arc<Pool>, kind: Kind, bytes: u64) -> Result<Arc<PooledBuffer>> {
+    /// A buffer of at least `bytes` bytes: the free buffer of its class created first, or a new
+    /// one. Its contents are whatever the last user left (uninitialised).
+    pub(crate) fn take(self: &Arc<Pool>, kind: Kind, bytes: u64) -> Result<Arc<PooledBuffer>> {
         if bytes > self.max_buffer_size {
             return Err(Error::Invalid(format!(
                 "a GPU buffer of {bytes} bytes exceeds the device's max_buffer_size ({})",
@@ -124,17 +140,17 @@ impl Pool {
         let class = self.class_of(bytes);
         let reused = {
             let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
-            let b = g.0.get_mut(&(kind, class)).and_then(|v| v.pop());
+            let b = g.0.get_mut(&(kind, class)).and_then(|v| v.pop_first());
             if kind == Kind::Storage {
                 g.1.in_use += class;
                 g.1.peak = g.1.peak.max(g.1.in_use);
             }
             b
         };
-        let buffer = match reused {
+        let (serial, buffer) = match reused {
             Some(b) => b,
             None => match self.create(kind, class) {
-                Ok(b) => b,
+                Ok(b) => (self.next_serial.fetch_add(1, Ordering::Relaxed), b),
                 Err(e) => {
                     if kind == Kind::Storage {
                         let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
@@ -146,6 +162,7 @@ impl Pool {
         };
         Ok(Arc::new(PooledBuffer {
             buffer: Some(buffer),
+            serial,
             kind,
             class,
             pool: self.clone(),
@@ -180,12 +197,12 @@ impl Pool {
         }
     }
 
-    fn give_back(&self, kind: Kind, class: u64, buffer: wgpu::Buffer) {
+    fn give_back(&self, kind: Kind, class: u64, serial: u64, buffer: wgpu::Buffer) {
         let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
         if kind == Kind::Storage {
             g.1.in_use = g.1.in_use.saturating_sub(class);
         }
-        g.0.entry((kind, class)).or_default().push(buffer);
+        g.0.entry((kind, class)).or_default().insert(serial, buffer);
     }
 
     /// `(in_use_bytes, peak_bytes)` of the storage pool.

@@ -21,9 +21,13 @@
 //!   been free), so applying the write before the whole pending batch at submit is correct.
 //! * **Order.** Launches run in the order they were recorded (one compute pass per batch; wgpu puts
 //!   the needed barriers between dependent dispatches).
+//! * **Bind groups.** Each dispatch binds its parameter slot and storage buffers through a bind
+//!   group from the [`BindGroupCache`], which reuses the group of an earlier dispatch that bound
+//!   the same buffers (`bind_group_cache.rs`).
 //! * **Profiling.** While a profile records, each dispatch gets a compute pass of its own with
 //!   timestamp writes where the adapter has them (see `timing.rs`).
 
+use super::bind_group_cache::{BindGroupCache, Binding};
 use super::buffer_pool::PooledBuffer;
 use super::context::Context;
 use super::stats::Counters;
@@ -91,15 +95,18 @@ pub(crate) struct Batcher {
     arena_size: u64,
     /// the device's uniform buffer offset alignment (every slot starts at a multiple)
     align: u64,
-    /// the backend's counters (dispatches, submissions, parameter bytes)
+    /// the backend's counters (dispatches, submissions, parameter bytes, bind groups)
     counters: Arc<Counters>,
+    /// bind groups by the buffers they bind, reused across dispatches and steps
+    pub(super) bind_groups: Mutex<BindGroupCache>,
     /// GPU time per kernel while a profile records
     pub(crate) timer: Timer,
 }
 
 impl Batcher {
-    /// A batcher with an empty batch and a uniform arena of [`MAX_BATCH`] slots.
-    pub(super) fn new(ctx: &Context, counters: Arc<Counters>) -> Batcher {
+    /// A batcher with an empty batch and a uniform arena of [`MAX_BATCH`] slots, reusing bind
+    /// groups or not (see `bind_group_cache.rs`).
+    pub(super) fn new(ctx: &Context, counters: Arc<Counters>, reuse_bind_groups: bool) -> Batcher {
         let align = (ctx.limits.min_uniform_buffer_offset_alignment as u64).max(16);
         let arena_size = MAX_PARAMS.next_multiple_of(align) * MAX_BATCH as u64;
         let arena = ctx.device.create_buffer(&wgpu::BufferDescriptor {
@@ -115,6 +122,7 @@ impl Batcher {
             arena_size,
             align,
             counters,
+            bind_groups: Mutex::new(BindGroupCache::new(reuse_bind_groups)),
             timer: Timer::new(ctx),
         }
     }
@@ -155,30 +163,17 @@ impl Batcher {
         b.params.extend_from_slice(param_bytes);
         b.params.resize((offset + slot) as usize, 0);
 
-        let mut entries = Vec::with_capacity(storage.len() + 1);
-        entries.push(wgpu::BindGroupEntry {
-            binding: 0,
-            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer: &self.arena,
-                offset: 0,
-                size: wgpu::BufferSize::new(bound),
-            }),
-        });
-        for s in storage {
-            entries.push(wgpu::BindGroupEntry {
-                binding: s.binding,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: s.buffer.raw(),
-                    offset: 0,
-                    size: wgpu::BufferSize::new(s.size),
-                }),
+        let bindings: Vec<Binding> = storage
+            .iter()
+            .map(|s| (s.binding, s.buffer, s.size))
+            .collect();
+        let bind_group = self
+            .bind_groups
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ctx.device, layout, &self.arena, bound, &bindings, || {
+                self.counters.bind_group_created()
             });
-        }
-        let bind_group = ctx.device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: None,
-            layout,
-            entries: &entries,
-        });
         if b.encoder.is_none() {
             b.encoder = Some(
                 ctx.device

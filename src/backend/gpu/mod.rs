@@ -31,7 +31,8 @@
 //! [`GpuBackend::synchronize`] or download.
 
 mod attention;
-mod buffer_pool;
+pub(crate) mod bind_group_cache;
+pub(crate) mod buffer_pool;
 mod context;
 mod conv2d;
 mod cross_entropy;
@@ -166,7 +167,8 @@ impl GpuBackend {
                 ctx.limits.max_buffer_size,
                 counters.clone(),
             );
-            let batcher = encoder::Batcher::new(&ctx, counters.clone());
+            let reuse = bind_group_cache::reuse_from_env().map_err(|e| e.to_string())?;
+            let batcher = encoder::Batcher::new(&ctx, counters.clone(), reuse);
             let subgroups = subgroup_matmul_possible(&ctx);
             let matmul_kernel = match std::env::var("MOEGRAD_MATMUL") {
                 Err(_) => MatmulKernel::Auto,
@@ -318,15 +320,32 @@ impl GpuBackend {
             .store(checks as u8, Ordering::Relaxed);
     }
 
+    /// The bind-group cache (`bind_group_cache.rs`), locked.
+    pub(crate) fn bind_groups(
+        &self,
+    ) -> std::sync::MutexGuard<'_, bind_group_cache::BindGroupCache> {
+        let cache = &self.inner.batcher.bind_groups;
+        cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The (shader name, checks) of every shader module compiled so far.
     #[cfg(test)]
     pub fn compiled_modules(&self) -> Vec<(&'static str, ShaderChecks)> {
         self.inner.kernels.module_keys()
     }
 
+    /// A pool of its own on this device (empty, with counters of its own), to test the pool.
+    #[cfg(test)]
+    pub fn private_pool(&self) -> Arc<buffer_pool::Pool> {
+        let ctx = &self.inner.ctx;
+        let counters = Arc::new(stats::Counters::default());
+        buffer_pool::Pool::new(ctx.device.clone(), ctx.limits.max_buffer_size, counters)
+    }
+
     /// Gives the pool's free buffers back to the driver (buffers in use are kept).
     #[cfg(test)]
     pub fn trim_pool(&self) {
+        self.bind_groups().clear();
         self.inner.pool.trim();
     }
 

@@ -1,5 +1,5 @@
 //! Counters of what the GPU backend asks of the driver: kernel dispatches, queue submissions,
-//! host waits, buffers created, bytes uploaded and downloaded.
+//! host waits, buffers and bind groups created, bytes uploaded and downloaded.
 //!
 //! These are the costs that decide a step's speed on a real GPU beyond the kernels themselves,
 //! and unlike timings they can be counted on any adapter, Mesa's lavapipe included. Each is one
@@ -25,6 +25,9 @@ pub struct GpuStats {
     /// device buffers created by the driver: pool misses (storage or download staging), plus
     /// the parameter arena when the context opens; zero when every buffer is reused
     pub buffers_created: u64,
+    /// bind groups created (a dispatch's binding of its buffers; see `bind_group_cache.rs`):
+    /// zero in a steady step, where every dispatch binds buffers an earlier step bound
+    pub bind_groups_created: u64,
     /// bytes written from the host to the device: tensor uploads plus the kernels' parameter
     /// blocks
     pub uploaded_bytes: u64,
@@ -46,6 +49,7 @@ pub(crate) struct Counters {
     submits: AtomicU64,
     host_waits: AtomicU64,
     buffers_created: AtomicU64,
+    bind_groups_created: AtomicU64,
     uploaded_bytes: AtomicU64,
     param_bytes: AtomicU64,
     downloaded_bytes: AtomicU64,
@@ -75,6 +79,10 @@ impl Counters {
     pub(super) fn buffer_created(&self) {
         add(&self.buffers_created, 1);
     }
+    /// The driver created one bind group.
+    pub(super) fn bind_group_created(&self) {
+        add(&self.bind_groups_created, 1);
+    }
     /// `bytes` of tensor data written to the device.
     pub(super) fn uploaded(&self, bytes: u64) {
         add(&self.uploaded_bytes, bytes);
@@ -97,6 +105,7 @@ impl Counters {
             submits: get(&self.submits),
             host_waits: get(&self.host_waits),
             buffers_created: get(&self.buffers_created),
+            bind_groups_created: get(&self.bind_groups_created),
             uploaded_bytes: get(&self.uploaded_bytes),
             param_bytes: get(&self.param_bytes),
             downloaded_bytes: get(&self.downloaded_bytes),
@@ -111,6 +120,7 @@ impl Counters {
             &self.submits,
             &self.host_waits,
             &self.buffers_created,
+            &self.bind_groups_created,
             &self.uploaded_bytes,
             &self.param_bytes,
             &self.downloaded_bytes,
@@ -129,6 +139,9 @@ impl GpuStats {
             submits: self.submits.saturating_sub(before.submits),
             host_waits: self.host_waits.saturating_sub(before.host_waits),
             buffers_created: self.buffers_created.saturating_sub(before.buffers_created),
+            bind_groups_created: self
+                .bind_groups_created
+                .saturating_sub(before.bind_groups_created),
             uploaded_bytes: self.uploaded_bytes.saturating_sub(before.uploaded_bytes),
             param_bytes: self.param_bytes.saturating_sub(before.param_bytes),
             downloaded_bytes: self
@@ -151,6 +164,8 @@ mod tests {
         c.submit();
         c.host_wait();
         c.buffer_created();
+        c.bind_group_created();
+        c.bind_group_created();
         c.uploaded(100);
         c.params_uploaded(32);
         c.downloaded(8);
@@ -162,6 +177,7 @@ mod tests {
                 submits: 1,
                 host_waits: 1,
                 buffers_created: 1,
+                bind_groups_created: 2,
                 uploaded_bytes: 132,
                 param_bytes: 32,
                 downloaded_bytes: 8,

@@ -9,6 +9,7 @@
 //! - `cpu_kernels.rs`, `cpu_math.rs`: the CPU's fast kernels against plain loops;
 //!   `cpu_matmul_pair.rs`: a matmul's two backward products run side by side.
 //! - `gpu_primitives.rs`, `gpu_sort_optim.rs`: each GPU primitive against the CPU backend.
+//! - `gpu_bind_groups.rs`: bind groups reused across steps, with the same bits.
 //! - `gpu_matmul.rs`: the matrix-product kernels' layouts, grid splits and bad inputs;
 //!   `gpu_matmul_kernels.rs`: the kernel choices agree, split-k.
 //! - `folded_grids.rs`: every launch past 65,535 workgroups in one dimension.
@@ -24,6 +25,7 @@ mod cpu_kernels;
 mod cpu_math;
 mod cpu_matmul_pair;
 mod folded_grids;
+mod gpu_bind_groups;
 mod gpu_matmul;
 mod gpu_matmul_kernels;
 mod gpu_primitives;

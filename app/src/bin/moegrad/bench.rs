@@ -205,6 +205,14 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
                 }
                 for o in &r.op_overhead_us {
                     println!("{:<8} per-op overhead {:>8.2} µs", o.device, o.us);
+                    if let (Some(reused), Some(created)) =
+                        (o.record_us, o.record_us_creating_bind_groups)
+                    {
+                        println!(
+                            "{:<8} host time to record an op {reused:>8.2} µs ({created:.2} µs creating its bind group)",
+                            o.device
+                        );
+                    }
                 }
             }
         }
@@ -221,36 +229,43 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
                 print_json(&r)?;
             } else {
                 println!(
-                    "{:<8} {:<9} {:>10} {:>8} {:>10} {:>15} {:>14} {:>16} {:>10} {:>8} {:>8} {:>10}",
+                    "{:<8} {:<9} {:>10} {:>8} {:>10} {:>15} {:>11} {:>14} {:>16} {:>10} {:>8} {:>8} {:>10} {:>8} {:>17}",
                     "model",
                     "precision",
                     "dispatches",
                     "submits",
                     "host waits",
                     "buffers created",
+                    "bind groups",
                     "uploaded bytes",
                     "downloaded bytes",
                     "bound MB",
                     "act MB",
                     "peak MB",
-                    "GPU ms"
+                    "GPU ms",
+                    "host ms",
+                    "host ms, no reuse"
                 );
                 let mb = |b: u64| format!("{:.1}", b as f64 / 1e6);
+                let ms = |t: Option<f64>| t.map_or("-".to_string(), |ms| format!("{ms:.2}"));
                 for m in &r.gpu_step {
                     println!(
-                        "{:<8} {:<9} {:>10} {:>8} {:>10} {:>15} {:>14} {:>16} {:>10} {:>8} {:>8} {:>10}",
+                        "{:<8} {:<9} {:>10} {:>8} {:>10} {:>15} {:>11} {:>14} {:>16} {:>10} {:>8} {:>8} {:>10} {:>8} {:>17}",
                         m.model,
                         m.precision,
                         m.dispatches,
                         m.submits,
                         m.host_waits,
                         m.buffers_created,
+                        m.bind_groups_created,
                         m.uploaded_bytes,
                         m.downloaded_bytes,
                         mb(m.bound_bytes),
                         mb(m.activation_bytes),
                         mb(m.peak_bytes),
-                        m.gpu_ms.map_or("-".to_string(), |ms| format!("{ms:.2}"))
+                        ms(m.gpu_ms),
+                        ms(m.host_ms),
+                        ms(m.host_ms_creating_bind_groups)
                     );
                 }
                 for s in &r.skipped {
