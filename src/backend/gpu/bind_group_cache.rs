@@ -26,17 +26,13 @@
 //! **Choice.** `MOEGRAD_BIND_GROUPS=create` (or `moegrad::gpu::set_bind_group_reuse(false)`)
 //! turns reuse off, so that a GPU session can time what reuse saves; the default is `reuse`.
 
-use super::buffer_pool::PooledBuffer;
+use super::encoder::StorageBinding;
 use crate::{Error, Result};
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
-use std::sync::Arc;
 
 /// The most bind groups the cache holds before it empties itself.
 pub(crate) const MAX_ENTRIES: usize = 16_384;
-
-/// One storage binding as the cache sees it: binding number, buffer, bytes bound.
-pub(crate) type Binding<'a> = (u32, &'a Arc<PooledBuffer>, u64);
 
 /// A cached bind group and the key it was made for.
 struct Entry {
@@ -52,7 +48,7 @@ impl Entry {
         &self,
         layout: &wgpu::BindGroupLayout,
         params_bound: u64,
-        storage: &[Binding],
+        storage: &[StorageBinding],
     ) -> bool {
         self.layout == *layout
             && self.params_bound == params_bound
@@ -61,7 +57,7 @@ impl Entry {
                 .storage
                 .iter()
                 .zip(storage)
-                .all(|((n, b, s), (m, p, t))| n == m && s == t && b == p.raw())
+                .all(|((n, b, s), t)| *n == t.binding && *s == t.size && b == t.buffer.raw())
     }
 }
 
@@ -119,7 +115,7 @@ impl BindGroupCache {
         layout: &wgpu::BindGroupLayout,
         arena: &wgpu::Buffer,
         params_bound: u64,
-        storage: &[Binding],
+        storage: &[StorageBinding],
         created: impl FnOnce(),
     ) -> wgpu::BindGroup {
         let key = if self.reuse {
@@ -138,8 +134,8 @@ impl BindGroupCache {
         };
         let mut entries = Vec::with_capacity(storage.len() + 1);
         entries.push(buffer_entry(0, arena, params_bound));
-        for &(binding, buffer, size) in storage {
-            entries.push(buffer_entry(binding, buffer.raw(), size));
+        for s in storage {
+            entries.push(buffer_entry(s.binding, s.buffer.raw(), s.size));
         }
         let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
             label: None,
@@ -156,7 +152,7 @@ impl BindGroupCache {
                 params_bound,
                 storage: storage
                     .iter()
-                    .map(|&(n, b, s)| (n, b.raw().clone(), s))
+                    .map(|s| (s.binding, s.buffer.raw().clone(), s.size))
                     .collect(),
                 group: group.clone(),
             });
@@ -179,14 +175,14 @@ fn buffer_entry(binding: u32, buffer: &wgpu::Buffer, size: u64) -> wgpu::BindGro
 }
 
 /// The hash of a cache key.
-fn key_hash(layout: &wgpu::BindGroupLayout, params_bound: u64, storage: &[Binding]) -> u64 {
+fn key_hash(layout: &wgpu::BindGroupLayout, params_bound: u64, storage: &[StorageBinding]) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
     layout.hash(&mut h);
     params_bound.hash(&mut h);
-    for &(binding, buffer, size) in storage {
-        binding.hash(&mut h);
-        buffer.raw().hash(&mut h);
-        size.hash(&mut h);
+    for s in storage {
+        s.binding.hash(&mut h);
+        s.buffer.raw().hash(&mut h);
+        s.size.hash(&mut h);
     }
     h.finish()
 }

@@ -27,7 +27,7 @@
 //! * **Profiling.** While a profile records, each dispatch gets a compute pass of its own with
 //!   timestamp writes where the adapter has them (see `timing.rs`).
 
-use super::bind_group_cache::{BindGroupCache, Binding};
+use super::bind_group_cache::BindGroupCache;
 use super::buffer_pool::PooledBuffer;
 use super::context::Context;
 use super::stats::Counters;
@@ -163,15 +163,11 @@ impl Batcher {
         b.params.extend_from_slice(param_bytes);
         b.params.resize((offset + slot) as usize, 0);
 
-        let bindings: Vec<Binding> = storage
-            .iter()
-            .map(|s| (s.binding, s.buffer, s.size))
-            .collect();
         let bind_group = self
             .bind_groups
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&ctx.device, layout, &self.arena, bound, &bindings, || {
+            .get(&ctx.device, layout, &self.arena, bound, storage, || {
                 self.counters.bind_group_created()
             });
         if b.encoder.is_none() {
