@@ -28,6 +28,9 @@ pub struct GpuInfo {
     /// the run-time checks compiled into moegrad's kernels: "full", "no-loop-counter" or
     /// "none" (see [`super::ShaderChecks`])
     pub shader_checks: String,
+    /// whether a dispatch reuses the bind group of an earlier one that bound the same buffers
+    /// ("reuse", the default) or creates its own ("create"; `MOEGRAD_BIND_GROUPS`)
+    pub bind_groups: String,
     /// whether the device stores f16 (wgpu's `SHADER_F16`), which `DType::F16` tensors need
     pub f16: bool,
 }
@@ -97,6 +100,12 @@ pub fn info() -> Result<GpuInfo> {
         },
         matmul_kernel: be.matmul_kernel().name().to_string(),
         shader_checks: be.shader_checks().name().to_string(),
+        bind_groups: if be.bind_groups().reuse() {
+            "reuse"
+        } else {
+            "create"
+        }
+        .to_string(),
         f16: be.has_f16(),
     })
 }

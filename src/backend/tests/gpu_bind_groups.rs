@@ -110,7 +110,9 @@ fn turning_reuse_off_empties_the_cache_and_trimming_the_pool_does_too() {
     assert!(g.bind_groups().len() > 0, "the steps filled the cache");
     g.bind_groups().set_reuse(false);
     assert_eq!(g.bind_groups().len(), 0);
+    assert_eq!(crate::gpu::info().unwrap().bind_groups, "create");
     g.bind_groups().set_reuse(true);
+    assert_eq!(crate::gpu::info().unwrap().bind_groups, "reuse");
     run(&g, true, 3, 1);
     g.trim_pool();
     assert_eq!(

@@ -46,6 +46,12 @@ pub(super) fn run_info(json: bool) -> Result<()> {
                     _ => " (no bounds checks, loop counters nor division guards: for measuring)",
                 };
                 println!("gpu shader checks:     {}{checks}", g.shader_checks);
+                let groups = if g.bind_groups == "reuse" {
+                    " (a dispatch binding the buffers an earlier one bound reuses its bind group)"
+                } else {
+                    " (a bind group created per dispatch: MOEGRAD_BIND_GROUPS=create)"
+                };
+                println!("gpu bind groups:       {}{groups}", g.bind_groups);
                 println!(
                     "gpu half precision:    {}",
                     if g.f16 {
