@@ -107,8 +107,8 @@ impl BindGroupCache {
     }
 
     /// The bind group binding `arena` (binding 0, `params_bound` bytes from offset 0, offset
-    /// dynamic) and `storage` through `layout`: a cached one, or one `create` makes (then
-    /// cached). `create` is called with the entries of the new group; it counts the creation.
+    /// dynamic) and `storage` through `layout`: a cached one, or a new one (cached while reuse
+    /// is on), after whose creation `created` is called (the caller counts it).
     pub(crate) fn get(
         &mut self,
         device: &wgpu::Device,
