@@ -7,7 +7,7 @@
 //! (docs/gpu.md explains its fields).
 
 pub mod gpu_step;
-mod op_cost;
+pub mod op_cost;
 
 pub use op_cost::{RECORD_CHAIN, gpu_record_us, op_overhead_us};
 

@@ -435,31 +435,22 @@ pub fn measure(cfg: TrainConfig, time: bool) -> Result<StepFigures> {
 
 /// The least host milliseconds to record and submit a step (from an idle device until the
 /// flush returns) over [`HOST_ROUNDS`] steps with bind groups reused, and over as many with them
-/// created per dispatch, alternating; steps are numbered from `first`. Reuse is restored after.
+/// created per dispatch, alternating ([`super::op_cost::least_time_each_way`]); each timed step
+/// follows an untimed one that fills the cache again after a round without it. Steps are
+/// numbered from `first`.
 fn host_times(stepper: &mut dyn Stepper, first: u64, gpu: &Device) -> Result<(f64, f64)> {
-    let before = moegrad::gpu::bind_group_reuse()?;
-    let mut best = [f64::INFINITY; 2];
     let mut step = first;
-    let mut run = || -> Result<()> {
-        for _ in 0..HOST_ROUNDS {
-            for (i, reuse) in [true, false].into_iter().enumerate() {
-                moegrad::gpu::set_bind_group_reuse(reuse)?;
-                // a step to fill the cache again after a round without it
-                stepper.step(step)?;
-                gpu.synchronize()?;
-                let t = std::time::Instant::now();
-                stepper.step(step + 1)?;
-                moegrad::gpu::flush()?;
-                best[i] = best[i].min(t.elapsed().as_secs_f64() * 1e3);
-                gpu.synchronize()?;
-                step += 2;
-            }
-        }
-        Ok(())
-    };
-    let outcome = run();
-    moegrad::gpu::set_bind_group_reuse(before)?;
-    outcome.map(|()| (best[0], best[1]))
+    super::op_cost::least_time_each_way(HOST_ROUNDS, || {
+        stepper.step(step)?;
+        gpu.synchronize()?;
+        let t = std::time::Instant::now();
+        stepper.step(step + 1)?;
+        moegrad::gpu::flush()?;
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        gpu.synchronize()?;
+        step += 2;
+        Ok(ms)
+    })
 }
 
 /// `moegrad bench gpu-step` over `models` (names from [`GPU_STEP_MODELS`]).

@@ -23,9 +23,9 @@ pub const RECORD_CHAIN: usize = 200;
 
 /// Host microseconds to record one `add` of two 64-element f32 tensors on the GPU, with bind
 /// groups reused and with one created per dispatch: chains of [`RECORD_CHAIN`] adds, each timed
-/// from an idle device to the last add recorded (no submission inside), alternating the two
-/// settings over 8 rounds after a warm-up round, the least of each. The setting in force before
-/// is restored.
+/// from an idle device to the last add recorded (no submission inside), after three untimed
+/// chains that settle the pool's buffers; the least of 8 per setting, alternating
+/// ([`least_time_each_way`]).
 ///
 /// # Errors
 /// No GPU adapter, or an error of an add.
@@ -39,25 +39,38 @@ pub fn gpu_record_us(device: Device) -> Result<(f64, f64)> {
         }
         Ok(x)
     };
+    least_time_each_way(8, || {
+        // chains that settle the pool's buffers (and fill the cache when reusing)
+        for _ in 0..3 {
+            chain()?;
+            device.synchronize()?;
+        }
+        let t = Instant::now();
+        let x = chain()?;
+        let us = t.elapsed().as_secs_f64() * 1e6 / RECORD_CHAIN as f64;
+        device.synchronize()?;
+        drop(x);
+        Ok(us)
+    })
+}
+
+/// The least of `rounds` values of `timed` with bind groups reused and the least of as many with
+/// them created per dispatch, the two settings alternating round by round; the setting in force
+/// before is restored, also on an error. `timed` settles and times one measurement.
+///
+/// # Errors
+/// No GPU adapter, or an error of `timed`.
+pub fn least_time_each_way(
+    rounds: usize,
+    mut timed: impl FnMut() -> Result<f64>,
+) -> Result<(f64, f64)> {
     let before = moegrad::gpu::bind_group_reuse()?;
     let mut best = [f64::INFINITY; 2];
     let mut measure = || -> Result<()> {
-        for round in 0..9 {
+        for _ in 0..rounds {
             for (i, reuse) in [true, false].into_iter().enumerate() {
                 moegrad::gpu::set_bind_group_reuse(reuse)?;
-                // chains that settle the pool's buffers (and fill the cache when reusing)
-                for _ in 0..3 {
-                    chain()?;
-                    device.synchronize()?;
-                }
-                let t = Instant::now();
-                let x = chain()?;
-                let us = t.elapsed().as_secs_f64() * 1e6 / RECORD_CHAIN as f64;
-                device.synchronize()?;
-                drop(x);
-                if round > 0 {
-                    best[i] = best[i].min(us);
-                }
+                best[i] = best[i].min(timed()?);
             }
         }
         Ok(())
