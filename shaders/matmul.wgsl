@@ -20,12 +20,12 @@
 // launchers check every addressed element against its buffer's length first.
 //
 // ---- entry point `matmul` ---------------------------------------------------------------------
-// Batched C[b] = A[b]·B[b], A[b]: m×k, B[b]: k×n, f32 (or f16 in the f16 build: see mm_elem;
-// the products are summed in f32 either way).
+// Batched C[b] = A[b]·B[b], A[b]: m×k, B[b]: k×n, f32 (or f16 per the build: see the type
+// blocks before the entry; the products are summed in f32 in every build).
 //   binding 0  uniform MatmulParams
 //   binding 1  a: array<mm_elem>, read: A(b, r, c) = a[a_offset + b·a_batch_stride + r·a_row_stride + c·a_col_stride]
-//   binding 2  b: array<mm_elem>, read: B(b, r, c) likewise with the b_* params
-//   binding 3  c: array<mm_elem>, written: contiguous [batch, m, n]
+//   binding 2  b: array<mm_weight>, read: B(b, r, c) likewise with the b_* params
+//   binding 3  c: array<mm_out>, written: contiguous [batch, m, n]
 // A transposed operand just swaps its two strides; a broadcast batch has batch stride 0.
 // `a_k_fast` (1 when a_col_stride ≤ a_row_stride) and `b_n_fast` (1 when b_col_stride ≤
 // b_row_stride) say which index walks memory fastest, so that neighbouring invocations read
@@ -39,13 +39,14 @@
 //
 // ---- entry point `grouped_matmul` -------------------------------------------------------------
 // The MoE expert bank: out[r] = x[r]·W[e_r] (or x[r]·W[e_r]ᵀ when transpose_w = 1), plus the
-// expert's bias b[e_r] when has_bias = 1, f32 (or f16 in the f16 build, as `matmul`: f32 sums).
+// expert's bias b[e_r] when has_bias = 1, f32 (x and out mm_elem, w and bias mm_weight: f16 in
+// the f16 build, f16 rows with f32 weights in the f16-rows build; f32 sums).
 //   binding 0  uniform GroupedParams (rows = R, k, m, experts = n, transpose_w, bases, has_bias)
-//   binding 1  x: array<f32>, read, [R, k] row-major
-//   binding 2  w: array<f32>, read, [n, k, m] (transpose_w = 0) or [n, m, k] (transpose_w = 1)
+//   binding 1  x: array<mm_elem>, read, [R, k] row-major
+//   binding 2  w: array<mm_weight>, read, [n, k, m] (transpose_w = 0) or [n, m, k] (transpose_w = 1)
 //   binding 3  row_expert: array<i32>, read, [R]
-//   binding 4  out: array<f32>, written, [R, m]
-//   binding 5  bias: array<f32>, read, [n, m] (has_bias = 1; any buffer, unread, otherwise)
+//   binding 4  out: array<mm_elem>, written, [R, m]
+//   binding 5  bias: array<mm_weight>, read, [n, m] (has_bias = 1; any buffer, unread, otherwise)
 // Grid: (⌈m/64⌉, ⌈R/64⌉, 1). A tile's 64 rows are cut into runs of equal expert (rows arrive
 // sorted by expert, so a tile usually holds one run, two at a boundary); each run is multiplied
 // by its own expert's weights and written, rows of other runs being masked to 0 in A and not
@@ -54,13 +55,14 @@
 //
 // ---- entry point `grouped_weight_grad` --------------------------------------------------------
 // The expert bank's weight gradient: dW[e] = Σ_{r in offsets[e]..offsets[e+1], row_expert[r] = e}
-// x[r]ᵀ·dy[r], f32 (or f16 in the f16 build, as `matmul`: f32 sums).
+// x[r]ᵀ·dy[r], f32 (x and dy mm_elem, dw mm_out: f16 and f16, or f16 and f32, per the build;
+// f32 sums).
 //   binding 0  uniform WeightGradParams (rows = R, k, m, experts = n, bases)
-//   binding 1  x: array<f32>, read, [R, k]
-//   binding 2  dy: array<f32>, read, [R, m]
+//   binding 1  x: array<mm_elem>, read, [R, k]
+//   binding 2  dy: array<mm_elem>, read, [R, m]
 //   binding 3  row_expert: array<i32>, read, [R]
 //   binding 4  offsets: array<i32>, read, [n + 1] (clamped to 0..R on the device)
-//   binding 5  dw: array<f32>, written, [n, k, m]
+//   binding 5  dw: array<mm_out>, written, [n, k, m]
 // Grid: (⌈m/64⌉, ⌈k/64⌉, n): one workgroup per (m tile, k tile, expert), reducing over that
 // expert's rows 16 at a time. Every element of dw is written: an expert with no rows gets 0.
 
@@ -160,21 +162,38 @@ fn acc_row(acc: Acc, i: u32) -> vec4<f32> {
 
 // MatmulParams: shaders/matmul_params.wgsl, which the launcher puts before this file.
 
-// The element type of the `matmul` entry's A, B and C: f32 here. The f16 build
-// (src/backend/gpu/half.rs, `f16_build`) makes the alias between the markers `f16` and the store
-// a conversion that rounds once per stored element; loads widen to f32 (`f32(...)`) and the sums
-// stay f32 either way.
+// The tensors' types, in three blocks that src/backend/gpu/half.rs rewrites for half precision
+// (each alias between a block's markers made `f16`, each store a conversion that rounds once per
+// stored element); loads widen to f32 (`f32(...)`) and the sums stay f32 in every build:
+//   * element type `mm_elem`: `matmul`'s A, the grouped entries' rows x and dy;
+//   * weight type `mm_weight`: `matmul`'s B, the expert bank's weights and biases;
+//   * output type `mm_out`: `matmul`'s C and the bank's weight gradient dW (`grouped_matmul`'s
+//     rows out are mm_elem).
+// The builds: f32 (this text); f16 (`f16_build`: all three f16); f16 rows (`f16_rows_build`:
+// element and output f16, weights f32, as mixed precision reads a product's f32 weights and
+// an expert bank where they are instead of an f16 copy); f16 operands with f32 outputs
+// (`f16_to_f32_build`: element and weight f16, output f32, for the gradient of an f32 weight
+// from f16 activations and gradients, written in f32 without a second rounding).
 // f16 build: element type
 alias mm_elem = f32;
 fn mm_store_value(v: f32) -> mm_elem {
     return v;
 }
 // f16 build: end
+// f16 build: weight type
+alias mm_weight = f32;
+// f16 build: end
+// f16 build: output type
+alias mm_out = f32;
+fn mm_store_out(v: f32) -> mm_out {
+    return v;
+}
+// f16 build: end
 
 @group(0) @binding(0) var<uniform> mp: MatmulParams;
 @group(0) @binding(1) var<storage, read> mm_a: array<mm_elem>;
-@group(0) @binding(2) var<storage, read> mm_b: array<mm_elem>;
-@group(0) @binding(3) var<storage, read_write> mm_c: array<mm_elem>;
+@group(0) @binding(2) var<storage, read> mm_b: array<mm_weight>;
+@group(0) @binding(3) var<storage, read_write> mm_c: array<mm_out>;
 
 // A slab of A: rows m0.., k from k0, elements at k_end or past read as 0.
 fn mm_load_a(lid: u32, m0: u32, k0: u32, k_end: u32, base: u32) -> vec4<f32> {
@@ -219,16 +238,16 @@ fn mm_b_elem(lid: u32, l: u32, k0: u32, k_end: u32, n0: u32, base: u32) -> f32 {
 fn mm_store_quad(c_base: u32, row: u32, col0: u32, v: vec4<f32>) {
     let r = c_base + row * mp.n;
     if col0 < mp.n {
-        mm_c[r + col0] = mm_store_value(v.x);
+        mm_c[r + col0] = mm_store_out(v.x);
     }
     if col0 + 1u < mp.n {
-        mm_c[r + col0 + 1u] = mm_store_value(v.y);
+        mm_c[r + col0 + 1u] = mm_store_out(v.y);
     }
     if col0 + 2u < mp.n {
-        mm_c[r + col0 + 2u] = mm_store_value(v.z);
+        mm_c[r + col0 + 2u] = mm_store_out(v.z);
     }
     if col0 + 3u < mp.n {
-        mm_c[r + col0 + 3u] = mm_store_value(v.w);
+        mm_c[r + col0 + 3u] = mm_store_out(v.w);
     }
 }
 
@@ -302,13 +321,8 @@ struct GroupedParams {
     has_bias: u32,
 }
 
-// The element type of the expert weights and biases `grouped_matmul` reads: f32 here, f16 in the
-// f16 build (like mm_elem), and f32 in the f16-rows build (`MATMUL_F16_ROWS_SHADER` in
-// src/backend/gpu/half.rs: f16 rows and outputs, f32 weights, as mixed precision's expert banks
-// are read straight from their f32 master copies instead of an f16 copy of the whole bank).
-// f16 build: weight type
-alias mm_weight = f32;
-// f16 build: end
+// The expert weights and biases are `mm_weight` (f32 in the f16-rows build, so mixed
+// precision's banks are read straight from their f32 master copies: see the element blocks above).
 
 @group(0) @binding(0) var<uniform> gp: GroupedParams;
 @group(0) @binding(1) var<storage, read> gm_x: array<mm_elem>;
@@ -464,7 +478,7 @@ struct WeightGradParams {
 @group(0) @binding(2) var<storage, read> wg_dy: array<mm_elem>;
 @group(0) @binding(3) var<storage, read> wg_expert: array<i32>;
 @group(0) @binding(4) var<storage, read> wg_offsets: array<i32>;
-@group(0) @binding(5) var<storage, read_write> wg_dw: array<mm_elem>;
+@group(0) @binding(5) var<storage, read_write> wg_dw: array<mm_out>;
 
 // Loads one slab: A(i, rr) = x[row, k0 + i] and B(rr, c) = dy[row, c0 + c] for the 16 rows
 // row = first + rr, both 0 unless row < hi and row_expert[row] = e. The A slot (rows fast) and
@@ -499,16 +513,16 @@ fn wg_elem(lid: u32, l: u32, first: u32, hi: u32, e: i32, k0: u32, c0: u32) -> v
 fn wg_store_quad(base: u32, row: u32, col0: u32, v: vec4<f32>) {
     let r = base + row * wp.m;
     if col0 < wp.m {
-        wg_dw[r + col0] = mm_store_value(v.x);
+        wg_dw[r + col0] = mm_store_out(v.x);
     }
     if col0 + 1u < wp.m {
-        wg_dw[r + col0 + 1u] = mm_store_value(v.y);
+        wg_dw[r + col0 + 1u] = mm_store_out(v.y);
     }
     if col0 + 2u < wp.m {
-        wg_dw[r + col0 + 2u] = mm_store_value(v.z);
+        wg_dw[r + col0 + 2u] = mm_store_out(v.z);
     }
     if col0 + 3u < wp.m {
-        wg_dw[r + col0 + 3u] = mm_store_value(v.w);
+        wg_dw[r + col0 + 3u] = mm_store_out(v.w);
     }
 }
 

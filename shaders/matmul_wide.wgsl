@@ -4,9 +4,8 @@
 // matmul.wgsl + this file, and runs it when the product has enough 128×128 tiles (`Auto`,
 // `WIDE_MIN_GROUPS` there) or when MOEGRAD_MATMUL=wide.
 //
-// Same params, bindings and element type as `matmul` (MatmulParams, mm_a, mm_b, mm_c; f32, or
-// f16 in the f16 build `matmul_wide_f16`, which reads and stores through matmul.wgsl's element
-// block like the f16 `matmul`). What differs is the tiling:
+// Same params, bindings and types as `matmul` (MatmulParams, mm_a, mm_b, mm_c; f32, or f16 per
+// the build, through matmul.wgsl's type blocks like `matmul`). What differs is the tiling:
 //   * a workgroup of 256 invocations computes one 128×128 tile of the output;
 //   * invocation (tx, ty) = (lid % 16, lid / 16) owns an 8×8 micro-tile: rows 4·ty..4·ty+3 and
 //     64+4·ty..64+4·ty+3 of the tile, columns 4·tx..4·tx+3 and 64+4·tx..64+4·tx+3, in sixteen
@@ -187,9 +186,9 @@ fn wide_store_row(c_base: u32, row: u32, c0: u32, left: vec4<f32>, right: vec4<f
 // inside the matrix.
 fn wide_store_pair(row_base: u32, col: u32, left: f32, right: f32) {
     if col < mp.n {
-        mm_c[row_base + col] = mm_store_value(left);
+        mm_c[row_base + col] = mm_store_out(left);
     }
     if col + 64u < mp.n {
-        mm_c[row_base + col + 64u] = mm_store_value(right);
+        mm_c[row_base + col + 64u] = mm_store_out(right);
     }
 }

@@ -3,10 +3,12 @@
 //! elementwise arithmetic between activations and parameters, the norms, scatter-add) run in
 //! f16 on the GPU, while what needs the range of f32 stays f32: the loss (cross-entropy reads
 //! f16 logits but sums and returns in f32), the router's softmax and top-k, and everything
-//! inside [`full_precision`]. Two ops of the f16 class cast only their activations: the expert
-//! bank's grouped product, whose f16-rows kernel reads the f32 bank where it is, and layer norm
-//! and RMSNorm, whose f16-rows kernels read f32 `gamma`/`beta` and write their gradients in
-//! f32. It is PyTorch's `torch.autocast` with one
+//! inside [`full_precision`]. Three ops of the f16 class cast only their activations: the
+//! matrix product, whose f16-rows kernels read an f32 right operand (a weight) where it is and
+//! give it its gradient in f32 (`reads_f32_weight`), the expert bank's grouped product, whose
+//! f16-rows kernel reads the f32 bank where it is, and layer norm and RMSNorm, whose f16-rows
+//! kernels read f32 `gamma`/`beta` and write their gradients in f32. It is PyTorch's
+//! `torch.autocast` with one
 //! policy, and Switch Transformer's "selective precision" (Fedus et al. 2021, §2.4: the router
 //! computes in f32 on f32 inputs while the rest of the layer runs in a 16-bit format).
 //!
@@ -103,6 +105,15 @@ pub(crate) fn low_precision_operands<const N: usize>(
         }
     }
     Ok(Some(out))
+}
+
+/// Whether a matrix product `a·b` reads an f32 weight in f32 inside a scope: `a` already in the
+/// scope's f16 and `b` an f32 GPU tensor. The GPU's f16-rows build of the product kernels reads
+/// `b` where it is and writes an f16 product, and the backward pass gives `b` its gradient in
+/// f32 from the f16-to-f32 build: no f16 copy of the weight forward, no cast of its gradient
+/// back, and the gradient is rounded once (to f32), not first to f16.
+pub(crate) fn reads_f32_weight(a: &Tensor, b: &Tensor) -> bool {
+    low_precision().is_some_and(|dtype| a.dtype() == dtype) && casts_down(b)
 }
 
 /// The operands of an elementwise op between two tensors, when the scope changes them: where

@@ -29,7 +29,8 @@
 //!   scatter_add of the gradient, through the casts: a neighbouring f16 of the f32 gradient;
 //! * cross-entropy on f16 logits: the f32 kernel's loss exactly, the gradient rounded once;
 //! * f16 rows against f32 expert weights and biases (mixed precision's expert bank) against the
-//!   f32 kernel, forward and backward, the weight and bias gradients back in f32;
+//!   f32 kernel, forward and backward, the weight and bias gradients in f32 with the f32
+//!   kernel's bits;
 //! * errors, not panics or validation failures: an f16 tensor on the CPU, an op that has no f16
 //!   kernel, a product of an f16 and an f32 operand.
 //!
@@ -37,48 +38,14 @@
 //! adapter without `shader-f16` every f16 request must be an error naming it.
 
 mod common;
+#[path = "common/f16_checks.rs"]
+mod f16_checks;
 
+use f16_checks::{assert_rounded_once, f16_gpu, f16_values, kernels_run};
 use half::f16;
 use moegrad::{DType, Device, Error, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
-
-/// The GPU when it has `shader-f16`; `None` (after checking that f16 is refused with a clear
-/// error) when it has not, or when there is no adapter.
-fn f16_gpu(test: &str) -> Option<Device> {
-    let dev = common::gpu_or_skip(test)?;
-    let features = moegrad::gpu::info().expect("adapter info").features;
-    if features.iter().any(|f| f == "shader-f16") {
-        return Some(dev);
-    }
-    let x = Tensor::from_f32(vec![1.0; 4], &[4], dev).unwrap();
-    match x.to_dtype(DType::F16) {
-        Err(Error::DType(m)) => assert!(m.contains("SHADER_F16"), "{m}"),
-        other => panic!("{test}: f16 without shader-f16 gave {other:?}"),
-    }
-    eprintln!("skipping {test}: this adapter has no shader-f16 (refused with an error, checked)");
-    None
-}
-
-/// The two f16 values around `x` (equal when f16 holds `x`), as f32.
-fn f16_neighbours(x: f32) -> (f32, f32) {
-    let nearest = f16::from_f32(x);
-    let r = nearest.to_f32();
-    if r == x || !x.is_finite() || !r.is_finite() {
-        return (r, r);
-    }
-    // the neighbour on the other side of x
-    let bits = nearest.to_bits();
-    let toward_x = if (x > r) == (r >= 0.0) {
-        bits + 1
-    } else if bits & 0x7fff == 0 {
-        // ±0: the other side is the smallest subnormal of the opposite sign
-        (bits ^ 0x8000) + 1
-    } else {
-        bits - 1
-    };
-    (r, f16::from_bits(toward_x).to_f32())
-}
 
 #[test]
 fn casts_round_to_a_neighbouring_f16_and_return_exactly() {
@@ -142,13 +109,6 @@ fn full_and_zeros_in_f16() {
     }
 }
 
-/// Random values rounded to f16, as f32.
-fn f16_values(n: usize, rng: &mut ChaCha8Rng) -> Vec<f32> {
-    (0..n)
-        .map(|_| f16::from_f32(rng.random_range(-2.0f32..2.0)).to_f32())
-        .collect()
-}
-
 /// `|got − want| ≤` the f16 output's rounding (half an f16 ulp, relative 2⁻¹¹, or half the
 /// smallest subnormal) plus the f32 sum's error (`k·2⁻²³·Σ|a·b|`, generous), per element.
 fn assert_f16_product(what: &str, got: &[f32], want: &[f64], abs_sums: &[f64], k: usize) {
@@ -209,17 +169,6 @@ fn f16_matmul_matches_the_f64_product_of_its_operands() {
         let what = format!("[{batch}, {m}, {k}]·[{batch}, {k}, {n}]");
         assert_f16_product(&what, &c.to_vec_f32().unwrap(), &want, &sums, k);
     }
-}
-
-/// The GPU kernels one closure ran, by `shader.entry` name (from a profile).
-fn kernels_run(f: impl FnOnce()) -> Vec<String> {
-    let recording = moegrad::profile::start();
-    f();
-    let report = recording.finish().expect("a profile");
-    report
-        .gpu
-        .map(|g| g.kernels.into_iter().map(|k| k.kernel).collect())
-        .unwrap_or_default()
 }
 
 /// Large f16 products run the wide 128×128-tile kernel (its f16 build) under `auto`, and small
@@ -482,8 +431,17 @@ fn f16_rows_with_f32_expert_weights_match_f32() {
         let what = format!("f16 rows, f32 weights: experts {counts:?}, k {k}, m {m}");
         assert_rounded_output(&format!("{what} y"), &y16, &y32, k + 1);
         assert_rounded_output(&format!("{what} dx"), &dx16, &dx32, m);
-        assert_rounded_output(&format!("{what} dw"), &dw16, &dw32, rows);
-        assert_rounded_output(&format!("{what} db"), &db16, &db32, rows);
+        // the bank's and the bias's gradients are summed in f32 and stored in f32 (the
+        // f16-to-f32 build): the f32 kernel's bits on the same f16-valued rows and gradient
+        for (name, got, want) in [("dw", &dw16, &dw32), ("db", &db16, &db32)] {
+            assert_eq!(got.len(), want.len(), "{what} {name}: length");
+            for (i, (g, w)) in got.iter().zip(want).enumerate() {
+                assert!(
+                    g.to_bits() == w.to_bits(),
+                    "{what} {name}[{i}]: {g} from f16 rows, {w} from the f32 kernel"
+                );
+            }
+        }
     }
     // mismatched devices and dtypes are errors, not panics
     let x16 = Tensor::from_f32(vec![1.0; 2], &[1, 2], gpu)
@@ -896,32 +854,6 @@ fn f16_requests_that_cannot_run_are_errors() {
     }
     // the device still works afterwards
     assert_eq!(h.to_vec_f32().unwrap(), vec![1.0; 6]);
-}
-
-/// `got` (an f16 kernel's output, as f32) is a neighbouring f16 of `want` (the exact value, or
-/// the f32 kernel's output for the same operands) at every element: ±inf where `want` is past
-/// the largest f16, NaN where it is NaN.
-fn assert_rounded_once(what: &str, got: &[f32], want: &[f32]) {
-    assert_eq!(got.len(), want.len(), "{what}: lengths");
-    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
-        if w.is_nan() {
-            assert!(g.is_nan(), "{what}[{i}]: {g}, the f32 kernel NaN");
-            continue;
-        }
-        if w.abs() >= 65520.0 {
-            assert_eq!(
-                g,
-                w.signum() * f32::INFINITY,
-                "{what}[{i}]: {w} past the largest f16"
-            );
-            continue;
-        }
-        let (near, other) = f16_neighbours(w);
-        assert!(
-            g == near || g == other,
-            "{what}[{i}]: {g}, not an f16 neighbour of the f32 kernel's {w}"
-        );
-    }
 }
 
 #[test]

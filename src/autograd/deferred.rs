@@ -97,6 +97,9 @@ pub(crate) struct GroupedWeightGrad {
     pub(crate) experts: usize,
     pub(crate) k: usize,
     pub(crate) m: usize,
+    /// the gradient's dtype, the bank's: that of `x` and `dy`, or f32 from f16 rows (mixed
+    /// precision, on the GPU)
+    pub(crate) out: DType,
 }
 
 impl GroupedWeightGrad {
@@ -121,6 +124,7 @@ impl GroupedWeightGrad {
             self.row_expert.storage(),
             self.offsets.storage(),
             self.bank(),
+            self.out,
         )?;
         Ok(Tensor::from_storage(dw, vec![self.experts, self.k, self.m]))
     }
@@ -141,7 +145,7 @@ impl LazyGrad for GroupedWeightGrad {
     }
 
     fn dtype(&self) -> DType {
-        self.x.dtype()
+        self.out
     }
 
     fn device(&self) -> Device {
@@ -172,6 +176,7 @@ impl GroupedWeightGrad {
             experts: 1,
             k: 1,
             m: 1,
+            out: DType::F64,
         }
     }
 }

@@ -297,6 +297,7 @@ impl Storage {
         b: &Storage,
         b_layout: MatLayout,
         dims: MatmulDims,
+        out: DType,
     ) -> Result<Storage> {
         const WHAT: &str = "matmul";
         on_device!(self, |be| be.matmul(
@@ -304,14 +305,23 @@ impl Storage {
             a_layout,
             be.buf(b, WHAT)?,
             b_layout,
-            dims
+            dims,
+            out
         ))
     }
-    /// See [`MatmulOps::matmul_pair`]: `self·b` and `c·d` (operands, then layouts and sizes).
+    /// See [`MatmulOps::matmul_pair`]: `self·b` and `c·d` (operands, then layouts, sizes and
+    /// output dtypes).
     pub(crate) fn matmul_pair(
         &self,
-        (a_layout, b, b_layout, dims): (MatLayout, &Storage, MatLayout, MatmulDims),
-        (c, c_layout, d, d_layout, dims2): (&Storage, MatLayout, &Storage, MatLayout, MatmulDims),
+        (a_layout, b, b_layout, dims, out): (MatLayout, &Storage, MatLayout, MatmulDims, DType),
+        (c, c_layout, d, d_layout, dims2, out2): (
+            &Storage,
+            MatLayout,
+            &Storage,
+            MatLayout,
+            MatmulDims,
+            DType,
+        ),
     ) -> Result<(Storage, Storage)> {
         const WHAT: &str = "matmul";
         on_device!(self, |be| {
@@ -321,6 +331,7 @@ impl Storage {
                 b: be.buf(b, WHAT)?,
                 b_layout,
                 dims,
+                out,
             };
             let second = MatmulProduct {
                 a: be.buf(c, WHAT)?,
@@ -328,6 +339,7 @@ impl Storage {
                 b: be.buf(d, WHAT)?,
                 b_layout: d_layout,
                 dims: dims2,
+                out: out2,
             };
             be.matmul_pair(first, second)
         })

@@ -126,7 +126,8 @@ impl Tensor {
         let mut inputs = vec![self, w];
         inputs.extend(bias);
         Ok(Tensor::record(y, "grouped_matmul", &inputs, move |g| {
-            // ∂b[e] = Σ_{rows r of e} ∂y[r]: the weight-gradient kernel with x a column of ones
+            // ∂b[e] = Σ_{rows r of e} ∂y[r]: the weight-gradient kernel with x a column of ones,
+            // written in the bias's dtype (an f32 bias of f16 rows: summed and stored in f32)
             let db = if need_b {
                 let ones = Tensor::ones(&[rows, 1], g.dtype(), g.device())?;
                 let db = ones.storage().grouped_weight_grad(
@@ -138,9 +139,9 @@ impl Tensor {
                         m,
                         experts: n,
                     },
+                    bias_dtype,
                 )?;
-                // an f32 bias of f16 rows gets its gradient in f32 (see below)
-                Some(Tensor::from_storage(db, vec![n, m]).to_dtype(bias_dtype)?)
+                Some(Tensor::from_storage(db, vec![n, m]))
             } else {
                 None
             };
@@ -167,17 +168,17 @@ impl Tensor {
                 experts: n,
                 k,
                 m,
+                // the bank's dtype: an f32 bank of f16 rows gets its gradient summed and
+                // stored in f32
+                out: w_dtype,
             };
-            // the f16 rows' weight gradient, summed in f32 and stored in f16, goes back to the
-            // f32 bank in f32
-            let dw_of = || -> Result<Tensor> { recipe().materialize()?.to_dtype(w_dtype) };
+            let dw_of = || recipe().materialize();
             let (dx, dw) = match (need_x, need_w, &leaf) {
                 // both computed now: side by side on the CPU's threads (independent products;
                 // only storage work crosses threads, the cast stays on this one)
                 (true, true, None) => {
-                    let materialize = || recipe().materialize();
-                    let (dx, dw) = crate::backend::side_by_side(g.device(), dx_of, materialize);
-                    (Some(dx?), Some(dw?.to_dtype(w_dtype)?))
+                    let (dx, dw) = crate::backend::side_by_side(g.device(), dx_of, dw_of);
+                    (Some(dx?), Some(dw?))
                 }
                 _ => {
                     let dx = need_x.then(dx_of).transpose()?;

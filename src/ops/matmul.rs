@@ -1,9 +1,11 @@
 //! Matrix products: 2-D `[m,k]·[k,n]` and batched `[..., m, k]·[..., k, n]` (a 2-D operand is
 //! shared across the other's batch). The backward passes `dA = dC·Bᵀ` and `dB = Aᵀ·dC` reuse the
-//! same kernel with swapped strides instead of copying a transpose.
+//! same kernel with swapped strides instead of copying a transpose, each gradient in its
+//! operand's dtype (in mixed precision an f32 B's gradient comes from f16 A and dC, summed and
+//! stored in f32).
 
 use crate::backend::{MatLayout, MatmulDims};
-use crate::{Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 /// Layout of a contiguous `[batch, rows, cols]` operand, optionally read transposed.
 fn layout(rows: usize, cols: usize, batched: bool, transposed: bool) -> MatLayout {
@@ -46,12 +48,13 @@ impl<'a> RawOperand<'a> {
 }
 
 /// A product [`Tensor::matmul_raw`] will compute: `op(a)·op(b)` over `batch` matrices, output
-/// `out_shape`.
+/// `out_shape` of dtype `out`.
 struct RawProduct<'a> {
     a: RawOperand<'a>,
     b: RawOperand<'a>,
     batch: usize,
     out_shape: Vec<usize>,
+    out: DType,
 }
 
 impl RawProduct<'_> {
@@ -81,7 +84,10 @@ impl Tensor {
     /// [`RawOperand`]), output `out_shape`.
     fn matmul_raw(p: RawProduct<'_>) -> Result<Tensor> {
         let (la, lb, dims) = p.layouts();
-        let out = p.a.t.storage().matmul(la, p.b.t.storage(), lb, dims)?;
+        let out =
+            p.a.t
+                .storage()
+                .matmul(la, p.b.t.storage(), lb, dims, p.out)?;
         Ok(Tensor::from_storage(out, p.out_shape))
     }
 
@@ -90,8 +96,8 @@ impl Tensor {
     fn matmul_raw_pair(p: RawProduct<'_>, q: RawProduct<'_>) -> Result<(Tensor, Tensor)> {
         let ((la, lb, dp), (lc, ld, dq)) = (p.layouts(), q.layouts());
         let (x, y) = p.a.t.storage().matmul_pair(
-            (la, p.b.t.storage(), lb, dp),
-            (q.a.t.storage(), lc, q.b.t.storage(), ld, dq),
+            (la, p.b.t.storage(), lb, dp, p.out),
+            (q.a.t.storage(), lc, q.b.t.storage(), ld, dq, q.out),
         )?;
         Ok((
             Tensor::from_storage(x, p.out_shape),
@@ -100,7 +106,9 @@ impl Tensor {
     }
 
     /// Matrix product. 2-D × 2-D, or batched: both operands `[..., m, k]` and `[..., k, n]` with
-    /// equal batch dimensions, or one of them 2-D (shared by every batch entry).
+    /// equal batch dimensions, or one of them 2-D (shared by every batch entry). Inside
+    /// [`crate::autocast_f16`] an f32 GPU `self` is cast to f16 and an f32 `other` (a weight) is
+    /// read in f32 where it is, giving an f16 product and an f32 gradient for `other`.
     ///
     /// # Example
     /// ```
@@ -110,11 +118,14 @@ impl Tensor {
     /// assert_eq!(a.matmul(&i).unwrap().to_vec_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
     /// ```
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
-        if let Some([a, b]) = crate::autocast::low_precision_operands([self, other])? {
-            return a.matmul(&b);
+        // mixed precision: A (the activation) in f16; B as it is, f16 or an f32 weight
+        if let Some([a]) = crate::autocast::low_precision_operands([self])? {
+            return a.matmul(other);
         }
         let _profile = crate::profile::op("matmul");
-        self.check_compatible(other, "matmul")?;
+        if !crate::autocast::reads_f32_weight(self, other) {
+            self.check_compatible(other, "matmul")?;
+        }
         self.check_float("matmul")?;
         let (a, b) = (self, other);
         if a.rank() < 2 || b.rank() < 2 {
@@ -150,6 +161,7 @@ impl Tensor {
             b: RawOperand::plain(b, b_b),
             batch,
             out_shape,
+            out: a.dtype(),
         })?;
         let (ad, bd) = (a.detach(), b.detach());
         let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
@@ -172,6 +184,7 @@ impl Tensor {
                 } else {
                     vec![batch, m, k]
                 },
+                out: ad.dtype(),
             });
             let gb = need_b.then(|| match &stacked {
                 Some((a2, g2)) => RawProduct {
@@ -179,12 +192,14 @@ impl Tensor {
                     b: RawOperand::plain(g2, false),
                     batch: 1,
                     out_shape: vec![k, n],
+                    out: bd.dtype(),
                 },
                 None => RawProduct {
                     a: RawOperand::transposed(&ad, a_b),
                     b: RawOperand::plain(g, true),
                     batch,
                     out_shape: bd.shape().to_vec(),
+                    out: bd.dtype(),
                 },
             });
             let (ga, gb) = match (ga, gb) {

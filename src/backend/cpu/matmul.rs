@@ -52,6 +52,14 @@ pub(super) fn matmul_kernel<T: Float + Send + Sync + 'static>(
     c
 }
 
+/// The error of a CPU product asked for an output of another dtype than its operands'.
+fn same_dtype_out(what: &str, operands: crate::DType, out: crate::DType) -> Error {
+    Error::DType(format!(
+        "{what}: {operands} operands give a {operands} output on the CPU, not {out} (f16 \
+         products are a GPU format)"
+    ))
+}
+
 /// [`matmul_kernel`] on buffers of one float dtype, each product on up to `threads` threads.
 fn matmul_on(p: MatmulProduct<'_, CpuBuffer>, threads: usize) -> Result<CpuBuffer> {
     let MatmulProduct {
@@ -60,7 +68,12 @@ fn matmul_on(p: MatmulProduct<'_, CpuBuffer>, threads: usize) -> Result<CpuBuffe
         b,
         b_layout: lb,
         dims: d,
+        out,
     } = p;
+    // the CPU computes in the operands' dtype (mixed precision is a GPU format)
+    if out != a.dtype() {
+        return Err(same_dtype_out("matmul", a.dtype(), out));
+    }
     match (a, b) {
         (CpuBuffer::F32(a), CpuBuffer::F32(b)) => Ok(f32b(matmul_kernel(a, la, b, lb, d, threads))),
         (CpuBuffer::F64(a), CpuBuffer::F64(b)) => Ok(f64b(matmul_kernel(a, la, b, lb, d, threads))),
@@ -76,6 +89,7 @@ impl MatmulOps for CpuBackend {
         b: &CpuBuffer,
         b_layout: MatLayout,
         dims: MatmulDims,
+        out: crate::DType,
     ) -> Result<CpuBuffer> {
         let product = MatmulProduct {
             a,
@@ -83,6 +97,7 @@ impl MatmulOps for CpuBackend {
             b,
             b_layout,
             dims,
+            out,
         };
         matmul_on(product, rayon::current_num_threads())
     }
@@ -150,7 +165,11 @@ impl MatmulOps for CpuBackend {
         row_expert: &CpuBuffer,
         offsets: &CpuBuffer,
         bank: ExpertBankDims,
+        out: crate::DType,
     ) -> Result<CpuBuffer> {
+        if out != x.dtype() {
+            return Err(same_dtype_out("grouped_weight_grad", x.dtype(), out));
+        }
         let ExpertBankDims { k, m, experts } = bank;
         let routing = expert_routing(row_expert, offsets, experts, "grouped_weight_grad")?;
         match (x, dy) {

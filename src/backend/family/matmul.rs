@@ -2,21 +2,25 @@
 //! ones at once as a matmul's backward pass needs), and the grouped (per-expert) matmul of an MoE
 //! layer with its expert bank's weight gradient.
 
-use crate::Result;
 use crate::backend::{BufferOps, ExpertBankDims, GroupedMatmulDims, MatLayout, MatmulDims};
+use crate::{DType, Result};
 
-/// One product of [`MatmulOps::matmul_pair`]: `A·B` with each operand's layout, and the sizes.
+/// One product of [`MatmulOps::matmul_pair`]: `A·B` with each operand's layout, the sizes and
+/// the output's dtype.
 pub(crate) struct MatmulProduct<'a, B> {
     pub(crate) a: &'a B,
     pub(crate) a_layout: MatLayout,
     pub(crate) b: &'a B,
     pub(crate) b_layout: MatLayout,
     pub(crate) dims: MatmulDims,
+    pub(crate) out: DType,
 }
 
 /// Matrix products: dense batched, grouped per expert, and the grouped weight gradient.
 pub(crate) trait MatmulOps: BufferOps {
-    /// Batched matrix product, output contiguous `[batch, m, n]`.
+    /// Batched matrix product, output contiguous `[batch, m, n]` of dtype `out`: the operands'
+    /// dtype, or on the GPU, for mixed precision, f16 from f16 A and f32 B, or f32 from f16 A
+    /// and B (the GPU's `MatmulBuild`); any other combination is an error.
     fn matmul(
         &self,
         a: &Self::Buffer,
@@ -24,6 +28,7 @@ pub(crate) trait MatmulOps: BufferOps {
         b: &Self::Buffer,
         b_layout: MatLayout,
         dims: MatmulDims,
+        out: DType,
     ) -> Result<Self::Buffer>;
     /// Two independent products, each as [`MatmulOps::matmul`] would compute it. A matmul's
     /// backward pass needs two (`dA = dC·Bᵀ` and `dB = Aᵀ·dC`, always the same number of
@@ -36,7 +41,7 @@ pub(crate) trait MatmulOps: BufferOps {
         second: MatmulProduct<'_, Self::Buffer>,
     ) -> Result<(Self::Buffer, Self::Buffer)> {
         let one = |p: MatmulProduct<'_, Self::Buffer>| {
-            self.matmul(p.a, p.a_layout, p.b, p.b_layout, p.dims)
+            self.matmul(p.a, p.a_layout, p.b, p.b_layout, p.dims, p.out)
         };
         Ok((one(first)?, one(second)?))
     }
@@ -58,7 +63,8 @@ pub(crate) trait MatmulOps: BufferOps {
     /// The weight gradient of [`MatmulOps::grouped_matmul`]: `dW[e] = Σ_{r in e's segment,
     /// row_expert[r] = e} x[r]ᵀ · dy[r]`, `x: [R, k]`, `dy: [R, m]`, output `[n, k, m]`. Rows are
     /// sorted by expert and `offsets` (I32, `n + 1` entries) gives each expert's segment; an expert
-    /// with no rows gets exactly zero.
+    /// with no rows gets exactly zero. The output has dtype `out`: that of `x` and `dy`, or f32
+    /// from f16 ones on the GPU (an f32 bank's gradient in mixed precision).
     fn grouped_weight_grad(
         &self,
         x: &Self::Buffer,
@@ -66,5 +72,6 @@ pub(crate) trait MatmulOps: BufferOps {
         row_expert: &Self::Buffer,
         offsets: &Self::Buffer,
         bank: ExpertBankDims,
+        out: DType,
     ) -> Result<Self::Buffer>;
 }

@@ -4,7 +4,9 @@
 //! builds of `shaders/matmul.wgsl` (all three entries: `matmul` and the expert bank's
 //! `grouped_matmul` and `grouped_weight_grad`), `elementwise.wgsl`, `layout.wgsl` and
 //! `reduce.wgsl` ([`MATMUL_F16_SHADER`], [`ELEMENTWISE_F16_SHADER`], [`LAYOUT_F16_SHADER`],
-//! [`REDUCE_F16_SHADER`]), made from the f32 builds' sources by [`f16_build`].
+//! [`REDUCE_F16_SHADER`]), made from the f32 builds' sources by [`f16_build`]; and the mixed
+//! builds of the products, f16 tensors with f32 weights ([`f16_rows_build`]) or f16 operands with
+//! f32 outputs ([`f16_to_f32_build`]), which `matmul_build.rs` picks by dtype.
 //!
 //! f16 is a storage format here: every f16 kernel computes in f32 and converts once on the way
 //! in and once on the way out, with `f16_of` (`shaders/f16_convert.wgsl`), which rounds to a
@@ -36,10 +38,12 @@ pub(crate) static HALF_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
 /// The marker lines around a shader's element block: the alias of its tensors' element type
 /// (`alias X = f32;`, or `u32` for kernels that only move words) and, where the kernel
 /// computes, the function that stores an f32 value as one (`return v;`). A shader may also have
-/// a weight block (`shaders/matmul.wgsl`'s `mm_weight`), made f16 by [`f16_build`] and left
-/// f32 by [`f16_rows_build`].
+/// a weight block (`shaders/matmul.wgsl`'s `mm_weight`), made f16 by [`f16_build`] and
+/// [`f16_to_f32_build`] and left f32 by [`f16_rows_build`], and an output block (`mm_out`),
+/// made f16 by [`f16_build`] and [`f16_rows_build`] and left f32 by [`f16_to_f32_build`].
 const ELEMENT_BEGIN: &str = "// f16 build: element type\n";
 const WEIGHT_BEGIN: &str = "// f16 build: weight type\n";
+const OUTPUT_BEGIN: &str = "// f16 build: output type\n";
 const BLOCK_END: &str = "// f16 build: end\n";
 
 /// `source` with every block that starts with one of `begins` (and ends at [`BLOCK_END`])
@@ -85,7 +89,7 @@ fn rewrite_blocks(source: &str, begins: &[&str]) -> String {
 fn f16_build(source: &str) -> String {
     format!(
         "{F16_PRELUDE}\n{}",
-        rewrite_blocks(source, &[ELEMENT_BEGIN, WEIGHT_BEGIN])
+        rewrite_blocks(source, &[ELEMENT_BEGIN, WEIGHT_BEGIN, OUTPUT_BEGIN])
     )
 }
 
@@ -93,7 +97,16 @@ fn f16_build(source: &str) -> String {
 fn f16_rows_build(source: &str) -> String {
     format!(
         "{F16_PRELUDE}\n{}",
-        rewrite_blocks(source, &[ELEMENT_BEGIN])
+        rewrite_blocks(source, &[ELEMENT_BEGIN, OUTPUT_BEGIN])
+    )
+}
+
+/// [`f16_build`] without the output block: f16 operands, f32 outputs (a weight's gradient from
+/// f16 activations and gradients, stored without rounding to f16 first).
+fn f16_to_f32_build(source: &str) -> String {
+    format!(
+        "{F16_PRELUDE}\n{}",
+        rewrite_blocks(source, &[ELEMENT_BEGIN, WEIGHT_BEGIN])
     )
 }
 
@@ -167,12 +180,36 @@ pub(crate) static ROTARY_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader 
     source: String::leak(f16_build(super::rotary::ROTARY_SHADER.source)),
 });
 
-/// `shaders/matmul.wgsl`'s `grouped_matmul` with f16 rows and outputs and f32 expert weights
-/// and biases (mixed precision's expert banks, read from their f32 master copies); f32 sums.
+/// `shaders/matmul.wgsl` with f16 rows and outputs and f32 weights: `matmul` with A f16, B f32
+/// and C f16 (an activation times an f32 weight), `grouped_matmul` with f16 rows and outputs
+/// and f32 expert weights and biases (mixed precision's expert banks); f32 sums.
 pub(crate) static MATMUL_F16_ROWS_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "matmul_f16_rows",
     builtin: true,
     source: String::leak(f16_rows_build(super::matmul::MATMUL_SHADER.source)),
+});
+
+/// `matmul_wide` built as [`MATMUL_F16_ROWS_SHADER`]: A f16, B f32, C f16.
+pub(crate) static MATMUL_WIDE_F16_ROWS_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "matmul_wide_f16_rows",
+    builtin: true,
+    source: String::leak(f16_rows_build(super::matmul::MATMUL_WIDE_SHADER.source)),
+});
+
+/// `shaders/matmul.wgsl` with f16 operands and f32 outputs: `matmul` with A and B f16 and C f32,
+/// `grouped_weight_grad` with f16 rows and gradients and an f32 dW (the gradient of an f32
+/// weight in mixed precision, summed and stored in f32); f32 sums.
+pub(crate) static MATMUL_F16_TO_F32_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "matmul_f16_to_f32",
+    builtin: true,
+    source: String::leak(f16_to_f32_build(super::matmul::MATMUL_SHADER.source)),
+});
+
+/// `matmul_wide` built as [`MATMUL_F16_TO_F32_SHADER`]: A and B f16, C f32.
+pub(crate) static MATMUL_WIDE_F16_TO_F32_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "matmul_wide_f16_to_f32",
+    builtin: true,
+    source: String::leak(f16_to_f32_build(super::matmul::MATMUL_WIDE_SHADER.source)),
 });
 
 /// The softmax cross-entropy (`cross_entropy.wgsl`) reading f16 logits and writing their f16

@@ -148,6 +148,18 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         },
         BuiltinShader {
             needs_f16: true,
+            ..plain(&half::MATMUL_WIDE_F16_ROWS_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
+            ..plain(&half::MATMUL_F16_TO_F32_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
+            ..plain(&half::MATMUL_WIDE_F16_TO_F32_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
             ..plain(&half::CROSS_ENTROPY_F16_SHADER)
         },
         BuiltinShader {
@@ -186,7 +198,8 @@ pub(crate) struct KernelCache {
 }
 
 /// Whether kernel `shader.entry` takes f16 buffers: those of `shaders/half.wgsl`, the f16 builds
-/// of `matmul.wgsl`, `elementwise.wgsl`, `reduce.wgsl` and `layout.wgsl` (its copies), and `fill`, which writes 32-bit words (two f16 values each, see
+/// of `matmul.wgsl` (the mixed ones for the entries mixed precision runs: `matmul_build.rs`),
+/// `elementwise.wgsl`, `reduce.wgsl` and `layout.wgsl` (its copies), and `fill`, which writes 32-bit words (two f16 values each, see
 /// `elementwise::full`). [`GpuBackend::launch`] refuses an f16 buffer to every other kernel, so
 /// that an op without an f16 kernel is an error naming it, never f32 code reading half-words.
 fn takes_f16(shader: &str, entry: &str) -> bool {
@@ -211,7 +224,12 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
             | ("swiglu_f16", _)
             | ("rotary_f16", _)
             | ("attention_f16", _)
-            | ("matmul_f16_rows", "grouped_matmul")
+            | ("matmul_f16_rows", "matmul" | "grouped_matmul")
+            | ("matmul_f16_to_f32", "matmul" | "grouped_weight_grad")
+            | (
+                "matmul_wide_f16_rows" | "matmul_wide_f16_to_f32",
+                "matmul_wide"
+            )
             | ("cross_entropy_f16", _)
             | ("elementwise", "fill")
     )

@@ -25,8 +25,9 @@
 //! `MOEGRAD_MATMUL=auto|plain|wide|subgroup|wide-vec4` chooses at start-up and
 //! `GpuBackend::set_matmul_kernel` at run time.
 
-use super::half::{MATMUL_F16_SHADER, MATMUL_WIDE_F16_SHADER, float_operands};
+use super::half::float_operands;
 use super::kernels::Shader;
+use super::matmul_build::MatmulBuild;
 use super::{GpuBackend, GpuBuffer, MatmulKernel};
 use crate::backend::MatmulOps;
 use crate::backend::{
@@ -104,14 +105,6 @@ const SPLIT_K_MIN_CHUNK: usize = 128;
 
 /// Workgroups a dispatch may have in one dimension (WebGPU's guaranteed minimum).
 const MAX_GROUPS: usize = 65_535;
-
-/// The build of `matmul.wgsl` for operands of `dtype`.
-fn matmul_build(dtype: DType) -> &'static Shader {
-    match dtype {
-        DType::F16 => &MATMUL_F16_SHADER,
-        _ => &MATMUL_SHADER,
-    }
-}
 
 /// Checks that a buffer holds i32 indices.
 fn check_i32(what: &str, name: &str, b: &GpuBuffer) -> Result<()> {
@@ -235,15 +228,17 @@ fn operand(
 }
 
 /// Batched matrix product `C[b] = A[b]·B[b]` (entry point `matmul`), `A[b]: m×k` and `B[b]: k×n`
-/// read through their layouts, output contiguous `[batch, m, n]`.
+/// read through their layouts, output contiguous `[batch, m, n]` of dtype `out`.
 ///
-/// Both operands f16 (adapters with `shader-f16`) run the f16 build of the same kernels
-/// ([`MATMUL_F16_SHADER`], and [`MATMUL_WIDE_F16_SHADER`] where `auto` or `wide`, or
-/// `wide-vec4`, which has no f16 build, choose the wide kernel): f16 reads, f32 sums, an f16
-/// output; never split-k (its partial sums would be rounded to f16).
+/// f32 operands give an f32 output. With f16 (adapters with `shader-f16`) the product runs a
+/// build of the same kernels for its dtypes ([`MatmulBuild`]): f16·f16 → f16, f16·f32 → f16
+/// (an activation times an f32 weight, read where it is) and f16·f16 → f32 (an f32 weight's
+/// gradient); f32 sums in every build, and the plain or wide kernel as for f32 (`wide-vec4`
+/// and `subgroup`, which have no f16 builds, give way to `wide` and `plain`). Split-k runs
+/// where the output is f32 (an f16 output would round its partial sums).
 ///
 /// # Errors
-/// [`Error::DType`] unless both operands are f32 or both f16; [`Error::Shape`] when a layout addresses an
+/// [`Error::DType`] for any other dtypes; [`Error::Shape`] when a layout addresses an
 /// element outside its buffer or a size exceeds 32-bit indexing; a GPU error from the launch.
 pub(crate) fn matmul(
     be: &GpuBackend,
@@ -252,10 +247,10 @@ pub(crate) fn matmul(
     b: &GpuBuffer,
     b_layout: MatLayout,
     dims: MatmulDims,
+    out: DType,
 ) -> Result<GpuBuffer> {
     const WHAT: &str = "matmul";
-    // f32 operands, or both f16 (the f16 build of the kernel: f16 output, f32 sums)
-    let dtype = float_operands(WHAT, &[("A", a), ("B", b)])?;
+    let build = MatmulBuild::of(be, WHAT, a, b, out)?;
     let MatmulDims { batch, m, k, n } = dims;
     let out_len = product(&[batch, m, n]).ok_or_else(|| {
         Error::Shape(format!(
@@ -264,10 +259,10 @@ pub(crate) fn matmul(
     })?;
     to_u32(WHAT, "batch·m·n", out_len)?;
     if out_len == 0 {
-        return be.alloc(0, dtype);
+        return be.alloc(0, out);
     }
     if k == 0 {
-        return be.full(out_len, 0.0, dtype);
+        return be.full(out_len, 0.0, out);
     }
     let la = operand("A", a, a_layout, [batch, m, k])?;
     let lb = operand("B", b, b_layout, [batch, k, n])?;
@@ -276,13 +271,14 @@ pub(crate) fn matmul(
 
     let wide_groups = n.div_ceil(WIDE_TILE) * m.div_ceil(WIDE_TILE) * batch;
     let chosen = be.matmul_kernel();
-    let kernel = match (dtype, chosen) {
-        (DType::F16, MatmulKernel::Auto) if wide_groups >= WIDE_MIN_GROUPS => MatmulKernel::Wide,
-        (DType::F16, MatmulKernel::Wide | MatmulKernel::WideVec4) => MatmulKernel::Wide,
-        (DType::F16, _) => MatmulKernel::Plain,
-        (_, MatmulKernel::Auto) if wide_groups >= WIDE_MIN_GROUPS => MatmulKernel::Wide,
-        (_, MatmulKernel::Auto) => MatmulKernel::Plain,
-        (_, MatmulKernel::WideVec4)
+    let f32_only = build == MatmulBuild::F32;
+    let kernel = match chosen {
+        MatmulKernel::Auto if wide_groups >= WIDE_MIN_GROUPS => MatmulKernel::Wide,
+        MatmulKernel::Auto => MatmulKernel::Plain,
+        // the f16 builds exist for the plain and wide kernels only
+        MatmulKernel::Wide | MatmulKernel::WideVec4 if !f32_only => MatmulKernel::Wide,
+        MatmulKernel::Subgroup if !f32_only => MatmulKernel::Plain,
+        MatmulKernel::WideVec4
             if !vec4_layouts(
                 [(a, &la, a_k_fast), (b, &lb, b_n_fast)],
                 dims,
@@ -291,10 +287,10 @@ pub(crate) fn matmul(
         {
             MatmulKernel::Wide
         }
-        (_, chosen) => chosen,
+        chosen => chosen,
     };
-    // split-k: only where Auto chose the plain kernel for f32 operands
-    let (splits, chunk) = match (dtype, chosen, kernel) {
+    // split-k: only where Auto chose the plain kernel and the output is f32
+    let (splits, chunk) = match (build.out(), chosen, kernel) {
         (DType::F32, MatmulKernel::Auto, MatmulKernel::Plain) => {
             split_k(tiles(n) * tiles(m) * batch, k)
         }
@@ -306,14 +302,12 @@ pub(crate) fn matmul(
         true => (splits, chunk),
         false => (1, k),
     };
-    let c = be.alloc(out_len * splits, dtype)?;
-    let (entry, tile) = match (dtype, kernel) {
-        (DType::F16, MatmulKernel::Wide) => ((&*MATMUL_WIDE_F16_SHADER, "matmul_wide"), WIDE_TILE),
-        (DType::F16, _) => ((matmul_build(dtype), "matmul"), TILE),
-        (_, MatmulKernel::Wide) => ((&MATMUL_WIDE_SHADER, "matmul_wide"), WIDE_TILE),
-        (_, MatmulKernel::WideVec4) => ((&MATMUL_WIDE4_SHADER, "matmul_wide4"), WIDE_TILE),
-        (_, MatmulKernel::Subgroup) => ((&MATMUL_SUBGROUP_SHADER, "matmul_subgroup"), TILE),
-        _ => ((&MATMUL_SHADER, "matmul"), TILE),
+    let c = be.alloc(out_len * splits, out)?;
+    let (entry, tile) = match kernel {
+        MatmulKernel::Wide => ((build.wide(), "matmul_wide"), WIDE_TILE),
+        MatmulKernel::WideVec4 => ((&MATMUL_WIDE4_SHADER, "matmul_wide4"), WIDE_TILE),
+        MatmulKernel::Subgroup => ((&MATMUL_SUBGROUP_SHADER, "matmul_subgroup"), TILE),
+        _ => ((build.plain(), "matmul"), TILE),
     };
     launch_grid(
         be,
@@ -468,13 +462,16 @@ pub(crate) fn grouped_matmul(
     weights.extend(bias.map(|b| ("bias", b)));
     // f16 rows with f32 weights: mixed precision's expert banks, read in f32 where they are
     let f16_rows = x.dtype() == DType::F16 && float_operands(WHAT, &weights)? == DType::F32;
-    let dtype = if f16_rows {
+    let (dtype, build) = if f16_rows {
         be.check_f16(WHAT)?;
-        DType::F16
+        (DType::F16, MatmulBuild::F16Rows)
     } else {
         let mut floats = vec![("x", x)];
         floats.extend(weights);
-        float_operands(WHAT, &floats)?
+        match float_operands(WHAT, &floats)? {
+            DType::F16 => (DType::F16, MatmulBuild::F16),
+            dtype => (dtype, MatmulBuild::F32),
+        }
     };
     check_i32(WHAT, "row_expert", row_expert)?;
     check_len(WHAT, "x", x, product(&[rows, k]), &format!("[{rows}, {k}]"))?;
@@ -513,14 +510,7 @@ pub(crate) fn grouped_matmul(
     let out = be.alloc(out_len, dtype)?;
     launch_grid(
         be,
-        (
-            if f16_rows {
-                &super::half::MATMUL_F16_ROWS_SHADER
-            } else {
-                matmul_build(dtype)
-            },
-            "grouped_matmul",
-        ),
+        (build.plain(), "grouped_matmul"),
         // without a bias, `w` stands in for the unread bias binding
         &[x, w, row_expert, &out, bias.unwrap_or(w)],
         [tiles(m), tiles(rows), 1],
@@ -545,10 +535,11 @@ pub(crate) fn grouped_matmul(
 /// `dW[e] = Σ x[r]ᵀ·dy[r]` over the rows `r` in `offsets[e]..offsets[e+1]` (clamped to
 /// `0..rows`) with `row_expert[r] = e`. `x: [rows, k]`, `dy: [rows, m]`, `row_expert: [rows]` and
 /// `offsets: [experts + 1]` i32, `rows` being `row_expert`'s length; output `[experts, k, m]`, an
-/// expert without rows getting exactly zero.
+/// expert without rows getting exactly zero, of dtype `out`: f32 from f32 rows, f16 or f32
+/// (an f32 bank's gradient in mixed precision, summed and stored in f32) from f16 rows.
 ///
 /// # Errors
-/// [`Error::DType`] unless x and dy are both f32 or both f16 (the f16 build), or for non-i32
+/// [`Error::DType`] unless x and dy are both f32 (output f32) or both f16, or for non-i32
 /// indices; [`Error::Shape`] when a buffer's length
 /// does not match the sizes or a size exceeds 32-bit indexing; a GPU error from the launch.
 pub(crate) fn grouped_weight_grad(
@@ -558,10 +549,12 @@ pub(crate) fn grouped_weight_grad(
     row_expert: &GpuBuffer,
     offsets: &GpuBuffer,
     bank: ExpertBankDims,
+    out: DType,
 ) -> Result<GpuBuffer> {
     let ExpertBankDims { k, m, experts } = bank;
     const WHAT: &str = "grouped_weight_grad";
-    let dtype = float_operands(WHAT, &[("x", x), ("dy", dy)])?;
+    let build = MatmulBuild::of_weight_grad(be, WHAT, x, dy, out)?;
+    let dtype = build.out();
     check_i32(WHAT, "row_expert", row_expert)?;
     check_i32(WHAT, "offsets", offsets)?;
     let rows = row_expert.len();
@@ -604,7 +597,7 @@ pub(crate) fn grouped_weight_grad(
     let dw = be.alloc(out_len, dtype)?;
     launch_grid(
         be,
-        (matmul_build(dtype), "grouped_weight_grad"),
+        (build.plain(), "grouped_weight_grad"),
         &[x, dy, row_expert, offsets, &dw],
         [tiles(m), tiles(k), experts],
         |[x0, y0, z0]| vec![rows32, k32, m32, experts32, x0, y0, z0, 0],
@@ -620,8 +613,9 @@ impl MatmulOps for GpuBackend {
         b: &GpuBuffer,
         b_layout: MatLayout,
         dims: MatmulDims,
+        out: DType,
     ) -> Result<GpuBuffer> {
-        matmul(self, a, a_layout, b, b_layout, dims)
+        matmul(self, a, a_layout, b, b_layout, dims, out)
     }
 
     fn grouped_matmul(
@@ -642,8 +636,9 @@ impl MatmulOps for GpuBackend {
         row_expert: &GpuBuffer,
         offsets: &GpuBuffer,
         bank: ExpertBankDims,
+        out: DType,
     ) -> Result<GpuBuffer> {
-        grouped_weight_grad(self, x, dy, row_expert, offsets, bank)
+        grouped_weight_grad(self, x, dy, row_expert, offsets, bank, out)
     }
 }
 

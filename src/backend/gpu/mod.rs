@@ -44,6 +44,7 @@ mod kernels;
 mod layer_norm;
 mod layout;
 pub(crate) mod matmul;
+mod matmul_build;
 mod matmul_kernel;
 mod moe_combine;
 mod nn;

@@ -29,6 +29,7 @@ impl Storage {
         row_expert: &Storage,
         offsets: &Storage,
         bank: ExpertBankDims,
+        out: DType,
     ) -> Result<Storage> {
         const WHAT: &str = "grouped_weight_grad";
         on_device!(self, |be| be.grouped_weight_grad(
@@ -36,7 +37,8 @@ impl Storage {
             be.buf(dy, WHAT)?,
             be.buf(row_expert, WHAT)?,
             be.buf(offsets, WHAT)?,
-            bank
+            bank,
+            out
         ))
     }
 

@@ -114,7 +114,7 @@ impl Storage {
                 cpu::CpuBackend.grouped_weight_grad_adam_mut(grad, p, sc, mm, vv, h)
             });
         }
-        let g = x.grouped_weight_grad(dy, row_expert, offsets, bank)?;
+        let g = x.grouped_weight_grad(dy, row_expert, offsets, bank, param.dtype())?;
         param.adam_step_mut(&g, scale, m, v, h)
     }
     /// [`Storage::sgd_step`] updating `self` and `buf` where they are (see

@@ -11,6 +11,7 @@
 //! expert, and experts that receive no rows. The vectorised math (`exp`, `ln`, GELU) and Adam
 //! are in `cpu_math.rs`, which shares this file's helpers.
 
+use crate::DType;
 use crate::backend::cpu::{CpuBackend, CpuBuffer};
 use crate::backend::{
     BufferOps, ElementwiseOps, ExpertBankDims, GroupedMatmulDims, HostData, LayoutOps, MatmulOps,
@@ -319,6 +320,7 @@ fn grouped_weight_grad_matches_the_loop_and_is_exactly_zero_for_unused_experts()
                 &up(HostData::I32(re.clone())),
                 &up(HostData::I32(offsets)),
                 ExpertBankDims { k, m, experts: n },
+                DType::F64,
             )
             .unwrap();
         let got = down_f64(&got);

@@ -136,7 +136,7 @@ fn fused_bank_adam_equals_weight_grad_then_adam_bit_for_bit() {
             let scale = buf(&[0.5]);
             // the two kernels
             let g = CPU
-                .grouped_weight_grad(&xb, &dyb, &reb, &offb, bank_dims(k, m, n))
+                .grouped_weight_grad(&xb, &dyb, &reb, &offb, bank_dims(k, m, n), xb.dtype())
                 .unwrap();
             let (mut p1, mut m1, mut v1) = (buf(&p), buf(&mo), buf(&ve));
             CpuBackend

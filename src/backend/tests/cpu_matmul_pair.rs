@@ -5,6 +5,7 @@
 //! product's definition.
 
 use super::cpu_kernels::{CPU, up};
+use crate::DType;
 use crate::backend::cpu::CpuBuffer;
 use crate::backend::{BufferOps, HostData, MatLayout, MatmulDims, MatmulOps, MatmulProduct};
 use rand::{RngExt, SeedableRng};
@@ -101,6 +102,7 @@ fn a_pair_of_products_gives_the_bits_of_each_product_alone_on_any_number_of_thre
                     b: &bufs[1],
                     b_layout: lb,
                     dims: d,
+                    out: DType::F32,
                 };
                 let second = MatmulProduct {
                     a: &bufs[2],
@@ -108,10 +110,15 @@ fn a_pair_of_products_gives_the_bits_of_each_product_alone_on_any_number_of_thre
                     b: &bufs[3],
                     b_layout: l2b,
                     dims: d2,
+                    out: DType::F32,
                 };
                 let (x, y) = CPU.matmul_pair(first, second).unwrap();
-                let alone_x = CPU.matmul(&bufs[0], la, &bufs[1], lb, d).unwrap();
-                let alone_y = CPU.matmul(&bufs[2], l2a, &bufs[3], l2b, d2).unwrap();
+                let alone_x = CPU
+                    .matmul(&bufs[0], la, &bufs[1], lb, d, DType::F32)
+                    .unwrap();
+                let alone_y = CPU
+                    .matmul(&bufs[2], l2a, &bufs[3], l2b, d2, DType::F32)
+                    .unwrap();
                 (down(&x), down(&y), down(&alone_x), down(&alone_y))
             });
             let what = format!("{threads} threads, shape {i}: {d:?} with {d2:?}");

@@ -502,7 +502,7 @@ fn split_grouped_matmul_columns() {
     let (gdy, goffsets) = (up_f32(&be, &dy), up_i32(&be, &offsets));
     poison_pool(&be, experts * k * m);
     let got = be
-        .grouped_weight_grad(&gx, &gdy, &gexpert, &goffsets, bank)
+        .grouped_weight_grad(&gx, &gdy, &gexpert, &goffsets, bank, DType::F32)
         .unwrap();
     let want = cpu
         .grouped_weight_grad(
@@ -511,6 +511,7 @@ fn split_grouped_matmul_columns() {
             &cpu_i32(&row_expert),
             &cpu_i32(&offsets),
             bank,
+            DType::F32,
         )
         .unwrap();
     assert_same(
@@ -648,10 +649,18 @@ fn split_matmul_grids() {
                     &up_f32(&be, &b),
                     row_major(n),
                     dims,
+                    DType::F32,
                 )
                 .unwrap();
             let want = cpu
-                .matmul(&cpu_f32(&a), row_major(k), &cpu_f32(&b), row_major(n), dims)
+                .matmul(
+                    &cpu_f32(&a),
+                    row_major(k),
+                    &cpu_f32(&b),
+                    row_major(n),
+                    dims,
+                    DType::F32,
+                )
                 .unwrap();
             let what = format!("matmul ({kernel:?}) [{m}, {k}]·[{k}, {n}]");
             assert_same(

@@ -11,11 +11,13 @@
 //! Without a GPU adapter every test prints "skipping" and returns (a failure under
 //! `MOEGRAD_REQUIRE_GPU=1`). Sizes are modest: CI runs these on a software Vulkan driver.
 
+use crate::DType;
 use crate::Error;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::gpu::GpuBackend;
 use crate::backend::{
-    BufferOps, ExpertBankDims, GroupedMatmulDims, HostData, MatLayout, MatmulDims, MatmulOps,
+    BufferOps, ElementwiseOps, ExpertBankDims, GroupedMatmulDims, HostData, MatLayout, MatmulDims,
+    MatmulOps,
 };
 use crate::common;
 use rand::{RngExt, SeedableRng};
@@ -113,6 +115,7 @@ fn check_matmul(
             &cpu.upload(&f64_data(&b)).unwrap(),
             lb,
             dims,
+            DType::F64,
         )
         .unwrap();
     let expected = cpu.download(&expected).unwrap().to_f64();
@@ -123,6 +126,7 @@ fn check_matmul(
             &be.upload(&f32_data(&b)).unwrap(),
             lb,
             dims,
+            DType::F32,
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let got = be.download(&got).unwrap().to_f64();
@@ -300,12 +304,12 @@ fn matmul_empty_sizes() {
         k: 0,
         n: 4,
     };
-    let c = be.matmul(&a, l(0), &a, l(4), dims).unwrap();
+    let c = be.matmul(&a, l(0), &a, l(4), dims, DType::F32).unwrap();
     assert_eq!(be.download(&c).unwrap(), HostData::F32(vec![0.0; 24]));
     // m = 0, n = 0, batch = 0: empty
     for (batch, m, n) in [(1, 0, 4), (1, 3, 0), (0, 3, 4)] {
         let dims = MatmulDims { batch, m, k: 2, n };
-        let c = be.matmul(&a, l(2), &a, l(n), dims).unwrap();
+        let c = be.matmul(&a, l(2), &a, l(n), dims, DType::F32).unwrap();
         assert_eq!(be.download(&c).unwrap(), HostData::F32(vec![]));
     }
 }
@@ -330,15 +334,15 @@ fn matmul_bad_input_is_an_error() {
         n: 3,
     };
     // 4×3 of B reads up to element 11 of 12: fine; one more row or an offset is not
-    assert!(be.matmul(&a, l(4), &a, l(3), dims).is_ok());
+    assert!(be.matmul(&a, l(4), &a, l(3), dims, DType::F32).is_ok());
     let too_big = MatmulDims { m: 4, ..dims };
     assert!(matches!(
-        be.matmul(&a, l(4), &a, l(3), too_big),
+        be.matmul(&a, l(4), &a, l(3), too_big, DType::F32),
         Err(Error::Shape(_))
     ));
     let shifted = MatLayout { offset: 1, ..l(3) };
     assert!(matches!(
-        be.matmul(&a, l(4), &a, shifted, dims),
+        be.matmul(&a, l(4), &a, shifted, dims, DType::F32),
         Err(Error::Shape(_))
     ));
     let batched = MatmulDims { batch: 2, ..dims };
@@ -347,13 +351,45 @@ fn matmul_bad_input_is_an_error() {
         ..l(4)
     };
     assert!(matches!(
-        be.matmul(&a, strided, &a, l(3), batched),
+        be.matmul(&a, strided, &a, l(3), batched, DType::F32),
         Err(Error::Shape(_))
     ));
     assert!(matches!(
-        be.matmul(&idx, l(4), &a, l(3), dims),
+        be.matmul(&idx, l(4), &a, l(3), dims, DType::F32),
         Err(Error::DType(_))
     ));
+    // outputs other than the operands' dtype: only f16·f16 → f32 and f16·f32 → f16 (mixed
+    // precision's builds, crate::backend::gpu::matmul_build); the CPU computes in its operands'
+    assert!(matches!(
+        be.matmul(&a, l(4), &a, l(3), dims, DType::F16),
+        Err(Error::DType(_))
+    ));
+    let cpu = CpuBackend;
+    let a_cpu = cpu.upload(&HostData::F32(vec![1.0; 12])).unwrap();
+    match cpu.matmul(&a_cpu, l(4), &a_cpu, l(3), dims, DType::F64) {
+        Err(Error::DType(m)) => assert!(m.contains("f32") && m.contains("f64"), "{m}"),
+        other => panic!("a CPU f32 product into f64 gave {other:?}"),
+    }
+    if be.has_f16() {
+        let h = be.cast(&a, DType::F16).unwrap();
+        for (x, y, out) in [
+            (&a, &h, DType::F16),
+            (&a, &h, DType::F32),
+            (&h, &a, DType::F32),
+        ] {
+            match be.matmul(x, l(4), y, l(3), dims, out) {
+                Err(Error::DType(m)) => assert!(m.contains("A is") && m.contains("output"), "{m}"),
+                other => panic!("{} · {} → {out} gave {other:?}", x.dtype(), y.dtype()),
+            }
+        }
+        // the three that run: f16·f16 → f16 or f32, f16·f32 → f16, each 4 (= k ones summed)
+        for (y, out) in [(&h, DType::F16), (&h, DType::F32), (&a, DType::F16)] {
+            let c = be.matmul(&h, l(4), y, l(3), dims, out).unwrap();
+            assert_eq!(c.dtype(), out);
+            let c = be.cast(&c, DType::F32).unwrap();
+            assert_eq!(be.download(&c).unwrap(), HostData::F32(vec![4.0; 9]));
+        }
+    }
 }
 
 // ---- grouped_matmul ---------------------------------------------------------------------------
@@ -612,6 +648,7 @@ fn check_weight_grad(
             &cpu.upload(&re).unwrap(),
             &cpu.upload(&off).unwrap(),
             ExpertBankDims { k, m, experts },
+            DType::F64,
         )
         .unwrap();
     let expected = cpu.download(&expected).unwrap().to_f64();
@@ -622,6 +659,7 @@ fn check_weight_grad(
             &be.upload(&re).unwrap(),
             &be.upload(&off).unwrap(),
             ExpertBankDims { k, m, experts },
+            DType::F32,
         )
         .unwrap_or_else(|e| panic!("{name}: {e}"));
     let got = be.download(&got).unwrap().to_f64();
@@ -741,7 +779,7 @@ fn grouped_weight_grad_empty_sizes_and_bad_input() {
     let empty = be.upload(&HostData::F32(vec![])).unwrap();
     // x [3, 2], dy [3, 3], two experts
     let dw = be
-        .grouped_weight_grad(&x, &dy, &re, &off, bank_dims(2, 3, 2))
+        .grouped_weight_grad(&x, &dy, &re, &off, bank_dims(2, 3, 2), DType::F32)
         .unwrap();
     let mut expected = vec![2.0; 6];
     expected.extend([1.0; 6]);
@@ -749,25 +787,32 @@ fn grouped_weight_grad_empty_sizes_and_bad_input() {
     // no rows: zeros
     let zero_off = be.upload(&HostData::I32(vec![0, 0, 0])).unwrap();
     let dw = be
-        .grouped_weight_grad(&empty, &empty, &none, &zero_off, bank_dims(2, 3, 2))
+        .grouped_weight_grad(
+            &empty,
+            &empty,
+            &none,
+            &zero_off,
+            bank_dims(2, 3, 2),
+            DType::F32,
+        )
         .unwrap();
     assert_eq!(be.download(&dw).unwrap(), HostData::F32(vec![0.0; 12]));
     // k = 0: empty
     let dw = be
-        .grouped_weight_grad(&empty, &dy, &re, &off, bank_dims(0, 3, 2))
+        .grouped_weight_grad(&empty, &dy, &re, &off, bank_dims(0, 3, 2), DType::F32)
         .unwrap();
     assert_eq!(be.download(&dw).unwrap(), HostData::F32(vec![]));
     // lengths that do not match, wrong dtypes
     assert!(matches!(
-        be.grouped_weight_grad(&x, &dy, &re, &off, bank_dims(2, 3, 3)),
+        be.grouped_weight_grad(&x, &dy, &re, &off, bank_dims(2, 3, 3), DType::F32),
         Err(Error::Shape(_))
     ));
     assert!(matches!(
-        be.grouped_weight_grad(&x, &dy, &re, &off, bank_dims(3, 3, 2)),
+        be.grouped_weight_grad(&x, &dy, &re, &off, bank_dims(3, 3, 2), DType::F32),
         Err(Error::Shape(_))
     ));
     assert!(matches!(
-        be.grouped_weight_grad(&x, &dy, &re, &x, bank_dims(2, 3, 2)),
+        be.grouped_weight_grad(&x, &dy, &re, &x, bank_dims(2, 3, 2), DType::F32),
         Err(Error::DType(_))
     ));
 }

@@ -6,6 +6,7 @@
 
 use super::folded_grids::poison_pool;
 use super::gpu_matmul::{check_contiguous, contiguous, f32_data, gpu, values};
+use crate::DType;
 use crate::backend::gpu::MatmulKernel;
 use crate::backend::{BufferOps, HostData, MatLayout, MatmulDims, MatmulOps};
 use rand::SeedableRng;
@@ -51,7 +52,7 @@ fn matmul_kernels_agree_to_the_bit() {
             be.set_matmul_kernel(kernel).unwrap();
             // NaN in the buffer the output will get, so that an element left unwritten shows
             poison_pool(&be, batch * m * n);
-            let c = be.matmul(&a, la, &b, lb, dims).unwrap();
+            let c = be.matmul(&a, la, &b, lb, dims, DType::F32).unwrap();
             match be.download(&c).unwrap() {
                 HostData::F32(v) => results.push((kernel, v)),
                 other => panic!("matmul gave {other:?}"),
@@ -107,7 +108,7 @@ fn matmul_wide_vec4_with_offsets_and_strides() {
         for kernel in [MatmulKernel::Wide, MatmulKernel::WideVec4] {
             be.set_matmul_kernel(kernel).unwrap();
             poison_pool(&be, batch * m * n);
-            let c = be.matmul(&a, la, &b, lb, dims).unwrap();
+            let c = be.matmul(&a, la, &b, lb, dims, DType::F32).unwrap();
             match be.download(&c).unwrap() {
                 HostData::F32(v) => results.push(v),
                 other => panic!("matmul gave {other:?}"),
@@ -189,10 +190,10 @@ fn matmul_split_k() {
         n: 80,
     };
     let once = be
-        .download(&be.matmul(&a, la, &b, lb, dims).unwrap())
+        .download(&be.matmul(&a, la, &b, lb, dims, DType::F32).unwrap())
         .unwrap();
     let twice = be
-        .download(&be.matmul(&a, la, &b, lb, dims).unwrap())
+        .download(&be.matmul(&a, la, &b, lb, dims, DType::F32).unwrap())
         .unwrap();
     assert_eq!(once, twice, "split-k matmul: two runs differ");
     be.set_matmul_kernel(before).unwrap();
