@@ -7,8 +7,10 @@
 use super::folded_grids::poison_pool;
 use super::gpu_matmul::{check_contiguous, contiguous, f32_data, gpu, values};
 use crate::DType;
+use crate::Error;
+use crate::backend::cpu::CpuBackend;
 use crate::backend::gpu::MatmulKernel;
-use crate::backend::{BufferOps, HostData, MatLayout, MatmulDims, MatmulOps};
+use crate::backend::{BufferOps, ElementwiseOps, HostData, MatLayout, MatmulDims, MatmulOps};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -197,4 +199,59 @@ fn matmul_split_k() {
         .unwrap();
     assert_eq!(once, twice, "split-k matmul: two runs differ");
     be.set_matmul_kernel(before).unwrap();
+}
+
+/// A product's output dtype: the GPU computes f32·f32 → f32, f16·f16 → f16 or f32 and f16·f32 →
+/// f16 (mixed precision's builds, `gpu/matmul_build.rs`) and refuses the others with an error
+/// naming the three dtypes; the CPU computes in its operands' dtype.
+#[test]
+fn matmul_output_dtypes_are_the_builds_or_an_error() {
+    let Some((be, _lock)) = gpu("matmul_output_dtypes_are_the_builds_or_an_error") else {
+        return;
+    };
+    let a = be.upload(&HostData::F32(vec![1.0; 12])).unwrap();
+    let l = |cols: usize| MatLayout {
+        offset: 0,
+        batch_stride: 0,
+        row_stride: cols,
+        col_stride: 1,
+    };
+    let dims = MatmulDims {
+        batch: 1,
+        m: 3,
+        k: 4,
+        n: 3,
+    };
+    // outputs other than the operands' dtype: only f16·f16 → f32 and f16·f32 → f16 (mixed
+    // precision's builds, crate::backend::gpu::matmul_build); the CPU computes in its operands'
+    assert!(matches!(
+        be.matmul(&a, l(4), &a, l(3), dims, DType::F16),
+        Err(Error::DType(_))
+    ));
+    let cpu = CpuBackend;
+    let a_cpu = cpu.upload(&HostData::F32(vec![1.0; 12])).unwrap();
+    match cpu.matmul(&a_cpu, l(4), &a_cpu, l(3), dims, DType::F64) {
+        Err(Error::DType(m)) => assert!(m.contains("f32") && m.contains("f64"), "{m}"),
+        other => panic!("a CPU f32 product into f64 gave {other:?}"),
+    }
+    if be.has_f16() {
+        let h = be.cast(&a, DType::F16).unwrap();
+        for (x, y, out) in [
+            (&a, &h, DType::F16),
+            (&a, &h, DType::F32),
+            (&h, &a, DType::F32),
+        ] {
+            match be.matmul(x, l(4), y, l(3), dims, out) {
+                Err(Error::DType(m)) => assert!(m.contains("A is") && m.contains("output"), "{m}"),
+                other => panic!("{} · {} → {out} gave {other:?}", x.dtype(), y.dtype()),
+            }
+        }
+        // the three that run: f16·f16 → f16 or f32, f16·f32 → f16, each 4 (= k ones summed)
+        for (y, out) in [(&h, DType::F16), (&h, DType::F32), (&a, DType::F16)] {
+            let c = be.matmul(&h, l(4), y, l(3), dims, out).unwrap();
+            assert_eq!(c.dtype(), out);
+            let c = be.cast(&c, DType::F32).unwrap();
+            assert_eq!(be.download(&c).unwrap(), HostData::F32(vec![4.0; 9]));
+        }
+    }
 }
