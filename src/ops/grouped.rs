@@ -174,8 +174,8 @@ impl Tensor {
             };
             let dw_of = || recipe().materialize();
             let (dx, dw) = match (need_x, need_w, &leaf) {
-                // both computed now: side by side on the CPU's threads (independent products;
-                // only storage work crosses threads, the cast stays on this one)
+                // both computed now: side by side on the CPU's threads (independent products:
+                // only storage work crosses threads)
                 (true, true, None) => {
                     let (dx, dw) = crate::backend::side_by_side(g.device(), dx_of, dw_of);
                     (Some(dx?), Some(dw?))
