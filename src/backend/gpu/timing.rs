@@ -8,7 +8,8 @@
 //! write a timestamp into the batch's query set ([`Slot`]; one pair per dispatch, at most
 //! `MAX_BATCH` per batch). When the batch is submitted the query set is resolved and copied into
 //! a mappable buffer, which is mapped without waiting: finished read-backs are collected at later
-//! submits, and the rest when the report is taken ([`report`], which waits for the device once).
+//! submits, and the rest when the report is taken ([`report`], which waits for the device and
+//! for the map callbacks of this thread's read-backs).
 //! So profiling adds no host wait inside a step; it does split the batch's one compute pass into
 //! one pass per dispatch, which may cost a little GPU time of its own.
 //!
@@ -28,6 +29,10 @@ use std::thread::ThreadId;
 
 /// Bytes of one resolved timestamp.
 const TIMESTAMP_BYTES: u64 = 8;
+
+/// How long a report waits for a finished read-back's map callback (see
+/// `Timer::wait_for_thread`).
+const READBACK_PATIENCE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What the map callback of a read-back reports.
 type MapStatus = Arc<Mutex<Option<std::result::Result<(), wgpu::BufferAsyncError>>>>;
@@ -227,6 +232,33 @@ impl Timer {
         state.pending = still;
     }
 
+    /// Waits until every submitted read-back holding a dispatch of `thread` has been collected;
+    /// returns the state locked.
+    ///
+    /// Waiting for the device is not enough: wgpu gathers the map callbacks of finished work
+    /// under its lock and runs them after releasing it, so a poll or submit on another thread
+    /// may hold this thread's callbacks while our own poll returns with nothing left to wait
+    /// for. Those callbacks run moments later; without this wait the report would silently lose
+    /// the last batches of the step (seen under parallel tests). A read-back still not mapped
+    /// after [`READBACK_PATIENCE`] (a lost device) is left out of the report.
+    fn wait_for_thread(&self, ctx: &Context, thread: ThreadId) -> MutexGuard<'_, State> {
+        let started = std::time::Instant::now();
+        loop {
+            let _ = ctx.device.poll(wgpu::PollType::wait_indefinitely());
+            let mut state = self.lock();
+            self.collect(&mut state);
+            let waiting = state
+                .pending
+                .iter()
+                .any(|slot| slot.kernels.iter().any(|(_, t)| *t == thread));
+            if !waiting || started.elapsed() > READBACK_PATIENCE {
+                return state;
+            }
+            drop(state);
+            std::thread::yield_now();
+        }
+    }
+
     /// Forgets the times of the kernels this thread launched.
     fn reset(&self) {
         self.lock().tables.remove(&std::thread::current().id());
@@ -248,11 +280,9 @@ pub(crate) fn report(clear: bool) -> Option<GpuProfile> {
     let gpu = GpuBackend::opened()?;
     let inner = &gpu.inner;
     inner.batcher.flush(&inner.ctx);
-    let _ = inner.ctx.device.poll(wgpu::PollType::wait_indefinitely());
     let timer = &inner.batcher.timer;
-    let mut state = timer.lock();
-    timer.collect(&mut state);
     let thread = std::thread::current().id();
+    let mut state = timer.wait_for_thread(&inner.ctx, thread);
     let tables = if clear {
         state.tables.remove(&thread)
     } else {
