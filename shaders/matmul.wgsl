@@ -57,14 +57,20 @@
 // The expert bank's weight gradient: dW[e] = Σ_{r in offsets[e]..offsets[e+1], row_expert[r] = e}
 // x[r]ᵀ·dy[r], f32 (x and dy mm_elem, dw mm_out: f16 and f16, or f16 and f32, per the build;
 // f32 sums).
-//   binding 0  uniform WeightGradParams (rows = R, k, m, experts = n, bases)
+//   binding 0  uniform WeightGradParams (rows = R, k, m, experts = n, bases, row_splits = S)
 //   binding 1  x: array<mm_elem>, read, [R, k]
 //   binding 2  dy: array<mm_elem>, read, [R, m]
 //   binding 3  row_expert: array<i32>, read, [R]
 //   binding 4  offsets: array<i32>, read, [n + 1] (clamped to 0..R on the device)
-//   binding 5  dw: array<mm_out>, written, [n, k, m]
-// Grid: (⌈m/64⌉, ⌈k/64⌉, n): one workgroup per (m tile, k tile, expert), reducing over that
-// expert's rows 16 at a time. Every element of dw is written: an expert with no rows gets 0.
+//   binding 5  dw: array<mm_out>, written, [S, n, k, m]
+// Grid: (⌈m/64⌉, ⌈k/64⌉, n·S): one workgroup per (m tile, k tile, expert, split), reducing over
+// its share of that expert's rows 16 at a time. Every element of dw is written: an expert with
+// no rows (or a split with none) gets 0.
+// Row splits (few experts, so few tiles, each with many rows: the bank of a small-n MoE layer):
+// with S > 1, z = e·S + s, and split s of expert e sums the rows lo + [s·c, min(len, (s+1)·c))
+// of its segment lo..lo+len, c = ⌈len/S⌉ rounded up to a slab (the segment's length is known
+// only on the device, so each workgroup cuts its own); it writes slice s of dw, and the launcher
+// adds the S slices in order (a reduction kernel). With S = 1 it is the plain gradient.
 
 const TILE: u32 = 64u;
 const SLAB: u32 = 16u;
@@ -466,11 +472,12 @@ struct WeightGradParams {
     k: u32,
     m: u32,
     experts: u32,
-    // first m tile, k tile and expert of this launch
+    // first m tile, k tile and (expert, split) of this launch
     tile_c_base: u32,
     tile_k_base: u32,
     expert_base: u32,
-    _pad0: u32,
+    // S: the ranges each expert's rows are cut into (1: none)
+    row_splits: u32,
 }
 
 @group(0) @binding(0) var<uniform> wp: WeightGradParams;
@@ -528,7 +535,9 @@ fn wg_store_quad(base: u32, row: u32, col0: u32, v: vec4<f32>) {
 
 @compute @workgroup_size(16, 16, 1)
 fn grouped_weight_grad(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
-    let e = wp.expert_base + wid.z;
+    let z = wp.expert_base + wid.z;
+    let e = z / wp.row_splits;
+    let split = z % wp.row_splits;
     if e >= wp.experts {
         return;
     }
@@ -537,8 +546,12 @@ fn grouped_weight_grad(@builtin(local_invocation_index) lid: u32, @builtin(workg
     let c0 = (wp.tile_c_base + wid.x) * TILE;
     let k0 = (wp.tile_k_base + wid.y) * TILE;
     let rows = i32(wp.rows);
-    let lo = u32(clamp(wg_offsets[e], 0, rows));
-    let hi = max(lo, u32(clamp(wg_offsets[e + 1u], 0, rows)));
+    let first = u32(clamp(wg_offsets[e], 0, rows));
+    let last = max(first, u32(clamp(wg_offsets[e + 1u], 0, rows)));
+    // this split's share of the segment (all of it when row_splits = 1)
+    let share = ((last - first + wp.row_splits - 1u) / wp.row_splits + SLAB - 1u) / SLAB * SLAB;
+    let lo = min(last, first + split * share);
+    let hi = min(last, lo + share);
 
     var acc = acc_zero();
     let slabs = (hi - lo + SLAB - 1u) / SLAB;
@@ -553,7 +566,7 @@ fn grouped_weight_grad(@builtin(local_invocation_index) lid: u32, @builtin(workg
         workgroupBarrier();
     }
 
-    let base = e * wp.k * wp.m;
+    let base = (split * wp.experts + e) * wp.k * wp.m;
     for (var i = 0u; i < 4u; i++) {
         let row = k0 + ty * 4u + i;
         if row < wp.k {

@@ -21,7 +21,10 @@
 //! [`vec4_layouts`]). By default ([`MatmulKernel::Auto`]) a product with at least
 //! [`WIDE_MIN_GROUPS`] 128×128 tiles runs `matmul_wide` and a smaller one `matmul`: on the one
 //! real GPU measured (docs/gpu.md) the plain kernel ran 1.8× the subgroup one, and
-//! `matmul_wide4` runs only when chosen, until a real GPU has measured it.
+//! `matmul_wide4` runs only when chosen, until a real GPU has measured it. Under the default a
+//! product with few tiles and a long reduction is also split along k ([`split_k`]), and
+//! [`grouped_weight_grad`] cuts each expert's rows the same way (few experts are few tiles with
+//! long segments); `MOEGRAD_MATMUL=plain` runs both unsplit.
 //! `MOEGRAD_MATMUL=auto|plain|wide|subgroup|wide-vec4` chooses at start-up and
 //! `GpuBackend::set_matmul_kernel` at run time.
 
@@ -538,6 +541,11 @@ pub(crate) fn grouped_matmul(
 /// expert without rows getting exactly zero, of dtype `out`: f32 from f32 rows, f16 or f32
 /// (an f32 bank's gradient in mixed precision, summed and stored in f32) from f16 rows.
 ///
+/// An f32 gradient under [`MatmulKernel::Auto`] with fewer than [`SPLIT_K_GROUPS`] workgroups
+/// (64×64 tiles × experts) cuts each expert's segment into ranges (as [`split_k`] cuts k for
+/// the segments' mean length), one workgroup each, and adds the ranges' partial gradients in
+/// order afterwards: deterministic, a different summation order from the unsplit kernel.
+///
 /// # Errors
 /// [`Error::DType`] unless x and dy are both f32 (output f32) or both f16, or for non-i32
 /// indices; [`Error::Shape`] when a buffer's length
@@ -594,15 +602,37 @@ pub(crate) fn grouped_weight_grad(
     }
     let (rows32, k32, m32, experts32) = (rows as u32, k as u32, m as u32, experts as u32);
 
-    let dw = be.alloc(out_len, dtype)?;
+    // row splits, as `matmul`'s split-k: under the default kernel choice, for an f32 gradient
+    // with few tiles (few experts) and long segments, sized from the segments' mean length (the
+    // lengths themselves are on the device)
+    let splits = match (dtype, be.matmul_kernel()) {
+        (DType::F32, MatmulKernel::Auto) => {
+            split_k(tiles(m) * tiles(k) * experts, rows / experts.max(1)).0
+        }
+        _ => 1,
+    };
+    let splits = match out_len.checked_mul(splits).map(u32::try_from) {
+        Some(Ok(_)) => splits,
+        _ => 1,
+    };
+    let dw = be.alloc(out_len * splits, dtype)?;
     launch_grid(
         be,
         (build.plain(), "grouped_weight_grad"),
         &[x, dy, row_expert, offsets, &dw],
-        [tiles(m), tiles(k), experts],
-        |[x0, y0, z0]| vec![rows32, k32, m32, experts32, x0, y0, z0, 0],
+        [tiles(m), tiles(k), experts * splits],
+        |[x0, y0, z0]| vec![rows32, k32, m32, experts32, x0, y0, z0, splits as u32],
     )?;
-    Ok(dw)
+    if splits == 1 {
+        return Ok(dw);
+    }
+    // the slices' sum, in slice order (deterministic)
+    let view = AxisView {
+        outer: 1,
+        len: splits,
+        inner: out_len,
+    };
+    super::reduce::reduce(be, ReduceOp::Sum, &dw, view)
 }
 
 impl MatmulOps for GpuBackend {

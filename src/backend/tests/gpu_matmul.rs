@@ -362,7 +362,7 @@ fn matmul_bad_input_is_an_error() {
 // ---- grouped_matmul ---------------------------------------------------------------------------
 
 /// `row_expert` for sorted rows with the given count per expert.
-fn sorted_experts(counts: &[usize]) -> Vec<i32> {
+pub(super) fn sorted_experts(counts: &[usize]) -> Vec<i32> {
     counts
         .iter()
         .enumerate()
@@ -583,7 +583,7 @@ fn grouped_matmul_empty_sizes_and_bad_input() {
 // ---- grouped_weight_grad ----------------------------------------------------------------------
 
 /// Expert offsets (`n + 1` entries) of sorted rows with the given counts.
-fn offsets_of(counts: &[usize]) -> Vec<i32> {
+pub(super) fn offsets_of(counts: &[usize]) -> Vec<i32> {
     let mut off = vec![0];
     for &c in counts {
         off.push(off.last().unwrap() + c as i32);
@@ -593,7 +593,7 @@ fn offsets_of(counts: &[usize]) -> Vec<i32> {
 
 /// Runs one weight gradient on both backends and compares; experts the CPU gives no
 /// contribution must be exactly 0 on the GPU.
-fn check_weight_grad(
+pub(super) fn check_weight_grad(
     be: &GpuBackend,
     rng: &mut ChaCha8Rng,
     name: &str,

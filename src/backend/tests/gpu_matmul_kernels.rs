@@ -1,16 +1,22 @@
 //! The GPU matmul's kernel choices (`MatmulKernel`): the plain, wide, wide-vec4 and subgroup
 //! kernels agree to the bit (shapes the vec4 kernel takes, with padded strides and offsets, and
 //! shapes it leaves to the wide one), and the default choice's split-k (products with few tiles and a long reduction,
-//! summed in a second pass) matches the CPU and is deterministic. The kernels' layouts, grid
-//! splits and bad inputs are `gpu_matmul.rs`, whose helpers these tests use.
+//! summed in a second pass) matches the CPU and is deterministic, as do the expert bank's weight
+//! gradients whose segments it cuts into row ranges. The kernels' layouts, grid splits and bad
+//! inputs are `gpu_matmul.rs`, whose helpers these tests use.
 
 use super::folded_grids::poison_pool;
-use super::gpu_matmul::{check_contiguous, contiguous, f32_data, gpu, values};
+use super::gpu_matmul::{
+    check_contiguous, check_weight_grad, contiguous, f32_data, gpu, offsets_of, sorted_experts,
+    values,
+};
 use crate::DType;
 use crate::Error;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::gpu::MatmulKernel;
-use crate::backend::{BufferOps, ElementwiseOps, HostData, MatLayout, MatmulDims, MatmulOps};
+use crate::backend::{
+    BufferOps, ElementwiseOps, ExpertBankDims, HostData, MatLayout, MatmulDims, MatmulOps,
+};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
@@ -198,6 +204,78 @@ fn matmul_split_k() {
         .download(&be.matmul(&a, la, &b, lb, dims, DType::F32).unwrap())
         .unwrap();
     assert_eq!(once, twice, "split-k matmul: two runs differ");
+    be.set_matmul_kernel(before).unwrap();
+}
+
+/// The kernels this thread dispatches in `f` (from a profile of it).
+fn kernels_of(f: impl FnOnce()) -> Vec<String> {
+    crate::profile::enable();
+    f();
+    let report = crate::profile::disable().expect("this thread recorded");
+    report.gpu.map_or_else(Vec::new, |g| {
+        g.kernels.into_iter().map(|k| k.kernel).collect()
+    })
+}
+
+/// The expert bank's weight gradient with few experts and long segments (a small-n MoE layer:
+/// few tiles, each summing thousands of rows), which the default kernel choice cuts into row
+/// ranges and sums in a second pass: against the CPU in f64 with uneven, short, empty and stray
+/// rows; the split runs (a reduction follows it) and writes every slice (NaN-poisoned output
+/// buffers); the same bits when run twice; and no split under `MatmulKernel::Plain`.
+#[test]
+fn grouped_weight_grad_row_splits() {
+    let Some((be, _lock)) = gpu("grouped_weight_grad_row_splits") else {
+        return;
+    };
+    let before = be.matmul_kernel();
+    be.set_matmul_kernel(MatmulKernel::Auto).unwrap();
+    let mut rng = ChaCha8Rng::seed_from_u64(14);
+    // (counts per expert, [k, m], splits the launcher picks: split_k(tiles, mean segment))
+    for (counts, [k, m], splits) in [
+        (vec![600, 420], [64, 96], 3),
+        // one long segment, a short one (its second range empty) and an empty one
+        (vec![1000, 3, 0], [45, 70], 2),
+        (vec![2100], [1, 1], 15),
+        (vec![300, 277, 290, 301], [130, 65], 2),
+    ] {
+        let name = format!("row-split weight gradient {counts:?} k {k} m {m}");
+        let (mut re, off) = (sorted_experts(&counts), offsets_of(&counts));
+        if re.len() > 700 {
+            // stray rows inside a segment contribute nothing, split or not
+            re[5] = -1;
+            re[650] = counts.len() as i32 - 1;
+        }
+        poison_pool(&be, splits * counts.len() * k * m);
+        let kernels = kernels_of(|| check_weight_grad(&be, &mut rng, &name, &re, &off, [k, m]));
+        assert!(
+            kernels.iter().any(|k| k.starts_with("reduce.")),
+            "{name}: no reduction after the split: {kernels:?}"
+        );
+    }
+    let (counts, [k, m]) = ([700, 500], [64, 64]);
+    let rows = 1200;
+    let upload_f32 =
+        |n: usize, rng: &mut ChaCha8Rng| be.upload(&f32_data(&values(rng, n))).unwrap();
+    let (x, dy) = (
+        upload_f32(rows * k, &mut rng),
+        upload_f32(rows * m, &mut rng),
+    );
+    let re = be.upload(&HostData::I32(sorted_experts(&counts))).unwrap();
+    let off = be.upload(&HostData::I32(offsets_of(&counts))).unwrap();
+    let bank = ExpertBankDims { k, m, experts: 2 };
+    let run = || {
+        let dw = be.grouped_weight_grad(&x, &dy, &re, &off, bank, DType::F32);
+        be.download(&dw.unwrap()).unwrap()
+    };
+    let once = run();
+    assert_eq!(once, run(), "row-split weight gradient: two runs differ");
+    be.set_matmul_kernel(MatmulKernel::Plain).unwrap();
+    let kernels = kernels_of(|| drop(run()));
+    assert_eq!(
+        kernels,
+        ["matmul.grouped_weight_grad"],
+        "unsplit under Plain"
+    );
     be.set_matmul_kernel(before).unwrap();
 }
 
