@@ -22,7 +22,9 @@
 # and the moe-gpt step also run with MOEGRAD_SHADER_CHECKS=full (wgpu's loop counter in every
 # loop, which moegrad's kernels leave out by default: docs/gpu.md), to measure what it costs,
 # and `bench moe` once more with MOEGRAD_BIND_GROUPS=create (a bind group created per dispatch,
-# as before bind groups were reused), and `bench gpu-step` (the host's milliseconds per step,
+# as before bind groups were reused), and once with MOEGRAD_MATMUL=plain (no split-k and no
+# row splits of the expert bank's weight gradient: what the splits gain at small n), and
+# `bench gpu-step` (the host's milliseconds per step,
 # bind groups reused and created, beside the kernels' GPU milliseconds).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -91,6 +93,8 @@ for round in $(seq 1 "$ROUNDS"); do
       --device gpu --json
     measure "moegrad-moe-create-bind-groups-$round" env MOEGRAD_BIND_GROUPS=create "$BIN" bench \
       moe --device gpu --json
+    measure "moegrad-moe-unsplit-$round" env MOEGRAD_MATMUL=plain "$BIN" bench moe --device gpu \
+      --json
     measure "moegrad-gpu-step-$round" "$BIN" bench gpu-step --json
   elif [ "$round" = 1 ]; then
     measure "moegrad-all-$round" "$BIN" bench all --device gpu --sizes 1024,2048,4096,8192 --json
@@ -104,6 +108,8 @@ for round in $(seq 1 "$ROUNDS"); do
       --device gpu --json
     measure "moegrad-moe-create-bind-groups-$round" env MOEGRAD_BIND_GROUPS=create "$BIN" bench \
       moe --device gpu --json
+    measure "moegrad-moe-unsplit-$round" env MOEGRAD_MATMUL=plain "$BIN" bench moe --device gpu \
+      --json
   fi
   models=(gpt moe-gpt)
   if [ "$FOCUS" = targets ]; then
