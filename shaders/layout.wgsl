@@ -36,6 +36,15 @@
 //                      row. Output (o, k, i) binary-searches the run of k in keys[perm[..]] and
 //                      adds src[o, perm[p], i] over it: the rows that hit k in increasing j, again
 //                      the CPU's order. Bindings: src 1, out 3, keys 4, perm 5 (idx 2 unused).
+// scatter_add_wide     the same result for outputs that many source rows hit (an MoE layer's
+//                      per-expert sums over its assignments: a few outputs, thousands of rows
+//                      each), where the loop and the sorted entries would each walk a long
+//                      chain of dependent reads: one WORKGROUP per output element (o, k, i) (the
+//                      workgroup's flat index). Its 256 invocations test 256 consecutive source
+//                      rows at a time (neighbouring reads), stage each row's value and whether it
+//                      hits k in workgroup memory, and invocation 0 adds the hits in increasing
+//                      j: the CPU's order and bits again, with m/256 rounds of global reads
+//                      instead of m (or hits) in a chain. Bindings as scatter_add_loop's.
 // weighted_scatter_loop, weighted_scatter_sorted
 //                      Tensor::weighted_index_scatter (the MoE combine), forward: the two
 //                      scatter_add kernels with outer = 1, s0 = 0, s1 = 1, s2 = 0, each source
@@ -165,6 +174,43 @@ fn scatter_add_loop(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         }
     }
     sc_out[t] = sc_store(acc);
+}
+
+// One chunk of source rows of scatter_add_wide: row base + q's value and whether it hits.
+var<workgroup> sw_value: array<f32, 256>;
+var<workgroup> sw_hit: array<u32, 256>;
+
+@compute @workgroup_size(256)
+fn scatter_add_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                    @builtin(local_invocation_index) lid: u32) {
+    // one output element per workgroup: t is the same for all its invocations (uniform)
+    let t = wid.y * nwg.x + wid.x;
+    if (t >= sp.outer * sp.len * sp.inner) { return; }
+    let i = t % sp.inner;
+    let k = i32((t / sp.inner) % sp.len);
+    let o = t / (sp.inner * sp.len);
+    var acc = 0.0;
+    for (var base = 0u; base < sp.m; base = base + WG) {
+        let j = base + lid;
+        var hit = 0u;
+        var value = 0.0;
+        if (j < sp.m && sc_idx[o * sp.s0 + j * sp.s1 + i * sp.s2] == k) {
+            hit = 1u;
+            value = f32(sc_src[(o * sp.m + j) * sp.inner + i]);
+        }
+        sw_value[lid] = value;
+        sw_hit[lid] = hit;
+        workgroupBarrier();
+        if (lid == 0u) {
+            // only the hits are added (adding 0 for a miss could flush a subnormal sum)
+            let count = min(WG, sp.m - base);
+            for (var q = 0u; q < count; q = q + 1u) {
+                if (sw_hit[q] != 0u) { acc = acc + sw_value[q]; }
+            }
+        }
+        workgroupBarrier();
+    }
+    if (lid == 0u) { sc_out[t] = sc_store(acc); }
 }
 
 // The key at sorted position p of key row `row`.

@@ -215,6 +215,7 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
                     | "gather"
                     | "scatter_add_loop"
                     | "scatter_add_sorted"
+                    | "scatter_add_wide"
                     | "weighted_scatter_loop"
                     | "weighted_scatter_sorted"
                     | "weighted_scatter_backward"

@@ -6,10 +6,14 @@
 //! make the order of additions (and so the rounding) depend on scheduling. Both kernels are
 //! gather-style instead: each output element is owned by one invocation, which adds the source
 //! rows that hit it in increasing source order, exactly the CPU's order, so GPU and CPU agree bit
-//! for bit and repeated runs are identical. `scatter_add_loop` scans all `m` source rows per output
-//! (used when `m` is small or the index varies along the inner axis); `scatter_add_sorted`, for one
-//! index per source row (`index_select`'s adjoint, the MoE combine), first sorts each row of
-//! indices with the stable argsort of `sort.rs` and then binary-searches each output's run.
+//! for bit and repeated runs are identical. [`scatter_kernel`] picks one of three:
+//! `scatter_add_loop` scans all `m` source rows per output (few rows); `scatter_add_wide` gives
+//! each output a workgroup that tests 256 rows at a time and adds the hits in order (small work,
+//! or many hits per output, such as an MoE layer's per-expert sums, where one invocation per
+//! output would walk thousands of dependent reads); `scatter_add_sorted`, for one index per
+//! source row (`index_select`'s adjoint, the MoE combine), first sorts each row of indices with
+//! the stable argsort of `sort.rs` and then binary-searches each output's run (many outputs
+//! with few hits each).
 //!
 //! Index values outside `0..len` are not checked on the GPU (that would need a read-back): gather
 //! yields 0 for them and scatter_add ignores them, where the CPU returns an error.
@@ -33,17 +37,21 @@ pub(crate) static LAYOUT: Shader = Shader {
 /// Invocations per workgroup of every kernel in the file.
 const WG: u32 = 256;
 
-/// Below this many source rows per output, `scatter_add_loop` is cheaper than sorting.
+/// Up to this many source rows, `scatter_add_loop` (one invocation per output scanning every
+/// row) runs: a short chain of reads, one dispatch.
 pub(super) const SCATTER_LOOP_MAX_M: usize = 32;
 
-/// `scatter_add_loop` is also taken, instead of sorting the index (four more dispatches: a copy
-/// and the three of a sort), while its whole work, outputs × source rows, stays below this and
-/// each invocation's loop below [`SCATTER_LOOP_LONGEST`]: the small scatters of a training step
-/// (the MoE combine, an expert bias gradient, per-expert counts) are then one dispatch each.
-pub(super) const SCATTER_LOOP_MAX_WORK: usize = 1 << 24;
+/// `scatter_add_wide` (one workgroup per output, 256 rows tested at once) is taken while its
+/// whole work, outputs × source rows, stays below this: the small scatters of a training step
+/// (per-expert sums, a permutation's adjoint, an embedding's gradient) are then one dispatch
+/// each, without the long chain of dependent reads one invocation per output would walk.
+pub(super) const SCATTER_WIDE_MAX_WORK: usize = 1 << 24;
 
-/// The longest loop one `scatter_add_loop` invocation runs under [`SCATTER_LOOP_MAX_WORK`].
-pub(super) const SCATTER_LOOP_LONGEST: usize = 4096;
+/// `scatter_add_wide` is also taken past [`SCATTER_WIDE_MAX_WORK`] where each output is hit by
+/// this many source rows or more on average (`m ≥` this × outputs per `(o, i)`): the sorted
+/// entry would add each output's hits in a chain of three dependent reads each (an MoE layer's
+/// per-expert sums over 8192 assignments, at n = 2: two chains of 4096).
+pub(super) const SCATTER_WIDE_MIN_HITS: usize = 64;
 
 /// The build of `layout.wgsl` whose copies move elements of `dtype`: 32-bit words (f32, i32),
 /// or f16 values (the f16 build, [`LAYOUT_F16_SHADER`]).
@@ -263,16 +271,29 @@ pub(crate) fn scatter_add(
         s2,
         0,
     ];
-    let small_work = m <= SCATTER_LOOP_LONGEST && n.saturating_mul(m) <= SCATTER_LOOP_MAX_WORK;
-    if s2 != 0 || m <= SCATTER_LOOP_MAX_M || small_work {
-        be.launch(
-            word_build(src.dtype()),
-            "scatter_add_loop",
-            &[src, idx, &out],
-            &params,
-            grid_1d(n, WG)?,
-        )?;
-        return Ok(out);
+    match scatter_kernel(n, m, len, s2 != 0) {
+        ScatterKernel::Loop => {
+            be.launch(
+                word_build(src.dtype()),
+                "scatter_add_loop",
+                &[src, idx, &out],
+                &params,
+                grid_1d(n, WG)?,
+            )?;
+            return Ok(out);
+        }
+        ScatterKernel::Wide => {
+            // one workgroup per output element
+            be.launch(
+                word_build(src.dtype()),
+                "scatter_add_wide",
+                &[src, idx, &out],
+                &params,
+                grid_1d(n, 1)?,
+            )?;
+            return Ok(out);
+        }
+        ScatterKernel::Sorted => {}
     }
     // One key row per o (or a single shared row when s0 = 0): copy the indices contiguously,
     // sort each row stably, then let every output binary-search its run.
@@ -288,6 +309,38 @@ pub(crate) fn scatter_add(
         grid_1d(n, WG)?,
     )?;
     Ok(out)
+}
+
+/// The entry of `layout.wgsl` a scatter-add runs (all three give the CPU's bits).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ScatterKernel {
+    /// `scatter_add_loop`: one invocation per output, scanning every source row
+    Loop,
+    /// `scatter_add_wide`: one workgroup per output, testing 256 source rows at a time
+    Wide,
+    /// `scatter_add_sorted`: the index sorted first (four more dispatches), then each output
+    /// binary-searches its run of hits
+    Sorted,
+}
+
+/// The kernel for `n` outputs, `m` source rows scattered into `len` entries along the axis, and
+/// an index that varies along the inner axis or not: the loop for few rows, the wide kernel for
+/// small work or many hits per output (and wherever the index varies along the inner axis,
+/// which the sorted kernel cannot take), else the sorted kernel (many outputs, few hits each).
+pub(super) fn scatter_kernel(
+    n: usize,
+    m: usize,
+    len: usize,
+    index_varies_inner: bool,
+) -> ScatterKernel {
+    if m <= SCATTER_LOOP_MAX_M {
+        return ScatterKernel::Loop;
+    }
+    let many_hits = m >= SCATTER_WIDE_MIN_HITS.saturating_mul(len.max(1));
+    if index_varies_inner || many_hits || n.saturating_mul(m) <= SCATTER_WIDE_MAX_WORK {
+        return ScatterKernel::Wide;
+    }
+    ScatterKernel::Sorted
 }
 
 impl LayoutOps for GpuBackend {

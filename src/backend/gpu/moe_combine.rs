@@ -13,7 +13,7 @@
 //! get zero gradients, where the CPU returns an error.
 
 use super::kernels::{grid_1d, u32_param};
-use super::layout::{SCATTER_LOOP_LONGEST, SCATTER_LOOP_MAX_M, SCATTER_LOOP_MAX_WORK, word_build};
+use super::layout::{SCATTER_LOOP_MAX_M, word_build};
 use super::sort::sort_rows;
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::ElementwiseOps;
@@ -21,6 +21,14 @@ use crate::{DType, Error, Result};
 
 /// Invocations per workgroup of the three kernels.
 const WG: u32 = 256;
+
+/// `weighted_scatter_loop` is also taken, instead of sorting the index (three more dispatches),
+/// while its whole work, outputs × rows, stays below this and each invocation's loop below
+/// [`COMBINE_LOOP_LONGEST`]: the combine of a small layer is then one dispatch.
+const COMBINE_LOOP_MAX_WORK: usize = 1 << 24;
+
+/// The longest loop one `weighted_scatter_loop` invocation runs under [`COMBINE_LOOP_MAX_WORK`].
+const COMBINE_LOOP_LONGEST: usize = 4096;
 
 /// Checks `rows [A, d]`, `w [A]` (the same float dtype) and `idx [A]` I32, and returns the
 /// kernels' params `ScatterParams { outer: 1, len, inner: d, m: A, s0: 0, s1: 1, s2: 0,
@@ -93,7 +101,7 @@ pub(crate) fn weighted_scatter(
         return be.full(n, 0.0, rows.dtype());
     }
     let build = word_build(rows.dtype());
-    let small_work = m <= SCATTER_LOOP_LONGEST && n.saturating_mul(m) <= SCATTER_LOOP_MAX_WORK;
+    let small_work = m <= COMBINE_LOOP_LONGEST && n.saturating_mul(m) <= COMBINE_LOOP_MAX_WORK;
     if m <= SCATTER_LOOP_MAX_M || small_work {
         // bindings 4 and 5 (keys, perm) are unread by the loop entry
         be.launch(

@@ -3,23 +3,20 @@
 //! limit, from the launcher's own formula), through the backend's family traits, against the CPU
 //! backend in f32. Before each launch a buffer of the output's size is filled with NaN and
 //! returned to the pool, so an output element a folded workgroup failed to write reads as NaN
-//! instead of a lucky zero. Two fused kernels are here too, because their cheapest folding shape
-//! goes through the backend: the grouped matmul and its weight gradient (past 65,535 column
-//! tiles) and `attention_delta` (through `attention_backward`, with random `o` and `lse` instead
-//! of a forward pass). The f16 builds of mixed precision's `scatter_add` and cross-entropy
-//! backward fold too (against the CPU on the same f16 values). Left out: matmul's z split (`gpu_matmul::matmul_grid_split`) and the
-//! grouped matmul's row split (4.2 million rows, minutes on lavapipe; it shares the base tile
-//! with the column split); `reduce_rows` and `cumsum_rows` cannot fold (their launcher takes
+//! instead of a lucky zero. A fused kernel is here too, because its cheapest folding shape goes
+//! through the backend: `attention_delta` (through `attention_backward`, with random `o` and
+//! `lse` instead of a forward pass). The f16 builds of mixed precision's `scatter_add` and
+//! cross-entropy backward fold too (against the CPU on the same f16 values). The matmul
+//! launchers' grids are `folded_matmul_grids.rs`; `reduce_rows` and `cumsum_rows` cannot fold (their launcher takes
 //! them only for fewer than 4096 lines).
 //!
 //! Without a GPU adapter the tests print "skipping" and pass, unless `MOEGRAD_REQUIRE_GPU=1`.
 
 use crate::backend::cpu::{CpuBackend, CpuBuffer};
-use crate::backend::gpu::{GpuBackend, GpuBuffer, MatmulKernel};
+use crate::backend::gpu::{GpuBackend, GpuBuffer};
 use crate::backend::{
-    AttentionDims, AttentionGradOperands, AxisView, BinaryOp, BufferOps, ElementwiseOps,
-    ExpertBankDims, GroupedMatmulDims, HostData, LayoutOps, MatLayout, MatmulDims, MatmulOps,
-    NnOps, ReduceOp, ReduceOps, RotaryDims, ScatterDims, Strided, SwiGluDims, UnaryOp,
+    AttentionDims, AttentionGradOperands, AxisView, BinaryOp, BufferOps, ElementwiseOps, HostData,
+    LayoutOps, NnOps, ReduceOp, ReduceOps, RotaryDims, ScatterDims, Strided, SwiGluDims, UnaryOp,
 };
 use crate::parity::{Gen, V};
 use crate::{DType, common, fold};
@@ -34,25 +31,12 @@ pub(super) fn host_f64(h: HostData) -> Vec<f64> {
     }
 }
 
-/// The matmul kernels `gpu` offers.
-fn matmul_kernels(gpu: &GpuBackend) -> Vec<MatmulKernel> {
-    let mut kernels = vec![
-        MatmulKernel::Plain,
-        MatmulKernel::Wide,
-        MatmulKernel::WideVec4,
-    ];
-    if gpu.subgroup_matmul_available() {
-        kernels.push(MatmulKernel::Subgroup);
-    }
-    kernels
-}
-
 /// Invocations per workgroup of the 1-D kernels (elementwise, layout, reduce, sort, random).
 const WG: usize = 256;
 
 /// The GPU and the lock of the backend's GPU tests (the large fold cases each hold a few hundred
 /// MB), or `None` when skipping.
-fn fold_gpu(test: &str) -> Option<(GpuBackend, MutexGuard<'static, ()>)> {
+pub(super) fn fold_gpu(test: &str) -> Option<(GpuBackend, MutexGuard<'static, ()>)> {
     common::gpu_or_skip(test)?;
     let guard = super::gpu_lock();
     let be = GpuBackend::get().expect("Device::gpu succeeded");
@@ -71,22 +55,22 @@ pub(super) fn poison_pool(be: &GpuBackend, len: usize) {
     be.flush().unwrap();
 }
 
-fn up_f32(be: &GpuBackend, v: &[f32]) -> GpuBuffer {
+pub(super) fn up_f32(be: &GpuBackend, v: &[f32]) -> GpuBuffer {
     be.upload(&HostData::F32(v.to_vec())).unwrap()
 }
-fn up_i32(be: &GpuBackend, v: &[i32]) -> GpuBuffer {
+pub(super) fn up_i32(be: &GpuBackend, v: &[i32]) -> GpuBuffer {
     be.upload(&HostData::I32(v.to_vec())).unwrap()
 }
-fn cpu_f32(v: &[f32]) -> CpuBuffer {
+pub(super) fn cpu_f32(v: &[f32]) -> CpuBuffer {
     CpuBackend.upload(&HostData::F32(v.to_vec())).unwrap()
 }
-fn cpu_i32(v: &[i32]) -> CpuBuffer {
+pub(super) fn cpu_i32(v: &[i32]) -> CpuBuffer {
     CpuBackend.upload(&HostData::I32(v.to_vec())).unwrap()
 }
 
 /// Asserts the GPU's output equals the CPU backend's, exactly for integers and within f32
 /// rounding of transcendental functions for floats (NaN never matches a number).
-fn assert_same(what: &str, gpu: HostData, cpu: HostData) {
+pub(super) fn assert_same(what: &str, gpu: HostData, cpu: HostData) {
     match (gpu, cpu) {
         (HostData::I32(g), HostData::I32(c)) => {
             assert_eq!(g.len(), c.len(), "{what}: lengths differ");
@@ -108,7 +92,7 @@ fn strided<'a, B>(buf: &'a B, strides: &'a [usize]) -> Strided<'a, B> {
     Strided { buf, strides }
 }
 
-fn random_f32(seed: u64, n: usize) -> Vec<f32> {
+pub(super) fn random_f32(seed: u64, n: usize) -> Vec<f32> {
     let mut g = Gen::from_seed(seed);
     g.vals(n, V::Smooth).into_iter().map(|v| v as f32).collect()
 }
@@ -328,25 +312,26 @@ fn folded_layout_kernels() {
         cpu.download(&want).unwrap(),
     );
 
-    // m rows scattered into n (an index_scatter): one invocation per output element. With
-    // m ≤ 32 the loop kernel runs; with m = 40 and m·n > 2^24 the sorted one. Targets spread
-    // over the whole output (the last element included) and repeat.
-    for (kernel, m) in [("scatter_add_loop", 2usize), ("scatter_add_sorted", 40)] {
-        fold::assert_past_limit(kernel, fold::groups(n, WG));
+    // m rows scattered into n (an index_scatter): one invocation per output element (the wide
+    // kernel: one workgroup). With m ≤ 32 the loop kernel runs; with m = 40 and m·n > 2^24 the
+    // sorted one; with m = 33 into 65,536 the wide one. Targets spread over the whole output
+    // (the last element included) and repeat.
+    let wide_n = fold::smallest_folding(1);
+    for (kernel, m, n, per_group) in [
+        ("scatter_add_loop", 2usize, n, WG),
+        ("scatter_add_sorted", 40, n, WG),
+        ("scatter_add_wide", 33, wide_n, 1),
+    ] {
+        fold::assert_past_limit(kernel, fold::groups(n, per_group));
         let src = random_f32(9, m);
         let mut idx = random_i32(10, m, n);
         idx[0] = (n - 1) as i32;
         idx[m - 1] = idx[0];
         let (gs, cs) = (up_f32(&be, &src), cpu_f32(&src));
         let (gi, ci) = (up_i32(&be, &idx), cpu_i32(&idx));
-        let dims = ScatterDims {
-            outer: 1,
-            m,
-            inner: 1,
-            len: n,
-        };
+        let dims = index_scatter_dims(m, n);
         poison_pool(&be, n);
-        let got = be.scatter_add(&gs, &gi, [0, 1, 0], dims).unwrap();
+        let got = scatter_on(&be, kernel, &gs, &gi, dims);
         let want = cpu.scatter_add(&cs, &ci, [0, 1, 0], dims).unwrap();
         assert_same(
             kernel,
@@ -354,6 +339,34 @@ fn folded_layout_kernels() {
             cpu.download(&want).unwrap(),
         );
     }
+}
+
+/// The sizes of `m` rows scattered into `n` (an index_scatter).
+fn index_scatter_dims(m: usize, n: usize) -> ScatterDims {
+    let (outer, inner, len) = (1, 1, n);
+    ScatterDims {
+        outer,
+        m,
+        inner,
+        len,
+    }
+}
+
+/// `be.scatter_add` of an index_scatter, asserting that the entry `kernel` ran.
+fn scatter_on(
+    be: &GpuBackend,
+    kernel: &str,
+    src: &GpuBuffer,
+    idx: &GpuBuffer,
+    dims: ScatterDims,
+) -> GpuBuffer {
+    let mut got = None;
+    let ran = super::kernels_of(|| got = Some(be.scatter_add(src, idx, [0, 1, 0], dims).unwrap()));
+    assert!(
+        ran.iter().any(|k| k.ends_with(kernel)),
+        "{kernel} did not run: {ran:?}"
+    );
+    got.expect("ran")
 }
 
 /// `reduce_serial` and `cumsum_serial` over more than 65,535·256 lines (one invocation a line).
@@ -444,83 +457,6 @@ fn folded_sort_kernels() {
     }
 }
 
-/// The grouped matmul (with its bias) and its weight gradient with more than 65,535 column
-/// tiles of 64: both launchers split x (`tiles(m)`) into launches that each start at a tile
-/// offset. The cheapest axis to split: two rows, one input, two experts, so each workgroup runs
-/// one one-row expert run of one slab (the row split, 4.2 million rows, takes minutes).
-#[test]
-fn split_grouped_matmul_columns() {
-    let Some((be, _lock)) = fold_gpu("split_grouped_matmul_columns") else {
-        return;
-    };
-    let cpu = CpuBackend;
-    let m = fold::smallest_folding(64);
-    fold::assert_past_limit("grouped_matmul column tiles", fold::groups(m, 64));
-    let (rows, k, experts) = (2, 1, 2);
-    let x = random_f32(21, rows * k);
-    let w = random_f32(22, experts * k * m);
-    let bias = random_f32(23, experts * m);
-    let row_expert = [0, 1];
-    let dims = GroupedMatmulDims {
-        rows,
-        k,
-        m,
-        experts,
-        transpose_w: false,
-    };
-    // uploaded before poisoning the pool: w and the bias have the output's size
-    let (gx, gw, gbias, gexpert) = (
-        up_f32(&be, &x),
-        up_f32(&be, &w),
-        up_f32(&be, &bias),
-        up_i32(&be, &row_expert),
-    );
-    poison_pool(&be, rows * m);
-    let got = be
-        .grouped_matmul(&gx, &gw, Some(&gbias), &gexpert, dims)
-        .unwrap();
-    let want = cpu
-        .grouped_matmul(
-            &cpu_f32(&x),
-            &cpu_f32(&w),
-            Some(&cpu_f32(&bias)),
-            &cpu_i32(&row_expert),
-            dims,
-        )
-        .unwrap();
-    assert_same(
-        &format!("grouped_matmul [{rows}, {k}]·[{experts}, {k}, {m}] with bias"),
-        be.download(&got).unwrap(),
-        cpu.download(&want).unwrap(),
-    );
-    drop((got, want, gw, gbias));
-
-    let dy = random_f32(24, rows * m);
-    let offsets = [0, 1, 2];
-    let bank = ExpertBankDims { k, m, experts };
-    // dy has the output's size too
-    let (gdy, goffsets) = (up_f32(&be, &dy), up_i32(&be, &offsets));
-    poison_pool(&be, experts * k * m);
-    let got = be
-        .grouped_weight_grad(&gx, &gdy, &gexpert, &goffsets, bank, DType::F32)
-        .unwrap();
-    let want = cpu
-        .grouped_weight_grad(
-            &cpu_f32(&x),
-            &cpu_f32(&dy),
-            &cpu_i32(&row_expert),
-            &cpu_i32(&offsets),
-            bank,
-            DType::F32,
-        )
-        .unwrap();
-    assert_same(
-        &format!("grouped_weight_grad of {rows} rows into [{experts}, {k}, {m}]"),
-        be.download(&got).unwrap(),
-        cpu.download(&want).unwrap(),
-    );
-}
-
 /// The operands of `attention_backward` from `[q, k, v, o, lse, dO]`.
 fn attention_grad_operands<B>(b: &[B; 6]) -> AttentionGradOperands<'_, B> {
     AttentionGradOperands {
@@ -598,81 +534,6 @@ fn folded_random_uniform() {
     assert_eq!(got, want, "random_uniform of {n}");
 }
 
-/// matmul with more than 65,535 column tiles (x) or row tiles (y): the launcher splits the grid
-/// into launches that each start at a tile offset. The x split under every kernel the adapter
-/// offers (tiles of 64, or 128 for the wide one), the y split under the plain kernel.
-/// (More than 65,535 batch entries, the z split, is `gpu_matmul::matmul_grid_split`.)
-#[test]
-fn split_matmul_grids() {
-    let Some((be, _lock)) = fold_gpu("split_matmul_grids") else {
-        return;
-    };
-    let before = be.matmul_kernel();
-    let cpu = CpuBackend;
-    let row_major = |cols: usize| MatLayout {
-        offset: 0,
-        batch_stride: 0,
-        row_stride: cols,
-        col_stride: 1,
-    };
-    for kernel in matmul_kernels(&be) {
-        be.set_matmul_kernel(kernel).unwrap();
-        let tile = if matches!(kernel, MatmulKernel::Wide | MatmulKernel::WideVec4) {
-            128
-        } else {
-            64
-        };
-        // k = 4 and n a multiple of 4 for the vec4 kernel (contiguous axes of whole vec4s)
-        let vec4 = kernel == MatmulKernel::WideVec4;
-        let k = if vec4 { 4 } else { 2 };
-        let long = match vec4 {
-            true => fold::smallest_folding(tile).next_multiple_of(4),
-            false => fold::smallest_folding(tile),
-        };
-        fold::assert_past_limit("matmul tiles", fold::groups(long, tile));
-        // [1, k]·[k, long] (x split), and under the plain kernel also [long, k]·[k, 1] (y
-        // split): each split costs seconds on a software rasterizer.
-        let splits: &[(usize, usize)] = if kernel == MatmulKernel::Plain {
-            &[(1, long), (long, 1)]
-        } else {
-            &[(1, long)]
-        };
-        for &(m, n) in splits {
-            let a = random_f32(13, m * k);
-            let b = random_f32(14, k * n);
-            let dims = MatmulDims { batch: 1, m, k, n };
-            poison_pool(&be, m * n);
-            let got = be
-                .matmul(
-                    &up_f32(&be, &a),
-                    row_major(k),
-                    &up_f32(&be, &b),
-                    row_major(n),
-                    dims,
-                    DType::F32,
-                )
-                .unwrap();
-            let want = cpu
-                .matmul(
-                    &cpu_f32(&a),
-                    row_major(k),
-                    &cpu_f32(&b),
-                    row_major(n),
-                    dims,
-                    DType::F32,
-                )
-                .unwrap();
-            let what = format!("matmul ({kernel:?}) [{m}, {k}]·[{k}, {n}]");
-            assert_same(
-                &what,
-                be.download(&got).unwrap(),
-                cpu.download(&want).unwrap(),
-            );
-        }
-    }
-    be.set_matmul_kernel(before).unwrap();
-}
-
 /// The f32 → f16 → f32 casts (`half.wgsl`) on the smallest length past 65,535 workgroups of
 /// 256 (plus 3, so the f16 buffer ends on half a word), each into a NaN-poisoned output; skipped
 /// with a printed reason where the adapter has no `shader-f16`.
@@ -734,22 +595,22 @@ fn folded_f16_mixed_precision_kernels() {
     let to_f16 = |b: &GpuBuffer| be.cast(b, DType::F16).unwrap();
     let back = |b: &GpuBuffer| host_f64(be.download(&be.cast(b, DType::F32).unwrap()).unwrap());
     let n = fold::smallest_folding(WG);
-    for (kernel, m) in [("scatter_add_loop", 2usize), ("scatter_add_sorted", 40)] {
-        fold::assert_past_limit(kernel, fold::groups(n, WG));
+    let wide_n = fold::smallest_folding(1);
+    for (kernel, m, n, per_group) in [
+        ("scatter_add_loop", 2usize, n, WG),
+        ("scatter_add_sorted", 40, n, WG),
+        ("scatter_add_wide", 33, wide_n, 1),
+    ] {
+        fold::assert_past_limit(kernel, fold::groups(n, per_group));
         let src = f16_rounded(&random_f32(31, m));
         let mut idx = random_i32(32, m, n);
         idx[0] = (n - 1) as i32;
         idx[m - 1] = idx[0];
-        let dims = ScatterDims {
-            outer: 1,
-            m,
-            inner: 1,
-            len: n,
-        };
+        let dims = index_scatter_dims(m, n);
         let gs = to_f16(&up_f32(&be, &src));
         let gi = up_i32(&be, &idx);
         poison_pool(&be, n);
-        let got = be.scatter_add(&gs, &gi, [0, 1, 0], dims).unwrap();
+        let got = scatter_on(&be, kernel, &gs, &gi, dims);
         assert_eq!(got.dtype(), DType::F16, "{kernel}: f16 in, f16 out");
         let want = cpu
             .scatter_add(&cpu_f32(&src), &cpu_i32(&idx), [0, 1, 0], dims)

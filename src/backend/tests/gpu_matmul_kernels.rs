@@ -10,6 +10,7 @@ use super::gpu_matmul::{
     check_contiguous, check_weight_grad, contiguous, f32_data, gpu, offsets_of, sorted_experts,
     values,
 };
+use super::kernels_of;
 use crate::DType;
 use crate::Error;
 use crate::backend::cpu::CpuBackend;
@@ -205,16 +206,6 @@ fn matmul_split_k() {
         .unwrap();
     assert_eq!(once, twice, "split-k matmul: two runs differ");
     be.set_matmul_kernel(before).unwrap();
-}
-
-/// The kernels this thread dispatches in `f` (from a profile of it).
-fn kernels_of(f: impl FnOnce()) -> Vec<String> {
-    crate::profile::enable();
-    f();
-    let report = crate::profile::disable().expect("this thread recorded");
-    report.gpu.map_or_else(Vec::new, |g| {
-        g.kernels.into_iter().map(|k| k.kernel).collect()
-    })
 }
 
 /// The expert bank's weight gradient with few experts and long segments (a small-n MoE layer:

@@ -12,6 +12,7 @@
 //! a missing adapter fails. GPU tests take a lock so that they run one at a time (the software
 //! rasterizer used in CI is multi-threaded itself, and the pool-reuse test counts buffers).
 
+use super::kernels_of;
 use crate::backend::cpu::{CpuBackend, CpuBuffer};
 use crate::backend::gpu::{GpuBackend, GpuBuffer};
 use crate::backend::{
@@ -668,20 +669,25 @@ fn scatter_add_with_repeated_indices_matches_cpu_exactly() {
         return;
     };
     let mut r = rng(9);
-    // (outer, m, inner, len, index strides kind): 0 shared per row, 1 per (o, j), 2 full
+    // (outer, m, inner, len, index strides kind, kernel): kind 0 shared per row, 1 per (o, j),
+    // 2 full; the kernel `layout::scatter_kernel` picks
+    let (lp, wide, sorted) = ("scatter_add_loop", "scatter_add_wide", "scatter_add_sorted");
     let cases = [
-        (1usize, 5usize, 3usize, 4usize, 0u8),
-        (3, 20, 7, 5, 1),
-        (2, 9, 4, 3, 2),
-        (1, 1000, 16, 37, 0), // loop path: outputs × rows is small
-        (4, 300, 5, 11, 1),   // loop path, an index row per o
-        (1, 5000, 2, 37, 0),  // sorted path (more than 4096 rows), one shared key row
-        (3, 4500, 1, 7, 1),   // sorted path, a key row per o
-        (2, 200, 3, 6, 2),    // loop path with the index varying along i
-        (1, 77, 1, 1, 0),     // everything into one element
-        (2, 0, 3, 4, 0),
+        (1usize, 5usize, 3usize, 4usize, 0u8, lp),
+        (3, 20, 7, 5, 1, lp),
+        (2, 9, 4, 3, 2, lp),
+        (1, 1000, 16, 37, 0, wide),    // outputs × rows is small
+        (4, 300, 5, 11, 1, wide),      // an index row per o
+        (1, 5000, 2, 37, 0, wide),     // small work, past the 256 rows of a round (a tail)
+        (3, 4500, 1, 7, 1, wide),      // many hits per output (~640), a key row per o
+        (1, 9000, 1000, 2, 0, wide),   // large work, but 4500 hits per output: per-expert sums
+        (2, 200, 3, 6, 2, wide),       // the index varying along i
+        (1, 77, 1, 1, 0, wide),        // everything into one element
+        (1, 5000, 4, 1000, 0, sorted), // large work, 5 hits per output, one shared key row
+        (2, 4500, 1, 2000, 1, sorted), // a key row per o
+        (2, 0, 3, 4, 0, lp),
     ];
-    for (outer, m, inner, len, kind) in cases {
+    for (outer, m, inner, len, kind, kernel) in cases {
         let src = rand_vec(&mut r, outer * m * inner, -1.0, 1.0);
         let (s, idx_len) = match kind {
             0 => ([0, 1, 0], m),
@@ -698,14 +704,16 @@ fn scatter_add_with_repeated_indices_matches_cpu_exactly() {
             inner,
             len,
         };
-        let got = g
-            .scatter_add(&up(&g, &src), &up_i(&g, &idx), s, dims)
-            .unwrap();
+        let (gsrc, gidx) = (up(&g, &src), up_i(&g, &idx));
+        let mut got = None;
+        let ran = kernels_of(|| got = Some(g.scatter_add(&gsrc, &gidx, s, dims).unwrap()));
+        let got = got.expect("ran");
+        let what = format!("scatter_add outer {outer} m {m} inner {inner} len {len} kind {kind}");
+        if m > 0 {
+            let entry = format!("layout.{kernel}");
+            assert!(ran.contains(&entry), "{what}: {entry} did not run: {ran:?}");
+        }
         let want = CPU.scatter_add(&cpu(&src), &cpu_i(&idx), s, dims).unwrap();
-        assert_bits(
-            &format!("scatter_add outer {outer} m {m} inner {inner} len {len} kind {kind}"),
-            &f32s(g_down(&g, &got)),
-            &f32s(c_down(&want)),
-        );
+        assert_bits(&what, &f32s(g_down(&g, &got)), &f32s(c_down(&want)));
     }
 }

@@ -25,6 +25,7 @@ mod cpu_kernels;
 mod cpu_math;
 mod cpu_matmul_pair;
 mod folded_grids;
+mod folded_matmul_grids;
 mod gpu_bind_groups;
 mod gpu_matmul;
 mod gpu_matmul_kernels;
@@ -39,4 +40,15 @@ mod shader_backends;
 pub(super) fn gpu_lock() -> MutexGuard<'static, ()> {
     static GPU: Mutex<()> = Mutex::new(());
     GPU.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// The GPU kernels (`shader.entry`) this thread dispatches in `f`, from a profile of it: which
+/// of a launcher's kernels ran.
+pub(super) fn kernels_of(f: impl FnOnce()) -> Vec<String> {
+    crate::profile::enable();
+    f();
+    let report = crate::profile::disable().expect("this thread recorded");
+    report.gpu.map_or_else(Vec::new, |g| {
+        g.kernels.into_iter().map(|k| k.kernel).collect()
+    })
 }
