@@ -57,12 +57,13 @@
 //                      f32 [n]), kept (binding 4, read_write, f32 [n]). One invocation per key.
 // plan_rows            one invocation per sorted row s < A: its assignment i = order[s], its key
 //                      (the last e with offsets[e] ≤ s, by binary search), its position within
-//                      the key s − offsets[key] and whether it is kept.
+//                      the key s − offsets[key] and whether it is kept; and position[i] = s
+//                      (order is a permutation of 0..A, so every position is written once).
 //                      params PlanParams; order (binding 1, read, i32), token (binding 2, read,
 //                      i32 [A]), offsets (binding 3, read, i32) -> row_token (binding 4),
 //                      row_expert (binding 5, −1 when not kept), row_expert_clamped (binding 6,
 //                      the key clamped to 0..n), all read_write i32 [A]; row_kept (binding 7,
-//                      read_write, f32 [A], 1 or 0).
+//                      read_write, f32 [A], 1 or 0); position (binding 8, read_write, i32 [A]).
 
 const WG: u32 = 256u;
 const NONE: u32 = 0xffffffffu;
@@ -337,6 +338,7 @@ fn plan_counts(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
 @group(0) @binding(5) var<storage, read_write> rows_out_expert: array<i32>;
 @group(0) @binding(6) var<storage, read_write> rows_out_clamped: array<i32>;
 @group(0) @binding(7) var<storage, read_write> rows_out_kept: array<f32>;
+@group(0) @binding(8) var<storage, read_write> rows_out_position: array<i32>;
 
 @compute @workgroup_size(256)
 fn plan_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -345,6 +347,7 @@ fn plan_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     if (s >= pp.a) { return; }
     let i = u32(rows_order[s]);
     rows_out_token[s] = rows_token[min(i, pp.a - 1u)];
+    if (i < pp.a) { rows_out_position[i] = i32(s); }
     // the last key e in 0..=n whose rows start at or before s
     var lo = 0u;
     var hi = pp.n;

@@ -696,6 +696,7 @@ fn plan_values(p: &DispatchPlan) -> Vec<(&'static str, Vec<f64>)> {
     let f = |t: &Tensor| t.to_vec_f64().unwrap();
     vec![
         ("order", i(&p.order)),
+        ("position", i(&p.position)),
         ("row_token", i(&p.row_token)),
         ("row_expert", i(&p.row_expert)),
         ("row_expert_clamped", i(&p.row_expert_clamped)),
@@ -741,6 +742,17 @@ fn dispatch_plan_matches_over_random_sizes_and_capacities() {
             assert_eq!(pc.capacity, pg.capacity, "{name}: capacity");
             for ((what, c), (_, g)) in plan_values(&pc).into_iter().zip(plan_values(&pg)) {
                 assert_eq!(c, g, "{name}: {what} differs");
+            }
+            // position is order's inverse permutation (on the CPU, so on the GPU too)
+            let (order, position) = (
+                pc.order.to_vec_i32().unwrap(),
+                pc.position.to_vec_i32().unwrap(),
+            );
+            for (r, &i) in order.iter().enumerate() {
+                assert_eq!(
+                    position[i as usize], r as i32,
+                    "{name}: position of assignment {i}"
+                );
             }
         },
     );

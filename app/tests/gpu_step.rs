@@ -348,6 +348,7 @@ fn plan_on(dev: Device, capacity: Capacity, seed: u64) -> Vec<Vec<f64>> {
     let p = DispatchPlan::build(&r, capacity).unwrap();
     [
         &p.order,
+        &p.position,
         &p.row_token,
         &p.row_expert,
         &p.row_expert_clamped,
@@ -375,6 +376,7 @@ fn dispatch_plan_matches_the_cpu() {
         let gpu = plan_on(dev, capacity, 11 + i as u64);
         let names = [
             "order",
+            "position",
             "row_token",
             "row_expert",
             "row_expert_clamped",
@@ -387,7 +389,7 @@ fn dispatch_plan_matches_the_cpu() {
             assert_eq!(g, c, "{capacity:?}: {name}");
         }
         if i == 1 {
-            assert!(cpu[6] < cpu[7], "the capacity drops some rows");
+            assert!(cpu[7] < cpu[8], "the capacity drops some rows");
         }
     }
 }

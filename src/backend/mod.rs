@@ -172,6 +172,8 @@ pub(crate) struct BankGradOperands<'a, B> {
 pub(crate) struct PlanBuffers<B> {
     /// `[A]` I32: sorted position → assignment
     pub order: B,
+    /// `[A]` I32: assignment → sorted position (`order`'s inverse permutation)
+    pub position: B,
     /// `[A]` I32: the token of each sorted row
     pub row_token: B,
     /// `[A]` I32: the expert of each sorted row, `−1` when dropped or invalid

@@ -109,6 +109,7 @@ impl<A: IntoStorage<Out = Storage>> IntoStorage for PlanBuffers<A> {
     fn into_storage(self) -> PlanBuffers<Storage> {
         PlanBuffers {
             order: self.order.into_storage(),
+            position: self.position.into_storage(),
             row_token: self.row_token.into_storage(),
             row_expert: self.row_expert.into_storage(),
             row_expert_clamped: self.row_expert_clamped.into_storage(),

@@ -55,6 +55,8 @@ impl Capacity {
 pub struct DispatchPlan {
     /// `[A]` I32: sorted position → assignment
     pub order: Tensor,
+    /// `[A]` I32: assignment → sorted position (the inverse permutation of `order`)
+    pub position: Tensor,
     /// `[A]` I32: the token of each sorted row
     pub row_token: Tensor,
     /// `[A]` I32: the expert of each sorted row, `−1` when dropped or invalid
@@ -111,6 +113,7 @@ impl DispatchPlan {
         let t = |s, len: usize| Tensor::from_storage(s, vec![len]);
         Ok(DispatchPlan {
             order: t(p.order, a),
+            position: t(p.position, a),
             row_token: t(p.row_token, a),
             row_expert: t(p.row_expert, a),
             row_expert_clamped: t(p.row_expert_clamped, a),
@@ -130,6 +133,7 @@ impl DispatchPlan {
         let n = offsets.numel() - 1;
         Ok(DispatchPlan {
             order: arange_f(a, DType::F32, dev)?.to_dtype(DType::I32)?,
+            position: arange_f(a, DType::F32, dev)?.to_dtype(DType::I32)?,
             row_token: arange_f(a, DType::F32, dev)?.to_dtype(DType::I32)?,
             row_expert: row_expert.clone(),
             row_expert_clamped: row_expert.clone(),

@@ -455,7 +455,8 @@ impl MoeLayer {
                 let rows = source.index_select(0, &plan.row_token)?;
                 let out = self.experts.forward_rows(&rows, &plan)?;
                 // y[t] = Σ over t's rows of weight·output (one fused op; see `weighted_index_scatter`)
-                let w = routing.weight.gather(0, &plan.order)?;
+                // (a reordering whose backward gathers by the inverse: no scatter-add)
+                let w = routing.weight.permute_rows(&plan.order, &plan.position)?;
                 let mut y = out.weighted_index_scatter(&w, &plan.row_token, t * routings.len())?;
                 if self.training.load(Ordering::Relaxed) {
                     y = super::default_outputs::add_default_terms(

@@ -1,6 +1,8 @@
 //! Indexing along an axis with I32 indices: `gather` (one index per output element),
 //! `index_select` (whole slices picked by a 1-D index) and `scatter_add` (their adjoint).
-//! The backward of a gather is a scatter-add of the gradient, and vice versa.
+//! The backward of a gather is a scatter-add of the gradient, and vice versa; except for
+//! `permute_rows`, a reordering by a permutation whose inverse is known, whose backward is a
+//! gather by that inverse.
 
 use crate::shape::{axis_view, contiguous_strides, normalize_axis};
 use crate::{DType, Error, Result, Tensor};
@@ -188,6 +190,73 @@ impl Tensor {
                 Some(g.clone()),
                 Some(g.gather(a as isize, &idx_saved)?),
             ])
+        }))
+    }
+
+    /// The rows of `self` (its entries along axis 0) reordered: `y[r] = self[order[r]]`, where
+    /// `order` is a permutation of `0..len` and `inverse` is its inverse (`inverse[order[r]] =
+    /// r`). The same values as [`Tensor::index_select`]`(0, order)`; the gradient is
+    /// `dx[i] = dy[inverse[i]]`, another reordering, where `index_select`'s backward must
+    /// scatter-add (on the GPU: sort the index, or scan it for every output). The MoE layer
+    /// reorders its combine weights into the dispatch plan's row order this way
+    /// (`DispatchPlan::order` and `position`).
+    ///
+    /// ```
+    /// # use moegrad::{Device, Tensor};
+    /// let x = Tensor::from_f32(vec![10.0, 20.0, 30.0], &[3], Device::cpu())?.with_grad()?;
+    /// let order = Tensor::from_i32(vec![2, 0, 1], &[3], Device::cpu())?;
+    /// let inverse = Tensor::from_i32(vec![1, 2, 0], &[3], Device::cpu())?;
+    /// let y = x.permute_rows(&order, &inverse)?;
+    /// assert_eq!(y.to_vec_f64()?, vec![30.0, 10.0, 20.0]);
+    /// y.mul(&Tensor::from_f32(vec![1.0, 2.0, 3.0], &[3], Device::cpu())?)?.sum_all()?.backward()?;
+    /// assert_eq!(x.grad().unwrap().to_vec_f64()?, vec![2.0, 3.0, 1.0]);
+    /// # Ok::<(), moegrad::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// A shape error unless `order` and `inverse` are 1-D with one entry per row; a dtype or
+    /// device error as [`Tensor::index_select`]'s. On the CPU, an error naming the first entry
+    /// where `inverse` does not invert `order` (a read of both); the GPU does not check (that
+    /// would need a read-back): there a wrong inverse gives a wrong gradient.
+    pub fn permute_rows(&self, order: &Tensor, inverse: &Tensor) -> Result<Tensor> {
+        let _profile = crate::profile::op("permute_rows");
+        let Some(&rows) = self.shape().first() else {
+            return Err(Error::Shape(
+                "permute_rows: a scalar has no rows to reorder".into(),
+            ));
+        };
+        for (name, idx) in [("order", order), ("inverse", inverse)] {
+            self.check_index_tensor(idx, "permute_rows")?;
+            if idx.shape() != [rows] {
+                return Err(Error::Shape(format!(
+                    "permute_rows: {name} of shape {:?} must be [{rows}], one entry per row of {:?}",
+                    idx.shape(),
+                    self.shape()
+                )));
+            }
+        }
+        if !self.device().is_gpu() {
+            let (o, inv) = (order.to_vec_i32()?, inverse.to_vec_i32()?);
+            let inverts = |r: usize| {
+                let i = usize::try_from(o[r]).ok().filter(|&i| i < rows);
+                i.is_some_and(|i| inv[i] == r as i32)
+            };
+            if let Some(r) = (0..rows).find(|&r| !inverts(r)) {
+                return Err(Error::Invalid(format!(
+                    "permute_rows: inverse does not invert order at row {r} (order[{r}] = {})",
+                    o[r]
+                )));
+            }
+        }
+        let view = axis_view(self.shape(), 0);
+        let y = Tensor::from_storage(
+            self.storage()
+                .gather(view, order.storage(), [0, 1, 0], rows)?,
+            self.shape().to_vec(),
+        );
+        let (order, inverse) = (order.clone(), inverse.clone());
+        Ok(Tensor::record(y, "permute_rows", &[self], move |g| {
+            Ok(vec![Some(g.permute_rows(&inverse, &order)?)])
         }))
     }
 }

@@ -245,8 +245,13 @@ pub(super) fn dispatch_plan<T: Float>(
         row_expert_clamped.push(k.min(n.max(1) - 1) as i32);
         row_kept.push(if kept { 1.0 } else { 0.0 });
     }
+    let mut position = vec![0; a];
+    for (s, &i) in order.iter().enumerate() {
+        position[i] = s as i32;
+    }
     PlanBuffers {
         order: i32b(order.iter().map(|&i| i as i32).collect()),
+        position: i32b(position),
         row_token: i32b(row_token),
         row_expert: i32b(row_expert),
         row_expert_clamped: i32b(row_expert_clamped),

@@ -227,6 +227,7 @@ pub(crate) fn dispatch_plan(
     let mut out = PlanBuffers {
         // the sorts make the order buffer themselves
         order: i32_buf(if by_sorting { 0 } else { a })?,
+        position: i32_buf(a)?,
         row_token: i32_buf(a)?,
         row_expert: i32_buf(a)?,
         row_expert_clamped: i32_buf(a)?,
@@ -266,6 +267,7 @@ pub(crate) fn dispatch_plan(
             &out.row_expert,
             &out.row_expert_clamped,
             &out.row_kept,
+            &out.position,
         ],
         &params,
         grid_1d(a, PLAN_WG)?,
