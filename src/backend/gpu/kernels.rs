@@ -691,7 +691,7 @@ mod tests {
         let files = [
             (&*elementwise::ELEMENTWISE, 5usize),
             (&reduce::REDUCE, 4),
-            (&layout::LAYOUT, 8),
+            (&layout::LAYOUT, 9),
             (&sort::SORT, 4),
             (&random::RANDOM, 1),
             (&optim::OPTIM, 10),
