@@ -1,11 +1,11 @@
 //! Launchers of `shaders/layout.wgsl`: [`copy_strided`], [`concat`] (entry `concat_part`, one
-//! launch per part), [`gather`] and [`scatter_add`] (entries `scatter_add_loop` and
-//! `scatter_add_sorted`).
+//! launch per part), [`gather`] and [`scatter_add`] (entries `scatter_add_loop`,
+//! `scatter_add_wide` and `scatter_add_sorted`).
 //!
 //! **scatter_add without atomics.** WGSL has no f32 atomics, and a compare-and-swap loop would
-//! make the order of additions (and so the rounding) depend on scheduling. Both kernels are
-//! gather-style instead: each output element is owned by one invocation, which adds the source
-//! rows that hit it in increasing source order, exactly the CPU's order, so GPU and CPU agree bit
+//! make the order of additions (and so the rounding) depend on scheduling. The three kernels are
+//! gather-style instead: each output element is owned by one invocation (by one workgroup in
+//! the wide kernel), which adds the source rows that hit it in increasing source order, exactly the CPU's order, so GPU and CPU agree bit
 //! for bit and repeated runs are identical. [`scatter_kernel`] picks one of three:
 //! `scatter_add_loop` scans all `m` source rows per output (few rows); `scatter_add_wide` gives
 //! each output a workgroup that tests 256 rows at a time and adds the hits in order (small work,
@@ -313,13 +313,13 @@ pub(crate) fn scatter_add(
 
 /// The entry of `layout.wgsl` a scatter-add runs (all three give the CPU's bits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum ScatterKernel {
+enum ScatterKernel {
     /// `scatter_add_loop`: one invocation per output, scanning every source row
     Loop,
     /// `scatter_add_wide`: one workgroup per output, testing 256 source rows at a time
     Wide,
-    /// `scatter_add_sorted`: the index sorted first (four more dispatches), then each output
-    /// binary-searches its run of hits
+    /// `scatter_add_sorted`: the index copied and sorted first (a dozen more dispatches at a
+    /// few thousand rows), then each output binary-searches its run of hits
     Sorted,
 }
 
@@ -327,12 +327,7 @@ pub(super) enum ScatterKernel {
 /// an index that varies along the inner axis or not: the loop for few rows, the wide kernel for
 /// small work or many hits per output (and wherever the index varies along the inner axis,
 /// which the sorted kernel cannot take), else the sorted kernel (many outputs, few hits each).
-pub(super) fn scatter_kernel(
-    n: usize,
-    m: usize,
-    len: usize,
-    index_varies_inner: bool,
-) -> ScatterKernel {
+fn scatter_kernel(n: usize, m: usize, len: usize, index_varies_inner: bool) -> ScatterKernel {
     if m <= SCATTER_LOOP_MAX_M {
         return ScatterKernel::Loop;
     }
