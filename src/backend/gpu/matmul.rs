@@ -342,16 +342,22 @@ pub(crate) fn matmul(
             ]
         },
     )?;
+    sum_slices(be, c, splits, out_len)
+}
+
+/// The sum of `splits` slices of `len` elements held one after another in `slices` (the
+/// partial sums of split-k and of the weight gradient's row splits), added in slice order
+/// (deterministic); `slices` itself when there is one.
+fn sum_slices(be: &GpuBackend, slices: GpuBuffer, splits: usize, len: usize) -> Result<GpuBuffer> {
     if splits == 1 {
-        return Ok(c);
+        return Ok(slices);
     }
-    // the slices' sum, in slice order (deterministic)
     let view = AxisView {
         outer: 1,
         len: splits,
-        inner: out_len,
+        inner: len,
     };
-    super::reduce::reduce(be, ReduceOp::Sum, &c, view)
+    super::reduce::reduce(be, ReduceOp::Sum, &slices, view)
 }
 
 /// Whether [`matmul`] under [`MatmulKernel::WideVec4`] runs `matmul_wide4` for these operands
@@ -623,16 +629,7 @@ pub(crate) fn grouped_weight_grad(
         [tiles(m), tiles(k), experts * splits],
         |[x0, y0, z0]| vec![rows32, k32, m32, experts32, x0, y0, z0, splits as u32],
     )?;
-    if splits == 1 {
-        return Ok(dw);
-    }
-    // the slices' sum, in slice order (deterministic)
-    let view = AxisView {
-        outer: 1,
-        len: splits,
-        inner: out_len,
-    };
-    super::reduce::reduce(be, ReduceOp::Sum, &dw, view)
+    sum_slices(be, dw, splits, out_len)
 }
 
 impl MatmulOps for GpuBackend {

@@ -316,13 +316,7 @@ fn folded_layout_kernels() {
     // kernel: one workgroup). With m ≤ 32 the loop kernel runs; with m = 40 and m·n > 2^24 the
     // sorted one; with m = 33 into 65,536 the wide one. Targets spread over the whole output
     // (the last element included) and repeat.
-    let wide_n = fold::smallest_folding(1);
-    for (kernel, m, n, per_group) in [
-        ("scatter_add_loop", 2usize, n, WG),
-        ("scatter_add_sorted", 40, n, WG),
-        ("scatter_add_wide", 33, wide_n, 1),
-    ] {
-        fold::assert_past_limit(kernel, fold::groups(n, per_group));
+    for (kernel, m, n) in folded_scatter_cases() {
         let src = random_f32(9, m);
         let mut idx = random_i32(10, m, n);
         idx[0] = (n - 1) as i32;
@@ -339,6 +333,22 @@ fn folded_layout_kernels() {
             cpu.download(&want).unwrap(),
         );
     }
+}
+
+/// `(kernel, m, n)`: `m` rows scattered into `n` so that each scatter kernel runs past 65,535
+/// workgroups (asserted here): the loop kernel with m ≤ 32, the sorted one with m = 40 and
+/// m·n > 2^24, the wide one (a workgroup per output) with m = 33 into 65,536.
+fn folded_scatter_cases() -> [(&'static str, usize, usize); 3] {
+    let (n, wide_n) = (fold::smallest_folding(WG), fold::smallest_folding(1));
+    let cases = [
+        ("scatter_add_loop", 2, n, WG),
+        ("scatter_add_sorted", 40, n, WG),
+        ("scatter_add_wide", 33, wide_n, 1),
+    ];
+    cases.map(|(kernel, m, n, per_group)| {
+        fold::assert_past_limit(kernel, fold::groups(n, per_group));
+        (kernel, m, n)
+    })
 }
 
 /// The sizes of `m` rows scattered into `n` (an index_scatter).
@@ -594,14 +604,7 @@ fn folded_f16_mixed_precision_kernels() {
     let cpu = CpuBackend;
     let to_f16 = |b: &GpuBuffer| be.cast(b, DType::F16).unwrap();
     let back = |b: &GpuBuffer| host_f64(be.download(&be.cast(b, DType::F32).unwrap()).unwrap());
-    let n = fold::smallest_folding(WG);
-    let wide_n = fold::smallest_folding(1);
-    for (kernel, m, n, per_group) in [
-        ("scatter_add_loop", 2usize, n, WG),
-        ("scatter_add_sorted", 40, n, WG),
-        ("scatter_add_wide", 33, wide_n, 1),
-    ] {
-        fold::assert_past_limit(kernel, fold::groups(n, per_group));
+    for (kernel, m, n) in folded_scatter_cases() {
         let src = f16_rounded(&random_f32(31, m));
         let mut idx = random_i32(32, m, n);
         idx[0] = (n - 1) as i32;
