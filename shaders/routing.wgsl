@@ -43,18 +43,23 @@
 //                      [A]), offsets (binding 6, read_write, i32 [n + 1]), routed (binding 7,
 //                      read_write, f32 [n]), kept (binding 8, read_write, f32 [n]).
 //                      256 invocations per workgroup over A + n + 1, grid folded into x/y.
-// plan_keys            for a larger plan, the same order comes from three stable sorts
-//                      (sort.wgsl): by weight descending, then by rank, then by key. This entry
-//                      writes the key of each assignment: key[i] = expert[i] when valid[i] ≠ 0
-//                      and 0 ≤ expert[i] < n, else n. params PlanParams; expert (binding 1,
-//                      read, i32 [A]), valid (binding 2, read, f32 [A]) -> key (binding 3,
-//                      read_write, i32 [A]). One invocation per assignment.
-// plan_counts          from the keys in sorted order, invocation e ≤ n binary-searches the first
-//                      position of key e: offsets[e]; for e < n, routed[e] = offsets[e + 1] −
-//                      offsets[e] and kept[e] = min(routed[e], capacity) (plan_sort's outputs).
-//                      params PlanParams; sorted keys (binding 1, read, i32 [A]) -> offsets
-//                      (binding 2, read_write, i32 [n + 1]), routed (binding 3, read_write,
-//                      f32 [n]), kept (binding 4, read_write, f32 [n]). One invocation per key.
+// plan_keys            for a larger plan, the same order comes from one stable sort
+//                      (sort.wgsl's words build) of three-word keys. This entry writes
+//                      assignment i's key words: words[i] = (key, order_key(rank[i]),
+//                      ~order_key(weight[i])), key = expert[i] when valid[i] ≠ 0 and 0 ≤
+//                      expert[i] < n, else n; as unsigned words, ascending order is the plan's
+//                      (ties to the lower index, which the sort adds). params PlanParams; expert
+//                      (binding 1, read, i32 [A]), weight (binding 2, read, f32), rank (binding
+//                      3, read, f32), valid (binding 4, read, f32) -> words (binding 5,
+//                      read_write, u32 [A, 3]). One invocation per assignment.
+// plan_counts          from the sorted order, invocation e ≤ n binary-searches the first
+//                      position whose key (words[order[s]].0) is at least e: offsets[e]; for
+//                      e < n, routed[e] = offsets[e + 1] − offsets[e] and kept[e] =
+//                      min(routed[e], capacity) (plan_sort's outputs). params PlanParams;
+//                      order (binding 1, read, i32 [A]), words (binding 2, read, u32 [A, 3])
+//                      -> offsets (binding 3, read_write, i32 [n + 1]), routed (binding 4,
+//                      read_write, f32 [n]), kept (binding 5, read_write, f32 [n]). One
+//                      invocation per key.
 // plan_rows            one invocation per sorted row s < A: its assignment i = order[s], its key
 //                      (the last e with offsets[e] ≤ s, by binary search), its position within
 //                      the key s − offsets[key] and whether it is kept; and position[i] = s
@@ -283,8 +288,10 @@ fn plan_sort(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 // ---- plan_keys ------------------------------------------------------------------------------
 
 @group(0) @binding(1) var<storage, read> keys_expert: array<i32>;
-@group(0) @binding(2) var<storage, read> keys_valid: array<f32>;
-@group(0) @binding(3) var<storage, read_write> keys_out: array<i32>;
+@group(0) @binding(2) var<storage, read> keys_weight: array<f32>;
+@group(0) @binding(3) var<storage, read> keys_rank: array<f32>;
+@group(0) @binding(4) var<storage, read> keys_valid: array<f32>;
+@group(0) @binding(5) var<storage, read_write> keys_words: array<u32>;
 
 @compute @workgroup_size(256)
 fn plan_keys(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -294,23 +301,26 @@ fn plan_keys(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     let e = keys_expert[i];
     var key = pp.n;
     if (keys_valid[i] != 0.0 && e >= 0 && u32(e) < pp.n) { key = u32(e); }
-    keys_out[i] = i32(key);
+    keys_words[3u * i] = key;
+    keys_words[3u * i + 1u] = order_key(keys_rank[i]);
+    keys_words[3u * i + 2u] = ~order_key(keys_weight[i]);
 }
 
 // ---- plan_counts ----------------------------------------------------------------------------
 
-@group(0) @binding(1) var<storage, read> counts_sorted: array<i32>;
-@group(0) @binding(2) var<storage, read_write> counts_offsets: array<i32>;
-@group(0) @binding(3) var<storage, read_write> counts_routed: array<f32>;
-@group(0) @binding(4) var<storage, read_write> counts_kept: array<f32>;
+@group(0) @binding(1) var<storage, read> counts_order: array<i32>;
+@group(0) @binding(2) var<storage, read> counts_words: array<u32>;
+@group(0) @binding(3) var<storage, read_write> counts_offsets: array<i32>;
+@group(0) @binding(4) var<storage, read_write> counts_routed: array<f32>;
+@group(0) @binding(5) var<storage, read_write> counts_kept: array<f32>;
 
-// The first position of the sorted keys holding a key ≥ e (A when there is none).
+// The first sorted position whose key is ≥ e (A when there is none).
 fn first_at_least(e: u32) -> u32 {
     var lo = 0u;
     var hi = pp.a;
     while (lo < hi) {
         let mid = (lo + hi) / 2u;
-        if (u32(counts_sorted[mid]) < e) { lo = mid + 1u; } else { hi = mid; }
+        if (counts_words[3u * u32(counts_order[mid])] < e) { lo = mid + 1u; } else { hi = mid; }
     }
     return lo;
 }

@@ -712,7 +712,7 @@ fn dispatch_plan_matches_over_random_sizes_and_capacities() {
     let Some(dev) = gpu("dispatch_plan_matches_over_random_sizes_and_capacities") else {
         return;
     };
-    // up to 1024 assignments the plan is one kernel (`plan_sort`), past it three sorts
+    // up to 1024 assignments the plan is one kernel (`plan_sort`), past it one sort of three-word keys
     let sizes = (
         1usize..=40,
         size_near(&[256, 512, 1024, 3000]),

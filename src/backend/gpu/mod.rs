@@ -75,6 +75,8 @@ pub(crate) use optim::AdamSlot;
 #[cfg(test)]
 pub(crate) use optim::{ADAM_MULTI_SLOTS, NORM_SLOTS};
 pub use shader_checks::ShaderChecks;
+#[cfg(test)]
+pub(crate) use sort::{KEY_WORDS, sort_key_words};
 pub use stats::GpuStats;
 
 use super::{BufferOps, HostData};

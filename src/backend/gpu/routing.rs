@@ -3,16 +3,15 @@
 //! [`softmax_backward`] (its backward rules, one dispatch each), and [`dispatch_plan`] (the
 //! whole dispatch plan of an MoE layer: up to [`PLAN_SORT_MAX`] assignments in two dispatches,
 //! `plan_sort` and `plan_rows`, where the composed version took about fifty; larger plans by
-//! three stable sorts of `sort.wgsl`, since `plan_sort`'s work grows with the square of the
-//! assignments).
+//! one stable sort of `sort.wgsl` on three-word keys, since `plan_sort`'s work grows with the
+//! square of the assignments).
 
 use super::half::expect_f32;
 use super::kernels::{Shader, grid_1d, u32_param};
-use super::layout::gather;
-use super::sort::sort_rows;
+use super::sort::{KEY_WORDS, sort_key_words};
 use super::{GpuBackend, GpuBuffer};
+use crate::backend::RoutingOps;
 use crate::backend::checks::{check_dispatch_plan, check_softmax_backward, check_topk_gate};
-use crate::backend::{AxisView, RoutingOps};
 use crate::backend::{PlanBuffers, check_gate_backward_lengths, check_gate_sizes};
 use crate::{DType, Error, Result};
 
@@ -29,8 +28,8 @@ const ROW_WG: u32 = 64;
 const PLAN_WG: u32 = 256;
 
 /// The most assignments whose dispatch plan `plan_sort` orders (O(A²) comparisons, in one
-/// dispatch); a larger plan is ordered by three stable sorts (O(A log² A), about 3 + 3·log₂A
-/// dispatches). On an H200, `plan_sort` took 0.29 ms for 1536 assignments and about 130 ms for
+/// dispatch); a larger plan is ordered by one stable sort of three-word keys (O(A log² A),
+/// about log₂A dispatches). On an H200, `plan_sort` took 0.29 ms for 1536 assignments and about 130 ms for
 /// 262,144 (docs/benchmarks.md).
 pub(crate) const PLAN_SORT_MAX: usize = 1024;
 
@@ -144,11 +143,13 @@ pub(crate) fn softmax_backward(
     Ok(out)
 }
 
-/// The order, offsets and counts of a plan of `params[0]` assignments by three stable sorts
-/// (`sort.wgsl`), least significant first: by weight descending, then by rank, then by key, each
-/// sort permuting the previous order (the keys from `plan_keys`, the counts from
-/// `plan_counts`). The same order as `plan_sort`'s: key, then rank ascending, then weight
-/// descending, then index.
+// `plan_keys` writes three words per assignment
+const _: () = assert!(KEY_WORDS == 3);
+
+/// The order, offsets and counts of a plan of `params[0]` assignments by one stable sort
+/// (`sort.wgsl`'s words build) of the key words `plan_keys` writes, (key, rank ascending,
+/// weight descending), ties to the lower index: the same order as `plan_sort`'s. The counts
+/// come from `plan_counts`.
 fn plan_by_sorting(
     be: &GpuBackend,
     (expert, weight, rank, valid): (&GpuBuffer, &GpuBuffer, &GpuBuffer, &GpuBuffer),
@@ -156,37 +157,21 @@ fn plan_by_sorting(
     out: &PlanBuffers<GpuBuffer>,
 ) -> Result<GpuBuffer> {
     let (a, n) = (params[0] as usize, params[1] as usize);
-    let keys = be.alloc(a, DType::I32)?;
+    let words = be.alloc(a * KEY_WORDS, DType::I32)?;
     be.launch(
         &ROUTING,
         "plan_keys",
-        &[expert, valid, &keys],
+        &[expert, weight, rank, valid, &words],
         params,
         grid_1d(a, PLAN_WG)?,
     )?;
-    // values[perm[i]] for i < a
-    let permute = |values: &GpuBuffer, perm: &GpuBuffer| {
-        let view = AxisView {
-            outer: 1,
-            len: a,
-            inner: 1,
-        };
-        gather(be, values, view, perm, [0, 1, 0], a)
-    };
-    let by_weight = sort_rows(be, weight, 1, a, true)?;
-    let by_rank = permute(
-        &by_weight,
-        &sort_rows(be, &permute(rank, &by_weight)?, 1, a, false)?,
-    )?;
-    let keys_by_rank = permute(&keys, &by_rank)?;
-    let by_key = sort_rows(be, &keys_by_rank, 1, a, false)?;
-    let sorted_keys = permute(&keys_by_rank, &by_key)?;
-    let order = permute(&by_rank, &by_key)?;
+    let order = sort_key_words(be, &words, 1, a)?;
     be.launch(
         &ROUTING,
         "plan_counts",
         &[
-            &sorted_keys,
+            &order,
+            &words,
             &out.offsets,
             &out.routed_per_expert,
             &out.kept_per_expert,

@@ -1,4 +1,6 @@
-//! Launcher of `shaders/sort.wgsl`: [`argsort`], a stable per-row argsort of any length.
+//! Launcher of `shaders/sort.wgsl`: [`argsort`], a stable per-row argsort of any length, and
+//! [`sort_key_words`], the same sort on keys of [`KEY_WORDS`] u32 words (the MoE dispatch plan's
+//! expert, rank and weight, sorted in one pass rather than three).
 //!
 //! Rows are padded to a power of two `p` and sorted as (key, index) pairs by a bitonic network:
 //! `sort_local` sorts blocks of up to 1024 pairs in workgroup memory, then each larger stage `k`
@@ -8,6 +10,7 @@
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::{GpuBackend, GpuBuffer};
 use crate::{DType, Error, Result};
+use std::sync::LazyLock;
 
 /// The kernels of `shaders/sort.wgsl`.
 pub(crate) static SORT: Shader = Shader {
@@ -15,6 +18,32 @@ pub(crate) static SORT: Shader = Shader {
     builtin: true,
     source: include_str!("../../../shaders/sort.wgsl"),
 };
+
+/// u32 words per key of [`SORT_WORDS`].
+pub(crate) const KEY_WORDS: usize = 3;
+
+/// The words build of `shaders/sort.wgsl`: the same kernels on keys of [`KEY_WORDS`] u32 words
+/// (the file's `KEY_WORDS` line replaced).
+pub(crate) static SORT_WORDS: LazyLock<Shader> = LazyLock::new(|| {
+    const LINE: &str = "const KEY_WORDS: u32 = 1u;";
+    assert!(SORT.source.contains(LINE), "sort.wgsl declares {LINE}");
+    Shader {
+        name: "sort_words",
+        builtin: true,
+        source: String::leak(
+            SORT.source
+                .replace(LINE, &format!("const KEY_WORDS: u32 = {KEY_WORDS}u;")),
+        ),
+    }
+});
+
+/// How `sort_init` reads a key word (the shader's `kind`).
+#[derive(Clone, Copy)]
+enum WordKind {
+    F32 = 0,
+    I32 = 1,
+    U32 = 2,
+}
 
 /// Invocations per workgroup of every kernel in the file.
 const WG: u32 = 256;
@@ -34,6 +63,31 @@ pub(crate) fn argsort(
     sort_rows(be, x, rows, len, descending)
 }
 
+/// The stable ascending order of each row of `words` viewed as `[rows, len, KEY_WORDS]`: keys
+/// of [`KEY_WORDS`] u32 words (I32 buffer, bits taken as unsigned) compared in order, ties in
+/// index order. Output I32 `[rows, len]`.
+pub(crate) fn sort_key_words(
+    be: &GpuBackend,
+    words: &GpuBuffer,
+    rows: usize,
+    len: usize,
+) -> Result<GpuBuffer> {
+    if words.dtype() != DType::I32 {
+        return Err(Error::DType(format!(
+            "sort by key words: the words must be an i32 buffer, got {}",
+            words.dtype()
+        )));
+    }
+    bitonic(
+        be,
+        &SORT_WORDS,
+        words,
+        (rows, len, KEY_WORDS),
+        WordKind::U32,
+        false,
+    )
+}
+
 /// Stable argsort of each row of an f32 or i32 buffer `[rows, len]` (i32 keys compare as
 /// integers; scatter_add sorts its indices with this).
 pub(crate) fn sort_rows(
@@ -43,13 +97,34 @@ pub(crate) fn sort_rows(
     len: usize,
     descending: bool,
 ) -> Result<GpuBuffer> {
-    if rows.checked_mul(len) != Some(x.len()) {
+    let kind = match x.dtype() {
+        DType::I32 => WordKind::I32,
+        _ => WordKind::F32,
+    };
+    bitonic(be, &SORT, x, (rows, len, 1), kind, descending)
+}
+
+/// The bitonic sort of `shader` (`SORT`, or `SORT_WORDS` with `words` = [`KEY_WORDS`]) over
+/// `x` viewed as `[rows, len, words]`.
+fn bitonic(
+    be: &GpuBackend,
+    shader: &Shader,
+    x: &GpuBuffer,
+    (rows, len, words): (usize, usize, usize),
+    kind: WordKind,
+    descending: bool,
+) -> Result<GpuBuffer> {
+    if rows.checked_mul(len).and_then(|e| e.checked_mul(words)) != Some(x.len()) {
+        let shape = match words {
+            1 => format!("[{rows}, {len}]"),
+            w => format!("[{rows}, {len}] keys of {w} words"),
+        };
         return Err(Error::Shape(format!(
-            "argsort: [{rows}, {len}] does not match a buffer of {} elements",
+            "argsort: {shape} does not match a buffer of {} elements",
             x.len()
         )));
     }
-    let out = be.alloc(x.len(), DType::I32)?;
+    let out = be.alloc(rows * len, DType::I32)?;
     if x.is_empty() {
         return Ok(out);
     }
@@ -62,16 +137,12 @@ pub(crate) fn sort_rows(
         u32_param(p, "argsort: padded row length")?,
         block as u32,
     );
-    u32_param(padded, "argsort: rows × padded length")?;
-    let kind = match x.dtype() {
-        DType::I32 => 1,
-        _ => 0,
-    };
-    let keys = be.alloc(padded, DType::I32)?;
+    u32_param(padded * words, "argsort: rows × padded length × key words")?;
+    let keys = be.alloc(padded * words, DType::I32)?;
     let vals = be.alloc(padded, DType::I32)?;
-    let init = [rows32, len32, p32, kind, descending as u32];
+    let init = [rows32, len32, p32, kind as u32, descending as u32];
     be.launch(
-        &SORT,
+        shader,
         "sort_init",
         &[x, &keys, &vals],
         &init,
@@ -79,7 +150,7 @@ pub(crate) fn sort_rows(
     )?;
     let local_groups = grid_1d(rows * (p / block) * WG as usize, WG)?;
     be.launch(
-        &SORT,
+        shader,
         "sort_local",
         &[x, &keys, &vals],
         &[rows32, p32, block32, 0],
@@ -90,7 +161,7 @@ pub(crate) fn sort_rows(
         let mut j = k / 2;
         while j >= block {
             be.launch(
-                &SORT,
+                shader,
                 "sort_global_step",
                 &[x, &keys, &vals],
                 &[rows32, p32, k as u32, j as u32],
@@ -99,7 +170,7 @@ pub(crate) fn sort_rows(
             j /= 2;
         }
         be.launch(
-            &SORT,
+            shader,
             "sort_local",
             &[x, &keys, &vals],
             &[rows32, p32, block32, k as u32],
@@ -108,11 +179,11 @@ pub(crate) fn sort_rows(
         k *= 2;
     }
     be.launch(
-        &SORT,
+        shader,
         "sort_finish",
         &[x, &keys, &vals, &out],
         &init,
-        grid_1d(x.len(), WG)?,
+        grid_1d(rows * len, WG)?,
     )?;
     Ok(out)
 }

@@ -9,7 +9,9 @@
 
 use super::gpu_primitives::*;
 use crate::backend::gpu::GpuBuffer;
-use crate::backend::{AdamHyper, BinaryOp, ElementwiseOps, OptimOps, ReduceOps, SgdHyper, UnaryOp};
+use crate::backend::{
+    AdamHyper, BinaryOp, ElementwiseOps, HostData, OptimOps, ReduceOps, SgdHyper, UnaryOp,
+};
 use crate::{DType, Error};
 use rand::RngExt;
 
@@ -62,6 +64,55 @@ fn argsort_is_stable_and_matches_cpu() {
     ));
     assert!(matches!(
         g.argsort(&up(&g, &[3.0, 1.0]), 2, 2, false),
+        Err(Error::Shape(_))
+    ));
+}
+
+/// `sort_key_words` (the dispatch plan's one-pass sort) against a sort of the tuples (words as
+/// unsigned, then index) on the host: few distinct words, so every word and the index decide
+/// somewhere; words with the sign bit set (unsigned, not signed, order) and keys of all ones
+/// (the padding's words: the index still puts them before the padding); one block, a row past
+/// 1024 (the global steps) and several rows.
+#[test]
+fn sorting_by_key_words_is_lexicographic_and_stable() {
+    use crate::backend::gpu::{KEY_WORDS, sort_key_words};
+    let Some((g, _l)) = gpu("sorting_by_key_words_is_lexicographic_and_stable") else {
+        return;
+    };
+    let mut r = rng(11);
+    let pick = [0u32, 1, 2, 0x8000_0000, u32::MAX];
+    for (rows, len) in [
+        (1usize, 1usize),
+        (1, 7),
+        (3, 300),
+        (1, 1024),
+        (2, 1500),
+        (1, 5000),
+    ] {
+        let words: Vec<u32> = (0..rows * len * KEY_WORDS)
+            .map(|_| pick[r.random_range(0..pick.len())])
+            .collect();
+        let bits: Vec<i32> = words.iter().map(|&w| w as i32).collect();
+        let got = sort_key_words(&g, &up_i(&g, &bits), rows, len).unwrap();
+        let mut want = Vec::with_capacity(rows * len);
+        for row in 0..rows {
+            let key = |q: usize| &words[(row * len + q) * KEY_WORDS..][..KEY_WORDS];
+            let mut order: Vec<usize> = (0..len).collect();
+            order.sort_by(|&a, &b| key(a).cmp(key(b)).then(a.cmp(&b)));
+            want.extend(order.into_iter().map(|q| q as i32));
+        }
+        assert_eq!(
+            g_down(&g, &got),
+            HostData::I32(want),
+            "sort by key words [{rows}, {len}]"
+        );
+    }
+    assert!(matches!(
+        sort_key_words(&g, &up(&g, &[1.0; 6]), 1, 2),
+        Err(Error::DType(_))
+    ));
+    assert!(matches!(
+        sort_key_words(&g, &up_i(&g, &[1; 6]), 1, 3),
         Err(Error::Shape(_))
     ));
 }
