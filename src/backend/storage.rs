@@ -178,6 +178,13 @@ impl Storage {
             Storage::Gpu(b) => b.dtype(),
         }
     }
+    /// The indices of a CPU I32 buffer, read in place; `None` on the GPU or for another dtype.
+    pub(crate) fn cpu_indices(&self) -> Option<&[i32]> {
+        match self {
+            Storage::Cpu(cpu::CpuBuffer::I32(v)) => Some(v.as_slice()),
+            _ => None,
+        }
+    }
     /// Number of elements.
     pub(crate) fn len(&self) -> usize {
         match self {

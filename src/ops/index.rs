@@ -246,8 +246,12 @@ impl Tensor {
                 )));
             }
         }
-        if check_inverse && !self.device().is_gpu() {
-            let (o, inv) = (order.to_vec_i32()?, inverse.to_vec_i32()?);
+        // on the CPU, read both index lists in place (no copy in a training step)
+        let host = (
+            order.storage().cpu_indices(),
+            inverse.storage().cpu_indices(),
+        );
+        if let (true, (Some(o), Some(inv))) = (check_inverse, host) {
             let inverts = |r: usize| {
                 let i = usize::try_from(o[r]).ok().filter(|&i| i < rows);
                 i.is_some_and(|i| inv[i] == r as i32)
