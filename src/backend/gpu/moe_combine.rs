@@ -6,7 +6,7 @@
 //!
 //! The forward is `scatter_add`'s (see `layout.rs`): no atomics, each output element adds its
 //! rows in increasing order, either by scanning all rows (few of them, or little work in all) or
-//! by binary-searching the stably sorted indices (the sort is three dispatches of `sort.rs`).
+//! by binary-searching the stably sorted indices (`sort.rs`: one dispatch up to 2048 rows).
 //! The backward runs one workgroup per row: the row's gradient `w[r]·dy[idx[r]]` and its
 //! weight's gradient `⟨dy[idx[r]], rows[r]⟩`, reduced in workgroup memory. Indices outside
 //! `0..len` are not checked here (that would need a read-back): their rows add to no output and

@@ -3,9 +3,11 @@
 //! expert, rank and weight, sorted in one pass rather than three).
 //!
 //! Rows are padded to a power of two `p` and sorted as (key, index) pairs by a bitonic network:
-//! `sort_local` sorts blocks of up to 1024 pairs in workgroup memory, then each larger stage `k`
-//! runs `sort_global_step` for the distances `j ≥ 1024` and `sort_local` for the rest. A row of
-//! `len ≤ 1024` therefore takes one sorting launch; `len = 65536` takes 27.
+//! `sort_local` sorts blocks of up to 2048 pairs (1024 of three-word keys) in workgroup memory,
+//! then each larger stage `k` runs `sort_global_step` for the distances `j` of a block or more
+//! and `sort_local` for the rest. The first launch reads the input and the last writes the
+//! output, so a row of up to 2048 elements takes one launch, 8192 take 6 (three-word keys: 10)
+//! and 65536 take 21.
 
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::{GpuBackend, GpuBuffer};
@@ -37,7 +39,7 @@ pub(crate) static SORT_WORDS: LazyLock<Shader> = LazyLock::new(|| {
     }
 });
 
-/// How `sort_init` reads a key word (the shader's `kind`).
+/// How the first `sort_local` launch reads a key word (the shader's `kind`).
 #[derive(Clone, Copy)]
 enum WordKind {
     F32 = 0,
@@ -47,8 +49,13 @@ enum WordKind {
 
 /// Invocations per workgroup of every kernel in the file.
 const WG: u32 = 256;
-/// The most pairs `sort_local` holds in workgroup memory (matches `BLOCK_MAX` in the shader).
-const BLOCK_MAX: usize = 1024;
+/// The u32 words of keys and indices `sort_local` holds in workgroup memory: a block is
+/// `BLOCK_WORDS / (key words + 1)` elements, 2048 of one-word keys (`BLOCK_MAX` in the shader).
+const BLOCK_WORDS: usize = 4096;
+/// `LocalParams.flags`: the launch reads its block from the input (the first launch)...
+const FROM_INPUT: u32 = 1;
+/// ... or writes it to the output (the last).
+const TO_OUTPUT: u32 = 2;
 
 /// `ReduceOps::argsort`: per row of `x` viewed as `[rows, len]`, the indices that sort it, stable,
 /// NaN as the smallest value (as on the CPU). Output I32 `[rows, len]`.
@@ -130,30 +137,36 @@ fn bitonic(
     }
     let p = len.next_power_of_two();
     let padded = rows.saturating_mul(p);
-    let block = p.min(BLOCK_MAX);
-    let (rows32, len32, p32, block32) = (
-        u32_param(rows, "argsort: rows")?,
-        u32_param(len, "argsort: row length")?,
-        u32_param(p, "argsort: padded row length")?,
-        block as u32,
-    );
+    let block_max = BLOCK_WORDS / (words + 1);
+    let block = p.min(block_max);
     u32_param(padded * words, "argsort: rows × padded length × key words")?;
-    let keys = be.alloc(padded * words, DType::I32)?;
-    let vals = be.alloc(padded, DType::I32)?;
-    let init = [rows32, len32, p32, kind as u32, descending as u32];
-    be.launch(
-        shader,
-        "sort_init",
-        &[x, &keys, &vals],
-        &init,
-        grid_1d(padded, WG)?,
-    )?;
+    let (rows32, p32) = (
+        u32_param(rows, "argsort: rows")?,
+        u32_param(p, "argsort: padded row length")?,
+    );
+    let local = |k_fixed: usize, flags: u32| {
+        [
+            rows32,
+            len as u32, // ≤ p
+            p32,
+            block as u32,
+            k_fixed as u32,
+            kind as u32,
+            descending as u32,
+            flags,
+        ]
+    };
+    // the scratch, which a row of one block never touches (it is bound all the same)
+    let one_block = p <= block_max;
+    let scratch = |n: usize| be.alloc(if one_block { 1 } else { n }, DType::I32);
+    let (keys, vals) = (scratch(padded * words)?, scratch(padded)?);
     let local_groups = grid_1d(rows * (p / block) * WG as usize, WG)?;
+    let last = |k: usize| if k == p { TO_OUTPUT } else { 0 };
     be.launch(
         shader,
         "sort_local",
-        &[x, &keys, &vals],
-        &[rows32, p32, block32, 0],
+        &[x, &keys, &vals, &out],
+        &local(0, FROM_INPUT | last(block)),
         local_groups,
     )?;
     let mut k = 2 * block;
@@ -163,6 +176,7 @@ fn bitonic(
             be.launch(
                 shader,
                 "sort_global_step",
+                // binding 1 (x) is unread by this entry
                 &[x, &keys, &vals],
                 &[rows32, p32, k as u32, j as u32],
                 grid_1d(padded / 2, WG)?,
@@ -172,18 +186,11 @@ fn bitonic(
         be.launch(
             shader,
             "sort_local",
-            &[x, &keys, &vals],
-            &[rows32, p32, block32, k as u32],
+            &[x, &keys, &vals, &out],
+            &local(k, last(k)),
             local_groups,
         )?;
         k *= 2;
     }
-    be.launch(
-        shader,
-        "sort_finish",
-        &[x, &keys, &vals, &out],
-        &init,
-        grid_1d(rows * len, WG)?,
-    )?;
     Ok(out)
 }

@@ -419,7 +419,8 @@ fn folded_reduce_kernels() {
 }
 
 /// The sort kernels past 65,535 workgroups: `sort_local` (one workgroup per row of 2, 65,536
-/// rows) and `sort_init`/`sort_finish` (one invocation per element of 16,385 rows of 1024).
+/// rows: the launch that reads the input and writes the output) and `sort_global_step` (one
+/// invocation per pair, rows of 2049 padded to 4096).
 #[test]
 fn folded_sort_kernels() {
     let Some((be, _lock)) = fold_gpu("folded_sort_kernels") else {
@@ -427,14 +428,12 @@ fn folded_sort_kernels() {
     };
     let cpu = CpuBackend;
     // Workgroups of the launch that folds, by the launcher's formulas: sort_local runs one
-    // workgroup per block of min(p, 1024) of each row padded to p; init and finish one
-    // invocation per (padded) element; sort_global_step (rows longer than 1024 only) one per
-    // pair of padded elements, so rows of 1025 (padded to 2048) reach it with the fewest data.
+    // workgroup per block of min(p, 2048) of each row padded to p; sort_global_step (rows
+    // longer than 2048 only) one invocation per pair of padded elements, so rows of 2049
+    // (padded to 4096) reach it with the fewest data.
     let local_rows = fold::MAX_GROUPS + 1;
     let local_groups = local_rows; // rows of 2: one block, so one workgroup, per row
-    let flat_rows = fold::smallest_folding(WG).div_ceil(1024);
-    let flat_groups = fold::groups(flat_rows * 1024, WG);
-    let global_pairs = |rows: usize| rows * 2048 / 2;
+    let global_pairs = |rows: usize| rows * 4096 / 2;
     let global_rows = fold::smallest_past_limit("sort_global_step rows", |r| {
         fold::groups(global_pairs(r), WG)
     });
@@ -442,14 +441,7 @@ fn folded_sort_kernels() {
     // (the kernels that fold, rows, row length, their workgroups, descending)
     let cases = [
         ("sort_local", local_rows, 2, local_groups, true),
-        (
-            "sort_init and sort_finish",
-            flat_rows,
-            1024,
-            flat_groups,
-            false,
-        ),
-        ("sort_global_step", global_rows, 1025, global_groups, true),
+        ("sort_global_step", global_rows, 2049, global_groups, true),
     ];
     for (kernels, rows, len, workgroups, descending) in cases {
         fold::assert_past_limit(kernels, workgroups);

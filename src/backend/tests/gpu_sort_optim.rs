@@ -33,6 +33,8 @@ fn argsort_is_stable_and_matches_cpu() {
         (5, 1000),
         (2, 1024),
         (3, 1500),
+        (1, 2048),
+        (2, 2049),
         (1, 5000),
     ] {
         // few distinct values: many ties, which must keep index order
