@@ -162,6 +162,12 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
                         m.dispatches.map_or("-".into(), |d| d.to_string())
                     );
                 }
+                for s in &r.skipped {
+                    println!(
+                        "{:<6} {:<8} {:<11} {:>4} {:>4} not run: {}",
+                        s.device, s.router, s.path, s.n, s.k, s.reason
+                    );
+                }
             }
         }
         Workload::Train => {
