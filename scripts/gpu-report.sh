@@ -25,7 +25,8 @@
 # as before bind groups were reused), and once with MOEGRAD_MATMUL=plain (no split-k and no
 # row splits of the expert bank's weight gradient: what the splits gain at small n), and
 # `bench gpu-step` (the host's milliseconds per step,
-# bind groups reused and created, beside the kernels' GPU milliseconds).
+# bind groups reused and created, beside the kernels' GPU milliseconds). FOCUS=targets also
+# profiles the top-2 layer step at n = 2 (MOEGRAD_PROFILE=1: GPU milliseconds per kernel) once.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-report.json}
@@ -62,6 +63,24 @@ measure() {
   echo "gpu-report: $name took $((SECONDS - t0)) s: $(tail -n 1 "$TMP/$name.json")" >&2
 }
 
+# measure_profile NAME CMD...: as measure, for a command run with MOEGRAD_PROFILE=1, whose
+# profile table (ops and GPU kernels) goes to stderr: the file holds {"result": its JSON,
+# "profile": the table}.
+measure_profile() {
+  local name=$1; shift
+  measure "$name" env MOEGRAD_PROFILE=1 "$@"
+  if [ -s "$TMP/$name.err" ] && ! grep -q '^{"error"' "$TMP/$name.json"; then
+    "$PYTHON" - "$TMP/$name.json" "$TMP/$name.err" <<'PY'
+import json, sys
+out, err = sys.argv[1], sys.argv[2]
+text = open(out).read().strip()
+result = json.loads(text.splitlines()[-1]) if text else None
+with open(out, "w") as f:
+    f.write(json.dumps({"result": result, "profile": open(err).read()[-20000:]}) + "\n")
+PY
+  fi
+}
+
 "$BIN" info > "$TMP/info.txt" 2>&1 || true
 
 have_cuda=0
@@ -96,6 +115,11 @@ for round in $(seq 1 "$ROUNDS"); do
     measure "moegrad-moe-unsplit-$round" env MOEGRAD_MATMUL=plain "$BIN" bench moe --device gpu \
       --json
     measure "moegrad-gpu-step-$round" "$BIN" bench gpu-step --json
+    # where the n = 2 layer step's time goes, kernel by kernel (the open MoE target)
+    if [ "$round" = 1 ]; then
+      measure_profile "moegrad-moe-n2-profile-$round" "$BIN" bench moe --device gpu --experts 2 \
+        --dense-experts --json
+    fi
   elif [ "$round" = 1 ]; then
     measure "moegrad-all-$round" "$BIN" bench all --device gpu --sizes 1024,2048,4096,8192 --json
   else

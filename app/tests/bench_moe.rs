@@ -82,6 +82,56 @@ fn bench_moe_json_has_every_router_and_n_with_step_phase_and_memory_figures() {
     }
 }
 
+/// `--experts` and `--dense-experts` choose the cells (the latter alone: no dense cell), and
+/// the CPU skips none.
+#[test]
+fn bench_moe_measures_the_experts_asked_for() {
+    let run = |extra: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_moegrad"))
+            .args([
+                "bench", "moe", "--json", "--device", "cpu", "--tokens", "16",
+            ])
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let cells = |extra: &[&str]| {
+        let out = run(extra);
+        assert!(
+            out.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["skipped"], serde_json::json!([]), "{extra:?}");
+        v["moe"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| format!("{} {} {}", r["router"], r["path"], r["n"]))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        cells(&["--experts", "3", "--dense-experts"]),
+        ["\"topk\" \"plan\" 3"]
+    );
+    assert_eq!(
+        cells(&["--experts", "--dense-experts", "2"]),
+        ["\"softmax\" \"all-experts\" 2", "\"softmax\" \"plan\" 2"]
+    );
+    for (extra, want) in [
+        (&["--experts", "0"][..], "--experts [0]"),
+        (&["--experts", "--dense-experts"][..], "nothing to measure"),
+    ] {
+        let out = run(extra);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(want),
+            "{extra:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn bench_moe_rejects_zero_tokens() {
     let out = Command::new(env!("CARGO_BIN_EXE_moegrad"))

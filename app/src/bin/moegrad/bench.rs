@@ -22,6 +22,14 @@ pub(super) struct BenchArgs {
     /// Tokens per step for the moe workload.
     #[arg(long, default_value_t = 4096)]
     pub(super) tokens: usize,
+    /// moe workload: the numbers of experts the top-k router is measured over, separated by
+    /// spaces or commas.
+    #[arg(long, num_args = 0.., value_delimiter = ',', default_values_t = MOE_BENCH_EXPERTS.0.to_vec())]
+    pub(super) experts: Vec<usize>,
+    /// moe workload: the numbers of experts the dense softmax router is measured over (both
+    /// paths); the flag alone, with no number, measures none.
+    #[arg(long, num_args = 0.., value_delimiter = ',', default_values_t = MOE_BENCH_EXPERTS.1.to_vec())]
+    pub(super) dense_experts: Vec<usize>,
     /// train workload: use only the first N training examples (0: all 8,000 of the bundled
     /// MNIST subset).
     #[arg(long, default_value_t = 0)]
@@ -69,6 +77,22 @@ fn moe_workload(tokens: usize) -> Result<moegrad_cli::bench::MoeWorkload> {
     })
 }
 
+/// Checks `--experts` and `--dense-experts` of the MoE benchmark.
+fn check_experts(experts: &[usize], dense: &[usize]) -> Result<()> {
+    if experts.contains(&0) || dense.contains(&0) {
+        return Err(moegrad::Error::Invalid(format!(
+            "--experts {experts:?} --dense-experts {dense:?}: every number of experts must be at \
+             least 1"
+        )));
+    }
+    if experts.is_empty() && dense.is_empty() {
+        return Err(moegrad::Error::Invalid(
+            "--experts and --dense-experts are both empty: nothing to measure".into(),
+        ));
+    }
+    Ok(())
+}
+
 /// Checks `--sizes` of the matmul benchmark.
 fn check_sizes(sizes: &[usize]) -> Result<()> {
     if sizes.is_empty() || sizes.contains(&0) {
@@ -109,6 +133,8 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
         device,
         sizes,
         tokens,
+        experts,
+        dense_experts,
         examples,
         batch,
         data_dir,
@@ -116,10 +142,11 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
     match workload {
         Workload::Moe => {
             let w = moe_workload(tokens)?;
+            check_experts(&experts, &dense_experts)?;
             let r = moegrad_cli::bench::bench_moe(
                 &bench_devices(&device)?,
-                MOE_BENCH_EXPERTS.0,
-                MOE_BENCH_EXPERTS.1,
+                &experts,
+                &dense_experts,
                 w,
             )?;
             if json {
