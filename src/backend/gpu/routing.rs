@@ -29,8 +29,8 @@ const PLAN_WG: u32 = 256;
 
 /// The most assignments whose dispatch plan `plan_sort` orders (O(A²) comparisons, in one
 /// dispatch); a larger plan is ordered by one stable sort of three-word keys (O(A log² A),
-/// about log₂A dispatches). On an H200, `plan_sort` took 0.29 ms for 1536 assignments and about 130 ms for
-/// 262,144 (docs/benchmarks.md).
+/// about log₂A dispatches). On an H200, `plan_sort` took 0.29 ms for 1536 assignments and
+/// about 130 ms for 262,144 (docs/benchmarks.md).
 pub(crate) const PLAN_SORT_MAX: usize = 1024;
 
 /// An error unless every buffer holds i32 indices.

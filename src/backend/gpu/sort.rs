@@ -139,7 +139,10 @@ fn bitonic(
     let padded = rows.saturating_mul(p);
     let block_max = BLOCK_WORDS / (words + 1);
     let block = p.min(block_max);
-    u32_param(padded * words, "argsort: rows × padded length × key words")?;
+    u32_param(
+        padded.saturating_mul(words),
+        "argsort: rows × padded length × key words",
+    )?;
     let (rows32, p32) = (
         u32_param(rows, "argsort: rows")?,
         u32_param(p, "argsort: padded row length")?,
