@@ -56,8 +56,12 @@ measure() {
   local name=$1; shift
   local t0=$SECONDS
   echo "gpu-report: $name" >&2
-  if ! timeout "$STEP_TIMEOUT" "$@" > "$TMP/$name.json" 2> "$TMP/$name.err"; then
-    printf '{"error": %s}\n' "$("$PYTHON" -c 'import json,sys; print(json.dumps(sys.stdin.read()[-2000:]))' < "$TMP/$name.err")" > "$TMP/$name.json"
+  timeout "$STEP_TIMEOUT" "$@" > "$TMP/$name.json" 2> "$TMP/$name.err"
+  local rc=$?
+  if [ "$rc" != 0 ]; then
+    local why="exit status $rc"
+    [ "$rc" = 124 ] && why="timed out after STEP_TIMEOUT=$STEP_TIMEOUT s"
+    printf '{"error": %s}\n' "$("$PYTHON" -c 'import json,sys; print(json.dumps(sys.argv[1] + ": " + sys.stdin.read()[-2000:]))' "$why" < "$TMP/$name.err")" > "$TMP/$name.json"
   fi
   # the figures go to stderr as well, so that a log of a run cut short still holds them
   echo "gpu-report: $name took $((SECONDS - t0)) s: $(tail -n 1 "$TMP/$name.json")" >&2
