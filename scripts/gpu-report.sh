@@ -16,7 +16,8 @@
 # CUDA GPU the peers are skipped and the report says so. Nothing is downloaded at run time beyond
 # what cargo and pip fetch when you set them up. FOCUS=targets measures only what issue 29's open
 # targets need, for a short lease of a GPU (a few minutes on an H200): each round the matmul at
-# 1024-8192 under the default kernel and wide-vec4, `bench moe` (the dense router both ways),
+# 1024-8192 under the default kernel (tuned: what it timed for each candidate is in the JSON's
+# gpu_tuned), auto and wide-vec4, `bench moe` (the dense router both ways),
 # the moe-gpt training step, and their peers (torch.matmul, the MoE layer step, the char-LM
 # step); FOCUS=all (the default) measures everything above. In both, the matmul, `bench moe`
 # and the moe-gpt step also run with MOEGRAD_SHADER_CHECKS=full (wgpu's loop counter in every
@@ -106,7 +107,11 @@ TRAIN=(train --data shakespeare --device gpu --eval-windows 12 --warmup-steps 10
 for round in $(seq 1 "$ROUNDS"); do
   echo "gpu-report: round $round/$ROUNDS" >&2
   if [ "$FOCUS" = targets ]; then
+    # the default (tuned: its JSON's gpu_tuned holds every candidate's time per size), auto's
+    # fixed choice, and the vec4 kernel alone
     measure "moegrad-matmul-$round" "$BIN" bench matmul --device gpu --sizes 1024,2048,4096,8192 --json
+    measure "moegrad-matmul-auto-$round" env MOEGRAD_MATMUL=auto "$BIN" bench matmul \
+      --device gpu --sizes 1024,2048,4096,8192 --json
     measure "moegrad-matmul-wide-vec4-$round" env MOEGRAD_MATMUL=wide-vec4 "$BIN" bench matmul \
       --device gpu --sizes 1024,2048,4096,8192 --json
     measure "moegrad-matmul-full-checks-$round" env MOEGRAD_SHADER_CHECKS=full "$BIN" bench \
@@ -128,7 +133,9 @@ for round in $(seq 1 "$ROUNDS"); do
     measure "moegrad-all-$round" "$BIN" bench all --device gpu --sizes 1024,2048,4096,8192 --json
   else
     measure "moegrad-matmul-$round" "$BIN" bench matmul --device gpu --sizes 1024,2048,4096,8192 --json
-    # the vec4 wide kernel, not yet auto's choice (round 1's bench all times every kernel once)
+    measure "moegrad-matmul-auto-$round" env MOEGRAD_MATMUL=auto "$BIN" bench matmul \
+      --device gpu --sizes 1024,2048,4096,8192 --json
+    # the vec4 wide kernel, not auto's choice (round 1's bench all times every kernel once)
     measure "moegrad-matmul-wide-vec4-$round" env MOEGRAD_MATMUL=wide-vec4 "$BIN" bench matmul \
       --device gpu --sizes 1024,2048,4096,8192 --json
     measure "moegrad-moe-$round" "$BIN" bench moe --device gpu --json

@@ -21,7 +21,7 @@
 use crate::Result;
 use crate::backend::gpu::GpuBackend;
 
-pub use crate::backend::gpu::{GpuInfo, GpuStats, MatmulKernel, ShaderChecks, info};
+pub use crate::backend::gpu::{GpuInfo, GpuStats, MatmulKernel, ShaderChecks, TunedMatmul, info};
 
 /// Bytes of device memory held by moegrad's storage buffers (the GPU buffer pool): checked out
 /// now, and the most checked out at once since the context opened or [`reset_peak_memory`].
@@ -78,9 +78,10 @@ pub fn flush() -> Result<()> {
     GpuBackend::get()?.flush()
 }
 
-/// The kernel choice of the GPU `matmul` now: [`MatmulKernel::Auto`] (the wide kernel for large
-/// products, the plain one otherwise) unless `MOEGRAD_MATMUL` or [`set_matmul_kernel`] chose
-/// another.
+/// The kernel choice of the GPU `matmul` now: [`MatmulKernel::Tuned`] on a GPU (large products
+/// run the tile kernel timed fastest on it, see [`matmul_tuning`]) and [`MatmulKernel::Auto`]
+/// on a software adapter (the wide kernel for large products, the plain one otherwise), unless
+/// `MOEGRAD_MATMUL` or [`set_matmul_kernel`] chose another.
 ///
 /// # Errors
 /// [`crate::Error::Device`] when no GPU adapter is available.
@@ -107,6 +108,35 @@ pub fn matmul_kernel() -> Result<MatmulKernel> {
 /// ```
 pub fn set_matmul_kernel(kernel: MatmulKernel) -> Result<()> {
     GpuBackend::get()?.set_matmul_kernel(kernel)
+}
+
+/// What [`MatmulKernel::Tuned`] has measured and chosen so far: one record per size class of
+/// product it tuned (the product timed, each candidate kernel's milliseconds per run, the
+/// kernel chosen), smallest product first. Empty until a large product has run under `Tuned`.
+///
+/// # Errors
+/// [`crate::Error::Device`] when no GPU adapter is available.
+///
+/// # Example
+/// ```
+/// use moegrad::{DType, Device, Tensor};
+/// use moegrad::gpu::{self, MatmulKernel};
+/// if let Ok(gpu_dev) = Device::gpu() {
+///     let before = gpu::matmul_kernel().unwrap();
+///     gpu::set_matmul_kernel(MatmulKernel::Tuned).unwrap();
+///     // 64 output tiles of 128×128: large enough to be tuned
+///     let a = Tensor::full(&[1024, 8], 1.0, DType::F32, gpu_dev).unwrap();
+///     let b = Tensor::full(&[8, 1024], 0.5, DType::F32, gpu_dev).unwrap();
+///     let c = a.matmul(&b).unwrap();
+///     assert_eq!(c.to_vec_f32().unwrap()[0], 4.0);
+///     let tuned = gpu::matmul_tuning().unwrap();
+///     let record = tuned.iter().find(|t| t.product == [1, 1024, 8, 1024]).unwrap();
+///     assert!(record.ms.iter().any(|&(k, _)| k == record.kernel));
+///     gpu::set_matmul_kernel(before).unwrap();
+/// }
+/// ```
+pub fn matmul_tuning() -> Result<Vec<TunedMatmul>> {
+    Ok(GpuBackend::get()?.matmul_tuning().records())
 }
 
 /// The run-time checks wgpu compiles into moegrad's own kernels now:

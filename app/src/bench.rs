@@ -57,6 +57,11 @@ pub struct MatmulBench {
     pub matmul: Vec<MatmulRecord>,
     /// microseconds per small op, per device
     pub op_overhead_us: Vec<OverheadRecord>,
+    /// on the GPU: the GPU matmul's kernel choice ([`moegrad::gpu::MatmulKernel`]), and what
+    /// `tuned` timed and chose for the products measured (empty under another choice)
+    pub gpu_kernel: Option<String>,
+    /// the size classes `tuned` timed, each candidate's milliseconds and its choice
+    pub gpu_tuned: Vec<moegrad::gpu::TunedMatmul>,
 }
 
 /// A random f32 tensor with values in [-1, 1) (seeded).
@@ -125,6 +130,8 @@ pub fn bench_matmul(devices: &[Device], sizes: &[usize]) -> Result<MatmulBench> 
     let mut out = MatmulBench {
         matmul: Vec::new(),
         op_overhead_us: Vec::new(),
+        gpu_kernel: None,
+        gpu_tuned: Vec::new(),
     };
     for &d in devices {
         for &n in sizes {
@@ -145,6 +152,17 @@ pub fn bench_matmul(devices: &[Device], sizes: &[usize]) -> Result<MatmulBench> 
             record_us: record.map(|r| r.0),
             record_us_creating_bind_groups: record.map(|r| r.1),
         });
+        if d.is_gpu() {
+            out.gpu_kernel = Some(moegrad::gpu::matmul_kernel()?.name().to_string());
+            // the classes of the products timed here (n×n·n×n f32, no batch)
+            out.gpu_tuned = moegrad::gpu::matmul_tuning()?
+                .into_iter()
+                .filter(|t| {
+                    let [batch, m, k, n] = t.product;
+                    batch == 1 && m == k && k == n && sizes.contains(&n)
+                })
+                .collect();
+        }
     }
     Ok(out)
 }
@@ -152,7 +170,8 @@ pub fn bench_matmul(devices: &[Device], sizes: &[usize]) -> Result<MatmulBench> 
 /// One GPU matmul measurement with a given kernel.
 #[derive(Clone, Debug, Serialize)]
 pub struct KernelRecord {
-    /// "auto", "plain", "wide", "wide-vec4" or "subgroup" ([`moegrad::gpu::MatmulKernel`])
+    /// "tuned", "auto", "plain", "wide", "wide-vec4" or "subgroup"
+    /// ([`moegrad::gpu::MatmulKernel`])
     pub kernel: String,
     /// the run-time checks compiled into the kernel: "full", "no-loop-counter" or "none"
     /// ([`moegrad::gpu::ShaderChecks`])
@@ -170,6 +189,7 @@ pub fn gpu_matmul_kernels(sizes: &[usize]) -> Result<Vec<KernelRecord>> {
     let before = gpu::matmul_kernel()?;
     let checks_before = gpu::shader_checks()?;
     let mut kernels = vec![
+        MatmulKernel::Tuned,
         MatmulKernel::Auto,
         MatmulKernel::Plain,
         MatmulKernel::Wide,

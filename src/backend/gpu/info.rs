@@ -22,7 +22,7 @@ pub struct GpuInfo {
     pub features: Vec<String>,
     /// the smallest and largest subgroup the adapter reports (`[0, 0]` without subgroups)
     pub subgroup_sizes: [u32; 2],
-    /// the kernel choice of `matmul`: "auto", "plain", "wide" or "subgroup" (see
+    /// the kernel choice of `matmul`: "tuned", "auto", "plain", "wide", "wide-vec4" or "subgroup" (see
     /// [`super::MatmulKernel`])
     pub matmul_kernel: String,
     /// the run-time checks compiled into moegrad's kernels: "full", "no-loop-counter" or

@@ -24,13 +24,16 @@
 //! `matmul_wide4` runs only when chosen, until a real GPU has measured it. Under the default a
 //! product with few tiles and a long reduction is also split along k ([`split_k`]), and
 //! [`grouped_weight_grad`] cuts each expert's rows the same way (few experts are few tiles with
-//! long segments); `MOEGRAD_MATMUL=plain` runs both unsplit.
-//! `MOEGRAD_MATMUL=auto|plain|wide|subgroup|wide-vec4` chooses at start-up and
+//! long segments); `MOEGRAD_MATMUL=plain` runs both unsplit. [`MatmulKernel::Tuned`], the
+//! default on a GPU, is `Auto` with the wide kernel's products given to whichever tile kernel
+//! ran them fastest on this adapter, timed once per size class (`matmul_tune.rs`; the same
+//! bits). `MOEGRAD_MATMUL=tuned|auto|plain|wide|subgroup|wide-vec4` chooses at start-up and
 //! `GpuBackend::set_matmul_kernel` at run time.
 
 use super::half::float_operands;
 use super::kernels::Shader;
 use super::matmul_build::MatmulBuild;
+use super::matmul_tune::{SizeClass, candidates};
 use super::{GpuBackend, GpuBuffer, MatmulKernel};
 use crate::backend::MatmulOps;
 use crate::backend::{
@@ -275,28 +278,25 @@ pub(crate) fn matmul(
     let wide_groups = n.div_ceil(WIDE_TILE) * m.div_ceil(WIDE_TILE) * batch;
     let chosen = be.matmul_kernel();
     let f32_only = build == MatmulBuild::F32;
+    let vec4 = f32_only
+        && vec4_layouts(
+            [(a, &la, a_k_fast), (b, &lb, b_n_fast)],
+            dims,
+            [a_layout, b_layout],
+        );
+    let by_size = matches!(chosen, MatmulKernel::Auto | MatmulKernel::Tuned);
     let kernel = match chosen {
-        MatmulKernel::Auto if wide_groups >= WIDE_MIN_GROUPS => MatmulKernel::Wide,
-        MatmulKernel::Auto => MatmulKernel::Plain,
+        _ if by_size && wide_groups >= WIDE_MIN_GROUPS => MatmulKernel::Wide,
+        _ if by_size => MatmulKernel::Plain,
         // the f16 builds exist for the plain and wide kernels only
         MatmulKernel::Wide | MatmulKernel::WideVec4 if !f32_only => MatmulKernel::Wide,
         MatmulKernel::Subgroup if !f32_only => MatmulKernel::Plain,
-        MatmulKernel::WideVec4
-            if !vec4_layouts(
-                [(a, &la, a_k_fast), (b, &lb, b_n_fast)],
-                dims,
-                [a_layout, b_layout],
-            ) =>
-        {
-            MatmulKernel::Wide
-        }
+        MatmulKernel::WideVec4 if !vec4 => MatmulKernel::Wide,
         chosen => chosen,
     };
-    // split-k: only where Auto chose the plain kernel and the output is f32
-    let (splits, chunk) = match (build.out(), chosen, kernel) {
-        (DType::F32, MatmulKernel::Auto, MatmulKernel::Plain) => {
-            split_k(tiles(n) * tiles(m) * batch, k)
-        }
+    // split-k: only where Auto (or Tuned) chose the plain kernel and the output is f32
+    let (splits, chunk) = match (build.out(), by_size, kernel) {
+        (DType::F32, true, MatmulKernel::Plain) => split_k(tiles(n) * tiles(m) * batch, k),
         _ => (1, k),
     };
     // (a split product whose slices would pass 32-bit indexing is not split)
@@ -305,43 +305,66 @@ pub(crate) fn matmul(
         true => (splits, chunk),
         false => (1, k),
     };
-    let c = be.alloc(out_len * splits, out)?;
-    let (entry, tile) = match kernel {
-        MatmulKernel::Wide => ((build.wide(), "matmul_wide"), WIDE_TILE),
-        MatmulKernel::WideVec4 => ((&MATMUL_WIDE4_SHADER, "matmul_wide4"), WIDE_TILE),
-        MatmulKernel::Subgroup => ((&MATMUL_SUBGROUP_SHADER, "matmul_subgroup"), TILE),
-        _ => ((build.plain(), "matmul"), TILE),
+    // one product with `kernel`, its k cut into `splits` ranges of `chunk`, into `c`
+    let run = |kernel: MatmulKernel, c: &GpuBuffer, (splits, chunk): (usize, usize)| {
+        let (entry, tile) = match kernel {
+            MatmulKernel::Wide => ((build.wide(), "matmul_wide"), WIDE_TILE),
+            MatmulKernel::WideVec4 => ((&MATMUL_WIDE4_SHADER, "matmul_wide4"), WIDE_TILE),
+            MatmulKernel::Subgroup => ((&MATMUL_SUBGROUP_SHADER, "matmul_subgroup"), TILE),
+            _ => ((build.plain(), "matmul"), TILE),
+        };
+        launch_grid(
+            be,
+            entry,
+            &[a, b, c],
+            [n.div_ceil(tile), m.div_ceil(tile), batch * splits],
+            |[x0, y0, z0]| {
+                vec![
+                    m32,
+                    k32,
+                    n32,
+                    batch32,
+                    la.offset,
+                    la.batch_stride,
+                    la.row_stride,
+                    la.col_stride,
+                    lb.offset,
+                    lb.batch_stride,
+                    lb.row_stride,
+                    lb.col_stride,
+                    a_k_fast as u32,
+                    b_n_fast as u32,
+                    x0,
+                    y0,
+                    z0,
+                    splits as u32,
+                    chunk as u32,
+                    0,
+                ]
+            },
+        )
     };
-    launch_grid(
-        be,
-        entry,
-        &[a, b, &c],
-        [n.div_ceil(tile), m.div_ceil(tile), batch * splits],
-        |[x0, y0, z0]| {
-            vec![
-                m32,
-                k32,
-                n32,
-                batch32,
-                la.offset,
-                la.batch_stride,
-                la.row_stride,
-                la.col_stride,
-                lb.offset,
-                lb.batch_stride,
-                lb.row_stride,
-                lb.col_stride,
-                a_k_fast as u32,
-                b_n_fast as u32,
-                x0,
-                y0,
-                z0,
-                splits as u32,
-                chunk as u32,
-                0,
-            ]
-        },
-    )?;
+    let c = be.alloc(out_len * splits, out)?;
+    let kernel = match (chosen, kernel) {
+        // the unsplit wide kernel's products: the fastest tile kernel on this adapter, same bits
+        (MatmulKernel::Tuned, MatmulKernel::Wide) => {
+            let class = SizeClass::of(
+                (build, be.shader_checks()),
+                [batch, m, k, n],
+                (a_k_fast, b_n_fast),
+                vec4,
+            );
+            be.matmul_tuning().kernel(
+                be,
+                (class, [batch, m, k, n]),
+                &candidates(be, build, vec4),
+                MatmulKernel::Wide,
+                |candidate| run(candidate, &c, (1, k)),
+            )?
+        }
+        _ => kernel,
+    };
+    run(kernel, &c, (splits, chunk))?;
     sum_slices(be, c, splits, out_len)
 }
 

@@ -20,7 +20,7 @@ use super::{GpuBackend, GpuBuffer};
 use crate::{DType, Error, Result};
 
 /// The build of the matmul kernels for one product: `A·B → C` by dtype.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub(crate) enum MatmulBuild {
     /// f32 · f32 → f32
     F32,
@@ -33,6 +33,16 @@ pub(crate) enum MatmulBuild {
 }
 
 impl MatmulBuild {
+    /// The dtypes, as `A·B → C` reads them in a report: "f32", "f16", "f16·f32" or "f16→f32".
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            MatmulBuild::F32 => "f32",
+            MatmulBuild::F16 => "f16",
+            MatmulBuild::F16Rows => "f16·f32",
+            MatmulBuild::F16ToF32 => "f16→f32",
+        }
+    }
+
     /// The build for A of `a`, B of `b` and an output of `out`; an error naming the three for
     /// any other combination, and for an f16 one on an adapter without `SHADER_F16`.
     pub(crate) fn of(

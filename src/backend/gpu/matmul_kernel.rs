@@ -1,15 +1,17 @@
 //! [`MatmulKernel`]: the choice of kernel for the GPU's dense `matmul` (`matmul.rs` launches
-//! it), made at start-up by `MOEGRAD_MATMUL` or at run time by `GpuBackend::set_matmul_kernel`.
+//! it), made at start-up by `MOEGRAD_MATMUL` (by default `tuned` on a GPU, `auto` on a software
+//! adapter) or at run time by `GpuBackend::set_matmul_kernel`.
 
 use crate::{Error, Result};
 
 /// Which kernel computes `matmul` on the GPU (f32 operands; f16 ones run the f16 build of
-/// `matmul`, or of `matmul_wide` where `Auto`, `Wide` or `WideVec4` choose the wide kernel). The
-/// kernels compute each element as the same chain of FMAs, so they agree to the bit; `Auto`
-/// may also split a long f32 reduction (split-k, in the launcher), whose partial sums are then
-/// added in a fixed order: deterministic, but not the same bits as one chain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+/// `matmul`, or of `matmul_wide` where `Auto`, `Tuned`, `Wide` or `WideVec4` choose the wide
+/// kernel). The kernels compute each element as the same chain of FMAs, so they agree to the
+/// bit; `Auto` and `Tuned` may also split a long f32 reduction (split-k, in the launcher), whose
+/// partial sums are then added in a fixed order: deterministic, but not the same bits as one
+/// chain.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
 pub enum MatmulKernel {
     /// chosen per product: [`MatmulKernel::Wide`] when it has at least 64 output tiles of
     /// 128×128 (`WIDE_MIN_GROUPS` in the launcher), [`MatmulKernel::Plain`] otherwise, with its reduction split into
@@ -26,19 +28,27 @@ pub enum MatmulKernel {
     /// axes are multiples of 4 (n too), and `matmul_wide` for the others (every adapter; not
     /// yet measured on a real GPU, so not `Auto`'s choice)
     WideVec4,
+    /// `Auto`, except that where `Auto` runs the wide kernel the tile kernel is the fastest of
+    /// `plain`, `wide`, `wide-vec4` and `subgroup` (those the operands and adapter allow),
+    /// timed on this adapter the first time a product of that size class runs
+    /// (`matmul_tune.rs`). The same bits as `Auto`, whichever wins. The default on a GPU; a
+    /// software adapter (lavapipe) keeps `Auto`, where timing would cost seconds and measure a
+    /// CPU.
+    Tuned,
 }
 
 impl MatmulKernel {
     /// Every choice, in the order `MOEGRAD_MATMUL` lists them.
-    pub const ALL: [MatmulKernel; 5] = [
+    pub const ALL: [MatmulKernel; 6] = [
         MatmulKernel::Auto,
         MatmulKernel::Plain,
         MatmulKernel::Wide,
         MatmulKernel::Subgroup,
         MatmulKernel::WideVec4,
+        MatmulKernel::Tuned,
     ];
 
-    /// Parses `auto`, `plain`, `wide`, `subgroup` or `wide-vec4` (`MOEGRAD_MATMUL`).
+    /// Parses `auto`, `plain`, `wide`, `subgroup`, `wide-vec4` or `tuned` (`MOEGRAD_MATMUL`).
     pub fn from_name(name: &str) -> Result<MatmulKernel> {
         let name = name.trim();
         Self::ALL
@@ -46,7 +56,7 @@ impl MatmulKernel {
             .find(|k| k.name() == name)
             .ok_or_else(|| {
                 Error::Invalid(format!(
-                    "MOEGRAD_MATMUL={name:?} is not auto, plain, wide, subgroup or wide-vec4"
+                    "MOEGRAD_MATMUL={name:?} is not auto, plain, wide, subgroup, wide-vec4 or tuned"
                 ))
             })
     }
@@ -59,6 +69,7 @@ impl MatmulKernel {
             MatmulKernel::Wide => "wide",
             MatmulKernel::Subgroup => "subgroup",
             MatmulKernel::WideVec4 => "wide-vec4",
+            MatmulKernel::Tuned => "tuned",
         }
     }
 }

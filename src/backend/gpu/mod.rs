@@ -8,7 +8,8 @@
 //!   (nothing is read back to the host except by [`BufferOps::download`]);
 //! * `kernels.rs` compiles and caches pipelines and holds the one launch helper,
 //!   `GpuBackend::launch(shader, entry, buffers, params, groups)`, that every op uses;
-//! * `matmul_kernel.rs` names the dense matmul's kernel choices ([`MatmulKernel`]);
+//! * `matmul_kernel.rs` names the dense matmul's kernel choices ([`MatmulKernel`]), and
+//!   `matmul_tune.rs` times them on this adapter for [`MatmulKernel::Tuned`] ([`TunedMatmul`]);
 //! * `shader_checks.rs` says which of wgpu's run-time checks are compiled into the built-in
 //!   kernels ([`ShaderChecks`]; by default all but the loop counter);
 //! * `info.rs` describes the adapter ([`GpuInfo`], read with [`info`]);
@@ -46,6 +47,7 @@ mod layout;
 pub(crate) mod matmul;
 mod matmul_build;
 mod matmul_kernel;
+mod matmul_tune;
 mod moe_combine;
 mod nn;
 mod optim;
@@ -71,6 +73,7 @@ pub(crate) use kernels::Shader;
 #[cfg(test)]
 pub(crate) use kernels::{BuiltinShader, builtin_shaders};
 pub use matmul_kernel::MatmulKernel;
+pub use matmul_tune::TunedMatmul;
 pub(crate) use optim::AdamSlot;
 #[cfg(test)]
 pub(crate) use optim::{ADAM_MULTI_SLOTS, NORM_SLOTS};
@@ -93,6 +96,8 @@ pub(crate) struct Inner {
     counters: Arc<stats::Counters>,
     /// the kernel `matmul` runs, a [`MatmulKernel`] as its discriminant
     matmul_kernel: AtomicU8,
+    /// the tile kernels [`MatmulKernel::Tuned`] chose, by size class
+    matmul_tuning: matmul_tune::MatmulTuning,
     /// the run-time checks compiled into the built-in kernels, a [`ShaderChecks`] as its
     /// discriminant
     shader_checks: AtomicU8,
@@ -174,7 +179,11 @@ impl GpuBackend {
             let batcher = encoder::Batcher::new(&ctx, counters.clone(), reuse);
             let subgroups = subgroup_matmul_possible(&ctx);
             let matmul_kernel = match std::env::var("MOEGRAD_MATMUL") {
-                Err(_) => MatmulKernel::Auto,
+                // timing kernels on a software adapter would cost seconds and measure a CPU
+                Err(_) if ctx.adapter_info.device_type == wgpu::DeviceType::Cpu => {
+                    MatmulKernel::Auto
+                }
+                Err(_) => MatmulKernel::Tuned,
                 Ok(name) => match MatmulKernel::from_name(&name).map_err(|e| e.to_string())? {
                     MatmulKernel::Subgroup if !subgroups => {
                         return Err(format!(
@@ -194,6 +203,7 @@ impl GpuBackend {
                     kernels: kernels::KernelCache::default(),
                     counters,
                     matmul_kernel: AtomicU8::new(matmul_kernel as u8),
+                    matmul_tuning: matmul_tune::MatmulTuning::default(),
                     shader_checks: AtomicU8::new(shader_checks as u8),
                 }),
             })
@@ -276,8 +286,9 @@ impl GpuBackend {
         subgroup_matmul_possible(&self.inner.ctx)
     }
 
-    /// The kernel `matmul` runs now: [`MatmulKernel::Auto`] unless `MOEGRAD_MATMUL` or
-    /// [`GpuBackend::set_matmul_kernel`] chose another.
+    /// The kernel `matmul` runs now: [`MatmulKernel::Tuned`] on a GPU, [`MatmulKernel::Auto`] on
+    /// a software adapter, unless `MOEGRAD_MATMUL` or [`GpuBackend::set_matmul_kernel`] chose
+    /// another.
     pub(crate) fn matmul_kernel(&self) -> MatmulKernel {
         let chosen = self.inner.matmul_kernel.load(Ordering::Relaxed);
         MatmulKernel::ALL
@@ -286,7 +297,7 @@ impl GpuBackend {
             .unwrap_or(MatmulKernel::Auto)
     }
 
-    /// Chooses the kernel of `matmul` for the whole process (both compute the same products; the
+    /// Chooses the kernel of `matmul` for the whole process (all compute the same products; the
     /// choice is for measuring and testing them).
     ///
     /// # Errors
@@ -302,6 +313,11 @@ impl GpuBackend {
             .matmul_kernel
             .store(kernel as u8, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The tile kernels [`MatmulKernel::Tuned`] has chosen so far, and what it timed.
+    pub(crate) fn matmul_tuning(&self) -> &matmul_tune::MatmulTuning {
+        &self.inner.matmul_tuning
     }
 
     /// The run-time checks compiled into the built-in kernels now:

@@ -11,7 +11,8 @@
 //! - `gpu_primitives.rs`, `gpu_sort_optim.rs`: each GPU primitive against the CPU backend.
 //! - `gpu_bind_groups.rs`: bind groups reused across steps, with the same bits.
 //! - `gpu_matmul.rs`: the matrix-product kernels' layouts, grid splits and bad inputs;
-//!   `gpu_matmul_kernels.rs`: the kernel choices agree, split-k.
+//!   `gpu_matmul_kernels.rs`: the kernel choices agree, split-k; `gpu_matmul_tuning.rs`: the
+//!   `tuned` choice times each size class once and gives `auto`'s bits.
 //! - `folded_grids.rs`: every launch past 65,535 workgroups in one dimension.
 //! - `backend_codes.rs`: the codes no tensor op reaches, as a property.
 //! - `shader_backends.rs`: every built-in WGSL kernel translated for Metal, DX12 and Vulkan.
@@ -29,6 +30,7 @@ mod folded_matmul_grids;
 mod gpu_bind_groups;
 mod gpu_matmul;
 mod gpu_matmul_kernels;
+mod gpu_matmul_tuning;
 mod gpu_primitives;
 mod gpu_shader_checks;
 mod gpu_sort_optim;

@@ -236,6 +236,21 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
                 for m in &r.matmul {
                     println!("{:<8} {:>6} {:>10.1}", m.device, m.size, m.gflops);
                 }
+                if let Some(kernel) = &r.gpu_kernel {
+                    println!("gpu      matmul kernel: {kernel}");
+                }
+                for t in &r.gpu_tuned {
+                    let times: Vec<String> =
+                        t.ms.iter()
+                            .map(|(k, ms)| format!("{} {ms:.3} ms", k.name()))
+                            .collect();
+                    println!(
+                        "gpu      tuned at {}: {} ({})",
+                        t.product[1],
+                        t.kernel.name(),
+                        times.join(", ")
+                    );
+                }
                 for o in &r.op_overhead_us {
                     println!("{:<8} per-op overhead {:>8.2} µs", o.device, o.us);
                     if let (Some(reused), Some(created)) =

@@ -32,6 +32,10 @@ pub(super) fn run_info(json: bool) -> Result<()> {
                 );
                 let choice = match g.matmul_kernel.as_str() {
                     "auto" => " (wide tiles for large products, split-k for small ones)",
+                    "tuned" => {
+                        " (large products: the tile kernel timed fastest on this GPU, once per \
+                         size; split-k for small ones)"
+                    }
                     _ => "",
                 };
                 println!(
