@@ -53,6 +53,15 @@
 //                      mul-then-scatter rounds it), the sum in f32 in increasing j. Bindings as
 //                      scatter_add's, plus w (binding 6, read, sc_elem) [m]; the loop entry reads
 //                      idx (2) and not keys or perm (4, 5).
+// weighted_gather_slots
+//                      the same forward when each output's rows are listed k to an output (an
+//                      MoE plan's `position` for a token-choice routing: token t's k rows are
+//                      slots[t·k..t·k+k], in any order): output (t, i) adds w[r]·src[r, i] over
+//                      those rows in increasing r, each step taking the smallest row above the
+//                      last (k² reads of slots, no sort of idx), so the same terms in the same
+//                      order as the two entries above, and the same bits. params ScatterParams
+//                      with m = k; src 1, out 3, slots 4 (read, i32 [len·k]), w 6 (idx 2 and
+//                      perm 5 unread).
 // weighted_scatter_backward
 //                      its backward, one workgroup per source row j (the workgroup's flat index):
 //                      d_src[j, i] = w[j]·dy[idx[j], i] and d_w[j] = Σ_i dy[idx[j], i]·src[j, i]
@@ -285,6 +294,28 @@ fn weighted_scatter_sorted(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
         let j = u32(sc_perm[p]);
         if (sc_keys[j] != k) { break; }
         acc = acc + weighted_term(j, i);
+    }
+    sc_out[t] = sc_store(acc);
+}
+
+@compute @workgroup_size(256)
+fn weighted_gather_slots(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                         @builtin(local_invocation_index) lid: u32) {
+    let t = flat_index(wid, nwg, lid);
+    if (t >= sp.len * sp.inner) { return; }
+    let i = t % sp.inner;
+    let first = (t / sp.inner) * sp.m;
+    var acc = 0.0;
+    var last = -1;
+    for (var step = 0u; step < sp.m; step = step + 1u) {
+        // the smallest of the output's rows above the last one added (the rows are distinct)
+        var next = 2147483647;
+        for (var j = 0u; j < sp.m; j = j + 1u) {
+            let r = sc_keys[first + j];
+            if (r > last && r < next) { next = r; }
+        }
+        acc = acc + weighted_term(u32(next), i);
+        last = next;
     }
     sc_out[t] = sc_store(acc);
 }

@@ -10,6 +10,11 @@
 //!   round as: the output and the rows' gradient to the bit, the weights' gradient (a sum in
 //!   another order) within the sums' rounding.
 //!
+//! - given each output's rows (`weighted_index_scatter_by_slots`, the GPU's `weighted_gather_slots`
+//!   kernel, no sort): the plain combine's output and gradients to the bit, on the GPU in f32
+//!   and f16 and on the CPU, k = 1 to 5 rows per output in any order, the grid folded; slots
+//!   that break the promise rejected on the CPU, and of the wrong length on both.
+//!
 //! Skipped with a printed reason without an adapter unless `MOEGRAD_REQUIRE_GPU=1` (and the f16
 //! case without `shader-f16`).
 
@@ -58,16 +63,45 @@ fn place(x: &[f64], shape: &[usize], dev: Device, dtype: DType) -> Tensor {
 /// Output and gradients (rows, weights) of `sum(y ⊙ up)` with `y` the combine, on `dev` in
 /// `dtype`, composed (`rows·w` then `index_scatter`) or fused.
 fn run(c: &Case, v: &Values, dev: Device, dtype: DType, composed: bool) -> [Vec<f64>; 3] {
+    run_with(
+        c,
+        v,
+        (dev, dtype),
+        if composed {
+            Combine::Composed
+        } else {
+            Combine::Fused
+        },
+    )
+}
+
+/// How [`run_with`] combines.
+enum Combine<'a> {
+    /// `rows·w`, then `index_scatter`
+    Composed,
+    /// `weighted_index_scatter`
+    Fused,
+    /// `weighted_index_scatter_by_slots` with these slots
+    BySlots(&'a [i32]),
+}
+
+/// [`run`], with the combine chosen.
+fn run_with(c: &Case, v: &Values, (dev, dtype): (Device, DType), how: Combine) -> [Vec<f64>; 3] {
     let on = |x: &[f64], shape: &[usize]| place(x, shape, dev, dtype).with_grad().unwrap();
     let (rows, w) = (on(&v.rows, &[c.a, c.d]), on(&v.w, &[c.a]));
     let idx = Tensor::from_i32(v.idx.clone(), &[c.a], dev).unwrap();
-    let y = if composed {
-        rows.mul(&w.reshape(&[c.a, 1]).unwrap())
+    let y = match how {
+        Combine::Composed => rows
+            .mul(&w.reshape(&[c.a, 1]).unwrap())
             .unwrap()
             .index_scatter(0, &idx, c.len)
-            .unwrap()
-    } else {
-        rows.weighted_index_scatter(&w, &idx, c.len).unwrap()
+            .unwrap(),
+        Combine::Fused => rows.weighted_index_scatter(&w, &idx, c.len).unwrap(),
+        Combine::BySlots(slots) => {
+            let slots = Tensor::from_i32(slots.to_vec(), &[slots.len()], dev).unwrap();
+            rows.weighted_index_scatter_by_slots(&w, &idx, c.len, &slots)
+                .unwrap()
+        }
     };
     assert_eq!(y.dtype(), dtype);
     let up = place(&v.up, &[c.len, c.d], dev, dtype);
@@ -219,4 +253,118 @@ fn f16_combine_rounds_as_its_composition() {
             assert!((f - e).abs() <= bound, "{}[{r}]: {f} vs {e}", what("d_w"));
         }
     }
+}
+
+/// A combine with `k` rows per output in a random order: `idx[slots[t·k + j]] = t`.
+fn slotted(len: usize, k: usize, d: usize, rng: &mut ChaCha8Rng) -> (Case, Values, Vec<i32>) {
+    let c = Case {
+        a: len * k,
+        d,
+        len,
+        hit: len,
+    };
+    let mut v = draw(&c, rng);
+    let mut slots: Vec<i32> = (0..c.a as i32).collect();
+    for i in (1..slots.len()).rev() {
+        slots.swap(i, rng.random_range(0..=i));
+    }
+    for (i, &r) in slots.iter().enumerate() {
+        v.idx[r as usize] = (i / k) as i32;
+    }
+    (c, v, slots)
+}
+
+/// Leaves a buffer of `n` NaNs in the GPU's pool, the next taken of its size.
+fn poison(dev: Device, n: usize) {
+    if dev.is_gpu() {
+        drop(Tensor::full(&[n], f64::NAN, DType::F32, dev).unwrap());
+        moegrad::gpu::flush().unwrap();
+        dev.synchronize().unwrap();
+    }
+}
+
+#[test]
+fn combine_by_slots_gives_the_plain_combines_bits() {
+    let Some(gpu) = common::gpu_or_skip("combine_by_slots_gives_the_plain_combines_bits") else {
+        return;
+    };
+    let f16 = moegrad::gpu::info()
+        .expect("adapter info")
+        .features
+        .iter()
+        .any(|f| f == "shader-f16");
+    let mut rng = ChaCha8Rng::seed_from_u64(73);
+    // (outputs, rows per output, width): the plain combine's loop kernel, its sorted kernel
+    // (8192 rows: a six-dispatch sort), rows wider than a workgroup, and 66,000 · 256 outputs,
+    // past 65,535 workgroups of 256 (the grid folds)
+    for (len, k, d) in [
+        (9, 1, 7),
+        (40, 3, 5),
+        (64, 5, 300),
+        (4096, 2, 4),
+        (66_000, 1, 256),
+    ] {
+        let (c, v, slots) = slotted(len, k, d, &mut rng);
+        let mut devices = vec![(gpu, DType::F32), (Device::cpu(), DType::F32)];
+        if f16 && c.a * c.d < 1 << 20 {
+            devices.push((gpu, DType::F16));
+        }
+        for (dev, dtype) in devices {
+            // NaN in the buffer the output will get, so that an element left unwritten shows
+            // (the plain combine's output, with the same values, is not yet in the pool)
+            poison(dev, c.len * c.d);
+            let by_slots = run_with(&c, &v, (dev, dtype), Combine::BySlots(&slots));
+            let plain = run_with(&c, &v, (dev, dtype), Combine::Fused);
+            for ((name, p), s) in NAMES.iter().zip(&plain).zip(&by_slots) {
+                let differ = p
+                    .iter()
+                    .zip(s)
+                    .position(|(p, s)| p.to_bits() != s.to_bits());
+                assert!(
+                    differ.is_none(),
+                    "{dtype} {name} on {dev} of {len} outputs × {k} rows of {d}: by slots and \
+                     plain differ at {differ:?}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn slots_that_break_the_promise_are_refused() {
+    let Some(gpu) = common::gpu_or_skip("slots_that_break_the_promise_are_refused") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(74);
+    let (c, v, slots) = slotted(4, 2, 3, &mut rng);
+    let combine = |dev: Device, slots: &[i32]| {
+        let rows = place(&v.rows, &[c.a, c.d], dev, DType::F32);
+        let w = place(&v.w, &[c.a], dev, DType::F32);
+        let idx = Tensor::from_i32(v.idx.clone(), &[c.a], dev).unwrap();
+        let slots = Tensor::from_i32(slots.to_vec(), &[slots.len()], dev).unwrap();
+        rows.weighted_index_scatter_by_slots(&w, &idx, c.len, &slots)
+    };
+    for dev in [gpu, Device::cpu()] {
+        assert!(combine(dev, &slots).is_ok(), "{dev}: the promise kept");
+        // one slot short, or one too many: the slots do not cover the rows once each
+        let e = combine(dev, &slots[..7]).unwrap_err().to_string();
+        assert!(e.contains("7 slots"), "{dev}: {e}");
+        let e = combine(dev, &[&slots[..], &[0]].concat())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("9 slots"), "{dev}: {e}");
+    }
+    // output 0 given a row of output 1, and a row listed twice: the CPU reads and refuses them
+    let mut swapped = slots.clone();
+    swapped.swap(0, 2);
+    swapped[1] = swapped[3];
+    let e = combine(Device::cpu(), &swapped).unwrap_err().to_string();
+    assert!(e.contains("slot 0 lists row"), "{e}");
+    let mut twice = slots.clone();
+    twice[1] = twice[0];
+    let e = combine(Device::cpu(), &twice).unwrap_err().to_string();
+    assert!(
+        e.contains("slot 1 lists row") && e.contains("listed before"),
+        "{e}"
+    );
 }

@@ -679,6 +679,8 @@ fn random_routing(
         rank: floats(rank),
         probs: zeros.clone(),
         logits: zeros,
+        // tokens in any order
+        slots_per_token: None,
         tokens,
         experts: n,
         aux_loss: None,

@@ -629,6 +629,8 @@ fn manual_routing(
         rank: Tensor::from_f64(ranks.to_vec(), &[a], dev).unwrap(),
         probs: Tensor::full(&[t, n], 1.0 / n as f64, DType::F64, dev).unwrap(),
         logits: Tensor::zeros(&[t, n], DType::F64, dev).unwrap(),
+        // tokens in any order
+        slots_per_token: None,
         tokens: t,
         experts: n,
         aux_loss: None,

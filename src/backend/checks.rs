@@ -275,6 +275,29 @@ pub(crate) fn where_dtype_error(cond: DType, a: DType, b: DType) -> Error {
     ))
 }
 
+/// Checks the slots of a combine given each output's rows (`RoutingOps::weighted_scatter`):
+/// `slots` I32 values, `len·k` of them, one per row of `rows`.
+pub(crate) fn check_slots(
+    what: &str,
+    dtype: DType,
+    slots: usize,
+    (len, k): (usize, usize),
+    rows: usize,
+) -> Result<()> {
+    if dtype != DType::I32 {
+        return Err(Error::DType(format!(
+            "{what}: slots must be i32, got {dtype}"
+        )));
+    }
+    if len.checked_mul(k) != Some(rows) || slots != rows {
+        return Err(Error::Shape(format!(
+            "{what}: {slots} slots listing {k} rows for each of {len} outputs do not cover the \
+             {rows} rows once each"
+        )));
+    }
+    Ok(())
+}
+
 /// The error of an index operand that is not I32.
 pub(crate) fn indices_dtype_error(what: &str, got: DType) -> Error {
     Error::DType(format!("{what}: indices must be i32, got {got}"))

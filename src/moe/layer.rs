@@ -457,7 +457,18 @@ impl MoeLayer {
                 // y[t] = Σ over t's rows of weight·output (one fused op; see `weighted_index_scatter`)
                 // (a reordering whose backward gathers by the inverse: no scatter-add)
                 let w = routing.weight.permute_rows(&plan.order, &plan.position)?;
-                let mut y = out.weighted_index_scatter(&w, &plan.row_token, t * routings.len())?;
+                let len = t * routings.len();
+                let mut y = match routing.slots_per_token {
+                    // each token's rows are its assignments' `position`s: no sort by token
+                    Some(k) if len.checked_mul(k) == Some(routing.len()) => out
+                        .weighted_index_scatter_by_slots(
+                            &w,
+                            &plan.row_token,
+                            len,
+                            &plan.position,
+                        )?,
+                    _ => out.weighted_index_scatter(&w, &plan.row_token, len)?,
+                };
                 if self.training.load(Ordering::Relaxed) {
                     y = super::default_outputs::add_default_terms(
                         y,

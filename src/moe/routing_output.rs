@@ -31,6 +31,12 @@ pub struct Routing {
     pub probs: Tensor,
     /// `[T, n]` the router's logits (z-loss)
     pub logits: Tensor,
+    /// `Some(k)` when assignment `a` is token `a / k`'s (a token-choice routing: each token's
+    /// `k` slots, valid or not, one after another; `token` is then `[0, …, 0, 1, …]`), which
+    /// lets the layer's combine find each token's rows without sorting them by token
+    /// ([`Tensor::weighted_index_scatter_by_slots`]); `None` when assignments come in any other
+    /// order (expert choice)
+    pub slots_per_token: Option<usize>,
     /// number of tokens
     pub tokens: usize,
     /// number of experts
@@ -115,6 +121,7 @@ impl Routing {
             experts: probs.shape()[1],
             probs,
             logits,
+            slots_per_token: Some(k),
             tokens: t,
             aux_loss: None,
             metrics: Vec::new(),
@@ -271,6 +278,11 @@ impl Routing {
             rank: cat(&|r| r.rank.clone())?,
             probs: cat(&|r| r.probs.clone())?,
             logits: cat(&|r| r.logits.clone())?,
+            // task i's assignments follow task i − 1's, and its tokens are i·T + t: still
+            // token-major when every part is, with one k
+            slots_per_token: first
+                .slots_per_token
+                .filter(|&k| parts.iter().all(|r| r.slots_per_token == Some(k))),
             tokens: t * parts.len(),
             experts: first.experts,
             aux_loss: parts.iter().filter_map(|r| r.aux_loss.clone()).try_fold(

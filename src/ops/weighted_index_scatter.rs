@@ -36,6 +36,54 @@ impl Tensor {
         idx: &Tensor,
         len: usize,
     ) -> Result<Tensor> {
+        self.weighted_scatter_with(weights, idx, len, None)
+    }
+
+    /// [`Tensor::weighted_index_scatter`] told where each output's rows are: `slots: [len·k]`
+    /// I32 lists, for each output `t`, the `k` rows with `idx = t` (`slots[t·k..t·k+k]`, in any
+    /// order; every row once). An MoE layer's dispatch plan has them for a token-choice
+    /// routing: its `position`, each token's `k` assignments' rows. The result is the same,
+    /// to the bit; the GPU reads each output's rows through `slots` instead of sorting `idx`
+    /// (six dispatches at 8192 rows), and the CPU checks the promise.
+    ///
+    /// ```
+    /// # use moegrad::{Device, Tensor};
+    /// let rows = Tensor::from_f32(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2], Device::cpu())?;
+    /// let w = Tensor::from_f32(vec![0.5, 1.0, 2.0], &[3], Device::cpu())?;
+    /// let idx = Tensor::from_i32(vec![1, 0, 2], &[3], Device::cpu())?;
+    /// // output 0's row is 1, output 1's row 0, output 2's row 2
+    /// let slots = Tensor::from_i32(vec![1, 0, 2], &[3], Device::cpu())?;
+    /// let y = rows.weighted_index_scatter_by_slots(&w, &idx, 3, &slots)?;
+    /// assert_eq!(y.to_vec_f64()?, rows.weighted_index_scatter(&w, &idx, 3)?.to_vec_f64()?);
+    /// # Ok::<(), moegrad::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Those of `weighted_index_scatter`; `slots` not I32, not on `self`'s device, or not
+    /// `[len·k]` for `A = len·k` rows; on the CPU, slots that do not list each output's rows.
+    pub fn weighted_index_scatter_by_slots(
+        &self,
+        weights: &Tensor,
+        idx: &Tensor,
+        len: usize,
+        slots: &Tensor,
+    ) -> Result<Tensor> {
+        self.check_index_tensor(slots, "weighted_index_scatter slots")?;
+        let k = match len {
+            0 => 0,
+            len => slots.numel() / len,
+        };
+        self.weighted_scatter_with(weights, idx, len, Some((slots, k)))
+    }
+
+    /// Both combines: `slots` is `(each output's rows, rows per output)` when known.
+    fn weighted_scatter_with(
+        &self,
+        weights: &Tensor,
+        idx: &Tensor,
+        len: usize,
+        slots: Option<(&Tensor, usize)>,
+    ) -> Result<Tensor> {
         const WHAT: &str = "weighted_index_scatter";
         let _profile = crate::profile::op(WHAT);
         self.check_float(WHAT)?;
@@ -55,9 +103,12 @@ impl Tensor {
         let (a, d) = (self.shape()[0], self.shape()[1]);
         let w = weights.to_dtype(self.dtype())?;
         self.check_compatible(&w, WHAT)?;
-        let y = self
-            .storage()
-            .weighted_scatter(w.storage(), idx.storage(), (d, len))?;
+        let y = self.storage().weighted_scatter(
+            w.storage(),
+            idx.storage(),
+            (d, len),
+            slots.map(|(s, k)| (s.storage(), k)),
+        )?;
         let y = Tensor::from_storage(y, vec![len, d]);
         let (rows, w_saved, idx) = (self.detach(), w.detach(), idx.clone());
         Ok(Tensor::record(y, WHAT, &[self, &w], move |g| {

@@ -84,16 +84,43 @@ fn check(rows: usize, w: usize, idx: &[i32], (d, len): (usize, usize), what: &st
     check_indices(idx, len, what)
 }
 
-/// The fused forward on CPU buffers (f32 or f64; `rows` and `w` of one dtype).
+/// Checks that `slots` (`[len·k]`) lists, for each output `t`, the `k` rows with `idx = t`, each
+/// row once.
+fn check_slot_promise(slots: &[i32], idx: &[i32], k: usize, what: &str) -> Result<()> {
+    let mut seen = vec![false; idx.len()];
+    for (i, &r) in slots.iter().enumerate() {
+        let t = i / k.max(1);
+        let listed = usize::try_from(r).ok().filter(|&r| r < idx.len());
+        match listed {
+            Some(r) if !seen[r] && idx[r] as usize == t => seen[r] = true,
+            _ => {
+                return Err(Error::Invalid(format!(
+                    "{what}: slot {i} lists row {r} for output {t}, which is not one of that \
+                     output's rows or was listed before"
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The fused forward on CPU buffers (f32 or f64; `rows` and `w` of one dtype). Given `slots`
+/// (each output's rows, see `RoutingOps::weighted_scatter`), it checks them and computes the
+/// same sum, which needs no grouping on the CPU.
 pub(crate) fn weighted_scatter(
     rows: &CpuBuffer,
     w: &CpuBuffer,
     idx: &CpuBuffer,
     (d, len): (usize, usize),
+    slots: Option<(&CpuBuffer, usize)>,
 ) -> Result<CpuBuffer> {
     const WHAT: &str = "weighted_index_scatter";
     let idx = idx.indices(WHAT)?;
     check(rows.len(), w.len(), idx, (d, len), WHAT)?;
+    if let Some((s, k)) = slots {
+        crate::backend::checks::check_slots(WHAT, s.dtype(), s.len(), (len, k), idx.len())?;
+        check_slot_promise(s.indices(WHAT)?, idx, k, WHAT)?;
+    }
     match (rows, w) {
         (CpuBuffer::F32(x), CpuBuffer::F32(w)) => Ok(f32b(forward(x, w, idx, d, len))),
         (CpuBuffer::F64(x), CpuBuffer::F64(w)) => Ok(f64b(forward(x, w, idx, d, len))),

@@ -269,8 +269,9 @@ impl RoutingOps for CpuBackend {
         w: &CpuBuffer,
         idx: &CpuBuffer,
         sizes: (usize, usize),
+        slots: Option<(&CpuBuffer, usize)>,
     ) -> Result<CpuBuffer> {
-        super::moe_combine::weighted_scatter(rows, w, idx, sizes)
+        super::moe_combine::weighted_scatter(rows, w, idx, sizes, slots)
     }
 
     fn weighted_scatter_backward(

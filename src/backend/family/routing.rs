@@ -11,13 +11,17 @@ pub(crate) trait RoutingOps: BufferOps {
     /// `rows [A, d]`, `w [A]` of the same float dtype and `idx [A]` I32 (`sizes` is `(d, len)`):
     /// each product rounded to the dtype, the sum in increasing `r` (f32 sums for f16), as the
     /// composition `rows·w` then `index_scatter` rounds. The CPU rejects an index outside
-    /// `0..len`; the GPU cannot check without a read-back, and ignores it.
+    /// `0..len`; the GPU cannot check without a read-back, and ignores it. `slots`, when given
+    /// as `(s, k)` with `s: [len·k]` I32, lists each output's rows (`s[t·k..t·k+k]` are the `k`
+    /// rows with `idx = t`, in any order): the same result, computed on the GPU without
+    /// sorting `idx`; the CPU checks the promise and rejects slots that break it.
     fn weighted_scatter(
         &self,
         rows: &Self::Buffer,
         w: &Self::Buffer,
         idx: &Self::Buffer,
         sizes: (usize, usize),
+        slots: Option<(&Self::Buffer, usize)>,
     ) -> Result<Self::Buffer>;
     /// The gradients `(d_rows [A, d], d_w [A])` of [`RoutingOps::weighted_scatter`] for
     /// `dy [len, d]`: `d_rows[r] = w[r]·dy[idx[r]]`, `d_w[r] = ⟨dy[idx[r]], rows[r]⟩`.

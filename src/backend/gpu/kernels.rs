@@ -219,6 +219,7 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
                     | "scatter_add_wide"
                     | "weighted_scatter_loop"
                     | "weighted_scatter_sorted"
+                    | "weighted_gather_slots"
                     | "weighted_scatter_backward"
             )
             | ("reduce_f16", _)
@@ -692,7 +693,7 @@ mod tests {
         let files = [
             (&*elementwise::ELEMENTWISE, 5usize),
             (&reduce::REDUCE, 4),
-            (&layout::LAYOUT, 9),
+            (&layout::LAYOUT, 10),
             (&sort::SORT, 2),
             (&sort::SORT_WORDS, 2),
             (&random::RANDOM, 1),

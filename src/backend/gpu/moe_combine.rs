@@ -6,7 +6,10 @@
 //!
 //! The forward is `scatter_add`'s (see `layout.rs`): no atomics, each output element adds its
 //! rows in increasing order, either by scanning all rows (few of them, or little work in all) or
-//! by binary-searching the stably sorted indices (`sort.rs`: one dispatch up to 2048 rows).
+//! by binary-searching the stably sorted indices (`sort.rs`: one dispatch up to 2048 rows, six
+//! at 8192). Given each output's rows as `slots` (k per output: the plan's `position` for a
+//! token-choice routing) it needs no sort: `weighted_gather_slots` reads each output's k rows
+//! and adds them in increasing order, one dispatch and the same bits.
 //! The backward runs one workgroup per row: the row's gradient `w[r]·dy[idx[r]]` and its
 //! weight's gradient `⟨dy[idx[r]], rows[r]⟩`, reduced in workgroup memory. Indices outside
 //! `0..len` are not checked here (that would need a read-back): their rows add to no output and
@@ -78,21 +81,27 @@ fn params(
 }
 
 /// `y [len, d]`, `y[t] = Σ_{r : idx[r] = t} w[r]·rows[r]`, each product rounded to the dtype and
-/// the sum taken in f32 in increasing `r`.
+/// the sum taken in f32 in increasing `r`. With `slots = Some((s, k))`, `s: [len·k]` I32 lists
+/// each output's rows (`s[t·k..t·k+k]` are the rows with `idx = t`, the caller's promise,
+/// unchecked here) and no sort runs.
 ///
 /// # Errors
-/// Rows and weights not of one float dtype, indices not I32, lengths that do not make `[A, d]`,
-/// `[A]`, `[A]`, or sizes past 32-bit indexing.
+/// Rows and weights not of one float dtype, indices or slots not I32, lengths that do not make
+/// `[A, d]`, `[A]`, `[A]` (and `[len·k] = [A]` for the slots), or sizes past 32-bit indexing.
 pub(crate) fn weighted_scatter(
     be: &GpuBackend,
     rows: &GpuBuffer,
     w: &GpuBuffer,
     idx: &GpuBuffer,
     (d, len): (usize, usize),
+    slots: Option<(&GpuBuffer, usize)>,
 ) -> Result<GpuBuffer> {
     const WHAT: &str = "weighted_index_scatter";
-    let p = params(WHAT, rows, w, idx, (d, len))?;
+    let mut p = params(WHAT, rows, w, idx, (d, len))?;
     let (n, m) = (len * d, w.len());
+    if let Some((s, k)) = slots {
+        crate::backend::checks::check_slots(WHAT, s.dtype(), s.len(), (len, k), m)?;
+    }
     let out = be.alloc(n, rows.dtype())?;
     if n == 0 {
         return Ok(out);
@@ -101,6 +110,18 @@ pub(crate) fn weighted_scatter(
         return be.full(n, 0.0, rows.dtype());
     }
     let build = word_build(rows.dtype());
+    if let Some((s, k)) = slots {
+        // each output's k rows, read where they are: params m = k
+        p[3] = u32_param(k, &format!("{WHAT}: rows per output"))?;
+        be.launch(
+            build,
+            "weighted_gather_slots",
+            &[rows, idx, &out, s, s, w],
+            &p,
+            grid_1d(n, WG)?,
+        )?;
+        return Ok(out);
+    }
     let small_work = m <= COMBINE_LOOP_LONGEST && n.saturating_mul(m) <= COMBINE_LOOP_MAX_WORK;
     if m <= SCATTER_LOOP_MAX_M || small_work {
         // bindings 4 and 5 (keys, perm) are unread by the loop entry

@@ -267,8 +267,9 @@ impl RoutingOps for GpuBackend {
         w: &GpuBuffer,
         idx: &GpuBuffer,
         sizes: (usize, usize),
+        slots: Option<(&GpuBuffer, usize)>,
     ) -> Result<GpuBuffer> {
-        super::moe_combine::weighted_scatter(self, rows, w, idx, sizes)
+        super::moe_combine::weighted_scatter(self, rows, w, idx, sizes, slots)
     }
 
     fn weighted_scatter_backward(

@@ -114,13 +114,18 @@ impl Storage {
         w: &Storage,
         idx: &Storage,
         sizes: (usize, usize),
+        slots: Option<(&Storage, usize)>,
     ) -> Result<Storage> {
         const WHAT: &str = "weighted_index_scatter";
         on_device!(self, |be| be.weighted_scatter(
             be.buf(self, WHAT)?,
             be.buf(w, WHAT)?,
             be.buf(idx, WHAT)?,
-            sizes
+            sizes,
+            match slots {
+                Some((s, k)) => Some((be.buf(s, WHAT)?, k)),
+                None => None,
+            }
         ))
     }
     /// See [`RoutingOps::weighted_scatter_backward`]; `self` is `rows`.

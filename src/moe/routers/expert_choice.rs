@@ -65,6 +65,8 @@ impl Router for ExpertChoiceRouter {
             rank: Tensor::zeros(&[a], DType::F32, dev)?,
             probs: s,
             logits,
+            // expert-major: each expert's chosen tokens, in any token order
+            slots_per_token: None,
             tokens: t,
             experts: n,
             aux_loss: None,
