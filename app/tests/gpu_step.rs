@@ -177,6 +177,41 @@ fn a_steady_step_never_waits_and_creates_no_buffer() {
     }
 }
 
+/// A small constant (a zero scalar, the backward's seed) is written with the batch's uploads,
+/// not filled by a kernel: no dispatch, its bytes uploaded; a large one is one `fill`.
+#[test]
+fn small_constants_are_uploads_not_dispatches() {
+    let Some((dev, _lock)) = gpu("small_constants_are_uploads_not_dispatches") else {
+        return;
+    };
+    let f16 = moegrad::gpu::info()
+        .unwrap()
+        .features
+        .iter()
+        .any(|f| f == "shader-f16");
+    dev.synchronize().unwrap();
+    dev.reset_gpu_stats();
+    let zero = Tensor::zeros(&[], DType::F32, dev).unwrap();
+    let ints = Tensor::full(&[256], -3.0, DType::I32, dev).unwrap();
+    let halves = f16.then(|| Tensor::full(&[3], 1.5, DType::F16, dev).unwrap());
+    // 1200 bytes, past the host's 1 KiB: the fill kernel
+    let large = Tensor::full(&[300], 2.0, DType::F32, dev).unwrap();
+    let s = dev.gpu_stats().unwrap();
+    // f16 goes two to a 32-bit word: 3 values in 8 bytes
+    let small_bytes = 4 + 256 * 4 + if f16 { 8 } else { 0 };
+    assert_eq!(
+        (s.dispatches, s.uploaded_bytes - s.param_bytes),
+        (1, small_bytes as u64),
+        "{s:?}"
+    );
+    assert_eq!(zero.to_vec_f32().unwrap(), vec![0.0]);
+    assert_eq!(ints.to_vec_i32().unwrap(), vec![-3; 256]);
+    if let Some(h) = halves {
+        assert_eq!(h.to_vec_f32().unwrap(), vec![1.5; 3]);
+    }
+    assert_eq!(large.to_vec_f32().unwrap(), vec![2.0; 300]);
+}
+
 #[test]
 fn counters_see_waits_uploads_and_downloads() {
     let Some((dev, _lock)) = gpu("counters_see_waits_uploads_and_downloads") else {

@@ -1,4 +1,5 @@
-//! Launchers of `shaders/elementwise.wgsl`, one per entry point: [`full`] (`fill`), [`cast`]
+//! Launchers of `shaders/elementwise.wgsl`, one per entry point: [`full`] (`fill`, or for a
+//! small constant a write with the batch's uploads), [`cast`]
 //! (`cast_dtype`), [`unary`], [`binary`] and [`where_cond`]. Each checks dtypes and sizes, plans
 //! strided operands with [`super::strided::plan`], and records one launch of 256-invocation
 //! workgroups over the output.
@@ -29,6 +30,11 @@ pub(crate) static ELEMENTWISE: LazyLock<Shader> = LazyLock::new(|| Shader {
 /// Invocations per workgroup of every kernel in the file.
 const WG: u32 = 256;
 
+/// The largest constant [`full`] writes from the host instead of filling with a kernel: a
+/// training step's zero scalars and the backward's seed become uploads of a few bytes, applied
+/// with the batch, rather than dispatches.
+const HOST_FULL_MAX_BYTES: usize = 1024;
+
 /// `ElementwiseOps::full`: `len` copies of `value` rounded to `dtype` (entry `fill`).
 pub(crate) fn full(be: &GpuBackend, len: usize, value: f64, dtype: DType) -> Result<GpuBuffer> {
     // the kernel fills 32-bit words: an f16 value twice per word
@@ -42,6 +48,10 @@ pub(crate) fn full(be: &GpuBackend, len: usize, value: f64, dtype: DType) -> Res
         DType::F64 => return Err(f64_error("full")),
     };
     let out = be.alloc(len, dtype)?;
+    if words * 4 <= HOST_FULL_MAX_BYTES {
+        be.write_fresh(&out, bytemuck::cast_slice(&vec![bits; words]));
+        return Ok(out);
+    }
     let n = u32_param(words, "full: length")?;
     be.launch(
         &ELEMENTWISE,

@@ -16,9 +16,11 @@
 //! * **Lifetimes.** The batch holds an `Arc` of every pooled buffer it references until it has
 //!   been submitted, so the pool cannot hand such a buffer out again while queued work still
 //!   reads or writes it. After submission wgpu orders later work after earlier work.
-//! * **Uploads.** `upload` writes into a freshly taken buffer with `queue.write_buffer`. Such a
-//!   buffer is not referenced by the pending batch (the batch would hold it, so it could not have
-//!   been free), so applying the write before the whole pending batch at submit is correct.
+//! * **Uploads.** `upload`, and `full` for a constant of at most 1 KiB (a zero scalar, the
+//!   backward's seed: no dispatch), write into a freshly taken buffer with `queue.write_buffer`
+//!   (`GpuBackend::write_fresh`). Such a buffer is not referenced by the pending batch (the
+//!   batch would hold it, so it could not have been free), so applying the write before the
+//!   whole pending batch at submit is correct.
 //! * **Order.** Launches run in the order they were recorded (one compute pass per batch; wgpu puts
 //!   the needed barriers between dependent dispatches).
 //! * **Bind groups.** Each dispatch binds its parameter slot and storage buffers through a bind

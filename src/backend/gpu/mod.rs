@@ -315,6 +315,17 @@ impl GpuBackend {
         Ok(())
     }
 
+    /// Writes `bytes` (a multiple of 4, at most the buffer's size) at the start of `out`, a buffer
+    /// just taken from the pool: no kernel of the pending batch uses it (the batch would hold
+    /// it), so the write, which wgpu applies at the next submission before its kernels, lands
+    /// before any kernel that reads it. Counted as uploaded bytes.
+    pub(crate) fn write_fresh(&self, out: &GpuBuffer, bytes: &[u8]) {
+        if !bytes.is_empty() {
+            self.inner.ctx.queue.write_buffer(out.buf.raw(), 0, bytes);
+            self.inner.counters.uploaded(bytes.len() as u64);
+        }
+    }
+
     /// The tile kernels [`MatmulKernel::Tuned`] has chosen so far, and what it timed.
     pub(crate) fn matmul_tuning(&self) -> &matmul_tune::MatmulTuning {
         &self.inner.matmul_tuning
@@ -479,10 +490,7 @@ impl BufferOps for GpuBackend {
             HostData::F64(_) => return Err(f64_error("upload")),
         };
         let out = self.alloc(data.len(), dtype)?;
-        if !bytes.is_empty() {
-            self.inner.ctx.queue.write_buffer(out.buf.raw(), 0, bytes);
-            self.inner.counters.uploaded(bytes.len() as u64);
-        }
+        self.write_fresh(&out, bytes);
         Ok(out)
     }
 
