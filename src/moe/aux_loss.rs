@@ -58,8 +58,8 @@ pub fn sequence_balance_loss(
             .mul_scalar(n as f64)?
             .add(&routing.expert.to_dtype(DType::F32)?)?
             .to_dtype(DType::I32)?;
-        let counts = Tensor::zeros(&[t * n], DType::F32, valid.device())?
-            .scatter_add(0, &cell, &valid)?
+        let counts = valid
+            .index_scatter(0, &cell, t * n)?
             .reshape(&[s, seq_len, n])?
             .sum(&[1], false)?; // [S, n]
         let total = counts.sum(&[1], true)?.clamp(1.0, f64::INFINITY)?;

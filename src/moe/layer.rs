@@ -516,7 +516,16 @@ impl MoeLayer {
             crate::DType::F16 => crate::DType::F32,
             dtype => dtype,
         };
-        let mut aux = Tensor::zeros(&[], aux_dtype, y.device())?;
+        // the terms in order, with no zero to start from (one add fewer)
+        let mut aux: Option<Tensor> = None;
+        let mut add_aux = |term: Tensor| -> Result<()> {
+            let term = term.to_dtype(aux_dtype)?;
+            aux = Some(match aux.take() {
+                Some(sum) => sum.add(&term)?,
+                None => term,
+            });
+            Ok(())
+        };
         for (r, counts) in routings.iter().zip(&routed) {
             if aux_on {
                 let loss = match (balancing.scope, seq_len, &window) {
@@ -526,7 +535,7 @@ impl MoeLayer {
                     (_, _, Some(w)) => aux_loss::balance_loss(r, w, alpha)?,
                     _ => aux_loss::balance_loss(r, counts, alpha)?,
                 };
-                aux = aux.add(&loss.to_dtype(aux.dtype())?)?;
+                add_aux(loss)?;
             }
             if training && balancing.uses_selection_bias() {
                 let sel = r.selection.as_ref().ok_or_else(|| {
@@ -543,12 +552,16 @@ impl MoeLayer {
                 }
             }
             if self.config.z_loss > 0.0 {
-                aux = aux.add(&aux_loss::z_loss(r, self.config.z_loss)?)?;
+                add_aux(aux_loss::z_loss(r, self.config.z_loss)?)?;
             }
             if let Some(own) = &r.aux_loss {
-                aux = aux.add(&own.to_dtype(aux.dtype())?)?;
+                add_aux(own.clone())?;
             }
         }
+        let aux = match aux {
+            Some(aux) => aux,
+            None => Tensor::zeros(&[], aux_dtype, y.device())?,
+        };
         // the combine weight each expert received, summed over its kept rows (no gradient)
         let (kept_per_expert, weight_per_expert) = match &combined {
             Combined::Plan(plan, w) => (
@@ -556,8 +569,7 @@ impl MoeLayer {
                 crate::no_grad(|| {
                     let kept_w = w.detach().to_dtype(crate::DType::F32)?;
                     let kept_w = kept_w.mul(&plan.row_kept.to_dtype(crate::DType::F32)?)?;
-                    Tensor::zeros(&[self.config.experts], crate::DType::F32, y.device())?
-                        .scatter_add(0, &plan.row_expert_clamped, &kept_w)
+                    kept_w.index_scatter(0, &plan.row_expert_clamped, self.config.experts)
                 })?,
             ),
             // nothing is dropped on the all-experts path: kept = routed
@@ -610,8 +622,7 @@ pub(crate) fn check_balancing(
 /// choices (rank 0) are counted (XMoE's balance loss on the top-1 assignment).
 fn count_per_expert(r: &Routing, first_only: bool) -> Result<Tensor> {
     let valid = aux_loss::valid_assignments(r, first_only)?;
-    Tensor::zeros(&[r.experts], crate::DType::F32, r.token.device())?
-        .scatter_add(0, &r.expert, &valid)
+    valid.index_scatter(0, &r.expert, r.experts)
 }
 
 impl MoeLayer {
