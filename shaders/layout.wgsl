@@ -60,8 +60,9 @@
 //                      those rows in increasing r, each step taking the smallest row above the
 //                      last (k² reads of slots, no sort of idx), so the same terms in the same
 //                      order as the two entries above, and the same bits. params ScatterParams
-//                      with m = k; src 1, out 3, slots 4 (read, i32 [len·k]), w 6 (idx 2 and
-//                      perm 5 unread).
+//                      with m = k, and key_row = 1 to add the rows unweighted (scatter_add's
+//                      sum: index_select's backward); src 1, out 3, slots 4 (read, i32
+//                      [len·k]), w 6 (idx 2 and perm 5 unread, and w when key_row = 1).
 // weighted_scatter_backward
 //                      its backward, one workgroup per source row j (the workgroup's flat index):
 //                      d_src[j, i] = w[j]·dy[idx[j], i] and d_w[j] = Σ_i dy[idx[j], i]·src[j, i]
@@ -314,7 +315,11 @@ fn weighted_gather_slots(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
             let r = sc_keys[first + j];
             if (r > last && r < next) { next = r; }
         }
-        acc = acc + weighted_term(u32(next), i);
+        if (sp.key_row != 0u) {
+            acc = acc + f32(sc_src[u32(next) * sp.inner + i]);
+        } else {
+            acc = acc + weighted_term(u32(next), i);
+        }
         last = next;
     }
     sc_out[t] = sc_store(acc);

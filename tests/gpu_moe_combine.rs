@@ -13,7 +13,9 @@
 //! - given each output's rows (`weighted_index_scatter_by_slots`, the GPU's `weighted_gather_slots`
 //!   kernel, no sort): the plain combine's output and gradients to the bit, on the GPU in f32
 //!   and f16 and on the CPU, k = 1 to 5 rows per output in any order, the grid folded; slots
-//!   that break the promise rejected on the CPU, and of the wrong length on both.
+//!   that break the promise rejected on the CPU, and of the wrong length on both; likewise
+//!   `index_select_by_slots` against `index_select`, whose backward the same kernel computes
+//!   unweighted.
 //!
 //! Skipped with a printed reason without an adapter unless `MOEGRAD_REQUIRE_GPU=1` (and the f16
 //! case without `shader-f16`).
@@ -367,4 +369,79 @@ fn slots_that_break_the_promise_are_refused() {
         e.contains("slot 1 lists row") && e.contains("listed before"),
         "{e}"
     );
+}
+
+/// `x[idx]` (rows `[len, d]` picked `A = len·k` times) and the gradient of `sum(y ⊙ up)` in `x`,
+/// with or without the slots.
+fn select_with(
+    (c, v): (&Case, &Values),
+    slots: Option<&[i32]>,
+    up: &[f64],
+    (dev, dtype): (Device, DType),
+) -> [Vec<f64>; 2] {
+    // the case's rows serve as x: its first len·d values
+    let x = place(&v.rows[..c.len * c.d], &[c.len, c.d], dev, dtype)
+        .with_grad()
+        .unwrap();
+    let idx = Tensor::from_i32(v.idx.clone(), &[c.a], dev).unwrap();
+    let y = match slots {
+        Some(s) => {
+            let s = Tensor::from_i32(s.to_vec(), &[s.len()], dev).unwrap();
+            x.index_select_by_slots(&idx, &s).unwrap()
+        }
+        None => x.index_select(0, &idx).unwrap(),
+    };
+    y.backward_with(&place(up, &[c.a, c.d], dev, dtype))
+        .unwrap();
+    [
+        y.to_vec_f64().unwrap(),
+        x.grad().unwrap().to_vec_f64().unwrap(),
+    ]
+}
+
+#[test]
+fn index_select_by_slots_gives_index_selects_bits() {
+    let Some(gpu) = common::gpu_or_skip("index_select_by_slots_gives_index_selects_bits") else {
+        return;
+    };
+    let f16 = moegrad::gpu::info()
+        .expect("adapter info")
+        .features
+        .iter()
+        .any(|f| f == "shader-f16");
+    let mut rng = ChaCha8Rng::seed_from_u64(75);
+    // as for the combine: the loop and sorted scatter kernels, wide rows, a folded grid
+    for (len, k, d) in [
+        (9, 1, 7),
+        (40, 3, 5),
+        (64, 5, 300),
+        (4096, 2, 4),
+        (66_000, 1, 256),
+    ] {
+        let (c, v, slots) = slotted(len, k, d, &mut rng);
+        let up: Vec<f64> = (0..c.a * c.d)
+            .map(|_| half::f16::from_f32(rng.random_range(-2.0f32..2.0)).to_f64())
+            .collect();
+        let mut devices = vec![(gpu, DType::F32), (Device::cpu(), DType::F32)];
+        if f16 && c.a * c.d < 1 << 20 {
+            devices.push((gpu, DType::F16));
+        }
+        for (dev, dtype) in devices {
+            // NaN in the buffer the gradient will get (see `poison`)
+            poison(dev, c.len * c.d);
+            let by_slots = select_with((&c, &v), Some(&slots), &up, (dev, dtype));
+            let plain = select_with((&c, &v), None, &up, (dev, dtype));
+            for ((name, p), s) in ["y", "dx"].iter().zip(&plain).zip(&by_slots) {
+                let differ = p
+                    .iter()
+                    .zip(s)
+                    .position(|(p, s)| p.to_bits() != s.to_bits());
+                assert!(
+                    differ.is_none() && p.len() == s.len(),
+                    "{dtype} {name} on {dev} of {len} rows × {k} copies of {d}: by slots and \
+                     plain differ at {differ:?}"
+                );
+            }
+        }
+    }
 }

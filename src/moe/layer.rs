@@ -452,21 +452,27 @@ impl MoeLayer {
             Some((y, w)) => (y, Combined::AllExperts(w)),
             None => {
                 let plan = DispatchPlan::build_sized(&routing, self.capacity(), counted)?;
-                let rows = source.index_select(0, &plan.row_token)?;
+                // token-choice: each token's rows are its assignments' `position`s, which
+                // the gather's backward and the combine read instead of sorting by token
+                let slots = routing
+                    .slots_per_token
+                    .filter(|&k| (t * routings.len()).checked_mul(k) == Some(routing.len()));
+                let rows = match slots {
+                    Some(_) => source.index_select_by_slots(&plan.row_token, &plan.position)?,
+                    None => source.index_select(0, &plan.row_token)?,
+                };
                 let out = self.experts.forward_rows(&rows, &plan)?;
                 // y[t] = Σ over t's rows of weight·output (one fused op; see `weighted_index_scatter`)
                 // (a reordering whose backward gathers by the inverse: no scatter-add)
                 let w = routing.weight.permute_rows(&plan.order, &plan.position)?;
                 let len = t * routings.len();
-                let mut y = match routing.slots_per_token {
-                    // each token's rows are its assignments' `position`s: no sort by token
-                    Some(k) if len.checked_mul(k) == Some(routing.len()) => out
-                        .weighted_index_scatter_by_slots(
-                            &w,
-                            &plan.row_token,
-                            len,
-                            &plan.position,
-                        )?,
+                let mut y = match slots {
+                    Some(_) => out.weighted_index_scatter_by_slots(
+                        &w,
+                        &plan.row_token,
+                        len,
+                        &plan.position,
+                    )?,
                     _ => out.weighted_index_scatter(&w, &plan.row_token, len)?,
                 };
                 if self.training.load(Ordering::Relaxed) {

@@ -76,6 +76,58 @@ impl Tensor {
         self.weighted_scatter_with(weights, idx, len, Some((slots, k)))
     }
 
+    /// [`Tensor::index_select`] along axis 0 whose backward is told where each source row's
+    /// copies are: `slots: [len·k]` I32 lists, for each row `t` of `self` (`len` of them), the
+    /// `k` positions of `idx` that select it (`slots[t·k..t·k+k]`, in any order; every position
+    /// once). An MoE layer's dispatch plan has them for a token-choice routing: its `position`.
+    /// The same values and gradient, to the bit; the gradient, a sum of each row's copies,
+    /// reads them through `slots` on the GPU instead of sorting `idx`.
+    ///
+    /// ```
+    /// # use moegrad::{Device, Tensor};
+    /// let x = Tensor::from_f32(vec![1.0, 2.0, 3.0, 4.0], &[2, 2], Device::cpu())?.with_grad()?;
+    /// // rows 0 and 1 selected twice each: row 0 at positions 1 and 2, row 1 at 0 and 3
+    /// let idx = Tensor::from_i32(vec![1, 0, 0, 1], &[4], Device::cpu())?;
+    /// let slots = Tensor::from_i32(vec![1, 2, 0, 3], &[4], Device::cpu())?;
+    /// let y = x.index_select_by_slots(&idx, &slots)?;
+    /// assert_eq!(y.to_vec_f64()?, vec![3.0, 4.0, 1.0, 2.0, 1.0, 2.0, 3.0, 4.0]);
+    /// y.sum_all()?.backward()?;
+    /// assert_eq!(x.grad().unwrap().to_vec_f64()?, vec![2.0; 4]);
+    /// # Ok::<(), moegrad::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Those of `index_select`; `slots` not I32, not on `self`'s device, or not `[len·k]` for
+    /// `idx`'s `len·k` positions (checked in the backward); on the CPU, slots that do not list
+    /// each row's positions.
+    pub fn index_select_by_slots(&self, idx: &Tensor, slots: &Tensor) -> Result<Tensor> {
+        const WHAT: &str = "index_select_by_slots";
+        self.check_index_tensor(slots, WHAT)?;
+        if self.rank() == 0 || idx.rank() != 1 || slots.shape() != idx.shape() {
+            return Err(Error::Shape(format!(
+                "{WHAT}: a tensor of rank ≥ 1 ({:?}), a 1-D index ({:?}) and slots of the \
+                 index's shape ({:?})",
+                self.shape(),
+                idx.shape(),
+                slots.shape()
+            )));
+        }
+        let y = crate::no_grad(|| self.index_select(0, idx))?;
+        let len = self.shape()[0];
+        let d = self.numel() / len.max(1);
+        let k = idx.numel() / len.max(1);
+        let (idx, slots, in_shape) = (idx.clone(), slots.clone(), self.shape().to_vec());
+        Ok(Tensor::record(y, WHAT, &[self], move |g| {
+            let dx = g.storage().weighted_scatter(
+                None,
+                idx.storage(),
+                (d, len),
+                Some((slots.storage(), k)),
+            )?;
+            Ok(vec![Some(Tensor::from_storage(dx, in_shape))])
+        }))
+    }
+
     /// Both combines: `slots` is `(each output's rows, rows per output)` when known.
     fn weighted_scatter_with(
         &self,
@@ -104,7 +156,7 @@ impl Tensor {
         let w = weights.to_dtype(self.dtype())?;
         self.check_compatible(&w, WHAT)?;
         let y = self.storage().weighted_scatter(
-            w.storage(),
+            Some(w.storage()),
             idx.storage(),
             (d, len),
             slots.map(|(s, k)| (s.storage(), k)),

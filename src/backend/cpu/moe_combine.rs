@@ -20,15 +20,16 @@ use std::mem::MaybeUninit;
 /// Rows of the backward handled by one task.
 const ROWS_PER_TASK: usize = 64;
 
-/// `y [len, d]` with `y[t] = Σ_{r : idx[r] = t} w[r]·rows[r]` for `rows [A, d]`, `w [A]`.
+/// `y [len, d]` with `y[t] = Σ_{r : idx[r] = t} w[r]·rows[r]` for `rows [A, d]`, `w [A]` (all 1
+/// without `w`: `index_scatter`'s sum).
 fn forward<T: Float + Send + Sync>(
     rows: &[T],
-    w: &[T],
+    w: Option<&[T]>,
     idx: &[i32],
     d: usize,
     len: usize,
 ) -> Vec<T> {
-    scatter_rows(rows, Some(w), idx, [idx.len(), 1, 0], 1, idx.len(), d, len)
+    scatter_rows(rows, w, idx, [idx.len(), 1, 0], 1, idx.len(), d, len)
 }
 
 /// `(d_rows [A, d], d_w [A])` for the gradient `dy [len, d]` of [`forward`].
@@ -109,25 +110,33 @@ fn check_slot_promise(slots: &[i32], idx: &[i32], k: usize, what: &str) -> Resul
 /// same sum, which needs no grouping on the CPU.
 pub(crate) fn weighted_scatter(
     rows: &CpuBuffer,
-    w: &CpuBuffer,
+    w: Option<&CpuBuffer>,
     idx: &CpuBuffer,
     (d, len): (usize, usize),
     slots: Option<(&CpuBuffer, usize)>,
 ) -> Result<CpuBuffer> {
     const WHAT: &str = "weighted_index_scatter";
     let idx = idx.indices(WHAT)?;
-    check(rows.len(), w.len(), idx, (d, len), WHAT)?;
+    check(
+        rows.len(),
+        w.map_or(idx.len(), |w| w.len()),
+        idx,
+        (d, len),
+        WHAT,
+    )?;
     if let Some((s, k)) = slots {
         crate::backend::checks::check_slots(WHAT, s.dtype(), s.len(), (len, k), idx.len())?;
         check_slot_promise(s.indices(WHAT)?, idx, k, WHAT)?;
     }
     match (rows, w) {
-        (CpuBuffer::F32(x), CpuBuffer::F32(w)) => Ok(f32b(forward(x, w, idx, d, len))),
-        (CpuBuffer::F64(x), CpuBuffer::F64(w)) => Ok(f64b(forward(x, w, idx, d, len))),
+        (CpuBuffer::F32(x), None) => Ok(f32b(forward(x, None, idx, d, len))),
+        (CpuBuffer::F64(x), None) => Ok(f64b(forward(x, None, idx, d, len))),
+        (CpuBuffer::F32(x), Some(CpuBuffer::F32(w))) => Ok(f32b(forward(x, Some(w), idx, d, len))),
+        (CpuBuffer::F64(x), Some(CpuBuffer::F64(w))) => Ok(f64b(forward(x, Some(w), idx, d, len))),
         _ => Err(Error::DType(format!(
             "{WHAT} needs float rows and weights of one dtype, got {} and {}",
             rows.dtype(),
-            w.dtype()
+            w.map_or("none".to_string(), |w| w.dtype().to_string())
         ))),
     }
 }

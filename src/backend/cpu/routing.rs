@@ -266,7 +266,7 @@ impl RoutingOps for CpuBackend {
     fn weighted_scatter(
         &self,
         rows: &CpuBuffer,
-        w: &CpuBuffer,
+        w: Option<&CpuBuffer>,
         idx: &CpuBuffer,
         sizes: (usize, usize),
         slots: Option<(&CpuBuffer, usize)>,

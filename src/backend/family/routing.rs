@@ -14,11 +14,12 @@ pub(crate) trait RoutingOps: BufferOps {
     /// `0..len`; the GPU cannot check without a read-back, and ignores it. `slots`, when given
     /// as `(s, k)` with `s: [len·k]` I32, lists each output's rows (`s[t·k..t·k+k]` are the `k`
     /// rows with `idx = t`, in any order): the same result, computed on the GPU without
-    /// sorting `idx`; the CPU checks the promise and rejects slots that break it.
+    /// sorting `idx`; the CPU checks the promise and rejects slots that break it. Without `w`,
+    /// every weight is 1 and nothing is multiplied: `index_scatter`'s sum, to the bit.
     fn weighted_scatter(
         &self,
         rows: &Self::Buffer,
-        w: &Self::Buffer,
+        w: Option<&Self::Buffer>,
         idx: &Self::Buffer,
         sizes: (usize, usize),
         slots: Option<(&Self::Buffer, usize)>,

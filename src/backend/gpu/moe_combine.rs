@@ -19,7 +19,7 @@ use super::kernels::{grid_1d, u32_param};
 use super::layout::{SCATTER_LOOP_MAX_M, word_build};
 use super::sort::sort_rows;
 use super::{GpuBackend, GpuBuffer};
-use crate::backend::ElementwiseOps;
+use crate::backend::{ElementwiseOps, LayoutOps, ScatterDims};
 use crate::{DType, Error, Result};
 
 /// Invocations per workgroup of the three kernels.
@@ -33,21 +33,21 @@ const COMBINE_LOOP_MAX_WORK: usize = 1 << 24;
 /// The longest loop one `weighted_scatter_loop` invocation runs under [`COMBINE_LOOP_MAX_WORK`].
 const COMBINE_LOOP_LONGEST: usize = 4096;
 
-/// Checks `rows [A, d]`, `w [A]` (the same float dtype) and `idx [A]` I32, and returns the
+/// Checks `rows [A, d]` float, `w [A]` of its dtype (when given) and `idx [A]` I32, and returns the
 /// kernels' params `ScatterParams { outer: 1, len, inner: d, m: A, s0: 0, s1: 1, s2: 0,
 /// key_row: 0 }`.
 fn params(
     what: &str,
     rows: &GpuBuffer,
-    w: &GpuBuffer,
+    w: Option<&GpuBuffer>,
     idx: &GpuBuffer,
     (d, len): (usize, usize),
 ) -> Result<[u32; 8]> {
-    if !matches!(rows.dtype(), DType::F32 | DType::F16) || w.dtype() != rows.dtype() {
+    let w_dtype = w.map_or(rows.dtype(), |w| w.dtype());
+    if !matches!(rows.dtype(), DType::F32 | DType::F16) || w_dtype != rows.dtype() {
         return Err(Error::DType(format!(
-            "{what}: rows and weights must be one float dtype (f32, or f16), got {} and {}",
+            "{what}: rows and weights must be one float dtype (f32, or f16), got {} and {w_dtype}",
             rows.dtype(),
-            w.dtype()
         )));
     }
     if idx.dtype() != DType::I32 {
@@ -56,12 +56,12 @@ fn params(
             idx.dtype(),
         ));
     }
-    let a = w.len();
-    if idx.len() != a || a.checked_mul(d) != Some(rows.len()) {
+    let a = idx.len();
+    if w.is_some_and(|w| w.len() != a) || a.checked_mul(d) != Some(rows.len()) {
         return Err(Error::Shape(format!(
-            "{what}: rows of {} values, {a} weights and {} indices do not make [A, {d}], [A], [A]",
+            "{what}: rows of {} values, {} weights and {a} indices do not make [A, {d}], [A], [A]",
             rows.len(),
-            idx.len()
+            w.map_or(a, |w| w.len())
         )));
     }
     let out = len
@@ -83,7 +83,8 @@ fn params(
 /// `y [len, d]`, `y[t] = Σ_{r : idx[r] = t} w[r]·rows[r]`, each product rounded to the dtype and
 /// the sum taken in f32 in increasing `r`. With `slots = Some((s, k))`, `s: [len·k]` I32 lists
 /// each output's rows (`s[t·k..t·k+k]` are the rows with `idx = t`, the caller's promise,
-/// unchecked here) and no sort runs.
+/// unchecked here) and no sort runs. Without `w` the rows are added as they are
+/// (`index_scatter`'s sum, to the bit; without slots too, it is `scatter_add`).
 ///
 /// # Errors
 /// Rows and weights not of one float dtype, indices or slots not I32, lengths that do not make
@@ -91,14 +92,14 @@ fn params(
 pub(crate) fn weighted_scatter(
     be: &GpuBackend,
     rows: &GpuBuffer,
-    w: &GpuBuffer,
+    w: Option<&GpuBuffer>,
     idx: &GpuBuffer,
     (d, len): (usize, usize),
     slots: Option<(&GpuBuffer, usize)>,
 ) -> Result<GpuBuffer> {
     const WHAT: &str = "weighted_index_scatter";
     let mut p = params(WHAT, rows, w, idx, (d, len))?;
-    let (n, m) = (len * d, w.len());
+    let (n, m) = (len * d, idx.len());
     if let Some((s, k)) = slots {
         crate::backend::checks::check_slots(WHAT, s.dtype(), s.len(), (len, k), m)?;
     }
@@ -111,17 +112,29 @@ pub(crate) fn weighted_scatter(
     }
     let build = word_build(rows.dtype());
     if let Some((s, k)) = slots {
-        // each output's k rows, read where they are: params m = k
+        // each output's k rows, read where they are: params m = k, and key_row (unread by
+        // this entry otherwise) 1 when there are no weights (the rows stand in for them)
         p[3] = u32_param(k, &format!("{WHAT}: rows per output"))?;
+        p[7] = w.is_none() as u32;
         be.launch(
             build,
             "weighted_gather_slots",
-            &[rows, idx, &out, s, s, w],
+            &[rows, idx, &out, s, s, w.unwrap_or(rows)],
             &p,
             grid_1d(n, WG)?,
         )?;
         return Ok(out);
     }
+    let Some(w) = w else {
+        // the plain scatter-add of the rows
+        let dims = ScatterDims {
+            outer: 1,
+            m,
+            inner: d,
+            len,
+        };
+        return be.scatter_add(rows, idx, [0, 1, 0], dims);
+    };
     let small_work = m <= COMBINE_LOOP_LONGEST && n.saturating_mul(m) <= COMBINE_LOOP_MAX_WORK;
     if m <= SCATTER_LOOP_MAX_M || small_work {
         // bindings 4 and 5 (keys, perm) are unread by the loop entry
@@ -160,7 +173,7 @@ pub(crate) fn weighted_scatter_backward(
     (d, len): (usize, usize),
 ) -> Result<(GpuBuffer, GpuBuffer)> {
     const WHAT: &str = "weighted_index_scatter backward";
-    let p = params(WHAT, rows, w, idx, (d, len))?;
+    let p = params(WHAT, rows, Some(w), idx, (d, len))?;
     if dy.dtype() != rows.dtype() || dy.len() != len * d {
         return Err(Error::Shape(format!(
             "{WHAT}: a gradient of {} {} values for [{len}, {d}] {}",

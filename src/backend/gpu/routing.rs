@@ -264,7 +264,7 @@ impl RoutingOps for GpuBackend {
     fn weighted_scatter(
         &self,
         rows: &GpuBuffer,
-        w: &GpuBuffer,
+        w: Option<&GpuBuffer>,
         idx: &GpuBuffer,
         sizes: (usize, usize),
         slots: Option<(&GpuBuffer, usize)>,

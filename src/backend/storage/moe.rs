@@ -111,7 +111,7 @@ impl Storage {
     /// See [`RoutingOps::weighted_scatter`]; `self` is `rows`.
     pub(crate) fn weighted_scatter(
         &self,
-        w: &Storage,
+        w: Option<&Storage>,
         idx: &Storage,
         sizes: (usize, usize),
         slots: Option<(&Storage, usize)>,
@@ -119,7 +119,10 @@ impl Storage {
         const WHAT: &str = "weighted_index_scatter";
         on_device!(self, |be| be.weighted_scatter(
             be.buf(self, WHAT)?,
-            be.buf(w, WHAT)?,
+            match w {
+                Some(w) => Some(be.buf(w, WHAT)?),
+                None => None,
+            },
             be.buf(idx, WHAT)?,
             sizes,
             match slots {
