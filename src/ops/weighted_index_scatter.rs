@@ -7,6 +7,11 @@
 //! `d_w[r] = dy[idx[r]]·rows[r]`, without the gathered gradient and the products of the composed
 //! rule (`cpu/moe_combine.rs`; on the GPU `gpu/moe_combine.rs`, one kernel each way after the
 //! forward's index sort). Both round as the composition does.
+//!
+//! Told where each output's rows are (`weighted_index_scatter_by_slots`: a token-choice plan's
+//! `position` lists each token's rows), the GPU forward needs no sort. The same slots serve the
+//! layer's gather of the routed rows (`index_select_by_slots`), whose backward is this sum
+//! unweighted: the two ends of the MoE layer's dispatch, in one file.
 
 use crate::{Error, Result, Tensor};
 
