@@ -285,20 +285,23 @@ fn poison(dev: Device, n: usize) {
     }
 }
 
-#[test]
-fn combine_by_slots_gives_the_plain_combines_bits() {
-    let Some(gpu) = common::gpu_or_skip("combine_by_slots_gives_the_plain_combines_bits") else {
-        return;
-    };
+/// Runs `compare` on each case of `k` rows per output in a shuffled order (the plain combine's
+/// loop kernel, its sorted kernel at 8192 rows, rows wider than a workgroup, and 66,000 · 256
+/// outputs, past 65,535 workgroups of 256: the grid folds), on the GPU in f32 and f16 and on the
+/// CPU, with NaN first in the buffer the output will get, so that an element left unwritten
+/// shows (the by-slots run comes first: the plain run's output, with the same values, is not
+/// yet in the pool). `compare` returns `(name, plain, by slots)`, which must agree to the bit.
+fn check_slotted_cases(
+    gpu: Device,
+    seed: u64,
+    compare: impl Fn(&Case, &Values, &[i32], (Device, DType)) -> Vec<(&'static str, Vec<f64>, Vec<f64>)>,
+) {
     let f16 = moegrad::gpu::info()
         .expect("adapter info")
         .features
         .iter()
         .any(|f| f == "shader-f16");
-    let mut rng = ChaCha8Rng::seed_from_u64(73);
-    // (outputs, rows per output, width): the plain combine's loop kernel, its sorted kernel
-    // (8192 rows: a six-dispatch sort), rows wider than a workgroup, and 66,000 · 256 outputs,
-    // past 65,535 workgroups of 256 (the grid folds)
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
     for (len, k, d) in [
         (9, 1, 7),
         (40, 3, 5),
@@ -312,24 +315,37 @@ fn combine_by_slots_gives_the_plain_combines_bits() {
             devices.push((gpu, DType::F16));
         }
         for (dev, dtype) in devices {
-            // NaN in the buffer the output will get, so that an element left unwritten shows
-            // (the plain combine's output, with the same values, is not yet in the pool)
             poison(dev, c.len * c.d);
-            let by_slots = run_with(&c, &v, (dev, dtype), Combine::BySlots(&slots));
-            let plain = run_with(&c, &v, (dev, dtype), Combine::Fused);
-            for ((name, p), s) in NAMES.iter().zip(&plain).zip(&by_slots) {
+            for (name, p, s) in compare(&c, &v, &slots, (dev, dtype)) {
                 let differ = p
                     .iter()
-                    .zip(s)
+                    .zip(&s)
                     .position(|(p, s)| p.to_bits() != s.to_bits());
                 assert!(
-                    differ.is_none(),
-                    "{dtype} {name} on {dev} of {len} outputs × {k} rows of {d}: by slots and \
-                     plain differ at {differ:?}"
+                    differ.is_none() && p.len() == s.len(),
+                    "{dtype} {name} on {dev} of {len} × {k} rows of {d}: by slots and plain \
+                     differ at {differ:?}"
                 );
             }
         }
     }
+}
+
+#[test]
+fn combine_by_slots_gives_the_plain_combines_bits() {
+    let Some(gpu) = common::gpu_or_skip("combine_by_slots_gives_the_plain_combines_bits") else {
+        return;
+    };
+    check_slotted_cases(gpu, 73, |c, v, slots, on| {
+        let by_slots = run_with(c, v, on, Combine::BySlots(slots));
+        let plain = run_with(c, v, on, Combine::Fused);
+        NAMES
+            .iter()
+            .zip(plain)
+            .zip(by_slots)
+            .map(|((&name, p), s)| (name, p, s))
+            .collect()
+    });
 }
 
 #[test]
@@ -404,44 +420,19 @@ fn index_select_by_slots_gives_index_selects_bits() {
     let Some(gpu) = common::gpu_or_skip("index_select_by_slots_gives_index_selects_bits") else {
         return;
     };
-    let f16 = moegrad::gpu::info()
-        .expect("adapter info")
-        .features
-        .iter()
-        .any(|f| f == "shader-f16");
-    let mut rng = ChaCha8Rng::seed_from_u64(75);
-    // as for the combine: the loop and sorted scatter kernels, wide rows, a folded grid
-    for (len, k, d) in [
-        (9, 1, 7),
-        (40, 3, 5),
-        (64, 5, 300),
-        (4096, 2, 4),
-        (66_000, 1, 256),
-    ] {
-        let (c, v, slots) = slotted(len, k, d, &mut rng);
+    check_slotted_cases(gpu, 75, |c, v, slots, on| {
+        // the upstream gradient of the a selected rows, values f16 holds
+        let mut rng = ChaCha8Rng::seed_from_u64(c.a as u64);
         let up: Vec<f64> = (0..c.a * c.d)
             .map(|_| half::f16::from_f32(rng.random_range(-2.0f32..2.0)).to_f64())
             .collect();
-        let mut devices = vec![(gpu, DType::F32), (Device::cpu(), DType::F32)];
-        if f16 && c.a * c.d < 1 << 20 {
-            devices.push((gpu, DType::F16));
-        }
-        for (dev, dtype) in devices {
-            // NaN in the buffer the gradient will get (see `poison`)
-            poison(dev, c.len * c.d);
-            let by_slots = select_with((&c, &v), Some(&slots), &up, (dev, dtype));
-            let plain = select_with((&c, &v), None, &up, (dev, dtype));
-            for ((name, p), s) in ["y", "dx"].iter().zip(&plain).zip(&by_slots) {
-                let differ = p
-                    .iter()
-                    .zip(s)
-                    .position(|(p, s)| p.to_bits() != s.to_bits());
-                assert!(
-                    differ.is_none() && p.len() == s.len(),
-                    "{dtype} {name} on {dev} of {len} rows × {k} copies of {d}: by slots and \
-                     plain differ at {differ:?}"
-                );
-            }
-        }
-    }
+        let by_slots = select_with((c, v), Some(slots), &up, on);
+        let plain = select_with((c, v), None, &up, on);
+        ["y", "dx"]
+            .into_iter()
+            .zip(plain)
+            .zip(by_slots)
+            .map(|((name, p), s)| (name, p, s))
+            .collect()
+    });
 }

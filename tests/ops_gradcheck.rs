@@ -775,6 +775,43 @@ proptest! {
             &[rows, w],
         )?;
     }
+
+    /// The combine told each output's rows, and the gather whose backward sums each row's
+    /// copies through the same slots (`k` rows per output in a shuffled order), in f64.
+    #[test]
+    fn combine_and_gather_by_slots(
+        (len, k, d) in (1usize..=6, 1usize..=4, 1usize..=7),
+        seed in 0u64..1000
+    ) {
+        let a = len * k;
+        let val = |i: usize, salt: u64| ((i as u64 * 37 + seed * 11 + salt) % 23) as f64 * 0.1 - 1.1;
+        // slots: a rotation of 0..a by the seed; idx[slots[t·k + j]] = t
+        let slots: Vec<i32> = (0..a).map(|i| ((i as u64 + seed) % a as u64) as i32).collect();
+        let mut idx = vec![0i32; a];
+        for (i, &r) in slots.iter().enumerate() {
+            idx[r as usize] = (i / k) as i32;
+        }
+        let (it, st) = (i32t(&idx, &[a]), i32t(&slots, &[a]));
+        let rows = common::f64t(&(0..a * d).map(|i| val(i, 1)).collect::<Vec<_>>(), &[a, d]);
+        let w = common::f64t(&(0..a).map(|i| val(i, 5)).collect::<Vec<_>>(), &[a]);
+        gc(
+            "weighted_index_scatter_by_slots",
+            |t| {
+                let y = t[0].weighted_index_scatter_by_slots(&t[1], &it, len, &st)?;
+                y.mul(&y)
+            },
+            &[rows, w],
+        )?;
+        let x = common::f64t(&(0..len * d).map(|i| val(i, 3)).collect::<Vec<_>>(), &[len, d]);
+        gc(
+            "index_select_by_slots",
+            |t| {
+                let y = t[0].index_select_by_slots(&it, &st)?;
+                y.mul(&y)
+            },
+            &[x],
+        )?;
+    }
 }
 
 /// The MoE combine with repeated destinations (row 2 gets three rows) and destinations nobody
