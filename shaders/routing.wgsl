@@ -27,27 +27,51 @@
 // softmax_backward     one invocation per row of [rows, n]: out = y ⊙ (dy − Σ dy ⊙ y).
 //                      params BackParams { rows, n } (k and has_probs unused); y (binding 1),
 //                      dy (binding 3), out (binding 5) (binding 2 unused, binding 4 unused).
-// plan_sort            the order of the dispatch plan, its offsets and counts, for a plan of at
-//                      most PLAN_SORT_MAX assignments (src/backend/gpu/routing.rs; larger plans
-//                      sort with sort.wgsl, below). Assignment i has key e = expert[i] when
-//                      valid[i] ≠ 0 and 0 ≤ e < n, else n (the trash group). Invocation i < A
-//                      counts, over every assignment j, the keys below its own and the
-//                      assignments of its key sorted before it by (rank ascending, weight
-//                      descending, index), and writes order[below + before] = i (O(A) per
+// The dispatch plan's order is by key (an assignment's key is e = expert[i] when valid[i] ≠ 0
+// and 0 ≤ e < n, else n: the trash group), then, when the plan has a capacity (priority = 1),
+// by rank ascending and weight descending, then by index. A dropless plan (priority = 0) keeps
+// index order within a key: its rows are only ever all kept, so no priority is needed. Three
+// ways to compute it (the launcher, src/backend/gpu/routing.rs, picks one):
+//
+// plan_sort            up to PLAN_SORT_MAX assignments, one dispatch: invocation i < A counts,
+//                      over every assignment j, the keys below its own and the assignments of
+//                      its key ordered before it, and writes order[below + before] = i (O(A) per
 //                      invocation, tiles of 256 assignments staged in workgroup memory).
 //                      Invocation A + e (e ≤ n) counts the keys below e and equal to e: offsets[e],
 //                      routed[e] and kept[e] = min(routed[e], capacity).
-//                      params PlanParams { a, n, capacity (0xffffffff: none) }; expert (binding
-//                      1, read, i32 [A]), weight (binding 2, read, f32), rank (binding 3, read,
-//                      f32), valid (binding 4, read, f32) -> order (binding 5, read_write, i32
-//                      [A]), offsets (binding 6, read_write, i32 [n + 1]), routed (binding 7,
-//                      read_write, f32 [n]), kept (binding 8, read_write, f32 [n]).
-//                      256 invocations per workgroup over A + n + 1, grid folded into x/y.
-// plan_keys            for a larger plan, the same order comes from one stable sort
-//                      (sort.wgsl's words build) of three-word keys. This entry writes
-//                      assignment i's key words: words[i] = (key, order_key(rank[i]),
-//                      ~order_key(weight[i])), key = expert[i] when valid[i] ≠ 0 and 0 ≤
-//                      expert[i] < n, else n; as unsigned words, ascending order is the plan's
+//                      params PlanParams { a, n, capacity (0xffffffff: none), priority };
+//                      expert (binding 1, read, i32 [A]), weight (binding 2, read, f32), rank
+//                      (binding 3, read, f32), valid (binding 4, read, f32) -> order (binding 5,
+//                      read_write, i32 [A]), offsets (binding 6, read_write, i32 [n + 1]),
+//                      routed (binding 7, read_write, f32 [n]), kept (binding 8, read_write,
+//                      f32 [n]). 256 invocations per workgroup over A + n + 1, grid folded into
+//                      x/y. Then plan_rows.
+// plan_chunk_counts,   a larger dropless plan, by a stable counting sort in three dispatches.
+// plan_chunk_scan,     The assignments fall in C = ⌈A/256⌉ chunks of 256, and one u32 table
+// plan_place           holds counts [(n + 1)·C], key-major (key e's count in chunk c at e·C + c),
+//                      then [A] words key·256 + rank (assignment i's key, and its rank among
+//                      the earlier assignments of its key in its chunk: below 256).
+//                      plan_chunk_counts: one workgroup per chunk writes its column of counts
+//                      and its assignments' keys and ranks. expert (binding 1, read, i32 [A]),
+//                      valid (binding 2, read, f32 [A]) -> table (binding 3, read_write, u32).
+//                      plan_chunk_scan: one workgroup replaces the counts by their exclusive
+//                      prefix sums in key-major order (so e·C + c holds where key e's rows of
+//                      chunk c start) and writes offsets[e] = the scanned e·C, routed[e] =
+//                      offsets[e + 1] − offsets[e] and kept[e] = min(routed[e], capacity).
+//                      table (binding 1, read_write) -> offsets (binding 2, read_write, i32
+//                      [n + 1]), routed (binding 3, read_write, f32 [n]), kept (binding 4,
+//                      read_write, f32 [n]).
+//                      plan_place: one invocation per assignment i puts it at s = scanned
+//                      count (key, chunk of i) + rank of i, and writes plan_rows's outputs there
+//                      (below). table (binding 1, read), token (binding 2, read, i32 [A]) ->
+//                      order (binding 3), position (binding 4), row_token (binding 5),
+//                      row_expert (binding 6), row_expert_clamped (binding 7), all read_write
+//                      i32 [A]; row_kept (binding 8, read_write, f32 [A]).
+//                      params PlanParams for all three; grids folded into x/y.
+// plan_keys            any other plan: one stable sort (sort.wgsl's words build) of three-word
+//                      keys. This entry writes assignment i's key words: words[i] = (key,
+//                      order_key(rank[i]), ~order_key(weight[i])), or (key, 0, 0) when
+//                      priority = 0; as unsigned words, ascending order is the plan's
 //                      (ties to the lower index, which the sort adds). params PlanParams; expert
 //                      (binding 1, read, i32 [A]), weight (binding 2, read, f32), rank (binding
 //                      3, read, f32), valid (binding 4, read, f32) -> words (binding 5,
@@ -59,7 +83,7 @@
 //                      order (binding 1, read, i32 [A]), words (binding 2, read, u32 [A, 3])
 //                      -> offsets (binding 3, read_write, i32 [n + 1]), routed (binding 4,
 //                      read_write, f32 [n]), kept (binding 5, read_write, f32 [n]). One
-//                      invocation per key.
+//                      invocation per key. Then plan_rows.
 // plan_rows            one invocation per sorted row s < A: its assignment i = order[s], its key
 //                      (the last e with offsets[e] ≤ s, by binary search), its position within
 //                      the key s − offsets[key] and whether it is kept; and position[i] = s
@@ -205,7 +229,7 @@ fn softmax_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
 
 // ---- plan_sort ------------------------------------------------------------------------------
 
-struct PlanParams { a: u32, n: u32, capacity: u32 }
+struct PlanParams { a: u32, n: u32, capacity: u32, priority: u32 }
 
 @group(0) @binding(0) var<uniform> pp: PlanParams;
 @group(0) @binding(1) var<storage, read> plan_expert: array<i32>;
@@ -266,8 +290,11 @@ fn plan_sort(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
                 } else {
                     let rq = tile_rank[q];
                     let wq = tile_weight[q];
-                    let before = rq < rank
-                        || (rq == rank && (wq > weight || (wq == weight && base + q < t)));
+                    let earlier = base + q < t;
+                    let before = select(
+                        earlier,
+                        rq < rank || (rq == rank && (wq > weight || (wq == weight && earlier))),
+                        pp.priority != 0u);
                     if (before) { same = same + 1u; }
                 }
             }
@@ -283,6 +310,134 @@ fn plan_sort(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
             plan_kept[key] = f32(min(same, pp.capacity));
         }
     }
+}
+
+// ---- plan_chunk_counts, plan_chunk_scan, plan_place ------------------------------------------
+
+// The chunks of 256 assignments, C = ⌈A/256⌉.
+fn plan_chunks() -> u32 {
+    return (pp.a + WG - 1u) / WG;
+}
+
+@group(0) @binding(1) var<storage, read> chunk_expert: array<i32>;
+@group(0) @binding(2) var<storage, read> chunk_valid: array<f32>;
+@group(0) @binding(3) var<storage, read_write> chunk_table: array<u32>;
+
+var<workgroup> chunk_keys: array<u32, 256>;
+
+@compute @workgroup_size(256)
+fn plan_chunk_counts(@builtin(workgroup_id) wid: vec3<u32>,
+                     @builtin(num_workgroups) nwg: vec3<u32>,
+                     @builtin(local_invocation_index) lid: u32) {
+    let chunk = wid.y * nwg.x + wid.x;
+    let chunks = plan_chunks();
+    // the same for the whole workgroup, so the barriers below stay in uniform control flow
+    if (chunk >= chunks) { return; }
+    let i = chunk * WG + lid;
+    var key = NONE; // past A: matches no key
+    if (i < pp.a) {
+        let e = chunk_expert[i];
+        key = pp.n;
+        if (chunk_valid[i] != 0.0 && e >= 0 && u32(e) < pp.n) { key = u32(e); }
+    }
+    chunk_keys[lid] = key;
+    // the chunk's column of counts starts at zero: keys absent from it keep that
+    for (var e = lid; e <= pp.n; e = e + WG) { chunk_table[e * chunks + chunk] = 0u; }
+    workgroupBarrier();
+    storageBarrier();
+    var before = 0u;
+    var after = 0u;
+    for (var q = 0u; q < WG; q = q + 1u) {
+        if (chunk_keys[q] == key) {
+            if (q < lid) { before = before + 1u; } else if (q > lid) { after = after + 1u; }
+        }
+    }
+    if (i < pp.a) {
+        let counts = (pp.n + 1u) * chunks;
+        chunk_table[counts + i] = (key << 8u) | before;
+        // the last assignment of its key in the chunk writes the key's count
+        if (after == 0u) { chunk_table[key * chunks + chunk] = before + 1u; }
+    }
+}
+
+@group(0) @binding(1) var<storage, read_write> scan_table: array<u32>;
+@group(0) @binding(2) var<storage, read_write> scan_offsets: array<i32>;
+@group(0) @binding(3) var<storage, read_write> scan_routed: array<f32>;
+@group(0) @binding(4) var<storage, read_write> scan_kept: array<f32>;
+
+var<workgroup> scan_sums: array<u32, 256>;
+
+@compute @workgroup_size(256)
+fn plan_chunk_scan(@builtin(local_invocation_index) lid: u32) {
+    let chunks = plan_chunks();
+    let len = (pp.n + 1u) * chunks;
+    // invocation lid scans the counts start..end; the launcher keeps len small (COUNT_TABLE_MAX)
+    let per = (len + WG - 1u) / WG;
+    let start = min(lid * per, len);
+    let end = min(start + per, len);
+    var sum = 0u;
+    for (var j = start; j < end; j = j + 1u) { sum = sum + scan_table[j]; }
+    scan_sums[lid] = sum;
+    workgroupBarrier();
+    if (lid == 0u) {
+        // 256 segment sums to their exclusive prefix sums, in one invocation
+        var run = 0u;
+        for (var q = 0u; q < WG; q = q + 1u) {
+            let s = scan_sums[q];
+            scan_sums[q] = run;
+            run = run + s;
+        }
+    }
+    workgroupBarrier();
+    var run = scan_sums[lid];
+    for (var j = start; j < end; j = j + 1u) {
+        let c = scan_table[j];
+        scan_table[j] = run;
+        run = run + c;
+    }
+    storageBarrier();
+    for (var e = lid; e <= pp.n; e = e + WG) {
+        let first = scan_table[e * chunks];
+        scan_offsets[e] = i32(first);
+        if (e < pp.n) {
+            let routed = scan_table[(e + 1u) * chunks] - first;
+            scan_routed[e] = f32(routed);
+            scan_kept[e] = f32(min(routed, pp.capacity));
+        }
+    }
+}
+
+@group(0) @binding(1) var<storage, read> place_table: array<u32>;
+@group(0) @binding(2) var<storage, read> place_token: array<i32>;
+@group(0) @binding(3) var<storage, read_write> place_order: array<i32>;
+@group(0) @binding(4) var<storage, read_write> place_position: array<i32>;
+@group(0) @binding(5) var<storage, read_write> place_row_token: array<i32>;
+@group(0) @binding(6) var<storage, read_write> place_row_expert: array<i32>;
+@group(0) @binding(7) var<storage, read_write> place_row_clamped: array<i32>;
+@group(0) @binding(8) var<storage, read_write> place_row_kept: array<f32>;
+
+@compute @workgroup_size(256)
+fn plan_place(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) lid: u32) {
+    let i = flat_index(wid, nwg, lid, WG);
+    if (i >= pp.a) { return; }
+    let chunks = plan_chunks();
+    let counts = (pp.n + 1u) * chunks;
+    let key = place_table[counts + i] >> 8u;
+    let rank = place_table[counts + i] & 0xffu;
+    let s = place_table[key * chunks + i / WG] + rank;
+    place_order[s] = i32(i);
+    place_position[i] = i32(s);
+    place_row_token[s] = place_token[i];
+    let kept = key < pp.n && s - place_table[key * chunks] < pp.capacity;
+    if (kept) {
+        place_row_expert[s] = i32(key);
+        place_row_kept[s] = 1.0;
+    } else {
+        place_row_expert[s] = -1;
+        place_row_kept[s] = 0.0;
+    }
+    place_row_clamped[s] = i32(min(key, pp.n - 1u));
 }
 
 // ---- plan_keys ------------------------------------------------------------------------------
@@ -302,8 +457,14 @@ fn plan_keys(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
     var key = pp.n;
     if (keys_valid[i] != 0.0 && e >= 0 && u32(e) < pp.n) { key = u32(e); }
     keys_words[3u * i] = key;
-    keys_words[3u * i + 1u] = order_key(keys_rank[i]);
-    keys_words[3u * i + 2u] = ~order_key(keys_weight[i]);
+    var rank = 0u;
+    var weight = 0u;
+    if (pp.priority != 0u) {
+        rank = order_key(keys_rank[i]);
+        weight = ~order_key(keys_weight[i]);
+    }
+    keys_words[3u * i + 1u] = rank;
+    keys_words[3u * i + 2u] = weight;
 }
 
 // ---- plan_counts ----------------------------------------------------------------------------

@@ -17,7 +17,8 @@
 //! small shape and fails there. The grouped matmul and its weight gradient (past 65,535 column
 //! tiles) and attention_delta fold in tests/gpu_parity_props.rs (`split_grouped_matmul_columns`,
 //! `folded_attention_delta`: through the `Backend` trait, their cheapest folding shapes). Left
-//! out: the dispatch plan (its sort is O(A²) and folds only past 16.7 million assignments), the
+//! out: the dispatch plan's `plan_sort` (O(A²), and it folds only past 16.7 million assignments)
+//! and its sort of three-word keys (whose kernels fold in `folded_sort_kernels`), the
 //! grouped matmul's row split (4.2 million rows of 64-row tiles take minutes on lavapipe), and
 //! the gradients whose kernels walk a whole folded axis in one invocation: layer norm's dγ/dβ
 //! and conv2d's weight gradient (see below; docs/gpu.md lists these under "Not verified").
@@ -692,21 +693,80 @@ fn random_routing(
     }
 }
 
-/// Every output of the plan, as exact host values.
-fn plan_values(p: &DispatchPlan) -> Vec<(&'static str, Vec<f64>)> {
-    let i = |t: &Tensor| t.to_vec_i32().unwrap().into_iter().map(f64::from).collect();
-    let f = |t: &Tensor| t.to_vec_f64().unwrap();
-    vec![
-        ("order", i(&p.order)),
-        ("position", i(&p.position)),
-        ("row_token", i(&p.row_token)),
-        ("row_expert", i(&p.row_expert)),
-        ("row_expert_clamped", i(&p.row_expert_clamped)),
-        ("row_kept", f(&p.row_kept)),
-        ("offsets", i(&p.offsets)),
-        ("kept_per_expert", f(&p.kept_per_expert)),
-        ("routed_per_expert", f(&p.routed_per_expert)),
+/// Every output of the plan, by name.
+fn plan_outputs(p: &DispatchPlan) -> [(&'static str, &Tensor); 9] {
+    [
+        ("order", &p.order),
+        ("position", &p.position),
+        ("row_token", &p.row_token),
+        ("row_expert", &p.row_expert),
+        ("row_expert_clamped", &p.row_expert_clamped),
+        ("row_kept", &p.row_kept),
+        ("offsets", &p.offsets),
+        ("kept_per_expert", &p.kept_per_expert),
+        ("routed_per_expert", &p.routed_per_expert),
     ]
+}
+
+/// A plan output's exact host values (indices or 0/1 and counts).
+fn plan_values(t: &Tensor) -> Vec<f64> {
+    match t.dtype() {
+        DType::I32 => t.to_vec_i32().unwrap().into_iter().map(f64::from).collect(),
+        _ => t.to_vec_f64().unwrap(),
+    }
+}
+
+/// The plan of a random routing of `a` assignments on the CPU (f64) and on `dev` (f32), every
+/// output compared exactly (one at a time: the fold case has 16.7 million rows), and `position`
+/// checked as `order`'s inverse.
+fn check_plan(
+    dev: Device,
+    (tokens, a, n, k): (usize, usize, usize, usize),
+    capacity: Capacity,
+    seed: u64,
+) {
+    let name = format!("dispatch_plan: {a} assignments, {n} experts, k {k}, {capacity:?}");
+    let build = |d: Device, dtype: DType| {
+        let r = random_routing(&mut Vals::new(seed), (tokens, a, n, k), d, dtype);
+        DispatchPlan::build(&r, capacity).unwrap_or_else(|e| panic!("{name} on {d}: {e}"))
+    };
+    let pc = build(Device::cpu(), DType::F64);
+    // NaN in the buffers the plan's outputs and the counting sort's table will get, so that a
+    // word left unwritten shows (a fresh buffer reads as zeros, a lucky count); one of each
+    // size for the largest plans, which would otherwise hold gigabytes
+    let copies = if a > 1 << 20 { 1 } else { 8 };
+    let table = (n + 1) * a.div_ceil(256) + a;
+    let poisoned: Vec<Tensor> = [a, table, n + 1]
+        .iter()
+        .flat_map(|&len| (0..copies).map(move |_| len))
+        .map(|len| Tensor::full(&[len], f64::NAN, DType::F32, dev).unwrap())
+        .collect();
+    drop(poisoned);
+    moegrad::gpu::flush().unwrap();
+    dev.synchronize().unwrap();
+    let pg = build(dev, DType::F32);
+    assert_eq!(pc.capacity, pg.capacity, "{name}: capacity");
+    for ((what, c), (_, g)) in plan_outputs(&pc).into_iter().zip(plan_outputs(&pg)) {
+        let (c, g) = (plan_values(c), plan_values(g));
+        assert_eq!(c.len(), g.len(), "{name}: {what}'s length");
+        if let Some(at) = c.iter().zip(&g).position(|(c, g)| c != g) {
+            panic!(
+                "{name}: {what} differs first at {at} (CPU {}, GPU {})",
+                c[at], g[at]
+            );
+        }
+    }
+    // position is order's inverse permutation (on the CPU, so on the GPU too)
+    let (order, position) = (
+        pc.order.to_vec_i32().unwrap(),
+        pc.position.to_vec_i32().unwrap(),
+    );
+    for (r, &i) in order.iter().enumerate() {
+        assert_eq!(
+            position[i as usize], r as i32,
+            "{name}: position of assignment {i}"
+        );
+    }
 }
 
 #[test]
@@ -714,10 +774,12 @@ fn dispatch_plan_matches_over_random_sizes_and_capacities() {
     let Some(dev) = gpu("dispatch_plan_matches_over_random_sizes_and_capacities") else {
         return;
     };
-    // up to 1024 assignments the plan is one kernel (`plan_sort`), past it one sort of three-word keys
+    // Up to 1024 assignments the plan is one kernel (`plan_sort`); past it a dropless plan is a
+    // counting sort over chunks of 256 (3000: a partial last chunk, 4096: whole ones) and a plan
+    // with a capacity one sort of three-word keys.
     let sizes = (
         1usize..=40,
-        size_near(&[256, 512, 1024, 3000]),
+        size_near(&[256, 512, 1024, 3000, 4096]),
         1usize..=9,
         1usize..=4,
         prop_oneof![Just(None), (0.2f64..2.5, 0usize..=4).prop_map(Some),],
@@ -725,7 +787,7 @@ fn dispatch_plan_matches_over_random_sizes_and_capacities() {
     );
     check_property(
         "dispatch_plan",
-        24,
+        32,
         sizes,
         |(tokens, a, n, k, cap, seed)| {
             let capacity = match cap {
@@ -735,29 +797,41 @@ fn dispatch_plan_matches_over_random_sizes_and_capacities() {
                     min_capacity,
                 },
             };
-            let name = format!("dispatch_plan: {a} assignments, {n} experts, k {k}, {capacity:?}");
-            let build = |d: Device, dtype: DType| {
-                let r = random_routing(&mut Vals::new(seed), (tokens, a, n, k), d, dtype);
-                DispatchPlan::build(&r, capacity).unwrap_or_else(|e| panic!("{name} on {d}: {e}"))
-            };
-            let (pc, pg) = (build(Device::cpu(), DType::F64), build(dev, DType::F32));
-            assert_eq!(pc.capacity, pg.capacity, "{name}: capacity");
-            for ((what, c), (_, g)) in plan_values(&pc).into_iter().zip(plan_values(&pg)) {
-                assert_eq!(c, g, "{name}: {what} differs");
-            }
-            // position is order's inverse permutation (on the CPU, so on the GPU too)
-            let (order, position) = (
-                pc.order.to_vec_i32().unwrap(),
-                pc.position.to_vec_i32().unwrap(),
-            );
-            for (r, &i) in order.iter().enumerate() {
-                assert_eq!(
-                    position[i as usize], r as i32,
-                    "{name}: position of assignment {i}"
-                );
-            }
+            check_plan(dev, (tokens, a, n, k), capacity, seed);
         },
     );
+}
+
+/// The dropless plans the counting sort leaves to the sort of three-word keys: more counts than
+/// `COUNT_TABLE_MAX` (2¹⁸, `(n + 1)·⌈A/256⌉`): 12 chunks of 30,000 experts; and the counting
+/// sort's chunks with few experts and many assignments (every expert in every chunk).
+#[test]
+fn dropless_dispatch_plans_of_many_experts_and_many_chunks() {
+    let Some(dev) = gpu("dropless_dispatch_plans_of_many_experts_and_many_chunks") else {
+        return;
+    };
+    for (i, sizes) in [
+        (500, 3000, 30_000, 2),
+        (4096, 65_537, 3, 2),
+        (64, 1025, 300, 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        check_plan(dev, sizes, Capacity::Dropless, 40 + i as u64);
+    }
+}
+
+/// The counting sort's kernels past 65,535 workgroups: `plan_chunk_counts` (one workgroup per
+/// chunk of 256 assignments) and `plan_place` (one invocation per assignment) fold their grids
+/// at 65,535 · 256 + 1 assignments; over 2 experts the counts stay within `COUNT_TABLE_MAX`.
+#[test]
+fn fold_dispatch_plan_by_counting() {
+    let Some(dev) = gpu("fold_dispatch_plan_by_counting") else {
+        return;
+    };
+    let a = smallest_past_limit("dispatch plan chunks", |a| a.div_ceil(256));
+    check_plan(dev, (100_000, a, 2, 2), Capacity::Dropless, 9);
 }
 
 // ---- grouped matmul -------------------------------------------------------------------------

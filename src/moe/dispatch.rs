@@ -5,16 +5,18 @@
 //! 1. Order: the assignments sorted by expert, then by slot, then by weight (descending), then
 //!    by index. Within an expert, all first choices come before any second choice, and within a
 //!    slot the larger weight first (the priority of Switch/GShard and of XMoE's `p − rank`);
-//!    invalid slots go to a trash expert `n` at the end.
+//!    invalid slots go to a trash expert `n` at the end. A dropless plan keeps nothing out, so
+//!    it needs no priority: its rows are sorted by expert, then by index (a stable counting
+//!    sort).
 //! 2. Counting: `counts[e]` per expert; `offsets` is their exclusive prefix sum.
 //! 3. Position within the expert `pos = i − offsets[e_i]`; an assignment is kept when
 //!    `pos < C` (always, in dropless mode). `C = ⌈γ·A/n⌉`, or `⌈γ·T/n⌉` for routers with a
 //!    variable number of experts per token (see `DispatchPlan::build_sized`). Dropped rows get
 //!    expert `−1`: the grouped matmul skips them and they contribute zero.
 //!
-//! All three steps are one backend primitive, `Backend::dispatch_plan` (a sort on the CPU; two
-//! kernels of `shaders/routing.wgsl` on the GPU, where the same steps written as tensor ops took
-//! about fifty dispatches).
+//! All three steps are one backend primitive, `Backend::dispatch_plan` (a counting sort on the
+//! CPU; two or three kernels of `shaders/routing.wgsl` on the GPU for most plans, where the same
+//! steps written as tensor ops took about fifty dispatches).
 
 use super::Routing;
 use super::arange_f;

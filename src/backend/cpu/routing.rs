@@ -207,10 +207,11 @@ pub(super) fn dispatch_plan<T: Float>(
     for &k in &keys {
         counts[k] += 1;
     }
-    // A counting sort by expert (index order within an expert), then each expert's rows sorted
-    // by rank ascending, weight descending (NaN last), index ascending, with the keys computed
-    // once per row rather than once per comparison. `start[e]` is where expert e's rows begin
-    // (the trash expert n last).
+    // A counting sort by expert (index order within an expert), then, where a capacity may drop
+    // rows, each expert's rows sorted by rank ascending, weight descending (NaN last), index
+    // ascending, with the keys computed once per row rather than once per comparison. A
+    // dropless plan keeps index order. `start[e]` is where expert e's rows begin (the trash
+    // expert n last).
     let mut start = vec![0usize; n + 2];
     for e in 0..=n {
         start[e + 1] = start[e] + counts[e];
@@ -226,9 +227,12 @@ pub(super) fn dispatch_plan<T: Float>(
         );
         next[k] += 1;
     }
-    for e in 0..=n {
-        // the index is part of the key, so no two keys are equal and an unstable sort is exact
-        by_expert[start[e]..start[e + 1]].sort_unstable();
+    if capacity.is_some() {
+        for e in 0..=n {
+            // the index is part of the key, so no two keys are equal and an unstable sort is
+            // exact
+            by_expert[start[e]..start[e + 1]].sort_unstable();
+        }
     }
     let order: Vec<usize> = by_expert.iter().map(|&(_, _, i)| i).collect();
     let offsets = &start[..=n];
@@ -426,6 +430,26 @@ mod tests {
         assert_eq!(ints(&p.offsets), vec![0, 1, 3]);
         assert_eq!(floats(&p.kept_per_expert), vec![1.0, 1.0]);
         assert_eq!(floats(&p.routed_per_expert), vec![1.0, 2.0]);
+    }
+
+    #[test]
+    fn dropless_plan_keeps_index_order_within_an_expert() {
+        // the inputs of the test above, without a capacity: no priority, so expert 1's rows
+        // are assignments 0 then 2 (index order), though 2 has the larger weight
+        let token = [0, 0, 1, 1];
+        let expert = [1, 0, 1, 1];
+        let weight = [0.2f32, 0.8, 0.3, 0.9];
+        let rank = [0.0f32, 1.0, 0.0, 1.0];
+        let valid = [1.0f32, 1.0, 1.0, 0.0];
+        let p = dispatch_plan(&token, &expert, (&weight, &rank, &valid), 2, None);
+        let ints = |b: &CpuBuffer| match b {
+            CpuBuffer::I32(v) => v.to_vec(),
+            other => panic!("expected i32, got {:?}", other.dtype()),
+        };
+        assert_eq!(ints(&p.order), vec![1, 0, 2, 3]);
+        assert_eq!(ints(&p.position), vec![1, 0, 2, 3]);
+        assert_eq!(ints(&p.row_expert), vec![0, 1, 1, -1]);
+        assert_eq!(ints(&p.offsets), vec![0, 1, 3]);
     }
 
     #[test]

@@ -66,7 +66,9 @@ pub(crate) trait RoutingOps: BufferOps {
     /// assignment `i` goes to expert `expert[i]` (I32) when `valid[i] ≠ 0` and the expert is in
     /// `0..experts`, else to a trash group after the last expert. The rows are the assignments
     /// sorted by (expert, `rank` ascending, `weight` descending with NaN last, `i`), and a row is
-    /// kept while its position within its expert is below `capacity` (`None`: always).
+    /// kept while its position within its expert is below `capacity`. Without a capacity
+    /// (`None`) every row is kept and the rows are sorted by (expert, `i`): a stable counting
+    /// sort, since no priority decides anything.
     /// `token` (I32) and the float `(weight, rank, valid)` are `[A]`.
     fn dispatch_plan(
         &self,

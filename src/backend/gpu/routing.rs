@@ -1,10 +1,11 @@
 //! Launchers of `shaders/routing.wgsl`, the MoE routing kernels: [`topk_gate`] (a top-k router's
 //! softmax, selection and normalisation in one dispatch), [`topk_gate_backward`] and
 //! [`softmax_backward`] (its backward rules, one dispatch each), and [`dispatch_plan`] (the
-//! whole dispatch plan of an MoE layer: up to [`PLAN_SORT_MAX`] assignments in two dispatches,
-//! `plan_sort` and `plan_rows`, where the composed version took about fifty; larger plans by
-//! one stable sort of `sort.wgsl` on three-word keys, since `plan_sort`'s work grows with the
-//! square of the assignments).
+//! whole dispatch plan of an MoE layer, where the composed version took about fifty
+//! dispatches): up to [`PLAN_SORT_MAX`] assignments in two, `plan_sort` and `plan_rows`; a
+//! larger dropless plan by a counting sort in three ([`plan_by_counting`]); any other by one
+//! stable sort of `sort.wgsl` on three-word keys ([`plan_by_sorting`]), since `plan_sort`'s work
+//! grows with the square of the assignments.
 
 use super::half::expect_f32;
 use super::kernels::{Shader, grid_1d, u32_param};
@@ -143,17 +144,82 @@ pub(crate) fn softmax_backward(
     Ok(out)
 }
 
+/// The most counts (`(experts + 1) · ⌈A/256⌉`) a dropless plan may have for
+/// [`plan_by_counting`]: one workgroup scans them, 1024 to an invocation at most (and a key
+/// must fit in the 24 bits `plan_chunk_counts` keeps for it); a plan with more is sorted.
+pub(crate) const COUNT_TABLE_MAX: usize = 1 << 18;
+
 // `plan_keys` writes three words per assignment
 const _: () = assert!(KEY_WORDS == 3);
 
+/// Whether a plan of `a` assignments over `n` experts is computed by [`plan_by_counting`]:
+/// dropless, past [`PLAN_SORT_MAX`] and within [`COUNT_TABLE_MAX`] counts.
+pub(crate) fn plans_by_counting(a: usize, n: usize, capacity: Option<usize>) -> bool {
+    capacity.is_none()
+        && a > PLAN_SORT_MAX
+        && (n + 1).saturating_mul(a.div_ceil(PLAN_WG as usize)) <= COUNT_TABLE_MAX
+}
+
+/// The dropless plan of `params[0]` assignments by a stable counting sort: `plan_chunk_counts`
+/// counts each key in each chunk of 256 assignments and ranks every assignment among the
+/// earlier ones of its key in its chunk, `plan_chunk_scan` turns the counts into where each
+/// (key, chunk) starts, and `plan_place` puts every assignment at its start plus its rank and
+/// writes the plan's rows: order by (key, index), `plan_sort`'s order without a capacity.
+fn plan_by_counting(
+    be: &GpuBackend,
+    (token, expert, valid): (&GpuBuffer, &GpuBuffer, &GpuBuffer),
+    params: &[u32; 4],
+    out: &PlanBuffers<GpuBuffer>,
+) -> Result<()> {
+    let (a, n) = (params[0] as usize, params[1] as usize);
+    let chunks = a.div_ceil(PLAN_WG as usize);
+    // the counts, then each assignment's key and its rank within its chunk in one word
+    let table = be.alloc((n + 1) * chunks + a, DType::I32)?;
+    be.launch(
+        &ROUTING,
+        "plan_chunk_counts",
+        &[expert, valid, &table],
+        params,
+        grid_1d(a, PLAN_WG)?,
+    )?;
+    be.launch(
+        &ROUTING,
+        "plan_chunk_scan",
+        &[
+            &table,
+            &out.offsets,
+            &out.routed_per_expert,
+            &out.kept_per_expert,
+        ],
+        params,
+        [1, 1, 1],
+    )?;
+    be.launch(
+        &ROUTING,
+        "plan_place",
+        &[
+            &table,
+            token,
+            &out.order,
+            &out.position,
+            &out.row_token,
+            &out.row_expert,
+            &out.row_expert_clamped,
+            &out.row_kept,
+        ],
+        params,
+        grid_1d(a, PLAN_WG)?,
+    )
+}
+
 /// The order, offsets and counts of a plan of `params[0]` assignments by one stable sort
 /// (`sort.wgsl`'s words build) of the key words `plan_keys` writes, (key, rank ascending,
-/// weight descending), ties to the lower index: the same order as `plan_sort`'s. The counts
-/// come from `plan_counts`.
+/// weight descending) with a capacity and (key) without, ties to the lower index: the same
+/// order as `plan_sort`'s. The counts come from `plan_counts`.
 fn plan_by_sorting(
     be: &GpuBackend,
     (expert, weight, rank, valid): (&GpuBuffer, &GpuBuffer, &GpuBuffer, &GpuBuffer),
-    params: &[u32; 3],
+    params: &[u32; 4],
     out: &PlanBuffers<GpuBuffer>,
 ) -> Result<GpuBuffer> {
     let (a, n) = (params[0] as usize, params[1] as usize);
@@ -182,8 +248,9 @@ fn plan_by_sorting(
     Ok(order)
 }
 
-/// `RoutingOps::dispatch_plan` (entries `plan_sort`, or [`plan_by_sorting`] past
-/// [`PLAN_SORT_MAX`] assignments, then `plan_rows`).
+/// `RoutingOps::dispatch_plan`: entry `plan_sort` then `plan_rows` up to [`PLAN_SORT_MAX`]
+/// assignments, else [`plan_by_counting`] when [`plans_by_counting`] says so, else
+/// [`plan_by_sorting`] then `plan_rows`.
 pub(crate) fn dispatch_plan(
     be: &GpuBackend,
     token: &GpuBuffer,
@@ -205,10 +272,18 @@ pub(crate) fn dispatch_plan(
         Some(c) => u32::try_from(c).unwrap_or(u32::MAX),
         None => u32::MAX,
     };
-    let params = [u32_param(a, "dispatch_plan: assignments")?, n, cap];
+    // rank and weight order an expert's rows only where a capacity may drop some
+    let priority = capacity.is_some() as u32;
+    let params = [
+        u32_param(a, "dispatch_plan: assignments")?,
+        n,
+        cap,
+        priority,
+    ];
     let i32_buf = |len: usize| be.alloc(len, DType::I32);
     let f32_buf = |len: usize| be.alloc(len, DType::F32);
-    let by_sorting = a > PLAN_SORT_MAX;
+    let by_counting = plans_by_counting(a, experts, capacity);
+    let by_sorting = a > PLAN_SORT_MAX && !by_counting;
     let mut out = PlanBuffers {
         // the sorts make the order buffer themselves
         order: i32_buf(if by_sorting { 0 } else { a })?,
@@ -221,7 +296,14 @@ pub(crate) fn dispatch_plan(
         kept_per_expert: f32_buf(experts)?,
         routed_per_expert: f32_buf(experts)?,
     };
-    if !by_sorting {
+    if by_counting {
+        // plan_place writes the rows too
+        plan_by_counting(be, (token, expert, valid), &params, &out)?;
+        return Ok(out);
+    }
+    if by_sorting {
+        out.order = plan_by_sorting(be, (expert, weight, rank, valid), &params, &out)?;
+    } else {
         be.launch(
             &ROUTING,
             "plan_sort",
@@ -238,8 +320,6 @@ pub(crate) fn dispatch_plan(
             &params,
             grid_1d(a + experts + 1, PLAN_WG)?,
         )?;
-    } else {
-        out.order = plan_by_sorting(be, (expert, weight, rank, valid), &params, &out)?;
     }
     be.launch(
         &ROUTING,
