@@ -102,7 +102,7 @@ fn run(layer: &MoeLayer, x: &Tensor, up: &Tensor) -> Outcome {
         ("aux_loss".into(), out.aux_loss.to_vec_f64().unwrap()),
         (
             "stats.weight_per_expert".into(),
-            out.stats.weight_per_expert.to_vec_f64().unwrap(),
+            out.stats.weight_per_expert().unwrap().to_vec_f64().unwrap(),
         ),
         (
             "routing.weight".into(),

@@ -94,7 +94,7 @@ fn run(l: &MoeLayer, x: &Tensor, up: &Tensor) -> Outcome {
         ),
         (
             "stats.weight_per_expert".into(),
-            out.stats.weight_per_expert.to_vec_f64().unwrap(),
+            out.stats.weight_per_expert().unwrap().to_vec_f64().unwrap(),
         ),
         ("grad x".into(), xg.grad().unwrap().to_vec_f64().unwrap()),
     ];

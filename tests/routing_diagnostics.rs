@@ -6,7 +6,7 @@
 
 mod common;
 
-use moegrad::moe::{CollapseAlarm, RoutingStats, RoutingWindow, Spread};
+use moegrad::moe::{CollapseAlarm, ExpertWeights, RoutingStats, RoutingWindow, Spread};
 use moegrad::{DType, Device, Tensor};
 
 fn t(v: &[f64], shape: &[usize], dev: Device) -> Tensor {
@@ -17,7 +17,7 @@ fn t(v: &[f64], shape: &[usize], dev: Device) -> Tensor {
 fn stats(probs: &[f64], logits: &[f64], routed: &[f64], kept: &[f64], dev: Device) -> RoutingStats {
     RoutingStats {
         kept_per_expert: t(kept, &[4], dev),
-        weight_per_expert: Tensor::zeros(&[4], DType::F32, dev).unwrap(),
+        expert_weights: ExpertWeights::Summed(Tensor::zeros(&[4], DType::F32, dev).unwrap()),
         routed_per_expert: t(routed, &[4], dev),
         probs: t(probs, &[2, 4], dev),
         logits: t(logits, &[2, 4], dev),
@@ -166,5 +166,36 @@ fn diagnostics_match_hand_computed_values_with_a_dead_expert_and_a_drop() {
             even_alarm.check(&even).is_some(),
             "1.6 times the fair share"
         );
+    }
+}
+
+/// `RoutingStats::weight_per_expert` from each form a forward pass leaves: the plan's rows (a
+/// dropped row's weight not counted), the all-experts path's `[T, n]` weights, and the totals.
+#[test]
+fn weight_per_expert_sums_kept_weights_by_expert() {
+    let mut devices = vec![Device::cpu()];
+    devices.extend(common::gpu_or_skip(
+        "weight_per_expert_sums_kept_weights_by_expert",
+    ));
+    for dev in devices {
+        let mut s = stats(&[0.25; 8], &[0.0; 8], &[1.0; 4], &[1.0; 4], dev);
+        s.expert_weights = ExpertWeights::PerRow {
+            weight: t(&[0.5, 0.25, 1.0, 2.0, 4.0], &[5], dev),
+            kept: t(&[1.0, 0.0, 1.0, 1.0, 1.0], &[5], dev),
+            expert: Tensor::from_i32(vec![1, 1, 0, 1, 3], &[5], dev).unwrap(),
+            experts: 4,
+        };
+        let got = s.weight_per_expert().unwrap().to_vec_f64().unwrap();
+        assert_eq!(got, vec![1.0, 2.5, 0.0, 4.0], "per row on {dev}");
+        s.expert_weights = ExpertWeights::PerToken(t(
+            &[0.125, 0.5, 0.0, 0.375, 0.25, 0.25, 0.5, 0.0],
+            &[2, 4],
+            dev,
+        ));
+        let got = s.weight_per_expert().unwrap().to_vec_f64().unwrap();
+        assert_eq!(got, vec![0.375, 0.75, 0.5, 0.375], "per token on {dev}");
+        s.expert_weights = ExpertWeights::Summed(t(&[1.0, 2.0, 3.0, 4.0], &[4], dev));
+        let got = s.weight_per_expert().unwrap().to_vec_f64().unwrap();
+        assert_eq!(got, vec![1.0, 2.0, 3.0, 4.0], "summed on {dev}");
     }
 }

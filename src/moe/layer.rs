@@ -20,7 +20,7 @@ use super::dispatch::{Capacity, DispatchPlan};
 use super::experts::{ExpertBank, ExpertBankConfig, ExpertNet};
 use super::score_function::ScoreTerm;
 use super::shared_experts::SharedExperts;
-use super::stats::RoutingStats;
+use super::stats::{ExpertWeights, RoutingStats};
 use super::{BalanceMethod, BalanceScope, Balancing};
 use super::{ExpertKind, MoeConfig, Router, build_router};
 use super::{Routing, aux_loss};
@@ -568,21 +568,19 @@ impl MoeLayer {
             Some(aux) => aux,
             None => Tensor::zeros(&[], aux_dtype, y.device())?,
         };
-        // the combine weight each expert received, summed over its kept rows (no gradient)
-        let (kept_per_expert, weight_per_expert) = match &combined {
+        // the combine weight each expert received (summed only when asked for)
+        let (kept_per_expert, expert_weights) = match &combined {
             Combined::Plan(plan, w) => (
                 plan.kept_per_expert.clone(),
-                crate::no_grad(|| {
-                    let kept_w = w.detach().to_dtype(crate::DType::F32)?;
-                    let kept_w = kept_w.mul(&plan.row_kept.to_dtype(crate::DType::F32)?)?;
-                    kept_w.index_scatter(0, &plan.row_expert_clamped, self.config.experts)
-                })?,
+                ExpertWeights::PerRow {
+                    weight: w.detach(),
+                    kept: plan.row_kept.clone(),
+                    expert: plan.row_expert_clamped.clone(),
+                    experts: self.config.experts,
+                },
             ),
             // nothing is dropped on the all-experts path: kept = routed
-            Combined::AllExperts(w) => (
-                routed[0].clone(),
-                crate::no_grad(|| w.detach().to_dtype(crate::DType::F32)?.sum(&[0], false))?,
-            ),
+            Combined::AllExperts(w) => (routed[0].clone(), ExpertWeights::PerToken(w.detach())),
         };
         let routed_per_expert = match &combined {
             Combined::Plan(plan, _) => plan.routed_per_expert.clone(),
@@ -590,7 +588,7 @@ impl MoeLayer {
         };
         let stats = RoutingStats {
             kept_per_expert,
-            weight_per_expert,
+            expert_weights,
             routed_per_expert,
             // the diagnostics describe the real experts (`without_null_experts`)
             probs: routing.probs.detach(),

@@ -53,4 +53,4 @@ pub(crate) use routing_output::{arange_f, slot_tables};
 pub use score_function::{RunningBaseline, ScoreTerm, add_surrogates};
 pub use selection_bias::SelectionBias;
 pub use shared_experts::{SharedExperts, SharedExpertsConfig};
-pub use stats::{RoutingStats, RoutingSummary};
+pub use stats::{ExpertWeights, RoutingStats, RoutingSummary};

@@ -8,8 +8,9 @@ use crate::{Result, Tensor};
 pub struct RoutingStats {
     /// `[n]` kept assignments per expert
     pub kept_per_expert: Tensor,
-    /// `[n]` the combine weight each expert received, summed over its kept assignments
-    pub weight_per_expert: Tensor,
+    /// the combine weight each expert received over its kept assignments, as the forward pass
+    /// left it; [`RoutingStats::weight_per_expert`] sums it when asked
+    pub expert_weights: ExpertWeights,
     /// `[n]` routed (valid) assignments per expert, before capacity
     pub routed_per_expert: Tensor,
     /// `[T, n]` the router's distribution over experts for each token (detached); the mean
@@ -38,7 +39,49 @@ pub struct RoutingSummary {
     pub router_metrics: std::collections::BTreeMap<String, f64>,
 }
 
+/// The combine weights of one forward pass from which [`RoutingStats::weight_per_expert`] sums
+/// each expert's total, on demand: a training step that never reads the total does not pay for
+/// it (a multiply and a scatter on the plan path).
+#[derive(Clone, Debug)]
+pub enum ExpertWeights {
+    /// `[n]` the totals themselves
+    Summed(Tensor),
+    /// `[T, n]` (detached) each token's weight for every expert (the all-experts path, where
+    /// nothing is dropped)
+    PerToken(Tensor),
+    /// a dispatch plan's rows: `weight` `[A]` (detached, in row order), `kept` `[A]` (float 0/1)
+    /// and `expert` `[A]` (I32 in `0..experts`: `DispatchPlan::row_expert_clamped`)
+    PerRow {
+        /// each row's combine weight
+        weight: Tensor,
+        /// whether the row was kept (1) or dropped by capacity or invalid (0)
+        kept: Tensor,
+        /// the row's expert, clamped to `0..experts`
+        expert: Tensor,
+        /// the number of experts `n`
+        experts: usize,
+    },
+}
+
 impl RoutingStats {
+    /// `[n]` (f32) the combine weight each expert received, summed over its kept assignments.
+    pub fn weight_per_expert(&self) -> Result<Tensor> {
+        crate::no_grad(|| match &self.expert_weights {
+            ExpertWeights::Summed(w) => Ok(w.clone()),
+            ExpertWeights::PerToken(w) => w.to_dtype(crate::DType::F32)?.sum(&[0], false),
+            ExpertWeights::PerRow {
+                weight,
+                kept,
+                expert,
+                experts,
+            } => {
+                let f32 = crate::DType::F32;
+                let kept_w = weight.to_dtype(f32)?.mul(&kept.to_dtype(f32)?)?;
+                kept_w.index_scatter(0, expert, *experts)
+            }
+        })
+    }
+
     /// The mean entropy of the router's distribution over experts, `−(1/T) Σ_t Σ_i p log p`, in
     /// nats (a scalar on the device). Computed on demand: a training step that never reads it
     /// does not pay its passes over `[T, n]`.

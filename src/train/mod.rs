@@ -370,10 +370,10 @@ pub fn expert_usage(
             .next()
             .ok_or_else(|| Error::Invalid("expert usage needs a model with an MoE layer".into()))?;
         sums = Some(match sums {
-            None => (stats.kept_per_expert, stats.weight_per_expert),
+            None => (stats.kept_per_expert.clone(), stats.weight_per_expert()?),
             Some((k, w)) => (
                 k.add(&stats.kept_per_expert)?,
-                w.add(&stats.weight_per_expert)?,
+                w.add(&stats.weight_per_expert()?)?,
             ),
         });
     }
