@@ -492,3 +492,59 @@ fn the_loss_scale_state_round_trips_for_checkpoints() {
         Tensor::from_f32(vec![0.0], &[], gpu).unwrap()
     ));
 }
+
+/// An f16 prediction's mean squared error is computed in f32 (a 0-d f32 loss, from the f16
+/// values widened exactly), and its gradient comes back in f16, equal to the f32 gradient
+/// rounded to f16.
+#[test]
+fn mse_of_an_f16_prediction_is_computed_in_f32() {
+    let Some(dev) = f16_gpu("mse_of_an_f16_prediction_is_computed_in_f32") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(5);
+    let values = |rng: &mut ChaCha8Rng| -> Vec<f32> {
+        (0..3000).map(|_| rng.random_range(-2.0f32..2.0)).collect()
+    };
+    let (x, t) = (values(&mut rng), values(&mut rng));
+    let on = |v: &[f32], dtype| {
+        Tensor::from_f32(v.to_vec(), &[30, 100], dev)
+            .and_then(|t| t.to_dtype(dtype))
+            .unwrap()
+    };
+    let (x16, t16) = (
+        on(&x, moegrad::DType::F16).with_grad().unwrap(),
+        on(&t, moegrad::DType::F16),
+    );
+    // the same f16 values, widened to f32
+    let (x32, t32) = (
+        x16.detach()
+            .to_dtype(moegrad::DType::F32)
+            .unwrap()
+            .with_grad()
+            .unwrap(),
+        t16.to_dtype(moegrad::DType::F32).unwrap(),
+    );
+    let (l16, l32) = (x16.mse(&t16).unwrap(), x32.mse(&t32).unwrap());
+    assert_eq!(l16.dtype(), moegrad::DType::F32, "the loss is f32");
+    assert_eq!(
+        l16.item().unwrap(),
+        l32.item().unwrap(),
+        "the same f32 loss"
+    );
+    l16.backward().unwrap();
+    l32.backward().unwrap();
+    let g16 = x16.grad().unwrap();
+    assert_eq!(g16.dtype(), moegrad::DType::F16, "the gradient is f16");
+    let want = x32
+        .grad()
+        .unwrap()
+        .to_dtype(moegrad::DType::F16)
+        .unwrap()
+        .to_vec_f64()
+        .unwrap();
+    assert_eq!(
+        g16.to_vec_f64().unwrap(),
+        want,
+        "f32's gradient rounded to f16"
+    );
+}

@@ -70,6 +70,36 @@ pub(crate) fn check_lse_length<B: Operand>(what: &str, lse: &B, dims: AttentionD
     Ok(())
 }
 
+/// Checks the operands of the mean squared error: `x` and `t` (and the upstream gradient `g`,
+/// when given) float of one dtype, `x` and `t` of one length ≥ 1 and `g` of one element.
+pub(crate) fn check_mse<B: Operand>(what: &str, x: &B, t: &B, g: Option<&B>) -> Result<()> {
+    let float = |d: DType| matches!(d, DType::F32 | DType::F64 | DType::F16);
+    let dtypes_match = x.dtype() == t.dtype() && g.is_none_or(|g| g.dtype() == x.dtype());
+    if !float(x.dtype()) || !dtypes_match {
+        return Err(Error::DType(format!(
+            "{what}: prediction and target must be float of one dtype (the gradient too), got \
+             {}, {}{}",
+            x.dtype(),
+            t.dtype(),
+            g.map(|g| format!(" and {}", g.dtype())).unwrap_or_default()
+        )));
+    }
+    if x.len() != t.len() || x.len() == 0 {
+        return Err(Error::Shape(format!(
+            "{what}: prediction of {} values and target of {} (equal and ≥ 1)",
+            x.len(),
+            t.len()
+        )));
+    }
+    if let Some(g) = g.filter(|g| g.len() != 1) {
+        return Err(Error::Shape(format!(
+            "{what}: the upstream gradient holds {} values, expected one",
+            g.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Checks that cross-entropy logits are `[rows, classes]` for `rows` targets, sizes ≥ 1.
 pub(crate) fn check_cross_entropy_shape<B: Operand>(
     what: &str,

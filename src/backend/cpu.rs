@@ -141,6 +141,7 @@ mod layer_norm;
 mod layout;
 mod matmul;
 pub(crate) mod moe_combine;
+mod mse;
 mod nn;
 mod optim;
 mod pool2d;

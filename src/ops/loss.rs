@@ -1,6 +1,6 @@
-//! Losses: cross-entropy with integer targets (one fused op with its own kernels), mean squared
-//! error and binary cross-entropy with logits (composed from differentiable ops, their gradients
-//! following from the pieces).
+//! Losses: cross-entropy with integer targets and the mean squared error (fused ops with their
+//! own kernels), and binary cross-entropy with logits (composed from differentiable ops, its
+//! gradient following from the pieces).
 
 use crate::{DType, Error, Result, Tensor};
 
@@ -75,12 +75,34 @@ impl Tensor {
         }))
     }
 
-    /// Mean squared error `mean((self − target)²)`; shapes must match exactly.
+    /// Mean squared error `mean((self − target)²)`, a 0-d tensor; shapes must match exactly.
+    ///
+    /// One fused op (`NnOps::mse_forward` / `_backward`: `backend/cpu/mse.rs`,
+    /// `shaders/mse.wgsl`): forward sums the squared differences in one pass (two dispatches on
+    /// the GPU: partial sums, then their total), backward is `∂/∂x_i = (2/N)·g·(x_i − t_i)` in one
+    /// (and its negation for the target, when the target requires a gradient). An f16
+    /// prediction's loss is computed in f32. The backward rule is a kernel, so second
+    /// derivatives through this op are not available.
+    ///
+    /// # Errors
+    /// [`Error::Shape`] for different shapes, [`Error::Invalid`] for empty tensors,
+    /// [`Error::DType`] for non-float operands or different dtypes, [`Error::Device`] when they
+    /// live on different devices.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::{Device, Tensor};
+    /// let x = Tensor::from_f32(vec![1.0, 2.0, 4.0], &[3], Device::cpu()).unwrap();
+    /// let t = Tensor::from_f32(vec![1.0, 0.0, 1.0], &[3], Device::cpu()).unwrap();
+    /// // (0² + 2² + 3²) / 3
+    /// assert_eq!(x.mse(&t).unwrap().item().unwrap(), 13.0 / 3.0);
+    /// ```
     pub fn mse(&self, target: &Tensor) -> Result<Tensor> {
         let _profile = crate::profile::op("mse");
+        const WHAT: &str = "mse";
         if self.shape() != target.shape() {
             return Err(Error::Shape(format!(
-                "mse: prediction {:?} and target {:?} differ",
+                "{WHAT}: prediction {:?} and target {:?} differ",
                 self.shape(),
                 target.shape()
             )));
@@ -88,8 +110,39 @@ impl Tensor {
         if self.numel() == 0 {
             return Err(Error::Invalid("mse of empty tensors".into()));
         }
-        let d = self.sub(target)?;
-        d.mul(&d)?.mean_all()
+        self.check_float(WHAT)?;
+        target.check_float(WHAT)?;
+        if self.dtype() != target.dtype() {
+            return Err(Error::DType(format!(
+                "{WHAT}: prediction is {} and target {}",
+                self.dtype(),
+                target.dtype()
+            )));
+        }
+        if self.device() != target.device() {
+            return Err(Error::Device(format!(
+                "{WHAT}: prediction on {} and target on {}",
+                self.device(),
+                target.device()
+            )));
+        }
+        if self.dtype() == DType::F16 {
+            // the loss and its sum in f32; the cast's backward brings the gradient back to f16
+            return self
+                .to_dtype(DType::F32)?
+                .mse(&target.to_dtype(DType::F32)?);
+        }
+        let out = Tensor::from_storage(self.storage().mse_forward(target.storage())?, vec![]);
+        let (x, t) = (self.detach(), target.detach());
+        let target_grad = target.requires_grad();
+        Ok(Tensor::record(out, WHAT, &[self, target], move |g| {
+            let dx = Tensor::from_storage(
+                g.storage().mse_backward(x.storage(), t.storage())?,
+                x.shape().to_vec(),
+            );
+            let dt = if target_grad { Some(dx.neg()?) } else { None };
+            Ok(vec![Some(dx), dt])
+        }))
     }
 
     /// Binary cross-entropy with logits, `mean(softplus(x) − x·y)` (stable for large |x|);

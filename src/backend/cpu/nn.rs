@@ -1,19 +1,19 @@
 //! The CPU's [`NnOps`]: checks each fused primitive's operands, matches on their dtype and
 //! calls the kernel of its file (`attention.rs`, `layer_norm.rs`, `swiglu.rs`, `rotary.rs`,
-//! `cross_entropy.rs`,
-//! `routing.rs` for the softmax backward, `conv2d.rs`, `pool2d.rs`).
+//! `cross_entropy.rs`, `mse.rs`, `routing.rs` for the softmax backward, `conv2d.rs`,
+//! `pool2d.rs`).
 
 use super::{
-    CpuBackend, CpuBuffer, attention, conv2d, cross_entropy, f32b, f64b, layer_norm, pool2d,
+    CpuBackend, CpuBuffer, attention, conv2d, cross_entropy, f32b, f64b, layer_norm, mse, pool2d,
     rotary, routing, swiglu,
 };
 use crate::Error;
 use crate::Result;
-use crate::backend::checks::check_softmax_backward;
 use crate::backend::checks::{
     check_attention_lengths, check_cross_entropy, check_layer_norm_lengths, check_rotary_lengths,
     check_swiglu_lengths,
 };
+use crate::backend::checks::{check_mse, check_softmax_backward};
 use crate::backend::{
     AttentionDims, AttentionGradOperands, Conv2dDims, LayerNormDims, NnOps, Pool2dDims, PoolKind,
     RotaryDims, SwiGluDims,
@@ -237,6 +237,36 @@ impl NnOps for CpuBackend {
                 g.dtype(),
                 logits.dtype(),
                 lse.dtype()
+            ))),
+        }
+    }
+
+    fn mse_forward(&self, x: &CpuBuffer, t: &CpuBuffer) -> Result<CpuBuffer> {
+        const WHAT: &str = "mse";
+        check_mse(WHAT, x, t, None)?;
+        match (x, t) {
+            (CpuBuffer::F32(x), CpuBuffer::F32(t)) => Ok(f32b(vec![mse::forward(x, t)])),
+            (CpuBuffer::F64(x), CpuBuffer::F64(t)) => Ok(f64b(vec![mse::forward(x, t)])),
+            _ => Err(Error::DType(format!(
+                "{WHAT}: the CPU computes f32 or f64, got {}",
+                x.dtype()
+            ))),
+        }
+    }
+
+    fn mse_backward(&self, g: &CpuBuffer, x: &CpuBuffer, t: &CpuBuffer) -> Result<CpuBuffer> {
+        const WHAT: &str = "mse backward";
+        check_mse(WHAT, x, t, Some(g))?;
+        match (g, x, t) {
+            (CpuBuffer::F32(g), CpuBuffer::F32(x), CpuBuffer::F32(t)) => {
+                Ok(f32b(mse::backward(g[0], x, t)))
+            }
+            (CpuBuffer::F64(g), CpuBuffer::F64(x), CpuBuffer::F64(t)) => {
+                Ok(f64b(mse::backward(g[0], x, t)))
+            }
+            _ => Err(Error::DType(format!(
+                "{WHAT}: the CPU computes f32 or f64, got {}",
+                x.dtype()
             ))),
         }
     }

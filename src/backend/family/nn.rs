@@ -107,6 +107,17 @@ pub trait NnOps: BufferOps {
         targets: &Self::Buffer,
         lse: &Self::Buffer,
     ) -> Result<Self::Buffer>;
+    /// The mean squared error of equal-length float buffers `x` and `t` (at least one element):
+    /// a one-element buffer `mean_i (x_i − t_i)²`, of `x`'s dtype.
+    fn mse_forward(&self, x: &Self::Buffer, t: &Self::Buffer) -> Result<Self::Buffer>;
+    /// The gradient of [`NnOps::mse_forward`] with respect to `x` for the one-element upstream
+    /// gradient `g`: `dx_i = (2/N)·g·(x_i − t_i)` (the target's is its negation).
+    fn mse_backward(
+        &self,
+        g: &Self::Buffer,
+        x: &Self::Buffer,
+        t: &Self::Buffer,
+    ) -> Result<Self::Buffer>;
     /// The backward of a softmax over the rows of `[rows, n]` from its output `y`:
     /// `∂x = y ⊙ (dy − Σ_c dy_c y_c)`.
     fn softmax_backward(

@@ -62,8 +62,8 @@ pub struct BuiltinShader {
 #[cfg(test)]
 pub fn builtin_shaders() -> Vec<BuiltinShader> {
     use super::{
-        attention, conv2d, cross_entropy, elementwise, half, layer_norm, layout, matmul, optim,
-        pool2d, random, reduce, rotary, routing, sort, swiglu,
+        attention, conv2d, cross_entropy, elementwise, half, layer_norm, layout, matmul, mse,
+        optim, pool2d, random, reduce, rotary, routing, sort, swiglu,
     };
     let plain = |s: &Shader| BuiltinShader {
         name: s.name,
@@ -93,6 +93,7 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         plain(&swiglu::SWIGLU_SHADER),
         plain(&rotary::ROTARY_SHADER),
         plain(&cross_entropy::CROSS_ENTROPY_SHADER),
+        plain(&mse::MSE_SHADER),
         plain(&routing::ROUTING),
         plain(&conv2d::CONV2D_SHADER),
         plain(&pool2d::POOL2D_SHADER),
@@ -687,7 +688,7 @@ mod tests {
     #[test]
     fn shaders_validate_and_follow_the_binding_convention() {
         use super::super::{
-            attention, conv2d, cross_entropy, elementwise, layer_norm, layout, optim, pool2d,
+            attention, conv2d, cross_entropy, elementwise, layer_norm, layout, mse, optim, pool2d,
             random, reduce, rotary, routing, sort, swiglu,
         };
         let files = [
@@ -703,7 +704,8 @@ mod tests {
             (&swiglu::SWIGLU_SHADER, 2),
             (&rotary::ROTARY_SHADER, 1),
             (&cross_entropy::CROSS_ENTROPY_SHADER, 2),
-            (&routing::ROUTING, 7),
+            (&mse::MSE_SHADER, 3),
+            (&routing::ROUTING, 10),
             (&conv2d::CONV2D_SHADER, 3),
             (&pool2d::POOL2D_SHADER, 4),
         ];

@@ -17,7 +17,8 @@
 //!   ([`GpuStats`], read with [`GpuBackend::stats`]);
 //! * one launcher file per kernel family, named after its shader: `elementwise.rs`,
 //!   `reduce.rs`, `layout.rs`, `sort.rs`, `random.rs`, `optim.rs`, `matmul.rs`, `attention.rs`,
-//!   `layer_norm.rs`, `cross_entropy.rs`, `routing.rs`, `conv2d.rs` and `pool2d.rs` launch the
+//!   `layer_norm.rs`, `cross_entropy.rs`, `mse.rs`, `routing.rs`, `conv2d.rs` and `pool2d.rs`
+//!   launch the
 //!   entry points of `shaders/<same name>.wgsl`, one function per primitive;
 //! * the family traits are implemented where their launchers are: [`BufferOps`] (upload,
 //!   download) in this file, `ElementwiseOps` in `elementwise.rs` (with `random.rs`),
@@ -49,6 +50,7 @@ mod matmul_build;
 mod matmul_kernel;
 mod matmul_tune;
 mod moe_combine;
+mod mse;
 mod nn;
 mod optim;
 mod pool2d;

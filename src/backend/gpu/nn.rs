@@ -86,6 +86,14 @@ impl NnOps for GpuBackend {
         super::cross_entropy::cross_entropy_backward(self, g, logits, targets, lse)
     }
 
+    fn mse_forward(&self, x: &GpuBuffer, t: &GpuBuffer) -> Result<GpuBuffer> {
+        super::mse::mse_forward(self, x, t)
+    }
+
+    fn mse_backward(&self, g: &GpuBuffer, x: &GpuBuffer, t: &GpuBuffer) -> Result<GpuBuffer> {
+        super::mse::mse_backward(self, g, x, t)
+    }
+
     fn softmax_backward(
         &self,
         y: &GpuBuffer,

@@ -93,6 +93,21 @@ impl Storage {
             dims
         ))
     }
+    /// See [`NnOps::mse_forward`]; `self` is the prediction.
+    pub(crate) fn mse_forward(&self, target: &Storage) -> Result<Storage> {
+        const WHAT: &str = "mse";
+        on_device!(self, |be| be
+            .mse_forward(be.buf(self, WHAT)?, be.buf(target, WHAT)?))
+    }
+    /// See [`NnOps::mse_backward`]; `self` is the one-element upstream gradient.
+    pub(crate) fn mse_backward(&self, x: &Storage, target: &Storage) -> Result<Storage> {
+        const WHAT: &str = "mse backward";
+        on_device!(self, |be| be.mse_backward(
+            be.buf(self, WHAT)?,
+            be.buf(x, WHAT)?,
+            be.buf(target, WHAT)?
+        ))
+    }
     /// See [`NnOps::cross_entropy_forward`]; `self` is the logits. Returns `(loss, lse)`.
     pub(crate) fn cross_entropy_forward(
         &self,

@@ -459,6 +459,34 @@ fn folded_sort_kernels() {
     }
 }
 
+/// The mean squared error past 65,535 workgroups: `mse_backward` (one invocation per element)
+/// folds its grid, and `mse_partials` (512 workgroups at most) walks the input in 128 strides
+/// per invocation; both against the CPU (the forward's sum in another order: within f32
+/// rounding of a sum of 16.7 million terms).
+#[test]
+fn folded_mse() {
+    let Some((be, _lock)) = fold_gpu("folded_mse") else {
+        return;
+    };
+    let cpu = CpuBackend;
+    let n = fold::smallest_folding(WG);
+    fold::assert_past_limit("mse_backward", fold::groups(n, WG));
+    let (x, t) = (random_f32(41, n), random_f32(42, n));
+    let (gx, gt, cx, ct) = (up_f32(&be, &x), up_f32(&be, &t), cpu_f32(&x), cpu_f32(&t));
+    let got = host_f64(be.download(&be.mse_forward(&gx, &gt).unwrap()).unwrap());
+    let want = host_f64(cpu.download(&cpu.mse_forward(&cx, &ct).unwrap()).unwrap());
+    common::assert_close("mse_forward", &got, &want, 0.0, 1e-5);
+    let (gg, cg) = (up_f32(&be, &[0.75]), cpu_f32(&[0.75]));
+    poison_pool(&be, n);
+    let dx = be.mse_backward(&gg, &gx, &gt).unwrap();
+    let want = cpu.mse_backward(&cg, &cx, &ct).unwrap();
+    assert_same(
+        "mse_backward",
+        be.download(&dx).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+}
+
 /// The operands of `attention_backward` from `[q, k, v, o, lse, dO]`.
 fn attention_grad_operands<B>(b: &[B; 6]) -> AttentionGradOperands<'_, B> {
     AttentionGradOperands {
