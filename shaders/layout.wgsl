@@ -61,13 +61,19 @@
 //                      last (k² reads of slots, no sort of idx), so the same terms in the same
 //                      order as the two entries above, and the same bits. params ScatterParams
 //                      with m = k, and key_row = 1 to add the rows unweighted (scatter_add's
-//                      sum: index_select's backward); src 1, out 3, slots 4 (read, i32
-//                      [len·k]), w 6 (idx 2 and perm 5 unread, and w when key_row = 1).
+//                      sum: index_select's backward), s0 = 1 when w is per slot (row slots[s]
+//                      weighted by w[s], the routing's own order) rather than per row; src 1,
+//                      out 3, slots 4 (read, i32 [len·k]), w 6 (idx 2 and perm 5 unread, and w
+//                      when key_row = 1).
 // weighted_scatter_backward
 //                      its backward, one workgroup per source row j (the workgroup's flat index):
 //                      d_src[j, i] = w[j]·dy[idx[j], i] and d_w[j] = Σ_i dy[idx[j], i]·src[j, i]
-//                      (zero for an index outside 0..len). params ScatterParams (len, inner, m);
-//                      src 1, idx 2, dy 3, w 4 (read), d_src 5 [m, inner], d_w 6 [m] (written).
+//                      (zero for an index outside 0..len). params ScatterParams (len, inner, m,
+//                      s0); src 1, idx 2, dy 3, w 4 (read), d_src 5 [m, inner], d_w 6 [m]
+//                      (written), order 7 (read, i32 [m]). With s0 = 1 the weights are per
+//                      slot and order maps each row to its slot: row j's weight is
+//                      w[order[j]] and its gradient goes to d_w[order[j]] (order unread
+//                      otherwise).
 
 const WG: u32 = 256u;
 
@@ -259,7 +265,12 @@ fn scatter_add_sorted(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
 
 // Source row j's element i scaled by its weight, rounded as a stored product.
 fn weighted_term(j: u32, i: u32) -> f32 {
-    return f32(sc_store(f32(ws_w[j]) * f32(sc_src[j * sp.inner + i])));
+    return weighted_term_by(j, j, i);
+}
+
+// Source row j's element i scaled by the weight ws_w[wj], rounded as a stored product.
+fn weighted_term_by(wj: u32, j: u32, i: u32) -> f32 {
+    return f32(sc_store(f32(ws_w[wj]) * f32(sc_src[j * sp.inner + i])));
 }
 
 @compute @workgroup_size(256)
@@ -309,16 +320,21 @@ fn weighted_gather_slots(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
     var acc = 0.0;
     var last = -1;
     for (var step = 0u; step < sp.m; step = step + 1u) {
-        // the smallest of the output's rows above the last one added (the rows are distinct)
+        // the smallest of the output's rows above the last one added (the rows are distinct),
+        // and its slot
         var next = 2147483647;
+        var slot = first;
         for (var j = 0u; j < sp.m; j = j + 1u) {
             let r = sc_keys[first + j];
-            if (r > last && r < next) { next = r; }
+            if (r > last && r < next) {
+                next = r;
+                slot = first + j;
+            }
         }
         if (sp.key_row != 0u) {
             acc = acc + f32(sc_src[u32(next) * sp.inner + i]);
         } else {
-            acc = acc + weighted_term(u32(next), i);
+            acc = acc + weighted_term_by(select(u32(next), slot, sp.s0 == 1u), u32(next), i);
         }
         last = next;
     }
@@ -329,6 +345,7 @@ fn weighted_gather_slots(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
 @group(0) @binding(4) var<storage, read> wb_w: array<sc_elem>;
 @group(0) @binding(5) var<storage, read_write> wb_dsrc: array<sc_elem>;
 @group(0) @binding(6) var<storage, read_write> wb_dw: array<sc_elem>;
+@group(0) @binding(7) var<storage, read> wb_order: array<i32>;
 var<workgroup> wb_partial: array<f32, 256>;
 
 @compute @workgroup_size(256)
@@ -339,7 +356,10 @@ fn weighted_scatter_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num
     if (j >= sp.m) { return; }
     let k = sc_idx[j];
     let hit = k >= 0 && u32(k) < sp.len;
-    let w = f32(wb_w[j]);
+    // the weight's index: the row's, or its slot's (weights per slot)
+    var wj = j;
+    if (sp.s0 == 1u) { wj = u32(wb_order[j]); }
+    let w = f32(wb_w[wj]);
     var acc = 0.0;
     for (var i = lid; i < sp.inner; i = i + WG) {
         var g = 0.0;
@@ -353,5 +373,5 @@ fn weighted_scatter_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num
         if (lid < s) { wb_partial[lid] = wb_partial[lid] + wb_partial[lid + s]; }
         workgroupBarrier();
     }
-    if (lid == 0u) { wb_dw[j] = sc_store(wb_partial[0]); }
+    if (lid == 0u) { wb_dw[wj] = sc_store(wb_partial[0]); }
 }

@@ -15,7 +15,10 @@
 //!   and f16 and on the CPU, k = 1 to 5 rows per output in any order, the grid folded; slots
 //!   that break the promise rejected on the CPU, and of the wrong length on both; likewise
 //!   `index_select_by_slots` against `index_select`, whose backward the same kernel computes
-//!   unweighted.
+//!   unweighted;
+//! - with the weights per slot (`weighted_index_scatter_per_slot`, the MoE layer's combine):
+//!   the plain combine's bits again, the weights' gradient per slot; a slot order that is not
+//!   the slots' inverse refused on the CPU.
 //!
 //! Skipped with a printed reason without an adapter unless `MOEGRAD_REQUIRE_GPU=1` (and the f16
 //! case without `shader-f16`).
@@ -85,12 +88,19 @@ enum Combine<'a> {
     Fused,
     /// `weighted_index_scatter_by_slots` with these slots
     BySlots(&'a [i32]),
+    /// `weighted_index_scatter_per_slot` with these slots: the weights handed over per slot
+    /// (`w[slots[s]]` at `s`) and their gradient put back in row order for comparison
+    PerSlot(&'a [i32]),
 }
 
 /// [`run`], with the combine chosen.
 fn run_with(c: &Case, v: &Values, (dev, dtype): (Device, DType), how: Combine) -> [Vec<f64>; 3] {
     let on = |x: &[f64], shape: &[usize]| place(x, shape, dev, dtype).with_grad().unwrap();
-    let (rows, w) = (on(&v.rows, &[c.a, c.d]), on(&v.w, &[c.a]));
+    let w_given: Vec<f64> = match how {
+        Combine::PerSlot(slots) => slots.iter().map(|&r| v.w[r as usize]).collect(),
+        _ => v.w.clone(),
+    };
+    let (rows, w) = (on(&v.rows, &[c.a, c.d]), on(&w_given, &[c.a]));
     let idx = Tensor::from_i32(v.idx.clone(), &[c.a], dev).unwrap();
     let y = match how {
         Combine::Composed => rows
@@ -104,12 +114,29 @@ fn run_with(c: &Case, v: &Values, (dev, dtype): (Device, DType), how: Combine) -
             rows.weighted_index_scatter_by_slots(&w, &idx, c.len, &slots)
                 .unwrap()
         }
+        Combine::PerSlot(slots) => {
+            let mut order = vec![0; slots.len()];
+            for (s, &r) in slots.iter().enumerate() {
+                order[r as usize] = s as i32;
+            }
+            let order = Tensor::from_i32(order, &[slots.len()], dev).unwrap();
+            let slots = Tensor::from_i32(slots.to_vec(), &[slots.len()], dev).unwrap();
+            rows.weighted_index_scatter_per_slot(&w, &idx, c.len, &slots, &order)
+                .unwrap()
+        }
     };
     assert_eq!(y.dtype(), dtype);
     let up = place(&v.up, &[c.len, c.d], dev, dtype);
     y.backward_with(&up).unwrap();
     let grad = |t: &Tensor| t.grad().unwrap().to_vec_f64().unwrap();
-    [y.to_vec_f64().unwrap(), grad(&rows), grad(&w)]
+    let mut d_w = grad(&w);
+    if let Combine::PerSlot(slots) = how {
+        let per_slot = d_w.clone();
+        for (s, &r) in slots.iter().enumerate() {
+            d_w[r as usize] = per_slot[s];
+        }
+    }
+    [y.to_vec_f64().unwrap(), grad(&rows), d_w]
 }
 
 /// The definition in f64: the output, and the gradients `w[r]·up[idx[r]]` and
@@ -337,15 +364,73 @@ fn combine_by_slots_gives_the_plain_combines_bits() {
         return;
     };
     check_slotted_cases(gpu, 73, |c, v, slots, on| {
-        let by_slots = run_with(c, v, on, Combine::BySlots(slots));
-        let plain = run_with(c, v, on, Combine::Fused);
-        NAMES
-            .iter()
-            .zip(plain)
-            .zip(by_slots)
-            .map(|((&name, p), s)| (name, p, s))
-            .collect()
+        against_plain(c, v, on, Combine::BySlots(slots))
     });
+}
+
+/// `(name, plain, how)` for the output and both gradients of the combine `how` and of the plain
+/// one (`how` runs first: see [`check_slotted_cases`]).
+fn against_plain(
+    c: &Case,
+    v: &Values,
+    on: (Device, DType),
+    how: Combine,
+) -> Vec<(&'static str, Vec<f64>, Vec<f64>)> {
+    let other = run_with(c, v, on, how);
+    let plain = run_with(c, v, on, Combine::Fused);
+    NAMES
+        .iter()
+        .zip(plain)
+        .zip(other)
+        .map(|((&name, p), s)| (name, p, s))
+        .collect()
+}
+
+/// Weights handed over per slot, read through the slots (the layer's combine: no gather of the
+/// weights into row order, whose backward was another gather): the plain combine's bits again,
+/// the weights' gradient per slot.
+#[test]
+fn combine_with_weights_per_slot_gives_the_plain_combines_bits() {
+    let Some(gpu) =
+        common::gpu_or_skip("combine_with_weights_per_slot_gives_the_plain_combines_bits")
+    else {
+        return;
+    };
+    check_slotted_cases(gpu, 75, |c, v, slots, on| {
+        against_plain(c, v, on, Combine::PerSlot(slots))
+    });
+}
+
+/// A slot order that is not the slots' inverse is refused on the CPU, and one of the wrong
+/// length or dtype on both devices.
+#[test]
+fn a_slot_order_that_breaks_the_promise_is_refused() {
+    let Some(gpu) = common::gpu_or_skip("a_slot_order_that_breaks_the_promise_is_refused") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(76);
+    let (c, v, slots) = slotted(4, 2, 3, &mut rng);
+    let mut order = vec![0; slots.len()];
+    for (s, &r) in slots.iter().enumerate() {
+        order[r as usize] = s as i32;
+    }
+    let combine = |dev: Device, order: &[i32]| {
+        let rows = place(&v.rows, &[c.a, c.d], dev, DType::F32);
+        let w = place(&v.w, &[c.a], dev, DType::F32);
+        let idx = Tensor::from_i32(v.idx.clone(), &[c.a], dev).unwrap();
+        let slots = Tensor::from_i32(slots.clone(), &[slots.len()], dev).unwrap();
+        let order = Tensor::from_i32(order.to_vec(), &[order.len()], dev).unwrap();
+        rows.weighted_index_scatter_per_slot(&w, &idx, c.len, &slots, &order)
+    };
+    for dev in [gpu, Device::cpu()] {
+        assert!(combine(dev, &order).is_ok(), "{dev}: the promise kept");
+        let e = combine(dev, &order[..7]).unwrap_err().to_string();
+        assert!(e.contains("slot order must be i32 [8]"), "{dev}: {e}");
+    }
+    let mut swapped = order.clone();
+    swapped.swap(0, 1);
+    let e = combine(Device::cpu(), &swapped).unwrap_err().to_string();
+    assert!(e.contains("the slot order gives row 0"), "{e}");
 }
 
 #[test]

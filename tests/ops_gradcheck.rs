@@ -776,8 +776,9 @@ proptest! {
         )?;
     }
 
-    /// The combine told each output's rows, and the gather whose backward sums each row's
-    /// copies through the same slots (`k` rows per output in a shuffled order), in f64.
+    /// The combine told each output's rows (weights per row, and per slot), and the gather whose
+    /// backward sums each row's copies through the same slots (`k` rows per output in a
+    /// shuffled order), in f64.
     #[test]
     fn combine_and_gather_by_slots(
         (len, k, d) in (1usize..=6, 1usize..=4, 1usize..=7),
@@ -801,6 +802,22 @@ proptest! {
                 y.mul(&y)
             },
             &[rows, w],
+        )?;
+        // the same combine with the weights per slot, through the slots' inverse
+        let mut order = vec![0i32; a];
+        for (i, &r) in slots.iter().enumerate() {
+            order[r as usize] = i as i32;
+        }
+        let ot = i32t(&order, &[a]);
+        let w_slots = common::f64t(&(0..a).map(|i| val(i, 7)).collect::<Vec<_>>(), &[a]);
+        let rows2 = common::f64t(&(0..a * d).map(|i| val(i, 9)).collect::<Vec<_>>(), &[a, d]);
+        gc(
+            "weighted_index_scatter_per_slot",
+            |t| {
+                let y = t[0].weighted_index_scatter_per_slot(&t[1], &it, len, &st, &ot)?;
+                y.mul(&y)
+            },
+            &[rows2, w_slots],
         )?;
         let x = common::f64t(&(0..len * d).map(|i| val(i, 3)).collect::<Vec<_>>(), &[len, d]);
         gc(

@@ -184,9 +184,20 @@ fn weight_per_expert_sums_kept_weights_by_expert() {
             kept: t(&[1.0, 0.0, 1.0, 1.0, 1.0], &[5], dev),
             expert: Tensor::from_i32(vec![1, 1, 0, 1, 3], &[5], dev).unwrap(),
             experts: 4,
+            slot_of_row: None,
         };
         let got = s.weight_per_expert().unwrap().to_vec_f64().unwrap();
         assert_eq!(got, vec![1.0, 2.5, 0.0, 4.0], "per row on {dev}");
+        // the same weights per slot: row r's weight at slot_of_row[r]
+        s.expert_weights = ExpertWeights::PerRow {
+            weight: t(&[2.0, 0.5, 4.0, 0.25, 1.0], &[5], dev),
+            kept: t(&[1.0, 0.0, 1.0, 1.0, 1.0], &[5], dev),
+            expert: Tensor::from_i32(vec![1, 1, 0, 1, 3], &[5], dev).unwrap(),
+            experts: 4,
+            slot_of_row: Some(Tensor::from_i32(vec![1, 3, 4, 0, 2], &[5], dev).unwrap()),
+        };
+        let got = s.weight_per_expert().unwrap().to_vec_f64().unwrap();
+        assert_eq!(got, vec![1.0, 2.5, 0.0, 4.0], "per slot on {dev}");
         s.expert_weights = ExpertWeights::PerToken(t(
             &[0.125, 0.5, 0.0, 0.375, 0.25, 0.25, 0.5, 0.0],
             &[2, 4],

@@ -328,6 +328,31 @@ pub(crate) fn check_slots(
     Ok(())
 }
 
+/// Checks a combine's slot order (each row's slot, the slots' inverse): I32 `[rows]`, given only
+/// with slots and weights (which it says are per slot).
+pub(crate) fn check_slot_order(
+    what: &str,
+    order: Option<(DType, usize)>,
+    has_slots: bool,
+    has_weights: bool,
+    rows: usize,
+) -> Result<()> {
+    let Some((dtype, len)) = order else {
+        return Ok(());
+    };
+    if !has_slots || !has_weights {
+        return Err(Error::Invalid(format!(
+            "{what}: a slot order (weights per slot) needs slots and weights"
+        )));
+    }
+    if dtype != DType::I32 || len != rows {
+        return Err(Error::Shape(format!(
+            "{what}: the slot order must be i32 [{rows}], one slot per row, got {dtype} of {len}"
+        )));
+    }
+    Ok(())
+}
+
 /// The error of an index operand that is not I32.
 pub(crate) fn indices_dtype_error(what: &str, got: DType) -> Error {
     Error::DType(format!("{what}: indices must be i32, got {got}"))

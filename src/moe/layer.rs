@@ -462,18 +462,27 @@ impl MoeLayer {
                     None => source.index_select(0, &plan.row_token)?,
                 };
                 let out = self.experts.forward_rows(&rows, &plan)?;
-                // y[t] = Σ over t's rows of weight·output (one fused op; see `weighted_index_scatter`)
-                // (a reordering whose backward gathers by the inverse: no scatter-add)
-                let w = routing.weight.permute_rows(&plan.order, &plan.position)?;
+                // y[t] = Σ over t's rows of weight·output (one fused op; see
+                // `weighted_index_scatter`), the weights read where the routing has them (per
+                // slot) when each token's rows are known, else first put in row order (a
+                // reordering whose backward gathers by the inverse: no scatter-add)
                 let len = t * routings.len();
-                let mut y = match slots {
-                    Some(_) => out.weighted_index_scatter_by_slots(
-                        &w,
-                        &plan.row_token,
-                        len,
-                        &plan.position,
-                    )?,
-                    _ => out.weighted_index_scatter(&w, &plan.row_token, len)?,
+                let (mut y, w) = match slots {
+                    Some(_) => (
+                        out.weighted_index_scatter_per_slot(
+                            &routing.weight,
+                            &plan.row_token,
+                            len,
+                            &plan.position,
+                            &plan.order,
+                        )?,
+                        WeightOrder::PerSlot(routing.weight.clone()),
+                    ),
+                    _ => {
+                        let w = routing.weight.permute_rows(&plan.order, &plan.position)?;
+                        let y = out.weighted_index_scatter(&w, &plan.row_token, len)?;
+                        (y, WeightOrder::PerRow(w))
+                    }
                 };
                 if self.training.load(Ordering::Relaxed) {
                     y = super::default_outputs::add_default_terms(
@@ -573,7 +582,13 @@ impl MoeLayer {
             Combined::Plan(plan, w) => (
                 plan.kept_per_expert.clone(),
                 ExpertWeights::PerRow {
-                    weight: w.detach(),
+                    weight: match w {
+                        WeightOrder::PerRow(w) | WeightOrder::PerSlot(w) => w.detach(),
+                    },
+                    slot_of_row: match w {
+                        WeightOrder::PerRow(_) => None,
+                        WeightOrder::PerSlot(_) => Some(plan.order.clone()),
+                    },
                     kept: plan.row_kept.clone(),
                     expert: plan.row_expert_clamped.clone(),
                     experts: self.config.experts,
@@ -605,11 +620,18 @@ impl MoeLayer {
     }
 }
 
-/// How a forward pass combined the experts' outputs: through a dispatch plan (with the
-/// weights in the plan's order), or on the all-experts path (with the dense weights `[T, n]`).
+/// How a forward pass combined the experts' outputs: through a dispatch plan (with its
+/// weights), or on the all-experts path (with the dense weights `[T, n]`).
 enum Combined {
-    Plan(DispatchPlan, Tensor),
+    Plan(DispatchPlan, WeightOrder),
     AllExperts(Tensor),
+}
+
+/// The combine weights of a plan, `[A]`: per row (the plan's order) or per slot (the routing's
+/// own order, when each token's rows were read through the plan's `position`).
+enum WeightOrder {
+    PerRow(Tensor),
+    PerSlot(Tensor),
 }
 
 /// Fails unless `router` can be balanced as `balancing` asks ([`Balancing::check`]).

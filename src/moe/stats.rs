@@ -49,11 +49,14 @@ pub enum ExpertWeights {
     /// `[T, n]` (detached) each token's weight for every expert (the all-experts path, where
     /// nothing is dropped)
     PerToken(Tensor),
-    /// a dispatch plan's rows: `weight` `[A]` (detached, in row order), `kept` `[A]` (float 0/1)
-    /// and `expert` `[A]` (I32 in `0..experts`: `DispatchPlan::row_expert_clamped`)
+    /// a dispatch plan's rows: `weight` `[A]` (detached; in row order, or per slot with
+    /// `slot_of_row`), `kept` `[A]` (float 0/1) and `expert` `[A]` (I32 in `0..experts`:
+    /// `DispatchPlan::row_expert_clamped`), both in row order
     PerRow {
-        /// each row's combine weight
+        /// each row's combine weight, or each slot's
         weight: Tensor,
+        /// when `weight` is per slot, each row's slot (`[A]` I32, `DispatchPlan::order`)
+        slot_of_row: Option<Tensor>,
         /// whether the row was kept (1) or dropped by capacity or invalid (0)
         kept: Tensor,
         /// the row's expert, clamped to `0..experts`
@@ -71,11 +74,16 @@ impl RoutingStats {
             ExpertWeights::PerToken(w) => w.to_dtype(crate::DType::F32)?.sum(&[0], false),
             ExpertWeights::PerRow {
                 weight,
+                slot_of_row,
                 kept,
                 expert,
                 experts,
             } => {
                 let f32 = crate::DType::F32;
+                let weight = match slot_of_row {
+                    Some(order) => weight.index_select(0, order)?,
+                    None => weight.clone(),
+                };
                 let kept_w = weight.to_dtype(f32)?.mul(&kept.to_dtype(f32)?)?;
                 kept_w.index_scatter(0, expert, *experts)
             }

@@ -41,7 +41,7 @@ impl Tensor {
         idx: &Tensor,
         len: usize,
     ) -> Result<Tensor> {
-        self.weighted_scatter_with(weights, idx, len, None)
+        self.weighted_scatter_with(weights, idx, len, None, None)
     }
 
     /// [`Tensor::weighted_index_scatter`] told where each output's rows are: `slots: [len·k]`
@@ -78,7 +78,49 @@ impl Tensor {
             0 => 0,
             len => slots.numel() / len,
         };
-        self.weighted_scatter_with(weights, idx, len, Some((slots, k)))
+        self.weighted_scatter_with(weights, idx, len, Some((slots, k)), None)
+    }
+
+    /// [`Tensor::weighted_index_scatter_by_slots`] with the weights given per slot instead of
+    /// per row: `weights[s]` weighs row `slots[s]`, so `y[t] = Σ_j weights[t·k + j]·
+    /// self[slots[t·k + j]]`; `order` (`[A]` I32) is the slots' inverse, each row's slot. An MoE
+    /// layer's token-choice routing has its weights in slot order (token `t`'s `k` choices at
+    /// `t·k..t·k+k`) and its plan both maps: `position` (the slots) and `order`. The result is
+    /// the same, to the bit, as gathering the weights into row order
+    /// (`weights.index_select(0, order)`) and calling `weighted_index_scatter_by_slots`, without
+    /// that gather and its backward: the weights' gradient comes back per slot.
+    ///
+    /// ```
+    /// # use moegrad::{Device, Tensor};
+    /// let rows = Tensor::from_f32(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2], Device::cpu())?;
+    /// let idx = Tensor::from_i32(vec![1, 0, 2], &[3], Device::cpu())?;
+    /// // output 0's row is 1, output 1's row 0, output 2's row 2; the weights by output
+    /// let slots = Tensor::from_i32(vec![1, 0, 2], &[3], Device::cpu())?;
+    /// let order = Tensor::from_i32(vec![1, 0, 2], &[3], Device::cpu())?;
+    /// let w = Tensor::from_f32(vec![1.0, 0.5, 2.0], &[3], Device::cpu())?;
+    /// let y = rows.weighted_index_scatter_per_slot(&w, &idx, 3, &slots, &order)?;
+    /// assert_eq!(y.to_vec_f64()?, vec![3.0, 4.0, 0.5, 1.0, 10.0, 12.0]);
+    /// # Ok::<(), moegrad::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Those of `weighted_index_scatter_by_slots`; `order` not I32 `[A]` on `self`'s device; on
+    /// the CPU, an order that is not the slots' inverse.
+    pub fn weighted_index_scatter_per_slot(
+        &self,
+        weights: &Tensor,
+        idx: &Tensor,
+        len: usize,
+        slots: &Tensor,
+        order: &Tensor,
+    ) -> Result<Tensor> {
+        self.check_index_tensor(slots, "weighted_index_scatter slots")?;
+        self.check_index_tensor(order, "weighted_index_scatter slot order")?;
+        let k = match len {
+            0 => 0,
+            len => slots.numel() / len,
+        };
+        self.weighted_scatter_with(weights, idx, len, Some((slots, k)), Some(order))
     }
 
     /// [`Tensor::index_select`] along axis 0 whose backward is told where each source row's
@@ -128,18 +170,21 @@ impl Tensor {
                 idx.storage(),
                 (d, len),
                 Some((slots.storage(), k)),
+                None,
             )?;
             Ok(vec![Some(Tensor::from_storage(dx, in_shape))])
         }))
     }
 
-    /// Both combines: `slots` is `(each output's rows, rows per output)` when known.
+    /// The combines: `slots` is `(each output's rows, rows per output)` when known, and
+    /// `slot_order` each row's slot when the weights are per slot.
     fn weighted_scatter_with(
         &self,
         weights: &Tensor,
         idx: &Tensor,
         len: usize,
         slots: Option<(&Tensor, usize)>,
+        slot_order: Option<&Tensor>,
     ) -> Result<Tensor> {
         const WHAT: &str = "weighted_index_scatter";
         let _profile = crate::profile::op(WHAT);
@@ -165,9 +210,11 @@ impl Tensor {
             idx.storage(),
             (d, len),
             slots.map(|(s, k)| (s.storage(), k)),
+            slot_order.map(|o| o.storage()),
         )?;
         let y = Tensor::from_storage(y, vec![len, d]);
         let (rows, w_saved, idx) = (self.detach(), w.detach(), idx.clone());
+        let slot_order = slot_order.cloned();
         Ok(Tensor::record(y, WHAT, &[self, &w], move |g| {
             let g = g.to_dtype(rows.dtype())?;
             let (d_rows, d_w) = rows.storage().weighted_scatter_backward(
@@ -175,6 +222,7 @@ impl Tensor {
                 idx.storage(),
                 g.storage(),
                 (d, len),
+                slot_order.as_ref().map(|o| o.storage()),
             )?;
             Ok(vec![
                 Some(Tensor::from_storage(d_rows, vec![a, d])),

@@ -105,18 +105,72 @@ fn check_slot_promise(slots: &[i32], idx: &[i32], k: usize, what: &str) -> Resul
     Ok(())
 }
 
+/// Checks that `order` (each row's slot) is the inverse of `slots` (each slot's row).
+fn check_slot_order_promise(order: &[i32], slots: &[i32], what: &str) -> Result<()> {
+    for (r, &s) in order.iter().enumerate() {
+        let back = usize::try_from(s).ok().and_then(|s| slots.get(s));
+        if back != Some(&(r as i32)) {
+            return Err(Error::Invalid(format!(
+                "{what}: the slot order gives row {r} slot {s}, whose row is not {r}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Weights per slot `w` as weights per row, `w[order[r]]` for row `r`.
+fn weights_by_row(w: &CpuBuffer, order: &[i32]) -> CpuBuffer {
+    match w {
+        CpuBuffer::F32(w) => f32b(order.iter().map(|&s| w[s as usize]).collect()),
+        CpuBuffer::F64(w) => f64b(order.iter().map(|&s| w[s as usize]).collect()),
+        other => other.clone(),
+    }
+}
+
+/// Gradients per row as gradients per slot: `out[order[r]] = d_w[r]`.
+fn by_slot(d_w: CpuBuffer, order: &[i32]) -> CpuBuffer {
+    fn place<T: Copy + Default>(v: &[T], order: &[i32]) -> Vec<T> {
+        let mut out = vec![T::default(); v.len()];
+        for (&x, &s) in v.iter().zip(order) {
+            out[s as usize] = x;
+        }
+        out
+    }
+    match &d_w {
+        CpuBuffer::F32(v) => f32b(place(v, order)),
+        CpuBuffer::F64(v) => f64b(place(v, order)),
+        _ => d_w,
+    }
+}
+
 /// The fused forward on CPU buffers (f32 or f64; `rows` and `w` of one dtype). Given `slots`
 /// (each output's rows, see `RoutingOps::weighted_scatter`), it checks them and computes the
-/// same sum, which needs no grouping on the CPU.
+/// same sum, which needs no grouping on the CPU; given `slot_order` too (weights per slot), it
+/// checks that as well and reads each row's weight at its slot.
 pub(crate) fn weighted_scatter(
     rows: &CpuBuffer,
     w: Option<&CpuBuffer>,
     idx: &CpuBuffer,
     (d, len): (usize, usize),
     slots: Option<(&CpuBuffer, usize)>,
+    slot_order: Option<&CpuBuffer>,
 ) -> Result<CpuBuffer> {
     const WHAT: &str = "weighted_index_scatter";
+    let idx_buffer = idx;
     let idx = idx.indices(WHAT)?;
+    crate::backend::checks::check_slot_order(
+        WHAT,
+        slot_order.map(|o| (o.dtype(), o.len())),
+        slots.is_some(),
+        w.is_some(),
+        idx.len(),
+    )?;
+    if let (Some(order), Some((s, _)), Some(wb)) = (slot_order, slots, w) {
+        let order = order.indices(WHAT)?;
+        check_slot_order_promise(order, s.indices(WHAT)?, WHAT)?;
+        let w_rows = weights_by_row(wb, order);
+        return weighted_scatter(rows, Some(&w_rows), idx_buffer, (d, len), slots, None);
+    }
     check(
         rows.len(),
         w.map_or(idx.len(), |w| w.len()),
@@ -148,8 +202,31 @@ pub(crate) fn weighted_scatter_backward(
     idx: &CpuBuffer,
     dy: &CpuBuffer,
     (d, len): (usize, usize),
+    slot_order: Option<&CpuBuffer>,
 ) -> Result<(CpuBuffer, CpuBuffer)> {
     const WHAT: &str = "weighted_index_scatter backward";
+    if let Some(order) = slot_order {
+        crate::backend::checks::check_slot_order(
+            WHAT,
+            Some((order.dtype(), order.len())),
+            true,
+            true,
+            idx.len(),
+        )?;
+        let order = order.indices(WHAT)?;
+        if order
+            .iter()
+            .any(|&s| usize::try_from(s).map_or(true, |s| s >= order.len()))
+        {
+            return Err(Error::Invalid(format!(
+                "{WHAT}: a slot of the slot order is outside 0..{}",
+                order.len()
+            )));
+        }
+        let w_rows = weights_by_row(w, order);
+        let (d_rows, d_w) = weighted_scatter_backward(rows, &w_rows, idx, dy, (d, len), None)?;
+        return Ok((d_rows, by_slot(d_w, order)));
+    }
     let idx = idx.indices(WHAT)?;
     check(rows.len(), w.len(), idx, (d, len), WHAT)?;
     if dy.len() != len * d {

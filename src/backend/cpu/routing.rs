@@ -274,8 +274,9 @@ impl RoutingOps for CpuBackend {
         idx: &CpuBuffer,
         sizes: (usize, usize),
         slots: Option<(&CpuBuffer, usize)>,
+        slot_order: Option<&CpuBuffer>,
     ) -> Result<CpuBuffer> {
-        super::moe_combine::weighted_scatter(rows, w, idx, sizes, slots)
+        super::moe_combine::weighted_scatter(rows, w, idx, sizes, slots, slot_order)
     }
 
     fn weighted_scatter_backward(
@@ -285,8 +286,9 @@ impl RoutingOps for CpuBackend {
         idx: &CpuBuffer,
         dy: &CpuBuffer,
         sizes: (usize, usize),
+        slot_order: Option<&CpuBuffer>,
     ) -> Result<(CpuBuffer, CpuBuffer)> {
-        super::moe_combine::weighted_scatter_backward(rows, w, idx, dy, sizes)
+        super::moe_combine::weighted_scatter_backward(rows, w, idx, dy, sizes, slot_order)
     }
 
     fn topk_gate(

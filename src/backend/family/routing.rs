@@ -16,6 +16,9 @@ pub(crate) trait RoutingOps: BufferOps {
     /// rows with `idx = t`, in any order): the same result, computed on the GPU without
     /// sorting `idx`; the CPU checks the promise and rejects slots that break it. Without `w`,
     /// every weight is 1 and nothing is multiplied: `index_scatter`'s sum, to the bit.
+    /// `slot_order`, given with `slots` and `w`, says `w` is per slot rather than per row: the
+    /// weight of row `s[i]` is `w[i]`, and `slot_order` (I32 `[A]`) is the slots' inverse, each
+    /// row's slot (the CPU checks it; the GPU reads the weights through the slots).
     fn weighted_scatter(
         &self,
         rows: &Self::Buffer,
@@ -23,9 +26,11 @@ pub(crate) trait RoutingOps: BufferOps {
         idx: &Self::Buffer,
         sizes: (usize, usize),
         slots: Option<(&Self::Buffer, usize)>,
+        slot_order: Option<&Self::Buffer>,
     ) -> Result<Self::Buffer>;
     /// The gradients `(d_rows [A, d], d_w [A])` of [`RoutingOps::weighted_scatter`] for
-    /// `dy [len, d]`: `d_rows[r] = w[r]·dy[idx[r]]`, `d_w[r] = ⟨dy[idx[r]], rows[r]⟩`.
+    /// `dy [len, d]`: `d_rows[r] = w[r]·dy[idx[r]]`, `d_w[r] = ⟨dy[idx[r]], rows[r]⟩`; with
+    /// `slot_order` (weights per slot), `w[order[r]]` in the first and `d_w[order[r]]` written.
     fn weighted_scatter_backward(
         &self,
         rows: &Self::Buffer,
@@ -33,6 +38,7 @@ pub(crate) trait RoutingOps: BufferOps {
         idx: &Self::Buffer,
         dy: &Self::Buffer,
         sizes: (usize, usize),
+        slot_order: Option<&Self::Buffer>,
     ) -> Result<(Self::Buffer, Self::Buffer)>;
     /// The fused gate of a top-k router, one row of `[rows, n]` at a time: `probs = softmax(logits)`;
     /// `idx` (I32 `[rows, k]`) the `k` largest `scores` (the logits when `scores` is `None`) in

@@ -96,6 +96,7 @@ pub(crate) fn weighted_scatter(
     idx: &GpuBuffer,
     (d, len): (usize, usize),
     slots: Option<(&GpuBuffer, usize)>,
+    slot_order: Option<&GpuBuffer>,
 ) -> Result<GpuBuffer> {
     const WHAT: &str = "weighted_index_scatter";
     let mut p = params(WHAT, rows, w, idx, (d, len))?;
@@ -103,6 +104,13 @@ pub(crate) fn weighted_scatter(
     if let Some((s, k)) = slots {
         crate::backend::checks::check_slots(WHAT, s.dtype(), s.len(), (len, k), m)?;
     }
+    crate::backend::checks::check_slot_order(
+        WHAT,
+        slot_order.map(|o| (o.dtype(), o.len())),
+        slots.is_some(),
+        w.is_some(),
+        m,
+    )?;
     let out = be.alloc(n, rows.dtype())?;
     if n == 0 {
         return Ok(out);
@@ -116,6 +124,8 @@ pub(crate) fn weighted_scatter(
         // this entry otherwise) 1 when there are no weights (the rows stand in for them)
         p[3] = u32_param(k, &format!("{WHAT}: rows per output"))?;
         p[7] = w.is_none() as u32;
+        // s0: the weights are per slot (read through the slots, not by row)
+        p[4] = slot_order.is_some() as u32;
         be.launch(
             build,
             "weighted_gather_slots",
@@ -171,9 +181,19 @@ pub(crate) fn weighted_scatter_backward(
     idx: &GpuBuffer,
     dy: &GpuBuffer,
     (d, len): (usize, usize),
+    slot_order: Option<&GpuBuffer>,
 ) -> Result<(GpuBuffer, GpuBuffer)> {
     const WHAT: &str = "weighted_index_scatter backward";
-    let p = params(WHAT, rows, Some(w), idx, (d, len))?;
+    let mut p = params(WHAT, rows, Some(w), idx, (d, len))?;
+    crate::backend::checks::check_slot_order(
+        WHAT,
+        slot_order.map(|o| (o.dtype(), o.len())),
+        true,
+        true,
+        idx.len(),
+    )?;
+    // s0: the weights and their gradients are per slot, row j's at slot_order[j]
+    p[4] = slot_order.is_some() as u32;
     if dy.dtype() != rows.dtype() || dy.len() != len * d {
         return Err(Error::Shape(format!(
             "{WHAT}: a gradient of {} {} values for [{len}, {d}] {}",
@@ -198,7 +218,7 @@ pub(crate) fn weighted_scatter_backward(
     be.launch(
         word_build(rows.dtype()),
         "weighted_scatter_backward",
-        &[rows, idx, dy, w, &d_rows, &d_w],
+        &[rows, idx, dy, w, &d_rows, &d_w, slot_order.unwrap_or(idx)],
         &p,
         grid_1d(invocations, WG)?,
     )?;

@@ -348,8 +348,9 @@ impl RoutingOps for GpuBackend {
         idx: &GpuBuffer,
         sizes: (usize, usize),
         slots: Option<(&GpuBuffer, usize)>,
+        slot_order: Option<&GpuBuffer>,
     ) -> Result<GpuBuffer> {
-        super::moe_combine::weighted_scatter(self, rows, w, idx, sizes, slots)
+        super::moe_combine::weighted_scatter(self, rows, w, idx, sizes, slots, slot_order)
     }
 
     fn weighted_scatter_backward(
@@ -359,8 +360,9 @@ impl RoutingOps for GpuBackend {
         idx: &GpuBuffer,
         dy: &GpuBuffer,
         sizes: (usize, usize),
+        slot_order: Option<&GpuBuffer>,
     ) -> Result<(GpuBuffer, GpuBuffer)> {
-        super::moe_combine::weighted_scatter_backward(self, rows, w, idx, dy, sizes)
+        super::moe_combine::weighted_scatter_backward(self, rows, w, idx, dy, sizes, slot_order)
     }
 
     fn topk_gate(

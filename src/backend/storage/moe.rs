@@ -115,6 +115,7 @@ impl Storage {
         idx: &Storage,
         sizes: (usize, usize),
         slots: Option<(&Storage, usize)>,
+        slot_order: Option<&Storage>,
     ) -> Result<Storage> {
         const WHAT: &str = "weighted_index_scatter";
         on_device!(self, |be| be.weighted_scatter(
@@ -128,6 +129,10 @@ impl Storage {
             match slots {
                 Some((s, k)) => Some((be.buf(s, WHAT)?, k)),
                 None => None,
+            },
+            match slot_order {
+                Some(o) => Some(be.buf(o, WHAT)?),
+                None => None,
             }
         ))
     }
@@ -138,6 +143,7 @@ impl Storage {
         idx: &Storage,
         dy: &Storage,
         sizes: (usize, usize),
+        slot_order: Option<&Storage>,
     ) -> Result<(Storage, Storage)> {
         const WHAT: &str = "weighted_index_scatter backward";
         on_device!(self, |be| be.weighted_scatter_backward(
@@ -145,7 +151,11 @@ impl Storage {
             be.buf(w, WHAT)?,
             be.buf(idx, WHAT)?,
             be.buf(dy, WHAT)?,
-            sizes
+            sizes,
+            match slot_order {
+                Some(o) => Some(be.buf(o, WHAT)?),
+                None => None,
+            }
         ))
     }
 }
