@@ -570,7 +570,7 @@ pub(crate) fn grouped_matmul(
 /// expert without rows getting exactly zero, of dtype `out`: f32 from f32 rows, f16 or f32
 /// (an f32 bank's gradient in mixed precision, summed and stored in f32) from f16 rows.
 ///
-/// An f32 gradient under [`MatmulKernel::Auto`] with fewer than [`SPLIT_K_GROUPS`] workgroups
+/// An f32 gradient under [`MatmulKernel::Auto`] (or `Tuned`) with fewer than [`SPLIT_K_GROUPS`] workgroups
 /// (64×64 tiles × experts) cuts each expert's segment into ranges (as [`split_k`] cuts k for
 /// the segments' mean length), one workgroup each, and adds the ranges' partial gradients in
 /// order afterwards: deterministic, a different summation order from the unsplit kernel.
@@ -635,7 +635,7 @@ pub(crate) fn grouped_weight_grad(
     // with few tiles (few experts) and long segments, sized from the segments' mean length (the
     // lengths themselves are on the device)
     let splits = match (dtype, be.matmul_kernel()) {
-        (DType::F32, MatmulKernel::Auto) => {
+        (DType::F32, MatmulKernel::Auto | MatmulKernel::Tuned) => {
             split_k(tiles(m) * tiles(k) * experts, rows / experts.max(1)).0
         }
         _ => 1,

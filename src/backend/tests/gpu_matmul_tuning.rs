@@ -149,3 +149,44 @@ fn tuned_products_are_timed_once_per_class_and_give_autos_bits() {
     }
     be.set_matmul_kernel(before).unwrap();
 }
+
+/// The expert bank's weight gradient splits each expert's rows under `Tuned` as under `Auto`
+/// (the same bits): few experts with long segments are few workgroups otherwise. `Plain` runs
+/// it unsplit, whose bits differ here (a different summation order), so the case does split.
+#[test]
+fn tuned_splits_the_grouped_weight_gradient_as_auto_does() {
+    use crate::backend::ExpertBankDims;
+    let Some((be, _lock)) = gpu("tuned_splits_the_grouped_weight_gradient_as_auto_does") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(31);
+    // 2 experts of 2048 rows, k = 64, m = 128: 2·1·2 = 4 tiles of 64×64, far below 128
+    let (rows, k, m, experts) = (4096, 64, 128, 2);
+    let x = be.upload(&f32_data(&values(&mut rng, rows * k))).unwrap();
+    let dy = be.upload(&f32_data(&values(&mut rng, rows * m))).unwrap();
+    let row_expert: Vec<i32> = (0..rows).map(|r| (r * experts / rows) as i32).collect();
+    let row_expert = be.upload(&HostData::I32(row_expert)).unwrap();
+    let offsets = be.upload(&HostData::I32(vec![0, 2048, 4096])).unwrap();
+    let dims = ExpertBankDims { k, m, experts };
+    let grad_under = |kernel: MatmulKernel| {
+        be.set_matmul_kernel(kernel).unwrap();
+        let dw = be
+            .grouped_weight_grad(&x, &dy, &row_expert, &offsets, dims, DType::F32)
+            .unwrap();
+        match be.download(&dw).unwrap() {
+            HostData::F32(v) => v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>(),
+            other => panic!("grouped_weight_grad gave {other:?}"),
+        }
+    };
+    let (tuned, auto, plain) = (
+        grad_under(MatmulKernel::Tuned),
+        grad_under(MatmulKernel::Auto),
+        grad_under(MatmulKernel::Plain),
+    );
+    be.set_matmul_kernel(MatmulKernel::Auto).unwrap();
+    assert_ne!(
+        auto, plain,
+        "the case splits under auto (else it tests nothing)"
+    );
+    assert_eq!(tuned, auto, "tuned splits the rows as auto does");
+}
