@@ -92,10 +92,10 @@ impl Tensor {
     /// # Example
     /// ```
     /// use moegrad::{Device, Tensor};
-    /// let x = Tensor::from_f32(vec![1.0, 2.0, 4.0], &[3], Device::cpu()).unwrap();
-    /// let t = Tensor::from_f32(vec![1.0, 0.0, 1.0], &[3], Device::cpu()).unwrap();
-    /// // (0² + 2² + 3²) / 3
-    /// assert_eq!(x.mse(&t).unwrap().item().unwrap(), 13.0 / 3.0);
+    /// let x = Tensor::from_f32(vec![1.0, 2.0, 4.0, 0.0], &[4], Device::cpu()).unwrap();
+    /// let t = Tensor::from_f32(vec![1.0, 0.0, 1.0, 1.0], &[4], Device::cpu()).unwrap();
+    /// // (0² + 2² + 3² + 1²) / 4
+    /// assert_eq!(x.mse(&t).unwrap().item().unwrap(), 3.5);
     /// ```
     pub fn mse(&self, target: &Tensor) -> Result<Tensor> {
         let _profile = crate::profile::op("mse");
