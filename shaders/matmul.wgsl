@@ -338,9 +338,31 @@ struct GroupedParams {
 @group(0) @binding(5) var<storage, read> gm_bias: array<mm_weight>;
 
 // Expert of each of the tile's rows (-1 for an expert outside 0..n), and for each row the end of
-// the run of equal experts it starts.
-var<workgroup> run_expert: array<i32, 64>;
-var<workgroup> run_end: array<u32, 64>;
+// the run of equal experts it starts; room for the 128 rows of `grouped_matmul_wide`'s tiles
+// (matmul_wide.wgsl), which shares them.
+var<workgroup> run_expert: array<i32, 128>;
+var<workgroup> run_end: array<u32, 128>;
+
+// Fills run_expert and run_end for the tile_rows rows from r0 (one invocation per row, lid <
+// tile_rows); every invocation calls it, and it ends with the workgroup's writes visible.
+fn mark_runs(lid: u32, r0: u32, tile_rows: u32) {
+    if lid < tile_rows {
+        var e = gm_expert[r0 + lid];
+        if e < 0 || u32(e) >= gp.experts {
+            e = -1;
+        }
+        run_expert[lid] = e;
+    }
+    workgroupBarrier();
+    if lid < tile_rows {
+        let e = run_expert[lid];
+        var end = lid + 1u;
+        while end < tile_rows && run_expert[end] == e {
+            end++;
+        }
+        run_end[lid] = end;
+    }
+}
 
 // A slab of x: tile rows [lo, hi) only, the others read as 0. (Written out for l = 0..3, as
 // `stage` is, and so are the other loads and stores of the grouped kernels.)
@@ -409,22 +431,7 @@ fn grouped_matmul(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_
     let tile_rows = min(TILE, gp.rows - r0);
     let n_fast = gp.transpose_w == 0u;
 
-    if lid < tile_rows {
-        var e = gm_expert[r0 + lid];
-        if e < 0 || u32(e) >= gp.experts {
-            e = -1;
-        }
-        run_expert[lid] = e;
-    }
-    workgroupBarrier();
-    if lid < tile_rows {
-        let e = run_expert[lid];
-        var end = lid + 1u;
-        while end < tile_rows && run_expert[end] == e {
-            end++;
-        }
-        run_end[lid] = end;
-    }
+    mark_runs(lid, r0, tile_rows);
 
     // One pass per run of equal experts; workgroupUniformLoad (a barrier, then a load every
     // invocation agrees on) makes the run bounds uniform so the slab loop may use barriers.

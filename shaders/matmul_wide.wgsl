@@ -1,6 +1,7 @@
-// matmul_wide.wgsl: entry point `matmul_wide`, the batched matmul of matmul.wgsl with a 128×128
+// matmul_wide.wgsl: entry points `matmul_wide`, the batched matmul of matmul.wgsl with a 128×128
 // output tile and an 8×8 micro-tile per invocation, for products large enough to fill a GPU with
-// such tiles. Not a module of its own: the launcher (src/backend/gpu/matmul.rs) compiles
+// such tiles, and `grouped_matmul_wide`, the expert bank's grouped matmul with the same tiling
+// (at the end of the file). Not a module of its own: the launcher (src/backend/gpu/matmul.rs) compiles
 // matmul.wgsl + this file, and runs it when the product has enough 128×128 tiles (`Auto`,
 // `WIDE_MIN_GROUPS` there) or when MOEGRAD_MATMUL=wide.
 //
@@ -104,6 +105,33 @@ fn wide_stage(lid: u32, a_k_fast: bool, a: vec4<f32>, b_n_fast: bool, b: vec4<f3
     wide_stage_elem(lid, 3u, a_k_fast, a.w, b_n_fast, b.w);
 }
 
+// The 8 steps of one staged slab for invocation (tx, ty): per step two vec4 of A, two of B and
+// 64 FMAs into its sixteen accumulators (acc[2·i + h]: micro-tile row i, column half h).
+fn wide_multiply_slab(tx: u32, ty: u32, acc: ptr<function, array<vec4<f32>, 16>>) {
+    for (var kk = 0u; kk < WIDE_SLAB; kk++) {
+        let a0 = wa_tile[kk * WIDE_ROW4 + ty];
+        let a1 = wa_tile[kk * WIDE_ROW4 + ty + 16u];
+        let b0 = wb_tile[kk * WIDE_ROW4 + tx];
+        let b1 = wb_tile[kk * WIDE_ROW4 + tx + 16u];
+        (*acc)[0] = fma(vec4<f32>(a0.x), b0, (*acc)[0]);
+        (*acc)[1] = fma(vec4<f32>(a0.x), b1, (*acc)[1]);
+        (*acc)[2] = fma(vec4<f32>(a0.y), b0, (*acc)[2]);
+        (*acc)[3] = fma(vec4<f32>(a0.y), b1, (*acc)[3]);
+        (*acc)[4] = fma(vec4<f32>(a0.z), b0, (*acc)[4]);
+        (*acc)[5] = fma(vec4<f32>(a0.z), b1, (*acc)[5]);
+        (*acc)[6] = fma(vec4<f32>(a0.w), b0, (*acc)[6]);
+        (*acc)[7] = fma(vec4<f32>(a0.w), b1, (*acc)[7]);
+        (*acc)[8] = fma(vec4<f32>(a1.x), b0, (*acc)[8]);
+        (*acc)[9] = fma(vec4<f32>(a1.x), b1, (*acc)[9]);
+        (*acc)[10] = fma(vec4<f32>(a1.y), b0, (*acc)[10]);
+        (*acc)[11] = fma(vec4<f32>(a1.y), b1, (*acc)[11]);
+        (*acc)[12] = fma(vec4<f32>(a1.z), b0, (*acc)[12]);
+        (*acc)[13] = fma(vec4<f32>(a1.z), b1, (*acc)[13]);
+        (*acc)[14] = fma(vec4<f32>(a1.w), b0, (*acc)[14]);
+        (*acc)[15] = fma(vec4<f32>(a1.w), b1, (*acc)[15]);
+    }
+}
+
 @compute @workgroup_size(256)
 fn matmul_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     let bi = mp.batch_base + wid.z;
@@ -130,28 +158,7 @@ fn matmul_wide(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id)
             ra = wide_load_a(lid, m0, (s + 1u) * WIDE_SLAB, a_base);
             rb = wide_load_b(lid, (s + 1u) * WIDE_SLAB, n0, b_base);
         }
-        for (var kk = 0u; kk < WIDE_SLAB; kk++) {
-            let a0 = wa_tile[kk * WIDE_ROW4 + ty];
-            let a1 = wa_tile[kk * WIDE_ROW4 + ty + 16u];
-            let b0 = wb_tile[kk * WIDE_ROW4 + tx];
-            let b1 = wb_tile[kk * WIDE_ROW4 + tx + 16u];
-            acc[0] = fma(vec4<f32>(a0.x), b0, acc[0]);
-            acc[1] = fma(vec4<f32>(a0.x), b1, acc[1]);
-            acc[2] = fma(vec4<f32>(a0.y), b0, acc[2]);
-            acc[3] = fma(vec4<f32>(a0.y), b1, acc[3]);
-            acc[4] = fma(vec4<f32>(a0.z), b0, acc[4]);
-            acc[5] = fma(vec4<f32>(a0.z), b1, acc[5]);
-            acc[6] = fma(vec4<f32>(a0.w), b0, acc[6]);
-            acc[7] = fma(vec4<f32>(a0.w), b1, acc[7]);
-            acc[8] = fma(vec4<f32>(a1.x), b0, acc[8]);
-            acc[9] = fma(vec4<f32>(a1.x), b1, acc[9]);
-            acc[10] = fma(vec4<f32>(a1.y), b0, acc[10]);
-            acc[11] = fma(vec4<f32>(a1.y), b1, acc[11]);
-            acc[12] = fma(vec4<f32>(a1.z), b0, acc[12]);
-            acc[13] = fma(vec4<f32>(a1.z), b1, acc[13]);
-            acc[14] = fma(vec4<f32>(a1.w), b0, acc[14]);
-            acc[15] = fma(vec4<f32>(a1.w), b1, acc[15]);
-        }
+        wide_multiply_slab(tx, ty, &acc);
         workgroupBarrier();
     }
 
@@ -190,5 +197,117 @@ fn wide_store_pair(row_base: u32, col: u32, left: f32, right: f32) {
     }
     if col + 64u < mp.n {
         mm_c[row_base + col + 64u] = mm_store_out(right);
+    }
+}
+
+// ================================================================================================
+// grouped_matmul_wide: `grouped_matmul` (matmul.wgsl: same GroupedParams, bindings and types)
+// with this file's tiling: 128×128 output tiles, an 8×8 micro-tile per invocation, slabs of 8.
+// A tile's 128 rows are cut into runs of equal expert as `grouped_matmul` cuts its 64; each run
+// is multiplied by its expert's weights (rows of other runs load as 0) and stored, with the
+// expert's bias when has_bias = 1; rows of an expert outside 0..n store zeros. Each output is the
+// same chain of FMAs over k as in `grouped_matmul`, then the bias added, so the two agree to the
+// bit. Grid: (⌈m/128⌉, ⌈R/128⌉, 1), split on the host past 65535 per dimension (the bases).
+
+// Element l of invocation lid's share of the x slab at k0: tile rows [lo, hi) only, 0 elsewhere.
+fn gw_x_elem(lid: u32, l: u32, r0: u32, lo: u32, hi: u32, k0: u32) -> f32 {
+    let p = wa_slot(lid, l, true);
+    let kc = k0 + p.y;
+    if p.x >= lo && p.x < hi && kc < gp.k {
+        return f32(gm_x[(r0 + p.x) * gp.k + kc]);
+    }
+    return 0.0;
+}
+
+fn gw_load_x(lid: u32, r0: u32, lo: u32, hi: u32, k0: u32) -> vec4<f32> {
+    return vec4<f32>(gw_x_elem(lid, 0u, r0, lo, hi, k0), gw_x_elem(lid, 1u, r0, lo, hi, k0),
+                     gw_x_elem(lid, 2u, r0, lo, hi, k0), gw_x_elem(lid, 3u, r0, lo, hi, k0));
+}
+
+// Element l of invocation lid's share of the slab of W[e] (or W[e]ᵀ) at k0, the k×m operand.
+fn gw_w_elem(lid: u32, l: u32, k0: u32, c0: u32, base: u32) -> f32 {
+    let n_fast = gp.transpose_w == 0u;
+    let q = wb_slot(lid, l, n_fast);
+    let kc = k0 + q.x;
+    let col = c0 + q.y;
+    if kc < gp.k && col < gp.m {
+        if n_fast {
+            return f32(gm_w[base + kc * gp.m + col]);
+        }
+        return f32(gm_w[base + col * gp.k + kc]);
+    }
+    return 0.0;
+}
+
+fn gw_load_w(lid: u32, k0: u32, c0: u32, base: u32) -> vec4<f32> {
+    return vec4<f32>(gw_w_elem(lid, 0u, k0, c0, base), gw_w_elem(lid, 1u, k0, c0, base),
+                     gw_w_elem(lid, 2u, k0, c0, base), gw_w_elem(lid, 3u, k0, c0, base));
+}
+
+// Stores tile row tr (whole-output row r0 + tr) of the run [lo, hi): columns c0..c0+3 from
+// `left` and c0+64..c0+67 from `right`, those inside the matrix (gm_store_quad adds the bias).
+fn gw_store_row(r0: u32, tr: u32, lo: u32, hi: u32, c0: u32, halves: array<vec4<f32>, 2>,
+                with_bias: bool, e: i32) {
+    if tr >= lo && tr < hi {
+        gm_store_quad(r0 + tr, c0, halves[0], with_bias, e);
+        gm_store_quad(r0 + tr, c0 + 64u, halves[1], with_bias, e);
+    }
+}
+
+@compute @workgroup_size(256)
+fn grouped_matmul_wide(@builtin(local_invocation_index) lid: u32,
+                       @builtin(workgroup_id) wid: vec3<u32>) {
+    let r0 = (gp.tile_r_base + wid.y) * WIDE;
+    if r0 >= gp.rows {
+        return;
+    }
+    let tx = lid & 15u;
+    let ty = lid >> 4u;
+    let c0 = (gp.tile_c_base + wid.x) * WIDE;
+    let tile_rows = min(WIDE, gp.rows - r0);
+    let n_fast = gp.transpose_w == 0u;
+
+    // matmul.wgsl's run_expert / run_end, filled for this tile's 128 rows
+    mark_runs(lid, r0, tile_rows);
+
+    // one pass per run of equal experts, its bounds made uniform as in grouped_matmul
+    var lo = 0u;
+    loop {
+        if lo >= tile_rows {
+            break;
+        }
+        let e = workgroupUniformLoad(&run_expert[lo]);
+        let hi = workgroupUniformLoad(&run_end[lo]);
+        var acc: array<vec4<f32>, 16>;
+        if e >= 0 {
+            let w_base = u32(e) * gp.k * gp.m;
+            var ra = gw_load_x(lid, r0, lo, hi, 0u);
+            var rb = gw_load_w(lid, 0u, c0, w_base);
+            let slabs = (gp.k + WIDE_SLAB - 1u) / WIDE_SLAB;
+            for (var s = 0u; s < slabs; s++) {
+                wide_stage(lid, true, ra, n_fast, rb);
+                workgroupBarrier();
+                if s + 1u < slabs {
+                    ra = gw_load_x(lid, r0, lo, hi, (s + 1u) * WIDE_SLAB);
+                    rb = gw_load_w(lid, (s + 1u) * WIDE_SLAB, c0, w_base);
+                }
+                wide_multiply_slab(tx, ty, &acc);
+                workgroupBarrier();
+            }
+        }
+        // rows of this run only (zeros for an out-of-range expert, which gets no bias either);
+        // constant indices into acc throughout
+        let with_bias = gp.has_bias == 1u && e >= 0;
+        let c = c0 + tx * 4u;
+        let t = ty * 4u;
+        gw_store_row(r0, t, lo, hi, c, array(acc[0], acc[1]), with_bias, e);
+        gw_store_row(r0, t + 1u, lo, hi, c, array(acc[2], acc[3]), with_bias, e);
+        gw_store_row(r0, t + 2u, lo, hi, c, array(acc[4], acc[5]), with_bias, e);
+        gw_store_row(r0, t + 3u, lo, hi, c, array(acc[6], acc[7]), with_bias, e);
+        gw_store_row(r0, t + 64u, lo, hi, c, array(acc[8], acc[9]), with_bias, e);
+        gw_store_row(r0, t + 65u, lo, hi, c, array(acc[10], acc[11]), with_bias, e);
+        gw_store_row(r0, t + 66u, lo, hi, c, array(acc[12], acc[13]), with_bias, e);
+        gw_store_row(r0, t + 67u, lo, hi, c, array(acc[14], acc[15]), with_bias, e);
+        lo = hi;
     }
 }

@@ -234,6 +234,7 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
                 "matmul_wide_f16_rows" | "matmul_wide_f16_to_f32",
                 "matmul_wide"
             )
+            | ("matmul_wide_f16_rows", "grouped_matmul_wide")
             | ("cross_entropy_f16", _)
             | ("elementwise", "fill")
     )

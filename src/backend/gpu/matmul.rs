@@ -1,13 +1,9 @@
-//! Launchers of the matrix-product kernels in `shaders/matmul.wgsl`, one function per entry point:
+//! Launcher of the dense matrix product, [`matmul`]: batched `C[b] = A[b]·B[b]` through arbitrary
+//! [`MatLayout`]s (transposes and broadcast batches are strides), the end of `Tensor::matmul` and
+//! of its backward; and the helpers the expert bank's launchers share (`matmul_grouped.rs`:
+//! `grouped_matmul`, `grouped_weight_grad`).
 //!
-//! - [`matmul`]: batched `C[b] = A[b]·B[b]` through arbitrary [`MatLayout`]s (transposes and
-//!   broadcast batches are strides), the end of `Tensor::matmul` and of its backward;
-//! - [`grouped_matmul`]: the MoE expert bank, `out[r] = x[r]·W[e_r]` (or `W[e_r]ᵀ`), rows sorted by
-//!   expert, each expert's weights read only for its own rows;
-//! - [`grouped_weight_grad`]: the expert bank's weight gradient, `dW[e] = Σ x[r]ᵀ·dy[r]` over the
-//!   rows of expert `e`'s segment, exactly zero for an expert without rows.
-//!
-//! Each launcher checks dtypes and buffer lengths against the sizes (an [`Error`] naming them, never
+//! The launcher checks dtypes and buffer lengths against the sizes (an [`Error`] naming them, never
 //! a panic or a wgpu validation error), answers empty problems without a launch (an empty buffer,
 //! or zeros when only the reduction is empty), splits the grid where a dimension would exceed
 //! 65535 workgroups, and encodes the kernel; nothing is read back. The kernels compute one 64×64
@@ -23,14 +19,13 @@
 //! real GPU measured (docs/gpu.md) the plain kernel ran 1.8× the subgroup one, and
 //! `matmul_wide4` runs only when chosen, until a real GPU has measured it. Under the default a
 //! product with few tiles and a long reduction is also split along k ([`split_k`]), and
-//! [`grouped_weight_grad`] cuts each expert's rows the same way (few experts are few tiles with
+//! `grouped_weight_grad` cuts each expert's rows the same way (few experts are few tiles with
 //! long segments); `MOEGRAD_MATMUL=plain` runs both unsplit. [`MatmulKernel::Tuned`], the
 //! default on a GPU, is `Auto` with the wide kernel's products given to whichever tile kernel
 //! ran them fastest on this adapter, timed once per size class (`matmul_tune.rs`; the same
 //! bits). `MOEGRAD_MATMUL=tuned|auto|plain|wide|subgroup|wide-vec4` chooses at start-up and
 //! `GpuBackend::set_matmul_kernel` at run time.
 
-use super::half::float_operands;
 use super::kernels::Shader;
 use super::matmul_build::MatmulBuild;
 use super::matmul_tune::{SizeClass, candidates};
@@ -93,10 +88,10 @@ pub(crate) static MATMUL_WIDE4_SHADER: Shader = Shader {
 };
 
 /// Output tile edge of the kernels of `matmul.wgsl` itself (rows and columns per workgroup).
-const TILE: usize = 64;
+pub(super) const TILE: usize = 64;
 
 /// Output tile edge of `matmul_wide`.
-const WIDE_TILE: usize = 128;
+pub(super) const WIDE_TILE: usize = 128;
 
 /// The fewest 128×128 output tiles (times the batch) for which [`MatmulKernel::Auto`] runs
 /// `matmul_wide`; below it the 64×64 tiles of `matmul` (with split-k) keep more of the GPU busy.
@@ -113,7 +108,7 @@ const SPLIT_K_MIN_CHUNK: usize = 128;
 const MAX_GROUPS: usize = 65_535;
 
 /// Checks that a buffer holds i32 indices.
-fn check_i32(what: &str, name: &str, b: &GpuBuffer) -> Result<()> {
+pub(super) fn check_i32(what: &str, name: &str, b: &GpuBuffer) -> Result<()> {
     match b.dtype() {
         DType::I32 => Ok(()),
         d => Err(Error::DType(format!("{what}: {name} must be i32, got {d}"))),
@@ -122,7 +117,13 @@ fn check_i32(what: &str, name: &str, b: &GpuBuffer) -> Result<()> {
 
 /// Checks that a buffer holds at least `len` elements, the ones its sizes address (`len` is `None`
 /// when the product of the sizes overflowed). Like the CPU backend, elements past them are ignored.
-fn check_len(what: &str, name: &str, b: &GpuBuffer, len: Option<usize>, shape: &str) -> Result<()> {
+pub(super) fn check_len(
+    what: &str,
+    name: &str,
+    b: &GpuBuffer,
+    len: Option<usize>,
+    shape: &str,
+) -> Result<()> {
     match len {
         Some(len) if len <= b.len() => Ok(()),
         _ => Err(Error::Shape(format!(
@@ -134,7 +135,7 @@ fn check_len(what: &str, name: &str, b: &GpuBuffer, len: Option<usize>, shape: &
 }
 
 /// A size or index as the u32 the kernels compute with, or an error naming it.
-fn to_u32(what: &str, name: &str, v: usize) -> Result<u32> {
+pub(super) fn to_u32(what: &str, name: &str, v: usize) -> Result<u32> {
     u32::try_from(v).map_err(|_| {
         Error::Shape(format!(
             "{what}: {name} = {v} exceeds the GPU kernels' 32-bit indexing"
@@ -143,12 +144,12 @@ fn to_u32(what: &str, name: &str, v: usize) -> Result<u32> {
 }
 
 /// The product of sizes, `None` on overflow.
-fn product(sizes: &[usize]) -> Option<usize> {
+pub(super) fn product(sizes: &[usize]) -> Option<usize> {
     sizes.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s))
 }
 
 /// `⌈n / TILE⌉`.
-fn tiles(n: usize) -> usize {
+pub(super) fn tiles(n: usize) -> usize {
     n.div_ceil(TILE)
 }
 
@@ -161,7 +162,7 @@ fn chunks(n: usize) -> impl Iterator<Item = (usize, usize)> {
 
 /// Dispatches a grid of `groups` workgroups in chunks of at most [`MAX_GROUPS`] per dimension;
 /// `params(base)` builds the params of the chunk whose first workgroup is `base`.
-fn launch_grid(
+pub(super) fn launch_grid(
     be: &GpuBackend,
     (shader, entry): (&Shader, &str),
     buffers: &[&GpuBuffer],
@@ -371,7 +372,12 @@ pub(crate) fn matmul(
 /// The sum of `splits` slices of `len` elements held one after another in `slices` (the
 /// partial sums of split-k and of the weight gradient's row splits), added in slice order
 /// (deterministic); `slices` itself when there is one.
-fn sum_slices(be: &GpuBackend, slices: GpuBuffer, splits: usize, len: usize) -> Result<GpuBuffer> {
+pub(super) fn sum_slices(
+    be: &GpuBackend,
+    slices: GpuBuffer,
+    splits: usize,
+    len: usize,
+) -> Result<GpuBuffer> {
     if splits == 1 {
         return Ok(slices);
     }
@@ -453,7 +459,7 @@ fn vec4_layouts(
 /// (a weight gradient `[128, 768]·[768, 512]` is 16 tiles walking 768); cutting `k` into ranges
 /// of at least [`SPLIT_K_MIN_CHUNK`] gives about [`SPLIT_K_GROUPS`] workgroups, each walking a
 /// range, then one reduction adds the ranges. `(1, k)`: no split.
-fn split_k(groups: usize, k: usize) -> (usize, usize) {
+pub(super) fn split_k(groups: usize, k: usize) -> (usize, usize) {
     if groups == 0 || groups >= SPLIT_K_GROUPS || k < 2 * SPLIT_K_MIN_CHUNK {
         return (1, k);
     }
@@ -463,196 +469,6 @@ fn split_k(groups: usize, k: usize) -> (usize, usize) {
         .max(1);
     let chunk = k.div_ceil(splits).next_multiple_of(16);
     (k.div_ceil(chunk), chunk)
-}
-
-/// The MoE expert bank's grouped matmul (entry point `grouped_matmul`): `out[r] = x[r]·W[e_r]`,
-/// or `x[r]·W[e_r]ᵀ` with `transpose_w`. `x: [rows, k]`, `w: [experts, k, m]` (`[experts, m, k]`
-/// when transposed), `row_expert: [rows]` i32; output `[rows, m]`, zeros for rows whose expert is
-/// outside `0..experts`. Rows should be sorted by expert; the result does not depend on it.
-///
-/// # Errors
-/// [`Error::DType`] unless x, w (and the bias) are all f32 or all f16 (the f16 build), or for
-/// non-i32 experts; [`Error::Shape`] when a buffer's length
-/// does not match the sizes or a size exceeds 32-bit indexing; a GPU error from the launch.
-pub(crate) fn grouped_matmul(
-    be: &GpuBackend,
-    x: &GpuBuffer,
-    w: &GpuBuffer,
-    bias: Option<&GpuBuffer>,
-    row_expert: &GpuBuffer,
-    dims: GroupedMatmulDims,
-) -> Result<GpuBuffer> {
-    let GroupedMatmulDims {
-        rows,
-        k,
-        m,
-        experts,
-        transpose_w,
-    } = dims;
-    const WHAT: &str = "grouped_matmul";
-    let mut weights = vec![("w", w)];
-    weights.extend(bias.map(|b| ("bias", b)));
-    // f16 rows with f32 weights: mixed precision's expert banks, read in f32 where they are
-    let f16_rows = x.dtype() == DType::F16 && float_operands(WHAT, &weights)? == DType::F32;
-    let (dtype, build) = if f16_rows {
-        be.check_f16(WHAT)?;
-        (DType::F16, MatmulBuild::F16Rows)
-    } else {
-        let mut floats = vec![("x", x)];
-        floats.extend(weights);
-        match float_operands(WHAT, &floats)? {
-            DType::F16 => (DType::F16, MatmulBuild::F16),
-            dtype => (dtype, MatmulBuild::F32),
-        }
-    };
-    check_i32(WHAT, "row_expert", row_expert)?;
-    check_len(WHAT, "x", x, product(&[rows, k]), &format!("[{rows}, {k}]"))?;
-    let w_shape = if transpose_w {
-        format!("[{experts}, {m}, {k}]")
-    } else {
-        format!("[{experts}, {k}, {m}]")
-    };
-    check_len(WHAT, "w", w, product(&[experts, k, m]), &w_shape)?;
-    check_len(
-        WHAT,
-        "row_expert",
-        row_expert,
-        Some(rows),
-        &format!("[{rows}]"),
-    )?;
-    crate::backend::checks::check_grouped_bias(WHAT, bias, dims)?;
-    let out_len = product(&[rows, m]).ok_or_else(|| {
-        Error::Shape(format!(
-            "{WHAT}: output [{rows}, {m}] has more than usize::MAX elements"
-        ))
-    })?;
-    to_u32(WHAT, "rows·m", out_len)?;
-    if out_len == 0 {
-        return be.alloc(0, dtype);
-    }
-    if experts == 0 || (k == 0 && bias.is_none()) {
-        return be.full(out_len, 0.0, dtype);
-    }
-    // both products were checked not to overflow above
-    to_u32(WHAT, "rows·k", rows * k)?;
-    to_u32(WHAT, "experts·k·m", experts * k * m)?;
-    to_u32(WHAT, "experts", experts)?;
-    let (rows32, k32, m32, experts32) = (rows as u32, k as u32, m as u32, experts as u32);
-
-    let out = be.alloc(out_len, dtype)?;
-    launch_grid(
-        be,
-        (build.plain(), "grouped_matmul"),
-        // without a bias, `w` stands in for the unread bias binding
-        &[x, w, row_expert, &out, bias.unwrap_or(w)],
-        [tiles(m), tiles(rows), 1],
-        |[x0, y0, _]| {
-            let has_bias = bias.is_some() as u32;
-            vec![
-                rows32,
-                k32,
-                m32,
-                experts32,
-                transpose_w as u32,
-                x0,
-                y0,
-                has_bias,
-            ]
-        },
-    )?;
-    Ok(out)
-}
-
-/// The weight gradient of [`grouped_matmul`] (entry point `grouped_weight_grad`):
-/// `dW[e] = Σ x[r]ᵀ·dy[r]` over the rows `r` in `offsets[e]..offsets[e+1]` (clamped to
-/// `0..rows`) with `row_expert[r] = e`. `x: [rows, k]`, `dy: [rows, m]`, `row_expert: [rows]` and
-/// `offsets: [experts + 1]` i32, `rows` being `row_expert`'s length; output `[experts, k, m]`, an
-/// expert without rows getting exactly zero, of dtype `out`: f32 from f32 rows, f16 or f32
-/// (an f32 bank's gradient in mixed precision, summed and stored in f32) from f16 rows.
-///
-/// An f32 gradient under [`MatmulKernel::Auto`] (or `Tuned`) with fewer than [`SPLIT_K_GROUPS`] workgroups
-/// (64×64 tiles × experts) cuts each expert's segment into ranges (as [`split_k`] cuts k for
-/// the segments' mean length), one workgroup each, and adds the ranges' partial gradients in
-/// order afterwards: deterministic, a different summation order from the unsplit kernel.
-///
-/// # Errors
-/// [`Error::DType`] unless x and dy are both f32 (output f32) or both f16, or for non-i32
-/// indices; [`Error::Shape`] when a buffer's length
-/// does not match the sizes or a size exceeds 32-bit indexing; a GPU error from the launch.
-pub(crate) fn grouped_weight_grad(
-    be: &GpuBackend,
-    x: &GpuBuffer,
-    dy: &GpuBuffer,
-    row_expert: &GpuBuffer,
-    offsets: &GpuBuffer,
-    bank: ExpertBankDims,
-    out: DType,
-) -> Result<GpuBuffer> {
-    let ExpertBankDims { k, m, experts } = bank;
-    const WHAT: &str = "grouped_weight_grad";
-    let build = MatmulBuild::of_weight_grad(be, WHAT, x, dy, out)?;
-    let dtype = build.out();
-    check_i32(WHAT, "row_expert", row_expert)?;
-    check_i32(WHAT, "offsets", offsets)?;
-    let rows = row_expert.len();
-    check_len(WHAT, "x", x, product(&[rows, k]), &format!("[{rows}, {k}]"))?;
-    check_len(
-        WHAT,
-        "dy",
-        dy,
-        product(&[rows, m]),
-        &format!("[{rows}, {m}]"),
-    )?;
-    if experts.checked_add(1) != Some(offsets.len()) {
-        return Err(Error::Shape(format!(
-            "{WHAT}: {} offsets for {experts} experts (needs {experts} + 1)",
-            offsets.len()
-        )));
-    }
-    let out_len = product(&[experts, k, m]).ok_or_else(|| {
-        Error::Shape(format!(
-            "{WHAT}: output [{experts}, {k}, {m}] has more than usize::MAX elements"
-        ))
-    })?;
-    to_u32(WHAT, "experts·k·m", out_len)?;
-    if out_len == 0 {
-        return be.alloc(0, dtype);
-    }
-    if rows == 0 {
-        return be.full(out_len, 0.0, dtype);
-    }
-    // both products were checked not to overflow above
-    to_u32(WHAT, "rows·k", rows * k)?;
-    to_u32(WHAT, "rows·m", rows * m)?;
-    if rows > i32::MAX as usize {
-        return Err(Error::Shape(format!(
-            "{WHAT}: {rows} rows exceed the i32 row indices"
-        )));
-    }
-    let (rows32, k32, m32, experts32) = (rows as u32, k as u32, m as u32, experts as u32);
-
-    // row splits, as `matmul`'s split-k: under the default kernel choice, for an f32 gradient
-    // with few tiles (few experts) and long segments, sized from the segments' mean length (the
-    // lengths themselves are on the device)
-    let splits = match (dtype, be.matmul_kernel()) {
-        (DType::F32, MatmulKernel::Auto | MatmulKernel::Tuned) => {
-            split_k(tiles(m) * tiles(k) * experts, rows / experts.max(1)).0
-        }
-        _ => 1,
-    };
-    let splits = match out_len.checked_mul(splits).map(u32::try_from) {
-        Some(Ok(_)) => splits,
-        _ => 1,
-    };
-    let dw = be.alloc(out_len * splits, dtype)?;
-    launch_grid(
-        be,
-        (build.plain(), "grouped_weight_grad"),
-        &[x, dy, row_expert, offsets, &dw],
-        [tiles(m), tiles(k), experts * splits],
-        |[x0, y0, z0]| vec![rows32, k32, m32, experts32, x0, y0, z0, splits as u32],
-    )?;
-    sum_slices(be, dw, splits, out_len)
 }
 
 impl MatmulOps for GpuBackend {
@@ -676,7 +492,7 @@ impl MatmulOps for GpuBackend {
         row_expert: &GpuBuffer,
         dims: GroupedMatmulDims,
     ) -> Result<GpuBuffer> {
-        grouped_matmul(self, x, w, bias, row_expert, dims)
+        super::matmul_grouped::grouped_matmul(self, x, w, bias, row_expert, dims)
     }
 
     fn grouped_weight_grad(
@@ -688,7 +504,7 @@ impl MatmulOps for GpuBackend {
         bank: ExpertBankDims,
         out: DType,
     ) -> Result<GpuBuffer> {
-        grouped_weight_grad(self, x, dy, row_expert, offsets, bank, out)
+        super::matmul_grouped::grouped_weight_grad(self, x, dy, row_expert, offsets, bank, out)
     }
 }
 

@@ -47,6 +47,7 @@ mod layer_norm;
 mod layout;
 pub(crate) mod matmul;
 mod matmul_build;
+mod matmul_grouped;
 mod matmul_kernel;
 mod matmul_tune;
 mod moe_combine;

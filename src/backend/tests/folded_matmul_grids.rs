@@ -107,17 +107,30 @@ fn split_matmul_grids() {
 }
 
 /// The grouped matmul (with its bias) and its weight gradient with more than 65,535 column
-/// tiles of 64: both launchers split x (`tiles(m)`) into launches that each start at a tile
-/// offset. The cheapest axis to split: two rows, one input, two experts, so each workgroup runs
-/// one one-row expert run of one slab (the row split, 4.2 million rows, takes minutes).
+/// tiles of 64 (the plain kernel, then 128 for the wide one): both launchers split x
+/// (`tiles(m)`) into launches that each start at a tile offset. The cheapest axis to split: two
+/// rows, one input, two experts, so each workgroup runs one one-row expert run of one slab (the
+/// row split, 4.2 million rows, takes minutes).
 #[test]
 fn split_grouped_matmul_columns() {
     let Some((be, _lock)) = fold_gpu("split_grouped_matmul_columns") else {
         return;
     };
+    let before = be.matmul_kernel();
+    // the wide kernel's split first: its 8.4 million columns are the larger case
+    be.set_matmul_kernel(MatmulKernel::Wide).unwrap();
+    split_grouped_columns(&be, 128, false);
+    be.set_matmul_kernel(MatmulKernel::Plain).unwrap();
+    split_grouped_columns(&be, 64, true);
+    be.set_matmul_kernel(before).unwrap();
+}
+
+/// [`split_grouped_matmul_columns`] for the kernel of `tile` columns a workgroup, and the weight
+/// gradient too when `weight_grad`.
+fn split_grouped_columns(be: &GpuBackend, tile: usize, weight_grad: bool) {
     let cpu = CpuBackend;
-    let m = fold::smallest_folding(64);
-    fold::assert_past_limit("grouped_matmul column tiles", fold::groups(m, 64));
+    let m = fold::smallest_folding(tile);
+    fold::assert_past_limit("grouped_matmul column tiles", fold::groups(m, tile));
     let (rows, k, experts) = (2, 1, 2);
     let x = random_f32(21, rows * k);
     let w = random_f32(22, experts * k * m);
@@ -132,12 +145,12 @@ fn split_grouped_matmul_columns() {
     };
     // uploaded before poisoning the pool: w and the bias have the output's size
     let (gx, gw, gbias, gexpert) = (
-        up_f32(&be, &x),
-        up_f32(&be, &w),
-        up_f32(&be, &bias),
-        up_i32(&be, &row_expert),
+        up_f32(be, &x),
+        up_f32(be, &w),
+        up_f32(be, &bias),
+        up_i32(be, &row_expert),
     );
-    poison_pool(&be, rows * m);
+    poison_pool(be, rows * m);
     let got = be
         .grouped_matmul(&gx, &gw, Some(&gbias), &gexpert, dims)
         .unwrap();
@@ -156,13 +169,16 @@ fn split_grouped_matmul_columns() {
         cpu.download(&want).unwrap(),
     );
     drop((got, want, gw, gbias));
+    if !weight_grad {
+        return;
+    }
 
     let dy = random_f32(24, rows * m);
     let offsets = [0, 1, 2];
     let bank = ExpertBankDims { k, m, experts };
     // dy has the output's size too
-    let (gdy, goffsets) = (up_f32(&be, &dy), up_i32(&be, &offsets));
-    poison_pool(&be, experts * k * m);
+    let (gdy, goffsets) = (up_f32(be, &dy), up_i32(be, &offsets));
+    poison_pool(be, experts * k * m);
     let got = be
         .grouped_weight_grad(&gx, &gdy, &gexpert, &goffsets, bank, DType::F32)
         .unwrap();

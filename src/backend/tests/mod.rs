@@ -28,6 +28,7 @@ mod cpu_matmul_pair;
 mod folded_grids;
 mod folded_matmul_grids;
 mod gpu_bind_groups;
+mod gpu_grouped_wide;
 mod gpu_matmul;
 mod gpu_matmul_kernels;
 mod gpu_matmul_tuning;
