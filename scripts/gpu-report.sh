@@ -23,8 +23,9 @@
 # and the moe-gpt step also run with MOEGRAD_SHADER_CHECKS=full (wgpu's loop counter in every
 # loop, which moegrad's kernels leave out by default: docs/gpu.md), to measure what it costs,
 # and `bench moe` once more with MOEGRAD_BIND_GROUPS=create (a bind group created per dispatch,
-# as before bind groups were reused), and once with MOEGRAD_MATMUL=plain (no split-k and no
-# row splits of the expert bank's weight gradient: what the splits gain at small n), and
+# as before bind groups were reused), and once with MOEGRAD_MATMUL=plain (no split-k, no row
+# splits of the expert bank's weight gradient and the 64×64 grouped kernel instead of
+# grouped_matmul_wide: what the splits and the wide kernels gain at small n), and
 # `bench gpu-step` (the host's milliseconds per step,
 # bind groups reused and created, beside the kernels' GPU milliseconds). FOCUS=targets also
 # profiles the top-2 layer step at n = 2 (MOEGRAD_PROFILE=1: GPU milliseconds per kernel) once.
