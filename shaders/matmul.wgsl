@@ -372,7 +372,12 @@ fn gm_load_x(lid: u32, r0: u32, lo: u32, hi: u32, k0: u32) -> vec4<f32> {
 }
 
 fn gm_x_elem(lid: u32, l: u32, r0: u32, lo: u32, hi: u32, k0: u32) -> f32 {
-    let p = a_slot(lid, l, true);
+    return gm_x_at(a_slot(lid, l, true), r0, lo, hi, k0);
+}
+
+// The x slab's element at p = (tile row, kk) from k0: tile rows [lo, hi) only, 0 elsewhere
+// (both grouped kernels, each with its own slot map).
+fn gm_x_at(p: vec2<u32>, r0: u32, lo: u32, hi: u32, k0: u32) -> f32 {
     let kc = k0 + p.y;
     if p.x >= lo && p.x < hi && kc < gp.k {
         return f32(gm_x[(r0 + p.x) * gp.k + kc]);
@@ -387,8 +392,13 @@ fn gm_load_w(lid: u32, k0: u32, c0: u32, base: u32) -> vec4<f32> {
 }
 
 fn gm_w_elem(lid: u32, l: u32, k0: u32, c0: u32, base: u32) -> f32 {
+    return gm_w_at(b_slot(lid, l, gp.transpose_w == 0u), k0, c0, base);
+}
+
+// The slab of W[e] (or W[e]ᵀ) at q = (kk, column) from (k0, c0), as the k×m operand, 0 outside
+// (both grouped kernels, each with its own slot map).
+fn gm_w_at(q: vec2<u32>, k0: u32, c0: u32, base: u32) -> f32 {
     let n_fast = gp.transpose_w == 0u;
-    let q = b_slot(lid, l, n_fast);
     let kc = k0 + q.x;
     let col = c0 + q.y;
     if kc < gp.k && col < gp.m {

@@ -209,39 +209,21 @@ fn wide_store_pair(row_base: u32, col: u32, left: f32, right: f32) {
 // same chain of FMAs over k as in `grouped_matmul`, then the bias added, so the two agree to the
 // bit. Grid: (⌈m/128⌉, ⌈R/128⌉, 1), split on the host past 65535 per dimension (the bases).
 
-// Element l of invocation lid's share of the x slab at k0: tile rows [lo, hi) only, 0 elsewhere.
-fn gw_x_elem(lid: u32, l: u32, r0: u32, lo: u32, hi: u32, k0: u32) -> f32 {
-    let p = wa_slot(lid, l, true);
-    let kc = k0 + p.y;
-    if p.x >= lo && p.x < hi && kc < gp.k {
-        return f32(gm_x[(r0 + p.x) * gp.k + kc]);
-    }
-    return 0.0;
-}
-
+// The slabs of x (tile rows [lo, hi) only) and of W[e] (or W[e]ᵀ) at k0, invocation lid's four
+// elements of each through this file's slot maps, read by matmul.wgsl's gm_x_at / gm_w_at.
 fn gw_load_x(lid: u32, r0: u32, lo: u32, hi: u32, k0: u32) -> vec4<f32> {
-    return vec4<f32>(gw_x_elem(lid, 0u, r0, lo, hi, k0), gw_x_elem(lid, 1u, r0, lo, hi, k0),
-                     gw_x_elem(lid, 2u, r0, lo, hi, k0), gw_x_elem(lid, 3u, r0, lo, hi, k0));
-}
-
-// Element l of invocation lid's share of the slab of W[e] (or W[e]ᵀ) at k0, the k×m operand.
-fn gw_w_elem(lid: u32, l: u32, k0: u32, c0: u32, base: u32) -> f32 {
-    let n_fast = gp.transpose_w == 0u;
-    let q = wb_slot(lid, l, n_fast);
-    let kc = k0 + q.x;
-    let col = c0 + q.y;
-    if kc < gp.k && col < gp.m {
-        if n_fast {
-            return f32(gm_w[base + kc * gp.m + col]);
-        }
-        return f32(gm_w[base + col * gp.k + kc]);
-    }
-    return 0.0;
+    return vec4<f32>(gm_x_at(wa_slot(lid, 0u, true), r0, lo, hi, k0),
+                     gm_x_at(wa_slot(lid, 1u, true), r0, lo, hi, k0),
+                     gm_x_at(wa_slot(lid, 2u, true), r0, lo, hi, k0),
+                     gm_x_at(wa_slot(lid, 3u, true), r0, lo, hi, k0));
 }
 
 fn gw_load_w(lid: u32, k0: u32, c0: u32, base: u32) -> vec4<f32> {
-    return vec4<f32>(gw_w_elem(lid, 0u, k0, c0, base), gw_w_elem(lid, 1u, k0, c0, base),
-                     gw_w_elem(lid, 2u, k0, c0, base), gw_w_elem(lid, 3u, k0, c0, base));
+    let n_fast = gp.transpose_w == 0u;
+    return vec4<f32>(gm_w_at(wb_slot(lid, 0u, n_fast), k0, c0, base),
+                     gm_w_at(wb_slot(lid, 1u, n_fast), k0, c0, base),
+                     gm_w_at(wb_slot(lid, 2u, n_fast), k0, c0, base),
+                     gm_w_at(wb_slot(lid, 3u, n_fast), k0, c0, base));
 }
 
 // Stores tile row tr (whole-output row r0 + tr) of the run [lo, hi): columns c0..c0+3 from
