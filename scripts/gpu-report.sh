@@ -22,7 +22,8 @@
 # step); FOCUS=all (the default) measures everything above. In both, the matmul, `bench moe`
 # and the moe-gpt step also run with MOEGRAD_SHADER_CHECKS=full (wgpu's loop counter in every
 # loop, which moegrad's kernels leave out by default: docs/gpu.md), to measure what it costs,
-# and `bench moe` once more with MOEGRAD_BIND_GROUPS=create (a bind group created per dispatch,
+# FOCUS=targets runs the matmul once more with MOEGRAD_SHADER_CHECKS=none (no bounds checks
+# either: whether they are what holds the kernels at ~13 TFLOP/s), and `bench moe` once more with MOEGRAD_BIND_GROUPS=create (a bind group created per dispatch,
 # as before bind groups were reused), and once with MOEGRAD_MATMUL=plain (no split-k, no row
 # splits of the expert bank's weight gradient and the 64×64 grouped kernel instead of
 # grouped_matmul_wide: what the splits and the wide kernels gain at small n), and
@@ -116,6 +117,10 @@ for round in $(seq 1 "$ROUNDS"); do
     measure "moegrad-matmul-wide-vec4-$round" env MOEGRAD_MATMUL=wide-vec4 "$BIN" bench matmul \
       --device gpu --sizes 1024,2048,4096,8192 --json
     measure "moegrad-matmul-full-checks-$round" env MOEGRAD_SHADER_CHECKS=full "$BIN" bench \
+      matmul --device gpu --sizes 1024,2048,4096,8192 --json
+    # no bounds checks either: whether the checks on every index are what holds the kernels at
+    # ~13 TFLOP/s (measurement only: an out-of-range index is then undefined behaviour)
+    measure "moegrad-matmul-unchecked-$round" env MOEGRAD_SHADER_CHECKS=none "$BIN" bench \
       matmul --device gpu --sizes 1024,2048,4096,8192 --json
     measure "moegrad-moe-$round" "$BIN" bench moe --device gpu --json
     measure "moegrad-moe-full-checks-$round" env MOEGRAD_SHADER_CHECKS=full "$BIN" bench moe \

@@ -1,5 +1,5 @@
 // routing.wgsl: the MoE routing kernels: a top-k router's gate (softmax, selection and
-// normalisation in one pass) and its backward, the row softmax backward, and the dispatch plan
+// normalisation in one pass) and its backward, the row softmax and its backward, and the dispatch plan
 // (assignments sorted by expert, with capacity).
 // Launcher: src/backend/gpu/routing.rs (Tensor::topk_gate and its backward rules,
 // moe::DispatchPlan::build). The CPU computes the same in src/backend/cpu/routing.rs.
@@ -16,6 +16,11 @@
 //                      again when the router adds no noise) -> probs (binding 3, read_write,
 //                      f32 [rows, n]), idx (binding 4, read_write, i32 [rows, k]), weights
 //                      (binding 5, read_write, f32 [rows, k]). Cost per row: (k + 3)·n.
+// softmax_rows         one invocation per row r of [rows, n], 64 per workgroup: probs[r] =
+//                      softmax(logits[r]), as topk_gate computes it (the same function).
+//                      params GateParams { rows, n } (k and renormalise unused); logits
+//                      (binding 1) -> probs (binding 3) (bindings 2, 4 and 5 unused). Cost per
+//                      row: 3·n, on one invocation: meant for rows of a router's width.
 // topk_gate_backward   one invocation per row: the gradient of the gate's weights for the
 //                      upstream d_weights = a. renormalise: out[r, idx_j] = w_j (a_j − Σ_i w_i a_i),
 //                      zero elsewhere. Not renormalised: out[r, c] = p_c (a'_c − Σ_j a_j w_j), a'
@@ -121,13 +126,9 @@ struct GateParams { rows: u32, n: u32, k: u32, renormalise: u32 }
 @group(0) @binding(4) var<storage, read_write> gate_idx: array<i32>;
 @group(0) @binding(5) var<storage, read_write> gate_weights: array<f32>;
 
-@compute @workgroup_size(64)
-fn topk_gate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-             @builtin(local_invocation_index) lid: u32) {
-    let r = flat_index(wid, nwg, lid, 64u);
-    if (r >= gp.rows) { return; }
-    let n = gp.n;
-    let base = r * n;
+// probs[base..base + n] = the softmax of logits[base..base + n]: e^(x − m) / Σ e^(x − m), m the
+// row's maximum (the CPU's softmax_row in src/backend/cpu/routing.rs, term for term).
+fn softmax_row(base: u32, n: u32) {
     var m = gate_logits[base];
     for (var c = 1u; c < n; c = c + 1u) { m = max(m, gate_logits[base + c]); }
     var total = 0.0;
@@ -137,6 +138,24 @@ fn topk_gate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
         total = total + e;
     }
     for (var c = 0u; c < n; c = c + 1u) { gate_probs[base + c] = gate_probs[base + c] / total; }
+}
+
+@compute @workgroup_size(64)
+fn softmax_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                @builtin(local_invocation_index) lid: u32) {
+    let r = flat_index(wid, nwg, lid, 64u);
+    if (r >= gp.rows) { return; }
+    softmax_row(r * gp.n, gp.n);
+}
+
+@compute @workgroup_size(64)
+fn topk_gate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) lid: u32) {
+    let r = flat_index(wid, nwg, lid, 64u);
+    if (r >= gp.rows) { return; }
+    let n = gp.n;
+    let base = r * n;
+    softmax_row(base, n);
     // k passes, each taking the best score strictly after the previous pick in the order
     // (key descending, index ascending)
     var prev_key = 0u;

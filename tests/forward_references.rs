@@ -312,6 +312,57 @@ fn mse_matches_its_definition() {
     }
 }
 
+/// The fused `Tensor::softmax` (one kernel each way over rows of the last axis; another axis
+/// is moved last and back) against its definition: each line along the axis is
+/// `e^{x_j} / Σ_l e^{x_l}` (in the stable form of [`softmax_row`]), and the gradient for an
+/// upstream `g` is the vector-Jacobian product with `∂y_i/∂x_j = y_i (δ_ij − y_j)`, summed
+/// term by term. Shapes of rank 1–3 with lines up to 300 long, rows past the CPU's 64-row tasks,
+/// logits up to ±1000 in some cases (past f64's e^709: the maximum must be subtracted).
+#[test]
+fn softmax_matches_its_definition() {
+    for case in 0..CASES {
+        let mut rng = rng_for(18, case);
+        let rank = rng.random_range(1..=3);
+        let mut shape: Vec<usize> = (0..rank).map(|_| rng.random_range(1..=9)).collect();
+        let axis = rng.random_range(0..rank);
+        match case % 3 {
+            1 => shape[axis] = rng.random_range(100..=300),
+            2 => shape[0] = rng.random_range(130..=200),
+            _ => {}
+        }
+        let numel: usize = shape.iter().product();
+        let scale = if case % 4 == 3 { 1000.0 } else { 4.0 };
+        let x = uniform(&mut rng, numel, -scale, scale);
+        let g = uniform(&mut rng, numel, -1.0, 1.0);
+        let (len, inner) = (shape[axis], shape[axis + 1..].iter().product::<usize>());
+        let outer = numel / (len * inner);
+        let (mut y, mut dx) = (vec![0.0; numel], vec![0.0; numel]);
+        for o in 0..outer {
+            for i in 0..inner {
+                let at = |j: usize| o * len * inner + j * inner + i;
+                let line: Vec<f64> = (0..len).map(|j| x[at(j)]).collect();
+                let p = softmax_row(&line);
+                for j in 0..len {
+                    y[at(j)] = p[j];
+                    let jacobian = |i: usize| p[i] * (f64::from(i == j) - p[j]);
+                    dx[at(j)] = (0..len).map(|i| g[at(i)] * jacobian(i)).sum();
+                }
+            }
+        }
+        let xt = tensor(&x, &shape).with_grad().unwrap();
+        let got = xt.softmax(axis as isize).expect("softmax");
+        let what = format!("softmax of {shape:?} along {axis}");
+        assert_eq!(got.shape(), shape.as_slice(), "{what}");
+        assert_close(&what, &f64s(&got), &y, TOL, TOL);
+        got.mul(&tensor(&g, &shape))
+            .and_then(|t| t.sum_all())
+            .and_then(|l| l.backward())
+            .expect("backward");
+        let what = format!("{what}: dx");
+        assert_close(&what, &f64s(&xt.grad().unwrap()), &dx, TOL, TOL);
+    }
+}
+
 // ---- convolution and pooling ---------------------------------------------------------------
 
 /// The sizes of a convolution or pooling case.

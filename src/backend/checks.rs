@@ -450,6 +450,18 @@ pub(crate) fn check_topk_gate<B: Operand>(
     )
 }
 
+/// Checks a row softmax's input (`NnOps::softmax_forward`): `rows, n ≥ 1` and `x` of `rows·n`
+/// elements.
+pub(crate) fn check_softmax_forward<B: Operand>(
+    what: &str,
+    x: &B,
+    rows: usize,
+    n: usize,
+) -> Result<()> {
+    super::check_gate_sizes(what, rows, n, 1)?;
+    super::check_lengths(what, &[("x", x.len(), rows * n)])
+}
+
 /// Checks a softmax backward's operands (`NnOps::softmax_backward`): `rows, n ≥ 1`, and the
 /// output `y` and its gradient `dy`, both `[rows, n]`.
 pub(crate) fn check_softmax_backward<B: Operand>(

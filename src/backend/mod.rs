@@ -2,10 +2,11 @@
 //!
 //! This layer knows nothing about autograd. A backend owns flat, contiguous buffers (each buffer
 //! knows its [`DType`] and length) and runs a small set of primitives over them. Everything the
-//! `Tensor` API offers (softmax, cross-entropy, top-k, every backward rule) is composed from these
-//! primitives in `ops/`, once, for all devices: that is the tinygrad lesson, and it means a new
-//! backend implements the family traits of `family/` (one per op family, gathered by
-//! [`Backend`]) and nothing else.
+//! `Tensor` API offers (log-softmax, top-k, every backward rule) is composed from these
+//! primitives in `ops/`, once, for all devices: that is the tinygrad lesson. Where one fused
+//! kernel saves many small ones (softmax, cross-entropy, attention), the fused op is itself a
+//! primitive ([`NnOps`]). A new backend implements the family traits of `family/` (one per op
+//! family, gathered by [`Backend`]) and nothing else.
 //!
 //! Shapes passed here are already checked by the `Tensor` layer; a backend may still return an
 //! error (unsupported dtype, GPU failure) but must never panic.

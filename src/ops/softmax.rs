@@ -1,12 +1,14 @@
 //! softmax, log_softmax and logsumexp along an axis, computed stably (the row maximum is
-//! subtracted first) with hand-written backward rules:
+//! subtracted first) with hand-written backward rules. softmax is one fused kernel each way
+//! (the row softmax of `NnOps`, which the top-k gate's probabilities share); log_softmax and
+//! logsumexp are composed from reductions and elementwise ops:
 //!
 //! * softmax `y = e^(x−m) / Σ e^(x−m)`:  `∂x = y ⊙ (g − Σ g⊙y)`
 //! * log_softmax `y = x − m − ln Σ e^(x−m)`:  `∂x = g − softmax(x) · Σ g`
 //! * logsumexp `y = m + ln Σ e^(x−m)`:  `∂x = g · softmax(x)`
 
 use crate::shape::normalize_axis;
-use crate::{Result, Tensor};
+use crate::{DType, Result, Tensor};
 
 /// The untracked pieces of a softmax along one axis (all keepdim where reduced).
 struct Shifted {
@@ -33,7 +35,9 @@ impl Tensor {
         Ok(Shifted { z, e, total, m })
     }
 
-    /// Softmax along `axis`.
+    /// Softmax along `axis`: one fused kernel forward and one backward
+    /// (`NnOps::softmax_forward` / `softmax_backward`) over the rows of the last axis; another
+    /// axis is moved last and back, and f16 values are computed in f32 and cast back.
     ///
     /// # Example
     /// ```
@@ -45,14 +49,27 @@ impl Tensor {
         let _profile = crate::profile::op("softmax");
         self.check_float("softmax")?;
         let a = normalize_axis(axis, self.rank())?;
-        // e^(x−m) / Σ e^(x−m): every exponent is ≤ 0 and the sum is ≥ 1, so this is as stable
-        // as e^(x − m − lse) and needs one exponential pass, not two
-        let sh = self.shifted_exp(a)?;
-        let y = crate::no_grad(|| sh.e.div(&sh.total))?;
+        let last = self.rank() - 1;
+        if a != last {
+            let moved = self.transpose(a as isize, last as isize)?;
+            return moved.softmax(-1)?.transpose(a as isize, last as isize);
+        }
+        if self.dtype() == DType::F16 {
+            return self.to_dtype(DType::F32)?.softmax(-1)?.to_dtype(DType::F16);
+        }
+        let n = self.shape()[last];
+        let rows = self.numel() / n.max(1);
+        if rows == 0 || n == 0 {
+            return Ok(Tensor::record(self.detach(), "softmax", &[self], |g| {
+                Ok(vec![Some(g.clone())])
+            }));
+        }
+        let y = self.storage().softmax_forward(rows, n)?;
+        let y = Tensor::from_storage(y, self.shape().to_vec());
         let saved = y.clone();
         Ok(Tensor::record(y, "softmax", &[self], move |g| {
-            let dot = g.mul(&saved)?.sum(&[a as isize], true)?;
-            Ok(vec![Some(saved.mul(&g.sub(&dot)?)?)])
+            let d = saved.storage().softmax_backward(g.storage(), rows, n)?;
+            Ok(vec![Some(Tensor::from_storage(d, saved.shape().to_vec()))])
         }))
     }
 

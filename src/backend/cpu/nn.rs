@@ -13,7 +13,7 @@ use crate::backend::checks::{
     check_attention_lengths, check_cross_entropy, check_layer_norm_lengths, check_rotary_lengths,
     check_swiglu_lengths,
 };
-use crate::backend::checks::{check_mse, check_softmax_backward};
+use crate::backend::checks::{check_mse, check_softmax_backward, check_softmax_forward};
 use crate::backend::{
     AttentionDims, AttentionGradOperands, Conv2dDims, LayerNormDims, NnOps, Pool2dDims, PoolKind,
     RotaryDims, SwiGluDims,
@@ -264,6 +264,19 @@ impl NnOps for CpuBackend {
             (CpuBuffer::F64(g), CpuBuffer::F64(x), CpuBuffer::F64(t)) => {
                 Ok(f64b(mse::backward(g[0], x, t)))
             }
+            _ => Err(Error::DType(format!(
+                "{WHAT}: the CPU computes f32 or f64, got {}",
+                x.dtype()
+            ))),
+        }
+    }
+
+    fn softmax_forward(&self, x: &CpuBuffer, rows: usize, n: usize) -> Result<CpuBuffer> {
+        const WHAT: &str = "softmax";
+        check_softmax_forward(WHAT, x, rows, n)?;
+        match x {
+            CpuBuffer::F32(x) => Ok(f32b(routing::softmax_rows(x, n))),
+            CpuBuffer::F64(x) => Ok(f64b(routing::softmax_rows(x, n))),
             _ => Err(Error::DType(format!(
                 "{WHAT}: the CPU computes f32 or f64, got {}",
                 x.dtype()

@@ -1,7 +1,7 @@
 //! The CPU kernels of the MoE routing primitives, the ends of `Tensor::topk_gate` (a top-k
 //! router's softmax, selection and normalisation in one pass), of its backward rules, and of
-//! `moe::DispatchPlan` (`CpuBackend::topk_gate`, `topk_gate_backward`, `softmax_backward`,
-//! `dispatch_plan`). The WGSL kernels of `shaders/routing.wgsl` compute the same things on the
+//! `moe::DispatchPlan` (`CpuBackend::topk_gate`, `topk_gate_backward`, `softmax_forward`,
+//! `softmax_backward`, `dispatch_plan`). The WGSL kernels of `shaders/routing.wgsl` compute the same things on the
 //! GPU; both order values as `argsort` does (NaN as the smallest value, −0 as +0, ties by the
 //! lowest index), so the two backends select the same experts and sort the same rows.
 
@@ -81,16 +81,7 @@ pub(super) fn topk_gate<T: Float + Send + Sync>(
                     w: &mut [T],
                     order: &mut Vec<usize>,
                     keys: &mut Vec<u64>| {
-        let x = &logits[r * n..(r + 1) * n];
-        let m = x.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
-        let mut total = T::zero();
-        for (pc, &xc) in p.iter_mut().zip(x) {
-            *pc = (xc - m).exp();
-            total = total + *pc;
-        }
-        for pc in p.iter_mut() {
-            *pc = *pc / total;
-        }
+        softmax_row(&logits[r * n..(r + 1) * n], p);
         let s = &scores[r * n..(r + 1) * n];
         top_k_columns(s, k, order, keys);
         for (slot, &c) in ix.iter_mut().zip(order.iter()) {
@@ -174,6 +165,33 @@ pub(super) fn topk_gate_backward<T: Float + Send + Sync>(
         }
     });
     out
+}
+
+/// `y = e^(x − m) / Σ e^(x − m)` for one row `x`, `m` its maximum: the softmax of
+/// [`softmax_rows`] and of the top-k gate's probabilities.
+fn softmax_row<T: Float>(x: &[T], y: &mut [T]) {
+    let m = x.iter().fold(T::neg_infinity(), |a, &b| a.max(b));
+    let mut total = T::zero();
+    for (yc, &xc) in y.iter_mut().zip(x) {
+        *yc = (xc - m).exp();
+        total = total + *yc;
+    }
+    for yc in y.iter_mut() {
+        *yc = *yc / total;
+    }
+}
+
+/// The softmax of each row of `[rows, n]` (see `NnOps::softmax_forward`).
+pub(super) fn softmax_rows<T: Float + Send + Sync>(x: &[T], n: usize) -> Vec<T> {
+    let mut y = super::zeroed(x.len());
+    y.par_chunks_mut(n * ROWS_PER_TASK)
+        .zip(x.par_chunks(n * ROWS_PER_TASK))
+        .for_each(|(y, x)| {
+            for (y, x) in y.chunks_mut(n).zip(x.chunks(n)) {
+                softmax_row(x, y);
+            }
+        });
+    y
 }
 
 /// `y ⊙ (dy − Σ dy ⊙ y)` per row of `[rows, n]`.

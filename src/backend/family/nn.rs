@@ -1,6 +1,6 @@
 //! [`NnOps`]: the fused neural-network primitives, each a forward and its backward written as
 //! one kernel: causal attention, layer normalisation, SwiGLU, the rotary embedding, softmax
-//! cross-entropy, the softmax backward, 2-D convolution and 2-D pooling.
+//! cross-entropy, the mean squared error, the row softmax, 2-D convolution and 2-D pooling.
 
 use crate::Result;
 use crate::backend::{
@@ -9,7 +9,7 @@ use crate::backend::{
 };
 
 /// Fused neural-network primitives: attention, layer norm, SwiGLU, the rotary embedding,
-/// cross-entropy, softmax backward, convolution and pooling.
+/// cross-entropy, MSE, the row softmax, convolution and pooling.
 pub trait NnOps: BufferOps {
     /// Causal self-attention, forward: for each of `dims.heads` pairs, `o = softmax(q·kᵀ·s +
     /// mask)·v` with `s = 1/√Dh` and the mask hiding keys after the query, and the row
@@ -118,6 +118,9 @@ pub trait NnOps: BufferOps {
         x: &Self::Buffer,
         t: &Self::Buffer,
     ) -> Result<Self::Buffer>;
+    /// The softmax of each row of `[rows, n]`: `y = e^(x − m) / Σ_c e^(x_c − m)`, `m` the row's
+    /// maximum (so every exponent is ≤ 0 and the sum ≥ 1). Sizes ≥ 1.
+    fn softmax_forward(&self, x: &Self::Buffer, rows: usize, n: usize) -> Result<Self::Buffer>;
     /// The backward of a softmax over the rows of `[rows, n]` from its output `y`:
     /// `∂x = y ⊙ (dy − Σ_c dy_c y_c)`.
     fn softmax_backward(

@@ -706,7 +706,7 @@ mod tests {
             (&rotary::ROTARY_SHADER, 1),
             (&cross_entropy::CROSS_ENTROPY_SHADER, 2),
             (&mse::MSE_SHADER, 3),
-            (&routing::ROUTING, 10),
+            (&routing::ROUTING, 11),
             (&conv2d::CONV2D_SHADER, 3),
             (&pool2d::POOL2D_SHADER, 4),
         ];

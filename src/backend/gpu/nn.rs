@@ -94,6 +94,10 @@ impl NnOps for GpuBackend {
         super::mse::mse_backward(self, g, x, t)
     }
 
+    fn softmax_forward(&self, x: &GpuBuffer, rows: usize, n: usize) -> Result<GpuBuffer> {
+        super::routing::softmax_forward(self, x, rows, n)
+    }
+
     fn softmax_backward(
         &self,
         y: &GpuBuffer,

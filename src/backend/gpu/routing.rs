@@ -1,6 +1,7 @@
 //! Launchers of `shaders/routing.wgsl`, the MoE routing kernels: [`topk_gate`] (a top-k router's
 //! softmax, selection and normalisation in one dispatch), [`topk_gate_backward`] and
-//! [`softmax_backward`] (its backward rules, one dispatch each), and [`dispatch_plan`] (the
+//! [`softmax_backward`] (its backward rules, one dispatch each), [`softmax_forward`] (the row
+//! softmax of `Tensor::softmax`, by the gate's own softmax code), and [`dispatch_plan`] (the
 //! whole dispatch plan of an MoE layer, where the composed version took about fifty
 //! dispatches): up to [`PLAN_SORT_MAX`] assignments in two, `plan_sort` and `plan_rows`; a
 //! larger dropless plan by a counting sort in three ([`plan_by_counting`]); any other by one
@@ -12,7 +13,9 @@ use super::kernels::{Shader, grid_1d, u32_param};
 use super::sort::{KEY_WORDS, sort_key_words};
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::RoutingOps;
-use crate::backend::checks::{check_dispatch_plan, check_softmax_backward, check_topk_gate};
+use crate::backend::checks::{
+    check_dispatch_plan, check_softmax_backward, check_softmax_forward, check_topk_gate,
+};
 use crate::backend::{PlanBuffers, check_gate_backward_lengths, check_gate_sizes};
 use crate::{DType, Error, Result};
 
@@ -23,7 +26,8 @@ pub(crate) static ROUTING: Shader = Shader {
     source: include_str!("../../../shaders/routing.wgsl"),
 };
 
-/// Rows per workgroup of the per-row kernels (`topk_gate`, its backward, `softmax_backward`).
+/// Rows per workgroup of the per-row kernels (`topk_gate`, its backward, `softmax_rows`,
+/// `softmax_backward`).
 const ROW_WG: u32 = 64;
 /// Invocations per workgroup of the plan kernels.
 const PLAN_WG: u32 = 256;
@@ -109,6 +113,35 @@ pub(crate) fn topk_gate_backward(
         &ROUTING,
         "topk_gate_backward",
         &[weights, idx, d_weights, p, &out],
+        &params,
+        grid_1d(rows, ROW_WG)?,
+    )?;
+    Ok(out)
+}
+
+/// `NnOps::softmax_forward` (entry `softmax_rows`).
+pub(crate) fn softmax_forward(
+    be: &GpuBackend,
+    x: &GpuBuffer,
+    rows: usize,
+    n: usize,
+) -> Result<GpuBuffer> {
+    const WHAT: &str = "softmax";
+    check_softmax_forward(WHAT, x, rows, n)?;
+    expect_f32(WHAT, &[("x", x)])?;
+    u32_param(rows * n, "softmax: rows × row length")?;
+    let out = be.alloc(rows * n, DType::F32)?;
+    let params = [
+        u32_param(rows, "softmax: rows")?,
+        u32_param(n, "softmax: row length")?,
+        0,
+        0,
+    ];
+    // binding 2 is not used by this entry point
+    be.launch(
+        &ROUTING,
+        "softmax_rows",
+        &[x, x, &out],
         &params,
         grid_1d(rows, ROW_WG)?,
     )?;

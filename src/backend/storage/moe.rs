@@ -77,6 +77,11 @@ impl Storage {
             sizes
         ))
     }
+    /// See [`NnOps::softmax_forward`]; `self` is the input `x` `[rows, n]`.
+    pub(crate) fn softmax_forward(&self, rows: usize, n: usize) -> Result<Storage> {
+        const WHAT: &str = "softmax";
+        on_device!(self, |be| be.softmax_forward(be.buf(self, WHAT)?, rows, n))
+    }
     /// See [`NnOps::softmax_backward`]; `self` is the softmax output `y` `[rows, n]`.
     pub(crate) fn softmax_backward(&self, dy: &Storage, rows: usize, n: usize) -> Result<Storage> {
         const WHAT: &str = "softmax backward";

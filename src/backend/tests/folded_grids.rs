@@ -487,6 +487,38 @@ fn folded_mse() {
     );
 }
 
+/// The row softmax of `Tensor::softmax` past 65,535 workgroups: `softmax_rows` and
+/// `softmax_backward` (one invocation per row, 64 a workgroup) on rows of 3, each output
+/// starting NaN in the poisoned pool, against the CPU.
+#[test]
+fn folded_softmax_rows() {
+    let Some((be, _lock)) = fold_gpu("folded_softmax_rows") else {
+        return;
+    };
+    let cpu = CpuBackend;
+    let (rows, n) = (fold::smallest_folding(64), 3);
+    fold::assert_past_limit("softmax_rows", fold::groups(rows, 64));
+    let (x, dy) = (random_f32(43, rows * n), random_f32(44, rows * n));
+    let (gx, cx) = (up_f32(&be, &x), cpu_f32(&x));
+    poison_pool(&be, rows * n);
+    let y = be.softmax_forward(&gx, rows, n).unwrap();
+    let want_y = cpu.softmax_forward(&cx, rows, n).unwrap();
+    assert_same(
+        "softmax_rows",
+        be.download(&y).unwrap(),
+        cpu.download(&want_y).unwrap(),
+    );
+    let (gdy, cdy) = (up_f32(&be, &dy), cpu_f32(&dy));
+    poison_pool(&be, rows * n);
+    let dx = be.softmax_backward(&y, &gdy, rows, n).unwrap();
+    let want = cpu.softmax_backward(&want_y, &cdy, rows, n).unwrap();
+    assert_same(
+        "softmax_backward",
+        be.download(&dx).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+}
+
 /// The operands of `attention_backward` from `[q, k, v, o, lse, dO]`.
 fn attention_grad_operands<B>(b: &[B; 6]) -> AttentionGradOperands<'_, B> {
     AttentionGradOperands {
