@@ -548,3 +548,60 @@ fn mse_of_an_f16_prediction_is_computed_in_f32() {
         "f32's gradient rounded to f16"
     );
 }
+
+/// The softmax of f16 values is computed in f32 and rounded back: an f16 output equal to the
+/// f32 softmax of the same (widened) values rounded to f16, along the last axis and another,
+/// and an f16 gradient equal to the f32 one rounded to f16.
+#[test]
+fn softmax_of_f16_values_is_computed_in_f32() {
+    let Some(dev) = f16_gpu("softmax_of_f16_values_is_computed_in_f32") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(6);
+    let x: Vec<f32> = (0..600).map(|_| rng.random_range(-4.0f32..4.0)).collect();
+    let g: Vec<f32> = (0..600).map(|_| rng.random_range(-1.0f32..1.0)).collect();
+    let f16 = moegrad::DType::F16;
+    // an upstream gradient of f16 values, so that the f16 output's gradient is not rounded
+    let upstream = Tensor::from_f32(g, &[20, 30], dev)
+        .and_then(|t| t.to_dtype(f16))
+        .and_then(|t| t.to_dtype(moegrad::DType::F32))
+        .unwrap();
+    for axis in [-1, 0] {
+        let x16 = Tensor::from_f32(x.clone(), &[20, 30], dev)
+            .and_then(|t| t.to_dtype(f16))
+            .and_then(|t| t.with_grad())
+            .unwrap();
+        let x32 = x16
+            .detach()
+            .to_dtype(moegrad::DType::F32)
+            .and_then(|t| t.with_grad())
+            .unwrap();
+        let (y16, y32) = (x16.softmax(axis).unwrap(), x32.softmax(axis).unwrap());
+        assert_eq!(
+            y16.dtype(),
+            f16,
+            "axis {axis}: the softmax of f16 values is f16"
+        );
+        let rounded = |t: &Tensor| t.to_dtype(f16).unwrap().to_vec_f64().unwrap();
+        assert_eq!(
+            y16.to_vec_f64().unwrap(),
+            rounded(&y32),
+            "axis {axis}: the f32 softmax rounded to f16"
+        );
+        let loss = |y: &Tensor| {
+            y.to_dtype(moegrad::DType::F32)
+                .and_then(|y| y.mul(&upstream))
+                .and_then(|t| t.sum_all())
+                .unwrap()
+        };
+        loss(&y16).backward().unwrap();
+        loss(&y32).backward().unwrap();
+        let g16 = x16.grad().unwrap();
+        assert_eq!(g16.dtype(), f16, "axis {axis}: the gradient is f16");
+        assert_eq!(
+            g16.to_vec_f64().unwrap(),
+            rounded(&x32.grad().unwrap()),
+            "axis {axis}: the f32 gradient rounded to f16"
+        );
+    }
+}
