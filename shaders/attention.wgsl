@@ -40,13 +40,24 @@
 //   for each visible query: p = e^(s − lse), ds = scale·p·(dO·v − delta), dv += p·dO,
 //   dk += ds·q. No atomics: each key row has one owner.
 //
+// ---- entry point `attention_backward_kv_packed` ------------------------------------------------
+//   attention_backward_kv for q, k, v packed in one buffer (part > 0): binding 1, 2 and 3 the
+//   same qkv, 7 the packed gradient (written): dK at part + (h·seq + t)·HEAD_DIM + c, dV at
+//   2·part + (h·seq + t)·HEAD_DIM + c (one writable binding for both: WebGPU lets no two
+//   writable bindings of a dispatch alias). attention_backward_q then writes dQ (part 0) into
+//   the same buffer at its binding 7.
+//
 // ---- entry point `attention_backward_q` --------------------------------------------------------
 //   binding 1 q, 2 k, 3 v, 4 dO, 5 lse, 6 delta (read), 7 dq (written). Invocation = one query.
 //   Stages K and V of the keys up to its workgroup's last query; for each visible key: p and ds
 //   as above, dq += ds·k.
 //
 // params (binding 0, AttnParams, all 32-bit): seq, scale (f32), head_base, rows (delta only:
-// heads·seq), head_dim (delta only; the tiled entries use HEAD_DIM).
+// heads·seq), head_dim (delta only; the tiled entries use HEAD_DIM), part (the tiled entries:
+// 0 when q, k and v are three buffers; heads·seq·HEAD_DIM when they are one packed buffer
+// [3, heads, seq, HEAD_DIM] bound three times: K is read from element `part` on and V from
+// 2·part on, and attention_backward_kv_packed and attention_backward_q write dK, dV and dQ into
+// one packed gradient laid out the same way, each only its own parts).
 
 override HEAD_DIM: u32 = 32u;
 override STAGE: u32 = 32u;
@@ -59,6 +70,8 @@ const MAX_DIM: u32 = 128u;
 const MAX_STAGE: u32 = 32u;
 // floats per staged matrix: STAGE·HEAD_DIM ≤ 1984, so 2·1984 + 2·32 floats = 16128 bytes
 const STAGE_FLOATS: u32 = 1984u;
+// key_grads' row index for a key past seq (no row: nothing is stored)
+const PAST_SEQ: u32 = 0xffffffffu;
 // stands for −∞ as the running maximum before any score (WGSL has no infinite literal)
 const NEG_BIG: f32 = -3.0e38;
 
@@ -68,6 +81,7 @@ struct AttnParams {
     head_base: u32,
     rows: u32,
     head_dim: u32,
+    part: u32,
 }
 
 // The element type of the tensors (not of lse and delta): f32 here. The f16 build
@@ -98,7 +112,7 @@ fn stage_keys(base: u32, first: u32, lid: u32) {
         var kv = vec2<f32>(0.0);
         if (first + e / HEAD_DIM < ap.seq) {
             let at = base + first * HEAD_DIM + e;
-            kv = vec2<f32>(f32(at_k[at]), f32(at_v[at]));
+            kv = vec2<f32>(f32(at_k[ap.part + at]), f32(at_v[2u * ap.part + at]));
         }
         stage_a[e] = kv.x;
         stage_b[e] = kv.y;
@@ -191,10 +205,14 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>,
 @group(0) @binding(7) var<storage, read_write> bw_dk: array<at_elem>;
 @group(0) @binding(8) var<storage, read_write> bw_dv: array<at_elem>;
 @group(0) @binding(7) var<storage, read_write> bw_dq: array<at_elem>;
+// the packed gradient [3, heads, seq, HEAD_DIM] of attention_backward_kv_packed
+@group(0) @binding(7) var<storage, read_write> bw_dkv: array<at_elem>;
 
-@compute @workgroup_size(64)
-fn attention_backward_kv(@builtin(local_invocation_index) lid: u32,
-                         @builtin(workgroup_id) wid: vec3<u32>) {
+// dK and dV of invocation lid's key in workgroup wid (the two kv entry points' shared work);
+// returns the key row's first element index (h·seq + t)·HEAD_DIM, or PAST_SEQ for a key past
+// seq (dK and dV left zero). Every invocation of the workgroup calls it (it has barriers).
+fn key_grads(lid: u32, wid: vec3<u32>, dk: ptr<function, array<f32, MAX_DIM>>,
+             dv: ptr<function, array<f32, MAX_DIM>>) -> u32 {
     let head = ap.head_base + wid.y;
     let base = head * ap.seq * HEAD_DIM;
     let k0 = wid.x * ROWS;
@@ -202,12 +220,10 @@ fn attention_backward_kv(@builtin(local_invocation_index) lid: u32,
     // k pre-multiplied by the scale, so q·k is the score
     var k: array<f32, MAX_DIM>;
     var v: array<f32, MAX_DIM>;
-    var dk: array<f32, MAX_DIM>;
-    var dv: array<f32, MAX_DIM>;
     if (key < ap.seq) {
         for (var c = 0u; c < HEAD_DIM; c++) {
-            k[c] = f32(at_k[base + key * HEAD_DIM + c]) * ap.scale;
-            v[c] = f32(at_v[base + key * HEAD_DIM + c]);
+            k[c] = f32(at_k[ap.part + base + key * HEAD_DIM + c]) * ap.scale;
+            v[c] = f32(at_v[2u * ap.part + base + key * HEAD_DIM + c]);
         }
     }
     // queries before the workgroup's first key see none of its keys
@@ -246,20 +262,44 @@ fn attention_backward_kv(@builtin(local_invocation_index) lid: u32,
                 let p = exp(s - stage_r[j]);
                 let ds = p * (dp - stage_s[j]) * ap.scale;
                 for (var c = 0u; c < HEAD_DIM; c++) {
-                    dv[c] += p * stage_b[j * HEAD_DIM + c];
-                    dk[c] += ds * stage_a[j * HEAD_DIM + c];
+                    (*dv)[c] += p * stage_b[j * HEAD_DIM + c];
+                    (*dk)[c] += ds * stage_a[j * HEAD_DIM + c];
                 }
             }
         }
         workgroupBarrier();
     }
-    if (key < ap.seq) {
+    return select(PAST_SEQ, base + key * HEAD_DIM, key < ap.seq);
+}
+
+@compute @workgroup_size(64)
+fn attention_backward_kv(@builtin(local_invocation_index) lid: u32,
+                         @builtin(workgroup_id) wid: vec3<u32>) {
+    var dk: array<f32, MAX_DIM>;
+    var dv: array<f32, MAX_DIM>;
+    let at = key_grads(lid, wid, &dk, &dv);
+    if (at != PAST_SEQ) {
         for (var c = 0u; c < HEAD_DIM; c++) {
-            bw_dk[base + key * HEAD_DIM + c] = at_store(dk[c]);
-            bw_dv[base + key * HEAD_DIM + c] = at_store(dv[c]);
+            bw_dk[at + c] = at_store(dk[c]);
+            bw_dv[at + c] = at_store(dv[c]);
         }
     }
 }
+
+@compute @workgroup_size(64)
+fn attention_backward_kv_packed(@builtin(local_invocation_index) lid: u32,
+                                @builtin(workgroup_id) wid: vec3<u32>) {
+    var dk: array<f32, MAX_DIM>;
+    var dv: array<f32, MAX_DIM>;
+    let at = key_grads(lid, wid, &dk, &dv);
+    if (at != PAST_SEQ) {
+        for (var c = 0u; c < HEAD_DIM; c++) {
+            bw_dkv[ap.part + at + c] = at_store(dk[c]);
+            bw_dkv[2u * ap.part + at + c] = at_store(dv[c]);
+        }
+    }
+}
+
 
 @compute @workgroup_size(64)
 fn attention_backward_q(@builtin(local_invocation_index) lid: u32,

@@ -466,6 +466,75 @@ fn packed_on_the_gpu_matches_the_cpu() {
     common::assert_close("packed: GPU gradient", &grad, &grad_ref, 2e-5, 1e-3);
 }
 
+/// On the GPU the packed op reads q, k and v in place and writes the three gradients into one
+/// buffer (the kernels' `part`), where the separate op has three buffers each way: the same
+/// arithmetic, so the same bits, in f32 and (where the adapter has shader-f16) in f16, over
+/// shapes with several query tiles, odd head dimensions up to the kernel's 128 and many heads.
+#[test]
+fn packed_on_the_gpu_matches_the_separate_op_bit_for_bit() {
+    let Some(gpu) = common::gpu_or_skip("packed_on_the_gpu_matches_the_separate_op_bit_for_bit")
+    else {
+        return;
+    };
+    let f16 = moegrad::gpu::info()
+        .expect("adapter info")
+        .features
+        .iter()
+        .any(|f| f == "shader-f16");
+    let shapes = [
+        [1, 1, 1, 1],
+        [2, 3, ATTENTION_TILE + 5, 7],
+        [1, 2, 2 * ATTENTION_TILE + 1, 33],
+        [3, 5, 9, 128],
+    ];
+    for (i, shape) in shapes.iter().enumerate() {
+        let inputs = qkv(shape, 1.0, 200 + i as u64);
+        let up = values(inputs[0].numel(), 1.0, 300 + i as u64);
+        let dtypes: &[DType] = if f16 {
+            &[DType::F32, DType::F16]
+        } else {
+            &[DType::F32]
+        };
+        for &dtype in dtypes {
+            let on_gpu = |t: &Tensor| {
+                t.to_dtype(DType::F32)
+                    .and_then(|t| t.to_device(gpu))
+                    .and_then(|t| t.to_dtype(dtype))
+                    .and_then(|t| t.with_grad())
+                    .unwrap()
+            };
+            // the output and the leaves' gradients for the upstream `up`
+            let run = |y: Tensor, leaves: &[Tensor]| {
+                let g = Tensor::from_f64(up.clone(), y.shape(), Device::cpu())
+                    .and_then(|g| g.to_dtype(DType::F32))
+                    .and_then(|g| g.to_device(gpu))
+                    .and_then(|g| g.to_dtype(dtype))
+                    .unwrap();
+                y.backward_with(&g).expect("backward");
+                let grads: Vec<Vec<f64>> = leaves
+                    .iter()
+                    .map(|t| t.grad().unwrap().to_vec_f64().unwrap())
+                    .collect();
+                (y.to_vec_f64().unwrap(), grads)
+            };
+            let [q, k, v] = inputs.clone().map(|t| on_gpu(&t));
+            let (y, grads) = run(q.causal_attention(&k, &v).unwrap(), &[q, k, v]);
+            let x = on_gpu(&packed(&inputs));
+            let (y_packed, grad_packed) = run(x.causal_attention_packed().unwrap(), &[x]);
+            let what = format!("{shape:?} {dtype}");
+            assert_eq!(y_packed, y, "{what}: output");
+            let n = inputs[0].numel();
+            for (j, name) in ["dq", "dk", "dv"].iter().enumerate() {
+                assert_eq!(
+                    grad_packed[0][j * n..(j + 1) * n],
+                    grads[j][..],
+                    "{what}: {name}, the packed gradient's part {j}"
+                );
+            }
+        }
+    }
+}
+
 #[test]
 fn packed_refuses_other_shapes() {
     for shape in [

@@ -56,6 +56,36 @@ pub(crate) fn check_lengths<B: Operand>(
     Ok(())
 }
 
+/// Checks a packed `qkv` (`NnOps::attention_forward_packed`): `[3, heads, seq, head_dim]`,
+/// q, k and v one after another.
+pub(crate) fn check_packed_qkv_length<B: Operand>(
+    what: &str,
+    qkv: &B,
+    dims: AttentionDims,
+) -> Result<()> {
+    let AttentionDims {
+        heads,
+        seq,
+        head_dim,
+    } = dims;
+    let n = dims
+        .elements()
+        .and_then(|n| n.checked_mul(3))
+        .ok_or_else(|| {
+            Error::Shape(format!(
+                "{what}: [3, {heads}, {seq}, {head_dim}] has more than usize::MAX elements"
+            ))
+        })?;
+    if n == 0 || qkv.len() != n {
+        return Err(Error::Shape(format!(
+            "{what}: qkv holds {} elements, expected [3, {heads}, {seq}, {head_dim}] = {n} \
+             (sizes at least 1)",
+            qkv.len()
+        )));
+    }
+    Ok(())
+}
+
 /// Checks an attention backward's row log-sum-exp `lse`: `[heads, seq]`.
 pub(crate) fn check_lse_length<B: Operand>(what: &str, lse: &B, dims: AttentionDims) -> Result<()> {
     let rows = dims.heads * dims.seq; // fits: heads·seq·head_dim was checked, and head_dim ≥ 1

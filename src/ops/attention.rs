@@ -110,11 +110,13 @@ impl Tensor {
     /// `[3, B, H, T, Dh]` (`self[0]` the queries, `self[1]` the keys, `self[2]` the values), the
     /// layout a fused `d → 3d` projection gives after one permute. Returns `[B, H, T, Dh]`.
     ///
-    /// The same kernels as the unpacked op; what it saves is on the tape. Splitting the packed
-    /// tensor with three `slice`s would record three nodes whose backward rules each pad their
-    /// gradient with zeros back to the full `[3, …]` shape, and the tape would then add the three
-    /// padded tensors. Here there is one node, and its backward concatenates `dq`, `dk` and `dv`
-    /// once into the packed gradient.
+    /// The same kernels as the unpacked op, reading q, k and v where they lie in the packed
+    /// tensor (`NnOps::attention_forward_packed`) and writing `dq`, `dk` and `dv` straight into
+    /// the packed gradient: no copy either way, where cutting the parts out and concatenating
+    /// their gradients took three each. It saves on the tape too: splitting the packed tensor
+    /// with three `slice`s would record three nodes whose backward rules each pad their gradient
+    /// with zeros back to the full `[3, …]` shape, and the tape would then add the three padded
+    /// tensors. Here there is one node.
     ///
     /// # Errors
     /// [`Error::Shape`] unless `self` is `[3, B, H, T, Dh]`; otherwise those of
@@ -153,35 +155,22 @@ impl Tensor {
                 Ok(vec![Some(empty.clone())])
             }));
         }
-        // The parts are cut from a detached handle: they are not on the tape, this op's one
-        // node is.
+        // q, k and v are read where they lie in the packed tensor (no copies), and the gradient
+        // comes back packed the same way
         let packed = self.detach();
-        let part = |i: usize| packed.slice(0, i, i + 1)?.reshape(&shape);
-        let (q, k, v) = (part(0)?, part(1)?, part(2)?);
         let dims = AttentionDims {
             heads: shape[0] * shape[1],
             seq: shape[2],
             head_dim: shape[3],
         };
-        let (o, lse) = q
-            .storage()
-            .attention_forward(k.storage(), v.storage(), dims)?;
+        let (o, lse) = packed.storage().attention_forward_packed(dims)?;
         let out = Tensor::from_storage(o, shape.clone());
         let saved_out = out.clone();
         Ok(Tensor::record(out, WHAT, &[self], move |g| {
-            let (dq, dk, dv) = q.storage().attention_backward(
-                (
-                    k.storage(),
-                    v.storage(),
-                    saved_out.storage(),
-                    &lse,
-                    g.storage(),
-                ),
-                dims,
-            )?;
-            let parts = [dq, dk, dv].map(|d| Tensor::from_storage(d, shape.clone()));
-            let packed_grad = Tensor::concat(&parts, 0)?.reshape(&packed_shape)?;
-            Ok(vec![Some(packed_grad)])
+            let d = packed
+                .storage()
+                .attention_backward_packed((saved_out.storage(), &lse, g.storage()), dims)?;
+            Ok(vec![Some(Tensor::from_storage(d, packed_shape.clone()))])
         }))
     }
 }

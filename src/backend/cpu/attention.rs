@@ -1,5 +1,6 @@
 //! The CPU kernels of causal self-attention, the end of `Tensor::causal_attention` and of its
-//! backward rule on the CPU (`CpuBackend::attention_forward` / `attention_backward`).
+//! backward rule on the CPU (`CpuBackend::attention_forward` / `attention_backward`, and their
+//! packed forms, which read q, k and v as the three parts of one buffer).
 //!
 //! Every (batch, head) pair is an independent `[T, Dh]` problem. Queries and keys are cut into
 //! blocks of [`ATTENTION_BLOCK`] rows, and the scores are only ever held one block pair at a time
@@ -27,7 +28,7 @@
 use super::fast_math::ExpFloat;
 use super::gemm::{Mat, MatIn, gemm};
 use super::{CpuBuffer, f32b, f64b};
-use crate::backend::checks::{check_attention_lengths, check_lse_length};
+use crate::backend::checks::{check_attention_lengths, check_lse_length, check_packed_qkv_length};
 use crate::backend::{AttentionDims, AttentionGradOperands};
 use crate::{Error, Result};
 use num_traits::Float;
@@ -304,12 +305,106 @@ pub(super) fn backward_buffers(
     }
 }
 
+/// `NnOps::attention_forward_packed` on the CPU: [`forward`] on the three parts of `qkv`
+/// (`[3, heads, seq, head_dim]`).
+pub(super) fn forward_packed_buffer(
+    qkv: &CpuBuffer,
+    dims: AttentionDims,
+) -> Result<(CpuBuffer, CpuBuffer)> {
+    const WHAT: &str = "attention_forward_packed";
+    check_packed_qkv_length(WHAT, qkv, dims)?;
+    match qkv {
+        CpuBuffer::F32(x) => {
+            let [q, k, v] = parts(x);
+            let (o, lse) = forward(q, k, v, dims);
+            Ok((f32b(o), f32b(lse)))
+        }
+        CpuBuffer::F64(x) => {
+            let [q, k, v] = parts(x);
+            let (o, lse) = forward(q, k, v, dims);
+            Ok((f64b(o), f64b(lse)))
+        }
+        _ => Err(Error::DType(format!(
+            "{WHAT} needs a float qkv, got {}",
+            qkv.dtype()
+        ))),
+    }
+}
+
+/// `NnOps::attention_backward_packed` on the CPU: [`backward`] on the three parts of `qkv`, the
+/// gradients packed the same way.
+pub(super) fn backward_packed_buffers(
+    qkv: &CpuBuffer,
+    (o, lse, d_o): (&CpuBuffer, &CpuBuffer, &CpuBuffer),
+    dims: AttentionDims,
+) -> Result<CpuBuffer> {
+    const WHAT: &str = "attention_backward_packed";
+    check_packed_qkv_length(WHAT, qkv, dims)?;
+    check_attention_lengths(WHAT, &[("o", o), ("dO", d_o)], dims)?;
+    check_lse_length(WHAT, lse, dims)?;
+    match (qkv, o, lse, d_o) {
+        (CpuBuffer::F32(x), CpuBuffer::F32(o), CpuBuffer::F32(lse), CpuBuffer::F32(d_o)) => {
+            Ok(f32b(packed_backward(x, (o, lse, d_o), dims)))
+        }
+        (CpuBuffer::F64(x), CpuBuffer::F64(o), CpuBuffer::F64(lse), CpuBuffer::F64(d_o)) => {
+            Ok(f64b(packed_backward(x, (o, lse, d_o), dims)))
+        }
+        _ => Err(Error::DType(format!(
+            "{WHAT} needs float buffers of one dtype, got qkv {}, o {}, lse {}, dO {}",
+            qkv.dtype(),
+            o.dtype(),
+            lse.dtype(),
+            d_o.dtype()
+        ))),
+    }
+}
+
+/// q, k and v: the three equal parts of a packed `qkv`.
+fn parts<T>(qkv: &[T]) -> [&[T]; 3] {
+    let n = qkv.len() / 3;
+    [&qkv[..n], &qkv[n..2 * n], &qkv[2 * n..]]
+}
+
+/// [`backward`] on the parts of `qkv`, into one vector `[dq; dk; dv]`.
+fn packed_backward<T: ExpFloat>(
+    qkv: &[T],
+    (o, lse, d_o): (&[T], &[T], &[T]),
+    d: AttentionDims,
+) -> Vec<T> {
+    let [q, k, v] = parts(qkv);
+    let operands = AttentionGradOperands {
+        q,
+        k,
+        v,
+        o,
+        lse,
+        d_o,
+    };
+    let mut grad = super::zeroed(qkv.len());
+    let (dq, dkv) = grad.split_at_mut(q.len());
+    let (dk, dv) = dkv.split_at_mut(q.len());
+    backward_into(operands, d, [dq, dk, dv]);
+    grad
+}
+
 /// Backward: `(dq, dk, dv)`, each `[heads, seq, dh]`. Inputs are slices of exactly the sizes
 /// `d` gives (checked by the caller); sizes ≥ 1.
 pub(super) fn backward<T: ExpFloat>(
     operands: AttentionGradOperands<'_, [T]>,
     d: AttentionDims,
 ) -> (Vec<T>, Vec<T>, Vec<T>) {
+    let n = d.heads * d.seq * d.head_dim;
+    let (mut dq, mut dk, mut dv) = (super::zeroed(n), super::zeroed(n), super::zeroed(n));
+    backward_into(operands, d, [&mut dq, &mut dk, &mut dv]);
+    (dq, dk, dv)
+}
+
+/// [`backward`] into `[dq, dk, dv]` (zeroed, `[heads, seq, dh]` each).
+fn backward_into<T: ExpFloat>(
+    operands: AttentionGradOperands<'_, [T]>,
+    d: AttentionDims,
+    [dq, dk, dv]: [&mut [T]; 3],
+) {
     let AttentionGradOperands {
         q,
         k,
@@ -339,11 +434,6 @@ pub(super) fn backward<T: ExpFloat>(
         scale,
     };
     let nb = blocks(seq);
-    let (mut dq, mut dk, mut dv) = (
-        super::zeroed(d.heads * mat),
-        super::zeroed(d.heads * mat),
-        super::zeroed(d.heads * mat),
-    );
     if d.heads >= rayon::current_num_threads() {
         // Fused: one task per head computes each block pair's P and dS once and uses them for
         // all three gradients.
@@ -395,7 +485,6 @@ pub(super) fn backward<T: ExpFloat>(
                 });
         });
     }
-    (dq, dk, dv)
 }
 
 /// Recomputes block pair (`qb`, `kb`)'s probabilities `P = e^{s·Q_i·K_jᵀ − lse_i}` (0 where

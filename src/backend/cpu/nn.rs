@@ -54,6 +54,23 @@ impl NnOps for CpuBackend {
         attention::backward_buffers(operands, dims)
     }
 
+    fn attention_forward_packed(
+        &self,
+        qkv: &CpuBuffer,
+        dims: AttentionDims,
+    ) -> Result<(CpuBuffer, CpuBuffer)> {
+        attention::forward_packed_buffer(qkv, dims)
+    }
+
+    fn attention_backward_packed(
+        &self,
+        qkv: &CpuBuffer,
+        forward: (&CpuBuffer, &CpuBuffer, &CpuBuffer),
+        dims: AttentionDims,
+    ) -> Result<CpuBuffer> {
+        attention::backward_packed_buffers(qkv, forward, dims)
+    }
+
     fn layer_norm_forward(
         &self,
         x: &CpuBuffer,

@@ -33,6 +33,23 @@ pub trait NnOps: BufferOps {
         operands: AttentionGradOperands<'_, Self::Buffer>,
         dims: AttentionDims,
     ) -> Result<(Self::Buffer, Self::Buffer, Self::Buffer)>;
+    /// [`NnOps::attention_forward`] with `q`, `k` and `v` one after another in one buffer `qkv`
+    /// `[3, heads, seq, head_dim]` (as `Tensor::causal_attention_packed` holds them), read where
+    /// they are rather than cut out into three.
+    fn attention_forward_packed(
+        &self,
+        qkv: &Self::Buffer,
+        dims: AttentionDims,
+    ) -> Result<(Self::Buffer, Self::Buffer)>;
+    /// [`NnOps::attention_backward`] for [`NnOps::attention_forward_packed`], from the packed
+    /// `qkv` and the forward's `(o, lse, d_o)` (output, row log-sum-exp, upstream gradient): the
+    /// gradient packed like `qkv`, `[3, heads, seq, head_dim]` (dq, dk, dv one after another).
+    fn attention_backward_packed(
+        &self,
+        qkv: &Self::Buffer,
+        forward: (&Self::Buffer, &Self::Buffer, &Self::Buffer),
+        dims: AttentionDims,
+    ) -> Result<Self::Buffer>;
     /// Layer normalisation, forward: for each row `r` of `x` `[rows, dim]`, `mean_r`, the biased
     /// variance `var_r` (two passes), `rstd_r = 1/√(var_r + eps)` and
     /// `y_rj = (x_rj − mean_r)·rstd_r·gamma_j + beta_j`. Returns `(y [rows, dim], mean [rows],

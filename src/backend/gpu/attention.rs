@@ -2,6 +2,10 @@
 //! function per entry point family:
 //!
 //! - [`attention_forward`] (entry `attention_forward`): `o` and the row log-sum-exp `lse`;
+//! - [`attention_forward_packed`] / [`attention_backward_packed`]: the same kernels reading q,
+//!   k and v from one packed `[3, heads, seq, head_dim]` buffer (`Tensor::causal_attention_packed`)
+//!   where they are, and writing the gradient packed the same way, where cutting the three
+//!   parts out and concatenating their gradients took three copies each way;
 //! - [`attention_backward`]: `attention_delta` (`D = rowsum(dO ∘ O)`), then
 //!   `attention_backward_kv` (dK, dV, one workgroup per key tile) and `attention_backward_q`
 //!   (dQ, one workgroup per query tile). Two kernels instead of one with float atomics: each
@@ -16,7 +20,7 @@ use super::kernels::{Shader, grid_1d};
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::AttentionDims;
 use crate::backend::AttentionGradOperands;
-use crate::backend::checks::{check_attention_lengths, check_lse_length};
+use crate::backend::checks::{check_attention_lengths, check_lse_length, check_packed_qkv_length};
 use crate::{DType, Error, Result};
 
 /// The kernels of `shaders/attention.wgsl`.
@@ -53,9 +57,10 @@ fn specialisation(head_dim: usize) -> [(&'static str, f64); 2] {
 
 /// The entry points [`launch_tiles`] launches, each specialised by [`specialisation`]
 /// (`attention_delta` runs with the shader's defaults).
-pub(crate) const TILED_ENTRIES: [&str; 3] = [
+pub(crate) const TILED_ENTRIES: [&str; 4] = [
     "attention_forward",
     "attention_backward_kv",
+    "attention_backward_kv_packed",
     "attention_backward_q",
 ];
 
@@ -113,6 +118,25 @@ fn shader(dtype: DType) -> &'static Shader {
     }
 }
 
+/// How q, k and v (and their gradients) are held: three buffers, or one packed
+/// `[3, heads, seq, head_dim]` buffer (q, k, v one after another) bound three times.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Qkv {
+    Separate,
+    Packed,
+}
+
+impl Qkv {
+    /// The shader's `part`: where K starts in the buffer bound as k (V at twice it).
+    fn part(self, d: AttentionDims) -> u32 {
+        match self {
+            Qkv::Separate => 0,
+            // heads·seq·head_dim: 3× it was checked to fit a u32
+            Qkv::Packed => (d.heads * d.seq * d.head_dim) as u32,
+        }
+    }
+}
+
 /// Launches a tiled entry point, specialised for the head dimension, over
 /// `(⌈seq/64⌉, heads)` workgroups, at most 65535 heads a launch. Sizes were checked by [`check`]
 /// (every index fits a u32).
@@ -120,7 +144,7 @@ fn launch_tiles(
     be: &GpuBackend,
     entry: &str,
     buffers: &[&GpuBuffer],
-    d: AttentionDims,
+    (d, qkv): (AttentionDims, Qkv),
     dtype: DType,
 ) -> Result<()> {
     debug_assert!(
@@ -132,7 +156,14 @@ fn launch_tiles(
     let scale = (d.scale() as f32).to_bits();
     for first in (0..d.heads).step_by(MAX_GROUPS) {
         let count = MAX_GROUPS.min(d.heads - first) as u32;
-        let params = [d.seq as u32, scale, first as u32, 0, d.head_dim as u32];
+        let params = [
+            d.seq as u32,
+            scale,
+            first as u32,
+            0,
+            d.head_dim as u32,
+            qkv.part(d),
+        ];
         be.launch_specialised(
             shader(dtype),
             entry,
@@ -160,10 +191,61 @@ pub(crate) fn attention_forward(
     d: AttentionDims,
 ) -> Result<(GpuBuffer, GpuBuffer)> {
     let dtype = check("attention_forward", &[("q", q), ("k", k), ("v", v)], d)?;
-    let o = be.alloc(q.len(), dtype)?;
+    forward(be, [q, k, v], (d, Qkv::Separate), dtype)
+}
+
+/// `NnOps::attention_forward_packed`: [`attention_forward`] with q, k and v one after another
+/// in `qkv` `[3, heads, seq, head_dim]`, bound three times and read in place.
+///
+/// # Errors
+/// As [`attention_forward`], with `qkv` of `3·heads·seq·head_dim` elements.
+pub(crate) fn attention_forward_packed(
+    be: &GpuBackend,
+    qkv: &GpuBuffer,
+    d: AttentionDims,
+) -> Result<(GpuBuffer, GpuBuffer)> {
+    let dtype = check_packed("attention_forward_packed", qkv, &[], d)?;
+    forward(be, [qkv, qkv, qkv], (d, Qkv::Packed), dtype)
+}
+
+/// The forward launch: `(o, lse)` from the buffers bound as q, k and v.
+fn forward(
+    be: &GpuBackend,
+    [q, k, v]: [&GpuBuffer; 3],
+    layout: (AttentionDims, Qkv),
+    dtype: DType,
+) -> Result<(GpuBuffer, GpuBuffer)> {
+    let d = layout.0;
+    let o = be.alloc(d.heads * d.seq * d.head_dim, dtype)?;
     let lse = be.alloc(d.heads * d.seq, DType::F32)?;
-    launch_tiles(be, "attention_forward", &[q, k, v, &o, &lse], d, dtype)?;
+    launch_tiles(be, "attention_forward", &[q, k, v, &o, &lse], layout, dtype)?;
     Ok((o, lse))
+}
+
+/// [`check`] for a packed `qkv` (`3·heads·seq·head_dim` elements, every index within a u32)
+/// beside `operands` of one `[heads, seq, head_dim]` each; the dtype of all of them.
+fn check_packed(
+    what: &str,
+    qkv: &GpuBuffer,
+    operands: &[(&str, &GpuBuffer)],
+    d: AttentionDims,
+) -> Result<DType> {
+    if d.elements()
+        .and_then(|n| n.checked_mul(3))
+        .is_none_or(|n| n > u32::MAX as usize)
+    {
+        return Err(Error::Shape(format!(
+            "{what}: packed q, k, v [3, {}, {}, {}] exceed the GPU kernels' 32-bit indexing",
+            d.heads, d.seq, d.head_dim
+        )));
+    }
+    check_packed_qkv_length(what, qkv, d)?;
+    check(what, operands, d)?;
+    let all: Vec<(&str, &GpuBuffer)> = [("qkv", qkv)]
+        .into_iter()
+        .chain(operands.iter().copied())
+        .collect();
+    super::half::float_operands(what, &all)
 }
 
 /// `NnOps::attention_backward` (entries `attention_delta`, `attention_backward_kv`,
@@ -184,12 +266,68 @@ pub(crate) fn attention_backward(
         lse,
         d_o,
     } = operands;
-    const WHAT: &str = "attention_backward";
     let dtype = check(
-        WHAT,
+        "attention_backward",
         &[("q", q), ("k", k), ("v", v), ("o", o), ("dO", d_o)],
         d,
     )?;
+    let n = q.len();
+    let (dq, dk, dv) = (
+        be.alloc(n, dtype)?,
+        be.alloc(n, dtype)?,
+        be.alloc(n, dtype)?,
+    );
+    let inputs = ([q, k, v], (o, lse, d_o));
+    backward(be, inputs, Grads::Separate([&dq, &dk, &dv]), d, dtype)?;
+    Ok((dq, dk, dv))
+}
+
+/// `NnOps::attention_backward_packed`: [`attention_backward`] for
+/// [`attention_forward_packed`], the gradient packed like `qkv` (`[3, heads, seq, head_dim]`:
+/// dq, dk, dv one after another) in one buffer bound as dq, dk and dv, each kernel writing only
+/// its own part of it.
+///
+/// # Errors
+/// As [`attention_backward`], with `qkv` of `3·heads·seq·head_dim` elements.
+pub(crate) fn attention_backward_packed(
+    be: &GpuBackend,
+    qkv: &GpuBuffer,
+    (o, lse, d_o): (&GpuBuffer, &GpuBuffer, &GpuBuffer),
+    d: AttentionDims,
+) -> Result<GpuBuffer> {
+    let what = "attention_backward_packed";
+    let dtype = check_packed(what, qkv, &[("o", o), ("dO", d_o)], d)?;
+    let dqkv = be.alloc(qkv.len(), dtype)?;
+    let inputs = ([qkv, qkv, qkv], (o, lse, d_o));
+    backward(be, inputs, Grads::Packed(&dqkv), d, dtype)?;
+    Ok(dqkv)
+}
+
+/// The buffers bound as q, k and v, then the forward's output, its lse and the upstream
+/// gradient.
+type GradInputs<'a> = (
+    [&'a GpuBuffer; 3],
+    (&'a GpuBuffer, &'a GpuBuffer, &'a GpuBuffer),
+);
+
+/// Where the backward writes: three gradient buffers, or one packed `[3, heads, seq,
+/// head_dim]` buffer.
+enum Grads<'a> {
+    Separate([&'a GpuBuffer; 3]),
+    Packed(&'a GpuBuffer),
+}
+
+/// The backward launches into `grads`: `attention_delta`, then `attention_backward_kv` into
+/// dk and dv, or `attention_backward_kv_packed` into the packed buffer (bound once per kernel),
+/// then `attention_backward_q`.
+fn backward(
+    be: &GpuBackend,
+    ([q, k, v], (o, lse, d_o)): GradInputs<'_>,
+    grads: Grads<'_>,
+    d: AttentionDims,
+    dtype: DType,
+) -> Result<()> {
+    const WHAT: &str = "attention_backward";
     let rows = d.heads * d.seq; // ≤ heads·seq·head_dim, checked to fit a u32
     if lse.dtype() != DType::F32 {
         return Err(Error::DType(format!(
@@ -203,29 +341,30 @@ pub(crate) fn attention_backward(
         shader(dtype),
         "attention_delta",
         &[o, d_o, &delta],
-        &[d.seq as u32, 0, 0, rows as u32, d.head_dim as u32],
+        &[d.seq as u32, 0, 0, rows as u32, d.head_dim as u32, 0],
         grid_1d(rows, 256)?,
     )?;
-    let (dq, dk, dv) = (
-        be.alloc(q.len(), dtype)?,
-        be.alloc(q.len(), dtype)?,
-        be.alloc(q.len(), dtype)?,
-    );
-    launch_tiles(
-        be,
-        "attention_backward_kv",
-        &[q, k, v, d_o, lse, &delta, &dk, &dv],
-        d,
-        dtype,
-    )?;
+    let (dq, layout) = match grads {
+        Grads::Separate([dq, dk, dv]) => {
+            let buffers = [q, k, v, d_o, lse, &delta, dk, dv];
+            let layout = (d, Qkv::Separate);
+            launch_tiles(be, "attention_backward_kv", &buffers, layout, dtype)?;
+            (dq, layout)
+        }
+        Grads::Packed(dqkv) => {
+            let buffers = [q, k, v, d_o, lse, &delta, dqkv];
+            let layout = (d, Qkv::Packed);
+            launch_tiles(be, "attention_backward_kv_packed", &buffers, layout, dtype)?;
+            (dqkv, layout)
+        }
+    };
     launch_tiles(
         be,
         "attention_backward_q",
-        &[q, k, v, d_o, lse, &delta, &dq],
-        d,
+        &[q, k, v, d_o, lse, &delta, dq],
+        layout,
         dtype,
-    )?;
-    Ok((dq, dk, dv))
+    )
 }
 
 #[cfg(test)]

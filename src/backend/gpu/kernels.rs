@@ -700,7 +700,7 @@ mod tests {
             (&sort::SORT_WORDS, 2),
             (&random::RANDOM, 1),
             (&optim::OPTIM, 10),
-            (&attention::ATTENTION_SHADER, 4),
+            (&attention::ATTENTION_SHADER, 5),
             (&layer_norm::LAYER_NORM_SHADER, 3),
             (&swiglu::SWIGLU_SHADER, 2),
             (&rotary::ROTARY_SHADER, 1),

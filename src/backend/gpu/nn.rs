@@ -28,6 +28,23 @@ impl NnOps for GpuBackend {
         super::attention::attention_backward(self, operands, dims)
     }
 
+    fn attention_forward_packed(
+        &self,
+        qkv: &GpuBuffer,
+        dims: AttentionDims,
+    ) -> Result<(GpuBuffer, GpuBuffer)> {
+        super::attention::attention_forward_packed(self, qkv, dims)
+    }
+
+    fn attention_backward_packed(
+        &self,
+        qkv: &GpuBuffer,
+        forward: (&GpuBuffer, &GpuBuffer, &GpuBuffer),
+        dims: AttentionDims,
+    ) -> Result<GpuBuffer> {
+        super::attention::attention_backward_packed(self, qkv, forward, dims)
+    }
+
     fn layer_norm_forward(
         &self,
         x: &GpuBuffer,

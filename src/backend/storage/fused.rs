@@ -39,6 +39,29 @@ impl Storage {
             be.attention_backward(operands, dims)
         })
     }
+    /// See [`NnOps::attention_forward_packed`]; `self` is the packed `qkv`. Returns `(o, lse)`.
+    pub(crate) fn attention_forward_packed(
+        &self,
+        dims: AttentionDims,
+    ) -> Result<(Storage, Storage)> {
+        const WHAT: &str = "causal_attention_packed";
+        on_device!(self, |be| be
+            .attention_forward_packed(be.buf(self, WHAT)?, dims))
+    }
+    /// See [`NnOps::attention_backward_packed`]; `self` is the packed `qkv`. Returns the packed
+    /// gradient.
+    pub(crate) fn attention_backward_packed(
+        &self,
+        (o, lse, d_o): (&Storage, &Storage, &Storage),
+        dims: AttentionDims,
+    ) -> Result<Storage> {
+        const WHAT: &str = "causal_attention_packed backward";
+        on_device!(self, |be| be.attention_backward_packed(
+            be.buf(self, WHAT)?,
+            (be.buf(o, WHAT)?, be.buf(lse, WHAT)?, be.buf(d_o, WHAT)?),
+            dims
+        ))
+    }
     /// See [`NnOps::layer_norm_forward`]; `self` is `x`. Returns `(y, mean, rstd)`.
     pub(crate) fn layer_norm_forward(
         &self,

@@ -519,6 +519,61 @@ fn folded_softmax_rows() {
     );
 }
 
+/// The packed attention (`attention_forward_packed`, `attention_backward_packed`) past 65,535
+/// heads, which the launcher splits into launches of at most 65,535 (`head_base`): every launch
+/// must add its first head and the packed parts' offsets, and leave no head's output or
+/// gradient (each starting NaN in the poisoned pool) unwritten. Against the CPU's packed path,
+/// at 3 positions a head, head dimension 2.
+#[test]
+fn packed_attention_past_the_heads_a_launch_takes() {
+    let Some((be, _lock)) = fold_gpu("packed_attention_past_the_heads_a_launch_takes") else {
+        return;
+    };
+    let cpu = CpuBackend;
+    let dims = AttentionDims {
+        heads: fold::MAX_GROUPS + 2,
+        seq: 3,
+        head_dim: 2,
+    };
+    let n = dims.heads * dims.seq * dims.head_dim;
+    let (qkv, d_o) = (random_f32(51, 3 * n), random_f32(52, n));
+    let (gqkv, cqkv) = (up_f32(&be, &qkv), cpu_f32(&qkv));
+    poison_pool(&be, n);
+    let (o, lse) = be.attention_forward_packed(&gqkv, dims).unwrap();
+    let (want_o, want_lse) = cpu.attention_forward_packed(&cqkv, dims).unwrap();
+    let download = |b: &GpuBuffer| host_f64(be.download(b).unwrap());
+    let cpu_download = |b: &CpuBuffer| host_f64(cpu.download(b).unwrap());
+    common::assert_close(
+        "packed o",
+        &download(&o),
+        &cpu_download(&want_o),
+        1e-5,
+        1e-4,
+    );
+    common::assert_close(
+        "packed lse",
+        &download(&lse),
+        &cpu_download(&want_lse),
+        1e-5,
+        1e-4,
+    );
+    let (gd_o, cd_o) = (up_f32(&be, &d_o), cpu_f32(&d_o));
+    poison_pool(&be, 3 * n);
+    let grad = be
+        .attention_backward_packed(&gqkv, (&o, &lse, &gd_o), dims)
+        .unwrap();
+    let want = cpu
+        .attention_backward_packed(&cqkv, (&want_o, &want_lse, &cd_o), dims)
+        .unwrap();
+    common::assert_close(
+        "packed attention gradient",
+        &download(&grad),
+        &cpu_download(&want),
+        1e-5,
+        1e-4,
+    );
+}
+
 /// The operands of `attention_backward` from `[q, k, v, o, lse, dO]`.
 fn attention_grad_operands<B>(b: &[B; 6]) -> AttentionGradOperands<'_, B> {
     AttentionGradOperands {
