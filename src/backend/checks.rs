@@ -63,23 +63,17 @@ pub(crate) fn check_packed_qkv_length<B: Operand>(
     qkv: &B,
     dims: AttentionDims,
 ) -> Result<()> {
+    // the sizes (each at least 1, heads·seq·head_dim within usize), with no operand
+    check_attention_lengths::<B>(what, &[], dims)?;
     let AttentionDims {
         heads,
         seq,
         head_dim,
     } = dims;
-    let n = dims
-        .elements()
-        .and_then(|n| n.checked_mul(3))
-        .ok_or_else(|| {
-            Error::Shape(format!(
-                "{what}: [3, {heads}, {seq}, {head_dim}] has more than usize::MAX elements"
-            ))
-        })?;
-    if n == 0 || qkv.len() != n {
+    let n = dims.elements().and_then(|n| n.checked_mul(3));
+    if n != Some(qkv.len()) {
         return Err(Error::Shape(format!(
-            "{what}: qkv holds {} elements, expected [3, {heads}, {seq}, {head_dim}] = {n} \
-             (sizes at least 1)",
+            "{what}: qkv holds {} elements, expected [3, {heads}, {seq}, {head_dim}]",
             qkv.len()
         )));
     }

@@ -204,7 +204,7 @@ pub(crate) fn attention_forward_packed(
     qkv: &GpuBuffer,
     d: AttentionDims,
 ) -> Result<(GpuBuffer, GpuBuffer)> {
-    let dtype = check_packed("attention_forward_packed", qkv, &[], d)?;
+    let dtype = check_packed("attention_forward_packed", &[("qkv", qkv)], d)?;
     forward(be, [qkv, qkv, qkv], (d, Qkv::Packed), dtype)
 }
 
@@ -222,14 +222,12 @@ fn forward(
     Ok((o, lse))
 }
 
-/// [`check`] for a packed `qkv` (`3·heads·seq·head_dim` elements, every index within a u32)
-/// beside `operands` of one `[heads, seq, head_dim]` each; the dtype of all of them.
-fn check_packed(
-    what: &str,
-    qkv: &GpuBuffer,
-    operands: &[(&str, &GpuBuffer)],
-    d: AttentionDims,
-) -> Result<DType> {
+/// [`check`] for `operands` led by a packed `("qkv", …)` (`3·heads·seq·head_dim` elements,
+/// every index within a u32) and followed by `[heads, seq, head_dim]` ones; their one dtype.
+fn check_packed(what: &str, operands: &[(&str, &GpuBuffer)], d: AttentionDims) -> Result<DType> {
+    let Some(((_, qkv), rest)) = operands.split_first() else {
+        return Err(Error::Invalid(format!("{what}: no packed qkv")));
+    };
     if d.elements()
         .and_then(|n| n.checked_mul(3))
         .is_none_or(|n| n > u32::MAX as usize)
@@ -239,13 +237,9 @@ fn check_packed(
             d.heads, d.seq, d.head_dim
         )));
     }
-    check_packed_qkv_length(what, qkv, d)?;
-    check(what, operands, d)?;
-    let all: Vec<(&str, &GpuBuffer)> = [("qkv", qkv)]
-        .into_iter()
-        .chain(operands.iter().copied())
-        .collect();
-    super::half::float_operands(what, &all)
+    check_packed_qkv_length(what, *qkv, d)?;
+    check(what, rest, d)?;
+    super::half::float_operands(what, operands)
 }
 
 /// `NnOps::attention_backward` (entries `attention_delta`, `attention_backward_kv`,
@@ -296,7 +290,7 @@ pub(crate) fn attention_backward_packed(
     d: AttentionDims,
 ) -> Result<GpuBuffer> {
     let what = "attention_backward_packed";
-    let dtype = check_packed(what, qkv, &[("o", o), ("dO", d_o)], d)?;
+    let dtype = check_packed(what, &[("qkv", qkv), ("o", o), ("dO", d_o)], d)?;
     let dqkv = be.alloc(qkv.len(), dtype)?;
     let inputs = ([qkv, qkv, qkv], (o, lse, d_o));
     backward(be, inputs, Grads::Packed(&dqkv), d, dtype)?;

@@ -143,6 +143,18 @@ pub(super) fn to_u32(what: &str, name: &str, v: usize) -> Result<u32> {
     })
 }
 
+/// The element count of an output of `shape` (its sizes' product, named by `names`, e.g.
+/// `"batch·m·n"`), or an error unless it fits the kernels' 32-bit indexing.
+pub(super) fn output_len(what: &str, shape: &[usize], names: &str) -> Result<usize> {
+    let len = product(shape).ok_or_else(|| {
+        Error::Shape(format!(
+            "{what}: output {shape:?} has more than usize::MAX elements"
+        ))
+    })?;
+    to_u32(what, names, len)?;
+    Ok(len)
+}
+
 /// The product of sizes, `None` on overflow.
 pub(super) fn product(sizes: &[usize]) -> Option<usize> {
     sizes.iter().try_fold(1usize, |acc, &s| acc.checked_mul(s))
@@ -259,12 +271,7 @@ pub(crate) fn matmul(
     const WHAT: &str = "matmul";
     let build = MatmulBuild::of(be, WHAT, a, b, out)?;
     let MatmulDims { batch, m, k, n } = dims;
-    let out_len = product(&[batch, m, n]).ok_or_else(|| {
-        Error::Shape(format!(
-            "{WHAT}: output [{batch}, {m}, {n}] has more than usize::MAX elements"
-        ))
-    })?;
-    to_u32(WHAT, "batch·m·n", out_len)?;
+    let out_len = output_len(WHAT, &[batch, m, n], "batch·m·n")?;
     if out_len == 0 {
         return be.alloc(0, out);
     }

@@ -15,8 +15,8 @@
 
 use super::half::float_operands;
 use super::matmul::{
-    TILE, WIDE_MIN_GROUPS, WIDE_TILE, check_i32, check_len, launch_grid, product, split_k,
-    sum_slices, tiles, to_u32,
+    TILE, WIDE_MIN_GROUPS, WIDE_TILE, check_i32, check_len, launch_grid, output_len, product,
+    split_k, sum_slices, tiles, to_u32,
 };
 use super::matmul_build::MatmulBuild;
 use super::{GpuBackend, GpuBuffer, MatmulKernel};
@@ -80,12 +80,7 @@ pub(crate) fn grouped_matmul(
         &format!("[{rows}]"),
     )?;
     crate::backend::checks::check_grouped_bias(WHAT, bias, dims)?;
-    let out_len = product(&[rows, m]).ok_or_else(|| {
-        Error::Shape(format!(
-            "{WHAT}: output [{rows}, {m}] has more than usize::MAX elements"
-        ))
-    })?;
-    to_u32(WHAT, "rows·m", out_len)?;
+    let out_len = output_len(WHAT, &[rows, m], "rows·m")?;
     if out_len == 0 {
         return be.alloc(0, dtype);
     }
@@ -189,12 +184,7 @@ pub(crate) fn grouped_weight_grad(
             offsets.len()
         )));
     }
-    let out_len = product(&[experts, k, m]).ok_or_else(|| {
-        Error::Shape(format!(
-            "{WHAT}: output [{experts}, {k}, {m}] has more than usize::MAX elements"
-        ))
-    })?;
-    to_u32(WHAT, "experts·k·m", out_len)?;
+    let out_len = output_len(WHAT, &[experts, k, m], "experts·k·m")?;
     if out_len == 0 {
         return be.alloc(0, dtype);
     }
