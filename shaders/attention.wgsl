@@ -2,10 +2,20 @@
 // (forward) and of its backward rule. Launchers: src/backend/gpu/attention.rs, one function per
 // entry point, same names.
 //
-// Layout (contiguous, element indices; Q, K, V, O, dO, dQ, dK, dV are at_elem: f32, or f16 in
-// the f16 build; lse and delta are f32 in both): Q, K, V, O, dO, dQ, dK, dV are [heads, seq, HEAD_DIM]
-// with heads = B·H, element (h, t, c) at (h·seq + t)·HEAD_DIM + c; lse and delta are [heads, seq],
-// element (h, t) at h·seq + t. The score of query i and key j is s_ij = scale·q_i·k_j with
+// Layout (element indices; Q, K, V, O, dO, dQ, dK, dV are at_elem: f32, or f16 in the f16
+// build; lse and delta are f32 in both). There are heads = B·H (batch entry, head) pairs, head
+// index hd = b·H + h with H = `group`, and every tensor holds a row of HEAD_DIM elements per
+// (head, position t):
+//   Q, K, V, dQ, dK, dV: row (hd, t) starts at row_start(hd, t, qkv_row), plus `part` for K and
+//   dK and 2·part for V and dV;  O, dO: at row_start(hd, t, o_row);
+//   row_start(hd, t, row) = ((hd / group)·seq + t)·row + (hd % group)·head_dim;
+//   lse and delta: [heads, seq], element (hd, t) at hd·seq + t.
+// Two layouts use it (src/backend/gpu/attention.rs, `Qkv`):
+//   separate [heads, seq, HEAD_DIM] buffers: group 1, qkv_row = o_row = HEAD_DIM, part 0;
+//   q, k, v packed per position, [B, seq, 3, H, HEAD_DIM] with O [B, seq, H, HEAD_DIM] (the
+//   projection's own layout, no permute either side): group H, qkv_row 3·H·HEAD_DIM,
+//   part H·HEAD_DIM, o_row H·HEAD_DIM.
+// The score of query i and key j is s_ij = scale·q_i·k_j with
 // scale = 1/√HEAD_DIM; key j is visible to query i when j ≤ i (the causal mask).
 //
 // Scheme shared by the three tiled entry points: a workgroup of ROWS = 64 invocations owns 64
@@ -42,8 +52,8 @@
 //
 // ---- entry point `attention_backward_kv_packed` ------------------------------------------------
 //   attention_backward_kv for q, k, v packed in one buffer (part > 0): binding 1, 2 and 3 the
-//   same qkv, 7 the packed gradient (written): dK at part + (h·seq + t)·HEAD_DIM + c, dV at
-//   2·part + (h·seq + t)·HEAD_DIM + c (one writable binding for both: WebGPU lets no two
+//   same qkv, 7 the packed gradient (written): dK at part + row_start(hd, t, qkv_row) + c, dV
+//   at 2·part + row_start(hd, t, qkv_row) + c (one writable binding for both: WebGPU lets no two
 //   writable bindings of a dispatch alias). attention_backward_q then writes dQ (part 0) into
 //   the same buffer at its binding 7.
 //
@@ -53,11 +63,11 @@
 //   as above, dq += ds·k.
 //
 // params (binding 0, AttnParams, all 32-bit): seq, scale (f32), head_base, rows (delta only:
-// heads·seq), head_dim (delta only; the tiled entries use HEAD_DIM), part (the tiled entries:
-// 0 when q, k and v are three buffers; heads·seq·HEAD_DIM when they are one packed buffer
-// [3, heads, seq, HEAD_DIM] bound three times: K is read from element `part` on and V from
-// 2·part on, and attention_backward_kv_packed and attention_backward_q write dK, dV and dQ into
-// one packed gradient laid out the same way, each only its own parts).
+// heads·seq), head_dim (= HEAD_DIM in the tiled entries, which use the constant for their
+// loops), part, group, qkv_row, o_row (the layout above). With q, k and v packed in one buffer
+// bound three times, K is read from element `part` on and V from 2·part on, and
+// attention_backward_kv_packed and attention_backward_q write dK, dV and dQ into one packed
+// gradient laid out the same way, each only its own parts.
 
 override HEAD_DIM: u32 = 32u;
 override STAGE: u32 = 32u;
@@ -82,6 +92,9 @@ struct AttnParams {
     rows: u32,
     head_dim: u32,
     part: u32,
+    group: u32,
+    qkv_row: u32,
+    o_row: u32,
 }
 
 // The element type of the tensors (not of lse and delta): f32 here. The f16 build
@@ -105,13 +118,21 @@ var<workgroup> stage_b: array<f32, STAGE_FLOATS>;
 var<workgroup> stage_r: array<f32, MAX_STAGE>;
 var<workgroup> stage_s: array<f32, MAX_STAGE>;
 
-// Copies rows first..first+STAGE of K into stage_a and of V into stage_b (zeros past seq);
-// the 64 invocations share the copy.
-fn stage_keys(base: u32, first: u32, lid: u32) {
+// Where row t of head `head` starts in a tensor whose positions are `row` elements apart: the
+// head's batch entry is head / group, its head within the entry head % group (the layout table
+// in the header). q, k, v and their gradients use row = qkv_row (k and v then add part and
+// 2·part), o and dO row = o_row.
+fn row_start(head: u32, t: u32, row: u32) -> u32 {
+    return ((head / ap.group) * ap.seq + t) * row + (head % ap.group) * ap.head_dim;
+}
+
+// Copies rows first..first+STAGE of the head's K into stage_a and of its V into stage_b (zeros
+// past seq); the 64 invocations share the copy.
+fn stage_keys(head: u32, first: u32, lid: u32) {
     for (var e = lid; e < STAGE * HEAD_DIM; e += ROWS) {
         var kv = vec2<f32>(0.0);
         if (first + e / HEAD_DIM < ap.seq) {
-            let at = base + first * HEAD_DIM + e;
+            let at = row_start(head, first + e / HEAD_DIM, ap.qkv_row) + e % HEAD_DIM;
             kv = vec2<f32>(f32(at_k[ap.part + at]), f32(at_v[2u * ap.part + at]));
         }
         stage_a[e] = kv.x;
@@ -134,20 +155,20 @@ fn visible_keys(query: u32, first: u32) -> u32 {
 fn attention_forward(@builtin(local_invocation_index) lid: u32,
                      @builtin(workgroup_id) wid: vec3<u32>) {
     let head = ap.head_base + wid.y;
-    let base = head * ap.seq * HEAD_DIM;
     let q0 = wid.x * ROWS;
     let query = q0 + lid;
     // q pre-multiplied by the scale, so q·k is the score
     var q: array<f32, MAX_DIM>;
     var acc: array<f32, MAX_DIM>;
     if (query < ap.seq) {
-        for (var c = 0u; c < HEAD_DIM; c++) { q[c] = f32(at_q[base + query * HEAD_DIM + c]) * ap.scale; }
+        let at = row_start(head, query, ap.qkv_row);
+        for (var c = 0u; c < HEAD_DIM; c++) { q[c] = f32(at_q[at + c]) * ap.scale; }
     }
     var m = NEG_BIG;
     var l = 0.0;
     let key_end = min(q0 + ROWS, ap.seq);
     for (var k0 = 0u; k0 < key_end; k0 += STAGE) {
-        stage_keys(base, k0, lid);
+        stage_keys(head, k0, lid);
         workgroupBarrier();
         let count = visible_keys(query, k0);
         if (count > 0u) {
@@ -174,7 +195,8 @@ fn attention_forward(@builtin(local_invocation_index) lid: u32,
     }
     if (query < ap.seq) {
         let inv = 1.0 / l;
-        for (var c = 0u; c < HEAD_DIM; c++) { fw_o[base + query * HEAD_DIM + c] = at_store(acc[c] * inv); }
+        let at = row_start(head, query, ap.o_row);
+        for (var c = 0u; c < HEAD_DIM; c++) { fw_o[at + c] = at_store(acc[c] * inv); }
         fw_lse[head * ap.seq + query] = m + log(l);
     }
 }
@@ -192,8 +214,8 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>,
     let row = (wid.y * nwg.x + wid.x) * 256u + lid;
     if (row >= ap.rows) { return; }
     var s = 0.0;
-    let base = row * ap.head_dim;
-    for (var c = 0u; c < ap.head_dim; c++) { s += f32(dl_do[base + c]) * f32(dl_o[base + c]); }
+    let at = row_start(row / ap.seq, row % ap.seq, ap.o_row);
+    for (var c = 0u; c < ap.head_dim; c++) { s += f32(dl_do[at + c]) * f32(dl_o[at + c]); }
     dl_delta[row] = s;
 }
 
@@ -209,21 +231,22 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>,
 @group(0) @binding(7) var<storage, read_write> bw_dkv: array<at_elem>;
 
 // dK and dV of invocation lid's key in workgroup wid (the two kv entry points' shared work);
-// returns the key row's first element index (h·seq + t)·HEAD_DIM, or PAST_SEQ for a key past
-// seq (dK and dV left zero). Every invocation of the workgroup calls it (it has barriers).
+// returns the key row's first element index row_start(head, key, qkv_row) (part 0: add part for
+// dK, 2·part for dV), or PAST_SEQ for a key past seq (dK and dV left zero). Every invocation of
+// the workgroup calls it (it has barriers).
 fn key_grads(lid: u32, wid: vec3<u32>, dk: ptr<function, array<f32, MAX_DIM>>,
              dv: ptr<function, array<f32, MAX_DIM>>) -> u32 {
     let head = ap.head_base + wid.y;
-    let base = head * ap.seq * HEAD_DIM;
     let k0 = wid.x * ROWS;
     let key = k0 + lid;
+    let key_at = row_start(head, key, ap.qkv_row);
     // k pre-multiplied by the scale, so q·k is the score
     var k: array<f32, MAX_DIM>;
     var v: array<f32, MAX_DIM>;
     if (key < ap.seq) {
         for (var c = 0u; c < HEAD_DIM; c++) {
-            k[c] = f32(at_k[ap.part + base + key * HEAD_DIM + c]) * ap.scale;
-            v[c] = f32(at_v[2u * ap.part + base + key * HEAD_DIM + c]);
+            k[c] = f32(at_k[ap.part + key_at + c]) * ap.scale;
+            v[c] = f32(at_v[2u * ap.part + key_at + c]);
         }
     }
     // queries before the workgroup's first key see none of its keys
@@ -231,9 +254,12 @@ fn key_grads(lid: u32, wid: vec3<u32>, dk: ptr<function, array<f32, MAX_DIM>>,
         // stage Q → stage_a, dO → stage_b, lse → stage_r, delta → stage_s
         for (var e = lid; e < STAGE * HEAD_DIM; e += ROWS) {
             var qd = vec2<f32>(0.0);
-            if (first + e / HEAD_DIM < ap.seq) {
-                let at = base + first * HEAD_DIM + e;
-                qd = vec2<f32>(f32(at_q[at]), f32(bw_do[at]));
+            let t = first + e / HEAD_DIM;
+            if (t < ap.seq) {
+                let c = e % HEAD_DIM;
+                let at_qr = row_start(head, t, ap.qkv_row) + c;
+                let at_or = row_start(head, t, ap.o_row) + c;
+                qd = vec2<f32>(f32(at_q[at_qr]), f32(bw_do[at_or]));
             }
             stage_a[e] = qd.x;
             stage_b[e] = qd.y;
@@ -269,7 +295,7 @@ fn key_grads(lid: u32, wid: vec3<u32>, dk: ptr<function, array<f32, MAX_DIM>>,
         }
         workgroupBarrier();
     }
-    return select(PAST_SEQ, base + key * HEAD_DIM, key < ap.seq);
+    return select(PAST_SEQ, key_at, key < ap.seq);
 }
 
 @compute @workgroup_size(64)
@@ -305,9 +331,9 @@ fn attention_backward_kv_packed(@builtin(local_invocation_index) lid: u32,
 fn attention_backward_q(@builtin(local_invocation_index) lid: u32,
                         @builtin(workgroup_id) wid: vec3<u32>) {
     let head = ap.head_base + wid.y;
-    let base = head * ap.seq * HEAD_DIM;
     let q0 = wid.x * ROWS;
     let query = q0 + lid;
+    let query_at = row_start(head, query, ap.qkv_row);
     // q pre-multiplied by the scale, so q·k is the score
     var q: array<f32, MAX_DIM>;
     var g: array<f32, MAX_DIM>;
@@ -315,16 +341,17 @@ fn attention_backward_q(@builtin(local_invocation_index) lid: u32,
     var lse = 0.0;
     var delta = 0.0;
     if (query < ap.seq) {
+        let do_at = row_start(head, query, ap.o_row);
         for (var c = 0u; c < HEAD_DIM; c++) {
-            q[c] = f32(at_q[base + query * HEAD_DIM + c]) * ap.scale;
-            g[c] = f32(bw_do[base + query * HEAD_DIM + c]);
+            q[c] = f32(at_q[query_at + c]) * ap.scale;
+            g[c] = f32(bw_do[do_at + c]);
         }
         lse = bw_lse[head * ap.seq + query];
         delta = bw_delta[head * ap.seq + query];
     }
     let key_end = min(q0 + ROWS, ap.seq);
     for (var k0 = 0u; k0 < key_end; k0 += STAGE) {
-        stage_keys(base, k0, lid);
+        stage_keys(head, k0, lid);
         workgroupBarrier();
         let count = visible_keys(query, k0);
         for (var j = 0u; j < count; j++) {
@@ -341,6 +368,6 @@ fn attention_backward_q(@builtin(local_invocation_index) lid: u32,
         workgroupBarrier();
     }
     if (query < ap.seq) {
-        for (var c = 0u; c < HEAD_DIM; c++) { bw_dq[base + query * HEAD_DIM + c] = at_store(dq[c]); }
+        for (var c = 0u; c < HEAD_DIM; c++) { bw_dq[query_at + c] = at_store(dq[c]); }
     }
 }

@@ -395,25 +395,61 @@ fn zero_sized_dimensions_give_an_empty_result() {
 
 // ---- the packed form ----------------------------------------------------------------------
 
-/// q, k, v stacked into one `[3, B, H, T, Dh]` tensor.
+/// q, k, v (each `[B, H, T, Dh]`) packed per position into one `[B, T, 3, H, Dh]` tensor, as a
+/// fused projection lays them out.
 fn packed(inputs: &[Tensor; 3]) -> Tensor {
-    let mut shape = vec![1];
-    shape.extend_from_slice(inputs[0].shape());
-    let parts: Vec<Tensor> = inputs.iter().map(|t| t.reshape(&shape).unwrap()).collect();
-    Tensor::concat(&parts, 0).unwrap()
+    let &[b, h, t, dh] = inputs[0].shape() else {
+        panic!("rank 4")
+    };
+    let parts: Vec<Tensor> = inputs
+        .iter()
+        .map(|x| {
+            x.permute(&[0, 2, 1, 3])
+                .and_then(|x| x.reshape(&[b, t, 1, h, dh]))
+                .unwrap()
+        })
+        .collect();
+    Tensor::concat(&parts, 2).unwrap()
 }
 
-/// Output values and the packed input's gradient for the upstream gradient `up`.
+/// The packed op's output `[B, T, H, Dh]` read in the separate op's order `[B, H, T, Dh]`.
+fn output_as_bhtd(y: &Tensor) -> Vec<f64> {
+    y.permute(&[0, 2, 1, 3]).unwrap().to_vec_f64().unwrap()
+}
+
+/// A packed gradient `[B, T, 3, H, Dh]` read as dq, dk and dv one after another, each in the
+/// separate op's order `[B, H, T, Dh]`.
+fn grad_as_parts(g: &Tensor) -> Vec<f64> {
+    g.permute(&[2, 0, 3, 1, 4]).unwrap().to_vec_f64().unwrap()
+}
+
+/// An upstream gradient given in the separate op's order `[B, H, T, Dh]` (`up`), as the packed
+/// op's output `y` `[B, T, H, Dh]` takes it: on y's device, in y's dtype.
+fn upstream_for_packed(up: &[f64], y: &Tensor) -> Tensor {
+    let &[b, t, h, dh] = y.shape() else {
+        panic!("rank 4")
+    };
+    let g = Tensor::from_f64(up.to_vec(), &[b, h, t, dh], Device::cpu())
+        .and_then(|g| g.permute(&[0, 2, 1, 3]))
+        .expect("upstream gradient");
+    if y.dtype() == DType::F64 {
+        return g;
+    }
+    g.to_dtype(DType::F32)
+        .and_then(|g| g.to_device(y.device()))
+        .and_then(|g| g.to_dtype(y.dtype()))
+        .expect("upstream gradient")
+}
+
+/// The packed op's output and the packed input's gradient for the upstream gradient `up`, both
+/// in the separate op's order (output `[B, H, T, Dh]`, then dq, dk, dv).
 fn run_packed(x: &Tensor, up: &[f64]) -> (Vec<f64>, Vec<f64>) {
     let leaf = x.detach().with_grad().expect("a float leaf");
     let y = leaf.causal_attention_packed().expect("forward");
-    let g = Tensor::from_f64(up.to_vec(), y.shape(), Device::cpu())
-        .and_then(|g| g.to_dtype(y.dtype()))
-        .and_then(|g| g.to_device(y.device()))
-        .expect("upstream gradient");
+    let g = upstream_for_packed(up, &y);
     y.backward_with(&g).expect("backward");
-    let grad = leaf.grad().expect("a gradient").to_vec_f64().unwrap();
-    (y.to_vec_f64().unwrap(), grad)
+    let grad = grad_as_parts(&leaf.grad().expect("a gradient"));
+    (output_as_bhtd(&y), grad)
 }
 
 #[test]
@@ -503,30 +539,27 @@ fn packed_on_the_gpu_matches_the_separate_op_bit_for_bit() {
                     .and_then(|t| t.with_grad())
                     .unwrap()
             };
-            // the output and the leaves' gradients for the upstream `up`
-            let run = |y: Tensor, leaves: &[Tensor]| {
-                let g = Tensor::from_f64(up.clone(), y.shape(), Device::cpu())
-                    .and_then(|g| g.to_dtype(DType::F32))
-                    .and_then(|g| g.to_device(gpu))
-                    .and_then(|g| g.to_dtype(dtype))
-                    .unwrap();
-                y.backward_with(&g).expect("backward");
-                let grads: Vec<Vec<f64>> = leaves
-                    .iter()
-                    .map(|t| t.grad().unwrap().to_vec_f64().unwrap())
-                    .collect();
-                (y.to_vec_f64().unwrap(), grads)
-            };
+            // the separate op's output and gradients for the upstream `up`
             let [q, k, v] = inputs.clone().map(|t| on_gpu(&t));
-            let (y, grads) = run(q.causal_attention(&k, &v).unwrap(), &[q, k, v]);
-            let x = on_gpu(&packed(&inputs));
-            let (y_packed, grad_packed) = run(x.causal_attention_packed().unwrap(), &[x]);
+            let y = q.causal_attention(&k, &v).unwrap();
+            let g = Tensor::from_f64(up.clone(), y.shape(), Device::cpu())
+                .and_then(|g| g.to_dtype(DType::F32))
+                .and_then(|g| g.to_device(gpu))
+                .and_then(|g| g.to_dtype(dtype))
+                .unwrap();
+            y.backward_with(&g).expect("backward");
+            let grads: Vec<Vec<f64>> = [q, k, v]
+                .iter()
+                .map(|t| t.grad().unwrap().to_vec_f64().unwrap())
+                .collect();
+            let y = y.to_vec_f64().unwrap();
+            let (y_packed, grad_packed) = run_packed(&on_gpu(&packed(&inputs)), &up);
             let what = format!("{shape:?} {dtype}");
             assert_eq!(y_packed, y, "{what}: output");
             let n = inputs[0].numel();
             for (j, name) in ["dq", "dk", "dv"].iter().enumerate() {
                 assert_eq!(
-                    grad_packed[0][j * n..(j + 1) * n],
+                    grad_packed[j * n..(j + 1) * n],
                     grads[j][..],
                     "{what}: {name}, the packed gradient's part {j}"
                 );
@@ -539,20 +572,21 @@ fn packed_on_the_gpu_matches_the_separate_op_bit_for_bit() {
 fn packed_refuses_other_shapes() {
     for shape in [
         vec![3, 2, 4, 2],
-        vec![2, 1, 1, 4, 2],
-        vec![3, 1, 1, 4, 2, 1],
+        vec![3, 1, 1, 4, 2],
+        vec![1, 4, 2, 1, 3],
+        vec![1, 1, 3, 4, 2, 1],
     ] {
         let n: usize = shape.iter().product();
         let x = common::f64t(&values(n, 1.0, 7), &shape);
         match x.causal_attention_packed() {
-            Err(Error::Shape(msg)) => assert!(msg.contains("[3, B, H, T, Dh]"), "{msg}"),
+            Err(Error::Shape(msg)) => assert!(msg.contains("[B, T, 3, H, Dh]"), "{msg}"),
             other => panic!("{shape:?}: expected a shape error, got {other:?}"),
         }
     }
-    let empty = common::f64t(&[], &[3, 1, 2, 0, 4]);
+    let empty = common::f64t(&[], &[1, 0, 3, 2, 4]);
     assert_eq!(
         empty.causal_attention_packed().unwrap().shape(),
-        &[1, 2, 0, 4]
+        &[1, 0, 2, 4]
     );
 }
 

@@ -162,14 +162,30 @@ fn attention_matches_its_definition() {
             TOL,
         );
 
-        let packed: Vec<f64> = [q, k, v].concat();
-        let got = tensor(&packed, &[3, b, h, t, dh])
+        // packed per position: element (b, t, part, h, c), output (b, t, h, c)
+        let at = |b_: usize, h_: usize, t_: usize, c: usize| ((b_ * h + h_) * t + t_) * dh + c;
+        let mut packed = vec![0.0; 3 * n];
+        let mut want_packed = vec![0.0; n];
+        for b_ in 0..b {
+            for t_ in 0..t {
+                for h_ in 0..h {
+                    for c in 0..dh {
+                        let row = ((b_ * t + t_) * 3 * h + h_) * dh + c;
+                        packed[row] = q[at(b_, h_, t_, c)];
+                        packed[row + h * dh] = k[at(b_, h_, t_, c)];
+                        packed[row + 2 * h * dh] = v[at(b_, h_, t_, c)];
+                        want_packed[((b_ * t + t_) * h + h_) * dh + c] = want[at(b_, h_, t_, c)];
+                    }
+                }
+            }
+        }
+        let got = tensor(&packed, &[b, t, 3, h, dh])
             .causal_attention_packed()
             .expect("packed attention");
         assert_close(
             &format!("packed attention {shape:?}"),
             &f64s(&got),
-            &want,
+            &want_packed,
             TOL,
             TOL,
         );

@@ -219,7 +219,7 @@ fn packed_attention_matches_over_random_shapes() {
         8,
         attention_shapes(),
         |(b, h, t, dh, seed)| {
-            let s = [3, b, h, t, dh];
+            let s = [b, t, 3, h, dh];
             let qkv = Vals::new(seed).tensor(&s, -1.5, 1.5);
             parity_outputs(
                 &format!("causal_attention_packed {s:?}"),

@@ -20,7 +20,7 @@
 //!   several batches and heads), forward and backward through `to_dtype`: within the output's
 //!   f16 rounding, plus for `dq` and `dk` the rounding of the saved output carried in by the
 //!   backward's `D = rowsum(dO ∘ O)`;
-//! * the packed form (`[3, B, H, T, Dh]`, one gradient) in f16 against f32 the same way;
+//! * the packed form (`[B, T, 3, H, Dh]`, one gradient) in f16 against f32 the same way;
 //! * scatter_add in f16 (`Tensor::scatter_add`, `index_scatter`) sums the f16 source in f32 and
 //!   rounds once: each output a neighbouring f16 of the f32 kernel's, through both kernels (the
 //!   per-output loop over few source rows, the sorted index over more than 4096), with repeated
@@ -630,8 +630,8 @@ fn f16_rotary_matches_f32_within_the_tables_rounding() {
 /// (`q`, then `k`, then `v`), as f32 leaves: the output and the gradients `dq`, `dk`, `dv` of
 /// `Σ y ⊙ up`, twice: `[f16, f32]`. The f16 run casts the leaves to f16, attends there (checking
 /// the output is f16) and casts the output back, so its gradients come back through the casts as
-/// f32. `packed` attends with `causal_attention_packed` on one `[3, B, H, T, Dh]` leaf instead
-/// of three.
+/// f32. `packed` attends with `causal_attention_packed` on one `[B, T, 3, H, Dh]` leaf instead
+/// of three (its output and gradient read back in the separate op's order).
 fn attention_f16_and_f32(
     gpu: Device,
     dims: [usize; 4],
@@ -652,8 +652,20 @@ fn attention_f16_and_f32(
             false => t.clone(),
         };
         let (y, leaves) = if packed {
-            let x = leaf(qkv, &[[3].as_slice(), &dims].concat());
-            (cast(&x).causal_attention_packed().unwrap(), vec![x])
+            // [3, B, H, T, Dh] → [B, T, 3, H, Dh], the layout the packed op takes
+            let per_position = Tensor::from_f32(
+                qkv.to_vec(),
+                &[[3].as_slice(), &dims].concat(),
+                Device::cpu(),
+            )
+            .and_then(|t| t.permute(&[1, 3, 0, 2, 4]))
+            .and_then(|t| t.to_vec_f32())
+            .unwrap();
+            let [b, h, t, dh] = dims;
+            let x = leaf(&per_position, &[b, t, 3, h, dh]);
+            let y = cast(&x).causal_attention_packed().unwrap();
+            // [B, T, H, Dh] → [B, H, T, Dh], the separate op's order
+            (y.permute(&[0, 2, 1, 3]).unwrap(), vec![x])
         } else {
             let [q, k, v] = [0, 1, 2].map(|i| leaf(&qkv[i * n..(i + 1) * n], &dims));
             let y = cast(&q).causal_attention(&cast(&k), &cast(&v)).unwrap();
@@ -674,6 +686,11 @@ fn attention_f16_and_f32(
             .flat_map(|l| {
                 let g = l.grad().expect("a gradient");
                 assert_eq!(g.dtype(), DType::F32, "the f32 leaf's gradient is f32");
+                let g = if packed {
+                    g.permute(&[2, 0, 3, 1, 4]).unwrap() // [3, B, H, T, Dh]
+                } else {
+                    g
+                };
                 g.to_vec_f64().unwrap()
             })
             .collect();
@@ -801,7 +818,7 @@ fn f16_causal_attention_and_its_backward_match_f32() {
     }
 }
 
-/// The packed form (`[3, B, H, T, Dh]`, one leaf whose gradient packs `dq`, `dk`, `dv`) in f16
+/// The packed form (`[B, T, 3, H, Dh]`, one leaf whose gradient packs `dq`, `dk`, `dv`) in f16
 /// against f32, as [`f16_causal_attention_and_its_backward_match_f32`].
 #[test]
 fn f16_packed_causal_attention_matches_f32() {

@@ -7,7 +7,8 @@
 
 use super::{cpu::CpuBuffer, gpu::GpuBuffer};
 use crate::backend::{
-    AttentionDims, Conv2dDims, GroupedMatmulDims, LayerNormDims, RotaryDims, SwiGluDims,
+    AttentionDims, Conv2dDims, GroupedMatmulDims, LayerNormDims, PackedAttentionDims, RotaryDims,
+    SwiGluDims,
 };
 use crate::{DType, Error, Result};
 use std::fmt::Debug;
@@ -56,24 +57,34 @@ pub(crate) fn check_lengths<B: Operand>(
     Ok(())
 }
 
-/// Checks a packed `qkv` (`NnOps::attention_forward_packed`): `[3, heads, seq, head_dim]`,
-/// q, k and v one after another.
+/// Checks a packed `qkv` (`NnOps::attention_forward_packed`): `[batch, seq, 3, heads,
+/// head_dim]`, q, k and v side by side at each position.
 pub(crate) fn check_packed_qkv_length<B: Operand>(
     what: &str,
     qkv: &B,
-    dims: AttentionDims,
+    dims: PackedAttentionDims,
 ) -> Result<()> {
-    // the sizes (each at least 1, heads·seq·head_dim within usize), with no operand
-    check_attention_lengths::<B>(what, &[], dims)?;
-    let AttentionDims {
+    let PackedAttentionDims {
+        batch,
         heads,
         seq,
         head_dim,
     } = dims;
-    let n = dims.elements().and_then(|n| n.checked_mul(3));
+    let n = batch
+        .checked_mul(heads)
+        .and_then(|bh| bh.checked_mul(seq))
+        .and_then(|n| n.checked_mul(head_dim))
+        .and_then(|n| n.checked_mul(3));
+    if n.is_none() {
+        return Err(Error::Shape(format!(
+            "{what}: packed q, k, v [{batch}, {seq}, 3, {heads}, {head_dim}] overflow the address space"
+        )));
+    }
+    // the sizes (each at least 1), with no operand
+    check_attention_lengths::<B>(what, &[], dims.flat())?;
     if n != Some(qkv.len()) {
         return Err(Error::Shape(format!(
-            "{what}: qkv holds {} elements, expected [3, {heads}, {seq}, {head_dim}]",
+            "{what}: qkv holds {} elements, expected [{batch}, {seq}, 3, {heads}, {head_dim}]",
             qkv.len()
         )));
     }

@@ -72,6 +72,34 @@ impl AttentionDims {
     }
 }
 
+/// Sizes of a causal self-attention whose queries, keys and values come packed per position,
+/// `qkv` `[batch, seq, 3, heads, head_dim]` (what a fused `d → 3d` projection gives, reshaped),
+/// with the output and its gradient `[batch, seq, heads, head_dim]`; the row log-sum-exp is
+/// `[batch·heads, seq]` (see [`crate::backend::NnOps::attention_forward_packed`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PackedAttentionDims {
+    /// batch entries B
+    pub batch: usize,
+    /// heads per batch entry H
+    pub heads: usize,
+    /// sequence length T
+    pub seq: usize,
+    /// head dimension Dh
+    pub head_dim: usize,
+}
+
+impl PackedAttentionDims {
+    /// The same attention as [`AttentionDims`]: `batch·heads` (batch entry, head) pairs
+    /// (saturating; the checks refuse sizes whose element count overflows).
+    pub fn flat(&self) -> AttentionDims {
+        AttentionDims {
+            heads: self.batch.saturating_mul(self.heads),
+            seq: self.seq,
+            head_dim: self.head_dim,
+        }
+    }
+}
+
 /// What causal attention's backward reads: the forward's inputs `q`, `k`, `v`, its output `o`
 /// and row log-sum-exp `lse`, and the upstream gradient `d_o` (see
 /// [`crate::backend::NnOps::attention_backward`]). `B` is a backend's buffer, or a slice in the

@@ -24,8 +24,8 @@ pub(crate) mod gpu;
 
 pub(crate) use dims::{
     AttentionDims, AttentionGradOperands, AxisView, Conv2dDims, ExpertBankDims, GroupedMatmulDims,
-    LayerNormDims, MatLayout, MatmulDims, Pool2dDims, PoolKind, RotaryDims, ScatterDims, Strided,
-    SwiGluDims,
+    LayerNormDims, MatLayout, MatmulDims, PackedAttentionDims, Pool2dDims, PoolKind, RotaryDims,
+    ScatterDims, Strided, SwiGluDims,
 };
 
 pub(crate) use family::{

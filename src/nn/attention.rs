@@ -2,8 +2,8 @@
 //! fused op [`Tensor::causal_attention`] (see `ops/attention.rs` for its math and kernels).
 //!
 //! ```text
-//! x [B·T, d] ─qkv─▶ [B, T, 3, H, Dh] ─permute─▶ [3, B, H, T, Dh] (q, k, v packed)
-//!            ─causal_attention_packed─▶ [B, H, T, Dh] ─permute─▶ [B·T, d] ─proj─▶ [B·T, d]
+//! x [B·T, d] ─qkv─▶ [B·T, 3d] = [B, T, 3, H, Dh] (q, k, v packed per position, a reshape)
+//!            ─causal_attention_packed─▶ [B, T, H, Dh] = [B·T, d] ─proj─▶ [B·T, d]
 //! ```
 
 use super::module::join;
@@ -37,13 +37,9 @@ impl CausalSelfAttention {
             )));
         }
         let (h, dh) = (self.heads, d / self.heads);
-        let qkv = self
-            .qkv
-            .forward(x)?
-            .reshape(&[b, t, 3, h, dh])?
-            .permute(&[2, 0, 3, 1, 4])?; // [3, B, H, T, Dh]
-        let y = qkv.causal_attention_packed()?; // [B, H, T, Dh]
-        let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b * t, d])?;
+        let qkv = self.qkv.forward(x)?.reshape(&[b, t, 3, h, dh])?;
+        let y = qkv.causal_attention_packed()?; // [B, T, H, Dh]
+        let y = y.reshape(&[b * t, d])?;
         self.proj.forward(&y)
     }
 }

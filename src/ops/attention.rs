@@ -11,7 +11,7 @@
 //! `attention_backward`): `src/backend/cpu/attention.rs` on the CPU, `shaders/attention.wgsl`
 //! (launched by `src/backend/gpu/attention.rs`) on the GPU.
 
-use crate::backend::AttentionDims;
+use crate::backend::{AttentionDims, PackedAttentionDims};
 use crate::{Error, Result, Tensor};
 
 impl Tensor {
@@ -106,31 +106,34 @@ impl Tensor {
         }))
     }
 
-    /// [`Tensor::causal_attention`] of the queries, keys and values packed in one tensor
-    /// `[3, B, H, T, Dh]` (`self[0]` the queries, `self[1]` the keys, `self[2]` the values), the
-    /// layout a fused `d → 3d` projection gives after one permute. Returns `[B, H, T, Dh]`.
+    /// [`Tensor::causal_attention`] of queries, keys and values packed per position in one
+    /// tensor `[B, T, 3, H, Dh]` (`self[.., .., 0]` the queries, `1` the keys, `2` the values):
+    /// the output of a fused `d → 3d` projection reshaped, nothing permuted. Returns
+    /// `[B, T, H, Dh]`, which reshapes to `[B·T, H·Dh]` for the output projection, again
+    /// without a copy.
     ///
     /// The same kernels as the unpacked op, reading q, k and v where they lie in the packed
-    /// tensor (`NnOps::attention_forward_packed`) and writing `dq`, `dk` and `dv` straight into
-    /// the packed gradient: no copy either way, where cutting the parts out and concatenating
-    /// their gradients took three each. It saves on the tape too: splitting the packed tensor
-    /// with three `slice`s would record three nodes whose backward rules each pad their gradient
-    /// with zeros back to the full `[3, …]` shape, and the tape would then add the three padded
-    /// tensors. Here there is one node.
+    /// tensor (`NnOps::attention_forward_packed`: on the GPU each row is found through strides,
+    /// on the CPU the three parts are gathered first) and writing `dq`, `dk` and `dv` straight
+    /// into a gradient packed the same way. Cutting the parts out with `permute` and `slice`
+    /// would take a copy per part each way, and three tape nodes whose backward rules pad their
+    /// gradients back to the full shape; here there is one node.
     ///
     /// # Errors
-    /// [`Error::Shape`] unless `self` is `[3, B, H, T, Dh]`; otherwise those of
+    /// [`Error::Shape`] unless `self` is `[B, T, 3, H, Dh]`; otherwise those of
     /// [`Tensor::causal_attention`].
     ///
     /// # Example
     /// ```
     /// use moegrad::{Device, Tensor};
     /// # fn main() -> moegrad::Result<()> {
-    /// // q = k = [1, 1], v = [3, 5]: one head, two positions, Dh = 1
-    /// let qkv = Tensor::from_f32(vec![1.0, 1.0, 1.0, 1.0, 3.0, 5.0], &[3, 1, 1, 2, 1], Device::cpu())?;
-    /// let o = qkv.causal_attention_packed()?.to_vec_f32()?;
+    /// // one head, two positions, Dh = 1: (q, k, v) = (1, 1, 3) at t = 0 and (1, 1, 5) at t = 1
+    /// let qkv = Tensor::from_f32(vec![1.0, 1.0, 3.0, 1.0, 1.0, 5.0], &[1, 2, 3, 1, 1], Device::cpu())?;
+    /// let o = qkv.causal_attention_packed()?;
+    /// assert_eq!(o.shape(), &[1, 2, 1, 1]);
+    /// let o = o.to_vec_f32()?;
     /// assert_eq!(o[0], 3.0);
-    /// assert!((o[1] - 4.0).abs() < 1e-6);
+    /// assert!((o[1] - 4.0).abs() < 1e-6); // equal scores: the mean of 3 and 5
     /// # Ok(()) }
     /// ```
     pub fn causal_attention_packed(&self) -> Result<Tensor> {
@@ -139,14 +142,17 @@ impl Tensor {
         }
         let _profile = crate::profile::op("causal_attention");
         const WHAT: &str = "causal_attention_packed";
-        if self.rank() != 5 || self.shape()[0] != 3 {
+        if self.rank() != 5 || self.shape()[2] != 3 {
             return Err(Error::Shape(format!(
-                "{WHAT}: expects q, k, v packed as [3, B, H, T, Dh], got {:?}",
+                "{WHAT}: expects q, k, v packed as [B, T, 3, H, Dh], got {:?}",
                 self.shape()
             )));
         }
         self.check_float(WHAT)?;
-        let shape = self.shape()[1..].to_vec();
+        let &[batch, seq, _, heads, head_dim] = self.shape() else {
+            unreachable!("rank 5 was checked")
+        };
+        let shape = vec![batch, seq, heads, head_dim];
         let packed_shape = self.shape().to_vec();
         if self.numel() == 0 {
             let out = Tensor::zeros(&shape, self.dtype(), self.device())?;
@@ -155,16 +161,17 @@ impl Tensor {
                 Ok(vec![Some(empty.clone())])
             }));
         }
-        // q, k and v are read where they lie in the packed tensor (no copies), and the gradient
-        // comes back packed the same way
+        // q, k and v are read where they lie in the packed tensor, and the gradient comes back
+        // packed the same way
         let packed = self.detach();
-        let dims = AttentionDims {
-            heads: shape[0] * shape[1],
-            seq: shape[2],
-            head_dim: shape[3],
+        let dims = PackedAttentionDims {
+            batch,
+            heads,
+            seq,
+            head_dim,
         };
         let (o, lse) = packed.storage().attention_forward_packed(dims)?;
-        let out = Tensor::from_storage(o, shape.clone());
+        let out = Tensor::from_storage(o, shape);
         let saved_out = out.clone();
         Ok(Tensor::record(out, WHAT, &[self], move |g| {
             let d = packed

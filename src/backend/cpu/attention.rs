@@ -1,6 +1,6 @@
 //! The CPU kernels of causal self-attention, the end of `Tensor::causal_attention` and of its
 //! backward rule on the CPU (`CpuBackend::attention_forward` / `attention_backward`, and their
-//! packed forms, which read q, k and v as the three parts of one buffer).
+//! packed forms, which gather q, k and v from one `[batch, seq, 3, heads, head_dim]` buffer).
 //!
 //! Every (batch, head) pair is an independent `[T, Dh]` problem. Queries and keys are cut into
 //! blocks of [`ATTENTION_BLOCK`] rows, and the scores are only ever held one block pair at a time
@@ -25,11 +25,13 @@
 //! were no faster than 32 (measured again on its AVX-512 processor: 1.28, 1.00 and 0.97 ms for
 //! blocks of 16, 64 and 32). Scale `s = 1/√Dh`.
 
+use super::buffer_pool;
+use super::elementwise::strided_copy;
 use super::fast_math::ExpFloat;
 use super::gemm::{Mat, MatIn, gemm};
 use super::{CpuBuffer, f32b, f64b};
 use crate::backend::checks::{check_attention_lengths, check_lse_length, check_packed_qkv_length};
-use crate::backend::{AttentionDims, AttentionGradOperands};
+use crate::backend::{AttentionDims, AttentionGradOperands, PackedAttentionDims};
 use crate::{Error, Result};
 use num_traits::Float;
 use rayon::prelude::*;
@@ -305,23 +307,24 @@ pub(super) fn backward_buffers(
     }
 }
 
-/// `NnOps::attention_forward_packed` on the CPU: [`forward`] on the three parts of `qkv`
-/// (`[3, heads, seq, head_dim]`).
+/// `NnOps::attention_forward_packed` on the CPU: `qkv` `[batch, seq, 3, heads, head_dim]` is
+/// gathered into `[3, batch, heads, seq, head_dim]` (one pass over it), [`forward`] runs on the
+/// three parts, and `o` is scattered to `[batch, seq, heads, head_dim]`. The GPU kernels read
+/// the packed layout in place; on the CPU the two copies are O(T) work per element beside
+/// attention's O(T²), and keep one set of block kernels.
 pub(super) fn forward_packed_buffer(
     qkv: &CpuBuffer,
-    dims: AttentionDims,
+    dims: PackedAttentionDims,
 ) -> Result<(CpuBuffer, CpuBuffer)> {
     const WHAT: &str = "attention_forward_packed";
     check_packed_qkv_length(WHAT, qkv, dims)?;
     match qkv {
         CpuBuffer::F32(x) => {
-            let [q, k, v] = parts(x);
-            let (o, lse) = forward(q, k, v, dims);
+            let (o, lse) = packed_forward(x, dims);
             Ok((f32b(o), f32b(lse)))
         }
         CpuBuffer::F64(x) => {
-            let [q, k, v] = parts(x);
-            let (o, lse) = forward(q, k, v, dims);
+            let (o, lse) = packed_forward(x, dims);
             Ok((f64b(o), f64b(lse)))
         }
         _ => Err(Error::DType(format!(
@@ -331,17 +334,17 @@ pub(super) fn forward_packed_buffer(
     }
 }
 
-/// `NnOps::attention_backward_packed` on the CPU: [`backward`] on the three parts of `qkv`, the
-/// gradients packed the same way.
+/// `NnOps::attention_backward_packed` on the CPU: [`backward`] on `qkv`, `o` and `dO` gathered
+/// as in [`forward_packed_buffer`], the gradients scattered back packed like `qkv`.
 pub(super) fn backward_packed_buffers(
     qkv: &CpuBuffer,
     (o, lse, d_o): (&CpuBuffer, &CpuBuffer, &CpuBuffer),
-    dims: AttentionDims,
+    dims: PackedAttentionDims,
 ) -> Result<CpuBuffer> {
     const WHAT: &str = "attention_backward_packed";
     check_packed_qkv_length(WHAT, qkv, dims)?;
-    check_attention_lengths(WHAT, &[("o", o), ("dO", d_o)], dims)?;
-    check_lse_length(WHAT, lse, dims)?;
+    check_attention_lengths(WHAT, &[("o", o), ("dO", d_o)], dims.flat())?;
+    check_lse_length(WHAT, lse, dims.flat())?;
     match (qkv, o, lse, d_o) {
         (CpuBuffer::F32(x), CpuBuffer::F32(o), CpuBuffer::F32(lse), CpuBuffer::F32(d_o)) => {
             Ok(f32b(packed_backward(x, (o, lse, d_o), dims)))
@@ -359,32 +362,93 @@ pub(super) fn backward_packed_buffers(
     }
 }
 
-/// q, k and v: the three equal parts of a packed `qkv`.
+/// Which way [`repack_qkv`] copies.
+#[derive(Clone, Copy)]
+enum Repack {
+    /// `[batch, seq, 3, heads, head_dim]` → `[3, batch, heads, seq, head_dim]`: q, k and v each
+    /// `[batch·heads, seq, head_dim]`, one after another (what [`forward`] and [`backward`] take)
+    ToParts,
+    /// the inverse, for the gradient
+    ToPacked,
+}
+
+/// A copy of `x` (q, k, v or their gradients) in the other layout of the two `way` names.
+fn repack_qkv<T: Copy + Send + Sync>(x: &[T], d: PackedAttentionDims, way: Repack) -> Vec<T> {
+    let PackedAttentionDims {
+        batch: b,
+        heads: h,
+        seq: t,
+        head_dim: dh,
+    } = d;
+    match way {
+        Repack::ToParts => {
+            let row = 3 * h * dh; // elements from one position to the next
+            strided_copy(x, &[3, b, h, t, dh], &[h * dh, t * row, dh, row, 1])
+        }
+        Repack::ToPacked => {
+            let part = b * h * t * dh;
+            strided_copy(x, &[b, t, 3, h, dh], &[h * t * dh, dh, part, t * dh, 1])
+        }
+    }
+}
+
+/// `[batch, seq, heads, head_dim]` ↔ `[batch, heads, seq, head_dim]` (the swap of the middle
+/// two axes is its own inverse in shape terms: `(n1, n2)` are the input's middle sizes).
+fn swap_middle<T: Copy + Send + Sync>(
+    x: &[T],
+    b: usize,
+    (n1, n2): (usize, usize),
+    dh: usize,
+) -> Vec<T> {
+    strided_copy(x, &[b, n2, n1, dh], &[n1 * n2 * dh, dh, n2 * dh, 1])
+}
+
+/// [`forward`] on the packed layout: `(o [batch, seq, heads, head_dim], lse)`.
+fn packed_forward<T: ExpFloat>(qkv: &[T], d: PackedAttentionDims) -> (Vec<T>, Vec<T>) {
+    let gathered = repack_qkv(qkv, d, Repack::ToParts);
+    let [q, k, v] = parts(&gathered);
+    let (o, lse) = forward(q, k, v, d.flat());
+    // o [batch, heads, seq, dh] → [batch, seq, heads, dh]
+    let out = swap_middle(&o, d.batch, (d.heads, d.seq), d.head_dim);
+    buffer_pool::give(o);
+    buffer_pool::give(gathered);
+    (out, lse)
+}
+
+/// q, k and v: the three equal parts of a gathered `qkv`.
 fn parts<T>(qkv: &[T]) -> [&[T]; 3] {
     let n = qkv.len() / 3;
     [&qkv[..n], &qkv[n..2 * n], &qkv[2 * n..]]
 }
 
-/// [`backward`] on the parts of `qkv`, into one vector `[dq; dk; dv]`.
+/// [`backward`] on the packed layout, into one vector packed like `qkv`.
 fn packed_backward<T: ExpFloat>(
     qkv: &[T],
     (o, lse, d_o): (&[T], &[T], &[T]),
-    d: AttentionDims,
+    d: PackedAttentionDims,
 ) -> Vec<T> {
-    let [q, k, v] = parts(qkv);
+    let gathered = repack_qkv(qkv, d, Repack::ToParts);
+    let [q, k, v] = parts(&gathered);
+    // o and dO [batch, seq, heads, dh] → [batch, heads, seq, dh]
+    let o = swap_middle(o, d.batch, (d.seq, d.heads), d.head_dim);
+    let d_o = swap_middle(d_o, d.batch, (d.seq, d.heads), d.head_dim);
     let operands = AttentionGradOperands {
         q,
         k,
         v,
-        o,
+        o: &o,
         lse,
-        d_o,
+        d_o: &d_o,
     };
     let mut grad = super::zeroed(qkv.len());
     let (dq, dkv) = grad.split_at_mut(q.len());
     let (dk, dv) = dkv.split_at_mut(q.len());
-    backward_into(operands, d, [dq, dk, dv]);
-    grad
+    backward_into(operands, d.flat(), [dq, dk, dv]);
+    let packed = repack_qkv(&grad, d, Repack::ToPacked);
+    for v in [grad, gathered, o, d_o] {
+        buffer_pool::give(v);
+    }
+    packed
 }
 
 /// Backward: `(dq, dk, dv)`, each `[heads, seq, dh]`. Inputs are slices of exactly the sizes

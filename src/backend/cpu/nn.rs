@@ -15,8 +15,8 @@ use crate::backend::checks::{
 };
 use crate::backend::checks::{check_mse, check_softmax_backward, check_softmax_forward};
 use crate::backend::{
-    AttentionDims, AttentionGradOperands, Conv2dDims, LayerNormDims, NnOps, Pool2dDims, PoolKind,
-    RotaryDims, SwiGluDims,
+    AttentionDims, AttentionGradOperands, Conv2dDims, LayerNormDims, NnOps, PackedAttentionDims,
+    Pool2dDims, PoolKind, RotaryDims, SwiGluDims,
 };
 
 impl NnOps for CpuBackend {
@@ -57,7 +57,7 @@ impl NnOps for CpuBackend {
     fn attention_forward_packed(
         &self,
         qkv: &CpuBuffer,
-        dims: AttentionDims,
+        dims: PackedAttentionDims,
     ) -> Result<(CpuBuffer, CpuBuffer)> {
         attention::forward_packed_buffer(qkv, dims)
     }
@@ -66,7 +66,7 @@ impl NnOps for CpuBackend {
         &self,
         qkv: &CpuBuffer,
         forward: (&CpuBuffer, &CpuBuffer, &CpuBuffer),
-        dims: AttentionDims,
+        dims: PackedAttentionDims,
     ) -> Result<CpuBuffer> {
         attention::backward_packed_buffers(qkv, forward, dims)
     }

@@ -4,8 +4,8 @@
 
 use crate::Result;
 use crate::backend::{
-    AttentionDims, AttentionGradOperands, BufferOps, Conv2dDims, LayerNormDims, Pool2dDims,
-    PoolKind, RotaryDims, SwiGluDims,
+    AttentionDims, AttentionGradOperands, BufferOps, Conv2dDims, LayerNormDims,
+    PackedAttentionDims, Pool2dDims, PoolKind, RotaryDims, SwiGluDims,
 };
 
 /// Fused neural-network primitives: attention, layer norm, SwiGLU, the rotary embedding,
@@ -33,22 +33,25 @@ pub trait NnOps: BufferOps {
         operands: AttentionGradOperands<'_, Self::Buffer>,
         dims: AttentionDims,
     ) -> Result<(Self::Buffer, Self::Buffer, Self::Buffer)>;
-    /// [`NnOps::attention_forward`] with `q`, `k` and `v` one after another in one buffer `qkv`
-    /// `[3, heads, seq, head_dim]` (as `Tensor::causal_attention_packed` holds them), read where
-    /// they are rather than cut out into three.
+    /// [`NnOps::attention_forward`] with `q`, `k` and `v` packed per position in one buffer
+    /// `qkv` `[batch, seq, 3, heads, head_dim]` (as `Tensor::causal_attention_packed` takes
+    /// them: a fused projection's output, reshaped), read where they are. Returns `(o [batch,
+    /// seq, heads, head_dim], lse [batch·heads, seq])`: the output in the layout the output
+    /// projection reads, so neither side needs a permute.
     fn attention_forward_packed(
         &self,
         qkv: &Self::Buffer,
-        dims: AttentionDims,
+        dims: PackedAttentionDims,
     ) -> Result<(Self::Buffer, Self::Buffer)>;
     /// [`NnOps::attention_backward`] for [`NnOps::attention_forward_packed`], from the packed
-    /// `qkv` and the forward's `(o, lse, d_o)` (output, row log-sum-exp, upstream gradient): the
-    /// gradient packed like `qkv`, `[3, heads, seq, head_dim]` (dq, dk, dv one after another).
+    /// `qkv` and the forward's `(o, lse, d_o)` (output and upstream gradient `[batch, seq,
+    /// heads, head_dim]`, row log-sum-exp): the gradient packed like `qkv`, `[batch, seq, 3,
+    /// heads, head_dim]`.
     fn attention_backward_packed(
         &self,
         qkv: &Self::Buffer,
         forward: (&Self::Buffer, &Self::Buffer, &Self::Buffer),
-        dims: AttentionDims,
+        dims: PackedAttentionDims,
     ) -> Result<Self::Buffer>;
     /// Layer normalisation, forward: for each row `r` of `x` `[rows, dim]`, `mean_r`, the biased
     /// variance `var_r` (two passes), `rstd_r = 1/√(var_r + eps)` and

@@ -3,9 +3,10 @@
 //!
 //! - [`attention_forward`] (entry `attention_forward`): `o` and the row log-sum-exp `lse`;
 //! - [`attention_forward_packed`] / [`attention_backward_packed`]: the same kernels reading q,
-//!   k and v from one packed `[3, heads, seq, head_dim]` buffer (`Tensor::causal_attention_packed`)
-//!   where they are, and writing the gradient packed the same way, where cutting the three
-//!   parts out and concatenating their gradients took three copies each way;
+//!   k and v from one buffer `[batch, seq, 3, heads, head_dim]` packed per position
+//!   (`Tensor::causal_attention_packed`: a fused projection's output) where they are, writing
+//!   the output `[batch, seq, heads, head_dim]` for the output projection, and the gradient
+//!   packed like the input: no permute, slice or concatenation on either side;
 //! - [`attention_backward`]: `attention_delta` (`D = rowsum(dO ∘ O)`), then
 //!   `attention_backward_kv` (dK, dV, one workgroup per key tile) and `attention_backward_q`
 //!   (dQ, one workgroup per query tile). Two kernels instead of one with float atomics: each
@@ -18,9 +19,8 @@
 
 use super::kernels::{Shader, grid_1d};
 use super::{GpuBackend, GpuBuffer};
-use crate::backend::AttentionDims;
-use crate::backend::AttentionGradOperands;
 use crate::backend::checks::{check_attention_lengths, check_lse_length, check_packed_qkv_length};
+use crate::backend::{AttentionDims, AttentionGradOperands, PackedAttentionDims};
 use crate::{DType, Error, Result};
 
 /// The kernels of `shaders/attention.wgsl`.
@@ -118,23 +118,47 @@ fn shader(dtype: DType) -> &'static Shader {
     }
 }
 
-/// How q, k and v (and their gradients) are held: three buffers, or one packed
-/// `[3, heads, seq, head_dim]` buffer (q, k, v one after another) bound three times.
+/// How q, k and v (and their gradients, and the output) are laid out: three `[heads, seq,
+/// head_dim]` buffers, or one buffer `[batch, seq, 3, heads, head_dim]` packed per position,
+/// bound three times, with the output `[batch, seq, heads, head_dim]`.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Qkv {
     Separate,
-    Packed,
+    /// packed, with this many heads per batch entry
+    Packed(usize),
 }
 
 impl Qkv {
-    /// The shader's `part`: where K starts in the buffer bound as k (V at twice it).
-    fn part(self, d: AttentionDims) -> u32 {
+    /// The shader's `part`, `group`, `qkv_row` and `o_row` (its header's layout table): where
+    /// K starts in the buffer bound as k (V at twice it), heads per batch entry, and the
+    /// elements between one position's row and the next in q, k, v and in o.
+    fn layout_words(self, d: AttentionDims) -> [u32; 4] {
+        // every size here is at most the packed buffer's length, checked to fit a u32
+        let dh = d.head_dim as u32;
         match self {
-            Qkv::Separate => 0,
-            // heads·seq·head_dim: 3× it was checked to fit a u32
-            Qkv::Packed => (d.heads * d.seq * d.head_dim) as u32,
+            Qkv::Separate => [0, 1, dh, dh],
+            Qkv::Packed(heads) => {
+                let row = (heads * d.head_dim) as u32;
+                [row, heads as u32, 3 * row, row]
+            }
         }
     }
+}
+
+/// AttnParams: seq, scale, head_base, rows, head_dim, then [`Qkv::layout_words`].
+fn params(d: AttentionDims, qkv: Qkv, (head_base, rows): (usize, usize)) -> [u32; 9] {
+    let [part, group, qkv_row, o_row] = qkv.layout_words(d);
+    [
+        d.seq as u32,
+        (d.scale() as f32).to_bits(),
+        head_base as u32,
+        rows as u32,
+        d.head_dim as u32,
+        part,
+        group,
+        qkv_row,
+        o_row,
+    ]
 }
 
 /// Launches a tiled entry point, specialised for the head dimension, over
@@ -153,17 +177,9 @@ fn launch_tiles(
     );
     let tiles = d.seq.div_ceil(ATTENTION_TILE) as u32;
     let constants = specialisation(d.head_dim);
-    let scale = (d.scale() as f32).to_bits();
     for first in (0..d.heads).step_by(MAX_GROUPS) {
         let count = MAX_GROUPS.min(d.heads - first) as u32;
-        let params = [
-            d.seq as u32,
-            scale,
-            first as u32,
-            0,
-            d.head_dim as u32,
-            qkv.part(d),
-        ];
+        let params = params(d, qkv, (first, 0));
         be.launch_specialised(
             shader(dtype),
             entry,
@@ -194,18 +210,19 @@ pub(crate) fn attention_forward(
     forward(be, [q, k, v], (d, Qkv::Separate), dtype)
 }
 
-/// `NnOps::attention_forward_packed`: [`attention_forward`] with q, k and v one after another
-/// in `qkv` `[3, heads, seq, head_dim]`, bound three times and read in place.
+/// `NnOps::attention_forward_packed`: [`attention_forward`] with q, k and v packed per
+/// position in `qkv` `[batch, seq, 3, heads, head_dim]`, bound three times and read in place;
+/// `o` is `[batch, seq, heads, head_dim]`.
 ///
 /// # Errors
-/// As [`attention_forward`], with `qkv` of `3·heads·seq·head_dim` elements.
+/// As [`attention_forward`], with `qkv` of `3·batch·seq·heads·head_dim` elements.
 pub(crate) fn attention_forward_packed(
     be: &GpuBackend,
     qkv: &GpuBuffer,
-    d: AttentionDims,
+    d: PackedAttentionDims,
 ) -> Result<(GpuBuffer, GpuBuffer)> {
     let dtype = check_packed("attention_forward_packed", &[("qkv", qkv)], d)?;
-    forward(be, [qkv, qkv, qkv], (d, Qkv::Packed), dtype)
+    forward(be, [qkv, qkv, qkv], (d.flat(), Qkv::Packed(d.heads)), dtype)
 }
 
 /// The forward launch: `(o, lse)` from the buffers bound as q, k and v.
@@ -222,23 +239,25 @@ fn forward(
     Ok((o, lse))
 }
 
-/// [`check`] for `operands` led by a packed `("qkv", …)` (`3·heads·seq·head_dim` elements,
-/// every index within a u32) and followed by `[heads, seq, head_dim]` ones; their one dtype.
-fn check_packed(what: &str, operands: &[(&str, &GpuBuffer)], d: AttentionDims) -> Result<DType> {
+/// [`check`] for `operands` led by a packed `("qkv", …)` (`3·batch·seq·heads·head_dim`
+/// elements, every index within a u32) and followed by `[batch, seq, heads, head_dim]` ones;
+/// their one dtype.
+fn check_packed(
+    what: &str,
+    operands: &[(&str, &GpuBuffer)],
+    d: PackedAttentionDims,
+) -> Result<DType> {
     let Some(((_, qkv), rest)) = operands.split_first() else {
         return Err(Error::Invalid(format!("{what}: no packed qkv")));
     };
-    if d.elements()
-        .and_then(|n| n.checked_mul(3))
-        .is_none_or(|n| n > u32::MAX as usize)
-    {
+    check_packed_qkv_length(what, *qkv, d)?;
+    if qkv.len() > u32::MAX as usize {
         return Err(Error::Shape(format!(
-            "{what}: packed q, k, v [3, {}, {}, {}] exceed the GPU kernels' 32-bit indexing",
-            d.heads, d.seq, d.head_dim
+            "{what}: packed q, k, v [{}, {}, 3, {}, {}] exceed the GPU kernels' 32-bit indexing",
+            d.batch, d.seq, d.heads, d.head_dim
         )));
     }
-    check_packed_qkv_length(what, *qkv, d)?;
-    check(what, rest, d)?;
+    check(what, rest, d.flat())?;
     super::half::float_operands(what, operands)
 }
 
@@ -277,23 +296,23 @@ pub(crate) fn attention_backward(
 }
 
 /// `NnOps::attention_backward_packed`: [`attention_backward`] for
-/// [`attention_forward_packed`], the gradient packed like `qkv` (`[3, heads, seq, head_dim]`:
-/// dq, dk, dv one after another) in one buffer bound as dq, dk and dv, each kernel writing only
-/// its own part of it.
+/// [`attention_forward_packed`] (`o` and `d_o` `[batch, seq, heads, head_dim]`), the gradient
+/// packed like `qkv` (`[batch, seq, 3, heads, head_dim]`) in one buffer bound as dq, dk and
+/// dv, each kernel writing only its own parts of it.
 ///
 /// # Errors
-/// As [`attention_backward`], with `qkv` of `3·heads·seq·head_dim` elements.
+/// As [`attention_backward`], with `qkv` of `3·batch·seq·heads·head_dim` elements.
 pub(crate) fn attention_backward_packed(
     be: &GpuBackend,
     qkv: &GpuBuffer,
     (o, lse, d_o): (&GpuBuffer, &GpuBuffer, &GpuBuffer),
-    d: AttentionDims,
+    d: PackedAttentionDims,
 ) -> Result<GpuBuffer> {
     let what = "attention_backward_packed";
     let dtype = check_packed(what, &[("qkv", qkv), ("o", o), ("dO", d_o)], d)?;
     let dqkv = be.alloc(qkv.len(), dtype)?;
     let inputs = ([qkv, qkv, qkv], (o, lse, d_o));
-    backward(be, inputs, Grads::Packed(&dqkv), d, dtype)?;
+    backward(be, inputs, Grads::Packed(&dqkv, d.heads), d.flat(), dtype)?;
     Ok(dqkv)
 }
 
@@ -304,11 +323,11 @@ type GradInputs<'a> = (
     (&'a GpuBuffer, &'a GpuBuffer, &'a GpuBuffer),
 );
 
-/// Where the backward writes: three gradient buffers, or one packed `[3, heads, seq,
-/// head_dim]` buffer.
+/// Where the backward writes: three gradient buffers, or one buffer packed per position
+/// `[batch, seq, 3, heads, head_dim]` (with this many heads per batch entry).
 enum Grads<'a> {
     Separate([&'a GpuBuffer; 3]),
-    Packed(&'a GpuBuffer),
+    Packed(&'a GpuBuffer, usize),
 }
 
 /// The backward launches into `grads`: `attention_delta`, then `attention_backward_kv` into
@@ -330,26 +349,29 @@ fn backward(
         )));
     }
     check_lse_length(WHAT, lse, d)?;
+    let qkv = match grads {
+        Grads::Separate(_) => Qkv::Separate,
+        Grads::Packed(_, heads) => Qkv::Packed(heads),
+    };
     let delta = be.alloc(rows, DType::F32)?;
     be.launch(
         shader(dtype),
         "attention_delta",
         &[o, d_o, &delta],
-        &[d.seq as u32, 0, 0, rows as u32, d.head_dim as u32, 0],
+        &params(d, qkv, (0, rows)),
         grid_1d(rows, 256)?,
     )?;
-    let (dq, layout) = match grads {
+    let layout = (d, qkv);
+    let dq = match grads {
         Grads::Separate([dq, dk, dv]) => {
             let buffers = [q, k, v, d_o, lse, &delta, dk, dv];
-            let layout = (d, Qkv::Separate);
             launch_tiles(be, "attention_backward_kv", &buffers, layout, dtype)?;
-            (dq, layout)
+            dq
         }
-        Grads::Packed(dqkv) => {
+        Grads::Packed(dqkv, _) => {
             let buffers = [q, k, v, d_o, lse, &delta, dqkv];
-            let layout = (d, Qkv::Packed);
             launch_tiles(be, "attention_backward_kv_packed", &buffers, layout, dtype)?;
-            (dqkv, layout)
+            dqkv
         }
     };
     launch_tiles(

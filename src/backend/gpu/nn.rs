@@ -5,8 +5,8 @@
 use super::{GpuBackend, GpuBuffer};
 use crate::Result;
 use crate::backend::{
-    AttentionDims, AttentionGradOperands, Conv2dDims, LayerNormDims, NnOps, Pool2dDims, PoolKind,
-    RotaryDims, SwiGluDims,
+    AttentionDims, AttentionGradOperands, Conv2dDims, LayerNormDims, NnOps, PackedAttentionDims,
+    Pool2dDims, PoolKind, RotaryDims, SwiGluDims,
 };
 
 impl NnOps for GpuBackend {
@@ -31,7 +31,7 @@ impl NnOps for GpuBackend {
     fn attention_forward_packed(
         &self,
         qkv: &GpuBuffer,
-        dims: AttentionDims,
+        dims: PackedAttentionDims,
     ) -> Result<(GpuBuffer, GpuBuffer)> {
         super::attention::attention_forward_packed(self, qkv, dims)
     }
@@ -40,7 +40,7 @@ impl NnOps for GpuBackend {
         &self,
         qkv: &GpuBuffer,
         forward: (&GpuBuffer, &GpuBuffer, &GpuBuffer),
-        dims: AttentionDims,
+        dims: PackedAttentionDims,
     ) -> Result<GpuBuffer> {
         super::attention::attention_backward_packed(self, qkv, forward, dims)
     }

@@ -2,7 +2,7 @@
 //! layer normalisation, SwiGLU, the rotary embedding, cross-entropy, 2-D convolution and 2-D pooling (forward and backward).
 
 use super::*;
-use crate::backend::AttentionGradOperands;
+use crate::backend::{AttentionGradOperands, PackedAttentionDims};
 
 impl Storage {
     /// See [`NnOps::attention_forward`]; `self` is `q`. Returns `(o, lse)`.
@@ -42,7 +42,7 @@ impl Storage {
     /// See [`NnOps::attention_forward_packed`]; `self` is the packed `qkv`. Returns `(o, lse)`.
     pub(crate) fn attention_forward_packed(
         &self,
-        dims: AttentionDims,
+        dims: PackedAttentionDims,
     ) -> Result<(Storage, Storage)> {
         const WHAT: &str = "causal_attention_packed";
         on_device!(self, |be| be
@@ -53,7 +53,7 @@ impl Storage {
     pub(crate) fn attention_backward_packed(
         &self,
         (o, lse, d_o): (&Storage, &Storage, &Storage),
-        dims: AttentionDims,
+        dims: PackedAttentionDims,
     ) -> Result<Storage> {
         const WHAT: &str = "causal_attention_packed backward";
         on_device!(self, |be| be.attention_backward_packed(

@@ -16,7 +16,8 @@ use crate::backend::cpu::{CpuBackend, CpuBuffer};
 use crate::backend::gpu::{GpuBackend, GpuBuffer};
 use crate::backend::{
     AttentionDims, AttentionGradOperands, AxisView, BinaryOp, BufferOps, ElementwiseOps, HostData,
-    LayoutOps, NnOps, ReduceOp, ReduceOps, RotaryDims, ScatterDims, Strided, SwiGluDims, UnaryOp,
+    LayoutOps, NnOps, PackedAttentionDims, ReduceOp, ReduceOps, RotaryDims, ScatterDims, Strided,
+    SwiGluDims, UnaryOp,
 };
 use crate::parity::{Gen, V};
 use crate::{DType, common, fold};
@@ -520,22 +521,25 @@ fn folded_softmax_rows() {
 }
 
 /// The packed attention (`attention_forward_packed`, `attention_backward_packed`) past 65,535
-/// heads, which the launcher splits into launches of at most 65,535 (`head_base`): every launch
-/// must add its first head and the packed parts' offsets, and leave no head's output or
-/// gradient (each starting NaN in the poisoned pool) unwritten. Against the CPU's packed path,
-/// at 3 positions a head, head dimension 2.
+/// (batch entry, head) pairs, which the launcher splits into launches of at most 65,535
+/// (`head_base`): every launch must add its first head, find its batch entry and head within
+/// it (3 heads an entry, so a launch starts mid-entry), add the packed parts' offsets, and leave
+/// no output or gradient element (each starting NaN in the poisoned pool) unwritten. Against
+/// the CPU's packed path, at 3 positions, head dimension 2.
 #[test]
 fn packed_attention_past_the_heads_a_launch_takes() {
     let Some((be, _lock)) = fold_gpu("packed_attention_past_the_heads_a_launch_takes") else {
         return;
     };
     let cpu = CpuBackend;
-    let dims = AttentionDims {
-        heads: fold::MAX_GROUPS + 2,
+    let dims = PackedAttentionDims {
+        batch: fold::MAX_GROUPS / 3 + 1,
+        heads: 3,
         seq: 3,
         head_dim: 2,
     };
-    let n = dims.heads * dims.seq * dims.head_dim;
+    assert!(dims.batch * dims.heads > fold::MAX_GROUPS);
+    let n = dims.batch * dims.heads * dims.seq * dims.head_dim;
     let (qkv, d_o) = (random_f32(51, 3 * n), random_f32(52, n));
     let (gqkv, cqkv) = (up_f32(&be, &qkv), cpu_f32(&qkv));
     poison_pool(&be, n);
