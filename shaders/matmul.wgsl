@@ -26,6 +26,7 @@
 //   binding 1  a: array<mm_elem>, read: A(b, r, c) = a[a_offset + b·a_batch_stride + r·a_row_stride + c·a_col_stride]
 //   binding 2  b: array<mm_weight>, read: B(b, r, c) likewise with the b_* params
 //   binding 3  c: array<mm_out>, written: contiguous [batch, m, n]
+//   binding 4  bias: array<mm_weight>, read: [n], added per column where has_bias = 1
 // A transposed operand just swaps its two strides; a broadcast batch has batch stride 0.
 // `a_k_fast` (1 when a_col_stride ≤ a_row_stride) and `b_n_fast` (1 when b_col_stride ≤
 // b_row_stride) say which index walks memory fastest, so that neighbouring invocations read
@@ -200,6 +201,16 @@ fn mm_store_out(v: f32) -> mm_out {
 @group(0) @binding(1) var<storage, read> mm_a: array<mm_elem>;
 @group(0) @binding(2) var<storage, read> mm_b: array<mm_weight>;
 @group(0) @binding(3) var<storage, read_write> mm_c: array<mm_out>;
+@group(0) @binding(4) var<storage, read> mm_bias: array<mm_weight>;
+
+// `v` (an output element of column col < n) plus bias[col] when the product has a bias and
+// `with_bias` (false for split-k's slices after the first), else `v` itself.
+fn mm_biased(v: f32, col: u32, with_bias: bool) -> f32 {
+    if mp.has_bias == 0u || !with_bias {
+        return v;
+    }
+    return v + f32(mm_bias[col]);
+}
 
 // A slab of A: rows m0.., k from k0, elements at k_end or past read as 0.
 fn mm_load_a(lid: u32, m0: u32, k0: u32, k_end: u32, base: u32) -> vec4<f32> {
@@ -240,20 +251,20 @@ fn mm_b_elem(lid: u32, l: u32, k0: u32, k_end: u32, n0: u32, base: u32) -> f32 {
 }
 
 // Stores the four values of `v` at row `row` (a row index, inside the matrix), columns
-// col0..col0+3, those inside the matrix.
-fn mm_store_quad(c_base: u32, row: u32, col0: u32, v: vec4<f32>) {
+// col0..col0+3, those inside the matrix, with the bias where `with_bias` (see mm_biased).
+fn mm_store_quad(c_base: u32, row: u32, col0: u32, v: vec4<f32>, with_bias: bool) {
     let r = c_base + row * mp.n;
     if col0 < mp.n {
-        mm_c[r + col0] = mm_store_out(v.x);
+        mm_c[r + col0] = mm_store_out(mm_biased(v.x, col0, with_bias));
     }
     if col0 + 1u < mp.n {
-        mm_c[r + col0 + 1u] = mm_store_out(v.y);
+        mm_c[r + col0 + 1u] = mm_store_out(mm_biased(v.y, col0 + 1u, with_bias));
     }
     if col0 + 2u < mp.n {
-        mm_c[r + col0 + 2u] = mm_store_out(v.z);
+        mm_c[r + col0 + 2u] = mm_store_out(mm_biased(v.z, col0 + 2u, with_bias));
     }
     if col0 + 3u < mp.n {
-        mm_c[r + col0 + 3u] = mm_store_out(v.w);
+        mm_c[r + col0 + 3u] = mm_store_out(mm_biased(v.w, col0 + 3u, with_bias));
     }
 }
 
@@ -297,17 +308,19 @@ fn matmul(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid:
     let c_base = (split * mp.batch + bi) * mp.m * mp.n;
     let row0 = m0 + ty * 4u;
     let col0 = n0 + tx * 4u;
+    // the bias once: in the first slice of a split-k product
+    let with_bias = split == 0u;
     if row0 < mp.m {
-        mm_store_quad(c_base, row0, col0, acc.r0);
+        mm_store_quad(c_base, row0, col0, acc.r0, with_bias);
     }
     if row0 + 1u < mp.m {
-        mm_store_quad(c_base, row0 + 1u, col0, acc.r1);
+        mm_store_quad(c_base, row0 + 1u, col0, acc.r1, with_bias);
     }
     if row0 + 2u < mp.m {
-        mm_store_quad(c_base, row0 + 2u, col0, acc.r2);
+        mm_store_quad(c_base, row0 + 2u, col0, acc.r2, with_bias);
     }
     if row0 + 3u < mp.m {
-        mm_store_quad(c_base, row0 + 3u, col0, acc.r3);
+        mm_store_quad(c_base, row0 + 3u, col0, acc.r3, with_bias);
     }
 }
 

@@ -4,6 +4,10 @@
 // each, and fills it alike for every kernel (`matmul` there). Every field is a u32; indices are
 // element indices. A(b, r, c) = a[a_offset + b·a_batch_stride + r·a_row_stride + c·a_col_stride],
 // B likewise with the b_* fields; `a_k_fast` / `b_n_fast` say which index walks memory fastest.
+// With has_bias = 1 every kernel adds bias[col] (binding 4, n values of B's type, read) to each
+// output element of column col after its product's sum, in f32, before the one rounding of the
+// store (split-k: slice 0 only, so the slices' sum adds it once); with has_bias = 0 binding 4
+// is any buffer and is not read.
 
 struct MatmulParams {
     m: u32,
@@ -29,5 +33,5 @@ struct MatmulParams {
     // slice of c
     k_splits: u32,
     k_chunk: u32,
-    _pad0: u32,
+    has_bias: u32,
 }

@@ -12,6 +12,7 @@
 //              + r·a_row_stride + c·a_col_stride of the buffer seen as f32s
 //   binding 2  b: array<vec4<f32>>, read: B likewise with the b_* params
 //   binding 3  c: array<vec4<f32>>, written: contiguous [batch, m, n]
+//   binding 4  bias: array<vec4<f32>>, read: [n], added per column where has_bias = 1
 // What the launcher guarantees (else it runs `matmul_wide`): n is a multiple of 4; each operand
 // has one contiguous axis (stride 1) whose length is a multiple of 4, and its offset, batch
 // stride and other stride are multiples of 4. So every vec4 read or written lies wholly inside
@@ -35,6 +36,15 @@ const W4_ROW4: u32 = 33u;
 @group(0) @binding(1) var<storage, read> w4_a: array<vec4<f32>>;
 @group(0) @binding(2) var<storage, read> w4_b: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> w4_c: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read> w4_bias: array<vec4<f32>>;
+
+// `v` (columns c0..c0+3, c0 a multiple of 4 below n) plus their bias where has_bias = 1.
+fn w4_biased(v: vec4<f32>, c0: u32) -> vec4<f32> {
+    if mp.has_bias == 0u {
+        return v;
+    }
+    return v + w4_bias[c0 >> 2u];
+}
 
 // Staged slabs: w4a_tile[kk·W4_ROW4 + r/4][r%4] = A(r, kk), w4b_tile[kk·W4_ROW4 + c/4][c%4] = B(kk, c).
 var<workgroup> w4a_tile: array<vec4<f32>, 264>;
@@ -172,9 +182,9 @@ fn w4_store_row(c_base: u32, row: u32, c0: u32, left: vec4<f32>, right: vec4<f32
     }
     let at = c_base + row * mp.n;
     if c0 < mp.n {
-        w4_c[(at + c0) >> 2u] = left;
+        w4_c[(at + c0) >> 2u] = w4_biased(left, c0);
     }
     if c0 + 64u < mp.n {
-        w4_c[(at + c0 + 64u) >> 2u] = right;
+        w4_c[(at + c0 + 64u) >> 2u] = w4_biased(right, c0 + 64u);
     }
 }

@@ -192,6 +192,51 @@ fn attention_matches_its_definition() {
     }
 }
 
+// ---- the product with a bias ------------------------------------------------------------------
+
+/// `matmul_bias` against `y[b][i][j] = Σ_c x[b][i][c]·w[c][j] + bias[j]`, summed term by term in
+/// f64, for 2-D and batched x (and k = 0, where y is the bias alone).
+#[test]
+fn matmul_bias_matches_its_definition() {
+    for case in 0..6u64 {
+        let mut rng = rng_for(17, case);
+        let (batch, m, k, n) = (
+            1 + case as usize % 3,
+            1 + (case as usize * 5) % 7,
+            (case as usize * 3) % 6,
+            1 + (case as usize * 7) % 5,
+        );
+        let (x, w, bias) = (
+            uniform(&mut rng, batch * m * k, -2.0, 2.0),
+            uniform(&mut rng, k * n, -2.0, 2.0),
+            uniform(&mut rng, n, -2.0, 2.0),
+        );
+        let mut want = vec![0.0; batch * m * n];
+        for b in 0..batch {
+            for i in 0..m {
+                for j in 0..n {
+                    let mut s = 0.0;
+                    for c in 0..k {
+                        s += x[(b * m + i) * k + c] * w[c * n + j];
+                    }
+                    want[(b * m + i) * n + j] = s + bias[j];
+                }
+            }
+        }
+        let got = tensor(&x, &[batch, m, k])
+            .matmul_bias(&tensor(&w, &[k, n]), &tensor(&bias, &[n]))
+            .expect("matmul_bias");
+        assert_eq!(got.shape(), &[batch, m, n]);
+        assert_close(
+            &format!("matmul_bias [{batch}, {m}, {k}]·[{k}, {n}]"),
+            &f64s(&got),
+            &want,
+            TOL,
+            TOL,
+        );
+    }
+}
+
 // ---- layer norm ----------------------------------------------------------------------------
 
 /// Layer norm of each row of `dim` values: `μ = Σ x_j / dim`, `σ² = Σ (x_j − μ)² / dim`,

@@ -466,8 +466,9 @@ mod props {
         });
     }
 
-    /// Dense, batched, broadcast-batch and transposed-operand products, dims 1–70 with the
-    /// edges of the 64-wide and 128-wide tiles, under every matmul kernel the adapter offers.
+    /// Dense, batched, broadcast-batch and transposed-operand products, and products with a
+    /// bias (`matmul_bias`, 2-D and batched inputs), dims 1–70 with the edges of the 64-wide and
+    /// 128-wide tiles, under every matmul kernel the adapter offers.
     pub fn matmul(dev: Device) {
         let side = || {
             prop_oneof![
@@ -475,7 +476,7 @@ mod props {
                 1 => prop::sample::select(vec![63usize, 64, 65, 127, 128, 129]),
             ]
         };
-        let strategy = (side(), side(), side(), 1usize..=3, 0usize..7, any::<u64>());
+        let strategy = (side(), side(), side(), 1usize..=3, 0usize..9, any::<u64>());
         let _kernel_lock = lock(&MATMUL_KERNEL);
         let on_gpu = dev == Device::Gpu;
         let before = on_gpu.then(|| moegrad::gpu::matmul_kernel().expect("the GPU opened"));
@@ -498,9 +499,16 @@ mod props {
                         4 => (vec![2, b, m, k], vec![2, b, k, n]),
                         // operands stored transposed: the kernel reads them through strides
                         5 => (vec![b, k, m], vec![k, n]),
-                        _ => (vec![m, k], vec![b, n, k]),
+                        6 => (vec![m, k], vec![b, n, k]),
+                        // with a bias [n]
+                        7 => (vec![m, k], vec![k, n]),
+                        _ => (vec![b, m, k], vec![k, n]),
                     };
                     let (x, y) = (g.tensor(&sa, V::Smooth), g.tensor(&sb, V::Smooth));
+                    let mut inputs = vec![x, y];
+                    if variant >= 7 {
+                        inputs.push(g.tensor(&[n], V::Smooth));
+                    }
                     let what = format!("{name} {sa:?} x {sb:?} variant {variant}");
                     parity(
                         &what,
@@ -509,9 +517,10 @@ mod props {
                         |t| match variant {
                             5 => t[0].transpose(-1, -2)?.matmul(&t[1]),
                             6 => t[0].matmul(&t[1].transpose(-1, -2)?),
+                            7 | 8 => t[0].matmul_bias(&t[1], &t[2]),
                             _ => t[0].matmul(&t[1]),
                         },
-                        &[x, y],
+                        &inputs,
                     );
                 },
             );

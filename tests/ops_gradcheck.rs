@@ -440,6 +440,27 @@ proptest! {
     fn matmul_fast_mode((a, b) in matmul_inputs(), seed in 0u64..1000) {
         gc_with("matmul (fast)", |t| t[0].matmul(&t[1]), &[a.t(), b.t()], &fast(seed))?;
     }
+
+    /// `x·W + b` with x 2-D or batched (one or two batch dims) and W 2-D: the gradients of x,
+    /// W and the bias.
+    #[test]
+    fn matmul_bias(
+        (x, w, bias) in (1usize..=4, 1usize..=4, 1usize..=4, 1usize..=3, 0u8..3)
+            .prop_flat_map(|(m, k, n, b, form)| {
+                let sx = match form {
+                    0 => vec![m, k],
+                    1 => vec![b, m, k],
+                    _ => vec![b, 2, m, k],
+                };
+                (
+                    input_of(sx, V::Smooth),
+                    input_of(vec![k, n], V::Smooth),
+                    input_of(vec![n], V::Smooth),
+                )
+            })
+    ) {
+        gc("matmul_bias", |t| t[0].matmul_bias(&t[1], &t[2]), &[x.t(), w.t(), bias.t()])?;
+    }
 }
 
 // ---- layout ops ---------------------------------------------------------------------------

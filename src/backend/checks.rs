@@ -325,6 +325,30 @@ pub(crate) fn check_grouped_bias<B: Operand>(
     Ok(())
 }
 
+/// Checks a dense product's bias (`MatmulOps::matmul`): `[n]`, of the dtype `b` (the weight)
+/// has.
+pub(crate) fn check_matmul_bias<B: Operand>(
+    what: &str,
+    bias: Option<&B>,
+    n: usize,
+    b: DType,
+) -> Result<()> {
+    let Some(bias) = bias else { return Ok(()) };
+    if bias.len() != n {
+        return Err(Error::Shape(format!(
+            "{what}: bias holds {} elements, expected [{n}] (one per output column)",
+            bias.len()
+        )));
+    }
+    if bias.dtype() != b {
+        return Err(Error::DType(format!(
+            "{what}: the bias is {}, the weight {b}: they must match",
+            bias.dtype()
+        )));
+    }
+    Ok(())
+}
+
 /// The error of a binary kernel (`what` is the op, `{op:?}` or `matmul`) given operands that
 /// are not two floats of one dtype.
 pub(crate) fn binary_dtype_error(what: &str, a: DType, b: DType) -> Error {

@@ -302,20 +302,22 @@ impl Storage {
     pub(crate) fn matmul(
         &self,
         a_layout: MatLayout,
-        b: &Storage,
-        b_layout: MatLayout,
+        (b, b_layout): (&Storage, MatLayout),
+        bias: Option<&Storage>,
         dims: MatmulDims,
         out: DType,
     ) -> Result<Storage> {
         const WHAT: &str = "matmul";
-        on_device!(self, |be| be.matmul(
-            be.buf(self, WHAT)?,
-            a_layout,
-            be.buf(b, WHAT)?,
-            b_layout,
-            dims,
-            out
-        ))
+        on_device!(self, |be| {
+            let bias = bias.map(|t| be.buf(t, WHAT)).transpose()?;
+            be.matmul(
+                (be.buf(self, WHAT)?, a_layout),
+                (be.buf(b, WHAT)?, b_layout),
+                bias,
+                dims,
+                out,
+            )
+        })
     }
     /// See [`MatmulOps::matmul_pair`]: `self·b` and `c·d` (operands, then layouts, sizes and
     /// output dtypes).

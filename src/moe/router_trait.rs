@@ -242,10 +242,9 @@ impl LinearGate {
                 x.shape()
             )));
         }
-        let logits = x.matmul(&w)?;
         match &self.bias {
-            Some(b) => logits.add(&b.get()),
-            None => Ok(logits),
+            Some(b) => x.matmul_bias(&w, &b.get()),
+            None => x.matmul(&w),
         }
     }
     /// The scores to choose experts by: `sg(scores) + b` with a selection bias, else `scores`

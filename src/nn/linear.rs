@@ -1,5 +1,6 @@
 //! [`Linear`], the fully connected layer `y = x·W + b` over the last axis: a thin struct over
-//! `Tensor::matmul` and `add` (the math is in `ops/`, the parameters here).
+//! `Tensor::matmul_bias` (the product with the bias added in its kernel; the math is in `ops/`,
+//! the parameters here).
 
 use super::Param;
 use super::init::{Init, weight};
@@ -71,10 +72,11 @@ impl Module for Linear {
         }
         let lead = &x.shape()[..x.rank() - 1];
         let rows: usize = lead.iter().product();
-        let y = x.reshape(&[rows, inputs])?.matmul(&w)?;
+        let x = x.reshape(&[rows, inputs])?;
+        // the bias is added by the product's own kernel (one pass over the output)
         let y = match &self.bias {
-            Some(b) => y.add(&b.get())?,
-            None => y,
+            Some(b) => x.matmul_bias(&w, &b.get())?,
+            None => x.matmul(&w)?,
         };
         let mut shape = lead.to_vec();
         shape.push(outputs);

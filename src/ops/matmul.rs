@@ -83,11 +83,18 @@ impl Tensor {
     /// Raw product `op(a)·op(b)` of `batch` matrices with explicit transposes (see
     /// [`RawOperand`]), output `out_shape`.
     fn matmul_raw(p: RawProduct<'_>) -> Result<Tensor> {
+        Tensor::matmul_raw_bias(p, None)
+    }
+
+    /// [`Tensor::matmul_raw`] with `bias` (`[n]`, of B's dtype) added to every output row by
+    /// the product's own kernel.
+    fn matmul_raw_bias(p: RawProduct<'_>, bias: Option<&Tensor>) -> Result<Tensor> {
         let (la, lb, dims) = p.layouts();
+        let bias = bias.map(|t| t.storage());
         let out =
             p.a.t
                 .storage()
-                .matmul(la, p.b.t.storage(), lb, dims, p.out)?;
+                .matmul(la, (p.b.t.storage(), lb), bias, dims, p.out)?;
         Ok(Tensor::from_storage(out, p.out_shape))
     }
 
@@ -118,11 +125,62 @@ impl Tensor {
     /// assert_eq!(a.matmul(&i).unwrap().to_vec_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
     /// ```
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
+        self.product(other, None)
+    }
+
+    /// `self·w + bias`, the linear layer's forward, in one kernel: [`Tensor::matmul`] with
+    /// `bias` (`[n]`, `n` the last dimension of `w`) added to every output row after the
+    /// product's sum and before its rounding to the output dtype, without a second pass over
+    /// the output (one dispatch fewer per layer on the GPU). On the CPU and in the GPU's
+    /// unsplit kernels it gives the bits of `self.matmul(w)?.add(bias)` in f32 and f64; where
+    /// the GPU splits a long reduction into partial sums (split-k), the bias joins the first
+    /// of them, which can move the last bit; in f16 the sum is rounded once instead of twice.
+    /// The backward rule is the matmul's for `self` and `w` and the sum of the upstream
+    /// gradient over every row for `bias`.
+    ///
+    /// Inside [`crate::autocast_f16`] the bias stays in the weight's dtype (an f32 weight and
+    /// bias are read in f32 where they are). A bias of another dtype than `w` is cast to it.
+    ///
+    /// # Errors
+    /// Those of [`Tensor::matmul`], and [`Error::Shape`] unless `bias` is `[n]`.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::{Device, Tensor};
+    /// # fn main() -> moegrad::Result<()> {
+    /// let x = Tensor::from_f32(vec![1.0, 2.0, 3.0, 4.0], &[2, 2], Device::cpu())?;
+    /// let w = Tensor::from_f32(vec![1.0, 0.0, 0.0, 1.0], &[2, 2], Device::cpu())?;
+    /// let b = Tensor::from_f32(vec![10.0, 20.0], &[2], Device::cpu())?;
+    /// assert_eq!(x.matmul_bias(&w, &b)?.to_vec_f32()?, vec![11.0, 22.0, 13.0, 24.0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn matmul_bias(&self, w: &Tensor, bias: &Tensor) -> Result<Tensor> {
+        let n = w.shape().last().copied().unwrap_or(0);
+        if w.rank() < 2 || bias.shape() != [n] {
+            return Err(Error::Shape(format!(
+                "matmul_bias: the bias must be [n] for a weight [..., k, n], got bias {:?} and \
+                 weight {:?}",
+                bias.shape(),
+                w.shape()
+            )));
+        }
+        if bias.dtype() != w.dtype() {
+            return self.matmul_bias(w, &bias.to_dtype(w.dtype())?);
+        }
+        self.product(w, Some(bias))
+    }
+
+    /// [`Tensor::matmul`], and [`Tensor::matmul_bias`] with `bias` (`[n]`, `other`'s dtype,
+    /// checked by the caller).
+    fn product(&self, other: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         // mixed precision: A (the activation) in f16; B as it is, f16 or an f32 weight
         if let Some([a]) = crate::autocast::low_precision_operands([self])? {
-            return a.matmul(other);
+            return a.product(other, bias);
         }
         let _profile = crate::profile::op("matmul");
+        if let Some(bias) = bias {
+            other.check_compatible(bias, "matmul_bias")?;
+        }
         if !crate::autocast::reads_f32_weight(self, other) {
             self.check_compatible(other, "matmul")?;
         }
@@ -156,16 +214,26 @@ impl Tensor {
         let (a_b, b_b) = (!a_batch.is_empty(), !b_batch.is_empty());
         let mut out_shape = batch_dims.to_vec();
         out_shape.extend([m, n]);
-        let y = Tensor::matmul_raw(RawProduct {
-            a: RawOperand::plain(a, a_b),
-            b: RawOperand::plain(b, b_b),
-            batch,
-            out_shape,
-            out: a.dtype(),
-        })?;
+        if let (Some(bias), 0) = (bias, k) {
+            // no product to add the bias to in a kernel: the bias alone, broadcast
+            return a.product(b, None)?.add(bias);
+        }
+        let y = Tensor::matmul_raw_bias(
+            RawProduct {
+                a: RawOperand::plain(a, a_b),
+                b: RawOperand::plain(b, b_b),
+                batch,
+                out_shape,
+                out: a.dtype(),
+            },
+            bias,
+        )?;
         let (ad, bd) = (a.detach(), b.detach());
         let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
-        Ok(Tensor::record(y, "matmul", &[a, b], move |g| {
+        // the bias's gradient: the upstream gradient summed over every row, in the bias's dtype
+        let bias_grad = bias.map(|t| (t.dtype(), t.requires_grad()));
+        let inputs: Vec<&Tensor> = [Some(a), Some(b), bias].into_iter().flatten().collect();
+        Ok(Tensor::record(y, "matmul", &inputs, move |g| {
             // dA = g·Bᵀ, dB = Aᵀ·g; a shared (2-D) operand sums its gradient over the batch.
             // Only the gradients someone needs are computed; both at once when both are.
             // A shared B with A batched: A's batch stacked into rows, one GEMM of
@@ -217,7 +285,17 @@ impl Tensor {
                 x => x.map(|x| x.reshape(ad.shape())).transpose()?,
             };
             let gb = gb.map(|x| x.reshape(bd.shape())).transpose()?;
-            Ok(vec![ga, gb])
+            let mut grads = vec![ga, gb];
+            if let Some((dtype, needed)) = bias_grad {
+                let db = needed
+                    .then(|| {
+                        let rows = g.numel() / n;
+                        g.reshape(&[rows, n])?.sum(&[0], false)?.to_dtype(dtype)
+                    })
+                    .transpose()?;
+                grads.push(db);
+            }
+            Ok(grads)
         }))
     }
 }

@@ -9,7 +9,7 @@ use super::zeroed;
 use super::{CpuBackend, CpuBuffer, f32b, f64b};
 use crate::Error;
 use crate::Result;
-use crate::backend::checks::{binary_dtype_error, check_grouped_bias};
+use crate::backend::checks::{binary_dtype_error, check_grouped_bias, check_matmul_bias};
 use crate::backend::{ExpertBankDims, GroupedMatmulDims, MatmulOps, MatmulProduct};
 use crate::backend::{MatLayout, MatmulDims};
 use num_traits::Float;
@@ -60,8 +60,14 @@ fn same_dtype_out(what: &str, operands: crate::DType, out: crate::DType) -> Erro
     ))
 }
 
-/// [`matmul_kernel`] on buffers of one float dtype, each product on up to `threads` threads.
-fn matmul_on(p: MatmulProduct<'_, CpuBuffer>, threads: usize) -> Result<CpuBuffer> {
+/// [`matmul_kernel`] on buffers of one float dtype, each product on up to `threads` threads,
+/// with `bias` (`[n]`) added to every output row after the product (the bits of the product
+/// followed by an `add`, in one call).
+fn matmul_on(
+    p: MatmulProduct<'_, CpuBuffer>,
+    bias: Option<&CpuBuffer>,
+    threads: usize,
+) -> Result<CpuBuffer> {
     let MatmulProduct {
         a,
         a_layout: la,
@@ -74,20 +80,49 @@ fn matmul_on(p: MatmulProduct<'_, CpuBuffer>, threads: usize) -> Result<CpuBuffe
     if out != a.dtype() {
         return Err(same_dtype_out("matmul", a.dtype(), out));
     }
-    match (a, b) {
-        (CpuBuffer::F32(a), CpuBuffer::F32(b)) => Ok(f32b(matmul_kernel(a, la, b, lb, d, threads))),
-        (CpuBuffer::F64(a), CpuBuffer::F64(b)) => Ok(f64b(matmul_kernel(a, la, b, lb, d, threads))),
+    check_matmul_bias("matmul", bias, d.n, b.dtype())?;
+    match (a, b, bias) {
+        (CpuBuffer::F32(a), CpuBuffer::F32(b), None) => {
+            Ok(f32b(matmul_kernel(a, la, b, lb, d, threads)))
+        }
+        (CpuBuffer::F32(a), CpuBuffer::F32(b), Some(CpuBuffer::F32(bias))) => {
+            let mut c = matmul_kernel(a, la, b, lb, d, threads);
+            add_bias(&mut c, bias);
+            Ok(f32b(c))
+        }
+        (CpuBuffer::F64(a), CpuBuffer::F64(b), None) => {
+            Ok(f64b(matmul_kernel(a, la, b, lb, d, threads)))
+        }
+        (CpuBuffer::F64(a), CpuBuffer::F64(b), Some(CpuBuffer::F64(bias))) => {
+            let mut c = matmul_kernel(a, la, b, lb, d, threads);
+            add_bias(&mut c, bias);
+            Ok(f64b(c))
+        }
         _ => Err(binary_dtype_error("matmul", a.dtype(), b.dtype())),
+    }
+}
+
+/// `bias` (`[n]`) added to every row of `c` (`[rows, n]`), in place, the rows split over the
+/// threads when `c` is large.
+fn add_bias<T: Float + Send + Sync>(c: &mut [T], bias: &[T]) {
+    use rayon::prelude::*;
+    if bias.is_empty() {
+        return; // n = 0: no output
+    }
+    let add = |row: &mut [T]| row.iter_mut().zip(bias).for_each(|(v, &b)| *v = *v + b);
+    if c.len() >= super::PAR_MIN {
+        c.par_chunks_mut(bias.len()).for_each(add);
+    } else {
+        c.chunks_mut(bias.len()).for_each(add);
     }
 }
 
 impl MatmulOps for CpuBackend {
     fn matmul(
         &self,
-        a: &CpuBuffer,
-        a_layout: MatLayout,
-        b: &CpuBuffer,
-        b_layout: MatLayout,
+        (a, a_layout): (&CpuBuffer, MatLayout),
+        (b, b_layout): (&CpuBuffer, MatLayout),
+        bias: Option<&CpuBuffer>,
         dims: MatmulDims,
         out: crate::DType,
     ) -> Result<CpuBuffer> {
@@ -99,7 +134,7 @@ impl MatmulOps for CpuBackend {
             dims,
             out,
         };
-        matmul_on(product, rayon::current_num_threads())
+        matmul_on(product, bias, rayon::current_num_threads())
     }
 
     /// The two products side by side, each on half the threads (on two cores: each a
@@ -114,12 +149,12 @@ impl MatmulOps for CpuBackend {
     ) -> Result<(CpuBuffer, CpuBuffer)> {
         let threads = rayon::current_num_threads();
         if threads < 2 {
-            return Ok((matmul_on(first, 1)?, matmul_on(second, 1)?));
+            return Ok((matmul_on(first, None, 1)?, matmul_on(second, None, 1)?));
         }
         let half = threads / 2;
         let (x, y) = rayon::join(
-            || matmul_on(first, half),
-            || matmul_on(second, threads - half),
+            || matmul_on(first, None, half),
+            || matmul_on(second, None, threads - half),
         );
         Ok((x?, y?))
     }

@@ -6,7 +6,7 @@ use crate::backend::{BufferOps, ExpertBankDims, GroupedMatmulDims, MatLayout, Ma
 use crate::{DType, Result};
 
 /// One product of [`MatmulOps::matmul_pair`]: `A·B` with each operand's layout, the sizes and
-/// the output's dtype.
+/// the output's dtype (no bias: the pair is a backward pass).
 pub(crate) struct MatmulProduct<'a, B> {
     pub(crate) a: &'a B,
     pub(crate) a_layout: MatLayout,
@@ -20,13 +20,15 @@ pub(crate) struct MatmulProduct<'a, B> {
 pub(crate) trait MatmulOps: BufferOps {
     /// Batched matrix product, output contiguous `[batch, m, n]` of dtype `out`: the operands'
     /// dtype, or on the GPU, for mixed precision, f16 from f16 A and f32 B, or f32 from f16 A
-    /// and B (the GPU's `MatmulBuild`); any other combination is an error.
+    /// and B (the GPU's `MatmulBuild`); any other combination is an error. With `bias` (`[n]`,
+    /// B's dtype) every output row gets it added, `C[b][r] = A[b][r]·B[b] + bias`, after the
+    /// product's sum and before the output is rounded to its dtype: the linear layer's
+    /// `x·W + b` in one pass over the output.
     fn matmul(
         &self,
-        a: &Self::Buffer,
-        a_layout: MatLayout,
-        b: &Self::Buffer,
-        b_layout: MatLayout,
+        a: (&Self::Buffer, MatLayout),
+        b: (&Self::Buffer, MatLayout),
+        bias: Option<&Self::Buffer>,
         dims: MatmulDims,
         out: DType,
     ) -> Result<Self::Buffer>;
@@ -41,7 +43,7 @@ pub(crate) trait MatmulOps: BufferOps {
         second: MatmulProduct<'_, Self::Buffer>,
     ) -> Result<(Self::Buffer, Self::Buffer)> {
         let one = |p: MatmulProduct<'_, Self::Buffer>| {
-            self.matmul(p.a, p.a_layout, p.b, p.b_layout, p.dims, p.out)
+            self.matmul((p.a, p.a_layout), (p.b, p.b_layout), None, p.dims, p.out)
         };
         Ok((one(first)?, one(second)?))
     }

@@ -31,6 +31,7 @@ use super::matmul_build::MatmulBuild;
 use super::matmul_tune::{SizeClass, candidates};
 use super::{GpuBackend, GpuBuffer, MatmulKernel};
 use crate::backend::MatmulOps;
+use crate::backend::checks::check_matmul_bias;
 use crate::backend::{
     AxisView, ElementwiseOps, ExpertBankDims, GroupedMatmulDims, MatLayout, MatmulDims, ReduceOp,
 };
@@ -261,21 +262,26 @@ fn operand(
 /// element outside its buffer or a size exceeds 32-bit indexing; a GPU error from the launch.
 pub(crate) fn matmul(
     be: &GpuBackend,
-    a: &GpuBuffer,
-    a_layout: MatLayout,
-    b: &GpuBuffer,
-    b_layout: MatLayout,
+    (a, a_layout): (&GpuBuffer, MatLayout),
+    (b, b_layout): (&GpuBuffer, MatLayout),
+    bias: Option<&GpuBuffer>,
     dims: MatmulDims,
     out: DType,
 ) -> Result<GpuBuffer> {
     const WHAT: &str = "matmul";
     let build = MatmulBuild::of(be, WHAT, a, b, out)?;
     let MatmulDims { batch, m, k, n } = dims;
+    check_matmul_bias(WHAT, bias, n, b.dtype())?;
     let out_len = output_len(WHAT, &[batch, m, n], "batch·m·n")?;
     if out_len == 0 {
         return be.alloc(0, out);
     }
     if k == 0 {
+        if bias.is_some() {
+            return Err(Error::Invalid(format!(
+                "{WHAT}: a product with a bias needs k ≥ 1 (Tensor::matmul_bias adds the bias                  itself when k = 0)"
+            )));
+        }
         return be.full(out_len, 0.0, out);
     }
     let la = operand("A", a, a_layout, [batch, m, k])?;
@@ -324,7 +330,8 @@ pub(crate) fn matmul(
         launch_grid(
             be,
             entry,
-            &[a, b, c],
+            // without a bias, binding 4 is B again, unread
+            &[a, b, c, bias.unwrap_or(b)],
             [n.div_ceil(tile), m.div_ceil(tile), batch * splits],
             |[x0, y0, z0]| {
                 vec![
@@ -347,7 +354,7 @@ pub(crate) fn matmul(
                     z0,
                     splits as u32,
                     chunk as u32,
-                    0,
+                    bias.is_some() as u32,
                 ]
             },
         )
@@ -481,14 +488,13 @@ pub(super) fn split_k(groups: usize, k: usize) -> (usize, usize) {
 impl MatmulOps for GpuBackend {
     fn matmul(
         &self,
-        a: &GpuBuffer,
-        a_layout: MatLayout,
-        b: &GpuBuffer,
-        b_layout: MatLayout,
+        a: (&GpuBuffer, MatLayout),
+        b: (&GpuBuffer, MatLayout),
+        bias: Option<&GpuBuffer>,
         dims: MatmulDims,
         out: DType,
     ) -> Result<GpuBuffer> {
-        matmul(self, a, a_layout, b, b_layout, dims, out)
+        matmul(self, a, b, bias, dims, out)
     }
 
     fn grouped_matmul(

@@ -114,10 +114,10 @@ fn a_pair_of_products_gives_the_bits_of_each_product_alone_on_any_number_of_thre
                 };
                 let (x, y) = CPU.matmul_pair(first, second).unwrap();
                 let alone_x = CPU
-                    .matmul(&bufs[0], la, &bufs[1], lb, d, DType::F32)
+                    .matmul((&bufs[0], la), (&bufs[1], lb), None, d, DType::F32)
                     .unwrap();
                 let alone_y = CPU
-                    .matmul(&bufs[2], l2a, &bufs[3], l2b, d2, DType::F32)
+                    .matmul((&bufs[2], l2a), (&bufs[3], l2b), None, d2, DType::F32)
                     .unwrap();
                 (down(&x), down(&y), down(&alone_x), down(&alone_y))
             });

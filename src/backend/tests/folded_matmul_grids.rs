@@ -33,7 +33,8 @@ fn matmul_kernels(gpu: &GpuBackend) -> Vec<MatmulKernel> {
 
 /// matmul with more than 65,535 column tiles (x) or row tiles (y): the launcher splits the grid
 /// into launches that each start at a tile offset. The x split under every kernel the adapter
-/// offers (tiles of 64, or 128 for the wide one), the y split under the plain kernel.
+/// offers (tiles of 64, or 128 for the wide one), the y split under the plain kernel, each with
+/// a bias (read per column, so each x launch must add its tile offset to find it).
 /// (More than 65,535 batch entries, the z split, is `gpu_matmul::matmul_grid_split`.)
 #[test]
 fn split_matmul_grids() {
@@ -73,24 +74,24 @@ fn split_matmul_grids() {
         for &(m, n) in splits {
             let a = random_f32(13, m * k);
             let b = random_f32(14, k * n);
+            // with a bias, which each launch must read at its own columns
+            let bias = random_f32(15, n);
             let dims = MatmulDims { batch: 1, m, k, n };
             poison_pool(&be, m * n);
             let got = be
                 .matmul(
-                    &up_f32(&be, &a),
-                    row_major(k),
-                    &up_f32(&be, &b),
-                    row_major(n),
+                    (&up_f32(&be, &a), row_major(k)),
+                    (&up_f32(&be, &b), row_major(n)),
+                    Some(&up_f32(&be, &bias)),
                     dims,
                     DType::F32,
                 )
                 .unwrap();
             let want = cpu
                 .matmul(
-                    &cpu_f32(&a),
-                    row_major(k),
-                    &cpu_f32(&b),
-                    row_major(n),
+                    (&cpu_f32(&a), row_major(k)),
+                    (&cpu_f32(&b), row_major(n)),
+                    Some(&cpu_f32(&bias)),
                     dims,
                     DType::F32,
                 )

@@ -109,10 +109,9 @@ fn check_matmul(
     let cpu = CpuBackend;
     let expected = cpu
         .matmul(
-            &cpu.upload(&f64_data(&a)).unwrap(),
-            la,
-            &cpu.upload(&f64_data(&b)).unwrap(),
-            lb,
+            (&cpu.upload(&f64_data(&a)).unwrap(), la),
+            (&cpu.upload(&f64_data(&b)).unwrap(), lb),
+            None,
             dims,
             DType::F64,
         )
@@ -120,10 +119,9 @@ fn check_matmul(
     let expected = cpu.download(&expected).unwrap().to_f64();
     let got = be
         .matmul(
-            &be.upload(&f32_data(&a)).unwrap(),
-            la,
-            &be.upload(&f32_data(&b)).unwrap(),
-            lb,
+            (&be.upload(&f32_data(&a)).unwrap(), la),
+            (&be.upload(&f32_data(&b)).unwrap(), lb),
+            None,
             dims,
             DType::F32,
         )
@@ -303,12 +301,16 @@ fn matmul_empty_sizes() {
         k: 0,
         n: 4,
     };
-    let c = be.matmul(&a, l(0), &a, l(4), dims, DType::F32).unwrap();
+    let c = be
+        .matmul((&a, l(0)), (&a, l(4)), None, dims, DType::F32)
+        .unwrap();
     assert_eq!(be.download(&c).unwrap(), HostData::F32(vec![0.0; 24]));
     // m = 0, n = 0, batch = 0: empty
     for (batch, m, n) in [(1, 0, 4), (1, 3, 0), (0, 3, 4)] {
         let dims = MatmulDims { batch, m, k: 2, n };
-        let c = be.matmul(&a, l(2), &a, l(n), dims, DType::F32).unwrap();
+        let c = be
+            .matmul((&a, l(2)), (&a, l(n)), None, dims, DType::F32)
+            .unwrap();
         assert_eq!(be.download(&c).unwrap(), HostData::F32(vec![]));
     }
 }
@@ -333,15 +335,18 @@ fn matmul_bad_input_is_an_error() {
         n: 3,
     };
     // 4×3 of B reads up to element 11 of 12: fine; one more row or an offset is not
-    assert!(be.matmul(&a, l(4), &a, l(3), dims, DType::F32).is_ok());
+    assert!(
+        be.matmul((&a, l(4)), (&a, l(3)), None, dims, DType::F32)
+            .is_ok()
+    );
     let too_big = MatmulDims { m: 4, ..dims };
     assert!(matches!(
-        be.matmul(&a, l(4), &a, l(3), too_big, DType::F32),
+        be.matmul((&a, l(4)), (&a, l(3)), None, too_big, DType::F32),
         Err(Error::Shape(_))
     ));
     let shifted = MatLayout { offset: 1, ..l(3) };
     assert!(matches!(
-        be.matmul(&a, l(4), &a, shifted, dims, DType::F32),
+        be.matmul((&a, l(4)), (&a, shifted), None, dims, DType::F32),
         Err(Error::Shape(_))
     ));
     let batched = MatmulDims { batch: 2, ..dims };
@@ -350,11 +355,11 @@ fn matmul_bad_input_is_an_error() {
         ..l(4)
     };
     assert!(matches!(
-        be.matmul(&a, strided, &a, l(3), batched, DType::F32),
+        be.matmul((&a, strided), (&a, l(3)), None, batched, DType::F32),
         Err(Error::Shape(_))
     ));
     assert!(matches!(
-        be.matmul(&idx, l(4), &a, l(3), dims, DType::F32),
+        be.matmul((&idx, l(4)), (&a, l(3)), None, dims, DType::F32),
         Err(Error::DType(_))
     ));
 }

@@ -61,7 +61,9 @@ fn matmul_kernels_agree_to_the_bit() {
             be.set_matmul_kernel(kernel).unwrap();
             // NaN in the buffer the output will get, so that an element left unwritten shows
             poison_pool(&be, batch * m * n);
-            let c = be.matmul(&a, la, &b, lb, dims, DType::F32).unwrap();
+            let c = be
+                .matmul((&a, la), (&b, lb), None, dims, DType::F32)
+                .unwrap();
             match be.download(&c).unwrap() {
                 HostData::F32(v) => results.push((kernel, v)),
                 other => panic!("matmul gave {other:?}"),
@@ -117,7 +119,9 @@ fn matmul_wide_vec4_with_offsets_and_strides() {
         for kernel in [MatmulKernel::Wide, MatmulKernel::WideVec4] {
             be.set_matmul_kernel(kernel).unwrap();
             poison_pool(&be, batch * m * n);
-            let c = be.matmul(&a, la, &b, lb, dims, DType::F32).unwrap();
+            let c = be
+                .matmul((&a, la), (&b, lb), None, dims, DType::F32)
+                .unwrap();
             match be.download(&c).unwrap() {
                 HostData::F32(v) => results.push(v),
                 other => panic!("matmul gave {other:?}"),
@@ -199,10 +203,16 @@ fn matmul_split_k() {
         n: 80,
     };
     let once = be
-        .download(&be.matmul(&a, la, &b, lb, dims, DType::F32).unwrap())
+        .download(
+            &be.matmul((&a, la), (&b, lb), None, dims, DType::F32)
+                .unwrap(),
+        )
         .unwrap();
     let twice = be
-        .download(&be.matmul(&a, la, &b, lb, dims, DType::F32).unwrap())
+        .download(
+            &be.matmul((&a, la), (&b, lb), None, dims, DType::F32)
+                .unwrap(),
+        )
         .unwrap();
     assert_eq!(once, twice, "split-k matmul: two runs differ");
     be.set_matmul_kernel(before).unwrap();
@@ -294,12 +304,12 @@ fn matmul_output_dtypes_are_the_builds_or_an_error() {
     // outputs other than the operands' dtype: only f16·f16 → f32 and f16·f32 → f16 (mixed
     // precision's builds, crate::backend::gpu::matmul_build); the CPU computes in its operands'
     assert!(matches!(
-        be.matmul(&a, l(4), &a, l(3), dims, DType::F16),
+        be.matmul((&a, l(4)), (&a, l(3)), None, dims, DType::F16),
         Err(Error::DType(_))
     ));
     let cpu = CpuBackend;
     let a_cpu = cpu.upload(&HostData::F32(vec![1.0; 12])).unwrap();
-    match cpu.matmul(&a_cpu, l(4), &a_cpu, l(3), dims, DType::F64) {
+    match cpu.matmul((&a_cpu, l(4)), (&a_cpu, l(3)), None, dims, DType::F64) {
         Err(Error::DType(m)) => assert!(m.contains("f32") && m.contains("f64"), "{m}"),
         other => panic!("a CPU f32 product into f64 gave {other:?}"),
     }
@@ -310,14 +320,14 @@ fn matmul_output_dtypes_are_the_builds_or_an_error() {
             (&a, &h, DType::F32),
             (&h, &a, DType::F32),
         ] {
-            match be.matmul(x, l(4), y, l(3), dims, out) {
+            match be.matmul((x, l(4)), (y, l(3)), None, dims, out) {
                 Err(Error::DType(m)) => assert!(m.contains("A is") && m.contains("output"), "{m}"),
                 other => panic!("{} · {} → {out} gave {other:?}", x.dtype(), y.dtype()),
             }
         }
         // the three that run: f16·f16 → f16 or f32, f16·f32 → f16, each 4 (= k ones summed)
         for (y, out) in [(&h, DType::F16), (&h, DType::F32), (&a, DType::F16)] {
-            let c = be.matmul(&h, l(4), y, l(3), dims, out).unwrap();
+            let c = be.matmul((&h, l(4)), (y, l(3)), None, dims, out).unwrap();
             assert_eq!(c.dtype(), out);
             let c = be.cast(&c, DType::F32).unwrap();
             assert_eq!(be.download(&c).unwrap(), HostData::F32(vec![4.0; 9]));

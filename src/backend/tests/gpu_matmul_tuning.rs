@@ -23,7 +23,7 @@ fn product_under(
 ) -> Vec<f32> {
     be.set_matmul_kernel(kernel).unwrap();
     poison_pool(be, dims.batch * dims.m * dims.n);
-    let c = be.matmul(a, la, b, lb, dims, out).unwrap();
+    let c = be.matmul((a, la), (b, lb), None, dims, out).unwrap();
     let c = be.cast(&c, DType::F32).unwrap();
     match be.download(&c).unwrap() {
         HostData::F32(v) => v,

@@ -30,6 +30,7 @@ mod folded_matmul_grids;
 mod gpu_bind_groups;
 mod gpu_grouped_wide;
 mod gpu_matmul;
+mod gpu_matmul_bias;
 mod gpu_matmul_kernels;
 mod gpu_matmul_tuning;
 mod gpu_primitives;
