@@ -4,10 +4,12 @@
 //
 // Layout (contiguous): logits and dlogits are ce_elem [rows, classes] (f32, or f16 in the f16
 // build: mixed precision's logits, read without an f32 copy), element (r, c) at r·classes + c;
-// targets is i32 [rows]; loss, lse and g (the upstream gradient of the loss) are f32 [rows] in
-// both builds, and the arithmetic is f32.
+// targets is i32 [rows]; loss and lse are f32 [rows] in both builds, g (the upstream gradient
+// of the loss) f32 [rows], or [1] broadcast to every row (g_stride 0: the gradient of the mean
+// loss), and the arithmetic is f32.
 // Math: lse_r = m_r + ln Σ_c e^(x_rc − m_r) with m_r = max_c x_rc; loss_r = lse_r − x_r,t_r;
-// dlogits_rc = g_r·(e^(x_rc − lse_r) − [c = t_r]). A target outside 0..classes (which the CPU
+// dlogits_rc = s·g_r·(e^(x_rc − lse_r) − [c = t_r]) with s = g_scale and g_r = g[r·g_stride]
+// (1/rows and 0 for the mean loss, 1 and 1 per row). A target outside 0..classes (which the CPU
 // refuses; checking here would need a read-back) gives loss 0 and a zero gradient for its row.
 //
 // ---- entry point `cross_entropy_forward` -------------------------------------------------------
@@ -20,9 +22,9 @@
 //   binding 1 g, 2 logits (read), 3 targets (read, i32), 4 lse (read), 5 dlogits (written). One
 //   invocation per element (workgroup 256, grid folded into x/y over rows·classes invocations).
 //
-// params (binding 0, XentParams): rows, classes.
+// params (binding 0, XentParams): rows, classes, g_scale (f32), g_stride (backward only).
 
-struct XentParams { rows: u32, classes: u32 }
+struct XentParams { rows: u32, classes: u32, g_scale: f32, g_stride: u32 }
 
 const WG: u32 = 64u;
 
@@ -113,5 +115,6 @@ fn cross_entropy_backward(@builtin(global_invocation_id) gid: vec3<u32>,
         return;
     }
     let onehot = select(0.0, 1.0, u32(t) == c);
-    b_dx[i] = ce_store(b_g[r] * (exp(f32(b_x[i]) - b_lse[r]) - onehot));
+    let g = b_g[r * p.g_stride] * p.g_scale;
+    b_dx[i] = ce_store(g * (exp(f32(b_x[i]) - b_lse[r]) - onehot));
 }

@@ -185,6 +185,36 @@ proptest! {
     }
 }
 
+/// The mean loss is one op whose backward broadcasts the scalar upstream gradient times 1/N
+/// inside the per-row kernel: the loss and the logits' gradient are the bits of the per-row
+/// op followed by `mean_all`, on the CPU (f32, f64) and on the GPU (f32), for an upstream
+/// gradient other than 1.
+#[test]
+fn the_mean_gives_the_bits_of_the_per_row_op_and_mean_all() {
+    let mut devices = vec![(Device::cpu(), DType::F64), (Device::cpu(), DType::F32)];
+    if let Some(gpu) = common::gpu_or_skip("cross_entropy mean on the GPU") {
+        devices.push((gpu, DType::F32));
+    }
+    for (device, dtype) in devices {
+        for (i, (rows, classes)) in [(1, 3), (7, 5), (300, 80)].iter().enumerate() {
+            let x = common::f64t(
+                &values(rows * classes, 0.5, 3.0, 90 + i as u64),
+                &[*rows, *classes],
+            )
+            .to_dtype(dtype)
+            .and_then(|x| x.to_device(device))
+            .unwrap();
+            let t = targets(*rows, *classes, 91 + i as u64, device);
+            let up = [-0.75];
+            let (y, g) = run(|x, t| x.cross_entropy(t), &x, &t, &up);
+            let (y_ref, g_ref) = run(|x, t| x.cross_entropy_per_row(t)?.mean_all(), &x, &t, &up);
+            let what = format!("{device} {dtype} [{rows}, {classes}]");
+            assert_eq!(y, y_ref, "{what}: loss");
+            assert_eq!(g, g_ref, "{what}: dlogits");
+        }
+    }
+}
+
 #[test]
 fn gpu_matches_cpu_and_ignores_targets_out_of_range() {
     let Some(gpu) = common::gpu_or_skip("cross_entropy gpu_matches_cpu") else {

@@ -2,6 +2,7 @@
 //! own kernels), and binary cross-entropy with logits (composed from differentiable ops, its
 //! gradient following from the pieces).
 
+use crate::backend::Storage;
 use crate::{DType, Error, Result, Tensor};
 
 impl Tensor {
@@ -9,9 +10,28 @@ impl Tensor {
     /// `−(1/N) Σ_n log_softmax(x_n)[t_n]`, the mean of [`Tensor::cross_entropy_per_row`]. On the
     /// CPU a target outside `0..C` is an error; on the GPU it contributes 0 (checking would need
     /// a read-back).
+    ///
+    /// One op on the tape: forward runs the per-row kernel and takes the mean of its losses;
+    /// backward runs the per-row backward kernel once with the scalar upstream gradient times
+    /// `1/N` broadcast to every row inside it (the bits the per-row op followed by
+    /// [`Tensor::mean_all`] gives, without the scale and broadcast passes between them).
     pub fn cross_entropy(&self, targets: &Tensor) -> Result<Tensor> {
         let _profile = crate::profile::op("cross_entropy");
-        self.cross_entropy_per_row(targets)?.mean_all()
+        let (loss, lse) = self.cross_entropy_rows(targets)?;
+        let n = loss.len();
+        // the mean of the rows' losses, computed on values off the tape: one node for the whole
+        // loss, whose backward broadcasts the scalar upstream gradient inside the kernel
+        let scale = 1.0 / n as f64;
+        let mean = Tensor::from_storage(loss, vec![n])
+            .sum_all()?
+            .mul_scalar(scale)?;
+        let (xd, td) = (self.detach(), targets.detach());
+        Ok(Tensor::record(mean, "cross_entropy", &[self], move |g| {
+            let dx = g
+                .storage()
+                .cross_entropy_backward(scale, xd.storage(), td.storage(), &lse)?;
+            Ok(vec![Some(Tensor::from_storage(dx, xd.shape().to_vec()))])
+        }))
     }
 
     /// Cross-entropy of every row, `[N]`: `ℓ_n = lse_n − x_{n,t_n}` with
@@ -30,6 +50,20 @@ impl Tensor {
     /// target outside `0..C`; [`Error::Device`] when they live on different devices.
     pub fn cross_entropy_per_row(&self, targets: &Tensor) -> Result<Tensor> {
         let _profile = crate::profile::op("cross_entropy_per_row");
+        let (loss, lse) = self.cross_entropy_rows(targets)?;
+        let out = Tensor::from_storage(loss, vec![self.shape()[0]]);
+        let (xd, td) = (self.detach(), targets.detach());
+        Ok(Tensor::record(out, "cross_entropy", &[self], move |g| {
+            let dx = g
+                .storage()
+                .cross_entropy_backward(1.0, xd.storage(), td.storage(), &lse)?;
+            Ok(vec![Some(Tensor::from_storage(dx, xd.shape().to_vec()))])
+        }))
+    }
+
+    /// The checks of [`Tensor::cross_entropy_per_row`] and its forward kernel: `(loss [N],
+    /// lse [N])`, off the tape.
+    fn cross_entropy_rows(&self, targets: &Tensor) -> Result<(Storage, Storage)> {
         const WHAT: &str = "cross_entropy";
         if self.rank() != 2 || targets.rank() != 1 || targets.shape()[0] != self.shape()[0] {
             return Err(Error::Shape(format!(
@@ -61,18 +95,9 @@ impl Tensor {
                 targets.device()
             )));
         }
-        let (n, classes) = (self.shape()[0], self.shape()[1]);
-        let (loss, lse) = self
-            .storage()
-            .cross_entropy_forward(targets.storage(), classes)?;
-        let out = Tensor::from_storage(loss, vec![n]);
-        let (xd, td) = (self.detach(), targets.detach());
-        Ok(Tensor::record(out, WHAT, &[self], move |g| {
-            let dx = g
-                .storage()
-                .cross_entropy_backward(xd.storage(), td.storage(), &lse)?;
-            Ok(vec![Some(Tensor::from_storage(dx, xd.shape().to_vec()))])
-        }))
+        let classes = self.shape()[1];
+        self.storage()
+            .cross_entropy_forward(targets.storage(), classes)
     }
 
     /// Mean squared error `mean((self − target)²)`, a 0-d tensor; shapes must match exactly.

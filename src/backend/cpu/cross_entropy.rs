@@ -85,16 +85,19 @@ pub(crate) fn forward<T: ExpFloat>(
     (loss, lse)
 }
 
-/// `dlogits [rows, classes]`, `g_r·(e^(x_rc − lse_r) − [c = t_r])`: each row's
-/// `g_r·e^(x_rc − lse_r)` in one plain loop (it vectorises, compiled for AVX2 where the
+/// `dlogits [rows, classes]`, `g_r·(e^(x_rc − lse_r) − [c = t_r])` with `g_r` = `g[r]·scale`
+/// (`g` `[rows]`), or `g[0]·scale` for every row (`g` `[1]`, the mean loss's gradient): each
+/// row's `g_r·e^(x_rc − lse_r)` in one plain loop (it vectorises, compiled for AVX2 where the
 /// processor has it), then `g_r` taken off at the target.
 pub(crate) fn backward<T: ExpFloat>(
-    g: &[T],
+    (g, scale): (&[T], T),
     x: &[T],
     targets: &[i32],
     lse: &[T],
     classes: usize,
 ) -> Vec<T> {
+    let rows = targets.len();
+    let g_at = |r: usize| if g.len() == rows { g[r] } else { g[0] } * scale;
     let avx2 = has_avx2();
     let rows_per_task = (MAP_CHUNK / classes.max(1)).max(1);
     let fill = |k: usize, out: &mut [MaybeUninit<T>]| {
@@ -102,7 +105,7 @@ pub(crate) fn backward<T: ExpFloat>(
             for (i, out) in out.chunks_mut(classes).enumerate() {
                 let r = k * rows_per_task + i;
                 let row = &x[r * classes..(r + 1) * classes];
-                let (gr, l, t) = (g[r], lse[r], targets[r] as usize);
+                let (gr, l, t) = (g_at(r), lse[r], targets[r] as usize);
                 for (o, &v) in out.iter_mut().zip(row) {
                     o.write(gr * (v - l).exp_fast());
                 }
@@ -114,5 +117,5 @@ pub(crate) fn backward<T: ExpFloat>(
     };
     // SAFETY: chunk k is rows `k·rows_per_task..` of the output, all of whose elements `fill`
     // writes.
-    unsafe { write_chunks(g.len() * classes, rows_per_task * classes, fill) }
+    unsafe { write_chunks(rows * classes, rows_per_task * classes, fill) }
 }

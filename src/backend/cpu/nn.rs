@@ -222,7 +222,7 @@ impl NnOps for CpuBackend {
 
     fn cross_entropy_backward(
         &self,
-        g: &CpuBuffer,
+        (g, scale): (&CpuBuffer, f64),
         logits: &CpuBuffer,
         targets: &CpuBuffer,
         lse: &CpuBuffer,
@@ -234,20 +234,21 @@ impl NnOps for CpuBackend {
             logits.len() / targets.len()
         };
         let t = check_cross_entropy(WHAT, logits, targets, classes)?;
-        if g.len() != t.len() || lse.len() != t.len() {
+        if !(g.len() == t.len() || g.len() == 1) || lse.len() != t.len() {
             return Err(Error::Shape(format!(
-                "{WHAT}: g and lse hold {} and {} values, expected one per row ({})",
+                "{WHAT}: g and lse hold {} and {} values, expected one per row ({}; g may \
+                 hold one for all)",
                 g.len(),
                 lse.len(),
                 t.len()
             )));
         }
         match (g, logits, lse) {
-            (CpuBuffer::F32(g), CpuBuffer::F32(x), CpuBuffer::F32(l)) => {
-                Ok(f32b(cross_entropy::backward(g, x, t, l, classes)))
-            }
+            (CpuBuffer::F32(g), CpuBuffer::F32(x), CpuBuffer::F32(l)) => Ok(f32b(
+                cross_entropy::backward((g, scale as f32), x, t, l, classes),
+            )),
             (CpuBuffer::F64(g), CpuBuffer::F64(x), CpuBuffer::F64(l)) => {
-                Ok(f64b(cross_entropy::backward(g, x, t, l, classes)))
+                Ok(f64b(cross_entropy::backward((g, scale), x, t, l, classes)))
             }
             _ => Err(Error::DType(format!(
                 "{WHAT} needs float buffers of one dtype, got g {}, logits {}, lse {}",

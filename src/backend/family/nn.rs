@@ -117,12 +117,13 @@ pub trait NnOps: BufferOps {
         targets: &Self::Buffer,
         classes: usize,
     ) -> Result<(Self::Buffer, Self::Buffer)>;
-    /// The gradient of [`NnOps::cross_entropy_forward`]'s losses for the upstream gradient `g`
-    /// `[rows]`: `dlogits_rc = g_r·(e^{x_rc − lse_r} − [c = t_r])` (zero for a GPU row whose
-    /// target is out of range).
+    /// The gradient of [`NnOps::cross_entropy_forward`]'s losses for the upstream gradient
+    /// `(g, scale)`, `g` `[rows]` or `[1]` (one value for every row: the gradient of the mean
+    /// loss, with `scale` `1/rows`): `dlogits_rc = (g_r·scale)·(e^{x_rc − lse_r} − [c = t_r])`
+    /// (zero for a GPU row whose target is out of range).
     fn cross_entropy_backward(
         &self,
-        g: &Self::Buffer,
+        g: (&Self::Buffer, f64),
         logits: &Self::Buffer,
         targets: &Self::Buffer,
         lse: &Self::Buffer,

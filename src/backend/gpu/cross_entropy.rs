@@ -27,7 +27,7 @@ fn shader(dtype: DType) -> &'static Shader {
 
 /// Checks logits f32 `[rows, classes]` and targets i32 `[rows]`; returns `[rows, classes]` as
 /// kernel parameters.
-fn check(what: &str, logits: &GpuBuffer, targets: &GpuBuffer, classes: usize) -> Result<[u32; 2]> {
+fn check(what: &str, logits: &GpuBuffer, targets: &GpuBuffer, classes: usize) -> Result<[u32; 4]> {
     let rows = targets.len();
     if !matches!(logits.dtype(), DType::F32 | DType::F16) || targets.dtype() != DType::I32 {
         return Err(Error::DType(format!(
@@ -37,9 +37,12 @@ fn check(what: &str, logits: &GpuBuffer, targets: &GpuBuffer, classes: usize) ->
         )));
     }
     crate::backend::checks::check_cross_entropy_shape(what, logits, targets, classes)?;
+    // g_scale 1 and g_stride 1 (the backward sets its own)
     Ok([
         u32_param(rows, "cross_entropy rows")?,
         u32_param(logits.len(), "cross_entropy logits")? / rows as u32,
+        1f32.to_bits(),
+        1,
     ])
 }
 
@@ -67,13 +70,15 @@ pub(crate) fn cross_entropy_forward(
     Ok((loss, lse))
 }
 
-/// `NnOps::cross_entropy_backward`: `dlogits [rows, classes]`.
+/// `NnOps::cross_entropy_backward`: `dlogits [rows, classes]` for the upstream gradient
+/// `g` `[rows]` or `[1]` (broadcast: `g_stride` 0) times `scale`.
 ///
 /// # Errors
-/// As [`cross_entropy_forward`], and for `g` or `lse` not f32 `[rows]`.
+/// As [`cross_entropy_forward`], and for `lse` not f32 `[rows]` or `g` not f32 `[rows]` or
+/// `[1]`.
 pub(crate) fn cross_entropy_backward(
     be: &GpuBackend,
-    g: &GpuBuffer,
+    (g, scale): (&GpuBuffer, f64),
     logits: &GpuBuffer,
     targets: &GpuBuffer,
     lse: &GpuBuffer,
@@ -81,16 +86,19 @@ pub(crate) fn cross_entropy_backward(
     const WHAT: &str = "cross_entropy backward";
     let rows = targets.len();
     let classes = logits.len().checked_div(rows).unwrap_or(0);
-    let params = check(WHAT, logits, targets, classes)?;
-    for (name, b) in [("g", g), ("lse", lse)] {
-        if b.dtype() != DType::F32 || b.len() != rows {
+    let mut params = check(WHAT, logits, targets, classes)?;
+    for (name, b, broadcast) in [("g", g, true), ("lse", lse, false)] {
+        if b.dtype() != DType::F32 || !(b.len() == rows || broadcast && b.len() == 1) {
             return Err(Error::Shape(format!(
-                "{WHAT}: {name} must be f32 [{rows}], got {} of {} values",
+                "{WHAT}: {name} must be f32 [{rows}]{}, got {} of {} values",
+                if broadcast { " or [1]" } else { "" },
                 b.dtype(),
                 b.len()
             )));
         }
     }
+    params[2] = (scale as f32).to_bits();
+    params[3] = (g.len() == rows) as u32;
     let dx = be.alloc(logits.len(), logits.dtype())?;
     be.launch(
         shader(logits.dtype()),

@@ -95,7 +95,7 @@ impl NnOps for GpuBackend {
 
     fn cross_entropy_backward(
         &self,
-        g: &GpuBuffer,
+        g: (&GpuBuffer, f64),
         logits: &GpuBuffer,
         targets: &GpuBuffer,
         lse: &GpuBuffer,

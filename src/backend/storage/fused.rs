@@ -144,16 +144,18 @@ impl Storage {
             classes
         ))
     }
-    /// See [`NnOps::cross_entropy_backward`]; `self` is the upstream gradient `[rows]`.
+    /// See [`NnOps::cross_entropy_backward`]; `self` is the upstream gradient `[rows]` or
+    /// `[1]`, multiplied by `scale`.
     pub(crate) fn cross_entropy_backward(
         &self,
+        scale: f64,
         logits: &Storage,
         targets: &Storage,
         lse: &Storage,
     ) -> Result<Storage> {
         const WHAT: &str = "cross_entropy backward";
         on_device!(self, |be| be.cross_entropy_backward(
-            be.buf(self, WHAT)?,
+            (be.buf(self, WHAT)?, scale),
             be.buf(logits, WHAT)?,
             be.buf(targets, WHAT)?,
             be.buf(lse, WHAT)?

@@ -738,7 +738,9 @@ fn folded_f16_mixed_precision_kernels() {
     let logits = f16_rounded(&random_f32(33, classes));
     let (cl, ct, cg) = (cpu_f32(&logits), cpu_i32(&[7]), cpu_f32(&[0.75]));
     let (_, lse) = cpu.cross_entropy_forward(&cl, &ct, classes).unwrap();
-    let want = cpu.cross_entropy_backward(&cg, &cl, &ct, &lse).unwrap();
+    let want = cpu
+        .cross_entropy_backward((&cg, 1.0), &cl, &ct, &lse)
+        .unwrap();
     let lse_v: Vec<f32> = host_f64(cpu.download(&lse).unwrap())
         .iter()
         .map(|&v| v as f32)
@@ -746,7 +748,9 @@ fn folded_f16_mixed_precision_kernels() {
     let gl = to_f16(&up_f32(&be, &logits));
     let (gt, gg, glse) = (up_i32(&be, &[7]), up_f32(&be, &[0.75]), up_f32(&be, &lse_v));
     poison_pool(&be, classes);
-    let got = be.cross_entropy_backward(&gg, &gl, &gt, &glse).unwrap();
+    let got = be
+        .cross_entropy_backward((&gg, 1.0), &gl, &gt, &glse)
+        .unwrap();
     assert_eq!(got.dtype(), DType::F16, "the f16 logits' gradient is f16");
     let want = host_f64(cpu.download(&want).unwrap());
     // each gradient is about 1/classes: the f16 rounding is relative, plus f16's subnormal step
