@@ -237,6 +237,40 @@ fn matmul_bias_matches_its_definition() {
     }
 }
 
+/// `matmul_t` against `y[b][i][j] = Σ_c x[b][i][c]·e[j][c]`, summed term by term in f64.
+#[test]
+fn matmul_t_matches_its_definition() {
+    for case in 0..5u64 {
+        let mut rng = rng_for(18, case);
+        let c = case as usize;
+        let (batch, m, k, n) = (1 + c % 2, 1 + (c * 5) % 7, 1 + (c * 3) % 6, 1 + (c * 7) % 5);
+        let (x, e) = (
+            uniform(&mut rng, batch * m * k, -2.0, 2.0),
+            uniform(&mut rng, n * k, -2.0, 2.0),
+        );
+        let mut want = vec![0.0; batch * m * n];
+        for b in 0..batch {
+            for i in 0..m {
+                for j in 0..n {
+                    want[(b * m + i) * n + j] =
+                        (0..k).map(|c| x[(b * m + i) * k + c] * e[j * k + c]).sum();
+                }
+            }
+        }
+        let got = tensor(&x, &[batch, m, k])
+            .matmul_t(&tensor(&e, &[n, k]))
+            .expect("matmul_t");
+        assert_eq!(got.shape(), &[batch, m, n]);
+        assert_close(
+            &format!("matmul_t [{batch}, {m}, {k}]·[{n}, {k}]ᵀ"),
+            &f64s(&got),
+            &want,
+            TOL,
+            TOL,
+        );
+    }
+}
+
 // ---- layer norm ----------------------------------------------------------------------------
 
 /// Layer norm of each row of `dim` values: `μ = Σ x_j / dim`, `σ² = Σ (x_j − μ)² / dim`,

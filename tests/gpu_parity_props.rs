@@ -466,8 +466,8 @@ mod props {
         });
     }
 
-    /// Dense, batched, broadcast-batch and transposed-operand products, and products with a
-    /// bias (`matmul_bias`, 2-D and batched inputs), dims 1–70 with the edges of the 64-wide and
+    /// Dense, batched, broadcast-batch and transposed-operand products, products with a bias
+    /// (`matmul_bias`, 2-D and batched inputs) and `matmul_t`, dims 1–70 with the edges of the 64-wide and
     /// 128-wide tiles, under every matmul kernel the adapter offers.
     pub fn matmul(dev: Device) {
         let side = || {
@@ -476,7 +476,7 @@ mod props {
                 1 => prop::sample::select(vec![63usize, 64, 65, 127, 128, 129]),
             ]
         };
-        let strategy = (side(), side(), side(), 1usize..=3, 0usize..9, any::<u64>());
+        let strategy = (side(), side(), side(), 1usize..=3, 0usize..10, any::<u64>());
         let _kernel_lock = lock(&MATMUL_KERNEL);
         let on_gpu = dev == Device::Gpu;
         let before = on_gpu.then(|| moegrad::gpu::matmul_kernel().expect("the GPU opened"));
@@ -502,11 +502,13 @@ mod props {
                         6 => (vec![m, k], vec![b, n, k]),
                         // with a bias [n]
                         7 => (vec![m, k], vec![k, n]),
-                        _ => (vec![b, m, k], vec![k, n]),
+                        8 => (vec![b, m, k], vec![k, n]),
+                        // matmul_t: the second operand [n, k], read transposed in place
+                        _ => (vec![b, m, k], vec![n, k]),
                     };
                     let (x, y) = (g.tensor(&sa, V::Smooth), g.tensor(&sb, V::Smooth));
                     let mut inputs = vec![x, y];
-                    if variant >= 7 {
+                    if variant == 7 || variant == 8 {
                         inputs.push(g.tensor(&[n], V::Smooth));
                     }
                     let what = format!("{name} {sa:?} x {sb:?} variant {variant}");
@@ -518,6 +520,7 @@ mod props {
                             5 => t[0].transpose(-1, -2)?.matmul(&t[1]),
                             6 => t[0].matmul(&t[1].transpose(-1, -2)?),
                             7 | 8 => t[0].matmul_bias(&t[1], &t[2]),
+                            9 => t[0].matmul_t(&t[1]),
                             _ => t[0].matmul(&t[1]),
                         },
                         &inputs,

@@ -441,6 +441,23 @@ proptest! {
         gc_with("matmul (fast)", |t| t[0].matmul(&t[1]), &[a.t(), b.t()], &fast(seed))?;
     }
 
+    /// `x·Eᵀ` with x 2-D or batched and E 2-D `[n, k]`, read transposed in place: the
+    /// gradients of x and E.
+    #[test]
+    fn matmul_t(
+        (x, e) in (1usize..=4, 1usize..=4, 1usize..=4, 1usize..=3, 0u8..3)
+            .prop_flat_map(|(m, k, n, b, form)| {
+                let sx = match form {
+                    0 => vec![m, k],
+                    1 => vec![b, m, k],
+                    _ => vec![b, 2, m, k],
+                };
+                (input_of(sx, V::Smooth), input_of(vec![n, k], V::Smooth))
+            })
+    ) {
+        gc("matmul_t", |t| t[0].matmul_t(&t[1]), &[x.t(), e.t()])?;
+    }
+
     /// `x·W + b` with x 2-D or batched (one or two batch dims) and W 2-D: the gradients of x,
     /// W and the bias.
     #[test]

@@ -221,7 +221,7 @@ impl Decoder {
         let h = self.norm.forward(&h)?;
         let logits = match &self.head {
             Some(head) => head.forward(&h)?,
-            None => h.matmul(&self.embed.weight.get().transpose(0, 1)?)?,
+            None => h.matmul_t(&self.embed.weight.get())?,
         };
         Ok(moe.finish(logits))
     }

@@ -400,7 +400,7 @@ impl Gpt {
             h = h.add(&f)?;
         }
         let h = self.ln_f.forward(&h)?;
-        let logits = h.matmul(&self.tok_emb.weight.get().transpose(0, 1)?)?;
+        let logits = h.matmul_t(&self.tok_emb.weight.get())?;
         Ok(moe.finish(logits))
     }
 

@@ -112,6 +112,24 @@ impl Tensor {
         ))
     }
 
+    /// The gradient products a backward rule asks for: both at once (side by side, see
+    /// [`Tensor::matmul_raw_pair`]) when it needs both, else the one it needs.
+    fn matmul_raw_grads(
+        ga: Option<RawProduct<'_>>,
+        gb: Option<RawProduct<'_>>,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        Ok(match (ga, gb) {
+            (Some(p), Some(q)) => {
+                let (x, y) = Tensor::matmul_raw_pair(p, q)?;
+                (Some(x), Some(y))
+            }
+            (p, q) => (
+                p.map(Tensor::matmul_raw).transpose()?,
+                q.map(Tensor::matmul_raw).transpose()?,
+            ),
+        })
+    }
+
     /// Matrix product. 2-D × 2-D, or batched: both operands `[..., m, k]` and `[..., k, n]` with
     /// equal batch dimensions, or one of them 2-D (shared by every batch entry). Inside
     /// [`crate::autocast_f16`] an f32 GPU `self` is cast to f16 and an f32 `other` (a weight) is
@@ -126,6 +144,79 @@ impl Tensor {
     /// ```
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
         self.product(other, None)
+    }
+
+    /// `self·otherᵀ` for a 2-D `other` `[n, k]` and `self` `[..., m, k]`: `[..., m, n]`, with
+    /// `other` read transposed where it lies (the kernels take strides), where
+    /// `self.matmul(&other.transpose(0, 1)?)` would copy it first and copy its gradient back:
+    /// a tied output head, `h·Eᵀ` with E the token embedding, needs no transpose either way.
+    /// Inside [`crate::autocast_f16`] it behaves as [`Tensor::matmul`] (an f32 `other` is read in
+    /// f32 and gets an f32 gradient).
+    ///
+    /// # Errors
+    /// [`Error::Shape`] unless `other` is 2-D and `self` has rank ≥ 2 with the same last
+    /// dimension; those of [`Tensor::matmul`] for dtypes and devices.
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::{Device, Tensor};
+    /// # fn main() -> moegrad::Result<()> {
+    /// let h = Tensor::from_f32(vec![1.0, 2.0], &[1, 2], Device::cpu())?;
+    /// let e = Tensor::from_f32(vec![1.0, 0.0, 0.0, 1.0, 1.0, 1.0], &[3, 2], Device::cpu())?;
+    /// assert_eq!(h.matmul_t(&e)?.to_vec_f32()?, vec![1.0, 2.0, 3.0]);
+    /// # Ok(()) }
+    /// ```
+    pub fn matmul_t(&self, other: &Tensor) -> Result<Tensor> {
+        if let Some([a]) = crate::autocast::low_precision_operands([self])? {
+            return a.matmul_t(other);
+        }
+        let _profile = crate::profile::op("matmul");
+        if !crate::autocast::reads_f32_weight(self, other) {
+            self.check_compatible(other, "matmul_t")?;
+        }
+        self.check_float("matmul_t")?;
+        let (a, b) = (self, other);
+        if a.rank() < 2 || b.rank() != 2 || a.shape()[a.rank() - 1] != b.shape()[1] {
+            return Err(Error::Shape(format!(
+                "matmul_t: needs [..., m, k] and a 2-D [n, k], got {:?} and {:?}",
+                a.shape(),
+                b.shape()
+            )));
+        }
+        let (m, k, n) = (a.shape()[a.rank() - 2], b.shape()[1], b.shape()[0]);
+        let batch_dims = &a.shape()[..a.rank() - 2];
+        let batch: usize = batch_dims.iter().product();
+        let mut out_shape = batch_dims.to_vec();
+        out_shape.extend([m, n]);
+        let y = Tensor::matmul_raw(RawProduct {
+            a: RawOperand::plain(a, !batch_dims.is_empty()),
+            b: RawOperand::transposed(b, false),
+            batch,
+            out_shape,
+            out: a.dtype(),
+        })?;
+        let (ad, bd) = (a.detach(), b.detach());
+        let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
+        Ok(Tensor::record(y, "matmul_t", &[a, b], move |g| {
+            // dA = g·B ([.., m, n]·[n, k]); dB = gᵀ·A over every row of the batch ([n, k])
+            let (a2, g2) = (ad.reshape(&[batch * m, k])?, g.reshape(&[batch * m, n])?);
+            let ga = need_a.then(|| RawProduct {
+                a: RawOperand::plain(&g2, false),
+                b: RawOperand::plain(&bd, false),
+                batch: 1,
+                out_shape: ad.shape().to_vec(),
+                out: ad.dtype(),
+            });
+            let gb = need_b.then(|| RawProduct {
+                a: RawOperand::transposed(&g2, false),
+                b: RawOperand::plain(&a2, false),
+                batch: 1,
+                out_shape: vec![n, k],
+                out: bd.dtype(),
+            });
+            let (ga, gb) = Tensor::matmul_raw_grads(ga, gb)?;
+            Ok(vec![ga, gb])
+        }))
     }
 
     /// `self·w + bias`, the linear layer's forward, in one kernel: [`Tensor::matmul`] with
@@ -270,16 +361,7 @@ impl Tensor {
                     out: bd.dtype(),
                 },
             });
-            let (ga, gb) = match (ga, gb) {
-                (Some(p), Some(q)) => {
-                    let (x, y) = Tensor::matmul_raw_pair(p, q)?;
-                    (Some(x), Some(y))
-                }
-                (p, q) => (
-                    p.map(Tensor::matmul_raw).transpose()?,
-                    q.map(Tensor::matmul_raw).transpose()?,
-                ),
-            };
+            let (ga, gb) = Tensor::matmul_raw_grads(ga, gb)?;
             let ga = match ga {
                 Some(x) if !(a_b || batch == 1) => Some(x.sum(&[0], false)?.reshape(ad.shape())?),
                 x => x.map(|x| x.reshape(ad.shape())).transpose()?,
