@@ -19,7 +19,7 @@ use crate::backend::{
 use crate::{DType, fold};
 
 /// The matmul kernels `gpu` offers.
-fn matmul_kernels(gpu: &GpuBackend) -> Vec<MatmulKernel> {
+pub(super) fn matmul_kernels(gpu: &GpuBackend) -> Vec<MatmulKernel> {
     let mut kernels = vec![
         MatmulKernel::Plain,
         MatmulKernel::Wide,

@@ -4,6 +4,7 @@
 //! split-k product adds it once, in its first slice; a wrong bias is an error, not a launch.
 
 use super::folded_grids::poison_pool;
+use super::folded_matmul_grids::matmul_kernels;
 use super::gpu_matmul::{contiguous, f32_data, gpu, values};
 use crate::DType;
 use crate::Error;
@@ -30,14 +31,7 @@ fn each_kernel_adds_the_bias_to_its_columns() {
         return;
     };
     let before = be.matmul_kernel();
-    let mut kernels = vec![
-        MatmulKernel::Plain,
-        MatmulKernel::Wide,
-        MatmulKernel::WideVec4,
-    ];
-    if be.subgroup_matmul_available() {
-        kernels.push(MatmulKernel::Subgroup);
-    }
+    let kernels = matmul_kernels(&be);
     let mut rng = ChaCha8Rng::seed_from_u64(31);
     for ([batch, m, k, n], (ta, tb)) in [
         ([1, 300, 37, 129], (false, false)),

@@ -6,6 +6,7 @@
 //! inputs are `gpu_matmul.rs`, whose helpers these tests use.
 
 use super::folded_grids::poison_pool;
+use super::folded_matmul_grids::matmul_kernels;
 use super::gpu_matmul::{
     check_contiguous, check_weight_grad, contiguous, f32_data, gpu, offsets_of, sorted_experts,
     values,
@@ -30,14 +31,7 @@ fn matmul_kernels_agree_to_the_bit() {
         return;
     };
     let before = be.matmul_kernel();
-    let mut kernels = vec![
-        MatmulKernel::Plain,
-        MatmulKernel::Wide,
-        MatmulKernel::WideVec4,
-    ];
-    if be.subgroup_matmul_available() {
-        kernels.push(MatmulKernel::Subgroup);
-    }
+    let kernels = matmul_kernels(&be);
     let mut rng = ChaCha8Rng::seed_from_u64(12);
     for ([batch, m, k, n], (ta, tb)) in [
         ([1, 300, 257, 129], (false, false)),
