@@ -8,7 +8,7 @@
 use super::{cpu::CpuBuffer, gpu::GpuBuffer};
 use crate::backend::{
     AttentionDims, Conv2dDims, GroupedMatmulDims, LayerNormDims, PackedAttentionDims, RotaryDims,
-    SwiGluDims,
+    RoutingStatsDims, SwiGluDims,
 };
 use crate::{DType, Error, Result};
 use std::fmt::Debug;
@@ -507,6 +507,57 @@ pub(crate) fn check_topk_gate<B: Operand>(
             ("scores", scores.len(), rows * n),
         ],
     )
+}
+
+/// Checks one step's routing statistics (`RoutingOps::routing_stats`): every operand f32, `probs`
+/// `[rows, cols]`, the logits of `dims.logits` values, `routed` and `kept` of `dims.experts`,
+/// and the window's sums, when given, of [`RoutingStatsDims::out_len`]; every size ≥ 1 and the
+/// GPU kernel's indices in 32 bits.
+pub(crate) fn check_routing_stats<B: Operand>(
+    what: &str,
+    acc: Option<&B>,
+    (probs, logits): (&B, &B),
+    (routed, kept): (&B, &B),
+    dims: RoutingStatsDims,
+) -> Result<()> {
+    let mut operands = vec![
+        ("probs", probs),
+        ("logits", logits),
+        ("routed", routed),
+        ("kept", kept),
+    ];
+    operands.extend(acc.map(|a| ("the window's sums", a)));
+    if let Some((name, b)) = operands.iter().find(|(_, b)| b.dtype() != DType::F32) {
+        return Err(Error::DType(format!(
+            "{what}: {name} must be f32 (the statistics are summed in f32), got {}",
+            b.dtype()
+        )));
+    }
+    let out_len = dims.out_len();
+    if [dims.rows, dims.cols, dims.logits, dims.experts].contains(&0) {
+        return Err(Error::Shape(format!(
+            "{what}: needs at least one token, one column, one logit and one expert, got {dims:?}"
+        )));
+    }
+    if dims
+        .rows
+        .checked_mul(dims.cols)
+        .is_none_or(|n| n > u32::MAX as usize)
+        || dims.logits > u32::MAX as usize
+        || out_len > u32::MAX as usize
+    {
+        return Err(Error::Shape(format!(
+            "{what}: {dims:?} is past 2³² values in one operand"
+        )));
+    }
+    let mut lengths = vec![
+        ("probs", probs.len(), dims.rows * dims.cols),
+        ("logits", logits.len(), dims.logits),
+        ("routed", routed.len(), dims.experts),
+        ("kept", kept.len(), dims.experts),
+    ];
+    lengths.extend(acc.map(|a| ("the window's sums", a.len(), out_len)));
+    super::check_lengths(what, &lengths)
 }
 
 /// Checks a row softmax's input (`NnOps::softmax_forward`): `rows, n ≥ 1` and `x` of `rows·n`

@@ -148,6 +148,7 @@ mod pool2d;
 mod reduce;
 mod rotary;
 mod routing;
+mod routing_stats;
 mod sort;
 mod swiglu;
 mod worker;

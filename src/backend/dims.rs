@@ -403,6 +403,30 @@ pub struct ExpertBankDims {
     pub experts: usize,
 }
 
+/// Sizes of one step's routing statistics ([`super::RoutingOps::routing_stats`]): the router's
+/// distribution `probs [rows, cols]`, its `logits` values, and `experts` counts per expert
+/// routed and kept; the window's sums hold `cols + 2·experts + 3` values (the layout is in
+/// `shaders/routing_stats.wgsl`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RoutingStatsDims {
+    /// tokens (rows of `probs`)
+    pub rows: usize,
+    /// columns of `probs` (the router's outputs per token)
+    pub cols: usize,
+    /// values in the logits (any shape, flattened)
+    pub logits: usize,
+    /// experts counted (the length of `routed` and `kept`)
+    pub experts: usize,
+}
+
+impl RoutingStatsDims {
+    /// Values in the window's sums: the distribution's column sums, the routed and kept counts,
+    /// then the entropy sum, the logits' square sum and their largest magnitude.
+    pub fn out_len(&self) -> usize {
+        self.cols + 2 * self.experts + 3
+    }
+}
+
 /// One operand of an elementwise primitive: a buffer read through its own strides over the
 /// output's shape (stride 0 along an axis it is broadcast over).
 #[derive(Debug)]

@@ -25,7 +25,7 @@ pub(crate) mod gpu;
 pub(crate) use dims::{
     AttentionDims, AttentionGradOperands, AxisView, Conv2dDims, ExpertBankDims, GroupedMatmulDims,
     LayerNormDims, MatLayout, MatmulDims, PackedAttentionDims, Pool2dDims, PoolKind, RotaryDims,
-    ScatterDims, Strided, SwiGluDims,
+    RoutingStatsDims, ScatterDims, Strided, SwiGluDims,
 };
 
 pub(crate) use family::{

@@ -21,17 +21,18 @@
 //! A multi-gate layer counts each task's routing of a token as a token of its own.
 
 use super::RoutingStats;
-use crate::{DType, Result, Tensor};
+use crate::backend::RoutingStatsDims;
+use crate::{DType, Error, Result, Tensor};
 use serde::Serialize;
 
-/// One layer's sums over the window, on the device.
+/// One layer's sums over the window, on the device, in one f32 tensor (its layout is
+/// `shaders/routing_stats.wgsl`'s): the router distribution's column sums, the routed and kept
+/// counts per expert, the sum of the tokens' entropies, the logits' square sum and their largest
+/// magnitude.
 struct LayerSums {
-    routed: Tensor,
-    kept: Tensor,
-    prob_sum: Tensor,
-    entropy_sum: Tensor,
-    logit_sq_sum: Tensor,
-    logit_max: Tensor,
+    sums: Tensor,
+    /// the sizes of the first step (every later step must have the same columns and experts)
+    dims: RoutingStatsDims,
     tokens: usize,
     logits: usize,
 }
@@ -167,42 +168,57 @@ impl RoutingWindow {
         self.layers.is_empty()
     }
 
-    /// Adds one step's statistics (one entry per MoE layer): a few reductions over the routing
-    /// distribution and the logits, summed into the window on the device.
+    /// Adds one step's statistics (one entry per MoE layer) into the window on the device: per
+    /// layer one fused launch (`RoutingOps::routing_stats`) that sums the routing distribution's
+    /// columns and its entropy, the logits' squares and their largest magnitude, and adds the
+    /// counts per expert. Nothing is read back.
     pub fn add(&mut self, stats: &[RoutingStats]) -> Result<()> {
         crate::no_grad(|| {
             for (i, s) in stats.iter().enumerate() {
                 let f32 = |t: &Tensor| t.detach().to_dtype(DType::F32);
-                let probs = f32(&s.probs)?;
-                let prob_sum = probs.sum(&[0], false)?;
-                let entropy = probs
-                    .mul(&probs.add_scalar(1e-12)?.log()?)?
-                    .sum_all()?
-                    .neg()?;
-                let logits = f32(&s.logits)?;
-                let logit_sq = logits.mul(&logits)?.sum_all()?;
-                let logit_max = logits.abs()?.reshape(&[logits.numel()])?.max(0, false)?;
+                let (probs, logits) = (f32(&s.probs)?, f32(&s.logits)?);
                 let (routed, kept) = (f32(&s.routed_per_expert)?, f32(&s.kept_per_expert)?);
+                let [rows, cols] = probs.shape() else {
+                    return Err(Error::Shape(format!(
+                        "routing diagnostics: the router's distribution of MoE layer {i} must be \
+                         [tokens, experts], got {:?}",
+                        probs.shape()
+                    )));
+                };
+                let dims = RoutingStatsDims {
+                    rows: *rows,
+                    cols: *cols,
+                    logits: logits.numel(),
+                    experts: routed.numel(),
+                };
+                let layer = self.layers.get(i);
+                if let Some(l) =
+                    layer.filter(|l| (l.dims.cols, l.dims.experts) != (dims.cols, dims.experts))
+                {
+                    return Err(Error::Shape(format!(
+                        "routing diagnostics: MoE layer {i} routed over {} columns and {} experts \
+                         earlier in the window, now {} and {}",
+                        l.dims.cols, l.dims.experts, dims.cols, dims.experts
+                    )));
+                }
+                let sums = probs.storage().routing_stats(
+                    layer.map(|l| l.sums.storage()),
+                    logits.storage(),
+                    (routed.storage(), kept.storage()),
+                    dims,
+                )?;
+                let sums = Tensor::from_storage(sums, vec![dims.out_len()]);
                 match self.layers.get_mut(i) {
                     Some(l) => {
-                        l.routed = l.routed.add(&routed)?;
-                        l.kept = l.kept.add(&kept)?;
-                        l.prob_sum = l.prob_sum.add(&prob_sum)?;
-                        l.entropy_sum = l.entropy_sum.add(&entropy)?;
-                        l.logit_sq_sum = l.logit_sq_sum.add(&logit_sq)?;
-                        l.logit_max = l.logit_max.maximum(&logit_max)?;
+                        l.sums = sums;
                         l.tokens += s.tokens;
-                        l.logits += logits.numel();
+                        l.logits += dims.logits;
                     }
                     None => self.layers.push(LayerSums {
-                        routed,
-                        kept,
-                        prob_sum,
-                        entropy_sum: entropy,
-                        logit_sq_sum: logit_sq,
-                        logit_max,
+                        sums,
+                        dims,
                         tokens: s.tokens,
-                        logits: logits.numel(),
+                        logits: dims.logits,
                     }),
                 }
             }
@@ -210,19 +226,19 @@ impl RoutingWindow {
         })
     }
 
-    /// Reads the window back (a few small transfers per layer: call it once per window).
+    /// Reads the window back (one small transfer per layer: call it once per window).
     pub fn read(&self) -> Result<RoutingDiagnostics> {
         let mut layers = Vec::with_capacity(self.layers.len());
         for l in &self.layers {
-            let kept = l.kept.to_vec_f64()?;
-            let routed = l.routed.to_vec_f64()?;
-            let p_mean: Vec<f64> = l
-                .prob_sum
-                .to_vec_f64()?
+            let sums = l.sums.to_vec_f64()?;
+            let (cols, n) = (l.dims.cols, l.dims.experts);
+            let p_mean: Vec<f64> = sums[..cols]
                 .iter()
                 .map(|p| p / l.tokens.max(1) as f64)
                 .collect();
-            let n = kept.len();
+            let routed = sums[cols..cols + n].to_vec();
+            let kept = sums[cols + n..cols + 2 * n].to_vec();
+            let [entropy_sum, logit_sq_sum, logit_max] = [0, 1, 2].map(|j| sums[cols + 2 * n + j]);
             let (kept_all, routed_all) = (kept.iter().sum::<f64>(), routed.iter().sum::<f64>());
             let share = |v: &[f64], all: f64| -> Vec<f64> {
                 v.iter()
@@ -243,9 +259,9 @@ impl RoutingWindow {
                 dead_experts: kept.iter().filter(|&&x| x == 0.0).count(),
                 top_share: max_kept / l.tokens.max(1) as f64,
                 routing_entropy_ratio: h_mean.exp() / n.max(1) as f64,
-                token_entropy: l.entropy_sum.item()? / l.tokens.max(1) as f64,
-                logit_rms: (l.logit_sq_sum.item()? / l.logits.max(1) as f64).sqrt(),
-                logit_max: l.logit_max.item()?,
+                token_entropy: entropy_sum / l.tokens.max(1) as f64,
+                logit_rms: (logit_sq_sum / l.logits.max(1) as f64).sqrt(),
+                logit_max,
                 drop_rate: if routed_all > 0.0 {
                     1.0 - kept_all / routed_all
                 } else {

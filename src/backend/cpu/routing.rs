@@ -10,8 +10,8 @@ use super::{CpuBuffer, f32b, i32b, sort_key, sort_key_f32};
 use crate::Error;
 use crate::Result;
 use crate::backend::PlanBuffers;
-use crate::backend::checks::{check_dispatch_plan, check_topk_gate};
-use crate::backend::{RoutingOps, check_gate_backward_lengths, check_gate_sizes};
+use crate::backend::checks::{check_dispatch_plan, check_routing_stats, check_topk_gate};
+use crate::backend::{RoutingOps, RoutingStatsDims, check_gate_backward_lengths, check_gate_sizes};
 use num_traits::Float;
 use rayon::prelude::*;
 
@@ -402,6 +402,34 @@ impl RoutingOps for CpuBackend {
                 valid.dtype()
             ))),
         }
+    }
+
+    fn routing_stats(
+        &self,
+        acc: Option<&CpuBuffer>,
+        (probs, logits): (&CpuBuffer, &CpuBuffer),
+        (routed, kept): (&CpuBuffer, &CpuBuffer),
+        dims: RoutingStatsDims,
+    ) -> Result<CpuBuffer> {
+        const WHAT: &str = "routing statistics";
+        check_routing_stats(WHAT, acc, (probs, logits), (routed, kept), dims)?;
+        fn f32s(b: &CpuBuffer) -> Result<&[f32]> {
+            match b {
+                CpuBuffer::F32(v) => Ok(v.as_slice()),
+                other => Err(Error::DType(format!(
+                    "{WHAT}: f32 expected, got {}",
+                    other.dtype()
+                ))),
+            }
+        }
+        let acc = acc.map(f32s).transpose()?;
+        Ok(f32b(super::routing_stats::routing_stats(
+            acc,
+            f32s(probs)?,
+            f32s(logits)?,
+            (f32s(routed)?, f32s(kept)?),
+            dims,
+        )))
     }
 }
 

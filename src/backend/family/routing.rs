@@ -1,9 +1,10 @@
 //! [`RoutingOps`]: the Mixture-of-Experts routing primitives: the fused top-k gate and its
 //! backward, the dispatch plan that sorts assignments by expert under a capacity, and the
-//! weighted combine of expert outputs into tokens and its backward.
+//! weighted combine of expert outputs into tokens and its backward, and the routing statistics
+//! that the training loop's diagnostics sum over a window of steps.
 
 use crate::Result;
-use crate::backend::{BufferOps, PlanBuffers};
+use crate::backend::{BufferOps, PlanBuffers, RoutingStatsDims};
 
 /// MoE routing primitives: the top-k gate, its backward, the dispatch plan and the combine.
 pub(crate) trait RoutingOps: BufferOps {
@@ -84,4 +85,16 @@ pub(crate) trait RoutingOps: BufferOps {
         experts: usize,
         capacity: Option<usize>,
     ) -> Result<PlanBuffers<Self::Buffer>>;
+    /// One step's routing statistics added into a window's sums `acc` (zeros when `None`), all
+    /// f32: `probs [rows, cols]`'s column sums, `routed` and `kept` (`[experts]`), the sum of the
+    /// tokens' entropies `−Σ p·ln(p + 1e-12)`, the logits' square sum and their largest
+    /// magnitude (NaN wins), in one launch on the GPU. Returns the new sums,
+    /// `[cols + 2·experts + 3]` in that order (`shaders/routing_stats.wgsl`).
+    fn routing_stats(
+        &self,
+        acc: Option<&Self::Buffer>,
+        probs_logits: (&Self::Buffer, &Self::Buffer),
+        routed_kept: (&Self::Buffer, &Self::Buffer),
+        dims: RoutingStatsDims,
+    ) -> Result<Self::Buffer>;
 }

@@ -59,6 +59,7 @@ mod random;
 mod reduce;
 mod rotary;
 mod routing;
+mod routing_stats;
 mod shader_checks;
 mod sort;
 mod stats;

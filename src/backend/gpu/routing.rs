@@ -431,4 +431,14 @@ impl RoutingOps for GpuBackend {
     ) -> Result<PlanBuffers<GpuBuffer>> {
         dispatch_plan(self, token, expert, order_keys, experts, capacity)
     }
+
+    fn routing_stats(
+        &self,
+        acc: Option<&GpuBuffer>,
+        probs_logits: (&GpuBuffer, &GpuBuffer),
+        routed_kept: (&GpuBuffer, &GpuBuffer),
+        dims: crate::backend::RoutingStatsDims,
+    ) -> Result<GpuBuffer> {
+        super::routing_stats::routing_stats(self, acc, probs_logits, routed_kept, dims)
+    }
 }

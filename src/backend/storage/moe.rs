@@ -1,6 +1,7 @@
 //! [`Storage`]'s Mixture-of-Experts primitives, forwarded to the owning backend: the grouped
 //! (per-expert) matmul and its weight gradient, the top-k gate and its backward, the softmax
-//! backward, the dispatch plan, and the weighted combine and its backward.
+//! backward, the dispatch plan, the weighted combine and its backward, and the routing
+//! statistics a training window sums.
 
 use super::*;
 
@@ -110,6 +111,23 @@ impl Storage {
             ),
             experts,
             capacity
+        ))
+    }
+
+    /// See [`RoutingOps::routing_stats`]; `self` is `probs`.
+    pub(crate) fn routing_stats(
+        &self,
+        acc: Option<&Storage>,
+        logits: &Storage,
+        (routed, kept): (&Storage, &Storage),
+        dims: RoutingStatsDims,
+    ) -> Result<Storage> {
+        const WHAT: &str = "routing statistics";
+        on_device!(self, |be| be.routing_stats(
+            be.opt(acc, WHAT)?,
+            (be.buf(self, WHAT)?, be.buf(logits, WHAT)?),
+            (be.buf(routed, WHAT)?, be.buf(kept, WHAT)?),
+            dims
         ))
     }
 
