@@ -179,3 +179,113 @@ fn the_layer_counts_routed_not_kept_assignments_under_capacity_drops() {
         );
     }
 }
+
+/// A routing of `t` tokens over `n` experts (token t on expert t mod n) whose distribution is
+/// `probs`, for calling `balance_loss` on any distribution.
+fn routing_with(probs: Tensor) -> Routing {
+    let (t, dev) = (probs.shape()[0], probs.device());
+    let n = probs.shape()[1];
+    let idx: Vec<i32> = (0..t).map(|tok| (tok % n) as i32).collect();
+    let logits = Tensor::zeros(probs.shape(), probs.dtype(), dev).unwrap();
+    let weights = Tensor::ones(&[t, 1], probs.dtype(), dev).unwrap();
+    Routing::token_choice(
+        &Tensor::from_i32(idx, &[t, 1], dev).unwrap(),
+        &weights,
+        None,
+        probs,
+        logits,
+    )
+    .unwrap()
+}
+
+/// The loss and its gradient `[T, n]` from the definition, in f64: `α·n·Σ_i f_i·P_i` with
+/// `f_i = c_i / max(Σ c, 1)`, `P_i` the column means; `∂/∂p_{t,i} = α·n·f_i / T`.
+fn loss_from_definition(probs: &[f64], counts: &[f64], t: usize, alpha: f64) -> (f64, Vec<f64>) {
+    let n = counts.len();
+    let total = counts.iter().sum::<f64>().max(1.0);
+    let f: Vec<f64> = counts.iter().map(|c| c / total).collect();
+    let p_mean: Vec<f64> = (0..n)
+        .map(|i| (0..t).map(|tok| probs[tok * n + i]).sum::<f64>() / t as f64)
+        .collect();
+    let loss = alpha * n as f64 * (0..n).map(|i| f[i] * p_mean[i]).sum::<f64>();
+    let grad = (0..t * n)
+        .map(|j| alpha * n as f64 * f[j % n] / t as f64)
+        .collect();
+    (loss, grad)
+}
+
+/// The fused loss (one launch forward, one broadcast product backward) against the definition
+/// on every device, over expert counts that are 1, a divisor of 256, not one, and past 256 (the
+/// GPU kernel's column chunks), with counts that sum to zero (f = 0: the total is clamped to 1)
+/// and an upstream gradient other than 1.
+#[test]
+fn the_fused_loss_and_its_gradient_match_the_definition_on_every_device() {
+    use rand::{RngExt, SeedableRng};
+    let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(5);
+    for dev in
+        common::devices("the_fused_loss_and_its_gradient_match_the_definition_on_every_device")
+    {
+        for (t, n, zero_counts) in [
+            (9, 1, false),
+            (100, 8, false),
+            (33, 3, false),
+            (5, 300, false),
+            (2, 513, false),
+            (64, 6, true),
+        ] {
+            let probs: Vec<f64> = (0..t * n).map(|_| rng.random_range(0.0..1.0)).collect();
+            let counts: Vec<f64> = (0..n)
+                .map(|_| {
+                    if zero_counts {
+                        0.0
+                    } else {
+                        rng.random_range(0..7) as f64
+                    }
+                })
+                .collect();
+            let alpha = 0.03;
+            let (want, want_grad) = loss_from_definition(&probs, &counts, t, alpha);
+            let dt = if dev.is_gpu() { DType::F32 } else { DType::F64 };
+            let p = common::tensor_on(probs.clone(), &[t, n], dt, dev)
+                .with_grad()
+                .unwrap();
+            let c = common::tensor_on(counts.clone(), &[n], dt, dev);
+            let loss = balance_loss(&routing_with(p.clone()), &c, alpha).unwrap();
+            assert_eq!(loss.shape(), [0usize; 0], "a scalar");
+            let got = loss.item().unwrap();
+            let tol = if dt == DType::F32 { 1e-5 } else { 1e-12 };
+            assert!(
+                (got - want).abs() <= tol * want.abs().max(1e-3),
+                "{dev} {t}×{n}: loss {got}, by definition {want}"
+            );
+            loss.mul_scalar(2.5).unwrap().backward().unwrap();
+            let g = p.grad().unwrap().to_vec_f64().unwrap();
+            for (j, (&gv, &w)) in g.iter().zip(&want_grad).enumerate() {
+                assert!(
+                    (gv - 2.5 * w).abs() <= tol * (2.5 * w).abs().max(1e-6),
+                    "{dev} {t}×{n}: ∂/∂p[{j}] = {gv}, by definition {}",
+                    2.5 * w
+                );
+            }
+        }
+    }
+}
+
+/// The backward rule against finite differences (f64), and shapes that do not fit refused.
+#[test]
+fn the_fused_loss_passes_gradcheck_and_refuses_bad_shapes() {
+    use moegrad::gradcheck::{GradcheckOptions, gradcheck};
+    let (t, n) = (7, 5);
+    let probs = common::f64t(
+        &(0..t * n)
+            .map(|i| ((i * 37) % 11) as f64 / 11.0)
+            .collect::<Vec<_>>(),
+        &[t, n],
+    );
+    let counts = common::f64t(&[3.0, 0.0, 5.0, 1.0, 5.0], &[n]);
+    let f = |x: &[Tensor]| balance_loss(&routing_with(x[0].clone()), &counts, 0.2);
+    gradcheck(f, std::slice::from_ref(&probs), &GradcheckOptions::default()).unwrap();
+    let four = common::f64t(&[1.0; 4], &[4]);
+    let err = balance_loss(&routing_with(probs), &four, 0.2).unwrap_err();
+    assert!(err.to_string().contains("counts per expert"), "{err}");
+}

@@ -560,6 +560,37 @@ pub(crate) fn check_routing_stats<B: Operand>(
     super::check_lengths(what, &lengths)
 }
 
+/// Checks the Switch balance loss' operands (`RoutingOps::balance_loss`): `probs [rows, cols]`
+/// and `counts [cols]` float of one dtype, sizes ≥ 1.
+pub(crate) fn check_balance_loss<B: Operand>(
+    what: &str,
+    probs: &B,
+    counts: &B,
+    (rows, cols): (usize, usize),
+) -> Result<()> {
+    if !matches!(probs.dtype(), DType::F32 | DType::F64) || counts.dtype() != probs.dtype() {
+        return Err(Error::DType(format!(
+            "{what}: the router's distribution and the counts must be f32 or f64 of one dtype, \
+             got {} and {}",
+            probs.dtype(),
+            counts.dtype()
+        )));
+    }
+    if rows == 0 || cols == 0 || rows.checked_mul(cols).is_none_or(|n| n > u32::MAX as usize) {
+        return Err(Error::Shape(format!(
+            "{what}: needs at least one token and one expert, and fewer than 2³² probabilities, \
+             got {rows} tokens × {cols} experts"
+        )));
+    }
+    super::check_lengths(
+        what,
+        &[
+            ("the router's distribution", probs.len(), rows * cols),
+            ("the counts per expert", counts.len(), cols),
+        ],
+    )
+}
+
 /// Checks a row softmax's input (`NnOps::softmax_forward`): `rows, n ≥ 1` and `x` of `rows·n`
 /// elements.
 pub(crate) fn check_softmax_forward<B: Operand>(

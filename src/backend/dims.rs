@@ -406,7 +406,7 @@ pub struct ExpertBankDims {
 /// Sizes of one step's routing statistics ([`super::RoutingOps::routing_stats`]): the router's
 /// distribution `probs [rows, cols]`, its `logits` values, and `experts` counts per expert
 /// routed and kept; the window's sums hold `cols + 2·experts + 3` values (the layout is in
-/// `shaders/routing_stats.wgsl`).
+/// `shaders/router_sums.wgsl`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RoutingStatsDims {
     /// tokens (rows of `probs`)

@@ -14,20 +14,45 @@
 //! * Router z-loss (ST-MoE, Zoph et al. 2022): `β · (1/T) Σ_x (log Σ_j e^{θ_j(x)})²`.
 
 use super::Routing;
+use crate::backend::BinaryOp;
 use crate::{DType, Error, Result, Tensor};
 
-/// `α · n · Σ f_i P_i` for one routing, given the per-expert assignment counts (`[n]`, constant).
+/// `α · n · Σ f_i P_i` for one routing, given the per-expert assignment counts (`[n]`, constant),
+/// as one op each way: forward, `f`, the column sums of the router's distribution and their
+/// weighted sum in one launch (`RoutingOps::balance_loss`, `shaders/router_sums.wgsl`); backward,
+/// `∂/∂p_i(x) = (αn/T) f_i` for every token, one broadcast product. (Composed from tensor ops it
+/// was eight launches forward and six backward.)
+///
+/// # Errors
+/// [`Error::Shape`] when the distribution is not `[T, m]` with `m` counts.
 pub fn balance_loss(routing: &Routing, routed_per_expert: &Tensor, alpha: f64) -> Result<Tensor> {
-    let n = routing.experts as f64;
-    let f = crate::no_grad(|| {
-        let total = routed_per_expert.sum_all()?.clamp(1.0, f64::INFINITY)?;
-        routed_per_expert.div(&total)
-    })?;
-    let p_mean = routing.probs.mean(&[0], false)?;
-    p_mean
-        .mul(&f.to_dtype(p_mean.dtype())?)?
-        .sum_all()?
-        .mul_scalar(alpha * n)
+    let _profile = crate::profile::op("balance_loss");
+    let probs = &routing.probs;
+    let &[tokens, cols] = probs.shape() else {
+        return Err(Error::Shape(format!(
+            "balance loss: the router's distribution must be [tokens, experts], got {:?}",
+            probs.shape()
+        )));
+    };
+    if routed_per_expert.shape() != [cols] {
+        return Err(Error::Shape(format!(
+            "balance loss: {:?} counts per expert for a distribution over {cols} experts",
+            routed_per_expert.shape()
+        )));
+    }
+    let counts = routed_per_expert.detach().to_dtype(probs.dtype())?;
+    let scale = alpha * routing.experts as f64 / tokens as f64;
+    let (loss, coef) = probs
+        .storage()
+        .balance_loss(counts.storage(), (tokens, cols), scale)?;
+    let loss = Tensor::from_storage(loss, Vec::new());
+    Ok(Tensor::record(loss, "balance_loss", &[probs], move |g| {
+        // every token's row of the gradient is g·coef: g and coef read through strides
+        let d = g
+            .storage()
+            .binary(BinaryOp::Mul, &[0, 0], &coef, &[0, 1], &[tokens, cols])?;
+        Ok(vec![Some(Tensor::from_storage(d, vec![tokens, cols]))])
+    }))
 }
 
 /// [`balance_loss`] of each sequence of `seq_len` consecutive tokens, averaged over the

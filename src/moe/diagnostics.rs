@@ -26,7 +26,7 @@ use crate::{DType, Error, Result, Tensor};
 use serde::Serialize;
 
 /// One layer's sums over the window, on the device, in one f32 tensor (its layout is
-/// `shaders/routing_stats.wgsl`'s): the router distribution's column sums, the routed and kept
+/// `shaders/router_sums.wgsl`'s): the router distribution's column sums, the routed and kept
 /// counts per expert, the sum of the tokens' entropies, the logits' square sum and their largest
 /// magnitude.
 struct LayerSums {

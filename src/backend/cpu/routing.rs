@@ -10,7 +10,9 @@ use super::{CpuBuffer, f32b, i32b, sort_key, sort_key_f32};
 use crate::Error;
 use crate::Result;
 use crate::backend::PlanBuffers;
-use crate::backend::checks::{check_dispatch_plan, check_routing_stats, check_topk_gate};
+use crate::backend::checks::{
+    check_balance_loss, check_dispatch_plan, check_routing_stats, check_topk_gate,
+};
 use crate::backend::{RoutingOps, RoutingStatsDims, check_gate_backward_lengths, check_gate_sizes};
 use num_traits::Float;
 use rayon::prelude::*;
@@ -423,13 +425,39 @@ impl RoutingOps for CpuBackend {
             }
         }
         let acc = acc.map(f32s).transpose()?;
-        Ok(f32b(super::routing_stats::routing_stats(
+        Ok(f32b(super::router_sums::routing_stats(
             acc,
             f32s(probs)?,
             f32s(logits)?,
             (f32s(routed)?, f32s(kept)?),
             dims,
         )))
+    }
+
+    fn balance_loss(
+        &self,
+        probs: &CpuBuffer,
+        counts: &CpuBuffer,
+        sizes: (usize, usize),
+        scale: f64,
+    ) -> Result<(CpuBuffer, CpuBuffer)> {
+        const WHAT: &str = "balance_loss";
+        check_balance_loss(WHAT, probs, counts, sizes)?;
+        match (probs, counts) {
+            (CpuBuffer::F32(p), CpuBuffer::F32(c)) => {
+                let (loss, coef) = super::router_sums::balance_loss(p, c, sizes, scale as f32);
+                Ok((f32b(vec![loss]), f32b(coef)))
+            }
+            (CpuBuffer::F64(p), CpuBuffer::F64(c)) => {
+                let (loss, coef) = super::router_sums::balance_loss(p, c, sizes, scale);
+                Ok((f64b(vec![loss]), f64b(coef)))
+            }
+            (p, c) => Err(Error::DType(format!(
+                "{WHAT}: f32 or f64 of one dtype, got {} and {}",
+                p.dtype(),
+                c.dtype()
+            ))),
+        }
     }
 }
 

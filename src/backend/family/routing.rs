@@ -1,7 +1,7 @@
 //! [`RoutingOps`]: the Mixture-of-Experts routing primitives: the fused top-k gate and its
 //! backward, the dispatch plan that sorts assignments by expert under a capacity, and the
-//! weighted combine of expert outputs into tokens and its backward, and the routing statistics
-//! that the training loop's diagnostics sum over a window of steps.
+//! weighted combine of expert outputs into tokens and its backward, the routing statistics
+//! that the training loop's diagnostics sum over a window of steps, and the Switch balance loss.
 
 use crate::Result;
 use crate::backend::{BufferOps, PlanBuffers, RoutingStatsDims};
@@ -89,7 +89,7 @@ pub(crate) trait RoutingOps: BufferOps {
     /// f32: `probs [rows, cols]`'s column sums, `routed` and `kept` (`[experts]`), the sum of the
     /// tokens' entropies `−Σ p·ln(p + 1e-12)`, the logits' square sum and their largest
     /// magnitude (NaN wins), in one launch on the GPU. Returns the new sums,
-    /// `[cols + 2·experts + 3]` in that order (`shaders/routing_stats.wgsl`).
+    /// `[cols + 2·experts + 3]` in that order (`shaders/router_sums.wgsl`).
     fn routing_stats(
         &self,
         acc: Option<&Self::Buffer>,
@@ -97,4 +97,16 @@ pub(crate) trait RoutingOps: BufferOps {
         routed_kept: (&Self::Buffer, &Self::Buffer),
         dims: RoutingStatsDims,
     ) -> Result<Self::Buffer>;
+    /// The Switch balance loss' forward for the router distribution `probs [rows, cols]` and the
+    /// constant assignment counts `counts [cols]` (one float dtype): `coef[e] = scale·counts[e] /
+    /// max(Σ counts, 1)` and `loss = Σ_e coef[e]·Σ_t probs[t, e]`, in one launch on the GPU.
+    /// Returns `(loss [1], coef [cols])`; `coef` is the loss' gradient with respect to each row
+    /// of `probs`. Sizes ≥ 1.
+    fn balance_loss(
+        &self,
+        probs: &Self::Buffer,
+        counts: &Self::Buffer,
+        sizes: (usize, usize),
+        scale: f64,
+    ) -> Result<(Self::Buffer, Self::Buffer)>;
 }

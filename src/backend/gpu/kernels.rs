@@ -63,7 +63,7 @@ pub struct BuiltinShader {
 pub fn builtin_shaders() -> Vec<BuiltinShader> {
     use super::{
         attention, conv2d, cross_entropy, elementwise, half, layer_norm, layout, matmul, mse,
-        optim, pool2d, random, reduce, rotary, routing, routing_stats, sort, swiglu,
+        optim, pool2d, random, reduce, rotary, router_sums, routing, sort, swiglu,
     };
     let plain = |s: &Shader| BuiltinShader {
         name: s.name,
@@ -95,7 +95,7 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         plain(&cross_entropy::CROSS_ENTROPY_SHADER),
         plain(&mse::MSE_SHADER),
         plain(&routing::ROUTING),
-        plain(&routing_stats::ROUTING_STATS_SHADER),
+        plain(&router_sums::ROUTER_SUMS_SHADER),
         plain(&conv2d::CONV2D_SHADER),
         plain(&pool2d::POOL2D_SHADER),
         plain(&matmul::MATMUL_SHADER),
@@ -691,7 +691,7 @@ mod tests {
     fn shaders_validate_and_follow_the_binding_convention() {
         use super::super::{
             attention, conv2d, cross_entropy, elementwise, layer_norm, layout, mse, optim, pool2d,
-            random, reduce, rotary, routing, routing_stats, sort, swiglu,
+            random, reduce, rotary, router_sums, routing, sort, swiglu,
         };
         let files = [
             (&*elementwise::ELEMENTWISE, 5usize),
@@ -708,7 +708,7 @@ mod tests {
             (&cross_entropy::CROSS_ENTROPY_SHADER, 2),
             (&mse::MSE_SHADER, 3),
             (&routing::ROUTING, 11),
-            (&routing_stats::ROUTING_STATS_SHADER, 1),
+            (&router_sums::ROUTER_SUMS_SHADER, 1),
             (&conv2d::CONV2D_SHADER, 3),
             (&pool2d::POOL2D_SHADER, 4),
         ];

@@ -439,6 +439,16 @@ impl RoutingOps for GpuBackend {
         routed_kept: (&GpuBuffer, &GpuBuffer),
         dims: crate::backend::RoutingStatsDims,
     ) -> Result<GpuBuffer> {
-        super::routing_stats::routing_stats(self, acc, probs_logits, routed_kept, dims)
+        super::router_sums::routing_stats(self, acc, probs_logits, routed_kept, dims)
+    }
+
+    fn balance_loss(
+        &self,
+        probs: &GpuBuffer,
+        counts: &GpuBuffer,
+        sizes: (usize, usize),
+        scale: f64,
+    ) -> Result<(GpuBuffer, GpuBuffer)> {
+        super::router_sums::balance_loss(self, probs, counts, sizes, scale)
     }
 }

@@ -1,7 +1,7 @@
 //! [`Storage`]'s Mixture-of-Experts primitives, forwarded to the owning backend: the grouped
 //! (per-expert) matmul and its weight gradient, the top-k gate and its backward, the softmax
-//! backward, the dispatch plan, the weighted combine and its backward, and the routing
-//! statistics a training window sums.
+//! backward, the dispatch plan, the weighted combine and its backward, the routing statistics
+//! a training window sums, and the Switch balance loss.
 
 use super::*;
 
@@ -128,6 +128,22 @@ impl Storage {
             (be.buf(self, WHAT)?, be.buf(logits, WHAT)?),
             (be.buf(routed, WHAT)?, be.buf(kept, WHAT)?),
             dims
+        ))
+    }
+
+    /// See [`RoutingOps::balance_loss`]; `self` is `probs`. Returns `(loss, coef)`.
+    pub(crate) fn balance_loss(
+        &self,
+        counts: &Storage,
+        sizes: (usize, usize),
+        scale: f64,
+    ) -> Result<(Storage, Storage)> {
+        const WHAT: &str = "balance_loss";
+        on_device!(self, |be| be.balance_loss(
+            be.buf(self, WHAT)?,
+            be.buf(counts, WHAT)?,
+            sizes,
+            scale
         ))
     }
 

@@ -14,7 +14,7 @@
 //!   `gpu_matmul_kernels.rs`: the kernel choices agree, split-k; `gpu_matmul_tuning.rs`: the
 //!   `tuned` choice times each size class once and gives `auto`'s bits.
 //! - `folded_grids.rs`: every launch past 65,535 workgroups in one dimension.
-//! - `routing_stats.rs`: a step's routing statistics against their definitions, per device.
+//! - `router_sums.rs`: a step's routing statistics against their definitions, per device.
 //! - `backend_codes.rs`: the codes no tensor op reaches, as a property.
 //! - `shader_backends.rs`: every built-in WGSL kernel translated for Metal, DX12 and Vulkan.
 //! - `constants.rs`: the block sizes and limits the integration tests pick sizes around.
@@ -37,7 +37,7 @@ mod gpu_matmul_tuning;
 mod gpu_primitives;
 mod gpu_shader_checks;
 mod gpu_sort_optim;
-mod routing_stats;
+mod router_sums;
 mod shader_backends;
 
 /// Held by every GPU test of these modules, so they run one at a time in the test process: the

@@ -1,10 +1,12 @@
 //! `RoutingOps::routing_stats`, the one launch per MoE layer and step that adds a step's routing
 //! statistics into a window's sums (`moe::RoutingWindow`): against an f64 reference written
-//! from the definitions in `shaders/routing_stats.wgsl`'s header, on the CPU and, one test body,
+//! from the definitions in `shaders/router_sums.wgsl`'s header, on the CPU and, one test body,
 //! on the GPU; the GPU against the CPU (the same order of additions: the same bits but for `ln`
 //! in the entropy, and FMA contraction in the squares); shapes whose columns are 1, a divisor of
 //! 256, not one, and past 256 (the kernel's column chunks); a window of several steps; NaN in
-//! the logits; and bad operands as errors.
+//! the logits; and bad operands as errors. Also the balance loss' operand checks
+//! (`RoutingOps::balance_loss`, whose values `tests/balance_loss.rs` checks through the tensor
+//! op).
 
 use super::gpu_matmul::gpu;
 use crate::backend::cpu::CpuBackend;
@@ -243,5 +245,51 @@ fn bad_operands_are_errors() {
     check(&CpuBackend, &s);
     if let Some((be, _lock)) = &gpu {
         check(be, &s);
+    }
+}
+
+/// The balance loss' operands: a distribution of the wrong length, counts of another dtype or
+/// length, and no tokens are errors naming them, on both devices, before any launch.
+#[test]
+fn balance_loss_refuses_bad_operands() {
+    let gpu = gpu("balance_loss_refuses_bad_operands");
+    fn check<B: RoutingOps>(be: &B) {
+        let up = |v: &[f32]| be.upload(&HostData::F32(v.to_vec())).unwrap();
+        let (probs, counts) = (up(&[0.25; 12]), up(&[1.0, 2.0, 3.0, 0.0]));
+        let (loss, coef) = be.balance_loss(&probs, &counts, (3, 4), 0.5).unwrap();
+        let host = |b| match be.download(b).unwrap() {
+            HostData::F32(v) => v,
+            other => panic!("f32 expected, got {other:?}"),
+        };
+        // f = [1, 2, 3, 0] / 6, column sums 0.75: loss = 0.5 · 0.75 · Σ f = 0.375
+        assert!((host(&loss)[0] - 0.375).abs() < 1e-6);
+        assert_eq!(host(&coef).len(), 4);
+        let shape = |r: Result<(B::Buffer, B::Buffer)>, says: &str| match r {
+            Err(Error::Shape(m)) => assert!(m.contains(says), "{m}"),
+            Err(e) => panic!("a shape error expected, got {e}"),
+            Ok(_) => panic!("accepted: {says}"),
+        };
+        shape(
+            be.balance_loss(&probs, &counts, (4, 4), 0.5),
+            "the router's distribution holds 12",
+        );
+        shape(
+            be.balance_loss(&probs, &up(&[1.0; 3]), (3, 4), 0.5),
+            "the counts per expert holds 3",
+        );
+        shape(
+            be.balance_loss(&probs, &counts, (0, 4), 0.5),
+            "at least one token",
+        );
+        let ints = be.upload(&HostData::I32(vec![1; 4])).unwrap();
+        match be.balance_loss(&probs, &ints, (3, 4), 0.5) {
+            Err(Error::DType(m)) => assert!(m.contains("one dtype"), "{m}"),
+            Err(e) => panic!("a dtype error expected, got {e}"),
+            Ok(_) => panic!("i32 counts accepted"),
+        }
+    }
+    check(&CpuBackend);
+    if let Some((be, _lock)) = &gpu {
+        check(be);
     }
 }
