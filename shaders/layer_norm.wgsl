@@ -21,8 +21,11 @@
 //   folded into x/y (row = wid.y·nwg.x + wid.x).
 //
 // ---- entry point `layer_norm_backward_x` ------------------------------------------------------
-//   binding 1 g, 2 x, 3 gamma, 4 mean, 5 rstd (read), 6 dx (written). One workgroup per row as in
-//   the forward: two tree sums (Σ h and Σ h·x̂), then every invocation writes its elements of dx.
+//   binding 1 g, 2 x, 3 gamma, 4 mean, 5 rstd, 7 pending (read), 6 dx (written). One workgroup
+//   per row as in the forward: two tree sums (Σ h and Σ h·x̂), then every invocation writes its
+//   elements of dx. With has_pending = 1, dx = pending + dx (the gradient x already had from its
+//   other consumers, such as a residual connection, added here instead of by a launch of its
+//   own); otherwise binding 7 is g again, unread.
 //
 // ---- entry point `layer_norm_backward_params` -------------------------------------------------
 //   binding 1 g, 2 x, 3 mean, 4 rstd (read), 5 dgamma, 6 dbeta (written). One workgroup of 256
@@ -32,9 +35,10 @@
 //   sums are deterministic (though not in the CPU's row order). Grid: ⌈dim/8⌉ workgroups,
 //   folded into x/y.
 //
-// params (binding 0, LnParams): rows, dim, eps (f32 bits), centered (1 layer norm, 0 RMSNorm).
+// params (binding 0, LnParams): rows, dim, eps (f32 bits), centered (1 layer norm, 0 RMSNorm),
+// has_pending (layer_norm_backward_x only; 0 elsewhere).
 
-struct LnParams { rows: u32, dim: u32, eps: f32, centered: u32 }
+struct LnParams { rows: u32, dim: u32, eps: f32, centered: u32, has_pending: u32 }
 
 // The element type of x, y, g and dx: f32 here. The f16 builds (src/backend/gpu/half.rs,
 // `f16_build`, `f16_rows_build`) make the alias `f16` and the store a conversion that rounds
@@ -130,6 +134,7 @@ fn layer_norm_forward(@builtin(workgroup_id) wid: vec3<u32>,
 @group(0) @binding(4) var<storage, read> b_mean: array<f32>;
 @group(0) @binding(5) var<storage, read> b_rstd: array<f32>;
 @group(0) @binding(6) var<storage, read_write> b_dx: array<ln_elem>;
+@group(0) @binding(7) var<storage, read> b_pending: array<ln_elem>;
 
 @compute @workgroup_size(64)
 fn layer_norm_backward_x(@builtin(workgroup_id) wid: vec3<u32>,
@@ -154,7 +159,12 @@ fn layer_norm_backward_x(@builtin(workgroup_id) wid: vec3<u32>,
     for (var j = lid; j < p.dim; j = j + WG) {
         let h = f32(b_g[base + j]) * f32(b_gamma[j]);
         let xhat = (f32(b_x[base + j]) - mean) * rstd;
-        b_dx[base + j] = ln_store(rstd * (h - sums.x - xhat * sums.y));
+        let v = rstd * (h - sums.x - xhat * sums.y);
+        if (p.has_pending == 1u) {
+            b_dx[base + j] = ln_store(f32(b_pending[base + j]) + v);
+        } else {
+            b_dx[base + j] = ln_store(v);
+        }
     }
 }
 

@@ -284,7 +284,12 @@ fn the_fused_loss_passes_gradcheck_and_refuses_bad_shapes() {
     );
     let counts = common::f64t(&[3.0, 0.0, 5.0, 1.0, 5.0], &[n]);
     let f = |x: &[Tensor]| balance_loss(&routing_with(x[0].clone()), &counts, 0.2);
-    gradcheck(f, std::slice::from_ref(&probs), &GradcheckOptions::default()).unwrap();
+    gradcheck(
+        f,
+        std::slice::from_ref(&probs),
+        &GradcheckOptions::default(),
+    )
+    .unwrap();
     let four = common::f64t(&[1.0; 4], &[4]);
     let err = balance_loss(&routing_with(probs), &four, 0.2).unwrap_err();
     assert!(err.to_string().contains("counts per expert"), "{err}");

@@ -845,7 +845,11 @@ fn f16_mixed_steps_keep_the_counts_and_halve_the_activation_bytes() {
     let peak = ratio(mixed.peak_bytes, full.peak_bytes);
     eprintln!("gpt f16-mixed / f32: activations {act:.3}, bound bytes {bound:.3}, peak {peak:.3}");
     assert!(act <= 0.6, "activation bytes {act:.3}× f32's");
-    assert!(bound <= 0.6, "bound bytes {bound:.3}× f32's");
+    // bound bytes include what stays f32 in both (the master weights, Adam's moments, the
+    // loss), a fixed part whose share grows as fusions take activation-sized traffic out of
+    // both steps: 0.598 before the residual's gradient was folded into the norm's backward
+    // (5.9 MB fewer per f32 step, 2.4 MB per f16 one), 0.602 after
+    assert!(bound <= 0.62, "bound bytes {bound:.3}× f32's");
     assert!(peak < 0.75, "peak bytes {peak:.3}× f32's");
 }
 

@@ -1,9 +1,10 @@
 //! The backward walk: build the tape (reverse topological order), run each node's rule once,
-//! sum gradients per tensor, deposit them on leaves, release the graph. Each rule runs in a
+//! sum gradients per tensor (a folding rule adds its input's sum so far itself, see
+//! [`super::FoldingFn`]), deposit them on leaves, release the graph. Each rule runs in a
 //! profile scope named after its node's op (see `crate::profile`).
 
 use super::no_grad::NoGradGuard;
-use super::node_of;
+use super::{Rule, node_of};
 use crate::profile::{self, Pass};
 use crate::{Error, Result, Tensor};
 use std::collections::{HashMap, HashSet};
@@ -81,9 +82,28 @@ pub fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
                 .lock()
                 .map_err(|_| Error::Autograd("graph lock poisoned".into()))?,
         );
-        let input_grads = rule(&g)?;
-        for (input, ig) in inputs.iter().zip(input_grads) {
-            let Some(ig) = ig else { continue };
+        let (input_grads, folded) = match rule {
+            Rule::Plain(rule) => (rule(&g)?, None),
+            Rule::Folding { input, rule } => {
+                // the gradient the input has so far goes into the rule, which adds it
+                let pending = inputs
+                    .get(input)
+                    .filter(|t| t.requires_grad())
+                    .and_then(|t| grads.remove(&t.id()));
+                let had_pending = pending.is_some();
+                (rule(&g, pending)?, had_pending.then_some(input))
+            }
+        };
+        for (i, (input, ig)) in inputs.iter().zip(input_grads).enumerate() {
+            let Some(ig) = ig else {
+                if folded == Some(i) {
+                    return Err(Error::Autograd(format!(
+                        "backward of '{}' was handed its input's gradient to fold and returned none",
+                        node.op
+                    )));
+                }
+                continue;
+            };
             if !input.requires_grad() {
                 continue;
             }

@@ -35,6 +35,20 @@ use std::sync::{Arc, Mutex};
 /// Maps the gradient of an op's output to one optional gradient per input.
 pub(crate) type BackwardFn = Box<dyn FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send>;
 
+/// A rule that also receives the gradient one of its inputs has received so far (from the
+/// op's consumers walked before it), and returns that input's gradient with it added: a kernel
+/// that can add it as it writes saves the tape's separate sum.
+pub(crate) type FoldingFn =
+    Box<dyn FnOnce(&Tensor, Option<Tensor>) -> Result<Vec<Option<Tensor>>> + Send>;
+
+/// A node's backward rule.
+pub(crate) enum Rule {
+    /// gradients of the inputs from the output's gradient
+    Plain(BackwardFn),
+    /// the same, with input `input`'s pending gradient folded into its result
+    Folding { input: usize, rule: FoldingFn },
+}
+
 /// One recorded op: its name, its inputs and its backward rule (taken when it runs).
 pub(crate) struct Node {
     /// op name, for error messages and debugging
@@ -43,7 +57,7 @@ pub(crate) struct Node {
     /// the node was recorded (a composed op's own name), else `op` (see `crate::profile`)
     pub(crate) profile_op: &'static str,
     pub(crate) inputs: Mutex<Vec<Tensor>>,
-    pub(crate) backward: Mutex<Option<BackwardFn>>,
+    pub(crate) backward: Mutex<Option<Rule>>,
 }
 
 impl TapeNode for Node {
@@ -103,6 +117,29 @@ impl Tensor {
         inputs: &[&Tensor],
         backward: impl FnOnce(&Tensor) -> Result<Vec<Option<Tensor>>> + Send + 'static,
     ) -> Tensor {
+        Tensor::record_rule(out, op, inputs, Rule::Plain(Box::new(backward)))
+    }
+
+    /// [`Tensor::record`] for a rule that folds the gradient input `input` has received so far
+    /// into the gradient it computes for it (see [`FoldingFn`]): the walk hands the rule that
+    /// pending gradient (None when there is none yet) and takes the rule's result as the whole
+    /// of the input's gradient. The rule must return `pending + its own gradient`, added in that
+    /// order, which is the tape's own sum, so folding changes no value.
+    pub(crate) fn record_folding(
+        out: Tensor,
+        op: &'static str,
+        inputs: &[&Tensor],
+        input: usize,
+        backward: impl FnOnce(&Tensor, Option<Tensor>) -> Result<Vec<Option<Tensor>>> + Send + 'static,
+    ) -> Tensor {
+        let rule = Rule::Folding {
+            input,
+            rule: Box::new(backward),
+        };
+        Tensor::record_rule(out, op, inputs, rule)
+    }
+
+    fn record_rule(out: Tensor, op: &'static str, inputs: &[&Tensor], rule: Rule) -> Tensor {
         if !is_grad_enabled() || !inputs.iter().any(|t| t.requires_grad()) {
             return out;
         }
@@ -110,7 +147,7 @@ impl Tensor {
             op,
             profile_op: crate::profile::current_forward_op().unwrap_or(op),
             inputs: Mutex::new(inputs.iter().map(|t| (*t).clone()).collect()),
-            backward: Mutex::new(Some(Box::new(backward))),
+            backward: Mutex::new(Some(rule)),
         };
         let inner = Inner {
             id: out.0.id,

@@ -156,17 +156,36 @@ impl Tensor {
         let out = Tensor::from_storage(y, shape.clone());
         let (xd, gd) = (self.detach(), gamma.detach());
         let need: Vec<bool> = inputs.iter().map(|t| t.requires_grad()).collect();
-        Ok(Tensor::record(out, what, &inputs, move |g| {
-            let (dx, dgamma, dbeta) = g
-                .storage()
-                .layer_norm_backward((xd.storage(), gd.storage(), &mean, &rstd), dims)?;
-            let shapes = [shape, vec![dim], vec![dim]];
-            Ok([dx, dgamma, dbeta]
-                .into_iter()
-                .zip(shapes)
-                .zip(need)
-                .map(|((d, s), needed)| needed.then(|| Tensor::from_storage(d, s)))
-                .collect())
-        }))
+        // x's gradient from its other consumers (a residual connection, usually) is added by the
+        // kernel as it writes dx, where it has dx's dtype and device; otherwise by an add
+        Ok(Tensor::record_folding(
+            out,
+            what,
+            &inputs,
+            0,
+            move |g, pending| {
+                let foldable = pending.as_ref().filter(|p| {
+                    p.shape() == shape.as_slice()
+                        && p.dtype() == xd.dtype()
+                        && p.device() == xd.device()
+                });
+                let (dx, dgamma, dbeta) = g.storage().layer_norm_backward(
+                    (xd.storage(), gd.storage(), &mean, &rstd),
+                    foldable.map(|p| p.storage()),
+                    dims,
+                )?;
+                let shapes = [shape, vec![dim], vec![dim]];
+                let mut grads: Vec<Option<Tensor>> = [dx, dgamma, dbeta]
+                    .into_iter()
+                    .zip(shapes)
+                    .zip(need)
+                    .map(|((d, s), needed)| needed.then(|| Tensor::from_storage(d, s)))
+                    .collect();
+                if let (None, Some(p), Some(dx)) = (foldable, &pending, &mut grads[0]) {
+                    *dx = p.add(dx)?;
+                }
+                Ok(grads)
+            },
+        ))
     }
 }

@@ -88,12 +88,14 @@ pub(crate) fn forward<T: Float + Send + Sync>(
     (y, mean, rstd)
 }
 
-/// `(dx, dgamma, dbeta)`; see `NnOps::layer_norm_backward`. Lengths were checked by the caller.
+/// `(dx, dgamma, dbeta)`, `pending` added into `dx` (`pending + dx`) when given; see
+/// `NnOps::layer_norm_backward`. Lengths were checked by the caller.
 pub(crate) fn backward<T: Float + Send + Sync>(
     g: &[T],
     x: &[T],
     gamma: &[T],
     (mean, rstd): (&[T], &[T]),
+    pending: Option<&[T]>,
     d: LayerNormDims,
 ) -> (Vec<T>, Vec<T>, Vec<T>) {
     let dim = d.dim;
@@ -109,8 +111,10 @@ pub(crate) fn backward<T: Float + Send + Sync>(
             T::zero()
         };
         let shx = lane_sum(gr, gamma, xr, |gv, w, xv| gv * w * (xv - m) * s) / n;
-        for (((o, &gv), &xv), &w) in out.iter_mut().zip(gr).zip(xr).zip(gamma) {
-            o.write(s * (gv * w - sh - (xv - m) * s * shx));
+        let pr = pending.map(|p| &p[r * dim..(r + 1) * dim]);
+        for (j, (((o, &gv), &xv), &w)) in out.iter_mut().zip(gr).zip(xr).zip(gamma).enumerate() {
+            let v = s * (gv * w - sh - (xv - m) * s * shx);
+            o.write(pr.map_or(v, |p| p[j] + v));
         }
         for (((dg, db), &gv), &xv) in dg.iter_mut().zip(db.iter_mut()).zip(gr).zip(xr) {
             *dg = *dg + gv * (xv - m) * s;

@@ -110,25 +110,30 @@ impl NnOps for CpuBackend {
         x: &CpuBuffer,
         gamma: &CpuBuffer,
         (mean, rstd): (&CpuBuffer, &CpuBuffer),
+        pending: Option<&CpuBuffer>,
         dims: LayerNormDims,
     ) -> Result<(CpuBuffer, CpuBuffer, CpuBuffer)> {
         const WHAT: &str = "layer_norm_backward";
+        let mut matrices = vec![("g", g), ("x", x)];
+        matrices.extend(pending.map(|p| ("the pending gradient", p)));
         check_layer_norm_lengths(
             WHAT,
-            &[("g", g), ("x", x)],
+            &matrices,
             &[("gamma", gamma)],
             &[("mean", mean), ("rstd", rstd)],
             dims,
         )?;
-        match (g, x, gamma, mean, rstd) {
+        match (g, x, gamma, mean, rstd, pending.unwrap_or(g)) {
             (
                 CpuBuffer::F32(g),
                 CpuBuffer::F32(x),
                 CpuBuffer::F32(w),
                 CpuBuffer::F32(m),
                 CpuBuffer::F32(r),
+                CpuBuffer::F32(p),
             ) => {
-                let (dx, dg, db) = layer_norm::backward(g, x, w, (m, r), dims);
+                let p = pending.map(|_| p.as_slice());
+                let (dx, dg, db) = layer_norm::backward(g, x, w, (m, r), p, dims);
                 Ok((f32b(dx), f32b(dg), f32b(db)))
             }
             (
@@ -137,17 +142,22 @@ impl NnOps for CpuBackend {
                 CpuBuffer::F64(w),
                 CpuBuffer::F64(m),
                 CpuBuffer::F64(r),
+                CpuBuffer::F64(p),
             ) => {
-                let (dx, dg, db) = layer_norm::backward(g, x, w, (m, r), dims);
+                let p = pending.map(|_| p.as_slice());
+                let (dx, dg, db) = layer_norm::backward(g, x, w, (m, r), p, dims);
                 Ok((f64b(dx), f64b(dg), f64b(db)))
             }
             _ => Err(Error::DType(format!(
-                "{WHAT} needs float buffers of one dtype, got g {}, x {}, gamma {}, mean {}, rstd {}",
+                "{WHAT} needs float buffers of one dtype, got g {}, x {}, gamma {}, mean {}, rstd {}{}",
                 g.dtype(),
                 x.dtype(),
                 gamma.dtype(),
                 mean.dtype(),
-                rstd.dtype()
+                rstd.dtype(),
+                pending
+                    .map(|p| format!(", the pending gradient {}", p.dtype()))
+                    .unwrap_or_default()
             ))),
         }
     }

@@ -71,13 +71,17 @@ pub trait NnOps: BufferOps {
     /// With `x̂ = (x − mean)·rstd` and `h = g·gamma`:
     /// `dx = rstd·(h − mean_j(h) − x̂·mean_j(h·x̂))`, `dgamma = Σ_r g·x̂`, `dbeta = Σ_r g`, the
     /// column sums taken over the rows in order. RMSNorm (`dims.centered` false) drops the
-    /// `mean_j(h)` term (`dbeta` is still returned, and unused).
+    /// `mean_j(h)` term (`dbeta` is still returned, and unused). With `pending` (`[rows, dim]`,
+    /// `x`'s dtype: the gradient `x` has already received from its other consumers, such as a
+    /// residual connection), `dx` is `pending + dx`, one addition per element as the tape's sum
+    /// makes it, so the sum costs no launch of its own.
     fn layer_norm_backward(
         &self,
         g: &Self::Buffer,
         x: &Self::Buffer,
         gamma: &Self::Buffer,
         stats: (&Self::Buffer, &Self::Buffer),
+        pending: Option<&Self::Buffer>,
         dims: LayerNormDims,
     ) -> Result<(Self::Buffer, Self::Buffer, Self::Buffer)>;
     /// SwiGLU, forward: for `x` `[rows, 2·half]` with gate `a_rj = x_rj` and up projection

@@ -38,7 +38,7 @@ fn check(
     what: &str,
     groups: [(&[(&str, &GpuBuffer)], &str); 3],
     d: LayerNormDims,
-) -> Result<([u32; 4], DType, DType)> {
+) -> Result<([u32; 5], DType, DType)> {
     let LayerNormDims {
         rows,
         dim,
@@ -75,6 +75,7 @@ fn check(
         u32_param(dim, "layer_norm dim")?,
         (eps as f32).to_bits(),
         u32::from(centered),
+        0,
     ];
     Ok((params, dtype, param_dtype))
 }
@@ -128,26 +129,30 @@ pub(crate) fn layer_norm_forward(
 /// As [`layer_norm_forward`], for every operand.
 pub(crate) fn layer_norm_backward(
     be: &GpuBackend,
-    g: &GpuBuffer,
+    (g, pending): (&GpuBuffer, Option<&GpuBuffer>),
     x: &GpuBuffer,
     gamma: &GpuBuffer,
     (mean, rstd): (&GpuBuffer, &GpuBuffer),
     d: LayerNormDims,
 ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
-    let (params, dtype, param_dtype) = check(
+    let mut matrices = vec![("g", g), ("x", x)];
+    matrices.extend(pending.map(|p| ("the pending gradient", p)));
+    let (mut params, dtype, param_dtype) = check(
         "layer_norm_backward",
         [
-            (&[("g", g), ("x", x)], "[rows, dim]"),
+            (&matrices, "[rows, dim]"),
             (&[("gamma", gamma)], "[dim]"),
             (&[("mean", mean), ("rstd", rstd)], "[rows]"),
         ],
         d,
     )?;
+    params[4] = u32::from(pending.is_some());
     let dx = be.alloc(x.len(), dtype)?;
+    // without a pending gradient, binding 7 is g again (unread)
     be.launch(
         build(dtype, param_dtype),
         "layer_norm_backward_x",
-        &[g, x, gamma, mean, rstd, &dx],
+        &[g, x, gamma, mean, rstd, &dx, pending.unwrap_or(g)],
         &params,
         grid_1d(d.rows * WG as usize, WG)?,
     )?;

@@ -61,9 +61,10 @@ impl NnOps for GpuBackend {
         x: &GpuBuffer,
         gamma: &GpuBuffer,
         stats: (&GpuBuffer, &GpuBuffer),
+        pending: Option<&GpuBuffer>,
         dims: LayerNormDims,
     ) -> Result<(GpuBuffer, GpuBuffer, GpuBuffer)> {
-        super::layer_norm::layer_norm_backward(self, g, x, gamma, stats, dims)
+        super::layer_norm::layer_norm_backward(self, (g, pending), x, gamma, stats, dims)
     }
 
     fn swiglu_forward(&self, x: &GpuBuffer, dims: SwiGluDims) -> Result<GpuBuffer> {

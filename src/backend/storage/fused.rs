@@ -77,11 +77,12 @@ impl Storage {
             dims
         ))
     }
-    /// See [`NnOps::layer_norm_backward`]; `self` is the upstream gradient. Returns
-    /// `(dx, dgamma, dbeta)`.
+    /// See [`NnOps::layer_norm_backward`]; `self` is the upstream gradient, `pending` the
+    /// gradient `x` already has (added into `dx`). Returns `(dx, dgamma, dbeta)`.
     pub(crate) fn layer_norm_backward(
         &self,
         (x, gamma, mean, rstd): (&Storage, &Storage, &Storage, &Storage),
+        pending: Option<&Storage>,
         dims: LayerNormDims,
     ) -> Result<(Storage, Storage, Storage)> {
         const WHAT: &str = "layer_norm backward";
@@ -90,6 +91,7 @@ impl Storage {
             be.buf(x, WHAT)?,
             be.buf(gamma, WHAT)?,
             (be.buf(mean, WHAT)?, be.buf(rstd, WHAT)?),
+            be.opt(pending, WHAT)?,
             dims
         ))
     }

@@ -14,6 +14,7 @@
 //!   `gpu_matmul_kernels.rs`: the kernel choices agree, split-k; `gpu_matmul_tuning.rs`: the
 //!   `tuned` choice times each size class once and gives `auto`'s bits.
 //! - `folded_grids.rs`: every launch past 65,535 workgroups in one dimension.
+//! - `layer_norm_fold.rs`: the norm's backward with its input's pending gradient folded in.
 //! - `router_sums.rs`: a step's routing statistics against their definitions, per device.
 //! - `backend_codes.rs`: the codes no tensor op reaches, as a property.
 //! - `shader_backends.rs`: every built-in WGSL kernel translated for Metal, DX12 and Vulkan.
@@ -37,6 +38,7 @@ mod gpu_matmul_tuning;
 mod gpu_primitives;
 mod gpu_shader_checks;
 mod gpu_sort_optim;
+mod layer_norm_fold;
 mod router_sums;
 mod shader_backends;
 

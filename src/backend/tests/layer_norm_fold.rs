@@ -1,0 +1,147 @@
+//! The layer norm's backward with the gradient its input already has folded into `dx`
+//! (`NnOps::layer_norm_backward` with `pending`, reached through the tape's folding rules,
+//! `Tensor::record_folding`): at the backend, `pending + dx` to the bit of the separate add, on
+//! the CPU (f32, f64) and the GPU (f32; f16 rows within f16's rounding); through the tape, a
+//! residual connection `x + layer_norm(x)` gives `x` the bits of the two paths' gradients
+//! added, and on the GPU its backward is the norm's two launches, no add.
+
+use super::gpu_matmul::gpu;
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{ElementwiseOps, HostData, LayerNormDims, NnOps};
+use crate::{DType, Device, Tensor};
+use rand::{RngExt, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+fn values(rng: &mut ChaCha8Rng, n: usize) -> Vec<f64> {
+    (0..n)
+        .map(|_| rng.random_range(-2.0f32..2.0) as f64)
+        .collect()
+}
+
+/// `layer_norm_backward` with `pending` against the same without it followed by the tape's add
+/// (`pending + dx`), on backend `be` in `dtype`: the bits of dx, dgamma and dbeta.
+fn fold_matches_the_sum<B: NnOps + ElementwiseOps>(be: &B, dtype: DType, what: &str) {
+    let mut rng = ChaCha8Rng::seed_from_u64(3);
+    for (rows, dim) in [(1, 1), (5, 37), (3, 64), (7, 300)] {
+        let up = |v: Vec<f64>| {
+            let data = match dtype {
+                DType::F64 => HostData::F64(v),
+                _ => HostData::F32(v.iter().map(|&x| x as f32).collect()),
+            };
+            be.upload(&data).unwrap()
+        };
+        let n = rows * dim;
+        let (x, g, pending) = (
+            up(values(&mut rng, n)),
+            up(values(&mut rng, n)),
+            up(values(&mut rng, n)),
+        );
+        let (gamma, beta) = (up(values(&mut rng, dim)), up(values(&mut rng, dim)));
+        let dims = LayerNormDims {
+            rows,
+            dim,
+            eps: 1e-5,
+            centered: true,
+        };
+        let (_, mean, rstd) = be.layer_norm_forward(&x, &gamma, &beta, dims).unwrap();
+        let stats = (&mean, &rstd);
+        let (dx, dg, db) = be
+            .layer_norm_backward(&g, &x, &gamma, stats, None, dims)
+            .unwrap();
+        let summed = be
+            .binary(
+                crate::backend::BinaryOp::Add,
+                &pending,
+                &[1],
+                &dx,
+                &[1],
+                &[n],
+            )
+            .unwrap();
+        let (fdx, fdg, fdb) = be
+            .layer_norm_backward(&g, &x, &gamma, stats, Some(&pending), dims)
+            .unwrap();
+        let host = |b| be.download(b).unwrap();
+        let at = format!("{what}, {rows}×{dim}");
+        assert_eq!(
+            host(&fdx),
+            host(&summed),
+            "{at}: dx with the pending gradient"
+        );
+        assert_eq!(host(&fdg), host(&dg), "{at}: dgamma");
+        assert_eq!(host(&fdb), host(&db), "{at}: dbeta");
+        // a pending gradient of the wrong length is an error, not a launch
+        let short = up(vec![0.0; n + 1]);
+        let err = be.layer_norm_backward(&g, &x, &gamma, stats, Some(&short), dims);
+        assert!(
+            matches!(err, Err(crate::Error::Shape(ref m)) if m.contains("pending gradient")),
+            "{at}: {:?}",
+            err.err()
+        );
+    }
+}
+
+#[test]
+fn the_folded_dx_is_the_sum_to_the_bit_on_each_device() {
+    let gpu = gpu("the_folded_dx_is_the_sum_to_the_bit_on_each_device");
+    fold_matches_the_sum(&CpuBackend, DType::F32, "CPU f32");
+    fold_matches_the_sum(&CpuBackend, DType::F64, "CPU f64");
+    if let Some((be, _lock)) = &gpu {
+        fold_matches_the_sum(be, DType::F32, "GPU f32");
+    }
+}
+
+/// `x + layer_norm(x)` backward from an upstream `w`: x's gradient is `w + dx(w)` to the bit
+/// (what the tape's add gave before the fold), and on the GPU the walk runs the norm's two
+/// kernels and nothing else.
+#[test]
+fn a_residual_connection_folds_into_the_norm_backward() {
+    let gpu = gpu("a_residual_connection_folds_into_the_norm_backward");
+    let mut devices = vec![(Device::Cpu, DType::F64), (Device::Cpu, DType::F32)];
+    if gpu.is_some() {
+        devices.push((Device::Gpu, DType::F32));
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(4);
+    let (rows, dim) = (6, 45);
+    let host = [
+        values(&mut rng, rows * dim),
+        values(&mut rng, dim),
+        values(&mut rng, dim),
+        values(&mut rng, rows * dim),
+    ];
+    for (dev, dtype) in devices {
+        let t = |v: &[f64], shape: &[usize]| {
+            Tensor::from_f64(v.to_vec(), shape, Device::Cpu)
+                .and_then(|t| t.to_dtype(dtype))
+                .and_then(|t| t.to_device(dev))
+                .unwrap()
+        };
+        let x = t(&host[0], &[rows, dim]).with_grad().unwrap();
+        let gamma = t(&host[1], &[dim]).with_grad().unwrap();
+        let beta = t(&host[2], &[dim]).with_grad().unwrap();
+        let w = t(&host[3], &[rows, dim]);
+        let y = x.add(&x.layer_norm(&gamma, &beta, 1e-5).unwrap()).unwrap();
+        let before = dev.gpu_stats();
+        y.backward_with(&w).unwrap();
+        if let (Some(b), Some(a)) = (before, dev.gpu_stats()) {
+            assert_eq!(
+                a.since(&b).dispatches,
+                2,
+                "GPU: the norm's dx (with the residual's gradient added) and its parameters"
+            );
+        }
+        // the norm's dx alone, then the tape's add
+        let x2 = t(&host[0], &[rows, dim]).with_grad().unwrap();
+        let (g2, b2) = (gamma.detach(), beta.detach());
+        x2.layer_norm(&g2, &b2, 1e-5)
+            .unwrap()
+            .backward_with(&w)
+            .unwrap();
+        let want = w.add(&x2.grad().unwrap()).unwrap();
+        assert_eq!(
+            x.grad().unwrap().to_vec_f64().unwrap(),
+            want.to_vec_f64().unwrap(),
+            "{dev} {dtype}: x's gradient"
+        );
+    }
+}
