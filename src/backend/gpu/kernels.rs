@@ -708,7 +708,7 @@ mod tests {
             (&cross_entropy::CROSS_ENTROPY_SHADER, 2),
             (&mse::MSE_SHADER, 3),
             (&routing::ROUTING, 11),
-            (&router_sums::ROUTER_SUMS_SHADER, 1),
+            (&router_sums::ROUTER_SUMS_SHADER, 2),
             (&conv2d::CONV2D_SHADER, 3),
             (&pool2d::POOL2D_SHADER, 4),
         ];
