@@ -1,6 +1,6 @@
 //! The per-token scalar loss `g: R^d → R` of the estimator lab, twice: on the host in f64
 //! (value and gradient, for the exact enumeration in [`super::exact`]) and as tensor ops (for
-//! [`GradientProbe`], which back-propagates through it).
+//! [`GradientProbe`](super::GradientProbe), which back-propagates through it).
 //!
 //! Three shapes, so that the estimators' known strengths and weaknesses show:
 //!

@@ -1,4 +1,4 @@
-//! The names and layouts of transformers' Llama-style checkpoints, mapped onto a [`Decoder`]'s
+//! The names and layouts of transformers' Llama-style checkpoints, mapped onto a [`Decoder`](super::Decoder)'s
 //! parameters (used by `hf_import.rs`):
 //!
 //! | moegrad                               | transformers (`[out, in]` matrices, transposed here)           |

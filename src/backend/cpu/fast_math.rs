@@ -183,7 +183,7 @@ pub(super) enum WideF32 {
     GeluGrad,
 }
 
-/// `out[i] = f(x[i])` for one of the vectorisable f32 functions: [`map1`], with each chunk's
+/// `out[i] = f(x[i])` for one of the vectorisable f32 functions: `map1`, with each chunk's
 /// loop compiled for AVX2 when the processor has it (eight lanes instead of the four of SSE2,
 /// which the baseline x86-64 build targets).
 pub(super) fn map1_f32_wide(x: &[f32], f: WideF32) -> Vec<f32> {

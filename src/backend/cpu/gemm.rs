@@ -1,5 +1,5 @@
 //! The one door to the `gemm` crate: every CPU kernel that multiplies matrices (dense and
-//! grouped matmul, the convolutions, the attention blocks) calls [`gemm`] or [`gemm_uninit`]
+//! grouped matmul, the convolutions, the attention blocks) calls [`gemm()`] or [`gemm_uninit`]
 //! here, with each matrix given as a strided view into a slice ([`Mat`], [`MatIn`]). The views
 //! are checked against their slices before the one `unsafe` call into the crate, so a wrong
 //! size in a caller panics here instead of reading or writing out of bounds.
@@ -57,7 +57,7 @@ impl Mat {
     pub(super) fn fits(&self, rows: usize, cols: usize, len: usize) -> bool {
         rows == 0 || cols == 0 || self.offset + (rows - 1) * self.rs + (cols - 1) * self.cs < len
     }
-    /// The matrix this view picks out of `data` (an operand of [`gemm`]).
+    /// The matrix this view picks out of `data` (an operand of [`gemm()`]).
     pub(super) fn over<T>(self, data: &[T]) -> MatIn<'_, T> {
         MatIn { data, view: self }
     }
@@ -124,7 +124,7 @@ pub(super) fn gemm<T: Float + 'static>(
     unsafe { gemm_uninit((dst, dm), a, b, dims, accumulate, beta, par) }
 }
 
-/// [`gemm`] into possibly uninitialised output: without `accumulate`, every element the view
+/// [`gemm()`] into possibly uninitialised output: without `accumulate`, every element the view
 /// `dm` covers is written (zeros when `k = 0`) and none is read, so a kernel that owns a fresh
 /// buffer skips zeroing it first.
 ///
@@ -132,7 +132,7 @@ pub(super) fn gemm<T: Float + 'static>(
 /// With `accumulate`, every element of `dst` the view covers must be initialised.
 ///
 /// # Panics
-/// As [`gemm`].
+/// As [`gemm()`].
 pub(super) unsafe fn gemm_uninit<T: Float + 'static>(
     (dst, dm): (&mut [MaybeUninit<T>], Mat),
     a: MatIn<'_, T>,
@@ -217,7 +217,7 @@ impl<T> SendPtr<T> {
 /// None beyond [`gemm_uninit`]'s: the output may be uninitialised (it is only written).
 ///
 /// # Panics
-/// As [`gemm`].
+/// As [`gemm()`].
 pub(super) unsafe fn gemm_uninit_threaded<T: Float + Send + Sync + 'static>(
     (dst, dm): (&mut [MaybeUninit<T>], Mat),
     a: MatIn<'_, T>,

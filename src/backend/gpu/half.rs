@@ -48,7 +48,7 @@ const BLOCK_END: &str = "// f16 build: end\n";
 
 /// `source` with every block that starts with one of `begins` (and ends at [`BLOCK_END`])
 /// rewritten for f16: each `alias X = …;` made `alias X = f16;` and each `return v;` made
-/// [`f16_of`]-rounding.
+/// `f16_of`-rounding.
 fn rewrite_blocks(source: &str, begins: &[&str]) -> String {
     let mut out = String::with_capacity(source.len() + 64);
     let mut rest = source;
@@ -82,7 +82,7 @@ fn rewrite_blocks(source: &str, begins: &[&str]) -> String {
 
 /// The f16 build of a shader whose float tensors are declared through an element block (see
 /// `shaders/matmul.wgsl`): [`F16_PRELUDE`], then the source with the element (and weight)
-/// blocks' aliases made `f16` and their stores made [`f16_of`]-rounding. Everything else (the
+/// blocks' aliases made `f16` and their stores made `f16_of`-rounding. Everything else (the
 /// f32 arithmetic, the f32 loads through `f32(...)`) is the same text. A source without the
 /// block comes back unchanged after the prelude, which the tests of every f16 kernel would
 /// catch (its tensors would be read as f32).

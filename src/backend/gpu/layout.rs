@@ -1,4 +1,4 @@
-//! Launchers of `shaders/layout.wgsl`: [`copy_strided`], [`concat`] (entry `concat_part`, one
+//! Launchers of `shaders/layout.wgsl`: [`copy_strided`], [`concat()`] (entry `concat_part`, one
 //! launch per part), [`gather`] and [`scatter_add`] (entries `scatter_add_loop`,
 //! `scatter_add_wide` and `scatter_add_sorted`).
 //!

@@ -12,7 +12,7 @@
 //!   `matmul_tune.rs` times them on this adapter for [`MatmulKernel::Tuned`] ([`TunedMatmul`]);
 //! * `shader_checks.rs` says which of wgpu's run-time checks are compiled into the built-in
 //!   kernels ([`ShaderChecks`]; by default all but the loop counter);
-//! * `info.rs` describes the adapter ([`GpuInfo`], read with [`info`]);
+//! * `info.rs` describes the adapter ([`GpuInfo`], read with [`info()`]);
 //! * `stats.rs` counts dispatches, submissions, host waits, buffers created and bytes moved
 //!   ([`GpuStats`], read with [`GpuBackend::stats`]);
 //! * one launcher file per kernel family, named after its shader: `elementwise.rs`,

@@ -473,7 +473,7 @@ pub(crate) fn grad_norm_clip(
 /// `grads`, the unscaled global norm (`[1]`) and the gradient scale the optimizer takes
 /// (`[2]`: the factor `clip / scale`, or −1, "skip", when a gradient is inf or NaN; and the
 /// steps skipped so far, which Adam's bias corrections leave out); the loss scale `scale`
-/// ([1]) and `counts` ([2]: good steps in a row, skipped steps) are updated in place.
+/// (`[1]`) and `counts` (`[2]`: good steps in a row, skipped steps) are updated in place.
 /// `max_norm` 0 clips nothing. Nothing is read back.
 ///
 /// # Errors

@@ -1,6 +1,6 @@
 //! Launcher of `shaders/rotary.wgsl`, the GPU end of `nn::Rotary`: [`rotary`], one invocation
 //! per element of `[batch, seq, head_dim]`, forward or (with `RotaryDims::transpose`) the
-//! backward rule. It checks dtypes and lengths (an [`Error`] naming them, never a panic or a
+//! backward rule. It checks dtypes and lengths (an [`Error`](crate::Error) naming them, never a panic or a
 //! wgpu validation error) and encodes one kernel; nothing is read back.
 
 use super::kernels::{Shader, grid_1d, u32_param};
@@ -19,7 +19,7 @@ pub(crate) static ROTARY_SHADER: Shader = Shader {
 /// `NnOps::rotary`: `y [batch, seq, head_dim]`.
 ///
 /// # Errors
-/// [`Error::DType`] unless every buffer is f32; [`Error::Shape`] for lengths that do not match
+/// [`Error::DType`](crate::Error::DType) unless every buffer is f32; [`Error::Shape`](crate::Error::Shape) for lengths that do not match
 /// the sizes, an odd head width, more positions than the tables hold or a zero size; a GPU
 /// error from the launch.
 pub(crate) fn rotary(

@@ -1,6 +1,6 @@
 //! Launchers of `shaders/swiglu.wgsl`, the GPU end of `Tensor::swiglu`: [`swiglu_forward`] and
 //! [`swiglu_backward`], one invocation per element of the `[rows, half]` output (the backward
-//! writes both halves of its gradient row). Each checks dtypes and lengths (an [`Error`] naming
+//! writes both halves of its gradient row). Each checks dtypes and lengths (an [`Error`](crate::Error) naming
 //! them, never a panic or a wgpu validation error) and encodes one kernel; nothing is read back.
 
 use super::kernels::{Shader, grid_1d, u32_param};
@@ -43,7 +43,7 @@ fn build(dtype: DType) -> &'static Shader {
 /// `NnOps::swiglu_forward`: `y [rows, half]`.
 ///
 /// # Errors
-/// [`Error::DType`] unless `x` is f32 or f16; [`Error::Shape`] for a length that does not match the
+/// [`Error::DType`](crate::Error::DType) unless `x` is f32 or f16; [`Error::Shape`](crate::Error::Shape) for a length that does not match the
 /// sizes or a zero size; a GPU error from the launch.
 pub(crate) fn swiglu_forward(be: &GpuBackend, x: &GpuBuffer, d: SwiGluDims) -> Result<GpuBuffer> {
     let (params, dtype) = check("swiglu", &[("x", x)], &[], d)?;
