@@ -145,3 +145,56 @@ fn a_residual_connection_folds_into_the_norm_backward() {
         );
     }
 }
+
+/// The pending gradient past 65,535 rows (one workgroup a row, the grid folded into x and y):
+/// every row of the folded grid adds its own rows of `pending`, to the bit of the unfolded dx
+/// plus `pending` added on the host, from a NaN-poisoned pool so that an unwritten element
+/// shows.
+#[test]
+fn the_fold_reads_its_rows_past_the_grid_limit() {
+    use super::folded_grids::{fold_gpu, host_f64, poison_pool, random_f32, up_f32};
+    use crate::backend::BufferOps;
+    let Some((be, _lock)) = fold_gpu("the_fold_reads_its_rows_past_the_grid_limit") else {
+        return;
+    };
+    let (rows, dim) = (crate::fold::smallest_folding(1), 3);
+    crate::fold::assert_past_limit("layer_norm_backward_x", crate::fold::groups(rows, 1));
+    let n = rows * dim;
+    let pending = random_f32(53, n);
+    let [x, g, p] =
+        [random_f32(51, n), random_f32(52, n), pending.clone()].map(|v| up_f32(&be, &v));
+    let (gamma, beta) = (
+        up_f32(&be, &random_f32(54, dim)),
+        up_f32(&be, &random_f32(55, dim)),
+    );
+    let dims = LayerNormDims {
+        rows,
+        dim,
+        eps: 1e-5,
+        centered: true,
+    };
+    let (_, mean, rstd) = be.layer_norm_forward(&x, &gamma, &beta, dims).unwrap();
+    let stats = (&mean, &rstd);
+    let (dx, _, _) = be
+        .layer_norm_backward(&g, &x, &gamma, stats, None, dims)
+        .unwrap();
+    let dx = host_f64(be.download(&dx).unwrap());
+    poison_pool(&be, n);
+    let (folded, _, _) = be
+        .layer_norm_backward(&g, &x, &gamma, stats, Some(&p), dims)
+        .unwrap();
+    let folded = host_f64(be.download(&folded).unwrap());
+    let want: Vec<f64> = pending
+        .iter()
+        .zip(&dx)
+        .map(|(&p, &d)| f64::from(p + d as f32))
+        .collect();
+    if let Some(i) = (0..n).find(|&i| folded[i].to_bits() != want[i].to_bits()) {
+        panic!(
+            "row {} of {rows}: dx {} with the pending gradient, expected {}",
+            i / dim,
+            folded[i],
+            want[i]
+        );
+    }
+}
