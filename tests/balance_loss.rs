@@ -294,3 +294,30 @@ fn the_fused_loss_passes_gradcheck_and_refuses_bad_shapes() {
     let err = balance_loss(&routing_with(probs), &four, 0.2).unwrap_err();
     assert!(err.to_string().contains("counts per expert"), "{err}");
 }
+
+/// An f16 distribution (GPU only) is summed in f32, like every auxiliary loss under mixed
+/// precision: the loss is f32's for the same (f16-rounded) values and the gradient reaches the
+/// f16 probabilities.
+#[test]
+fn an_f16_distribution_is_summed_in_f32() {
+    let Some(dev) = common::gpu_or_skip("an_f16_distribution_is_summed_in_f32") else {
+        return;
+    };
+    let (t, n) = (40, 6);
+    let probs: Vec<f64> = (0..t * n).map(|i| ((i * 7) % 13) as f64 / 13.0).collect();
+    let counts = common::tensor_on(vec![3.0, 1.0, 0.0, 5.0, 2.0, 9.0], &[n], DType::F32, dev);
+    // f16 exists only on the GPU: cast there
+    let p16 = common::tensor_on(probs, &[t, n], DType::F32, dev)
+        .to_dtype(DType::F16)
+        .unwrap()
+        .with_grad()
+        .unwrap();
+    let loss = balance_loss(&routing_with(p16.clone()), &counts, 0.1).unwrap();
+    assert_eq!(loss.dtype(), DType::F32);
+    let p32 = p16.detach().to_dtype(DType::F32).unwrap();
+    let want = balance_loss(&routing_with(p32), &counts, 0.1).unwrap();
+    assert_eq!(loss.item().unwrap(), want.item().unwrap());
+    loss.backward().unwrap();
+    let g = p16.grad().expect("the f16 probabilities get a gradient");
+    assert_eq!((g.dtype(), g.shape()), (DType::F16, &[t, n][..]));
+}

@@ -27,7 +27,11 @@ use crate::{DType, Error, Result, Tensor};
 /// [`Error::Shape`] when the distribution is not `[T, m]` with `m` counts.
 pub fn balance_loss(routing: &Routing, routed_per_expert: &Tensor, alpha: f64) -> Result<Tensor> {
     let _profile = crate::profile::op("balance_loss");
-    let probs = &routing.probs;
+    // the losses are of the f32 class (`autocast.rs`): an f16 distribution is summed in f32
+    let probs = &match routing.probs.dtype() {
+        DType::F16 => routing.probs.to_dtype(DType::F32)?,
+        _ => routing.probs.clone(),
+    };
     let &[tokens, cols] = probs.shape() else {
         return Err(Error::Shape(format!(
             "balance loss: the router's distribution must be [tokens, experts], got {:?}",
