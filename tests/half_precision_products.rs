@@ -13,7 +13,9 @@
 //!   plain and wide kernels and under `auto` with split-k (the same ranges, added in the same
 //!   order), for a weight shared by a batched activation and for a transposed weight;
 //! * which kernels ran: the two new builds, and no f16 build of the product;
-//! * outside a scope an f16·f32 product is still an error.
+//! * outside a scope an f16·f32 product is still an error;
+//! * a bias's gradient from f16 (`Tensor::sum_as` to f32): the f32 sum of the f16 gradient to
+//!   the bit, never rounded to f16, from one reduction and no cast.
 //!
 //! Skipped with a printed reason without an adapter unless `MOEGRAD_REQUIRE_GPU=1`.
 
@@ -214,4 +216,102 @@ fn mixed_products_run_the_f16_rows_and_f16_to_f32_builds_and_cast_no_weight() {
         .unwrap();
     let w = Tensor::from_f32(vec![1.0; 6], &[3, 2], gpu).unwrap();
     assert!(matches!(h.matmul(&w), Err(Error::DType(_))));
+}
+
+/// `sum_as(.., F32)` of an f16 tensor, a bias's gradient in mixed precision: the f32 kernel's
+/// sum of the same values to the bit and in f32, never rounded to f16 (it differs from `sum`
+/// cast up where the sum needs more than f16's 11 bits), over short and long rows (both
+/// reduction kernels) and two axes at once; its backward hands the upstream gradient back in
+/// f16; a linear layer's bias under `autocast_f16` gets it as its gradient, from one reduction
+/// and no cast; and in other dtypes it is `sum` then `to_dtype`.
+#[test]
+fn sum_as_f32_keeps_an_f16_tensors_f32_sum() {
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let Some(gpu) = f16_gpu("sum_as_f32_keeps_an_f16_tensors_f32_sum") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(45);
+    let mut differs = false;
+    for (r, c, axes) in [
+        (1usize, 1usize, &[0isize][..]),
+        (300, 5, &[0]),
+        (3, 2000, &[-1]),
+        (40, 30, &[0, 1]),
+    ] {
+        let what = format!("sum_as over {axes:?} of [{r}, {c}]");
+        let x32 = Tensor::from_f32(f16_values(r * c, &mut rng), &[r, c], gpu).unwrap();
+        let x16 = x32.to_dtype(DType::F16).unwrap().with_grad().unwrap();
+        let s = x16.sum_as(axes, false, DType::F32).unwrap();
+        assert_eq!(s.dtype(), DType::F32, "{what}");
+        let (got, want) = (
+            s.to_vec_f32().unwrap(),
+            x32.sum(axes, false).unwrap().to_vec_f32().unwrap(),
+        );
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{what}[{i}]: {g} vs {w}");
+        }
+        let rounded = x16.sum(axes, false).unwrap().to_dtype(DType::F32).unwrap();
+        differs |= rounded.to_vec_f32().unwrap() != got;
+        // backward: the upstream gradient (f16 values) broadcast back, in f16
+        let up = f16_values(got.len(), &mut rng);
+        s.backward_with(&Tensor::from_f32(up.clone(), s.shape(), gpu).unwrap())
+            .unwrap();
+        let g = x16.grad().unwrap();
+        assert_eq!(g.dtype(), DType::F16, "{what}: the gradient's dtype");
+        let g = g.to_vec_f32().unwrap();
+        for (i, v) in g.iter().enumerate() {
+            let j = match axes {
+                [0] => i % c,
+                [-1] => i / c,
+                _ => 0,
+            };
+            assert_eq!(*v, up[j], "{what}: gradient [{i}]");
+        }
+    }
+    assert!(
+        differs,
+        "no case needed more than f16 for its sum: the test cannot fail"
+    );
+
+    // a linear layer's bias in mixed precision: one reduction of the f16 gradient, no cast
+    let (x, w, b, up) = (
+        f16_values(600 * 8, &mut rng),
+        f16_values(8 * 20, &mut rng),
+        f16_values(20, &mut rng),
+        f16_values(600 * 20, &mut rng),
+    );
+    let leaf = |v: &[f32], shape: &[usize]| {
+        Tensor::from_f32(v.to_vec(), shape, gpu)
+            .unwrap()
+            .with_grad()
+            .unwrap()
+    };
+    let (x, w, b) = (leaf(&x, &[600, 8]), leaf(&w, &[8, 20]), leaf(&b, &[20]));
+    let y = autocast_f16(|| x.matmul_bias(&w, &b).unwrap());
+    assert_eq!(y.dtype(), DType::F16);
+    let up16 = Tensor::from_f32(up, &[600, 20], gpu)
+        .unwrap()
+        .to_dtype(DType::F16)
+        .unwrap();
+    let ran = kernels_run(|| y.backward_with(&up16).unwrap());
+    let db = b.grad().unwrap();
+    assert_eq!(db.dtype(), DType::F32, "the bias's gradient");
+    let want = up16.to_dtype(DType::F32).unwrap().sum(&[0], false).unwrap();
+    assert_eq!(
+        db.to_vec_f32().unwrap(),
+        want.to_vec_f32().unwrap(),
+        "the bias's gradient: the f32 sum of the f16 gradient"
+    );
+    let reductions = ran.iter().filter(|k| k.starts_with("reduce")).count();
+    let casts: Vec<&String> = ran.iter().filter(|k| k.starts_with("half.")).collect();
+    // x's gradient goes back to its f32 leaf through a cast; nothing else is cast
+    assert_eq!(casts.len(), 1, "casts in the backward: {ran:?}");
+    assert!(reductions >= 1, "the bias's reduction did not run: {ran:?}");
+
+    // other dtypes: sum, then to_dtype
+    let t = Tensor::from_f32(vec![0.1, 0.2, 0.3, 0.4], &[2, 2], Device::cpu()).unwrap();
+    let s = t.sum_as(&[1], true, DType::F64).unwrap();
+    let want = t.sum(&[1], true).unwrap().to_dtype(DType::F64).unwrap();
+    assert_eq!((s.dtype(), s.shape()), (DType::F64, &[2usize, 1][..]));
+    assert_eq!(s.to_vec_f64().unwrap(), want.to_vec_f64().unwrap());
 }

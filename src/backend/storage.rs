@@ -298,6 +298,10 @@ impl Storage {
     pub(crate) fn reduce(&self, op: ReduceOp, view: AxisView) -> Result<Storage> {
         on_device!(self, |be| be.reduce(op, be.buf(self, "reduce")?, view))
     }
+    /// See [`ReduceOps::sum_unrounded`].
+    pub(crate) fn sum_unrounded(&self, view: AxisView) -> Result<Storage> {
+        on_device!(self, |be| be.sum_unrounded(be.buf(self, "sum")?, view))
+    }
     /// See [`MatmulOps::matmul`].
     pub(crate) fn matmul(
         &self,

@@ -372,7 +372,7 @@ impl Tensor {
                 let db = needed
                     .then(|| {
                         let rows = g.numel() / n;
-                        g.reshape(&[rows, n])?.sum(&[0], false)?.to_dtype(dtype)
+                        g.reshape(&[rows, n])?.sum_as(&[0], false, dtype)
                     })
                     .transpose()?;
                 grads.push(db);

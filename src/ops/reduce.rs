@@ -3,7 +3,7 @@
 
 use crate::backend::ReduceOp;
 use crate::shape::{axis_view, normalize_axis};
-use crate::{Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 impl Tensor {
     /// One-axis reduction with keepdim, untracked.
@@ -49,20 +49,61 @@ impl Tensor {
     /// ```
     pub fn sum(&self, axes: &[isize], keepdim: bool) -> Result<Tensor> {
         let _profile = crate::profile::op("sum");
+        self.sum_axes(axes, keepdim, false)
+    }
+
+    /// [`Tensor::sum`] returned in `dtype`: the value of `self.sum(axes, keepdim)?.to_dtype(dtype)`,
+    /// except that an f16 tensor's sum asked for in f32 is the f32 sum as accumulated, not
+    /// rounded to f16 first (on the GPU one pass, where sum-then-cast takes three). An f32
+    /// parameter's gradient from an f16 upstream gradient, such as a bias's in mixed precision,
+    /// is this sum. The backward rule casts the upstream gradient to `self`'s dtype and
+    /// broadcasts it, as [`Tensor::sum`]'s does.
+    ///
+    /// # Errors
+    /// Those of [`Tensor::sum`] and [`Tensor::to_dtype`].
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::{DType, Device, Tensor};
+    /// let t = Tensor::from_f32(vec![1.0, 2.0, 3.0, 4.0], &[2, 2], Device::cpu()).unwrap();
+    /// let s = t.sum_as(&[0], false, DType::F64).unwrap();
+    /// assert_eq!(s.dtype(), DType::F64);
+    /// assert_eq!(s.to_vec_f64().unwrap(), vec![4.0, 6.0]);
+    /// ```
+    pub fn sum_as(&self, axes: &[isize], keepdim: bool, dtype: DType) -> Result<Tensor> {
+        let _profile = crate::profile::op("sum");
+        if self.dtype() == DType::F16 && dtype == DType::F32 && !axes.is_empty() {
+            return self.sum_axes(axes, keepdim, true);
+        }
+        self.sum_axes(axes, keepdim, false)?.to_dtype(dtype)
+    }
+
+    /// The sum over `axes`, recorded; with `unrounded` the first reduction keeps what the
+    /// backend accumulated (f32 for f16, [`crate::backend::ReduceOps::sum_unrounded`]) and the
+    /// later ones sum that.
+    fn sum_axes(&self, axes: &[isize], keepdim: bool, unrounded: bool) -> Result<Tensor> {
         self.check_float("sum")?;
         let axes = self.normalize_axes(axes)?;
         let mut y = self.detach();
         // innermost axis first: a sum along contiguous rows is the fast one (dims are kept
         // until the end, so the other axes keep their numbers)
-        for &a in axes.iter().rev() {
-            y = y.reduce_axis_raw(ReduceOp::Sum, a)?;
+        for (i, &a) in axes.iter().rev().enumerate() {
+            y = if unrounded && i == 0 {
+                let mut shape = y.shape().to_vec();
+                let out = y.storage().sum_unrounded(axis_view(&shape, a))?;
+                shape[a] = 1;
+                Tensor::from_storage(out, shape)
+            } else {
+                y.reduce_axis_raw(ReduceOp::Sum, a)?
+            };
         }
         let kept = y.shape().to_vec();
         if !keepdim {
             y = Tensor::from_storage(y.storage().clone(), Tensor::squeeze_axes(&kept, &axes));
         }
-        let in_shape = self.shape().to_vec();
+        let (in_shape, in_dtype) = (self.shape().to_vec(), self.dtype());
         Ok(Tensor::record(y, "sum", &[self], move |g| {
+            let g = g.to_dtype(in_dtype)?;
             Ok(vec![Some(g.reshape(&kept)?.expand(&in_shape)?)])
         }))
     }

@@ -9,6 +9,13 @@ use crate::backend::{AxisView, LayoutOps, ReduceOp};
 pub(crate) trait ReduceOps: LayoutOps {
     /// Reduces the middle axis of `x` viewed as `view`; output `[outer, inner]` (I32 for ArgMax).
     fn reduce(&self, op: ReduceOp, x: &Self::Buffer, view: AxisView) -> Result<Self::Buffer>;
+    /// The sum along the middle axis of `view` as it is accumulated, without rounding it to
+    /// `x`'s dtype: f32 for an f16 `x` (where [`ReduceOps::reduce`] rounds the f32 sum to f16),
+    /// `x`'s dtype otherwise. The gradient of an f32 parameter from an f16 upstream gradient
+    /// (a bias's, in mixed precision) in one pass, with no trip through f16.
+    fn sum_unrounded(&self, x: &Self::Buffer, view: AxisView) -> Result<Self::Buffer> {
+        self.reduce(ReduceOp::Sum, x, view)
+    }
     /// Inclusive prefix sum along the middle axis of `view` (from the end when `reverse`).
     fn cumsum(&self, x: &Self::Buffer, view: AxisView, reverse: bool) -> Result<Self::Buffer>;
     /// Per row of `x` viewed as `[rows, len]`, the indices that sort it, stable (equal values keep

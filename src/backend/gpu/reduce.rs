@@ -77,6 +77,22 @@ pub(crate) fn reduce(
     x: &GpuBuffer,
     view: AxisView,
 ) -> Result<GpuBuffer> {
+    let out = reduce_unrounded(be, op, x, view)?;
+    // an f16 tensor's sum, maximum or minimum (taken in f32) is an f16 value again
+    if x.dtype() == DType::F16 && out.dtype() == DType::F32 {
+        return super::half::to_f16(be, &out);
+    }
+    Ok(out)
+}
+
+/// [`reduce`] without the last rounding: an f16 input's sum, maximum or minimum stays the f32
+/// the kernel computed (`ReduceOps::sum_unrounded` for sums).
+fn reduce_unrounded(
+    be: &GpuBackend,
+    op: ReduceOp,
+    x: &GpuBuffer,
+    view: AxisView,
+) -> Result<GpuBuffer> {
     let what = format!("{op:?}");
     let [outer, len, inner, lines] = check_view(&what, x, view)?;
     let (code, _, dtype) = reduce_code(op);
@@ -89,10 +105,6 @@ pub(crate) fn reduce(
     } else {
         let groups = grid_1d(lines as usize, WG)?;
         be.launch(shader, "reduce_serial", &[x, &out], &params, groups)?;
-    }
-    // an f16 tensor's sum, maximum or minimum (taken in f32) is an f16 value again
-    if x.dtype() == DType::F16 && dtype == DType::F32 {
-        return super::half::to_f16(be, &out);
     }
     Ok(out)
 }
@@ -121,6 +133,10 @@ pub(crate) fn cumsum(
 impl ReduceOps for GpuBackend {
     fn reduce(&self, op: ReduceOp, x: &GpuBuffer, view: AxisView) -> Result<GpuBuffer> {
         reduce(self, op, x, view)
+    }
+
+    fn sum_unrounded(&self, x: &GpuBuffer, view: AxisView) -> Result<GpuBuffer> {
+        reduce_unrounded(self, ReduceOp::Sum, x, view)
     }
 
     fn cumsum(&self, x: &GpuBuffer, view: AxisView, reverse: bool) -> Result<GpuBuffer> {
