@@ -51,7 +51,7 @@
 //                      row scaled by its weight as it is added: out[k, i] = Σ_{j : idx[j] = k}
 //                      w[j]·src[j, i], each product rounded to sc_elem first (as the composition
 //                      mul-then-scatter rounds it), the sum in f32 in increasing j. Bindings as
-//                      scatter_add's, plus w (binding 6, read, sc_elem) [m]; the loop entry reads
+//                      scatter_add's, plus w (binding 6, read, ws_weight) [m]; the loop entry reads
 //                      idx (2) and not keys or perm (4, 5).
 // weighted_gather_slots
 //                      the same forward when each output's rows are listed k to an output (an
@@ -69,11 +69,11 @@
 //                      its backward, one workgroup per source row j (the workgroup's flat index):
 //                      d_src[j, i] = w[j]·dy[idx[j], i] and d_w[j] = Σ_i dy[idx[j], i]·src[j, i]
 //                      (zero for an index outside 0..len). params ScatterParams (len, inner, m,
-//                      s0); src 1, idx 2, dy 3, w 4 (read), d_src 5 [m, inner], d_w 6 [m]
-//                      (written), order 7 (read, i32 [m]). With s0 = 1 the weights are per
-//                      slot and order maps each row to its slot: row j's weight is
-//                      w[order[j]] and its gradient goes to d_w[order[j]] (order unread
-//                      otherwise).
+//                      s0); src 1, idx 2, dy 3, w 4 (read, ws_weight), d_src 5 [m, inner],
+//                      d_w 6 [m] (written, ws_weight), order 7 (read, i32 [m]). With s0 = 1
+//                      the weights are per slot and order maps each row to its slot: row j's
+//                      weight is w[order[j]] and its gradient goes to d_w[order[j]] (order
+//                      unread otherwise).
 
 const WG: u32 = 256u;
 
@@ -86,6 +86,16 @@ const WG: u32 = 256u;
 alias lay_elem = u32;
 alias sc_elem = f32;
 fn sc_store(v: f32) -> sc_elem {
+    return v;
+}
+// f16 build: end
+// The combine's weights (ws_w, wb_w) and their gradient (wb_dw): sc_elem's type here and in the
+// f16 build; the f16-rows build (`f16_rows_build`) leaves them f32, so the combine of f16 rows
+// reads f32 weights (mixed precision's gate weights, which the router keeps in f32) and writes
+// their gradient in f32, unrounded.
+// f16 build: weight type
+alias ws_weight = f32;
+fn ws_weight_store(v: f32) -> ws_weight {
     return v;
 }
 // f16 build: end
@@ -261,7 +271,7 @@ fn scatter_add_sorted(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgr
 
 // ---- weighted_scatter (the MoE combine) -----------------------------------------------------
 
-@group(0) @binding(6) var<storage, read> ws_w: array<sc_elem>;
+@group(0) @binding(6) var<storage, read> ws_w: array<ws_weight>;
 
 // Source row j's element i scaled by its weight, rounded as a stored product.
 fn weighted_term(j: u32, i: u32) -> f32 {
@@ -342,9 +352,9 @@ fn weighted_gather_slots(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
 }
 
 @group(0) @binding(3) var<storage, read> wb_dy: array<sc_elem>;
-@group(0) @binding(4) var<storage, read> wb_w: array<sc_elem>;
+@group(0) @binding(4) var<storage, read> wb_w: array<ws_weight>;
 @group(0) @binding(5) var<storage, read_write> wb_dsrc: array<sc_elem>;
-@group(0) @binding(6) var<storage, read_write> wb_dw: array<sc_elem>;
+@group(0) @binding(6) var<storage, read_write> wb_dw: array<ws_weight>;
 @group(0) @binding(7) var<storage, read> wb_order: array<i32>;
 var<workgroup> wb_partial: array<f32, 256>;
 
@@ -373,5 +383,5 @@ fn weighted_scatter_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num
         if (lid < s) { wb_partial[lid] = wb_partial[lid] + wb_partial[lid + s]; }
         workgroupBarrier();
     }
-    if (lid == 0u) { wb_dw[wj] = sc_store(wb_partial[0]); }
+    if (lid == 0u) { wb_dw[wj] = ws_weight_store(wb_partial[0]); }
 }

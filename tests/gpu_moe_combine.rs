@@ -8,7 +8,10 @@
 //!   both of its kernels);
 //! - f16 against the same op composed in f16 (`rows·w`, then `index_scatter`), which the kernels
 //!   round as: the output and the rows' gradient to the bit, the weights' gradient (a sum in
-//!   another order) within the sums' rounding.
+//!   another order) within the sums' rounding;
+//! - mixed precision's f16 rows with f32 weights, read unrounded, against the definition as the
+//!   kernels round it: the output and the rows' gradient to the bit, the weights' gradient in f32
+//!   within an f32 sum's rounding.
 //!
 //! - given each output's rows (`weighted_index_scatter_by_slots`, the GPU's `weighted_gather_slots`
 //!   kernel, no sort): the plain combine's output and gradients to the bit, on the GPU in f32
@@ -24,6 +27,8 @@
 //! case without `shader-f16`).
 
 mod common;
+#[path = "common/f16_checks.rs"]
+mod f16_checks;
 
 use moegrad::{DType, Device, Tensor};
 use rand::{RngExt, SeedableRng};
@@ -227,14 +232,9 @@ fn f32_combine_on_the_gpu_matches_its_definition() {
 
 #[test]
 fn f16_combine_rounds_as_its_composition() {
-    let Some(gpu) = common::gpu_or_skip("f16_combine_rounds_as_its_composition") else {
+    let Some(gpu) = f16_checks::f16_gpu("f16_combine_rounds_as_its_composition") else {
         return;
     };
-    let features = moegrad::gpu::info().expect("adapter info").features;
-    if !features.iter().any(|f| f == "shader-f16") {
-        eprintln!("skipping f16_combine_rounds_as_its_composition: no shader-f16");
-        return;
-    }
     let mut rng = ChaCha8Rng::seed_from_u64(72);
     for c in [
         Case {
@@ -280,6 +280,131 @@ fn f16_combine_rounds_as_its_composition() {
         {
             let bound = 2f64.powi(-10) * (e.abs() + 1e-4) + 1e-6 * s;
             assert!((f - e).abs() <= bound, "{}[{r}]: {f} vs {e}", what("d_w"));
+        }
+    }
+}
+
+/// `x` rounded to the nearest f16, as an f32.
+fn f16_round(x: f32) -> f32 {
+    half::f16::from_f32(x).to_f32()
+}
+
+/// Mixed precision's combine (f16 rows, f32 weights) by its definition as the kernels round it:
+/// each product `w[r]·rows[r, i]` taken in f32 and rounded to f16, the products summed in f32 in
+/// increasing `r` and the sum rounded to f16; the rows' gradient `f16(w[r]·up[idx[r], i])`; the
+/// weights' gradient in f64, `Σ_i f16(up[idx[r], i]·rows[r, i])`, with each one's absolute sum.
+fn mixed_reference(c: &Case, v: &Values, w: &[f32]) -> ([Vec<f64>; 2], [Vec<f64>; 2]) {
+    let f = |x: f64| x as f32;
+    let mut y = vec![0f32; c.len * c.d];
+    let mut d_rows = vec![0.0; c.a * c.d];
+    let (mut d_w, mut d_w_abs) = (vec![0.0; c.a], vec![0.0; c.a]);
+    for r in 0..c.a {
+        let t = v.idx[r] as usize;
+        for i in 0..c.d {
+            let (row, up) = (f(v.rows[r * c.d + i]), f(v.up[t * c.d + i]));
+            y[t * c.d + i] += f16_round(w[r] * row);
+            d_rows[r * c.d + i] = f16_round(w[r] * up) as f64;
+            let term = f16_round(up * row) as f64;
+            d_w[r] += term;
+            d_w_abs[r] += term.abs();
+        }
+    }
+    let y = y.into_iter().map(|x| f16_round(x) as f64).collect();
+    ([y, d_rows], [d_w, d_w_abs])
+}
+
+/// The output and gradients of mixed precision's combine on `gpu`: `v`'s rows and upstream
+/// gradient in f16, the weights `w` in f32, through `weighted_index_scatter` or, with slots,
+/// `weighted_index_scatter_per_slot` (the weights' gradient put back in row order). Checks the
+/// dtypes: the output and the rows' gradient f16, the weights' gradient f32.
+fn run_mixed(c: &Case, v: &Values, w: &[f32], gpu: Device, slots: Option<&[i32]>) -> [Vec<f64>; 3] {
+    let rows = place(&v.rows, &[c.a, c.d], gpu, DType::F16)
+        .with_grad()
+        .unwrap();
+    let given: Vec<f64> = match slots {
+        Some(s) => s.iter().map(|&r| w[r as usize] as f64).collect(),
+        None => w.iter().map(|&x| x as f64).collect(),
+    };
+    let wt = common::tensor_on(given, &[c.a], DType::F32, gpu)
+        .with_grad()
+        .unwrap();
+    let idx = Tensor::from_i32(v.idx.clone(), &[c.a], gpu).unwrap();
+    let y = match slots {
+        None => rows.weighted_index_scatter(&wt, &idx, c.len).unwrap(),
+        Some(s) => {
+            let mut order = vec![0; s.len()];
+            for (slot, &r) in s.iter().enumerate() {
+                order[r as usize] = slot as i32;
+            }
+            let order = Tensor::from_i32(order, &[s.len()], gpu).unwrap();
+            let s = Tensor::from_i32(s.to_vec(), &[s.len()], gpu).unwrap();
+            rows.weighted_index_scatter_per_slot(&wt, &idx, c.len, &s, &order)
+                .unwrap()
+        }
+    };
+    y.backward_with(&place(&v.up, &[c.len, c.d], gpu, DType::F16))
+        .unwrap();
+    let (d_rows, d_w) = (rows.grad().unwrap(), wt.grad().unwrap());
+    assert_eq!(
+        (y.dtype(), d_rows.dtype(), d_w.dtype()),
+        (DType::F16, DType::F16, DType::F32)
+    );
+    let mut d_w = d_w.to_vec_f64().unwrap();
+    if let Some(s) = slots {
+        let per_slot = d_w.clone();
+        for (slot, &r) in s.iter().enumerate() {
+            d_w[r as usize] = per_slot[slot];
+        }
+    }
+    [y.to_vec_f64().unwrap(), d_rows.to_vec_f64().unwrap(), d_w]
+}
+
+/// Mixed precision's combine, f16 rows with the router's f32 weights read as they are (not
+/// values f16 holds), through the loop, sorted and per-slot kernels: the output and the rows'
+/// gradient to the bit of [`mixed_reference`], and the weights' gradient in f32 within an f32
+/// sum's rounding (the f16 rounding of a weight, of a product with one, or of the gradient
+/// would be off by up to 2⁻¹¹ of it).
+#[test]
+fn f16_rows_combine_f32_weights_unrounded() {
+    let Some(gpu) = f16_checks::f16_gpu("f16_rows_combine_f32_weights_unrounded") else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(77);
+    let mut cases: Vec<(Case, Values, Option<Vec<i32>>)> =
+        [(20, 7, 9, 6), (30, 300, 5, 5), (5000, 3, 40, 37)]
+            .into_iter()
+            .map(|(a, d, len, hit)| {
+                let c = Case { a, d, len, hit };
+                let v = draw(&c, &mut rng);
+                (c, v, None)
+            })
+            .collect();
+    for (len, k, d) in [(40, 3, 5), (4096, 2, 4)] {
+        let (c, v, slots) = slotted(len, k, d, &mut rng);
+        cases.push((c, v, Some(slots)));
+    }
+    for (c, v, slots) in &cases {
+        let w: Vec<f32> = (0..c.a).map(|_| rng.random_range(0.01f32..1.0)).collect();
+        let got = run_mixed(c, v, &w, gpu, slots.as_deref());
+        let ([y, d_rows], [d_w, d_w_abs]) = mixed_reference(c, v, &w);
+        let what = |name: &str| {
+            let how = if slots.is_some() {
+                "per slot"
+            } else {
+                "by row"
+            };
+            format!("{name} of [{}, {}] onto {} ({how})", c.a, c.d, c.len)
+        };
+        for (name, g, e) in [("y", &got[0], &y), ("d_rows", &got[1], &d_rows)] {
+            let differ = g
+                .iter()
+                .zip(e)
+                .position(|(g, e)| g.to_bits() != e.to_bits());
+            assert!(differ.is_none(), "{} differs at {differ:?}", what(name));
+        }
+        for (r, (g, (e, s))) in got[2].iter().zip(d_w.iter().zip(&d_w_abs)).enumerate() {
+            let bound = 1e-6 * s + 1e-9;
+            assert!((g - e).abs() <= bound, "{}[{r}]: {g} vs {e}", what("d_w"));
         }
     }
 }

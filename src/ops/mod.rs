@@ -31,21 +31,27 @@ use crate::{Error, Result, Tensor};
 impl Tensor {
     /// Errors unless `other` has this tensor's dtype and device; `op` names the call.
     pub(crate) fn check_compatible(&self, other: &Tensor, op: &str) -> Result<()> {
-        if self.device() != other.device() {
-            return Err(Error::Device(format!(
-                "{op}: operands on different devices ({} {:?} and {} {:?})",
-                self.device(),
-                self.shape(),
-                other.device(),
-                other.shape()
-            )));
-        }
+        self.check_same_device(other, op)?;
         if self.dtype() != other.dtype() {
             return Err(Error::DType(format!(
                 "{op}: operands of different dtypes ({} {:?} and {} {:?})",
                 self.dtype(),
                 self.shape(),
                 other.dtype(),
+                other.shape()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Errors unless `other` is on this tensor's device; `op` names the call.
+    pub(crate) fn check_same_device(&self, other: &Tensor, op: &str) -> Result<()> {
+        if self.device() != other.device() {
+            return Err(Error::Device(format!(
+                "{op}: operands on different devices ({} {:?} and {} {:?})",
+                self.device(),
+                self.shape(),
+                other.device(),
                 other.shape()
             )));
         }

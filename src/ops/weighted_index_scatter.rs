@@ -13,7 +13,7 @@
 //! layer's gather of the routed rows (`index_select_by_slots`), whose backward is this sum
 //! unweighted: the two ends of the MoE layer's dispatch, in one file.
 
-use crate::{Error, Result, Tensor};
+use crate::{DType, Error, Result, Tensor};
 
 impl Tensor {
     /// `y [len, d]` with `y[t] = Σ_{r : idx[r] = t} weights[r]·self[r]` for `self: [A, d]`,
@@ -21,6 +21,12 @@ impl Tensor {
     /// combine of its expert outputs into tokens. The same as
     /// `self.mul(&weights.reshape(&[A, 1])?)?.index_scatter(0, idx, len)`, differentiable in
     /// `self` and `weights`.
+    ///
+    /// f16 rows (on the GPU) with f32 weights, mixed precision's combine of expert outputs
+    /// with the router's gate weights, read the weights as they are: each product `w·row` is
+    /// taken in f32 and rounded to f16 once, and the weights' gradient comes back in f32,
+    /// summed without rounding to f16 (no cast either way, where casting the weights first
+    /// would cost a pass forward and one backward).
     ///
     /// ```
     /// # use moegrad::{Device, Tensor};
@@ -203,8 +209,12 @@ impl Tensor {
             )));
         }
         let (a, d) = (self.shape()[0], self.shape()[1]);
-        let w = weights.to_dtype(self.dtype())?;
-        self.check_compatible(&w, WHAT)?;
+        // mixed precision: f16 rows take f32 weights as they are (the kernels read them)
+        let w = match (self.dtype(), weights.dtype()) {
+            (DType::F16, DType::F32) => weights.clone(),
+            (dtype, _) => weights.to_dtype(dtype)?,
+        };
+        self.check_same_device(&w, WHAT)?;
         let y = self.storage().weighted_scatter(
             Some(w.storage()),
             idx.storage(),

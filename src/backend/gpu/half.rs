@@ -6,7 +6,8 @@
 //! `reduce.wgsl` ([`MATMUL_F16_SHADER`], [`ELEMENTWISE_F16_SHADER`], [`LAYOUT_F16_SHADER`],
 //! [`REDUCE_F16_SHADER`]), made from the f32 builds' sources by [`f16_build`]; and the mixed
 //! builds of the products, f16 tensors with f32 weights ([`f16_rows_build`]) or f16 operands with
-//! f32 outputs ([`f16_to_f32_build`]), which `matmul_build.rs` picks by dtype.
+//! f32 outputs ([`f16_to_f32_build`]), which `matmul_build.rs` picks by dtype, and of the MoE
+//! combine, f16 rows with f32 weights ([`LAYOUT_F16_ROWS_SHADER`]).
 //!
 //! f16 is a storage format here: every f16 kernel computes in f32 and converts once on the way
 //! in and once on the way out, with `f16_of` (`shaders/f16_convert.wgsl`), which rounds to a
@@ -132,6 +133,16 @@ pub(crate) static LAYOUT_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader 
     name: "layout_f16",
     builtin: true,
     source: String::leak(f16_build(super::layout::LAYOUT.source)),
+});
+
+/// The layout kernels built as [`LAYOUT_F16_SHADER`] except the MoE combine's weights and their
+/// gradient, left f32 (`f16_rows_build`): mixed precision's combine of f16 expert outputs with
+/// the router's f32 gate weights, with no cast of the weights forward or of their gradient
+/// backward.
+pub(crate) static LAYOUT_F16_ROWS_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "layout_f16_rows",
+    builtin: true,
+    source: String::leak(f16_rows_build(super::layout::LAYOUT.source)),
 });
 
 /// The reductions and cumulative sums built to read f16 tensors (and write f16 cumulative sums).

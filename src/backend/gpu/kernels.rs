@@ -127,6 +127,10 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         },
         BuiltinShader {
             needs_f16: true,
+            ..plain(&half::LAYOUT_F16_ROWS_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
             ..plain(&half::REDUCE_F16_SHADER)
         },
         BuiltinShader {
@@ -202,7 +206,8 @@ pub(crate) struct KernelCache {
 
 /// Whether kernel `shader.entry` takes f16 buffers: those of `shaders/half.wgsl`, the f16 builds
 /// of `matmul.wgsl` (the mixed ones for the entries mixed precision runs: `matmul_build.rs`),
-/// `elementwise.wgsl`, `reduce.wgsl` and `layout.wgsl` (its copies), and `fill`, which writes 32-bit words (two f16 values each, see
+/// `elementwise.wgsl`, `reduce.wgsl` and `layout.wgsl` (its copies and scatters, and the MoE
+/// combine with f32 weights), and `fill`, which writes 32-bit words (two f16 values each, see
 /// `elementwise::full`). [`GpuBackend::launch`] refuses an f16 buffer to every other kernel, so
 /// that an op without an f16 kernel is an error naming it, never f32 code reading half-words.
 fn takes_f16(shader: &str, entry: &str) -> bool {
@@ -220,6 +225,13 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
                     | "scatter_add_sorted"
                     | "scatter_add_wide"
                     | "weighted_scatter_loop"
+                    | "weighted_scatter_sorted"
+                    | "weighted_gather_slots"
+                    | "weighted_scatter_backward"
+            )
+            | (
+                "layout_f16_rows",
+                "weighted_scatter_loop"
                     | "weighted_scatter_sorted"
                     | "weighted_gather_slots"
                     | "weighted_scatter_backward"

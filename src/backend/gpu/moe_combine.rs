@@ -1,7 +1,8 @@
 //! The MoE combine on the GPU, `Tensor::weighted_index_scatter`: `y[t] = Σ_{r : idx[r] = t}
 //! w[r]·rows[r]` and its backward, one pass each (kernels `weighted_scatter_loop`,
-//! `weighted_scatter_sorted` and `weighted_scatter_backward` of `shaders/layout.wgsl`, f32 and
-//! the f16 build). Composed from a product and a scatter it would take two passes forward (and
+//! `weighted_scatter_sorted` and `weighted_scatter_backward` of `shaders/layout.wgsl`, f32, the
+//! f16 build, and the f16-rows build for f16 rows with f32 weights, whose gradient comes back
+//! in f32: mixed precision's combine, with the router's weights never cast). Composed from a product and a scatter it would take two passes forward (and
 //! an `[A, d]` product in memory) and four backward (a gather, two products, a row sum).
 //!
 //! The forward is `scatter_add`'s (see `layout.rs`): no atomics, each output element adds its
@@ -15,7 +16,8 @@
 //! `0..len` are not checked here (that would need a read-back): their rows add to no output and
 //! get zero gradients, where the CPU returns an error.
 
-use super::kernels::{grid_1d, u32_param};
+use super::half::LAYOUT_F16_ROWS_SHADER;
+use super::kernels::{Shader, grid_1d, u32_param};
 use super::layout::{SCATTER_LOOP_MAX_M, word_build};
 use super::sort::sort_rows;
 use super::{GpuBackend, GpuBuffer};
@@ -33,8 +35,18 @@ const COMBINE_LOOP_MAX_WORK: usize = 1 << 24;
 /// The longest loop one `weighted_scatter_loop` invocation runs under [`COMBINE_LOOP_MAX_WORK`].
 const COMBINE_LOOP_LONGEST: usize = 4096;
 
-/// Checks `rows [A, d]` float, `w [A]` of its dtype (when given) and `idx [A]` I32, and returns the
-/// kernels' params `ScatterParams { outer: 1, len, inner: d, m: A, s0: 0, s1: 1, s2: 0,
+/// The build of `layout.wgsl` that combines `rows` with weights of `w_dtype`: one float dtype
+/// for both (f32, or the f16 build), or f16 rows with f32 weights (the f16-rows build, mixed
+/// precision's combine).
+fn combine_build(rows: DType, w_dtype: DType) -> &'static Shader {
+    match (rows, w_dtype) {
+        (DType::F16, DType::F32) => &LAYOUT_F16_ROWS_SHADER,
+        _ => word_build(rows),
+    }
+}
+
+/// Checks `rows [A, d]` float, `w [A]` of its dtype or, for f16 rows, f32 (when given) and
+/// `idx [A]` I32, and returns the kernels' params `ScatterParams { outer: 1, len, inner: d, m: A, s0: 0, s1: 1, s2: 0,
 /// key_row: 0 }`.
 fn params(
     what: &str,
@@ -44,9 +56,11 @@ fn params(
     (d, len): (usize, usize),
 ) -> Result<[u32; 8]> {
     let w_dtype = w.map_or(rows.dtype(), |w| w.dtype());
-    if !matches!(rows.dtype(), DType::F32 | DType::F16) || w_dtype != rows.dtype() {
+    let mixed = rows.dtype() == DType::F16 && w_dtype == DType::F32;
+    if !matches!(rows.dtype(), DType::F32 | DType::F16) || !(w_dtype == rows.dtype() || mixed) {
         return Err(Error::DType(format!(
-            "{what}: rows and weights must be one float dtype (f32, or f16), got {} and {w_dtype}",
+            "{what}: rows and weights must be one float dtype (f32, or f16) or f16 rows with f32 \
+             weights, got {} and {w_dtype}",
             rows.dtype(),
         )));
     }
@@ -118,7 +132,7 @@ pub(crate) fn weighted_scatter(
     if m == 0 {
         return be.full(n, 0.0, rows.dtype());
     }
-    let build = word_build(rows.dtype());
+    let build = combine_build(rows.dtype(), w.map_or(rows.dtype(), |w| w.dtype()));
     if let Some((s, k)) = slots {
         // each output's k rows, read where they are: params m = k, and key_row (unread by
         // this entry otherwise) 1 when there are no weights (the rows stand in for them)
@@ -169,8 +183,9 @@ pub(crate) fn weighted_scatter(
     Ok(out)
 }
 
-/// The gradients `(d_rows [A, d], d_w [A])` of [`weighted_scatter`] for `dy [len, d]`:
-/// `d_rows[r] = w[r]·dy[idx[r]]`, `d_w[r] = ⟨dy[idx[r]], rows[r]⟩` (f32 sums).
+/// The gradients `(d_rows, d_w)` of [`weighted_scatter`] for `dy [len, d]`:
+/// `d_rows[r] = w[r]·dy[idx[r]]` (`[A, d]`, the rows' dtype), `d_w[r] = ⟨dy[idx[r]], rows[r]⟩`
+/// (`[A]`, the weights' dtype; f32 sums).
 ///
 /// # Errors
 /// Those of [`weighted_scatter`], and `dy` of another dtype or length.
@@ -204,19 +219,19 @@ pub(crate) fn weighted_scatter_backward(
     }
     let a = w.len();
     let d_rows = be.alloc(a * d, rows.dtype())?;
-    let d_w = be.alloc(a, rows.dtype())?;
+    let d_w = be.alloc(a, w.dtype())?;
     if a == 0 {
         return Ok((d_rows, d_w));
     }
     if d == 0 {
-        return Ok((d_rows, be.full(a, 0.0, rows.dtype())?));
+        return Ok((d_rows, be.full(a, 0.0, w.dtype())?));
     }
     // one workgroup per row: a 1-D grid of a·WG invocations, folded like any other
     let invocations = a
         .checked_mul(WG as usize)
         .ok_or_else(|| Error::Invalid(format!("{WHAT}: {a} rows are too many")))?;
     be.launch(
-        word_build(rows.dtype()),
+        combine_build(rows.dtype(), w.dtype()),
         "weighted_scatter_backward",
         &[rows, idx, dy, w, &d_rows, &d_w, slot_order.unwrap_or(idx)],
         &p,
