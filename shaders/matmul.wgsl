@@ -58,8 +58,10 @@
 // The expert bank's weight gradient: dW[e] = Σ_{r in offsets[e]..offsets[e+1], row_expert[r] = e}
 // x[r]ᵀ·dy[r], f32 (x and dy mm_elem, dw mm_out: f16 and f16, or f16 and f32, per the build;
 // f32 sums).
-//   binding 0  uniform WeightGradParams (rows = R, k, m, experts = n, bases, row_splits = S)
-//   binding 1  x: array<mm_elem>, read, [R, k]
+//   binding 0  uniform WeightGradParams (rows = R, k, m, experts = n, bases, row_splits = S,
+//              x_ones)
+//   binding 1  x: array<mm_elem>, read, [R, k]; with x_ones = 1 unread (any buffer): x is a
+//              column of ones (k = 1), and dw[e] = Σ dy[r] is the bank's bias gradient
 //   binding 2  dy: array<mm_elem>, read, [R, m]
 //   binding 3  row_expert: array<i32>, read, [R]
 //   binding 4  offsets: array<i32>, read, [n + 1] (clamped to 0..R on the device)
@@ -508,6 +510,8 @@ struct WeightGradParams {
     expert_base: u32,
     // S: the ranges each expert's rows are cut into (1: none)
     row_splits: u32,
+    // 1: x is a column of ones, not read (the bias gradient)
+    x_ones: u32,
 }
 
 @group(0) @binding(0) var<uniform> wp: WeightGradParams;
@@ -537,7 +541,11 @@ fn wg_elem(lid: u32, l: u32, first: u32, hi: u32, e: i32, k0: u32, c0: u32) -> v
     let row = first + p.y;
     if row < hi && wg_expert[row] == e {
         if k0 + p.x < wp.k {
-            v.x = f32(wg_x[row * wp.k + k0 + p.x]);
+            if wp.x_ones == 1u {
+                v.x = 1.0;
+            } else {
+                v.x = f32(wg_x[row * wp.k + k0 + p.x]);
+            }
         }
         if c0 + q.y < wp.m {
             v.y = f32(wg_dy[row * wp.m + c0 + q.y]);

@@ -129,16 +129,9 @@ impl Tensor {
             // ∂b[e] = Σ_{rows r of e} ∂y[r]: the weight-gradient kernel with x a column of ones,
             // written in the bias's dtype (an f32 bias of f16 rows: summed and stored in f32)
             let db = if need_b {
-                let ones = Tensor::ones(&[rows, 1], g.dtype(), g.device())?;
-                let db = ones.storage().grouped_weight_grad(
-                    g.storage(),
-                    re.storage(),
-                    off.storage(),
-                    crate::backend::ExpertBankDims {
-                        k: 1,
-                        m,
-                        experts: n,
-                    },
+                let db = g.storage().grouped_bias_grad(
+                    (re.storage(), off.storage()),
+                    (m, n),
                     bias_dtype,
                 )?;
                 Some(Tensor::from_storage(db, vec![n, m]))

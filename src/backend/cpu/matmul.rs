@@ -219,4 +219,17 @@ impl MatmulOps for CpuBackend {
             )),
         }
     }
+
+    fn grouped_bias_grad(
+        &self,
+        dy: &CpuBuffer,
+        (row_expert, offsets): (&CpuBuffer, &CpuBuffer),
+        (m, experts): (usize, usize),
+        out: crate::DType,
+    ) -> Result<CpuBuffer> {
+        use crate::backend::ElementwiseOps;
+        let ones = self.full(row_expert.len(), 1.0, dy.dtype())?;
+        let bank = ExpertBankDims { k: 1, m, experts };
+        self.grouped_weight_grad(&ones, dy, row_expert, offsets, bank, out)
+    }
 }

@@ -76,4 +76,15 @@ pub(crate) trait MatmulOps: BufferOps {
         bank: ExpertBankDims,
         out: DType,
     ) -> Result<Self::Buffer>;
+    /// The bias gradient of [`MatmulOps::grouped_matmul`]: `db[e] = Σ_{r in e's segment,
+    /// row_expert[r] = e} dy[r]`, `dy: [R, m]`, output `[n, m]` of dtype `out`: the same as
+    /// [`MatmulOps::grouped_weight_grad`] with `x` a column of ones (`k = 1`), to the bit. The
+    /// GPU's kernel reads the ones it is not given; the CPU builds them.
+    fn grouped_bias_grad(
+        &self,
+        dy: &Self::Buffer,
+        routing: (&Self::Buffer, &Self::Buffer),
+        sizes: (usize, usize),
+        out: DType,
+    ) -> Result<Self::Buffer>;
 }

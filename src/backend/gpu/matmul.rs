@@ -519,6 +519,16 @@ impl MatmulOps for GpuBackend {
     ) -> Result<GpuBuffer> {
         super::matmul_grouped::grouped_weight_grad(self, x, dy, row_expert, offsets, bank, out)
     }
+
+    fn grouped_bias_grad(
+        &self,
+        dy: &GpuBuffer,
+        routing: (&GpuBuffer, &GpuBuffer),
+        sizes: (usize, usize),
+        out: DType,
+    ) -> Result<GpuBuffer> {
+        super::matmul_grouped::grouped_bias_grad(self, dy, routing, sizes, out)
+    }
 }
 
 #[cfg(test)]

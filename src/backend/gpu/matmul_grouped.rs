@@ -7,7 +7,9 @@
 //!   per invocation; the same bits);
 //! - [`grouped_weight_grad`]: the weight gradient, `dW[e] = Σ x[r]ᵀ·dy[r]` over the rows of
 //!   expert `e`'s segment, exactly zero for an expert without rows, its rows cut into ranges
-//!   when there are few tiles (as `matmul.rs`'s split-k cuts k).
+//!   when there are few tiles (as `matmul.rs`'s split-k cuts k);
+//! - [`grouped_bias_grad`]: the bias gradient `db[e] = Σ dy[r]`, the same kernel reading a
+//!   column of ones it is not given.
 //!
 //! Both check dtypes and lengths against the sizes (an [`Error`] naming them), answer empty
 //! problems without a launch, split the grid past 65535 workgroups per dimension, and read
@@ -163,14 +165,47 @@ pub(crate) fn grouped_weight_grad(
     bank: ExpertBankDims,
     out: DType,
 ) -> Result<GpuBuffer> {
+    weight_grad(be, Some(x), dy, (row_expert, offsets), bank, out)
+}
+
+/// The bias gradient of [`grouped_matmul`]: `db[e] = Σ dy[r]` over the rows of expert `e`'s
+/// segment, `[experts, m]` of dtype `out`: [`grouped_weight_grad`] with `x` a column of ones,
+/// which the kernel does not read (`x_ones`), so no buffer of ones is filled each step. The
+/// same bits as that product with a column of ones.
+///
+/// # Errors
+/// Those of [`grouped_weight_grad`].
+pub(crate) fn grouped_bias_grad(
+    be: &GpuBackend,
+    dy: &GpuBuffer,
+    (row_expert, offsets): (&GpuBuffer, &GpuBuffer),
+    (m, experts): (usize, usize),
+    out: DType,
+) -> Result<GpuBuffer> {
+    let bank = ExpertBankDims { k: 1, m, experts };
+    weight_grad(be, None, dy, (row_expert, offsets), bank, out)
+}
+
+/// [`grouped_weight_grad`], or with `x = None` [`grouped_bias_grad`] (`k` = 1).
+fn weight_grad(
+    be: &GpuBackend,
+    x: Option<&GpuBuffer>,
+    dy: &GpuBuffer,
+    (row_expert, offsets): (&GpuBuffer, &GpuBuffer),
+    bank: ExpertBankDims,
+    out: DType,
+) -> Result<GpuBuffer> {
     let ExpertBankDims { k, m, experts } = bank;
     const WHAT: &str = "grouped_weight_grad";
-    let build = MatmulBuild::of_weight_grad(be, WHAT, x, dy, out)?;
+    // the column of ones has dy's dtype
+    let build = MatmulBuild::of_weight_grad(be, WHAT, x.unwrap_or(dy), dy, out)?;
     let dtype = build.out();
     check_i32(WHAT, "row_expert", row_expert)?;
     check_i32(WHAT, "offsets", offsets)?;
     let rows = row_expert.len();
-    check_len(WHAT, "x", x, product(&[rows, k]), &format!("[{rows}, {k}]"))?;
+    if let Some(x) = x {
+        check_len(WHAT, "x", x, product(&[rows, k]), &format!("[{rows}, {k}]"))?;
+    }
     check_len(
         WHAT,
         "dy",
@@ -215,12 +250,26 @@ pub(crate) fn grouped_weight_grad(
         _ => 1,
     };
     let dw = be.alloc(out_len * splits, dtype)?;
+    // x_ones: the bias gradient's column of ones, unread (dy stands in at its binding)
+    let x_ones = x.is_none() as u32;
     launch_grid(
         be,
         (build.plain(), "grouped_weight_grad"),
-        &[x, dy, row_expert, offsets, &dw],
+        &[x.unwrap_or(dy), dy, row_expert, offsets, &dw],
         [tiles(m), tiles(k), experts * splits],
-        |[x0, y0, z0]| vec![rows32, k32, m32, experts32, x0, y0, z0, splits as u32],
+        |[x0, y0, z0]| {
+            vec![
+                rows32,
+                k32,
+                m32,
+                experts32,
+                x0,
+                y0,
+                z0,
+                splits as u32,
+                x_ones,
+            ]
+        },
     )?;
     sum_slices(be, dw, splits, out_len)
 }

@@ -43,6 +43,22 @@ impl Storage {
         ))
     }
 
+    /// See [`MatmulOps::grouped_bias_grad`]; `self` is `dy`.
+    pub(crate) fn grouped_bias_grad(
+        &self,
+        (row_expert, offsets): (&Storage, &Storage),
+        sizes: (usize, usize),
+        out: DType,
+    ) -> Result<Storage> {
+        const WHAT: &str = "grouped_bias_grad";
+        on_device!(self, |be| be.grouped_bias_grad(
+            be.buf(self, WHAT)?,
+            (be.buf(row_expert, WHAT)?, be.buf(offsets, WHAT)?),
+            sizes,
+            out
+        ))
+    }
+
     /// See [`RoutingOps::topk_gate`]; `self` is the logits `[rows, n]`. Returns `(probs, idx,
     /// weights)`.
     pub(crate) fn topk_gate(

@@ -19,7 +19,7 @@ use crate::backend::gpu::MatmulKernel;
 use crate::backend::{
     BufferOps, ElementwiseOps, ExpertBankDims, HostData, MatLayout, MatmulDims, MatmulOps,
 };
-use rand::SeedableRng;
+use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// Every matmul kernel the adapter offers computes each element as the same chain of FMAs over
@@ -271,6 +271,126 @@ fn grouped_weight_grad_row_splits() {
         ["matmul.grouped_weight_grad"],
         "unsplit under Plain"
     );
+    be.set_matmul_kernel(before).unwrap();
+}
+
+/// The expert bank's bias gradient (`grouped_bias_grad`, the weight-gradient kernel reading a
+/// column of ones it is not given): the bits of `grouped_weight_grad` with that column, on the
+/// GPU (under `Auto`, whose row splits cut the long segments, and `Plain`; f32, and f16 rows
+/// into f32) and on the CPU (f64); against `Σ dy` over each expert's rows in f64 with empty
+/// experts, stray rows and odd offsets; every output written (NaN-poisoned pool); and no
+/// buffer of ones filled.
+#[test]
+fn grouped_bias_grad_is_the_weight_grad_of_a_column_of_ones() {
+    let Some((be, _lock)) = gpu("grouped_bias_grad_is_the_weight_grad_of_a_column_of_ones") else {
+        return;
+    };
+    let before = be.matmul_kernel();
+    let mut rng = ChaCha8Rng::seed_from_u64(15);
+    let cpu = CpuBackend;
+    let mut cases: Vec<(Vec<i32>, Vec<i32>, usize)> = vec![
+        (
+            sorted_experts(&[70, 0, 1, 64, 130, 0]),
+            offsets_of(&[70, 0, 1, 64, 130, 0]),
+            70,
+        ),
+        (sorted_experts(&[1500, 900]), offsets_of(&[1500, 900]), 200),
+        (sorted_experts(&[2100]), offsets_of(&[2100]), 1),
+    ];
+    let mut stray = sorted_experts(&[40, 25, 0, 70]);
+    for r in [0, 5, 39, 41, 64, 100, 134] {
+        stray[r] = if r % 2 == 0 { -1 } else { 2 };
+    }
+    cases.push((stray, offsets_of(&[40, 25, 0, 70]), 33));
+    let odd: Vec<i32> = (0..90).map(|_| rng.random_range(-1..4)).collect();
+    cases.push((odd, vec![-5, 3, 2, 140], 17));
+    for kernel in [MatmulKernel::Auto, MatmulKernel::Plain] {
+        be.set_matmul_kernel(kernel).unwrap();
+        for (re, off, m) in &cases {
+            let (rows, experts) = (re.len(), off.len() - 1);
+            let name =
+                format!("bias gradient of {rows} rows, {experts} experts, m {m}, {kernel:?}");
+            let dy_values = values(&mut rng, rows * m);
+            // the definition: each expert's rows inside its (clamped) segment, in f64
+            let mut want = vec![0.0f64; experts * m];
+            for e in 0..experts {
+                let lo = (off[e].max(0) as usize).min(rows);
+                let hi = (off[e + 1].max(0) as usize).min(rows).max(lo);
+                for r in (lo..hi).filter(|&r| re[r] == e as i32) {
+                    for c in 0..*m {
+                        want[e * m + c] += dy_values[r * m + c] as f64;
+                    }
+                }
+            }
+            let (re_h, off_h) = (HostData::I32(re.clone()), HostData::I32(off.clone()));
+            let bank = ExpertBankDims {
+                k: 1,
+                m: *m,
+                experts,
+            };
+            // the GPU, f32 (and f16 rows into f32): the bias kernel against the product of ones
+            let mut dtypes = vec![DType::F32];
+            if be.has_f16() {
+                dtypes.push(DType::F16);
+            }
+            for dtype in dtypes {
+                let dy = be
+                    .cast(&be.upload(&f32_data(&dy_values)).unwrap(), dtype)
+                    .unwrap();
+                let (re_g, off_g) = (be.upload(&re_h).unwrap(), be.upload(&off_h).unwrap());
+                let ones = be.full(rows, 1.0, dtype).unwrap();
+                let product = be
+                    .grouped_weight_grad(&ones, &dy, &re_g, &off_g, bank, DType::F32)
+                    .unwrap();
+                let product = be.download(&product).unwrap().to_f64();
+                poison_pool(&be, experts * m * 16);
+                let mut got = None;
+                let kernels = kernels_of(|| {
+                    let db = be
+                        .grouped_bias_grad(&dy, (&re_g, &off_g), (*m, experts), DType::F32)
+                        .unwrap();
+                    assert_eq!(db.dtype(), DType::F32, "{name}");
+                    got = Some(be.download(&db).unwrap().to_f64());
+                });
+                let got = got.unwrap();
+                let differ = got
+                    .iter()
+                    .zip(&product)
+                    .position(|(a, b)| a.to_bits() != b.to_bits());
+                assert!(
+                    differ.is_none(),
+                    "{name} {dtype}: differs from ones·dy at {differ:?}"
+                );
+                assert!(
+                    !kernels.iter().any(|k| k.contains("fill")),
+                    "{name}: {kernels:?}"
+                );
+                if dtype == DType::F32 {
+                    let atol = 1e-5 * (rows as f64).sqrt();
+                    crate::common::assert_close(&name, &got, &want, atol, 1e-5);
+                }
+            }
+            // the CPU, f64: the same bits as its product with a column of ones
+            let dy = cpu
+                .upload(&HostData::F64(
+                    dy_values.iter().map(|&v| v as f64).collect(),
+                ))
+                .unwrap();
+            let (re_c, off_c) = (cpu.upload(&re_h).unwrap(), cpu.upload(&off_h).unwrap());
+            let ones = cpu.full(rows, 1.0, DType::F64).unwrap();
+            let product = cpu
+                .grouped_weight_grad(&ones, &dy, &re_c, &off_c, bank, DType::F64)
+                .unwrap();
+            let db = cpu
+                .grouped_bias_grad(&dy, (&re_c, &off_c), (*m, experts), DType::F64)
+                .unwrap();
+            assert_eq!(
+                cpu.download(&db).unwrap(),
+                cpu.download(&product).unwrap(),
+                "{name} on the CPU"
+            );
+        }
+    }
     be.set_matmul_kernel(before).unwrap();
 }
 
