@@ -24,14 +24,18 @@
 // topk_gate_backward   one invocation per row: the gradient of the gate's weights for the
 //                      upstream d_weights = a. renormalise: out[r, idx_j] = w_j (a_j − Σ_i w_i a_i),
 //                      zero elsewhere. Not renormalised: out[r, c] = p_c (a'_c − Σ_j a_j w_j), a'
-//                      being a scattered to idx. params BackParams { rows, n, k, has_probs };
-//                      weights (binding 1, read, f32 [rows, k]), idx (binding 2, read, i32),
-//                      d_weights (binding 3, read, f32 [rows, k]), probs (binding 4, read, f32
-//                      [rows, n]; the weights again when has_probs = 0) -> out (binding 5,
-//                      read_write, f32 [rows, n]).
-// softmax_backward     one invocation per row of [rows, n]: out = y ⊙ (dy − Σ dy ⊙ y).
-//                      params BackParams { rows, n } (k and has_probs unused); y (binding 1),
-//                      dy (binding 3), out (binding 5) (binding 2 unused, binding 4 unused).
+//                      being a scattered to idx. params BackParams { rows, n, k, has_probs,
+//                      has_pending }; weights (binding 1, read, f32 [rows, k]), idx (binding 2,
+//                      read, i32), d_weights (binding 3, read, f32 [rows, k]), probs (binding 4,
+//                      read, f32 [rows, n]; the weights again when has_probs = 0) -> out
+//                      (binding 5, read_write, f32 [rows, n]). With has_pending = 1, out is
+//                      pending (binding 6, read, f32 [rows, n]) + that gradient: the gradient
+//                      the logits already have, folded in (the tape's folding rule); binding 6
+//                      is any buffer, unread, otherwise.
+// softmax_backward     one invocation per row of [rows, n]: out = y ⊙ (dy − Σ dy ⊙ y), plus
+//                      pending with has_pending = 1. params BackParams { rows, n, has_pending }
+//                      (k and has_probs unused); y (binding 1), dy (binding 3), out (binding 5),
+//                      pending (binding 6) (binding 2 unused, binding 4 unused).
 // The dispatch plan's order is by key (an assignment's key is e = expert[i] when valid[i] ≠ 0
 // and 0 ≤ e < n, else n: the trash group), then, when the plan has a capacity (priority = 1),
 // by rank ascending and weight descending, then by index. A dropless plan (priority = 0) keeps
@@ -197,7 +201,7 @@ fn topk_gate(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg
 
 // ---- topk_gate_backward, softmax_backward ---------------------------------------------------
 
-struct BackParams { rows: u32, n: u32, k: u32, has_probs: u32 }
+struct BackParams { rows: u32, n: u32, k: u32, has_probs: u32, has_pending: u32 }
 
 @group(0) @binding(0) var<uniform> bp: BackParams;
 @group(0) @binding(1) var<storage, read> back_w: array<f32>;
@@ -205,6 +209,7 @@ struct BackParams { rows: u32, n: u32, k: u32, has_probs: u32 }
 @group(0) @binding(3) var<storage, read> back_dw: array<f32>;
 @group(0) @binding(4) var<storage, read> back_probs: array<f32>;
 @group(0) @binding(5) var<storage, read_write> back_out: array<f32>;
+@group(0) @binding(6) var<storage, read> back_pending: array<f32>;
 
 @compute @workgroup_size(64)
 fn topk_gate_backward(@builtin(workgroup_id) wid: vec3<u32>,
@@ -231,6 +236,11 @@ fn topk_gate_backward(@builtin(workgroup_id) wid: vec3<u32>,
             }
         }
     }
+    if (bp.has_pending == 1u) {
+        for (var c = 0u; c < n; c = c + 1u) {
+            back_out[r * n + c] = back_pending[r * n + c] + back_out[r * n + c];
+        }
+    }
 }
 
 @compute @workgroup_size(64)
@@ -242,7 +252,12 @@ fn softmax_backward(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
     var dot = 0.0;
     for (var c = 0u; c < bp.n; c = c + 1u) { dot = dot + back_w[base + c] * back_dw[base + c]; }
     for (var c = 0u; c < bp.n; c = c + 1u) {
-        back_out[base + c] = back_w[base + c] * (back_dw[base + c] - dot);
+        let d = back_w[base + c] * (back_dw[base + c] - dot);
+        if (bp.has_pending == 1u) {
+            back_out[base + c] = back_pending[base + c] + d;
+        } else {
+            back_out[base + c] = d;
+        }
     }
 }
 

@@ -668,7 +668,7 @@ mod tests {
         assert!(err.contains("valid holds 5 elements, expected 6"), "{err}");
 
         let err = be
-            .softmax_backward(&f32s(&be, 2 * n), &f32s(&be, 2 * n + 1), 2, n)
+            .softmax_backward((&f32s(&be, 2 * n), &f32s(&be, 2 * n + 1)), None, 2, n)
             .unwrap_err()
             .to_string();
         assert!(err.contains("dy holds 7 elements, expected 6"), "{err}");

@@ -116,3 +116,26 @@ impl Tensor {
         self.sum(&axes, true)?.reshape(shape)
     }
 }
+
+/// A folding rule's gradient (`Tensor::record_folding`): the gradient of `like`'s shape that
+/// `kernel` computes, with `pending` (the gradient its input already has) added, handed to the
+/// kernel when it matches `like`'s shape, dtype and device (the sum in one launch) and added
+/// after it otherwise.
+pub(crate) fn folded(
+    pending: Option<Tensor>,
+    like: &Tensor,
+    kernel: impl FnOnce(Option<&crate::backend::Storage>) -> Result<crate::backend::Storage>,
+) -> Result<Tensor> {
+    let fits = |p: &&Tensor| {
+        p.shape() == like.shape() && p.dtype() == like.dtype() && p.device() == like.device()
+    };
+    let foldable = pending.as_ref().filter(fits);
+    let d = Tensor::from_storage(
+        kernel(foldable.map(|p| p.storage()))?,
+        like.shape().to_vec(),
+    );
+    match (foldable, &pending) {
+        (None, Some(p)) => p.add(&d),
+        _ => Ok(d),
+    }
+}

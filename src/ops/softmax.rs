@@ -67,10 +67,19 @@ impl Tensor {
         let y = self.storage().softmax_forward(rows, n)?;
         let y = Tensor::from_storage(y, self.shape().to_vec());
         let saved = y.clone();
-        Ok(Tensor::record(y, "softmax", &[self], move |g| {
-            let d = saved.storage().softmax_backward(g.storage(), rows, n)?;
-            Ok(vec![Some(Tensor::from_storage(d, saved.shape().to_vec()))])
-        }))
+        // the gradient the input already has is folded into the kernel
+        Ok(Tensor::record_folding(
+            y,
+            "softmax",
+            &[self],
+            0,
+            move |g, p| {
+                let d = super::folded(p, &saved, |p| {
+                    saved.storage().softmax_backward(g.storage(), p, rows, n)
+                })?;
+                Ok(vec![Some(d)])
+            },
+        ))
     }
 
     /// log(softmax) along `axis`, without forming the softmax (stable for very negative logits).

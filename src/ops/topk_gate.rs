@@ -113,35 +113,31 @@ impl Tensor {
         let idx = Tensor::from_storage(i, vec![t, k]);
         let weights = Tensor::from_storage(w, vec![t, k]);
 
+        // Each rule folds the gradient its input already has (the logits get one from the
+        // probabilities and one from the weights, in either order) into its kernel.
         let saved_p = probs.clone();
-        let probs = Tensor::record(probs, "topk_gate.probs", &[self], move |g| {
-            let d = saved_p.storage().softmax_backward(g.storage(), t, n)?;
-            Ok(vec![Some(Tensor::from_storage(d, vec![t, n]))])
+        let probs = Tensor::record_folding(probs, "topk_gate.probs", &[self], 0, move |g, p| {
+            let d = super::folded(p, &saved_p, |p| {
+                saved_p.storage().softmax_backward(g.storage(), p, t, n)
+            })?;
+            Ok(vec![Some(d)])
         });
         let (saved_w, saved_i) = (weights.clone(), idx.clone());
         let source = scores.unwrap_or(self);
-        let weights = if renormalise {
-            Tensor::record(weights, "topk_gate", &[source], move |g| {
-                let d = saved_w.storage().topk_gate_backward(
+        // the unnormalised gate's rule reads the probabilities
+        let saved_p = (!renormalise).then(|| probs.detach());
+        let weights = Tensor::record_folding(weights, "topk_gate", &[source], 0, move |g, p| {
+            let like = Tensor::from_storage(g.storage().clone(), vec![t, n]);
+            let d = super::folded(p, &like, |p| {
+                saved_w.storage().topk_gate_backward(
                     saved_i.storage(),
                     g.storage(),
-                    None,
+                    (saved_p.as_ref().map(|s| s.storage()), p),
                     sizes,
-                )?;
-                Ok(vec![Some(Tensor::from_storage(d, vec![t, n]))])
-            })
-        } else {
-            let saved_p = probs.detach();
-            Tensor::record(weights, "topk_gate", &[self], move |g| {
-                let d = saved_w.storage().topk_gate_backward(
-                    saved_i.storage(),
-                    g.storage(),
-                    Some(saved_p.storage()),
-                    sizes,
-                )?;
-                Ok(vec![Some(Tensor::from_storage(d, vec![t, n]))])
-            })
-        };
+                )
+            })?;
+            Ok(vec![Some(d)])
+        });
         Ok(TopkGate {
             probs,
             idx,

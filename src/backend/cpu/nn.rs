@@ -314,14 +314,14 @@ impl NnOps for CpuBackend {
 
     fn softmax_backward(
         &self,
-        y: &CpuBuffer,
-        dy: &CpuBuffer,
+        (y, dy): (&CpuBuffer, &CpuBuffer),
+        pending: Option<&CpuBuffer>,
         rows: usize,
         n: usize,
     ) -> Result<CpuBuffer> {
         const WHAT: &str = "softmax backward";
         check_softmax_backward(WHAT, y, dy, rows, n)?;
-        match (y, dy) {
+        let out = match (y, dy) {
             (CpuBuffer::F32(y), CpuBuffer::F32(g)) => Ok(f32b(routing::softmax_backward(y, g, n))),
             (CpuBuffer::F64(y), CpuBuffer::F64(g)) => Ok(f64b(routing::softmax_backward(y, g, n))),
             _ => Err(Error::DType(format!(
@@ -329,7 +329,8 @@ impl NnOps for CpuBackend {
                 y.dtype(),
                 dy.dtype()
             ))),
-        }
+        }?;
+        routing::fold_pending(WHAT, out, pending)
     }
 
     fn conv2d_forward(

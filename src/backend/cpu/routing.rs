@@ -209,6 +209,44 @@ pub(super) fn softmax_backward<T: Float + Send + Sync>(y: &[T], dy: &[T], n: usi
     out
 }
 
+/// `pending + out` elementwise when `pending` is given (a backward rule's output with the
+/// gradient its input already has folded in, the bits of the tape's add), `out` otherwise.
+///
+/// # Errors
+/// `pending` of another dtype or length than `out`.
+pub(super) fn fold_pending(
+    what: &str,
+    out: CpuBuffer,
+    pending: Option<&CpuBuffer>,
+) -> Result<CpuBuffer> {
+    fn add<T: Float>(out: &mut [T], p: &[T]) {
+        for (o, &p) in out.iter_mut().zip(p) {
+            *o = p + *o;
+        }
+    }
+    let Some(p) = pending else {
+        return Ok(out);
+    };
+    match (out, p) {
+        // the output was just made: not shared, so make_mut copies nothing
+        (CpuBuffer::F32(mut o), CpuBuffer::F32(p)) if o.len() == p.len() => {
+            add(&mut std::sync::Arc::make_mut(&mut o)[..], p);
+            Ok(CpuBuffer::F32(o))
+        }
+        (CpuBuffer::F64(mut o), CpuBuffer::F64(p)) if o.len() == p.len() => {
+            add(&mut std::sync::Arc::make_mut(&mut o)[..], p);
+            Ok(CpuBuffer::F64(o))
+        }
+        (o, p) => Err(Error::Shape(format!(
+            "{what}: the pending gradient must be {} of {} values, got {} of {}",
+            o.dtype(),
+            o.len(),
+            p.dtype(),
+            p.len()
+        ))),
+    }
+}
+
 /// The dispatch plan (see `RoutingOps::dispatch_plan`).
 pub(super) fn dispatch_plan<T: Float>(
     token: &[i32],
@@ -348,7 +386,7 @@ impl RoutingOps for CpuBackend {
         weights: &CpuBuffer,
         idx: &CpuBuffer,
         d_weights: &CpuBuffer,
-        probs: Option<&CpuBuffer>,
+        (probs, pending): (Option<&CpuBuffer>, Option<&CpuBuffer>),
         (rows, n, k): (usize, usize, usize),
     ) -> Result<CpuBuffer> {
         const WHAT: &str = "topk_gate backward";
@@ -362,7 +400,7 @@ impl RoutingOps for CpuBackend {
             (rows, n, k),
         )?;
         let dims = (rows, n, k);
-        match (weights, d_weights, p_buf) {
+        let out = match (weights, d_weights, p_buf) {
             (CpuBuffer::F32(w), CpuBuffer::F32(a), CpuBuffer::F32(p)) => Ok(f32b(
                 topk_gate_backward(w, idx, a, probs.map(|_| p.as_slice()), dims),
             )),
@@ -375,7 +413,8 @@ impl RoutingOps for CpuBackend {
                 d_weights.dtype(),
                 p_buf.dtype()
             ))),
-        }
+        }?;
+        fold_pending(WHAT, out, pending)
     }
 
     fn dispatch_plan(

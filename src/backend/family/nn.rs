@@ -147,11 +147,12 @@ pub trait NnOps: BufferOps {
     /// maximum (so every exponent is ≤ 0 and the sum ≥ 1). Sizes ≥ 1.
     fn softmax_forward(&self, x: &Self::Buffer, rows: usize, n: usize) -> Result<Self::Buffer>;
     /// The backward of a softmax over the rows of `[rows, n]` from its output `y`:
-    /// `∂x = y ⊙ (dy − Σ_c dy_c y_c)`.
+    /// `∂x = y ⊙ (dy − Σ_c dy_c y_c)`; with `pending` (`[rows, n]`, the gradient `x` already has)
+    /// `pending + ∂x`, to the bit of that add (the tape's folding rule).
     fn softmax_backward(
         &self,
-        y: &Self::Buffer,
-        dy: &Self::Buffer,
+        y_dy: (&Self::Buffer, &Self::Buffer),
+        pending: Option<&Self::Buffer>,
         rows: usize,
         n: usize,
     ) -> Result<Self::Buffer>;

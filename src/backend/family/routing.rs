@@ -60,13 +60,15 @@ pub(crate) trait RoutingOps: BufferOps {
     /// from, for the upstream gradient `d_weights` (`[rows, k]`); output `[rows, n]`. Renormalised
     /// (`probs` is `None`): `∂scores[idx_j] = w_j (a_j − Σ_i w_i a_i)`, zero elsewhere.
     /// Unnormalised (`probs` given, `[rows, n]`): `∂logits_c = p_c (a'_c − Σ_j a_j w_j)`, with
-    /// `a'_c = a_j` where `c = idx_j` and 0 elsewhere. `sizes` is `(rows, n, k)`.
+    /// `a'_c = a_j` where `c = idx_j` and 0 elsewhere. `sizes` is `(rows, n, k)`. With `pending`
+    /// (`[rows, n]`, the gradient the logits or scores already have) the output is
+    /// `pending + ∂`, to the bit of that add: the tape's folding rule, one launch instead of two.
     fn topk_gate_backward(
         &self,
         weights: &Self::Buffer,
         idx: &Self::Buffer,
         d_weights: &Self::Buffer,
-        probs: Option<&Self::Buffer>,
+        probs_pending: (Option<&Self::Buffer>, Option<&Self::Buffer>),
         sizes: (usize, usize, usize),
     ) -> Result<Self::Buffer>;
     /// The MoE dispatch plan of `A` assignments over `experts` experts (see `moe::dispatch`):

@@ -118,12 +118,12 @@ impl NnOps for GpuBackend {
 
     fn softmax_backward(
         &self,
-        y: &GpuBuffer,
-        dy: &GpuBuffer,
+        y_dy: (&GpuBuffer, &GpuBuffer),
+        pending: Option<&GpuBuffer>,
         rows: usize,
         n: usize,
     ) -> Result<GpuBuffer> {
-        super::routing::softmax_backward(self, y, dy, rows, n)
+        super::routing::softmax_backward(self, y_dy, pending, rows, n)
     }
 
     fn conv2d_forward(

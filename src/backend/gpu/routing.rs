@@ -81,11 +81,25 @@ pub(crate) fn topk_gate(
     Ok((probs, idx, weights))
 }
 
+/// An error unless `pending` (when given) is f32 `[rows·n]`, the gradient a backward kernel adds
+/// its own into.
+fn check_pending(what: &str, pending: Option<&GpuBuffer>, len: usize) -> Result<()> {
+    match pending {
+        Some(p) if p.dtype() != DType::F32 || p.len() != len => Err(Error::Shape(format!(
+            "{what}: the pending gradient must be f32 of {len} values, got {} of {}",
+            p.dtype(),
+            p.len()
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// `RoutingOps::topk_gate_backward` (entry `topk_gate_backward`).
 pub(crate) fn topk_gate_backward(
     be: &GpuBackend,
     (weights, idx, d_weights): (&GpuBuffer, &GpuBuffer, &GpuBuffer),
     probs: Option<&GpuBuffer>,
+    pending: Option<&GpuBuffer>,
     (rows, n, k): (usize, usize, usize),
 ) -> Result<GpuBuffer> {
     const WHAT: &str = "topk_gate backward";
@@ -102,17 +116,19 @@ pub(crate) fn topk_gate_backward(
         probs.is_some(),
         (rows, n, k),
     )?;
+    check_pending(WHAT, pending, rows * n)?;
     let out = be.alloc(rows * n, DType::F32)?;
     let params = [
         u32_param(rows, "topk_gate backward: rows")?,
         u32_param(n, "topk_gate backward: experts")?,
         u32_param(k, "topk_gate backward: k")?,
         probs.is_some() as u32,
+        pending.is_some() as u32,
     ];
     be.launch(
         &ROUTING,
         "topk_gate_backward",
-        &[weights, idx, d_weights, p, &out],
+        &[weights, idx, d_weights, p, &out, pending.unwrap_or(p)],
         &params,
         grid_1d(rows, ROW_WG)?,
     )?;
@@ -151,26 +167,28 @@ pub(crate) fn softmax_forward(
 /// `NnOps::softmax_backward` (entry `softmax_backward`).
 pub(crate) fn softmax_backward(
     be: &GpuBackend,
-    y: &GpuBuffer,
-    dy: &GpuBuffer,
+    (y, dy): (&GpuBuffer, &GpuBuffer),
+    pending: Option<&GpuBuffer>,
     rows: usize,
     n: usize,
 ) -> Result<GpuBuffer> {
     const WHAT: &str = "softmax backward";
     check_softmax_backward(WHAT, y, dy, rows, n)?;
     expect_f32(WHAT, &[("y", y), ("dy", dy)])?;
+    check_pending(WHAT, pending, rows * n)?;
     let out = be.alloc(rows * n, DType::F32)?;
     let params = [
         u32_param(rows, "softmax backward: rows")?,
         u32_param(n, "softmax backward: row length")?,
         0,
         0,
+        pending.is_some() as u32,
     ];
-    // bindings 2 and 4 are not used by this entry point
+    // bindings 2 and 4 are not used by this entry point (nor 6 without a pending gradient)
     be.launch(
         &ROUTING,
         "softmax_backward",
-        &[y, y, dy, y, &out],
+        &[y, y, dy, y, &out, pending.unwrap_or(y)],
         &params,
         grid_1d(rows, ROW_WG)?,
     )?;
@@ -415,10 +433,10 @@ impl RoutingOps for GpuBackend {
         weights: &GpuBuffer,
         idx: &GpuBuffer,
         d_weights: &GpuBuffer,
-        probs: Option<&GpuBuffer>,
+        (probs, pending): (Option<&GpuBuffer>, Option<&GpuBuffer>),
         sizes: (usize, usize, usize),
     ) -> Result<GpuBuffer> {
-        topk_gate_backward(self, (weights, idx, d_weights), probs, sizes)
+        topk_gate_backward(self, (weights, idx, d_weights), probs, pending, sizes)
     }
 
     fn dispatch_plan(

@@ -82,7 +82,7 @@ impl Storage {
         &self,
         idx: &Storage,
         d_weights: &Storage,
-        probs: Option<&Storage>,
+        (probs, pending): (Option<&Storage>, Option<&Storage>),
         sizes: (usize, usize, usize),
     ) -> Result<Storage> {
         const WHAT: &str = "topk_gate backward";
@@ -90,7 +90,7 @@ impl Storage {
             be.buf(self, WHAT)?,
             be.buf(idx, WHAT)?,
             be.buf(d_weights, WHAT)?,
-            be.opt(probs, WHAT)?,
+            (be.opt(probs, WHAT)?, be.opt(pending, WHAT)?),
             sizes
         ))
     }
@@ -100,11 +100,18 @@ impl Storage {
         on_device!(self, |be| be.softmax_forward(be.buf(self, WHAT)?, rows, n))
     }
     /// See [`NnOps::softmax_backward`]; `self` is the softmax output `y` `[rows, n]`.
-    pub(crate) fn softmax_backward(&self, dy: &Storage, rows: usize, n: usize) -> Result<Storage> {
+    /// With `pending`, the gradient the softmax's input already has, added in.
+    pub(crate) fn softmax_backward(
+        &self,
+        dy: &Storage,
+        pending: Option<&Storage>,
+        rows: usize,
+        n: usize,
+    ) -> Result<Storage> {
         const WHAT: &str = "softmax backward";
         on_device!(self, |be| be.softmax_backward(
-            be.buf(self, WHAT)?,
-            be.buf(dy, WHAT)?,
+            (be.buf(self, WHAT)?, be.buf(dy, WHAT)?),
+            be.opt(pending, WHAT)?,
             rows,
             n
         ))

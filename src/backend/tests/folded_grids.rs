@@ -489,8 +489,8 @@ fn folded_mse() {
 }
 
 /// The row softmax of `Tensor::softmax` past 65,535 workgroups: `softmax_rows` and
-/// `softmax_backward` (one invocation per row, 64 a workgroup) on rows of 3, each output
-/// starting NaN in the poisoned pool, against the CPU.
+/// `softmax_backward` (one invocation per row, 64 a workgroup; without and with a pending
+/// gradient) on rows of 3, each output starting NaN in the poisoned pool, against the CPU.
 #[test]
 fn folded_softmax_rows() {
     let Some((be, _lock)) = fold_gpu("folded_softmax_rows") else {
@@ -511,10 +511,25 @@ fn folded_softmax_rows() {
     );
     let (gdy, cdy) = (up_f32(&be, &dy), cpu_f32(&dy));
     poison_pool(&be, rows * n);
-    let dx = be.softmax_backward(&y, &gdy, rows, n).unwrap();
-    let want = cpu.softmax_backward(&want_y, &cdy, rows, n).unwrap();
+    let dx = be.softmax_backward((&y, &gdy), None, rows, n).unwrap();
+    let want = cpu
+        .softmax_backward((&want_y, &cdy), None, rows, n)
+        .unwrap();
     assert_same(
         "softmax_backward",
+        be.download(&dx).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+    // with a pending gradient folded in: every row adds its own
+    let pending = random_f32(45, rows * n);
+    let (gp, cp) = (up_f32(&be, &pending), cpu_f32(&pending));
+    poison_pool(&be, rows * n);
+    let dx = be.softmax_backward((&y, &gdy), Some(&gp), rows, n).unwrap();
+    let want = cpu
+        .softmax_backward((&want_y, &cdy), Some(&cp), rows, n)
+        .unwrap();
+    assert_same(
+        "softmax_backward with pending",
         be.download(&dx).unwrap(),
         cpu.download(&want).unwrap(),
     );

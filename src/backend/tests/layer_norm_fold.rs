@@ -12,10 +12,29 @@ use crate::{DType, Device, Tensor};
 use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
-fn values(rng: &mut ChaCha8Rng, n: usize) -> Vec<f64> {
+/// `n` values in [-2, 2) that f32 holds.
+pub(super) fn values(rng: &mut ChaCha8Rng, n: usize) -> Vec<f64> {
     (0..n)
         .map(|_| rng.random_range(-2.0f32..2.0) as f64)
         .collect()
+}
+
+/// The devices and dtypes a folding rule's tape test runs on: the CPU in f64 and f32, and the
+/// GPU in f32 when `gpu` is there.
+pub(super) fn fold_devices<T>(gpu: &Option<T>) -> Vec<(Device, DType)> {
+    let mut devices = vec![(Device::Cpu, DType::F64), (Device::Cpu, DType::F32)];
+    if gpu.is_some() {
+        devices.push((Device::Gpu, DType::F32));
+    }
+    devices
+}
+
+/// `v` as a tensor of `shape` in `dtype` on `dev`.
+pub(super) fn placed(v: &[f64], shape: &[usize], dtype: DType, dev: Device) -> Tensor {
+    Tensor::from_f64(v.to_vec(), shape, Device::Cpu)
+        .and_then(|t| t.to_dtype(dtype))
+        .and_then(|t| t.to_device(dev))
+        .unwrap()
 }
 
 /// `layer_norm_backward` with `pending` against the same without it followed by the tape's add
@@ -97,10 +116,6 @@ fn the_folded_dx_is_the_sum_to_the_bit_on_each_device() {
 #[test]
 fn a_residual_connection_folds_into_the_norm_backward() {
     let gpu = gpu("a_residual_connection_folds_into_the_norm_backward");
-    let mut devices = vec![(Device::Cpu, DType::F64), (Device::Cpu, DType::F32)];
-    if gpu.is_some() {
-        devices.push((Device::Gpu, DType::F32));
-    }
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     let (rows, dim) = (6, 45);
     let host = [
@@ -109,13 +124,8 @@ fn a_residual_connection_folds_into_the_norm_backward() {
         values(&mut rng, dim),
         values(&mut rng, rows * dim),
     ];
-    for (dev, dtype) in devices {
-        let t = |v: &[f64], shape: &[usize]| {
-            Tensor::from_f64(v.to_vec(), shape, Device::Cpu)
-                .and_then(|t| t.to_dtype(dtype))
-                .and_then(|t| t.to_device(dev))
-                .unwrap()
-        };
+    for (dev, dtype) in fold_devices(&gpu) {
+        let t = |v: &[f64], shape: &[usize]| placed(v, shape, dtype, dev);
         let x = t(&host[0], &[rows, dim]).with_grad().unwrap();
         let gamma = t(&host[1], &[dim]).with_grad().unwrap();
         let beta = t(&host[2], &[dim]).with_grad().unwrap();

@@ -40,6 +40,7 @@ mod gpu_shader_checks;
 mod gpu_sort_optim;
 mod layer_norm_fold;
 mod router_sums;
+mod routing_fold;
 mod shader_backends;
 
 /// Held by every GPU test of these modules, so they run one at a time in the test process: the
