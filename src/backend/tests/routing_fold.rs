@@ -12,9 +12,9 @@
 
 use super::gpu_matmul::gpu;
 use super::layer_norm_fold::{fold_devices, placed, values};
+use crate::DType;
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{BinaryOp, ElementwiseOps, HostData, NnOps, RoutingOps};
-use crate::DType;
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
 
