@@ -124,10 +124,11 @@ impl Tensor {
         });
         let (saved_w, saved_i) = (weights.clone(), idx.clone());
         let source = scores.unwrap_or(self);
+        // the gradient's shape, dtype and device: the source's (its values are not read)
+        let like = source.detach();
         // the unnormalised gate's rule reads the probabilities
         let saved_p = (!renormalise).then(|| probs.detach());
         let weights = Tensor::record_folding(weights, "topk_gate", &[source], 0, move |g, p| {
-            let like = Tensor::from_storage(g.storage().clone(), vec![t, n]);
             let d = super::folded(p, &like, |p| {
                 saved_w.storage().topk_gate_backward(
                     saved_i.storage(),
