@@ -12,6 +12,10 @@
 //! policy, and Switch Transformer's "selective precision" (Fedus et al. 2021, §2.4: the router
 //! computes in f32 on f32 inputs while the rest of the layer runs in a 16-bit format).
 //!
+//! Inside [`full_precision`] one op reads f16 where it is: a matrix product of f16 tokens and
+//! a 2-D f32 weight is an f32 product (`reads_f16_activation`), so a router computes in f32
+//! from the f16 tokens without casting them up or its tokens' gradient back down.
+//!
 //! How an op applies it (the op calls `low_precision_operands`, `matched_operands` or
 //! [`full_precision_operand`]):
 //! - an op of the f16 class casts its f32 *GPU* operands to f16 (`Tensor::to_dtype`, which is
@@ -30,20 +34,25 @@ thread_local! {
     /// The compute dtype of the f16 class in the current scope: `Some(F16)` inside
     /// [`autocast_f16`], `None` outside it and inside [`full_precision`].
     static LOW_PRECISION: Cell<Option<DType>> = const { Cell::new(None) };
+    /// Whether the innermost scope is a [`full_precision`] one (where a matrix product reads
+    /// f16 activations into an f32 product, see `reads_f16_activation`).
+    static FULL_PRECISION: Cell<bool> = const { Cell::new(false) };
 }
 
 /// Restores the previous scope when dropped (so a `?` inside the closure cannot leak a scope).
-struct ScopeGuard(Option<DType>);
+struct ScopeGuard(Option<DType>, bool);
 
 impl Drop for ScopeGuard {
     fn drop(&mut self) {
         LOW_PRECISION.with(|c| c.set(self.0));
+        FULL_PRECISION.with(|c| c.set(self.1));
     }
 }
 
 fn with_scope<R>(dtype: Option<DType>, f: impl FnOnce() -> R) -> R {
     let previous = LOW_PRECISION.with(|c| c.replace(dtype));
-    let _restore = ScopeGuard(previous);
+    let previous_full = FULL_PRECISION.with(|c| c.replace(dtype.is_none()));
+    let _restore = ScopeGuard(previous, previous_full);
     f()
 }
 
@@ -66,7 +75,10 @@ pub fn autocast_f16<R>(f: impl FnOnce() -> R) -> R {
 
 /// Runs `f` in f32 even inside [`autocast_f16`]: the router's scope (selective precision).
 /// Its inputs are cast up by the f32-class ops it calls; cast an activation up front with
-/// [`full_precision_operand`] when the first op would otherwise keep f16.
+/// [`full_precision_operand`] when the first op would otherwise keep f16. One op reads f16
+/// where it is instead: a matrix product of an f16 GPU activation and an f32 operand gives an
+/// f32 product (the bits of casting the activation up first), and the activation an f16
+/// gradient (the bits of the f32 gradient cast down), without the two casts or an f32 copy.
 pub fn full_precision<R>(f: impl FnOnce() -> R) -> R {
     with_scope(None, f)
 }
@@ -116,6 +128,21 @@ pub(crate) fn reads_f32_weight(a: &Tensor, b: &Tensor) -> bool {
     low_precision().is_some_and(|dtype| a.dtype() == dtype) && casts_down(b)
 }
 
+/// Whether a matrix product `a·b` reads an f16 activation into an f32 product inside
+/// [`full_precision`] (a router's logits from the f16 tokens of a mixed-precision model): `a`
+/// an f16 GPU tensor and `b` an f32 one. The GPU's f16-elements build reads `a` where it is
+/// and sums in f32, which is what the f32 kernel computes on `a` cast up (an f16 value is
+/// exact in f32); the backward pass stores `a`'s gradient in f16 from the f32 product (the
+/// f16-output build: one rounding, as a cast of the f32 gradient) and `b`'s in f32 from `a`
+/// where it is.
+pub(crate) fn reads_f16_activation(a: &Tensor, b: &Tensor) -> bool {
+    FULL_PRECISION.with(|c| c.get())
+        && a.dtype() == DType::F16
+        && a.device().is_gpu()
+        && b.dtype() == DType::F32
+        && b.device() == a.device()
+}
+
 /// The operands of an elementwise op between two tensors, when the scope changes them: where
 /// one is f16 and the other an f32 GPU tensor inside a scope, the f32 one cast to f16 (an
 /// activation meeting a parameter); `None` otherwise (equal dtypes, and mismatches outside a
@@ -156,6 +183,19 @@ mod tests {
             assert_eq!(low_precision(), Some(DType::F16));
         });
         assert_eq!(low_precision(), None);
+    }
+
+    #[test]
+    fn only_a_full_precision_scope_reads_f16_activations() {
+        let full = || FULL_PRECISION.with(|c| c.get());
+        assert!(!full(), "no scope is not a full-precision one");
+        full_precision(|| {
+            assert!(full());
+            autocast_f16(|| assert!(!full(), "autocast inside full precision"));
+            assert!(full());
+        });
+        autocast_f16(|| full_precision(|| assert!(full())));
+        assert!(!full());
     }
 
     #[test]

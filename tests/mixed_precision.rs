@@ -5,7 +5,7 @@
 //!   f16-mixed follows f32's losses within 1e-2 relative at every step, with no step skipped;
 //! * the activations really are f16 (a block's products take f16 activations and read the f32
 //!   weights where they are, the weights' gradients written in f32) while the router's logits
-//!   and the loss stay f32;
+//!   (read from the f16 tokens into f32) and the loss stay f32;
 //! * the loss scale: a gradient that overflows skips the step on the device (parameters and
 //!   moments unchanged, the scale halved, the skip counted, and Adam's next step the first
 //!   step's update: its bias corrections leave the skipped step out), and good steps grow
@@ -177,9 +177,11 @@ fn f16_mixed_runs_the_block_in_f16_and_the_router_and_loss_in_f32() {
         );
     }
     // the router (its product, softmax and top-k) and the optimizer in f32 (the loss reads f16
-    // logits, and computes and returns it in f32)
+    // logits, and computes and returns it in f32); the router's product reads the f16 tokens
+    // into f32 logits, and stores the tokens' gradient in f16 (no cast either way)
     for f32_kernel in [
-        "matmul.matmul",
+        "matmul_f16_elements.matmul",
+        "matmul_f16_output.matmul",
         "routing.topk_gate",
         "optim.adam_multi",
         "optim.loss_scale_factor",

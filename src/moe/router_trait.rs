@@ -135,11 +135,20 @@ pub fn parse_router_options(
 ///
 /// # Errors
 /// The router's own errors.
+///
+/// A router whose [`Router::reads_tokens_only_through_products`] is true is handed f16 tokens
+/// as they are: its products read them into f32 (see [`crate::full_precision`]), with the bits
+/// of the cast, without the cast forward, the f32 copy kept for backward, or the cast of the
+/// tokens' gradient back to f16.
 pub fn route_in_f32(router: &dyn Router, x: &Tensor) -> Result<Routing> {
     if crate::autocast::low_precision().is_none() && x.dtype() != crate::DType::F16 {
         return router.route(x);
     }
-    let x = crate::autocast::full_precision_operand(x)?;
+    let x = if router.reads_tokens_only_through_products() && x.device().is_gpu() {
+        x.clone()
+    } else {
+        crate::autocast::full_precision_operand(x)?
+    };
     crate::full_precision(|| router.route(&x))
 }
 
@@ -154,6 +163,16 @@ pub trait Router: Parameters {
     fn route(&self, x: &Tensor) -> Result<Routing>;
     /// True for routers whose weights need every expert's output (dense estimators, softmax).
     fn runs_all_experts(&self) -> bool {
+        false
+    }
+    /// True for routers whose [`Router::route`] uses the tokens `x` only as the left operand of
+    /// [`Tensor::matmul`] or [`Tensor::matmul_bias`] with 2-D f32 right operands (a gate's
+    /// weight), besides their shape and device, as [`LinearGate::logits`] does. Under mixed
+    /// precision [`route_in_f32`] then hands such a router the f16 tokens as they are, which
+    /// its products read into f32; others (the default) get the tokens cast to f32 first. The
+    /// results are the same bits either way (`tests/router_f16_tokens.rs` checks every router
+    /// that says so).
+    fn reads_tokens_only_through_products(&self) -> bool {
         false
     }
     /// `Some(ω₀)` for routers whose layer multiplies its output by a trainable per-channel scale

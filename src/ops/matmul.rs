@@ -133,7 +133,10 @@ impl Tensor {
     /// Matrix product. 2-D × 2-D, or batched: both operands `[..., m, k]` and `[..., k, n]` with
     /// equal batch dimensions, or one of them 2-D (shared by every batch entry). Inside
     /// [`crate::autocast_f16`] an f32 GPU `self` is cast to f16 and an f32 `other` (a weight) is
-    /// read in f32 where it is, giving an f16 product and an f32 gradient for `other`.
+    /// read in f32 where it is, giving an f16 product and an f32 gradient for `other`. Inside
+    /// [`crate::full_precision`] (a router's scope) an f16 GPU `self` times a 2-D f32 `other`
+    /// is read where it is into an f32 product, with the bits of `self` cast to f32 first, and
+    /// `self` gets an f16 gradient, the f32 one rounded once.
     ///
     /// # Example
     /// ```
@@ -272,7 +275,10 @@ impl Tensor {
         if let Some(bias) = bias {
             other.check_compatible(bias, "matmul_bias")?;
         }
-        if !crate::autocast::reads_f32_weight(self, other) {
+        // in a router's f32 scope, f16 tokens times a 2-D f32 weight: an f32 product read
+        // from the f16 tokens where they are (`autocast::reads_f16_activation`)
+        let f16_into_f32 = other.rank() == 2 && crate::autocast::reads_f16_activation(self, other);
+        if !f16_into_f32 && !crate::autocast::reads_f32_weight(self, other) {
             self.check_compatible(other, "matmul")?;
         }
         self.check_float("matmul")?;
@@ -315,7 +321,7 @@ impl Tensor {
                 b: RawOperand::plain(b, b_b),
                 batch,
                 out_shape,
-                out: a.dtype(),
+                out: if f16_into_f32 { DType::F32 } else { a.dtype() },
             },
             bias,
         )?;

@@ -5,8 +5,11 @@
 //! `grouped_matmul` and `grouped_weight_grad`), `elementwise.wgsl`, `layout.wgsl` and
 //! `reduce.wgsl` ([`MATMUL_F16_SHADER`], [`ELEMENTWISE_F16_SHADER`], [`LAYOUT_F16_SHADER`],
 //! [`REDUCE_F16_SHADER`]), made from the f32 builds' sources by [`f16_build`]; and the mixed
-//! builds of the products, f16 tensors with f32 weights ([`f16_rows_build`]) or f16 operands with
-//! f32 outputs ([`f16_to_f32_build`]), which `matmul_build.rs` picks by dtype, and of the MoE
+//! builds of the products, f16 tensors with f32 weights ([`f16_rows_build`]), f16 operands with
+//! f32 outputs ([`f16_to_f32_build`]), f16 activations with f32 weights and outputs
+//! ([`f16_elements_build`]) or f32 operands with an f16 output ([`f16_output_build`]: the last
+//! two for a router computed in f32 from f16 tokens), which `matmul_build.rs` picks by dtype,
+//! and of the MoE
 //! combine, f16 rows with f32 weights ([`LAYOUT_F16_ROWS_SHADER`]).
 //!
 //! f16 is a storage format here: every f16 kernel computes in f32 and converts once on the way
@@ -109,6 +112,21 @@ fn f16_to_f32_build(source: &str) -> String {
         "{F16_PRELUDE}\n{}",
         rewrite_blocks(source, &[ELEMENT_BEGIN, WEIGHT_BEGIN])
     )
+}
+
+/// [`f16_build`] with only the element block: f16 activations, f32 weights and f32 outputs (a
+/// router's logits from f16 tokens and its f32 gate, and the gate's gradient from the tokens).
+fn f16_elements_build(source: &str) -> String {
+    format!(
+        "{F16_PRELUDE}\n{}",
+        rewrite_blocks(source, &[ELEMENT_BEGIN])
+    )
+}
+
+/// [`f16_build`] with only the output block: f32 operands, an f16 output (the gradient of
+/// f16 tokens from a router's f32 logits' gradient and its f32 gate).
+fn f16_output_build(source: &str) -> String {
+    format!("{F16_PRELUDE}\n{}", rewrite_blocks(source, &[OUTPUT_BEGIN]))
 }
 
 /// `shaders/matmul.wgsl` built with f16 operands and outputs for its three entries (`matmul`,
@@ -221,6 +239,39 @@ pub(crate) static MATMUL_WIDE_F16_TO_F32_SHADER: LazyLock<Shader> = LazyLock::ne
     name: "matmul_wide_f16_to_f32",
     builtin: true,
     source: String::leak(f16_to_f32_build(super::matmul::MATMUL_WIDE_SHADER.source)),
+});
+
+/// `shaders/matmul.wgsl` with f16 A and f32 B and C: `matmul` reading f16 activations and an
+/// f32 weight into an f32 product (a router's logits under mixed precision, computed in f32
+/// from the f16 tokens where they are, without an f32 copy of them), and the weight's f32
+/// gradient `xᵀ·dlogits` from the f16 tokens and the f32 gradient; f32 sums.
+pub(crate) static MATMUL_F16_ELEMENTS_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "matmul_f16_elements",
+    builtin: true,
+    source: String::leak(f16_elements_build(super::matmul::MATMUL_SHADER.source)),
+});
+
+/// `matmul_wide` built as [`MATMUL_F16_ELEMENTS_SHADER`]: A f16, B and C f32.
+pub(crate) static MATMUL_WIDE_F16_ELEMENTS_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "matmul_wide_f16_elements",
+    builtin: true,
+    source: String::leak(f16_elements_build(super::matmul::MATMUL_WIDE_SHADER.source)),
+});
+
+/// `shaders/matmul.wgsl` with f32 A and B and an f16 C: `matmul` of f32 operands stored in f16
+/// once (the f16 tokens' gradient `dlogits·Wᵀ` of a router computed in f32), rounding the f32
+/// sum once as a cast of the f32 product would; f32 sums.
+pub(crate) static MATMUL_F16_OUTPUT_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "matmul_f16_output",
+    builtin: true,
+    source: String::leak(f16_output_build(super::matmul::MATMUL_SHADER.source)),
+});
+
+/// `matmul_wide` built as [`MATMUL_F16_OUTPUT_SHADER`]: A and B f32, C f16.
+pub(crate) static MATMUL_WIDE_F16_OUTPUT_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "matmul_wide_f16_output",
+    builtin: true,
+    source: String::leak(f16_output_build(super::matmul::MATMUL_WIDE_SHADER.source)),
 });
 
 /// The softmax cross-entropy (`cross_entropy.wgsl`) reading f16 logits and writing their f16

@@ -167,6 +167,22 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         },
         BuiltinShader {
             needs_f16: true,
+            ..plain(&half::MATMUL_F16_ELEMENTS_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
+            ..plain(&half::MATMUL_WIDE_F16_ELEMENTS_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
+            ..plain(&half::MATMUL_F16_OUTPUT_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
+            ..plain(&half::MATMUL_WIDE_F16_OUTPUT_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
             ..plain(&half::CROSS_ENTROPY_F16_SHADER)
         },
         BuiltinShader {
@@ -243,8 +259,12 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
             | ("attention_f16", _)
             | ("matmul_f16_rows", "matmul" | "grouped_matmul")
             | ("matmul_f16_to_f32", "matmul" | "grouped_weight_grad")
+            | ("matmul_f16_elements" | "matmul_f16_output", "matmul")
             | (
-                "matmul_wide_f16_rows" | "matmul_wide_f16_to_f32",
+                "matmul_wide_f16_rows"
+                    | "matmul_wide_f16_to_f32"
+                    | "matmul_wide_f16_elements"
+                    | "matmul_wide_f16_output",
                 "matmul_wide"
             )
             | ("matmul_wide_f16_rows", "grouped_matmul_wide")

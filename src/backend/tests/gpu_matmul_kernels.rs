@@ -394,9 +394,10 @@ fn grouped_bias_grad_is_the_weight_grad_of_a_column_of_ones() {
     be.set_matmul_kernel(before).unwrap();
 }
 
-/// A product's output dtype: the GPU computes f32·f32 → f32, f16·f16 → f16 or f32 and f16·f32 →
-/// f16 (mixed precision's builds, `gpu/matmul_build.rs`) and refuses the others with an error
-/// naming the three dtypes; the CPU computes in its operands' dtype.
+/// A product's output dtype: the GPU computes f32·f32 → f32 or f16, f16·f16 → f16 or f32 and
+/// f16·f32 → f16 or f32 (mixed precision's builds, `gpu/matmul_build.rs`; the f16 ones only
+/// with `shader-f16`) and refuses the others with an error naming the three dtypes; the CPU
+/// computes in its operands' dtype.
 #[test]
 fn matmul_output_dtypes_are_the_builds_or_an_error() {
     let Some((be, _lock)) = gpu("matmul_output_dtypes_are_the_builds_or_an_error") else {
@@ -415,10 +416,15 @@ fn matmul_output_dtypes_are_the_builds_or_an_error() {
         k: 4,
         n: 3,
     };
-    // outputs other than the operands' dtype: only f16·f16 → f32 and f16·f32 → f16 (mixed
-    // precision's builds, crate::backend::gpu::matmul_build); the CPU computes in its operands'
+    // outputs other than the operands' dtype: the f16 ones need shader-f16, and no f64
+    if !be.has_f16() {
+        assert!(matches!(
+            be.matmul((&a, l(4)), (&a, l(3)), None, dims, DType::F16),
+            Err(Error::DType(_))
+        ));
+    }
     assert!(matches!(
-        be.matmul((&a, l(4)), (&a, l(3)), None, dims, DType::F16),
+        be.matmul((&a, l(4)), (&a, l(3)), None, dims, DType::F64),
         Err(Error::DType(_))
     ));
     let cpu = CpuBackend;
@@ -429,19 +435,22 @@ fn matmul_output_dtypes_are_the_builds_or_an_error() {
     }
     if be.has_f16() {
         let h = be.cast(&a, DType::F16).unwrap();
-        for (x, y, out) in [
-            (&a, &h, DType::F16),
-            (&a, &h, DType::F32),
-            (&h, &a, DType::F32),
-        ] {
+        for (x, y, out) in [(&a, &h, DType::F16), (&a, &h, DType::F32)] {
             match be.matmul((x, l(4)), (y, l(3)), None, dims, out) {
                 Err(Error::DType(m)) => assert!(m.contains("A is") && m.contains("output"), "{m}"),
                 other => panic!("{} · {} → {out} gave {other:?}", x.dtype(), y.dtype()),
             }
         }
-        // the three that run: f16·f16 → f16 or f32, f16·f32 → f16, each 4 (= k ones summed)
-        for (y, out) in [(&h, DType::F16), (&h, DType::F32), (&a, DType::F16)] {
-            let c = be.matmul((&h, l(4)), (y, l(3)), None, dims, out).unwrap();
+        // the five that run with f16: f16·f16 → f16 or f32, f16·f32 → f16 or f32, f32·f32 →
+        // f16, each 4 (= k ones summed)
+        for (x, y, out) in [
+            (&h, &h, DType::F16),
+            (&h, &h, DType::F32),
+            (&h, &a, DType::F16),
+            (&h, &a, DType::F32),
+            (&a, &a, DType::F16),
+        ] {
+            let c = be.matmul((x, l(4)), (y, l(3)), None, dims, out).unwrap();
             assert_eq!(c.dtype(), out);
             let c = be.cast(&c, DType::F32).unwrap();
             assert_eq!(be.download(&c).unwrap(), HostData::F32(vec![4.0; 9]));

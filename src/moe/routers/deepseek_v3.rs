@@ -174,6 +174,9 @@ impl Router for DeepSeekV3Router {
     fn name(&self) -> &'static str {
         "deepseek-v3"
     }
+    fn reads_tokens_only_through_products(&self) -> bool {
+        true
+    }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
         let scores = logits.sigmoid()?; // [T, n], tracked

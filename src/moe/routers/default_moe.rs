@@ -91,6 +91,9 @@ impl Router for DefaultMoeRouter {
     fn name(&self) -> &'static str {
         "default-moe"
     }
+    fn reads_tokens_only_through_products(&self) -> bool {
+        true
+    }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
         // π (tracked), the chosen experts and their weights π_i: `topk-unnorm`'s fused gate, or

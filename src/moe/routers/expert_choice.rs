@@ -42,6 +42,9 @@ impl Router for ExpertChoiceRouter {
     fn name(&self) -> &'static str {
         "expert-choice"
     }
+    fn reads_tokens_only_through_products(&self) -> bool {
+        true
+    }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let t = x.shape()[0];
         let n = self.experts;

@@ -496,6 +496,9 @@ impl Router for MoesartRouter {
         "moesart"
     }
 
+    fn reads_tokens_only_through_products(&self) -> bool {
+        true
+    }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.logits(x)?;
         let probs = logits.softmax(-1)?;

@@ -125,6 +125,9 @@ impl Router for ReMoeRouter {
     fn name(&self) -> &'static str {
         "remoe"
     }
+    fn reads_tokens_only_through_products(&self) -> bool {
+        true
+    }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
         let (t, n) = (logits.shape()[0], self.n);

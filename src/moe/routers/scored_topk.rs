@@ -102,6 +102,9 @@ impl Router for ScoredTopK {
             Affinity::SqrtSoftplus => "softplus-topk",
         }
     }
+    fn reads_tokens_only_through_products(&self) -> bool {
+        true
+    }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
         let s = self.affinity.of(&logits)?; // [T, n], tracked

@@ -36,6 +36,9 @@ impl Router for SoftmaxRouter {
     fn name(&self) -> &'static str {
         "softmax"
     }
+    fn reads_tokens_only_through_products(&self) -> bool {
+        true
+    }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
         let g = logits.softmax(-1)?;

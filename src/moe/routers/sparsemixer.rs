@@ -551,6 +551,9 @@ impl Router for SparseMixerRouter {
     fn name(&self) -> &'static str {
         self.config.variant.name()
     }
+    fn reads_tokens_only_through_products(&self) -> bool {
+        true
+    }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
         let seed = if self.gate.training() {

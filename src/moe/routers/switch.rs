@@ -46,6 +46,9 @@ impl Router for SwitchRouter {
     fn name(&self) -> &'static str {
         "switch"
     }
+    fn reads_tokens_only_through_products(&self) -> bool {
+        true
+    }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
         let jittered = if self.gate.training() && self.jitter > 0.0 {

@@ -188,6 +188,9 @@ impl Router for ThresholdRouter {
         "threshold"
     }
 
+    fn reads_tokens_only_through_products(&self) -> bool {
+        true
+    }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let w = self.gate.weight.get();
         if x.rank() != 2 || x.shape()[1] != w.shape()[0] {

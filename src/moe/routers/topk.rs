@@ -100,6 +100,9 @@ impl Router for TopKRouter {
             TopKKind::Unnormalised => "topk-unnorm",
         }
     }
+    fn reads_tokens_only_through_products(&self) -> bool {
+        true
+    }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
         let noisy = match (&self.noise, self.gate.training()) {

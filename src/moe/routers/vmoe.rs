@@ -41,6 +41,9 @@ impl Router for VMoeRouter {
     fn name(&self) -> &'static str {
         "vmoe"
     }
+    fn reads_tokens_only_through_products(&self) -> bool {
+        true
+    }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let logits = self.gate.logits(x)?;
         let noisy = if self.gate.training() {

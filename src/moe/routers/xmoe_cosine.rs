@@ -68,6 +68,9 @@ impl Router for XMoeCosineRouter {
     fn name(&self) -> &'static str {
         "xmoe-cosine"
     }
+    fn reads_tokens_only_through_products(&self) -> bool {
+        true
+    }
     fn route(&self, x: &Tensor) -> Result<Routing> {
         let h = x.matmul(&self.proj.get())?; // [T, dh]
         let a = self.experts_emb.get(); // [dh, n]
