@@ -27,6 +27,8 @@
 //   binding 2  b: array<mm_weight>, read: B(b, r, c) likewise with the b_* params
 //   binding 3  c: array<mm_out>, written: contiguous [batch, m, n]
 //   binding 4  bias: array<mm_weight>, read: [n], added per column where has_bias = 1
+//   binding 5  pending: array<mm_out>, read: [batch, m, n], added to C where has_pending = 1
+//              (matmul_params.wgsl: after C's rounding, rounded again; never with split-k)
 // A transposed operand just swaps its two strides; a broadcast batch has batch stride 0.
 // `a_k_fast` (1 when a_col_stride ≤ a_row_stride) and `b_n_fast` (1 when b_col_stride ≤
 // b_row_stride) say which index walks memory fastest, so that neighbouring invocations read
@@ -204,6 +206,7 @@ fn mm_store_out(v: f32) -> mm_out {
 @group(0) @binding(2) var<storage, read> mm_b: array<mm_weight>;
 @group(0) @binding(3) var<storage, read_write> mm_c: array<mm_out>;
 @group(0) @binding(4) var<storage, read> mm_bias: array<mm_weight>;
+@group(0) @binding(5) var<storage, read> mm_pending: array<mm_out>;
 
 // `v` (an output element of column col < n) plus bias[col] when the product has a bias and
 // `with_bias` (false for split-k's slices after the first), else `v` itself.
@@ -212,6 +215,17 @@ fn mm_biased(v: f32, col: u32, with_bias: bool) -> f32 {
         return v;
     }
     return v + f32(mm_bias[col]);
+}
+
+// The value `matmul` (and the wide and subgroup entries) store at output element `at` of column
+// col: the sum `v` with its bias (mm_biased) rounded to C's type, plus pending[at] where
+// has_pending = 1, added in f32 and rounded again (the bits of a separate `pending + C`).
+fn mm_output(v: f32, at: u32, col: u32, with_bias: bool) -> mm_out {
+    let y = mm_store_out(mm_biased(v, col, with_bias));
+    if mp.has_pending == 0u {
+        return y;
+    }
+    return mm_store_out(f32(mm_pending[at]) + f32(y));
 }
 
 // A slab of A: rows m0.., k from k0, elements at k_end or past read as 0.
@@ -253,20 +267,21 @@ fn mm_b_elem(lid: u32, l: u32, k0: u32, k_end: u32, n0: u32, base: u32) -> f32 {
 }
 
 // Stores the four values of `v` at row `row` (a row index, inside the matrix), columns
-// col0..col0+3, those inside the matrix, with the bias where `with_bias` (see mm_biased).
+// col0..col0+3, those inside the matrix, with the bias where `with_bias` and the pending
+// gradient (see mm_output).
 fn mm_store_quad(c_base: u32, row: u32, col0: u32, v: vec4<f32>, with_bias: bool) {
     let r = c_base + row * mp.n;
     if col0 < mp.n {
-        mm_c[r + col0] = mm_store_out(mm_biased(v.x, col0, with_bias));
+        mm_c[r + col0] = mm_output(v.x, r + col0, col0, with_bias);
     }
     if col0 + 1u < mp.n {
-        mm_c[r + col0 + 1u] = mm_store_out(mm_biased(v.y, col0 + 1u, with_bias));
+        mm_c[r + col0 + 1u] = mm_output(v.y, r + col0 + 1u, col0 + 1u, with_bias);
     }
     if col0 + 2u < mp.n {
-        mm_c[r + col0 + 2u] = mm_store_out(mm_biased(v.z, col0 + 2u, with_bias));
+        mm_c[r + col0 + 2u] = mm_output(v.z, r + col0 + 2u, col0 + 2u, with_bias);
     }
     if col0 + 3u < mp.n {
-        mm_c[r + col0 + 3u] = mm_store_out(mm_biased(v.w, col0 + 3u, with_bias));
+        mm_c[r + col0 + 3u] = mm_output(v.w, r + col0 + 3u, col0 + 3u, with_bias);
     }
 }
 

@@ -7,7 +7,11 @@
 // With has_bias = 1 every kernel adds bias[col] (binding 4, n values of B's type, read) to each
 // output element of column col after its product's sum, in f32, before the one rounding of the
 // store (split-k: slice 0 only, so the slices' sum adds it once); with has_bias = 0 binding 4
-// is any buffer and is not read.
+// is any buffer and is not read. With has_pending = 1 (never with split-k) every kernel adds
+// pending[i] (binding 5, contiguous [batch, m, n] of C's type, read) to output element i after
+// the element is rounded to C's type, in f32, and rounds the sum once more: the bits of adding
+// the gradient a tensor already had to the product afterwards (`pending + C`), in the same
+// pass; with has_pending = 0 binding 5 is any buffer and is not read.
 
 struct MatmulParams {
     m: u32,
@@ -34,4 +38,5 @@ struct MatmulParams {
     k_splits: u32,
     k_chunk: u32,
     has_bias: u32,
+    has_pending: u32,
 }

@@ -93,7 +93,8 @@ fn matmul_subgroup(@builtin(workgroup_id) wid: vec3<u32>,
             for (var j = 0u; j < 4u; j++) {
                 let col = n0 + tx * 4u + j;
                 if col < mp.n {
-                    mm_c[c_base + row * mp.n + col] = mm_biased(out[j], col, true);
+                    let at = c_base + row * mp.n + col;
+                    mm_c[at] = mm_output(out[j], at, col, true);
                 }
             }
         }

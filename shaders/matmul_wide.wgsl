@@ -190,13 +190,14 @@ fn wide_store_row(c_base: u32, row: u32, c0: u32, left: vec4<f32>, right: vec4<f
 }
 
 // Stores `left` at column col and `right` at col + 64 of the row starting at `row_base`, where
-// inside the matrix, each with its column's bias (has_bias = 1).
+// inside the matrix, each with its column's bias (has_bias = 1) and its pending gradient
+// (has_pending = 1; see mm_output).
 fn wide_store_pair(row_base: u32, col: u32, left: f32, right: f32) {
     if col < mp.n {
-        mm_c[row_base + col] = mm_store_out(mm_biased(left, col, true));
+        mm_c[row_base + col] = mm_output(left, row_base + col, col, true);
     }
     if col + 64u < mp.n {
-        mm_c[row_base + col + 64u] = mm_store_out(mm_biased(right, col + 64u, true));
+        mm_c[row_base + col + 64u] = mm_output(right, row_base + col + 64u, col + 64u, true);
     }
 }
 

@@ -13,6 +13,8 @@
 //   binding 2  b: array<vec4<f32>>, read: B likewise with the b_* params
 //   binding 3  c: array<vec4<f32>>, written: contiguous [batch, m, n]
 //   binding 4  bias: array<vec4<f32>>, read: [n], added per column where has_bias = 1
+//   binding 5  pending: array<vec4<f32>>, read: [batch, m, n] like c, added to it where
+//              has_pending = 1 (matmul_params.wgsl)
 // What the launcher guarantees (else it runs `matmul_wide`): n is a multiple of 4; each operand
 // has one contiguous axis (stride 1) whose length is a multiple of 4, and its offset, batch
 // stride and other stride are multiples of 4. So every vec4 read or written lies wholly inside
@@ -37,6 +39,7 @@ const W4_ROW4: u32 = 33u;
 @group(0) @binding(2) var<storage, read> w4_b: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> w4_c: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read> w4_bias: array<vec4<f32>>;
+@group(0) @binding(5) var<storage, read> w4_pending: array<vec4<f32>>;
 
 // `v` (columns c0..c0+3, c0 a multiple of 4 below n) plus their bias where has_bias = 1.
 fn w4_biased(v: vec4<f32>, c0: u32) -> vec4<f32> {
@@ -44,6 +47,16 @@ fn w4_biased(v: vec4<f32>, c0: u32) -> vec4<f32> {
         return v;
     }
     return v + w4_bias[c0 >> 2u];
+}
+
+// The vec4 stored at element `at` (a multiple of 4) of columns c0..c0+3: w4_biased, plus the
+// pending gradient there where has_pending = 1 (`pending + C`, as matmul.wgsl's mm_output).
+fn w4_output(v: vec4<f32>, at: u32, c0: u32) -> vec4<f32> {
+    let y = w4_biased(v, c0);
+    if mp.has_pending == 0u {
+        return y;
+    }
+    return w4_pending[at >> 2u] + y;
 }
 
 // Staged slabs: w4a_tile[kk·W4_ROW4 + r/4][r%4] = A(r, kk), w4b_tile[kk·W4_ROW4 + c/4][c%4] = B(kk, c).
@@ -182,9 +195,9 @@ fn w4_store_row(c_base: u32, row: u32, c0: u32, left: vec4<f32>, right: vec4<f32
     }
     let at = c_base + row * mp.n;
     if c0 < mp.n {
-        w4_c[(at + c0) >> 2u] = w4_biased(left, c0);
+        w4_c[(at + c0) >> 2u] = w4_output(left, at + c0, c0);
     }
     if c0 + 64u < mp.n {
-        w4_c[(at + c0 + 64u) >> 2u] = w4_biased(right, c0 + 64u);
+        w4_c[(at + c0 + 64u) >> 2u] = w4_output(right, at + c0 + 64u, c0 + 64u);
     }
 }

@@ -323,11 +323,38 @@ impl Storage {
             )
         })
     }
-    /// See [`MatmulOps::matmul_pair`]: `self·b` and `c·d` (operands, then layouts, sizes and
-    /// output dtypes).
+    /// See [`MatmulOps::matmul_plus`]: `pending + self·b`.
+    pub(crate) fn matmul_plus(
+        &self,
+        a_layout: MatLayout,
+        (b, b_layout): (&Storage, MatLayout),
+        dims: MatmulDims,
+        out: DType,
+        pending: &Storage,
+    ) -> Result<Storage> {
+        const WHAT: &str = "matmul";
+        on_device!(self, |be| {
+            be.matmul_plus(
+                (be.buf(self, WHAT)?, a_layout),
+                (be.buf(b, WHAT)?, b_layout),
+                dims,
+                out,
+                be.buf(pending, WHAT)?,
+            )
+        })
+    }
+    /// See [`MatmulOps::matmul_pair`]: `self·b` (plus the first's pending gradient) and `c·d`
+    /// (operands, then layouts, sizes and output dtypes).
     pub(crate) fn matmul_pair(
         &self,
-        (a_layout, b, b_layout, dims, out): (MatLayout, &Storage, MatLayout, MatmulDims, DType),
+        (a_layout, b, b_layout, dims, out, pending): (
+            MatLayout,
+            &Storage,
+            MatLayout,
+            MatmulDims,
+            DType,
+            Option<&Storage>,
+        ),
         (c, c_layout, d, d_layout, dims2, out2): (
             &Storage,
             MatLayout,
@@ -346,6 +373,7 @@ impl Storage {
                 b_layout,
                 dims,
                 out,
+                pending: pending.map(|p| be.buf(p, WHAT)).transpose()?,
             };
             let second = MatmulProduct {
                 a: be.buf(c, WHAT)?,
@@ -354,6 +382,7 @@ impl Storage {
                 b_layout: d_layout,
                 dims: dims2,
                 out: out2,
+                pending: None,
             };
             be.matmul_pair(first, second)
         })

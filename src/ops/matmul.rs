@@ -48,13 +48,15 @@ impl<'a> RawOperand<'a> {
 }
 
 /// A product [`Tensor::matmul_raw`] will compute: `op(a)·op(b)` over `batch` matrices, output
-/// `out_shape` of dtype `out`.
+/// `out_shape` of dtype `out`, plus `pending` (of that shape and dtype) where given: the
+/// gradient the product's tensor already has, added by the product's kernel.
 struct RawProduct<'a> {
     a: RawOperand<'a>,
     b: RawOperand<'a>,
     batch: usize,
     out_shape: Vec<usize>,
     out: DType,
+    pending: Option<&'a Tensor>,
 }
 
 impl RawProduct<'_> {
@@ -90,20 +92,31 @@ impl Tensor {
     /// the product's own kernel.
     fn matmul_raw_bias(p: RawProduct<'_>, bias: Option<&Tensor>) -> Result<Tensor> {
         let (la, lb, dims) = p.layouts();
-        let bias = bias.map(|t| t.storage());
-        let out =
-            p.a.t
-                .storage()
-                .matmul(la, (p.b.t.storage(), lb), bias, dims, p.out)?;
+        let (a, b) = (p.a.t.storage(), p.b.t.storage());
+        let out = match (p.pending, bias) {
+            (Some(pending), None) => a.matmul_plus(la, (b, lb), dims, p.out, pending.storage())?,
+            (None, bias) => a.matmul(la, (b, lb), bias.map(|t| t.storage()), dims, p.out)?,
+            (Some(_), Some(_)) => {
+                return Err(Error::Invalid(
+                    "matmul: a product takes a bias or a pending gradient, not both".into(),
+                ));
+            }
+        };
         Ok(Tensor::from_storage(out, p.out_shape))
     }
 
     /// Two independent raw products at once (see `MatmulOps::matmul_pair`: the CPU runs them
-    /// side by side).
+    /// side by side); only the first may have a pending gradient.
     fn matmul_raw_pair(p: RawProduct<'_>, q: RawProduct<'_>) -> Result<(Tensor, Tensor)> {
+        if q.pending.is_some() {
+            return Err(Error::Invalid(
+                "matmul: only the first product of a pair takes a pending gradient".into(),
+            ));
+        }
         let ((la, lb, dp), (lc, ld, dq)) = (p.layouts(), q.layouts());
+        let pending = p.pending.map(|t| t.storage());
         let (x, y) = p.a.t.storage().matmul_pair(
-            (la, p.b.t.storage(), lb, dp, p.out),
+            (la, p.b.t.storage(), lb, dp, p.out, pending),
             (q.a.t.storage(), lc, q.b.t.storage(), ld, dq, q.out),
         )?;
         Ok((
@@ -197,6 +210,7 @@ impl Tensor {
             batch,
             out_shape,
             out: a.dtype(),
+            pending: None,
         })?;
         let (ad, bd) = (a.detach(), b.detach());
         let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
@@ -209,6 +223,7 @@ impl Tensor {
                 batch: 1,
                 out_shape: ad.shape().to_vec(),
                 out: ad.dtype(),
+                pending: None,
             });
             let gb = need_b.then(|| RawProduct {
                 a: RawOperand::transposed(&g2, false),
@@ -216,6 +231,7 @@ impl Tensor {
                 batch: 1,
                 out_shape: vec![n, k],
                 out: bd.dtype(),
+                pending: None,
             });
             let (ga, gb) = Tensor::matmul_raw_grads(ga, gb)?;
             Ok(vec![ga, gb])
@@ -322,6 +338,7 @@ impl Tensor {
                 batch,
                 out_shape,
                 out: if f16_into_f32 { DType::F32 } else { a.dtype() },
+                pending: None,
             },
             bias,
         )?;
@@ -330,60 +347,84 @@ impl Tensor {
         // the bias's gradient: the upstream gradient summed over every row, in the bias's dtype
         let bias_grad = bias.map(|t| (t.dtype(), t.requires_grad()));
         let inputs: Vec<&Tensor> = [Some(a), Some(b), bias].into_iter().flatten().collect();
-        Ok(Tensor::record(y, "matmul", &inputs, move |g| {
-            // dA = g·Bᵀ, dB = Aᵀ·g; a shared (2-D) operand sums its gradient over the batch.
-            // Only the gradients someone needs are computed; both at once when both are.
-            // A shared B with A batched: A's batch stacked into rows, one GEMM of
-            // k×(batch·m)·(batch·m)×n.
-            let stacked = if need_b && !(b_b || batch == 1) {
-                Some((ad.reshape(&[batch * m, k])?, g.reshape(&[batch * m, n])?))
-            } else {
-                None
-            };
-            let ga = need_a.then(|| RawProduct {
-                a: RawOperand::plain(g, true),
-                b: RawOperand::transposed(&bd, b_b),
-                batch,
-                out_shape: if a_b || batch == 1 {
-                    ad.shape().to_vec()
+        // A's gradient from its other consumers (a router's tokens also feed the experts, a
+        // norm's output several projections) is added by the product that gives dA, in its
+        // own pass (a folding rule, see `MatmulOps::matmul_plus`); otherwise by an add
+        Ok(Tensor::record_folding(
+            y,
+            "matmul",
+            &inputs,
+            0,
+            move |g, pending| {
+                // dA = g·Bᵀ, dB = Aᵀ·g; a shared (2-D) operand sums its gradient over the batch.
+                // Only the gradients someone needs are computed; both at once when both are.
+                // A shared B with A batched: A's batch stacked into rows, one GEMM of
+                // k×(batch·m)·(batch·m)×n.
+                let fold = pending.as_ref().filter(|p| {
+                    (a_b || batch == 1)
+                        && p.shape() == ad.shape()
+                        && p.dtype() == ad.dtype()
+                        && p.device() == ad.device()
+                });
+                let stacked = if need_b && !(b_b || batch == 1) {
+                    Some((ad.reshape(&[batch * m, k])?, g.reshape(&[batch * m, n])?))
                 } else {
-                    vec![batch, m, k]
-                },
-                out: ad.dtype(),
-            });
-            let gb = need_b.then(|| match &stacked {
-                Some((a2, g2)) => RawProduct {
-                    a: RawOperand::transposed(a2, false),
-                    b: RawOperand::plain(g2, false),
-                    batch: 1,
-                    out_shape: vec![k, n],
-                    out: bd.dtype(),
-                },
-                None => RawProduct {
-                    a: RawOperand::transposed(&ad, a_b),
-                    b: RawOperand::plain(g, true),
+                    None
+                };
+                let ga = need_a.then(|| RawProduct {
+                    a: RawOperand::plain(g, true),
+                    b: RawOperand::transposed(&bd, b_b),
                     batch,
-                    out_shape: bd.shape().to_vec(),
-                    out: bd.dtype(),
-                },
-            });
-            let (ga, gb) = Tensor::matmul_raw_grads(ga, gb)?;
-            let ga = match ga {
-                Some(x) if !(a_b || batch == 1) => Some(x.sum(&[0], false)?.reshape(ad.shape())?),
-                x => x.map(|x| x.reshape(ad.shape())).transpose()?,
-            };
-            let gb = gb.map(|x| x.reshape(bd.shape())).transpose()?;
-            let mut grads = vec![ga, gb];
-            if let Some((dtype, needed)) = bias_grad {
-                let db = needed
-                    .then(|| {
-                        let rows = g.numel() / n;
-                        g.reshape(&[rows, n])?.sum_as(&[0], false, dtype)
-                    })
-                    .transpose()?;
-                grads.push(db);
-            }
-            Ok(grads)
-        }))
+                    out_shape: if a_b || batch == 1 {
+                        ad.shape().to_vec()
+                    } else {
+                        vec![batch, m, k]
+                    },
+                    out: ad.dtype(),
+                    pending: fold,
+                });
+                let gb = need_b.then(|| match &stacked {
+                    Some((a2, g2)) => RawProduct {
+                        a: RawOperand::transposed(a2, false),
+                        b: RawOperand::plain(g2, false),
+                        batch: 1,
+                        out_shape: vec![k, n],
+                        out: bd.dtype(),
+                        pending: None,
+                    },
+                    None => RawProduct {
+                        a: RawOperand::transposed(&ad, a_b),
+                        b: RawOperand::plain(g, true),
+                        batch,
+                        out_shape: bd.shape().to_vec(),
+                        out: bd.dtype(),
+                        pending: None,
+                    },
+                });
+                let (ga, gb) = Tensor::matmul_raw_grads(ga, gb)?;
+                let ga = match ga {
+                    Some(x) if !(a_b || batch == 1) => {
+                        Some(x.sum(&[0], false)?.reshape(ad.shape())?)
+                    }
+                    x => x.map(|x| x.reshape(ad.shape())).transpose()?,
+                };
+                let ga = match (fold, &pending, ga) {
+                    (None, Some(p), Some(x)) => Some(p.add(&x)?),
+                    (_, _, x) => x,
+                };
+                let gb = gb.map(|x| x.reshape(bd.shape())).transpose()?;
+                let mut grads = vec![ga, gb];
+                if let Some((dtype, needed)) = bias_grad {
+                    let db = needed
+                        .then(|| {
+                            let rows = g.numel() / n;
+                            g.reshape(&[rows, n])?.sum_as(&[0], false, dtype)
+                        })
+                        .transpose()?;
+                    grads.push(db);
+                }
+                Ok(grads)
+            },
+        ))
     }
 }

@@ -75,7 +75,13 @@ fn matmul_on(
         b_layout: lb,
         dims: d,
         out,
+        pending,
     } = p;
+    if let Some(pending) = pending {
+        // the product, then `pending + C` in place (the add's bits)
+        let c = matmul_on(MatmulProduct { pending: None, ..p }, bias, threads)?;
+        return add_pending(pending, c);
+    }
     // the CPU computes in the operands' dtype (mixed precision is a GPU format)
     if out != a.dtype() {
         return Err(same_dtype_out("matmul", a.dtype(), out));
@@ -100,6 +106,22 @@ fn matmul_on(
         }
         _ => Err(binary_dtype_error("matmul", a.dtype(), b.dtype())),
     }
+}
+
+/// `pending + c`, element by element (the CPU's add kernel: the add's bits): a matmul's
+/// backward folding the gradient its input already had.
+fn add_pending(pending: &CpuBuffer, c: CpuBuffer) -> Result<CpuBuffer> {
+    use crate::backend::{BinaryOp, ElementwiseOps};
+    if pending.len() != c.len() || pending.dtype() != c.dtype() {
+        return Err(Error::Shape(format!(
+            "matmul: the pending gradient holds {} {} values, the product {} {}",
+            pending.len(),
+            pending.dtype(),
+            c.len(),
+            c.dtype()
+        )));
+    }
+    CpuBackend.binary(BinaryOp::Add, pending, &[1], &c, &[1], &[c.len()])
 }
 
 /// `bias` (`[n]`) added to every row of `c` (`[rows, n]`), in place, the rows split over the
@@ -133,8 +155,29 @@ impl MatmulOps for CpuBackend {
             b_layout,
             dims,
             out,
+            pending: None,
         };
         matmul_on(product, bias, rayon::current_num_threads())
+    }
+
+    fn matmul_plus(
+        &self,
+        (a, a_layout): (&CpuBuffer, MatLayout),
+        (b, b_layout): (&CpuBuffer, MatLayout),
+        dims: MatmulDims,
+        out: crate::DType,
+        pending: &CpuBuffer,
+    ) -> Result<CpuBuffer> {
+        let product = MatmulProduct {
+            a,
+            a_layout,
+            b,
+            b_layout,
+            dims,
+            out,
+            pending: Some(pending),
+        };
+        matmul_on(product, None, rayon::current_num_threads())
     }
 
     /// The two products side by side, each on half the threads (on two cores: each a

@@ -6,7 +6,8 @@ use crate::backend::{BufferOps, ExpertBankDims, GroupedMatmulDims, MatLayout, Ma
 use crate::{DType, Result};
 
 /// One product of [`MatmulOps::matmul_pair`]: `A·B` with each operand's layout, the sizes and
-/// the output's dtype (no bias: the pair is a backward pass).
+/// the output's dtype (no bias: the pair is a backward pass), and the gradient the product's
+/// tensor already has, to add to it (see [`MatmulOps::matmul_plus`]).
 pub(crate) struct MatmulProduct<'a, B> {
     pub(crate) a: &'a B,
     pub(crate) a_layout: MatLayout,
@@ -14,6 +15,7 @@ pub(crate) struct MatmulProduct<'a, B> {
     pub(crate) b_layout: MatLayout,
     pub(crate) dims: MatmulDims,
     pub(crate) out: DType,
+    pub(crate) pending: Option<&'a B>,
 }
 
 /// Matrix products: dense batched, grouped per expert, and the grouped weight gradient.
@@ -32,7 +34,21 @@ pub(crate) trait MatmulOps: BufferOps {
         dims: MatmulDims,
         out: DType,
     ) -> Result<Self::Buffer>;
-    /// Two independent products, each as [`MatmulOps::matmul`] would compute it. A matmul's
+    /// `pending + A·B`: the product [`MatmulOps::matmul`] computes without a bias, rounded to
+    /// `out`, plus `pending` (contiguous `[batch, m, n]` of dtype `out`: the gradient a tensor
+    /// already has, which a matmul's backward folds into the one it computes), with the bits
+    /// of adding it afterwards. The GPU adds it in the product's own pass (no launch of its
+    /// own, no second pass over the output).
+    fn matmul_plus(
+        &self,
+        a: (&Self::Buffer, MatLayout),
+        b: (&Self::Buffer, MatLayout),
+        dims: MatmulDims,
+        out: DType,
+        pending: &Self::Buffer,
+    ) -> Result<Self::Buffer>;
+    /// Two independent products, each as [`MatmulOps::matmul`] (or, with its `pending`,
+    /// [`MatmulOps::matmul_plus`]) would compute it. A matmul's
     /// backward pass needs two (`dA = dC·Bᵀ` and `dB = Aᵀ·dC`, always the same number of
     /// multiply-adds). This default runs them one after the other; a backend may run them side
     /// by side (the CPU gives each half of its threads, so that no product is cut in strips
@@ -42,8 +58,9 @@ pub(crate) trait MatmulOps: BufferOps {
         first: MatmulProduct<'_, Self::Buffer>,
         second: MatmulProduct<'_, Self::Buffer>,
     ) -> Result<(Self::Buffer, Self::Buffer)> {
-        let one = |p: MatmulProduct<'_, Self::Buffer>| {
-            self.matmul((p.a, p.a_layout), (p.b, p.b_layout), None, p.dims, p.out)
+        let one = |p: MatmulProduct<'_, Self::Buffer>| match p.pending {
+            Some(q) => self.matmul_plus((p.a, p.a_layout), (p.b, p.b_layout), p.dims, p.out, q),
+            None => self.matmul((p.a, p.a_layout), (p.b, p.b_layout), None, p.dims, p.out),
         };
         Ok((one(first)?, one(second)?))
     }

@@ -30,11 +30,11 @@ use super::kernels::Shader;
 use super::matmul_build::MatmulBuild;
 use super::matmul_tune::{SizeClass, candidates};
 use super::{GpuBackend, GpuBuffer, MatmulKernel};
-use crate::backend::MatmulOps;
 use crate::backend::checks::check_matmul_bias;
 use crate::backend::{
     AxisView, ElementwiseOps, ExpertBankDims, GroupedMatmulDims, MatLayout, MatmulDims, ReduceOp,
 };
+use crate::backend::{BinaryOp, MatmulOps};
 use crate::{DType, Error, Result};
 
 /// The kernels of `shaders/matmul.wgsl`.
@@ -257,14 +257,20 @@ fn operand(
 /// and `subgroup`, which have no f16 builds, give way to `wide` and `plain`). Split-k runs
 /// where the output is f32 (an f16 output would round its partial sums).
 ///
+/// With `pending` (`[batch, m, n]` contiguous, of dtype `out`) the result is `pending + A·B`:
+/// each kernel adds it to the output element after rounding the product to `out`, and rounds
+/// the sum once more (the bits of a separate add, in the product's own pass); a split product
+/// adds it after summing its slices, with the add kernel.
+///
 /// # Errors
 /// [`Error::DType`] for any other dtypes; [`Error::Shape`] when a layout addresses an
-/// element outside its buffer or a size exceeds 32-bit indexing; a GPU error from the launch.
+/// element outside its buffer, `pending` is not the output's length or dtype, or a size
+/// exceeds 32-bit indexing; a GPU error from the launch.
 pub(crate) fn matmul(
     be: &GpuBackend,
     (a, a_layout): (&GpuBuffer, MatLayout),
     (b, b_layout): (&GpuBuffer, MatLayout),
-    bias: Option<&GpuBuffer>,
+    (bias, pending): (Option<&GpuBuffer>, Option<&GpuBuffer>),
     dims: MatmulDims,
     out: DType,
 ) -> Result<GpuBuffer> {
@@ -273,10 +279,22 @@ pub(crate) fn matmul(
     let MatmulDims { batch, m, k, n } = dims;
     check_matmul_bias(WHAT, bias, n, b.dtype())?;
     let out_len = output_len(WHAT, &[batch, m, n], "batch·m·n")?;
+    if let Some(p) = pending.filter(|p| p.len() != out_len || p.dtype() != out) {
+        return Err(Error::Shape(format!(
+            "{WHAT}: the pending gradient holds {} {} values, the product [{batch}, {m}, {n}] \
+             of {out}",
+            p.len(),
+            p.dtype()
+        )));
+    }
     if out_len == 0 {
         return be.alloc(0, out);
     }
     if k == 0 {
+        if let Some(p) = pending {
+            let zeros = be.full(out_len, 0.0, out)?;
+            return add_pending(be, p, &zeros);
+        }
         if bias.is_some() {
             return Err(Error::Invalid(format!(
                 "{WHAT}: a product with a bias needs k ≥ 1 (Tensor::matmul_bias adds the bias                  itself when k = 0)"
@@ -319,6 +337,8 @@ pub(crate) fn matmul(
         true => (splits, chunk),
         false => (1, k),
     };
+    // the pending gradient goes into the kernel's store unless k is split (then after the sum)
+    let in_kernel = pending.filter(|_| splits == 1);
     // one product with `kernel`, its k cut into `splits` ranges of `chunk`, into `c`
     let run = |kernel: MatmulKernel, c: &GpuBuffer, (splits, chunk): (usize, usize)| {
         let (entry, tile) = match kernel {
@@ -330,8 +350,8 @@ pub(crate) fn matmul(
         launch_grid(
             be,
             entry,
-            // without a bias, binding 4 is B again, unread
-            &[a, b, c, bias.unwrap_or(b)],
+            // without a bias (a pending gradient), binding 4 (5) is B again, unread
+            &[a, b, c, bias.unwrap_or(b), in_kernel.unwrap_or(b)],
             [n.div_ceil(tile), m.div_ceil(tile), batch * splits],
             |[x0, y0, z0]| {
                 vec![
@@ -355,6 +375,7 @@ pub(crate) fn matmul(
                     splits as u32,
                     chunk as u32,
                     bias.is_some() as u32,
+                    in_kernel.is_some() as u32,
                 ]
             },
         )
@@ -380,7 +401,18 @@ pub(crate) fn matmul(
         _ => kernel,
     };
     run(kernel, &c, (splits, chunk))?;
-    sum_slices(be, c, splits, out_len)
+    let c = sum_slices(be, c, splits, out_len)?;
+    match (pending, in_kernel) {
+        (Some(p), None) => add_pending(be, p, &c),
+        _ => Ok(c),
+    }
+}
+
+/// `pending + c` for two buffers of the same length (the add kernel), where a product could
+/// not add its pending gradient itself.
+fn add_pending(be: &GpuBackend, pending: &GpuBuffer, c: &GpuBuffer) -> Result<GpuBuffer> {
+    let len = [c.len()];
+    super::elementwise::binary(be, BinaryOp::Add, pending, &[1], c, &[1], &len)
 }
 
 /// The sum of `splits` slices of `len` elements held one after another in `slices` (the
@@ -494,7 +526,18 @@ impl MatmulOps for GpuBackend {
         dims: MatmulDims,
         out: DType,
     ) -> Result<GpuBuffer> {
-        matmul(self, a, b, bias, dims, out)
+        matmul(self, a, b, (bias, None), dims, out)
+    }
+
+    fn matmul_plus(
+        &self,
+        a: (&GpuBuffer, MatLayout),
+        b: (&GpuBuffer, MatLayout),
+        dims: MatmulDims,
+        out: DType,
+        pending: &GpuBuffer,
+    ) -> Result<GpuBuffer> {
+        matmul(self, a, b, (None, Some(pending)), dims, out)
     }
 
     fn grouped_matmul(

@@ -103,6 +103,7 @@ fn a_pair_of_products_gives_the_bits_of_each_product_alone_on_any_number_of_thre
                     b_layout: lb,
                     dims: d,
                     out: DType::F32,
+                    pending: None,
                 };
                 let second = MatmulProduct {
                     a: &bufs[2],
@@ -111,6 +112,7 @@ fn a_pair_of_products_gives_the_bits_of_each_product_alone_on_any_number_of_thre
                     b_layout: l2b,
                     dims: d2,
                     out: DType::F32,
+                    pending: None,
                 };
                 let (x, y) = CPU.matmul_pair(first, second).unwrap();
                 let alone_x = CPU

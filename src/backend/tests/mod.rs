@@ -39,6 +39,7 @@ mod gpu_primitives;
 mod gpu_shader_checks;
 mod gpu_sort_optim;
 mod layer_norm_fold;
+mod matmul_fold;
 mod router_sums;
 mod routing_fold;
 mod shader_backends;
