@@ -4,7 +4,7 @@
 //! from the f16 activation and upstream gradient (the f16-to-f32 build): no f16 copy of the
 //! weight forward, no cast of its gradient back, one rounding (to f32) instead of two. (The
 //! expert bank's gradients from f16 rows, the same build's `grouped_weight_grad`, are checked in
-//! `half_precision.rs`, `f16_rows_with_f32_expert_weights_match_f32`.)
+//! `half_precision_matmul.rs`, `f16_rows_with_f32_expert_weights_match_f32`.)
 //!
 //! * forward and the activation's gradient, under the plain and the wide kernel: each element a
 //!   neighbouring f16 of the f32 kernel's result on the same operands (the weights are not f16

@@ -1,7 +1,7 @@
-//! Helpers of the f16 tests (`half_precision.rs`, `half_precision_products.rs`,
-//! `gpu_moe_combine.rs`): the GPU when it has `shader-f16`, f16-valued random operands, the two
-//! f16 values around an f32, the check that an f16 kernel rounded the f32 kernel's result once,
-//! and the kernels a closure ran.
+//! Helpers of the f16 tests (`half_precision.rs`, `half_precision_matmul.rs`,
+//! `half_precision_nn.rs`, `half_precision_products.rs`, `gpu_moe_combine.rs`): the GPU when it
+//! has `shader-f16`, f16-valued random operands, the two f16 values around an f32, the check that
+//! an f16 kernel rounded the f32 kernel's result once, and the kernels a closure ran.
 //! Included with `#[path = "common/f16_checks.rs"] mod f16_checks;` after `mod common;`.
 #![allow(dead_code)]
 
