@@ -21,8 +21,9 @@ pub(crate) struct MatmulProduct<'a, B> {
 /// Matrix products: dense batched, grouped per expert, and the grouped weight gradient.
 pub(crate) trait MatmulOps: BufferOps {
     /// Batched matrix product, output contiguous `[batch, m, n]` of dtype `out`: the operands'
-    /// dtype, or on the GPU, for mixed precision, f16 from f16 A and f32 B, or f32 from f16 A
-    /// and B (the GPU's `MatmulBuild`); any other combination is an error. With `bias` (`[n]`,
+    /// dtype, or on the GPU, for mixed precision, f16 or f32 from f16 A and f32 B, f32 from
+    /// f16 A and B, or f16 from f32 A and B (the GPU's `MatmulBuild`); any other combination
+    /// is an error. With `bias` (`[n]`,
     /// B's dtype) every output row gets it added, `C[b][r] = A[b][r]·B[b] + bias`, after the
     /// product's sum and before the output is rounded to its dtype: the linear layer's
     /// `x·W + b` in one pass over the output.

@@ -250,12 +250,14 @@ fn operand(
 /// Batched matrix product `C[b] = A[b]·B[b]` (entry point `matmul`), `A[b]: m×k` and `B[b]: k×n`
 /// read through their layouts, output contiguous `[batch, m, n]` of dtype `out`.
 ///
-/// f32 operands give an f32 output. With f16 (adapters with `shader-f16`) the product runs a
-/// build of the same kernels for its dtypes ([`MatmulBuild`]): f16·f16 → f16, f16·f32 → f16
-/// (an activation times an f32 weight, read where it is) and f16·f16 → f32 (an f32 weight's
-/// gradient); f32 sums in every build, and the plain or wide kernel as for f32 (`wide-vec4`
-/// and `subgroup`, which have no f16 builds, give way to `wide` and `plain`). Split-k runs
-/// where the output is f32 (an f16 output would round its partial sums).
+/// f32 operands give an f32 output (or f16, below). With f16 (adapters with `shader-f16`) the
+/// product runs a build of the same kernels for its dtypes ([`MatmulBuild`]): f16·f16 → f16,
+/// f16·f32 → f16 (an activation times an f32 weight, read where it is), f16·f16 → f32 (an f32
+/// weight's gradient), f16·f32 → f32 (a router's logits from f16 tokens, and its gate's
+/// gradient) and f32·f32 → f16 (those tokens' gradient); f32 sums in every build, and the plain
+/// or wide kernel as for f32 (`wide-vec4` and `subgroup`, which have no f16 builds, give way to
+/// `wide` and `plain`). Split-k runs where the output is f32 (an f16 output would round its
+/// partial sums).
 ///
 /// With `pending` (`[batch, m, n]` contiguous, of dtype `out`) the result is `pending + A·B`:
 /// each kernel adds it to the output element after rounding the product to `out`, and rounds
