@@ -602,6 +602,13 @@ proptest! {
         gc("sum", |t| t[0].sum(&axes, keep), &[x.t()])?;
     }
 
+    // `sum_as` into the tensor's own dtype (its f16 → f32 path exists only on the GPU, checked
+    // bit for bit in half_precision_products.rs)
+    #[test]
+    fn sum_as((x, axes, keep) in with_axes()) {
+        gc("sum_as", |t| t[0].sum_as(&axes, keep, moegrad::DType::F64), &[x.t()])?;
+    }
+
     #[test]
     fn sum_all(x in input(V::Smooth)) {
         gc("sum_all", |t| t[0].sum_all(), &[x.t()])?;
