@@ -133,13 +133,13 @@ pub fn parse_router_options(
 /// auxiliary losses run in f32. Every model routes through this (or [`crate::moe::MoeLayer`]'s
 /// `route`, which calls it); outside [`crate::autocast_f16`] it is `router.route(x)`.
 ///
-/// # Errors
-/// The router's own errors.
-///
 /// A router whose [`Router::reads_tokens_only_through_products`] is true is handed f16 tokens
 /// as they are: its products read them into f32 (see [`crate::full_precision`]), with the bits
 /// of the cast, without the cast forward, the f32 copy kept for backward, or the cast of the
 /// tokens' gradient back to f16.
+///
+/// # Errors
+/// The router's own errors.
 pub fn route_in_f32(router: &dyn Router, x: &Tensor) -> Result<Routing> {
     if crate::autocast::low_precision().is_none() && x.dtype() != crate::DType::F16 {
         return router.route(x);
