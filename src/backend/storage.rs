@@ -366,24 +366,20 @@ impl Storage {
     ) -> Result<(Storage, Storage)> {
         const WHAT: &str = "matmul";
         on_device!(self, |be| {
-            let first = MatmulProduct {
-                a: be.buf(self, WHAT)?,
-                a_layout,
-                b: be.buf(b, WHAT)?,
-                b_layout,
+            let first = MatmulProduct::new(
+                (be.buf(self, WHAT)?, a_layout),
+                (be.buf(b, WHAT)?, b_layout),
                 dims,
                 out,
-                pending: pending.map(|p| be.buf(p, WHAT)).transpose()?,
-            };
-            let second = MatmulProduct {
-                a: be.buf(c, WHAT)?,
-                a_layout: c_layout,
-                b: be.buf(d, WHAT)?,
-                b_layout: d_layout,
-                dims: dims2,
-                out: out2,
-                pending: None,
-            };
+                pending.map(|p| be.buf(p, WHAT)).transpose()?,
+            );
+            let second = MatmulProduct::new(
+                (be.buf(c, WHAT)?, c_layout),
+                (be.buf(d, WHAT)?, d_layout),
+                dims2,
+                out2,
+                None,
+            );
             be.matmul_pair(first, second)
         })
     }

@@ -8,7 +8,7 @@ use crate::backend::{MatLayout, MatmulDims};
 use crate::{DType, Error, Result, Tensor};
 
 /// Layout of a contiguous `[batch, rows, cols]` operand, optionally read transposed.
-fn layout(rows: usize, cols: usize, batched: bool, transposed: bool) -> MatLayout {
+pub(crate) fn layout(rows: usize, cols: usize, batched: bool, transposed: bool) -> MatLayout {
     let (row_stride, col_stride) = if transposed { (1, cols) } else { (cols, 1) };
     MatLayout {
         offset: 0,

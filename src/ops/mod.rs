@@ -14,7 +14,7 @@ mod index;
 mod layer_norm;
 mod layout;
 mod loss;
-mod matmul;
+pub(crate) mod matmul;
 mod reduce;
 mod softmax;
 mod sort;

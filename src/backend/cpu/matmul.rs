@@ -142,41 +142,25 @@ fn add_bias<T: Float + Send + Sync>(c: &mut [T], bias: &[T]) {
 impl MatmulOps for CpuBackend {
     fn matmul(
         &self,
-        (a, a_layout): (&CpuBuffer, MatLayout),
-        (b, b_layout): (&CpuBuffer, MatLayout),
+        a: (&CpuBuffer, MatLayout),
+        b: (&CpuBuffer, MatLayout),
         bias: Option<&CpuBuffer>,
         dims: MatmulDims,
         out: crate::DType,
     ) -> Result<CpuBuffer> {
-        let product = MatmulProduct {
-            a,
-            a_layout,
-            b,
-            b_layout,
-            dims,
-            out,
-            pending: None,
-        };
+        let product = MatmulProduct::new(a, b, dims, out, None);
         matmul_on(product, bias, rayon::current_num_threads())
     }
 
     fn matmul_plus(
         &self,
-        (a, a_layout): (&CpuBuffer, MatLayout),
-        (b, b_layout): (&CpuBuffer, MatLayout),
+        a: (&CpuBuffer, MatLayout),
+        b: (&CpuBuffer, MatLayout),
         dims: MatmulDims,
         out: crate::DType,
         pending: &CpuBuffer,
     ) -> Result<CpuBuffer> {
-        let product = MatmulProduct {
-            a,
-            a_layout,
-            b,
-            b_layout,
-            dims,
-            out,
-            pending: Some(pending),
-        };
+        let product = MatmulProduct::new(a, b, dims, out, Some(pending));
         matmul_on(product, None, rayon::current_num_threads())
     }
 

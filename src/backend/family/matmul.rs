@@ -18,6 +18,27 @@ pub(crate) struct MatmulProduct<'a, B> {
     pub(crate) pending: Option<&'a B>,
 }
 
+impl<'a, B> MatmulProduct<'a, B> {
+    /// `A·B` (plus `pending`) of the operands with their layouts, into `out`.
+    pub(crate) fn new(
+        (a, a_layout): (&'a B, MatLayout),
+        (b, b_layout): (&'a B, MatLayout),
+        dims: MatmulDims,
+        out: DType,
+        pending: Option<&'a B>,
+    ) -> MatmulProduct<'a, B> {
+        MatmulProduct {
+            a,
+            a_layout,
+            b,
+            b_layout,
+            dims,
+            out,
+            pending,
+        }
+    }
+}
+
 /// Matrix products: dense batched, grouped per expert, and the grouped weight gradient.
 pub(crate) trait MatmulOps: BufferOps {
     /// Batched matrix product, output contiguous `[batch, m, n]` of dtype `out`: the operands'

@@ -14,23 +14,11 @@ use super::kernels_of;
 use super::layer_norm_fold::{fold_devices, placed, values};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::gpu::{GpuBackend, MatmulKernel};
-use crate::backend::{
-    BinaryOp, BufferOps, ElementwiseOps, HostData, MatLayout, MatmulDims, MatmulOps,
-};
+use crate::backend::{BinaryOp, BufferOps, ElementwiseOps, HostData, MatmulDims, MatmulOps};
+use crate::ops::matmul::layout;
 use crate::{DType, Device, Tensor};
 use rand::SeedableRng;
 use rand_chacha::ChaCha8Rng;
-
-/// A row-major `[rows, cols]` operand per batch entry (`batched`) or shared, or its transpose.
-fn layout(rows: usize, cols: usize, batched: bool, transposed: bool) -> MatLayout {
-    let (row_stride, col_stride) = if transposed { (1, cols) } else { (cols, 1) };
-    MatLayout {
-        offset: 0,
-        batch_stride: if batched { rows * cols } else { 0 },
-        row_stride,
-        col_stride,
-    }
-}
 
 /// The products the fold is checked on: `(batch, m, k, n, a transposed)`: one element, odd
 /// sizes, a batch, wide tiles, a long reduction into one tile (split-k under `auto`).
@@ -83,7 +71,7 @@ fn fold_matches_the_sum<B: MatmulOps + ElementwiseOps>(
         let folded = be
             .matmul_plus((&a, la), (&b, lb), dims, out, &pending)
             .unwrap();
-        let host = |x| be.download(&be.cast(x, out.max_f32()).unwrap()).unwrap();
+        let host = |x| be.download(&be.cast(x, host_dtype(out)).unwrap()).unwrap();
         let at = format!("{what}, [{batch}, {m}, {k}]·[{k}, {n}]");
         assert_eq!(host(&folded), host(&summed), "{at}: pending + A·B");
         let short = up(vec![0.0; len + 1], out);
@@ -96,17 +84,12 @@ fn fold_matches_the_sum<B: MatmulOps + ElementwiseOps>(
     }
 }
 
-/// f16 results are compared as f32 (what `download` of a cast gives), f32 and f64 as they are.
-trait HostDtype {
-    fn max_f32(self) -> DType;
-}
-
-impl HostDtype for DType {
-    fn max_f32(self) -> DType {
-        match self {
-            DType::F16 => DType::F32,
-            d => d,
-        }
+/// The dtype results are compared in: f16 ones as f32 (what `download` of a cast gives), f32
+/// and f64 as they are.
+fn host_dtype(d: DType) -> DType {
+    match d {
+        DType::F16 => DType::F32,
+        d => d,
     }
 }
 
