@@ -1,7 +1,7 @@
 //! The matmul with the gradient its output's tensor already has folded in
 //! (`MatmulOps::matmul_plus`, reached through the matmul's folding rule on its left operand,
 //! `Tensor::record_folding`): at the backend, `pending + A·B` to the bit of the product followed
-//! by the separate add, on the CPU (f32, f64) and the GPU (f32 under every tile kernel and under
+//! by the separate add over fixed and random shapes, on the CPU (f32, f64) and the GPU (f32 under every tile kernel and under
 //! `auto` with split-k, where the add runs after the slices' sum; f16 and the f32 → f16 build,
 //! where the product is rounded before the add as the add kernel would see it), with no add
 //! launched where the kernel folds it; through the tape, a tensor feeding two products (a
@@ -17,18 +17,31 @@ use crate::backend::gpu::{GpuBackend, MatmulKernel};
 use crate::backend::{BinaryOp, BufferOps, ElementwiseOps, HostData, MatmulDims, MatmulOps};
 use crate::ops::matmul::layout;
 use crate::{DType, Device, Tensor};
-use rand::SeedableRng;
+use rand::{RngExt, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 /// The products the fold is checked on: `(batch, m, k, n, a transposed)`: one element, odd
-/// sizes, a batch, wide tiles, a long reduction into one tile (split-k under `auto`).
-const SHAPES: [(usize, usize, usize, usize, bool); 5] = [
-    (1, 1, 1, 1, false),
-    (1, 5, 7, 3, true),
-    (3, 17, 9, 21, false),
-    (1, 130, 20, 140, false),
-    (1, 40, 600, 36, true),
-];
+/// sizes, a batch, wide tiles, a long reduction into one tile (split-k under `auto`), and
+/// three random shapes (fixed seed).
+fn shapes(rng: &mut ChaCha8Rng) -> Vec<(usize, usize, usize, usize, bool)> {
+    let mut shapes = vec![
+        (1, 1, 1, 1, false),
+        (1, 5, 7, 3, true),
+        (3, 17, 9, 21, false),
+        (1, 130, 20, 140, false),
+        (1, 40, 600, 36, true),
+    ];
+    for _ in 0..3 {
+        shapes.push((
+            rng.random_range(1..=3),
+            rng.random_range(1..=150),
+            rng.random_range(1..=90),
+            rng.random_range(1..=150),
+            rng.random_bool(0.5),
+        ));
+    }
+    shapes
+}
 
 /// `matmul_plus` against `matmul` then the add kernel (`pending + C`) on backend `be`, the
 /// operands uploaded as `dtype` (A's and B's, then the output's): the same bits, and a pending
@@ -39,7 +52,7 @@ fn fold_matches_the_sum<B: MatmulOps + ElementwiseOps>(
     what: &str,
 ) {
     let mut rng = ChaCha8Rng::seed_from_u64(7);
-    for (batch, m, k, n, transposed) in SHAPES {
+    for (batch, m, k, n, transposed) in shapes(&mut rng) {
         let up = |v: Vec<f64>, dtype: DType| {
             let data = match dtype {
                 DType::F64 => HostData::F64(v),
