@@ -18,26 +18,35 @@
 // The score of query i and key j is s_ij = scale·q_i·k_j with
 // scale = 1/√HEAD_DIM; key j is visible to query i when j ≤ i (the causal mask).
 //
-// Scheme shared by the three tiled entry points: a workgroup of ROWS = 64 invocations owns 64
-// consecutive rows of one head (queries, or keys for dK/dV), one invocation per row, and keeps
-// that row's vectors (q, the output accumulator, ...) in registers. The rows of the other side
-// are walked in stages of STAGE rows: the workgroup copies a stage (STAGE × HEAD_DIM of each of
-// two matrices) into workgroup memory, waits, and every invocation runs through the staged rows
-// it can see, reading them as broadcasts; two barriers per stage. Stages wholly after every
-// query of the workgroup (fully masked) are skipped. Rows past seq load nothing and store
-// nothing, so any seq ≥ 1 works.
+// Scheme shared by the three tiled entry points: a workgroup of 256 invocations owns ROWS = 64
+// consecutive rows of one head (queries, or keys for dK/dV), LANES = 4 invocations per row:
+// invocation lid is lane lid / 64 of row lid % 64, so each 64 consecutive invocations are one
+// lane of every row. Each invocation keeps its row's vectors (q, the output accumulator, ...)
+// in registers. The rows of the other side are walked in stages of STAGE rows: the workgroup
+// copies a stage (STAGE × HEAD_DIM of each of two matrices) into workgroup memory, waits, and
+// each invocation runs through the staged rows its row can see whose index within the stage is
+// its lane modulo LANES (lane, lane + 4, ...), reading them as broadcasts (the invocations of
+// one lane read the same staged row); two barriers per stage. At the end `sum_over_lanes` adds
+// the four lanes' partial vectors of each row in lane order through workgroup memory, and lane
+// 0 stores the row. Four lanes per row give a short sequence (the baby GPT's 64 positions: one
+// workgroup per head) four times the invocations and each a quarter of the serial work. Stages
+// wholly after every query of the workgroup (fully masked) are skipped. Rows past seq load
+// nothing and store nothing, so any seq ≥ 1 works.
 // Specialisation (pipeline-overridable constants, one pipeline per value, set by the launcher):
 // HEAD_DIM (1..=MAX_DIM = 128, the register arrays' size) and STAGE = min(32, 1984 / HEAD_DIM),
 // so that two stages of STAGE × HEAD_DIM floats and two rows of STAGE floats fit in 16 KiB of
 // workgroup memory (WebGPU's guaranteed minimum).
-// Grid of the tiled entries: (⌈seq/64⌉, heads in this launch, 1); `head_base` is the first head
-// of the launch (the host splits more than 65535 heads into several launches).
+// Grid of the tiled entries: (⌈seq/64⌉, heads in this launch, 1), workgroups of 256;
+// `head_base` is the first head of the launch (the host splits more than 65535 heads into
+// several launches).
 //
 // ---- entry point `attention_forward` ----------------------------------------------------------
 //   binding 1 q, 2 k, 3 v (read), 4 o (written, [heads, seq, HEAD_DIM]), 5 lse (written,
-//   [heads, seq]). Invocation = one query. Stages K and V; per stage it computes the visible
-//   scores, then the online softmax update: running max m and sum l, the accumulator rescaled
-//   by e^(m_old − m_new) once per stage, acc += Σ_j e^(s_j − m)·v_j. o = acc / l, lse = m + ln l.
+//   [heads, seq]). Invocation = one lane of a query. Stages K and V; per stage it computes its
+//   lane's visible scores, then the online softmax update: running max m and sum l, the
+//   accumulator rescaled by e^(m_old − m_new) once per stage, acc += Σ_j e^(s_j − m)·v_j. The
+//   lanes' states merge as FlashAttention's blocks do: M = max m_p, L = Σ_p e^(m_p − M)·l_p,
+//   o = Σ_p e^(m_p − M)·acc_p / L, lse = M + ln L.
 //
 // ---- entry point `attention_delta` -------------------------------------------------------------
 //   binding 1 o, 2 dO (read), 3 delta (written, [heads, seq]): delta_i = Σ_c dO_ic·O_ic, the
@@ -46,9 +55,10 @@
 //
 // ---- entry point `attention_backward_kv` -------------------------------------------------------
 //   binding 1 q, 2 k, 3 v, 4 dO, 5 lse, 6 delta (read), 7 dk, 8 dv (written). Invocation = one
-//   key. Stages Q, dO, lse and delta of the queries from its workgroup's first key to the end;
-//   for each visible query: p = e^(s − lse), ds = scale·p·(dO·v − delta), dv += p·dO,
-//   dk += ds·q. No atomics: each key row has one owner.
+//   lane of a key. Stages Q, dO, lse and delta of the queries from its workgroup's first key to
+//   the end; for each visible query of its lane: p = e^(s − lse), ds = scale·p·(dO·v − delta),
+//   dv += p·dO, dk += ds·q; the lanes' dk and dv are summed. No atomics: each key row has one
+//   owner, its lane 0.
 //
 // ---- entry point `attention_backward_kv_packed` ------------------------------------------------
 //   attention_backward_kv for q, k, v packed in one buffer (part > 0): binding 1, 2 and 3 the
@@ -58,9 +68,9 @@
 //   the same buffer at its binding 7.
 //
 // ---- entry point `attention_backward_q` --------------------------------------------------------
-//   binding 1 q, 2 k, 3 v, 4 dO, 5 lse, 6 delta (read), 7 dq (written). Invocation = one query.
-//   Stages K and V of the keys up to its workgroup's last query; for each visible key: p and ds
-//   as above, dq += ds·k.
+//   binding 1 q, 2 k, 3 v, 4 dO, 5 lse, 6 delta (read), 7 dq (written). Invocation = one lane
+//   of a query. Stages K and V of the keys up to its workgroup's last query; for each visible
+//   key of its lane: p and ds as above, dq += ds·k; the lanes' dq are summed.
 //
 // params (binding 0, AttnParams, all 32-bit): seq, scale (f32), head_base, rows (delta only:
 // heads·seq), head_dim (= HEAD_DIM in the tiled entries, which use the constant for their
@@ -72,8 +82,16 @@
 override HEAD_DIM: u32 = 32u;
 override STAGE: u32 = 32u;
 
-// rows (invocations) per workgroup of the tiled entries
+// rows per workgroup of the tiled entries
 const ROWS: u32 = 64u;
+// invocations per row: lanes that split the staged rows between them
+const LANES: u32 = 4u;
+// invocations per workgroup of the tiled entries: ROWS · LANES
+const INVOCATIONS: u32 = 256u;
+// a lane's share of one stage's rows: MAX_STAGE / LANES
+const LANE_STAGE: u32 = 8u;
+// dimensions per round of sum_over_lanes: (LANES − 1)·MERGE_DIMS·ROWS ≤ STAGE_FLOATS
+const MERGE_DIMS: u32 = 8u;
 // size of the register arrays: the largest HEAD_DIM
 const MAX_DIM: u32 = 128u;
 // the largest STAGE
@@ -127,9 +145,9 @@ fn row_start(head: u32, t: u32, row: u32) -> u32 {
 }
 
 // Copies rows first..first+STAGE of the head's K into stage_a and of its V into stage_b (zeros
-// past seq); the 64 invocations share the copy.
+// past seq); the workgroup's invocations share the copy.
 fn stage_keys(head: u32, first: u32, lid: u32) {
-    for (var e = lid; e < STAGE * HEAD_DIM; e += ROWS) {
+    for (var e = lid; e < STAGE * HEAD_DIM; e += INVOCATIONS) {
         var kv = vec2<f32>(0.0);
         if (first + e / HEAD_DIM < ap.seq) {
             let at = row_start(head, first + e / HEAD_DIM, ap.qkv_row) + e % HEAD_DIM;
@@ -146,17 +164,49 @@ fn visible_keys(query: u32, first: u32) -> u32 {
     return min(STAGE, query + 1u - first);
 }
 
+// The lanes' partial vectors of each row, added: after every invocation of the workgroup has
+// called it (it has barriers), lane 0's `*v` holds Σ_lane scale_lane·v_lane over HEAD_DIM,
+// lanes in increasing order, for its row (`scale` is the calling lane's factor); the other
+// lanes' `*v` are unchanged. Lanes 1..3 hand over MERGE_DIMS dimensions per round through
+// stage_a, at [((lane − 1)·MERGE_DIMS + i)·ROWS + row] (a lane's 64 rows side by side), so the
+// stage must be free: call it after the last stage's barrier.
+fn sum_over_lanes(lid: u32, v: ptr<function, array<f32, MAX_DIM>>, scale: f32) {
+    let row = lid % ROWS;
+    let lane = lid / ROWS;
+    for (var c0 = 0u; c0 < HEAD_DIM; c0 += MERGE_DIMS) {
+        let dims = min(MERGE_DIMS, HEAD_DIM - c0);
+        if (lane > 0u) {
+            for (var i = 0u; i < dims; i++) {
+                stage_a[((lane - 1u) * MERGE_DIMS + i) * ROWS + row] = (*v)[c0 + i] * scale;
+            }
+        }
+        workgroupBarrier();
+        if (lane == 0u) {
+            for (var i = 0u; i < dims; i++) {
+                var t = (*v)[c0 + i] * scale;
+                for (var p = 1u; p < LANES; p++) {
+                    t += stage_a[((p - 1u) * MERGE_DIMS + i) * ROWS + row];
+                }
+                (*v)[c0 + i] = t;
+            }
+        }
+        workgroupBarrier();
+    }
+}
+
 // ---- forward ----------------------------------------------------------------------------------
 
 @group(0) @binding(4) var<storage, read_write> fw_o: array<at_elem>;
 @group(0) @binding(5) var<storage, read_write> fw_lse: array<f32>;
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn attention_forward(@builtin(local_invocation_index) lid: u32,
                      @builtin(workgroup_id) wid: vec3<u32>) {
     let head = ap.head_base + wid.y;
     let q0 = wid.x * ROWS;
-    let query = q0 + lid;
+    let row = lid % ROWS;
+    let lane = lid / ROWS;
+    let query = q0 + row;
     // q pre-multiplied by the scale, so q·k is the score
     var q: array<f32, MAX_DIM>;
     var acc: array<f32, MAX_DIM>;
@@ -171,33 +221,51 @@ fn attention_forward(@builtin(local_invocation_index) lid: u32,
         stage_keys(head, k0, lid);
         workgroupBarrier();
         let count = visible_keys(query, k0);
-        if (count > 0u) {
-            var s: array<f32, MAX_STAGE>;
+        // this lane's keys of the stage: lane, lane + LANES, ... below count
+        if (lane < count) {
+            var s: array<f32, LANE_STAGE>;
             var stage_max = m;
-            for (var j = 0u; j < count; j++) {
+            var n = 0u;
+            for (var j = lane; j < count; j += LANES) {
                 var d = 0.0;
                 for (var c = 0u; c < HEAD_DIM; c++) { d += q[c] * stage_a[j * HEAD_DIM + c]; }
-                s[j] = d;
+                s[n] = d;
+                n++;
                 stage_max = max(stage_max, d);
             }
-            // key k0 ≤ query is visible here, so stage_max is a real score; e^(NEG_BIG − it) = 0
+            // key k0 + lane ≤ query is visible here, so stage_max is a real score;
+            // e^(NEG_BIG − it) = 0
             let rescale = exp(m - stage_max);
             l *= rescale;
             for (var c = 0u; c < HEAD_DIM; c++) { acc[c] *= rescale; }
-            for (var j = 0u; j < count; j++) {
-                let p = exp(s[j] - stage_max);
+            for (var i = 0u; i < n; i++) {
+                let p = exp(s[i] - stage_max);
                 l += p;
+                let j = lane + i * LANES;
                 for (var c = 0u; c < HEAD_DIM; c++) { acc[c] += p * stage_b[j * HEAD_DIM + c]; }
             }
             m = stage_max;
         }
         workgroupBarrier();
     }
-    if (query < ap.seq) {
-        let inv = 1.0 / l;
+    // the lanes' (m, l) side by side in stage_b: m at lane·ROWS + row, l at (LANES + lane)·ROWS
+    // + row. Key 0 is lane 0's, so for a query below seq the largest m is a real score and a
+    // lane that saw no key (m = NEG_BIG, l = 0, acc = 0) adds e^(NEG_BIG − M)·0 = 0.
+    stage_b[lane * ROWS + row] = m;
+    stage_b[(LANES + lane) * ROWS + row] = l;
+    workgroupBarrier();
+    var m_all = NEG_BIG;
+    for (var p = 0u; p < LANES; p++) { m_all = max(m_all, stage_b[p * ROWS + row]); }
+    var l_all = 0.0;
+    for (var p = 0u; p < LANES; p++) {
+        l_all += exp(stage_b[p * ROWS + row] - m_all) * stage_b[(LANES + p) * ROWS + row];
+    }
+    sum_over_lanes(lid, &acc, exp(m - m_all));
+    if (lane == 0u && query < ap.seq) {
+        let inv = 1.0 / l_all;
         let at = row_start(head, query, ap.o_row);
         for (var c = 0u; c < HEAD_DIM; c++) { fw_o[at + c] = at_store(acc[c] * inv); }
-        fw_lse[head * ap.seq + query] = m + log(l);
+        fw_lse[head * ap.seq + query] = m_all + log(l_all);
     }
 }
 
@@ -230,15 +298,17 @@ fn attention_delta(@builtin(workgroup_id) wid: vec3<u32>,
 // the packed gradient [3, heads, seq, HEAD_DIM] of attention_backward_kv_packed
 @group(0) @binding(7) var<storage, read_write> bw_dkv: array<at_elem>;
 
-// dK and dV of invocation lid's key in workgroup wid (the two kv entry points' shared work);
-// returns the key row's first element index row_start(head, key, qkv_row) (part 0: add part for
-// dK, 2·part for dV), or PAST_SEQ for a key past seq (dK and dV left zero). Every invocation of
+// dK and dV of invocation lid's key in workgroup wid (the two kv entry points' shared work),
+// summed over the key's lanes into lane 0's `dk` and `dv`; returns, to lane 0, the key row's
+// first element index row_start(head, key, qkv_row) (part 0: add part for dK, 2·part for dV),
+// and PAST_SEQ to the other lanes and for a key past seq (nothing to store). Every invocation of
 // the workgroup calls it (it has barriers).
 fn key_grads(lid: u32, wid: vec3<u32>, dk: ptr<function, array<f32, MAX_DIM>>,
              dv: ptr<function, array<f32, MAX_DIM>>) -> u32 {
     let head = ap.head_base + wid.y;
     let k0 = wid.x * ROWS;
-    let key = k0 + lid;
+    let lane = lid / ROWS;
+    let key = k0 + lid % ROWS;
     let key_at = row_start(head, key, ap.qkv_row);
     // k pre-multiplied by the scale, so q·k is the score
     var k: array<f32, MAX_DIM>;
@@ -252,7 +322,7 @@ fn key_grads(lid: u32, wid: vec3<u32>, dk: ptr<function, array<f32, MAX_DIM>>,
     // queries before the workgroup's first key see none of its keys
     for (var first = k0; first < ap.seq; first += STAGE) {
         // stage Q → stage_a, dO → stage_b, lse → stage_r, delta → stage_s
-        for (var e = lid; e < STAGE * HEAD_DIM; e += ROWS) {
+        for (var e = lid; e < STAGE * HEAD_DIM; e += INVOCATIONS) {
             var qd = vec2<f32>(0.0);
             let t = first + e / HEAD_DIM;
             if (t < ap.seq) {
@@ -275,10 +345,10 @@ fn key_grads(lid: u32, wid: vec3<u32>, dk: ptr<function, array<f32, MAX_DIM>>,
         }
         workgroupBarrier();
         if (key < ap.seq) {
-            // staged queries first + j with key ≤ query < seq
+            // staged queries first + j with key ≤ query < seq, this lane's: j0 + lane, + LANES, ...
             let j0 = select(0u, key - first, key > first);
             let j1 = min(STAGE, ap.seq - first);
-            for (var j = j0; j < j1; j++) {
+            for (var j = j0 + lane; j < j1; j += LANES) {
                 var s = 0.0;
                 var dp = 0.0;
                 for (var c = 0u; c < HEAD_DIM; c++) {
@@ -295,10 +365,12 @@ fn key_grads(lid: u32, wid: vec3<u32>, dk: ptr<function, array<f32, MAX_DIM>>,
         }
         workgroupBarrier();
     }
-    return select(PAST_SEQ, key_at, key < ap.seq);
+    sum_over_lanes(lid, dk, 1.0);
+    sum_over_lanes(lid, dv, 1.0);
+    return select(PAST_SEQ, key_at, key < ap.seq && lane == 0u);
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn attention_backward_kv(@builtin(local_invocation_index) lid: u32,
                          @builtin(workgroup_id) wid: vec3<u32>) {
     var dk: array<f32, MAX_DIM>;
@@ -312,7 +384,7 @@ fn attention_backward_kv(@builtin(local_invocation_index) lid: u32,
     }
 }
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn attention_backward_kv_packed(@builtin(local_invocation_index) lid: u32,
                                 @builtin(workgroup_id) wid: vec3<u32>) {
     var dk: array<f32, MAX_DIM>;
@@ -327,12 +399,13 @@ fn attention_backward_kv_packed(@builtin(local_invocation_index) lid: u32,
 }
 
 
-@compute @workgroup_size(64)
+@compute @workgroup_size(256)
 fn attention_backward_q(@builtin(local_invocation_index) lid: u32,
                         @builtin(workgroup_id) wid: vec3<u32>) {
     let head = ap.head_base + wid.y;
     let q0 = wid.x * ROWS;
-    let query = q0 + lid;
+    let lane = lid / ROWS;
+    let query = q0 + lid % ROWS;
     let query_at = row_start(head, query, ap.qkv_row);
     // q pre-multiplied by the scale, so q·k is the score
     var q: array<f32, MAX_DIM>;
@@ -354,7 +427,7 @@ fn attention_backward_q(@builtin(local_invocation_index) lid: u32,
         stage_keys(head, k0, lid);
         workgroupBarrier();
         let count = visible_keys(query, k0);
-        for (var j = 0u; j < count; j++) {
+        for (var j = lane; j < count; j += LANES) {
             var s = 0.0;
             var dp = 0.0;
             for (var c = 0u; c < HEAD_DIM; c++) {
@@ -367,7 +440,8 @@ fn attention_backward_q(@builtin(local_invocation_index) lid: u32,
         }
         workgroupBarrier();
     }
-    if (query < ap.seq) {
+    sum_over_lanes(lid, &dq, 1.0);
+    if (lane == 0u && query < ap.seq) {
         for (var c = 0u; c < HEAD_DIM; c++) { bw_dq[query_at + c] = at_store(dq[c]); }
     }
 }

@@ -30,7 +30,8 @@ pub(crate) static ATTENTION_SHADER: Shader = Shader {
     source: include_str!("../../../shaders/attention.wgsl"),
 };
 
-/// Rows of queries (or keys) per workgroup of the GPU kernels, one invocation per row.
+/// Rows of queries (or keys) per workgroup of the GPU kernels, four invocations (lanes) per row
+/// that split the other side's rows between them (`attention.wgsl`'s header).
 pub(crate) const ATTENTION_TILE: usize = 64;
 
 /// The largest head dimension the GPU kernels take: each invocation keeps its row's vectors
