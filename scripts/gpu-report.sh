@@ -30,17 +30,24 @@
 # `bench gpu-step` (the host's milliseconds per step,
 # bind groups reused and created, beside the kernels' GPU milliseconds). FOCUS=targets also
 # profiles the top-2 layer step at n = 2 (MOEGRAD_PROFILE=1: GPU milliseconds per kernel) once.
+# FOCUS=quick is the least that tells whether the open targets moved, for a lease of a few
+# minutes (one round unless ROUNDS says otherwise): the matmul at 1024 and 4096 under the
+# default kernel (its gpu_tuned: every candidate's time) and once more at 4096 unchecked,
+# `bench moe` at n = 2 and 8 (top-2 only) and the n = 2 profile, `bench gpu-step` (each model's
+# kernels by GPU time: gpu_kernels), torch.matmul and the MoE layer step's peer.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:-gpu-report.json}
 PYTHON=${PYTHON:-python3}
 PEERS=${PEERS:-../shared/peers}
+ROUNDS_SET=${ROUNDS:-}
 ROUNDS=${ROUNDS:-2}
 STEP_TIMEOUT=${STEP_TIMEOUT:-300}
 FOCUS=${FOCUS:-all}
 case "$FOCUS" in
   all|targets) ;;
-  *) echo "gpu-report: FOCUS=$FOCUS is not all or targets" >&2; exit 2 ;;
+  quick) ROUNDS=${ROUNDS_SET:-1} ;;
+  *) echo "gpu-report: FOCUS=$FOCUS is not all, targets or quick" >&2; exit 2 ;;
 esac
 export FOCUS
 TMP=$(mktemp -d)
@@ -108,7 +115,18 @@ TRAIN=(train --data shakespeare --device gpu --eval-windows 12 --warmup-steps 10
 
 for round in $(seq 1 "$ROUNDS"); do
   echo "gpu-report: round $round/$ROUNDS" >&2
-  if [ "$FOCUS" = targets ]; then
+  if [ "$FOCUS" = quick ]; then
+    measure "moegrad-matmul-$round" "$BIN" bench matmul --device gpu --sizes 1024,4096 --json
+    measure "moegrad-matmul-unchecked-$round" env MOEGRAD_SHADER_CHECKS=none "$BIN" bench \
+      matmul --device gpu --sizes 4096 --json
+    measure "moegrad-moe-$round" "$BIN" bench moe --device gpu --experts 2,8 --dense-experts \
+      --json
+    measure "moegrad-gpu-step-$round" "$BIN" bench gpu-step --json
+    if [ "$round" = 1 ]; then
+      measure_profile "moegrad-moe-n2-profile-$round" "$BIN" bench moe --device gpu --experts 2 \
+        --dense-experts --json
+    fi
+  elif [ "$FOCUS" = targets ]; then
     # the default (tuned: its JSON's gpu_tuned holds every candidate's time per size), auto's
     # fixed choice, and the vec4 kernel alone
     measure "moegrad-matmul-$round" "$BIN" bench matmul --device gpu --sizes 1024,2048,4096,8192 --json
@@ -155,8 +173,10 @@ for round in $(seq 1 "$ROUNDS"); do
   models=(gpt moe-gpt)
   if [ "$FOCUS" = targets ]; then
     models=(moe-gpt)
+  elif [ "$FOCUS" = quick ]; then
+    models=()
   fi
-  for model in "${models[@]}"; do
+  for model in ${models[@]+"${models[@]}"}; do
     for iters in 50 250; do
       measure "moegrad-$model-$iters-$round" "$BIN" "${TRAIN[@]}" --model "$model" \
         --iters "$iters" --eval-every "$iters" --out "$TMP/run-$model"
@@ -191,7 +211,9 @@ print(json.dumps({"torch_matmul": rows, "gpu": torch.cuda.get_device_name(0),
                   "torch": torch.__version__, "cuda": torch.version.cuda}))
 PY
     measure "torch-moe-$round" env PEER_DEVICE=cuda "$PYTHON" "$PEERS/pytorch_moe_step.py"
-    measure "torch-charlm-$round" env PEER_DEVICE=cuda "$PYTHON" "$PEERS/pytorch_charlm_step.py" 1 50
+    if [ "$FOCUS" != quick ]; then
+      measure "torch-charlm-$round" env PEER_DEVICE=cuda "$PYTHON" "$PEERS/pytorch_charlm_step.py" 1 50
+    fi
     if [ "$FOCUS" = all ]; then
       measure "torch-cnn-$round" env PEER_DEVICE=cuda "$PYTHON" "$PEERS/pytorch_cnn_epoch.py" 1 64
     fi

@@ -23,6 +23,7 @@ use moegrad::gpu::GpuStats;
 use moegrad::moe::RoutingWindow;
 use moegrad::nn::Parameters;
 use moegrad::optim::LossScale;
+use moegrad::profile::KernelTime;
 use moegrad::train::{ModelKind, Precision, TrainConfig};
 use moegrad::{DType, Device, Error, Result, Tensor};
 use rand::{RngExt, SeedableRng};
@@ -74,6 +75,9 @@ pub struct GpuStepRecord {
     /// GPU milliseconds of the step's kernels from timestamp queries (measured on one more step,
     /// each kernel in a pass of its own); `null` where the adapter has no timestamp queries
     pub gpu_ms: Option<f64>,
+    /// the same step kernel by kernel (`shader.entry`, its dispatches and GPU milliseconds),
+    /// longest first: where `gpu_ms` goes (empty where `gpu_ms` is `null`)
+    pub gpu_kernels: Vec<KernelTime>,
     /// host milliseconds to record and submit one step (from an idle device until the step's
     /// last batch is submitted; the least of [`HOST_ROUNDS`] steps): the CPU's share, which a
     /// real GPU's step cannot go below
@@ -340,6 +344,8 @@ pub struct StepFigures {
     pub stats: GpuStats,
     /// its kernels' GPU milliseconds (see [`measure_step_with`])
     pub gpu_ms: Option<f64>,
+    /// the same per kernel, longest first ([`GpuStepRecord::gpu_kernels`])
+    pub gpu_kernels: Vec<KernelTime>,
     /// host milliseconds to record and submit a step, bind groups reused and created
     /// ([`GpuStepRecord::host_ms`]); measured with `time` only
     pub host_ms: Option<(f64, f64)>,
@@ -405,7 +411,7 @@ pub fn measure(cfg: TrainConfig, time: bool) -> Result<StepFigures> {
     };
     gpu.synchronize()?;
     let timestamps = moegrad::gpu::has_timestamps()?;
-    let gpu_ms = if time && timestamps && !moegrad::profile::is_enabled() {
+    let gpu_kernels = if time && timestamps && !moegrad::profile::is_enabled() {
         let recording = moegrad::profile::start();
         {
             let _step = moegrad::profile::step();
@@ -415,10 +421,13 @@ pub fn measure(cfg: TrainConfig, time: bool) -> Result<StepFigures> {
             .finish()
             .and_then(|r| r.gpu)
             .filter(|g| g.timestamps)
-            .map(|g| g.kernels.iter().filter_map(|k| k.ms).sum())
+            .map(|g| g.kernels)
     } else {
         None
     };
+    let gpu_ms = gpu_kernels
+        .as_ref()
+        .map(|k| k.iter().filter_map(|k| k.ms).sum());
     let host_ms = if time {
         Some(host_times(stepper.as_mut(), step + 2, &gpu)?)
     } else {
@@ -427,6 +436,7 @@ pub fn measure(cfg: TrainConfig, time: bool) -> Result<StepFigures> {
     Ok(StepFigures {
         stats: counted,
         gpu_ms,
+        gpu_kernels: gpu_kernels.unwrap_or_default(),
         host_ms,
         peak_bytes,
         activation_bytes,
@@ -493,6 +503,7 @@ pub fn bench_gpu_step(models: &[&str]) -> Result<GpuStepBench> {
                 activation_bytes: f.activation_bytes,
                 peak_bytes: f.peak_bytes,
                 gpu_ms: f.gpu_ms,
+                gpu_kernels: f.gpu_kernels,
                 host_ms: f.host_ms.map(|h| h.0),
                 host_ms_creating_bind_groups: f.host_ms.map(|h| h.1),
             });

@@ -77,6 +77,23 @@ pub(crate) struct StorageBinding<'a> {
     pub size: u64,
 }
 
+/// The bytes `storage[i]` adds to a dispatch's bound bytes: its buffer's largest range among the
+/// dispatch's bindings where `i` is that buffer's first binding, else 0. A buffer bound at
+/// several slots (q, k and v packed in one, an operand standing in for an input a kernel does
+/// not read, such as the matmul's pending gradient when there is none) is counted once.
+fn distinct_bytes(storage: &[StorageBinding], i: usize) -> u64 {
+    let same = |t: &&StorageBinding| Arc::ptr_eq(t.buffer, storage[i].buffer);
+    if storage[..i].iter().any(|t| same(&t)) {
+        return 0;
+    }
+    storage[i..]
+        .iter()
+        .filter(same)
+        .map(|t| t.size)
+        .max()
+        .unwrap_or(0)
+}
+
 /// The work recorded since the last submit.
 #[derive(Default)]
 struct Batch {
@@ -215,9 +232,9 @@ impl Batcher {
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
         }
         let mut bound = 0;
-        for s in storage {
+        for (i, s) in storage.iter().enumerate() {
             b.hold.push(s.buffer.clone());
-            bound += s.size;
+            bound += distinct_bytes(storage, i);
         }
         b.dispatches += 1;
         self.counters.dispatch(bound);

@@ -36,9 +36,10 @@ pub struct GpuStats {
     /// bytes read back from the device to the host
     pub downloaded_bytes: u64,
     /// bytes of the storage buffers bound to the dispatches (every kernel's operands and
-    /// outputs, counted once per dispatch): the memory traffic the kernels ask for, an upper
-    /// bound on what they move (a kernel may read part of a buffer, or read it through a
-    /// cache); halved where tensors are f16
+    /// outputs, each distinct buffer counted once per dispatch, even where it is bound at
+    /// several slots): the memory traffic the kernels ask for, an upper bound on what they move
+    /// (a kernel may read part of a buffer, or read it through a cache); halved where tensors
+    /// are f16
     pub bound_bytes: u64,
 }
 

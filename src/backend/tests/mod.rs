@@ -38,6 +38,7 @@ mod gpu_matmul_tuning;
 mod gpu_primitives;
 mod gpu_shader_checks;
 mod gpu_sort_optim;
+mod gpu_stats;
 mod layer_norm_fold;
 mod matmul_fold;
 mod router_sums;

@@ -316,6 +316,21 @@ pub(super) fn run_bench(args: BenchArgs) -> Result<()> {
                         ms(m.host_ms_creating_bind_groups)
                     );
                 }
+                // where each step's GPU time goes: its five longest kernels
+                for m in r.gpu_step.iter().filter(|m| !m.gpu_kernels.is_empty()) {
+                    let top: Vec<String> = m
+                        .gpu_kernels
+                        .iter()
+                        .take(5)
+                        .map(|k| format!("{} {} ({}×)", k.kernel, ms(k.ms), k.calls))
+                        .collect();
+                    println!(
+                        "{} {}, longest kernels (ms): {}",
+                        m.model,
+                        m.precision,
+                        top.join(", ")
+                    );
+                }
                 for s in &r.skipped {
                     println!("not measured: {s}");
                 }
