@@ -26,7 +26,10 @@
 // copies a stage (STAGE × HEAD_DIM of each of two matrices) into workgroup memory, waits, and
 // each invocation runs through the staged rows its row can see whose index within the stage is
 // its lane modulo LANES (lane, lane + 4, ...), reading them as broadcasts (the invocations of
-// one lane read the same staged row); two barriers per stage. At the end `sum_over_lanes` adds
+// one lane read the same staged row); two barriers per stage. An invocation forms the dot
+// products of its (at most LANE_STAGE = 8) staged rows together, dimension by dimension: eight
+// independent sums instead of one chain of HEAD_DIM dependent additions after another, each
+// sum still over c = 0, 1, ... in order. At the end `sum_over_lanes` adds
 // the four lanes' partial vectors of each row in lane order through workgroup memory, and lane
 // 0 stores the row. Four lanes per row give a short sequence (the baby GPT's 64 positions: one
 // workgroup per head) four times the invocations and each a quarter of the serial work. Stages
@@ -223,26 +226,32 @@ fn attention_forward(@builtin(local_invocation_index) lid: u32,
         let count = visible_keys(query, k0);
         // this lane's keys of the stage: lane, lane + LANES, ... below count
         if (lane < count) {
+            // s[i]: the score of staged key lane + i·LANES (below count), all of the lane's
+            // at once, dimension by dimension (independent sums, each over c = 0, 1, ... in order)
             var s: array<f32, LANE_STAGE>;
+            for (var c = 0u; c < HEAD_DIM; c++) {
+                let qc = q[c];
+                for (var i = 0u; i < LANE_STAGE; i++) {
+                    let j = lane + i * LANES;
+                    if (j < count) { s[i] += qc * stage_a[j * HEAD_DIM + c]; }
+                }
+            }
             var stage_max = m;
-            var n = 0u;
-            for (var j = lane; j < count; j += LANES) {
-                var d = 0.0;
-                for (var c = 0u; c < HEAD_DIM; c++) { d += q[c] * stage_a[j * HEAD_DIM + c]; }
-                s[n] = d;
-                n++;
-                stage_max = max(stage_max, d);
+            for (var i = 0u; i < LANE_STAGE; i++) {
+                if (lane + i * LANES < count) { stage_max = max(stage_max, s[i]); }
             }
             // key k0 + lane ≤ query is visible here, so stage_max is a real score;
             // e^(NEG_BIG − it) = 0
             let rescale = exp(m - stage_max);
             l *= rescale;
             for (var c = 0u; c < HEAD_DIM; c++) { acc[c] *= rescale; }
-            for (var i = 0u; i < n; i++) {
-                let p = exp(s[i] - stage_max);
-                l += p;
+            for (var i = 0u; i < LANE_STAGE; i++) {
                 let j = lane + i * LANES;
-                for (var c = 0u; c < HEAD_DIM; c++) { acc[c] += p * stage_b[j * HEAD_DIM + c]; }
+                if (j < count) {
+                    let p = exp(s[i] - stage_max);
+                    l += p;
+                    for (var c = 0u; c < HEAD_DIM; c++) { acc[c] += p * stage_b[j * HEAD_DIM + c]; }
+                }
             }
             m = stage_max;
         }
@@ -348,18 +357,30 @@ fn key_grads(lid: u32, wid: vec3<u32>, dk: ptr<function, array<f32, MAX_DIM>>,
             // staged queries first + j with key ≤ query < seq, this lane's: j0 + lane, + LANES, ...
             let j0 = select(0u, key - first, key > first);
             let j1 = min(STAGE, ap.seq - first);
-            for (var j = j0 + lane; j < j1; j += LANES) {
-                var s = 0.0;
-                var dp = 0.0;
-                for (var c = 0u; c < HEAD_DIM; c++) {
-                    s += stage_a[j * HEAD_DIM + c] * k[c];
-                    dp += stage_b[j * HEAD_DIM + c] * v[c];
+            // s[i], dp[i]: q·k and dO·v of staged query j0 + lane + i·LANES (below j1), all of
+            // the lane's at once, dimension by dimension (each sum over c in order)
+            var s: array<f32, LANE_STAGE>;
+            var dp: array<f32, LANE_STAGE>;
+            for (var c = 0u; c < HEAD_DIM && j0 + lane < j1; c++) {
+                let kc = k[c];
+                let vc = v[c];
+                for (var i = 0u; i < LANE_STAGE; i++) {
+                    let j = j0 + lane + i * LANES;
+                    if (j < j1) {
+                        s[i] += stage_a[j * HEAD_DIM + c] * kc;
+                        dp[i] += stage_b[j * HEAD_DIM + c] * vc;
+                    }
                 }
-                let p = exp(s - stage_r[j]);
-                let ds = p * (dp - stage_s[j]) * ap.scale;
-                for (var c = 0u; c < HEAD_DIM; c++) {
-                    (*dv)[c] += p * stage_b[j * HEAD_DIM + c];
-                    (*dk)[c] += ds * stage_a[j * HEAD_DIM + c];
+            }
+            for (var i = 0u; i < LANE_STAGE; i++) {
+                let j = j0 + lane + i * LANES;
+                if (j < j1) {
+                    let p = exp(s[i] - stage_r[j]);
+                    let ds = p * (dp[i] - stage_s[j]) * ap.scale;
+                    for (var c = 0u; c < HEAD_DIM; c++) {
+                        (*dv)[c] += p * stage_b[j * HEAD_DIM + c];
+                        (*dk)[c] += ds * stage_a[j * HEAD_DIM + c];
+                    }
                 }
             }
         }
@@ -427,16 +448,28 @@ fn attention_backward_q(@builtin(local_invocation_index) lid: u32,
         stage_keys(head, k0, lid);
         workgroupBarrier();
         let count = visible_keys(query, k0);
-        for (var j = lane; j < count; j += LANES) {
-            var s = 0.0;
-            var dp = 0.0;
-            for (var c = 0u; c < HEAD_DIM; c++) {
-                s += q[c] * stage_a[j * HEAD_DIM + c];
-                dp += g[c] * stage_b[j * HEAD_DIM + c];
+        // s[i], dp[i]: q·k and dO·v of staged key lane + i·LANES (below count), all of the
+        // lane's at once, dimension by dimension (each sum over c in order)
+        var s: array<f32, LANE_STAGE>;
+        var dp: array<f32, LANE_STAGE>;
+        for (var c = 0u; c < HEAD_DIM && lane < count; c++) {
+            let qc = q[c];
+            let gc = g[c];
+            for (var i = 0u; i < LANE_STAGE; i++) {
+                let j = lane + i * LANES;
+                if (j < count) {
+                    s[i] += qc * stage_a[j * HEAD_DIM + c];
+                    dp[i] += gc * stage_b[j * HEAD_DIM + c];
+                }
             }
-            let p = exp(s - lse);
-            let ds = p * (dp - delta) * ap.scale;
-            for (var c = 0u; c < HEAD_DIM; c++) { dq[c] += ds * stage_a[j * HEAD_DIM + c]; }
+        }
+        for (var i = 0u; i < LANE_STAGE; i++) {
+            let j = lane + i * LANES;
+            if (j < count) {
+                let p = exp(s[i] - lse);
+                let ds = p * (dp[i] - delta) * ap.scale;
+                for (var c = 0u; c < HEAD_DIM; c++) { dq[c] += ds * stage_a[j * HEAD_DIM + c]; }
+            }
         }
         workgroupBarrier();
     }
