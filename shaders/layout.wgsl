@@ -45,6 +45,18 @@
 //                      hits k in workgroup memory, and invocation 0 adds the hits in increasing
 //                      j: the CPU's order and bits again, with m/256 rounds of global reads
 //                      instead of m (or hits) in a chain. Bindings as scatter_add_loop's.
+// scatter_add_columns  the same result when the index is one per source row (s2 = 0: the
+//                      backward of index_select, such as an embedding's): one WORKGROUP per
+//                      output row (o, k) and block of 256 inner columns, invocation = column
+//                      i. The indices of 256 source rows at a time are staged in workgroup
+//                      memory (one read of neighbouring words), and every invocation walks them
+//                      in increasing j, adding src[o, j, i] at each hit: the test is the same
+//                      for the whole workgroup (no divergence), the source read neighbouring
+//                      columns, and each output's additions the CPU's, in its order. Where
+//                      scatter_add_wide runs a workgroup per output element and walks the
+//                      staged rows with one invocation, this walks them once per 256 outputs
+//                      with every invocation. Bindings as scatter_add_loop's. Grid:
+//                      outer·len·⌈inner/256⌉ workgroups, folded into x/y.
 // weighted_scatter_loop, weighted_scatter_sorted
 //                      Tensor::weighted_index_scatter (the MoE combine), forward: the two
 //                      scatter_add kernels with outer = 1, s0 = 0, s1 = 1, s2 = 0, each source
@@ -237,6 +249,41 @@ fn scatter_add_wide(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgrou
         workgroupBarrier();
     }
     if (lid == 0u) { sc_out[t] = sc_store(acc); }
+}
+
+// One chunk of source rows' indices of scatter_add_columns (row base + q at q).
+var<workgroup> scol_idx: array<i32, 256>;
+
+@compute @workgroup_size(256)
+fn scatter_add_columns(@builtin(workgroup_id) wid: vec3<u32>,
+                       @builtin(num_workgroups) nwg: vec3<u32>,
+                       @builtin(local_invocation_index) lid: u32) {
+    // one output row and column block per workgroup: g is the same for all its invocations
+    let blocks = (sp.inner + WG - 1u) / WG;
+    let g = wid.y * nwg.x + wid.x;
+    if (g >= sp.outer * sp.len * blocks) { return; }
+    let k = i32((g / blocks) % sp.len);
+    let o = g / (blocks * sp.len);
+    let i = (g % blocks) * WG + lid;
+    var acc = 0.0;
+    for (var base = 0u; base < sp.m; base = base + WG) {
+        // −1 (no row past m) is never an output's k
+        var key = -1;
+        if (base + lid < sp.m) { key = sc_idx[o * sp.s0 + (base + lid) * sp.s1]; }
+        scol_idx[lid] = key;
+        workgroupBarrier();
+        if (i < sp.inner) {
+            // only the hits are added (adding 0 for a miss could flush a subnormal sum)
+            let count = min(WG, sp.m - base);
+            for (var q = 0u; q < count; q = q + 1u) {
+                if (scol_idx[q] == k) {
+                    acc = acc + f32(sc_src[(o * sp.m + base + q) * sp.inner + i]);
+                }
+            }
+        }
+        workgroupBarrier();
+    }
+    if (i < sp.inner) { sc_out[(o * sp.len + u32(k)) * sp.inner + i] = sc_store(acc); }
 }
 
 // The key at sorted position p of key row `row`.

@@ -270,11 +270,12 @@ fn random_index(shape: &[usize], hit: usize, gpu: Device, rng: &mut ChaCha8Rng) 
 
 /// scatter_add in f16 adds the f16 source in f32, in the f32 kernel's order, and rounds once:
 /// every output is a neighbouring f16 of the f32 kernel's sum of the same f16-valued source.
-/// The three kernels of the launcher (`layout::scatter_kernel`), with repeated indices and
-/// outputs no index hits: `scatter_add_loop` (at most 32 source rows), `scatter_add_wide`
-/// (small work, many hits per output, or an index that varies along the inner axis) and
-/// `scatter_add_sorted` (one index per source row, outputs × rows past 2^24 and few hits per
-/// output), through `Tensor::scatter_add` and `index_scatter`.
+/// The four kernels of the launcher (`layout::scatter_kernel`), with repeated indices and
+/// outputs no index hits: `scatter_add_loop` (at most 32 source rows), `scatter_add_wide` (an
+/// index that varies along the inner axis), `scatter_add_columns` (one index per source row,
+/// small work or many hits per output) and `scatter_add_sorted` (one index per source row,
+/// outputs × rows past 2^24 and few hits per output), through `Tensor::scatter_add` and
+/// `index_scatter`.
 #[test]
 fn f16_scatter_add_rounds_the_f32_sum_once() {
     let Some(gpu) = f16_gpu("f16_scatter_add_rounds_the_f32_sum_once") else {
@@ -292,7 +293,7 @@ fn f16_scatter_add_rounds_the_f32_sum_once() {
         (vec![20, 7], 0, 5), // loop: 20 rows (the index varies along the inner axis)
         (vec![3, 30], 1, 4), // loop: 30 rows each of 3 outer slices
         (vec![40, 7], 0, 5), // wide: the index varies along the inner axis
-        (vec![5000], 0, 37), // wide: 5000 rows of one element, ~135 hits per output
+        (vec![5000], 0, 37), // columns: 5000 rows of one element, ~135 hits per output
     ] {
         let n: usize = shape.iter().product();
         let src = f16_values(n, &mut rng);
@@ -315,7 +316,7 @@ fn f16_scatter_add_rounds_the_f32_sum_once() {
     // `index_scatter`: one index per source row (source shape, axis, output length on it)
     for (shape, axis, len) in [
         (vec![9, 3], 0, 4),          // loop: 9 rows
-        (vec![4200, 3], 0, 50),      // wide: 4200 rows of 3
+        (vec![4200, 3], 0, 50),      // columns: 4200 rows of 3
         (vec![5000, 4], 0, 1000),    // sorted: 5 hits per output of 4000
         (vec![2, 4100, 2], 1, 3000), // sorted: 2 outer slices sharing one sorted index
     ] {
@@ -336,7 +337,8 @@ fn f16_scatter_add_rounds_the_f32_sum_once() {
 /// The backward of `index_select` (and of `gather`) in f16 is a scatter_add of the f16 upstream
 /// gradient: through the casts, the gradient of the f32 leaf is a neighbouring f16 of the f32
 /// run's, for a few picked rows (`scatter_add_loop`), for 4500 picks of 40 rows (many hits
-/// each: `scatter_add_wide`, also the gather's, whose index varies along the inner axis) and
+/// each: `scatter_add_columns`; the gather's `scatter_add_wide`, its index varying along the
+/// inner axis) and
 /// 5000 picks of 3000 rows (`scatter_add_sorted`), rows picked many times and rows never picked.
 #[test]
 fn f16_index_select_and_gather_backward_round_the_f32_gradient_once() {

@@ -240,6 +240,7 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
                     | "scatter_add_loop"
                     | "scatter_add_sorted"
                     | "scatter_add_wide"
+                    | "scatter_add_columns"
                     | "weighted_scatter_loop"
                     | "weighted_scatter_sorted"
                     | "weighted_gather_slots"

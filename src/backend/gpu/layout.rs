@@ -1,19 +1,21 @@
 //! Launchers of `shaders/layout.wgsl`: [`copy_strided`], [`concat()`] (entry `concat_part`, one
 //! launch per part), [`gather`] and [`scatter_add`] (entries `scatter_add_loop`,
-//! `scatter_add_wide` and `scatter_add_sorted`).
+//! `scatter_add_wide`, `scatter_add_columns` and `scatter_add_sorted`).
 //!
 //! **scatter_add without atomics.** WGSL has no f32 atomics, and a compare-and-swap loop would
-//! make the order of additions (and so the rounding) depend on scheduling. The three kernels are
+//! make the order of additions (and so the rounding) depend on scheduling. The four kernels are
 //! gather-style instead: each output element is owned by one invocation (by one workgroup in
-//! the wide kernel), which adds the source rows that hit it in increasing source order, exactly the CPU's order, so GPU and CPU agree bit
-//! for bit and repeated runs are identical. [`scatter_kernel`] picks one of three:
-//! `scatter_add_loop` scans all `m` source rows per output (few rows); `scatter_add_wide` gives
-//! each output a workgroup that tests 256 rows at a time and adds the hits in order (small work,
-//! or many hits per output, such as an MoE layer's per-expert sums, where one invocation per
-//! output would walk thousands of dependent reads); `scatter_add_sorted`, for one index per
-//! source row (`index_select`'s adjoint, the MoE combine), first sorts each row of indices with
-//! the stable argsort of `sort.rs` and then binary-searches each output's run (many outputs
-//! with few hits each).
+//! the wide kernel), which adds the source rows that hit it in increasing source order, exactly
+//! the CPU's order, so GPU and CPU agree bit for bit and repeated runs are identical.
+//! [`scatter_kernel`] picks one of four: `scatter_add_loop` scans all `m` source rows per output
+//! (few rows); where the index varies along the inner axis, `scatter_add_wide` gives each output
+//! a workgroup that tests 256 rows at a time and adds the hits in order; with one index per
+//! source row (`index_select`'s adjoint: an embedding's gradient, an MoE layer's per-expert
+//! sums), `scatter_add_columns` gives each output row a workgroup per 256 columns whose
+//! invocations walk the staged indices of 256 rows at a time together (small work, or many hits
+//! per output, where one invocation per output would walk thousands of dependent reads), and
+//! `scatter_add_sorted` first sorts each row of indices with the stable argsort of `sort.rs` and
+//! then binary-searches each output's run (many outputs with few hits each).
 //!
 //! Index values outside `0..len` are not checked on the GPU (that would need a read-back): gather
 //! yields 0 for them and scatter_add ignores them, where the CPU returns an error.
@@ -41,13 +43,14 @@ const WG: u32 = 256;
 /// row) runs: a short chain of reads, one dispatch.
 pub(super) const SCATTER_LOOP_MAX_M: usize = 32;
 
-/// `scatter_add_wide` (one workgroup per output, 256 rows tested at once) is taken while its
-/// whole work, outputs × source rows, stays below this: the small scatters of a training step
-/// (per-expert sums, a permutation's adjoint, an embedding's gradient) are then one dispatch
-/// each, without the long chain of dependent reads one invocation per output would walk.
+/// `scatter_add_columns` (one index per source row: a workgroup per output row and 256 columns,
+/// 256 rows' indices staged at a time) is taken while the whole work, outputs × source rows,
+/// stays below this: the small scatters of a training step (per-expert sums, a permutation's
+/// adjoint, an embedding's gradient) are then one dispatch each, without the long chain of
+/// dependent reads one invocation per output would walk.
 pub(super) const SCATTER_WIDE_MAX_WORK: usize = 1 << 24;
 
-/// `scatter_add_wide` is also taken past [`SCATTER_WIDE_MAX_WORK`] where each output is hit by
+/// `scatter_add_columns` is also taken past [`SCATTER_WIDE_MAX_WORK`] where each output is hit by
 /// this many source rows or more on average (`m ≥` this × outputs per `(o, i)`): the sorted
 /// entry would add each output's hits in a chain of three dependent reads each (an MoE layer's
 /// per-expert sums over 8192 assignments, at n = 2: two chains of 4096).
@@ -293,6 +296,18 @@ pub(crate) fn scatter_add(
             )?;
             return Ok(out);
         }
+        ScatterKernel::Columns => {
+            // one workgroup per output row and block of 256 columns
+            let rows = outer * len;
+            be.launch(
+                word_build(src.dtype()),
+                "scatter_add_columns",
+                &[src, idx, &out],
+                &params,
+                grid_1d(rows * inner.div_ceil(WG as usize), 1)?,
+            )?;
+            return Ok(out);
+        }
         ScatterKernel::Sorted => {}
     }
     // One key row per o (or a single shared row when s0 = 0): copy the indices contiguously,
@@ -318,22 +333,29 @@ enum ScatterKernel {
     Loop,
     /// `scatter_add_wide`: one workgroup per output, testing 256 source rows at a time
     Wide,
+    /// `scatter_add_columns`: one workgroup per output row and 256 columns, each invocation a
+    /// column walking the staged indices of 256 source rows at a time (one index per row)
+    Columns,
     /// `scatter_add_sorted`: the index copied and sorted first (a dozen more dispatches at a
     /// few thousand rows), then each output binary-searches its run of hits
     Sorted,
 }
 
 /// The kernel for `n` outputs, `m` source rows scattered into `len` entries along the axis, and
-/// an index that varies along the inner axis or not: the loop for few rows, the wide kernel for
-/// small work or many hits per output (and wherever the index varies along the inner axis,
-/// which the sorted kernel cannot take), else the sorted kernel (many outputs, few hits each).
+/// an index that varies along the inner axis or not: the loop for few rows; where the index
+/// varies along the inner axis (which neither the column nor the sorted kernel can take) the
+/// wide kernel; for small work or many hits per output the column kernel; else the sorted kernel
+/// (many outputs, few hits each).
 fn scatter_kernel(n: usize, m: usize, len: usize, index_varies_inner: bool) -> ScatterKernel {
     if m <= SCATTER_LOOP_MAX_M {
         return ScatterKernel::Loop;
     }
-    let many_hits = m >= SCATTER_WIDE_MIN_HITS.saturating_mul(len.max(1));
-    if index_varies_inner || many_hits || n.saturating_mul(m) <= SCATTER_WIDE_MAX_WORK {
+    if index_varies_inner {
         return ScatterKernel::Wide;
+    }
+    let many_hits = m >= SCATTER_WIDE_MIN_HITS.saturating_mul(len.max(1));
+    if many_hits || n.saturating_mul(m) <= SCATTER_WIDE_MAX_WORK {
+        return ScatterKernel::Columns;
     }
     ScatterKernel::Sorted
 }

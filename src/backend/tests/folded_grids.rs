@@ -315,7 +315,7 @@ fn folded_layout_kernels() {
 
     // m rows scattered into n (an index_scatter): one invocation per output element (the wide
     // kernel: one workgroup). With m ≤ 32 the loop kernel runs; with m = 40 and m·n > 2^24 the
-    // sorted one; with m = 33 into 65,536 the wide one. Targets spread over the whole output
+    // sorted one; with m = 33 into 65,536 the column one. Targets spread over the whole output
     // (the last element included) and repeat.
     for (kernel, m, n) in folded_scatter_cases() {
         let src = random_f32(9, m);
@@ -336,15 +336,58 @@ fn folded_layout_kernels() {
     }
 }
 
-/// `(kernel, m, n)`: `m` rows scattered into `n` so that each scatter kernel runs past 65,535
-/// workgroups (asserted here): the loop kernel with m ≤ 32, the sorted one with m = 40 and
-/// m·n > 2^24, the wide one (a workgroup per output) with m = 33 into 65,536.
+/// `scatter_add_wide` (a workgroup per output element, for an index that varies along the inner
+/// axis) past 65,535 workgroups: 33 rows of 2 columns, each element with its own index, into
+/// 32,768 rows of 2 (65,536 outputs), the last output hit twice.
+#[test]
+fn folded_wide_scatter() {
+    let Some((be, _lock)) = fold_gpu("folded_wide_scatter") else {
+        return;
+    };
+    let cpu = CpuBackend;
+    let (m, inner) = (33, 2);
+    let len = fold::smallest_folding(1).div_ceil(inner);
+    fold::assert_past_limit("scatter_add_wide", fold::groups(len * inner, 1));
+    let src = random_f32(33, m * inner);
+    let mut idx = random_i32(34, m * inner, len);
+    // element (j, 1) of rows 0 and m − 1 into the last output row
+    idx[1] = (len - 1) as i32;
+    idx[(m - 1) * inner + 1] = idx[1];
+    let (gs, cs) = (up_f32(&be, &src), cpu_f32(&src));
+    let (gi, ci) = (up_i32(&be, &idx), cpu_i32(&idx));
+    let dims = ScatterDims {
+        outer: 1,
+        m,
+        inner,
+        len,
+    };
+    let strides = [m * inner, inner, 1];
+    poison_pool(&be, len * inner);
+    let mut got = None;
+    let ran = super::kernels_of(|| got = Some(be.scatter_add(&gs, &gi, strides, dims).unwrap()));
+    assert!(
+        ran.iter().any(|k| k.ends_with("scatter_add_wide")),
+        "scatter_add_wide did not run: {ran:?}"
+    );
+    let want = cpu.scatter_add(&cs, &ci, strides, dims).unwrap();
+    assert_same(
+        "scatter_add_wide",
+        be.download(&got.expect("ran")).unwrap(),
+        cpu.download(&want).unwrap(),
+    );
+}
+
+/// `(kernel, m, n)`: `m` rows scattered into `n` so that each scatter kernel with one index per
+/// row runs past 65,535 workgroups (asserted here): the loop kernel with m ≤ 32, the sorted one
+/// with m = 40 and m·n > 2^24, the column one (a workgroup per output row of one column) with
+/// m = 33 into 65,536. (The wide kernel, for an index that varies along the inner axis, is
+/// `folded_wide_scatter`'s.)
 fn folded_scatter_cases() -> [(&'static str, usize, usize); 3] {
     let (n, wide_n) = (fold::smallest_folding(WG), fold::smallest_folding(1));
     let cases = [
         ("scatter_add_loop", 2, n, WG),
         ("scatter_add_sorted", 40, n, WG),
-        ("scatter_add_wide", 33, wide_n, 1),
+        ("scatter_add_columns", 33, wide_n, 1),
     ];
     cases.map(|(kernel, m, n, per_group)| {
         fold::assert_past_limit(kernel, fold::groups(n, per_group));

@@ -672,17 +672,21 @@ fn scatter_add_with_repeated_indices_matches_cpu_exactly() {
     // (outer, m, inner, len, index strides kind, kernel): kind 0 shared per row, 1 per (o, j),
     // 2 full; the kernel `layout::scatter_kernel` picks
     let (lp, wide, sorted) = ("scatter_add_loop", "scatter_add_wide", "scatter_add_sorted");
+    let cols = "scatter_add_columns";
     let cases = [
         (1usize, 5usize, 3usize, 4usize, 0u8, lp),
         (3, 20, 7, 5, 1, lp),
         (2, 9, 4, 3, 2, lp),
-        (1, 1000, 16, 37, 0, wide),    // outputs × rows is small
-        (4, 300, 5, 11, 1, wide),      // an index row per o
-        (1, 5000, 2, 37, 0, wide),     // small work, past the 256 rows of a round (a tail)
-        (3, 4500, 1, 7, 1, wide),      // many hits per output (~640), a key row per o
-        (1, 9000, 1000, 2, 0, wide),   // large work, but 4500 hits per output: per-expert sums
+        (1, 1000, 16, 37, 0, cols),    // outputs × rows is small
+        (4, 300, 5, 11, 1, cols),      // an index row per o
+        (1, 5000, 2, 37, 0, cols),     // small work, past the 256 rows of a round (a tail)
+        (3, 4500, 1, 7, 1, cols),      // many hits per output (~640), a key row per o
+        (1, 9000, 1000, 2, 0, cols),   // large work, but 4500 hits per output: per-expert sums
+        (1, 768, 128, 65, 0, cols),    // the baby GPT's embedding gradient (12 × 64 rows, d 128)
+        (2, 300, 600, 5, 1, cols),     // three column blocks, the last partial, a key row per o
         (2, 200, 3, 6, 2, wide),       // the index varying along i
-        (1, 77, 1, 1, 0, wide),        // everything into one element
+        (2, 700, 2, 40, 2, wide),      // the same past the 256 rows of a round
+        (1, 77, 1, 1, 0, cols),        // everything into one element
         (1, 5000, 4, 1000, 0, sorted), // large work, 5 hits per output, one shared key row
         (2, 4500, 1, 2000, 1, sorted), // a key row per o
         (2, 0, 3, 4, 0, lp),
