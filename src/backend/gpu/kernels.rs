@@ -729,7 +729,7 @@ mod tests {
         let files = [
             (&*elementwise::ELEMENTWISE, 5usize),
             (&reduce::REDUCE, 4),
-            (&layout::LAYOUT, 10),
+            (&layout::LAYOUT, 11),
             (&sort::SORT, 2),
             (&sort::SORT_WORDS, 2),
             (&random::RANDOM, 1),
