@@ -6,18 +6,20 @@
 //! instead of a lucky zero. A fused kernel is here too, because its cheapest folding shape goes
 //! through the backend: `attention_delta` (through `attention_backward`, with random `o` and
 //! `lse` instead of a forward pass). The f16 builds of mixed precision's `scatter_add` and
-//! cross-entropy backward fold too (against the CPU on the same f16 values). The matmul
+//! cross-entropy backward fold too (against the CPU on the same f16 values). The scatter kernels
+//! in f32 are `folded_scatter.rs`, the matmul
 //! launchers' grids are `folded_matmul_grids.rs`; `reduce_rows` and `cumsum_rows` cannot fold (their launcher takes
 //! them only for fewer than 4096 lines).
 //!
 //! Without a GPU adapter the tests print "skipping" and pass, unless `MOEGRAD_REQUIRE_GPU=1`.
 
+use super::folded_scatter::{folded_scatter_cases, index_scatter_dims, scatter_on};
 use crate::backend::cpu::{CpuBackend, CpuBuffer};
 use crate::backend::gpu::{GpuBackend, GpuBuffer};
 use crate::backend::{
     AttentionDims, AttentionGradOperands, AxisView, BinaryOp, BufferOps, ElementwiseOps, HostData,
-    LayoutOps, NnOps, PackedAttentionDims, ReduceOp, ReduceOps, RotaryDims, ScatterDims, Strided,
-    SwiGluDims, UnaryOp,
+    LayoutOps, NnOps, PackedAttentionDims, ReduceOp, ReduceOps, RotaryDims, Strided, SwiGluDims,
+    UnaryOp,
 };
 use crate::parity::{Gen, V};
 use crate::{DType, common, fold};
@@ -33,7 +35,7 @@ pub(super) fn host_f64(h: HostData) -> Vec<f64> {
 }
 
 /// Invocations per workgroup of the 1-D kernels (elementwise, layout, reduce, sort, random).
-const WG: usize = 256;
+pub(super) const WG: usize = 256;
 
 /// The GPU and the lock of the backend's GPU tests (the large fold cases each hold a few hundred
 /// MB), or `None` when skipping.
@@ -98,7 +100,7 @@ pub(super) fn random_f32(seed: u64, n: usize) -> Vec<f32> {
     g.vals(n, V::Smooth).into_iter().map(|v| v as f32).collect()
 }
 
-fn random_i32(seed: u64, n: usize, hi: usize) -> Vec<i32> {
+pub(super) fn random_i32(seed: u64, n: usize, hi: usize) -> Vec<i32> {
     let mut g = Gen::from_seed(seed);
     (0..n).map(|_| g.dim(0, hi - 1) as i32).collect()
 }
@@ -255,9 +257,8 @@ fn folded_llama_kernels() {
     }
 }
 
-/// `copy_strided` (a transposed view), `concat_part`, `gather`, and both scatter kernels
-/// (`scatter_add_loop` for few source rows, `scatter_add_sorted` for more than 32 with a large
-/// output), each writing more than 65,535·256 elements.
+/// `copy_strided` (a transposed view), `concat_part` and `gather`, each writing more than
+/// 65,535·256 elements (the scatter kernels: `folded_scatter.rs`).
 #[test]
 fn folded_layout_kernels() {
     let Some((be, _lock)) = fold_gpu("folded_layout_kernels") else {
@@ -312,115 +313,6 @@ fn folded_layout_kernels() {
         be.download(&got).unwrap(),
         cpu.download(&want).unwrap(),
     );
-
-    // m rows scattered into n (an index_scatter): one invocation per output element (the wide
-    // kernel: one workgroup). With m ≤ 32 the loop kernel runs; with m = 40 and m·n > 2^24 the
-    // sorted one; with m = 33 into 65,536 the column one. Targets spread over the whole output
-    // (the last element included) and repeat.
-    for (kernel, m, n) in folded_scatter_cases() {
-        let src = random_f32(9, m);
-        let mut idx = random_i32(10, m, n);
-        idx[0] = (n - 1) as i32;
-        idx[m - 1] = idx[0];
-        let (gs, cs) = (up_f32(&be, &src), cpu_f32(&src));
-        let (gi, ci) = (up_i32(&be, &idx), cpu_i32(&idx));
-        let dims = index_scatter_dims(m, n);
-        poison_pool(&be, n);
-        let got = scatter_on(&be, kernel, &gs, &gi, dims);
-        let want = cpu.scatter_add(&cs, &ci, [0, 1, 0], dims).unwrap();
-        assert_same(
-            kernel,
-            be.download(&got).unwrap(),
-            cpu.download(&want).unwrap(),
-        );
-    }
-}
-
-/// `scatter_add_wide` (a workgroup per output element, for an index that varies along the inner
-/// axis) past 65,535 workgroups: 33 rows of 2 columns, each element with its own index, into
-/// 32,768 rows of 2 (65,536 outputs), the last output hit twice.
-#[test]
-fn folded_wide_scatter() {
-    let Some((be, _lock)) = fold_gpu("folded_wide_scatter") else {
-        return;
-    };
-    let cpu = CpuBackend;
-    let (m, inner) = (33, 2);
-    let len = fold::smallest_folding(1).div_ceil(inner);
-    fold::assert_past_limit("scatter_add_wide", fold::groups(len * inner, 1));
-    let src = random_f32(33, m * inner);
-    let mut idx = random_i32(34, m * inner, len);
-    // element (j, 1) of rows 0 and m − 1 into the last output row
-    idx[1] = (len - 1) as i32;
-    idx[(m - 1) * inner + 1] = idx[1];
-    let (gs, cs) = (up_f32(&be, &src), cpu_f32(&src));
-    let (gi, ci) = (up_i32(&be, &idx), cpu_i32(&idx));
-    let dims = ScatterDims {
-        outer: 1,
-        m,
-        inner,
-        len,
-    };
-    let strides = [m * inner, inner, 1];
-    poison_pool(&be, len * inner);
-    let mut got = None;
-    let ran = super::kernels_of(|| got = Some(be.scatter_add(&gs, &gi, strides, dims).unwrap()));
-    assert!(
-        ran.iter().any(|k| k.ends_with("scatter_add_wide")),
-        "scatter_add_wide did not run: {ran:?}"
-    );
-    let want = cpu.scatter_add(&cs, &ci, strides, dims).unwrap();
-    assert_same(
-        "scatter_add_wide",
-        be.download(&got.expect("ran")).unwrap(),
-        cpu.download(&want).unwrap(),
-    );
-}
-
-/// `(kernel, m, n)`: `m` rows scattered into `n` so that each scatter kernel with one index per
-/// row runs past 65,535 workgroups (asserted here): the loop kernel with m ≤ 32, the sorted one
-/// with m = 40 and m·n > 2^24, the column one (a workgroup per output row of one column) with
-/// m = 33 into 65,536. (The wide kernel, for an index that varies along the inner axis, is
-/// `folded_wide_scatter`'s.)
-fn folded_scatter_cases() -> [(&'static str, usize, usize); 3] {
-    let (n, wide_n) = (fold::smallest_folding(WG), fold::smallest_folding(1));
-    let cases = [
-        ("scatter_add_loop", 2, n, WG),
-        ("scatter_add_sorted", 40, n, WG),
-        ("scatter_add_columns", 33, wide_n, 1),
-    ];
-    cases.map(|(kernel, m, n, per_group)| {
-        fold::assert_past_limit(kernel, fold::groups(n, per_group));
-        (kernel, m, n)
-    })
-}
-
-/// The sizes of `m` rows scattered into `n` (an index_scatter).
-fn index_scatter_dims(m: usize, n: usize) -> ScatterDims {
-    let (outer, inner, len) = (1, 1, n);
-    ScatterDims {
-        outer,
-        m,
-        inner,
-        len,
-    }
-}
-
-/// `be.scatter_add` of an index_scatter, asserting that the entry `kernel` ran.
-fn scatter_on(
-    be: &GpuBackend,
-    kernel: &str,
-    src: &GpuBuffer,
-    idx: &GpuBuffer,
-    dims: ScatterDims,
-) -> GpuBuffer {
-    let mut got = None;
-    let ran = super::kernels_of(|| got = Some(be.scatter_add(src, idx, [0, 1, 0], dims).unwrap()));
-    assert!(
-        ran.iter().any(|k| k.ends_with(kernel)),
-        "{kernel} did not run: {ran:?}"
-    );
-    got.expect("ran")
 }
 
 /// `reduce_serial` and `cumsum_serial` over more than 65,535·256 lines (one invocation a line).

@@ -29,6 +29,7 @@ mod cpu_math;
 mod cpu_matmul_pair;
 mod folded_grids;
 mod folded_matmul_grids;
+mod folded_scatter;
 mod gpu_bind_groups;
 mod gpu_grouped_wide;
 mod gpu_matmul;
