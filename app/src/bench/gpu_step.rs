@@ -66,7 +66,7 @@ pub struct GpuStepRecord {
     /// bytes read back to the host
     pub downloaded_bytes: u64,
     /// bytes of the buffers bound to the step's dispatches (each kernel's operands and outputs,
-    /// once per dispatch): the traffic the kernels ask of device memory
+    /// each distinct buffer once per dispatch): the traffic the kernels ask of device memory
     pub bound_bytes: u64,
     /// device bytes the forward pass and the loss keep for backward (saved activations)
     pub activation_bytes: u64,
