@@ -18,11 +18,13 @@
 //! - `router_sums.rs`: a step's routing statistics against their definitions, per device.
 //! - `backend_codes.rs`: the codes no tensor op reaches, as a property.
 //! - `shader_backends.rs`: every built-in WGSL kernel translated for Metal, DX12 and Vulkan.
+//! - `barrier_uniformity.rs`: every kernel's barriers in uniform control flow (naga's IR).
 //! - `constants.rs`: the block sizes and limits the integration tests pick sizes around.
 
 use std::sync::{Mutex, MutexGuard};
 
 mod backend_codes;
+mod barrier_uniformity;
 mod constants;
 mod cpu_kernels;
 mod cpu_math;

@@ -97,17 +97,17 @@ fn validated(shader: &BuiltinShader) -> (Module, ModuleInfo) {
 }
 
 /// One pipeline the crate can create.
-struct Pipeline<'a> {
-    shader: &'a BuiltinShader,
+pub(super) struct Pipeline<'a> {
+    pub(super) shader: &'a BuiltinShader,
     module: &'a Module,
     info: &'a ModuleInfo,
-    entry: String,
+    pub(super) entry: String,
     constants: &'a [(&'static str, f64)],
 }
 
 impl Pipeline<'_> {
     /// `shader.entry` and its override constants, for messages.
-    fn name(&self) -> String {
+    pub(super) fn name(&self) -> String {
         let mut s = format!("{}.{}", self.shader.name, self.entry);
         if !self.constants.is_empty() {
             let c: Vec<String> = self
@@ -122,7 +122,7 @@ impl Pipeline<'_> {
 
     /// The module as wgpu hands it to a backend's writer: the overrides applied for this entry
     /// point, everything it does not reach removed.
-    fn specialised(&self) -> Result<(Module, ModuleInfo), String> {
+    pub(super) fn specialised(&self) -> Result<(Module, ModuleInfo), String> {
         let mut constants = naga::back::PipelineConstants::default();
         for &(k, v) in self.constants {
             constants.insert(k.to_string(), v);
@@ -140,7 +140,9 @@ impl Pipeline<'_> {
 
 /// Every pipeline: each shader's compute entry points, each with every set of override
 /// constants its launchers pass, or with none (the shader's defaults) where none is listed.
-fn pipelines<'a>(modules: &'a [(BuiltinShader, Module, ModuleInfo)]) -> Vec<Pipeline<'a>> {
+pub(super) fn pipelines<'a>(
+    modules: &'a [(BuiltinShader, Module, ModuleInfo)],
+) -> Vec<Pipeline<'a>> {
     let mut out = Vec::new();
     for (shader, module, info) in modules {
         for (entry, _) in &shader.specialisations {
@@ -180,7 +182,7 @@ fn pipelines<'a>(modules: &'a [(BuiltinShader, Module, ModuleInfo)]) -> Vec<Pipe
     out
 }
 
-fn modules() -> Vec<(BuiltinShader, Module, ModuleInfo)> {
+pub(super) fn modules() -> Vec<(BuiltinShader, Module, ModuleInfo)> {
     builtin_shaders()
         .into_iter()
         .map(|s| {
@@ -272,7 +274,14 @@ fn msl_resources(r: &Resources) -> (msl::EntryPointResources, usize) {
     (res, used)
 }
 
-fn write_msl(p: &Pipeline, m: &Module, i: &ModuleInfo, r: &Resources) -> Result<(), String> {
+/// The MSL wgpu's Metal backend would hand to the Metal compiler for this pipeline, written for
+/// MSL `version`.
+fn write_msl(
+    p: &Pipeline,
+    (m, i): (&Module, &ModuleInfo),
+    r: &Resources,
+    version: (u8, u8),
+) -> Result<String, String> {
     let (resources, slots) = msl_resources(r);
     if slots > METAL_BUFFER_SLOTS {
         return Err(format!(
@@ -281,7 +290,7 @@ fn write_msl(p: &Pipeline, m: &Module, i: &ModuleInfo, r: &Resources) -> Result<
         ));
     }
     let options = msl::Options {
-        lang_version: targets(p.shader).msl,
+        lang_version: version,
         fake_missing_bindings: false,
         per_entry_point_map: BTreeMap::from([(p.entry.clone(), resources)]),
         bounds_check_policies: bounds_checks(),
@@ -295,7 +304,7 @@ fn write_msl(p: &Pipeline, m: &Module, i: &ModuleInfo, r: &Resources) -> Result<
         binding_array_length_map: Default::default(),
     };
     msl::write_string(m, i, &options, &pipeline)
-        .map(|_| ())
+        .map(|(text, _)| text)
         .map_err(|e| format!("MSL {:?}: {e}", options.lang_version))
 }
 
@@ -474,7 +483,7 @@ fn every_kernel_compiles_for_metal_dx12_and_vulkan() {
             };
             let r = resources(&m, &i, &p.entry);
             [
-                write_msl(p, &m, &i, &r),
+                write_msl(p, (&m, &i), &r, targets(p.shader).msl).map(|_| ()),
                 write_hlsl(p, &m, &i, &r),
                 write_spirv(p, &m, &i, validator),
             ]
@@ -497,6 +506,40 @@ fn every_kernel_compiles_for_metal_dx12_and_vulkan() {
     );
     report(
         "do not compile for every backend",
+        failures,
+        pipelines.len(),
+    );
+}
+
+/// Every pipeline's MSL, as wgpu writes it on macOS 10.14 and later (MSL 2.1 and up), declares
+/// its workgroup size as the most threads per threadgroup. Metal sizes a pipeline's
+/// `maxTotalThreadsPerThreadgroup` from its register use, and a dispatch of larger threadgroups
+/// is silently not run (wgpu issue 9176): attention's kernels run 256 invocations with arrays
+/// of up to 4 × 128 floats each. The attribute makes the Metal compiler fit the declared size.
+#[test]
+fn every_metal_kernel_declares_its_threadgroup_size() {
+    let modules = modules();
+    let pipelines = pipelines(&modules);
+    let failures: Vec<String> = pipelines
+        .par_iter()
+        .filter_map(|p| {
+            let (m, i) = match p.specialised() {
+                Ok(mi) => mi,
+                Err(e) => return Some(format!("{}: {e}", p.name())),
+            };
+            let r = resources(&m, &i, &p.entry);
+            let version = targets(p.shader).msl.max((2, 1));
+            let [x, y, z] = r.workgroup_size;
+            let attribute = format!("[[max_total_threads_per_threadgroup({})]]", x * y * z);
+            match write_msl(p, (&m, &i), &r, version) {
+                Ok(text) if text.contains(&attribute) => None,
+                Ok(_) => Some(format!("{}: the MSL has no {attribute}", p.name())),
+                Err(e) => Some(format!("{}: {e}", p.name())),
+            }
+        })
+        .collect();
+    report(
+        "do not declare their threadgroup size to Metal",
         failures,
         pipelines.len(),
     );
