@@ -1,5 +1,6 @@
 //! Every workgroup barrier of every built-in kernel is reached by all of its workgroup's
-//! invocations or by none: checked on naga's IR, without a GPU.
+//! invocations or by none, and every subgroup operation by all of its subgroup's lanes: checked
+//! on naga's IR, without a GPU.
 //!
 //! WGSL requires `workgroupBarrier`, `storageBarrier` and `workgroupUniformLoad` to sit in
 //! uniform control flow. A barrier that only some invocations reach is undefined behaviour:
@@ -22,6 +23,9 @@
 //!   `if` whose branch made some invocations `return`, `break` or `continue`, and, in a loop
 //!   that some invocations left, in every later iteration; a function called where control flow
 //!   is non-uniform is analysed so, with its arguments' uniformity.
+//!
+//! A subgroup operation (`subgroupShuffle`, `subgroupAdd`, ...) in non-uniform control flow is
+//! flagged as well: lanes that did not come along give undefined values.
 //!
 //! The planted cases below show each rule catching what it should and passing what it should.
 
@@ -277,6 +281,17 @@ impl<'m> Pass<'m> {
                 }
                 Exits::default()
             }
+            // a subgroup operation reads the other lanes of its subgroup: a lane that did not
+            // come along gives an undefined value (the analysis is per workgroup, so a branch
+            // uniform per subgroup only would be flagged too; no kernel has one)
+            Statement::SubgroupBallot { .. }
+            | Statement::SubgroupGather { .. }
+            | Statement::SubgroupCollectiveOperation { .. } => {
+                if non_uniform {
+                    self.problem("a subgroup operation", span);
+                }
+                Exits::default()
+            }
             Statement::WorkGroupUniformLoad { .. } => {
                 if non_uniform {
                     self.problem("a workgroupUniformLoad", span);
@@ -428,6 +443,8 @@ fn problems_in(wgsl: &str) -> Vec<String> {
         naga::valid::ValidationFlags::all(),
         naga::valid::Capabilities::all(),
     )
+    .subgroup_stages(naga::valid::ShaderStages::COMPUTE)
+    .subgroup_operations(naga::valid::SubgroupOperationSet::all())
     .validate(&module)
     .expect("the snippet validates");
     non_uniform_barriers(&module, wgsl, "main")
@@ -494,6 +511,10 @@ fn the_analysis_finds_barriers_some_invocations_skip() {
         (
             "an atomic's result",
             "if atomicLoad(&counter) == 0u { workgroupBarrier(); }",
+        ),
+        (
+            "a subgroup shuffle under an if on the invocation",
+            "var x = 0u;\nif lid < 3u { x = subgroupShuffle(lid, 0u); }\nout[lid] = x;",
         ),
     ];
     for (what, body) in planted {
