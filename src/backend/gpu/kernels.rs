@@ -20,6 +20,7 @@
 //! `(wg.y · num_workgroups.x + wg.x) · WG + local_index`.
 
 use super::encoder::{Dispatch, StorageBinding};
+use super::invocation_order::{compiled_source, reversed_now};
 use super::{GpuBackend, GpuBuffer, Inner, ShaderChecks};
 use crate::{DType, Error, Result};
 use std::collections::HashMap;
@@ -212,11 +213,14 @@ pub(crate) struct Kernel {
     params_size: u64,
 }
 
-/// Compiled modules by (shader name, checks) and pipelines by (shader, entry, specialisation,
-/// checks).
+/// A compiled module's key: shader name, run-time checks, and whether its invocations are
+/// reversed (tests only, `invocation_order.rs`).
+type ModuleKey = (&'static str, ShaderChecks, bool);
+
+/// Compiled modules by [`ModuleKey`] and pipelines by (shader, entry, specialisation, checks).
 #[derive(Default)]
 pub(crate) struct KernelCache {
-    modules: Mutex<HashMap<(&'static str, ShaderChecks), Arc<Module>>>,
+    modules: Mutex<HashMap<ModuleKey, Arc<Module>>>,
     kernels: Mutex<HashMap<String, Arc<Kernel>>>,
 }
 
@@ -316,11 +320,12 @@ impl KernelCache {
         shader: &Shader,
         checks: ShaderChecks,
     ) -> Result<Arc<Module>> {
+        let key = (shader.name, checks, reversed_now(shader));
         if let Some(m) = self
             .modules
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(&(shader.name, checks))
+            .get(&key)
         {
             return Ok(m.clone());
         }
@@ -346,7 +351,7 @@ impl KernelCache {
         let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let descriptor = wgpu::ShaderModuleDescriptor {
             label: Some(shader.name),
-            source: wgpu::ShaderSource::Wgsl(shader.source.into()),
+            source: wgpu::ShaderSource::Wgsl(compiled_source(shader)?),
         };
         let module = match checks {
             ShaderChecks::Full => device.create_shader_module(descriptor),
@@ -371,15 +376,27 @@ impl KernelCache {
         self.modules
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert((shader.name, checks), m.clone());
+            .insert(key, m.clone());
         Ok(m)
     }
 
-    /// The (shader name, checks) of every module compiled so far.
+    /// The (shader name, checks) of every module compiled so far (as written, not with its
+    /// invocations reversed).
     #[cfg(test)]
     pub(crate) fn module_keys(&self) -> Vec<(&'static str, ShaderChecks)> {
         let modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
-        modules.keys().copied().collect()
+        modules
+            .keys()
+            .filter(|k| !k.2)
+            .map(|&(name, checks, _)| (name, checks))
+            .collect()
+    }
+
+    /// How many modules were compiled with their invocations reversed.
+    #[cfg(test)]
+    pub(crate) fn reversed_module_count(&self) -> usize {
+        let modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        modules.keys().filter(|k| k.2).count()
     }
 
     /// The compiled pipeline of `entry` in `shader` with the given override constants and
@@ -393,6 +410,9 @@ impl KernelCache {
         checks: ShaderChecks,
     ) -> Result<Arc<Kernel>> {
         let mut key = format!("{}:{entry}:{}", shader.name, checks.name());
+        if reversed_now(shader) {
+            key.push_str(":reversed");
+        }
         for (k, v) in constants {
             key.push_str(&format!(":{k}={v}"));
         }

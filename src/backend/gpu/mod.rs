@@ -42,6 +42,7 @@ mod elementwise;
 mod encoder;
 mod half;
 mod info;
+pub(crate) mod invocation_order;
 mod kernels;
 mod layer_norm;
 mod layout;
@@ -366,6 +367,13 @@ impl GpuBackend {
     #[cfg(test)]
     pub fn compiled_modules(&self) -> Vec<(&'static str, ShaderChecks)> {
         self.inner.kernels.module_keys()
+    }
+
+    /// How many shader modules were compiled with their invocations reversed
+    /// (`invocation_order.rs`).
+    #[cfg(test)]
+    pub fn reversed_module_count(&self) -> usize {
+        self.inner.kernels.reversed_module_count()
     }
 
     /// A pool of its own on this device (empty, with counters of its own), to test the pool.

@@ -18,6 +18,7 @@
 //! - `router_sums.rs`: a step's routing statistics against their definitions, per device.
 //! - `backend_codes.rs`: the codes no tensor op reaches, as a property.
 //! - `shader_backends.rs`: every built-in WGSL kernel translated for Metal, DX12 and Vulkan.
+//! - `invocation_order.rs`: training with every workgroup's invocations reversed, bit for bit.
 //! - `barrier_uniformity.rs`: every kernel's barriers in uniform control flow (naga's IR).
 //! - `constants.rs`: the block sizes and limits the integration tests pick sizes around.
 
@@ -42,6 +43,7 @@ mod gpu_primitives;
 mod gpu_shader_checks;
 mod gpu_sort_optim;
 mod gpu_stats;
+mod invocation_order;
 mod layer_norm_fold;
 mod matmul_fold;
 mod router_sums;

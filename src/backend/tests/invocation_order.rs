@@ -1,0 +1,421 @@
+//! Races on workgroup memory, found by running every kernel with its invocations reversed
+//! (`backend::gpu::invocation_order`): training steps of every model family, in f32 and
+//! f16-mixed, give exactly the same bits both ways.
+//!
+//! Lavapipe runs a workgroup's invocations in SIMD groups, always invocation 0's group first,
+//! so a kernel in which one invocation reads another's write without a barrier between them
+//! can pass every GPU test here and fail on a GPU. With the roles reversed, the group that ran
+//! last now runs first; a race-free kernel computes the same values in the same order for every
+//! role, whichever hardware lane holds it. A difference names the model, the precision and
+//! the tensor (loss, or parameter) where the bits first part. The test prints which kernels the
+//! workloads ran, so a kernel no workload reaches is seen.
+
+use super::gpu_lock;
+use crate::backend::gpu::builtin_shaders;
+use crate::backend::gpu::invocation_order::{REVERSED, applies_to, reversed};
+use crate::common;
+use crate::nn::Parameters;
+use crate::train::{DataKind, ModelKind, TrainConfig};
+use crate::{Device, Result, Tensor};
+use std::collections::BTreeSet;
+use std::sync::atomic::Ordering;
+
+/// Sets [`REVERSED`] while it lives (cleared again if the test panics).
+struct ReversedInvocations;
+
+impl ReversedInvocations {
+    fn on() -> ReversedInvocations {
+        REVERSED.store(true, Ordering::SeqCst);
+        ReversedInvocations
+    }
+}
+
+impl Drop for ReversedInvocations {
+    fn drop(&mut self) {
+        REVERSED.store(false, Ordering::SeqCst);
+    }
+}
+
+/// What a workload leaves: (what, its bits), in a fixed order.
+type Bits = Vec<(String, Vec<u32>)>;
+
+/// A workload by name: what it runs and leaves.
+type Workload = (String, Box<dyn Fn() -> Result<Bits>>);
+
+fn bits_of(t: &Tensor) -> Result<Vec<u32>> {
+    Ok(t.to_vec_f32()?.iter().map(|v| v.to_bits()).collect())
+}
+
+/// Steps of `cfg` (a language model) on the GPU: each step's loss, then every parameter.
+fn language_model_steps(cfg: &TrainConfig, mixed: bool, steps: u64) -> Result<Bits> {
+    let path = crate::data::bundled::dir().join("shakespeare-10-plays.txt.gz");
+    let corpus = crate::data::text::CharCorpus::load(&path, cfg.block)?;
+    let model = crate::lm::LanguageModel::build(cfg, corpus.vocab_size(), Device::Gpu)?;
+    let params = model.named_params();
+    let mut opt = crate::lm::make_optimizer(cfg, &model)?;
+    let scale = match mixed {
+        true => Some(crate::optim::LossScale::new(Device::Gpu)?),
+        false => None,
+    };
+    let mut out = Vec::new();
+    for step in 0..steps {
+        let (b, t) = (cfg.batch, cfg.block);
+        let (x, y) = corpus.train_batch(b, t, cfg.seed, step);
+        let x = Tensor::from_i32(x, &[b, t], Device::Gpu)?;
+        let y = Tensor::from_i32(y, &[b * t], Device::Gpu)?;
+        let clip = cfg.clip_grad_norm;
+        let o = match &scale {
+            Some(s) => crate::train::train_step_mixed(&model, &params, &mut opt, &x, &[y], clip, s),
+            None => crate::train::train_step(&model, &params, &mut opt, &x, &[y], clip),
+        }?;
+        out.push((format!("loss of step {step}"), bits_of(&o.task_loss)?));
+    }
+    for (name, p) in &params {
+        out.push((name.clone(), bits_of(&p.get())?));
+    }
+    Ok(out)
+}
+
+/// Steps of `cfg` (an image model) on the GPU over the bundled digits.
+fn image_model_steps(cfg: &TrainConfig, steps: usize) -> Result<Bits> {
+    let data = crate::train::load_data(cfg)?;
+    let model = crate::train::build_model(cfg, data.side, data.tasks, Device::Gpu)?;
+    let params = model.named_params();
+    let mut opt = crate::train::make_optimizer(cfg)?;
+    let mut out = Vec::new();
+    for step in 0..steps {
+        let ids: Vec<usize> = (step * cfg.batch..(step + 1) * cfg.batch).collect();
+        let batch = data.train.batch(&ids, Device::Gpu)?;
+        let o = crate::train::train_step(
+            model.as_ref(),
+            &params,
+            opt.as_mut(),
+            &batch.x,
+            &batch.y,
+            cfg.clip_grad_norm,
+        )?;
+        out.push((format!("loss of step {step}"), bits_of(&o.task_loss)?));
+    }
+    for (name, p) in &params {
+        out.push((name.clone(), bits_of(&p.get())?));
+    }
+    Ok(out)
+}
+
+/// `n` values in [-1, 1) from a multiplicative hash of their index and `seed`.
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| ((i as u32).wrapping_mul(2654435761) ^ seed) % 1000)
+        .map(|v| v as f32 / 500.0 - 1.0)
+        .collect()
+}
+
+/// `n` indices below `bound`, from the same hash.
+fn indices(n: usize, bound: usize, seed: u32) -> Vec<i32> {
+    (0..n)
+        .map(|i| (((i as u32).wrapping_mul(2246822519) ^ seed) % bound as u32) as i32)
+        .collect()
+}
+
+/// The ops whose large cases no training step above reaches: sorts past one block of workgroup
+/// memory, a long running sum, and scatters with the index varying along the inner axis and
+/// constant along it.
+fn tensor_ops() -> Result<Bits> {
+    let gpu = Device::Gpu;
+    let x = Tensor::from_f32(values(2 * 6000, 4), &[2, 6000], gpu)?;
+    let order = x.argsort(false)?.to_vec_i32()?;
+    let (top, top_index) = x.topk(64)?;
+    let running = x.cumsum(1)?;
+    // 6000 rows of 8 added into 64 rows, the index different in every column
+    let src = Tensor::from_f32(values(6000 * 8, 5), &[6000, 8], gpu)?;
+    let idx = Tensor::from_i32(indices(6000 * 8, 64, 6), &[6000, 8], gpu)?;
+    let zeros = Tensor::from_f32(vec![0.0; 64 * 8], &[64, 8], gpu)?;
+    let scattered = zeros.scatter_add(0, &idx, &src)?;
+    // 6000 rows of 300 added into 70 by one index per row (an embedding's gradient)
+    let rows = Tensor::from_f32(values(6000 * 300, 7), &[6000, 300], gpu)?;
+    let row_idx = Tensor::from_i32(indices(6000, 70, 8), &[6000], gpu)?;
+    let per_row = rows.index_scatter(0, &row_idx, 70)?;
+    Ok(vec![
+        ("argsort".into(), order.iter().map(|&i| i as u32).collect()),
+        ("topk".into(), bits_of(&top)?),
+        (
+            "topk index".into(),
+            top_index.to_vec_i32()?.iter().map(|&i| i as u32).collect(),
+        ),
+        ("cumsum".into(), bits_of(&running)?),
+        ("scatter_add".into(), bits_of(&scattered)?),
+        ("index_scatter".into(), bits_of(&per_row)?),
+    ])
+}
+
+/// A product large enough for the wide kernels (`[1024, 64]·[64, 1024]`: 64 tiles of 128×128)
+/// in `dtype`, forward and backward, under the matmul kernel `kernel`: the output and both
+/// gradients (their sums' bits in f16, whose values are read as f32).
+fn wide_product(dtype: crate::DType, kernel: crate::backend::gpu::MatmulKernel) -> Result<Bits> {
+    let gpu = crate::backend::gpu::GpuBackend::get()?;
+    let before = gpu.matmul_kernel();
+    gpu.set_matmul_kernel(kernel)?;
+    let run = || -> Result<Bits> {
+        let a = Tensor::from_f32(values(1024 * 64, 1), &[1024, 64], Device::Gpu)?
+            .to_dtype(dtype)?
+            .with_grad()?;
+        let b = Tensor::from_f32(values(64 * 1024, 2), &[64, 1024], Device::Gpu)?
+            .to_dtype(dtype)?
+            .with_grad()?;
+        let c = a.matmul(&b)?;
+        let w = Tensor::from_f32(values(1024 * 1024, 3), &[1024, 1024], Device::Gpu)?
+            .to_dtype(dtype)?;
+        c.mul(&w)?.sum_all()?.backward()?;
+        let grad = |t: &Tensor| {
+            t.grad()
+                .ok_or_else(|| crate::Error::Invalid("no gradient".into()))
+        };
+        let f32_of = |t: Tensor| t.to_dtype(crate::DType::F32);
+        Ok(vec![
+            ("product".into(), bits_of(&f32_of(c)?)?),
+            ("dA".into(), bits_of(&f32_of(grad(&a)?)?)?),
+            ("dB".into(), bits_of(&f32_of(grad(&b)?)?)?),
+        ])
+    };
+    let out = run();
+    gpu.set_matmul_kernel(before)?;
+    out
+}
+
+/// A small language model of kind `model`: 2 layers, d = 64, 4 heads, context 32, batch 8.
+fn small_language_model(model: ModelKind) -> TrainConfig {
+    let family = TrainConfig::language_model(model);
+    TrainConfig {
+        layers: 2,
+        heads: 4,
+        d_model: 64,
+        block: 32,
+        batch: 8,
+        expert_hidden: family.expert_hidden.min(64),
+        warmup_steps: 2,
+        device: "gpu".into(),
+        ..family
+    }
+}
+
+/// Every workload, by name: the language model families (moe-gpt twice: once with a dispatch
+/// plan past 1024 assignments, which sorts), in both precisions where the adapter has f16, and
+/// the image models.
+fn workloads(f16: bool) -> Vec<Workload> {
+    let mut all: Vec<Workload> = Vec::new();
+    let sorted_plan = TrainConfig {
+        batch: 16,
+        block: 64,
+        experts: 4,
+        k: 2,
+        ..small_language_model(ModelKind::MoeGpt)
+    };
+    // two experts over 2048 tokens: the expert bank's products run the wide grouped kernel
+    let wide_experts = TrainConfig {
+        batch: 32,
+        block: 64,
+        experts: 2,
+        k: 2,
+        expert_hidden: 256,
+        ..small_language_model(ModelKind::MoeGpt)
+    };
+    let dense_router = TrainConfig {
+        router: "softmax".into(),
+        experts: 4,
+        k: 4,
+        ..small_language_model(ModelKind::MoeGpt)
+    };
+    let lms = [
+        ("gpt", small_language_model(ModelKind::Gpt)),
+        ("moe-gpt", small_language_model(ModelKind::MoeGpt)),
+        ("moe-gpt, 2048 assignments", sorted_plan),
+        ("moe-gpt, 2 experts of 2048 rows", wide_experts),
+        ("moe-gpt, dense softmax router", dense_router),
+        ("mixtral", small_language_model(ModelKind::Mixtral)),
+        ("qwen2-moe", small_language_model(ModelKind::Qwen2Moe)),
+        ("olmoe", small_language_model(ModelKind::Olmoe)),
+        ("deepseek-moe", small_language_model(ModelKind::DeepseekMoe)),
+    ];
+    for (name, cfg) in lms {
+        for mixed in [false, true] {
+            if mixed && !f16 {
+                continue;
+            }
+            let precision = if mixed { "f16-mixed" } else { "f32" };
+            let cfg = cfg.clone();
+            all.push((
+                format!("{name} ({precision})"),
+                Box::new(move || language_model_steps(&cfg, mixed, 2)),
+            ));
+        }
+    }
+    use crate::backend::gpu::MatmulKernel;
+    let mut products = vec![
+        ("f32", crate::DType::F32, MatmulKernel::Auto),
+        ("f32", crate::DType::F32, MatmulKernel::WideVec4),
+    ];
+    if f16 {
+        products.push(("f16", crate::DType::F16, MatmulKernel::Auto));
+    }
+    for (dtype_name, dtype, kernel) in products {
+        all.push((
+            format!("[1024, 64]·[64, 1024] in {dtype_name} under {kernel:?}"),
+            Box::new(move || wide_product(dtype, kernel)),
+        ));
+    }
+    all.push(("tensor ops".into(), Box::new(tensor_ops)));
+    let images = [
+        ("cnn", ModelKind::Cnn, DataKind::Mnist),
+        ("mmoe-cnn", ModelKind::MmoeCnn, DataKind::Multimnist),
+    ];
+    for (name, model, data) in images {
+        let cfg = TrainConfig {
+            model,
+            data,
+            batch: 16,
+            train_limit: 64,
+            test_limit: 16,
+            experts: 4,
+            k: 2,
+            device: "gpu".into(),
+            ..TrainConfig::default()
+        };
+        all.push((
+            name.to_string(),
+            Box::new(move || image_model_steps(&cfg, 2)),
+        ));
+    }
+    all
+}
+
+/// Runs every workload; returns their bits and the kernels they ran.
+fn run_all(f16: bool) -> (Vec<(String, Bits)>, BTreeSet<String>) {
+    let mut kernels = BTreeSet::new();
+    let mut out = Vec::new();
+    for (name, run) in workloads(f16) {
+        let ran = super::kernels_of(|| out.push((name.clone(), run().expect(&name))));
+        kernels.extend(ran);
+    }
+    (out, kernels)
+}
+
+#[test]
+fn every_shader_reverses_to_valid_wgsl() {
+    let mut rewritten = 0;
+    for shader in builtin_shaders() {
+        if !applies_to(shader.source) {
+            continue;
+        }
+        let text = reversed(shader.source).unwrap_or_else(|e| panic!("{}: {e}", shader.name));
+        let module = naga::front::wgsl::parse_str(&text)
+            .unwrap_or_else(|e| panic!("{} reversed:\n{}", shader.name, e.emit_to_string(&text)));
+        let info = naga::valid::Validator::new(
+            naga::valid::ValidationFlags::all(),
+            naga::valid::Capabilities::all(),
+        )
+        .validate(&module)
+        .unwrap_or_else(|e| panic!("{} reversed:\n{}", shader.name, e.emit_to_string(&text)));
+        // each entry point with each set of override constants its launchers pass, as wgpu
+        // specialises it when it creates the pipeline
+        for ep in &module.entry_points {
+            let mut sets: Vec<naga::back::PipelineConstants> = shader
+                .specialisations
+                .iter()
+                .filter(|(entry, _)| *entry == ep.name)
+                .map(|(_, c)| c.iter().map(|&(k, v)| (k.to_string(), v)).collect())
+                .collect();
+            if sets.is_empty() {
+                sets.push(Default::default());
+            }
+            for constants in sets {
+                let stage = Some((naga::ShaderStage::Compute, ep.name.as_str()));
+                if let Err(e) = naga::back::pipeline_constants::process_overrides(
+                    &module, &info, stage, &constants,
+                ) {
+                    panic!("{}.{} reversed, {constants:?}: {e:?}", shader.name, ep.name);
+                }
+            }
+        }
+        let uses_ids = shader.source.contains("@builtin(local_invocation")
+            || shader.source.contains("@builtin(global_invocation_id)");
+        if uses_ids {
+            assert_ne!(text, shader.source, "{}: nothing reversed", shader.name);
+            rewritten += 1;
+        }
+    }
+    assert!(rewritten > 30, "only {rewritten} shaders rewritten");
+}
+
+#[test]
+fn training_gives_the_same_bits_with_each_workgroups_invocations_reversed() {
+    let test = "training_gives_the_same_bits_with_each_workgroups_invocations_reversed";
+    if common::gpu_or_skip(test).is_none() {
+        return;
+    }
+    let _lock = gpu_lock();
+    let f16 = crate::gpu::info()
+        .expect("adapter info")
+        .features
+        .iter()
+        .any(|f| f == "shader-f16");
+    let (forward, kernels) = run_all(f16);
+    let gpu = crate::backend::gpu::GpuBackend::get().expect("the GPU opened above");
+    let before = gpu.reversed_module_count();
+    let (backward, reversed_kernels) = {
+        let _reversed = ReversedInvocations::on();
+        run_all(f16)
+    };
+    // the second run compiled its own modules, from the reversed text, and ran the same kernels
+    assert!(
+        gpu.reversed_module_count() > before.max(20),
+        "the reversed run compiled {} reversed modules",
+        gpu.reversed_module_count()
+    );
+    assert_eq!(
+        kernels, reversed_kernels,
+        "the two runs ran different kernels"
+    );
+    eprintln!(
+        "{} workloads, {} kernels both ways: {}",
+        forward.len(),
+        kernels.len(),
+        kernels.iter().cloned().collect::<Vec<_>>().join(" ")
+    );
+    let all: BTreeSet<String> = builtin_shaders()
+        .iter()
+        .flat_map(|s| {
+            let module = naga::front::wgsl::parse_str(s.source).expect("a built-in shader parses");
+            let name = s.name;
+            module
+                .entry_points
+                .into_iter()
+                .map(move |ep| format!("{name}.{}", ep.name))
+        })
+        .collect();
+    eprintln!(
+        "not run by these workloads: {}",
+        all.difference(&kernels)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let mut differences = Vec::new();
+    for ((name, a), (_, b)) in forward.iter().zip(&backward) {
+        for ((what, x), (_, y)) in a.iter().zip(b) {
+            if let Some(i) = x.iter().zip(y).position(|(p, q)| p != q) {
+                differences.push(format!(
+                    "{name}: {what}, element {i}: {} in order, {} reversed",
+                    f32::from_bits(x[i]),
+                    f32::from_bits(y[i])
+                ));
+                break;
+            }
+        }
+    }
+    assert!(
+        differences.is_empty(),
+        "the bits depend on the order a workgroup's invocations run in (a race on workgroup \
+         memory, or a missing barrier):\n{}",
+        differences.join("\n")
+    );
+}
