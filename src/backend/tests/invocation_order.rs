@@ -79,7 +79,10 @@ fn language_model_steps(cfg: &TrainConfig, mixed: bool, steps: u64) -> Result<Bi
 /// Steps of `cfg` (an image model) on the GPU over the bundled digits.
 fn image_model_steps(cfg: &TrainConfig, steps: usize) -> Result<Bits> {
     let data = crate::train::load_data(cfg)?;
-    let model = crate::train::build_model(cfg, data.side, data.tasks, Device::Gpu)?;
+    let model = match &data.bank {
+        Some(bank) => crate::train::build_synthetic_b(cfg, bank, Device::Gpu)?,
+        None => crate::train::build_model(cfg, data.side, data.tasks, Device::Gpu)?,
+    };
     let params = model.named_params();
     let mut opt = crate::train::make_optimizer(cfg)?;
     let mut out = Vec::new();
@@ -264,14 +267,18 @@ fn workloads(f16: bool) -> Vec<Workload> {
         ));
     }
     all.push(("tensor ops".into(), Box::new(tensor_ops)));
+    use crate::train::OptimizerKind::{Adam, Sgd};
     let images = [
-        ("cnn", ModelKind::Cnn, DataKind::Mnist),
-        ("mmoe-cnn", ModelKind::MmoeCnn, DataKind::Multimnist),
+        ("cnn", ModelKind::Cnn, DataKind::Mnist, Adam),
+        ("mmoe-cnn", ModelKind::MmoeCnn, DataKind::Multimnist, Adam),
+        ("moe-mlp, SGD", ModelKind::MoeMlp, DataKind::Mnist, Sgd),
+        ("synthetic-b", ModelKind::MoeMlp, DataKind::SyntheticB, Adam),
     ];
-    for (name, model, data) in images {
+    for (name, model, data, optimizer) in images {
         let cfg = TrainConfig {
             model,
             data,
+            optimizer,
             batch: 16,
             train_limit: 64,
             test_limit: 16,
