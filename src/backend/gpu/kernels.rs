@@ -20,7 +20,7 @@
 //! `(wg.y · num_workgroups.x + wg.x) · WG + local_index`.
 
 use super::encoder::{Dispatch, StorageBinding};
-use super::invocation_order::{compiled_source, reversed_now};
+use super::invocation_order::{Roles, compiled_source, roles_now};
 use super::{GpuBackend, GpuBuffer, Inner, ShaderChecks};
 use crate::{DType, Error, Result};
 use std::collections::HashMap;
@@ -213,9 +213,9 @@ pub(crate) struct Kernel {
     params_size: u64,
 }
 
-/// A compiled module's key: shader name, run-time checks, and whether its invocations are
-/// reversed (tests only, `invocation_order.rs`).
-type ModuleKey = (&'static str, ShaderChecks, bool);
+/// A compiled module's key: shader name, run-time checks, and which invocation plays which role
+/// (permuted in tests only, `invocation_order.rs`).
+type ModuleKey = (&'static str, ShaderChecks, Roles);
 
 /// Compiled modules by [`ModuleKey`] and pipelines by (shader, entry, specialisation, checks).
 #[derive(Default)]
@@ -320,7 +320,7 @@ impl KernelCache {
         shader: &Shader,
         checks: ShaderChecks,
     ) -> Result<Arc<Module>> {
-        let key = (shader.name, checks, reversed_now(shader));
+        let key = (shader.name, checks, roles_now(shader));
         if let Some(m) = self
             .modules
             .lock()
@@ -381,22 +381,22 @@ impl KernelCache {
     }
 
     /// The (shader name, checks) of every module compiled so far (as written, not with its
-    /// invocations reversed).
+    /// invocations permuted).
     #[cfg(test)]
     pub(crate) fn module_keys(&self) -> Vec<(&'static str, ShaderChecks)> {
         let modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         modules
             .keys()
-            .filter(|k| !k.2)
+            .filter(|k| k.2 == Roles::AsRun)
             .map(|&(name, checks, _)| (name, checks))
             .collect()
     }
 
-    /// How many modules were compiled with their invocations reversed.
+    /// How many modules were compiled with their invocations as `roles` says.
     #[cfg(test)]
-    pub(crate) fn reversed_module_count(&self) -> usize {
+    pub(crate) fn module_count(&self, roles: Roles) -> usize {
         let modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
-        modules.keys().filter(|k| k.2).count()
+        modules.keys().filter(|k| k.2 == roles).count()
     }
 
     /// The compiled pipeline of `entry` in `shader` with the given override constants and
@@ -410,8 +410,8 @@ impl KernelCache {
         checks: ShaderChecks,
     ) -> Result<Arc<Kernel>> {
         let mut key = format!("{}:{entry}:{}", shader.name, checks.name());
-        if reversed_now(shader) {
-            key.push_str(":reversed");
+        if roles_now(shader) != Roles::AsRun {
+            key.push_str(&format!(":{:?}", roles_now(shader)));
         }
         for (k, v) in constants {
             key.push_str(&format!(":{k}={v}"));

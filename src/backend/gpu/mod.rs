@@ -369,11 +369,11 @@ impl GpuBackend {
         self.inner.kernels.module_keys()
     }
 
-    /// How many shader modules were compiled with their invocations reversed
+    /// How many shader modules were compiled with their invocations as `roles` says
     /// (`invocation_order.rs`).
     #[cfg(test)]
-    pub fn reversed_module_count(&self) -> usize {
-        self.inner.kernels.reversed_module_count()
+    pub(crate) fn module_count(&self, roles: invocation_order::Roles) -> usize {
+        self.inner.kernels.module_count(roles)
     }
 
     /// A pool of its own on this device (empty, with counters of its own), to test the pool.

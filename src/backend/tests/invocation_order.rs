@@ -1,38 +1,40 @@
-//! Races on workgroup memory, found by running every kernel with its invocations reversed
-//! (`backend::gpu::invocation_order`): training steps of every model family, in f32 and
-//! f16-mixed, give exactly the same bits both ways.
+//! Races on workgroup memory, found by running every kernel with its invocations permuted
+//! (`backend::gpu::invocation_order`: reversed, then scrambled): training steps of every model
+//! family, in f32 and f16-mixed, give exactly the same bits all three ways.
 //!
 //! Lavapipe runs a workgroup's invocations in SIMD groups, always invocation 0's group first,
 //! so a kernel in which one invocation reads another's write without a barrier between them
 //! can pass every GPU test here and fail on a GPU. With the roles reversed, the group that ran
-//! last now runs first; a race-free kernel computes the same values in the same order for every
-//! role, whichever hardware lane holds it. A difference names the model, the precision and
+//! last now runs first; scrambled, neighbouring invocations sit in different SIMD groups, so
+//! that a race between them no longer runs in lockstep. A race-free kernel computes the same
+//! values in the same order for every role, whichever hardware lane holds it. A difference
+//! names the model, the precision and
 //! the tensor (loss, or parameter) where the bits first part. The test prints which kernels the
 //! workloads ran, so a kernel no workload reaches is seen.
 
 use super::gpu_lock;
 use crate::backend::gpu::builtin_shaders;
-use crate::backend::gpu::invocation_order::{REVERSED, applies_to, reversed};
+use crate::backend::gpu::invocation_order::{Roles, applies_to, rewritten, set_roles};
 use crate::common;
 use crate::nn::Parameters;
 use crate::train::{DataKind, ModelKind, TrainConfig};
 use crate::{Device, Result, Tensor};
 use std::collections::BTreeSet;
-use std::sync::atomic::Ordering;
 
-/// Sets [`REVERSED`] while it lives (cleared again if the test panics).
-struct ReversedInvocations;
+/// Compiles the kernels with permuted invocations while it lives (as written again when it is
+/// dropped, also if the test panics).
+struct PermutedRoles;
 
-impl ReversedInvocations {
-    fn on() -> ReversedInvocations {
-        REVERSED.store(true, Ordering::SeqCst);
-        ReversedInvocations
+impl PermutedRoles {
+    fn on(roles: Roles) -> PermutedRoles {
+        set_roles(roles);
+        PermutedRoles
     }
 }
 
-impl Drop for ReversedInvocations {
+impl Drop for PermutedRoles {
     fn drop(&mut self) {
-        REVERSED.store(false, Ordering::SeqCst);
+        set_roles(Roles::AsRun);
     }
 }
 
@@ -121,7 +123,7 @@ fn indices(n: usize, bound: usize, seed: u32) -> Vec<i32> {
 }
 
 /// The ops whose large cases no training step above reaches: sorts past one block of workgroup
-/// memory, a long running sum, and scatters with the index varying along the inner axis and
+/// memory, a long running sum and a long sum, and scatters with the index varying along the inner axis and
 /// constant along it.
 fn tensor_ops() -> Result<Bits> {
     let gpu = Device::Gpu;
@@ -129,6 +131,7 @@ fn tensor_ops() -> Result<Bits> {
     let order = x.argsort(false)?.to_vec_i32()?;
     let (top, top_index) = x.topk(64)?;
     let running = x.cumsum(1)?;
+    let total = x.sum(&[1], false)?;
     // 6000 rows of 8 added into 64 rows, the index different in every column
     let src = Tensor::from_f32(values(6000 * 8, 5), &[6000, 8], gpu)?;
     let idx = Tensor::from_i32(indices(6000 * 8, 64, 6), &[6000, 8], gpu)?;
@@ -146,6 +149,7 @@ fn tensor_ops() -> Result<Bits> {
             top_index.to_vec_i32()?.iter().map(|&i| i as u32).collect(),
         ),
         ("cumsum".into(), bits_of(&running)?),
+        ("sum".into(), bits_of(&total)?),
         ("scatter_add".into(), bits_of(&scattered)?),
         ("index_scatter".into(), bits_of(&per_row)?),
     ])
@@ -307,21 +311,25 @@ fn run_all(f16: bool) -> (Vec<(String, Bits)>, BTreeSet<String>) {
 }
 
 #[test]
-fn every_shader_reverses_to_valid_wgsl() {
-    let mut rewritten = 0;
-    for shader in builtin_shaders() {
+fn every_shader_permutes_to_valid_wgsl() {
+    let mut changed = 0;
+    for (shader, roles) in builtin_shaders()
+        .iter()
+        .flat_map(|s| [(s, Roles::Reversed), (s, Roles::Scrambled)])
+    {
         if !applies_to(shader.source) {
             continue;
         }
-        let text = reversed(shader.source).unwrap_or_else(|e| panic!("{}: {e}", shader.name));
+        let text = rewritten(shader.source, roles)
+            .unwrap_or_else(|e| panic!("{} {roles:?}: {e}", shader.name));
         let module = naga::front::wgsl::parse_str(&text)
-            .unwrap_or_else(|e| panic!("{} reversed:\n{}", shader.name, e.emit_to_string(&text)));
+            .unwrap_or_else(|e| panic!("{} {roles:?}:\n{}", shader.name, e.emit_to_string(&text)));
         let info = naga::valid::Validator::new(
             naga::valid::ValidationFlags::all(),
             naga::valid::Capabilities::all(),
         )
         .validate(&module)
-        .unwrap_or_else(|e| panic!("{} reversed:\n{}", shader.name, e.emit_to_string(&text)));
+        .unwrap_or_else(|e| panic!("{} {roles:?}:\n{}", shader.name, e.emit_to_string(&text)));
         // each entry point with each set of override constants its launchers pass, as wgpu
         // specialises it when it creates the pipeline
         for ep in &module.entry_points {
@@ -339,23 +347,30 @@ fn every_shader_reverses_to_valid_wgsl() {
                 if let Err(e) = naga::back::pipeline_constants::process_overrides(
                     &module, &info, stage, &constants,
                 ) {
-                    panic!("{}.{} reversed, {constants:?}: {e:?}", shader.name, ep.name);
+                    panic!(
+                        "{}.{} {roles:?}, {constants:?}: {e:?}",
+                        shader.name, ep.name
+                    );
                 }
             }
         }
         let uses_ids = shader.source.contains("@builtin(local_invocation")
             || shader.source.contains("@builtin(global_invocation_id)");
         if uses_ids {
-            assert_ne!(text, shader.source, "{}: nothing reversed", shader.name);
-            rewritten += 1;
+            assert_ne!(
+                text, shader.source,
+                "{} {roles:?}: nothing changed",
+                shader.name
+            );
+            changed += 1;
         }
     }
-    assert!(rewritten > 30, "only {rewritten} shaders rewritten");
+    assert!(changed > 60, "only {changed} shader builds rewritten");
 }
 
 #[test]
-fn training_gives_the_same_bits_with_each_workgroups_invocations_reversed() {
-    let test = "training_gives_the_same_bits_with_each_workgroups_invocations_reversed";
+fn training_gives_the_same_bits_with_each_workgroups_invocations_permuted() {
+    let test = "training_gives_the_same_bits_with_each_workgroups_invocations_permuted";
     if common::gpu_or_skip(test).is_none() {
         return;
     }
@@ -365,26 +380,41 @@ fn training_gives_the_same_bits_with_each_workgroups_invocations_reversed() {
         .features
         .iter()
         .any(|f| f == "shader-f16");
-    let (forward, kernels) = run_all(f16);
     let gpu = crate::backend::gpu::GpuBackend::get().expect("the GPU opened above");
-    let before = gpu.reversed_module_count();
-    let (backward, reversed_kernels) = {
-        let _reversed = ReversedInvocations::on();
-        run_all(f16)
-    };
-    // the second run compiled its own modules, from the reversed text, and ran the same kernels
-    assert!(
-        gpu.reversed_module_count() > before.max(20),
-        "the reversed run compiled {} reversed modules",
-        gpu.reversed_module_count()
-    );
-    assert_eq!(
-        kernels, reversed_kernels,
-        "the two runs ran different kernels"
-    );
+    let (as_run, kernels) = run_all(f16);
+    let mut differences = Vec::new();
+    for roles in [Roles::Reversed, Roles::Scrambled] {
+        let before = gpu.module_count(roles);
+        let (permuted, permuted_kernels) = {
+            let _permuted = PermutedRoles::on(roles);
+            run_all(f16)
+        };
+        // the run compiled modules of its own, from the rewritten text, and ran the same kernels
+        assert!(
+            gpu.module_count(roles) > before.max(20),
+            "the {roles:?} run compiled {} such modules",
+            gpu.module_count(roles)
+        );
+        assert_eq!(
+            kernels, permuted_kernels,
+            "the {roles:?} run ran other kernels"
+        );
+        for ((name, a), (_, b)) in as_run.iter().zip(&permuted) {
+            for ((what, x), (_, y)) in a.iter().zip(b) {
+                if let Some(i) = x.iter().zip(y).position(|(p, q)| p != q) {
+                    differences.push(format!(
+                        "{name}: {what}, element {i}: {} as run, {} {roles:?}",
+                        f32::from_bits(x[i]),
+                        f32::from_bits(y[i])
+                    ));
+                    break;
+                }
+            }
+        }
+    }
     eprintln!(
-        "{} workloads, {} kernels both ways: {}",
-        forward.len(),
+        "{} workloads, {} kernels, as run, reversed and scrambled: {}",
+        as_run.len(),
         kernels.len(),
         kernels.iter().cloned().collect::<Vec<_>>().join(" ")
     );
@@ -406,19 +436,6 @@ fn training_gives_the_same_bits_with_each_workgroups_invocations_reversed() {
             .collect::<Vec<_>>()
             .join(" ")
     );
-    let mut differences = Vec::new();
-    for ((name, a), (_, b)) in forward.iter().zip(&backward) {
-        for ((what, x), (_, y)) in a.iter().zip(b) {
-            if let Some(i) = x.iter().zip(y).position(|(p, q)| p != q) {
-                differences.push(format!(
-                    "{name}: {what}, element {i}: {} in order, {} reversed",
-                    f32::from_bits(x[i]),
-                    f32::from_bits(y[i])
-                ));
-                break;
-            }
-        }
-    }
     assert!(
         differences.is_empty(),
         "the bits depend on the order a workgroup's invocations run in (a race on workgroup \

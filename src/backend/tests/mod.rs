@@ -18,7 +18,7 @@
 //! - `router_sums.rs`: a step's routing statistics against their definitions, per device.
 //! - `backend_codes.rs`: the codes no tensor op reaches, as a property.
 //! - `shader_backends.rs`: every built-in WGSL kernel translated for Metal, DX12 and Vulkan.
-//! - `invocation_order.rs`: training with every workgroup's invocations reversed, bit for bit.
+//! - `invocation_order.rs`: training with every workgroup's invocations permuted, bit for bit.
 //! - `barrier_uniformity.rs`: every kernel's barriers in uniform control flow (naga's IR).
 //! - `constants.rs`: the block sizes and limits the integration tests pick sizes around.
 
