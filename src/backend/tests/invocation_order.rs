@@ -125,34 +125,42 @@ fn indices(n: usize, bound: usize, seed: u32) -> Vec<i32> {
 /// The ops whose large cases no training step above reaches: sorts past one block of workgroup
 /// memory, a long running sum and a long sum, and scatters with the index varying along the inner axis and
 /// constant along it.
-fn tensor_ops() -> Result<Bits> {
+fn tensor_ops(dtype: crate::DType) -> Result<Bits> {
     let gpu = Device::Gpu;
-    let x = Tensor::from_f32(values(2 * 6000, 4), &[2, 6000], gpu)?;
-    let order = x.argsort(false)?.to_vec_i32()?;
-    let (top, top_index) = x.topk(64)?;
+    let floats = |n: usize, seed: u32, shape: &[usize]| {
+        Tensor::from_f32(values(n, seed), shape, gpu)?.to_dtype(dtype)
+    };
+    let f32_bits = |t: &Tensor| bits_of(&t.to_dtype(crate::DType::F32)?);
+    let x = floats(2 * 6000, 4, &[2, 6000])?;
     let running = x.cumsum(1)?;
     let total = x.sum(&[1], false)?;
     // 6000 rows of 8 added into 64 rows, the index different in every column
-    let src = Tensor::from_f32(values(6000 * 8, 5), &[6000, 8], gpu)?;
+    let src = floats(6000 * 8, 5, &[6000, 8])?;
     let idx = Tensor::from_i32(indices(6000 * 8, 64, 6), &[6000, 8], gpu)?;
-    let zeros = Tensor::from_f32(vec![0.0; 64 * 8], &[64, 8], gpu)?;
+    let zeros = Tensor::zeros(&[64, 8], dtype, gpu)?;
     let scattered = zeros.scatter_add(0, &idx, &src)?;
     // 6000 rows of 300 added into 70 by one index per row (an embedding's gradient)
-    let rows = Tensor::from_f32(values(6000 * 300, 7), &[6000, 300], gpu)?;
+    let rows = floats(6000 * 300, 7, &[6000, 300])?;
     let row_idx = Tensor::from_i32(indices(6000, 70, 8), &[6000], gpu)?;
     let per_row = rows.index_scatter(0, &row_idx, 70)?;
-    Ok(vec![
-        ("argsort".into(), order.iter().map(|&i| i as u32).collect()),
-        ("topk".into(), bits_of(&top)?),
-        (
-            "topk index".into(),
-            top_index.to_vec_i32()?.iter().map(|&i| i as u32).collect(),
-        ),
-        ("cumsum".into(), bits_of(&running)?),
-        ("sum".into(), bits_of(&total)?),
-        ("scatter_add".into(), bits_of(&scattered)?),
-        ("index_scatter".into(), bits_of(&per_row)?),
-    ])
+    let mut out = vec![
+        ("cumsum".into(), f32_bits(&running)?),
+        ("sum".into(), f32_bits(&total)?),
+        ("scatter_add".into(), f32_bits(&scattered)?),
+        ("index_scatter".into(), f32_bits(&per_row)?),
+    ];
+    if dtype == crate::DType::F32 {
+        let (top, top_index) = x.topk(64)?;
+        out.push(("argsort".into(), ints(&x.argsort(false)?)?));
+        out.push(("topk".into(), bits_of(&top)?));
+        out.push(("topk index".into(), ints(&top_index)?));
+    }
+    Ok(out)
+}
+
+/// An I32 tensor's values as bits.
+fn ints(t: &Tensor) -> Result<Vec<u32>> {
+    Ok(t.to_vec_i32()?.iter().map(|&i| i as u32).collect())
 }
 
 /// A product large enough for the wide kernels (`[1024, 64]·[64, 1024]`: 64 tiles of 128×128)
@@ -270,7 +278,16 @@ fn workloads(f16: bool) -> Vec<Workload> {
             Box::new(move || wide_product(dtype, kernel)),
         ));
     }
-    all.push(("tensor ops".into(), Box::new(tensor_ops)));
+    all.push((
+        "tensor ops in f32".into(),
+        Box::new(|| tensor_ops(crate::DType::F32)),
+    ));
+    if f16 {
+        all.push((
+            "tensor ops in f16".into(),
+            Box::new(|| tensor_ops(crate::DType::F16)),
+        ));
+    }
     use crate::train::OptimizerKind::{Adam, Sgd};
     let images = [
         ("cnn", ModelKind::Cnn, DataKind::Mnist, Adam),
