@@ -410,8 +410,9 @@ impl KernelCache {
         checks: ShaderChecks,
     ) -> Result<Arc<Kernel>> {
         let mut key = format!("{}:{entry}:{}", shader.name, checks.name());
-        if roles_now(shader) != Roles::AsRun {
-            key.push_str(&format!(":{:?}", roles_now(shader)));
+        let roles = roles_now(shader);
+        if roles != Roles::AsRun {
+            key.push_str(&format!(":{roles:?}"));
         }
         for (k, v) in constants {
             key.push_str(&format!(":{k}={v}"));
