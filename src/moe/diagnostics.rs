@@ -226,6 +226,13 @@ impl RoutingWindow {
         })
     }
 
+    /// Each MoE layer's sums on the device as they stand (`RoutingOps::routing_stats`'
+    /// output), for tests that compare them bit for bit.
+    #[cfg(test)]
+    pub(crate) fn layer_sums(&self) -> Vec<&Tensor> {
+        self.layers.iter().map(|l| &l.sums).collect()
+    }
+
     /// Reads the window back (one small transfer per layer: call it once per window).
     pub fn read(&self) -> Result<RoutingDiagnostics> {
         let mut layers = Vec::with_capacity(self.layers.len());

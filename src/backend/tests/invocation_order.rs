@@ -1,6 +1,7 @@
 //! Races on workgroup memory, found by running every kernel with its invocations permuted
 //! (`backend::gpu::invocation_order`: reversed, then scrambled): training steps of every model
-//! family, in f32 and f16-mixed, give exactly the same bits all three ways.
+//! family, in f32 and f16-mixed, and the ops with workgroup memory that they do not reach give
+//! exactly the same bits all three ways.
 //!
 //! Lavapipe runs a workgroup's invocations in SIMD groups, always invocation 0's group first,
 //! so a kernel in which one invocation reads another's write without a barrier between them
@@ -60,6 +61,9 @@ fn language_model_steps(cfg: &TrainConfig, mixed: bool, steps: u64) -> Result<Bi
         false => None,
     };
     let mut out = Vec::new();
+    // the routing diagnostics the training loop keeps (`routing_stats`, one launch per MoE
+    // layer and step)
+    let mut window = crate::moe::RoutingWindow::new();
     for step in 0..steps {
         let (b, t) = (cfg.batch, cfg.block);
         let (x, y) = corpus.train_batch(b, t, cfg.seed, step);
@@ -71,6 +75,10 @@ fn language_model_steps(cfg: &TrainConfig, mixed: bool, steps: u64) -> Result<Bi
             None => crate::train::train_step(&model, &params, &mut opt, &x, &[y], clip),
         }?;
         out.push((format!("loss of step {step}"), bits_of(&o.task_loss)?));
+        window.add(&o.routing)?;
+    }
+    for (i, sums) in window.layer_sums().into_iter().enumerate() {
+        out.push((format!("routing sums of MoE layer {i}"), bits_of(sums)?));
     }
     for (name, p) in &params {
         out.push((name.clone(), bits_of(&p.get())?));
@@ -149,6 +157,7 @@ fn tensor_ops(dtype: crate::DType) -> Result<Bits> {
         ("scatter_add".into(), f32_bits(&scattered)?),
         ("index_scatter".into(), f32_bits(&per_row)?),
     ];
+    out.extend(differentiated_ops(dtype)?);
     if dtype == crate::DType::F32 {
         let (top, top_index) = x.topk(64)?;
         out.push(("argsort".into(), ints(&x.argsort(false)?)?));
@@ -156,6 +165,70 @@ fn tensor_ops(dtype: crate::DType) -> Result<Bits> {
         out.push(("topk index".into(), ints(&top_index)?));
     }
     Ok(out)
+}
+
+/// Ops with workgroup memory that no training step above runs in `dtype`, forward and
+/// backward: a layer norm whose gain and shift are of `dtype` too (in f16 the all-f16 build),
+/// a grouped product of `dtype` rows and weights (in f16 the all-f16 build), the MoE combine of
+/// `dtype` rows and weights by a sorted index, and the mean squared error over many
+/// workgroups' partial sums.
+fn differentiated_ops(dtype: crate::DType) -> Result<Bits> {
+    let gpu = Device::Gpu;
+    let leaf = |n: usize, seed: u32, shape: &[usize]| {
+        Tensor::from_f32(values(n, seed), shape, gpu)?
+            .to_dtype(dtype)?
+            .with_grad()
+    };
+    // each output weighted differently, so that every gradient element is its own
+    let weighted_sum = |y: &Tensor, seed: u32| -> Result<Tensor> {
+        let w = Tensor::from_f32(values(y.numel(), seed), y.shape(), gpu)?.to_dtype(dtype)?;
+        y.mul(&w)?.to_dtype(crate::DType::F32)?.sum_all()
+    };
+    let (rows, dim) = (96, 300);
+    let x = leaf(rows * dim, 11, &[rows, dim])?;
+    let gamma = leaf(dim, 12, &[dim])?;
+    let beta = leaf(dim, 13, &[dim])?;
+    let normed = x.layer_norm(&gamma, &beta, 1e-5)?;
+    weighted_sum(&normed, 14)?.backward()?;
+    // 300 rows over 3 experts (120, 0 and 180 rows): [300, 48]·[3, 48, 40]
+    let tokens = leaf(300 * 48, 15, &[300, 48])?;
+    let bank = leaf(3 * 48 * 40, 16, &[3, 48, 40])?;
+    let experts: Vec<i32> = (0..300).map(|r| if r < 120 { 0 } else { 2 }).collect();
+    let row_expert = Tensor::from_i32(experts, &[300], gpu)?;
+    let offsets = Tensor::from_i32(vec![0, 120, 120, 300], &[4], gpu)?;
+    let grouped = tokens.grouped_matmul(&bank, &row_expert, &offsets)?;
+    weighted_sum(&grouped, 17)?.backward()?;
+    // the MoE combine told no slots: 3000 rows of 40 into 500 tokens sorts the index
+    let expert_rows = leaf(3000 * 40, 20, &[3000, 40])?;
+    let gate = leaf(3000, 21, &[3000])?;
+    let token = Tensor::from_i32(indices(3000, 500, 22), &[3000], gpu)?;
+    let combined = expert_rows.weighted_index_scatter(&gate, &token, 500)?;
+    weighted_sum(&combined, 23)?.backward()?;
+    let prediction = leaf(6000 * 30, 18, &[6000, 30])?;
+    let target = Tensor::from_f32(values(6000 * 30, 19), &[6000, 30], gpu)?.to_dtype(dtype)?;
+    let mse = prediction.mse(&target)?;
+    mse.backward()?;
+    let grad = |t: &Tensor| -> Result<Vec<u32>> {
+        let g = t
+            .grad()
+            .ok_or_else(|| crate::Error::Invalid("no gradient".into()))?;
+        bits_of(&g.to_dtype(crate::DType::F32)?)
+    };
+    let f32_bits = |t: &Tensor| bits_of(&t.to_dtype(crate::DType::F32)?);
+    Ok(vec![
+        ("layer norm".into(), f32_bits(&normed)?),
+        ("layer norm dx".into(), grad(&x)?),
+        ("layer norm dgamma".into(), grad(&gamma)?),
+        ("layer norm dbeta".into(), grad(&beta)?),
+        ("grouped product".into(), f32_bits(&grouped)?),
+        ("grouped product dx".into(), grad(&tokens)?),
+        ("grouped product dw".into(), grad(&bank)?),
+        ("combine".into(), f32_bits(&combined)?),
+        ("combine drows".into(), grad(&expert_rows)?),
+        ("combine dgate".into(), grad(&gate)?),
+        ("mse".into(), f32_bits(&mse)?),
+        ("mse dprediction".into(), grad(&prediction)?),
+    ])
 }
 
 /// An I32 tensor's values as bits.
@@ -213,8 +286,9 @@ fn small_language_model(model: ModelKind) -> TrainConfig {
     }
 }
 
-/// Every workload, by name: the language model families (moe-gpt twice: once with a dispatch
-/// plan past 1024 assignments, which sorts), in both precisions where the adapter has f16, and
+/// Every workload, by name: the language model families (moe-gpt also with dispatch plans past
+/// 1024 assignments, dropless and with a capacity, with two wide experts and with the dense
+/// router), in both precisions where the adapter has f16, the wide products, the tensor ops and
 /// the image models.
 fn workloads(f16: bool) -> Vec<Workload> {
     let mut all: Vec<Workload> = Vec::new();
@@ -234,6 +308,11 @@ fn workloads(f16: bool) -> Vec<Workload> {
         expert_hidden: 256,
         ..small_language_model(ModelKind::MoeGpt)
     };
+    // the same with a capacity: the plan sorts three-word keys (`sort_words`)
+    let capacity_plan = TrainConfig {
+        capacity_factor: 1.25,
+        ..sorted_plan.clone()
+    };
     let dense_router = TrainConfig {
         router: "softmax".into(),
         experts: 4,
@@ -244,6 +323,7 @@ fn workloads(f16: bool) -> Vec<Workload> {
         ("gpt", small_language_model(ModelKind::Gpt)),
         ("moe-gpt", small_language_model(ModelKind::MoeGpt)),
         ("moe-gpt, 2048 assignments", sorted_plan),
+        ("moe-gpt, 2048 assignments, capacity 1.25", capacity_plan),
         ("moe-gpt, 2 experts of 2048 rows", wide_experts),
         ("moe-gpt, dense softmax router", dense_router),
         ("mixtral", small_language_model(ModelKind::Mixtral)),
