@@ -14,6 +14,7 @@
 // reduce_rows    The same for long axes: one workgroup of 256 per output; invocation t folds
 //                j = t, t+256, ... and the workgroup combines the 256 partial results in a tree
 //                in workgroup memory. Grid: outer*inner workgroups, folded into x/y.
+// sum_slices_plus  split-k's sum of slices plus the product's addend, in one pass (below).
 // cumsum_serial  Tensor::cumsum. One invocation per line (o, i), inclusive running sum along j
 //                (from the end when reverse = 1); same order as the CPU.
 //                params ScanParams { outer, len, inner, reverse }; x (binding 1, read, f32) ->
@@ -112,6 +113,31 @@ fn reduce_serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
         acc = combine(rs_p.op, acc, Acc(f32(rs_x[base + j * rs_p.inner]), j));
     }
     rs_out[r] = finish(rs_p.op, acc);
+}
+
+// ---- sum_slices_plus ------------------------------------------------------------------------
+
+// split-k's last pass where the product adds a pending gradient or a residual
+// (src/backend/gpu/matmul.rs, `sum_slices_plus`): out[r] = pending[r] + Σ_j x[j·inner + r],
+// the slices summed in order as reduce_serial sums them (ReduceParams { 1, len = slices, inner,
+// REDUCE_SUM }), then the addend added: the bits of reduce_serial followed by the add kernel.
+// x (binding 1, read) [len, inner] -> out (binding 2, read_write, f32 bits) [inner]; pending
+// (binding 3, read, f32) [inner]. Workgroup 256; grid folded into x/y over inner invocations.
+@group(0) @binding(0) var<uniform> sp_p: ReduceParams;
+@group(0) @binding(1) var<storage, read> sp_x: array<rd_elem>;
+@group(0) @binding(2) var<storage, read_write> sp_out: array<u32>;
+@group(0) @binding(3) var<storage, read> sp_pending: array<f32>;
+
+@compute @workgroup_size(256)
+fn sum_slices_plus(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) lid: u32) {
+    let r = (wid.y * nwg.x + wid.x) * WG + lid;
+    if (r >= sp_p.inner) { return; }
+    var acc = identity(REDUCE_SUM);
+    for (var j = 0u; j < sp_p.len; j = j + 1u) {
+        acc = combine(REDUCE_SUM, acc, Acc(f32(sp_x[j * sp_p.inner + r]), j));
+    }
+    sp_out[r] = bitcast<u32>(sp_pending[r] + acc.v);
 }
 
 // ---- reduce_rows ----------------------------------------------------------------------------

@@ -237,6 +237,53 @@ fn matmul_bias_matches_its_definition() {
     }
 }
 
+/// `matmul_add` against `y[b][i][j] = r[b][i][j] + (Σ_c x[b][i][c]·w[c][j] + bias[j])`, summed
+/// term by term in f64, with and without the bias, for 2-D and batched x (and k = 0).
+#[test]
+fn matmul_add_matches_its_definition() {
+    for case in 0..8u64 {
+        let mut rng = rng_for(19, case);
+        let c = case as usize;
+        let (batch, m, k, n) = (1 + c % 3, 1 + (c * 5) % 7, (c * 3) % 6, 1 + (c * 7) % 5);
+        let with_bias = case % 2 == 0;
+        let (x, w, bias, r) = (
+            uniform(&mut rng, batch * m * k, -2.0, 2.0),
+            uniform(&mut rng, k * n, -2.0, 2.0),
+            uniform(&mut rng, n, -2.0, 2.0),
+            uniform(&mut rng, batch * m * n, -2.0, 2.0),
+        );
+        let mut want = vec![0.0; batch * m * n];
+        for b in 0..batch {
+            for i in 0..m {
+                for j in 0..n {
+                    let mut s = 0.0;
+                    for c in 0..k {
+                        s += x[(b * m + i) * k + c] * w[c * n + j];
+                    }
+                    let at = (b * m + i) * n + j;
+                    want[at] = r[at] + (s + if with_bias { bias[j] } else { 0.0 });
+                }
+            }
+        }
+        let bias = tensor(&bias, &[n]);
+        let got = tensor(&x, &[batch, m, k])
+            .matmul_add(
+                &tensor(&w, &[k, n]),
+                with_bias.then_some(&bias),
+                &tensor(&r, &[batch, m, n]),
+            )
+            .expect("matmul_add");
+        assert_eq!(got.shape(), &[batch, m, n]);
+        assert_close(
+            &format!("matmul_add [{batch}, {m}, {k}]·[{k}, {n}], bias {with_bias}"),
+            &f64s(&got),
+            &want,
+            TOL,
+            TOL,
+        );
+    }
+}
+
 /// `matmul_t` against `y[b][i][j] = Σ_c x[b][i][c]·e[j][c]`, summed term by term in f64.
 #[test]
 fn matmul_t_matches_its_definition() {

@@ -467,8 +467,9 @@ mod props {
     }
 
     /// Dense, batched, broadcast-batch and transposed-operand products, products with a bias
-    /// (`matmul_bias`, 2-D and batched inputs) and `matmul_t`, dims 1–70 with the edges of the 64-wide and
-    /// 128-wide tiles, under every matmul kernel the adapter offers.
+    /// (`matmul_bias`, 2-D and batched inputs), `matmul_t` and products added to an addend
+    /// (`matmul_add`, batched with a bias, 2-D without), dims 1–70 with the edges of the
+    /// 64-wide and 128-wide tiles, under every matmul kernel the adapter offers.
     pub fn matmul(dev: Device) {
         let side = || {
             prop_oneof![
@@ -476,7 +477,7 @@ mod props {
                 1 => prop::sample::select(vec![63usize, 64, 65, 127, 128, 129]),
             ]
         };
-        let strategy = (side(), side(), side(), 1usize..=3, 0usize..10, any::<u64>());
+        let strategy = (side(), side(), side(), 1usize..=3, 0usize..12, any::<u64>());
         let _kernel_lock = lock(&MATMUL_KERNEL);
         let on_gpu = dev == Device::Gpu;
         let before = on_gpu.then(|| moegrad::gpu::matmul_kernel().expect("the GPU opened"));
@@ -504,12 +505,20 @@ mod props {
                         7 => (vec![m, k], vec![k, n]),
                         8 => (vec![b, m, k], vec![k, n]),
                         // matmul_t: the second operand [n, k], read transposed in place
-                        _ => (vec![b, m, k], vec![n, k]),
+                        9 => (vec![b, m, k], vec![n, k]),
+                        // matmul_add: with a bias [n] and an addend [b, m, n]; without, [m, n]
+                        10 => (vec![b, m, k], vec![k, n]),
+                        _ => (vec![m, k], vec![k, n]),
                     };
                     let (x, y) = (g.tensor(&sa, V::Smooth), g.tensor(&sb, V::Smooth));
                     let mut inputs = vec![x, y];
-                    if variant == 7 || variant == 8 {
+                    if matches!(variant, 7 | 8 | 10) {
                         inputs.push(g.tensor(&[n], V::Smooth));
+                    }
+                    match variant {
+                        10 => inputs.push(g.tensor(&[b, m, n], V::Smooth)),
+                        11 => inputs.push(g.tensor(&[m, n], V::Smooth)),
+                        _ => {}
                     }
                     let what = format!("{name} {sa:?} x {sb:?} variant {variant}");
                     parity(
@@ -521,6 +530,8 @@ mod props {
                             6 => t[0].matmul(&t[1].transpose(-1, -2)?),
                             7 | 8 => t[0].matmul_bias(&t[1], &t[2]),
                             9 => t[0].matmul_t(&t[1]),
+                            10 => t[0].matmul_add(&t[1], Some(&t[2]), &t[3]),
+                            11 => t[0].matmul_add(&t[1], None, &t[2]),
                             _ => t[0].matmul(&t[1]),
                         },
                         &inputs,

@@ -478,6 +478,40 @@ proptest! {
     ) {
         gc("matmul_bias", |t| t[0].matmul_bias(&t[1], &t[2]), &[x.t(), w.t(), bias.t()])?;
     }
+
+    /// `addend + x·W (+ b)` (a block's last projection added to its residual stream) with x
+    /// 2-D or batched and W 2-D, with and without a bias, and an addend of the output's shape
+    /// (the product's kernel adds it) or one that broadcasts (the add runs on its own): the
+    /// gradients of x, W, the bias and the addend.
+    #[test]
+    fn matmul_add(
+        (x, w, bias, addend, with_bias) in (1usize..=4, 1usize..=4, 1usize..=4, 1usize..=3, 0u8..3, any::<bool>(), any::<bool>())
+            .prop_flat_map(|(m, k, n, b, form, broadcast, with_bias)| {
+                let lead = match form {
+                    0 => vec![m],
+                    1 => vec![b, m],
+                    _ => vec![b, 2, m],
+                };
+                let mut sx = lead.clone();
+                sx.push(k);
+                let mut sy = if broadcast { vec![1] } else { lead };
+                sy.push(n);
+                (
+                    input_of(sx, V::Smooth),
+                    input_of(vec![k, n], V::Smooth),
+                    input_of(vec![n], V::Smooth),
+                    input_of(sy, V::Smooth),
+                    Just(with_bias),
+                )
+            })
+    ) {
+        if with_bias {
+            let f = |t: &[Tensor]| t[0].matmul_add(&t[1], Some(&t[2]), &t[3]);
+            gc("matmul_add", f, &[x.t(), w.t(), bias.t(), addend.t()])?;
+        } else {
+            gc("matmul_add", |t| t[0].matmul_add(&t[1], None, &t[2]), &[x.t(), w.t(), addend.t()])?;
+        }
+    }
 }
 
 // ---- layout ops ---------------------------------------------------------------------------

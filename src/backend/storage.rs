@@ -323,20 +323,23 @@ impl Storage {
             )
         })
     }
-    /// See [`MatmulOps::matmul_plus`]: `pending + self·b`.
+    /// See [`MatmulOps::matmul_plus`]: `pending + (self·b + bias)`.
     pub(crate) fn matmul_plus(
         &self,
         a_layout: MatLayout,
         (b, b_layout): (&Storage, MatLayout),
+        bias: Option<&Storage>,
         dims: MatmulDims,
         out: DType,
         pending: &Storage,
     ) -> Result<Storage> {
         const WHAT: &str = "matmul";
         on_device!(self, |be| {
+            let bias = bias.map(|t| be.buf(t, WHAT)).transpose()?;
             be.matmul_plus(
                 (be.buf(self, WHAT)?, a_layout),
                 (be.buf(b, WHAT)?, b_layout),
+                bias,
                 dims,
                 out,
                 be.buf(pending, WHAT)?,

@@ -205,18 +205,17 @@ impl Decoder {
         let mut h = self.embed.forward(idx)?.reshape(&[b * t, d])?;
         let mut moe = MoeTally::default();
         for layer in &self.layers {
+            // h + attn(norm(h)): the residual is added by the output projection's kernel
             let x = layer.attn_norm.forward(&h)?;
-            let a = match &layer.attn {
-                Attention::Grouped(attn) => attn.forward(&x, b, t, &self.rotary)?,
-                Attention::Latent(attn) => attn.forward(&x, b, t, &self.rotary)?,
+            h = match &layer.attn {
+                Attention::Grouped(attn) => attn.forward_add(&x, (b, t), &self.rotary, &h)?,
+                Attention::Latent(attn) => attn.forward_add(&x, (b, t), &self.rotary, &h)?,
             };
-            h = h.add(&a)?;
             let x = layer.ffn_norm.forward(&h)?;
-            let f = match &layer.ffn {
-                Ffn::Dense(mlp) => mlp.forward(&x)?,
-                Ffn::Moe(layer) => moe.add(layer.forward_sequences(&x, t)?)?,
+            h = match &layer.ffn {
+                Ffn::Dense(mlp) => mlp.forward_add(&x, &h)?,
+                Ffn::Moe(layer) => h.add(&moe.add(layer.forward_sequences(&x, t)?)?)?,
             };
-            h = h.add(&f)?;
         }
         let h = self.norm.forward(&h)?;
         let logits = match &self.head {

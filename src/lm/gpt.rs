@@ -390,14 +390,13 @@ impl Gpt {
         let mut h = tok.add(&pos)?.reshape(&[b * t, d])?;
         let mut moe = MoeTally::default();
         for block in &self.blocks {
-            let a = block.attn.forward(&block.ln1.forward(&h)?, b, t)?;
-            h = h.add(&a)?;
+            // h + attn(ln1(h)): the residual is added by the output projection's kernel
+            h = block.attn.forward_add(&block.ln1.forward(&h)?, b, t, &h)?;
             let x = block.ln2.forward(&h)?;
-            let f = match &block.ffn {
-                Ffn::Dense { fc, proj } => proj.forward(&fc.forward(&x)?.gelu()?)?,
-                Ffn::Moe(layer) => moe.add(layer.forward_sequences(&x, t)?)?,
+            h = match &block.ffn {
+                Ffn::Dense { fc, proj } => proj.forward_add(&fc.forward(&x)?.gelu()?, &h)?,
+                Ffn::Moe(layer) => h.add(&moe.add(layer.forward_sequences(&x, t)?)?)?,
             };
-            h = h.add(&f)?;
         }
         let h = self.ln_f.forward(&h)?;
         let logits = h.matmul_t(&self.tok_emb.weight.get())?;

@@ -28,6 +28,20 @@ impl CausalSelfAttention {
     /// # Errors
     /// `x` not `[b·t, d]` with d a multiple of the heads, or an error of the ops.
     pub fn forward(&self, x: &Tensor, b: usize, t: usize) -> Result<Tensor> {
+        self.attend(x, b, t, None)
+    }
+
+    /// `residual + self.forward(x, b, t)`, with its bits, the residual added by the output
+    /// projection's kernel ([`Linear::forward_add`]).
+    ///
+    /// # Errors
+    /// Those of [`CausalSelfAttention::forward`] and of the add.
+    pub fn forward_add(&self, x: &Tensor, b: usize, t: usize, residual: &Tensor) -> Result<Tensor> {
+        self.attend(x, b, t, Some(residual))
+    }
+
+    /// The attention's output, plus `residual` where given.
+    fn attend(&self, x: &Tensor, b: usize, t: usize, residual: Option<&Tensor>) -> Result<Tensor> {
         let d = self.proj.weight.get().shape()[0];
         if x.shape() != [b * t, d] || self.heads == 0 || !d.is_multiple_of(self.heads) {
             return Err(Error::Shape(format!(
@@ -40,7 +54,7 @@ impl CausalSelfAttention {
         let qkv = self.qkv.forward(x)?.reshape(&[b, t, 3, h, dh])?;
         let y = qkv.causal_attention_packed()?; // [B, T, H, Dh]
         let y = y.reshape(&[b * t, d])?;
-        self.proj.forward(&y)
+        self.proj.project(&y, residual)
     }
 }
 

@@ -51,6 +51,32 @@ impl GroupedQueryAttention {
     /// # Errors
     /// Heads that do not divide the projections, `x` not `[b·t, d]`, or errors of the ops.
     pub fn forward(&self, x: &Tensor, b: usize, t: usize, rope: &Rotary) -> Result<Tensor> {
+        self.attend(x, (b, t), rope, None)
+    }
+
+    /// `residual + self.forward(x, b, t, rope)`, with its bits, the residual added by the
+    /// output projection's kernel ([`Linear::forward_add`]).
+    ///
+    /// # Errors
+    /// Those of [`GroupedQueryAttention::forward`] and of the add.
+    pub fn forward_add(
+        &self,
+        x: &Tensor,
+        (b, t): (usize, usize),
+        rope: &Rotary,
+        residual: &Tensor,
+    ) -> Result<Tensor> {
+        self.attend(x, (b, t), rope, Some(residual))
+    }
+
+    /// The attention's output, plus `residual` where given.
+    fn attend(
+        &self,
+        x: &Tensor,
+        (b, t): (usize, usize),
+        rope: &Rotary,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let (h, g, dh) = (self.heads, self.kv_heads, self.head_dim());
         if h == 0 || g == 0 || !h.is_multiple_of(g) || self.q.outputs() != h * dh {
             return Err(Error::Shape(format!(
@@ -88,7 +114,7 @@ impl GroupedQueryAttention {
         };
         let y = q.causal_attention(&repeat(k)?, &repeat(v)?)?; // [b, h, t, dh]
         let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b * t, h * dh])?;
-        self.o.forward(&y)
+        self.o.project(&y, residual)
     }
 }
 

@@ -72,6 +72,32 @@ impl LatentAttention {
     /// Projections whose widths do not match the head sizes, `x` not `[b·t, d]`, or errors of
     /// the ops.
     pub fn forward(&self, x: &Tensor, b: usize, t: usize, rope: &Rotary) -> Result<Tensor> {
+        self.attend(x, (b, t), rope, None)
+    }
+
+    /// `residual + self.forward(x, b, t, rope)`, with its bits, the residual added by the
+    /// output projection's kernel ([`Linear::forward_add`]).
+    ///
+    /// # Errors
+    /// Those of [`LatentAttention::forward`] and of the add.
+    pub fn forward_add(
+        &self,
+        x: &Tensor,
+        (b, t): (usize, usize),
+        rope: &Rotary,
+        residual: &Tensor,
+    ) -> Result<Tensor> {
+        self.attend(x, (b, t), rope, Some(residual))
+    }
+
+    /// The attention's output, plus `residual` where given.
+    fn attend(
+        &self,
+        x: &Tensor,
+        (b, t): (usize, usize),
+        rope: &Rotary,
+        residual: Option<&Tensor>,
+    ) -> Result<Tensor> {
         let (h, n, r, v) = (self.heads, self.nope_dim, self.rope_dim, self.v_dim);
         let latent = self.kv_norm.weight.get().shape()[0];
         let qk = n + r;
@@ -126,7 +152,7 @@ impl LatentAttention {
         let y = pad(q, qk)?.causal_attention(&pad(k, qk)?, &pad(values, v)?)?;
         let y = if width > v { y.slice(-1, 0, v)? } else { y };
         let y = y.permute(&[0, 2, 1, 3])?.reshape(&[b * t, h * v])?;
-        self.o.forward(&y)
+        self.o.project(&y, residual)
     }
 }
 

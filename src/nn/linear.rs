@@ -58,10 +58,21 @@ impl Linear {
     pub fn outputs(&self) -> usize {
         self.weight.get().shape()[1]
     }
-}
 
-impl Module for Linear {
-    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+    /// `addend + self.forward(x)`, with its bits: a block's last projection added to the
+    /// residual stream `addend`. An `addend` of the output's shape is added by the product's
+    /// own kernel ([`Tensor::matmul_add`]: one pass over the output, no add launched); any
+    /// other goes through [`Tensor::add`].
+    ///
+    /// # Errors
+    /// Those of [`Module::forward`] and of [`Tensor::add`].
+    pub fn forward_add(&self, x: &Tensor, addend: &Tensor) -> Result<Tensor> {
+        self.project(x, Some(addend))
+    }
+
+    /// `x·W + b`, plus `addend` where given (the modules whose last step is a projection
+    /// offer their own `forward_add` through it).
+    pub(crate) fn project(&self, x: &Tensor, addend: Option<&Tensor>) -> Result<Tensor> {
         let w = self.weight.get();
         let (inputs, outputs) = (w.shape()[0], w.shape()[1]);
         if x.rank() == 0 || x.shape()[x.rank() - 1] != inputs {
@@ -72,15 +83,29 @@ impl Module for Linear {
         }
         let lead = &x.shape()[..x.rank() - 1];
         let rows: usize = lead.iter().product();
-        let x = x.reshape(&[rows, inputs])?;
-        // the bias is added by the product's own kernel (one pass over the output)
-        let y = match &self.bias {
-            Some(b) => x.matmul_bias(&w, &b.get())?,
-            None => x.matmul(&w)?,
-        };
         let mut shape = lead.to_vec();
         shape.push(outputs);
+        if let Some(r) = addend.filter(|r| r.shape() != shape.as_slice()) {
+            // an addend that broadcasts (or does not fit): the add on its own
+            return r.add(&self.project(x, None)?);
+        }
+        let x = x.reshape(&[rows, inputs])?;
+        let bias = self.bias.as_ref().map(|b| b.get());
+        // the bias (and the addend) are added by the product's own kernel (one pass over the
+        // output)
+        let y = match (&bias, addend) {
+            (b, Some(r)) if r.rank() == 2 => x.matmul_add(&w, b.as_ref(), r)?,
+            (b, Some(r)) => x.matmul_add(&w, b.as_ref(), &r.reshape(&[rows, outputs])?)?,
+            (Some(b), None) => x.matmul_bias(&w, b)?,
+            (None, None) => x.matmul(&w)?,
+        };
         y.reshape(&shape)
+    }
+}
+
+impl Module for Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        self.project(x, None)
     }
 }
 

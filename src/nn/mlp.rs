@@ -106,10 +106,26 @@ impl Mlp {
     }
 }
 
+impl Mlp {
+    /// `residual + self.forward(x)`, with its bits, the residual added by the down
+    /// projection's kernel ([`Linear::forward_add`]).
+    ///
+    /// # Errors
+    /// Those of [`Module::forward`] and of the add.
+    pub fn forward_add(&self, x: &Tensor, residual: &Tensor) -> Result<Tensor> {
+        self.apply(x, Some(residual))
+    }
+
+    /// `down(act(up(x)))`, plus `residual` where given.
+    fn apply(&self, x: &Tensor, residual: Option<&Tensor>) -> Result<Tensor> {
+        let hidden = self.activation.apply(&self.up.forward(x)?)?;
+        self.down.project(&hidden, residual)
+    }
+}
+
 impl Module for Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        self.down
-            .forward(&self.activation.apply(&self.up.forward(x)?)?)
+        self.apply(x, None)
     }
 }
 

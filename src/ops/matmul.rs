@@ -89,18 +89,14 @@ impl Tensor {
     }
 
     /// [`Tensor::matmul_raw`] with `bias` (`[n]`, of B's dtype) added to every output row by
-    /// the product's own kernel.
+    /// the product's own kernel, then its `pending` (where given) added to the rounded result.
     fn matmul_raw_bias(p: RawProduct<'_>, bias: Option<&Tensor>) -> Result<Tensor> {
         let (la, lb, dims) = p.layouts();
         let (a, b) = (p.a.t.storage(), p.b.t.storage());
-        let out = match (p.pending, bias) {
-            (Some(pending), None) => a.matmul_plus(la, (b, lb), dims, p.out, pending.storage())?,
-            (None, bias) => a.matmul(la, (b, lb), bias.map(|t| t.storage()), dims, p.out)?,
-            (Some(_), Some(_)) => {
-                return Err(Error::Invalid(
-                    "matmul: a product takes a bias or a pending gradient, not both".into(),
-                ));
-            }
+        let bias = bias.map(|t| t.storage());
+        let out = match p.pending {
+            Some(pending) => a.matmul_plus(la, (b, lb), bias, dims, p.out, pending.storage())?,
+            None => a.matmul(la, (b, lb), bias, dims, p.out)?,
         };
         Ok(Tensor::from_storage(out, p.out_shape))
     }
@@ -159,7 +155,7 @@ impl Tensor {
     /// assert_eq!(a.matmul(&i).unwrap().to_vec_f32().unwrap(), vec![1.0, 2.0, 3.0, 4.0]);
     /// ```
     pub fn matmul(&self, other: &Tensor) -> Result<Tensor> {
-        self.product(other, None)
+        self.product(other, None, None)
     }
 
     /// `self·otherᵀ` for a 2-D `other` `[n, k]` and `self` `[..., m, k]`: `[..., m, n]`, with
@@ -277,15 +273,59 @@ impl Tensor {
         if bias.dtype() != w.dtype() {
             return self.matmul_bias(w, &bias.to_dtype(w.dtype())?);
         }
-        self.product(w, Some(bias))
+        self.product(w, Some(bias), None)
     }
 
-    /// [`Tensor::matmul`], and [`Tensor::matmul_bias`] with `bias` (`[n]`, `other`'s dtype,
-    /// checked by the caller).
-    fn product(&self, other: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    /// `addend + (self·w + bias)`, a transformer block's last projection added to its residual
+    /// stream, with the bits of `addend.add(&self.matmul_bias(w, bias)?)` (or, without a bias,
+    /// of `addend.add(&self.matmul(w)?)`) and the gradients of that composition (`addend`'s is
+    /// the upstream gradient itself). Where `addend` has the product's shape and dtype, the
+    /// product's own kernel adds it after rounding its output (on the GPU: no add launch and
+    /// no second pass over the output; a product split along k adds it in the pass that sums
+    /// the slices); otherwise, e.g. an `addend` that broadcasts, the add runs on its own.
+    ///
+    /// # Errors
+    /// Those of [`Tensor::matmul_bias`] (or [`Tensor::matmul`]) and of [`Tensor::add`].
+    ///
+    /// # Example
+    /// ```
+    /// use moegrad::{Device, Tensor};
+    /// # fn main() -> moegrad::Result<()> {
+    /// let x = Tensor::from_f32(vec![1.0, 2.0, 3.0, 4.0], &[2, 2], Device::cpu())?;
+    /// let w = Tensor::from_f32(vec![1.0, 0.0, 0.0, 1.0], &[2, 2], Device::cpu())?;
+    /// let b = Tensor::from_f32(vec![10.0, 20.0], &[2], Device::cpu())?;
+    /// let h = Tensor::from_f32(vec![0.5; 4], &[2, 2], Device::cpu())?;
+    /// assert_eq!(x.matmul_add(&w, Some(&b), &h)?.to_vec_f32()?, vec![11.5, 22.5, 13.5, 24.5]);
+    /// # Ok(()) }
+    /// ```
+    pub fn matmul_add(&self, w: &Tensor, bias: Option<&Tensor>, addend: &Tensor) -> Result<Tensor> {
+        match bias {
+            Some(bias) => {
+                let n = w.shape().last().copied().unwrap_or(0);
+                if w.rank() < 2 || bias.shape() != [n] {
+                    // matmul_bias names the shapes
+                    return addend.add(&self.matmul_bias(w, bias)?);
+                }
+                if bias.dtype() != w.dtype() {
+                    return self.matmul_add(w, Some(&bias.to_dtype(w.dtype())?), addend);
+                }
+                self.product(w, Some(bias), Some(addend))
+            }
+            None => self.product(w, None, Some(addend)),
+        }
+    }
+
+    /// [`Tensor::matmul`], [`Tensor::matmul_bias`] with `bias` (`[n]`, `other`'s dtype, checked
+    /// by the caller) and [`Tensor::matmul_add`] with `addend`.
+    fn product(
+        &self,
+        other: &Tensor,
+        bias: Option<&Tensor>,
+        addend: Option<&Tensor>,
+    ) -> Result<Tensor> {
         // mixed precision: A (the activation) in f16; B as it is, f16 or an f32 weight
         if let Some([a]) = crate::autocast::low_precision_operands([self])? {
-            return a.product(other, bias);
+            return a.product(other, bias, addend);
         }
         let _profile = crate::profile::op("matmul");
         if let Some(bias) = bias {
@@ -329,16 +369,29 @@ impl Tensor {
         out_shape.extend([m, n]);
         if let (Some(bias), 0) = (bias, k) {
             // no product to add the bias to in a kernel: the bias alone, broadcast
-            return a.product(b, None)?.add(bias);
+            let y = a.product(b, None, None)?.add(bias)?;
+            return match addend {
+                Some(r) => r.add(&y),
+                None => Ok(y),
+            };
         }
+        let out = if f16_into_f32 { DType::F32 } else { a.dtype() };
+        // the kernel adds an addend of the output's own shape, dtype and device; any other
+        // goes through the add (which broadcasts, promotes or names the mismatch)
+        let addend = match addend {
+            Some(r) if r.shape() != out_shape || r.dtype() != out || r.device() != a.device() => {
+                return r.add(&a.product(b, bias, None)?);
+            }
+            r => r,
+        };
         let y = Tensor::matmul_raw_bias(
             RawProduct {
                 a: RawOperand::plain(a, a_b),
                 b: RawOperand::plain(b, b_b),
                 batch,
                 out_shape,
-                out: if f16_into_f32 { DType::F32 } else { a.dtype() },
-                pending: None,
+                out,
+                pending: addend,
             },
             bias,
         )?;
@@ -346,7 +399,12 @@ impl Tensor {
         let (need_a, need_b) = (a.requires_grad(), b.requires_grad());
         // the bias's gradient: the upstream gradient summed over every row, in the bias's dtype
         let bias_grad = bias.map(|t| (t.dtype(), t.requires_grad()));
-        let inputs: Vec<&Tensor> = [Some(a), Some(b), bias].into_iter().flatten().collect();
+        // the addend's gradient is the upstream gradient itself
+        let addend_grad = addend.map(|t| t.requires_grad());
+        let inputs: Vec<&Tensor> = [Some(a), Some(b), bias, addend]
+            .into_iter()
+            .flatten()
+            .collect();
         // A's gradient from its other consumers (a router's tokens also feed the experts, a
         // norm's output several projections) is added by the product that gives dA, in its
         // own pass (a folding rule, see `MatmulOps::matmul_plus`); otherwise by an add
@@ -422,6 +480,9 @@ impl Tensor {
                         })
                         .transpose()?;
                     grads.push(db);
+                }
+                if let Some(needed) = addend_grad {
+                    grads.push(needed.then(|| g.clone()));
                 }
                 Ok(grads)
             },

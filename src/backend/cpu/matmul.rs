@@ -156,12 +156,13 @@ impl MatmulOps for CpuBackend {
         &self,
         a: (&CpuBuffer, MatLayout),
         b: (&CpuBuffer, MatLayout),
+        bias: Option<&CpuBuffer>,
         dims: MatmulDims,
         out: crate::DType,
         pending: &CpuBuffer,
     ) -> Result<CpuBuffer> {
         let product = MatmulProduct::new(a, b, dims, out, Some(pending));
-        matmul_on(product, None, rayon::current_num_threads())
+        matmul_on(product, bias, rayon::current_num_threads())
     }
 
     /// The two products side by side, each on half the threads (on two cores: each a

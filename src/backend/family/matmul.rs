@@ -56,15 +56,18 @@ pub(crate) trait MatmulOps: BufferOps {
         dims: MatmulDims,
         out: DType,
     ) -> Result<Self::Buffer>;
-    /// `pending + A·B`: the product [`MatmulOps::matmul`] computes without a bias, rounded to
-    /// `out`, plus `pending` (contiguous `[batch, m, n]` of dtype `out`: the gradient a tensor
-    /// already has, which a matmul's backward folds into the one it computes), with the bits
-    /// of adding it afterwards. The GPU adds it in the product's own pass (no launch of its
-    /// own, no second pass over the output).
+    /// `pending + (A·B + bias)`: the product [`MatmulOps::matmul`] computes (with `bias`
+    /// where given), rounded to `out`, plus `pending` (contiguous `[batch, m, n]` of dtype
+    /// `out`: the gradient a tensor already has, which a matmul's backward folds into the one
+    /// it computes, or the residual stream a block's last projection is added to), with the
+    /// bits of adding it afterwards. The GPU adds it in the product's own pass (no launch of
+    /// its own, no second pass over the output; a product split along k adds it in the pass
+    /// that sums the slices).
     fn matmul_plus(
         &self,
         a: (&Self::Buffer, MatLayout),
         b: (&Self::Buffer, MatLayout),
+        bias: Option<&Self::Buffer>,
         dims: MatmulDims,
         out: DType,
         pending: &Self::Buffer,
@@ -81,7 +84,9 @@ pub(crate) trait MatmulOps: BufferOps {
         second: MatmulProduct<'_, Self::Buffer>,
     ) -> Result<(Self::Buffer, Self::Buffer)> {
         let one = |p: MatmulProduct<'_, Self::Buffer>| match p.pending {
-            Some(q) => self.matmul_plus((p.a, p.a_layout), (p.b, p.b_layout), p.dims, p.out, q),
+            Some(q) => {
+                self.matmul_plus((p.a, p.a_layout), (p.b, p.b_layout), None, p.dims, p.out, q)
+            }
             None => self.matmul((p.a, p.a_layout), (p.b, p.b_layout), None, p.dims, p.out),
         };
         Ok((one(first)?, one(second)?))

@@ -749,7 +749,7 @@ mod tests {
         };
         let files = [
             (&*elementwise::ELEMENTWISE, 5usize),
-            (&reduce::REDUCE, 4),
+            (&reduce::REDUCE, 5),
             (&layout::LAYOUT, 11),
             (&sort::SORT, 2),
             (&sort::SORT_WORDS, 2),

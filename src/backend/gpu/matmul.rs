@@ -26,7 +26,7 @@
 //! bits). `MOEGRAD_MATMUL=tuned|auto|plain|wide|subgroup|wide-vec4` chooses at start-up and
 //! `GpuBackend::set_matmul_kernel` at run time.
 
-use super::kernels::Shader;
+use super::kernels::{Shader, grid_1d, u32_param};
 use super::matmul_build::MatmulBuild;
 use super::matmul_tune::{SizeClass, candidates};
 use super::{GpuBackend, GpuBuffer, MatmulKernel};
@@ -403,11 +403,53 @@ pub(crate) fn matmul(
         _ => kernel,
     };
     run(kernel, &c, (splits, chunk))?;
-    let c = sum_slices(be, c, splits, out_len)?;
     match (pending, in_kernel) {
-        (Some(p), None) => add_pending(be, p, &c),
-        _ => Ok(c),
+        // split along k: the pass that sums the slices adds it
+        (Some(p), None) => sum_slices_plus(be, &c, splits, out_len, p),
+        _ => sum_slices(be, c, splits, out_len),
     }
+}
+
+/// `pending + Σ slices` for split-k's f32 slices (`splits` of `len` elements one after
+/// another) and an f32 `pending` of `len`, in one pass (`reduce.wgsl`'s `sum_slices_plus`): the
+/// bits of [`sum_slices`] followed by the add kernel.
+fn sum_slices_plus(
+    be: &GpuBackend,
+    slices: &GpuBuffer,
+    splits: usize,
+    len: usize,
+    pending: &GpuBuffer,
+) -> Result<GpuBuffer> {
+    if slices.dtype() != DType::F32 || pending.dtype() != DType::F32 {
+        return Err(Error::DType(format!(
+            "matmul: split-k sums f32 slices into an f32 output, got {} slices and a {} \
+             pending gradient",
+            slices.dtype(),
+            pending.dtype()
+        )));
+    }
+    if slices.len() != splits * len || pending.len() != len {
+        return Err(Error::Shape(format!(
+            "matmul: {} slice elements and {} pending for {splits} slices of {len}",
+            slices.len(),
+            pending.len()
+        )));
+    }
+    let out = be.alloc(len, DType::F32)?;
+    let params = [
+        1,
+        u32_param(splits, "matmul: split-k slices")?,
+        u32_param(len, "matmul: output size")?,
+        0,
+    ];
+    be.launch(
+        &super::reduce::REDUCE,
+        "sum_slices_plus",
+        &[slices, &out, pending],
+        &params,
+        grid_1d(len, 256)?,
+    )?;
+    Ok(out)
 }
 
 /// `pending + c` for two buffers of the same length (the add kernel), where a product could
@@ -535,11 +577,12 @@ impl MatmulOps for GpuBackend {
         &self,
         a: (&GpuBuffer, MatLayout),
         b: (&GpuBuffer, MatLayout),
+        bias: Option<&GpuBuffer>,
         dims: MatmulDims,
         out: DType,
         pending: &GpuBuffer,
     ) -> Result<GpuBuffer> {
-        matmul(self, a, b, (None, Some(pending)), dims, out)
+        matmul(self, a, b, (bias, Some(pending)), dims, out)
     }
 
     fn grouped_matmul(

@@ -110,6 +110,7 @@ fn split_matmul_grids() {
                 .matmul_plus(
                     (&up_f32(&be, &a), row_major(k)),
                     (&up_f32(&be, &b), row_major(n)),
+                    None,
                     dims,
                     DType::F32,
                     &up_f32(&be, &pending),
@@ -119,6 +120,7 @@ fn split_matmul_grids() {
                 .matmul_plus(
                     (&cpu_f32(&a), row_major(k)),
                     (&cpu_f32(&b), row_major(n)),
+                    None,
                     dims,
                     DType::F32,
                     &cpu_f32(&pending),

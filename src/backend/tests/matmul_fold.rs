@@ -2,7 +2,7 @@
 //! (`MatmulOps::matmul_plus`, reached through the matmul's folding rule on its left operand,
 //! `Tensor::record_folding`): at the backend, `pending + A·B` to the bit of the product followed
 //! by the separate add over fixed and random shapes, on the CPU (f32, f64) and the GPU (f32 under every tile kernel and under
-//! `auto` with split-k, where the add runs after the slices' sum; f16 and the f32 → f16 build,
+//! `auto` with split-k, where the pass that sums the slices adds it; f16 and the f32 → f16 build,
 //! where the product is rounded before the add as the add kernel would see it), with no add
 //! launched where the kernel folds it; through the tape, a tensor feeding two products (a
 //! router's tokens, a norm's output read by several projections) gets the bits of the two
@@ -43,7 +43,8 @@ fn shapes(rng: &mut ChaCha8Rng) -> Vec<(usize, usize, usize, usize, bool)> {
     shapes
 }
 
-/// `matmul_plus` against `matmul` then the add kernel (`pending + C`) on backend `be`, the
+/// `matmul_plus` against `matmul` then the add kernel (`pending + C`) on backend `be`, without
+/// and with a bias, the
 /// operands uploaded as `dtype` (A's and B's, then the output's): the same bits, and a pending
 /// gradient of the wrong length is an error.
 fn fold_matches_the_sum<B: MatmulOps + ElementwiseOps>(
@@ -82,13 +83,25 @@ fn fold_matches_the_sum<B: MatmulOps + ElementwiseOps>(
             .binary(BinaryOp::Add, &pending, &[1], &c, &[1], &[len])
             .unwrap();
         let folded = be
-            .matmul_plus((&a, la), (&b, lb), dims, out, &pending)
+            .matmul_plus((&a, la), (&b, lb), None, dims, out, &pending)
             .unwrap();
         let host = |x| be.download(&be.cast(x, host_dtype(out)).unwrap()).unwrap();
         let at = format!("{what}, [{batch}, {m}, {k}]·[{k}, {n}]");
         assert_eq!(host(&folded), host(&summed), "{at}: pending + A·B");
+        // with a bias too (a block's last projection added to the residual stream)
+        let bias = up(values(&mut rng, n), operands);
+        let c = be
+            .matmul((&a, la), (&b, lb), Some(&bias), dims, out)
+            .unwrap();
+        let summed = be
+            .binary(BinaryOp::Add, &pending, &[1], &c, &[1], &[len])
+            .unwrap();
+        let folded = be
+            .matmul_plus((&a, la), (&b, lb), Some(&bias), dims, out, &pending)
+            .unwrap();
+        assert_eq!(host(&folded), host(&summed), "{at}: pending + (A·B + bias)");
         let short = up(vec![0.0; len + 1], out);
-        let err = be.matmul_plus((&a, la), (&b, lb), dims, out, &short);
+        let err = be.matmul_plus((&a, la), (&b, lb), None, dims, out, &short);
         assert!(
             matches!(err, Err(crate::Error::Shape(ref m)) if m.contains("pending gradient")),
             "{at}: {:?}",
@@ -106,8 +119,9 @@ fn host_dtype(d: DType) -> DType {
     }
 }
 
-/// Under `kernel`, on the GPU: the fold's bits, and which kernels ran: no add where the product
-/// folds the pending gradient itself, the add after split-k's sum where it does not.
+/// Under `kernel`, on the GPU: the fold's bits, and which kernels ran: no add, the product
+/// folds the pending gradient itself, or split along k, the pass that sums its slices does
+/// (`sum_slices_plus`).
 fn gpu_fold(be: &GpuBackend, kernel: MatmulKernel) {
     be.set_matmul_kernel(kernel).unwrap();
     fold_matches_the_sum(be, (DType::F32, DType::F32), &format!("GPU f32 {kernel:?}"));
@@ -126,19 +140,17 @@ fn gpu_fold(be: &GpuBackend, kernel: MatmulKernel) {
             be.matmul_plus(
                 (&a, layout(m, k, false, false)),
                 (&b, layout(k, n, false, false)),
+                None,
                 dims,
                 DType::F32,
                 &p,
             )
             .unwrap();
         });
-        let adds = ran
-            .iter()
-            .filter(|k| k.as_str() == "elementwise.binary")
-            .count();
-        let expected = usize::from(splits);
+        let count = |name: &str| ran.iter().filter(|k| k.as_str() == name).count();
         assert_eq!(
-            adds, expected,
+            (count("elementwise.binary"), count("reduce.sum_slices_plus")),
+            (0, usize::from(splits)),
             "{kernel:?} [{m}, {k}]·[{k}, {n}]: ran {ran:?}"
         );
     }
@@ -242,4 +254,126 @@ fn a_folded_product_gradient_passes_gradcheck() {
     )
     .unwrap();
     assert!(report.compared > 0, "{report:?}");
+}
+
+/// `x.matmul_add(w, bias, r)` (a block's last projection added to its residual stream) against
+/// `r.add(&x.matmul_bias(w, bias)?)`: the same bits forward and the same gradients of x, w, the
+/// bias and r, with and without a bias, short and split-k long reductions, on each device and
+/// dtype; on the GPU the forward launches no add.
+#[test]
+fn a_product_added_to_its_residual_has_the_bits_of_the_add() {
+    let gpu = gpu("a_product_added_to_its_residual_has_the_bits_of_the_add");
+    let mut rng = ChaCha8Rng::seed_from_u64(11);
+    for (rows, d, n) in [(6, 13, 10), (40, 600, 36)] {
+        let host = [
+            values(&mut rng, rows * d),
+            values(&mut rng, d * n),
+            values(&mut rng, n),
+            values(&mut rng, rows * n),
+            values(&mut rng, rows * n),
+        ];
+        for with_bias in [true, false] {
+            for (dev, dtype) in fold_devices(&gpu) {
+                let t =
+                    |v: &[f64], shape: &[usize]| placed(v, shape, dtype, dev).with_grad().unwrap();
+                let run = |fused: bool| {
+                    let (x, w, b, r) = (
+                        t(&host[0], &[rows, d]),
+                        t(&host[1], &[d, n]),
+                        t(&host[2], &[n]),
+                        t(&host[3], &[rows, n]),
+                    );
+                    let bias = with_bias.then_some(&b);
+                    let mut y = None;
+                    let ran = kernels_of(|| {
+                        y = Some(match (fused, bias) {
+                            (true, bias) => x.matmul_add(&w, bias, &r).unwrap(),
+                            (false, Some(b)) => r.add(&x.matmul_bias(&w, b).unwrap()).unwrap(),
+                            (false, None) => r.add(&x.matmul(&w).unwrap()).unwrap(),
+                        });
+                    });
+                    let y = y.unwrap();
+                    y.backward_with(&placed(&host[4], &[rows, n], dtype, dev))
+                        .unwrap();
+                    let mut bits = vec![y.to_vec_f64().unwrap()];
+                    let grads = [Some(&x), Some(&w), bias, Some(&r)];
+                    for g in grads.into_iter().flatten() {
+                        bits.push(g.grad().unwrap().to_vec_f64().unwrap());
+                    }
+                    (bits, ran)
+                };
+                let ((fused, ran), (composed, _)) = (run(true), run(false));
+                let at = format!("[{rows}, {d}]·[{d}, {n}], bias {with_bias}, {dev} {dtype}");
+                assert_eq!(fused, composed, "{at}: output, then each gradient");
+                if dev.is_gpu() {
+                    let adds = ran.iter().filter(|k| k.as_str() == "elementwise.binary");
+                    assert_eq!(adds.count(), 0, "{at}: ran {ran:?}");
+                }
+            }
+        }
+    }
+}
+
+/// Mixed precision's residual: f16 rows times an f32 weight and bias (the f16-rows build)
+/// added to an f16 residual (the kernel adds it) or an f32 one (the add does), inside
+/// `autocast_f16`, against the product then the add: the same bits forward and the same
+/// gradients.
+#[test]
+fn a_mixed_precision_product_added_to_its_residual_has_the_bits_of_the_add() {
+    let Some((be, _lock)) = gpu("a_mixed_precision_product_added_to_its_residual") else {
+        return;
+    };
+    if !be.has_f16() {
+        return;
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(12);
+    let cases = [(24, 64, 64), (768, 128, 128), (768, 512, 128)];
+    for ((rows, d, n), residual) in cases
+        .into_iter()
+        .flat_map(|c| [(c, DType::F16), (c, DType::F32)])
+    {
+        let host = [
+            values(&mut rng, rows * d),
+            values(&mut rng, d * n),
+            values(&mut rng, n),
+            values(&mut rng, rows * n),
+            values(&mut rng, rows * n),
+        ];
+        let run = |fused: bool| {
+            let on_gpu = |v: &[f64], shape: &[usize], dtype| {
+                let t = placed(v, shape, DType::F32, Device::Gpu);
+                t.to_dtype(dtype).unwrap()
+            };
+            let t =
+                |v: &[f64], shape: &[usize], dtype| on_gpu(v, shape, dtype).with_grad().unwrap();
+            let (x, w, b, r) = (
+                t(&host[0], &[rows, d], DType::F16),
+                t(&host[1], &[d, n], DType::F32),
+                t(&host[2], &[n], DType::F32),
+                t(&host[3], &[rows, n], residual),
+            );
+            let y = crate::autocast_f16(|| match fused {
+                true => x.matmul_add(&w, Some(&b), &r),
+                false => x.matmul_bias(&w, &b).and_then(|y| r.add(&y)),
+            })
+            .unwrap();
+            y.backward_with(&on_gpu(&host[4], &[rows, n], y.dtype()))
+                .unwrap();
+            let mut bits = vec![y.to_vec_f64().unwrap()];
+            for g in [&x, &w, &b, &r] {
+                bits.push(g.grad().unwrap().to_vec_f64().unwrap());
+            }
+            bits
+        };
+        let (fused, composed) = (run(true), run(false));
+        for (i, what) in ["output", "dx", "dw", "dbias", "dresidual"]
+            .iter()
+            .enumerate()
+        {
+            assert_eq!(
+                fused[i], composed[i],
+                "[{rows}, {d}]·[{d}, {n}], {residual} residual: {what}"
+            );
+        }
+    }
 }
