@@ -259,10 +259,10 @@ fn operand(
 /// `wide` and `plain`). Split-k runs where the output is f32 (an f16 output would round its
 /// partial sums).
 ///
-/// With `pending` (`[batch, m, n]` contiguous, of dtype `out`) the result is `pending + A·B`:
-/// each kernel adds it to the output element after rounding the product to `out`, and rounds
-/// the sum once more (the bits of a separate add, in the product's own pass); a split product
-/// adds it after summing its slices, with the add kernel.
+/// With `pending` (`[batch, m, n]` contiguous, of dtype `out`) the result is
+/// `pending + (A·B + bias)`: each kernel adds it to the output element after rounding the
+/// product to `out`, and rounds the sum once more (the bits of a separate add, in the product's
+/// own pass); a split product adds it in the pass that sums its slices ([`sum_slices_plus`]).
 ///
 /// # Errors
 /// [`Error::DType`] for any other dtypes; [`Error::Shape`] when a layout addresses an
