@@ -34,8 +34,8 @@ pub(super) fn matmul_kernels(gpu: &GpuBackend) -> Vec<MatmulKernel> {
 /// matmul with more than 65,535 column tiles (x) or row tiles (y): the launcher splits the grid
 /// into launches that each start at a tile offset. The x split under every kernel the adapter
 /// offers (tiles of 64, or 128 for the wide one), the y split under the plain kernel, each with
-/// a bias (read per column, so each x launch must add its tile offset to find it), then with a
-/// pending gradient (`matmul_plus`, read per element, each launch at its own tiles).
+/// a bias (read per column, so each x launch must add its tile offset to find it), then with the
+/// bias and a pending gradient (`matmul_plus`, read per element, each launch at its own tiles).
 /// (More than 65,535 batch entries, the z split, is `gpu_matmul::matmul_grid_split`.)
 #[test]
 fn split_matmul_grids() {
@@ -103,14 +103,15 @@ fn split_matmul_grids() {
                 be.download(&got).unwrap(),
                 cpu.download(&want).unwrap(),
             );
-            // with a pending gradient instead, which each launch must read at its own tiles
+            // with a pending gradient (or a residual) too, which each launch must read at its
+            // own tiles, and the bias at its own columns
             let pending = random_f32(16, m * n);
             poison_pool(&be, m * n);
             let got = be
                 .matmul_plus(
                     (&up_f32(&be, &a), row_major(k)),
                     (&up_f32(&be, &b), row_major(n)),
-                    None,
+                    Some(&up_f32(&be, &bias)),
                     dims,
                     DType::F32,
                     &up_f32(&be, &pending),
@@ -120,14 +121,14 @@ fn split_matmul_grids() {
                 .matmul_plus(
                     (&cpu_f32(&a), row_major(k)),
                     (&cpu_f32(&b), row_major(n)),
-                    None,
+                    Some(&cpu_f32(&bias)),
                     dims,
                     DType::F32,
                     &cpu_f32(&pending),
                 )
                 .unwrap();
             assert_same(
-                &format!("{what} plus a pending gradient"),
+                &format!("{what} plus a bias and a pending gradient"),
                 be.download(&got).unwrap(),
                 cpu.download(&want).unwrap(),
             );
