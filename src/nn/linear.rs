@@ -94,6 +94,8 @@ impl Linear {
         // the bias (and the addend) are added by the product's own kernel (one pass over the
         // output)
         let y = match (&bias, addend) {
+            // a 2-D residual as it is: a reshape, even to its own shape, is one more node on
+            // the tape, and changes how the walk sums the residual's gradients
             (b, Some(r)) if r.rank() == 2 => x.matmul_add(&w, b.as_ref(), r)?,
             (b, Some(r)) => x.matmul_add(&w, b.as_ref(), &r.reshape(&[rows, outputs])?)?,
             (Some(b), None) => x.matmul_bias(&w, b)?,
