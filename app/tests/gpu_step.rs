@@ -850,7 +850,10 @@ fn f16_mixed_steps_keep_the_counts_and_halve_the_activation_bytes() {
     // both steps: 0.598 before the residual's gradient was folded into the norm's backward
     // (5.9 MB fewer per f32 step, 2.4 MB per f16 one), 0.602 after
     assert!(bound <= 0.62, "bound bytes {bound:.3}× f32's");
-    assert!(peak < 0.75, "peak bytes {peak:.3}× f32's");
+    // the peak likewise: 0.74 before a block's residual was added by its last projection,
+    // which took the product's own output out of both peaks (f32 80.1 → 76.0 MB, f16-mixed
+    // 59.2 → 57.4 MB: more from the f32 step), 0.756 after
+    assert!(peak < 0.77, "peak bytes {peak:.3}× f32's");
 }
 
 /// The training loop itself (not the benchmark's step) reaches the steady state: `moegrad train`
