@@ -25,7 +25,8 @@
 //   per row as in the forward: two tree sums (Σ h and Σ h·x̂), then every invocation writes its
 //   elements of dx. With has_pending = 1, dx = pending + dx (the gradient x already had from its
 //   other consumers, such as a residual connection, added here instead of by a launch of its
-//   own); otherwise binding 7 is g again, unread.
+//   own; dx rounded to its dtype before the add, so that in f16 too it has the bits of the
+//   separate add); otherwise binding 7 is g again, unread.
 //
 // ---- entry point `layer_norm_backward_params` -------------------------------------------------
 //   binding 1 g, 2 x, 3 mean, 4 rstd (read), 5 dgamma, 6 dbeta (written). One workgroup of 256
@@ -161,7 +162,8 @@ fn layer_norm_backward_x(@builtin(workgroup_id) wid: vec3<u32>,
         let xhat = (f32(b_x[base + j]) - mean) * rstd;
         let v = rstd * (h - sums.x - xhat * sums.y);
         if (p.has_pending == 1u) {
-            b_dx[base + j] = ln_store(f32(b_pending[base + j]) + v);
+            // dx rounded to its dtype first, then added: the bits of a separate `pending + dx`
+            b_dx[base + j] = ln_store(f32(b_pending[base + j]) + f32(ln_store(v)));
         } else {
             b_dx[base + j] = ln_store(v);
         }

@@ -1,7 +1,7 @@
 //! The layer norm's backward with the gradient its input already has folded into `dx`
 //! (`NnOps::layer_norm_backward` with `pending`, reached through the tape's folding rules,
 //! `Tensor::record_folding`): at the backend, `pending + dx` to the bit of the separate add, on
-//! the CPU (f32, f64) and the GPU (f32; f16 rows within f16's rounding); through the tape, a
+//! the CPU (f32, f64) and the GPU (f32, f16, f16 rows with f32 gamma); through the tape, a
 //! residual connection `x + layer_norm(x)` gives `x` the bits of the two paths' gradients
 //! added, and on the GPU its backward is the norm's two launches, no add.
 
@@ -38,24 +38,38 @@ pub(super) fn placed(v: &[f64], shape: &[usize], dtype: DType, dev: Device) -> T
 }
 
 /// `layer_norm_backward` with `pending` against the same without it followed by the tape's add
-/// (`pending + dx`), on backend `be` in `dtype`: the bits of dx, dgamma and dbeta.
-fn fold_matches_the_sum<B: NnOps + ElementwiseOps>(be: &B, dtype: DType, what: &str) {
+/// (`pending + dx`), on backend `be` with rows in `dtype` and gamma, beta in `param_dtype`: the
+/// bits of dx, dgamma and dbeta (in f16 too: the kernel rounds dx to f16 before it adds the
+/// pending gradient, as the add does).
+fn fold_matches_the_sum<B: NnOps + ElementwiseOps>(
+    be: &B,
+    (dtype, param_dtype): (DType, DType),
+    what: &str,
+) {
     let mut rng = ChaCha8Rng::seed_from_u64(3);
     for (rows, dim) in [(1, 1), (5, 37), (3, 64), (7, 300)] {
-        let up = |v: Vec<f64>| {
+        let up_as = |v: Vec<f64>, dtype: DType| {
             let data = match dtype {
                 DType::F64 => HostData::F64(v),
                 _ => HostData::F32(v.iter().map(|&x| x as f32).collect()),
             };
-            be.upload(&data).unwrap()
+            let b = be.upload(&data).unwrap();
+            match dtype {
+                DType::F16 => be.cast(&b, DType::F16).unwrap(),
+                _ => b,
+            }
         };
+        let up = |v: Vec<f64>| up_as(v, dtype);
         let n = rows * dim;
         let (x, g, pending) = (
             up(values(&mut rng, n)),
             up(values(&mut rng, n)),
             up(values(&mut rng, n)),
         );
-        let (gamma, beta) = (up(values(&mut rng, dim)), up(values(&mut rng, dim)));
+        let (gamma, beta) = (
+            up_as(values(&mut rng, dim), param_dtype),
+            up_as(values(&mut rng, dim), param_dtype),
+        );
         let dims = LayerNormDims {
             rows,
             dim,
@@ -103,10 +117,14 @@ fn fold_matches_the_sum<B: NnOps + ElementwiseOps>(be: &B, dtype: DType, what: &
 #[test]
 fn the_folded_dx_is_the_sum_to_the_bit_on_each_device() {
     let gpu = gpu("the_folded_dx_is_the_sum_to_the_bit_on_each_device");
-    fold_matches_the_sum(&CpuBackend, DType::F32, "CPU f32");
-    fold_matches_the_sum(&CpuBackend, DType::F64, "CPU f64");
+    fold_matches_the_sum(&CpuBackend, (DType::F32, DType::F32), "CPU f32");
+    fold_matches_the_sum(&CpuBackend, (DType::F64, DType::F64), "CPU f64");
     if let Some((be, _lock)) = &gpu {
-        fold_matches_the_sum(be, DType::F32, "GPU f32");
+        fold_matches_the_sum(be, (DType::F32, DType::F32), "GPU f32");
+        if be.has_f16() {
+            fold_matches_the_sum(be, (DType::F16, DType::F16), "GPU f16");
+            fold_matches_the_sum(be, (DType::F16, DType::F32), "GPU f16 rows, f32 gamma");
+        }
     }
 }
 
