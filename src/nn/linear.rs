@@ -95,7 +95,8 @@ impl Linear {
         // output)
         let y = match (&bias, addend) {
             // a 2-D residual as it is: a reshape, even to its own shape, is one more node on
-            // the tape, and changes how the walk sums the residual's gradients
+            // the tape (it changes which of the residual's gradients reaches the norm's backward
+            // as a pending one, which gives the same bits since that fold rounds as the add does)
             (b, Some(r)) if r.rank() == 2 => x.matmul_add(&w, b.as_ref(), r)?,
             (b, Some(r)) => x.matmul_add(&w, b.as_ref(), &r.reshape(&[rows, outputs])?)?,
             (Some(b), None) => x.matmul_bias(&w, b)?,
