@@ -74,9 +74,12 @@
 //                      order as the two entries above, and the same bits. params ScatterParams
 //                      with m = k, and key_row = 1 to add the rows unweighted (scatter_add's
 //                      sum: index_select's backward), s0 = 1 when w is per slot (row slots[s]
-//                      weighted by w[s], the routing's own order) rather than per row; src 1,
-//                      out 3, slots 4 (read, i32 [len·k]), w 6 (idx 2 and perm 5 unread, and w
-//                      when key_row = 1).
+//                      weighted by w[s], the routing's own order) rather than per row, and
+//                      s2 = 1 to add addend[t, i] (binding 7, read, sc_elem [len, inner]: an MoE
+//                      block's residual) to the sum rounded to sc_elem, in f32, rounding once
+//                      more (the bits of adding it afterwards; binding 7 unread with s2 = 0);
+//                      src 1, out 3, slots 4 (read, i32 [len·k]), w 6 (idx 2 and perm 5 unread,
+//                      and w when key_row = 1).
 // weighted_scatter_backward
 //                      its backward, one workgroup per source row j (the workgroup's flat index):
 //                      d_src[j, i] = w[j]·dy[idx[j], i] and d_w[j] = Σ_i dy[idx[j], i]·src[j, i]
@@ -367,6 +370,8 @@ fn weighted_scatter_sorted(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_w
     sc_out[t] = sc_store(acc);
 }
 
+@group(0) @binding(7) var<storage, read> gs_addend: array<sc_elem>;
+
 @compute @workgroup_size(256)
 fn weighted_gather_slots(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
                          @builtin(local_invocation_index) lid: u32) {
@@ -395,7 +400,11 @@ fn weighted_gather_slots(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_wor
         }
         last = next;
     }
-    sc_out[t] = sc_store(acc);
+    if (sp.s2 == 1u) {
+        sc_out[t] = sc_store(f32(gs_addend[t]) + f32(sc_store(acc)));
+    } else {
+        sc_out[t] = sc_store(acc);
+    }
 }
 
 @group(0) @binding(3) var<storage, read> wb_dy: array<sc_elem>;

@@ -1004,6 +1004,55 @@ fn weighted_index_scatter_matches_its_definition() {
     }
 }
 
+/// The MoE block's output from its definition, `y[t] = h[t] + Σ_j w[t·k + j]·rows[slots[t·k +
+/// j]]` (token t's k rows, the weights per slot), against `weighted_index_scatter_per_slot_add`.
+#[test]
+fn weighted_index_scatter_per_slot_add_matches_its_definition() {
+    for case in 0..CASES {
+        let mut rng = rng_for(12, case);
+        let (len, k, d) = (
+            rng.random_range(1..=60),
+            rng.random_range(1..=4),
+            rng.random_range(1..=40),
+        );
+        let a = len * k;
+        // each output's k rows: a shuffle of 0..a, k to an output
+        let mut slots: Vec<i32> = (0..a as i32).collect();
+        for i in (1..a).rev() {
+            slots.swap(i, rng.random_range(0..=i));
+        }
+        let (mut idx, mut order) = (vec![0i32; a], vec![0i32; a]);
+        for (s, &r) in slots.iter().enumerate() {
+            idx[r as usize] = (s / k) as i32;
+            order[r as usize] = s as i32;
+        }
+        let rows = uniform(&mut rng, a * d, -1.0, 1.0);
+        let w = uniform(&mut rng, a, 0.0, 1.0);
+        let h = uniform(&mut rng, len * d, -1.0, 1.0);
+        let got = tensor(&rows, &[a, d])
+            .weighted_index_scatter_per_slot_add(
+                &tensor(&w, &[a]),
+                &indices(&idx, &[a]),
+                len,
+                &indices(&slots, &[a]),
+                &indices(&order, &[a]),
+                &tensor(&h, &[len, d]),
+            )
+            .expect("weighted_index_scatter_per_slot_add");
+        let mut want = h.clone();
+        for t in 0..len {
+            for j in 0..k {
+                let (s, r) = (t * k + j, slots[t * k + j] as usize);
+                for i in 0..d {
+                    want[t * d + i] += w[s] * rows[r * d + i];
+                }
+            }
+        }
+        let what = format!("weighted_index_scatter_per_slot_add {len} × {k} rows of {d}");
+        assert_close(&what, &f64s(&got), &want, TOL, TOL);
+    }
+}
+
 /// The fused CPU kernels round as the composition they replace (`rows.mul(w)` then
 /// `index_scatter`, and its backward rules), so a model trains to the same bits with either:
 /// output and both gradients equal in f32, bit for bit.

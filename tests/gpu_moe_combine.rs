@@ -21,7 +21,11 @@
 //!   unweighted;
 //! - with the weights per slot (`weighted_index_scatter_per_slot`, the MoE layer's combine):
 //!   the plain combine's bits again, the weights' gradient per slot; a slot order that is not
-//!   the slots' inverse refused on the CPU.
+//!   the slots' inverse refused on the CPU;
+//! - with a residual added (`weighted_index_scatter_per_slot_add`, an MoE block's output): the
+//!   output and every gradient to the bit of the combine then `add`, in f32, f16 and mixed
+//!   precision, on both devices, the grid folded; one kernel forward on the GPU where the two
+//!   ops take two; an f32 residual beside f16 rows, or one that broadcasts, handed to `add`.
 //!
 //! Skipped with a printed reason without an adapter unless `MOEGRAD_REQUIRE_GPU=1` (and the f16
 //! case without `shader-f16`).
@@ -645,4 +649,148 @@ fn index_select_by_slots_gives_index_selects_bits() {
             .map(|((name, p), s)| (name, p, s))
             .collect()
     });
+}
+
+/// Where [`residual_combine`] runs: the device, the rows' dtype and the weights'.
+type Placement = (Device, DType, DType);
+
+/// The residual [`residual_combine`] adds: its values, shape and dtype.
+type Residual<'a> = (&'a [f64], &'a [usize], DType);
+
+/// The output and the gradients (rows, weights per slot, residual) of `sum(y ⊙ up)` for
+/// `y = residual + combine`, the combine per slot: added by the combine
+/// (`weighted_index_scatter_per_slot_add`) or by `add` after it. Rows, residual and upstream
+/// gradient in `dtype`, the weights in `w_dtype`; the residual of `h_shape`. Also returns the
+/// kernels the forward ran (on the GPU).
+fn residual_combine(
+    (c, v, slots): (&Case, &Values, &[i32]),
+    (dev, dtype, w_dtype): Placement,
+    (h, h_shape, h_dtype): Residual,
+    by_the_combine: bool,
+) -> (Vec<(&'static str, Vec<f64>)>, Option<u64>) {
+    let rows = place(&v.rows, &[c.a, c.d], dev, dtype).with_grad().unwrap();
+    let given: Vec<f64> = slots.iter().map(|&r| v.w[r as usize]).collect();
+    let w = place(&given, &[c.a], dev, w_dtype).with_grad().unwrap();
+    let residual = place(h, h_shape, dev, h_dtype).with_grad().unwrap();
+    let idx = Tensor::from_i32(v.idx.clone(), &[c.a], dev).unwrap();
+    let mut order = vec![0; slots.len()];
+    for (s, &r) in slots.iter().enumerate() {
+        order[r as usize] = s as i32;
+    }
+    let order = Tensor::from_i32(order, &[slots.len()], dev).unwrap();
+    let s = Tensor::from_i32(slots.to_vec(), &[slots.len()], dev).unwrap();
+    // this thread's kernels (the dispatch counters are the process's, and tests run side by side)
+    moegrad::profile::enable();
+    let combine = || {
+        if by_the_combine {
+            rows.weighted_index_scatter_per_slot_add(&w, &idx, c.len, &s, &order, &residual)
+        } else {
+            rows.weighted_index_scatter_per_slot(&w, &idx, c.len, &s, &order)
+                .and_then(|y| residual.add(&y))
+        }
+    };
+    // an f32 residual beside f16 rows: the add promotes under mixed precision (as in a model's
+    // first block)
+    let y = if h_dtype == dtype {
+        combine()
+    } else {
+        moegrad::autocast_f16(combine)
+    }
+    .unwrap();
+    let report = moegrad::profile::disable().expect("this thread recorded");
+    let forward = report
+        .gpu
+        .map(|g| g.kernels.iter().map(|k| k.calls).sum::<u64>());
+    y.backward_with(&place(&v.up, &[c.len, c.d], dev, y.dtype()))
+        .unwrap();
+    let grad = |t: &Tensor| t.grad().unwrap().to_vec_f64().unwrap();
+    let values = vec![
+        ("y", y.to_vec_f64().unwrap()),
+        ("d_rows", grad(&rows)),
+        ("d_w", grad(&w)),
+        ("d_residual", grad(&residual)),
+    ];
+    (values, forward)
+}
+
+/// An MoE block's residual added by the combine's kernel (`weighted_gather_slots` with its
+/// addend): the output and every gradient to the bit of the combine then `add`, on the GPU in
+/// f32 and f16 and on the CPU, over the slotted cases (the grid folded past 65,535 workgroups,
+/// NaN first in the output's buffer); on the GPU, one dispatch forward where the two ops take
+/// two.
+#[test]
+fn a_residual_added_by_the_combine_has_the_bits_of_the_add() {
+    let Some(gpu) = common::gpu_or_skip("a_residual_added_by_the_combine_has_the_bits_of_the_add")
+    else {
+        return;
+    };
+    check_slotted_cases(gpu, 77, |c, v, slots, (dev, dtype)| {
+        let mut rng = ChaCha8Rng::seed_from_u64(c.a as u64 + 1);
+        let h: Vec<f64> = (0..c.len * c.d)
+            .map(|_| half::f16::from_f32(rng.random_range(-2.0f32..2.0)).to_f64())
+            .collect();
+        let on = (dev, dtype, dtype);
+        let h = (&h[..], &[c.len, c.d][..], dtype);
+        let (folded, one) = residual_combine((c, v, slots), on, h, true);
+        let (added, two) = residual_combine((c, v, slots), on, h, false);
+        if dev.is_gpu() {
+            assert_eq!((one, two), (Some(1), Some(2)), "{dtype}: kernels forward");
+        }
+        added
+            .into_iter()
+            .zip(folded)
+            .map(|((name, a), (_, f))| (name, a, f))
+            .collect()
+    });
+}
+
+/// Mixed precision's combine with its residual: f16 rows and residual, the router's f32
+/// weights (the f16-rows build's `weighted_gather_slots`); and residuals the combine does not
+/// add itself, an f32 one beside f16 rows and one that broadcasts (`[d]`), which the op hands
+/// to `add`: in every case the bits of the combine then the add.
+#[test]
+fn a_mixed_precision_residual_or_one_that_broadcasts_has_the_bits_of_the_add() {
+    let Some(gpu) = f16_checks::f16_gpu("a_mixed_precision_residual_has_the_bits_of_the_add")
+    else {
+        return;
+    };
+    let mut rng = ChaCha8Rng::seed_from_u64(78);
+    for (len, k, d) in [(40, 3, 5), (64, 5, 300), (4096, 2, 4)] {
+        let (c, v, slots) = slotted(len, k, d, &mut rng);
+        let h: Vec<f64> = (0..c.len * c.d)
+            .map(|_| half::f16::from_f32(rng.random_range(-2.0f32..2.0)).to_f64())
+            .collect();
+        let full = [c.len, c.d];
+        let cases: [(&str, Placement, Residual); 4] = [
+            (
+                "f16 rows, f32 weights, f16 residual",
+                (gpu, DType::F16, DType::F32),
+                (&h, &full, DType::F16),
+            ),
+            (
+                "f16 rows, f32 weights, f32 residual",
+                (gpu, DType::F16, DType::F32),
+                (&h, &full, DType::F32),
+            ),
+            (
+                "f32, a [d] residual (GPU)",
+                (gpu, DType::F32, DType::F32),
+                (&h[..c.d], &[c.d], DType::F32),
+            ),
+            (
+                "f32, a [d] residual (CPU)",
+                (Device::cpu(), DType::F32, DType::F32),
+                (&h[..c.d], &[c.d], DType::F32),
+            ),
+        ];
+        for (what, on, h) in cases {
+            let (folded, _) = residual_combine((&c, &v, &slots), on, h, true);
+            let (added, _) = residual_combine((&c, &v, &slots), on, h, false);
+            for ((name, a), (_, f)) in added.iter().zip(&folded) {
+                let same =
+                    a.len() == f.len() && a.iter().zip(f).all(|(a, f)| a.to_bits() == f.to_bits());
+                assert!(same, "{what}, {len} × {k} rows of {d}: {name} differs");
+            }
+        }
+    }
 }

@@ -463,6 +463,35 @@ mod props {
                 let what = format!("weighted_index_scatter [{m}, {d}] onto {out_len}");
                 parity(&what, dev, sum_tol(m + d), combine, &[rows, w, idx]);
             }
+
+            // the MoE block's output: its residual plus the combine with the weights per slot
+            // (k rows per output, the slots a rotation of the rows), the GPU's kernel adding
+            // the residual; the output's grid past one workgroup where out_len·d is
+            let (out_len, k) = (g.dim(1, 70), g.dim(1, 4));
+            let m = out_len * k;
+            let shift = g.dim(0, m - 1);
+            let slots: Vec<i32> = (0..m).map(|s| ((s + shift) % m) as i32).collect();
+            let (mut idx, mut order) = (vec![0i32; m], vec![0i32; m]);
+            for (s, &r) in slots.iter().enumerate() {
+                idx[r as usize] = (s / k) as i32;
+                order[r as usize] = s as i32;
+            }
+            let int = |v: Vec<i32>| Tensor::from_i32(v, &[m], Device::cpu()).unwrap();
+            let (idx, slots, order) = (int(idx), int(slots), int(order));
+            let rows = g.tensor(&[m, d], V::Smooth);
+            let w = g.tensor(&[m], V::Smooth);
+            let h = g.tensor(&[out_len, d], V::Smooth);
+            let block = |t: &[Tensor]| {
+                t[0].weighted_index_scatter_per_slot_add(&t[1], &t[2], out_len, &t[3], &t[4], &t[5])
+            };
+            let what = format!("weighted_index_scatter_per_slot_add {out_len} × {k} rows of {d}");
+            parity(
+                &what,
+                dev,
+                sum_tol(k + d),
+                block,
+                &[rows, w, idx, slots, order, h],
+            );
         });
     }
 

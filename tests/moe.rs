@@ -3,8 +3,9 @@
 //! sparse-evaluation invariance, gradcheck of
 //! the whole layer at generic points, shift invariance, Shazeer's zero gradients, V-MoE/SMoE
 //! gradients for unselected experts, noise statistics, Expert Choice's exact load, priority and
-//! capacity, the balance loss, Switch's jitter support, ties, and GPU parity of dispatch, grouped
-//! matmul, combine and their backward.
+//! capacity, the balance loss, Switch's jitter support, ties, GPU parity of dispatch, grouped
+//! matmul, combine and their backward, and a block's residual added by the layer
+//! (`forward_sequences_add`) with the bits of the add.
 
 mod common;
 
@@ -903,4 +904,95 @@ fn router_entropy_metric_is_the_mean_entropy_of_the_routing_distribution() {
     assert_eq!(out.stats.probs.shape(), &[6, n]);
     let got = out.stats.read().unwrap().entropy;
     assert!((got - want).abs() < 1e-5, "entropy {got} vs {want}");
+}
+
+/// The output and every gradient (tokens, residual, parameters in order) of `backward_with(up)`
+/// through a fresh layer (`router`, shared experts when `shared`, in training) on `dev`, with
+/// the residual added by `forward_sequences_add` or by an add after `forward_sequences`; and
+/// the kernels the forward ran on a GPU.
+fn residual_block(
+    router: &str,
+    shared: bool,
+    dev: Device,
+    by_the_layer: bool,
+) -> (Vec<Vec<f64>>, Option<u64>) {
+    let mut cfg = MoeConfig::new(5, 4, 4, 2);
+    cfg.router = router.into();
+    cfg.seed = 31;
+    if shared {
+        cfg.shared.count = 1;
+        cfg.shared.hidden = 3;
+        cfg.shared.gate = true;
+    }
+    let l = MoeLayer::new(&cfg, dev).unwrap();
+    l.set_training(true);
+    let on = |seed| randn(&[6, 5], seed, DType::F32).to_device(dev).unwrap();
+    let (x, h) = (on(41).with_grad().unwrap(), on(42).with_grad().unwrap());
+    // this thread's kernels (the dispatch counters are the process's, and tests run side by side)
+    moegrad::profile::enable();
+    let y = if by_the_layer {
+        l.forward_sequences_add(&x, 3, &h).unwrap().y
+    } else {
+        h.add(&l.forward_sequences(&x, 3).unwrap().y).unwrap()
+    };
+    let report = moegrad::profile::disable().expect("this thread recorded");
+    let forward = report
+        .gpu
+        .map(|g| g.kernels.iter().map(|k| k.calls).sum::<u64>());
+    y.backward_with(&on(43)).unwrap();
+    let host = |t: Tensor| t.to_vec_f64().unwrap();
+    let mut values = vec![host(y), host(x.grad().unwrap()), host(h.grad().unwrap())];
+    for (name, p) in params(&l) {
+        let g = p
+            .grad()
+            .unwrap_or_else(|| panic!("{router}: no gradient for {name}"));
+        values.push(host(g));
+    }
+    (values, forward)
+}
+
+/// `forward_sequences_add` (an MoE block's `h + moe(norm(h))`) against the residual added
+/// after `forward_sequences`: the output and every gradient to the bit, on the CPU and the GPU,
+/// for a token-choice router (the combine adds the residual), with shared experts, for Expert
+/// Choice (no slots) and Default MoE (terms after the combine), where an add does; on the GPU
+/// the plain case runs one dispatch fewer forward.
+#[test]
+fn a_residual_added_by_the_layer_has_the_bits_of_the_add() {
+    let mut devices = vec![Device::cpu()];
+    devices.extend(common::gpu_or_skip(
+        "a_residual_added_by_the_layer_has_the_bits_of_the_add",
+    ));
+    for dev in devices {
+        // once before counting: the first forward on a device makes constants kept for later
+        residual_block("topk", false, dev, false);
+        for (router, shared) in [
+            ("topk", false),
+            ("topk", true),
+            ("expert-choice", false),
+            ("default-moe", false),
+        ] {
+            let (folded, one) = residual_block(router, shared, dev, true);
+            let (added, two) = residual_block(router, shared, dev, false);
+            for (i, (f, a)) in folded.iter().zip(&added).enumerate() {
+                let same =
+                    f.len() == a.len() && f.iter().zip(a).all(|(f, a)| f.to_bits() == a.to_bits());
+                assert!(
+                    same,
+                    "{router} (shared {shared}) on {dev}: value {i} differs"
+                );
+            }
+            if let (Some(one), Some(two)) = (one, two) {
+                let fewer = if (router, shared) == ("topk", false) {
+                    1
+                } else {
+                    0
+                };
+                assert_eq!(
+                    one + fewer,
+                    two,
+                    "{router} (shared {shared}): kernels forward"
+                );
+            }
+        }
+    }
 }

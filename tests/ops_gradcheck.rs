@@ -896,7 +896,17 @@ proptest! {
                 let y = t[0].weighted_index_scatter_per_slot(&t[1], &it, len, &st, &ot)?;
                 y.mul(&y)
             },
-            &[rows2, w_slots],
+            &[rows2.clone(), w_slots.clone()],
+        )?;
+        // with a residual added by the combine (an MoE block's output)
+        let h = common::f64t(&(0..len * d).map(|i| val(i, 11)).collect::<Vec<_>>(), &[len, d]);
+        gc(
+            "weighted_index_scatter_per_slot_add",
+            |t| {
+                let y = t[0].weighted_index_scatter_per_slot_add(&t[1], &it, len, &st, &ot, &t[2])?;
+                y.mul(&y)
+            },
+            &[rows2, w_slots, h],
         )?;
         let x = common::f64t(&(0..len * d).map(|i| val(i, 3)).collect::<Vec<_>>(), &[len, d]);
         gc(

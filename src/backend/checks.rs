@@ -412,6 +412,22 @@ pub(crate) fn check_slot_order(
     Ok(())
 }
 
+/// Checks a combine's addend (the residual `RoutingOps::weighted_scatter` adds to its output):
+/// the output's dtype and `out_len` values.
+pub(crate) fn check_addend(
+    what: &str,
+    addend: Option<(DType, usize)>,
+    out: (DType, usize),
+) -> Result<()> {
+    match addend {
+        Some(a) if a != out => Err(Error::Shape(format!(
+            "{what}: the addend must be {} of {} values, the output's dtype and size, got {} of {}",
+            out.0, out.1, a.0, a.1
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// The error of an index operand that is not I32.
 pub(crate) fn indices_dtype_error(what: &str, got: DType) -> Error {
     Error::DType(format!("{what}: indices must be i32, got {got}"))

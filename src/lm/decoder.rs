@@ -211,10 +211,11 @@ impl Decoder {
                 Attention::Grouped(attn) => attn.forward_add(&x, (b, t), &self.rotary, &h)?,
                 Attention::Latent(attn) => attn.forward_add(&x, (b, t), &self.rotary, &h)?,
             };
+            // h + ffn(norm(h)): added by the MLP's down projection, or the MoE combine's kernel
             let x = layer.ffn_norm.forward(&h)?;
             h = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward_add(&x, &h)?,
-                Ffn::Moe(layer) => h.add(&moe.add(layer.forward_sequences(&x, t)?)?)?,
+                Ffn::Moe(layer) => moe.add(layer.forward_sequences_add(&x, t, &h)?)?,
             };
         }
         let h = self.norm.forward(&h)?;

@@ -392,10 +392,11 @@ impl Gpt {
         for block in &self.blocks {
             // h + attn(ln1(h)): the residual is added by the output projection's kernel
             h = block.attn.forward_add(&block.ln1.forward(&h)?, b, t, &h)?;
+            // h + ffn(ln2(h)): added by the last projection's kernel, or the MoE combine's
             let x = block.ln2.forward(&h)?;
             h = match &block.ffn {
                 Ffn::Dense { fc, proj } => proj.forward_add(&fc.forward(&x)?.gelu()?, &h)?,
-                Ffn::Moe(layer) => h.add(&moe.add(layer.forward_sequences(&x, t)?)?)?,
+                Ffn::Moe(layer) => moe.add(layer.forward_sequences_add(&x, t, &h)?)?,
             };
         }
         let h = self.ln_f.forward(&h)?;

@@ -372,8 +372,8 @@ impl MoeLayer {
         super::router_trait::route_in_f32(self.router.as_ref(), x)
     }
 
-    /// Routes `x: [T, d]` and runs the experts.
-    pub fn forward(&self, x: &Tensor) -> Result<MoeOutput> {
+    /// [`MoeLayer::route`] for tokens `x`, which must be `[T, d]`.
+    fn route_tokens(&self, x: &Tensor) -> Result<Routing> {
         if x.rank() != 2 || x.shape()[1] != self.config.d {
             return Err(Error::Shape(format!(
                 "MoE layer expects tokens [T, {}], got {:?}",
@@ -381,7 +381,12 @@ impl MoeLayer {
                 x.shape()
             )));
         }
-        let routing = self.route(x)?;
+        self.route(x)
+    }
+
+    /// Routes `x: [T, d]` and runs the experts.
+    pub fn forward(&self, x: &Tensor) -> Result<MoeOutput> {
+        let routing = self.route_tokens(x)?;
         self.forward_routed(x, &[routing])
     }
 
@@ -392,30 +397,44 @@ impl MoeLayer {
     /// # Errors
     /// Those of `forward`; with the sequence scope, T not a multiple of `seq_len`.
     pub fn forward_sequences(&self, x: &Tensor, seq_len: usize) -> Result<MoeOutput> {
-        if x.rank() != 2 || x.shape()[1] != self.config.d {
-            return Err(Error::Shape(format!(
-                "MoE layer expects tokens [T, {}], got {:?}",
-                self.config.d,
-                x.shape()
-            )));
-        }
-        let routing = self.route(x)?;
-        self.forward_routed_in(x, &[routing], Some(seq_len))
+        let routing = self.route_tokens(x)?;
+        self.forward_routed_in(x, &[routing], Some(seq_len), None)
+    }
+
+    /// [`MoeLayer::forward_sequences`] with a residual added to the output: `y` is
+    /// `residual + moe(x)`, to the bit of `residual.add(&out.y)` (a transformer block's
+    /// `h + moe(norm(h))`). Where the combine is the layer's last op (no shared experts, no
+    /// output scale ω, no Default MoE terms) and each token's rows are known (a token-choice
+    /// routing), the combine's kernel adds it: one pass over the output fewer; otherwise an add
+    /// does. The residual's gradient is the output's.
+    ///
+    /// # Errors
+    /// Those of `forward_sequences`, and a residual that does not broadcast to `[T, d_out]`.
+    pub fn forward_sequences_add(
+        &self,
+        x: &Tensor,
+        seq_len: usize,
+        residual: &Tensor,
+    ) -> Result<MoeOutput> {
+        let routing = self.route_tokens(x)?;
+        self.forward_routed_in(x, &[routing], Some(seq_len), Some(residual))
     }
 
     /// Runs the experts for one or more routings of the same tokens (several routings: one
     /// per task of a multi-gate MoE, dispatched together so each expert runs once on all its
     /// rows). Output rows are `task·T + t`.
     pub fn forward_routed(&self, x: &Tensor, routings: &[Routing]) -> Result<MoeOutput> {
-        self.forward_routed_in(x, routings, None)
+        self.forward_routed_in(x, routings, None, None)
     }
 
-    /// `forward_routed` with the tokens' sequence length (None: one sequence).
+    /// `forward_routed` with the tokens' sequence length (None: one sequence) and a residual to
+    /// add to the output (`forward_sequences_add`).
     fn forward_routed_in(
         &self,
         x: &Tensor,
         routings: &[Routing],
         seq_len: Option<usize>,
+        residual: Option<&Tensor>,
     ) -> Result<MoeOutput> {
         let t = x.shape()[0];
         let n = self.config.experts;
@@ -440,6 +459,13 @@ impl MoeLayer {
             Tensor::concat(&vec![x.clone(); routings.len()], 0)?
         };
         let plain = routings.len() == 1 && nulls == 0 && !variable;
+        // the residual is added by the combine where nothing follows it (no Default MoE terms,
+        // ω or shared experts), else by an add at the end
+        let training = self.training.load(Ordering::Relaxed);
+        let combine_is_last = self.omega.is_none()
+            && self.shared.is_none()
+            && (!training || routings.iter().all(|r| r.defaults.is_none()));
+        let mut residual_added = false;
         let dense =
             match super::all_experts::dense_weights(&routing, self.capacity(), counted, plain) {
                 Some(w) if self.all_experts_path.unwrap_or(source.device().is_gpu()) => self
@@ -469,13 +495,26 @@ impl MoeLayer {
                 let len = t * routings.len();
                 let (mut y, w) = match slots {
                     Some(_) => (
-                        out.weighted_index_scatter_per_slot(
-                            &routing.weight,
-                            &plan.row_token,
-                            len,
-                            &plan.position,
-                            &plan.order,
-                        )?,
+                        match residual.filter(|_| combine_is_last) {
+                            Some(h) => {
+                                residual_added = true;
+                                out.weighted_index_scatter_per_slot_add(
+                                    &routing.weight,
+                                    &plan.row_token,
+                                    len,
+                                    &plan.position,
+                                    &plan.order,
+                                    h,
+                                )?
+                            }
+                            None => out.weighted_index_scatter_per_slot(
+                                &routing.weight,
+                                &plan.row_token,
+                                len,
+                                &plan.position,
+                                &plan.order,
+                            )?,
+                        },
                         WeightOrder::PerSlot(routing.weight.clone()),
                     ),
                     _ => {
@@ -484,7 +523,7 @@ impl MoeLayer {
                         (y, WeightOrder::PerRow(w))
                     }
                 };
-                if self.training.load(Ordering::Relaxed) {
+                if training {
                     y = super::default_outputs::add_default_terms(
                         y,
                         routings,
@@ -505,7 +544,6 @@ impl MoeLayer {
             y = y.add(&shared.forward(&source)?)?;
         }
 
-        let training = self.training.load(Ordering::Relaxed);
         let balancing = self.config.balancing;
         // valid assignments per expert of each routing, before capacity (no gradient)
         let routed: Vec<Tensor> = if let (Combined::Plan(plan, _), true) = (&combined, plain) {
@@ -611,6 +649,9 @@ impl MoeLayer {
             tokens: t * routings.len(),
             metrics: routings.iter().flat_map(|r| r.metrics.clone()).collect(),
         };
+        if let (Some(h), false) = (residual, residual_added) {
+            y = h.add(&y)?;
+        }
         Ok(MoeOutput {
             y,
             aux_loss: aux,

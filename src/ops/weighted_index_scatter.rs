@@ -11,7 +11,9 @@
 //! Told where each output's rows are (`weighted_index_scatter_by_slots`: a token-choice plan's
 //! `position` lists each token's rows), the GPU forward needs no sort. The same slots serve the
 //! layer's gather of the routed rows (`index_select_by_slots`), whose backward is this sum
-//! unweighted: the two ends of the MoE layer's dispatch, in one file.
+//! unweighted: the two ends of the MoE layer's dispatch, in one file. With a residual
+//! (`weighted_index_scatter_per_slot_add`), the combine is a transformer block's whole MoE
+//! output, `h + Σ w·f(x)`, in one pass.
 
 use crate::{DType, Error, Result, Tensor};
 
@@ -47,7 +49,7 @@ impl Tensor {
         idx: &Tensor,
         len: usize,
     ) -> Result<Tensor> {
-        self.weighted_scatter_with(weights, idx, len, None, None)
+        self.weighted_scatter_with(weights, idx, len, None, None, None)
     }
 
     /// [`Tensor::weighted_index_scatter`] told where each output's rows are: `slots: [len·k]`
@@ -84,7 +86,7 @@ impl Tensor {
             0 => 0,
             len => slots.numel() / len,
         };
-        self.weighted_scatter_with(weights, idx, len, Some((slots, k)), None)
+        self.weighted_scatter_with(weights, idx, len, Some((slots, k)), None, None)
     }
 
     /// [`Tensor::weighted_index_scatter_by_slots`] with the weights given per slot instead of
@@ -120,13 +122,68 @@ impl Tensor {
         slots: &Tensor,
         order: &Tensor,
     ) -> Result<Tensor> {
+        self.per_slot_with(weights, idx, len, (slots, order), None)
+    }
+
+    /// `addend + self.weighted_index_scatter_per_slot(weights, idx, len, slots, order)`, to the
+    /// bit, in one op: an MoE block's residual added by the combine (`h + moe(norm(h))`). On
+    /// the GPU the combine's kernel adds it to each output element after rounding the sum, so
+    /// the block's output is one pass instead of two. An addend of another shape (one that
+    /// broadcasts) or dtype is added by [`Tensor::add`] after the combine. The addend's
+    /// gradient is the output's.
+    ///
+    /// ```
+    /// # use moegrad::{Device, Tensor};
+    /// let rows = Tensor::from_f32(vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[3, 2], Device::cpu())?;
+    /// let idx = Tensor::from_i32(vec![1, 0, 2], &[3], Device::cpu())?;
+    /// let slots = Tensor::from_i32(vec![1, 0, 2], &[3], Device::cpu())?;
+    /// let order = Tensor::from_i32(vec![1, 0, 2], &[3], Device::cpu())?;
+    /// let w = Tensor::from_f32(vec![1.0, 0.5, 2.0], &[3], Device::cpu())?;
+    /// let h = Tensor::from_f32(vec![10.0; 6], &[3, 2], Device::cpu())?;
+    /// let y = rows.weighted_index_scatter_per_slot_add(&w, &idx, 3, &slots, &order, &h)?;
+    /// assert_eq!(y.to_vec_f64()?, vec![13.0, 14.0, 10.5, 11.0, 20.0, 22.0]);
+    /// # Ok::<(), moegrad::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// Those of `weighted_index_scatter_per_slot`, and those of `add` for an addend that does
+    /// not broadcast to `[len, d]`.
+    pub fn weighted_index_scatter_per_slot_add(
+        &self,
+        weights: &Tensor,
+        idx: &Tensor,
+        len: usize,
+        slots: &Tensor,
+        order: &Tensor,
+        addend: &Tensor,
+    ) -> Result<Tensor> {
+        let fits = self.rank() == 2
+            && addend.shape() == [len, self.shape()[1]]
+            && addend.dtype() == self.dtype()
+            && addend.device() == self.device();
+        if !fits {
+            return addend
+                .add(&self.weighted_index_scatter_per_slot(weights, idx, len, slots, order)?);
+        }
+        self.per_slot_with(weights, idx, len, (slots, order), Some(addend))
+    }
+
+    /// The combines with the weights per slot, `addend` (when given) added by the combine.
+    fn per_slot_with(
+        &self,
+        weights: &Tensor,
+        idx: &Tensor,
+        len: usize,
+        (slots, order): (&Tensor, &Tensor),
+        addend: Option<&Tensor>,
+    ) -> Result<Tensor> {
         self.check_index_tensor(slots, "weighted_index_scatter slots")?;
         self.check_index_tensor(order, "weighted_index_scatter slot order")?;
         let k = match len {
             0 => 0,
             len => slots.numel() / len,
         };
-        self.weighted_scatter_with(weights, idx, len, Some((slots, k)), Some(order))
+        self.weighted_scatter_with(weights, idx, len, Some((slots, k)), Some(order), addend)
     }
 
     /// [`Tensor::index_select`] along axis 0 whose backward is told where each source row's
@@ -173,6 +230,7 @@ impl Tensor {
         Ok(Tensor::record(y, WHAT, &[self], move |g| {
             let dx = g.storage().weighted_scatter(
                 None,
+                None,
                 idx.storage(),
                 (d, len),
                 Some((slots.storage(), k)),
@@ -182,8 +240,9 @@ impl Tensor {
         }))
     }
 
-    /// The combines: `slots` is `(each output's rows, rows per output)` when known, and
-    /// `slot_order` each row's slot when the weights are per slot.
+    /// The combines: `slots` is `(each output's rows, rows per output)` when known,
+    /// `slot_order` each row's slot when the weights are per slot, and `addend` (`[len, d]` of
+    /// `self`'s dtype and device, checked by the caller) added to the output.
     fn weighted_scatter_with(
         &self,
         weights: &Tensor,
@@ -191,6 +250,7 @@ impl Tensor {
         len: usize,
         slots: Option<(&Tensor, usize)>,
         slot_order: Option<&Tensor>,
+        addend: Option<&Tensor>,
     ) -> Result<Tensor> {
         const WHAT: &str = "weighted_index_scatter";
         let _profile = crate::profile::op(WHAT);
@@ -216,6 +276,7 @@ impl Tensor {
         };
         self.check_same_device(&w, WHAT)?;
         let y = self.storage().weighted_scatter(
+            addend.map(|a| a.storage()),
             Some(w.storage()),
             idx.storage(),
             (d, len),
@@ -224,8 +285,11 @@ impl Tensor {
         )?;
         let y = Tensor::from_storage(y, vec![len, d]);
         let (rows, w_saved, idx) = (self.detach(), w.detach(), idx.clone());
+        let has_addend = addend.is_some();
         let slot_order = slot_order.cloned();
-        Ok(Tensor::record(y, WHAT, &[self, &w], move |g| {
+        let mut inputs = vec![self, &w];
+        inputs.extend(addend);
+        Ok(Tensor::record(y, WHAT, &inputs, move |g| {
             let g = g.to_dtype(rows.dtype())?;
             let (d_rows, d_w) = rows.storage().weighted_scatter_backward(
                 w_saved.storage(),
@@ -234,10 +298,15 @@ impl Tensor {
                 (d, len),
                 slot_order.as_ref().map(|o| o.storage()),
             )?;
-            Ok(vec![
+            let mut grads = vec![
                 Some(Tensor::from_storage(d_rows, vec![a, d])),
                 Some(Tensor::from_storage(d_w, vec![a])),
-            ])
+            ];
+            if has_addend {
+                // the addend's gradient is the output's
+                grads.push(Some(g));
+            }
+            Ok(grads)
         }))
     }
 }

@@ -143,11 +143,44 @@ fn by_slot(d_w: CpuBuffer, order: &[i32]) -> CpuBuffer {
     }
 }
 
-/// The fused forward on CPU buffers (f32 or f64; `rows` and `w` of one dtype). Given `slots`
-/// (each output's rows, see `RoutingOps::weighted_scatter`), it checks them and computes the
-/// same sum, which needs no grouping on the CPU; given `slot_order` too (weights per slot), it
-/// checks that as well and reads each row's weight at its slot.
+/// The fused forward on CPU buffers (f32 or f64; `rows` and `w` of one dtype), with `addend`
+/// (the output's dtype and size) added to the sum afterwards where given (the bits of the add).
+/// Given `slots` (each output's rows, see `RoutingOps::weighted_scatter`), it checks them and
+/// computes the same sum, which needs no grouping on the CPU; given `slot_order` too (weights
+/// per slot), it checks that as well and reads each row's weight at its slot.
 pub(crate) fn weighted_scatter(
+    (rows, addend): (&CpuBuffer, Option<&CpuBuffer>),
+    w: Option<&CpuBuffer>,
+    idx: &CpuBuffer,
+    (d, len): (usize, usize),
+    slots: Option<(&CpuBuffer, usize)>,
+    slot_order: Option<&CpuBuffer>,
+) -> Result<CpuBuffer> {
+    let out = (rows.dtype(), len * d);
+    let addend_of = addend.map(|a| (a.dtype(), a.len()));
+    crate::backend::checks::check_addend("weighted_index_scatter", addend_of, out)?;
+    let y = combine(rows, w, idx, (d, len), slots, slot_order)?;
+    Ok(match (addend, y) {
+        (None, y) => y,
+        (Some(CpuBuffer::F32(a)), CpuBuffer::F32(y)) => f32b(plus(a, &y)),
+        (Some(CpuBuffer::F64(a)), CpuBuffer::F64(y)) => f64b(plus(a, &y)),
+        (Some(a), y) => {
+            return Err(Error::DType(format!(
+                "weighted_index_scatter: an addend of {} for an output of {}",
+                a.dtype(),
+                y.dtype()
+            )));
+        }
+    })
+}
+
+/// `a + y`, element by element.
+fn plus<T: Float>(a: &[T], y: &[T]) -> Vec<T> {
+    a.iter().zip(y).map(|(&a, &y)| a + y).collect()
+}
+
+/// [`weighted_scatter`] without the addend.
+fn combine(
     rows: &CpuBuffer,
     w: Option<&CpuBuffer>,
     idx: &CpuBuffer,
@@ -169,7 +202,7 @@ pub(crate) fn weighted_scatter(
         let order = order.indices(WHAT)?;
         check_slot_order_promise(order, s.indices(WHAT)?, WHAT)?;
         let w_rows = weights_by_row(wb, order);
-        return weighted_scatter(rows, Some(&w_rows), idx_buffer, (d, len), slots, None);
+        return combine(rows, Some(&w_rows), idx_buffer, (d, len), slots, None);
     }
     check(
         rows.len(),

@@ -327,7 +327,7 @@ pub(super) fn dispatch_plan<T: Float>(
 impl RoutingOps for CpuBackend {
     fn weighted_scatter(
         &self,
-        rows: &CpuBuffer,
+        rows: (&CpuBuffer, Option<&CpuBuffer>),
         w: Option<&CpuBuffer>,
         idx: &CpuBuffer,
         sizes: (usize, usize),

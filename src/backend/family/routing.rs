@@ -20,9 +20,13 @@ pub(crate) trait RoutingOps: BufferOps {
     /// `slot_order`, given with `slots` and `w`, says `w` is per slot rather than per row: the
     /// weight of row `s[i]` is `w[i]`, and `slot_order` (I32 `[A]`) is the slots' inverse, each
     /// row's slot (the CPU checks it; the GPU reads the weights through the slots).
+    /// `addend`, given with `rows` (the output's dtype, `[len, d]`), is added to the output:
+    /// `addend[t] + y[t]` with `y` rounded to the dtype first, the bits of adding it afterwards
+    /// (an MoE block's residual, added by the combine's own kernel on the GPU where the slots
+    /// are given).
     fn weighted_scatter(
         &self,
-        rows: &Self::Buffer,
+        rows: (&Self::Buffer, Option<&Self::Buffer>),
         w: Option<&Self::Buffer>,
         idx: &Self::Buffer,
         sizes: (usize, usize),

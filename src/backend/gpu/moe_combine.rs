@@ -10,7 +10,9 @@
 //! by binary-searching the stably sorted indices (`sort.rs`: one dispatch up to 2048 rows, six
 //! at 8192). Given each output's rows as `slots` (k per output: the plan's `position` for a
 //! token-choice routing) it needs no sort: `weighted_gather_slots` reads each output's k rows
-//! and adds them in increasing order, one dispatch and the same bits.
+//! and adds them in increasing order, one dispatch and the same bits; given an addend as well
+//! (an MoE block's residual, `Tensor::weighted_index_scatter_per_slot_add`), it adds it to each
+//! rounded sum, the bits of the add that would follow.
 //! The backward runs one workgroup per row: the row's gradient `w[r]·dy[idx[r]]` and its
 //! weight's gradient `⟨dy[idx[r]], rows[r]⟩`, reduced in workgroup memory. Indices outside
 //! `0..len` are not checked here (that would need a read-back): their rows add to no output and
@@ -98,14 +100,18 @@ fn params(
 /// the sum taken in f32 in increasing `r`. With `slots = Some((s, k))`, `s: [len·k]` I32 lists
 /// each output's rows (`s[t·k..t·k+k]` are the rows with `idx = t`, the caller's promise,
 /// unchecked here) and no sort runs. Without `w` the rows are added as they are
-/// (`index_scatter`'s sum, to the bit; without slots too, it is `scatter_add`).
+/// (`index_scatter`'s sum, to the bit; without slots too, it is `scatter_add`). With `addend`
+/// (`[len, d]` of the rows' dtype) the output is `addend + y`, `y` rounded first: the bits of
+/// the add, written by `weighted_gather_slots` itself where the slots are given (an MoE block's
+/// residual), by an add after the other kernels.
 ///
 /// # Errors
 /// Rows and weights not of one float dtype, indices or slots not I32, lengths that do not make
-/// `[A, d]`, `[A]`, `[A]` (and `[len·k] = [A]` for the slots), or sizes past 32-bit indexing.
+/// `[A, d]`, `[A]`, `[A]` (and `[len·k] = [A]` for the slots), an addend not of the output's
+/// dtype and size, or sizes past 32-bit indexing.
 pub(crate) fn weighted_scatter(
     be: &GpuBackend,
-    rows: &GpuBuffer,
+    (rows, addend): (&GpuBuffer, Option<&GpuBuffer>),
     w: Option<&GpuBuffer>,
     idx: &GpuBuffer,
     (d, len): (usize, usize),
@@ -115,6 +121,13 @@ pub(crate) fn weighted_scatter(
     const WHAT: &str = "weighted_index_scatter";
     let mut p = params(WHAT, rows, w, idx, (d, len))?;
     let (n, m) = (len * d, idx.len());
+    let addend_of = addend.map(|a| (a.dtype(), a.len()));
+    crate::backend::checks::check_addend(WHAT, addend_of, (rows.dtype(), n))?;
+    if let (Some(a), None) = (addend, slots) {
+        // the sum by one of the other kernels, then the add
+        let y = weighted_scatter(be, (rows, None), w, idx, (d, len), None, slot_order)?;
+        return be.binary(crate::backend::BinaryOp::Add, a, &[1], &y, &[1], &[n]);
+    }
     if let Some((s, k)) = slots {
         crate::backend::checks::check_slots(WHAT, s.dtype(), s.len(), (len, k), m)?;
     }
@@ -130,7 +143,12 @@ pub(crate) fn weighted_scatter(
         return Ok(out);
     }
     if m == 0 {
-        return be.full(n, 0.0, rows.dtype());
+        // no rows: zeros (plus the addend: the add keeps its bits, −0 + 0 included)
+        let zeros = be.full(n, 0.0, rows.dtype())?;
+        return match addend {
+            Some(a) => be.binary(crate::backend::BinaryOp::Add, a, &[1], &zeros, &[1], &[n]),
+            None => Ok(zeros),
+        };
     }
     let build = combine_build(rows.dtype(), w.map_or(rows.dtype(), |w| w.dtype()));
     if let Some((s, k)) = slots {
@@ -138,12 +156,22 @@ pub(crate) fn weighted_scatter(
         // this entry otherwise) 1 when there are no weights (the rows stand in for them)
         p[3] = u32_param(k, &format!("{WHAT}: rows per output"))?;
         p[7] = w.is_none() as u32;
-        // s0: the weights are per slot (read through the slots, not by row)
+        // s0: the weights are per slot (read through the slots, not by row); s2: the addend
+        // is added (binding 7; the rows again, unread, without one)
         p[4] = slot_order.is_some() as u32;
+        p[6] = addend.is_some() as u32;
         be.launch(
             build,
             "weighted_gather_slots",
-            &[rows, idx, &out, s, s, w.unwrap_or(rows)],
+            &[
+                rows,
+                idx,
+                &out,
+                s,
+                s,
+                w.unwrap_or(rows),
+                addend.unwrap_or(rows),
+            ],
             &p,
             grid_1d(n, WG)?,
         )?;

@@ -394,7 +394,7 @@ pub(crate) fn dispatch_plan(
 impl RoutingOps for GpuBackend {
     fn weighted_scatter(
         &self,
-        rows: &GpuBuffer,
+        rows: (&GpuBuffer, Option<&GpuBuffer>),
         w: Option<&GpuBuffer>,
         idx: &GpuBuffer,
         sizes: (usize, usize),

@@ -173,6 +173,7 @@ impl Storage {
     /// See [`RoutingOps::weighted_scatter`]; `self` is `rows`.
     pub(crate) fn weighted_scatter(
         &self,
+        addend: Option<&Storage>,
         w: Option<&Storage>,
         idx: &Storage,
         sizes: (usize, usize),
@@ -181,7 +182,13 @@ impl Storage {
     ) -> Result<Storage> {
         const WHAT: &str = "weighted_index_scatter";
         on_device!(self, |be| be.weighted_scatter(
-            be.buf(self, WHAT)?,
+            (
+                be.buf(self, WHAT)?,
+                match addend {
+                    Some(a) => Some(be.buf(a, WHAT)?),
+                    None => None,
+                }
+            ),
             match w {
                 Some(w) => Some(be.buf(w, WHAT)?),
                 None => None,
