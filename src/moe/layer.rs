@@ -401,12 +401,10 @@ impl MoeLayer {
         self.forward_routed_in(x, &[routing], Some(seq_len), None)
     }
 
-    /// [`MoeLayer::forward_sequences`] with a residual added to the output: `y` is
-    /// `residual + moe(x)`, to the bit of `residual.add(&out.y)` (a transformer block's
-    /// `h + moe(norm(h))`). Where the combine is the layer's last op (no shared experts, no
-    /// output scale ω, no Default MoE terms) and each token's rows are known (a token-choice
-    /// routing), the combine's kernel adds it: one pass over the output fewer; otherwise an add
-    /// does. The residual's gradient is the output's.
+    /// [`MoeLayer::forward_sequences`] with `y = residual + moe(x)`, the bits of
+    /// `residual.add(&out.y)` (a block's `h + moe(norm(h))`): added by the combine's kernel
+    /// where the combine is the last op (no shared experts, ω or Default MoE terms) and a
+    /// token-choice routing lists each token's rows, else by an add.
     ///
     /// # Errors
     /// Those of `forward_sequences`, and a residual that does not broadcast to `[T, d_out]`.
