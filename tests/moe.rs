@@ -996,3 +996,107 @@ fn a_residual_added_by_the_layer_has_the_bits_of_the_add() {
         }
     }
 }
+
+/// The layer's output `layer` (`gate`: Qwen2-MoE's gated shared expert, else DeepSeek's) on
+/// `dev` for tokens `x`, with the shared experts' down projection as it is and zeroed (the
+/// routed output alone), the shared experts' `g(x)·down(act(up(x)))` composed from their
+/// parameters, and the kernels the first forward ran on a GPU.
+fn shared_expert_parts(gate: bool, dev: Device) -> (Tensor, Tensor, Tensor, Option<u64>) {
+    let mut cfg = MoeConfig::new(5, 4, 4, 2);
+    cfg.seed = 17;
+    cfg.shared.count = 2;
+    cfg.shared.hidden = 3;
+    cfg.shared.gate = gate;
+    let l = MoeLayer::new(&cfg, dev).unwrap();
+    let x = randn(&[6, 5], 18, DType::F32).to_device(dev).unwrap();
+    let p = |name: &str| {
+        params(&l)
+            .into_iter()
+            .find(|(n, _)| n == name)
+            .unwrap_or_else(|| panic!("no parameter {name}"))
+            .1
+    };
+    moegrad::profile::enable();
+    let full = l.forward(&x).unwrap().y;
+    let report = moegrad::profile::disable().expect("this thread recorded");
+    let kernels = report
+        .gpu
+        .map(|g| g.kernels.iter().map(|k| k.calls).sum::<u64>());
+    let hidden = cfg
+        .activation
+        .apply(&x.matmul(&p("shared.up.weight").get()).unwrap())
+        .unwrap();
+    let mut shared = hidden.matmul(&p("shared.down.weight").get()).unwrap();
+    if gate {
+        let g = x.matmul(&p("shared.gate.weight").get()).unwrap();
+        shared = shared.mul(&g.sigmoid().unwrap()).unwrap();
+    }
+    let down = p("shared.down.weight");
+    down.set(down.get().zeros_like().unwrap()).unwrap();
+    let routed = l.forward(&x).unwrap().y;
+    (full, routed, shared, kernels)
+}
+
+/// Shared experts add their output to the routed experts' (DeepSeekMoE, Qwen2-MoE): the layer's
+/// output is, to the bit, its output with the shared down projection zeroed plus
+/// `g(x)·down(act(up(x)))` composed from the parameters, gated and not, on the CPU and the GPU;
+/// ungated, the down projection's kernel adds the routed output: the layer runs the kernels of
+/// a layer without shared experts and those of an MLP alone, and no add.
+#[test]
+fn shared_experts_add_their_mlp_to_the_routed_output() {
+    let mut devices = vec![Device::cpu()];
+    devices.extend(common::gpu_or_skip(
+        "shared_experts_add_their_mlp_to_the_routed_output",
+    ));
+    for dev in devices {
+        // once before counting: the first forward on a device makes constants kept for later
+        shared_expert_parts(false, dev);
+        for gate in [false, true] {
+            let (full, routed, shared, kernels) = shared_expert_parts(gate, dev);
+            let want = routed.add(&shared).unwrap().to_vec_f32().unwrap();
+            let got = full.to_vec_f32().unwrap();
+            assert_eq!(got.len(), want.len());
+            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert_eq!(
+                    g.to_bits(),
+                    w.to_bits(),
+                    "gate {gate} on {dev}: element {i}: {g} vs {w}"
+                );
+            }
+            if let (Some(with_shared), false) = (kernels, gate) {
+                let mut cfg = MoeConfig::new(5, 4, 4, 2);
+                cfg.seed = 17;
+                let plain = MoeLayer::new(&cfg, dev).unwrap();
+                let mut rng = ChaCha8Rng::seed_from_u64(3);
+                let mlp = moegrad::nn::Mlp::normal_without_bias(
+                    5,
+                    6,
+                    5,
+                    cfg.activation,
+                    0.02,
+                    &mut rng,
+                    dev,
+                )
+                .unwrap();
+                let x = randn(&[6, 5], 18, DType::F32).to_device(dev).unwrap();
+                let count = |f: &dyn Fn()| {
+                    moegrad::profile::enable();
+                    f();
+                    let r = moegrad::profile::disable().expect("this thread recorded");
+                    r.gpu.unwrap().kernels.iter().map(|k| k.calls).sum::<u64>()
+                };
+                let layer = count(&|| {
+                    plain.forward(&x).unwrap();
+                });
+                let alone = count(&|| {
+                    moegrad::nn::Module::forward(&mlp, &x).unwrap();
+                });
+                assert_eq!(
+                    with_shared,
+                    layer + alone,
+                    "kernels of the ungated layer on {dev}"
+                );
+            }
+        }
+    }
+}

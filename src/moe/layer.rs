@@ -539,7 +539,7 @@ impl MoeLayer {
         }
         if let Some(shared) = &self.shared {
             // every token (of every task) also passes through the shared experts
-            y = y.add(&shared.forward(&source)?)?;
+            y = shared.forward_add(&source, &y)?;
         }
 
         let balancing = self.config.balancing;

@@ -82,6 +82,19 @@ impl SharedExperts {
             None => Ok(y),
         }
     }
+
+    /// `addend + g(x)·S(x)`, the bits of `addend.add(&self.forward(x)?)`: without a gate the
+    /// down projection's kernel adds `addend` to its product (one pass fewer, see
+    /// [`Mlp::forward_add`]); with one, the gate's product and then the add.
+    ///
+    /// # Errors
+    /// Errors of the ops (a mis-shaped `x`, an `addend` that does not broadcast to the output).
+    pub fn forward_add(&self, x: &Tensor, addend: &Tensor) -> Result<Tensor> {
+        match &self.gate {
+            Some(_) => addend.add(&self.forward(x)?),
+            None => self.mlp.forward_add(x, addend),
+        }
+    }
 }
 
 impl Parameters for SharedExperts {
