@@ -928,17 +928,13 @@ fn residual_block(
     l.set_training(true);
     let on = |seed| randn(&[6, 5], seed, DType::F32).to_device(dev).unwrap();
     let (x, h) = (on(41).with_grad().unwrap(), on(42).with_grad().unwrap());
-    // this thread's kernels (the dispatch counters are the process's, and tests run side by side)
-    moegrad::profile::enable();
-    let y = if by_the_layer {
-        l.forward_sequences_add(&x, 3, &h).unwrap().y
-    } else {
-        h.add(&l.forward_sequences(&x, 3).unwrap().y).unwrap()
-    };
-    let report = moegrad::profile::disable().expect("this thread recorded");
-    let forward = report
-        .gpu
-        .map(|g| g.kernels.iter().map(|k| k.calls).sum::<u64>());
+    let (y, forward) = with_kernel_count(|| {
+        if by_the_layer {
+            l.forward_sequences_add(&x, 3, &h).unwrap().y
+        } else {
+            h.add(&l.forward_sequences(&x, 3).unwrap().y).unwrap()
+        }
+    });
     y.backward_with(&on(43)).unwrap();
     let host = |t: Tensor| t.to_vec_f64().unwrap();
     let mut values = vec![host(y), host(x.grad().unwrap()), host(h.grad().unwrap())];
@@ -949,6 +945,18 @@ fn residual_block(
         values.push(host(g));
     }
     (values, forward)
+}
+
+/// `f()` and the kernels it ran on this thread's GPU (`None` on the CPU): the dispatch
+/// counters are the process's, and tests run side by side, so this counts with the profiler.
+fn with_kernel_count<R>(f: impl FnOnce() -> R) -> (R, Option<u64>) {
+    moegrad::profile::enable();
+    let r = f();
+    let report = moegrad::profile::disable().expect("this thread recorded");
+    let kernels = report
+        .gpu
+        .map(|g| g.kernels.iter().map(|k| k.calls).sum::<u64>());
+    (r, kernels)
 }
 
 /// `forward_sequences_add` (an MoE block's `h + moe(norm(h))`) against the residual added
@@ -1016,12 +1024,7 @@ fn shared_expert_parts(gate: bool, dev: Device) -> (Tensor, Tensor, Tensor, Opti
             .unwrap_or_else(|| panic!("no parameter {name}"))
             .1
     };
-    moegrad::profile::enable();
-    let full = l.forward(&x).unwrap().y;
-    let report = moegrad::profile::disable().expect("this thread recorded");
-    let kernels = report
-        .gpu
-        .map(|g| g.kernels.iter().map(|k| k.calls).sum::<u64>());
+    let (full, kernels) = with_kernel_count(|| l.forward(&x).unwrap().y);
     let hidden = cfg
         .activation
         .apply(&x.matmul(&p("shared.up.weight").get()).unwrap())
@@ -1079,18 +1082,10 @@ fn shared_experts_add_their_mlp_to_the_routed_output() {
                 )
                 .unwrap();
                 let x = randn(&[6, 5], 18, DType::F32).to_device(dev).unwrap();
-                let count = |f: &dyn Fn()| {
-                    moegrad::profile::enable();
-                    f();
-                    let r = moegrad::profile::disable().expect("this thread recorded");
-                    r.gpu.unwrap().kernels.iter().map(|k| k.calls).sum::<u64>()
-                };
-                let layer = count(&|| {
-                    plain.forward(&x).unwrap();
-                });
-                let alone = count(&|| {
-                    moegrad::nn::Module::forward(&mlp, &x).unwrap();
-                });
+                let (_, layer) = with_kernel_count(|| plain.forward(&x).unwrap());
+                let (_, alone) =
+                    with_kernel_count(|| moegrad::nn::Module::forward(&mlp, &x).unwrap());
+                let (layer, alone) = (layer.unwrap(), alone.unwrap());
                 assert_eq!(
                     with_shared,
                     layer + alone,
