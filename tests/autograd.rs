@@ -431,3 +431,36 @@ fn dropping_a_deep_unreleased_graph_does_not_overflow() {
         out.status
     );
 }
+
+#[test]
+fn gradients_are_summed_last_made_consumer_first_however_the_ops_list_their_inputs() {
+    // x has three consumers, made in the order 3·x, −1e8·x, 1e8·x. The walk sums its gradient
+    // with the last-made consumer's first: (1e8 + −1e8) + 3 = 3 in f32, where any other order
+    // loses the 3 ((3 + −1e8) + 1e8 = 0: 3 − 1e8 rounds to −1e8). The loss combines the three
+    // in different orders, and so puts them in different input slots of its adds; the bits of
+    // x's gradient do not change (the walk's order is the order the tensors were made).
+    let combinations: [fn(&[Tensor; 3]) -> moegrad::Result<Tensor>; 4] = [
+        |[a, b, c]| a.add(b)?.add(c),
+        |[a, b, c]| c.add(&b.add(a)?),
+        |[a, b, c]| b.add(c)?.add(a),
+        |[a, b, c]| a.add(&c.add(b)?),
+    ];
+    for (i, combine) in combinations.iter().enumerate() {
+        let x = Tensor::from_f32(vec![2.0], &[1], Device::cpu())
+            .unwrap()
+            .with_grad()
+            .unwrap();
+        let uses = [3.0, -1e8, 1e8].map(|s| x.mul_scalar(s).unwrap());
+        combine(&uses)
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .backward()
+            .unwrap();
+        assert_eq!(
+            x.grad().unwrap().to_vec_f32().unwrap(),
+            vec![3.0],
+            "combination {i}: x's gradients summed in another order"
+        );
+    }
+}

@@ -1,43 +1,91 @@
-//! The backward walk: build the tape (reverse topological order), run each node's rule once,
-//! sum gradients per tensor (a folding rule adds its input's sum so far itself, see
-//! [`super::FoldingFn`]), deposit them on leaves, release the graph. Each rule runs in a
-//! profile scope named after its node's op (see `crate::profile`).
+//! The backward walk: order the tape (every tensor after all its consumers, the last-made first,
+//! [`walk_order`]), run each node's rule once, sum gradients per tensor in that order (a folding
+//! rule adds its input's sum so far itself, see [`super::FoldingFn`]), deposit them on leaves,
+//! release the graph. Each rule runs in a profile scope named after its node's op (see
+//! `crate::profile`).
 
 use super::no_grad::NoGradGuard;
 use super::{Rule, node_of};
 use crate::profile::{self, Pass};
 use crate::{Error, Result, Tensor};
-use std::collections::{HashMap, HashSet};
+use std::collections::{BinaryHeap, HashMap, HashSet};
 
-/// Nodes reachable from `root`, inputs before the ops that consume them (iterative DFS, so deep
-/// graphs do not overflow the stack).
-fn topological_order(root: &Tensor) -> Result<Vec<Tensor>> {
-    let mut order = Vec::new();
-    let mut seen = HashSet::new();
-    let mut stack: Vec<(Tensor, bool)> = vec![(root.clone(), false)];
-    while let Some((t, children_done)) = stack.pop() {
-        if children_done {
-            order.push(t);
-            continue;
-        }
-        if !seen.insert(t.id()) {
-            continue;
-        }
-        stack.push((t.clone(), true));
-        if let Some(node) = node_of(&t) {
-            let inputs = node
-                .inputs
-                .lock()
-                .map_err(|_| Error::Autograd("graph lock poisoned".into()))?;
-            for input in inputs
-                .iter()
-                .filter(|i| i.requires_grad() && !seen.contains(&i.id()))
-            {
-                stack.push((input.clone(), false));
+/// The inputs of `t`'s node that require grad (none for a leaf), once per use.
+fn grad_inputs(t: &Tensor) -> Result<Vec<Tensor>> {
+    let Some(node) = node_of(t) else {
+        return Ok(Vec::new());
+    };
+    let inputs = node
+        .inputs
+        .lock()
+        .map_err(|_| Error::Autograd("graph lock poisoned".into()))?;
+    Ok(inputs
+        .iter()
+        .filter(|i| i.requires_grad())
+        .cloned()
+        .collect())
+}
+
+/// The tensors reachable from `root` in the order the walk visits them: each one after every
+/// tensor that consumes it, and among those ready, the one created last first (tensor ids count
+/// up as tensors are made, so this is reverse creation order). The order, and with it the order
+/// in which a tensor's gradients are summed (its last-made consumer's first), depends only on
+/// the order the forward pass made the tensors, not on the order an op lists its inputs: an op
+/// that takes its inputs in another order (an add folded into a product, say) leaves every
+/// gradient's bits as they were.
+fn walk_order(root: &Tensor) -> Result<Vec<Tensor>> {
+    // consumers per tensor (uses, counted once per input slot), found depth first without
+    // recursion so that deep graphs do not overflow the stack
+    let mut consumers: HashMap<usize, usize> = HashMap::new();
+    let mut stack = vec![root.clone()];
+    let mut seen = HashSet::from([root.id()]);
+    while let Some(t) = stack.pop() {
+        for input in grad_inputs(&t)? {
+            *consumers.entry(input.id()).or_default() += 1;
+            if seen.insert(input.id()) {
+                stack.push(input);
             }
         }
     }
+    // Kahn's algorithm, the largest id first among the tensors whose consumers are all done
+    let mut ready = BinaryHeap::from([ById(root.clone())]);
+    let mut order = Vec::with_capacity(seen.len());
+    while let Some(ById(t)) = ready.pop() {
+        for input in grad_inputs(&t)? {
+            let left = consumers
+                .get_mut(&input.id())
+                .ok_or_else(|| Error::Autograd("graph changed during the walk".into()))?;
+            *left -= 1;
+            if *left == 0 {
+                ready.push(ById(input));
+            }
+        }
+        order.push(t);
+    }
     Ok(order)
+}
+
+/// A tensor ordered by its id (for the walk's heap).
+struct ById(Tensor);
+
+impl PartialEq for ById {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.id() == other.0.id()
+    }
+}
+
+impl Eq for ById {}
+
+impl PartialOrd for ById {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+impl Ord for ById {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        self.0.id().cmp(&other.0.id())
+    }
 }
 
 /// Propagates `grad` (the gradient of `root`) to every leaf that requires grad.
@@ -50,11 +98,11 @@ pub fn backward(root: &Tensor, grad: Tensor) -> Result<()> {
     let _no_grad = NoGradGuard::new();
     let tape = {
         let _profile = profile::scope("backward walk (tape)", Pass::Backward);
-        topological_order(root)?
+        walk_order(root)?
     };
     let mut grads: HashMap<usize, Tensor> = HashMap::new();
     grads.insert(root.id(), grad);
-    for t in tape.iter().rev() {
+    for t in &tape {
         let Some(g) = grads.remove(&t.id()) else {
             continue;
         };

@@ -2,8 +2,9 @@
 //!
 //! Every op that has a tracked input creates a `Node` holding its inputs and a closure, its
 //! backward rule, that maps the gradient of the output to gradients of the inputs (written with
-//! ordinary tensor ops, so it runs on whichever device the data are on). `backward` sorts the
-//! nodes reachable from the loss into a tape (topological order), walks it in reverse, sums the
+//! ordinary tensor ops, so it runs on whichever device the data are on). `backward` orders the
+//! tensors reachable from the loss into a tape (each after all its consumers, the last-made
+//! first, so the bits do not depend on the order an op lists its inputs), walks it, sums the
 //! gradients of tensors used more than once, deposits them on the leaves, and then releases the
 //! graph, so memory does not grow from step to step.
 //!
