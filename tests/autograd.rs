@@ -439,7 +439,8 @@ fn gradients_are_summed_last_made_consumer_first_however_the_ops_list_their_inpu
     // loses the 3 ((3 + −1e8) + 1e8 = 0: 3 − 1e8 rounds to −1e8). The loss combines the three
     // in different orders, and so puts them in different input slots of its adds; the bits of
     // x's gradient do not change (the walk's order is the order the tensors were made).
-    let combinations: [fn(&[Tensor; 3]) -> moegrad::Result<Tensor>; 4] = [
+    type Combine = fn(&[Tensor; 3]) -> moegrad::Result<Tensor>;
+    let combinations: [Combine; 4] = [
         |[a, b, c]| a.add(b)?.add(c),
         |[a, b, c]| c.add(&b.add(a)?),
         |[a, b, c]| b.add(c)?.add(a),
