@@ -9,7 +9,8 @@
 //! * the loss scale: a gradient that overflows skips the step on the device (parameters and
 //!   moments unchanged, the scale halved, the skip counted, and Adam's next step the first
 //!   step's update: its bias corrections leave the skipped step out), and good steps grow
-//!   the scale.
+//!   the scale; the backward starts from the scale itself (no product `loss · s`), and a
+//!   parameter whose gradient is that seed keeps a copy of its own when the scale is rewritten.
 //!
 //! Skipped with a printed reason without an adapter (unless `MOEGRAD_REQUIRE_GPU=1`) or
 //! without `shader-f16`, where f16-mixed must be refused with an error saying so.
@@ -217,7 +218,7 @@ fn scaled_step(
     opt: &mut dyn moegrad::optim::Optimizer,
     loss: &Tensor,
 ) -> f32 {
-    scale.scale_loss(loss).unwrap().backward().unwrap();
+    scale.backward(loss).unwrap();
     let (_, factor) = scale.unscale(params, 0.0).unwrap().expect("gradients");
     opt.step(params, Some(&factor)).unwrap();
     factor.to_vec_f32().unwrap()[0]
@@ -248,7 +249,7 @@ fn an_overflowing_gradient_skips_the_step_on_the_device() {
         // scaled gradients of 1e30·2¹⁶ are finite f32, their squares are not: an overflow
         let huge = |t: &Tensor| t.mul_scalar(1e30).unwrap().sum_all().unwrap();
         let loss = huge(&p.get()).add(&huge(&q.get())).unwrap();
-        scale.scale_loss(&loss).unwrap().backward().unwrap();
+        scale.backward(&loss).unwrap();
         let (norm, factor) = scale.unscale(&params, 1.0).unwrap().expect("gradients");
         assert_eq!(
             factor.to_vec_f32().unwrap(),
@@ -337,6 +338,113 @@ fn good_steps_grow_the_scale_and_an_overflow_restarts_the_count() {
         "the CPU has no f16-mixed"
     );
     assert!(LossScale::with(f64::NAN, 3, gpu).is_err());
+}
+
+/// The kernels `f` runs on the GPU, each with its number of calls, by name.
+fn kernels_of(f: impl FnOnce()) -> Vec<(String, u64)> {
+    let recording = moegrad::profile::start();
+    f();
+    let report = recording.finish().expect("a profile");
+    let gpu = report.gpu.expect("the GPU's kernels");
+    let mut kernels: Vec<_> = gpu
+        .kernels
+        .into_iter()
+        .map(|k| (k.kernel, k.calls))
+        .collect();
+    kernels.sort();
+    kernels
+}
+
+/// `LossScale::backward` seeds the walk with the scale: every gradient has the bits of
+/// `(loss · s).backward()`, and it runs the kernels of a backward from a given seed and no
+/// more (no product `loss · s` forward, none in its backward).
+#[test]
+fn the_loss_scale_seeds_the_backward_without_a_product() {
+    use moegrad::optim::LossScale;
+    let Some(gpu) = common::gpu_or_skip("the_loss_scale_seeds_the_backward_without_a_product")
+    else {
+        return;
+    };
+    let p = moegrad::nn::Param::new(
+        Tensor::from_f32(vec![0.5, -1.5, 2.0, 0.25], &[2, 2], gpu).unwrap(),
+    )
+    .unwrap();
+    let loss = || {
+        p.get()
+            .mul_scalar(3.0)
+            .unwrap()
+            .exp()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+    };
+    let s = 65536.0f32;
+    let scale = LossScale::with(s as f64, 2000, gpu).unwrap();
+    let s_tensor = Tensor::from_f32(vec![s], &[], gpu).unwrap();
+    // the composition: the product, and backward from 1
+    loss().mul(&s_tensor).unwrap().backward().unwrap();
+    let composed = p.grad().unwrap().to_vec_f32().unwrap();
+    p.zero_grad();
+    // once before counting (constants made on first use), then counted against a backward
+    // from the same seed handed over as it is
+    scale.backward(&loss()).unwrap();
+    p.zero_grad();
+    let seeded = kernels_of(|| scale.backward(&loss()).unwrap());
+    assert_eq!(p.grad().unwrap().to_vec_f32().unwrap(), composed);
+    p.zero_grad();
+    let plain = kernels_of(|| loss().backward_with(&s_tensor).unwrap());
+    assert_eq!(seeded, plain, "kernels of the scaled backward");
+    assert!(
+        scale
+            .backward(&Tensor::from_f32(vec![1.0, 2.0], &[2], gpu).unwrap())
+            .is_err(),
+        "a loss of two values"
+    );
+}
+
+/// A parameter the loss adds as it is gets the backward's seed, the scale, as its gradient.
+/// The unscale kernel rewrites the scale in place, so the parameter must keep a gradient of
+/// its own: with the scale doubling after every good step, the update is still the unscaled
+/// gradient (1 here), not the new scale over the old (2), and the kernel does not bind one
+/// buffer twice.
+#[test]
+fn a_parameter_the_loss_adds_as_it_is_keeps_its_gradient_when_the_scale_grows() {
+    use moegrad::optim::{LossScale, Optimizer, Sgd};
+    let Some(gpu) = common::gpu_or_skip(
+        "a_parameter_the_loss_adds_as_it_is_keeps_its_gradient_when_the_scale_grows",
+    ) else {
+        return;
+    };
+    let p = moegrad::nn::Param::new(Tensor::from_f32(vec![0.0], &[], gpu).unwrap()).unwrap();
+    let q = moegrad::nn::Param::new(Tensor::from_f32(vec![1.0, 2.0], &[2], gpu).unwrap()).unwrap();
+    let params = named(&[&p, &q]);
+    let mut sgd = Sgd::new(1.0).unwrap();
+    let scale = LossScale::with(4.0, 1, gpu).unwrap();
+    for step in 1..=2 {
+        let loss = p
+            .get()
+            .add(&q.get().mul_scalar(2.0).unwrap().sum_all().unwrap())
+            .unwrap();
+        scale.backward(&loss).unwrap();
+        let (_, factor) = scale.unscale(&params, 0.0).unwrap().expect("gradients");
+        sgd.step(&params, Some(&factor)).unwrap();
+        let s = step as f32;
+        assert_eq!(
+            p.get().to_vec_f32().unwrap(),
+            vec![-s],
+            "p after step {step}"
+        );
+        assert_eq!(
+            q.get().to_vec_f32().unwrap(),
+            vec![1.0 - 2.0 * s, 2.0 - 2.0 * s],
+            "q after step {step}"
+        );
+    }
+    assert_eq!(
+        scale.scale().unwrap(),
+        16.0,
+        "two good steps double 4 twice"
+    );
 }
 
 /// Two f16-mixed training steps of the image model `cfg` (images `side`² with `tasks` tasks) on

@@ -71,11 +71,13 @@ impl LossScale {
         })
     }
 
-    /// `loss · s`, the objective to call `backward` on (no gradient flows to `s`).
+    /// Back-propagates `loss · s` from `loss` (no gradient flows to `s`): the walk starts with
+    /// `s` itself as `loss`'s gradient, which is what the product's backward would hand `loss`
+    /// (`1 · s`, exactly), so no product is recorded and neither it nor its backward runs.
     ///
     /// # Errors
-    /// A loss that is not a scalar on the GPU.
-    pub fn scale_loss(&self, loss: &Tensor) -> Result<Tensor> {
+    /// A loss that is not a scalar on the GPU, or an error of the backward pass.
+    pub fn backward(&self, loss: &Tensor) -> Result<()> {
         if loss.numel() != 1 || !loss.device().is_gpu() {
             return Err(Error::Shape(format!(
                 "loss scaling: the loss must be one value on the GPU, got {:?} on {}",
@@ -83,10 +85,11 @@ impl LossScale {
                 loss.device()
             )));
         }
-        loss.mul(&self.scale.to_dtype(loss.dtype())?)
+        let seed = self.scale.to_dtype(loss.dtype())?.reshape(loss.shape())?;
+        loss.backward_with(&seed)
     }
 
-    /// After `backward` of [`LossScale::scale_loss`]: the unscaled global gradient norm (`[1]`)
+    /// After [`LossScale::backward`]: the unscaled global gradient norm (`[1]`)
     /// and the gradient scale to hand the optimizer (`[2]`: the factor the gradients are
     /// multiplied by, `clip / s` with clipping to `max_grad_norm` when it is > 0, or −1, a
     /// skipped step, when a gradient overflowed; then the steps skipped so far, which Adam's
@@ -102,9 +105,14 @@ impl LossScale {
     ) -> Result<Option<(Tensor, Tensor)>> {
         let _guard = crate::NoGradGuard::new();
         let _profile = crate::profile::scope("loss scale", crate::profile::Pass::Optimizer);
+        let (Storage::Gpu(scale), Storage::Gpu(counts)) =
+            (self.scale.storage(), self.counts.storage())
+        else {
+            return Err(Error::Device("loss scaling: the state left the GPU".into()));
+        };
         let mut grads = Vec::with_capacity(params.len());
         for (name, p) in params {
-            if let Some(g) = p.try_grad()? {
+            if let Some(mut g) = p.try_grad()? {
                 if !matches!(g.storage(), Storage::Gpu(_)) || g.dtype() != DType::F32 {
                     return Err(Error::Device(format!(
                         "loss scaling: the gradient of {name} is {} on {}; f16-mixed keeps \
@@ -113,6 +121,16 @@ impl LossScale {
                         g.device()
                     )));
                 }
+                if let Storage::Gpu(b) = g.storage()
+                    && b.shares_buffer(scale)
+                {
+                    // the backward's seed reached this parameter unchanged (the loss adds it
+                    // as it is): the kernel below rewrites the scale in place, so the
+                    // parameter gets a copy of its own (x · 1 is x, bit for bit)
+                    g = g.mul_scalar(1.0)?;
+                    p.zero_grad();
+                    p.get().accumulate_grad(g.clone())?;
+                }
                 grads.push(g);
             }
         }
@@ -120,11 +138,6 @@ impl LossScale {
             return Ok(None);
         }
         let bufs = super::clip::gpu_buffers(&grads);
-        let (Storage::Gpu(scale), Storage::Gpu(counts)) =
-            (self.scale.storage(), self.counts.storage())
-        else {
-            return Err(Error::Device("loss scaling: the state left the GPU".into()));
-        };
         let (norm, factor) = GpuBackend::get()?.loss_scale_factor(
             &bufs,
             max_grad_norm.max(0.0),

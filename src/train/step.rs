@@ -79,7 +79,8 @@ pub fn train_step(
 
 /// [`train_step`] in mixed precision (`--precision f16-mixed`, GPU only): the forward pass runs
 /// inside [`crate::autocast_f16`] (activations and the big products in f16, the router and the
-/// losses in f32), backward starts from the loss times `loss_scale`'s scale, and
+/// losses in f32), backward starts from the loss with `loss_scale`'s scale as its gradient
+/// ([`LossScale::backward`]: the gradients of the loss times the scale), and
 /// [`LossScale::unscale`] turns the f32 parameter gradients into the optimizer's factor (unscale,
 /// clip, or skip the step on an overflow), all on the device. Parameters and the optimizer's
 /// state stay f32.
@@ -128,7 +129,7 @@ fn step(
     };
     let scale = match loss_scale {
         Some(ls) => {
-            ls.scale_loss(&objective)?.backward()?;
+            ls.backward(&objective)?;
             ls.unscale(params, max_grad_norm)?
         }
         None => {

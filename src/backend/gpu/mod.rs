@@ -145,6 +145,11 @@ impl GpuBuffer {
     pub(crate) fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// True when `other` is a handle to the same device buffer (a write to one is a write to
+    /// the other).
+    pub(crate) fn shares_buffer(&self, other: &GpuBuffer) -> bool {
+        Arc::ptr_eq(&self.buf, &other.buf)
+    }
 }
 
 impl std::fmt::Debug for GpuBuffer {
