@@ -34,24 +34,27 @@ fn grad_inputs(t: &Tensor) -> Result<Vec<Tensor>> {
 /// that takes its inputs in another order (an add folded into a product, say) leaves every
 /// gradient's bits as they were.
 fn walk_order(root: &Tensor) -> Result<Vec<Tensor>> {
-    // consumers per tensor (uses, counted once per input slot), found depth first without
-    // recursion so that deep graphs do not overflow the stack
+    // each tensor's inputs and consumers (uses, counted once per input slot), found depth
+    // first without recursion so that deep graphs do not overflow the stack
+    let mut inputs_of: HashMap<usize, Vec<Tensor>> = HashMap::new();
     let mut consumers: HashMap<usize, usize> = HashMap::new();
     let mut stack = vec![root.clone()];
     let mut seen = HashSet::from([root.id()]);
     while let Some(t) = stack.pop() {
-        for input in grad_inputs(&t)? {
+        let inputs = grad_inputs(&t)?;
+        for input in &inputs {
             *consumers.entry(input.id()).or_default() += 1;
             if seen.insert(input.id()) {
-                stack.push(input);
+                stack.push(input.clone());
             }
         }
+        inputs_of.insert(t.id(), inputs);
     }
     // Kahn's algorithm, the largest id first among the tensors whose consumers are all done
     let mut ready = BinaryHeap::from([ById(root.clone())]);
     let mut order = Vec::with_capacity(seen.len());
     while let Some(ById(t)) = ready.pop() {
-        for input in grad_inputs(&t)? {
+        for input in inputs_of.remove(&t.id()).unwrap_or_default() {
             let left = consumers
                 .get_mut(&input.id())
                 .ok_or_else(|| Error::Autograd("graph changed during the walk".into()))?;

@@ -113,17 +113,18 @@ impl LossScale {
         let mut grads = Vec::with_capacity(params.len());
         for (name, p) in params {
             if let Some(mut g) = p.try_grad()? {
-                if !matches!(g.storage(), Storage::Gpu(_)) || g.dtype() != DType::F32 {
-                    return Err(Error::Device(format!(
-                        "loss scaling: the gradient of {name} is {} on {}; f16-mixed keeps \
-                         f32 parameters on the GPU",
-                        g.dtype(),
-                        g.device()
-                    )));
-                }
-                if let Storage::Gpu(b) = g.storage()
-                    && b.shares_buffer(scale)
-                {
+                let shares_scale = match g.storage() {
+                    Storage::Gpu(b) if g.dtype() == DType::F32 => b.shares_buffer(scale),
+                    _ => {
+                        return Err(Error::Device(format!(
+                            "loss scaling: the gradient of {name} is {} on {}; f16-mixed keeps \
+                             f32 parameters on the GPU",
+                            g.dtype(),
+                            g.device()
+                        )));
+                    }
+                };
+                if shares_scale {
                     // the backward's seed reached this parameter unchanged (the loss adds it
                     // as it is): the kernel below rewrites the scale in place, so the
                     // parameter gets a copy of its own (x · 1 is x, bit for bit)
