@@ -2,7 +2,7 @@
 // `Tensor::conv2d` / `Tensor::grouped_conv2d` and of their backward rule. Launchers:
 // src/backend/gpu/conv2d.rs, one function per entry point, same names.
 //
-// Layout (f32 unless said, contiguous, element indices; backend::Conv2dDims):
+// Layout (contiguous, element indices; backend::Conv2dDims):
 //   x, dx   [B, C, H, W]                      element (b, c, y, x) at ((b·C + c)·H + y)·W + x
 //   w, dw   [G, OC, C, KH, KW]                bank g's weight; (g, o, k) at (g·OC + o)·K + k with
 //                                             the window index k = (c·KH + i)·KW + j, K = C·KH·KW
@@ -13,12 +13,21 @@
 // padding) of x[b], zero outside the image. An image whose bank is outside 0..G gets y = 0 and
 // contributes nothing to dw (dx = 0).
 //
+// Types: x, dx, y and dy are of cv_elem, w and dw of cv_weight: f32 here; the f16 build
+// (src/backend/gpu/half.rs, CONV2D_F16_SHADER) makes both f16, the f16-rows build
+// (CONV2D_F16_ROWS_SHADER, mixed precision's image models) only cv_elem, so an f16 image is
+// convolved with the f32 weight read where it is and the weight's gradient is written in f32.
+// Loads widen to f32, every sum is f32 (the same FMA chain in every build), and each output is
+// rounded once by its store (cv_store, cv_weight_store).
+//
 // params (binding 0, ConvParams, all u32): batch, channels, height, width, out_channels,
 // kernel_h, kernel_w, stride, padding, out_h, out_w, banks, image_base (first image of this
-// launch: the host splits more than 65535 images), has_bank.
+// launch: the host splits more than 65535 images), has_bank, has_bias (conv2d_forward only:
+// add bias[o], binding 5, to channel o's outputs of every image whose bank is in range, in f32
+// before the store's rounding; with has_bias = 0 binding 5 is any buffer of cv_weight, unread).
 //
 // ---- entry point `conv2d_forward` -------------------------------------------------------------
-//   binding 1 x, 2 w, 3 bank (read), 4 y (written). An implicit GEMM per image,
+//   binding 1 x, 2 w, 3 bank, 5 bias (read), 4 y (written). An implicit GEMM per image,
 //   y_b [OC, P] = w_g [OC, K] · cols_b [K, P], the windows gathered on the fly. Workgroup
 //   (64, 4) = 256 invocations owns a tile of 16 output channels × 64 positions of one image;
 //   invocation (lx, ly) accumulates channels 4·ly .. 4·ly + 3 at position lx. The K axis is walked
@@ -56,9 +65,25 @@ struct ConvParams {
     banks: u32,
     image_base: u32,
     has_bank: u32,
+    has_bias: u32,
 }
 
 @group(0) @binding(0) var<uniform> cv: ConvParams;
+
+// The images' and their gradients' element type, and the store of an f32 value as one.
+// f16 build: element type
+alias cv_elem = f32;
+fn cv_store(v: f32) -> cv_elem {
+    return v;
+}
+// f16 build: end
+// The weights' and their gradients' type (f32 in the f16-rows build), and its store.
+// f16 build: weight type
+alias cv_weight = f32;
+fn cv_weight_store(v: f32) -> cv_weight {
+    return v;
+}
+// f16 build: end
 
 // The largest number of taps staged by conv2d_input_grad.
 const TAP_STAGE: u32 = 1024u;
@@ -95,10 +120,11 @@ fn checked_bank(raw: i32) -> i32 {
 
 // ---- conv2d_forward ---------------------------------------------------------------------------
 
-@group(0) @binding(1) var<storage, read> fw_x: array<f32>;
-@group(0) @binding(2) var<storage, read> fw_w: array<f32>;
+@group(0) @binding(1) var<storage, read> fw_x: array<cv_elem>;
+@group(0) @binding(2) var<storage, read> fw_w: array<cv_weight>;
 @group(0) @binding(3) var<storage, read> fw_bank: array<i32>;
-@group(0) @binding(4) var<storage, read_write> fw_y: array<f32>;
+@group(0) @binding(4) var<storage, read_write> fw_y: array<cv_elem>;
+@group(0) @binding(5) var<storage, read> fw_bias: array<cv_weight>;
 
 var<workgroup> fw_wtile: array<f32, 256>;   // [16 channels][16 window elements]
 var<workgroup> fw_xtile: array<f32, 1024>;  // [16 window elements][64 positions]
@@ -122,14 +148,14 @@ fn conv2d_forward(@builtin(workgroup_id) wid: vec3<u32>,
         let wk = k0 + li % 16u;
         var wv = 0.0;
         if (valid && wo < cv.out_channels && wk < window) {
-            wv = fw_w[(gb * cv.out_channels + wo) * window + wk];
+            wv = f32(fw_w[(gb * cv.out_channels + wo) * window + wk]);
         }
         fw_wtile[li] = wv;
         // window tile: four elements each, rows 4·r + li / 64 ... of position li % 64
         for (var r = 0u; r < 4u; r++) {
             let e = r * 256u + li;
             let at = window_pixel(b, k0 + e / 64u, p0 + e % 64u);
-            fw_xtile[e] = select(0.0, fw_x[max(at, 0)], at >= 0);
+            fw_xtile[e] = select(0.0, f32(fw_x[max(at, 0)]), at >= 0);
         }
         workgroupBarrier();
         for (var kk = 0u; kk < 16u; kk++) {
@@ -151,17 +177,21 @@ fn conv2d_forward(@builtin(workgroup_id) wid: vec3<u32>,
     for (var r = 0u; r < 4u; r++) {
         let o = o0 + lid.y * 4u + r;
         if (o < cv.out_channels) {
-            fw_y[(b * cv.out_channels + o) * positions + p] = select(0.0, acc[r], valid);
+            var v = acc[r];
+            if (cv.has_bias != 0u) {
+                v += f32(fw_bias[o]);
+            }
+            fw_y[(b * cv.out_channels + o) * positions + p] = cv_store(select(0.0, v, valid));
         }
     }
 }
 
 // ---- conv2d_input_grad ------------------------------------------------------------------------
 
-@group(0) @binding(1) var<storage, read> ig_dy: array<f32>;
-@group(0) @binding(2) var<storage, read> ig_w: array<f32>;
+@group(0) @binding(1) var<storage, read> ig_dy: array<cv_elem>;
+@group(0) @binding(2) var<storage, read> ig_w: array<cv_weight>;
 @group(0) @binding(3) var<storage, read> ig_bank: array<i32>;
-@group(0) @binding(4) var<storage, read_write> ig_dx: array<f32>;
+@group(0) @binding(4) var<storage, read_write> ig_dx: array<cv_elem>;
 
 var<workgroup> ig_taps: array<f32, TAP_STAGE>;  // [channels of the block][KH][KW]
 
@@ -189,7 +219,7 @@ fn conv2d_input_grad(@builtin(workgroup_id) wid: vec3<u32>,
             let o = o0 + t / taps;
             var v = 0.0;
             if (valid) {
-                v = ig_w[(gb * cv.out_channels + o) * window + c * taps + t % taps];
+                v = f32(ig_w[(gb * cv.out_channels + o) * window + c * taps + t % taps]);
             }
             ig_taps[t] = v;
         }
@@ -209,7 +239,7 @@ fn conv2d_input_grad(@builtin(workgroup_id) wid: vec3<u32>,
                     let p = oy * cv.out_w + u32(nx / s);
                     for (var ol = 0u; ol < count; ol++) {
                         acc += ig_taps[ol * taps + i * cv.kernel_w + j]
-                            * ig_dy[(b * cv.out_channels + o0 + ol) * positions + p];
+                            * f32(ig_dy[(b * cv.out_channels + o0 + ol) * positions + p]);
                     }
                 }
             }
@@ -217,16 +247,16 @@ fn conv2d_input_grad(@builtin(workgroup_id) wid: vec3<u32>,
         workgroupBarrier();
     }
     if (inside && b < cv.batch) {
-        ig_dx[(b * cv.channels + c) * cv.height * cv.width + pix] = acc;
+        ig_dx[(b * cv.channels + c) * cv.height * cv.width + pix] = cv_store(acc);
     }
 }
 
 // ---- conv2d_weight_grad -----------------------------------------------------------------------
 
-@group(0) @binding(1) var<storage, read> wg_x: array<f32>;
-@group(0) @binding(2) var<storage, read> wg_dy: array<f32>;
+@group(0) @binding(1) var<storage, read> wg_x: array<cv_elem>;
+@group(0) @binding(2) var<storage, read> wg_dy: array<cv_elem>;
 @group(0) @binding(3) var<storage, read> wg_bank: array<i32>;
-@group(0) @binding(4) var<storage, read_write> wg_dw: array<f32>;
+@group(0) @binding(4) var<storage, read_write> wg_dw: array<cv_weight>;
 
 var<workgroup> wg_dytile: array<f32, 256>;  // [16 channels][16 positions]
 var<workgroup> wg_xtile: array<f32, 256>;   // [16 window elements][16 positions]
@@ -251,11 +281,11 @@ fn conv2d_weight_grad(@builtin(workgroup_id) wid: vec3<u32>,
             let p = p0 + lid.x;
             var d = 0.0;
             if (o < cv.out_channels && p < positions) {
-                d = wg_dy[(b * cv.out_channels + o) * positions + p];
+                d = f32(wg_dy[(b * cv.out_channels + o) * positions + p]);
             }
             wg_dytile[lid.y * 16u + lid.x] = d;
             let at = window_pixel(b, k0 + lid.y, p);
-            wg_xtile[lid.y * 16u + lid.x] = select(0.0, wg_x[max(at, 0)], at >= 0);
+            wg_xtile[lid.y * 16u + lid.x] = select(0.0, f32(wg_x[max(at, 0)]), at >= 0);
             workgroupBarrier();
             for (var q = 0u; q < 16u; q++) {
                 acc += wg_dytile[lid.y * 16u + q] * wg_xtile[lid.x * 16u + q];
@@ -266,6 +296,6 @@ fn conv2d_weight_grad(@builtin(workgroup_id) wid: vec3<u32>,
     let o = o0 + lid.y;
     let k = k0 + lid.x;
     if (o < cv.out_channels && k < window) {
-        wg_dw[(u32(g) * cv.out_channels + o) * window + k] = acc;
+        wg_dw[(u32(g) * cv.out_channels + o) * window + k] = cv_weight_store(acc);
     }
 }

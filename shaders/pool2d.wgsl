@@ -27,6 +27,11 @@
 //
 // params (binding 0, PoolParams, all u32): planes, height, width, kernel, stride, padding, out_h,
 // out_w, n (invocations: outputs for the forward entries, input pixels for the backward ones).
+//
+// x, y, dy and dx are of pl_elem: f32 here, f16 in the f16 build (src/backend/gpu/half.rs,
+// POOL2D_F16_SHADER, mixed precision's image models). Loads widen to f32, every comparison and
+// sum is f32, and each output is rounded once (pl_store): a maximum is stored exactly, a mean or
+// a gradient's sum as the f16 nearest the f32 result.
 
 struct PoolParams {
     planes: u32,
@@ -41,6 +46,14 @@ struct PoolParams {
 }
 
 @group(0) @binding(0) var<uniform> pp: PoolParams;
+
+// The element type of x, y, dy and dx, and the store of an f32 value as one.
+// f16 build: element type
+alias pl_elem = f32;
+fn pl_store(v: f32) -> pl_elem {
+    return v;
+}
+// f16 build: end
 
 const WG: u32 = 256u;
 
@@ -70,8 +83,8 @@ fn covering(v: u32, outs: u32) -> vec2<u32> {
 
 // ---- max_pool2d_forward -----------------------------------------------------------------------
 
-@group(0) @binding(1) var<storage, read> mf_x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> mf_y: array<f32>;
+@group(0) @binding(1) var<storage, read> mf_x: array<pl_elem>;
+@group(0) @binding(2) var<storage, read_write> mf_y: array<pl_elem>;
 @group(0) @binding(3) var<storage, read_write> mf_arg: array<i32>;
 
 @compute @workgroup_size(256)
@@ -90,10 +103,10 @@ fn max_pool2d_forward(@builtin(workgroup_id) wid: vec3<u32>,
     let cols = span(ox, pp.width);
     let base = plane * pp.height * pp.width;
     var best_at = rows.x * pp.width + cols.x;
-    var best = mf_x[base + best_at];
+    var best = f32(mf_x[base + best_at]);
     for (var r = rows.x; r < rows.y; r++) {
         for (var c = cols.x; c < cols.y; c++) {
-            let v = mf_x[base + r * pp.width + c];
+            let v = f32(mf_x[base + r * pp.width + c]);
             // v != v: v is NaN
             if (v > best || (v != v && best == best)) {
                 best = v;
@@ -101,14 +114,14 @@ fn max_pool2d_forward(@builtin(workgroup_id) wid: vec3<u32>,
             }
         }
     }
-    mf_y[i] = best;
+    mf_y[i] = pl_store(best);
     mf_arg[i] = i32(best_at);
 }
 
 // ---- avg_pool2d_forward -----------------------------------------------------------------------
 
-@group(0) @binding(1) var<storage, read> af_x: array<f32>;
-@group(0) @binding(2) var<storage, read_write> af_y: array<f32>;
+@group(0) @binding(1) var<storage, read> af_x: array<pl_elem>;
+@group(0) @binding(2) var<storage, read_write> af_y: array<pl_elem>;
 
 @compute @workgroup_size(256)
 fn avg_pool2d_forward(@builtin(workgroup_id) wid: vec3<u32>,
@@ -126,17 +139,17 @@ fn avg_pool2d_forward(@builtin(workgroup_id) wid: vec3<u32>,
     var sum = 0.0;
     for (var r = rows.x; r < rows.y; r++) {
         for (var c = cols.x; c < cols.y; c++) {
-            sum += af_x[base + r * pp.width + c];
+            sum += f32(af_x[base + r * pp.width + c]);
         }
     }
-    af_y[i] = sum * (1.0 / f32(pp.kernel * pp.kernel));
+    af_y[i] = pl_store(sum * (1.0 / f32(pp.kernel * pp.kernel)));
 }
 
 // ---- max_pool2d_backward ----------------------------------------------------------------------
 
-@group(0) @binding(1) var<storage, read> mb_dy: array<f32>;
+@group(0) @binding(1) var<storage, read> mb_dy: array<pl_elem>;
 @group(0) @binding(2) var<storage, read> mb_arg: array<i32>;
-@group(0) @binding(3) var<storage, read_write> mb_dx: array<f32>;
+@group(0) @binding(3) var<storage, read_write> mb_dx: array<pl_elem>;
 
 @compute @workgroup_size(256)
 fn max_pool2d_backward(@builtin(workgroup_id) wid: vec3<u32>,
@@ -157,17 +170,17 @@ fn max_pool2d_backward(@builtin(workgroup_id) wid: vec3<u32>,
         for (var ox = oxs.x; ox < oxs.y; ox++) {
             let o = base + oy * pp.out_w + ox;
             if (mb_arg[o] == i32(at)) {
-                sum += mb_dy[o];
+                sum += f32(mb_dy[o]);
             }
         }
     }
-    mb_dx[i] = sum;
+    mb_dx[i] = pl_store(sum);
 }
 
 // ---- avg_pool2d_backward ----------------------------------------------------------------------
 
-@group(0) @binding(1) var<storage, read> ab_dy: array<f32>;
-@group(0) @binding(2) var<storage, read_write> ab_dx: array<f32>;
+@group(0) @binding(1) var<storage, read> ab_dy: array<pl_elem>;
+@group(0) @binding(2) var<storage, read_write> ab_dx: array<pl_elem>;
 
 @compute @workgroup_size(256)
 fn avg_pool2d_backward(@builtin(workgroup_id) wid: vec3<u32>,
@@ -187,8 +200,8 @@ fn avg_pool2d_backward(@builtin(workgroup_id) wid: vec3<u32>,
     var sum = 0.0;
     for (var oy = oys.x; oy < oys.y; oy++) {
         for (var ox = oxs.x; ox < oxs.y; ox++) {
-            sum += ab_dy[base + oy * pp.out_w + ox] * area;
+            sum += f32(ab_dy[base + oy * pp.out_w + ox]) * area;
         }
     }
-    ab_dx[i] = sum;
+    ab_dx[i] = pl_store(sum);
 }

@@ -1,11 +1,12 @@
 //! Mixed precision's casting rule, in one place: inside [`autocast_f16`] the ops that carry a
-//! training step's bytes (matrix products, the expert bank's grouped products, attention, the
-//! elementwise arithmetic between activations and parameters, the norms, scatter-add) run in
-//! f16 on the GPU, while what needs the range of f32 stays f32: the loss (cross-entropy reads
+//! training step's bytes (matrix products, the expert bank's grouped products, convolutions,
+//! attention, the elementwise arithmetic between activations and parameters, the norms,
+//! scatter-add) run in f16 on the GPU, while what needs the range of f32 stays f32: the loss (cross-entropy reads
 //! f16 logits but sums and returns in f32), the router's softmax and top-k, and everything
-//! inside [`full_precision`]. Three ops of the f16 class cast only their activations: the
+//! inside [`full_precision`]. Four ops of the f16 class cast only their activations: the
 //! matrix product, whose f16-rows kernels read an f32 right operand (a weight) where it is and
-//! give it its gradient in f32 (`reads_f32_weight`), the expert bank's grouped product, whose
+//! give it its gradient in f32 (`reads_f32_weight`), the convolution, whose f16-rows kernels do
+//! the same with its f32 weight bank, the expert bank's grouped product, whose
 //! f16-rows kernel reads the f32 bank where it is, and layer norm and RMSNorm, whose f16-rows
 //! kernels read f32 `gamma`/`beta` and write their gradients in f32. It is PyTorch's
 //! `torch.autocast` with one
@@ -119,9 +120,10 @@ pub(crate) fn low_precision_operands<const N: usize>(
     Ok(Some(out))
 }
 
-/// Whether a matrix product `a·b` reads an f32 weight in f32 inside a scope: `a` already in the
-/// scope's f16 and `b` an f32 GPU tensor. The GPU's f16-rows build of the product kernels reads
-/// `b` where it is and writes an f16 product, and the backward pass gives `b` its gradient in
+/// Whether a matrix product `a·b` (or a convolution of images `a` with weights `b`) reads an
+/// f32 weight in f32 inside a scope: `a` already in the scope's f16 and `b` an f32 GPU tensor.
+/// The GPU's f16-rows build of the product (or convolution) kernels reads `b` where it is and
+/// writes an f16 product, and the backward pass gives `b` its gradient in
 /// f32 from the f16-to-f32 build: no f16 copy of the weight forward, no cast of its gradient
 /// back, and the gradient is rounded once (to f32), not first to f16.
 pub(crate) fn reads_f32_weight(a: &Tensor, b: &Tensor) -> bool {

@@ -854,6 +854,29 @@ fn f16_mixed_steps_keep_the_counts_and_halve_the_activation_bytes() {
     // which took the product's own output out of both peaks (f32 80.1 → 76.0 MB, f16-mixed
     // 59.2 → 57.4 MB: more from the f32 step), 0.756 after
     assert!(peak < 0.77, "peak bytes {peak:.3}× f32's");
+
+    // `cnn`: its activations are the convolutions' and pooling's, which run in f16 since they
+    // have f16 builds (before, in f32, mixed precision saved nothing here: 1.0×)
+    let cnn = step_config("cnn").unwrap();
+    let run = |precision| {
+        let cfg = moegrad::train::TrainConfig {
+            precision,
+            ..cnn.clone()
+        };
+        moegrad_cli::bench::gpu_step::measure(cfg, false).unwrap()
+    };
+    let (full, mixed) = (run(Precision::F32), run(Precision::F16Mixed));
+    let act = ratio(mixed.activation_bytes, full.activation_bytes);
+    let bound = ratio(mixed.stats.bound_bytes, full.stats.bound_bytes);
+    eprintln!("cnn f16-mixed / f32: activations {act:.3}, bound bytes {bound:.3}");
+    assert!(act <= 0.6, "cnn activation bytes {act:.3}× f32's");
+    assert!(bound <= 0.65, "cnn bound bytes {bound:.3}× f32's");
+    assert_eq!(
+        (mixed.stats.host_waits, mixed.stats.buffers_created),
+        (0, 0),
+        "{:?}",
+        mixed.stats
+    );
 }
 
 /// The training loop itself (not the benchmark's step) reaches the steady state: `moegrad train`

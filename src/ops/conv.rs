@@ -4,12 +4,17 @@
 //!   experts of an MoE layer) call the backend's convolution primitives,
 //!   `NnOps::conv2d_forward` and in backward `conv2d_input_grad` / `conv2d_weight_grad`
 //!   (`src/backend/cpu/conv2d.rs`; `shaders/conv2d.wgsl`, launched by
-//!   `src/backend/gpu/conv2d.rs`). A bias is a broadcast `add`, whose own rule sums its
-//!   gradient over images and positions.
+//!   `src/backend/gpu/conv2d.rs`). The forward kernel adds a bias itself (the bits of a
+//!   broadcast `add` after it, one pass fewer); its gradient is the upstream gradient summed
+//!   over images and positions.
 //! * [`Tensor::max_pool2d`] / [`Tensor::avg_pool2d`] (and their `_padded` forms) call
 //!   `NnOps::pool2d_forward` / `pool2d_backward` (`src/backend/cpu/pool2d.rs`;
 //!   `shaders/pool2d.wgsl`, launched by `src/backend/gpu/pool2d.rs`). Max pooling keeps the
 //!   position of each maximum for backward.
+//!
+//! Inside [`crate::autocast_f16`] the convolutions are of the f16 class (f16 images, the f32
+//! weight read where it is and its gradient written in f32, as `autocast.rs` says) and pooling
+//! runs in its input's dtype, so a CNN's activations are f16 from its first convolution on.
 //!
 //! Only the gradients some input needs are computed (the first convolution of a network needs
 //! no input gradient). The backward rules are backend kernels, not tensor ops, so these ops are
@@ -66,15 +71,16 @@ impl Tensor {
                     weight.shape()
                 )));
             }
-            self.check_compatible(b, WHAT)?;
+            weight.check_same_device(b, WHAT)?;
+            if b.dtype() != weight.dtype() {
+                // the kernel reads the bias in the weight's dtype, as `matmul_bias` does
+                return self.conv2d(weight, Some(&b.to_dtype(weight.dtype())?), stride, padding);
+            }
         }
         let mut banked = weight.shape().to_vec();
         banked.insert(0, 1);
-        let y = self.conv2d_banked(&weight.reshape(&banked)?, None, stride, padding, WHAT)?;
-        match bias {
-            Some(b) => y.add(&b.reshape(&[oc, 1, 1])?),
-            None => Ok(y),
-        }
+        let banked = weight.reshape(&banked)?;
+        self.conv2d_banked((&banked, bias), None, stride, padding, WHAT)
     }
 
     /// A convolution with one weight bank per image: image `b` of `self` `[B, C, H, W]` is
@@ -139,20 +145,33 @@ impl Tensor {
                 self.device()
             )));
         }
-        self.conv2d_banked(weight, Some(image_bank), stride, padding, WHAT)
+        self.conv2d_banked((weight, None), Some(image_bank), stride, padding, WHAT)
     }
 
     /// The convolution of `self` `[B, C, H, W]` with a banked weight `[G, OC, C, KH, KW]`
-    /// (shapes of rank 4 and 5, channels matching: checked by the callers).
+    /// (shapes of rank 4 and 5, channels matching: checked by the callers). Inside
+    /// [`crate::autocast_f16`] f32 GPU images are cast to f16 and an f32 weight is read in f32
+    /// where it is (the f16-rows kernels: an f16 output, and the weight's gradient summed and
+    /// written in f32), as the matrix product does. A `bias` `[OC]` (the weight's dtype and
+    /// device, checked by the caller) is added by the convolution's own kernel; its gradient is
+    /// the upstream gradient summed over images and positions, in the bias's dtype (from f16
+    /// summed in f32, no cast).
     fn conv2d_banked(
         &self,
-        weight: &Tensor,
+        (weight, bias): (&Tensor, Option<&Tensor>),
         image_bank: Option<&Tensor>,
         stride: usize,
         padding: usize,
         what: &'static str,
     ) -> Result<Tensor> {
-        self.check_compatible(weight, what)?;
+        if let Some([x]) = crate::autocast::low_precision_operands([self])? {
+            return x.conv2d_banked((weight, bias), image_bank, stride, padding, what);
+        }
+        if crate::autocast::reads_f32_weight(self, weight) {
+            self.check_same_device(weight, what)?;
+        } else {
+            self.check_compatible(weight, what)?;
+        }
         self.check_float(what)?;
         let (x, w) = (self.shape(), weight.shape());
         let dims = Conv2dDims {
@@ -174,23 +193,35 @@ impl Tensor {
             let out = Tensor::zeros(&out_shape, self.dtype(), self.device())?;
             let (xz, wz) = (
                 Tensor::zeros(x, self.dtype(), self.device())?,
-                Tensor::zeros(w, self.dtype(), self.device())?,
+                Tensor::zeros(w, weight.dtype(), self.device())?,
             );
-            return Ok(Tensor::record(out, what, &[self, weight], move |_| {
+            let y = Tensor::record(out, what, &[self, weight], move |_| {
                 Ok(vec![Some(xz), Some(wz)])
-            }));
+            });
+            return match bias {
+                Some(b) => y.add(&b.reshape(&[dims.out_channels, 1, 1])?),
+                None => Ok(y),
+            };
         }
         let bank = image_bank.map(|b| b.storage().clone());
-        let y = self
-            .storage()
-            .conv2d_forward(weight.storage(), bank.as_ref(), dims)?;
+        let y = self.storage().conv2d_forward(
+            weight.storage(),
+            bias.map(Tensor::storage),
+            bank.as_ref(),
+            dims,
+        )?;
         let out = Tensor::from_storage(y, out_shape);
         let (need_x, need_w) = (self.requires_grad(), weight.requires_grad());
         // Each gradient keeps only what it reads: dx the weight, dw the input.
         let saved_w = need_x.then(|| weight.detach());
         let saved_x = need_w.then(|| self.detach());
-        let (x_shape, w_shape) = (x.to_vec(), w.to_vec());
-        Ok(Tensor::record(out, what, &[self, weight], move |g| {
+        let (x_shape, w_shape, w_dtype) = (x.to_vec(), w.to_vec(), weight.dtype());
+        let bias_grad = bias.map(|b| (b.requires_grad(), b.dtype()));
+        let inputs: Vec<&Tensor> = [Some(self), Some(weight), bias]
+            .into_iter()
+            .flatten()
+            .collect();
+        Ok(Tensor::record(out, what, &inputs, move |g| {
             let dx = match &saved_w {
                 Some(w) => Some(Tensor::from_storage(
                     g.storage()
@@ -202,12 +233,22 @@ impl Tensor {
             let dw = match &saved_x {
                 Some(x) => Some(Tensor::from_storage(
                     x.storage()
-                        .conv2d_weight_grad(g.storage(), bank.as_ref(), dims)?,
+                        .conv2d_weight_grad(g.storage(), bank.as_ref(), dims, w_dtype)?,
                     w_shape,
                 )),
                 None => None,
             };
-            Ok(vec![dx, dw])
+            let mut grads = vec![dx, dw];
+            if let Some((needed, dtype)) = bias_grad {
+                // over images and positions, innermost first: the bits of the broadcast add's
+                // gradient in f32
+                grads.push(
+                    needed
+                        .then(|| g.sum_as(&[0, 2, 3], false, dtype))
+                        .transpose()?,
+                );
+            }
+            Ok(grads)
         }))
     }
 

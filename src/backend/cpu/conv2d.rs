@@ -265,7 +265,11 @@ fn bank_of(banks: Option<&[i32]>, b: usize, count: usize) -> Option<usize> {
 }
 
 /// `y: [B, OC, OH, OW]`.
-fn forward_kernel<T: ConvFloat>(x: &[T], w: &[T], banks: Option<&[i32]>, d: &Conv2dDims) -> Vec<T> {
+fn forward_kernel<T: ConvFloat>(
+    (x, w, bias): (&[T], &[T], Option<&[T]>),
+    banks: Option<&[i32]>,
+    d: &Conv2dDims,
+) -> Vec<T> {
     let g = Geometry::of(d);
     let (img, p, k, oc) = (g.image(), g.positions(), g.window(), g.oc);
     let mut y = super::zeroed(d.batch * oc * p);
@@ -289,6 +293,12 @@ fn forward_kernel<T: ConvFloat>(x: &[T], w: &[T], banks: Option<&[i32]>, d: &Con
             T::one(),
             par,
         );
+        // the bias after the product: the bits of adding it in a second pass
+        if let Some(bias) = bias {
+            for (row, &b) in y_b.chunks_exact_mut(p).zip(bias) {
+                row.iter_mut().for_each(|v| *v = *v + b);
+            }
+        }
     };
     y.par_chunks_mut(block * oc * p)
         .enumerate()
@@ -454,13 +464,36 @@ macro_rules! float_pair {
 pub(super) fn forward(
     x: &CpuBuffer,
     w: &CpuBuffer,
+    bias: Option<&CpuBuffer>,
     image_bank: Option<&CpuBuffer>,
     d: Conv2dDims,
 ) -> Result<CpuBuffer> {
     const WHAT: &str = "conv2d_forward";
     let (xl, wl, _) = d.check(WHAT)?;
     let banks = check(WHAT, &[("x", x, xl), ("w", w, wl)], image_bank, &d)?;
-    float_pair!(WHAT, x, w, forward_kernel, banks, &d)
+    if let Some(b) = bias {
+        crate::backend::checks::check_lengths(WHAT, &[("bias", b, d.out_channels)], &d)?;
+    }
+    match (x, w, bias) {
+        (CpuBuffer::F32(a), CpuBuffer::F32(b), None) => {
+            Ok(f32b(forward_kernel((a, b, None), banks, &d)))
+        }
+        (CpuBuffer::F32(a), CpuBuffer::F32(b), Some(CpuBuffer::F32(c))) => {
+            Ok(f32b(forward_kernel((a, b, Some(c)), banks, &d)))
+        }
+        (CpuBuffer::F64(a), CpuBuffer::F64(b), None) => {
+            Ok(f64b(forward_kernel((a, b, None), banks, &d)))
+        }
+        (CpuBuffer::F64(a), CpuBuffer::F64(b), Some(CpuBuffer::F64(c))) => {
+            Ok(f64b(forward_kernel((a, b, Some(c)), banks, &d)))
+        }
+        (a, b, c) => Err(Error::DType(format!(
+            "{WHAT} needs float buffers of one dtype, got x {}, w {}{}",
+            a.dtype(),
+            b.dtype(),
+            c.map_or(String::new(), |c| format!(", bias {}", c.dtype()))
+        ))),
+    }
 }
 
 /// `NnOps::conv2d_input_grad` on the CPU.
@@ -482,8 +515,17 @@ pub(super) fn weight_grad(
     dy: &CpuBuffer,
     image_bank: Option<&CpuBuffer>,
     d: Conv2dDims,
+    out: crate::DType,
 ) -> Result<CpuBuffer> {
     const WHAT: &str = "conv2d_weight_grad";
+    if out != x.dtype() {
+        return Err(Error::DType(format!(
+            "{WHAT}: {} operands give a {} weight gradient on the CPU, not {out} (f16 is a GPU \
+             format)",
+            x.dtype(),
+            x.dtype()
+        )));
+    }
     let (xl, _, yl) = d.check(WHAT)?;
     let banks = check(WHAT, &[("x", x, xl), ("dy", dy, yl)], image_bank, &d)?;
     float_pair!(WHAT, x, dy, weight_grad_kernel, banks, &d)

@@ -337,10 +337,11 @@ impl NnOps for CpuBackend {
         &self,
         x: &CpuBuffer,
         w: &CpuBuffer,
+        bias: Option<&CpuBuffer>,
         image_bank: Option<&CpuBuffer>,
         dims: Conv2dDims,
     ) -> Result<CpuBuffer> {
-        conv2d::forward(x, w, image_bank, dims)
+        conv2d::forward(x, w, bias, image_bank, dims)
     }
 
     fn conv2d_input_grad(
@@ -359,8 +360,9 @@ impl NnOps for CpuBackend {
         dy: &CpuBuffer,
         image_bank: Option<&CpuBuffer>,
         dims: Conv2dDims,
+        out: crate::DType,
     ) -> Result<CpuBuffer> {
-        conv2d::weight_grad(x, dy, image_bank, dims)
+        conv2d::weight_grad(x, dy, image_bank, dims, out)
     }
 
     fn pool2d_forward(

@@ -159,11 +159,15 @@ pub trait NnOps: BufferOps {
     /// 2-D convolution, forward: `y[b, o] = Σ_{c,i,j} w[g_b, o, c, i, j] · x[b, c, s·y + i − p,
     /// s·x + j − p]` (zeros outside the image) with `g_b = image_bank[b]`, or bank 0 for every
     /// image when `image_bank` is `None`. `image_bank` is I32 `[batch]`; an image whose bank is
-    /// outside `0..banks` gets a zero output. Layouts in [`Conv2dDims`].
+    /// outside `0..banks` gets a zero output. With `bias` (`[out_channels]`, the weight's dtype)
+    /// `bias[o]` is added to every output of channel `o` of an image whose bank is in range, in
+    /// the accumulation's precision before the output's rounding (the bits of adding it after
+    /// the convolution, in f32 and f64). Layouts in [`Conv2dDims`].
     fn conv2d_forward(
         &self,
         x: &Self::Buffer,
         w: &Self::Buffer,
+        bias: Option<&Self::Buffer>,
         image_bank: Option<&Self::Buffer>,
         dims: Conv2dDims,
     ) -> Result<Self::Buffer>;
@@ -178,14 +182,17 @@ pub trait NnOps: BufferOps {
         dims: Conv2dDims,
     ) -> Result<Self::Buffer>;
     /// The weight gradient of [`NnOps::conv2d_forward`]: `dw[g] = Σ_{images b of bank g}
-    /// dy[b] · windows(x[b])ᵀ`, `[banks, out_channels, in_channels, kernel_h, kernel_w]`. A bank
-    /// no image uses gets exactly zero.
+    /// dy[b] · windows(x[b])ᵀ`, `[banks, out_channels, in_channels, kernel_h, kernel_w]`, of
+    /// dtype `out` (the weight's: that of `x` and `dy`, or on the GPU f32 from f16 operands,
+    /// mixed precision's f32 weight, summed without an f16 rounding). A bank no image uses gets
+    /// exactly zero.
     fn conv2d_weight_grad(
         &self,
         x: &Self::Buffer,
         dy: &Self::Buffer,
         image_bank: Option<&Self::Buffer>,
         dims: Conv2dDims,
+        out: crate::DType,
     ) -> Result<Self::Buffer>;
     /// 2-D pooling, forward: the max or mean of each window (see [`Pool2dDims`]). Max pooling
     /// also returns, for each output, the position `row·width + col` in its plane of the input

@@ -4,13 +4,15 @@
 //! builds of `shaders/matmul.wgsl` (all three entries: `matmul` and the expert bank's
 //! `grouped_matmul` and `grouped_weight_grad`), `elementwise.wgsl`, `layout.wgsl` and
 //! `reduce.wgsl` ([`MATMUL_F16_SHADER`], [`ELEMENTWISE_F16_SHADER`], [`LAYOUT_F16_SHADER`],
-//! [`REDUCE_F16_SHADER`]), made from the f32 builds' sources by [`f16_build`]; and the mixed
+//! [`REDUCE_F16_SHADER`]; likewise the norms, SwiGLU, rotary, attention, cross-entropy, the
+//! convolutions and pooling), made from the f32 builds' sources by [`f16_build`]; and the mixed
 //! builds of the products, f16 tensors with f32 weights ([`f16_rows_build`]), f16 operands with
 //! f32 outputs ([`f16_to_f32_build`]), f16 activations with f32 weights and outputs
 //! ([`f16_elements_build`]) or f32 operands with an f16 output ([`f16_output_build`]: the last
 //! two for a router computed in f32 from f16 tokens), which `matmul_build.rs` picks by dtype,
 //! and of the MoE
-//! combine, f16 rows with f32 weights ([`LAYOUT_F16_ROWS_SHADER`]).
+//! combine, f16 rows with f32 weights ([`LAYOUT_F16_ROWS_SHADER`]), and of the convolutions,
+//! f16 images with f32 weights ([`CONV2D_F16_ROWS_SHADER`]).
 //!
 //! f16 is a storage format here: every f16 kernel computes in f32 and converts once on the way
 //! in and once on the way out, with `f16_of` (`shaders/f16_convert.wgsl`), which rounds to a
@@ -290,6 +292,30 @@ pub(crate) static ATTENTION_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shad
     source: String::leak(f16_build(super::attention::ATTENTION_SHADER.source)),
 });
 
+/// The convolutions (`conv2d.wgsl`: forward, input and weight gradients) built for f16 images,
+/// weights and gradients, with f32 sums.
+pub(crate) static CONV2D_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "conv2d_f16",
+    builtin: true,
+    source: String::leak(f16_build(super::conv2d::CONV2D_SHADER.source)),
+});
+
+/// The convolutions built for f16 images and gradients with f32 weights (`w` read and `dw`
+/// written in f32): mixed precision's image models, whose weights are never cast.
+pub(crate) static CONV2D_F16_ROWS_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "conv2d_f16_rows",
+    builtin: true,
+    source: String::leak(f16_rows_build(super::conv2d::CONV2D_SHADER.source)),
+});
+
+/// Max and average pooling (`pool2d.wgsl`, forward and backward) built for f16 images and
+/// gradients, comparing and summing in f32 (argmax stays i32).
+pub(crate) static POOL2D_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
+    name: "pool2d_f16",
+    builtin: true,
+    source: String::leak(f16_build(super::pool2d::POOL2D_SHADER.source)),
+});
+
 /// Invocations per workgroup of both kernels of `half.wgsl`.
 const WG: u32 = 256;
 
@@ -317,8 +343,8 @@ pub(crate) fn no_f16_kernel(op: &str) -> Error {
     Error::DType(format!(
         "{op} has no f16 kernel: cast its f16 operands to f32 first (Tensor::to_dtype); f16 \
          kernels exist for the casts, matmul and the expert bank, the elementwise, layout and \
-         reduction kernels, layer norm / RMSNorm, SwiGLU, the rotary embedding \
-         and causal attention"
+         reduction kernels, layer norm / RMSNorm, SwiGLU, the rotary embedding, \
+         causal attention, the convolutions and pooling"
     ))
 }
 

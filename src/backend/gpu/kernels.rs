@@ -188,6 +188,18 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         },
         BuiltinShader {
             needs_f16: true,
+            ..plain(&half::CONV2D_F16_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
+            ..plain(&half::CONV2D_F16_ROWS_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
+            ..plain(&half::POOL2D_F16_SHADER)
+        },
+        BuiltinShader {
+            needs_f16: true,
             specialisations: attention_specialisations,
             ..plain(&half::ATTENTION_F16_SHADER)
         },
@@ -227,7 +239,8 @@ pub(crate) struct KernelCache {
 /// Whether kernel `shader.entry` takes f16 buffers: those of `shaders/half.wgsl`, the f16 builds
 /// of `matmul.wgsl` (the mixed ones for the entries mixed precision runs: `matmul_build.rs`),
 /// `elementwise.wgsl`, `reduce.wgsl` and `layout.wgsl` (its copies and scatters, and the MoE
-/// combine with f32 weights), and `fill`, which writes 32-bit words (two f16 values each, see
+/// combine with f32 weights), of the norms, SwiGLU, rotary, attention, cross-entropy,
+/// `conv2d.wgsl` (and its f32-weight build) and `pool2d.wgsl`, and `fill`, which writes 32-bit words (two f16 values each, see
 /// `elementwise::full`). [`GpuBackend::launch`] refuses an f16 buffer to every other kernel, so
 /// that an op without an f16 kernel is an error naming it, never f32 code reading half-words.
 fn takes_f16(shader: &str, entry: &str) -> bool {
@@ -262,6 +275,7 @@ fn takes_f16(shader: &str, entry: &str) -> bool {
             | ("swiglu_f16", _)
             | ("rotary_f16", _)
             | ("attention_f16", _)
+            | ("conv2d_f16" | "conv2d_f16_rows" | "pool2d_f16", _)
             | ("matmul_f16_rows", "matmul" | "grouped_matmul")
             | ("matmul_f16_to_f32", "matmul" | "grouped_weight_grad")
             | ("matmul_f16_elements" | "matmul_f16_output", "matmul")

@@ -130,10 +130,11 @@ impl NnOps for GpuBackend {
         &self,
         x: &GpuBuffer,
         w: &GpuBuffer,
+        bias: Option<&GpuBuffer>,
         image_bank: Option<&GpuBuffer>,
         dims: Conv2dDims,
     ) -> Result<GpuBuffer> {
-        super::conv2d::conv2d_forward(self, x, w, image_bank, dims)
+        super::conv2d::conv2d_forward(self, x, w, bias, image_bank, dims)
     }
 
     fn conv2d_input_grad(
@@ -152,8 +153,9 @@ impl NnOps for GpuBackend {
         dy: &GpuBuffer,
         image_bank: Option<&GpuBuffer>,
         dims: Conv2dDims,
+        out: crate::DType,
     ) -> Result<GpuBuffer> {
-        super::conv2d::conv2d_weight_grad(self, x, dy, image_bank, dims)
+        super::conv2d::conv2d_weight_grad(self, x, dy, image_bank, dims, out)
     }
 
     fn pool2d_forward(

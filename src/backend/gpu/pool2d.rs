@@ -5,7 +5,9 @@
 //! per input pixel gathering from the outputs whose windows cover it (no atomics).
 //!
 //! Each launcher checks the geometry, dtypes and buffer lengths (an [`Error`] naming them, never
-//! a panic or a wgpu validation error); nothing is read back. (`pool.rs` beside this file is the
+//! a panic or a wgpu validation error); nothing is read back. f32 images run the f32 build, f16
+//! ones its f16 build (`half::POOL2D_F16_SHADER`: f32 comparisons and sums, one rounding per
+//! output); the output and the gradient have the input's dtype. (`pool.rs` beside this file is the
 //! buffer pool, unrelated.)
 
 use super::kernels::{Shader, grid_1d};
@@ -19,6 +21,18 @@ pub(crate) static POOL2D_SHADER: Shader = Shader {
     builtin: true,
     source: include_str!("../../../shaders/pool2d.wgsl"),
 };
+
+/// The build of `pool2d.wgsl` for images of `x`'s dtype (`name` names it): f32 or f16, else an
+/// [`Error::DType`].
+fn build(what: &str, name: &str, x: &GpuBuffer) -> Result<&'static Shader> {
+    match x.dtype() {
+        DType::F32 => Ok(&POOL2D_SHADER),
+        DType::F16 => Ok(&super::half::POOL2D_F16_SHADER),
+        other => Err(Error::DType(format!(
+            "{what}: {name} must be f32 or f16 on the GPU, got {other}"
+        ))),
+    }
+}
 
 /// Checks each operand `(name, buffer, dtype, expected length)`.
 fn check(what: &str, d: &Pool2dDims, operands: &[(&str, &GpuBuffer, DType, usize)]) -> Result<()> {
@@ -65,7 +79,7 @@ fn params(d: &Pool2dDims, n: usize) -> [u32; 9] {
 /// max pooling, `argmax`, both `[planes, OH, OW]`.
 ///
 /// # Errors
-/// [`Error::DType`] unless `x` is f32; [`Error::Shape`] for a bad geometry or length; a GPU error
+/// [`Error::DType`] unless `x` is f32 or f16; [`Error::Shape`] for a bad geometry or length; a GPU error
 /// from the launch.
 pub(crate) fn pool2d_forward(
     be: &GpuBackend,
@@ -75,14 +89,15 @@ pub(crate) fn pool2d_forward(
 ) -> Result<(GpuBuffer, Option<GpuBuffer>)> {
     const WHAT: &str = "pool2d_forward";
     let (il, ol) = lengths(WHAT, &d)?;
-    check(WHAT, &d, &[("x", x, DType::F32, il)])?;
-    let y = be.alloc(ol, DType::F32)?;
+    let shader = build(WHAT, "x", x)?;
+    check(WHAT, &d, &[("x", x, x.dtype(), il)])?;
+    let y = be.alloc(ol, x.dtype())?;
     let grid = grid_1d(ol, 256)?;
     match kind {
         PoolKind::Max => {
             let arg = be.alloc(ol, DType::I32)?;
             be.launch(
-                &POOL2D_SHADER,
+                shader,
                 "max_pool2d_forward",
                 &[x, &y, &arg],
                 &params(&d, ol),
@@ -92,7 +107,7 @@ pub(crate) fn pool2d_forward(
         }
         PoolKind::Avg => {
             be.launch(
-                &POOL2D_SHADER,
+                shader,
                 "avg_pool2d_forward",
                 &[x, &y],
                 &params(&d, ol),
@@ -117,15 +132,16 @@ pub(crate) fn pool2d_backward(
 ) -> Result<GpuBuffer> {
     const WHAT: &str = "pool2d_backward";
     let (il, ol) = lengths(WHAT, &d)?;
-    check(WHAT, &d, &[("dy", dy, DType::F32, ol)])?;
-    let dx = be.alloc(il, DType::F32)?;
+    let shader = build(WHAT, "dy", dy)?;
+    check(WHAT, &d, &[("dy", dy, dy.dtype(), ol)])?;
+    let dx = be.alloc(il, dy.dtype())?;
     let grid = grid_1d(il, 256)?;
     match (kind, argmax) {
         (PoolKind::Max, None) => Err(crate::backend::checks::missing_argmax_error(WHAT)),
         (PoolKind::Max, Some(arg)) => {
             check(WHAT, &d, &[("argmax", arg, DType::I32, ol)])?;
             be.launch(
-                &POOL2D_SHADER,
+                shader,
                 "max_pool2d_backward",
                 &[dy, arg, &dx],
                 &params(&d, il),
@@ -135,7 +151,7 @@ pub(crate) fn pool2d_backward(
         }
         (PoolKind::Avg, _) => {
             be.launch(
-                &POOL2D_SHADER,
+                shader,
                 "avg_pool2d_backward",
                 &[dy, &dx],
                 &params(&d, il),

@@ -168,6 +168,7 @@ impl Storage {
     pub(crate) fn conv2d_forward(
         &self,
         w: &Storage,
+        bias: Option<&Storage>,
         image_bank: Option<&Storage>,
         dims: Conv2dDims,
     ) -> Result<Storage> {
@@ -175,6 +176,7 @@ impl Storage {
         on_device!(self, |be| be.conv2d_forward(
             be.buf(self, WHAT)?,
             be.buf(w, WHAT)?,
+            be.opt(bias, WHAT)?,
             be.opt(image_bank, WHAT)?,
             dims
         ))
@@ -200,13 +202,15 @@ impl Storage {
         dy: &Storage,
         image_bank: Option<&Storage>,
         dims: Conv2dDims,
+        out: crate::DType,
     ) -> Result<Storage> {
         const WHAT: &str = "conv2d backward";
         on_device!(self, |be| be.conv2d_weight_grad(
             be.buf(self, WHAT)?,
             be.buf(dy, WHAT)?,
             be.opt(image_bank, WHAT)?,
-            dims
+            dims,
+            out
         ))
     }
     /// See [`NnOps::pool2d_forward`]; returns `(y, argmax)` (argmax for max pooling only).
