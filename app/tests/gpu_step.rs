@@ -820,14 +820,18 @@ fn f16_mixed_steps_keep_the_counts_and_halve_the_activation_bytes() {
         );
         return;
     }
-    let run = |precision| {
-        let cfg = moegrad::train::TrainConfig {
-            precision,
-            ..cfg.clone()
+    // one step of `cfg` measured in each precision
+    let both = |cfg: &moegrad::train::TrainConfig| {
+        let run = |precision| {
+            let cfg = moegrad::train::TrainConfig {
+                precision,
+                ..cfg.clone()
+            };
+            moegrad_cli::bench::gpu_step::measure(cfg, false).unwrap()
         };
-        moegrad_cli::bench::gpu_step::measure(cfg, false).unwrap()
+        (run(Precision::F32), run(Precision::F16Mixed))
     };
-    let (full, mixed) = (run(Precision::F32), run(Precision::F16Mixed));
+    let (full, mixed) = both(&cfg);
     let s = mixed.stats;
     assert_eq!(
         (
@@ -857,15 +861,7 @@ fn f16_mixed_steps_keep_the_counts_and_halve_the_activation_bytes() {
 
     // `cnn`: its activations are the convolutions' and pooling's, which run in f16 since they
     // have f16 builds (before, in f32, mixed precision saved nothing here: 1.0×)
-    let cnn = step_config("cnn").unwrap();
-    let run = |precision| {
-        let cfg = moegrad::train::TrainConfig {
-            precision,
-            ..cnn.clone()
-        };
-        moegrad_cli::bench::gpu_step::measure(cfg, false).unwrap()
-    };
-    let (full, mixed) = (run(Precision::F32), run(Precision::F16Mixed));
+    let (full, mixed) = both(&step_config("cnn").unwrap());
     let act = ratio(mixed.activation_bytes, full.activation_bytes);
     let bound = ratio(mixed.stats.bound_bytes, full.stats.bound_bytes);
     eprintln!("cnn f16-mixed / f32: activations {act:.3}, bound bytes {bound:.3}");
