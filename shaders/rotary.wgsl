@@ -2,9 +2,11 @@
 // end of `nn::Rotary` (forward, and with `transpose` its backward rule). Launcher:
 // src/backend/gpu/rotary.rs.
 //
-// Layout (contiguous; f32, or f16 in the f16 build: see rt_elem): x and y are [batch, seq, head_dim], row q = b·seq + pos at
-// q·head_dim; cos and sin are [table_rows, head_dim] (table_rows >= seq), position pos's row at
+// Layout (contiguous): x and y are [batch, seq, head_dim], row q = b·seq + pos at q·head_dim;
+// cos and sin are [table_rows, head_dim] (table_rows >= seq), position pos's row at
 // pos·head_dim; sin carries rotate_half's sign (negative on the first half).
+// Types: x and y are rt_elem (f32 here, f16 in the f16 build); cos and sin are f32 in both
+// builds, so f16 heads (mixed precision) read the f32 tables where they are, never cast.
 // Math, with h = head_dim/2 and j' the column paired with j (j + h for j < h, else j − h):
 //   forward   y_pj = x_pj·cos_pj + x_pj'·sin_pj
 //   transpose y_pj = x_pj·cos_pj + x_pj'·sin_pj'   (the backward: the rotation by −angle)
@@ -19,9 +21,8 @@ struct RotaryParams { n: u32, seq: u32, head_dim: u32, transpose: u32 }
 
 const WG: u32 = 256u;
 
-// The element type of x, the tables and y: f32 here. The f16 build (src/backend/gpu/half.rs,
-// `f16_build`) makes the alias `f16` and the store a conversion that rounds once; the arithmetic
-// is f32 in both.
+// The element type of x and y: f32 here. The f16 build (src/backend/gpu/half.rs) makes the
+// alias `f16` and the store a conversion that rounds once; the arithmetic is f32 in both.
 // f16 build: element type
 alias rt_elem = f32;
 fn rt_store(v: f32) -> rt_elem {
@@ -31,8 +32,8 @@ fn rt_store(v: f32) -> rt_elem {
 
 @group(0) @binding(0) var<uniform> p: RotaryParams;
 @group(0) @binding(1) var<storage, read> x: array<rt_elem>;
-@group(0) @binding(2) var<storage, read> cos_table: array<rt_elem>;
-@group(0) @binding(3) var<storage, read> sin_table: array<rt_elem>;
+@group(0) @binding(2) var<storage, read> cos_table: array<f32>;
+@group(0) @binding(3) var<storage, read> sin_table: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<rt_elem>;
 
 @compute @workgroup_size(256)
@@ -46,6 +47,6 @@ fn rotary(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: v
     let j = i - row * dh;
     let pair = select(j - h, j + h, j < h);
     let table = (row % p.seq) * dh;
-    let sine = f32(select(sin_table[table + j], sin_table[table + pair], p.transpose == 1u));
-    y[i] = rt_store(f32(x[i]) * f32(cos_table[table + j]) + f32(x[row * dh + pair]) * sine);
+    let sine = select(sin_table[table + j], sin_table[table + pair], p.transpose == 1u);
+    y[i] = rt_store(f32(x[i]) * cos_table[table + j] + f32(x[row * dh + pair]) * sine);
 }

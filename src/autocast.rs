@@ -161,6 +161,32 @@ pub(crate) fn matched_operands(a: &Tensor, b: &Tensor) -> Result<Option<(Tensor,
     Ok(None)
 }
 
+/// An activation that several ops of the f16 class will read, cast once: inside a scope an f32
+/// GPU tensor cast to the scope's dtype, anything else as it is. Each op of the class casts its
+/// own f32 operands, so a model calls this where one f32 activation feeds several of them: the
+/// token embedding, read by the first block's norm and by its residual add. They then share
+/// one cast forward and one cast of their summed gradient backward (instead of a cast each way
+/// per reader and an f32 add of the gradients), and the residual can be added inside the
+/// block's output projection, as in every later block.
+///
+/// # Errors
+/// The cast's own errors (an adapter without `SHADER_F16`).
+///
+/// # Example
+/// ```
+/// use moegrad::{DType, Device, Tensor, autocast_f16, autocast::low_precision_activation};
+/// let h = Tensor::from_f32(vec![1.0, 2.0], &[1, 2], Device::cpu()).unwrap();
+/// // on the CPU (and outside a scope) nothing is cast
+/// let x = autocast_f16(|| low_precision_activation(&h)).unwrap();
+/// assert_eq!(x.dtype(), DType::F32);
+/// ```
+pub fn low_precision_activation(t: &Tensor) -> Result<Tensor> {
+    match low_precision() {
+        Some(dtype) if casts_down(t) => t.to_dtype(dtype),
+        _ => Ok(t.clone()),
+    }
+}
+
 /// The operand of an op of the f32 class (a loss, a softmax): an f16 tensor cast up to f32,
 /// anything else as it is. Applies in and out of a scope: an f16 tensor only exists where
 /// someone chose it, and these ops have no f16 kernel.

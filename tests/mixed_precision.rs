@@ -5,7 +5,8 @@
 //!   f16-mixed follows f32's losses within 1e-2 relative at every step, with no step skipped;
 //! * the activations really are f16 (a block's products take f16 activations and read the f32
 //!   weights where they are, the weights' gradients written in f32) while the router's logits
-//!   (read from the f16 tokens into f32) and the loss stay f32;
+//!   (read from the f16 tokens into f32) and the loss stay f32; every language model casts only
+//!   its embedding, once each way;
 //! * the loss scale: a gradient that overflows skips the step on the device (parameters and
 //!   moments unchanged, the scale halved, the skip counted, and Adam's next step the first
 //!   step's update: its bias corrections leave the skipped step out), and good steps grow
@@ -118,6 +119,14 @@ fn fifty_moe_gpt_steps_in_f16_mixed_follow_f32() {
 
 /// The kernels one training step of `cfg` runs (`shader.entry` names, from the profile).
 fn step_kernels(cfg: &TrainConfig, mixed: bool) -> Vec<String> {
+    step_kernel_calls(cfg, mixed)
+        .into_iter()
+        .map(|(k, _)| k)
+        .collect()
+}
+
+/// The kernels one training step of `cfg` runs, each with its number of calls.
+fn step_kernel_calls(cfg: &TrainConfig, mixed: bool) -> Vec<(String, u64)> {
     let corpus = corpus(cfg);
     let model = moegrad::lm::LanguageModel::build(cfg, corpus.vocab_size(), Device::Gpu).unwrap();
     let params = model.named_params();
@@ -144,8 +153,60 @@ fn step_kernels(cfg: &TrainConfig, mixed: bool) -> Vec<String> {
         .expect("the GPU's kernels")
         .kernels
         .into_iter()
-        .map(|k| k.kernel)
+        .map(|k| (k.kernel, k.calls))
         .collect()
+}
+
+/// In every language model's f16-mixed step the casts are the embedding's, once each way:
+/// its f32 output cast to f16 once for the first block's norm and residual add, and their
+/// summed gradient cast back once. The products read f32 weights where they are, the norms f32
+/// gains, the rotary embedding its f32 tables and the router the f16 tokens, so nothing else is
+/// cast but the f16 sums below: not the rotary tables (two casts per attention layer until they
+/// were read in f32), not the embedding a second time for the first residual add.
+#[test]
+fn every_language_model_casts_its_embedding_once_in_f16_mixed() {
+    let Some(_) = f16_gpu("every_language_model_casts_its_embedding_once_in_f16_mixed") else {
+        return;
+    };
+    for kind in [
+        ModelKind::Gpt,
+        ModelKind::MoeGpt,
+        ModelKind::Llama,
+        ModelKind::Mixtral,
+        ModelKind::Qwen2Moe,
+        ModelKind::Olmoe,
+        ModelKind::DeepseekMoe,
+    ] {
+        let cfg = TrainConfig {
+            layers: 2,
+            d_model: 64,
+            block: 16,
+            batch: 2,
+            device: "gpu".into(),
+            ..TrainConfig::language_model(kind)
+        };
+        let kernels = step_kernel_calls(&cfg, true);
+        let calls = |name: &str| {
+            kernels
+                .iter()
+                .filter(|(k, _)| k == name)
+                .map(|&(_, n)| n)
+                .sum::<u64>()
+        };
+        // an f16 gradient summed over a broadcast axis is rounded back to f16 by a cast (the
+        // reduction kernels write f32): Qwen2-MoE's shared-expert gate, one per MoE layer, and
+        // DeepSeek's rotary key shared by the heads, one per latent-attention layer
+        let rounded_sums = match kind {
+            ModelKind::Qwen2Moe | ModelKind::DeepseekMoe => cfg.layers as u64,
+            _ => 0,
+        };
+        assert_eq!(
+            (calls("half.f32_to_f16"), calls("half.f16_to_f32")),
+            (1 + rounded_sums, 1),
+            "{}: the casts of an f16-mixed step: {kernels:?}",
+            kind.name()
+        );
+    }
 }
 
 #[test]
@@ -506,7 +567,7 @@ fn every_model_and_every_router_trains_in_f16_mixed() {
             kind.name()
         );
     }
-    // the image models (convolutions stay f32, the dense layers and experts run in f16)
+    // the image models (convolutions, pooling, the dense layers and experts run in f16)
     let mut rng = ChaCha8Rng::seed_from_u64(4);
     for (kind, side, tasks) in [
         (ModelKind::Mlp, 28, 1),

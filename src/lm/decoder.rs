@@ -202,7 +202,9 @@ impl Decoder {
             )));
         }
         let (b, t, d) = (idx.shape()[0], idx.shape()[1], cfg.d_model);
-        let mut h = self.embed.forward(idx)?.reshape(&[b * t, d])?;
+        // cast once in mixed precision: the first norm and the first residual add share it
+        let h = self.embed.forward(idx)?.reshape(&[b * t, d])?;
+        let mut h = crate::autocast::low_precision_activation(&h)?;
         let mut moe = MoeTally::default();
         for layer in &self.layers {
             // h + attn(norm(h)): the residual is added by the output projection's kernel

@@ -387,7 +387,9 @@ impl Gpt {
         let (b, t, d) = (idx.shape()[0], idx.shape()[1], cfg.d_model);
         let tok = self.tok_emb.forward(idx)?; // [B, T, d]
         let pos = self.pos_emb.get().slice(0, 0, t)?; // [T, d]
-        let mut h = tok.add(&pos)?.reshape(&[b * t, d])?;
+        // cast once in mixed precision: the first norm and the first residual add share it
+        let h = tok.add(&pos)?.reshape(&[b * t, d])?;
+        let mut h = crate::autocast::low_precision_activation(&h)?;
         let mut moe = MoeTally::default();
         for block in &self.blocks {
             // h + attn(ln1(h)): the residual is added by the output projection's kernel

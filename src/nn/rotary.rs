@@ -20,6 +20,8 @@
 //!
 //! The angles are computed as transformers does, in f32: `θ_i` rounded to f32, the product
 //! `p·θ_i` in f32, its cosine and sine rounded to f32, so imported models see the same tables.
+//! f16 heads (mixed precision) are rotated with these f32 tables, read where they are: the
+//! tables are never rounded to f16, and the rotation costs no cast.
 
 use crate::backend::RotaryDims;
 use crate::{DType, Device, Error, Result, Tensor};
@@ -105,7 +107,8 @@ impl Rotary {
             )));
         }
         let t = x.shape()[rank - 2];
-        let (cos, sin) = if x.dtype() == DType::F32 {
+        // f16 heads (mixed precision, on the GPU) read the f32 tables where they are
+        let (cos, sin) = if matches!(x.dtype(), DType::F32 | DType::F16) {
             (self.cos.clone(), self.sin_signed.clone())
         } else {
             (

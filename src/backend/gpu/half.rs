@@ -11,8 +11,9 @@
 //! ([`f16_elements_build`]) or f32 operands with an f16 output ([`f16_output_build`]: the last
 //! two for a router computed in f32 from f16 tokens), which `matmul_build.rs` picks by dtype,
 //! and of the MoE
-//! combine, f16 rows with f32 weights ([`LAYOUT_F16_ROWS_SHADER`]), and of the convolutions,
-//! f16 images with f32 weights ([`CONV2D_F16_ROWS_SHADER`]).
+//! combine, f16 rows with f32 weights ([`LAYOUT_F16_ROWS_SHADER`]), of the convolutions,
+//! f16 images with f32 weights ([`CONV2D_F16_ROWS_SHADER`]), and of the rotary embedding, f16
+//! heads with f32 tables ([`ROTARY_F16_SHADER`]).
 //!
 //! f16 is a storage format here: every f16 kernel computes in f32 and converts once on the way
 //! in and once on the way out, with `f16_of` (`shaders/f16_convert.wgsl`), which rounds to a
@@ -203,8 +204,8 @@ pub(crate) static SWIGLU_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader 
     source: String::leak(f16_build(super::swiglu::SWIGLU_SHADER.source)),
 });
 
-/// The rotary position embedding built for f16 tensors (x and its tables in f16), computing in
-/// f32.
+/// The rotary position embedding built for f16 heads and gradients with the f32 tables read
+/// where they are (mixed precision: the tables are never cast), computing in f32.
 pub(crate) static ROTARY_F16_SHADER: LazyLock<Shader> = LazyLock::new(|| Shader {
     name: "rotary_f16",
     builtin: true,

@@ -73,6 +73,10 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
         needs_f16: false,
         specialisations: Vec::new(),
     };
+    let f16 = |s: &Shader| BuiltinShader {
+        needs_f16: true,
+        ..plain(s)
+    };
     let attention_specialisations: Vec<_> = attention::TILED_ENTRIES
         .iter()
         .flat_map(|&entry| attention::specialisations().map(move |c| (entry, c.to_vec())))
@@ -106,98 +110,29 @@ pub fn builtin_shaders() -> Vec<BuiltinShader> {
             needs_subgroups: true,
             ..plain(&matmul::MATMUL_SUBGROUP_SHADER)
         },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::HALF_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::MATMUL_F16_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::MATMUL_WIDE_F16_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::ELEMENTWISE_F16_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::LAYOUT_F16_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::LAYOUT_F16_ROWS_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::REDUCE_F16_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::LAYER_NORM_F16_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::LAYER_NORM_F16_ROWS_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::SWIGLU_F16_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::ROTARY_F16_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::MATMUL_F16_ROWS_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::MATMUL_WIDE_F16_ROWS_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::MATMUL_F16_TO_F32_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::MATMUL_WIDE_F16_TO_F32_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::MATMUL_F16_ELEMENTS_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::MATMUL_WIDE_F16_ELEMENTS_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::MATMUL_F16_OUTPUT_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::MATMUL_WIDE_F16_OUTPUT_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::CROSS_ENTROPY_F16_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::CONV2D_F16_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::CONV2D_F16_ROWS_SHADER)
-        },
-        BuiltinShader {
-            needs_f16: true,
-            ..plain(&half::POOL2D_F16_SHADER)
-        },
+        f16(&half::HALF_SHADER),
+        f16(&half::MATMUL_F16_SHADER),
+        f16(&half::MATMUL_WIDE_F16_SHADER),
+        f16(&half::ELEMENTWISE_F16_SHADER),
+        f16(&half::LAYOUT_F16_SHADER),
+        f16(&half::LAYOUT_F16_ROWS_SHADER),
+        f16(&half::REDUCE_F16_SHADER),
+        f16(&half::LAYER_NORM_F16_SHADER),
+        f16(&half::LAYER_NORM_F16_ROWS_SHADER),
+        f16(&half::SWIGLU_F16_SHADER),
+        f16(&half::ROTARY_F16_SHADER),
+        f16(&half::MATMUL_F16_ROWS_SHADER),
+        f16(&half::MATMUL_WIDE_F16_ROWS_SHADER),
+        f16(&half::MATMUL_F16_TO_F32_SHADER),
+        f16(&half::MATMUL_WIDE_F16_TO_F32_SHADER),
+        f16(&half::MATMUL_F16_ELEMENTS_SHADER),
+        f16(&half::MATMUL_WIDE_F16_ELEMENTS_SHADER),
+        f16(&half::MATMUL_F16_OUTPUT_SHADER),
+        f16(&half::MATMUL_WIDE_F16_OUTPUT_SHADER),
+        f16(&half::CROSS_ENTROPY_F16_SHADER),
+        f16(&half::CONV2D_F16_SHADER),
+        f16(&half::CONV2D_F16_ROWS_SHADER),
+        f16(&half::POOL2D_F16_SHADER),
         BuiltinShader {
             needs_f16: true,
             specialisations: attention_specialisations,
@@ -239,7 +174,7 @@ pub(crate) struct KernelCache {
 /// Whether kernel `shader.entry` takes f16 buffers: those of `shaders/half.wgsl`, the f16 builds
 /// of `matmul.wgsl` (the mixed ones for the entries mixed precision runs: `matmul_build.rs`),
 /// `elementwise.wgsl`, `reduce.wgsl` and `layout.wgsl` (its copies and scatters, and the MoE
-/// combine with f32 weights), of the norms, SwiGLU, rotary, attention, cross-entropy,
+/// combine with f32 weights), of the norms, SwiGLU, rotary (f16 heads, f32 tables), attention, cross-entropy,
 /// `conv2d.wgsl` (and its f32-weight build) and `pool2d.wgsl`, and `fill`, which writes 32-bit words (two f16 values each, see
 /// `elementwise::full`). [`GpuBackend::launch`] refuses an f16 buffer to every other kernel, so
 /// that an op without an f16 kernel is an error naming it, never f32 code reading half-words.

@@ -1,13 +1,15 @@
 //! Launcher of `shaders/rotary.wgsl`, the GPU end of `nn::Rotary`: [`rotary`], one invocation
 //! per element of `[batch, seq, head_dim]`, forward or (with `RotaryDims::transpose`) the
 //! backward rule. It checks dtypes and lengths (an [`Error`](crate::Error) naming them, never a panic or a
-//! wgpu validation error) and encodes one kernel; nothing is read back.
+//! wgpu validation error) and encodes one kernel; nothing is read back. The tables are f32 in
+//! both builds: f32 heads run `shaders/rotary.wgsl`, f16 heads (mixed precision) its f16 build
+//! (`half::ROTARY_F16_SHADER`), which reads the f32 tables where they are.
 
 use super::kernels::{Shader, grid_1d, u32_param};
 use super::{GpuBackend, GpuBuffer};
 use crate::backend::RotaryDims;
 use crate::backend::checks::check_rotary_lengths;
-use crate::{DType, Result};
+use crate::{DType, Error, Result};
 
 /// The kernel of `shaders/rotary.wgsl`.
 pub(crate) static ROTARY_SHADER: Shader = Shader {
@@ -19,7 +21,7 @@ pub(crate) static ROTARY_SHADER: Shader = Shader {
 /// `NnOps::rotary`: `y [batch, seq, head_dim]`.
 ///
 /// # Errors
-/// [`Error::DType`](crate::Error::DType) unless every buffer is f32; [`Error::Shape`](crate::Error::Shape) for lengths that do not match
+/// [`Error::DType`](crate::Error::DType) unless the tables are f32 and `x` is f32 or f16; [`Error::Shape`](crate::Error::Shape) for lengths that do not match
 /// the sizes, an odd head width, more positions than the tables hold or a zero size; a GPU
 /// error from the launch.
 pub(crate) fn rotary(
@@ -30,7 +32,8 @@ pub(crate) fn rotary(
     d: RotaryDims,
 ) -> Result<GpuBuffer> {
     const WHAT: &str = "rotary";
-    let dtype = super::half::float_operands(WHAT, &[("x", x), ("cos", cos), ("sin", sin)])?;
+    let shader = build(x, (cos, sin))?;
+    let dtype = x.dtype();
     check_rotary_lengths(WHAT, x, (cos, sin), d)?;
     let n = x.len();
     let params = [
@@ -41,10 +44,6 @@ pub(crate) fn rotary(
     ];
     u32_param(cos.len(), "rotary table elements")?;
     let y = be.alloc(n, dtype)?;
-    let shader = match dtype {
-        DType::F16 => &*super::half::ROTARY_F16_SHADER,
-        _ => &ROTARY_SHADER,
-    };
     be.launch(
         shader,
         "rotary",
@@ -53,4 +52,17 @@ pub(crate) fn rotary(
         grid_1d(n, 256)?,
     )?;
     Ok(y)
+}
+
+/// The build of `shaders/rotary.wgsl` for heads `x` and tables `(cos, sin)`: f32 heads the f32
+/// build, f16 heads the f16 build; the tables are f32 in both.
+fn build(x: &GpuBuffer, (cos, sin): (&GpuBuffer, &GpuBuffer)) -> Result<&'static Shader> {
+    match (x.dtype(), cos.dtype(), sin.dtype()) {
+        (DType::F32, DType::F32, DType::F32) => Ok(&ROTARY_SHADER),
+        (DType::F16, DType::F32, DType::F32) => Ok(&super::half::ROTARY_F16_SHADER),
+        (x, c, s) => Err(Error::DType(format!(
+            "rotary: x is {x}, cos {c} and sin {s}; the GPU rotates f32 or f16 heads with f32 \
+             tables"
+        ))),
+    }
 }
