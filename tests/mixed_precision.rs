@@ -161,8 +161,8 @@ fn step_kernel_calls(cfg: &TrainConfig, mixed: bool) -> Vec<(String, u64)> {
 /// its f32 output cast to f16 once for the first block's norm and residual add, and their
 /// summed gradient cast back once. The products read f32 weights where they are, the norms f32
 /// gains, the rotary embedding its f32 tables and the router the f16 tokens, so nothing else is
-/// cast but the f16 sums below: not the rotary tables (two casts per attention layer until they
-/// were read in f32), not the embedding a second time for the first residual add.
+/// cast but the f16 sums below: not the rotary tables (cos and sin for the queries and the keys,
+/// four casts per attention layer, until they were read in f32), not the embedding a second time for the first residual add.
 #[test]
 fn every_language_model_casts_its_embedding_once_in_f16_mixed() {
     let Some(_) = f16_gpu("every_language_model_casts_its_embedding_once_in_f16_mixed") else {
