@@ -8,12 +8,17 @@
 // reduce_serial  Tensor::sum/max/min/argmax, short axes. One invocation per output r walks
 //                j = 0..len in order (sums match the CPU's order exactly).
 //                params ReduceParams { outer, len, inner, op } with op REDUCE_SUM (0), _MAX (1),
-//                _MIN (2), _ARGMAX (3); x (binding 1, read, array<f32>) -> out (binding 2, read_write,
-//                array<u32>: f32 bits, or i32 for argmax) [outer*inner].
+//                _MIN (2), _ARGMAX (3); x (binding 1, read, array<rd_elem>) -> out (binding 2,
+//                read_write, array<u32>: f32 bits, or i32 for argmax) [outer*inner].
 //                Workgroup 256; grid folded into x/y over outer*inner invocations.
 // reduce_rows    The same for long axes: one workgroup of 256 per output; invocation t folds
 //                j = t, t+256, ... and the workgroup combines the 256 partial results in a tree
 //                in workgroup memory. Grid: outer*inner workgroups, folded into x/y.
+// reduce_serial_values, reduce_rows_values
+//                The same walks for sum, max and min, storing the result in the element type
+//                (out: binding 2, read_write, array<rd_elem>): an f16 tensor's sum rounded once
+//                from its f32 sum, in the kernel. reduce_serial / reduce_rows are then for
+//                argmax and for an f16 tensor's sum kept in f32 (ReduceOps::sum_unrounded).
 // sum_slices_plus  split-k's sum of slices plus the product's addend, in one pass (below).
 // cumsum_serial  Tensor::cumsum. One invocation per line (o, i), inclusive running sum along j
 //                (from the end when reverse = 1); same order as the CPU.
@@ -34,8 +39,8 @@ fn rmin(a: f32, b: f32) -> f32 { return select(b, a, a < b || is_nan(b)); }
 // The element type of the reduced and scanned tensors: f32 here. The f16 build
 // (src/backend/gpu/half.rs, `f16_build`) makes the alias between the markers `f16` and the
 // cumulative sums' store a conversion; reads widen to f32, so the sums run in f32 either way.
-// reduce_serial / reduce_rows write f32 bits (or i32 for argmax) in both builds: the launcher
-// converts an f16 tensor's reduction to f16 afterwards.
+// reduce_serial / reduce_rows write f32 bits (or i32 for argmax) in both builds;
+// reduce_serial_values / reduce_rows_values store through rd_store (f16 in the f16 build).
 // f16 build: element type
 alias rd_elem = f32;
 fn rd_store(v: f32) -> rd_elem {
@@ -99,12 +104,10 @@ fn finish(op: u32, a: Acc) -> u32 {
 @group(0) @binding(0) var<uniform> rs_p: ReduceParams;
 @group(0) @binding(1) var<storage, read> rs_x: array<rd_elem>;
 @group(0) @binding(2) var<storage, read_write> rs_out: array<u32>;
+@group(0) @binding(2) var<storage, read_write> rs_values: array<rd_elem>;
 
-@compute @workgroup_size(256)
-fn reduce_serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
-                 @builtin(local_invocation_index) lid: u32) {
-    let r = (wid.y * nwg.x + wid.x) * WG + lid;
-    if (r >= rs_p.outer * rs_p.inner) { return; }
+// Output r's line combined in order, j = 0..len.
+fn serial_line(r: u32) -> Acc {
     let o = r / rs_p.inner;
     let i = r % rs_p.inner;
     let base = o * rs_p.len * rs_p.inner + i;
@@ -112,7 +115,24 @@ fn reduce_serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups)
     for (var j = 0u; j < rs_p.len; j = j + 1u) {
         acc = combine(rs_p.op, acc, Acc(f32(rs_x[base + j * rs_p.inner]), j));
     }
-    rs_out[r] = finish(rs_p.op, acc);
+    return acc;
+}
+
+@compute @workgroup_size(256)
+fn reduce_serial(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                 @builtin(local_invocation_index) lid: u32) {
+    let r = (wid.y * nwg.x + wid.x) * WG + lid;
+    if (r >= rs_p.outer * rs_p.inner) { return; }
+    rs_out[r] = finish(rs_p.op, serial_line(r));
+}
+
+@compute @workgroup_size(256)
+fn reduce_serial_values(@builtin(workgroup_id) wid: vec3<u32>,
+                        @builtin(num_workgroups) nwg: vec3<u32>,
+                        @builtin(local_invocation_index) lid: u32) {
+    let r = (wid.y * nwg.x + wid.x) * WG + lid;
+    if (r >= rs_p.outer * rs_p.inner) { return; }
+    rs_values[r] = rd_store(serial_line(r).v);
 }
 
 // ---- sum_slices_plus ------------------------------------------------------------------------
@@ -145,6 +165,7 @@ fn sum_slices_plus(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroup
 @group(0) @binding(0) var<uniform> rr_p: ReduceParams;
 @group(0) @binding(1) var<storage, read> rr_x: array<rd_elem>;
 @group(0) @binding(2) var<storage, read_write> rr_out: array<u32>;
+@group(0) @binding(2) var<storage, read_write> rr_values: array<rd_elem>;
 
 var<workgroup> rr_v: array<f32, 256>;
 var<workgroup> rr_i: array<u32, 256>;
@@ -154,6 +175,23 @@ fn reduce_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
                @builtin(local_invocation_index) lid: u32) {
     let r = wid.y * nwg.x + wid.x;
     if (r >= rr_p.outer * rr_p.inner) { return; }
+    rows_line(r, lid);
+    if (lid == 0u) { rr_out[r] = finish(rr_p.op, Acc(rr_v[0], rr_i[0])); }
+}
+
+@compute @workgroup_size(256)
+fn reduce_rows_values(@builtin(workgroup_id) wid: vec3<u32>,
+                      @builtin(num_workgroups) nwg: vec3<u32>,
+                      @builtin(local_invocation_index) lid: u32) {
+    let r = wid.y * nwg.x + wid.x;
+    if (r >= rr_p.outer * rr_p.inner) { return; }
+    rows_line(r, lid);
+    if (lid == 0u) { rr_values[r] = rd_store(rr_v[0]); }
+}
+
+// Output r's line combined by the workgroup (called by all 256 invocations): the result is
+// left in rr_v[0] and rr_i[0].
+fn rows_line(r: u32, lid: u32) {
     let o = r / rr_p.inner;
     let i = r % rr_p.inner;
     let base = o * rr_p.len * rr_p.inner + i;
@@ -173,7 +211,6 @@ fn reduce_rows(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) n
         }
         workgroupBarrier();
     }
-    if (lid == 0u) { rr_out[r] = finish(op, Acc(rr_v[0], rr_i[0])); }
 }
 
 // ---- cumsum_serial --------------------------------------------------------------------------

@@ -220,6 +220,8 @@ fn f16_layout_ops_move_values_exactly() {
     }
 }
 
+/// An f16 tensor's sums, maxima and minima are taken in f32 and rounded to f16 once, by the
+/// reduction kernel itself (no cast after it); argmax gives f32's indices.
 #[test]
 fn f16_reductions_sum_in_f32_and_round_once() {
     let Some(gpu) = f16_gpu("f16_reductions_sum_in_f32_and_round_once") else {
@@ -232,16 +234,23 @@ fn f16_reductions_sum_in_f32_and_round_once() {
         let x32 = Tensor::from_f32(v.clone(), &[r, c], gpu).unwrap();
         let x16 = x32.to_dtype(DType::F16).unwrap();
         type Op = fn(&Tensor) -> moegrad::Result<Tensor>;
-        let ops: [(&str, Op); 5] = [
+        let ops: [(&str, Op); 6] = [
             ("sum(-1)", |x| x.sum(&[-1], false)),
             ("sum(0)", |x| x.sum(&[0], false)),
             ("max(-1)", |x| x.max(-1, false)),
+            ("min(0)", |x| x.min(0, false)),
             ("sum over both axes", |x| x.sum(&[0, 1], false)),
             ("cumsum(-1)", |x| x.cumsum(-1)),
         ];
         for (name, op) in ops {
-            let y16 = op(&x16).unwrap();
+            let mut y16 = None;
+            let kernels = f16_checks::kernels_run(|| y16 = Some(op(&x16).unwrap()));
+            let y16 = y16.unwrap();
             assert_eq!(y16.dtype(), DType::F16, "{name}");
+            assert!(
+                kernels.iter().all(|k| k.starts_with("reduce_f16.")),
+                "{name} of [{r}, {c}] runs the f16 reduction kernels alone: {kernels:?}"
+            );
             let y32 = op(&x32).unwrap();
             let what = format!("{name} of [{r}, {c}]");
             assert_rounded_once(

@@ -698,7 +698,7 @@ mod tests {
         };
         let files = [
             (&*elementwise::ELEMENTWISE, 5usize),
-            (&reduce::REDUCE, 5),
+            (&reduce::REDUCE, 7),
             (&layout::LAYOUT, 11),
             (&sort::SORT, 2),
             (&sort::SORT_WORDS, 2),

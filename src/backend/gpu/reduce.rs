@@ -1,7 +1,9 @@
 //! Launchers of `shaders/reduce.wgsl`: [`reduce`] (sum, max, min, argmax along one axis) and
 //! [`cumsum`]. Each picks the serial kernel (one invocation per output line, the CPU's order of
 //! additions) when lines are short or there are many of them, and the workgroup kernel (256
-//! invocations share one line) for few long lines.
+//! invocations share one line) for few long lines. A sum, maximum or minimum is stored in its
+//! input's dtype by the kernel itself (`*_values` entries: an f16 tensor's f32 sum is rounded
+//! once there, no cast after); argmax and an f16 tensor's unrounded f32 sum write 32-bit words.
 
 use super::half::REDUCE_F16_SHADER;
 use super::kernels::{Shader, grid_1d, u32_param};
@@ -69,43 +71,52 @@ fn float_build(dtype: DType) -> &'static Shader {
     }
 }
 
-/// `ReduceOps::reduce` (entries `reduce_serial` / `reduce_rows`): output `[outer, inner]`, I32 for
-/// argmax.
+/// `ReduceOps::reduce`: output `[outer, inner]`, in the input's dtype (an f16 tensor's sum,
+/// maximum or minimum, taken in f32, is rounded to f16 once by the kernel: entries
+/// `reduce_serial_values` / `reduce_rows_values`), I32 for argmax (`reduce_serial` /
+/// `reduce_rows`).
 pub(crate) fn reduce(
     be: &GpuBackend,
     op: ReduceOp,
     x: &GpuBuffer,
     view: AxisView,
 ) -> Result<GpuBuffer> {
-    let out = reduce_unrounded(be, op, x, view)?;
-    // an f16 tensor's sum, maximum or minimum (taken in f32) is an f16 value again
-    if x.dtype() == DType::F16 && out.dtype() == DType::F32 {
-        return super::half::to_f16(be, &out);
+    match op {
+        ReduceOp::ArgMax => launch_reduce(be, op, x, view, None),
+        _ => launch_reduce(be, op, x, view, Some(x.dtype())),
     }
-    Ok(out)
 }
 
-/// [`reduce`] without the last rounding: an f16 input's sum, maximum or minimum stays the f32
-/// the kernel computed (`ReduceOps::sum_unrounded` for sums).
-fn reduce_unrounded(
+/// [`reduce`] without the last rounding: an f16 input's sum stays the f32 the kernel computed
+/// (`ReduceOps::sum_unrounded`).
+fn sum_unrounded(be: &GpuBackend, x: &GpuBuffer, view: AxisView) -> Result<GpuBuffer> {
+    launch_reduce(be, ReduceOp::Sum, x, view, None)
+}
+
+/// Runs `op` along the view's axis: with `values = Some(dtype)` the `*_values` entries, which
+/// store the result in the input's element type (`dtype`), else the 32-bit entries (f32 bits, or
+/// i32 for argmax).
+fn launch_reduce(
     be: &GpuBackend,
     op: ReduceOp,
     x: &GpuBuffer,
     view: AxisView,
+    values: Option<DType>,
 ) -> Result<GpuBuffer> {
     let what = format!("{op:?}");
     let [outer, len, inner, lines] = check_view(&what, x, view)?;
-    let (code, _, dtype) = reduce_code(op);
-    let out = be.alloc(lines as usize, dtype)?;
+    let (code, _, words) = reduce_code(op);
+    let out = be.alloc(lines as usize, values.unwrap_or(words))?;
     let params = [outer, len, inner, code];
     let shader = float_build(x.dtype());
-    if use_rows(lines as usize, len as usize) {
-        let groups = grid_1d(lines as usize * WG as usize, WG)?;
-        be.launch(shader, "reduce_rows", &[x, &out], &params, groups)?;
-    } else {
-        let groups = grid_1d(lines as usize, WG)?;
-        be.launch(shader, "reduce_serial", &[x, &out], &params, groups)?;
-    }
+    let rows = use_rows(lines as usize, len as usize);
+    let (entry, groups) = match (rows, values.is_some()) {
+        (true, false) => ("reduce_rows", lines as usize * WG as usize),
+        (true, true) => ("reduce_rows_values", lines as usize * WG as usize),
+        (false, false) => ("reduce_serial", lines as usize),
+        (false, true) => ("reduce_serial_values", lines as usize),
+    };
+    be.launch(shader, entry, &[x, &out], &params, grid_1d(groups, WG)?)?;
     Ok(out)
 }
 
@@ -136,7 +147,7 @@ impl ReduceOps for GpuBackend {
     }
 
     fn sum_unrounded(&self, x: &GpuBuffer, view: AxisView) -> Result<GpuBuffer> {
-        reduce_unrounded(self, ReduceOp::Sum, x, view)
+        sum_unrounded(self, x, view)
     }
 
     fn cumsum(&self, x: &GpuBuffer, view: AxisView, reverse: bool) -> Result<GpuBuffer> {
