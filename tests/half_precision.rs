@@ -221,7 +221,7 @@ fn f16_layout_ops_move_values_exactly() {
 }
 
 /// An f16 tensor's sums, maxima and minima are taken in f32 and rounded to f16 once, by the
-/// reduction kernel itself (no cast after it); argmax gives f32's indices.
+/// reduction kernel itself (no cast after it, the cast's bits); argmax gives f32's indices.
 #[test]
 fn f16_reductions_sum_in_f32_and_round_once() {
     let Some(gpu) = f16_gpu("f16_reductions_sum_in_f32_and_round_once") else {
@@ -258,6 +258,15 @@ fn f16_reductions_sum_in_f32_and_round_once() {
                 &y16.to_vec_f32().unwrap(),
                 &y32.to_vec_f32().unwrap(),
             );
+            // one axis: the same f32 sums (the same values in the same order) rounded by the
+            // kernel as a cast rounds them; over two axes the f16 partial sums are rounded too
+            if name != "sum over both axes" {
+                assert_eq!(
+                    y16.to_vec_f32().unwrap(),
+                    y32.to_dtype(DType::F16).unwrap().to_vec_f32().unwrap(),
+                    "{what}: the bits of the f32 kernel's result cast to f16"
+                );
+            }
         }
         let am16 = x16.argmax(-1, false).unwrap();
         assert_eq!(am16.dtype(), DType::I32);
