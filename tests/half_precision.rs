@@ -247,9 +247,27 @@ fn f16_reductions_sum_in_f32_and_round_once() {
             let kernels = f16_checks::kernels_run(|| y16 = Some(op(&x16).unwrap()));
             let y16 = y16.unwrap();
             assert_eq!(y16.dtype(), DType::F16, "{name}");
+            // over one axis the f16 kernel alone; over two the f16 kernel's f32 partial sums,
+            // the f32 kernel's total and its one rounding
+            let f16_kernels_alone = kernels.iter().all(|k| k.starts_with("reduce_f16."));
+            let two_axes_rounded_once = ["reduce_serial", "reduce_rows"].iter().any(|first| {
+                let mut want = vec![
+                    format!("reduce_f16.{first}"),
+                    "reduce.reduce_serial_values".to_string(),
+                    "half.f32_to_f16".to_string(),
+                ];
+                let mut got = kernels.clone();
+                want.sort();
+                got.sort();
+                got == want
+            });
             assert!(
-                kernels.iter().all(|k| k.starts_with("reduce_f16.")),
-                "{name} of [{r}, {c}] runs the f16 reduction kernels alone: {kernels:?}"
+                if name == "sum over both axes" {
+                    two_axes_rounded_once
+                } else {
+                    f16_kernels_alone
+                },
+                "{name} of [{r}, {c}] runs {kernels:?}"
             );
             let y32 = op(&x32).unwrap();
             let what = format!("{name} of [{r}, {c}]");
@@ -258,15 +276,13 @@ fn f16_reductions_sum_in_f32_and_round_once() {
                 &y16.to_vec_f32().unwrap(),
                 &y32.to_vec_f32().unwrap(),
             );
-            // one axis: the same f32 sums (the same values in the same order) rounded by the
-            // kernel as a cast rounds them; over two axes the f16 partial sums are rounded too
-            if name != "sum over both axes" {
-                assert_eq!(
-                    y16.to_vec_f32().unwrap(),
-                    y32.to_dtype(DType::F16).unwrap().to_vec_f32().unwrap(),
-                    "{what}: the bits of the f32 kernel's result cast to f16"
-                );
-            }
+            // the same f32 sums (the same values in the same order) rounded once, as a cast
+            // rounds them: over two axes too (the partial sums stay f32)
+            assert_eq!(
+                y16.to_vec_f32().unwrap(),
+                y32.to_dtype(DType::F16).unwrap().to_vec_f32().unwrap(),
+                "{what}: the bits of the f32 kernel's result cast to f16"
+            );
         }
         let am16 = x16.argmax(-1, false).unwrap();
         assert_eq!(am16.dtype(), DType::I32);
@@ -276,6 +292,17 @@ fn f16_reductions_sum_in_f32_and_round_once() {
             "argmax of [{r}, {c}]"
         );
     }
+    // rounding per axis would lose the total: the rows sum to 1 + 2⁻¹¹ (a tie, rounded to 1)
+    // and 2⁻¹¹; the whole sum, 1 + 2⁻¹⁰, is an f16
+    let tie = 2f32.powi(-11);
+    let x = Tensor::from_f32(vec![1.0, tie, 0.0, tie], &[2, 2], gpu)
+        .and_then(|t| t.to_dtype(DType::F16))
+        .unwrap();
+    assert_eq!(
+        x.sum(&[0, 1], false).unwrap().to_vec_f32().unwrap(),
+        [1.0 + 2.0 * tie],
+        "the sum over both axes is rounded once"
+    );
 }
 
 /// An I32 index of `shape` on the GPU, random in `0..hit` (with `hit` below the output length,

@@ -80,10 +80,13 @@ impl Tensor {
 
     /// The sum over `axes`, recorded; with `unrounded` the first reduction keeps what the
     /// backend accumulated (f32 for f16, [`crate::backend::ReduceOps::sum_unrounded`]) and the
-    /// later ones sum that.
+    /// later ones sum that. An f16 tensor summed over several axes is summed so too and
+    /// rounded to f16 once at the end, not once per axis.
     fn sum_axes(&self, axes: &[isize], keepdim: bool, unrounded: bool) -> Result<Tensor> {
         self.check_float("sum")?;
         let axes = self.normalize_axes(axes)?;
+        let round_once = !unrounded && self.dtype() == DType::F16 && axes.len() > 1;
+        let unrounded = unrounded || round_once;
         let mut y = self.detach();
         // innermost axis first: a sum along contiguous rows is the fast one (dims are kept
         // until the end, so the other axes keep their numbers)
@@ -96,6 +99,9 @@ impl Tensor {
             } else {
                 y.reduce_axis_raw(ReduceOp::Sum, a)?
             };
+        }
+        if round_once {
+            y = y.to_dtype(DType::F16)?;
         }
         let kept = y.shape().to_vec();
         if !keepdim {
