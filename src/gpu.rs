@@ -54,6 +54,31 @@ pub fn reset_peak_memory() -> Result<()> {
     Ok(())
 }
 
+/// Gives the buffer pool's free buffers back to the driver, and empties the bind-group cache
+/// that refers to them (PyTorch's `torch.cuda.empty_cache()`); buffers in use are kept. The
+/// next allocations create buffers again, so a steady training step would no longer be free of
+/// new buffers right after it. A measurement that calls this first sees what a fresh process
+/// would: the pool's free buffers decide when a pending batch is submitted early (see
+/// `MAX_BATCH` in the encoder), and with it the step's peak memory.
+///
+/// # Errors
+/// [`crate::Error::Device`] without an adapter; [`crate::Error::Gpu`] when wgpu reported an error.
+///
+/// # Example
+/// ```
+/// if let Ok(gpu) = moegrad::Device::gpu() {
+///     let _x = moegrad::Tensor::zeros(&[1024], moegrad::DType::F32, gpu).unwrap();
+///     moegrad::gpu::release_free_memory().unwrap();
+///     assert!(moegrad::gpu::memory().unwrap().in_use_bytes >= 4096);
+/// }
+/// ```
+pub fn release_free_memory() -> Result<()> {
+    let gpu = GpuBackend::get()?;
+    gpu.flush()?;
+    gpu.trim_pool();
+    Ok(())
+}
+
 /// Submits the kernels queued so far without waiting for them ([`crate::Device::synchronize`]
 /// waits). Counting the work of one step with [`crate::Device::gpu_stats`] flushes before and
 /// after it, so that the submission it causes is counted where it belongs.

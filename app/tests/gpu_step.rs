@@ -847,7 +847,11 @@ fn f16_mixed_steps_keep_the_counts_and_halve_the_activation_bytes() {
     let act = ratio(mixed.activation_bytes, full.activation_bytes);
     let bound = ratio(s.bound_bytes, full.stats.bound_bytes);
     let peak = ratio(mixed.peak_bytes, full.peak_bytes);
-    eprintln!("gpt f16-mixed / f32: activations {act:.3}, bound bytes {bound:.3}, peak {peak:.3}");
+    eprintln!(
+        "gpt f16-mixed / f32: activations {act:.3}, bound bytes {bound:.3}, peak {peak:.3} \
+         ({} / {} bytes)",
+        mixed.peak_bytes, full.peak_bytes
+    );
     assert!(act <= 0.6, "activation bytes {act:.3}× f32's");
     // bound bytes include what stays f32 in both (the master weights, Adam's moments, the
     // loss), a fixed part whose share grows as fusions take activation-sized traffic out of

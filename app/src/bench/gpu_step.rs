@@ -368,6 +368,9 @@ fn in_use() -> Result<u64> {
 /// As [`count_step_with`]; `--precision f16-mixed` on an adapter without `shader-f16`.
 pub fn measure(cfg: TrainConfig, time: bool) -> Result<StepFigures> {
     let gpu = gpu()?;
+    // start from an empty pool, as a fresh process would: what earlier work left on the free
+    // lists decides when a batch is submitted early, and so the step's peak memory
+    moegrad::gpu::release_free_memory()?;
     let mixed = cfg.precision == Precision::F16Mixed;
     let mut stepper: Box<dyn Stepper> = if cfg.model.is_lm() {
         Box::new(LmStepper::new(cfg, Device::Gpu)?)

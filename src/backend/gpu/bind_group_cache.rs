@@ -19,9 +19,9 @@
 //!
 //! **Memory.** An entry keeps its buffers alive. The pool never releases a buffer while training
 //! (its free lists only grow), so this holds nothing the pool would free; [`BindGroupCache::clear`]
-//! empties the cache when the pool is trimmed (tests), and the cache empties itself when it
-//! holds [`MAX_ENTRIES`] bind groups, so a run whose shapes keep changing cannot grow it without
-//! bound.
+//! empties the cache when the pool is trimmed (`moegrad::gpu::release_free_memory`), and the
+//! cache empties itself when it holds [`MAX_ENTRIES`] bind groups, so a run whose shapes keep
+//! changing cannot grow it without bound.
 //!
 //! **Choice.** `MOEGRAD_BIND_GROUPS=create` (or `moegrad::gpu::set_bind_group_reuse(false)`)
 //! turns reuse off, so that a GPU session can time what reuse saves; the default is `reuse`.

@@ -7,7 +7,8 @@
 //! see `encoder.rs`) the wgpu buffer goes back on its class's free list, never to the driver.
 //! Two kinds are pooled separately: storage buffers (what kernels read and write) and staging
 //! buffers (mappable, used by `download`). [`Pool::stats`] counts storage bytes checked out now
-//! and the peak since [`Pool::reset_peak`]; `Pool::trim` (tests only) releases the free lists.
+//! and the peak since [`Pool::reset_peak`]; `Pool::trim` releases the free lists
+//! (`moegrad::gpu::release_free_memory`).
 //!
 //! **Which free buffer.** A request takes the free buffer of its class that the pool created
 //! first (the lowest serial number), not the one freed last. The choice never changes how many
@@ -225,7 +226,6 @@ impl Pool {
     }
 
     /// Releases every free buffer to the driver (buffers in use are untouched).
-    #[cfg(test)]
     pub fn trim(&self) {
         let mut g = self.free.lock().unwrap_or_else(|p| p.into_inner());
         g.0.clear();

@@ -389,8 +389,8 @@ impl GpuBackend {
         buffer_pool::Pool::new(ctx.device.clone(), ctx.limits.max_buffer_size, counters)
     }
 
-    /// Gives the pool's free buffers back to the driver (buffers in use are kept).
-    #[cfg(test)]
+    /// Gives the pool's free buffers back to the driver (buffers in use are kept), and empties
+    /// the bind-group cache whose entries keep them alive ([`crate::gpu::release_free_memory`]).
     pub fn trim_pool(&self) {
         self.bind_groups().clear();
         self.inner.pool.trim();
