@@ -157,6 +157,32 @@ fn step_kernel_calls(cfg: &TrainConfig, mixed: bool) -> Vec<(String, u64)> {
         .collect()
 }
 
+/// The seven language models at a size lavapipe steps quickly (2 layers of width 64, windows
+/// of 16, batches of 2), each with its config.
+fn small_language_models() -> impl Iterator<Item = (ModelKind, TrainConfig)> {
+    [
+        ModelKind::Gpt,
+        ModelKind::MoeGpt,
+        ModelKind::Llama,
+        ModelKind::Mixtral,
+        ModelKind::Qwen2Moe,
+        ModelKind::Olmoe,
+        ModelKind::DeepseekMoe,
+    ]
+    .into_iter()
+    .map(|kind| {
+        let cfg = TrainConfig {
+            layers: 2,
+            d_model: 64,
+            block: 16,
+            batch: 2,
+            device: "gpu".into(),
+            ..TrainConfig::language_model(kind)
+        };
+        (kind, cfg)
+    })
+}
+
 /// In every language model's f16-mixed step the casts are the embedding's, once each way:
 /// its f32 output cast to f16 once for the first block's norm and residual add, and their
 /// summed gradient cast back once. The products read f32 weights where they are, the norms f32
@@ -171,23 +197,7 @@ fn every_language_model_casts_its_embedding_once_in_f16_mixed() {
     let Some(_) = f16_gpu("every_language_model_casts_its_embedding_once_in_f16_mixed") else {
         return;
     };
-    for kind in [
-        ModelKind::Gpt,
-        ModelKind::MoeGpt,
-        ModelKind::Llama,
-        ModelKind::Mixtral,
-        ModelKind::Qwen2Moe,
-        ModelKind::Olmoe,
-        ModelKind::DeepseekMoe,
-    ] {
-        let cfg = TrainConfig {
-            layers: 2,
-            d_model: 64,
-            block: 16,
-            batch: 2,
-            device: "gpu".into(),
-            ..TrainConfig::language_model(kind)
-        };
+    for (kind, cfg) in small_language_models() {
         let kernels = step_kernel_calls(&cfg, true);
         let calls = |name: &str| {
             kernels
@@ -539,23 +549,7 @@ fn every_model_and_every_router_trains_in_f16_mixed() {
     let Some(gpu) = f16_gpu("every_model_and_every_router_trains_in_f16_mixed") else {
         return;
     };
-    for kind in [
-        ModelKind::Gpt,
-        ModelKind::MoeGpt,
-        ModelKind::Llama,
-        ModelKind::Mixtral,
-        ModelKind::Qwen2Moe,
-        ModelKind::Olmoe,
-        ModelKind::DeepseekMoe,
-    ] {
-        let cfg = TrainConfig {
-            layers: 2,
-            d_model: 64,
-            block: 16,
-            batch: 2,
-            device: "gpu".into(),
-            ..TrainConfig::language_model(kind)
-        };
+    for (kind, cfg) in small_language_models() {
         let (l, skipped) = losses(&cfg, true, 3);
         assert!(
             l.iter().all(|v| v.is_finite()) && skipped == 0,
